@@ -1,0 +1,937 @@
+/*
+ * attention.cu — the step plan (per-token positions and KV slots, per-sequence block tables, the
+ * attention tiles) in fixed device buffers, the KV write, and causal GQA attention over the paged
+ * int8 KV cache.
+ *
+ * Attention reproduces cpu/attention.c operation for operation, so that the GPU's output is the
+ * CPU's bit for bit (and therefore independent of batching, like the CPU's).  Per query row
+ * (one query head of one token) the CPU computes: the query quantized to int8 with its own scale;
+ * exact int32 dot products with the int8 keys, times (q_scale * scale) * k_scale; the row maximum;
+ * exp(score - max) by ops.h's polynomial; their total with the eight-partial-sum rule; and the
+ * values accumulated in ascending position order, out[d] += (p_j * v_scale_j) * v_j[d].  The
+ * order of the last two sums is part of their value, so they are not split across blocks
+ * (flash-decoding's split-KV would change the order, and with it the last bits); instead a block
+ * holds a tile of query rows — every query head of one KV head (GQA/MQA share each K/V load) for
+ * consecutive tokens of one sequence — and makes three passes over the tile's positions in
+ * chunks of 32 keys:
+ *   A  scores, then each row's maximum (exact in any order);
+ *   B  the exponentials, summed per row into its eight partial sums and tail in position order;
+ *   C  the probabilities times value scales, accumulated into registers in position order.
+ * Scores are recomputed in each pass from the int8 data (exact integers, so bit-identical) rather
+ * than stored: a chunk's keys stay in shared memory and the tile's rows share them.
+ *
+ * The float reference path (a float KV shadow) is the same kernel with float queries and keys:
+ * query * scale, eight-partial-sum dot products, value scale 1.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_internal.cuh"
+
+#define ATTN_THREADS 256
+#define ATTN_CHUNK 32			/* keys per chunk: two KV blocks */
+
+/* Query rows per tile: 64 (head_dim <= 128) or 32 (head_dim 256), like the CPU's 64-row tiles. */
+static int
+tile_rows_for(int head_dim)
+{
+	return head_dim > 128 ? 32 : 64;
+}
+
+extern "C" bool
+cai_cuda_attention_supports(int head_dim)
+{
+	return head_dim == 64 || head_dim == 128 || head_dim == 256;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The step plan
+ * ------------------------------------------------------------------------------------------- */
+
+#define META_ALIGN 16
+
+static size_t
+align_up(size_t n)
+{
+	return (n + META_ALIGN - 1) & ~(size_t) (META_ALIGN - 1);
+}
+
+/* Byte offsets of the plan's sections for given capacities (block tables last: see upload). */
+typedef struct meta_offsets
+{
+	size_t		counts;
+	size_t		positions;
+	size_t		slots;
+	size_t		tokens;
+	size_t		seqs;
+	size_t		items;
+	size_t		block_tables;
+	size_t		total;
+} meta_offsets;
+
+static meta_offsets
+meta_layout(int cap_tokens, int cap_seqs, int cap_items, int cap_bt)
+{
+	meta_offsets o;
+	size_t		at = 0;
+
+	o.counts = at;
+	at = align_up(at + 4 * sizeof(int32_t));
+	o.positions = at;
+	at = align_up(at + (size_t) cap_tokens * sizeof(int32_t));
+	o.slots = at;
+	at = align_up(at + (size_t) cap_tokens * sizeof(int32_t));
+	o.tokens = at;
+	at = align_up(at + (size_t) cap_tokens * sizeof(int32_t));
+	o.seqs = at;
+	at = align_up(at + (size_t) cap_seqs * sizeof(attn_seq_rec));
+	o.items = at;
+	at = align_up(at + (size_t) cap_items * sizeof(attn_item_rec));
+	o.block_tables = at;
+	at = align_up(at + (size_t) cap_bt * sizeof(int32_t));
+	o.total = at;
+	return o;
+}
+
+/* Most tiles a step of these sizes can have. */
+static int
+max_items_for(int max_tokens, int max_seqs, int group, int tile_rows)
+{
+	long		n = (long) max_tokens * group / tile_rows + max_seqs + 1;
+
+	return n > 0x7fffffff ? 0x7fffffff : (int) n;
+}
+
+/* Grows the plan buffers (device and page-locked host) to at least these capacities. */
+static cai_status
+meta_reserve(cai_cuda_ctx *ctx, int cap_tokens, int cap_seqs, int cap_items, int cap_bt,
+			 cai_error *err)
+{
+	meta_offsets o;
+	uint8_t    *dev = NULL;
+	uint8_t    *host = NULL;
+
+	if (cap_tokens <= ctx->meta_cap_tokens && cap_seqs <= ctx->meta_cap_seqs &&
+		cap_items <= ctx->meta_cap_items && cap_bt <= ctx->meta_cap_bt && ctx->meta_dev)
+		return CAI_OK;
+	if (ctx->capturing)
+		return cuda_fail(err, CAI_ERR_INTERNAL,
+						 "the step plan outgrew its buffers while a cuda graph is captured");
+	/* grow every section together, with headroom, so that growth is rare */
+	if (cap_tokens < ctx->meta_cap_tokens)
+		cap_tokens = ctx->meta_cap_tokens;
+	if (cap_seqs < ctx->meta_cap_seqs)
+		cap_seqs = ctx->meta_cap_seqs;
+	if (cap_items < ctx->meta_cap_items)
+		cap_items = ctx->meta_cap_items;
+	if (cap_bt < ctx->meta_cap_bt)
+		cap_bt = ctx->meta_cap_bt;
+	o = meta_layout(cap_tokens, cap_seqs, cap_items, cap_bt);
+
+	/* the old buffers may still be read by queued kernels or the last upload */
+	CUDA_CHECK(cudaStreamSynchronize(ctx->stream), err, "the step plan");
+	if (cudaMalloc((void **) &dev, o.total) != cudaSuccess)
+	{
+		cudaGetLastError();
+		return cuda_fail(err, CAI_ERR_NO_MEMORY,
+						 "out of device memory allocating the step plan (%zu bytes)", o.total);
+	}
+	if (cudaHostAlloc((void **) &host, o.total, cudaHostAllocPortable) != cudaSuccess)
+	{
+		cudaGetLastError();
+		cudaFree(dev);
+		return cuda_fail(err, CAI_ERR_NO_MEMORY,
+						 "out of page-locked host memory for the step plan (%zu bytes)", o.total);
+	}
+	cudaFree(ctx->meta_dev);
+	cudaFreeHost(ctx->meta_host);
+	ctx->meta_dev = dev;
+	ctx->meta_host = host;
+	ctx->meta_bytes = o.total;
+	ctx->meta_cap_tokens = cap_tokens;
+	ctx->meta_cap_seqs = cap_seqs;
+	ctx->meta_cap_items = cap_items;
+	ctx->meta_cap_bt = cap_bt;
+	ctx->meta_pending = false;
+	/* captured graphs read the old buffers */
+	cai_cuda_graph_reset(ctx);
+	return CAI_OK;
+}
+
+extern "C" cai_status
+cai_cuda_step_reserve(cai_cuda_ctx *ctx, int max_tokens, int max_seqs, int max_blocks_per_seq,
+					  int n_heads, int n_kv_heads, int head_dim, cai_error *err)
+{
+	int			group;
+
+	if (max_tokens < 1 || max_seqs < 1 || max_blocks_per_seq < 1 || n_kv_heads < 1 ||
+		n_heads % n_kv_heads != 0 || !cai_cuda_attention_supports(head_dim))
+		return cuda_fail(err, CAI_ERR_INVALID_ARGUMENT, "invalid step plan limits");
+	group = n_heads / n_kv_heads;
+	return meta_reserve(ctx, max_tokens, max_seqs,
+						max_items_for(max_tokens, max_seqs, group, tile_rows_for(head_dim)),
+						max_seqs * max_blocks_per_seq, err);
+}
+
+extern "C" cai_status
+cai_cuda_step_plan(cai_cuda_ctx *ctx, const cai_cuda_seq_desc *seqs, int n_seqs,
+				   const int32_t *tokens, int n_tok_padded, int n_heads, int n_kv_heads,
+				   int head_dim, bool for_graph, const cai_cuda_step_meta **meta, cai_error *err)
+{
+	int			group,
+				tile_rows;
+	long		total = 0,
+				n_items = 0,
+				total_bt = 0;
+	int			n_tok;
+	meta_offsets o;
+	int32_t    *counts,
+			   *positions,
+			   *slots,
+			   *tok_out,
+			   *bt;
+	attn_seq_rec *srec;
+	attn_item_rec *irec;
+	int			row = 0,
+				item = 0,
+				bt_at = 0;
+	size_t		used;
+	cai_status	st;
+
+	*meta = NULL;
+	if (n_seqs < 0 || n_kv_heads < 1 || n_heads % n_kv_heads != 0)
+		return cuda_fail(err, CAI_ERR_INVALID_ARGUMENT, "step plan: bad head counts %d/%d",
+						 n_heads, n_kv_heads);
+	if (!cai_cuda_attention_supports(head_dim))
+		return cuda_fail(err, CAI_ERR_UNSUPPORTED,
+						 "the cuda attention kernels support head_dim 64, 128 and 256, not %d",
+						 head_dim);
+	group = n_heads / n_kv_heads;
+	tile_rows = tile_rows_for(head_dim);
+	for (int s = 0; s < n_seqs; s++)
+	{
+		long		end = (long) seqs[s].pos + seqs[s].n_new;
+		long		need = (end + CAI_CUDA_KV_BLOCK_TOKENS - 1) / CAI_CUDA_KV_BLOCK_TOKENS;
+
+		if (seqs[s].n_new < 1 || seqs[s].pos < 0)
+			return cuda_fail(err, CAI_ERR_INVALID_ARGUMENT, "step plan: sequence %d is empty", s);
+		if (seqs[s].n_blocks < need || !seqs[s].block_table)
+			return cuda_fail(err, CAI_ERR_INVALID_ARGUMENT,
+							 "step plan: sequence %d's block table does not cover position %ld", s,
+							 end - 1);
+		total += seqs[s].n_new;
+		total_bt += need;
+		n_items += ((long) seqs[s].n_new * group + tile_rows - 1) / tile_rows;
+	}
+	if (total > 0x3fffffff || total_bt > 0x3fffffff || n_items > 0x3fffffff)
+		return cuda_fail(err, CAI_ERR_INVALID_ARGUMENT, "step plan: the batch is too large");
+	n_tok = (int) total > n_tok_padded ? (int) total : n_tok_padded;
+	if ((st = meta_reserve(ctx, n_tok, n_seqs > 0 ? n_seqs : 1, (int) n_items + 1,
+						   (int) total_bt + 1, err)) != CAI_OK)
+		return st;
+
+	/* the previous plan's upload must be done before its staging buffer is rewritten */
+	if (ctx->meta_pending)
+	{
+		CUDA_CHECK(cudaEventSynchronize(ctx->meta_uploaded), err, "the step plan");
+		ctx->meta_pending = false;
+	}
+	o = meta_layout(ctx->meta_cap_tokens, ctx->meta_cap_seqs, ctx->meta_cap_items,
+					ctx->meta_cap_bt);
+	counts = (int32_t *) (ctx->meta_host + o.counts);
+	positions = (int32_t *) (ctx->meta_host + o.positions);
+	slots = (int32_t *) (ctx->meta_host + o.slots);
+	tok_out = (int32_t *) (ctx->meta_host + o.tokens);
+	srec = (attn_seq_rec *) (ctx->meta_host + o.seqs);
+	irec = (attn_item_rec *) (ctx->meta_host + o.items);
+	bt = (int32_t *) (ctx->meta_host + o.block_tables);
+
+	for (int s = 0; s < n_seqs; s++)
+	{
+		const cai_cuda_seq_desc *d = &seqs[s];
+		int			need = (d->pos + d->n_new + CAI_CUDA_KV_BLOCK_TOKENS - 1) / CAI_CUDA_KV_BLOCK_TOKENS;
+		int			rows = d->n_new * group;
+
+		srec[s].row0 = row;
+		srec[s].n_new = d->n_new;
+		srec[s].pos = d->pos;
+		srec[s].bt_offset = bt_at;
+		for (int b = 0; b < need; b++)
+		{
+			if (d->block_table[b] < 0)
+				return cuda_fail(err, CAI_ERR_INVALID_ARGUMENT,
+								 "step plan: sequence %d has a negative block id", s);
+			bt[bt_at + b] = d->block_table[b];
+		}
+		for (int i = 0; i < d->n_new; i++)
+		{
+			int			p = d->pos + i;
+
+			positions[row + i] = p;
+			slots[row + i] = d->block_table[p / CAI_CUDA_KV_BLOCK_TOKENS] * CAI_CUDA_KV_BLOCK_TOKENS +
+				p % CAI_CUDA_KV_BLOCK_TOKENS;
+			tok_out[row + i] = tokens ? tokens[row + i] : 0;
+		}
+		for (int r0 = 0; r0 < rows; r0 += tile_rows)
+		{
+			irec[item].seq = s;
+			irec[item].qrow0 = r0;
+			irec[item].n_qrows = rows - r0 < tile_rows ? rows - r0 : tile_rows;
+			irec[item].pad = 0;
+			item++;
+		}
+		row += d->n_new;
+		bt_at += need;
+	}
+	for (int t = row; t < n_tok; t++)
+	{
+		positions[t] = -1;
+		slots[t] = -1;
+		tok_out[t] = 0;
+	}
+	counts[0] = n_tok;
+	counts[1] = n_seqs;
+	counts[2] = item;
+	counts[3] = 0;
+
+	/* one copy: everything up to the end of the used block tables */
+	used = o.block_tables + (size_t) bt_at * sizeof(int32_t);
+	CUDA_CHECK(cudaMemcpyAsync(ctx->meta_dev, ctx->meta_host, used, cudaMemcpyHostToDevice,
+							   ctx->stream), err, "the step plan upload");
+	CUDA_CHECK(cudaEventRecord(ctx->meta_uploaded, ctx->stream), err, "the step plan upload");
+	ctx->meta_pending = true;
+
+	ctx->meta.n_tok = n_tok;
+	ctx->meta.n_seqs = n_seqs;
+	ctx->meta.n_items = item;
+	ctx->meta.group = group;
+	ctx->meta.tile_rows = tile_rows;
+	ctx->meta.positions_dev = (const int32_t *) (ctx->meta_dev + o.positions);
+	ctx->meta.slots_dev = (const int32_t *) (ctx->meta_dev + o.slots);
+	ctx->meta.tokens_dev = (const int32_t *) (ctx->meta_dev + o.tokens);
+	ctx->meta.seqs_dev = ctx->meta_dev + o.seqs;
+	ctx->meta.items_dev = ctx->meta_dev + o.items;
+	ctx->meta.counts_dev = (const int32_t *) (ctx->meta_dev + o.counts);
+	ctx->meta.grid_items = for_graph ? ctx->meta_cap_items : item;
+	/* the block tables are addressed through the sequence records */
+	*meta = &ctx->meta;
+	return CAI_OK;
+}
+
+/* Device address of the block-table section (kernels get it from the plan's layout). */
+static const int32_t *
+meta_block_tables(const cai_cuda_ctx *ctx)
+{
+	meta_offsets o = meta_layout(ctx->meta_cap_tokens, ctx->meta_cap_seqs, ctx->meta_cap_items,
+								 ctx->meta_cap_bt);
+
+	return (const int32_t *) (ctx->meta_dev + o.block_tables);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * KV write
+ * ------------------------------------------------------------------------------------------- */
+
+/*
+ * grid (n_tok, n_kv_heads), two warps: warp 0 quantizes the key head, warp 1 the value head, with
+ * cai_op_quantize_vec_i8's rule (the max is exact in any order; the rest is per element).
+ */
+template <int HD>
+static __global__ void
+kv_write_kernel(uint8_t *pool, size_t block_bytes, size_t layer_off, int n_kv,
+				const int32_t *__restrict__ slots, const float *__restrict__ k,
+				const float *__restrict__ v, int ld, float *shadow, size_t sh_block_floats,
+				size_t sh_layer_off)
+{
+	constexpr int PER_LANE = HD / CUDA_WARP;
+	int			t = blockIdx.x;
+	int			h = blockIdx.y;
+	int			lane = threadIdx.x % CUDA_WARP;
+	bool		is_v = threadIdx.x >= CUDA_WARP;
+	int			slot_all = slots[t];
+	int			block,
+				slot;
+	const float *src;
+	uint8_t    *part;
+	int8_t	   *dst;
+	float	   *scale_dst;
+	float		vals[PER_LANE];
+	float		amax = 0.0f,
+				scale = 0.0f,
+				inv = 0.0f;
+	bool		nonzero;
+	size_t		at;
+
+	if (slot_all < 0)
+		return;
+	block = slot_all / CAI_CUDA_KV_BLOCK_TOKENS;
+	slot = slot_all % CAI_CUDA_KV_BLOCK_TOKENS;
+	src = (is_v ? v : k) + (size_t) t * ld + (size_t) h * HD;
+	part = pool + (size_t) block * block_bytes + layer_off;
+	at = ((size_t) slot * n_kv + h) * HD;
+	dst = (int8_t *) part + (is_v ? (size_t) CAI_CUDA_KV_BLOCK_TOKENS * n_kv * HD : 0) + at;
+	scale_dst = (float *) (part + (size_t) 2 * CAI_CUDA_KV_BLOCK_TOKENS * n_kv * HD) +
+		(is_v ? CAI_CUDA_KV_BLOCK_TOKENS * n_kv : 0) + slot * n_kv + h;
+
+#pragma unroll
+	for (int i = 0; i < PER_LANE; i++)
+	{
+		vals[i] = src[lane + i * CUDA_WARP];
+		amax = fmaxf(amax, fabsf(vals[i]));
+	}
+	amax = warp_max(amax);
+	nonzero = quant_row_scale(amax, &scale, &inv);
+#pragma unroll
+	for (int i = 0; i < PER_LANE; i++)
+		dst[lane + i * CUDA_WARP] = nonzero ? quant_one(vals[i], inv) : 0;
+	if (lane == 0)
+		*scale_dst = nonzero ? scale : 0.0f;
+	if (shadow)
+	{
+		float	   *sh = shadow + (size_t) block * sh_block_floats + sh_layer_off +
+			(is_v ? (size_t) CAI_CUDA_KV_BLOCK_TOKENS * n_kv * HD : 0) + at;
+
+#pragma unroll
+		for (int i = 0; i < PER_LANE; i++)
+			sh[lane + i * CUDA_WARP] = vals[i];
+	}
+}
+
+extern "C" cai_status
+cai_cuda_kv_write(cai_cuda_ctx *ctx, const cai_cuda_kv *kv, int kv_layer,
+				  const cai_cuda_step_meta *meta, const float *k_dev, const float *v_dev, int ld,
+				  const cai_cuda_kv_shadow *shadow, cai_error *err)
+{
+	dim3		grid(meta->n_tok, kv->n_kv_heads);
+	size_t		layer_off = (size_t) kv_layer * kv->layer_bytes;
+	float	   *sh = shadow ? shadow->data_dev : NULL;
+	size_t		sh_block = shadow ? shadow->block_floats : 0;
+	size_t		sh_layer = shadow ? (size_t) kv_layer * shadow->layer_floats : 0;
+
+	if (meta->n_tok <= 0)
+		return CAI_OK;
+	switch (kv->head_dim)
+	{
+		case 64:
+			kv_write_kernel<64><<<grid, 2 * CUDA_WARP, 0, ctx->stream>>>(
+				kv->pool_dev, kv->block_bytes, layer_off, kv->n_kv_heads, meta->slots_dev, k_dev,
+				v_dev, ld, sh, sh_block, sh_layer);
+			break;
+		case 128:
+			kv_write_kernel<128><<<grid, 2 * CUDA_WARP, 0, ctx->stream>>>(
+				kv->pool_dev, kv->block_bytes, layer_off, kv->n_kv_heads, meta->slots_dev, k_dev,
+				v_dev, ld, sh, sh_block, sh_layer);
+			break;
+		case 256:
+			kv_write_kernel<256><<<grid, 2 * CUDA_WARP, 0, ctx->stream>>>(
+				kv->pool_dev, kv->block_bytes, layer_off, kv->n_kv_heads, meta->slots_dev, k_dev,
+				v_dev, ld, sh, sh_block, sh_layer);
+			break;
+		default:
+			return cuda_fail(err, CAI_ERR_UNSUPPORTED, "kv write: unsupported head_dim %d",
+							 kv->head_dim);
+	}
+	CUDA_CHECK_LAUNCH(err, "the kv write kernel");
+	return CAI_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Attention
+ * ------------------------------------------------------------------------------------------- */
+
+/* Where a tile's K/V live: the int8 pool, or the float shadow (F). */
+typedef struct attn_source
+{
+	const uint8_t *pool;
+	size_t		block_bytes;
+	size_t		layer_off;
+	const float *shadow;
+	size_t		sh_block_floats;
+	size_t		sh_layer_off;
+	int			n_kv;
+} attn_source;
+
+/*
+ * Shared memory of a block, carved from one dynamic allocation.  int8 path: queries as int8
+ * words, keys as words with a one-word pad per row (conflict-free column reads), values as
+ * bytes; float path: the same in floats.
+ */
+template <int HD, int R, bool F>
+struct attn_smem
+{
+	static constexpr int QWORDS = HD / 4;
+	static constexpr int KSTRIDE = F ? HD + 1 : HD / 4 + 1;	/* floats or words per key row */
+	static constexpr size_t Q_BYTES = F ? (size_t) R * HD * 4 : (size_t) R * HD;
+	static constexpr size_t K_BYTES = (size_t) ATTN_CHUNK * KSTRIDE * 4;
+	static constexpr size_t V_BYTES = F ? (size_t) ATTN_CHUNK * HD * 4 : (size_t) ATTN_CHUNK * HD;
+	static constexpr size_t E_STRIDE = ATTN_CHUNK + 1;
+	static constexpr size_t OFF_Q = 0;
+	static constexpr size_t OFF_K = OFF_Q + Q_BYTES;
+	static constexpr size_t OFF_V = OFF_K + K_BYTES;
+	static constexpr size_t OFF_KS = OFF_V + V_BYTES;
+	static constexpr size_t OFF_VS = OFF_KS + ATTN_CHUNK * 4;
+	static constexpr size_t OFF_QS = OFF_VS + ATTN_CHUNK * 4;
+	static constexpr size_t OFF_E = OFF_QS + R * 4;
+	static constexpr size_t OFF_M = OFF_E + (size_t) R * E_STRIDE * 4;
+	static constexpr size_t OFF_INV = OFF_M + R * 4;
+	static constexpr size_t OFF_PART = OFF_INV + R * 4;
+	static constexpr size_t OFF_TAIL = OFF_PART + (size_t) R * 8 * 4;
+	static constexpr size_t OFF_LO = OFF_TAIL + (size_t) R * 8 * 4;
+	static constexpr size_t OFF_HI = OFF_LO + R * 4;
+	static constexpr size_t OFF_ROW = OFF_HI + R * 4;	/* activation row of each query row */
+	static constexpr size_t OFF_HEAD = OFF_ROW + R * 4; /* query head of each query row */
+	static constexpr size_t BYTES = OFF_HEAD + R * 4;
+};
+
+/* Loads the keys (and, with values, the values and both scales) of chunk [c0, c0 + 32). */
+template <int HD, int R, bool F>
+static __device__ __forceinline__ void
+load_chunk(const attn_source &src, const int32_t *bt, int kvh, int c0, int jlo, int jhi,
+		   bool values, uint8_t *smem)
+{
+	typedef attn_smem<HD, R, F> S;
+	constexpr int VEC_PER_KEY = F ? HD / 4 : HD / 16;	/* 16-byte vectors per key row */
+
+	for (int i = threadIdx.x; i < ATTN_CHUNK * VEC_PER_KEY; i += ATTN_THREADS)
+	{
+		int			j = i / VEC_PER_KEY;
+		int			vec = i % VEC_PER_KEY;
+		int			pos = c0 + j;
+		int			block,
+					slot;
+
+		if (pos < jlo || pos > jhi)
+		{
+			/*
+			 * Outside the tile: zeros, so that pass C's zero-weight products stay zero (stale
+			 * shared memory read as floats could be a NaN).
+			 */
+			if (values)
+				((int4 *) (smem + S::OFF_V))[(size_t) j * VEC_PER_KEY + vec] = make_int4(0, 0, 0, 0);
+			continue;
+		}
+		block = bt[pos / CAI_CUDA_KV_BLOCK_TOKENS];
+		slot = pos % CAI_CUDA_KV_BLOCK_TOKENS;
+		if (F)
+		{
+			const float *base = src.shadow + (size_t) block * src.sh_block_floats + src.sh_layer_off;
+			const float4 *kr = (const float4 *) (base + ((size_t) slot * src.n_kv + kvh) * HD);
+			float4		kv4 = kr[vec];
+			float	   *kd = (float *) (smem + S::OFF_K) + (size_t) j * S::KSTRIDE + vec * 4;
+
+			kd[0] = kv4.x;
+			kd[1] = kv4.y;
+			kd[2] = kv4.z;
+			kd[3] = kv4.w;
+			if (values)
+			{
+				const float4 *vr = (const float4 *) (base + (size_t) CAI_CUDA_KV_BLOCK_TOKENS * src.n_kv * HD +
+													 ((size_t) slot * src.n_kv + kvh) * HD);
+
+				((float4 *) (smem + S::OFF_V))[(size_t) j * (HD / 4) + vec] = vr[vec];
+			}
+		}
+		else
+		{
+			const uint8_t *part = src.pool + (size_t) block * src.block_bytes + src.layer_off;
+			const int4 *kr = (const int4 *) (part + ((size_t) slot * src.n_kv + kvh) * HD);
+			int4		k4 = kr[vec];
+			int		   *kd = (int *) (smem + S::OFF_K) + (size_t) j * S::KSTRIDE + vec * 4;
+
+			kd[0] = k4.x;
+			kd[1] = k4.y;
+			kd[2] = k4.z;
+			kd[3] = k4.w;
+			if (values)
+			{
+				const int4 *vr = (const int4 *) (part + (size_t) CAI_CUDA_KV_BLOCK_TOKENS * src.n_kv * HD +
+												 ((size_t) slot * src.n_kv + kvh) * HD);
+
+				((int4 *) (smem + S::OFF_V))[(size_t) j * (HD / 16) + vec] = vr[vec];
+			}
+		}
+	}
+	if (!F && threadIdx.x < ATTN_CHUNK)
+	{
+		int			pos = c0 + threadIdx.x;
+
+		if (pos >= jlo && pos <= jhi)
+		{
+			int			block = bt[pos / CAI_CUDA_KV_BLOCK_TOKENS];
+			int			slot = pos % CAI_CUDA_KV_BLOCK_TOKENS;
+			const float *scales = (const float *) (src.pool + (size_t) block * src.block_bytes +
+												   src.layer_off +
+												   (size_t) 2 * CAI_CUDA_KV_BLOCK_TOKENS * src.n_kv * HD);
+
+			((float *) (smem + S::OFF_KS))[threadIdx.x] = scales[slot * src.n_kv + kvh];
+			if (values)
+				((float *) (smem + S::OFF_VS))[threadIdx.x] =
+					scales[CAI_CUDA_KV_BLOCK_TOKENS * src.n_kv + slot * src.n_kv + kvh];
+		}
+	}
+}
+
+/* The score of query row r against chunk key j, exactly as the CPU computes it. */
+template <int HD, int R, bool F>
+static __device__ __forceinline__ float
+attn_score(const uint8_t *smem, int r, int j)
+{
+	typedef attn_smem<HD, R, F> S;
+
+	if (F)
+	{
+		const float *q = (const float *) (smem + S::OFF_Q) + (size_t) r * HD;
+		const float *k = (const float *) (smem + S::OFF_K) + (size_t) j * S::KSTRIDE;
+		float		acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+
+		/* dot_f32: partial i % 8, in order, then the tree */
+		for (int i = 0; i < HD; i += 8)
+		{
+#pragma unroll
+			for (int l = 0; l < 8; l++)
+				acc[l] = __fadd_rn(acc[l], __fmul_rn(q[i + l], k[i + l]));
+		}
+		return tree8(acc);
+	}
+	else
+	{
+		const int  *q = (const int *) (smem + S::OFF_Q) + (size_t) r * S::QWORDS;
+		const int  *k = (const int *) (smem + S::OFF_K) + (size_t) j * S::KSTRIDE;
+		const float *qs = (const float *) (smem + S::OFF_QS);
+		const float *ks = (const float *) (smem + S::OFF_KS);
+		int			dot = 0;
+
+#pragma unroll 8
+		for (int w = 0; w < S::QWORDS; w++)
+			dot = __dp4a(q[w], k[w], dot);
+		return __fmul_rn(__int2float_rn(dot), __fmul_rn(qs[r], ks[j]));
+	}
+}
+
+template <int HD, int R, bool F>
+static __global__ void __launch_bounds__(ATTN_THREADS)
+attention_kernel(attn_source src, const int32_t *__restrict__ counts,
+				 const attn_seq_rec *__restrict__ seqs, const attn_item_rec *__restrict__ items,
+				 const int32_t *__restrict__ block_tables, const float *__restrict__ q, int ldq,
+				 float *__restrict__ out, int ldo, int group, int window, float scale)
+{
+	typedef attn_smem<HD, R, F> S;
+	constexpr int PAIRS = R * HD / ATTN_THREADS;	/* (row, dim) outputs per thread */
+	constexpr int SCORE_PAIRS = R * ATTN_CHUNK / ATTN_THREADS;
+	extern __shared__ __align__(16) uint8_t smem[];
+	float	   *E = (float *) (smem + S::OFF_E);
+	float	   *row_m = (float *) (smem + S::OFF_M);
+	float	   *row_inv = (float *) (smem + S::OFF_INV);
+	float	   *part = (float *) (smem + S::OFF_PART);
+	float	   *tail = (float *) (smem + S::OFF_TAIL);
+	int		   *row_lo = (int *) (smem + S::OFF_LO);
+	int		   *row_hi = (int *) (smem + S::OFF_HI);
+	int		   *row_act = (int *) (smem + S::OFF_ROW);
+	int		   *row_head = (int *) (smem + S::OFF_HEAD);
+	int			kvh = blockIdx.y;
+	int			warp = threadIdx.x / CUDA_WARP;
+	int			lane = threadIdx.x % CUDA_WARP;
+	attn_item_rec it;
+	attn_seq_rec sq;
+	const int32_t *bt;
+	int			jlo,
+				jhi;
+	float		acc[PAIRS];
+
+	if ((int) blockIdx.x >= counts[2])
+		return;
+	it = items[blockIdx.x];
+	sq = seqs[it.seq];
+	bt = block_tables + sq.bt_offset;
+
+	/* each query row's token, head and position range; empty range for unused rows */
+	for (int r = threadIdx.x; r < R; r += ATTN_THREADS)
+	{
+		if (r < it.n_qrows)
+		{
+			int			qr = it.qrow0 + r;
+			int			tl = qr / group;
+			int			pos = sq.pos + tl;
+			int			lo = 0;
+
+			if (window > 0 && pos - window + 1 > 0)
+				lo = pos - window + 1;
+			row_lo[r] = lo;
+			row_hi[r] = pos;
+			row_act[r] = sq.row0 + tl;
+			row_head[r] = kvh * group + qr % group;
+		}
+		else
+		{
+			row_lo[r] = 1;
+			row_hi[r] = 0;
+			row_act[r] = 0;
+			row_head[r] = 0;
+		}
+		row_m[r] = -INFINITY;
+#pragma unroll
+		for (int k = 0; k < 8; k++)
+			part[r * 8 + k] = 0.0f;
+	}
+	__syncthreads();
+
+	/* queries: one warp per row; int8 per head with cai_op_quantize_vec_i8's rule, or float */
+	for (int r = warp; r < it.n_qrows; r += ATTN_THREADS / CUDA_WARP)
+	{
+		const float *qrow = q + (size_t) row_act[r] * ldq + (size_t) row_head[r] * HD;
+
+		if (F)
+		{
+			float	   *qf = (float *) (smem + S::OFF_Q) + (size_t) r * HD;
+
+			for (int d = lane; d < HD; d += CUDA_WARP)
+				qf[d] = __fmul_rn(qrow[d], scale);
+		}
+		else
+		{
+			int8_t	   *q8 = (int8_t *) (smem + S::OFF_Q) + (size_t) r * HD;
+			float		amax = 0.0f,
+						qs = 0.0f,
+						inv = 0.0f;
+			bool		nonzero;
+
+			for (int d = lane; d < HD; d += CUDA_WARP)
+				amax = fmaxf(amax, fabsf(qrow[d]));
+			amax = warp_max(amax);
+			nonzero = quant_row_scale(amax, &qs, &inv);
+			for (int d = lane; d < HD; d += CUDA_WARP)
+				q8[d] = nonzero ? quant_one(qrow[d], inv) : 0;
+			if (lane == 0)
+				((float *) (smem + S::OFF_QS))[r] = __fmul_rn(nonzero ? qs : 0.0f, scale);
+		}
+	}
+	jlo = row_lo[0];
+	jhi = row_hi[it.n_qrows - 1];
+	__syncthreads();
+
+	/* pass A: every row's maximum score */
+	for (int c0 = jlo / ATTN_CHUNK * ATTN_CHUNK; c0 <= jhi; c0 += ATTN_CHUNK)
+	{
+		load_chunk<HD, R, F>(src, bt, kvh, c0, jlo, jhi, false, smem);
+		__syncthreads();
+#pragma unroll
+		for (int k = 0; k < SCORE_PAIRS; k++)
+		{
+			int			p = threadIdx.x + k * ATTN_THREADS;
+			int			r = p / ATTN_CHUNK;
+			int			j = p % ATTN_CHUNK;
+			int			pos = c0 + j;
+
+			if (pos >= row_lo[r] && pos <= row_hi[r])
+				E[r * S::E_STRIDE + j] = attn_score<HD, R, F>(smem, r, j);
+		}
+		__syncthreads();
+		for (int r = threadIdx.x; r < R; r += ATTN_THREADS)
+		{
+			float		m = row_m[r];
+
+			for (int j = 0; j < ATTN_CHUNK; j++)
+			{
+				int			pos = c0 + j;
+
+				if (pos >= row_lo[r] && pos <= row_hi[r])
+				{
+					float		s = E[r * S::E_STRIDE + j];
+
+					m = s > m ? s : m;
+				}
+			}
+			row_m[r] = m;
+		}
+		__syncthreads();
+	}
+
+	/* pass B: exponentials into each row's eight partial sums (i % 8, in order) and tail */
+	for (int c0 = jlo / ATTN_CHUNK * ATTN_CHUNK; c0 <= jhi; c0 += ATTN_CHUNK)
+	{
+		load_chunk<HD, R, F>(src, bt, kvh, c0, jlo, jhi, false, smem);
+		__syncthreads();
+#pragma unroll
+		for (int k = 0; k < SCORE_PAIRS; k++)
+		{
+			int			p = threadIdx.x + k * ATTN_THREADS;
+			int			r = p / ATTN_CHUNK;
+			int			j = p % ATTN_CHUNK;
+			int			pos = c0 + j;
+
+			if (pos >= row_lo[r] && pos <= row_hi[r])
+				E[r * S::E_STRIDE + j] =
+					exp_poly(__fsub_rn(attn_score<HD, R, F>(smem, r, j), row_m[r]));
+		}
+		__syncthreads();
+		for (int p = threadIdx.x; p < R * 8; p += ATTN_THREADS)
+		{
+			int			r = p / 8;
+			int			lane8 = p % 8;
+			int			lo = row_lo[r];
+			int			n8 = (row_hi[r] - lo + 1) & ~7;
+			float		sum = part[p];
+
+			for (int j = 0; j < ATTN_CHUNK; j++)
+			{
+				int			pos = c0 + j;
+				int			i = pos - lo;
+
+				if (pos < lo || pos > row_hi[r])
+					continue;
+				if (i < n8)
+				{
+					if (i % 8 == lane8)
+						sum = __fadd_rn(sum, E[r * S::E_STRIDE + j]);
+				}
+				else if (lane8 == 0)
+					tail[r * 8 + (i - n8)] = E[r * S::E_STRIDE + j];
+			}
+			part[p] = sum;
+		}
+		__syncthreads();
+	}
+	for (int r = threadIdx.x; r < R; r += ATTN_THREADS)
+	{
+		int			n = row_hi[r] - row_lo[r] + 1;
+		float		t = 0.0f;
+
+		if (n <= 0)
+		{
+			row_inv[r] = 0.0f;
+			continue;
+		}
+		for (int i = 0; i < n - (n & ~7); i++)
+			t = __fadd_rn(t, tail[r * 8 + i]);
+		row_inv[r] = __fdiv_rn(1.0f, __fadd_rn(tree8(part + r * 8), t));
+	}
+	__syncthreads();
+
+	/*
+	 * pass C: values, accumulated in ascending position order per (row, dim).  A thread owns one
+	 * dimension d of rows r0, r0 + RSTEP, ...; a position outside a row's range gets weight 0,
+	 * and adding 0 * v (v finite) leaves a sum that started at +0 unchanged, so the result is the
+	 * CPU's sum over the row's own positions.
+	 */
+	{
+		constexpr int RSTEP = ATTN_THREADS / HD;
+		int			d = threadIdx.x % HD;
+		int			r0 = threadIdx.x / HD;
+
+#pragma unroll
+		for (int k = 0; k < PAIRS; k++)
+			acc[k] = 0.0f;
+		for (int c0 = jlo / ATTN_CHUNK * ATTN_CHUNK; c0 <= jhi; c0 += ATTN_CHUNK)
+		{
+			load_chunk<HD, R, F>(src, bt, kvh, c0, jlo, jhi, true, smem);
+			__syncthreads();
+#pragma unroll
+			for (int k = 0; k < SCORE_PAIRS; k++)
+			{
+				int			p = threadIdx.x + k * ATTN_THREADS;
+				int			r = p / ATTN_CHUNK;
+				int			j = p % ATTN_CHUNK;
+				int			pos = c0 + j;
+				float		w = 0.0f;
+
+				if (pos >= row_lo[r] && pos <= row_hi[r])
+				{
+					float		e = exp_poly(__fsub_rn(attn_score<HD, R, F>(smem, r, j), row_m[r]));
+					float		pr = __fmul_rn(e, row_inv[r]);
+
+					w = F ? __fmul_rn(pr, 1.0f)
+						: __fmul_rn(pr, ((const float *) (smem + S::OFF_VS))[j]);
+				}
+				E[r * S::E_STRIDE + j] = w;
+			}
+			__syncthreads();
+			for (int j = 0; j < ATTN_CHUNK; j++)
+			{
+				float		v = F ? ((const float *) (smem + S::OFF_V))[j * HD + d]
+					: (float) ((const int8_t *) (smem + S::OFF_V))[j * HD + d];
+
+#pragma unroll
+				for (int k = 0; k < PAIRS; k++)
+					acc[k] = __fadd_rn(acc[k], __fmul_rn(E[(r0 + k * RSTEP) * S::E_STRIDE + j], v));
+			}
+			__syncthreads();
+		}
+#pragma unroll
+		for (int k = 0; k < PAIRS; k++)
+		{
+			int			r = r0 + k * RSTEP;
+
+			if (r < it.n_qrows)
+				out[(size_t) row_act[r] * ldo + (size_t) row_head[r] * HD + d] = acc[k];
+		}
+	}
+}
+
+/* Launches one instance, raising its dynamic shared-memory limit when it needs more than 48 KB. */
+template <int HD, int R, bool F>
+static cai_status
+launch_attention(cai_cuda_ctx *ctx, const attn_source &src, const cai_cuda_step_meta *meta,
+				 int n_kv, const float *q, int ldq, float *out, int ldo, int window, float scale,
+				 cai_error *err)
+{
+	typedef attn_smem<HD, R, F> S;
+	dim3		grid(meta->grid_items, n_kv);
+
+	if (S::BYTES > 48 * 1024)
+		CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<HD, R, F>,
+										cudaFuncAttributeMaxDynamicSharedMemorySize,
+										(int) S::BYTES), err, "the attention kernel's shared memory");
+	attention_kernel<HD, R, F><<<grid, ATTN_THREADS, S::BYTES, ctx->stream>>>(
+		src, meta->counts_dev, (const attn_seq_rec *) meta->seqs_dev,
+		(const attn_item_rec *) meta->items_dev, meta_block_tables(ctx), q, ldq, out, ldo,
+		meta->group, window, scale);
+	CUDA_CHECK_LAUNCH(err, "the attention kernel");
+	return CAI_OK;
+}
+
+extern "C" cai_status
+cai_cuda_attention(cai_cuda_ctx *ctx, const cai_cuda_kv *kv, int kv_layer,
+				   const cai_cuda_step_meta *meta, const float *q_dev, int ldq, float *out_dev,
+				   int ldo, int n_heads, int window, float scale, const cai_cuda_kv_shadow *shadow,
+				   cai_error *err)
+{
+	attn_source src;
+	int			n_kv = kv->n_kv_heads;
+
+	if (meta->grid_items <= 0)
+		return CAI_OK;
+	if (n_heads != meta->group * n_kv)
+		return cuda_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						 "attention: %d heads do not match the plan's %d x %d", n_heads,
+						 meta->group, n_kv);
+	if (meta->tile_rows != tile_rows_for(kv->head_dim))
+		return cuda_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						 "attention: the step was planned for another head_dim");
+	memset(&src, 0, sizeof(src));
+	src.pool = kv->pool_dev;
+	src.block_bytes = kv->block_bytes;
+	src.layer_off = (size_t) kv_layer * kv->layer_bytes;
+	src.n_kv = n_kv;
+	if (shadow)
+	{
+		src.shadow = shadow->data_dev;
+		src.sh_block_floats = shadow->block_floats;
+		src.sh_layer_off = (size_t) kv_layer * shadow->layer_floats;
+	}
+	switch (kv->head_dim)
+	{
+		case 64:
+			return shadow ? launch_attention<64, 64, true>(ctx, src, meta, n_kv, q_dev, ldq, out_dev, ldo, window, scale, err)
+				: launch_attention<64, 64, false>(ctx, src, meta, n_kv, q_dev, ldq, out_dev, ldo, window, scale, err);
+		case 128:
+			return shadow ? launch_attention<128, 64, true>(ctx, src, meta, n_kv, q_dev, ldq, out_dev, ldo, window, scale, err)
+				: launch_attention<128, 64, false>(ctx, src, meta, n_kv, q_dev, ldq, out_dev, ldo, window, scale, err);
+		case 256:
+			return shadow ? launch_attention<256, 32, true>(ctx, src, meta, n_kv, q_dev, ldq, out_dev, ldo, window, scale, err)
+				: launch_attention<256, 32, false>(ctx, src, meta, n_kv, q_dev, ldq, out_dev, ldo, window, scale, err);
+		default:
+			return cuda_fail(err, CAI_ERR_UNSUPPORTED,
+							 "the cuda attention kernels support head_dim 64, 128 and 256, not %d",
+							 kv->head_dim);
+	}
+}

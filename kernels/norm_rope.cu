@@ -1,0 +1,360 @@
+/*
+ * norm_rope.cu — the per-token kernels between the GEMMs: RMSNorm fused with int8 quantization,
+ * rotary embeddings, SwiGLU fused with quantization, the embedding lookups and row gathers.
+ * Each computes an element with the same sequence of correctly rounded float operations as
+ * cpu/ops.c (the __f*_rn intrinsics forbid contraction), so results are the CPU's bit for bit.
+ *
+ * Each "fused with quantization" kernel runs one block per token: the row's values are produced,
+ * optionally stored as floats, their max |value| reduced over the block, and the row quantized
+ * with the engine's rule.  The quantization pass recomputes each value with the same expression
+ * rather than keeping the row in shared memory: identical inputs give the identical float, and
+ * the row stays in L1/L2 between the passes.
+ */
+#include "cuda_internal.cuh"
+
+#define ROW_THREADS_MAX 512
+
+static int
+row_threads(int n)
+{
+	int			t = (n + CUDA_WARP - 1) / CUDA_WARP * CUDA_WARP;
+
+	return t > ROW_THREADS_MAX ? ROW_THREADS_MAX : (t < CUDA_WARP ? CUDA_WARP : t);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * RMSNorm
+ * ------------------------------------------------------------------------------------------- */
+
+/*
+ * One block per token.  The sum of squares follows ops.c's sum_squares exactly: lane j < 8 of the
+ * first warp sums x[i]^2 for i = j, j + 8, ... below the last multiple of 8, in order; lane 8 sums
+ * the tail in order; thread 0 combines them with the fixed tree.  Those eight chains are serial by
+ * definition (a float sum's order is part of its value); the rest of the row is parallel.
+ */
+static __global__ void
+rmsnorm_kernel(const float *__restrict__ x, const float *__restrict__ w, int d, float eps,
+			   float *__restrict__ y, int8_t *__restrict__ q, float *__restrict__ s)
+{
+	__shared__ float part[9];
+	__shared__ float red[ROW_THREADS_MAX / CUDA_WARP];
+	__shared__ float inv_shared;
+	int			t = blockIdx.x;
+	const float *xr = x + (size_t) t * d;
+	int			n8 = d & ~7;
+	float		inv;
+	float		amax = 0.0f;
+	float		scale = 0.0f,
+				qinv = 0.0f;
+	bool		nonzero;
+
+	if (threadIdx.x < 8)
+	{
+		float		acc = 0.0f;
+
+		for (int i = threadIdx.x; i < n8; i += 8)
+			acc = __fadd_rn(acc, __fmul_rn(xr[i], xr[i]));
+		part[threadIdx.x] = acc;
+	}
+	else if (threadIdx.x == 8)
+	{
+		float		tail = 0.0f;
+
+		for (int i = n8; i < d; i++)
+			tail = __fadd_rn(tail, __fmul_rn(xr[i], xr[i]));
+		part[8] = tail;
+	}
+	__syncthreads();
+	if (threadIdx.x == 0)
+	{
+		float		ms = __fdiv_rn(__fadd_rn(tree8(part), part[8]), (float) d);
+
+		inv_shared = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
+	}
+	__syncthreads();
+	inv = inv_shared;
+
+	for (int i = threadIdx.x; i < d; i += blockDim.x)
+	{
+		float		v = __fmul_rn(__fmul_rn(xr[i], inv), w[i]);
+
+		if (y)
+			y[(size_t) t * d + i] = v;
+		amax = fmaxf(amax, fabsf(v));
+	}
+	if (!q)
+		return;
+	amax = block_max(amax, red);
+	nonzero = quant_row_scale(amax, &scale, &qinv);
+	if (threadIdx.x == 0)
+		s[t] = nonzero ? scale : 0.0f;
+	for (int i = threadIdx.x; i < d; i += blockDim.x)
+		q[(size_t) t * d + i] =
+			nonzero ? quant_one(__fmul_rn(__fmul_rn(xr[i], inv), w[i]), qinv) : 0;
+}
+
+extern "C" cai_status
+cai_cuda_rmsnorm(cai_cuda_ctx *ctx, const float *x_dev, const float *w_dev, int n_tok, int d,
+				 float eps, float *y_dev, int8_t *q_dev, float *s_dev, cai_error *err)
+{
+	if (n_tok <= 0)
+		return CAI_OK;
+	if (q_dev && !s_dev)
+		return cuda_fail(err, CAI_ERR_INVALID_ARGUMENT, "rmsnorm: q without s");
+	rmsnorm_kernel<<<n_tok, row_threads(d), 0, ctx->stream>>>(x_dev, w_dev, d, eps, y_dev, q_dev,
+															  s_dev);
+	CUDA_CHECK_LAUNCH(err, "the rmsnorm kernel");
+	return CAI_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Rotary embeddings
+ * ------------------------------------------------------------------------------------------- */
+
+static __global__ void
+rope_gather_kernel(const float *__restrict__ table, int n_pos, int n_rot,
+				   const int32_t *__restrict__ pos, int n_tok, float *__restrict__ cs)
+{
+	long		idx = blockIdx.x * (long) blockDim.x + threadIdx.x;
+	int			t = (int) (idx / n_rot);
+	int			j = (int) (idx % n_rot);
+	int			p;
+
+	if (t >= n_tok)
+		return;
+	p = pos[t];
+	if (p < 0 || p >= n_pos)
+		cs[idx] = (j % 2 == 0) ? 1.0f : 0.0f;
+	else
+		cs[idx] = table[(size_t) p * n_rot + j];
+}
+
+extern "C" cai_status
+cai_cuda_rope_gather(cai_cuda_ctx *ctx, const float *table_dev, int n_pos, int n_rot,
+					 const int32_t *pos_dev, int n_tok, float *cs_dev, cai_error *err)
+{
+	long		n = (long) n_tok * n_rot;
+
+	if (n <= 0)
+		return CAI_OK;
+	rope_gather_kernel<<<div_up(n, 256), 256, 0, ctx->stream>>>(table_dev, n_pos, n_rot, pos_dev,
+																n_tok, cs_dev);
+	CUDA_CHECK_LAUNCH(err, "the rope gather kernel");
+	return CAI_OK;
+}
+
+static __global__ void
+rope_table_kernel(float *table, int n_pos, int n_rot, double base, double freq_scale)
+{
+	int			half = n_rot / 2;
+	long		idx = blockIdx.x * (long) blockDim.x + threadIdx.x;
+	int			i = (int) (idx % half);
+	long		p = idx / half;
+	double		theta;
+
+	if (p >= n_pos)
+		return;
+	theta = (double) p * freq_scale * pow(base, -2.0 * i / (double) n_rot);
+	table[2 * idx] = (float) cos(theta);
+	table[2 * idx + 1] = (float) sin(theta);
+}
+
+extern "C" cai_status
+cai_cuda_rope_table(cai_cuda_ctx *ctx, float *table_dev, int n_pos, int n_rot, double base,
+					double freq_scale, cai_error *err)
+{
+	long		n = (long) n_pos * (n_rot / 2);
+
+	if (n <= 0)
+		return CAI_OK;
+	rope_table_kernel<<<div_up(n, 256), 256, 0, ctx->stream>>>(table_dev, n_pos, n_rot, base,
+															   freq_scale);
+	CUDA_CHECK_LAUNCH(err, "the rope table kernel");
+	return CAI_OK;
+}
+
+/* One thread per (token, head, pair). */
+static __global__ void
+rope_kernel(const float *__restrict__ cs, float *x, int ldx, int n_tok, int n_heads,
+			int head_dim, int n_rot, int neox)
+{
+	int			half = n_rot / 2;
+	long		idx = blockIdx.x * (long) blockDim.x + threadIdx.x;
+	int			i = (int) (idx % half);
+	int			h = (int) ((idx / half) % n_heads);
+	int			t = (int) (idx / ((long) half * n_heads));
+	float	   *xh;
+	float		c,
+				sn,
+				x0,
+				x1;
+	int			i0,
+				i1;
+
+	if (t >= n_tok)
+		return;
+	c = cs[(size_t) t * n_rot + 2 * i];
+	sn = cs[(size_t) t * n_rot + 2 * i + 1];
+	xh = x + (size_t) t * ldx + (size_t) h * head_dim;
+	i0 = neox ? i : 2 * i;
+	i1 = neox ? i + half : 2 * i + 1;
+	x0 = xh[i0];
+	x1 = xh[i1];
+	xh[i0] = __fsub_rn(__fmul_rn(x0, c), __fmul_rn(x1, sn));
+	xh[i1] = __fadd_rn(__fmul_rn(x0, sn), __fmul_rn(x1, c));
+}
+
+extern "C" cai_status
+cai_cuda_rope(cai_cuda_ctx *ctx, const float *cs_dev, float *x_dev, int ldx, int n_tok,
+			  int n_heads, int head_dim, int n_rot, bool neox, cai_error *err)
+{
+	long		n = (long) n_tok * n_heads * (n_rot / 2);
+
+	if (n <= 0)
+		return CAI_OK;
+	if (n_rot % 2 != 0 || n_rot > head_dim)
+		return cuda_fail(err, CAI_ERR_INVALID_ARGUMENT, "rope: n_rot %d does not fit head_dim %d",
+						 n_rot, head_dim);
+	rope_kernel<<<div_up(n, 256), 256, 0, ctx->stream>>>(cs_dev, x_dev, ldx, n_tok, n_heads,
+														 head_dim, n_rot, neox ? 1 : 0);
+	CUDA_CHECK_LAUNCH(err, "the rope kernel");
+	return CAI_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * SwiGLU
+ * ------------------------------------------------------------------------------------------- */
+
+/* (g / (1 + exp(-g))) * u: cai_op_swiglu_row's expression. */
+static __device__ __forceinline__ float
+swiglu_value(float g, float u)
+{
+	return __fmul_rn(act_silu(g), u);
+}
+
+static __global__ void
+swiglu_kernel(const float *__restrict__ gate_up, int d_ff, float *__restrict__ h,
+			  int8_t *__restrict__ q, float *__restrict__ s)
+{
+	__shared__ float red[ROW_THREADS_MAX / CUDA_WARP];
+	int			t = blockIdx.x;
+	const float *gr = gate_up + (size_t) t * 2 * d_ff;
+	const float *ur = gr + d_ff;
+	float		amax = 0.0f;
+	float		scale = 0.0f,
+				inv = 0.0f;
+	bool		nonzero;
+
+	for (int i = threadIdx.x; i < d_ff; i += blockDim.x)
+	{
+		float		v = swiglu_value(gr[i], ur[i]);
+
+		if (h)
+			h[(size_t) t * d_ff + i] = v;
+		amax = fmaxf(amax, fabsf(v));
+	}
+	if (!q)
+		return;
+	amax = block_max(amax, red);
+	nonzero = quant_row_scale(amax, &scale, &inv);
+	if (threadIdx.x == 0)
+		s[t] = nonzero ? scale : 0.0f;
+	for (int i = threadIdx.x; i < d_ff; i += blockDim.x)
+		q[(size_t) t * d_ff + i] = nonzero ? quant_one(swiglu_value(gr[i], ur[i]), inv) : 0;
+}
+
+extern "C" cai_status
+cai_cuda_swiglu(cai_cuda_ctx *ctx, const float *gate_up_dev, int n_tok, int d_ff, float *h_dev,
+				int8_t *q_dev, float *s_dev, cai_error *err)
+{
+	if (n_tok <= 0)
+		return CAI_OK;
+	if (q_dev && !s_dev)
+		return cuda_fail(err, CAI_ERR_INVALID_ARGUMENT, "swiglu: q without s");
+	swiglu_kernel<<<n_tok, row_threads(d_ff), 0, ctx->stream>>>(gate_up_dev, d_ff, h_dev, q_dev,
+																s_dev);
+	CUDA_CHECK_LAUNCH(err, "the swiglu kernel");
+	return CAI_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Embedding and row gathers
+ * ------------------------------------------------------------------------------------------- */
+
+static __global__ void
+embed_i8_kernel(const int8_t *__restrict__ table, const float *__restrict__ scale, int n_vocab,
+				int d, const int32_t *__restrict__ ids, int n_tok, float *__restrict__ x)
+{
+	long		idx = blockIdx.x * (long) blockDim.x + threadIdx.x;
+	int			t = (int) (idx / d);
+	int			i = (int) (idx % d);
+	int			id;
+
+	if (t >= n_tok)
+		return;
+	id = ids[t];
+	if (id < 0 || id >= n_vocab)
+		x[idx] = 0.0f;
+	else
+		x[idx] = __fmul_rn((float) table[(size_t) id * d + i], scale[id]);
+}
+
+extern "C" cai_status
+cai_cuda_embed_i8(cai_cuda_ctx *ctx, const cai_cuda_qmatrix *table, const int32_t *ids_dev,
+				  int n_tok, float *x_dev, cai_error *err)
+{
+	long		n = (long) n_tok * table->k;
+
+	if (n <= 0)
+		return CAI_OK;
+	embed_i8_kernel<<<div_up(n, 256), 256, 0, ctx->stream>>>(table->q_dev, table->scale_dev,
+															 table->n_out, table->k, ids_dev,
+															 n_tok, x_dev);
+	CUDA_CHECK_LAUNCH(err, "the embedding kernel");
+	return CAI_OK;
+}
+
+/* dst[r, :] = src[rows[r], :] (rows NULL: the identity); out-of-range rows give zeros. */
+static __global__ void
+gather_kernel(const float *__restrict__ src, int n_src, int d, const int32_t *__restrict__ rows,
+			  int n_rows, float *__restrict__ dst)
+{
+	long		idx = blockIdx.x * (long) blockDim.x + threadIdx.x;
+	int			r = (int) (idx / d);
+	int			i = (int) (idx % d);
+	int			from;
+
+	if (r >= n_rows)
+		return;
+	from = rows[r];
+	dst[idx] = (from >= 0 && from < n_src) ? src[(size_t) from * d + i] : 0.0f;
+}
+
+extern "C" cai_status
+cai_cuda_embed_f32(cai_cuda_ctx *ctx, const float *table_dev, int n_rows, int d,
+				   const int32_t *ids_dev, int n_tok, float *x_dev, cai_error *err)
+{
+	long		n = (long) n_tok * d;
+
+	if (n <= 0)
+		return CAI_OK;
+	gather_kernel<<<div_up(n, 256), 256, 0, ctx->stream>>>(table_dev, n_rows, d, ids_dev, n_tok,
+														   x_dev);
+	CUDA_CHECK_LAUNCH(err, "the float embedding kernel");
+	return CAI_OK;
+}
+
+extern "C" cai_status
+cai_cuda_gather_rows(cai_cuda_ctx *ctx, const float *src_dev, int d, const int32_t *rows_dev,
+					 int n_rows, float *dst_dev, cai_error *err)
+{
+	long		n = (long) n_rows * d;
+
+	if (n <= 0)
+		return CAI_OK;
+	/* the rows are the caller's; any int index is in range of its own matrix */
+	gather_kernel<<<div_up(n, 256), 256, 0, ctx->stream>>>(src_dev, 0x7fffffff, d, rows_dev,
+														   n_rows, dst_dev);
+	CUDA_CHECK_LAUNCH(err, "the row gather kernel");
+	return CAI_OK;
+}

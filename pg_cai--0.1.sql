@@ -1,0 +1,221 @@
+/* pg_cai--0.1.sql — install script of pg_cai 0.1 */
+
+-- complain if script is sourced in psql, rather than via CREATE EXTENSION
+\echo Use "CREATE EXTENSION pg_cai" to load this file. \quit
+
+--
+-- The role that may chat.  Roles are cluster-wide: it is created once and kept when the
+-- extension is dropped.  Grant it to the roles that should use pg_cai.
+--
+DO $$
+BEGIN
+	IF NOT EXISTS (SELECT FROM pg_catalog.pg_roles WHERE rolname = 'cai_user') THEN
+		CREATE ROLE cai_user NOLOGIN;
+	END IF;
+END
+$$;
+
+--
+-- Tables: conversations and their turns, in schema cai.  Row-level security lets a role see and
+-- change only the conversations it owns, and the turns of those.
+--
+CREATE SCHEMA cai;
+COMMENT ON SCHEMA cai IS 'pg_cai conversations and their turns';
+GRANT USAGE ON SCHEMA cai TO cai_user;
+
+CREATE TABLE cai.conversations (
+	id				bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	owner			name NOT NULL DEFAULT current_user,
+	system_prompt	text,
+	options			jsonb NOT NULL DEFAULT '{}'
+					CHECK (jsonb_typeof(options) = 'object'),
+	created_at		timestamptz NOT NULL DEFAULT now()
+);
+COMMENT ON TABLE cai.conversations IS 'pg_cai conversations; each role sees only its own (row-level security)';
+COMMENT ON COLUMN cai.conversations.owner IS 'the role that owns the conversation';
+COMMENT ON COLUMN cai.conversations.system_prompt IS 'the system turn that starts every prompt of the conversation, or NULL';
+COMMENT ON COLUMN cai.conversations.options IS 'default generation options of every turn (overridden per call)';
+
+CREATE TABLE cai.messages (
+	id					bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	conversation_id		bigint NOT NULL REFERENCES cai.conversations (id) ON DELETE CASCADE,
+	role				text NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
+	content				text NOT NULL,
+	tokens				int4[],
+	prompt_tokens		int,
+	completion_tokens	int,
+	cached_tokens		int,
+	created_at			timestamptz NOT NULL DEFAULT now()
+);
+CREATE INDEX messages_conversation_id_idx ON cai.messages (conversation_id, id);
+COMMENT ON TABLE cai.messages IS 'turns of pg_cai conversations, oldest first by id';
+COMMENT ON COLUMN cai.messages.tokens IS 'the content''s token ids as the model saw (user) or generated (assistant) them; reused by later turns';
+COMMENT ON COLUMN cai.messages.prompt_tokens IS 'assistant turns: tokens of the prompt that produced the reply';
+COMMENT ON COLUMN cai.messages.completion_tokens IS 'assistant turns: tokens generated';
+COMMENT ON COLUMN cai.messages.cached_tokens IS 'assistant turns: prompt tokens whose attention state came from the prefix cache';
+
+ALTER TABLE cai.conversations ENABLE ROW LEVEL SECURITY;
+ALTER TABLE cai.messages ENABLE ROW LEVEL SECURITY;
+
+CREATE POLICY conversations_owner ON cai.conversations
+	USING (owner = current_user)
+	WITH CHECK (owner = current_user);
+COMMENT ON POLICY conversations_owner ON cai.conversations IS 'a role sees and changes only the conversations it owns';
+
+CREATE POLICY messages_owner ON cai.messages
+	USING (EXISTS (SELECT FROM cai.conversations c
+				   WHERE c.id = messages.conversation_id AND c.owner = current_user))
+	WITH CHECK (EXISTS (SELECT FROM cai.conversations c
+						WHERE c.id = messages.conversation_id AND c.owner = current_user));
+COMMENT ON POLICY messages_owner ON cai.messages IS 'a role sees and changes only the turns of conversations it owns';
+
+GRANT SELECT, INSERT, UPDATE, DELETE ON cai.conversations TO cai_user;
+GRANT SELECT, INSERT, UPDATE, DELETE ON cai.messages TO cai_user;
+
+-- pg_dump keeps the rows
+SELECT pg_catalog.pg_extension_config_dump('cai.conversations', '');
+SELECT pg_catalog.pg_extension_config_dump('cai.messages', '');
+
+--
+-- Functions.  All are VOLATILE, PARALLEL UNSAFE and SECURITY INVOKER: they run as the caller,
+-- so grants and row-level security apply to what they read and write.
+--
+CREATE FUNCTION cai_new_conversation(system_prompt text DEFAULT NULL, options jsonb DEFAULT '{}')
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'pg_cai_new_conversation'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER;
+COMMENT ON FUNCTION cai_new_conversation(text, jsonb) IS
+'creates a conversation owned by the current role; options become the defaults of its turns';
+
+CREATE FUNCTION cai_chat(conversation_id bigint, message text, options jsonb DEFAULT '{}')
+RETURNS text
+AS 'MODULE_PATHNAME', 'pg_cai_chat'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER;
+COMMENT ON FUNCTION cai_chat(bigint, text, jsonb) IS
+'generates the reply to message in the conversation and stores both turns; options: max_tokens, temperature, top_p, top_k, seed, stop, truncate';
+
+CREATE FUNCTION cai_chat_stream(conversation_id bigint, message text, options jsonb DEFAULT '{}')
+RETURNS SETOF text
+AS 'MODULE_PATHNAME', 'pg_cai_chat_stream'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER ROWS 100;
+COMMENT ON FUNCTION cai_chat_stream(bigint, text, jsonb) IS
+'like cai_chat, but returns the reply piece by piece as it is generated (call it in the select list); stores both turns at the end';
+
+CREATE FUNCTION cai_complete(prompt text, options jsonb DEFAULT '{}')
+RETURNS text
+AS 'MODULE_PATHNAME', 'pg_cai_complete'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER;
+COMMENT ON FUNCTION cai_complete(text, jsonb) IS
+'continues raw text, without a chat template or a conversation';
+
+CREATE FUNCTION cai_chat_completion(messages jsonb, options jsonb DEFAULT '{}')
+RETURNS jsonb
+AS 'MODULE_PATHNAME', 'pg_cai_chat_completion'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER;
+COMMENT ON FUNCTION cai_chat_completion(jsonb, jsonb) IS
+'OpenAI-style chat completion: an array of {role, content} in, a chat.completion object out; stores nothing';
+
+CREATE FUNCTION cai_tokenize(input text)
+RETURNS int4[]
+AS 'MODULE_PATHNAME', 'pg_cai_tokenize'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE SECURITY INVOKER;
+COMMENT ON FUNCTION cai_tokenize(text) IS
+'the model''s token ids for the text (special-token text stays plain text; no BOS)';
+
+CREATE FUNCTION cai_detokenize(tokens int4[])
+RETURNS text
+AS 'MODULE_PATHNAME', 'pg_cai_detokenize'
+LANGUAGE C VOLATILE STRICT PARALLEL UNSAFE SECURITY INVOKER;
+COMMENT ON FUNCTION cai_detokenize(int4[]) IS
+'the text of the token ids, special tokens included as their text';
+
+CREATE FUNCTION cai_model_info()
+RETURNS jsonb
+AS 'MODULE_PATHNAME', 'pg_cai_model_info'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER;
+COMMENT ON FUNCTION cai_model_info() IS
+'the loaded model (architecture, shapes, context) and the device serving it; without a model, the status and the reason';
+
+CREATE FUNCTION cai_cache_reset()
+RETURNS void
+AS 'MODULE_PATHNAME', 'pg_cai_cache_reset'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER;
+COMMENT ON FUNCTION cai_cache_reset() IS
+'empties the engine''s prefix cache of past turns (superusers only unless granted)';
+
+CREATE FUNCTION cai_reply_trigger()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'pg_cai_reply_trigger'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER;
+COMMENT ON FUNCTION cai_reply_trigger() IS
+'AFTER INSERT FOR EACH ROW trigger on cai.messages that answers each inserted user turn synchronously; optional argument: options as JSON. CREATE TRIGGER reply AFTER INSERT ON cai.messages FOR EACH ROW EXECUTE FUNCTION cai_reply_trigger()';
+
+CREATE FUNCTION cai_stats(
+	OUT worker_pid int,
+	OUT status text,
+	OUT model text,
+	OUT device text,
+	OUT requests_received bigint,
+	OUT requests_completed bigint,
+	OUT requests_failed bigint,
+	OUT requests_abandoned bigint,
+	OUT requests_rejected bigint,
+	OUT queued int,
+	OUT waiting int,
+	OUT running int,
+	OUT steps bigint,
+	OUT avg_batch float8,
+	OUT prompt_tokens bigint,
+	OUT prefill_tokens bigint,
+	OUT generated_tokens bigint,
+	OUT cache_lookups bigint,
+	OUT cache_lookup_tokens bigint,
+	OUT cache_hit_tokens bigint,
+	OUT cache_hit_rate float8,
+	OUT cache_blocks bigint,
+	OUT cache_bytes bigint,
+	OUT cache_budget_bytes bigint,
+	OUT cache_evictions bigint,
+	OUT kv_blocks_total int,
+	OUT kv_blocks_free int,
+	OUT busy_seconds float8,
+	OUT worker_started timestamptz,
+	OUT stats_updated timestamptz)
+RETURNS record
+AS 'MODULE_PATHNAME', 'pg_cai_stats'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER;
+COMMENT ON FUNCTION cai_stats() IS
+'the engine worker''s counters (the pg_stat_cai view)';
+
+CREATE VIEW pg_stat_cai AS SELECT * FROM cai_stats();
+COMMENT ON VIEW pg_stat_cai IS
+'the pg_cai engine worker: status, requests, tokens, batching, prefix cache and KV use';
+
+--
+-- Privileges: nothing for PUBLIC; cai_user may chat and read the statistics.  cai_cache_reset
+-- stays with superusers: it slows every role's next turns.
+--
+REVOKE ALL ON FUNCTION cai_new_conversation(text, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION cai_chat(bigint, text, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION cai_chat_stream(bigint, text, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION cai_complete(text, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION cai_chat_completion(jsonb, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION cai_tokenize(text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION cai_detokenize(int4[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION cai_model_info() FROM PUBLIC;
+REVOKE ALL ON FUNCTION cai_cache_reset() FROM PUBLIC;
+REVOKE ALL ON FUNCTION cai_reply_trigger() FROM PUBLIC;
+REVOKE ALL ON FUNCTION cai_stats() FROM PUBLIC;
+REVOKE ALL ON pg_stat_cai FROM PUBLIC;
+
+GRANT EXECUTE ON FUNCTION cai_new_conversation(text, jsonb) TO cai_user;
+GRANT EXECUTE ON FUNCTION cai_chat(bigint, text, jsonb) TO cai_user;
+GRANT EXECUTE ON FUNCTION cai_chat_stream(bigint, text, jsonb) TO cai_user;
+GRANT EXECUTE ON FUNCTION cai_complete(text, jsonb) TO cai_user;
+GRANT EXECUTE ON FUNCTION cai_chat_completion(jsonb, jsonb) TO cai_user;
+GRANT EXECUTE ON FUNCTION cai_tokenize(text) TO cai_user;
+GRANT EXECUTE ON FUNCTION cai_detokenize(int4[]) TO cai_user;
+GRANT EXECUTE ON FUNCTION cai_model_info() TO cai_user;
+GRANT EXECUTE ON FUNCTION cai_reply_trigger() TO cai_user;
+GRANT EXECUTE ON FUNCTION cai_stats() TO cai_user, pg_monitor;
+GRANT SELECT ON pg_stat_cai TO cai_user, pg_monitor;

@@ -1,0 +1,137 @@
+#!/bin/bash
+# scripts/run-tests.sh — pg_cai's whole test suite: the engine's unit tests, pg_regress on a
+# throwaway cluster, then the scenario tests (cancel, timeout, worker restart, rollback,
+# concurrency, no model).  Ends with one line "N passed, N failed" over all of them and exits
+# non-zero when anything failed.
+#
+# Run as root (the server runs as the postgres OS user) or as the user that owns PostgreSQL,
+# after `make install`.  The model is $CAI_MODEL, or models/SmolLM2-135M-Instruct.Q4_1.gguf.
+# A failed run keeps its cluster directory (/tmp/pg_cai_test.*) for inspection.
+set -u
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+MODEL=${CAI_MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+MODEL=$(realpath -m "$MODEL")
+BINDIR=$(pg_config --bindir)
+passed=0
+failed=0
+
+say() { printf '%s\n' "$*" >&2; }
+
+# Runs a command as the cluster's OS user.
+if [ "$(id -u)" = 0 ]; then
+	as_pg() { runuser -u postgres -- "$@"; }
+else
+	as_pg() { "$@"; }
+fi
+
+# ---- 1. engine unit tests ------------------------------------------------------------------
+say "== unit tests"
+unit_out=$(make -C "$ROOT" --no-print-directory unit 2>&1)
+printf '%s\n' "$unit_out" | tail -n 15 >&2
+unit_line=$(printf '%s\n' "$unit_out" | grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped' | tail -n 1)
+if [ -n "$unit_line" ]; then
+	unit_passed=$(echo "$unit_line" | awk '{print $1}')
+	unit_failed=$(echo "$unit_line" | awk '{print $3}')
+	passed=$((passed + unit_passed))
+	failed=$((failed + unit_failed))
+else
+	say "unit tests did not report a result"
+	failed=$((failed + 1))
+fi
+
+# ---- 2. a throwaway cluster ----------------------------------------------------------------
+if [ ! -f "$(pg_config --pkglibdir)/pg_cai.so" ] ||
+	[ ! -f "$(pg_config --sharedir)/extension/pg_cai.control" ]; then
+	say "pg_cai is not installed: run 'make install' (as root) first"
+	echo "$passed passed, $((failed + 1)) failed"
+	exit 1
+fi
+if ! as_pg test -r "$MODEL"; then
+	say "model $MODEL is missing or not readable by the server's OS user"
+	echo "$passed passed, $((failed + 1)) failed"
+	exit 1
+fi
+
+TESTDIR=$(mktemp -d /tmp/pg_cai_test.XXXX)
+chmod 755 "$TESTDIR"
+[ "$(id -u)" = 0 ] && chown postgres:postgres "$TESTDIR"
+PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+DATA=$TESTDIR/data
+LOG=$TESTDIR/server.log
+
+stop_cluster() {
+	if [ -f "$DATA/postmaster.pid" ]; then
+		as_pg "$BINDIR/pg_ctl" -D "$DATA" -m fast -w stop >/dev/null 2>&1
+	fi
+}
+trap stop_cluster EXIT
+
+say "== cluster in $TESTDIR (port $PORT, model $MODEL)"
+if ! as_pg "$BINDIR/initdb" -D "$DATA" -A trust -U postgres --no-sync >"$TESTDIR/initdb.log" 2>&1; then
+	say "initdb failed: see $TESTDIR/initdb.log"
+	echo "$passed passed, $((failed + 1)) failed"
+	exit 1
+fi
+{
+	cat "$ROOT/pg_cai.conf"
+	echo "port = $PORT"
+	echo "listen_addresses = ''"
+	echo "unix_socket_directories = '$TESTDIR'"
+	echo "pg_cai.model = '$MODEL'"
+} | as_pg tee -a "$DATA/postgresql.conf" >/dev/null
+
+if ! as_pg "$BINDIR/pg_ctl" -D "$DATA" -l "$LOG" -w -t 120 start >/dev/null; then
+	say "the server did not start: see $LOG"
+	echo "$passed passed, $((failed + 1)) failed"
+	exit 1
+fi
+
+# The model loads in the background; tests may start once the worker says how it went.
+for _ in $(seq 1 600); do
+	grep -qE 'pg_cai engine worker (ready|has no model)' "$LOG" && break
+	sleep 0.2
+done
+grep -E 'pg_cai engine worker (ready|has no model)' "$LOG" | tail -n 1 >&2
+
+export PGHOST=$TESTDIR PGPORT=$PORT PGUSER=postgres PGDATABASE=postgres
+export PG_CAI_TEST_DIR=$TESTDIR PG_CAI_TEST_DATA=$DATA PG_CAI_TEST_LOG=$LOG PG_CAI_TEST_MODEL=$MODEL
+
+# ---- 3. pg_regress ---------------------------------------------------------------------------
+say "== pg_regress"
+regress_out=$(make -C "$ROOT" --no-print-directory installcheck 2>&1)
+printf '%s\n' "$regress_out" >&2
+regress_passed=$(printf '%s\n' "$regress_out" | grep -cE '^(test| )? *[a-z0-9_]+ +\.\.\. ok')
+regress_failed=$(printf '%s\n' "$regress_out" | grep -cE '^(test| )? *[a-z0-9_]+ +\.\.\. FAILED')
+if [ "$regress_passed" = 0 ] && [ "$regress_failed" = 0 ]; then
+	say "pg_regress did not run"
+	regress_failed=1
+fi
+passed=$((passed + regress_passed))
+failed=$((failed + regress_failed))
+
+# ---- 4. scenario tests -----------------------------------------------------------------------
+for scenario in "$ROOT"/tests/scenario/test_*.py; do
+	say "== scenario $(basename "$scenario")"
+	out=$(python3 "$scenario" 2>&1)
+	rc=$?
+	printf '%s\n' "$out" >&2
+	s_passed=$(printf '%s\n' "$out" | grep -c '^PASS ')
+	s_failed=$(printf '%s\n' "$out" | grep -c '^FAIL ')
+	if [ $rc -ne 0 ] && [ "$s_failed" = 0 ]; then
+		s_failed=1
+	fi
+	passed=$((passed + s_passed))
+	failed=$((failed + s_failed))
+done
+
+stop_cluster
+trap - EXIT
+if [ $failed -eq 0 ]; then
+	rm -rf "$TESTDIR"
+else
+	say "kept $TESTDIR for inspection (server log: $LOG)"
+fi
+
+echo "$passed passed, $failed failed"
+[ $failed -eq 0 ]

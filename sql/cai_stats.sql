@@ -1,0 +1,32 @@
+--
+-- pg_stat_cai shows the worker, its requests, tokens and the prefix cache; cai_cache_reset
+-- empties the cache.  (Runs after the chat tests, so the counters are not zero.)
+--
+SELECT status, worker_pid IS NOT NULL AS has_pid, model IS NOT NULL AS has_model,
+       length(device) > 0 AS has_device, worker_started IS NOT NULL AS started
+FROM pg_stat_cai;
+SELECT requests_received > 0 AS received, requests_completed > 0 AS completed,
+       requests_failed > 0 AS failed, generated_tokens > 0 AS generated,
+       prompt_tokens >= prefill_tokens AS prefill_saved, cache_hit_tokens > 0 AS cache_hits,
+       cache_hit_rate > 0 AND cache_hit_rate <= 1 AS hit_rate, steps > 0 AS stepped,
+       kv_blocks_total > 0 AS has_kv, cache_budget_bytes = 64 * 1024 * 1024 AS budget
+FROM pg_stat_cai;
+
+-- a request is counted
+SELECT requests_received AS before FROM pg_stat_cai \gset
+SELECT cai_tokenize('counting');
+SELECT requests_received - :before AS new_requests FROM pg_stat_cai;
+
+-- a repeated prompt hits the cache; after a reset it does not
+SELECT cai_new_conversation('You are a helpful assistant. Answer in one short sentence.') AS conv \gset
+SELECT length(cai_chat(:conv, 'Name a color.', '{"max_tokens": 4}')) > 0 AS replied;
+SELECT cai_new_conversation('You are a helpful assistant. Answer in one short sentence.') AS conv2 \gset
+SELECT length(cai_chat(:conv2, 'Name a color.', '{"max_tokens": 4}')) > 0 AS replied;
+SELECT cai_cache_reset();
+SELECT cache_blocks, cache_bytes FROM pg_stat_cai;
+SELECT cai_new_conversation('You are a helpful assistant. Answer in one short sentence.') AS conv3 \gset
+SELECT length(cai_chat(:conv3, 'Name a color.', '{"max_tokens": 4}')) > 0 AS replied;
+SELECT c.id = :conv2 AS second, m.cached_tokens > 0 AS cache_hit
+FROM cai.messages m JOIN cai.conversations c ON c.id = m.conversation_id
+WHERE c.id IN (:conv2, :conv3) AND m.role = 'assistant' ORDER BY c.id;
+SELECT running, waiting, queued FROM pg_stat_cai;

@@ -1,0 +1,175 @@
+/*
+ * backend.h — the compute backend's function table: the heavy operations of the forward pass.
+ *
+ * model.c's forward is one readable pass over the layers that calls these operations through a
+ * cai_backend; the CPU backend (cpu/backend_cpu.c) implements them with the thread pool and
+ * SIMD kernels, a GPU backend implements the same table with its own kernels.  Pointers passed
+ * to the operations are backend memory (host memory on the CPU backend): the forward allocates
+ * its activations with ops->alloc.  Weights (cai_qmatrix, float vectors) and the KV pool are
+ * passed as the model and kv.c hold them.
+ *
+ * Every operation must be deterministic per token: a token's outputs depend only on its own
+ * inputs (and, for attention, on its own sequence's KV), never on which other tokens share the
+ * batch or how the work is split, so that a sequence's logits are bit-identical alone or batched.
+ *
+ * Shapes: activations are row-major [n_tok, width]; a "row" is one token.
+ */
+#ifndef CAI_BACKEND_H
+#define CAI_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cai.h"
+#include "cpu/gemm.h"
+#include "kv.h"
+
+typedef struct cai_backend cai_backend;
+
+/* The ragged batch as the operations see it (built once per forward by model.c). */
+typedef struct cai_batch_layout
+{
+	int			n_tokens;		/* T: rows of every activation matrix */
+	int			n_seqs;
+	const int32_t *token_pos;	/* [T] position of each token in its sequence */
+	const int32_t *token_seq;	/* [T] index of each token's sequence */
+	const int32_t *seq_start;	/* [n_seqs] the sequence's first row; its rows are contiguous */
+	const int32_t *seq_len;		/* [n_seqs] new tokens of the sequence */
+	const int32_t *const *block_tables;	/* [n_seqs] block ids covering [0, pos + len) */
+} cai_batch_layout;
+
+/* Rotary position embedding of one model. */
+typedef struct cai_rope_params
+{
+	int			n_rot;			/* rotated dimensions of each head (even, <= head_dim) */
+	float		base;			/* theta_i = pos * freq_scale * base^(-2i/n_rot) / factor_i */
+	float		freq_scale;		/* 1, or 1/factor for linear rope scaling */
+	bool		neox;			/* rotate (i, i + n_rot/2) (NEOX) instead of (2i, 2i+1) (NORM) */
+	const float *freq_factors;	/* [n_rot/2] divisors of the frequencies (Llama 3), or NULL */
+} cai_rope_params;
+
+/* One layer's attention geometry. */
+typedef struct cai_attn_params
+{
+	int			n_heads;
+	int			n_kv_heads;		/* each KV head serves n_heads / n_kv_heads query heads (GQA) */
+	int			head_dim;
+	int			window;			/* 0 = global causal; W = a token sees positions (pos-W, pos] */
+	int			kv_layer;		/* index of the KV-owning layer whose blocks hold the keys */
+	float		scale;			/* score scale, 1/sqrt(head_dim) */
+} cai_attn_params;
+
+/*
+ * A float copy of the KV for the reference path, indexed like the int8 pool:
+ * data + block * block_floats + kv_layer * layer_floats, then keys [16][n_kv_heads][head_dim]
+ * followed by values [16][n_kv_heads][head_dim].  Covers blocks [0, n_blocks).
+ */
+typedef struct cai_kv_shadow
+{
+	float	   *data;
+	int			n_blocks;
+	size_t		layer_floats;	/* 2 * 16 * n_kv_heads * head_dim */
+	size_t		block_floats;	/* layer_floats * n_kv_layers */
+} cai_kv_shadow;
+
+typedef struct cai_backend_ops
+{
+	const char *name;
+
+	/* Frees the instance (cai_backend_free calls this). */
+	void		(*destroy) (cai_backend *be);
+
+	/* Activation memory of this backend (64-byte aligned); NULL when out of memory. */
+	void	   *(*alloc) (cai_backend *be, size_t bytes);
+	void		(*free) (cai_backend *be, void *ptr);
+
+	/* x[t, :] = table row ids[t], dequantized (int8 table) or copied (float table [n, d]). */
+	void		(*embed_i8) (cai_backend *be, const cai_qmatrix *table, const int32_t *ids,
+							 int n_tok, float *x);
+	void		(*embed_f32) (cai_backend *be, const float *table, int d, const int32_t *ids,
+							  int n_tok, float *x);
+
+	/* dst[i, :] = src[rows[i], :] for i < n_rows; width d. */
+	void		(*gather_rows) (cai_backend *be, const float *src, int d, const int32_t *rows,
+								int n_rows, float *dst);
+
+	/* out[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) * w (fp32). */
+	void		(*rmsnorm) (cai_backend *be, const float *x, const float *w, int n_tok, int d,
+							float eps, float *out);
+
+	/* rmsnorm fused with per-token symmetric int8 quantization (cai_quantize_act_i8's rule). */
+	void		(*rmsnorm_quant) (cai_backend *be, const float *x, const float *w, int n_tok,
+								  int d, float eps, int8_t *q, float *s);
+
+	/* Per-token int8 quantization of x [n_tok, k]. */
+	void		(*quantize) (cai_backend *be, const float *x, int n_tok, int k, int8_t *q,
+							 float *s);
+
+	/* W8A8 GEMM with fused epilogue and its float reference (cpu/gemm.h semantics). */
+	void		(*gemm_i8) (cai_backend *be, const int8_t *xq, const float *xs, int n_tok,
+							const cai_qmatrix *w, const float *bias, float *out, int ldo,
+							bool accumulate);
+	void		(*gemm_f32) (cai_backend *be, const float *x, int n_tok, int k, const float *w,
+							 int n_out, const float *bias, float *out, int ldo, bool accumulate);
+
+	/* cs[t, 2i] = cos(theta_i(pos[t])), cs[t, 2i+1] = sin(...), i < n_rot/2. */
+	void		(*rope_prepare) (cai_backend *be, const cai_rope_params *rp, const int32_t *pos,
+								 int n_tok, float *cs);
+
+	/* Rotates n_heads heads of head_dim at x[t * ldx + h * head_dim] in place. */
+	void		(*rope) (cai_backend *be, const cai_rope_params *rp, const float *cs, float *x,
+						 int ldx, int n_tok, int n_heads, int head_dim);
+
+	/*
+	 * gate_up [n_tok, 2 * d_ff] holds gate then up of each token:
+	 * h = silu(gate) * up, written as float (swiglu) or quantized per token (swiglu_quant).
+	 */
+	void		(*swiglu) (cai_backend *be, const float *gate_up, int n_tok, int d_ff,
+						   float *out);
+	void		(*swiglu_quant) (cai_backend *be, const float *gate_up, int n_tok, int d_ff,
+								 int8_t *q, float *s);
+
+	/*
+	 * Writes the new tokens' keys k[t * ld + h * head_dim] and values v[...] into their slots of
+	 * layer ap->kv_layer: int8 with a scale per (token, kv-head), and in float into shadow
+	 * when it is not NULL (the reference path).
+	 */
+	void		(*kv_write) (cai_backend *be, const cai_attn_params *ap,
+							 const cai_batch_layout *batch, const float *k, const float *v,
+							 int ld, cai_kv_pool *kv, const cai_kv_shadow *shadow);
+
+	/*
+	 * Causal (window-limited) GQA attention of every token's query heads q[t * ldq + h * hd]
+	 * over positions of its own sequence, reading int8 KV (shadow == NULL) or the float shadow;
+	 * writes out[t * ldo + h * hd].
+	 */
+	void		(*attention) (cai_backend *be, const cai_attn_params *ap,
+							  const cai_batch_layout *batch, const float *q, int ldq,
+							  cai_kv_pool *kv, const cai_kv_shadow *shadow, float *out,
+							  int ldo);
+} cai_backend_ops;
+
+/* Sizes a backend instance prepares its scratch for. */
+typedef struct cai_backend_limits
+{
+	int			max_tokens;		/* rows of one forward */
+	int			max_context;	/* positions of one sequence */
+	int			max_width;		/* widest activation row (d_model, q width, d_ff) */
+	int			n_heads;
+	int			n_kv_heads;
+	int			head_dim;
+} cai_backend_limits;
+
+struct cai_backend
+{
+	const cai_backend_ops *ops;
+	void	   *impl;			/* the backend's private state */
+};
+
+/* The CPU backend over a thread pool (NULL = run on the caller alone). */
+cai_status	cai_backend_cpu_create(cai_threadpool *pool, const cai_backend_limits *limits,
+								   cai_backend **out, cai_error *err);
+void		cai_backend_free(cai_backend *be);
+
+#endif							/* CAI_BACKEND_H */

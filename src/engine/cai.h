@@ -1,0 +1,306 @@
+/*
+ * cai.h — public API of libcai, pg_cai's inference engine.
+ *
+ * The engine knows nothing of PostgreSQL or CUDA headers.  Every call that can fail returns a
+ * cai_status and fills a cai_error with a one-line, lower-case message; nothing here calls exit()
+ * or abort() on bad input.  There is no global state: everything hangs off a cai_model (read-only
+ * after load, shareable) or a cai_engine (one per serving thread; not thread-safe).
+ *
+ * A request's life through this API:
+ *   cai_chat_build_prompt()   -> token ids (chat template over the turns, stored ids reused)
+ *   cai_engine_submit()       -> request id; the request waits, then runs
+ *   cai_engine_step() ...     -> each step runs ONE batched forward over every running request
+ *                                and reports what each produced (tokens, text, finish + usage)
+ *   cai_engine_cancel()       -> drops a request and frees its KV at once
+ */
+#ifndef CAI_H
+#define CAI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------------------------------------
+ * Status and errors
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum cai_status
+{
+	CAI_OK = 0,
+	CAI_ERR_INVALID_ARGUMENT,	/* a caller-supplied value is out of range or malformed */
+	CAI_ERR_IO,					/* a file could not be opened, read or mapped */
+	CAI_ERR_FORMAT,				/* a file is malformed, truncated or inconsistent */
+	CAI_ERR_UNSUPPORTED,		/* well-formed, but an architecture/type the engine lacks */
+	CAI_ERR_NO_MEMORY,			/* an allocation failed (host or device) */
+	CAI_ERR_CONTEXT_FULL,		/* the prompt does not fit the context window */
+	CAI_ERR_QUEUE_FULL,			/* admission control refused the request */
+	CAI_ERR_NOT_FOUND,			/* unknown request id, token, template name, ... */
+	CAI_ERR_BACKEND,			/* the compute backend failed (a CUDA error, say) */
+	CAI_ERR_INTERNAL			/* a bug: an invariant did not hold */
+} cai_status;
+
+#define CAI_ERROR_MESSAGE_SIZE 512
+
+typedef struct cai_error
+{
+	cai_status	status;
+	char		message[CAI_ERROR_MESSAGE_SIZE];
+} cai_error;
+
+/* "ok", "invalid argument", ... */
+const char *cai_status_name(cai_status status);
+
+/* Frees memory returned by this API (token arrays, strings). */
+void		cai_free(void *ptr);
+
+/* ---------------------------------------------------------------------------------------------
+ * Models
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct cai_model cai_model;
+
+typedef struct cai_model_params
+{
+	int			n_threads;		/* threads for requantization at load; 0 = all online cores */
+	bool		load_float_reference;	/* also keep fp32 weights (cai eval, fidelity tests) */
+	const char *chat_template;	/* "chatml", "llama3", "gemma", "llama2"; NULL = detect from GGUF */
+} cai_model_params;
+
+void		cai_model_params_default(cai_model_params *params);
+
+/* Memory-maps a GGUF file, validates it and converts its weights to the engine's int8 layout. */
+cai_status	cai_model_load(const char *path, const cai_model_params *params,
+						   cai_model **out, cai_error *err);
+void		cai_model_free(cai_model *model);
+
+typedef struct cai_model_info
+{
+	const char *arch;			/* "llama", "qwen2", ... */
+	const char *name;			/* general.name, or the file's base name */
+	const char *chat_template;	/* the template in use: "chatml", ... */
+	int			n_layers;
+	int			d_model;
+	int			n_heads;
+	int			n_kv_heads;
+	int			head_dim;
+	int			d_ff;
+	int			n_vocab;
+	int			context_length; /* the model's trained context */
+	int64_t		n_params;
+	size_t		weight_bytes;	/* engine-side int8 weights + scales */
+	size_t		kv_bytes_per_token; /* int8 KV + scales, all layers that own KV */
+	uint64_t	fingerprint;	/* identifies weights+tokenizer; seeds the prefix cache */
+	int32_t		bos_token;		/* -1 when the model has none */
+	int32_t		eos_token;
+	int32_t		eot_token;		/* the chat template's end-of-turn token */
+} cai_model_info;
+
+void		cai_model_get_info(const cai_model *model, cai_model_info *info);
+
+/* Writes a human-readable dump (metadata, tensors and their types) like `cai inspect`. */
+cai_status	cai_model_describe(const cai_model *model, char **text, cai_error *err);
+
+/* ---------------------------------------------------------------------------------------------
+ * Tokens and chat prompts
+ * ------------------------------------------------------------------------------------------- */
+
+/*
+ * Tokenizes UTF-8 text.  With parse_special false, text that looks like a special token
+ * ("<|im_end|>") is tokenized as plain text and can never produce a control token.  No BOS is added.
+ * *ids is allocated with malloc (free with cai_free).
+ */
+cai_status	cai_tokenize(const cai_model *model, const char *text, size_t len, bool parse_special,
+						 int32_t **ids, int *n_ids, cai_error *err);
+
+/* Concatenates the tokens' text (special tokens included as their text); NUL-terminated. */
+cai_status	cai_detokenize(const cai_model *model, const int32_t *ids, int n_ids,
+						   char **text, size_t *len, cai_error *err);
+
+typedef enum cai_role
+{
+	CAI_ROLE_SYSTEM = 0,
+	CAI_ROLE_USER,
+	CAI_ROLE_ASSISTANT
+} cai_role;
+
+typedef struct cai_chat_message
+{
+	cai_role	role;
+	const char *content;		/* UTF-8, NUL-terminated; may be NULL when tokens are given */
+	const int32_t *tokens;		/* the content's token ids as stored (model-generated ids for
+								 * assistant turns); NULL = tokenize content */
+	int			n_tokens;
+} cai_chat_message;
+
+typedef struct cai_prompt_params
+{
+	bool		add_generation_prompt;	/* end with the assistant header */
+	int			max_prompt_tokens;		/* 0 = no limit */
+	bool		truncate;		/* over the limit: drop the oldest non-system turns (true) or fail
+								 * with CAI_ERR_CONTEXT_FULL (false) */
+} cai_prompt_params;
+
+typedef struct cai_prompt
+{
+	int32_t    *ids;			/* malloc'd; free with cai_prompt_free */
+	int			n_ids;
+	int			first_message;	/* index of the oldest message kept after truncation */
+	int32_t    *last_content_ids;	/* the last message's content ids (to store with the turn) */
+	int			n_last_content_ids;
+} cai_prompt;
+
+/* Renders the model's chat template over the messages into token ids. */
+cai_status	cai_chat_build_prompt(const cai_model *model, const cai_chat_message *messages,
+								  int n_messages, const cai_prompt_params *params,
+								  cai_prompt *out, cai_error *err);
+void		cai_prompt_free(cai_prompt *prompt);
+
+/* ---------------------------------------------------------------------------------------------
+ * Engines: batched generation
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct cai_engine cai_engine;
+
+typedef struct cai_engine_params
+{
+	const char *device;			/* "auto" | "cpu" | "cuda" */
+	int			n_threads;		/* CPU threads; 0 = all online cores */
+	int			max_running;	/* sequences in one batch */
+	int			max_step_tokens;	/* token budget of one step (decodes + prefill chunks) */
+	int			context_length; /* per sequence; 0 = the model's, capped at 4096 */
+	int			max_queue;		/* waiting requests beyond which submit fails */
+	size_t		kv_cache_bytes; /* working KV for running sequences; 0 = sized from the above */
+	size_t		host_cache_bytes;	/* budget of the inter-turn prefix cache; 0 = off */
+} cai_engine_params;
+
+void		cai_engine_params_default(cai_engine_params *params);
+
+cai_status	cai_engine_create(cai_model *model, const cai_engine_params *params,
+							  cai_engine **out, cai_error *err);
+void		cai_engine_free(cai_engine *engine);
+
+/* Which backend serves ("cpu (avx512-vnni)", "cuda (NVIDIA H100)") and why it was chosen. */
+const char *cai_engine_device(const cai_engine *engine);
+const char *cai_engine_device_reason(const cai_engine *engine);
+
+#define CAI_MAX_STOP_STRINGS 8
+
+typedef struct cai_sampling_params
+{
+	float		temperature;	/* 0 = greedy */
+	float		top_p;			/* 1 = off */
+	int			top_k;			/* 0 = off */
+	uint64_t	seed;			/* same seed + same prompt = same tokens */
+	int			max_tokens;		/* completion tokens at most */
+	int			n_stop;
+	const char *stop[CAI_MAX_STOP_STRINGS]; /* copied at submit */
+	bool		ignore_eos;		/* benchmarks: run to max_tokens */
+} cai_sampling_params;
+
+void		cai_sampling_params_default(cai_sampling_params *params);
+
+typedef struct cai_request_params
+{
+	const int32_t *prompt;		/* copied at submit */
+	int			n_prompt;
+	cai_sampling_params sampling;
+	uint64_t	cache_salt;		/* prefix-cache namespace (the caller's role, say) */
+	bool		use_cache;		/* look up and insert into the prefix cache */
+	void	   *user_data;		/* returned in every event of this request */
+} cai_request_params;
+
+cai_status	cai_engine_submit(cai_engine *engine, const cai_request_params *params,
+							  uint64_t *request_id, cai_error *err);
+
+/* Drops a waiting or running request and frees its KV now; CAI_ERR_NOT_FOUND if unknown. */
+cai_status	cai_engine_cancel(cai_engine *engine, uint64_t request_id);
+
+typedef enum cai_finish_reason
+{
+	CAI_FINISH_NONE = 0,		/* still running */
+	CAI_FINISH_STOP,			/* end-of-turn/EOS token or a stop string */
+	CAI_FINISH_LENGTH,			/* max_tokens or the context window */
+	CAI_FINISH_ERROR
+} cai_finish_reason;
+
+typedef struct cai_usage
+{
+	int			prompt_tokens;
+	int			cached_tokens;	/* prompt tokens whose KV came from the prefix cache */
+	int			completion_tokens;
+	double		queue_ms;		/* submit -> first scheduled */
+	double		ttft_ms;		/* submit -> first token */
+	double		total_ms;		/* submit -> finish */
+} cai_usage;
+
+typedef struct cai_event
+{
+	uint64_t	request_id;
+	void	   *user_data;
+	int32_t		token;			/* the token generated this step, or -1 */
+	const char *text;			/* newly final UTF-8 text (stop strings withheld), may be "" */
+	size_t		text_len;
+	cai_finish_reason finish;
+	cai_usage	usage;			/* complete when finish != NONE */
+	const char *error;			/* with CAI_FINISH_ERROR */
+} cai_event;
+
+/*
+ * Runs one engine step: one batched forward over all running requests (decodes first, then
+ * prefill chunks up to the token budget).  *events lists what each request produced; it stays
+ * valid until the next call.  A finished request is forgotten after its event.
+ */
+cai_status	cai_engine_step(cai_engine *engine, const cai_event **events, int *n_events,
+							cai_error *err);
+
+/* True while any request waits or runs. */
+bool		cai_engine_has_work(const cai_engine *engine);
+
+typedef struct cai_engine_stats
+{
+	int			running;
+	int			waiting;
+	uint64_t	steps;
+	uint64_t	step_sequences; /* sum over steps of sequences in the batch */
+	uint64_t	prompt_tokens;	/* prompt tokens of submitted requests */
+	uint64_t	prefill_tokens; /* prompt tokens actually computed */
+	uint64_t	generated_tokens;
+	uint64_t	requests_finished;
+	uint64_t	requests_cancelled;
+	uint64_t	requests_rejected;
+	double		busy_seconds;	/* time spent in steps */
+	/* prefix cache */
+	uint64_t	cache_lookups;
+	uint64_t	cache_lookup_tokens;
+	uint64_t	cache_hit_tokens;
+	uint64_t	cache_evictions;
+	uint64_t	cache_blocks;
+	size_t		cache_bytes;
+	size_t		cache_budget_bytes;
+	/* working KV */
+	int			kv_blocks_total;
+	int			kv_blocks_free;
+} cai_engine_stats;
+
+void		cai_engine_get_stats(const cai_engine *engine, cai_engine_stats *stats);
+
+/* Empties the prefix cache (blocks pinned by running requests are dropped when they finish). */
+void		cai_engine_cache_reset(cai_engine *engine);
+
+/*
+ * Teacher-forced scoring for evaluation: logits[i] (n_vocab floats) predicts tokens[i+1], for all
+ * n positions, on the int8 path or the float reference path (needs load_float_reference).
+ * Runs alone (not batched with requests).
+ */
+cai_status	cai_engine_score(cai_engine *engine, const int32_t *tokens, int n, bool float_reference,
+							 float *logits, cai_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif							/* CAI_H */

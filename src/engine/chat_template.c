@@ -1,0 +1,517 @@
+/*
+ * chat_template.c — the model families' chat formats, rendered straight to token ids.
+ *
+ * We do not run Jinja: a GGUF's tokenizer.chat_template is only read to recognise which
+ * published format it is (and, for ChatML, which default system prompt it adds).  Rendering
+ * appends, message by message, markup (tokenized with special tokens parsed) and content
+ * (tokenized as plain text, or the caller's stored ids spliced in unchanged).  A message's
+ * tokens depend only on the messages before it, so rendering messages [0..k) is always a token
+ * prefix of rendering [0..k+1) — the property the prefix cache relies on.  The generation
+ * prompt is likewise a prefix of the assistant message that answers it.
+ *
+ * SentencePiece models put a space in front of text that starts the prompt or follows a
+ * special token; markup pieces follow that rule (as llama.cpp does when it tokenizes a whole
+ * rendered prompt), and the Llama 2 format spells the space before content out.
+ */
+#include "chat_template.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/*
+ * Default system prompts that known ChatML templates add when the conversation has none.  The
+ * template struct points at one of these, so a default we do not know is not applied.
+ */
+static const char *const known_default_systems[] = {
+	"You are a helpful AI assistant named SmolLM, trained by Hugging Face",	/* SmolLM2 */
+	"You are a helpful assistant.",	/* Qwen1.5, Qwen2 */
+	"You are Qwen, created by Alibaba Cloud. You are a helpful assistant.",	/* Qwen2.5 */
+	NULL
+};
+
+const char *
+cai_chat_template_name(cai_template_kind kind)
+{
+	switch (kind)
+	{
+		case CAI_TEMPLATE_CHATML:
+			return "chatml";
+		case CAI_TEMPLATE_LLAMA3:
+			return "llama3";
+		case CAI_TEMPLATE_GEMMA:
+			return "gemma";
+		case CAI_TEMPLATE_LLAMA2:
+			return "llama2";
+		case CAI_TEMPLATE_ZEPHYR:
+			return "zephyr";
+	}
+	return "unknown";
+}
+
+/* Fills out for kind: the end-of-turn token the format uses. */
+static void
+template_init(cai_template_kind kind, const cai_tokenizer *tok, cai_chat_template *out)
+{
+	out->kind = kind;
+	out->default_system = NULL;
+	switch (kind)
+	{
+		case CAI_TEMPLATE_CHATML:
+			out->end_of_turn = cai_tokenizer_find(tok, "<|im_end|>");
+			break;
+		case CAI_TEMPLATE_LLAMA3:
+			out->end_of_turn = cai_tokenizer_find(tok, "<|eot_id|>");
+			break;
+		case CAI_TEMPLATE_GEMMA:
+			out->end_of_turn = cai_tokenizer_find(tok, "<end_of_turn>");
+			break;
+		case CAI_TEMPLATE_LLAMA2:
+		case CAI_TEMPLATE_ZEPHYR:
+			out->end_of_turn = -1;	/* turns end with EOS */
+			break;
+	}
+	/* a marker the vocabulary lacks, or has only as plain text, cannot end a turn */
+	if (out->end_of_turn >= 0 && !cai_tokenizer_is_special(tok, out->end_of_turn))
+		out->end_of_turn = -1;
+}
+
+/*
+ * The default system prompt of a ChatML template: the literal text between
+ * "<|im_start|>system\n" and "<|im_end|>" in a Jinja string constant (so not one built from
+ * message['content']), if it is one we know.  The newline may be written as a Jinja escape.
+ */
+static const char *
+chatml_default_system(const char *jinja)
+{
+	static const char marker[] = "<|im_start|>system";
+	const char *p = jinja;
+
+	while ((p = strstr(p, marker)) != NULL)
+	{
+		const char *text = p + strlen(marker);
+		const char *end;
+		size_t		len;
+
+		p = text;
+		if (text[0] == '\n')
+			text += 1;
+		else if (text[0] == '\\' && text[1] == 'n')
+			text += 2;
+		else
+			continue;
+		end = strstr(text, "<|im_end|>");
+		if (!end)
+			break;
+		len = (size_t) (end - text);
+		/* quotes or braces mean an expression, not a constant */
+		if (len == 0 || memchr(text, '\'', len) || memchr(text, '"', len) ||
+			memchr(text, '{', len) || memchr(text, '}', len))
+			continue;
+		for (int i = 0; known_default_systems[i]; i++)
+			if (strlen(known_default_systems[i]) == len &&
+				memcmp(known_default_systems[i], text, len) == 0)
+				return known_default_systems[i];
+	}
+	return NULL;
+}
+
+cai_status
+cai_chat_template_detect(const char *jinja, const char *arch, const cai_tokenizer *tok,
+						 cai_chat_template *out, cai_error *err)
+{
+	cai_template_kind kind;
+
+	if (!tok || !out)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "tokenizer and template must not be null");
+
+	/* the template's own markup says which format it is */
+	if (jinja && strstr(jinja, "<|im_start|>"))
+		kind = CAI_TEMPLATE_CHATML;
+	else if (jinja && strstr(jinja, "<|start_header_id|>"))
+		kind = CAI_TEMPLATE_LLAMA3;
+	else if (jinja && strstr(jinja, "<start_of_turn>"))
+		kind = CAI_TEMPLATE_GEMMA;
+	else if (jinja && strstr(jinja, "<|user|>"))
+		kind = CAI_TEMPLATE_ZEPHYR;
+	else if (jinja && strstr(jinja, "[INST]"))
+		kind = CAI_TEMPLATE_LLAMA2;
+	/* no (recognisable) template: go by the vocabulary's markup tokens, then the architecture */
+	else if (cai_tokenizer_is_special(tok, cai_tokenizer_find(tok, "<|im_start|>")))
+		kind = CAI_TEMPLATE_CHATML;
+	else if (cai_tokenizer_is_special(tok, cai_tokenizer_find(tok, "<|start_header_id|>")))
+		kind = CAI_TEMPLATE_LLAMA3;
+	else if (cai_tokenizer_is_special(tok, cai_tokenizer_find(tok, "<start_of_turn>")) ||
+			 (arch && strncmp(arch, "gemma", 5) == 0))
+		kind = CAI_TEMPLATE_GEMMA;
+	else if (arch && strncmp(arch, "qwen", 4) == 0)
+		kind = CAI_TEMPLATE_CHATML;
+	else
+		kind = CAI_TEMPLATE_LLAMA2;
+
+	template_init(kind, tok, out);
+	if (kind == CAI_TEMPLATE_CHATML && jinja)
+		out->default_system = chatml_default_system(jinja);
+	return CAI_OK;
+}
+
+cai_status
+cai_chat_template_by_name(const char *name, const cai_tokenizer *tok,
+						  cai_chat_template *out, cai_error *err)
+{
+	static const cai_template_kind kinds[] = {
+		CAI_TEMPLATE_CHATML, CAI_TEMPLATE_LLAMA3, CAI_TEMPLATE_GEMMA, CAI_TEMPLATE_LLAMA2,
+		CAI_TEMPLATE_ZEPHYR
+	};
+
+	if (!name || !tok || !out)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "template name, tokenizer and template must not be null");
+	for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
+		if (strcmp(name, cai_chat_template_name(kinds[i])) == 0)
+		{
+			template_init(kinds[i], tok, out);
+			return CAI_OK;
+		}
+	return cai_fail(err, CAI_ERR_NOT_FOUND,
+					"unknown chat template \"%s\" (known: chatml, llama3, gemma, llama2, zephyr)", name);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Rendering
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct render_ctx
+{
+	const cai_tokenizer *tok;
+	cai_tokens *out;
+	cai_error  *err;
+	cai_status	status;			/* the first failure; later appends do nothing */
+} render_ctx;
+
+/*
+ * True when text appended now starts a stretch of its own (the prompt's start, or just after a
+ * special token): SentencePiece puts a space in front of such text.
+ */
+static bool
+at_fresh_start(const render_ctx *r)
+{
+	return r->out->n == 0 || cai_tokenizer_is_special(r->tok, r->out->ids[r->out->n - 1]);
+}
+
+/* Appends the tokens of text, special tokens parsed if parse_special. */
+static void
+put_text(render_ctx *r, const char *text, size_t len, bool parse_special)
+{
+	if (r->status != CAI_OK || len == 0)
+		return;
+	if (at_fresh_start(r))
+		r->status = cai_tokenizer_encode(r->tok, text, len, parse_special, r->out, r->err);
+	else
+		r->status = cai_tokenizer_encode_continuation(r->tok, text, len, parse_special,
+													  r->out, r->err);
+}
+
+/* Appends markup: the format's own text, special tokens parsed. */
+static void
+put_markup(render_ctx *r, const char *markup)
+{
+	put_text(r, markup, strlen(markup), true);
+}
+
+static void
+put_token(render_ctx *r, int32_t id)
+{
+	if (r->status != CAI_OK || id < 0)
+		return;
+	if (!cai_tokens_push(r->out, id))
+		r->status = cai_fail(r->err, CAI_ERR_NO_MEMORY, "out of memory rendering a chat prompt");
+}
+
+static bool
+is_trim_space(char c)
+{
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+
+/*
+ * Appends a message's content: the caller's ids as they are, else its text as plain text
+ * (never parsed for special tokens), trimmed where the format's template trims, with a space in
+ * front where the format puts one.
+ */
+static void
+put_content(render_ctx *r, const cai_chat_message *m, bool trim, bool space_before)
+{
+	const char *text = m->content ? m->content : "";
+	size_t		len = strlen(text);
+
+	if (r->status != CAI_OK)
+		return;
+	if (m->tokens)
+	{
+		if (!cai_tokens_append(r->out, m->tokens, m->n_tokens))
+			r->status = cai_fail(r->err, CAI_ERR_NO_MEMORY, "out of memory rendering a chat prompt");
+		return;
+	}
+	if (trim)
+	{
+		while (len > 0 && is_trim_space(text[0]))
+		{
+			text++;
+			len--;
+		}
+		while (len > 0 && is_trim_space(text[len - 1]))
+			len--;
+	}
+	if (space_before && len > 0)
+	{
+		/* one piece, so that the space joins the first word as it does in running text */
+		char	   *spaced = malloc(len + 1);
+
+		if (!spaced)
+		{
+			r->status = cai_fail(r->err, CAI_ERR_NO_MEMORY, "out of memory rendering a chat prompt");
+			return;
+		}
+		spaced[0] = ' ';
+		memcpy(spaced + 1, text, len);
+		put_text(r, spaced, len + 1, false);
+		free(spaced);
+		return;
+	}
+	put_text(r, text, len, false);
+}
+
+/* Appends markup made of prefix, a role name and suffix. */
+static void
+put_role_markup(render_ctx *r, const char *prefix, const char *role, const char *suffix)
+{
+	char		buf[128];
+
+	snprintf(buf, sizeof(buf), "%s%s%s", prefix, role, suffix);
+	put_markup(r, buf);
+}
+
+static const char *
+role_name(cai_role role)
+{
+	switch (role)
+	{
+		case CAI_ROLE_SYSTEM:
+			return "system";
+		case CAI_ROLE_USER:
+			return "user";
+		case CAI_ROLE_ASSISTANT:
+			return "assistant";
+	}
+	return "user";
+}
+
+/* <|im_start|>role\ncontent<|im_end|>\n */
+static void
+render_chatml(render_ctx *r, const cai_chat_template *tmpl, const cai_chat_message *msgs, int n,
+			  bool gen)
+{
+	for (int i = 0; i < n; i++)
+	{
+		if (i == 0 && msgs[0].role != CAI_ROLE_SYSTEM && tmpl->default_system)
+		{
+			put_markup(r, "<|im_start|>system\n");
+			put_text(r, tmpl->default_system, strlen(tmpl->default_system), false);
+			put_markup(r, "<|im_end|>\n");
+		}
+		put_role_markup(r, "<|im_start|>", role_name(msgs[i].role), "\n");
+		put_content(r, &msgs[i], false, false);
+		put_markup(r, "<|im_end|>\n");
+	}
+	if (gen)
+		put_markup(r, "<|im_start|>assistant\n");
+}
+
+/* <|start_header_id|>role<|end_header_id|>\n\ncontent<|eot_id|> */
+static void
+render_llama3(render_ctx *r, const cai_chat_message *msgs, int n, bool gen)
+{
+	for (int i = 0; i < n; i++)
+	{
+		put_role_markup(r, "<|start_header_id|>", role_name(msgs[i].role), "<|end_header_id|>\n\n");
+		put_content(r, &msgs[i], true, false);
+		put_markup(r, "<|eot_id|>");
+	}
+	if (gen)
+		put_markup(r, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+/*
+ * <start_of_turn>user\ncontent<end_of_turn>\n, "model" for the assistant.  Gemma has no system
+ * role: a leading system prompt opens the first user turn ("system\n\nuser text").
+ */
+static void
+render_gemma(render_ctx *r, const cai_chat_message *msgs, int n, bool gen)
+{
+	bool		turn_open = false;	/* a user turn holding the system prompt is open */
+	int			i = 0;
+
+	if (n > 0 && msgs[0].role == CAI_ROLE_SYSTEM)
+	{
+		put_markup(r, "<start_of_turn>user\n");
+		put_content(r, &msgs[0], true, false);
+		put_markup(r, "\n\n");
+		turn_open = true;
+		i = 1;
+	}
+	for (; i < n; i++)
+	{
+		bool		model = msgs[i].role == CAI_ROLE_ASSISTANT;
+
+		if (turn_open && !model)
+		{
+			put_content(r, &msgs[i], true, false);
+			put_markup(r, "<end_of_turn>\n");
+			turn_open = false;
+			continue;
+		}
+		if (turn_open)
+		{
+			put_markup(r, "<end_of_turn>\n");
+			turn_open = false;
+		}
+		put_markup(r, model ? "<start_of_turn>model\n" : "<start_of_turn>user\n");
+		put_content(r, &msgs[i], true, false);
+		put_markup(r, "<end_of_turn>\n");
+	}
+	if (gen)
+	{
+		if (turn_open)
+			put_markup(r, "<end_of_turn>\n");
+		put_markup(r, "<start_of_turn>model\n");
+	}
+}
+
+/*
+ * <s>[INST] <<SYS>>\nsystem\n<</SYS>>\n\nuser [/INST] assistant</s><s>[INST] user [/INST]
+ * (Llama 2's template; BOS opens every user turn, the assistant's reply ends with EOS).
+ */
+static void
+render_llama2(render_ctx *r, const cai_chat_message *msgs, int n, bool gen)
+{
+	int32_t		bos = cai_tokenizer_add_bos(r->tok) ? cai_tokenizer_bos(r->tok) : -1;
+	bool		inst_open = false;	/* "[INST] <<SYS>>...<</SYS>>\n\n" awaits the user's text */
+	int			i = 0;
+
+	if (n > 0 && msgs[0].role == CAI_ROLE_SYSTEM)
+	{
+		put_token(r, bos);
+		put_markup(r, "[INST] <<SYS>>\n");
+		put_content(r, &msgs[0], true, false);
+		put_markup(r, "\n<</SYS>>\n\n");
+		inst_open = true;
+		i = 1;
+	}
+	for (; i < n; i++)
+	{
+		if (msgs[i].role == CAI_ROLE_ASSISTANT)
+		{
+			if (inst_open)
+			{
+				put_markup(r, " [/INST]");
+				inst_open = false;
+			}
+			put_content(r, &msgs[i], true, true);
+			put_token(r, cai_tokenizer_eos(r->tok));
+			continue;
+		}
+		if (inst_open)
+		{
+			put_content(r, &msgs[i], true, false);
+			inst_open = false;
+		}
+		else
+		{
+			put_token(r, bos);
+			put_markup(r, "[INST]");
+			put_content(r, &msgs[i], true, true);
+		}
+		put_markup(r, " [/INST]");
+	}
+	if (gen && inst_open)
+		put_markup(r, " [/INST]");
+}
+
+/* <|role|>\ncontent</s>\n ; generation prompt <|assistant|>\n (TinyLlama-chat, Zephyr) */
+static void
+render_zephyr(render_ctx *r, const cai_chat_message *msgs, int n, bool gen)
+{
+	for (int i = 0; i < n; i++)
+	{
+		put_role_markup(r, "<|", role_name(msgs[i].role), "|>\n");
+		put_content(r, &msgs[i], false, false);
+		put_token(r, cai_tokenizer_eos(r->tok));
+		put_markup(r, "\n");
+	}
+	if (gen)
+		put_markup(r, "<|assistant|>\n");
+}
+
+cai_status
+cai_chat_template_render(const cai_chat_template *tmpl, const cai_tokenizer *tok,
+						 const cai_chat_message *messages, int n_messages,
+						 bool add_generation_prompt, cai_tokens *out, cai_error *err)
+{
+	render_ctx	r;
+	int			n_before;
+
+	if (!tmpl || !tok || !out || n_messages < 0 || (n_messages > 0 && !messages))
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "invalid arguments to render a chat prompt");
+	for (int i = 0; i < n_messages; i++)
+	{
+		const cai_chat_message *m = &messages[i];
+
+		if (m->role != CAI_ROLE_SYSTEM && m->role != CAI_ROLE_USER && m->role != CAI_ROLE_ASSISTANT)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "message %d has an unknown role (%d)",
+							i, (int) m->role);
+		if (m->tokens)
+		{
+			if (m->n_tokens < 0)
+				return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "message %d has a negative token count", i);
+			for (int k = 0; k < m->n_tokens; k++)
+				if (m->tokens[k] < 0 || m->tokens[k] >= cai_tokenizer_n_vocab(tok))
+					return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+									"message %d holds token id %d, outside the vocabulary of %d",
+									i, m->tokens[k], cai_tokenizer_n_vocab(tok));
+		}
+	}
+
+	r.tok = tok;
+	r.out = out;
+	r.err = err;
+	r.status = CAI_OK;
+	n_before = out->n;
+
+	if (tmpl->kind != CAI_TEMPLATE_LLAMA2 && cai_tokenizer_add_bos(tok))
+		put_token(&r, cai_tokenizer_bos(tok));
+	switch (tmpl->kind)
+	{
+		case CAI_TEMPLATE_CHATML:
+			render_chatml(&r, tmpl, messages, n_messages, add_generation_prompt);
+			break;
+		case CAI_TEMPLATE_LLAMA3:
+			render_llama3(&r, messages, n_messages, add_generation_prompt);
+			break;
+		case CAI_TEMPLATE_GEMMA:
+			render_gemma(&r, messages, n_messages, add_generation_prompt);
+			break;
+		case CAI_TEMPLATE_LLAMA2:
+			render_llama2(&r, messages, n_messages, add_generation_prompt);
+			break;
+		case CAI_TEMPLATE_ZEPHYR:
+			render_zephyr(&r, messages, n_messages, add_generation_prompt);
+			break;
+		default:
+			r.status = cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "unknown chat template kind %d",
+								(int) tmpl->kind);
+			break;
+	}
+	if (r.status != CAI_OK)
+		out->n = n_before;		/* nothing half-rendered is left behind */
+	return r.status;
+}

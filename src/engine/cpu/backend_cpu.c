@@ -1,0 +1,617 @@
+/*
+ * backend_cpu.c — the CPU instance of the backend table (backend.h).
+ *
+ * Row operations split the batch's token rows into contiguous chunks over the thread pool
+ * (inline on the caller when the work is small: a decode step runs about ten of them per
+ * layer and a dispatch is not free); the GEMMs are cpu/gemm.c's; attention runs one task per
+ * (sequence, KV head, tile of tokens), the most expensive tasks first because the pool hands
+ * tasks out in index order.  None of this splitting changes a result: every kernel computes a
+ * row from that row's inputs alone.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../backend.h"
+#include "../util.h"
+#include "attention.h"
+#include "gemm.h"
+#include "ops.h"
+#include "threadpool.h"
+
+/* Elements of work below which a row operation runs on the caller alone. */
+#define ROWS_INLINE_WORK 32768
+
+typedef struct attn_task
+{
+	int			seq;
+	int			kv_head;
+	int			t0;				/* first row */
+	int			n_tok;
+	int64_t		cost;			/* rows x positions: for ordering only */
+} attn_task;
+
+typedef struct cpu_backend
+{
+	cai_threadpool *pool;
+	int			n_threads;
+	cai_backend_limits limits;
+	float	   *row_scratch;	/* [n_threads][max_width] */
+	void	   *attn_memory;
+	cai_attn_scratch *attn;		/* [n_threads] */
+	attn_task  *tasks;			/* [max_tasks] */
+	int			max_tasks;
+} cpu_backend;
+
+static cpu_backend *
+cpu_of(cai_backend *be)
+{
+	return (cpu_backend *) be->impl;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Running a row function over the pool
+ * ------------------------------------------------------------------------------------------- */
+
+typedef void (*rows_fn) (void *arg, int t0, int t1, int thread);
+
+typedef struct rows_job
+{
+	rows_fn		fn;
+	void	   *arg;
+	int			n_rows;
+	int			n_tasks;
+} rows_job;
+
+static void
+rows_task(void *arg, int task, int thread)
+{
+	rows_job   *job = arg;
+	int			t0 = (int) ((int64_t) job->n_rows * task / job->n_tasks);
+	int			t1 = (int) ((int64_t) job->n_rows * (task + 1) / job->n_tasks);
+
+	if (t1 > t0)
+		job->fn(job->arg, t0, t1, thread);
+}
+
+/* Calls fn over [0, n_rows) in chunks; work_per_row sizes the decision to go parallel. */
+static void
+run_rows(cpu_backend *cb, int n_rows, int64_t work_per_row, rows_fn fn, void *arg)
+{
+	int64_t		work = (int64_t) n_rows * work_per_row;
+	rows_job	job;
+
+	if (n_rows <= 0)
+		return;
+	if (cb->n_threads <= 1 || n_rows == 1 || work < ROWS_INLINE_WORK)
+	{
+		fn(arg, 0, n_rows, 0);
+		return;
+	}
+	job.fn = fn;
+	job.arg = arg;
+	job.n_rows = n_rows;
+	job.n_tasks = cb->n_threads * 4;
+	if (job.n_tasks > n_rows)
+		job.n_tasks = n_rows;
+	if (job.n_tasks > work / (ROWS_INLINE_WORK / 4))
+		job.n_tasks = (int) (work / (ROWS_INLINE_WORK / 4));
+	if (job.n_tasks < 2)
+		job.n_tasks = 2;
+	cai_threadpool_run(cb->pool, rows_task, &job, job.n_tasks);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Memory
+ * ------------------------------------------------------------------------------------------- */
+
+static void *
+cpu_alloc(cai_backend *be, size_t bytes)
+{
+	void	   *p;
+
+	if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
+		return NULL;
+	return p;
+}
+
+static void
+cpu_free(cai_backend *be, void *ptr)
+{
+	free(ptr);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Embedding, gathering, norms, quantization
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct embed_args
+{
+	const cai_qmatrix *table_i8;
+	const float *table_f32;
+	int			d;
+	const int32_t *ids;
+	float	   *x;
+} embed_args;
+
+static void
+embed_i8_rows(void *arg, int t0, int t1, int thread)
+{
+	embed_args *a = arg;
+	int			d = a->table_i8->k;
+
+	for (int t = t0; t < t1; t++)
+		cai_op_dequant_row(a->table_i8->q + (size_t) a->ids[t] * d, a->table_i8->scale[a->ids[t]],
+						   d, a->x + (size_t) t * d);
+}
+
+static void
+cpu_embed_i8(cai_backend *be, const cai_qmatrix *table, const int32_t *ids, int n_tok, float *x)
+{
+	embed_args	a = {.table_i8 = table, .ids = ids, .x = x};
+
+	run_rows(cpu_of(be), n_tok, table->k, embed_i8_rows, &a);
+}
+
+static void
+cpu_embed_f32(cai_backend *be, const float *table, int d, const int32_t *ids, int n_tok,
+			  float *x)
+{
+	for (int t = 0; t < n_tok; t++)
+		memcpy(x + (size_t) t * d, table + (size_t) ids[t] * d, (size_t) d * sizeof(float));
+}
+
+static void
+cpu_gather_rows(cai_backend *be, const float *src, int d, const int32_t *rows, int n_rows,
+				float *dst)
+{
+	for (int i = 0; i < n_rows; i++)
+		memcpy(dst + (size_t) i * d, src + (size_t) rows[i] * d, (size_t) d * sizeof(float));
+}
+
+typedef struct norm_args
+{
+	cpu_backend *cb;
+	const float *x;
+	const float *w;
+	int			d;
+	float		eps;
+	float	   *out;
+	int8_t	   *q;
+	float	   *s;
+} norm_args;
+
+static void
+rmsnorm_rows(void *arg, int t0, int t1, int thread)
+{
+	norm_args  *a = arg;
+
+	for (int t = t0; t < t1; t++)
+		cai_op_rmsnorm_row(a->x + (size_t) t * a->d, a->w, a->d, a->eps,
+						   a->out + (size_t) t * a->d);
+}
+
+static void
+rmsnorm_quant_rows(void *arg, int t0, int t1, int thread)
+{
+	norm_args  *a = arg;
+	float	   *tmp = a->cb->row_scratch + (size_t) thread * a->cb->limits.max_width;
+
+	for (int t = t0; t < t1; t++)
+	{
+		cai_op_rmsnorm_row(a->x + (size_t) t * a->d, a->w, a->d, a->eps, tmp);
+		cai_quantize_act_i8(tmp, 1, a->d, a->q + (size_t) t * a->d, a->s + t);
+	}
+}
+
+static void
+cpu_rmsnorm(cai_backend *be, const float *x, const float *w, int n_tok, int d, float eps,
+			float *out)
+{
+	norm_args	a = {.cb = cpu_of(be), .x = x, .w = w, .d = d, .eps = eps, .out = out};
+
+	run_rows(a.cb, n_tok, d, rmsnorm_rows, &a);
+}
+
+static void
+cpu_rmsnorm_quant(cai_backend *be, const float *x, const float *w, int n_tok, int d, float eps,
+				  int8_t *q, float *s)
+{
+	norm_args	a = {.cb = cpu_of(be), .x = x, .w = w, .d = d, .eps = eps, .q = q, .s = s};
+
+	run_rows(a.cb, n_tok, 2 * d, rmsnorm_quant_rows, &a);
+}
+
+static void
+quantize_rows(void *arg, int t0, int t1, int thread)
+{
+	norm_args  *a = arg;
+
+	cai_quantize_act_i8(a->x + (size_t) t0 * a->d, t1 - t0, a->d, a->q + (size_t) t0 * a->d,
+						a->s + t0);
+}
+
+static void
+cpu_quantize(cai_backend *be, const float *x, int n_tok, int k, int8_t *q, float *s)
+{
+	norm_args	a = {.cb = cpu_of(be), .x = x, .d = k, .q = q, .s = s};
+
+	run_rows(a.cb, n_tok, k, quantize_rows, &a);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * GEMMs
+ * ------------------------------------------------------------------------------------------- */
+
+static void
+cpu_gemm_i8(cai_backend *be, const int8_t *xq, const float *xs, int n_tok, const cai_qmatrix *w,
+			const float *bias, float *out, int ldo, bool accumulate)
+{
+	cai_gemm_i8(cpu_of(be)->pool, xq, xs, n_tok, w, bias, out, ldo, accumulate);
+}
+
+static void
+cpu_gemm_f32(cai_backend *be, const float *x, int n_tok, int k, const float *w, int n_out,
+			 const float *bias, float *out, int ldo, bool accumulate)
+{
+	cai_gemm_f32(cpu_of(be)->pool, x, n_tok, k, w, n_out, bias, out, ldo, accumulate);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * RoPE, SwiGLU
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct rope_args
+{
+	const cai_rope_params *rp;
+	const int32_t *pos;
+	float	   *cs;
+	const float *cs_in;
+	float	   *x;
+	int			ldx;
+	int			n_heads;
+	int			head_dim;
+} rope_args;
+
+static void
+rope_prepare_rows(void *arg, int t0, int t1, int thread)
+{
+	rope_args  *a = arg;
+
+	for (int t = t0; t < t1; t++)
+		cai_op_rope_angles(a->rp, a->pos[t], a->cs + (size_t) t * a->rp->n_rot);
+}
+
+static void
+cpu_rope_prepare(cai_backend *be, const cai_rope_params *rp, const int32_t *pos, int n_tok,
+				 float *cs)
+{
+	rope_args	a = {.rp = rp, .pos = pos, .cs = cs};
+
+	/* a cos, a sin and a pow per angle: count them as 64 elements of work */
+	run_rows(cpu_of(be), n_tok, (int64_t) rp->n_rot * 32, rope_prepare_rows, &a);
+}
+
+static void
+rope_rows(void *arg, int t0, int t1, int thread)
+{
+	rope_args  *a = arg;
+
+	for (int t = t0; t < t1; t++)
+		cai_op_rope_row(a->rp, a->cs_in + (size_t) t * a->rp->n_rot, a->x + (size_t) t * a->ldx,
+						a->n_heads, a->head_dim);
+}
+
+static void
+cpu_rope(cai_backend *be, const cai_rope_params *rp, const float *cs, float *x, int ldx,
+		 int n_tok, int n_heads, int head_dim)
+{
+	rope_args	a = {.rp = rp, .cs_in = cs, .x = x, .ldx = ldx, .n_heads = n_heads,
+	.head_dim = head_dim};
+
+	run_rows(cpu_of(be), n_tok, (int64_t) n_heads * rp->n_rot, rope_rows, &a);
+}
+
+typedef struct swiglu_args
+{
+	cpu_backend *cb;
+	const float *gate_up;
+	int			d_ff;
+	float	   *out;
+	int8_t	   *q;
+	float	   *s;
+} swiglu_args;
+
+static void
+swiglu_rows(void *arg, int t0, int t1, int thread)
+{
+	swiglu_args *a = arg;
+
+	for (int t = t0; t < t1; t++)
+	{
+		const float *g = a->gate_up + (size_t) t * 2 * a->d_ff;
+
+		cai_op_swiglu_row(g, g + a->d_ff, a->d_ff, a->out + (size_t) t * a->d_ff);
+	}
+}
+
+static void
+swiglu_quant_rows(void *arg, int t0, int t1, int thread)
+{
+	swiglu_args *a = arg;
+	float	   *tmp = a->cb->row_scratch + (size_t) thread * a->cb->limits.max_width;
+
+	for (int t = t0; t < t1; t++)
+	{
+		const float *g = a->gate_up + (size_t) t * 2 * a->d_ff;
+
+		cai_op_swiglu_row(g, g + a->d_ff, a->d_ff, tmp);
+		cai_quantize_act_i8(tmp, 1, a->d_ff, a->q + (size_t) t * a->d_ff, a->s + t);
+	}
+}
+
+static void
+cpu_swiglu(cai_backend *be, const float *gate_up, int n_tok, int d_ff, float *out)
+{
+	swiglu_args a = {.cb = cpu_of(be), .gate_up = gate_up, .d_ff = d_ff, .out = out};
+
+	run_rows(a.cb, n_tok, (int64_t) d_ff * 4, swiglu_rows, &a);
+}
+
+static void
+cpu_swiglu_quant(cai_backend *be, const float *gate_up, int n_tok, int d_ff, int8_t *q,
+				 float *s)
+{
+	swiglu_args a = {.cb = cpu_of(be), .gate_up = gate_up, .d_ff = d_ff, .q = q, .s = s};
+
+	run_rows(a.cb, n_tok, (int64_t) d_ff * 5, swiglu_quant_rows, &a);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * KV cache and attention
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct kv_write_args
+{
+	const cai_attn_params *ap;
+	const cai_batch_layout *batch;
+	const float *k;
+	const float *v;
+	int			ld;
+	cai_kv_pool *kv;
+	const cai_kv_shadow *shadow;
+} kv_write_args;
+
+static void
+kv_write_rows(void *arg, int t0, int t1, int thread)
+{
+	kv_write_args *a = arg;
+	const cai_kv_layout *L = cai_kv_pool_layout(a->kv);
+	int			n_kv = a->ap->n_kv_heads;
+	int			hd = a->ap->head_dim;
+
+	for (int t = t0; t < t1; t++)
+	{
+		int			pos = a->batch->token_pos[t];
+		int32_t		block = a->batch->block_tables[a->batch->token_seq[t]][pos / CAI_KV_BLOCK_TOKENS];
+		int			slot = pos % CAI_KV_BLOCK_TOKENS;
+		uint8_t    *part = cai_kv_block_layer(a->kv, block, a->ap->kv_layer);
+		int8_t	   *keys = cai_kv_keys(L, part);
+		int8_t	   *values = cai_kv_values(L, part);
+		float	   *kscale = cai_kv_key_scales(L, part);
+		float	   *vscale = cai_kv_value_scales(L, part);
+
+		for (int h = 0; h < n_kv; h++)
+		{
+			const float *kr = a->k + (size_t) t * a->ld + (size_t) h * hd;
+			const float *vr = a->v + (size_t) t * a->ld + (size_t) h * hd;
+			size_t		at = ((size_t) slot * n_kv + h) * hd;
+
+			cai_op_quantize_vec_i8(kr, hd, keys + at, &kscale[slot * n_kv + h]);
+			cai_op_quantize_vec_i8(vr, hd, values + at, &vscale[slot * n_kv + h]);
+			if (a->shadow)
+			{
+				float	   *sk = a->shadow->data + (size_t) block * a->shadow->block_floats
+					+ (size_t) a->ap->kv_layer * a->shadow->layer_floats;
+				float	   *sv = sk + (size_t) CAI_KV_BLOCK_TOKENS * n_kv * hd;
+
+				memcpy(sk + at, kr, (size_t) hd * sizeof(float));
+				memcpy(sv + at, vr, (size_t) hd * sizeof(float));
+			}
+		}
+	}
+}
+
+static void
+cpu_kv_write(cai_backend *be, const cai_attn_params *ap, const cai_batch_layout *batch,
+			 const float *k, const float *v, int ld, cai_kv_pool *kv,
+			 const cai_kv_shadow *shadow)
+{
+	kv_write_args a = {.ap = ap, .batch = batch, .k = k, .v = v, .ld = ld, .kv = kv,
+	.shadow = shadow};
+
+	run_rows(cpu_of(be), batch->n_tokens, (int64_t) 4 * ap->n_kv_heads * ap->head_dim,
+			 kv_write_rows, &a);
+}
+
+typedef struct attn_args
+{
+	cpu_backend *cb;
+	const cai_attn_params *ap;
+	const cai_batch_layout *batch;
+	const float *q;
+	int			ldq;
+	cai_kv_pool *kv;
+	const cai_kv_shadow *shadow;
+	float	   *out;
+	int			ldo;
+} attn_args;
+
+static void
+attention_task(void *arg, int task, int thread)
+{
+	attn_args  *a = arg;
+	const attn_task *t = &a->cb->tasks[task];
+
+	cai_attention_tile(a->ap, a->batch, t->seq, t->kv_head, t->t0, t->n_tok, a->q, a->ldq,
+					   a->kv, a->shadow, a->out, a->ldo, &a->cb->attn[thread]);
+}
+
+/* Most expensive first; ties in (seq, row, head) order. */
+static int
+compare_tasks(const void *x, const void *y)
+{
+	const attn_task *a = x;
+	const attn_task *b = y;
+
+	if (a->cost != b->cost)
+		return a->cost > b->cost ? -1 : 1;
+	if (a->t0 != b->t0)
+		return a->t0 < b->t0 ? -1 : 1;
+	return a->kv_head - b->kv_head;
+}
+
+static void
+cpu_attention(cai_backend *be, const cai_attn_params *ap, const cai_batch_layout *batch,
+			  const float *q, int ldq, cai_kv_pool *kv, const cai_kv_shadow *shadow,
+			  float *out, int ldo)
+{
+	cpu_backend *cb = cpu_of(be);
+	int			group = ap->n_heads / ap->n_kv_heads;
+	int			tile = cai_attention_tile_tokens(group);
+	int			n_tasks = 0;
+	attn_args	a = {.cb = cb, .ap = ap, .batch = batch, .q = q, .ldq = ldq, .kv = kv,
+	.shadow = shadow, .out = out, .ldo = ldo};
+
+	for (int s = 0; s < batch->n_seqs; s++)
+	{
+		int			start = batch->seq_start[s];
+		int			len = batch->seq_len[s];
+
+		for (int off = 0; off < len; off += tile)
+		{
+			int			n = len - off < tile ? len - off : tile;
+			int			last = batch->token_pos[start + off + n - 1];
+			int			first_lo = ap->window > 0 ? batch->token_pos[start + off] - ap->window + 1 : 0;
+			int64_t		span = last - (first_lo > 0 ? first_lo : 0) + 1;
+
+			for (int h = 0; h < ap->n_kv_heads; h++)
+			{
+				attn_task  *t = &cb->tasks[n_tasks++];
+
+				t->seq = s;
+				t->kv_head = h;
+				t->t0 = start + off;
+				t->n_tok = n;
+				t->cost = span * n;
+			}
+		}
+	}
+	if (n_tasks > 1)
+		qsort(cb->tasks, n_tasks, sizeof(attn_task), compare_tasks);
+	cai_threadpool_run(cb->pool, attention_task, &a, n_tasks);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The instance
+ * ------------------------------------------------------------------------------------------- */
+
+static void
+cpu_destroy(cai_backend *be)
+{
+	cpu_backend *cb;
+
+	if (!be)
+		return;
+	cb = cpu_of(be);
+	if (cb)
+	{
+		free(cb->row_scratch);
+		free(cb->attn_memory);
+		free(cb->attn);
+		free(cb->tasks);
+		free(cb);
+	}
+	free(be);
+}
+
+static const cai_backend_ops cpu_ops = {
+	.name = "cpu",
+	.destroy = cpu_destroy,
+	.alloc = cpu_alloc,
+	.free = cpu_free,
+	.embed_i8 = cpu_embed_i8,
+	.embed_f32 = cpu_embed_f32,
+	.gather_rows = cpu_gather_rows,
+	.rmsnorm = cpu_rmsnorm,
+	.rmsnorm_quant = cpu_rmsnorm_quant,
+	.quantize = cpu_quantize,
+	.gemm_i8 = cpu_gemm_i8,
+	.gemm_f32 = cpu_gemm_f32,
+	.rope_prepare = cpu_rope_prepare,
+	.rope = cpu_rope,
+	.swiglu = cpu_swiglu,
+	.swiglu_quant = cpu_swiglu_quant,
+	.kv_write = cpu_kv_write,
+	.attention = cpu_attention,
+};
+
+cai_status
+cai_backend_cpu_create(cai_threadpool *pool, const cai_backend_limits *limits,
+					   cai_backend **out, cai_error *err)
+{
+	cai_backend *be;
+	cpu_backend *cb;
+	int			group;
+	size_t		scratch_bytes;
+	size_t		total;
+
+	*out = NULL;
+	if (limits->max_tokens <= 0 || limits->max_context <= 0 || limits->max_width <= 0 ||
+		limits->n_heads <= 0 || limits->n_kv_heads <= 0 || limits->head_dim <= 0 ||
+		limits->n_heads % limits->n_kv_heads != 0)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "invalid cpu backend limits");
+
+	be = calloc(1, sizeof(*be));
+	cb = calloc(1, sizeof(*cb));
+	if (!be || !cb)
+	{
+		free(be);
+		free(cb);
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory creating the cpu backend");
+	}
+	be->ops = &cpu_ops;
+	be->impl = cb;
+	cb->pool = pool;
+	cb->n_threads = cai_threadpool_size(pool);
+	cb->limits = *limits;
+
+	group = limits->n_heads / limits->n_kv_heads;
+	scratch_bytes = cai_attention_scratch_bytes(limits->max_context, group, limits->head_dim);
+	/* a tile per KV head per sequence at most, and every sequence has at least one token */
+	cb->max_tasks = (limits->max_tokens + limits->max_tokens) * limits->n_kv_heads;
+	cb->row_scratch = malloc((size_t) cb->n_threads * limits->max_width * sizeof(float));
+	cb->attn = calloc((size_t) cb->n_threads, sizeof(cai_attn_scratch));
+	cb->tasks = malloc((size_t) cb->max_tasks * sizeof(attn_task));
+	if (!cai_mul_size(scratch_bytes, (size_t) cb->n_threads, &total) ||
+		posix_memalign(&cb->attn_memory, 64, total) != 0)
+		cb->attn_memory = NULL;
+	if (!cb->row_scratch || !cb->attn || !cb->tasks || !cb->attn_memory)
+	{
+		cpu_destroy(be);
+		return cai_fail(err, CAI_ERR_NO_MEMORY,
+						"out of memory allocating cpu backend scratch (%zu bytes per thread)",
+						scratch_bytes);
+	}
+	for (int i = 0; i < cb->n_threads; i++)
+		cai_attention_scratch_init(&cb->attn[i], (uint8_t *) cb->attn_memory + (size_t) i * scratch_bytes,
+								   limits->max_context, group, limits->head_dim);
+	*out = be;
+	return CAI_OK;
+}
+
+void
+cai_backend_free(cai_backend *be)
+{
+	if (be)
+		be->ops->destroy(be);
+}

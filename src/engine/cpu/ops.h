@@ -1,0 +1,146 @@
+/*
+ * ops.h — the CPU backend's per-token kernels: embedding, RMSNorm, RoPE, SwiGLU, the fast
+ * exponential and the KV cache's int8 quantization.
+ *
+ * Each kernel works on whole token rows and computes every output element with a sequence of
+ * float operations that depends only on the row's own inputs and the row width, never on how
+ * many rows are processed together or by which thread; backend_cpu.c parallelizes over rows.
+ * Reductions use eight partial sums (element i goes to partial i % 8) combined by one fixed
+ * tree, then the tail.  Kernels are built twice (AVX2 and baseline x86-64) and chosen at run
+ * time; neither uses fused multiply-add, so both give bit-identical results.
+ */
+#ifndef CAI_CPU_OPS_H
+#define CAI_CPU_OPS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "../backend.h"
+
+/* ---------------------------------------------------------------------------------------------
+ * Eight-lane float vectors (GNU C vector extensions: two SSE or one AVX register)
+ * ------------------------------------------------------------------------------------------- */
+
+/*
+ * GCC warns that returning a 32-byte vector without AVX changes the ABI; these helpers are
+ * always inlined, so there is no ABI.  The warning fires where they are used, hence no pop.
+ * Vectors are never passed by value (that draws an unsilenceable note): stores are a macro
+ * and the other helpers take pointers.
+ */
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+typedef float cai_v8f __attribute__((vector_size(32)));
+typedef int32_t cai_v8i __attribute__((vector_size(32)));
+
+#define CAI_ALWAYS_INLINE static inline __attribute__((always_inline))
+
+CAI_ALWAYS_INLINE cai_v8f
+cai_v8f_load(const float *p)
+{
+	cai_v8f		v;
+
+	memcpy(&v, p, sizeof(v));
+	return v;
+}
+
+#define cai_v8f_store(p, v) \
+	do { \
+		cai_v8f		cai_v8f_store_tmp_ = (v); \
+		memcpy((p), &cai_v8f_store_tmp_, sizeof(cai_v8f)); \
+	} while (0)
+
+CAI_ALWAYS_INLINE cai_v8f
+cai_v8f_set1(float x)
+{
+	return (cai_v8f) {x, x, x, x, x, x, x, x};
+}
+
+/* Lane-wise max/min by comparison masks (C has no vector ?:). */
+CAI_ALWAYS_INLINE cai_v8f
+cai_v8f_max(const cai_v8f *a, const cai_v8f *b)
+{
+	cai_v8i		m = *a > *b;
+
+	return (cai_v8f) (((cai_v8i) * a & m) | ((cai_v8i) * b & ~m));
+}
+
+CAI_ALWAYS_INLINE cai_v8f
+cai_v8f_min(const cai_v8f *a, const cai_v8f *b)
+{
+	cai_v8i		m = *a < *b;
+
+	return (cai_v8f) (((cai_v8i) * a & m) | ((cai_v8i) * b & ~m));
+}
+
+/* The fixed reduction tree of the eight partial sums. */
+CAI_ALWAYS_INLINE float
+cai_v8f_sum(const cai_v8f *v)
+{
+	cai_v8f		a = *v;
+
+	return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+/*
+ * exp(x) for x in [-87, 88] (clamped outside), relative error about 2e-7: x = n ln2 + r with
+ * |r| <= ln2/2 (n rounded to nearest by the 1.5 * 2^23 trick), e^r by its degree-6 Taylor
+ * polynomial, 2^n put into the exponent bits.  Pure lane-wise float arithmetic, so a value's
+ * result never depends on its lane or its neighbours.
+ */
+CAI_ALWAYS_INLINE cai_v8f
+cai_v8f_exp(const cai_v8f *px)
+{
+	const cai_v8f magic = cai_v8f_set1(12582912.0f);
+	const cai_v8f lo = cai_v8f_set1(-87.0f);
+	const cai_v8f hi = cai_v8f_set1(88.0f);
+	cai_v8f		x,
+				n,
+				r,
+				p;
+	cai_v8i		bits;
+
+	x = cai_v8f_max(px, &lo);
+	x = cai_v8f_min(&x, &hi);
+	n = (x * cai_v8f_set1(1.44269504088896341f) + magic) - magic;
+	r = x - n * cai_v8f_set1(0.693145751953125f);	/* ln2 high part (exact product) */
+	r = r - n * cai_v8f_set1(1.428606765330187e-06f);	/* ln2 low part */
+	p = cai_v8f_set1(1.0f / 720.0f);
+	p = p * r + cai_v8f_set1(1.0f / 120.0f);
+	p = p * r + cai_v8f_set1(1.0f / 24.0f);
+	p = p * r + cai_v8f_set1(1.0f / 6.0f);
+	p = p * r + cai_v8f_set1(0.5f);
+	p = p * r + cai_v8f_set1(1.0f);
+	p = p * r + cai_v8f_set1(1.0f);
+	bits = (__builtin_convertvector(n, cai_v8i) + 127) << 23;
+	return p * (cai_v8f) bits;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Row kernels (one token row each unless stated)
+ * ------------------------------------------------------------------------------------------- */
+
+/* x[i] = q[i] * scale: one int8 embedding row. */
+void		cai_op_dequant_row(const int8_t *q, float scale, int d, float *x);
+
+/* out = x / sqrt(mean(x^2) + eps) * w. */
+void		cai_op_rmsnorm_row(const float *x, const float *w, int d, float eps, float *out);
+
+/* out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)). */
+void		cai_op_swiglu_row(const float *gate, const float *up, int n, float *out);
+
+/* cos/sin table of one position: cs[2i] = cos(theta_i), cs[2i+1] = sin(theta_i). */
+void		cai_op_rope_angles(const cai_rope_params *rp, int pos, float *cs);
+
+/* Rotates n_heads heads of one token row in place. */
+void		cai_op_rope_row(const cai_rope_params *rp, const float *cs, float *x, int n_heads,
+							int head_dim);
+
+/*
+ * Symmetric int8 quantization of one vector (a key or value head): *scale = max|x| / 127,
+ * q = x * (127 / max|x|) clamped to [-127, 127] and rounded to nearest even, the rule of
+ * cai_quantize_act_i8.  An all-zero (or subnormal) vector gives scale 0 and zeros.
+ */
+void		cai_op_quantize_vec_i8(const float *x, int n, int8_t *q, float *scale);
+
+#endif							/* CAI_CPU_OPS_H */

@@ -1,0 +1,1007 @@
+/*
+ * engine.c — requests, the continuous-batching scheduler and the public engine API.
+ *
+ * Every cai_engine_step() is one iteration of Orca/vLLM-style continuous batching:
+ *   1. admit waiting requests (FIFO) while a batch slot and KV blocks are free: attach the
+ *      longest cached prefix from the prefix cache, reserve the rest of the request's blocks;
+ *   2. fill the step's token budget with every running decode (1 token each) first, then chunks
+ *      of prefill (Sarathi's chunked prefill), so a long prompt never stalls the token streams of
+ *      others by more than one chunk;
+ *   3. run ONE ragged forward over all of it;
+ *   4. sample, detokenize, apply stop strings, report events; finished requests offer their full
+ *      blocks to the prefix cache and drop their references.
+ *
+ * KV blocks for a request's whole budget (prompt + max_tokens, capped at the context) are taken
+ * at admission, so a running request can never run out of KV mid-generation; a request whose
+ * blocks are not available waits (head of line), and one that could never fit is refused at
+ * submit.  Blocks kept by the prefix cache live in the same pool and are reclaimed (LRU) when
+ * admission needs them.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cai.h"
+#include "cpu/gemm.h"
+#include "cpu/threadpool.h"
+#include "kv.h"
+#include "model.h"
+#include "prefix_cache.h"
+#include "sampler.h"
+#include "tokenizer.h"
+#include "util.h"
+
+/* Context length used when the caller does not set one: the model's, but at most this. */
+#define CAI_DEFAULT_MAX_CONTEXT 4096
+
+typedef enum request_state
+{
+	REQUEST_WAITING = 0,		/* submitted, not yet admitted */
+	REQUEST_PREFILL,			/* admitted; prompt positions still to compute */
+	REQUEST_DECODE,				/* generating one token per step */
+	REQUEST_FINISHED			/* reported; freed at the next step */
+} request_state;
+
+typedef struct cai_request
+{
+	uint64_t	id;
+	void	   *user_data;
+	request_state state;
+	cai_sampling_params sampling;	/* stop strings point into stop_storage */
+	char	   *stop_storage;
+	size_t		max_stop_len;
+	uint64_t	cache_salt;
+	bool		use_cache;
+
+	/* the token sequence: prompt then generated tokens */
+	cai_tokens	tokens;
+	int			n_prompt;
+	int			n_computed;		/* positions whose KV is in blocks */
+	int			n_generated;
+	int			max_tokens;		/* after capping at the context */
+
+	/* KV: block_table[i] holds positions [16 i, 16 i + 16) */
+	int32_t    *block_table;
+	int			n_blocks;		/* blocks held (cached prefix + reserved) */
+
+	/* sampling and text */
+	cai_rng		rng;
+	cai_detokenizer detok;
+	char	   *text;			/* all generated text so far */
+	size_t		text_len;
+	size_t		text_cap;
+	size_t		text_emitted;	/* bytes already reported in events */
+
+	/* accounting */
+	cai_usage	usage;
+	double		submit_time;
+	double		first_scheduled_time;
+
+	struct cai_request *next;	/* list links (waiting, running, retired) */
+} cai_request;
+
+struct cai_engine
+{
+	cai_model  *model;
+	cai_engine_params params;
+	int			context_length;
+	char		device[96];
+	char		device_reason[256];
+
+	cai_threadpool *pool;
+	cai_forward_ctx *forward;
+	cai_kv_pool *kv;
+	cai_prefix_cache *cache;
+	cai_sampler_scratch sampler;
+
+	/* request lists, in FIFO order */
+	cai_request *waiting_head;
+	cai_request *waiting_tail;
+	int			n_waiting;
+	cai_request **running;		/* [max_running], admission order */
+	int			n_running;
+	cai_request *retired;		/* finished last step; freed at the start of the next */
+	uint64_t	next_id;
+
+	/* per-step scratch */
+	cai_batch_seq *batch;		/* [max_running] */
+	cai_request **batch_req;	/* [max_running] */
+	float	   *logits;			/* [max_running, n_vocab] */
+	cai_event  *events;			/* [max_running + cancelled], grown as needed */
+	int			events_cap;
+	char		piece[512];		/* one token's detokenized text */
+
+	cai_engine_stats stats;
+};
+
+static void request_release_blocks(cai_engine *engine, cai_request *req, bool offer_to_cache);
+static void request_free(cai_request *req);
+
+/* ---------------------------------------------------------------------------------------------
+ * Parameters
+ * ------------------------------------------------------------------------------------------- */
+
+void
+cai_engine_params_default(cai_engine_params *params)
+{
+	memset(params, 0, sizeof(*params));
+	params->device = "auto";
+	params->n_threads = 0;
+	params->max_running = 32;
+	params->max_step_tokens = 512;
+	params->context_length = 0;
+	params->max_queue = 256;
+	params->kv_cache_bytes = 0;
+	params->host_cache_bytes = 0;
+}
+
+void
+cai_sampling_params_default(cai_sampling_params *params)
+{
+	memset(params, 0, sizeof(*params));
+	params->temperature = 0.0f;
+	params->top_p = 1.0f;
+	params->top_k = 0;
+	params->seed = 0;
+	params->max_tokens = 256;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Creation
+ * ------------------------------------------------------------------------------------------- */
+
+/* Picks the backend for params->device and explains the choice. */
+static cai_status
+engine_choose_device(cai_engine *engine, const char *device, cai_error *err)
+{
+	if (device == NULL || device[0] == '\0')
+		device = "auto";
+	if (strcmp(device, "cuda") == 0)
+		return cai_fail(err, CAI_ERR_UNSUPPORTED,
+						"device \"cuda\" requested but this build of the engine has no CUDA backend");
+	if (strcmp(device, "auto") != 0 && strcmp(device, "cpu") != 0)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"unknown device \"%s\" (expected auto, cpu or cuda)", device);
+	snprintf(engine->device, sizeof(engine->device), "cpu (%s, %d threads)",
+			 cai_cpu_isa(), cai_threadpool_size(engine->pool));
+	snprintf(engine->device_reason, sizeof(engine->device_reason), "%s",
+			 strcmp(device, "cpu") == 0 ? "pg_cai.device = cpu"
+			 : "auto: this build has no CUDA backend, so the CPU serves");
+	return CAI_OK;
+}
+
+cai_status
+cai_engine_create(cai_model *model, const cai_engine_params *params_in,
+				  cai_engine **out, cai_error *err)
+{
+	cai_engine *engine;
+	cai_engine_params params;
+	cai_kv_layout layout;
+	cai_status	st;
+	int			n_vocab = model->cfg.n_vocab;
+	int			blocks_per_seq;
+	size_t		n_blocks;
+
+	*out = NULL;
+	if (params_in)
+		params = *params_in;
+	else
+		cai_engine_params_default(&params);
+	if (params.n_threads <= 0)
+		params.n_threads = cai_cpu_count();
+	if (params.max_running <= 0 || params.max_running > 4096)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "max_running must be between 1 and 4096");
+	if (params.max_step_tokens < params.max_running)
+		params.max_step_tokens = params.max_running;
+	if (params.max_queue < 0)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "max_queue must not be negative");
+
+	engine = calloc(1, sizeof(*engine));
+	if (!engine)
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory creating the engine");
+	engine->model = model;
+	engine->params = params;
+	engine->next_id = 1;
+
+	engine->context_length = params.context_length > 0 ? params.context_length
+		: (model->cfg.context_length < CAI_DEFAULT_MAX_CONTEXT ? model->cfg.context_length
+		   : CAI_DEFAULT_MAX_CONTEXT);
+	if (engine->context_length > model->cfg.context_length)
+		engine->context_length = model->cfg.context_length;
+	if (engine->context_length < CAI_KV_BLOCK_TOKENS)
+	{
+		cai_engine_free(engine);
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "context_length must be at least %d",
+						CAI_KV_BLOCK_TOKENS);
+	}
+
+	engine->pool = cai_threadpool_create(params.n_threads);
+	if (!engine->pool)
+	{
+		cai_engine_free(engine);
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "could not start %d threads", params.n_threads);
+	}
+	st = engine_choose_device(engine, params.device, err);
+	if (st != CAI_OK)
+	{
+		cai_engine_free(engine);
+		return st;
+	}
+
+	/*
+	 * The pool holds the working KV of max_running full-context sequences plus the prefix
+	 * cache's budget (on the CPU, cached blocks are used in place, so they share the pool).
+	 */
+	cai_model_kv_layout(model, &layout);
+	blocks_per_seq = (engine->context_length + CAI_KV_BLOCK_TOKENS - 1) / CAI_KV_BLOCK_TOKENS;
+	if (params.kv_cache_bytes > 0)
+		n_blocks = params.kv_cache_bytes / layout.block_bytes;
+	else
+		n_blocks = (size_t) params.max_running * blocks_per_seq;
+	n_blocks += params.host_cache_bytes / layout.block_bytes;
+	if (n_blocks < (size_t) blocks_per_seq)
+		n_blocks = blocks_per_seq;
+	if (n_blocks > INT32_MAX / 2)
+	{
+		cai_engine_free(engine);
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "kv cache size is too large");
+	}
+	st = cai_kv_pool_create(&layout, (int) n_blocks, &engine->kv, err);
+	if (st == CAI_OK)
+		st = cai_prefix_cache_create(engine->kv, params.host_cache_bytes, model->fingerprint,
+									 &engine->cache, err);
+	if (st == CAI_OK)
+		st = cai_forward_ctx_create(model, engine->pool, params.max_step_tokens,
+									engine->context_length, &engine->forward, err);
+	if (st == CAI_OK)
+		st = cai_sampler_scratch_init(&engine->sampler, n_vocab, err);
+	if (st != CAI_OK)
+	{
+		cai_engine_free(engine);
+		return st;
+	}
+
+	engine->running = calloc(params.max_running, sizeof(cai_request *));
+	engine->batch = calloc(params.max_running, sizeof(cai_batch_seq));
+	engine->batch_req = calloc(params.max_running, sizeof(cai_request *));
+	engine->logits = malloc((size_t) params.max_running * n_vocab * sizeof(float));
+	engine->events_cap = params.max_running * 2;
+	engine->events = calloc(engine->events_cap, sizeof(cai_event));
+	if (!engine->running || !engine->batch || !engine->batch_req || !engine->logits ||
+		!engine->events)
+	{
+		cai_engine_free(engine);
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory creating the engine");
+	}
+	engine->stats.kv_blocks_total = cai_kv_pool_n_blocks(engine->kv);
+	*out = engine;
+	return CAI_OK;
+}
+
+void
+cai_engine_free(cai_engine *engine)
+{
+	cai_request *req;
+
+	if (!engine)
+		return;
+	while ((req = engine->waiting_head) != NULL)
+	{
+		engine->waiting_head = req->next;
+		request_free(req);
+	}
+	for (int i = 0; i < engine->n_running; i++)
+	{
+		request_release_blocks(engine, engine->running[i], false);
+		request_free(engine->running[i]);
+	}
+	while ((req = engine->retired) != NULL)
+	{
+		engine->retired = req->next;
+		request_free(req);
+	}
+	cai_prefix_cache_free(engine->cache);
+	cai_kv_pool_free(engine->kv);
+	cai_forward_ctx_free(engine->forward);
+	cai_sampler_scratch_free(&engine->sampler);
+	cai_threadpool_free(engine->pool);
+	free(engine->running);
+	free(engine->batch);
+	free(engine->batch_req);
+	free(engine->logits);
+	free(engine->events);
+	free(engine);
+}
+
+const char *
+cai_engine_device(const cai_engine *engine)
+{
+	return engine->device;
+}
+
+const char *
+cai_engine_device_reason(const cai_engine *engine)
+{
+	return engine->device_reason;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Requests
+ * ------------------------------------------------------------------------------------------- */
+
+static void
+request_free(cai_request *req)
+{
+	if (!req)
+		return;
+	cai_tokens_free(&req->tokens);
+	free(req->block_table);
+	free(req->stop_storage);
+	free(req->text);
+	free(req);
+}
+
+/* Blocks a request needs for its whole budget. */
+static int
+request_blocks_needed(const cai_request *req)
+{
+	int			positions = req->n_prompt + req->max_tokens;
+
+	return (positions + CAI_KV_BLOCK_TOKENS - 1) / CAI_KV_BLOCK_TOKENS;
+}
+
+cai_status
+cai_engine_submit(cai_engine *engine, const cai_request_params *params,
+				  uint64_t *request_id, cai_error *err)
+{
+	cai_request *req;
+	const cai_sampling_params *sp = &params->sampling;
+	int			n_vocab = engine->model->cfg.n_vocab;
+	size_t		stop_bytes = 0;
+	int			room;
+
+	if (params->n_prompt <= 0 || params->prompt == NULL)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "the prompt is empty");
+	for (int i = 0; i < params->n_prompt; i++)
+		if (params->prompt[i] < 0 || params->prompt[i] >= n_vocab)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+							"prompt token %d at position %d is outside the vocabulary (0..%d)",
+							params->prompt[i], i, n_vocab - 1);
+	if (sp->max_tokens < 1)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "max_tokens must be at least 1");
+	if (!(sp->temperature >= 0.0f) || !(sp->top_p > 0.0f && sp->top_p <= 1.0f) || sp->top_k < 0)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"sampling parameters out of range (temperature >= 0, 0 < top_p <= 1, top_k >= 0)");
+	if (sp->n_stop < 0 || sp->n_stop > CAI_MAX_STOP_STRINGS)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "at most %d stop strings are allowed",
+						CAI_MAX_STOP_STRINGS);
+	for (int i = 0; i < sp->n_stop; i++)
+	{
+		if (sp->stop[i] == NULL || sp->stop[i][0] == '\0')
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "stop strings must not be empty");
+		stop_bytes += strlen(sp->stop[i]) + 1;
+	}
+
+	/* the prompt plus at least one generated token must fit the context */
+	room = engine->context_length - params->n_prompt;
+	if (room < 1)
+		return cai_fail(err, CAI_ERR_CONTEXT_FULL,
+						"prompt of %d tokens does not fit the context of %d tokens",
+						params->n_prompt, engine->context_length);
+	if (engine->n_waiting >= engine->params.max_queue)
+	{
+		engine->stats.requests_rejected++;
+		return cai_fail(err, CAI_ERR_QUEUE_FULL,
+						"the request queue is full (%d waiting requests)", engine->n_waiting);
+	}
+
+	req = calloc(1, sizeof(*req));
+	if (!req)
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory queuing the request");
+	cai_tokens_init(&req->tokens);
+	req->sampling = *sp;
+	if (stop_bytes > 0)
+	{
+		char	   *p;
+
+		req->stop_storage = malloc(stop_bytes);
+		if (!req->stop_storage)
+		{
+			request_free(req);
+			return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory queuing the request");
+		}
+		p = req->stop_storage;
+		for (int i = 0; i < sp->n_stop; i++)
+		{
+			size_t		len = strlen(sp->stop[i]);
+
+			memcpy(p, sp->stop[i], len + 1);
+			req->sampling.stop[i] = p;
+			if (len > req->max_stop_len)
+				req->max_stop_len = len;
+			p += len + 1;
+		}
+	}
+	if (!cai_tokens_append(&req->tokens, params->prompt, params->n_prompt))
+	{
+		request_free(req);
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory queuing the request");
+	}
+	req->id = engine->next_id++;
+	req->user_data = params->user_data;
+	req->cache_salt = params->cache_salt;
+	req->use_cache = params->use_cache;
+	req->n_prompt = params->n_prompt;
+	req->max_tokens = sp->max_tokens < room ? sp->max_tokens : room;
+	if (request_blocks_needed(req) > cai_kv_pool_n_blocks(engine->kv))
+	{
+		int			n_blocks = cai_kv_pool_n_blocks(engine->kv);
+
+		request_free(req);
+		return cai_fail(err, CAI_ERR_CONTEXT_FULL,
+						"the request needs more KV memory than the engine has (%d blocks)", n_blocks);
+	}
+	cai_rng_seed(&req->rng, sp->seed);
+	cai_detokenizer_init(&req->detok, engine->model->tokenizer);
+	req->usage.prompt_tokens = params->n_prompt;
+	req->submit_time = cai_now_seconds();
+	req->state = REQUEST_WAITING;
+
+	if (engine->waiting_tail)
+		engine->waiting_tail->next = req;
+	else
+		engine->waiting_head = req;
+	engine->waiting_tail = req;
+	engine->n_waiting++;
+	engine->stats.prompt_tokens += params->n_prompt;
+	*request_id = req->id;
+	return CAI_OK;
+}
+
+/* Drops the request's block references; finished requests first offer full blocks to the cache. */
+static void
+request_release_blocks(cai_engine *engine, cai_request *req, bool offer_to_cache)
+{
+	if (offer_to_cache && req->use_cache)
+	{
+		int			full = req->n_computed / CAI_KV_BLOCK_TOKENS;
+
+		if (full > req->n_blocks)
+			full = req->n_blocks;
+		if (full > 0)
+			cai_prefix_cache_insert(engine->cache, req->cache_salt, req->tokens.ids,
+									full * CAI_KV_BLOCK_TOKENS, req->block_table, full);
+	}
+	for (int i = 0; i < req->n_blocks; i++)
+		cai_kv_block_unref(engine->kv, req->block_table[i]);
+	req->n_blocks = 0;
+}
+
+/*
+ * Admits one waiting request: attaches its longest cached prefix and reserves the rest of its
+ * blocks.  Returns false (and changes nothing) when the blocks are not available now.
+ */
+static bool
+request_admit(cai_engine *engine, cai_request *req)
+{
+	int			need = request_blocks_needed(req);
+	int			matched = 0;
+	int			missing;
+
+	req->block_table = malloc((size_t) need * sizeof(int32_t));
+	if (!req->block_table)
+		return false;
+
+	if (req->use_cache)
+	{
+		/* whole blocks of the prompt only, and never all of it: the last prompt token must run */
+		int			max_blocks = (req->n_prompt - 1) / CAI_KV_BLOCK_TOKENS;
+
+		engine->stats.cache_lookups++;
+		engine->stats.cache_lookup_tokens += req->n_prompt;
+		matched = cai_prefix_cache_lookup(engine->cache, req->cache_salt, req->tokens.ids,
+										  req->n_prompt, req->block_table, max_blocks);
+	}
+
+	missing = need - matched;
+	if (cai_kv_pool_n_free(engine->kv) < missing)
+		cai_prefix_cache_reclaim(engine->cache, missing);
+	if (cai_kv_pool_n_free(engine->kv) < missing)
+	{
+		for (int i = 0; i < matched; i++)
+			cai_kv_block_unref(engine->kv, req->block_table[i]);
+		free(req->block_table);
+		req->block_table = NULL;
+		return false;
+	}
+	for (int i = matched; i < need; i++)
+		req->block_table[i] = cai_kv_block_alloc(engine->kv);
+	req->n_blocks = need;
+	req->n_computed = matched * CAI_KV_BLOCK_TOKENS;
+	req->usage.cached_tokens = req->n_computed;
+	engine->stats.cache_hit_tokens += req->n_computed;
+	req->state = REQUEST_PREFILL;
+	req->first_scheduled_time = cai_now_seconds();
+	req->usage.queue_ms = (req->first_scheduled_time - req->submit_time) * 1000.0;
+	return true;
+}
+
+/* Removes a request from the waiting list (it must be there). */
+static void
+waiting_remove(cai_engine *engine, cai_request *req)
+{
+	cai_request *prev = NULL;
+
+	for (cai_request *r = engine->waiting_head; r; prev = r, r = r->next)
+	{
+		if (r != req)
+			continue;
+		if (prev)
+			prev->next = r->next;
+		else
+			engine->waiting_head = r->next;
+		if (engine->waiting_tail == r)
+			engine->waiting_tail = prev;
+		engine->n_waiting--;
+		r->next = NULL;
+		return;
+	}
+}
+
+static void
+running_remove(cai_engine *engine, int index)
+{
+	memmove(&engine->running[index], &engine->running[index + 1],
+			(size_t) (engine->n_running - index - 1) * sizeof(cai_request *));
+	engine->n_running--;
+}
+
+cai_status
+cai_engine_cancel(cai_engine *engine, uint64_t request_id)
+{
+	for (cai_request *r = engine->waiting_head; r; r = r->next)
+	{
+		if (r->id == request_id)
+		{
+			waiting_remove(engine, r);
+			request_free(r);
+			engine->stats.requests_cancelled++;
+			return CAI_OK;
+		}
+	}
+	for (int i = 0; i < engine->n_running; i++)
+	{
+		cai_request *r = engine->running[i];
+
+		if (r->id == request_id)
+		{
+			running_remove(engine, i);
+			request_release_blocks(engine, r, false);
+			request_free(r);
+			engine->stats.requests_cancelled++;
+			return CAI_OK;
+		}
+	}
+	return CAI_ERR_NOT_FOUND;
+}
+
+bool
+cai_engine_has_work(const cai_engine *engine)
+{
+	return engine->n_waiting > 0 || engine->n_running > 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Text and stop strings
+ * ------------------------------------------------------------------------------------------- */
+
+static bool
+request_append_text(cai_request *req, const char *s, size_t n)
+{
+	if (req->text_len + n + 1 > req->text_cap)
+	{
+		size_t		cap = req->text_cap ? req->text_cap : 256;
+		char	   *text;
+
+		while (cap < req->text_len + n + 1)
+			cap *= 2;
+		text = realloc(req->text, cap);
+		if (!text)
+			return false;
+		req->text = text;
+		req->text_cap = cap;
+	}
+	memcpy(req->text + req->text_len, s, n);
+	req->text_len += n;
+	req->text[req->text_len] = '\0';
+	return true;
+}
+
+/*
+ * Looks for a stop string in the text not yet emitted.  Returns true and cuts the text at the
+ * earliest match; otherwise sets *safe_end to where emitting may stop: before the longest
+ * suffix that could still grow into a stop string.
+ */
+static bool
+request_check_stop(cai_request *req, size_t *safe_end)
+{
+	size_t		from;
+	size_t		best = (size_t) -1;
+
+	*safe_end = req->text_len;
+	if (req->sampling.n_stop == 0)
+		return false;
+	/* a match may start inside the held-back tail of earlier steps */
+	from = req->text_emitted;
+	for (int i = 0; i < req->sampling.n_stop; i++)
+	{
+		const char *hit = strstr(req->text + from, req->sampling.stop[i]);
+
+		if (hit && (size_t) (hit - req->text) < best)
+			best = (size_t) (hit - req->text);
+	}
+	if (best != (size_t) -1)
+	{
+		req->text_len = best;
+		req->text[best] = '\0';
+		*safe_end = best;
+		return true;
+	}
+	/* hold back a suffix that is a proper prefix of some stop string */
+	for (size_t keep = req->max_stop_len - 1; keep > 0; keep--)
+	{
+		size_t		start;
+
+		if (keep > req->text_len - from)
+			continue;
+		start = req->text_len - keep;
+		for (int i = 0; i < req->sampling.n_stop; i++)
+		{
+			if (strlen(req->sampling.stop[i]) > keep &&
+				memcmp(req->text + start, req->sampling.stop[i], keep) == 0)
+			{
+				*safe_end = start;
+				return false;
+			}
+		}
+	}
+	return false;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The step
+ * ------------------------------------------------------------------------------------------- */
+
+static cai_event *
+engine_new_event(cai_engine *engine, int *n_events, cai_request *req)
+{
+	cai_event  *ev;
+
+	if (*n_events >= engine->events_cap)
+	{
+		int			cap = engine->events_cap * 2;
+		cai_event  *events = realloc(engine->events, (size_t) cap * sizeof(cai_event));
+
+		if (!events)
+			return NULL;
+		engine->events = events;
+		engine->events_cap = cap;
+	}
+	ev = &engine->events[(*n_events)++];
+	memset(ev, 0, sizeof(*ev));
+	ev->request_id = req->id;
+	ev->user_data = req->user_data;
+	ev->token = -1;
+	ev->text = "";
+	return ev;
+}
+
+/* Marks a running request finished: offers its blocks to the cache, moves it to retired. */
+static void
+request_finish(cai_engine *engine, cai_request *req, cai_finish_reason reason, cai_event *ev)
+{
+	double		now = cai_now_seconds();
+
+	req->state = REQUEST_FINISHED;
+	req->usage.completion_tokens = req->n_generated;
+	req->usage.total_ms = (now - req->submit_time) * 1000.0;
+	request_release_blocks(engine, req, true);
+	ev->finish = reason;
+	ev->usage = req->usage;
+	engine->stats.requests_finished++;
+}
+
+/* Samples and reports one token for a request whose logits are ready. */
+static void
+request_take_token(cai_engine *engine, cai_request *req, const float *logits, cai_event *ev)
+{
+	const cai_model *model = engine->model;
+	int32_t		banned[2];
+	int			n_banned = 0;
+	int32_t		token;
+	int32_t		eot = model->tmpl.end_of_turn;
+	int32_t		eos = cai_tokenizer_eos(model->tokenizer);
+	bool		end_of_turn;
+	bool		stopped;
+	size_t		safe_end;
+	int			n;
+
+	if (req->sampling.ignore_eos)
+	{
+		if (eot >= 0)
+			banned[n_banned++] = eot;
+		if (eos >= 0 && eos != eot)
+			banned[n_banned++] = eos;
+	}
+	token = cai_sample(&req->sampling, &req->rng, logits, model->cfg.n_vocab, banned, n_banned,
+					   &engine->sampler);
+	ev->token = token;
+	if (req->n_generated == 0)
+		req->usage.ttft_ms = (cai_now_seconds() - req->submit_time) * 1000.0;
+	req->n_generated++;
+	engine->stats.generated_tokens++;
+	cai_tokens_push(&req->tokens, token);
+
+	end_of_turn = !req->sampling.ignore_eos && (token == eot || token == eos);
+	if (!end_of_turn)
+	{
+		n = cai_detokenizer_feed(&req->detok, model->tokenizer, token, engine->piece,
+								 (int) sizeof(engine->piece));
+		if (n > 0)
+			request_append_text(req, engine->piece, (size_t) n);
+	}
+	if (end_of_turn || req->n_generated >= req->max_tokens)
+	{
+		n = cai_detokenizer_flush(&req->detok, engine->piece, (int) sizeof(engine->piece));
+		if (n > 0)
+			request_append_text(req, engine->piece, (size_t) n);
+	}
+
+	stopped = request_check_stop(req, &safe_end);
+	if (stopped || end_of_turn || req->n_generated >= req->max_tokens)
+		safe_end = req->text_len;
+	ev->text = req->text ? req->text + req->text_emitted : "";
+	ev->text_len = safe_end - req->text_emitted;
+	req->text_emitted = safe_end;
+
+	if (stopped || end_of_turn)
+		request_finish(engine, req, CAI_FINISH_STOP, ev);
+	else if (req->n_generated >= req->max_tokens)
+		request_finish(engine, req, CAI_FINISH_LENGTH, ev);
+}
+
+cai_status
+cai_engine_step(cai_engine *engine, const cai_event **events_out, int *n_events_out,
+				cai_error *err)
+{
+	int			n_events = 0;
+	int			n_batch = 0;
+	int			budget = engine->params.max_step_tokens;
+	int			logit_rows = 0;
+	cai_status	st;
+	double		t0 = cai_now_seconds();
+	cai_request *req;
+
+	*events_out = engine->events;
+	*n_events_out = 0;
+
+	/* requests reported last step are forgotten now (their event text pointed into them) */
+	while ((req = engine->retired) != NULL)
+	{
+		engine->retired = req->next;
+		request_free(req);
+	}
+
+	/* 1. admission, FIFO: a request that cannot get its blocks blocks those behind it */
+	while (engine->waiting_head && engine->n_running < engine->params.max_running)
+	{
+		req = engine->waiting_head;
+		if (!request_admit(engine, req))
+			break;
+		waiting_remove(engine, req);
+		engine->running[engine->n_running++] = req;
+	}
+
+	/* 2a. every running decode: its last token */
+	for (int i = 0; i < engine->n_running && budget > 0; i++)
+	{
+		req = engine->running[i];
+		if (req->state != REQUEST_DECODE)
+			continue;
+		engine->batch[n_batch] = (cai_batch_seq) {
+			.tokens = req->tokens.ids + req->n_computed,
+			.n_tokens = 1,
+			.pos = req->n_computed,
+			.block_table = req->block_table,
+			.n_blocks = req->n_blocks,
+			.logits = CAI_LOGITS_LAST,
+		};
+		engine->batch_req[n_batch++] = req;
+		budget--;
+		logit_rows++;
+	}
+	/* 2b. prefill chunks in admission order with what is left of the budget */
+	for (int i = 0; i < engine->n_running && budget > 0; i++)
+	{
+		int			chunk;
+		bool		last;
+
+		req = engine->running[i];
+		if (req->state != REQUEST_PREFILL)
+			continue;
+		chunk = req->n_prompt - req->n_computed;
+		if (chunk > budget)
+			chunk = budget;
+		last = req->n_computed + chunk == req->n_prompt;
+		engine->batch[n_batch] = (cai_batch_seq) {
+			.tokens = req->tokens.ids + req->n_computed,
+			.n_tokens = chunk,
+			.pos = req->n_computed,
+			.block_table = req->block_table,
+			.n_blocks = req->n_blocks,
+			.logits = last ? CAI_LOGITS_LAST : CAI_LOGITS_NONE,
+		};
+		engine->batch_req[n_batch++] = req;
+		budget -= chunk;
+		engine->stats.prefill_tokens += chunk;
+		if (last)
+			logit_rows++;
+	}
+
+	if (n_batch == 0)
+		return CAI_OK;
+
+	/* 3. one forward over the ragged batch */
+	st = cai_model_forward(engine->model, engine->forward, engine->kv, engine->batch, n_batch,
+						   engine->logits, false, err);
+	if (st != CAI_OK)
+	{
+		/* fail every request in the batch: their KV may be half-written */
+		for (int b = 0; b < n_batch; b++)
+		{
+			cai_event  *ev;
+
+			req = engine->batch_req[b];
+			for (int i = 0; i < engine->n_running; i++)
+				if (engine->running[i] == req)
+				{
+					running_remove(engine, i);
+					break;
+				}
+			request_release_blocks(engine, req, false);
+			ev = engine_new_event(engine, &n_events, req);
+			if (ev)
+			{
+				ev->finish = CAI_FINISH_ERROR;
+				ev->error = err ? err->message : "forward failed";
+				ev->usage = req->usage;
+			}
+			req->next = engine->retired;
+			engine->retired = req;
+		}
+		*n_events_out = n_events;
+		return st;
+	}
+
+	/* 4. sample, detokenize, report */
+	logit_rows = 0;
+	for (int b = 0; b < n_batch; b++)
+	{
+		cai_batch_seq *seq = &engine->batch[b];
+		cai_event  *ev;
+
+		req = engine->batch_req[b];
+		req->n_computed += seq->n_tokens;
+		if (seq->logits == CAI_LOGITS_NONE)
+			continue;
+		req->state = REQUEST_DECODE;
+		ev = engine_new_event(engine, &n_events, req);
+		if (!ev)
+			return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory reporting events");
+		request_take_token(engine, req,
+						   engine->logits + (size_t) logit_rows * engine->model->cfg.n_vocab, ev);
+		logit_rows++;
+	}
+
+	/* finished requests leave the batch */
+	for (int i = engine->n_running - 1; i >= 0; i--)
+	{
+		req = engine->running[i];
+		if (req->state != REQUEST_FINISHED)
+			continue;
+		running_remove(engine, i);
+		req->next = engine->retired;
+		engine->retired = req;
+	}
+
+	engine->stats.steps++;
+	engine->stats.step_sequences += n_batch;
+	engine->stats.busy_seconds += cai_now_seconds() - t0;
+	*n_events_out = n_events;
+	return CAI_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Stats, cache, scoring
+ * ------------------------------------------------------------------------------------------- */
+
+void
+cai_engine_get_stats(const cai_engine *engine, cai_engine_stats *stats)
+{
+	cai_prefix_cache_stats cs;
+
+	*stats = engine->stats;
+	stats->running = engine->n_running;
+	stats->waiting = engine->n_waiting;
+	cai_prefix_cache_get_stats(engine->cache, &cs);
+	stats->cache_evictions = cs.evictions;
+	stats->cache_blocks = cs.blocks;
+	stats->cache_bytes = cs.bytes;
+	stats->cache_budget_bytes = cs.budget_bytes;
+	stats->kv_blocks_total = cai_kv_pool_n_blocks(engine->kv);
+	stats->kv_blocks_free = cai_kv_pool_n_free(engine->kv);
+}
+
+void
+cai_engine_cache_reset(cai_engine *engine)
+{
+	cai_prefix_cache_reset(engine->cache);
+}
+
+cai_status
+cai_engine_score(cai_engine *engine, const int32_t *tokens, int n, bool float_reference,
+				 float *logits, cai_error *err)
+{
+	int			n_vocab = engine->model->cfg.n_vocab;
+	int			need = (n + CAI_KV_BLOCK_TOKENS - 1) / CAI_KV_BLOCK_TOKENS;
+	int			chunk_max = engine->params.max_step_tokens;
+	int32_t    *blocks;
+	cai_status	st = CAI_OK;
+
+	if (n <= 0 || n > engine->context_length)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"score length %d must be between 1 and the context (%d)",
+						n, engine->context_length);
+	if (float_reference && !engine->model->has_float_reference)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"the float reference path needs the model loaded with load_float_reference");
+	if (engine->n_running > 0)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "scoring needs an idle engine");
+	for (int i = 0; i < n; i++)
+		if (tokens[i] < 0 || tokens[i] >= n_vocab)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "token %d is outside the vocabulary",
+							tokens[i]);
+
+	blocks = malloc((size_t) need * sizeof(int32_t));
+	if (!blocks)
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory scoring");
+	if (cai_kv_pool_n_free(engine->kv) < need)
+		cai_prefix_cache_reclaim(engine->cache, need);
+	if (cai_kv_pool_n_free(engine->kv) < need)
+	{
+		free(blocks);
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "not enough free KV blocks to score %d tokens", n);
+	}
+	for (int i = 0; i < need; i++)
+		blocks[i] = cai_kv_block_alloc(engine->kv);
+
+	for (int pos = 0; pos < n && st == CAI_OK; pos += chunk_max)
+	{
+		int			chunk = n - pos < chunk_max ? n - pos : chunk_max;
+		cai_batch_seq seq = {
+			.tokens = tokens + pos,
+			.n_tokens = chunk,
+			.pos = pos,
+			.block_table = blocks,
+			.n_blocks = need,
+			.logits = CAI_LOGITS_ALL,
+		};
+
+		st = cai_model_forward(engine->model, engine->forward, engine->kv, &seq, 1,
+							   logits + (size_t) pos * n_vocab, float_reference, err);
+	}
+	for (int i = 0; i < need; i++)
+		cai_kv_block_unref(engine->kv, blocks[i]);
+	free(blocks);
+	return st;
+}

@@ -1,0 +1,1899 @@
+/*
+ * model.c — a model: loading a GGUF file into the engine's int8 layout, the public model,
+ * token and chat-prompt API, and the batched ragged forward pass.
+ *
+ * Loading validates every tensor the architecture needs (presence, type, shape) before touching
+ * any data, then converts each weight matrix row by row — dequantize the source row to float,
+ * requantize it to symmetric int8 per output channel — in parallel over a thread pool.  Q/K/V
+ * of a layer become one matrix (one GEMM), gate/up another.
+ *
+ * The forward (cai_model_forward) is one pass over the layers, llama2.c style, calling the
+ * backend table (backend.h) for every heavy operation:
+ *
+ *   x = embed(tokens)
+ *   per layer:  xq = quant(rmsnorm(x));  qkv = xq Wqkv (+b);  rope(q, k);  kv <- (k, v)
+ *               a = attention(q, kv);    x += quant(a) Wo
+ *               xq = quant(rmsnorm(x));  gu = xq Wgate_up;  x += quant(silu(g) * u) Wdown
+ *   logits = quant(rmsnorm(x[rows])) Wlm
+ *
+ * The float reference path runs the same structure with float GEMMs over copies of the source
+ * weights and no activation quantization; its attention reads a float shadow of the KV kept in
+ * the forward context (see "the float KV shadow" below).
+ */
+#include "model.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "backend.h"
+#include "quant.h"
+#include "util.h"
+
+/* Rows of a weight matrix converted per load task. */
+#define CONVERT_CHUNK_ROWS 64
+
+/* ---------------------------------------------------------------------------------------------
+ * Allocations owned by a model
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct model_owned
+{
+	void	  **ptrs;
+	int			n;
+	int			cap;
+} model_owned;
+
+/* 64-byte aligned memory freed with the model; NULL when out of memory. */
+static void *
+model_alloc(cai_model *m, size_t bytes)
+{
+	model_owned *o = m->owned;
+	void	   *p;
+
+	if (o->n == o->cap)
+	{
+		int			cap = o->cap ? o->cap * 2 : 256;
+		void	  **ptrs = realloc(o->ptrs, (size_t) cap * sizeof(void *));
+
+		if (!ptrs)
+			return NULL;
+		o->ptrs = ptrs;
+		o->cap = cap;
+	}
+	if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
+		return NULL;
+	o->ptrs[o->n++] = p;
+	return p;
+}
+
+void
+cai_model_free(cai_model *model)
+{
+	model_owned *o;
+
+	if (!model)
+		return;
+	o = model->owned;
+	if (o)
+	{
+		for (int i = 0; i < o->n; i++)
+			free(o->ptrs[i]);
+		free(o->ptrs);
+		free(o);
+	}
+	cai_tokenizer_free(model->tokenizer);
+	gguf_close(model->gguf);
+	free(model);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Configuration from metadata
+ * ------------------------------------------------------------------------------------------- */
+
+/* Reads {arch}.{suffix} as an unsigned 32-bit value; def when absent and not required. */
+static cai_status
+read_arch_u32(const gguf_file *f, const char *arch, const char *suffix, bool required,
+			  uint32_t def, uint32_t *out, cai_error *err)
+{
+	char		key[160];
+
+	snprintf(key, sizeof(key), "%s.%s", arch, suffix);
+	if (!gguf_find_kv(f, key))
+	{
+		if (required)
+			return cai_fail(err, CAI_ERR_FORMAT, "missing metadata key '%s'", key);
+		*out = def;
+		return CAI_OK;
+	}
+	if (!gguf_get_u32(f, key, out))
+		return cai_fail(err, CAI_ERR_FORMAT,
+						"metadata key '%s' is not an unsigned 32-bit integer", key);
+	return CAI_OK;
+}
+
+static cai_status
+read_arch_f32(const gguf_file *f, const char *arch, const char *suffix, bool required,
+			  float def, float *out, cai_error *err)
+{
+	char		key[160];
+
+	snprintf(key, sizeof(key), "%s.%s", arch, suffix);
+	if (!gguf_find_kv(f, key))
+	{
+		if (required)
+			return cai_fail(err, CAI_ERR_FORMAT, "missing metadata key '%s'", key);
+		*out = def;
+		return CAI_OK;
+	}
+	if (!gguf_get_f32(f, key, out) || !isfinite(*out))
+		return cai_fail(err, CAI_ERR_FORMAT, "metadata key '%s' is not a finite number", key);
+	return CAI_OK;
+}
+
+/* Sets each layer's KV index and the count of KV-owning layers from kv_source. */
+cai_status
+cai_config_update_kv_sharing(cai_config *cfg, cai_error *err)
+{
+	int			n = 0;
+
+	for (int l = 0; l < cfg->n_layers; l++)
+	{
+		int			src = cfg->kv_source[l];
+
+		if (src < 0 || src > l)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+							"layer %d reads the kv of layer %d; it must be an earlier layer or itself",
+							l, src);
+		if (cfg->kv_source[src] != src)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+							"layer %d reads the kv of layer %d, which does not own its kv", l, src);
+		if (cfg->attn_window[l] < 0)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+							"layer %d has a negative attention window", l);
+		if (src == l)
+			cfg->kv_index[l] = n++;
+		else
+			cfg->kv_index[l] = cfg->kv_index[src];
+	}
+	cfg->n_kv_layers = n;
+	return CAI_OK;
+}
+
+/* Fills m->cfg from the file's metadata (shapes checked against tensors later). */
+static cai_status
+read_config(cai_model *m, const char *path, cai_error *err)
+{
+	const gguf_file *f = m->gguf;
+	cai_config *c = &m->cfg;
+	const char *arch = c->arch_name;
+	uint32_t	u;
+	uint32_t	head_dim = 0;
+	cai_status	st;
+	gguf_str	s;
+	float		factor;
+
+	if (!gguf_get_cstr(f, "general.architecture", c->arch_name, sizeof(c->arch_name)))
+		return cai_fail(err, CAI_ERR_FORMAT, "missing metadata key 'general.architecture'");
+	if (strcmp(arch, "llama") == 0)
+		c->arch = CAI_ARCH_LLAMA;
+	else if (strcmp(arch, "qwen2") == 0)
+		c->arch = CAI_ARCH_QWEN2;
+	else
+		return cai_fail(err, CAI_ERR_UNSUPPORTED,
+						"unsupported model architecture '%s' (supported: llama, qwen2)", arch);
+
+	if (!gguf_get_cstr(f, "general.name", c->name, sizeof(c->name)) || c->name[0] == '\0')
+	{
+		const char *base = strrchr(path, '/');
+
+		snprintf(c->name, sizeof(c->name), "%s", base ? base + 1 : path);
+	}
+
+	if ((st = read_arch_u32(f, arch, "block_count", true, 0, &u, err)) != CAI_OK)
+		return st;
+	c->n_layers = (int) u;
+	if ((st = read_arch_u32(f, arch, "embedding_length", true, 0, &u, err)) != CAI_OK)
+		return st;
+	c->d_model = (int) u;
+	if ((st = read_arch_u32(f, arch, "feed_forward_length", true, 0, &u, err)) != CAI_OK)
+		return st;
+	c->d_ff = (int) u;
+	if ((st = read_arch_u32(f, arch, "attention.head_count", true, 0, &u, err)) != CAI_OK)
+		return st;
+	c->n_heads = (int) u;
+	if ((st = read_arch_u32(f, arch, "attention.head_count_kv", false, u, &u, err)) != CAI_OK)
+		return st;
+	c->n_kv_heads = (int) u;
+	if ((st = read_arch_u32(f, arch, "context_length", false, 2048, &u, err)) != CAI_OK)
+		return st;
+	c->context_length = (int) u;
+	if ((st = read_arch_f32(f, arch, "rope.freq_base", false, 10000.0f, &c->rope_base, err)) != CAI_OK)
+		return st;
+	if ((st = read_arch_f32(f, arch, "attention.layer_norm_rms_epsilon", true, 0, &c->norm_eps,
+							err)) != CAI_OK)
+		return st;
+
+	if (c->n_layers < 1 || c->n_layers > 1024)
+		return cai_fail(err, CAI_ERR_FORMAT, "%s.block_count %d is out of range", arch, c->n_layers);
+	if (c->d_model < 1 || c->d_model > 65536 || c->d_ff < 1 || c->d_ff > 262144)
+		return cai_fail(err, CAI_ERR_FORMAT, "embedding length %d or feed-forward length %d is out of range",
+						c->d_model, c->d_ff);
+	if (c->n_heads < 1 || c->n_heads > 1024 || c->n_kv_heads < 1 || c->n_heads % c->n_kv_heads != 0)
+		return cai_fail(err, CAI_ERR_FORMAT,
+						"%d attention heads cannot share %d kv heads evenly", c->n_heads, c->n_kv_heads);
+	if (c->context_length < 1)
+		return cai_fail(err, CAI_ERR_FORMAT, "%s.context_length must be positive", arch);
+	if (!(c->norm_eps > 0.0f) || !(c->rope_base > 0.0f))
+		return cai_fail(err, CAI_ERR_FORMAT, "rms epsilon and rope base must be positive");
+
+	/* head size: key_length when given, else d_model / n_heads */
+	if ((st = read_arch_u32(f, arch, "attention.key_length", false, 0, &head_dim, err)) != CAI_OK)
+		return st;
+	if (head_dim == 0)
+	{
+		if (c->d_model % c->n_heads != 0)
+			return cai_fail(err, CAI_ERR_FORMAT, "embedding length %d is not a multiple of %d heads",
+							c->d_model, c->n_heads);
+		head_dim = (uint32_t) (c->d_model / c->n_heads);
+	}
+	else
+	{
+		uint32_t	vlen;
+
+		if ((st = read_arch_u32(f, arch, "attention.value_length", false, head_dim, &vlen, err)) != CAI_OK)
+			return st;
+		if (vlen != head_dim)
+			return cai_fail(err, CAI_ERR_UNSUPPORTED,
+							"key length %u differs from value length %u", head_dim, vlen);
+	}
+	c->head_dim = (int) head_dim;
+	if (c->head_dim % 8 != 0 || c->head_dim > 512)
+		return cai_fail(err, CAI_ERR_UNSUPPORTED,
+						"head size %d is not supported (a multiple of 8 up to 512)", c->head_dim);
+	if ((st = read_arch_u32(f, arch, "rope.dimension_count", false, head_dim, &u, err)) != CAI_OK)
+		return st;
+	c->n_rot = (int) u;
+	if (c->n_rot < 2 || c->n_rot % 2 != 0 || c->n_rot > c->head_dim)
+		return cai_fail(err, CAI_ERR_FORMAT, "rope dimension count %d does not fit head size %d",
+						c->n_rot, c->head_dim);
+	c->rope_neox = (c->arch == CAI_ARCH_QWEN2);
+
+	/* rope scaling: none or linear */
+	c->rope_freq_scale = 1.0f;
+	{
+		char		key[160];
+
+		snprintf(key, sizeof(key), "%s.rope.scaling.type", arch);
+		if (gguf_get_str(f, key, &s) && !gguf_str_eq(s, "none"))
+		{
+			if (!gguf_str_eq(s, "linear"))
+				return cai_fail(err, CAI_ERR_UNSUPPORTED, "unsupported rope scaling type '%.*s'",
+								(int) (s.len > 32 ? 32 : s.len), s.ptr);
+			if ((st = read_arch_f32(f, arch, "rope.scaling.factor", true, 1, &factor, err)) != CAI_OK)
+				return st;
+			if (!(factor > 0.0f))
+				return cai_fail(err, CAI_ERR_FORMAT, "rope scaling factor must be positive");
+			c->rope_freq_scale = 1.0f / factor;
+		}
+		snprintf(key, sizeof(key), "%s.rope.scale_linear", arch);
+		if (gguf_get_f32(f, key, &factor) && factor > 0.0f && factor != 1.0f)
+			c->rope_freq_scale = 1.0f / factor;
+	}
+
+	/* the GEMM kernels want every reduction length a multiple of 4 */
+	if (c->d_model % 4 != 0 || c->d_ff % 4 != 0 || (c->n_heads * c->head_dim) % 4 != 0)
+		return cai_fail(err, CAI_ERR_UNSUPPORTED,
+						"model widths must be multiples of 4 (d_model %d, d_ff %d)", c->d_model, c->d_ff);
+
+	c->qkv_bias = (c->arch == CAI_ARCH_QWEN2);
+	c->attn_window = model_alloc(m, (size_t) c->n_layers * sizeof(int));
+	c->kv_source = model_alloc(m, (size_t) c->n_layers * sizeof(int));
+	c->kv_index = model_alloc(m, (size_t) c->n_layers * sizeof(int));
+	if (!c->attn_window || !c->kv_source || !c->kv_index)
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory reading the model config");
+	for (int l = 0; l < c->n_layers; l++)
+	{
+		c->attn_window[l] = 0;	/* llama and qwen2 attend globally */
+		c->kv_source[l] = l;	/* and every layer owns its KV */
+	}
+	return cai_config_update_kv_sharing(c, err);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Tensor validation
+ * ------------------------------------------------------------------------------------------- */
+
+/*
+ * Finds tensor name and checks it against the expected shape: a matrix [ne1 rows of ne0]
+ * (GGUF's ne0 is the contiguous "in" dimension) or, with ne1 == 0, a vector of ne0.
+ */
+static cai_status
+find_tensor(const gguf_file *f, const char *name, int64_t ne0, int64_t ne1, bool required,
+			const gguf_tensor **out, cai_error *err)
+{
+	const gguf_tensor *t = gguf_find_tensor(f, name);
+	size_t		row_bytes;
+	int64_t		rows = ne1 ? ne1 : 1;
+
+	*out = NULL;
+	if (!t)
+		return required ? cai_fail(err, CAI_ERR_FORMAT, "missing tensor '%s'", name) : CAI_OK;
+	if (!ggml_type_can_dequantize(t->type))
+		return cai_fail(err, CAI_ERR_UNSUPPORTED,
+						"tensor '%s' has type %s, which the engine cannot read "
+						"(supported: f32, f16, bf16, q8_0, q4_0, q4_1, q4_k, q5_k, q6_k)",
+						name, ggml_type_name(t->type));
+	if (t->ne[0] != ne0 || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1)
+	{
+		if (ne1)
+			return cai_fail(err, CAI_ERR_FORMAT,
+							"tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]",
+							name, (long long) t->ne[0], (long long) t->ne[1],
+							(long long) t->ne[2], (long long) t->ne[3],
+							(long long) ne0, (long long) ne1);
+		return cai_fail(err, CAI_ERR_FORMAT,
+						"tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld]",
+						name, (long long) t->ne[0], (long long) t->ne[1],
+						(long long) t->ne[2], (long long) t->ne[3], (long long) ne0);
+	}
+	if (!ggml_row_bytes(t->type, ne0, &row_bytes))
+		return cai_fail(err, CAI_ERR_FORMAT,
+						"tensor '%s': a row of %lld values is not a whole number of %s blocks",
+						name, (long long) ne0, ggml_type_name(t->type));
+	if (t->nbytes < row_bytes * (size_t) rows || !t->data)
+		return cai_fail(err, CAI_ERR_FORMAT, "tensor '%s' holds fewer bytes than its shape needs",
+						name);
+	*out = t;
+	return CAI_OK;
+}
+
+/* The source tensors of one layer. */
+typedef struct layer_sources
+{
+	const gguf_tensor *attn_norm,
+			   *wq,
+			   *wk,
+			   *wv,
+			   *wo,
+			   *bq,
+			   *bk,
+			   *bv,
+			   *ffn_norm,
+			   *gate,
+			   *up,
+			   *down;
+} layer_sources;
+
+static cai_status
+find_layer_tensors(const gguf_file *f, const cai_config *c, int l, layer_sources *ls,
+				   cai_error *err)
+{
+	int			q_dim = c->n_heads * c->head_dim;
+	int			kv_dim = c->n_kv_heads * c->head_dim;
+	char		name[96];
+	cai_status	st;
+
+#define FIND(field, suffix, ne0, ne1, required) \
+	do { \
+		snprintf(name, sizeof(name), "blk.%d.%s", l, suffix); \
+		if ((st = find_tensor(f, name, (ne0), (ne1), (required), &ls->field, err)) != CAI_OK) \
+			return st; \
+	} while (0)
+
+	FIND(attn_norm, "attn_norm.weight", c->d_model, 0, true);
+	FIND(wq, "attn_q.weight", c->d_model, q_dim, true);
+	FIND(wk, "attn_k.weight", c->d_model, kv_dim, true);
+	FIND(wv, "attn_v.weight", c->d_model, kv_dim, true);
+	FIND(wo, "attn_output.weight", q_dim, c->d_model, true);
+	FIND(bq, "attn_q.bias", q_dim, 0, c->qkv_bias);
+	FIND(bk, "attn_k.bias", kv_dim, 0, c->qkv_bias);
+	FIND(bv, "attn_v.bias", kv_dim, 0, c->qkv_bias);
+	FIND(ffn_norm, "ffn_norm.weight", c->d_model, 0, true);
+	FIND(gate, "ffn_gate.weight", c->d_model, c->d_ff, true);
+	FIND(up, "ffn_up.weight", c->d_model, c->d_ff, true);
+	FIND(down, "ffn_down.weight", c->d_ff, c->d_model, true);
+#undef FIND
+	if (!c->qkv_bias && (ls->bq || ls->bk || ls->bv))
+		return cai_fail(err, CAI_ERR_UNSUPPORTED,
+						"layer %d has q/k/v biases, which %s models do not have", l, c->arch_name);
+	return CAI_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Weight conversion (parallel)
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct convert_job
+{
+	const gguf_tensor *src;
+	int			k;				/* row length (ne0) */
+	int			row0;			/* source rows [row0, row1) of this chunk */
+	int			row1;
+	int8_t	   *q;				/* int8 destination of source row 0, or NULL */
+	float	   *scale;			/* its scales */
+	float	   *f;				/* float destination of source row 0, or NULL */
+} convert_job;
+
+typedef struct convert_plan
+{
+	convert_job *jobs;
+	int			n_jobs;
+	int			cap;
+	int			max_k;
+	float	   *scratch;		/* [n_threads][max_k] */
+	atomic_int	failed;
+	cai_error	error;
+} convert_plan;
+
+/* Plans the conversion of a whole source matrix into q/scale (and f when not NULL). */
+static bool
+plan_matrix(convert_plan *p, const gguf_tensor *src, int k, int rows, int8_t *q, float *scale,
+			float *f)
+{
+	for (int r = 0; r < rows; r += CONVERT_CHUNK_ROWS)
+	{
+		convert_job *j;
+
+		if (p->n_jobs == p->cap)
+		{
+			int			cap = p->cap ? p->cap * 2 : 1024;
+			convert_job *jobs = realloc(p->jobs, (size_t) cap * sizeof(convert_job));
+
+			if (!jobs)
+				return false;
+			p->jobs = jobs;
+			p->cap = cap;
+		}
+		j = &p->jobs[p->n_jobs++];
+		j->src = src;
+		j->k = k;
+		j->row0 = r;
+		j->row1 = r + CONVERT_CHUNK_ROWS < rows ? r + CONVERT_CHUNK_ROWS : rows;
+		j->q = q;
+		j->scale = scale;
+		j->f = f;
+	}
+	if (k > p->max_k)
+		p->max_k = k;
+	return true;
+}
+
+static void
+convert_task(void *arg, int task, int thread)
+{
+	convert_plan *p = arg;
+	const convert_job *j = &p->jobs[task];
+	size_t		row_bytes;
+	float	   *tmp = p->scratch + (size_t) thread * p->max_k;
+	cai_error	e;
+
+	if (atomic_load(&p->failed))
+		return;
+	if (!ggml_row_bytes(j->src->type, j->k, &row_bytes))
+		return;					/* validated before planning */
+	for (int r = j->row0; r < j->row1; r++)
+	{
+		const uint8_t *src = (const uint8_t *) j->src->data + (size_t) r * row_bytes;
+		float	   *dst = j->f ? j->f + (size_t) r * j->k : tmp;
+
+		if (cai_dequantize_row(j->src->type, src, dst, j->k, &e) != CAI_OK)
+		{
+			if (atomic_exchange(&p->failed, 1) == 0)
+				p->error = e;
+			return;
+		}
+		if (j->q)
+			cai_quantize_row_i8(dst, j->k, j->q + (size_t) r * j->k, &j->scale[r]);
+	}
+}
+
+typedef struct prepare_plan
+{
+	cai_qmatrix **mats;
+	int			n;
+} prepare_plan;
+
+static void
+prepare_task(void *arg, int task, int thread)
+{
+	prepare_plan *p = arg;
+
+	cai_qmatrix_prepare(p->mats[task]);
+}
+
+/* Allocates an int8 matrix [n_out, k] with scales and row sums. */
+static bool
+alloc_qmatrix(cai_model *m, int n_out, int k, cai_qmatrix *out)
+{
+	int8_t	   *q = model_alloc(m, (size_t) n_out * k);
+	float	   *scale = model_alloc(m, (size_t) n_out * sizeof(float));
+	int32_t    *row_sum = model_alloc(m, (size_t) n_out * sizeof(int32_t));
+
+	if (!q || !scale || !row_sum)
+		return false;
+	out->n_out = n_out;
+	out->k = k;
+	out->q = q;
+	out->scale = scale;
+	out->row_sum = row_sum;
+	m->weight_bytes += (size_t) n_out * k + (size_t) n_out * (sizeof(float) + sizeof(int32_t));
+	return true;
+}
+
+/* Rows [row0, row0 + n) of a matrix as a matrix of their own (sharing memory). */
+static cai_qmatrix
+qmatrix_rows(const cai_qmatrix *m, int row0, int n)
+{
+	cai_qmatrix v;
+
+	v.n_out = n;
+	v.k = m->k;
+	v.q = m->q + (size_t) row0 * m->k;
+	v.scale = m->scale + row0;
+	v.row_sum = m->row_sum + row0;
+	return v;
+}
+
+/* Dequantizes a (validated) vector tensor of n values into float memory owned by the model. */
+static cai_status
+load_vector(cai_model *m, const gguf_tensor *t, int n, float *dst, cai_error *err)
+{
+	cai_status	st = cai_dequantize_row(t->type, t->data, dst, n, err);
+
+	if (st == CAI_OK)
+		m->weight_bytes += (size_t) n * sizeof(float);
+	return st;
+}
+
+static float *
+alloc_floats(cai_model *m, size_t n)
+{
+	size_t		bytes;
+
+	if (!cai_mul_size(n, sizeof(float), &bytes))
+		return NULL;
+	return model_alloc(m, bytes);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Fingerprint
+ * ------------------------------------------------------------------------------------------- */
+
+static size_t
+value_type_bytes(gguf_value_type t)
+{
+	switch (t)
+	{
+		case GGUF_TYPE_UINT8:
+		case GGUF_TYPE_INT8:
+		case GGUF_TYPE_BOOL:
+			return 1;
+		case GGUF_TYPE_UINT16:
+		case GGUF_TYPE_INT16:
+			return 2;
+		case GGUF_TYPE_UINT32:
+		case GGUF_TYPE_INT32:
+		case GGUF_TYPE_FLOAT32:
+			return 4;
+		case GGUF_TYPE_UINT64:
+		case GGUF_TYPE_INT64:
+		case GGUF_TYPE_FLOAT64:
+			return 8;
+		default:
+			return 0;
+	}
+}
+
+/*
+ * XXH3-64 over the architecture and config, every tensor's name, type, shape and bytes, and
+ * the tokenizer's metadata: two files give the same fingerprint only if they compute the same
+ * function of the same tokens, which is what the prefix cache's keys must guarantee.
+ */
+static cai_status
+compute_fingerprint(cai_model *m, cai_error *err)
+{
+	const gguf_file *f = m->gguf;
+	const cai_config *c = &m->cfg;
+	XXH3_state_t *state = XXH3_createState();
+	int32_t		ints[12];
+	float		floats[4];
+
+	if (!state)
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory hashing the model");
+	XXH3_64bits_reset_withSeed(state, 0x70675f636169ULL);	/* "pg_cai" */
+	XXH3_64bits_update(state, c->arch_name, strlen(c->arch_name) + 1);
+	ints[0] = c->n_layers;
+	ints[1] = c->d_model;
+	ints[2] = c->n_heads;
+	ints[3] = c->n_kv_heads;
+	ints[4] = c->head_dim;
+	ints[5] = c->d_ff;
+	ints[6] = c->n_vocab;
+	ints[7] = c->context_length;
+	ints[8] = c->n_rot;
+	ints[9] = c->rope_neox;
+	ints[10] = c->tied_embeddings;
+	ints[11] = c->qkv_bias;
+	floats[0] = c->norm_eps;
+	floats[1] = c->rope_base;
+	floats[2] = c->rope_freq_scale;
+	floats[3] = 0.0f;
+	XXH3_64bits_update(state, ints, sizeof(ints));
+	XXH3_64bits_update(state, floats, sizeof(floats));
+	for (int l = 0; l < c->n_layers; l++)
+	{
+		int32_t		lay[2] = {c->attn_window[l], c->kv_source[l]};
+
+		XXH3_64bits_update(state, lay, sizeof(lay));
+	}
+	for (uint64_t i = 0; i < f->n_tensors; i++)
+	{
+		const gguf_tensor *t = &f->tensors[i];
+		int64_t		shape[GGUF_MAX_DIMS + 1];
+
+		XXH3_64bits_update(state, t->name.ptr, t->name.len);
+		for (int d = 0; d < GGUF_MAX_DIMS; d++)
+			shape[d] = t->ne[d];
+		shape[GGUF_MAX_DIMS] = t->type;
+		XXH3_64bits_update(state, shape, sizeof(shape));
+		XXH3_64bits_update(state, t->data, t->nbytes);
+	}
+	for (uint64_t i = 0; i < f->n_kv; i++)
+	{
+		const gguf_kv *kv = &f->kv[i];
+		uint32_t	type = kv->type;
+
+		if (kv->key.len < 10 || memcmp(kv->key.ptr, "tokenizer.", 10) != 0)
+			continue;
+		XXH3_64bits_update(state, kv->key.ptr, kv->key.len);
+		XXH3_64bits_update(state, &type, sizeof(type));
+		if (kv->type == GGUF_TYPE_STRING)
+			XXH3_64bits_update(state, kv->v.str.ptr, kv->v.str.len);
+		else if (kv->type == GGUF_TYPE_ARRAY)
+		{
+			uint32_t	et = kv->v.arr.elem_type;
+
+			XXH3_64bits_update(state, &et, sizeof(et));
+			XXH3_64bits_update(state, &kv->v.arr.n, sizeof(kv->v.arr.n));
+			if (kv->v.arr.elem_type == GGUF_TYPE_STRING && kv->v.arr.strs)
+			{
+				for (uint64_t j = 0; j < kv->v.arr.n; j++)
+				{
+					XXH3_64bits_update(state, &kv->v.arr.strs[j].len, sizeof(uint64_t));
+					XXH3_64bits_update(state, kv->v.arr.strs[j].ptr, kv->v.arr.strs[j].len);
+				}
+			}
+			else if (value_type_bytes(kv->v.arr.elem_type) && kv->v.arr.data)
+				XXH3_64bits_update(state, kv->v.arr.data,
+								   kv->v.arr.n * value_type_bytes(kv->v.arr.elem_type));
+		}
+		else
+			XXH3_64bits_update(state, &kv->v, sizeof(kv->v.u64));
+	}
+	m->fingerprint = XXH3_64bits_digest(state);
+	XXH3_freeState(state);
+	return CAI_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Loading
+ * ------------------------------------------------------------------------------------------- */
+
+void
+cai_model_params_default(cai_model_params *params)
+{
+	params->n_threads = 0;
+	params->load_float_reference = false;
+	params->chat_template = NULL;
+}
+
+/* Validates every tensor, allocates the engine's weights and converts them on a pool. */
+static cai_status
+load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
+{
+	const gguf_file *f = m->gguf;
+	cai_config *c = &m->cfg;
+	bool		fref = params->load_float_reference;
+	int			q_dim = c->n_heads * c->head_dim;
+	int			kv_dim = c->n_kv_heads * c->head_dim;
+	const gguf_tensor *t_embd,
+			   *t_out,
+			   *t_out_norm,
+			   *t_rope_freqs;
+	layer_sources *src = NULL;
+	convert_plan plan;
+	prepare_plan prep = {0};
+	cai_threadpool *pool = NULL;
+	int			n_threads;
+	cai_status	st;
+
+	memset(&plan, 0, sizeof(plan));
+	atomic_init(&plan.failed, 0);
+
+	/* the vocabulary size comes from the embedding's shape */
+	t_embd = gguf_find_tensor(f, "token_embd.weight");
+	if (!t_embd)
+		return cai_fail(err, CAI_ERR_FORMAT, "missing tensor 'token_embd.weight'");
+	if (t_embd->ne[1] < 1 || t_embd->ne[1] > (1 << 24))
+		return cai_fail(err, CAI_ERR_FORMAT, "tensor 'token_embd.weight' has %lld rows",
+						(long long) t_embd->ne[1]);
+	c->n_vocab = (int) t_embd->ne[1];
+	if ((st = find_tensor(f, "token_embd.weight", c->d_model, c->n_vocab, true, &t_embd, err)) != CAI_OK)
+		return st;
+	if ((st = find_tensor(f, "output.weight", c->d_model, c->n_vocab, false, &t_out, err)) != CAI_OK)
+		return st;
+	if ((st = find_tensor(f, "output_norm.weight", c->d_model, 0, true, &t_out_norm, err)) != CAI_OK)
+		return st;
+	if ((st = find_tensor(f, "rope_freqs.weight", c->n_rot / 2, 0, false, &t_rope_freqs, err)) != CAI_OK)
+		return st;
+	c->tied_embeddings = (t_out == NULL);
+
+	src = calloc((size_t) c->n_layers, sizeof(layer_sources));
+	m->layers = model_alloc(m, (size_t) c->n_layers * sizeof(cai_layer_weights));
+	if (!src || !m->layers)
+	{
+		free(src);
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory loading the model");
+	}
+	memset(m->layers, 0, (size_t) c->n_layers * sizeof(cai_layer_weights));
+	for (int l = 0; l < c->n_layers; l++)
+	{
+		if ((st = find_layer_tensors(f, c, l, &src[l], err)) != CAI_OK)
+		{
+			free(src);
+			return st;
+		}
+	}
+
+	for (uint64_t i = 0; i < f->n_tensors; i++)
+		m->n_params += f->tensors[i].n_elements;
+
+	/* allocate everything and plan the conversions */
+#define OOM() do { st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory loading the model weights"); goto done; } while (0)
+	if (!alloc_qmatrix(m, c->n_vocab, c->d_model, &m->tok_embd))
+		OOM();
+	if (fref && !(m->f_tok_embd = alloc_floats(m, (size_t) c->n_vocab * c->d_model)))
+		OOM();
+	if (!plan_matrix(&plan, t_embd, c->d_model, c->n_vocab, (int8_t *) m->tok_embd.q,
+					 (float *) m->tok_embd.scale, m->f_tok_embd))
+		OOM();
+	if (t_out)
+	{
+		if (!alloc_qmatrix(m, c->n_vocab, c->d_model, &m->lm_head))
+			OOM();
+		if (fref && !(m->f_lm_head = alloc_floats(m, (size_t) c->n_vocab * c->d_model)))
+			OOM();
+		if (!plan_matrix(&plan, t_out, c->d_model, c->n_vocab, (int8_t *) m->lm_head.q,
+						 (float *) m->lm_head.scale, m->f_lm_head))
+			OOM();
+	}
+
+	for (int l = 0; l < c->n_layers; l++)
+	{
+		cai_layer_weights *w = &m->layers[l];
+		layer_sources *s = &src[l];
+		int8_t	   *q;
+		float	   *sc;
+
+		if (!alloc_qmatrix(m, q_dim + 2 * kv_dim, c->d_model, &w->wqkv) ||
+			!alloc_qmatrix(m, c->d_model, q_dim, &w->wo) ||
+			!alloc_qmatrix(m, 2 * c->d_ff, c->d_model, &w->w_gate_up) ||
+			!alloc_qmatrix(m, c->d_model, c->d_ff, &w->w_down))
+			OOM();
+		w->wq = qmatrix_rows(&w->wqkv, 0, q_dim);
+		w->wk = qmatrix_rows(&w->wqkv, q_dim, kv_dim);
+		w->wv = qmatrix_rows(&w->wqkv, q_dim + kv_dim, kv_dim);
+		w->w_gate = qmatrix_rows(&w->w_gate_up, 0, c->d_ff);
+		w->w_up = qmatrix_rows(&w->w_gate_up, c->d_ff, c->d_ff);
+		if (fref)
+		{
+			if (!(w->f_wq = alloc_floats(m, (size_t) q_dim * c->d_model)) ||
+				!(w->f_wk = alloc_floats(m, (size_t) kv_dim * c->d_model)) ||
+				!(w->f_wv = alloc_floats(m, (size_t) kv_dim * c->d_model)) ||
+				!(w->f_wo = alloc_floats(m, (size_t) c->d_model * q_dim)) ||
+				!(w->f_gate = alloc_floats(m, (size_t) c->d_ff * c->d_model)) ||
+				!(w->f_up = alloc_floats(m, (size_t) c->d_ff * c->d_model)) ||
+				!(w->f_down = alloc_floats(m, (size_t) c->d_model * c->d_ff)))
+				OOM();
+		}
+		q = (int8_t *) w->wqkv.q;
+		sc = (float *) w->wqkv.scale;
+		if (!plan_matrix(&plan, s->wq, c->d_model, q_dim, q, sc, w->f_wq) ||
+			!plan_matrix(&plan, s->wk, c->d_model, kv_dim, q + (size_t) q_dim * c->d_model,
+						 sc + q_dim, w->f_wk) ||
+			!plan_matrix(&plan, s->wv, c->d_model, kv_dim,
+						 q + (size_t) (q_dim + kv_dim) * c->d_model, sc + q_dim + kv_dim, w->f_wv) ||
+			!plan_matrix(&plan, s->wo, q_dim, c->d_model, (int8_t *) w->wo.q,
+						 (float *) w->wo.scale, w->f_wo) ||
+			!plan_matrix(&plan, s->gate, c->d_model, c->d_ff, (int8_t *) w->w_gate_up.q,
+						 (float *) w->w_gate_up.scale, w->f_gate) ||
+			!plan_matrix(&plan, s->up, c->d_model, c->d_ff,
+						 (int8_t *) w->w_gate_up.q + (size_t) c->d_ff * c->d_model,
+						 (float *) w->w_gate_up.scale + c->d_ff, w->f_up) ||
+			!plan_matrix(&plan, s->down, c->d_ff, c->d_model, (int8_t *) w->w_down.q,
+						 (float *) w->w_down.scale, w->f_down))
+			OOM();
+
+		/* norms and biases: small, converted here */
+		if (!(w->attn_norm = alloc_floats(m, c->d_model)) ||
+			!(w->ffn_norm = alloc_floats(m, c->d_model)))
+			OOM();
+		if ((st = load_vector(m, s->attn_norm, c->d_model, w->attn_norm, err)) != CAI_OK ||
+			(st = load_vector(m, s->ffn_norm, c->d_model, w->ffn_norm, err)) != CAI_OK)
+			goto done;
+		if (c->qkv_bias)
+		{
+			if (!(w->bqkv = alloc_floats(m, (size_t) q_dim + 2 * kv_dim)))
+				OOM();
+			w->bq = w->bqkv;
+			w->bk = w->bqkv + q_dim;
+			w->bv = w->bqkv + q_dim + kv_dim;
+			if ((st = load_vector(m, s->bq, q_dim, w->bq, err)) != CAI_OK ||
+				(st = load_vector(m, s->bk, kv_dim, w->bk, err)) != CAI_OK ||
+				(st = load_vector(m, s->bv, kv_dim, w->bv, err)) != CAI_OK)
+				goto done;
+		}
+	}
+	if (!(m->out_norm = alloc_floats(m, c->d_model)))
+		OOM();
+	if ((st = load_vector(m, t_out_norm, c->d_model, m->out_norm, err)) != CAI_OK)
+		goto done;
+	if (t_rope_freqs)
+	{
+		if (!(m->rope_freqs = alloc_floats(m, c->n_rot / 2)))
+			OOM();
+		if ((st = load_vector(m, t_rope_freqs, c->n_rot / 2, m->rope_freqs, err)) != CAI_OK)
+			goto done;
+		for (int i = 0; i < c->n_rot / 2; i++)
+			if (!(m->rope_freqs[i] > 0.0f) || !isfinite(m->rope_freqs[i]))
+			{
+				st = cai_fail(err, CAI_ERR_FORMAT, "tensor 'rope_freqs.weight' holds a non-positive factor");
+				goto done;
+			}
+	}
+
+	/* convert on a pool */
+	n_threads = params->n_threads > 0 ? params->n_threads : cai_cpu_count();
+	if (n_threads > 64)
+		n_threads = 64;
+	pool = cai_threadpool_create(n_threads);
+	if (!pool)
+		OOM();
+	plan.scratch = malloc((size_t) n_threads * plan.max_k * sizeof(float));
+	if (!plan.scratch)
+		OOM();
+	cai_threadpool_run(pool, convert_task, &plan, plan.n_jobs);
+	if (atomic_load(&plan.failed))
+	{
+		if (err)
+			*err = plan.error;
+		st = plan.error.status != CAI_OK ? plan.error.status : CAI_ERR_FORMAT;
+		goto done;
+	}
+
+	/* row sums for the GEMM kernels */
+	prep.mats = malloc(((size_t) c->n_layers * 4 + 2) * sizeof(cai_qmatrix *));
+	if (!prep.mats)
+		OOM();
+	prep.mats[prep.n++] = &m->tok_embd;
+	if (t_out)
+		prep.mats[prep.n++] = &m->lm_head;
+	for (int l = 0; l < c->n_layers; l++)
+	{
+		prep.mats[prep.n++] = &m->layers[l].wqkv;
+		prep.mats[prep.n++] = &m->layers[l].wo;
+		prep.mats[prep.n++] = &m->layers[l].w_gate_up;
+		prep.mats[prep.n++] = &m->layers[l].w_down;
+	}
+	cai_threadpool_run(pool, prepare_task, &prep, prep.n);
+
+	/* views refer to the prepared row sums: nothing to copy; the tied head is the embedding */
+	if (!t_out)
+	{
+		m->lm_head = m->tok_embd;
+		m->f_lm_head = m->f_tok_embd;
+	}
+	m->has_float_reference = fref;
+	st = CAI_OK;
+#undef OOM
+
+done:
+	cai_threadpool_free(pool);
+	free(plan.jobs);
+	free(plan.scratch);
+	free(prep.mats);
+	free(src);
+	return st;
+}
+
+/* Tokenizer and chat template. */
+static cai_status
+load_tokenizer(cai_model *m, const cai_model_params *params, cai_error *err)
+{
+	cai_status	st;
+	gguf_str	s;
+	char	   *jinja = NULL;
+
+	if ((st = cai_tokenizer_load(m->gguf, &m->tokenizer, err)) != CAI_OK)
+		return st;
+	if (cai_tokenizer_n_vocab(m->tokenizer) > m->cfg.n_vocab)
+		return cai_fail(err, CAI_ERR_FORMAT,
+						"the tokenizer has %d tokens but the embedding only %d rows",
+						cai_tokenizer_n_vocab(m->tokenizer), m->cfg.n_vocab);
+	if (params->chat_template && params->chat_template[0])
+		return cai_chat_template_by_name(params->chat_template, m->tokenizer, &m->tmpl, err);
+	if (gguf_get_str(m->gguf, "tokenizer.chat_template", &s))
+	{
+		jinja = malloc(s.len + 1);
+		if (!jinja)
+			return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory reading the chat template");
+		memcpy(jinja, s.ptr, s.len);
+		jinja[s.len] = '\0';
+	}
+	st = cai_chat_template_detect(jinja, m->cfg.arch_name, m->tokenizer, &m->tmpl, err);
+	free(jinja);
+	return st;
+}
+
+cai_status
+cai_model_load(const char *path, const cai_model_params *params, cai_model **out,
+			   cai_error *err)
+{
+	cai_model_params defaults;
+	cai_model  *m;
+	cai_status	st;
+
+	*out = NULL;
+	if (!path)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "no model path given");
+	if (!params)
+	{
+		cai_model_params_default(&defaults);
+		params = &defaults;
+	}
+	m = calloc(1, sizeof(*m));
+	if (!m || !(m->owned = calloc(1, sizeof(model_owned))))
+	{
+		free(m);
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory loading the model");
+	}
+	if ((st = gguf_open(path, &m->gguf, err)) != CAI_OK ||
+		(st = read_config(m, path, err)) != CAI_OK ||
+		(st = load_weights(m, params, err)) != CAI_OK ||
+		(st = load_tokenizer(m, params, err)) != CAI_OK ||
+		(st = compute_fingerprint(m, err)) != CAI_OK)
+	{
+		cai_model_free(m);
+		return st;
+	}
+	*out = m;
+	return CAI_OK;
+}
+
+void
+cai_model_kv_layout(const cai_model *model, cai_kv_layout *out)
+{
+	const cai_config *c = &model->cfg;
+	size_t		part = (size_t) CAI_KV_BLOCK_TOKENS * c->n_kv_heads *
+		(2 * (size_t) c->head_dim + 2 * sizeof(float));
+
+	out->n_kv_layers = c->n_kv_layers;
+	out->n_kv_heads = c->n_kv_heads;
+	out->head_dim = c->head_dim;
+	out->layer_bytes = (part + 63) & ~(size_t) 63;	/* each layer's part 64-byte aligned */
+	out->block_bytes = out->layer_bytes * (size_t) c->n_kv_layers;
+}
+
+void
+cai_model_get_info(const cai_model *model, cai_model_info *info)
+{
+	const cai_config *c = &model->cfg;
+
+	memset(info, 0, sizeof(*info));
+	info->arch = c->arch_name;
+	info->name = c->name;
+	info->chat_template = cai_chat_template_name(model->tmpl.kind);
+	info->n_layers = c->n_layers;
+	info->d_model = c->d_model;
+	info->n_heads = c->n_heads;
+	info->n_kv_heads = c->n_kv_heads;
+	info->head_dim = c->head_dim;
+	info->d_ff = c->d_ff;
+	info->n_vocab = c->n_vocab;
+	info->context_length = c->context_length;
+	info->n_params = model->n_params;
+	info->weight_bytes = model->weight_bytes;
+	info->kv_bytes_per_token = (size_t) c->n_kv_layers * c->n_kv_heads *
+		(2 * (size_t) c->head_dim + 2 * sizeof(float));
+	info->fingerprint = model->fingerprint;
+	info->bos_token = cai_tokenizer_bos(model->tokenizer);
+	info->eos_token = cai_tokenizer_eos(model->tokenizer);
+	info->eot_token = model->tmpl.end_of_turn >= 0 ? model->tmpl.end_of_turn : info->eos_token;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * cai_model_describe
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct strbuf
+{
+	char	   *p;
+	size_t		len;
+	size_t		cap;
+	bool		oom;
+} strbuf;
+
+static void sb_printf(strbuf *sb, const char *fmt,...) __attribute__((format(printf, 2, 3)));
+
+static void
+sb_printf(strbuf *sb, const char *fmt,...)
+{
+	va_list		ap;
+	int			n;
+
+	if (sb->oom)
+		return;
+	for (;;)
+	{
+		size_t		room = sb->cap - sb->len;
+
+		va_start(ap, fmt);
+		n = vsnprintf(sb->p ? sb->p + sb->len : NULL, sb->p ? room : 0, fmt, ap);
+		va_end(ap);
+		if (n < 0)
+		{
+			sb->oom = true;
+			return;
+		}
+		if (sb->p && (size_t) n < room)
+		{
+			sb->len += (size_t) n;
+			return;
+		}
+		{
+			size_t		cap = sb->cap ? sb->cap * 2 : 4096;
+			char	   *p;
+
+			while (cap < sb->len + (size_t) n + 1)
+				cap *= 2;
+			p = realloc(sb->p, cap);
+			if (!p)
+			{
+				sb->oom = true;
+				return;
+			}
+			sb->p = p;
+			sb->cap = cap;
+		}
+	}
+}
+
+static void
+sb_append(strbuf *sb, const char *data, size_t n)
+{
+	if (sb->oom)
+		return;
+	if (sb->cap - sb->len <= n)
+	{
+		size_t		cap = sb->cap ? sb->cap : 4096;
+		char	   *p;
+
+		while (cap - sb->len <= n)
+			cap *= 2;
+		p = realloc(sb->p, cap);
+		if (!p)
+		{
+			sb->oom = true;
+			return;
+		}
+		sb->p = p;
+		sb->cap = cap;
+	}
+	memcpy(sb->p + sb->len, data, n);
+	sb->len += n;
+	sb->p[sb->len] = '\0';
+}
+
+/* Prints a metadata string, escaping control characters and eliding the middle of long ones. */
+static void
+sb_put_gguf_str(strbuf *sb, gguf_str s, size_t max)
+{
+	sb_printf(sb, "\"");
+	for (uint64_t i = 0; i < s.len; i++)
+	{
+		unsigned char ch = (unsigned char) s.ptr[i];
+
+		if (i == max)
+		{
+			sb_printf(sb, "...\" (%llu bytes)", (unsigned long long) s.len);
+			return;
+		}
+		if (ch == '\n')
+			sb_printf(sb, "\\n");
+		else if (ch == '"' || ch == '\\')
+			sb_printf(sb, "\\%c", ch);
+		else if (ch < 0x20)
+			sb_printf(sb, "\\x%02x", ch);
+		else
+			sb_printf(sb, "%c", ch);
+	}
+	sb_printf(sb, "\"");
+}
+
+cai_status
+cai_model_describe(const cai_model *model, char **text, cai_error *err)
+{
+	const cai_config *c = &model->cfg;
+	const gguf_file *f = model->gguf;
+	strbuf		sb = {0};
+	cai_model_info info;
+
+	*text = NULL;
+	cai_model_get_info(model, &info);
+	sb_printf(&sb, "model: %s\n", c->name);
+	sb_printf(&sb, "architecture: %s\n", c->arch_name);
+	sb_printf(&sb, "file: gguf v%u, %llu tensors, %llu metadata keys\n", f->version,
+			  (unsigned long long) f->n_tensors, (unsigned long long) f->n_kv);
+	sb_printf(&sb, "layers: %d, d_model: %d, heads: %d (kv heads: %d, head size: %d), d_ff: %d\n",
+			  c->n_layers, c->d_model, c->n_heads, c->n_kv_heads, c->head_dim, c->d_ff);
+	sb_printf(&sb, "vocabulary: %d, context: %d, rms eps: %g\n", c->n_vocab, c->context_length,
+			  (double) c->norm_eps);
+	sb_printf(&sb, "rope: %s, %d of %d dimensions, base %g%s%s\n",
+			  c->rope_neox ? "neox (halves)" : "normal (adjacent pairs)", c->n_rot, c->head_dim,
+			  (double) c->rope_base, c->rope_freq_scale != 1.0f ? ", linear scaling" : "",
+			  model->rope_freqs ? ", frequency factors" : "");
+	sb_printf(&sb, "embeddings: %s, q/k/v biases: %s\n",
+			  c->tied_embeddings ? "tied (the head reuses token_embd)" : "separate output head",
+			  c->qkv_bias ? "yes" : "no");
+	sb_printf(&sb, "chat template: %s\n", info.chat_template ? info.chat_template : "?");
+	sb_printf(&sb, "parameters: %lld, engine weights: %.1f MiB (int8 + scales), kv: %zu bytes per token\n",
+			  (long long) model->n_params, (double) model->weight_bytes / (1024.0 * 1024.0),
+			  info.kv_bytes_per_token);
+	sb_printf(&sb, "tokens: bos %d, eos %d, end of turn %d\n", info.bos_token, info.eos_token,
+			  info.eot_token);
+	sb_printf(&sb, "fingerprint: %016llx\n", (unsigned long long) model->fingerprint);
+
+	sb_printf(&sb, "\nmetadata:\n");
+	for (uint64_t i = 0; i < f->n_kv; i++)
+	{
+		const gguf_kv *kv = &f->kv[i];
+
+		sb_printf(&sb, "  %.*s = ", (int) kv->key.len, kv->key.ptr);
+		switch (kv->type)
+		{
+			case GGUF_TYPE_STRING:
+				sb_put_gguf_str(&sb, kv->v.str, 120);
+				break;
+			case GGUF_TYPE_ARRAY:
+				sb_printf(&sb, "[%s x %llu]", gguf_value_type_name(kv->v.arr.elem_type),
+						  (unsigned long long) kv->v.arr.n);
+				break;
+			case GGUF_TYPE_FLOAT32:
+			case GGUF_TYPE_FLOAT64:
+				sb_printf(&sb, "%g", kv->v.f64);
+				break;
+			case GGUF_TYPE_BOOL:
+				sb_printf(&sb, "%s", kv->v.b ? "true" : "false");
+				break;
+			case GGUF_TYPE_INT8:
+			case GGUF_TYPE_INT16:
+			case GGUF_TYPE_INT32:
+			case GGUF_TYPE_INT64:
+				sb_printf(&sb, "%lld", (long long) kv->v.i64);
+				break;
+			default:
+				sb_printf(&sb, "%llu", (unsigned long long) kv->v.u64);
+				break;
+		}
+		sb_printf(&sb, "\n");
+	}
+	sb_printf(&sb, "\ntensors:\n");
+	for (uint64_t i = 0; i < f->n_tensors; i++)
+	{
+		const gguf_tensor *t = &f->tensors[i];
+
+		sb_printf(&sb, "  %-32.*s %-5s [", (int) t->name.len, t->name.ptr, ggml_type_name(t->type));
+		for (uint32_t d = 0; d < t->n_dims; d++)
+			sb_printf(&sb, "%s%lld", d ? ", " : "", (long long) t->ne[d]);
+		sb_printf(&sb, "]\n");
+	}
+	if (sb.oom || !sb.p)
+	{
+		free(sb.p);
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory describing the model");
+	}
+	*text = sb.p;
+	return CAI_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Tokens and chat prompts
+ * ------------------------------------------------------------------------------------------- */
+
+cai_status
+cai_tokenize(const cai_model *model, const char *text, size_t len, bool parse_special,
+			 int32_t **ids, int *n_ids, cai_error *err)
+{
+	cai_tokens	toks;
+	cai_status	st;
+
+	*ids = NULL;
+	*n_ids = 0;
+	if (!text && len > 0)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "no text to tokenize");
+	cai_tokens_init(&toks);
+	st = cai_tokenizer_encode(model->tokenizer, text ? text : "", len, parse_special, &toks, err);
+	if (st != CAI_OK)
+	{
+		cai_tokens_free(&toks);
+		return st;
+	}
+	if (!toks.ids)
+	{
+		/* an empty result is still a valid, freeable array */
+		toks.ids = malloc(sizeof(int32_t));
+		if (!toks.ids)
+			return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory tokenizing");
+	}
+	*ids = toks.ids;
+	*n_ids = toks.n;
+	return CAI_OK;
+}
+
+cai_status
+cai_detokenize(const cai_model *model, const int32_t *ids, int n_ids, char **text, size_t *len,
+			   cai_error *err)
+{
+	strbuf		sb = {0};
+	char		small[256];
+
+	*text = NULL;
+	if (len)
+		*len = 0;
+	if (n_ids < 0 || (n_ids > 0 && !ids))
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "invalid token array");
+	sb_append(&sb, "", 0);
+	for (int i = 0; i < n_ids && !sb.oom; i++)
+	{
+		int			n = cai_tokenizer_token_bytes(model->tokenizer, ids[i], small, sizeof(small));
+
+		if (n < 0)
+		{
+			free(sb.p);
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "token id %d is outside the vocabulary",
+							ids[i]);
+		}
+		if ((size_t) n <= sizeof(small))
+			sb_append(&sb, small, (size_t) n);
+		else
+		{
+			/* a token longer than the stack buffer: ask again with room for it */
+			char	   *big = malloc((size_t) n);
+
+			if (!big)
+			{
+				free(sb.p);
+				return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory detokenizing");
+			}
+			cai_tokenizer_token_bytes(model->tokenizer, ids[i], big, n);
+			sb_append(&sb, big, (size_t) n);
+			free(big);
+		}
+	}
+	if (sb.oom || !sb.p)
+	{
+		free(sb.p);
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory detokenizing");
+	}
+	*text = sb.p;
+	if (len)
+		*len = sb.len;
+	return CAI_OK;
+}
+
+void
+cai_prompt_free(cai_prompt *prompt)
+{
+	if (!prompt)
+		return;
+	free(prompt->ids);
+	free(prompt->last_content_ids);
+	memset(prompt, 0, sizeof(*prompt));
+}
+
+/*
+ * Renders messages[i] for i in keep order: every system message, and the non-system messages
+ * from index first on.
+ */
+static cai_status
+render_kept(const cai_model *model, const cai_chat_message *msgs, int n, int first,
+			bool add_generation_prompt, cai_chat_message *kept, cai_tokens *out, cai_error *err)
+{
+	int			n_kept = 0;
+
+	for (int i = 0; i < n; i++)
+		if (msgs[i].role == CAI_ROLE_SYSTEM || i >= first)
+			kept[n_kept++] = msgs[i];
+	out->n = 0;
+	return cai_chat_template_render(&model->tmpl, model->tokenizer, kept, n_kept,
+									add_generation_prompt, out, err);
+}
+
+cai_status
+cai_chat_build_prompt(const cai_model *model, const cai_chat_message *messages, int n_messages,
+					  const cai_prompt_params *params, cai_prompt *out, cai_error *err)
+{
+	cai_prompt_params defaults = {.add_generation_prompt = true, .max_prompt_tokens = 0,
+	.truncate = true};
+	static const int32_t no_tokens[1] = {0};
+	cai_chat_message *msgs = NULL;
+	cai_chat_message *kept = NULL;
+	cai_tokens *content = NULL;
+	cai_tokens	rendered;
+	int			n_vocab = model->cfg.n_vocab;
+	int			first = 0;
+	cai_status	st = CAI_OK;
+
+	memset(out, 0, sizeof(*out));
+	cai_tokens_init(&rendered);
+	if (!params)
+		params = &defaults;
+	if (n_messages < 1 || !messages)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "a chat prompt needs at least one message");
+	if (params->max_prompt_tokens < 0)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "max_prompt_tokens must not be negative");
+
+	msgs = malloc((size_t) n_messages * sizeof(cai_chat_message));
+	kept = malloc((size_t) n_messages * sizeof(cai_chat_message));
+	content = calloc((size_t) n_messages, sizeof(cai_tokens));
+	if (!msgs || !kept || !content)
+	{
+		st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory building the prompt");
+		goto done;
+	}
+
+	/* tokenize every content once; the renderer splices the ids */
+	for (int i = 0; i < n_messages; i++)
+	{
+		const cai_chat_message *m = &messages[i];
+
+		msgs[i] = *m;
+		if (m->role != CAI_ROLE_SYSTEM && m->role != CAI_ROLE_USER && m->role != CAI_ROLE_ASSISTANT)
+		{
+			st = cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "message %d has an unknown role %d", i,
+						  (int) m->role);
+			goto done;
+		}
+		if (m->tokens)
+		{
+			if (m->n_tokens < 0)
+			{
+				st = cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "message %d has a negative token count", i);
+				goto done;
+			}
+			for (int j = 0; j < m->n_tokens; j++)
+				if (m->tokens[j] < 0 || m->tokens[j] >= n_vocab)
+				{
+					st = cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+								  "message %d holds token id %d, outside the vocabulary", i,
+								  m->tokens[j]);
+					goto done;
+				}
+			continue;
+		}
+		if (!m->content)
+		{
+			st = cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "message %d has neither content nor tokens", i);
+			goto done;
+		}
+		cai_tokens_init(&content[i]);
+		if ((st = cai_tokenizer_encode(model->tokenizer, m->content, strlen(m->content), false,
+									   &content[i], err)) != CAI_OK)
+			goto done;
+		msgs[i].tokens = content[i].ids ? content[i].ids : no_tokens;
+		msgs[i].n_tokens = content[i].n;
+	}
+
+	/* render; while too long, drop the oldest non-system message (never the last) */
+	for (;;)
+	{
+		int			next;
+
+		if ((st = render_kept(model, msgs, n_messages, first, params->add_generation_prompt, kept,
+							  &rendered, err)) != CAI_OK)
+			goto done;
+		if (params->max_prompt_tokens == 0 || rendered.n <= params->max_prompt_tokens)
+			break;
+		if (!params->truncate)
+		{
+			st = cai_fail(err, CAI_ERR_CONTEXT_FULL,
+						  "the prompt is %d tokens, more than the limit of %d", rendered.n,
+						  params->max_prompt_tokens);
+			goto done;
+		}
+		/* the oldest kept non-system message before the last one */
+		next = first;
+		while (next < n_messages - 1 && msgs[next].role == CAI_ROLE_SYSTEM)
+			next++;
+		if (next >= n_messages - 1)
+		{
+			st = cai_fail(err, CAI_ERR_CONTEXT_FULL,
+						  "the last message needs %d prompt tokens (with the system prompt and "
+						  "the template), more than the limit of %d", rendered.n,
+						  params->max_prompt_tokens);
+			goto done;
+		}
+		first = next + 1;
+		/* a kept history should start with a user turn, not an orphaned reply */
+		while (first < n_messages - 1 && msgs[first].role == CAI_ROLE_ASSISTANT)
+			first++;
+	}
+
+	/* messages [first, n) are all kept; earlier ones only when they are system messages */
+	out->first_message = first;
+	out->n_last_content_ids = msgs[n_messages - 1].n_tokens;
+	out->last_content_ids = malloc(((size_t) out->n_last_content_ids + 1) * sizeof(int32_t));
+	if (!out->last_content_ids)
+	{
+		st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory building the prompt");
+		goto done;
+	}
+	if (out->n_last_content_ids > 0)
+		memcpy(out->last_content_ids, msgs[n_messages - 1].tokens,
+			   (size_t) out->n_last_content_ids * sizeof(int32_t));
+	out->ids = rendered.ids;
+	out->n_ids = rendered.n;
+	cai_tokens_init(&rendered);
+
+done:
+	if (st != CAI_OK)
+		cai_prompt_free(out);
+	cai_tokens_free(&rendered);
+	if (content)
+		for (int i = 0; i < n_messages; i++)
+			cai_tokens_free(&content[i]);
+	free(content);
+	free(kept);
+	free(msgs);
+	return st;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The forward pass
+ * ------------------------------------------------------------------------------------------- */
+
+/*
+ * The float KV shadow.  The reference path needs float keys and values, which the int8 blocks
+ * cannot give back, so the context keeps a float copy indexed like the pool (block id, layer,
+ * slot) and grown on demand to the largest block id a reference forward touches; it is only
+ * allocated by reference forwards (eval and tests).  A flag per (block, slot) records which
+ * positions hold float KV from a reference forward; int8 forwards clear the flags of the slots
+ * they overwrite, and a reference forward refuses a sequence whose earlier positions were not
+ * computed on the reference path (cai_engine_score always starts at position 0).
+ */
+struct cai_forward_ctx
+{
+	const cai_model *model;
+	cai_backend *be;
+	int			max_tokens;
+	int			max_context;
+	int			width;			/* max(d_model, q width, d_ff) */
+	int			qkv_width;		/* q + k + v row of the fused projection */
+
+	/* the batch, laid out per token */
+	int32_t    *ids;			/* [max_tokens] */
+	int32_t    *pos;
+	int32_t    *seq;
+	int32_t    *logit_rows;
+	int32_t    *seq_start;		/* [max_tokens] (a sequence has at least one token) */
+	int32_t    *seq_len;
+	const int32_t **tables;
+
+	/* activations (backend memory) */
+	float	   *x;				/* [T, d_model] the residual stream */
+	float	   *xn;				/* [T, width] float activations (reference path) */
+	int8_t	   *xq;				/* [T, width] quantized activations */
+	float	   *xs;				/* [T] their scales */
+	float	   *qkv;			/* [T, qkv_width] */
+	float	   *att;			/* [T, n_heads * head_dim] */
+	float	   *gate_up;		/* [T, 2 * d_ff] */
+	float	   *rope_cs;		/* [T, n_rot] cos/sin per token */
+	float	   *xg;				/* [T, d_model] rows that need logits */
+
+	/* the float KV shadow (reference path only) */
+	cai_kv_shadow shadow;
+	uint8_t    *shadow_valid;	/* [shadow.n_blocks * 16] */
+};
+
+cai_status
+cai_forward_ctx_create(const cai_model *model, cai_threadpool *pool, int max_tokens,
+					   int max_context, cai_forward_ctx **out, cai_error *err)
+{
+	const cai_config *c = &model->cfg;
+	cai_forward_ctx *ctx;
+	cai_backend_limits lim;
+	int			q_dim = c->n_heads * c->head_dim;
+	size_t		T;
+	cai_status	st;
+
+	*out = NULL;
+	if (max_tokens < 1 || max_context < 1 || max_tokens > (1 << 20) || max_context > (1 << 24))
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"forward context needs 1..%d tokens and a positive context", 1 << 20);
+	ctx = calloc(1, sizeof(*ctx));
+	if (!ctx)
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory creating the forward context");
+	ctx->model = model;
+	ctx->max_tokens = max_tokens;
+	ctx->max_context = max_context;
+	ctx->width = c->d_model;
+	if (q_dim > ctx->width)
+		ctx->width = q_dim;
+	if (c->d_ff > ctx->width)
+		ctx->width = c->d_ff;
+	ctx->qkv_width = q_dim + 2 * c->n_kv_heads * c->head_dim;
+
+	lim.max_tokens = max_tokens;
+	lim.max_context = max_context;
+	lim.max_width = ctx->width;
+	lim.n_heads = c->n_heads;
+	lim.n_kv_heads = c->n_kv_heads;
+	lim.head_dim = c->head_dim;
+	if ((st = cai_backend_cpu_create(pool, &lim, &ctx->be, err)) != CAI_OK)
+	{
+		free(ctx);
+		return st;
+	}
+
+	T = (size_t) max_tokens;
+	ctx->ids = malloc(T * sizeof(int32_t));
+	ctx->pos = malloc(T * sizeof(int32_t));
+	ctx->seq = malloc(T * sizeof(int32_t));
+	ctx->logit_rows = malloc(T * sizeof(int32_t));
+	ctx->seq_start = malloc(T * sizeof(int32_t));
+	ctx->seq_len = malloc(T * sizeof(int32_t));
+	ctx->tables = malloc(T * sizeof(int32_t *));
+	ctx->x = ctx->be->ops->alloc(ctx->be, T * c->d_model * sizeof(float));
+	ctx->xn = ctx->be->ops->alloc(ctx->be, T * ctx->width * sizeof(float));
+	ctx->xq = ctx->be->ops->alloc(ctx->be, T * ctx->width);
+	ctx->xs = ctx->be->ops->alloc(ctx->be, T * sizeof(float));
+	ctx->qkv = ctx->be->ops->alloc(ctx->be, T * ctx->qkv_width * sizeof(float));
+	ctx->att = ctx->be->ops->alloc(ctx->be, T * q_dim * sizeof(float));
+	ctx->gate_up = ctx->be->ops->alloc(ctx->be, T * 2 * c->d_ff * sizeof(float));
+	ctx->rope_cs = ctx->be->ops->alloc(ctx->be, T * c->n_rot * sizeof(float));
+	ctx->xg = ctx->be->ops->alloc(ctx->be, T * c->d_model * sizeof(float));
+	if (!ctx->ids || !ctx->pos || !ctx->seq || !ctx->logit_rows || !ctx->seq_start ||
+		!ctx->seq_len || !ctx->tables || !ctx->x || !ctx->xn || !ctx->xq || !ctx->xs ||
+		!ctx->qkv || !ctx->att || !ctx->gate_up || !ctx->rope_cs || !ctx->xg)
+	{
+		cai_forward_ctx_free(ctx);
+		return cai_fail(err, CAI_ERR_NO_MEMORY,
+						"out of memory allocating activations for %d tokens", max_tokens);
+	}
+	*out = ctx;
+	return CAI_OK;
+}
+
+void
+cai_forward_ctx_free(cai_forward_ctx *ctx)
+{
+	if (!ctx)
+		return;
+	if (ctx->be)
+	{
+		const cai_backend_ops *ops = ctx->be->ops;
+
+		ops->free(ctx->be, ctx->x);
+		ops->free(ctx->be, ctx->xn);
+		ops->free(ctx->be, ctx->xq);
+		ops->free(ctx->be, ctx->xs);
+		ops->free(ctx->be, ctx->qkv);
+		ops->free(ctx->be, ctx->att);
+		ops->free(ctx->be, ctx->gate_up);
+		ops->free(ctx->be, ctx->rope_cs);
+		ops->free(ctx->be, ctx->xg);
+		cai_backend_free(ctx->be);
+	}
+	free(ctx->ids);
+	free(ctx->pos);
+	free(ctx->seq);
+	free(ctx->logit_rows);
+	free(ctx->seq_start);
+	free(ctx->seq_len);
+	free(ctx->tables);
+	free(ctx->shadow.data);
+	free(ctx->shadow_valid);
+	free(ctx);
+}
+
+/* Grows the float KV shadow to cover blocks [0, n_blocks). */
+static cai_status
+shadow_reserve(cai_forward_ctx *ctx, const cai_kv_layout *L, int n_blocks, cai_error *err)
+{
+	size_t		layer_floats = (size_t) 2 * CAI_KV_BLOCK_TOKENS * L->n_kv_heads * L->head_dim;
+	size_t		block_floats = layer_floats * L->n_kv_layers;
+	size_t		bytes;
+	float	   *data;
+	uint8_t    *valid;
+
+	if (n_blocks <= ctx->shadow.n_blocks)
+		return CAI_OK;
+	if (!cai_mul_size((size_t) n_blocks, block_floats * sizeof(float), &bytes))
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "float kv shadow size overflows");
+	data = realloc(ctx->shadow.data, bytes);
+	if (!data)
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory growing the float kv shadow");
+	ctx->shadow.data = data;
+	valid = realloc(ctx->shadow_valid, (size_t) n_blocks * CAI_KV_BLOCK_TOKENS);
+	if (!valid)
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory growing the float kv shadow");
+	memset(valid + (size_t) ctx->shadow.n_blocks * CAI_KV_BLOCK_TOKENS, 0,
+		   (size_t) (n_blocks - ctx->shadow.n_blocks) * CAI_KV_BLOCK_TOKENS);
+	ctx->shadow_valid = valid;
+	ctx->shadow.n_blocks = n_blocks;
+	ctx->shadow.layer_floats = layer_floats;
+	ctx->shadow.block_floats = block_floats;
+	return CAI_OK;
+}
+
+/* Checks the batch and lays it out per token; counts the rows that need logits. */
+static cai_status
+layout_batch(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
+			 const cai_batch_seq *seqs, int n_seqs, int *n_tokens, int *n_rows, cai_error *err)
+{
+	int			T = 0;
+	int			R = 0;
+	int			pool_blocks = cai_kv_pool_n_blocks(kv);
+
+	if (n_seqs < 1 || !seqs)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "a forward needs at least one sequence");
+	for (int s = 0; s < n_seqs; s++)
+	{
+		const cai_batch_seq *q = &seqs[s];
+		int			end;
+
+		if (q->n_tokens < 1 || !q->tokens)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "sequence %d brings no tokens", s);
+		if (q->n_tokens > ctx->max_tokens - T)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+							"the batch has more than the %d tokens this forward context holds",
+							ctx->max_tokens);
+		if (q->pos < 0 || q->pos > ctx->max_context - q->n_tokens)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+							"sequence %d reaches position %lld, past the context of %d", s,
+							(long long) q->pos + q->n_tokens, ctx->max_context);
+		end = q->pos + q->n_tokens;
+		if (!q->block_table || q->n_blocks < (end + CAI_KV_BLOCK_TOKENS - 1) / CAI_KV_BLOCK_TOKENS)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+							"sequence %d's block table does not cover position %d", s, end - 1);
+		for (int b = 0; b < (end + CAI_KV_BLOCK_TOKENS - 1) / CAI_KV_BLOCK_TOKENS; b++)
+			if (q->block_table[b] < 0 || q->block_table[b] >= pool_blocks)
+				return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+								"sequence %d uses kv block %d, outside the pool", s,
+								q->block_table[b]);
+		if (q->logits != CAI_LOGITS_NONE && q->logits != CAI_LOGITS_LAST && q->logits != CAI_LOGITS_ALL)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "sequence %d has an unknown logits mode", s);
+
+		ctx->seq_start[s] = T;
+		ctx->seq_len[s] = q->n_tokens;
+		ctx->tables[s] = q->block_table;
+		for (int i = 0; i < q->n_tokens; i++)
+		{
+			int32_t		id = q->tokens[i];
+
+			if (id < 0 || id >= model->cfg.n_vocab)
+				return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+								"token id %d is outside the vocabulary of %d", id, model->cfg.n_vocab);
+			ctx->ids[T] = id;
+			ctx->pos[T] = q->pos + i;
+			ctx->seq[T] = s;
+			if (q->logits == CAI_LOGITS_ALL || (q->logits == CAI_LOGITS_LAST && i == q->n_tokens - 1))
+				ctx->logit_rows[R++] = T;
+			T++;
+		}
+	}
+	*n_tokens = T;
+	*n_rows = R;
+	return CAI_OK;
+}
+
+/* Reference path bookkeeping: grow the shadow, check and mark which positions it holds. */
+static cai_status
+shadow_prepare(cai_forward_ctx *ctx, cai_kv_pool *kv, const cai_batch_seq *seqs, int n_seqs,
+			   bool float_reference, cai_error *err)
+{
+	if (float_reference)
+	{
+		int			max_block = -1;
+		cai_status	st;
+
+		for (int s = 0; s < n_seqs; s++)
+		{
+			int			nb = (seqs[s].pos + seqs[s].n_tokens + CAI_KV_BLOCK_TOKENS - 1) / CAI_KV_BLOCK_TOKENS;
+
+			for (int b = 0; b < nb; b++)
+				if (seqs[s].block_table[b] > max_block)
+					max_block = seqs[s].block_table[b];
+		}
+		if ((st = shadow_reserve(ctx, cai_kv_pool_layout(kv), max_block + 1, err)) != CAI_OK)
+			return st;
+		for (int s = 0; s < n_seqs; s++)
+		{
+			for (int p = 0; p < seqs[s].pos; p++)
+			{
+				int32_t		b = seqs[s].block_table[p / CAI_KV_BLOCK_TOKENS];
+
+				if (!ctx->shadow_valid[(size_t) b * CAI_KV_BLOCK_TOKENS + p % CAI_KV_BLOCK_TOKENS])
+					return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+									"the float reference path needs every earlier position of a "
+									"sequence computed on that path (position %d was not)", p);
+			}
+		}
+	}
+	if (!ctx->shadow_valid)
+		return CAI_OK;
+	for (int s = 0; s < n_seqs; s++)
+	{
+		for (int p = seqs[s].pos; p < seqs[s].pos + seqs[s].n_tokens; p++)
+		{
+			int32_t		b = seqs[s].block_table[p / CAI_KV_BLOCK_TOKENS];
+
+			if (b < ctx->shadow.n_blocks)
+				ctx->shadow_valid[(size_t) b * CAI_KV_BLOCK_TOKENS + p % CAI_KV_BLOCK_TOKENS] =
+					float_reference;
+		}
+	}
+	return CAI_OK;
+}
+
+cai_status
+cai_model_forward(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
+				  const cai_batch_seq *seqs, int n_seqs, float *logits,
+				  bool float_reference, cai_error *err)
+{
+	const cai_config *c = &model->cfg;
+	cai_backend *be = ctx->be;
+	const cai_backend_ops *op = be->ops;
+	const cai_kv_layout *L = cai_kv_pool_layout(kv);
+	cai_kv_layout want;
+	const bool	f = float_reference;
+	const int	d = c->d_model;
+	const int	q_dim = c->n_heads * c->head_dim;
+	const int	kv_dim = c->n_kv_heads * c->head_dim;
+	const int	qkv_w = ctx->qkv_width;
+	const int	d_ff = c->d_ff;
+	cai_batch_layout batch;
+	cai_rope_params rope;
+	const cai_kv_shadow *shadow = f ? &ctx->shadow : NULL;
+	int			T = 0,
+				R = 0;
+	cai_status	st;
+
+	if (ctx->model != model)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "the forward context belongs to another model");
+	if (f && !model->has_float_reference)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"the float reference path needs the model loaded with load_float_reference");
+	cai_model_kv_layout(model, &want);
+	if (L->n_kv_layers != want.n_kv_layers || L->n_kv_heads != want.n_kv_heads ||
+		L->head_dim != want.head_dim || L->layer_bytes < want.layer_bytes)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "the kv pool's layout does not fit the model");
+	if ((st = layout_batch(model, ctx, kv, seqs, n_seqs, &T, &R, err)) != CAI_OK)
+		return st;
+	if (R > 0 && !logits)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "logits were requested but no buffer given");
+	if ((st = shadow_prepare(ctx, kv, seqs, n_seqs, f, err)) != CAI_OK)
+		return st;
+
+	batch.n_tokens = T;
+	batch.n_seqs = n_seqs;
+	batch.token_pos = ctx->pos;
+	batch.token_seq = ctx->seq;
+	batch.seq_start = ctx->seq_start;
+	batch.seq_len = ctx->seq_len;
+	batch.block_tables = ctx->tables;
+
+	rope.n_rot = c->n_rot;
+	rope.base = c->rope_base;
+	rope.freq_scale = c->rope_freq_scale;
+	rope.neox = c->rope_neox;
+	rope.freq_factors = model->rope_freqs;
+
+	/* x = embedding of each token; the rotary angles of each position */
+	if (f)
+		op->embed_f32(be, model->f_tok_embd, d, ctx->ids, T, ctx->x);
+	else
+		op->embed_i8(be, &model->tok_embd, ctx->ids, T, ctx->x);
+	op->rope_prepare(be, &rope, ctx->pos, T, ctx->rope_cs);
+
+	for (int l = 0; l < c->n_layers; l++)
+	{
+		const cai_layer_weights *w = &model->layers[l];
+		bool		owns_kv = c->kv_source[l] == l;
+		cai_attn_params ap;
+		float	   *q = ctx->qkv;
+		float	   *k = ctx->qkv + q_dim;
+		float	   *v = ctx->qkv + q_dim + kv_dim;
+
+		ap.n_heads = c->n_heads;
+		ap.n_kv_heads = c->n_kv_heads;
+		ap.head_dim = c->head_dim;
+		ap.window = c->attn_window[l];
+		ap.kv_layer = c->kv_index[l];
+		ap.scale = 1.0f / sqrtf((float) c->head_dim);
+
+		/* attention: q, k, v projections (a layer reading another's KV computes q only) */
+		if (!f)
+		{
+			op->rmsnorm_quant(be, ctx->x, w->attn_norm, T, d, c->norm_eps, ctx->xq, ctx->xs);
+			op->gemm_i8(be, ctx->xq, ctx->xs, T, owns_kv ? &w->wqkv : &w->wq,
+						owns_kv ? w->bqkv : w->bq, ctx->qkv, qkv_w, false);
+		}
+		else
+		{
+			op->rmsnorm(be, ctx->x, w->attn_norm, T, d, c->norm_eps, ctx->xn);
+			op->gemm_f32(be, ctx->xn, T, d, w->f_wq, q_dim, w->bq, q, qkv_w, false);
+			if (owns_kv)
+			{
+				op->gemm_f32(be, ctx->xn, T, d, w->f_wk, kv_dim, w->bk, k, qkv_w, false);
+				op->gemm_f32(be, ctx->xn, T, d, w->f_wv, kv_dim, w->bv, v, qkv_w, false);
+			}
+		}
+
+		/* rotate q and k (adjacent in the row), store this layer's k, v, attend */
+		op->rope(be, &rope, ctx->rope_cs, q, qkv_w, T,
+				 owns_kv ? c->n_heads + c->n_kv_heads : c->n_heads, c->head_dim);
+		if (owns_kv)
+			op->kv_write(be, &ap, &batch, k, v, qkv_w, kv, shadow);
+		op->attention(be, &ap, &batch, q, qkv_w, kv, shadow, ctx->att, q_dim);
+
+		/* x += attention output projection */
+		if (!f)
+		{
+			op->quantize(be, ctx->att, T, q_dim, ctx->xq, ctx->xs);
+			op->gemm_i8(be, ctx->xq, ctx->xs, T, &w->wo, NULL, ctx->x, d, true);
+		}
+		else
+			op->gemm_f32(be, ctx->att, T, q_dim, w->f_wo, d, NULL, ctx->x, d, true);
+
+		/* x += down(silu(gate(x)) * up(x)) */
+		if (!f)
+		{
+			op->rmsnorm_quant(be, ctx->x, w->ffn_norm, T, d, c->norm_eps, ctx->xq, ctx->xs);
+			op->gemm_i8(be, ctx->xq, ctx->xs, T, &w->w_gate_up, NULL, ctx->gate_up, 2 * d_ff, false);
+			op->swiglu_quant(be, ctx->gate_up, T, d_ff, ctx->xq, ctx->xs);
+			op->gemm_i8(be, ctx->xq, ctx->xs, T, &w->w_down, NULL, ctx->x, d, true);
+		}
+		else
+		{
+			op->rmsnorm(be, ctx->x, w->ffn_norm, T, d, c->norm_eps, ctx->xn);
+			op->gemm_f32(be, ctx->xn, T, d, w->f_gate, d_ff, NULL, ctx->gate_up, 2 * d_ff, false);
+			op->gemm_f32(be, ctx->xn, T, d, w->f_up, d_ff, NULL, ctx->gate_up + d_ff, 2 * d_ff, false);
+			op->swiglu(be, ctx->gate_up, T, d_ff, ctx->xn);
+			op->gemm_f32(be, ctx->xn, T, d_ff, w->f_down, d, NULL, ctx->x, d, true);
+		}
+	}
+
+	/* logits of the rows that asked for them */
+	if (R > 0)
+	{
+		op->gather_rows(be, ctx->x, d, ctx->logit_rows, R, ctx->xg);
+		if (!f)
+		{
+			op->rmsnorm_quant(be, ctx->xg, model->out_norm, R, d, c->norm_eps, ctx->xq, ctx->xs);
+			op->gemm_i8(be, ctx->xq, ctx->xs, R, &model->lm_head, NULL, logits, c->n_vocab, false);
+		}
+		else
+		{
+			op->rmsnorm(be, ctx->xg, model->out_norm, R, d, c->norm_eps, ctx->xn);
+			op->gemm_f32(be, ctx->xn, R, d, model->f_lm_head, c->n_vocab, NULL, logits,
+						 c->n_vocab, false);
+		}
+	}
+	return CAI_OK;
+}

@@ -1,0 +1,144 @@
+/*
+ * model.h — a loaded model (config, int8 weights, tokenizer, template) and its forward pass.
+ *
+ * The forward takes a ragged batch: each sequence brings its own new tokens (1 for a decode,
+ * many for a prefill chunk), its first position and its block table; there is no padding.
+ * A sequence's logits are bit-identical whether it runs alone or in a batch, with any thread
+ * count: int8 GEMMs accumulate exactly in int32 and every float reduction runs in a fixed
+ * per-token order.
+ */
+#ifndef CAI_MODEL_H
+#define CAI_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "cai.h"
+#include "chat_template.h"
+#include "cpu/gemm.h"
+#include "cpu/threadpool.h"
+#include "gguf.h"
+#include "kv.h"
+#include "tokenizer.h"
+
+typedef enum cai_arch
+{
+	CAI_ARCH_LLAMA = 0,
+	CAI_ARCH_QWEN2
+} cai_arch;
+
+typedef struct cai_config
+{
+	cai_arch	arch;
+	char		arch_name[32];
+	char		name[128];
+	int			n_layers;
+	int			d_model;
+	int			n_heads;
+	int			n_kv_heads;
+	int			head_dim;
+	int			d_ff;
+	int			n_vocab;
+	int			context_length;
+	float		norm_eps;
+	float		rope_base;
+	int			n_rot;			/* rotated dimensions per head ({arch}.rope.dimension_count) */
+	bool		rope_neox;		/* rotate (i, i + n_rot/2) (qwen2) instead of (2i, 2i+1) (llama,
+								 * whose GGUF Q/K rows were permuted for it at conversion) */
+	float		rope_freq_scale;	/* 1, or 1/factor with linear rope scaling */
+	bool		tied_embeddings;	/* LM head = token embedding */
+	bool		qkv_bias;		/* qwen2 */
+	int		   *attn_window;	/* [n_layers] 0 = global, else a sliding window in tokens */
+	int		   *kv_source;		/* [n_layers] layer whose KV this layer reads (itself = owns) */
+	int		   *kv_index;		/* [n_layers] index among KV-owning layers of kv_source[l] */
+	int			n_kv_layers;
+} cai_config;
+
+/*
+ * One transformer layer's weights: int8 [out, in] with per-channel scales.  Q, K and V are one
+ * matrix (one GEMM per layer) and wq, wk, wv are views of its row ranges; likewise gate and up.
+ */
+typedef struct cai_layer_weights
+{
+	float	   *attn_norm;		/* [d_model] */
+	cai_qmatrix wqkv;			/* [(n_heads + 2*n_kv_heads)*head_dim, d_model] */
+	cai_qmatrix wq;				/* [n_heads*head_dim, d_model]		rows of wqkv */
+	cai_qmatrix wk;				/* [n_kv_heads*head_dim, d_model]	rows of wqkv */
+	cai_qmatrix wv;				/* [n_kv_heads*head_dim, d_model]	rows of wqkv */
+	cai_qmatrix wo;				/* [d_model, n_heads*head_dim] */
+	float	   *bqkv;			/* qwen2 biases [q + k + v widths] or NULL */
+	float	   *bq, *bk, *bv;	/* views of bqkv or NULL */
+	float	   *ffn_norm;		/* [d_model] */
+	cai_qmatrix w_gate_up;		/* [2*d_ff, d_model]: gate rows, then up rows */
+	cai_qmatrix w_gate;			/* [d_ff, d_model]		rows of w_gate_up */
+	cai_qmatrix w_up;			/* [d_ff, d_model]		rows of w_gate_up */
+	cai_qmatrix w_down;			/* [d_model, d_ff] */
+	/* float reference copies of the source weights (NULL unless load_float_reference) */
+	float	   *f_wq, *f_wk, *f_wv, *f_wo, *f_gate, *f_up, *f_down;
+} cai_layer_weights;
+
+struct cai_model
+{
+	cai_config	cfg;
+	gguf_file  *gguf;
+	cai_tokenizer *tokenizer;
+	cai_chat_template tmpl;
+	cai_qmatrix tok_embd;		/* [n_vocab, d_model], int8 per row */
+	cai_qmatrix lm_head;		/* == tok_embd when tied */
+	float	   *f_tok_embd;		/* float reference (NULL unless loaded) */
+	float	   *f_lm_head;
+	float	   *out_norm;		/* [d_model] */
+	float	   *rope_freqs;		/* [n_rot/2] frequency divisors (rope_freqs.weight) or NULL */
+	cai_layer_weights *layers;
+	int64_t		n_params;
+	size_t		weight_bytes;
+	uint64_t	fingerprint;
+	bool		has_float_reference;
+	void	   *owned;			/* allocations to free (model.c's business) */
+};
+
+/* What the engine asks of one sequence in a forward. */
+typedef enum cai_logits_mode
+{
+	CAI_LOGITS_NONE = 0,		/* a prefill chunk that does not end the prompt */
+	CAI_LOGITS_LAST,			/* logits of the last new token (decode, end of prefill) */
+	CAI_LOGITS_ALL				/* logits of every new token (scoring) */
+} cai_logits_mode;
+
+typedef struct cai_batch_seq
+{
+	const int32_t *tokens;		/* the new tokens */
+	int			n_tokens;
+	int			pos;			/* position of tokens[0]; KV for [0, pos) is already in blocks */
+	const int32_t *block_table; /* covers positions [0, pos + n_tokens) */
+	int			n_blocks;
+	cai_logits_mode logits;
+} cai_batch_seq;
+
+/* Per-engine scratch for forwards of up to max_tokens tokens in one batch. */
+typedef struct cai_forward_ctx cai_forward_ctx;
+
+cai_status	cai_forward_ctx_create(const cai_model *model, cai_threadpool *pool, int max_tokens,
+								   int max_context, cai_forward_ctx **out, cai_error *err);
+void		cai_forward_ctx_free(cai_forward_ctx *ctx);
+
+/*
+ * Runs the model over the batch, writing the new tokens' K/V into their blocks and the requested
+ * logits into logits: rows in sequence order, one per LAST sequence and n_tokens per ALL sequence
+ * ([rows, n_vocab]).  float_reference: the fp32 path over the source weights, float KV math
+ * (the blocks still receive int8 KV; used by eval and tests).
+ */
+cai_status	cai_model_forward(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
+							  const cai_batch_seq *seqs, int n_seqs, float *logits,
+							  bool float_reference, cai_error *err);
+
+/*
+ * Recomputes kv_index and n_kv_layers after kv_source was changed (tests share a layer's KV
+ * with a later layer this way).  Each kv_source[l] must be <= l and own its KV.
+ */
+cai_status	cai_config_update_kv_sharing(cai_config *cfg, cai_error *err);
+
+/* The KV layout this model needs (for cai_kv_pool_create). */
+void		cai_model_kv_layout(const cai_model *model, cai_kv_layout *out);
+
+#endif							/* CAI_MODEL_H */

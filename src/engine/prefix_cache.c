@@ -1,0 +1,523 @@
+/*
+ * prefix_cache.c — the inter-turn prefix cache: a tree of full 16-token KV blocks, found by a
+ * hash chain, verified token by token, evicted least-recently-used leaf first under a byte budget.
+ *
+ * Keys.  Block i's key is XXH3-64 of its 16 token ids (as int32 bytes) seeded with block i-1's
+ * key; block 0's seed is XXH3-64 of (model fingerprint, salt).  One key therefore names a whole
+ * prefix, and a lookup walks the chain from the root, one hash probe per block.
+ *
+ * Verification.  A node records its parent, its salt and its tokens, and a probe only counts as a
+ * hit when all three match what the walk expects.  By induction a hit at block i means the node's
+ * whole path spells exactly tokens[0 .. 16 (i+1)) under the same salt, so a hash collision (or a
+ * deliberately bad hash in tests) can cost a miss but never hand out another prefix's KV.  Keys
+ * are unique in the table: a colliding block simply is not cached.
+ *
+ * Memory.  The cache never holds more than budget_bytes / block_bytes nodes, nor more nodes than
+ * the pool has blocks, so the nodes and the hash buckets are allocated once at creation and never
+ * grow: no allocation happens on the lookup or insert path, and nothing there can fail for memory.
+ *
+ * Recency.  All nodes sit on one LRU list ordered by last use, oldest first, kept so that every
+ * node comes after all of its descendants: a use touches its whole path, moving the deepest node to
+ * the new end first and the root last.  Hence the oldest node is always a leaf, and evicting from
+ * the old end removes a path bottom-up.  A leaf found at the old end whose block is pinned (a
+ * running sequence holds it: pool refcount > 1) is in use right now, so it is treated as used now
+ * and its path moves to the new end.  Each public call has its own tick; when the old end's node
+ * already carries the current tick, every node has been used during this call and nothing is
+ * evictable.  Cost: O(1) per eviction, plus O(depth) for each pinned path met at the old end, and
+ * each pinned path is moved at most once per call; pinned leaves are bounded by the running
+ * sequences, so an eviction never scans the cache.
+ *
+ * Not thread-safe: the engine's step loop owns the cache, like the KV pool.
+ */
+#include "prefix_cache.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "util.h"
+
+typedef uint64_t (*block_hash_fn) (const int32_t *tokens, int n, uint64_t seed);
+
+typedef struct cache_node
+{
+	uint64_t	key;			/* hash of tokens seeded with the parent's key (or the root seed) */
+	uint64_t	salt;			/* namespace; verified at the root so salts never meet */
+	struct cache_node *parent;	/* NULL for a prefix's first block */
+	struct cache_node *hash_next;	/* bucket chain; free-list link while unused */
+	struct cache_node *lru_older;
+	struct cache_node *lru_newer;
+	uint64_t	last_used;		/* tick of the call that last used this node */
+	int32_t		block;			/* KV pool block; the cache holds one reference on it */
+	int32_t		n_children;
+	int32_t		tokens[CAI_KV_BLOCK_TOKENS];
+} cache_node;
+
+struct cai_prefix_cache
+{
+	cai_kv_pool *pool;
+	uint64_t	fingerprint;
+	size_t		block_bytes;
+	int			capacity;		/* most nodes the budget (and the pool) allow; 0 = disabled */
+
+	cache_node *nodes;			/* [capacity], allocated once */
+	cache_node *free_nodes;		/* unused nodes, linked by hash_next */
+	int			n_nodes;
+
+	cache_node **buckets;		/* [n_buckets], chains linked by hash_next */
+	int			bucket_bits;
+
+	cache_node *lru_oldest;
+	cache_node *lru_newest;
+	uint64_t	tick;			/* advanced once per public call */
+
+	block_hash_fn hash;
+	cai_prefix_cache_stats stats;
+};
+
+/* The production block hash: XXH3-64 over the token ids' bytes. */
+static uint64_t
+xxh3_block_hash(const int32_t *tokens, int n, uint64_t seed)
+{
+	return XXH3_64bits_withSeed(tokens, (size_t) n * sizeof(int32_t), seed);
+}
+
+/* The seed of a prefix's first block: the model's fingerprint and the salt, mixed. */
+static uint64_t
+root_seed(const cai_prefix_cache *cache, uint64_t salt)
+{
+	uint64_t	words[2] = {cache->fingerprint, salt};
+
+	return XXH3_64bits(words, sizeof(words));
+}
+
+/*
+ * Bucket of a key.  Keys from XXH3 are already uniform, but the multiply keeps a poor test hash
+ * from piling every key into one bucket.
+ */
+static size_t
+bucket_of(const cai_prefix_cache *cache, uint64_t key)
+{
+	return (size_t) ((key * UINT64_C(0x9E3779B97F4A7C15)) >> (64 - cache->bucket_bits));
+}
+
+static cache_node *
+hash_find(const cai_prefix_cache *cache, uint64_t key)
+{
+	cache_node *node = cache->buckets[bucket_of(cache, key)];
+
+	while (node && node->key != key)
+		node = node->hash_next;
+	return node;
+}
+
+static void
+hash_insert(cai_prefix_cache *cache, cache_node *node)
+{
+	cache_node **head = &cache->buckets[bucket_of(cache, node->key)];
+
+	node->hash_next = *head;
+	*head = node;
+}
+
+static void
+hash_remove(cai_prefix_cache *cache, cache_node *node)
+{
+	cache_node **link = &cache->buckets[bucket_of(cache, node->key)];
+
+	while (*link && *link != node)
+		link = &(*link)->hash_next;
+	if (*link)
+		*link = node->hash_next;
+	node->hash_next = NULL;
+}
+
+static void
+lru_unlink(cai_prefix_cache *cache, cache_node *node)
+{
+	if (node->lru_older)
+		node->lru_older->lru_newer = node->lru_newer;
+	else
+		cache->lru_oldest = node->lru_newer;
+	if (node->lru_newer)
+		node->lru_newer->lru_older = node->lru_older;
+	else
+		cache->lru_newest = node->lru_older;
+	node->lru_older = node->lru_newer = NULL;
+}
+
+static void
+lru_append_newest(cai_prefix_cache *cache, cache_node *node)
+{
+	node->lru_older = cache->lru_newest;
+	node->lru_newer = NULL;
+	if (cache->lru_newest)
+		cache->lru_newest->lru_newer = node;
+	else
+		cache->lru_oldest = node;
+	cache->lru_newest = node;
+}
+
+/* Places node just older than anchor (which is on the list). */
+static void
+lru_insert_before(cai_prefix_cache *cache, cache_node *node, cache_node *anchor)
+{
+	node->lru_newer = anchor;
+	node->lru_older = anchor->lru_older;
+	if (anchor->lru_older)
+		anchor->lru_older->lru_newer = node;
+	else
+		cache->lru_oldest = node;
+	anchor->lru_older = node;
+}
+
+/*
+ * Marks node and all its ancestors used now.  Moving the deepest first and the root last keeps
+ * every node newer than its descendants, which is what makes the oldest node a leaf.
+ */
+static void
+touch_path(cai_prefix_cache *cache, cache_node *node)
+{
+	for (; node; node = node->parent)
+	{
+		lru_unlink(cache, node);
+		lru_append_newest(cache, node);
+		node->last_used = cache->tick;
+	}
+}
+
+static bool
+block_pinned(const cai_prefix_cache *cache, const cache_node *node)
+{
+	return cai_kv_block_refcount(cache->pool, node->block) > 1;
+}
+
+/* Whether node is the block that follows parent, under salt, with these tokens. */
+static bool
+node_matches(const cache_node *node, const cache_node *parent, uint64_t salt,
+			 const int32_t *tokens)
+{
+	return node->parent == parent && node->salt == salt
+		&& memcmp(node->tokens, tokens, sizeof(node->tokens)) == 0;
+}
+
+/* Removes a leaf: unlinks it everywhere and drops the cache's reference on its block. */
+static void
+remove_leaf(cai_prefix_cache *cache, cache_node *node)
+{
+	hash_remove(cache, node);
+	lru_unlink(cache, node);
+	if (node->parent)
+		node->parent->n_children--;
+	cai_kv_block_unref(cache->pool, node->block);
+	node->parent = NULL;
+	node->hash_next = cache->free_nodes;
+	cache->free_nodes = node;
+	cache->n_nodes--;
+}
+
+/*
+ * Evicts the least recently used leaf that no sequence holds, other than protect (the node an
+ * insert is about to extend).  Returns false when there is none.
+ */
+static bool
+evict_one(cai_prefix_cache *cache, const cache_node *protect)
+{
+	for (;;)
+	{
+		cache_node *oldest = cache->lru_oldest;
+
+		/* the list is ordered by tick: if the oldest was used in this call, all were */
+		if (!oldest || oldest->last_used == cache->tick)
+			return false;
+
+		/*
+		 * n_children > 0 cannot happen while descendants stay older than ancestors; were it to,
+		 * moving the path along is still safe.
+		 */
+		if (oldest == protect || oldest->n_children > 0 || block_pinned(cache, oldest))
+		{
+			touch_path(cache, oldest);
+			continue;
+		}
+		remove_leaf(cache, oldest);
+		cache->stats.evictions++;
+		return true;
+	}
+}
+
+cai_status
+cai_prefix_cache_create(cai_kv_pool *pool, size_t budget_bytes, uint64_t fingerprint,
+						cai_prefix_cache **out, cai_error *err)
+{
+	cai_prefix_cache *cache;
+	size_t		block_bytes;
+	size_t		capacity;
+
+	*out = NULL;
+	if (!pool)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "prefix cache needs a kv pool");
+	block_bytes = cai_kv_pool_layout(pool)->block_bytes;
+	if (block_bytes == 0)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "prefix cache needs a non-empty kv block");
+
+	cache = calloc(1, sizeof(*cache));
+	if (!cache)
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory allocating the prefix cache");
+	cache->pool = pool;
+	cache->fingerprint = fingerprint;
+	cache->block_bytes = block_bytes;
+	cache->hash = xxh3_block_hash;
+	cache->stats.budget_bytes = budget_bytes;
+
+	/*
+	 * Each sane node holds a distinct pool block, so the pool size caps the node count as well as
+	 * the budget does; a budget larger than the pool must not cost node memory for nothing.
+	 */
+	capacity = budget_bytes / block_bytes;
+	if (capacity > (size_t) cai_kv_pool_n_blocks(pool))
+		capacity = (size_t) cai_kv_pool_n_blocks(pool);
+	cache->capacity = (int) capacity;
+
+	if (capacity > 0)
+	{
+		int			bits = 4;
+
+		while (((size_t) 1 << bits) < capacity)
+			bits++;
+		cache->bucket_bits = bits;
+		cache->nodes = calloc(capacity, sizeof(cache_node));
+		cache->buckets = calloc((size_t) 1 << bits, sizeof(cache_node *));
+		if (!cache->nodes || !cache->buckets)
+		{
+			cai_prefix_cache_free(cache);
+			return cai_fail(err, CAI_ERR_NO_MEMORY,
+							"out of memory allocating a prefix cache of %zu blocks", capacity);
+		}
+		for (size_t i = capacity; i > 0; i--)
+		{
+			cache->nodes[i - 1].hash_next = cache->free_nodes;
+			cache->free_nodes = &cache->nodes[i - 1];
+		}
+	}
+	*out = cache;
+	return CAI_OK;
+}
+
+void
+cai_prefix_cache_free(cai_prefix_cache *cache)
+{
+	if (!cache)
+		return;
+	cai_prefix_cache_reset(cache);
+	free(cache->nodes);
+	free(cache->buckets);
+	free(cache);
+}
+
+int
+cai_prefix_cache_lookup(cai_prefix_cache *cache, uint64_t salt, const int32_t *tokens, int n,
+						int32_t *blocks_out, int max_blocks)
+{
+	cache_node *parent = NULL;
+	uint64_t	seed;
+	int			n_full;
+	int			matched = 0;
+
+	cache->stats.lookups++;
+	if (n > 0)
+		cache->stats.lookup_tokens += (uint64_t) n;
+	if (cache->capacity == 0 || n < CAI_KV_BLOCK_TOKENS || max_blocks <= 0 || !tokens
+		|| !blocks_out)
+		return 0;
+
+	cache->tick++;
+	n_full = n / CAI_KV_BLOCK_TOKENS;
+	if (n_full > max_blocks)
+		n_full = max_blocks;
+	seed = root_seed(cache, salt);
+
+	while (matched < n_full)
+	{
+		const int32_t *block_tokens = tokens + (size_t) matched * CAI_KV_BLOCK_TOKENS;
+		uint64_t	key = cache->hash(block_tokens, CAI_KV_BLOCK_TOKENS, seed);
+		cache_node *node = hash_find(cache, key);
+
+		if (!node)
+			break;
+		if (!node_matches(node, parent, salt, block_tokens))
+		{
+			cache->stats.collisions++;
+			break;
+		}
+		cai_kv_block_ref(cache->pool, node->block);
+		blocks_out[matched++] = node->block;
+		parent = node;
+		seed = key;
+	}
+
+	if (parent)
+		touch_path(cache, parent);
+	cache->stats.hit_tokens += (uint64_t) matched * CAI_KV_BLOCK_TOKENS;
+	return matched;
+}
+
+/*
+ * Takes an unused node for a new child of parent, evicting to stay within the budget; NULL when
+ * everything left is pinned.  The new node is placed just older than its parent and given the
+ * parent's tick, which keeps the list ordered by tick and the parent newer than its descendants
+ * until the insert touches the whole path.
+ */
+static cache_node *
+new_node(cai_prefix_cache *cache, cache_node *parent)
+{
+	cache_node *node;
+
+	while (cache->n_nodes >= cache->capacity || !cache->free_nodes)
+	{
+		if (!evict_one(cache, parent))
+			return NULL;
+	}
+	node = cache->free_nodes;
+	cache->free_nodes = node->hash_next;
+	node->hash_next = NULL;
+	cache->n_nodes++;
+
+	node->parent = parent;
+	node->n_children = 0;
+	if (parent)
+	{
+		parent->n_children++;
+		node->last_used = parent->last_used;
+		lru_insert_before(cache, node, parent);
+	}
+	else
+	{
+		node->last_used = cache->tick;
+		lru_append_newest(cache, node);
+	}
+	return node;
+}
+
+void
+cai_prefix_cache_insert(cai_prefix_cache *cache, uint64_t salt, const int32_t *tokens,
+						int n_tokens, const int32_t *blocks, int n_blocks)
+{
+	cache_node *parent = NULL;
+	uint64_t	seed;
+	int			n_full;
+	int			pool_blocks = cai_kv_pool_n_blocks(cache->pool);
+
+	if (cache->capacity == 0 || n_tokens < CAI_KV_BLOCK_TOKENS || n_blocks <= 0 || !tokens
+		|| !blocks)
+		return;
+
+	cache->tick++;
+	n_full = n_tokens / CAI_KV_BLOCK_TOKENS;
+	if (n_full > n_blocks)
+		n_full = n_blocks;
+	seed = root_seed(cache, salt);
+
+	for (int i = 0; i < n_full; i++)
+	{
+		const int32_t *block_tokens = tokens + (size_t) i * CAI_KV_BLOCK_TOKENS;
+		uint64_t	key = cache->hash(block_tokens, CAI_KV_BLOCK_TOKENS, seed);
+		cache_node *node = hash_find(cache, key);
+
+		if (node)
+		{
+			/*
+			 * Already cached: keep the cached block even if the caller's differs (its copy holds
+			 * the same KV and simply is not cached).  A key owned by another prefix means this
+			 * block cannot be cached, nor anything after it: a node never lacks its parent.
+			 */
+			if (!node_matches(node, parent, salt, block_tokens))
+			{
+				cache->stats.collisions++;
+				break;
+			}
+		}
+		else
+		{
+			if (blocks[i] < 0 || blocks[i] >= pool_blocks)
+				break;
+			node = new_node(cache, parent);
+			if (!node)
+				break;			/* over budget and everything else pinned */
+			node->key = key;
+			node->salt = salt;
+			node->block = blocks[i];
+			memcpy(node->tokens, block_tokens, sizeof(node->tokens));
+			hash_insert(cache, node);
+			cai_kv_block_ref(cache->pool, node->block);
+			cache->stats.inserted_blocks++;
+		}
+		parent = node;
+		seed = key;
+	}
+
+	if (parent)
+		touch_path(cache, parent);
+}
+
+void
+cai_prefix_cache_reset(cai_prefix_cache *cache)
+{
+	cache_node *node;
+
+	if (!cache || cache->capacity == 0)
+		return;
+	/* oldest first is leaves before their parents, though any order would do here */
+	while ((node = cache->lru_oldest) != NULL)
+	{
+		lru_unlink(cache, node);
+		cai_kv_block_unref(cache->pool, node->block);
+	}
+	memset(cache->buckets, 0, ((size_t) 1 << cache->bucket_bits) * sizeof(cache_node *));
+	cache->free_nodes = NULL;
+	for (int i = cache->capacity; i > 0; i--)
+	{
+		cache->nodes[i - 1].parent = NULL;
+		cache->nodes[i - 1].n_children = 0;
+		cache->nodes[i - 1].hash_next = cache->free_nodes;
+		cache->free_nodes = &cache->nodes[i - 1];
+	}
+	cache->n_nodes = 0;
+}
+
+int
+cai_prefix_cache_reclaim(cai_prefix_cache *cache, int n_blocks_wanted)
+{
+	int			free_before = cai_kv_pool_n_free(cache->pool);
+
+	if (cache->capacity == 0)
+		return 0;
+	cache->tick++;
+	while (cai_kv_pool_n_free(cache->pool) < n_blocks_wanted)
+	{
+		if (!evict_one(cache, NULL))
+			break;
+	}
+	return cai_kv_pool_n_free(cache->pool) - free_before;
+}
+
+void
+cai_prefix_cache_get_stats(const cai_prefix_cache *cache, cai_prefix_cache_stats *out)
+{
+	*out = cache->stats;
+	out->blocks = (uint64_t) cache->n_nodes;
+	out->bytes = (size_t) cache->n_nodes * cache->block_bytes;
+}
+
+/*
+ * Replaces the block hash (NULL restores XXH3).  Existing keys were made by the old hash, so the
+ * cache is emptied first.
+ */
+void
+cai_prefix_cache_set_hash_for_testing(cai_prefix_cache *cache,
+									  uint64_t (*hash) (const int32_t *tokens, int n,
+														uint64_t seed))
+{
+	cai_prefix_cache_reset(cache);
+	cache->hash = hash ? hash : xxh3_block_hash;
+}

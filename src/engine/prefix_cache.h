@@ -1,0 +1,71 @@
+/*
+ * prefix_cache.h — the inter-turn KV cache: hash-chained token blocks in an LRU tree.
+ *
+ * Character.AI's stateful caching with Mooncake's hash chain: the key of a full 16-token block i
+ * is XXH3-64(tokens of block i, seed = key of block i-1); block 0's seed mixes the model's
+ * fingerprint with a server-side salt (a role or conversation id), so namespaces never meet.
+ * Each node keeps its tokens, and a hit is verified against them (xxHash is not collision-proof).
+ * Nodes form a tree by parent link.  The cache holds one KV-pool reference per node's block; a
+ * running sequence holds its own, so "pinned" = pool refcount > 1.  Eviction removes least
+ * recently used leaves whose block is not pinned, until the byte budget holds.
+ */
+#ifndef CAI_PREFIX_CACHE_H
+#define CAI_PREFIX_CACHE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cai.h"
+#include "kv.h"
+
+typedef struct cai_prefix_cache cai_prefix_cache;
+
+typedef struct cai_prefix_cache_stats
+{
+	uint64_t	lookups;
+	uint64_t	lookup_tokens;	/* tokens offered to lookups (full blocks only count if hit) */
+	uint64_t	hit_tokens;
+	uint64_t	inserted_blocks;
+	uint64_t	evictions;
+	uint64_t	collisions;		/* key matched, tokens did not */
+	uint64_t	blocks;			/* nodes now */
+	size_t		bytes;			/* blocks * block_bytes */
+	size_t		budget_bytes;
+} cai_prefix_cache_stats;
+
+/* budget_bytes 0 disables the cache (lookups miss, inserts do nothing). */
+cai_status	cai_prefix_cache_create(cai_kv_pool *pool, size_t budget_bytes, uint64_t fingerprint,
+									cai_prefix_cache **out, cai_error *err);
+void		cai_prefix_cache_free(cai_prefix_cache *cache);	/* drops all its references */
+
+/*
+ * Finds the longest cached prefix of tokens[0..n) in full blocks, at most max_blocks.  Writes
+ * the block ids to blocks_out, takes one pool reference on each for the caller, marks them used,
+ * and returns how many blocks matched.
+ */
+int			cai_prefix_cache_lookup(cai_prefix_cache *cache, uint64_t salt, const int32_t *tokens,
+									int n, int32_t *blocks_out, int max_blocks);
+
+/*
+ * Offers a sequence's full blocks: blocks[i] holds tokens[16 i .. 16 i + 16).  Blocks already
+ * cached under the same chain are skipped; new ones get a node and a cache reference.  Evicts to
+ * stay within the budget; a block that cannot fit (everything else pinned) is not inserted.
+ */
+void		cai_prefix_cache_insert(cai_prefix_cache *cache, uint64_t salt, const int32_t *tokens,
+									int n_tokens, const int32_t *blocks, int n_blocks);
+
+/* Drops every node (and its reference). */
+void		cai_prefix_cache_reset(cai_prefix_cache *cache);
+
+/* Frees unpinned LRU leaves until at least n pool blocks are free; returns blocks freed. */
+int			cai_prefix_cache_reclaim(cai_prefix_cache *cache, int n_blocks_wanted);
+
+void		cai_prefix_cache_get_stats(const cai_prefix_cache *cache, cai_prefix_cache_stats *out);
+
+/* Tests only: replaces XXH3 with hash(tokens, seed) to force collisions. */
+void		cai_prefix_cache_set_hash_for_testing(cai_prefix_cache *cache,
+												  uint64_t (*hash) (const int32_t *tokens, int n,
+																	uint64_t seed));
+
+#endif							/* CAI_PREFIX_CACHE_H */

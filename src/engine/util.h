@@ -1,0 +1,58 @@
+/*
+ * util.h — small helpers shared by the engine's modules (not part of the public API).
+ */
+#ifndef CAI_UTIL_H
+#define CAI_UTIL_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cai.h"
+
+/* Sets err (if not NULL) and returns status, so that call sites read `return cai_fail(...)`. */
+cai_status	cai_fail(cai_error *err, cai_status status, const char *fmt, ...)
+			__attribute__((format(printf, 3, 4)));
+
+/* Clears err to CAI_OK. */
+void		cai_error_clear(cai_error *err);
+
+/* A growable array of token ids. */
+typedef struct cai_tokens
+{
+	int32_t    *ids;
+	int			n;
+	int			cap;
+} cai_tokens;
+
+void		cai_tokens_init(cai_tokens *t);
+void		cai_tokens_free(cai_tokens *t);
+bool		cai_tokens_push(cai_tokens *t, int32_t id);	/* false on out of memory */
+bool		cai_tokens_append(cai_tokens *t, const int32_t *ids, int n);
+
+/* Overflow-checked size arithmetic: false when the result does not fit. */
+static inline bool
+cai_mul_size(size_t a, size_t b, size_t *out)
+{
+	return !__builtin_mul_overflow(a, b, out);
+}
+
+static inline bool
+cai_add_size(size_t a, size_t b, size_t *out)
+{
+	return !__builtin_add_overflow(a, b, out);
+}
+
+/* Monotonic clock in seconds. */
+double		cai_now_seconds(void);
+
+/* Number of online CPUs (at least 1). */
+int			cai_cpu_count(void);
+
+/* IEEE half and bfloat16 conversions. */
+float		cai_fp16_to_fp32(uint16_t h);
+uint16_t	cai_fp32_to_fp16(float f);
+float		cai_bf16_to_fp32(uint16_t b);
+
+#endif							/* CAI_UTIL_H */

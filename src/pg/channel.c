@@ -1,0 +1,399 @@
+/*
+ * channel.c — a backend's side of a request: post it, wait for answers, notice a dead worker.
+ *
+ * The pattern is PostgreSQL's src/test/modules/test_shm_mq: a dynamic shared memory segment
+ * holds the request and a shm_mq; the backend is the queue's receiver, the engine worker its
+ * sender.  The backend waits with non-blocking receives and WaitLatch, so that it can check, once
+ * a second, that the worker that took the request still exists: shm_mq alone would wait forever
+ * for a sender that never attaches.
+ */
+#include "postgres.h"
+
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "storage/latch.h"
+#include "storage/proc.h"
+#include "utils/memutils.h"
+#include "utils/timestamp.h"
+#include "utils/wait_event.h"
+
+#include "cai.h"
+#include "channel.h"
+#include "shmem.h"
+
+/* A request whose worker stays away this long fails instead of waiting on. */
+#define CAI_WORKER_ABSENT_TIMEOUT_MS 10000
+
+/*
+ * CaiCheckWorkerReady
+ *		Raises the worker's reason when it runs without a model.  A worker that is loading or
+ *		restarting is fine: requests wait for it.  Takes the pg_cai lock in shared mode.
+ */
+void
+CaiCheckWorkerReady(void)
+{
+	CaiSharedState *shared = CaiSharedStateOrError();
+	CaiWorkerState state;
+	char		reason[CAI_REASON_SIZE];
+	char		hint[CAI_REASON_SIZE];
+
+	LWLockAcquire(shared->lock, LW_SHARED);
+	state = shared->state;
+	strlcpy(reason, shared->reason, sizeof(reason));
+	strlcpy(hint, shared->hint, sizeof(hint));
+	LWLockRelease(shared->lock);
+
+	if (state == CAI_WORKER_FAILED)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("pg_cai model is not available: %s", reason),
+				 hint[0] ? errhint("%s", hint) : 0));
+}
+
+/*
+ * channel_on_detach
+ *		Runs whenever this backend detaches from a request segment: at the normal end, or on
+ *		error, cancel or timeout through resource-owner cleanup.  Marks the request abandoned and
+ *		wakes the worker so it drops the sequence at once.  Must not fail: it runs during abort.
+ */
+static void
+channel_on_detach(dsm_segment *seg, Datum arg)
+{
+	CaiRequestHeader *header = (CaiRequestHeader *) DatumGetPointer(arg);
+	PGPROC	   *worker;
+
+	pg_atomic_write_u32(&header->abandoned, 1);
+
+	/* A stale pointer is harmless: setting an unused latch does nothing. */
+	worker = ((volatile CaiSharedState *) cai_shared)->worker_proc;
+	if (worker != NULL)
+		SetLatch(&worker->procLatch);
+}
+
+/*
+ * CaiChannelOpen
+ *		Creates the request segment, copies the payload into it, posts it and wakes the worker.
+ *		The channel is allocated in the current memory context, and the segment belongs to the
+ *		current resource owner.  Takes the pg_cai lock briefly.
+ */
+CaiChannel *
+CaiChannelOpen(CaiRequestKind kind, StringInfo payload)
+{
+	CaiChannel *channel;
+	Size		payload_offset = MAXALIGN(sizeof(CaiRequestHeader));
+	Size		queue_offset = payload_offset + MAXALIGN(payload->len);
+	Size		total = queue_offset + CAI_RESPONSE_QUEUE_SIZE;
+	char	   *base;
+	CaiRequestHeader *header;
+
+	CaiCheckWorkerReady();
+
+	channel = palloc0(sizeof(CaiChannel));
+	channel->seg = dsm_create(total, DSM_CREATE_NULL_IF_MAXSEGMENTS);
+	if (channel->seg == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
+				 errmsg("too many dynamic shared memory segments for another pg_cai request"),
+				 errhint("Retry later, or raise max_connections.")));
+
+	base = dsm_segment_address(channel->seg);
+	header = (CaiRequestHeader *) base;
+	header->magic = CAI_REQUEST_MAGIC;
+	header->kind = kind;
+	header->backend_pid = MyProcPid;
+	header->payload_offset = payload_offset;
+	header->payload_size = payload->len;
+	header->queue_offset = queue_offset;
+	header->queue_size = CAI_RESPONSE_QUEUE_SIZE;
+	pg_atomic_init_u32(&header->abandoned, 0);
+	pg_atomic_init_u64(&header->accepted_generation, 0);
+	memcpy(base + payload_offset, payload->data, payload->len);
+
+	channel->header = header;
+	channel->mq = shm_mq_create(base + queue_offset, CAI_RESPONSE_QUEUE_SIZE);
+	shm_mq_set_receiver(channel->mq, MyProc);
+	channel->mqh = shm_mq_attach(channel->mq, channel->seg, NULL);
+	on_dsm_detach(channel->seg, channel_on_detach, PointerGetDatum(header));
+
+	if (!CaiRingPush(dsm_segment_handle(channel->seg)))
+	{
+		CaiChannelClose(channel);
+		ereport(ERROR,
+				(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+				 errmsg("pg_cai request queue is full"),
+				 errdetail("All %d places in the queue are taken by requests waiting for the engine worker.",
+						   cai_shared->ring_capacity),
+				 errhint("Retry later, or raise pg_cai.max_queue.")));
+	}
+
+	return channel;
+}
+
+/*
+ * check_worker
+ *		Fails the request when no worker will ever answer it: the worker that took it is gone,
+ *		or no worker has run for CAI_WORKER_ABSENT_TIMEOUT_MS.  Takes the pg_cai lock in shared
+ *		mode.
+ */
+static void
+check_worker(CaiChannel *channel)
+{
+	uint64		accepted = pg_atomic_read_u64(&channel->header->accepted_generation);
+	uint64		current = pg_atomic_read_u64(&cai_shared->generation);
+	int			pid;
+
+	if (accepted != 0 && accepted != current && shm_mq_get_sender(channel->mq) == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("pg_cai engine worker terminated before it started the request"),
+				 errhint("The worker restarts by itself; retry the call.")));
+
+	LWLockAcquire(cai_shared->lock, LW_SHARED);
+	pid = cai_shared->worker_pid;
+	LWLockRelease(cai_shared->lock);
+
+	if (pid != 0)
+		channel->worker_missing_since = 0;
+	else if (channel->worker_missing_since == 0)
+		channel->worker_missing_since = GetCurrentTimestamp();
+	else if (TimestampDifferenceExceeds(channel->worker_missing_since, GetCurrentTimestamp(),
+										CAI_WORKER_ABSENT_TIMEOUT_MS))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("pg_cai engine worker is not running"),
+				 errhint("Check the server log for why the worker exited.")));
+}
+
+/*
+ * CaiChannelReceive
+ *		Waits for the next response message.  *data points into the queue's buffer and stays
+ *		valid until the next call.  Interrupts are served while waiting: pg_cancel_backend and
+ *		statement_timeout raise their error here, which detaches the channel.
+ */
+void
+CaiChannelReceive(CaiChannel *channel, char **data, Size *len)
+{
+	for (;;)
+	{
+		shm_mq_result res;
+		void	   *msg;
+		Size		nbytes;
+
+		res = shm_mq_receive(channel->mqh, &nbytes, &msg, true);
+		if (res == SHM_MQ_SUCCESS)
+		{
+			if (nbytes < 1)
+				ereport(ERROR,
+						(errcode(ERRCODE_INTERNAL_ERROR),
+						 errmsg("pg_cai engine worker sent an empty message")));
+			*data = msg;
+			*len = nbytes;
+			return;
+		}
+		if (res == SHM_MQ_DETACHED)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("pg_cai engine worker terminated while processing the request"),
+					 errhint("The worker restarts by itself; retry the call.")));
+
+		check_worker(channel);
+
+		(void) WaitLatch(MyLatch,
+						 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 1000L,
+						 PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+		CHECK_FOR_INTERRUPTS();
+	}
+}
+
+/*
+ * CaiChannelClose
+ *		Detaches from the request; the worker drops whatever is left of it.
+ */
+void
+CaiChannelClose(CaiChannel *channel)
+{
+	if (channel->seg != NULL)
+	{
+		shm_mq_detach(channel->mqh);
+		dsm_detach(channel->seg);
+		channel->seg = NULL;
+		channel->mqh = NULL;
+		channel->mq = NULL;
+		channel->header = NULL;
+	}
+}
+
+/*
+ * CaiRaiseWorkerError
+ *		Turns a CAI_MSG_ERROR body (int32 status, message) into an ereport with a fitting
+ *		errcode and hint.
+ */
+void
+CaiRaiseWorkerError(const char *body, Size len)
+{
+	CaiReader	reader;
+	int32		status = CAI_ERR_INTERNAL;
+	char	   *message;
+
+	cai_reader_init(&reader, body, len);
+	if (!cai_get_int32(&reader, &status))
+		status = CAI_ERR_INTERNAL;
+	message = pnstrdup(body + reader.pos, len - reader.pos);
+
+	switch (status)
+	{
+		case CAI_STATUS_MODEL_UNAVAILABLE:
+			{
+				char		hint[CAI_REASON_SIZE];
+
+				LWLockAcquire(cai_shared->lock, LW_SHARED);
+				strlcpy(hint, cai_shared->hint, sizeof(hint));
+				LWLockRelease(cai_shared->lock);
+				ereport(ERROR,
+						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+						 errmsg("pg_cai model is not available: %s", message),
+						 hint[0] ? errhint("%s", hint) : 0));
+				break;
+			}
+		case CAI_ERR_INVALID_ARGUMENT:
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("%s", message)));
+			break;
+		case CAI_ERR_CONTEXT_FULL:
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("%s", message),
+					 errhint("Shorten the input, lower max_tokens, or pass {\"truncate\": true} to drop the oldest turns.")));
+			break;
+		case CAI_ERR_QUEUE_FULL:
+			ereport(ERROR,
+					(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+					 errmsg("pg_cai engine queue is full: %s", message),
+					 errhint("Retry later, or raise pg_cai.max_queue.")));
+			break;
+		case CAI_ERR_NO_MEMORY:
+			ereport(ERROR,
+					(errcode(ERRCODE_OUT_OF_MEMORY),
+					 errmsg("pg_cai engine is out of memory: %s", message)));
+			break;
+		case CAI_ERR_NOT_FOUND:
+			ereport(ERROR,
+					(errcode(ERRCODE_UNDEFINED_OBJECT),
+					 errmsg("%s", message)));
+			break;
+		default:
+			ereport(ERROR,
+					(errcode(ERRCODE_INTERNAL_ERROR),
+					 errmsg("pg_cai engine failed: %s", message),
+					 errdetail("Engine status: %s.", cai_status_name((cai_status) status))));
+			break;
+	}
+	pg_unreachable();
+}
+
+/*
+ * CaiGenerationStart
+ *		Posts a CHAT or COMPLETE request.
+ */
+CaiGeneration *
+CaiGenerationStart(CaiRequestKind kind, StringInfo payload)
+{
+	CaiGeneration *gen = palloc0(sizeof(CaiGeneration));
+
+	initStringInfo(&gen->text);
+	gen->channel = CaiChannelOpen(kind, payload);
+	return gen;
+}
+
+/*
+ * CaiGenerationNext
+ *		Waits for the next piece of the reply.  Returns true with the new text (possibly empty:
+ *		a token can complete no character yet), or false once the generation is done, when
+ *		gen->final and gen->user_tokens are set and the channel is closed.
+ */
+bool
+CaiGenerationNext(CaiGeneration *gen, const char **piece, Size *len)
+{
+	char	   *data;
+	Size		nbytes;
+
+	if (gen->done)
+		return false;
+
+	CaiChannelReceive(gen->channel, &data, &nbytes);
+	switch (data[0])
+	{
+		case CAI_MSG_TOKEN:
+			{
+				int32		token;
+				Size		text_len;
+
+				if (nbytes < 1 + sizeof(int32))
+					break;
+				memcpy(&token, data + 1, sizeof(token));
+				if (token >= 0)
+				{
+					if (gen->n_ids == gen->ids_capacity)
+					{
+						gen->ids_capacity = Max(64, gen->ids_capacity * 2);
+						gen->ids = gen->ids == NULL ?
+							palloc(sizeof(int32) * gen->ids_capacity) :
+							repalloc(gen->ids, sizeof(int32) * gen->ids_capacity);
+					}
+					gen->ids[gen->n_ids++] = token;
+				}
+				text_len = nbytes - 1 - sizeof(int32);
+				appendBinaryStringInfo(&gen->text, data + 1 + sizeof(int32), (int) text_len);
+				*piece = gen->text.data + gen->text.len - text_len;
+				*len = text_len;
+				return true;
+			}
+
+		case CAI_MSG_FINAL:
+			{
+				CaiReader	reader;
+
+				cai_reader_init(&reader, data + 1, nbytes - 1);
+				if (!cai_get_bytes(&reader, &gen->final, sizeof(CaiFinal)) ||
+					gen->final.n_user_tokens < 0 ||
+					(Size) gen->final.n_user_tokens > cai_reader_remaining(&reader) / sizeof(int32))
+					break;
+				gen->user_tokens = palloc(sizeof(int32) * Max(gen->final.n_user_tokens, 1));
+				(void) cai_get_int32_array(&reader, gen->final.n_user_tokens, gen->user_tokens);
+				gen->done = true;
+				CaiChannelClose(gen->channel);
+				return false;
+			}
+
+		case CAI_MSG_ERROR:
+			{
+				char	   *copy = palloc(nbytes - 1);
+
+				memcpy(copy, data + 1, nbytes - 1);
+				CaiChannelClose(gen->channel);
+				CaiRaiseWorkerError(copy, nbytes - 1);
+			}
+	}
+
+	ereport(ERROR,
+			(errcode(ERRCODE_INTERNAL_ERROR),
+			 errmsg("pg_cai engine worker sent a malformed message of type %d", data[0])));
+	return false;
+}
+
+/*
+ * CaiGenerationFinish
+ *		Waits until the generation is done.
+ */
+void
+CaiGenerationFinish(CaiGeneration *gen)
+{
+	const char *piece;
+	Size		len;
+
+	while (CaiGenerationNext(gen, &piece, &len))
+		;
+}

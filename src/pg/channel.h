@@ -1,0 +1,53 @@
+/*
+ * channel.h — a backend's side of a request to the engine worker.
+ *
+ * CaiChannelOpen posts a request and returns at once; CaiChannelReceive waits for the next
+ * response message, serving interrupts (cancel, statement_timeout) and noticing a dead worker;
+ * CaiChannelClose detaches, which tells the worker to drop whatever is left of the request.
+ * An error raised while a channel is open detaches it too (the segment belongs to the current
+ * resource owner), so the worker hears about every way a request can end.
+ *
+ * CaiGeneration wraps a channel for CHAT and COMPLETE requests: it collects the streamed text and
+ * token ids and the final usage.
+ */
+#ifndef PG_CAI_CHANNEL_H
+#define PG_CAI_CHANNEL_H
+
+#include "lib/stringinfo.h"
+#include "storage/dsm.h"
+#include "storage/shm_mq.h"
+
+#include "protocol.h"
+
+typedef struct CaiChannel
+{
+	dsm_segment *seg;
+	CaiRequestHeader *header;
+	shm_mq	   *mq;
+	shm_mq_handle *mqh;
+	TimestampTz worker_missing_since;	/* 0 while a worker is running */
+} CaiChannel;
+
+extern void CaiCheckWorkerReady(void);
+extern CaiChannel *CaiChannelOpen(CaiRequestKind kind, StringInfo payload);
+extern void CaiChannelReceive(CaiChannel *channel, char **data, Size *len);
+extern void CaiChannelClose(CaiChannel *channel);
+extern void CaiRaiseWorkerError(const char *body, Size len) pg_attribute_noreturn();
+
+typedef struct CaiGeneration
+{
+	CaiChannel *channel;
+	StringInfoData text;		/* the reply so far */
+	int32	   *ids;			/* generated ids so far */
+	int			n_ids;
+	int			ids_capacity;
+	bool		done;
+	CaiFinal	final;			/* valid once done */
+	int32	   *user_tokens;	/* final.n_user_tokens ids, once done */
+} CaiGeneration;
+
+extern CaiGeneration *CaiGenerationStart(CaiRequestKind kind, StringInfo payload);
+extern bool CaiGenerationNext(CaiGeneration *gen, const char **piece, Size *len);
+extern void CaiGenerationFinish(CaiGeneration *gen);
+
+#endif							/* PG_CAI_CHANNEL_H */

@@ -1,0 +1,612 @@
+/*
+ * chat.c — the SQL functions that generate: cai_new_conversation, cai_chat, cai_chat_stream,
+ * cai_complete, cai_chat_completion and the trigger cai_reply_trigger.
+ *
+ * All run in the caller's backend as the caller: they read the conversation (its stored token
+ * ids included) with SPI, send the turns to the engine worker, wait for the reply, and store the
+ * user and assistant turns in the caller's transaction.  Anything that fails raises an error
+ * before a row is written, so a failed call leaves no half-written turn.
+ *
+ * A user turn gets exactly one reply: cai_chat inserts its user row with
+ * cai_replying_in_function set, and cai_reply_trigger leaves such rows alone.
+ */
+#include "postgres.h"
+
+#include "commands/trigger.h"
+#include "executor/spi.h"
+#include "funcapi.h"
+#include "mb/pg_wchar.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/json.h"
+#include "utils/jsonb.h"
+#include "utils/timestamp.h"
+
+#include "cai.h"
+#include "channel.h"
+#include "conversation.h"
+#include "guc.h"
+#include "options.h"
+#include "protocol.h"
+#include "shmem.h"
+
+PG_FUNCTION_INFO_V1(pg_cai_new_conversation);
+PG_FUNCTION_INFO_V1(pg_cai_chat);
+PG_FUNCTION_INFO_V1(pg_cai_chat_stream);
+PG_FUNCTION_INFO_V1(pg_cai_complete);
+PG_FUNCTION_INFO_V1(pg_cai_chat_completion);
+PG_FUNCTION_INFO_V1(pg_cai_reply_trigger);
+
+/*
+ * cache_salt
+ *		The prefix-cache namespace of a request, from pg_cai.cache_isolation: computed here,
+ *		never taken from the client.  conversation_id is 0 outside a conversation; such requests
+ *		are isolated per role under "conversation".  The high bits keep the namespaces apart.
+ */
+static uint64
+cache_salt(int64 conversation_id)
+{
+	switch (cai_cache_isolation)
+	{
+		case CAI_ISOLATION_NONE:
+			return 0;
+		case CAI_ISOLATION_CONVERSATION:
+			if (conversation_id > 0)
+				return (UINT64CONST(1) << 63) | (uint64) conversation_id;
+			/* FALLTHROUGH */
+		case CAI_ISOLATION_ROLE:
+		default:
+			return (UINT64CONST(1) << 62) | (uint64) GetUserId();
+	}
+}
+
+/* Text in the database encoding -> UTF-8 for the engine. */
+static char *
+to_utf8(const char *text, int *len)
+{
+	char	   *converted = pg_server_to_any(text, *len, PG_UTF8);
+
+	if (converted != text)
+		*len = strlen(converted);
+	return converted;
+}
+
+/* UTF-8 from the engine -> a text datum in the database encoding (validated). */
+static text *
+text_from_utf8(const char *utf8, Size len)
+{
+	char	   *converted = pg_any_to_server(utf8, (int) len, PG_UTF8);
+
+	if (converted != utf8)
+		return cstring_to_text(converted);
+	return cstring_to_text_with_len(utf8, (int) len);
+}
+
+/* Appends one turn to a CHAT payload; n_tokens < 0 means "tokenize the content". */
+static void
+put_turn(StringInfo buf, int role, const char *content, const int32 *tokens, int n_tokens)
+{
+	int			len = strlen(content);
+	char	   *utf8 = to_utf8(content, &len);
+
+	cai_put_int32(buf, role);
+	cai_put_text(buf, utf8, len);
+	if (tokens == NULL || n_tokens < 0)
+		cai_put_int32(buf, -1);
+	else
+	{
+		cai_put_int32(buf, n_tokens);
+		cai_put_bytes(buf, tokens, sizeof(int32) * n_tokens);
+	}
+}
+
+/*
+ * start_conversation_turn
+ *		Reads the conversation, merges its options under the call's, and posts a CHAT request
+ *		with the system prompt, the stored turns (up to up_to_message when not 0) and, when
+ *		message is not NULL, the new user turn.
+ */
+static CaiGeneration *
+start_conversation_turn(int64 conversation_id, const char *message, Jsonb *call_options,
+						int64 up_to_message)
+{
+	CaiConversation *conv;
+	CaiOptions	options;
+	StringInfoData payload;
+	ListCell   *lc;
+	int			n_messages;
+
+	CaiOptionsInit(&options);
+	CaiOptionsApply(&options, call_options);	/* report a bad call option first */
+
+	conv = CaiConversationLoad(conversation_id, up_to_message);
+
+	CaiOptionsInit(&options);
+	CaiOptionsApply(&options, conv->options);
+	CaiOptionsApply(&options, call_options);
+
+	n_messages = list_length(conv->turns) + (conv->system_prompt ? 1 : 0) + (message ? 1 : 0);
+	if (n_messages == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("conversation " INT64_FORMAT " has nothing to reply to", conversation_id)));
+
+	initStringInfo(&payload);
+	CaiOptionsWriteGeneration(&payload, &options, cache_salt(conversation_id), n_messages);
+	if (conv->system_prompt)
+		put_turn(&payload, CAI_TURN_SYSTEM, conv->system_prompt, NULL, -1);
+	foreach(lc, conv->turns)
+	{
+		CaiTurn    *turn = (CaiTurn *) lfirst(lc);
+
+		put_turn(&payload, turn->role, turn->content, turn->tokens,
+				 turn->tokens ? turn->n_tokens : -1);
+	}
+	if (message)
+		put_turn(&payload, CAI_TURN_USER, message, NULL, -1);
+
+	return CaiGenerationStart(CAI_REQUEST_CHAT, &payload);
+}
+
+/* The reply's usage, as stored with the assistant turn. */
+static CaiStoredUsage
+stored_usage(const CaiGeneration *gen)
+{
+	CaiStoredUsage usage;
+
+	usage.prompt_tokens = gen->final.prompt_tokens;
+	usage.completion_tokens = gen->final.completion_tokens;
+	usage.cached_tokens = gen->final.cached_tokens;
+	return usage;
+}
+
+/* The reply's text in the database encoding, as a C string. */
+static char *
+reply_text(const CaiGeneration *gen)
+{
+	return text_to_cstring(text_from_utf8(gen->text.data, gen->text.len));
+}
+
+/*
+ * insert_assistant_turn
+ *		Stores the reply with its ids (when they say exactly what the text says) and usage.
+ */
+static void
+insert_assistant_turn(int64 conversation_id, const CaiGeneration *gen)
+{
+	CaiStoredUsage usage = stored_usage(gen);
+
+	(void) CaiMessageInsert(conversation_id, "assistant", reply_text(gen),
+							gen->final.tokens_exact ? gen->ids : NULL, gen->n_ids, &usage);
+}
+
+/*
+ * store_exchange
+ *		Stores the user turn (with the ids the worker tokenized it to) and the reply.
+ */
+static void
+store_exchange(int64 conversation_id, const char *message, const CaiGeneration *gen)
+{
+	PG_TRY();
+	{
+		cai_replying_in_function = true;
+		(void) CaiMessageInsert(conversation_id, "user", message,
+								gen->final.n_user_tokens > 0 ? gen->user_tokens : NULL,
+								gen->final.n_user_tokens, NULL);
+	}
+	PG_FINALLY();
+	{
+		cai_replying_in_function = false;
+	}
+	PG_END_TRY();
+
+	insert_assistant_turn(conversation_id, gen);
+}
+
+/* Raises an error for a NULL argument. */
+static void
+require_argument(FunctionCallInfo fcinfo, int argno, const char *name)
+{
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", name)));
+}
+
+/*
+ * chat_arguments
+ *		The (conversation_id, message, options) arguments of cai_chat and cai_chat_stream.
+ */
+static void
+chat_arguments(FunctionCallInfo fcinfo, int64 *conversation_id, char **message, Jsonb **options)
+{
+	(void) CaiSharedStateOrError();
+	require_argument(fcinfo, 0, "conversation_id");
+	require_argument(fcinfo, 1, "message");
+	*conversation_id = PG_GETARG_INT64(0);
+	*message = text_to_cstring(PG_GETARG_TEXT_PP(1));
+	if ((*message)[0] == '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("message must not be empty")));
+	*options = PG_ARGISNULL(2) ? NULL : PG_GETARG_JSONB_P(2);
+}
+
+/*
+ * cai_new_conversation(system_prompt text, options jsonb) -> bigint
+ *		Creates a conversation owned by the current user.  Its options become the defaults of
+ *		every turn.
+ */
+Datum
+pg_cai_new_conversation(PG_FUNCTION_ARGS)
+{
+	char	   *system_prompt = NULL;
+	Jsonb	   *options = NULL;
+
+	(void) CaiSharedStateOrError();
+	if (!PG_ARGISNULL(0))
+		system_prompt = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	if (!PG_ARGISNULL(1))
+	{
+		options = PG_GETARG_JSONB_P(1);
+		CaiOptionsValidate(options);
+	}
+	else
+		options = DatumGetJsonbP(DirectFunctionCall1(jsonb_in, CStringGetDatum("{}")));
+
+	PG_RETURN_INT64(CaiConversationCreate(system_prompt, options));
+}
+
+/*
+ * cai_chat(conversation_id bigint, message text, options jsonb) -> text
+ *		Generates the reply to message in the conversation and stores both turns.  Locks the
+ *		conversation row until the end of the transaction.
+ */
+Datum
+pg_cai_chat(PG_FUNCTION_ARGS)
+{
+	int64		conversation_id;
+	char	   *message;
+	Jsonb	   *options;
+	CaiGeneration *gen;
+
+	chat_arguments(fcinfo, &conversation_id, &message, &options);
+
+	gen = start_conversation_turn(conversation_id, message, options, 0);
+	CaiGenerationFinish(gen);
+	store_exchange(conversation_id, message, gen);
+
+	PG_RETURN_TEXT_P(text_from_utf8(gen->text.data, gen->text.len));
+}
+
+/* cai_chat_stream's state across calls */
+typedef struct StreamState
+{
+	int64		conversation_id;
+	char	   *message;
+	CaiGeneration *gen;
+	ExprContext *econtext;
+} StreamState;
+
+/*
+ * stream_shutdown
+ *		Runs when the query stops reading rows early (LIMIT, a closed cursor): detaches, and the
+ *		worker drops the generation.  Nothing is stored for an unfinished reply.
+ */
+static void
+stream_shutdown(Datum arg)
+{
+	StreamState *state = (StreamState *) DatumGetPointer(arg);
+
+	if (state->gen != NULL && !state->gen->done)
+		CaiChannelClose(state->gen->channel);
+}
+
+/*
+ * cai_chat_stream(conversation_id bigint, message text, options jsonb) -> SETOF text
+ *		Like cai_chat, but returns the reply as it is generated, one row per piece of text.
+ *		Called in the select list (SELECT cai_chat_stream(...)), rows reach the client as they
+ *		come; in FROM, PostgreSQL collects all rows first.  Both turns are stored once the reply
+ *		is complete.
+ */
+Datum
+pg_cai_chat_stream(PG_FUNCTION_ARGS)
+{
+	FuncCallContext *funcctx;
+	StreamState *state;
+	MemoryContext old;
+	const char *piece;
+	Size		len;
+
+	if (SRF_IS_FIRSTCALL())
+	{
+		ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+		int64		conversation_id;
+		char	   *message;
+		Jsonb	   *options;
+
+		funcctx = SRF_FIRSTCALL_INIT();
+		old = MemoryContextSwitchTo(funcctx->multi_call_memory_ctx);
+
+		chat_arguments(fcinfo, &conversation_id, &message, &options);
+		state = palloc0(sizeof(StreamState));
+		state->conversation_id = conversation_id;
+		state->message = message;
+		state->gen = start_conversation_turn(conversation_id, message, options, 0);
+		state->econtext = rsinfo->econtext;
+		RegisterExprContextCallback(rsinfo->econtext, stream_shutdown, PointerGetDatum(state));
+		funcctx->user_fctx = state;
+
+		MemoryContextSwitchTo(old);
+	}
+
+	funcctx = SRF_PERCALL_SETUP();
+	state = (StreamState *) funcctx->user_fctx;
+
+	for (;;)
+	{
+		bool		more;
+
+		old = MemoryContextSwitchTo(funcctx->multi_call_memory_ctx);
+		more = CaiGenerationNext(state->gen, &piece, &len);
+		MemoryContextSwitchTo(old);
+
+		if (!more)
+			break;
+		if (len > 0)
+			SRF_RETURN_NEXT(funcctx, PointerGetDatum(text_from_utf8(piece, len)));
+	}
+
+	store_exchange(state->conversation_id, state->message, state->gen);
+	UnregisterExprContextCallback(state->econtext, stream_shutdown, PointerGetDatum(state));
+	SRF_RETURN_DONE(funcctx);
+}
+
+/*
+ * cai_complete(prompt text, options jsonb) -> text
+ *		Continues raw text, without a chat template or a conversation.
+ */
+Datum
+pg_cai_complete(PG_FUNCTION_ARGS)
+{
+	char	   *prompt;
+	int			len;
+	CaiOptions	options;
+	StringInfoData payload;
+	CaiGeneration *gen;
+
+	(void) CaiSharedStateOrError();
+	require_argument(fcinfo, 0, "prompt");
+	prompt = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	if (prompt[0] == '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("prompt must not be empty")));
+
+	CaiOptionsInit(&options);
+	if (!PG_ARGISNULL(1))
+		CaiOptionsApply(&options, PG_GETARG_JSONB_P(1));
+
+	len = strlen(prompt);
+	prompt = to_utf8(prompt, &len);
+
+	initStringInfo(&payload);
+	CaiOptionsWriteGeneration(&payload, &options, cache_salt(0), 0);
+	cai_put_text(&payload, prompt, len);
+
+	gen = CaiGenerationStart(CAI_REQUEST_COMPLETE, &payload);
+	CaiGenerationFinish(gen);
+
+	PG_RETURN_TEXT_P(text_from_utf8(gen->text.data, gen->text.len));
+}
+
+static void
+bad_messages(const char *detail_fmt, int index)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("messages must be a JSON array of objects with \"role\" and \"content\""),
+			 errdetail_internal(detail_fmt, index),
+			 errhint("Example: '[{\"role\": \"user\", \"content\": \"Hello\"}]'.")));
+}
+
+/* The string value of key in a jsonb object container, or NULL; *found says whether present. */
+static JsonbValue *
+object_field(JsonbContainer *object, const char *key)
+{
+	return getKeyJsonValueFromContainer(object, key, strlen(key), NULL);
+}
+
+/*
+ * cai_chat_completion(messages jsonb, options jsonb) -> jsonb
+ *		An OpenAI-style chat completion: messages in, a chat.completion object out.  Stores
+ *		nothing.
+ */
+Datum
+pg_cai_chat_completion(PG_FUNCTION_ARGS)
+{
+	Jsonb	   *messages;
+	CaiOptions	options;
+	StringInfoData payload;
+	StringInfoData turns;
+	StringInfoData out;
+	CaiGeneration *gen;
+	JsonbIterator *it;
+	JsonbIteratorToken tok;
+	JsonbValue	elem;
+	int			n_messages = 0;
+	char		model_name[128];
+	uint8		random_bytes[12];
+	char		id[64];
+	int			i;
+	const char *finish;
+
+	(void) CaiSharedStateOrError();
+	require_argument(fcinfo, 0, "messages");
+	messages = PG_GETARG_JSONB_P(0);
+	if (!JB_ROOT_IS_ARRAY(messages) || JB_ROOT_IS_SCALAR(messages))
+		bad_messages("The value is not an array.", 0);
+
+	CaiOptionsInit(&options);
+	if (!PG_ARGISNULL(1))
+		CaiOptionsApply(&options, PG_GETARG_JSONB_P(1));
+
+	initStringInfo(&turns);
+	it = JsonbIteratorInit(&messages->root);
+	while ((tok = JsonbIteratorNext(&it, &elem, true)) != WJB_DONE)
+	{
+		JsonbValue *role;
+		JsonbValue *content;
+		char	   *role_text;
+		int			role_id;
+
+		if (tok != WJB_ELEM)
+			continue;
+		n_messages++;
+		if (elem.type != jbvBinary || !JsonContainerIsObject(elem.val.binary.data))
+			bad_messages("Element %d is not an object.", n_messages);
+		role = object_field(elem.val.binary.data, "role");
+		content = object_field(elem.val.binary.data, "content");
+		if (role == NULL || role->type != jbvString)
+			bad_messages("Element %d has no string \"role\".", n_messages);
+		if (content == NULL || content->type != jbvString)
+			bad_messages("Element %d has no string \"content\".", n_messages);
+
+		role_text = pnstrdup(role->val.string.val, role->val.string.len);
+		if (strcmp(role_text, "system") == 0)
+			role_id = CAI_TURN_SYSTEM;
+		else if (strcmp(role_text, "user") == 0)
+			role_id = CAI_TURN_USER;
+		else if (strcmp(role_text, "assistant") == 0)
+			role_id = CAI_TURN_ASSISTANT;
+		else
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("unrecognized role \"%s\" in message %d", role_text, n_messages),
+					 errhint("Valid roles are system, user and assistant.")));
+
+		put_turn(&turns, role_id,
+				 pnstrdup(content->val.string.val, content->val.string.len), NULL, -1);
+	}
+	if (n_messages == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("messages must not be empty")));
+
+	initStringInfo(&payload);
+	CaiOptionsWriteGeneration(&payload, &options, cache_salt(0), n_messages);
+	appendBinaryStringInfo(&payload, turns.data, turns.len);
+
+	gen = CaiGenerationStart(CAI_REQUEST_CHAT, &payload);
+	CaiGenerationFinish(gen);
+
+	LWLockAcquire(cai_shared->lock, LW_SHARED);
+	strlcpy(model_name, cai_shared->model.name, sizeof(model_name));
+	LWLockRelease(cai_shared->lock);
+
+	if (!pg_strong_random(random_bytes, sizeof(random_bytes)))
+		memset(random_bytes, 0, sizeof(random_bytes));
+	strcpy(id, "chatcmpl-");
+	for (i = 0; i < (int) sizeof(random_bytes); i++)
+		sprintf(id + strlen(id), "%02x", random_bytes[i]);
+
+	finish = gen->final.finish == CAI_FINISH_LENGTH ? "length" : "stop";
+
+	initStringInfo(&out);
+	appendStringInfoString(&out, "{\"id\": ");
+	escape_json(&out, id);
+	appendStringInfoString(&out, ", \"object\": \"chat.completion\", \"created\": ");
+	appendStringInfo(&out, INT64_FORMAT,
+					 (int64) timestamptz_to_time_t(GetCurrentTimestamp()));
+	appendStringInfoString(&out, ", \"model\": ");
+	escape_json(&out, model_name);
+	appendStringInfoString(&out, ", \"choices\": [{\"index\": 0, \"message\": {\"role\": \"assistant\", \"content\": ");
+	escape_json(&out, reply_text(gen));
+	appendStringInfo(&out, "}, \"finish_reason\": \"%s\"}], ", finish);
+	appendStringInfo(&out,
+					 "\"usage\": {\"prompt_tokens\": %d, \"completion_tokens\": %d, \"total_tokens\": %d, "
+					 "\"prompt_tokens_details\": {\"cached_tokens\": %d}}}",
+					 gen->final.prompt_tokens, gen->final.completion_tokens,
+					 gen->final.prompt_tokens + gen->final.completion_tokens,
+					 gen->final.cached_tokens);
+
+	PG_RETURN_DATUM(DirectFunctionCall1(jsonb_in, CStringGetDatum(out.data)));
+}
+
+/* A column of the trigger's row by name; errors when the table lacks it. */
+static Datum
+trigger_column(TriggerData *trigdata, const char *name, bool *isnull)
+{
+	TupleDesc	desc = RelationGetDescr(trigdata->tg_relation);
+	int			attno = SPI_fnumber(desc, name);
+
+	if (attno <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("cai_reply_trigger must be attached to cai.messages"),
+				 errdetail("Table \"%s\" has no column \"%s\".",
+						   RelationGetRelationName(trigdata->tg_relation), name)));
+	return heap_getattr(trigdata->tg_trigtuple, attno, desc, isnull);
+}
+
+/*
+ * cai_reply_trigger() -> trigger
+ *		AFTER INSERT FOR EACH ROW on cai.messages: answers each inserted user turn
+ *		synchronously, in the inserting transaction, and stores the reply.  An optional trigger
+ *		argument holds options as JSON text.  Rows that cai_chat inserts are left alone: it
+ *		answers them itself.
+ */
+Datum
+pg_cai_reply_trigger(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	Datum		d;
+	bool		isnull;
+	char	   *role;
+	char	   *content;
+	int64		message_id;
+	int64		conversation_id;
+	Jsonb	   *options = NULL;
+	CaiGeneration *gen;
+
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("cai_reply_trigger must be called as a trigger")));
+	if (!TRIGGER_FIRED_AFTER(trigdata->tg_event) ||
+		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ||
+		!TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("cai_reply_trigger must be fired AFTER INSERT FOR EACH ROW")));
+	(void) CaiSharedStateOrError();
+
+	d = trigger_column(trigdata, "role", &isnull);
+	if (isnull)
+		return PointerGetDatum(NULL);
+	role = TextDatumGetCString(d);
+	if (strcmp(role, "user") != 0 || cai_replying_in_function)
+		return PointerGetDatum(NULL);
+
+	d = trigger_column(trigdata, "content", &isnull);
+	content = isnull ? "" : TextDatumGetCString(d);
+	if (content[0] == '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("message must not be empty")));
+	message_id = DatumGetInt64(trigger_column(trigdata, "id", &isnull));
+	conversation_id = DatumGetInt64(trigger_column(trigdata, "conversation_id", &isnull));
+
+	if (trigdata->tg_trigger->tgnargs > 0)
+		options = DatumGetJsonbP(DirectFunctionCall1(jsonb_in,
+													 CStringGetDatum(trigdata->tg_trigger->tgargs[0])));
+
+	gen = start_conversation_turn(conversation_id, NULL, options, message_id);
+	CaiGenerationFinish(gen);
+
+	if (gen->final.n_user_tokens > 0)
+		CaiMessageSetTokens(message_id, gen->user_tokens, gen->final.n_user_tokens);
+	insert_assistant_turn(conversation_id, gen);
+
+	return PointerGetDatum(NULL);
+}

@@ -1,0 +1,284 @@
+/*
+ * conversation.c — reads and writes conversations and their turns with SPI, as the caller.
+ *
+ * Plans are prepared once per backend and kept (SPI_keepplan).  The plan cache replans them
+ * when the calling role changes, so row-level security is applied for whoever calls.  Results
+ * are copied into the caller's memory context before SPI_finish.
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+#include "utils/lsyscache.h"
+
+#include "conversation.h"
+#include "protocol.h"
+
+bool		cai_replying_in_function = false;
+
+static SPIPlanPtr create_plan = NULL;
+static SPIPlanPtr lock_plan = NULL;
+static SPIPlanPtr turns_plan = NULL;
+static SPIPlanPtr insert_plan = NULL;
+static SPIPlanPtr set_tokens_plan = NULL;
+
+/* Prepares a statement once per backend. */
+static SPIPlanPtr
+keep_plan(SPIPlanPtr *cache, const char *query, int nargs, Oid *argtypes)
+{
+	if (*cache == NULL)
+	{
+		SPIPlanPtr	plan = SPI_prepare(query, nargs, argtypes);
+
+		if (plan == NULL)
+			elog(ERROR, "SPI_prepare failed for \"%s\": %s", query,
+				 SPI_result_code_string(SPI_result));
+		if (SPI_keepplan(plan) != 0)
+			elog(ERROR, "SPI_keepplan failed");
+		*cache = plan;
+	}
+	return *cache;
+}
+
+/* An int4[] datum built from ids (n >= 0). */
+static Datum
+ids_to_array(const int32 *ids, int n)
+{
+	Datum	   *elems = palloc(sizeof(Datum) * Max(n, 1));
+	int			i;
+
+	for (i = 0; i < n; i++)
+		elems[i] = Int32GetDatum(ids[i]);
+	return PointerGetDatum(construct_array(elems, n, INT4OID, sizeof(int32), true,
+										   TYPALIGN_INT));
+}
+
+/*
+ * CaiConversationCreate
+ *		Inserts a conversation owned by the current user and returns its id.
+ */
+int64
+CaiConversationCreate(const char *system_prompt, Jsonb *options)
+{
+	Oid			argtypes[2] = {TEXTOID, JSONBOID};
+	Datum		values[2];
+	char		nulls[2] = {' ', ' '};
+	SPIPlanPtr	plan;
+	bool		isnull;
+	int64		id;
+	int			ret;
+
+	SPI_connect();
+	plan = keep_plan(&create_plan,
+					 "INSERT INTO cai.conversations (system_prompt, options) "
+					 "VALUES ($1, $2) RETURNING id",
+					 2, argtypes);
+	if (system_prompt != NULL)
+		values[0] = CStringGetTextDatum(system_prompt);
+	else
+	{
+		values[0] = (Datum) 0;
+		nulls[0] = 'n';
+	}
+	values[1] = JsonbPGetDatum(options);
+
+	ret = SPI_execute_plan(plan, values, nulls, false, 1);
+	if (ret != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
+		elog(ERROR, "could not insert conversation: %s", SPI_result_code_string(ret));
+	id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_finish();
+	return id;
+}
+
+static int
+role_from_text(const char *role)
+{
+	if (strcmp(role, "system") == 0)
+		return CAI_TURN_SYSTEM;
+	if (strcmp(role, "assistant") == 0)
+		return CAI_TURN_ASSISTANT;
+	return CAI_TURN_USER;
+}
+
+/*
+ * CaiConversationLoad
+ *		Reads a conversation and its turns (those with id <= up_to_message when that is not 0),
+ *		locking the conversation row FOR UPDATE so that concurrent turns of one conversation
+ *		take their turn.  A conversation the caller cannot see (row-level security) is reported
+ *		as not existing.  The result is allocated in the current memory context.
+ */
+CaiConversation *
+CaiConversationLoad(int64 id, int64 up_to_message)
+{
+	MemoryContext caller = CurrentMemoryContext;
+	MemoryContext spi_context;
+	CaiConversation *conv;
+	Oid			lock_types[1] = {INT8OID};
+	Oid			turn_types[2] = {INT8OID, INT8OID};
+	Datum		values[2];
+	SPIPlanPtr	plan;
+	int			ret;
+	uint64		i;
+	bool		isnull;
+	Datum		d;
+
+	SPI_connect();
+	spi_context = CurrentMemoryContext;
+
+	plan = keep_plan(&lock_plan,
+					 "SELECT system_prompt, options FROM cai.conversations "
+					 "WHERE id = $1 FOR UPDATE",
+					 1, lock_types);
+	values[0] = Int64GetDatum(id);
+	ret = SPI_execute_plan(plan, values, NULL, false, 1);
+	if (ret != SPI_OK_SELECT)
+		elog(ERROR, "could not read conversation: %s", SPI_result_code_string(ret));
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("conversation " INT64_FORMAT " does not exist", id),
+				 errhint("Create one with cai_new_conversation(). A role sees only the conversations it owns.")));
+
+	MemoryContextSwitchTo(caller);
+	conv = palloc0(sizeof(CaiConversation));
+	conv->id = id;
+	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull);
+	if (!isnull)
+		conv->system_prompt = TextDatumGetCString(d);
+	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
+	if (!isnull)
+		conv->options = DatumGetJsonbPCopy(d);
+	MemoryContextSwitchTo(spi_context);
+
+	plan = keep_plan(&turns_plan,
+					 "SELECT role, content, tokens FROM cai.messages "
+					 "WHERE conversation_id = $1 AND id <= $2 ORDER BY id",
+					 2, turn_types);
+	values[0] = Int64GetDatum(id);
+	values[1] = Int64GetDatum(up_to_message > 0 ? up_to_message : PG_INT64_MAX);
+	ret = SPI_execute_plan(plan, values, NULL, false, 0);
+	if (ret != SPI_OK_SELECT)
+		elog(ERROR, "could not read messages: %s", SPI_result_code_string(ret));
+
+	for (i = 0; i < SPI_processed; i++)
+	{
+		HeapTuple	tuple = SPI_tuptable->vals[i];
+		TupleDesc	desc = SPI_tuptable->tupdesc;
+		CaiTurn    *turn;
+		char	   *role;
+
+		role = TextDatumGetCString(SPI_getbinval(tuple, desc, 1, &isnull));
+		MemoryContextSwitchTo(caller);
+		turn = palloc0(sizeof(CaiTurn));
+		turn->role = role_from_text(role);
+		d = SPI_getbinval(tuple, desc, 2, &isnull);
+		turn->content = isnull ? pstrdup("") : TextDatumGetCString(d);
+		d = SPI_getbinval(tuple, desc, 3, &isnull);
+		turn->tokens = NULL;
+		turn->n_tokens = 0;
+		if (!isnull)
+		{
+			ArrayType  *arr = DatumGetArrayTypeP(d);
+			Datum	   *elems;
+			bool	   *elem_nulls;
+			int			n;
+			int			j;
+			bool		usable = true;
+
+			deconstruct_array(arr, INT4OID, sizeof(int32), true, TYPALIGN_INT,
+							  &elems, &elem_nulls, &n);
+			for (j = 0; j < n; j++)
+				if (elem_nulls[j])
+					usable = false;
+
+			/* ids with holes cannot be trusted: the text is tokenized afresh */
+			if (usable)
+			{
+				turn->tokens = palloc(sizeof(int32) * Max(n, 1));
+				for (j = 0; j < n; j++)
+					turn->tokens[j] = DatumGetInt32(elems[j]);
+				turn->n_tokens = n;
+			}
+		}
+		conv->turns = lappend(conv->turns, turn);
+		MemoryContextSwitchTo(spi_context);
+	}
+
+	SPI_finish();
+	return conv;
+}
+
+/*
+ * CaiMessageInsert
+ *		Inserts one turn and returns its id.  tokens may be NULL (stored as NULL), usage too.
+ *		cai_replying_in_function must be set by the caller when inserting a user turn that it
+ *		answers itself.
+ */
+int64
+CaiMessageInsert(int64 conversation_id, const char *role, const char *content,
+				 const int32 *tokens, int n_tokens, const CaiStoredUsage *usage)
+{
+	Oid			argtypes[7] = {INT8OID, TEXTOID, TEXTOID, INT4ARRAYOID, INT4OID, INT4OID, INT4OID};
+	Datum		values[7];
+	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	SPIPlanPtr	plan;
+	bool		isnull;
+	int64		id;
+	int			ret;
+
+	SPI_connect();
+	plan = keep_plan(&insert_plan,
+					 "INSERT INTO cai.messages (conversation_id, role, content, tokens, "
+					 "prompt_tokens, completion_tokens, cached_tokens) "
+					 "VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
+					 7, argtypes);
+	values[0] = Int64GetDatum(conversation_id);
+	values[1] = CStringGetTextDatum(role);
+	values[2] = CStringGetTextDatum(content);
+	if (tokens != NULL)
+		values[3] = ids_to_array(tokens, n_tokens);
+	else
+		nulls[3] = 'n';
+	if (usage != NULL)
+	{
+		values[4] = Int32GetDatum(usage->prompt_tokens);
+		values[5] = Int32GetDatum(usage->completion_tokens);
+		values[6] = Int32GetDatum(usage->cached_tokens);
+	}
+	else
+		nulls[4] = nulls[5] = nulls[6] = 'n';
+
+	ret = SPI_execute_plan(plan, values, nulls, false, 1);
+	if (ret != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
+		elog(ERROR, "could not insert message: %s", SPI_result_code_string(ret));
+	id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_finish();
+	return id;
+}
+
+/*
+ * CaiMessageSetTokens
+ *		Stores the token ids of an existing turn (the trigger's user row).
+ */
+void
+CaiMessageSetTokens(int64 message_id, const int32 *tokens, int n_tokens)
+{
+	Oid			argtypes[2] = {INT8OID, INT4ARRAYOID};
+	Datum		values[2];
+	SPIPlanPtr	plan;
+	int			ret;
+
+	SPI_connect();
+	plan = keep_plan(&set_tokens_plan,
+					 "UPDATE cai.messages SET tokens = $2 WHERE id = $1",
+					 2, argtypes);
+	values[0] = Int64GetDatum(message_id);
+	values[1] = ids_to_array(tokens, n_tokens);
+	ret = SPI_execute_plan(plan, values, NULL, false, 0);
+	if (ret != SPI_OK_UPDATE)
+		elog(ERROR, "could not update message: %s", SPI_result_code_string(ret));
+	SPI_finish();
+}

@@ -1,0 +1,173 @@
+/*
+ * guc.c — defines pg_cai's configuration settings.
+ *
+ * Everything that sizes shared memory, names a file, or configures the engine worker is
+ * PGC_POSTMASTER: the worker reads it once when it starts, and a file path must not be
+ * changeable by ordinary users.  cache_isolation is superuser-only (PGC_SUSET) because it decides
+ * who may share cached prompt prefixes, a security property.  max_tokens is an ordinary
+ * per-session default.
+ */
+#include "postgres.h"
+
+#include <limits.h>
+
+#include "utils/guc.h"
+
+#include "guc.h"
+
+char	   *cai_model_path = NULL;
+char	   *cai_chat_template = NULL;
+int			cai_device = CAI_DEVICE_AUTO;
+int			cai_threads = 0;
+int			cai_max_batch = 16;
+int			cai_max_step_tokens = 512;
+int			cai_context_length = 0;
+int			cai_host_cache_size_mb = 256;
+int			cai_max_queue = 64;
+int			cai_cache_isolation = CAI_ISOLATION_ROLE;
+int			cai_default_max_tokens = 256;
+
+static const struct config_enum_entry device_options[] = {
+	{"auto", CAI_DEVICE_AUTO, false},
+	{"cpu", CAI_DEVICE_CPU, false},
+	{"cuda", CAI_DEVICE_CUDA, false},
+	{NULL, 0, false}
+};
+
+static const struct config_enum_entry cache_isolation_options[] = {
+	{"role", CAI_ISOLATION_ROLE, false},
+	{"conversation", CAI_ISOLATION_CONVERSATION, false},
+	{"none", CAI_ISOLATION_NONE, false},
+	{NULL, 0, false}
+};
+
+/*
+ * CaiDeviceSettingName
+ *		The engine's name for a pg_cai.device value ("auto", "cpu", "cuda").
+ */
+const char *
+CaiDeviceSettingName(int device)
+{
+	const struct config_enum_entry *entry;
+
+	for (entry = device_options; entry->name != NULL; entry++)
+	{
+		if (entry->val == device)
+			return entry->name;
+	}
+	return "auto";
+}
+
+/*
+ * CaiGucInit
+ *		Defines every pg_cai.* setting and reserves the prefix.  Called from _PG_init while
+ *		shared_preload_libraries is processed.
+ */
+void
+CaiGucInit(void)
+{
+	DefineCustomStringVariable("pg_cai.model",
+							   "Path of the GGUF model file the engine worker loads.",
+							   "An absolute path, or relative to the data directory. "
+							   "Empty means no model: calls fail with a hint.",
+							   &cai_model_path,
+							   "",
+							   PGC_POSTMASTER,
+							   0,
+							   NULL, NULL, NULL);
+
+	DefineCustomStringVariable("pg_cai.chat_template",
+							   "Chat template to use instead of the one detected from the model.",
+							   "One of chatml, llama3, gemma, llama2; empty means detect.",
+							   &cai_chat_template,
+							   "",
+							   PGC_POSTMASTER,
+							   0,
+							   NULL, NULL, NULL);
+
+	DefineCustomEnumVariable("pg_cai.device",
+							 "Compute device of the engine worker.",
+							 "auto uses CUDA when a GPU is usable, the CPU otherwise.",
+							 &cai_device,
+							 CAI_DEVICE_AUTO,
+							 device_options,
+							 PGC_POSTMASTER,
+							 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomIntVariable("pg_cai.threads",
+							"CPU threads of the engine worker.",
+							"0 means all online cores.",
+							&cai_threads,
+							0, 0, 1024,
+							PGC_POSTMASTER,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("pg_cai.max_batch",
+							"Sequences the engine runs together in one batch.",
+							NULL,
+							&cai_max_batch,
+							16, 1, 1024,
+							PGC_POSTMASTER,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("pg_cai.max_step_tokens",
+							"Token budget of one engine step (decodes plus prefill chunks).",
+							NULL,
+							&cai_max_step_tokens,
+							512, 16, 65536,
+							PGC_POSTMASTER,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("pg_cai.context_length",
+							"Context window of one sequence, in tokens.",
+							"0 means the model's trained context, capped at 4096.",
+							&cai_context_length,
+							0, 0, 1048576,
+							PGC_POSTMASTER,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("pg_cai.host_cache_size",
+							"Host memory for the KV cache of past turns (the prefix cache).",
+							"0 turns the prefix cache off.",
+							&cai_host_cache_size_mb,
+							256, 0, INT_MAX / 2,
+							PGC_POSTMASTER,
+							GUC_UNIT_MB,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("pg_cai.max_queue",
+							"Requests that may wait for the engine before new ones are refused.",
+							NULL,
+							&cai_max_queue,
+							64, 1, 65536,
+							PGC_POSTMASTER,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomEnumVariable("pg_cai.cache_isolation",
+							 "Which requests may share cached prompt prefixes.",
+							 "role: requests of the same role; conversation: turns of the same "
+							 "conversation; none: all requests.",
+							 &cai_cache_isolation,
+							 CAI_ISOLATION_ROLE,
+							 cache_isolation_options,
+							 PGC_SUSET,
+							 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomIntVariable("pg_cai.max_tokens",
+							"Default for the max_tokens option: completion tokens at most.",
+							NULL,
+							&cai_default_max_tokens,
+							256, 1, 1048576,
+							PGC_USERSET,
+							0,
+							NULL, NULL, NULL);
+
+	MarkGUCPrefixReserved("pg_cai");
+}

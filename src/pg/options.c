@@ -1,0 +1,335 @@
+/*
+ * options.c — parses and validates generation options given as jsonb.
+ *
+ * Every key is checked: an unknown key, a value of the wrong JSON type, or a value out of range
+ * is an error naming the key, so that a typo never silently falls back to a default.
+ */
+#include "postgres.h"
+
+#include <math.h>
+
+#include "utils/builtins.h"
+#include "utils/jsonb.h"
+#include "utils/numeric.h"
+
+#include "guc.h"
+#include "options.h"
+#include "protocol.h"
+
+#define CAI_MAX_TOKENS_LIMIT	1048576
+#define CAI_TOP_K_LIMIT			1000000
+#define CAI_STOP_MAX_BYTES		256
+#define CAI_VALID_OPTIONS		"max_tokens, temperature, top_p, top_k, seed, stop, truncate, ignore_eos"
+
+/*
+ * CaiOptionsInit
+ *		The defaults: greedy decoding, pg_cai.max_tokens tokens, no stop strings, and the oldest
+ *		turns dropped when a conversation outgrows the context.
+ */
+void
+CaiOptionsInit(CaiOptions *options)
+{
+	memset(options, 0, sizeof(*options));
+	options->max_tokens = cai_default_max_tokens;
+	options->temperature = 0.0;
+	options->top_p = 1.0;
+	options->top_k = 0;
+	options->seed = 0;
+	options->n_stop = 0;
+	options->truncate = true;
+}
+
+static const char *
+jsonb_type_name(const JsonbValue *value)
+{
+	switch (value->type)
+	{
+		case jbvNull:
+			return "null";
+		case jbvString:
+			return "string";
+		case jbvNumeric:
+			return "number";
+		case jbvBool:
+			return "boolean";
+		case jbvArray:
+			return "array";
+		case jbvObject:
+		case jbvBinary:
+			return "object";
+		default:
+			return "value";
+	}
+}
+
+static void
+wrong_type(const char *key, const char *expected, const JsonbValue *value)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("option \"%s\" must be %s", key, expected),
+			 errdetail("Got a JSON %s.", jsonb_type_name(value))));
+}
+
+/*
+ * numeric_to_int64
+ *		The numeric as an int64 when it is a whole number that fits; false otherwise.
+ */
+static bool
+numeric_to_int64(Numeric num, int64 *out)
+{
+	char	   *text = DatumGetCString(DirectFunctionCall1(numeric_out, NumericGetDatum(num)));
+	char	   *end;
+	long long	value;
+
+	errno = 0;
+	value = strtoll(text, &end, 10);
+	if (end == text || errno == ERANGE)
+		return false;
+	if (*end == '.')
+	{
+		for (end++; *end == '0'; end++)
+			;
+	}
+	if (*end != '\0')
+		return false;
+	*out = (int64) value;
+	return true;
+}
+
+static int64
+get_integer(const char *key, const JsonbValue *value, int64 min, int64 max)
+{
+	int64		result;
+
+	if (value->type != jbvNumeric)
+		wrong_type(key, "an integer", value);
+	if (!numeric_to_int64(value->val.numeric, &result))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("option \"%s\" must be an integer", key),
+				 errdetail("Got %s.",
+						   DatumGetCString(DirectFunctionCall1(numeric_out,
+															   NumericGetDatum(value->val.numeric))))));
+	if (result < min || result > max)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("option \"%s\" must be between " INT64_FORMAT " and " INT64_FORMAT,
+						key, min, max),
+				 errdetail("Got " INT64_FORMAT ".", result)));
+	return result;
+}
+
+static double
+get_number(const char *key, const JsonbValue *value)
+{
+	if (value->type != jbvNumeric)
+		wrong_type(key, "a number", value);
+	return DatumGetFloat8(DirectFunctionCall1(numeric_float8,
+											  NumericGetDatum(value->val.numeric)));
+}
+
+static void
+add_stop(CaiOptions *options, const char *key, const JsonbValue *value)
+{
+	if (value->type != jbvString)
+		wrong_type(key, "a string or an array of strings", value);
+	if (value->val.string.len == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("option \"stop\" must not contain an empty string")));
+	if (value->val.string.len > CAI_STOP_MAX_BYTES)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("option \"stop\" takes strings of at most %d bytes", CAI_STOP_MAX_BYTES),
+				 errdetail("Got one of %d bytes.", value->val.string.len)));
+	if (options->n_stop == CAI_MAX_STOP_STRINGS)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("option \"stop\" takes at most %d strings", CAI_MAX_STOP_STRINGS)));
+	options->stop[options->n_stop++] = pnstrdup(value->val.string.val, value->val.string.len);
+}
+
+/*
+ * apply_stop
+ *		Sets the stop strings from a string or an array of strings.
+ */
+static void
+apply_stop(CaiOptions *options, const JsonbValue *value)
+{
+	JsonbIterator *it;
+	JsonbIteratorToken tok;
+	JsonbValue	elem;
+
+	options->n_stop = 0;
+	if (value->type == jbvString)
+	{
+		add_stop(options, "stop", value);
+		return;
+	}
+	if (value->type != jbvBinary || !JsonContainerIsArray(value->val.binary.data))
+		wrong_type("stop", "a string or an array of strings", value);
+
+	it = JsonbIteratorInit(value->val.binary.data);
+	while ((tok = JsonbIteratorNext(&it, &elem, true)) != WJB_DONE)
+	{
+		if (tok == WJB_ELEM)
+		{
+			if (elem.type != jbvString)
+				ereport(ERROR,
+						(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+						 errmsg("option \"stop\" must be a string or an array of strings"),
+						 errdetail("The array holds a JSON %s.", jsonb_type_name(&elem))));
+			add_stop(options, "stop", &elem);
+		}
+	}
+}
+
+/*
+ * apply_key
+ *		Applies one option; a JSON null restores the key's default.
+ */
+static void
+apply_key(CaiOptions *options, const char *key, const JsonbValue *value)
+{
+	CaiOptions	defaults;
+
+	CaiOptionsInit(&defaults);
+
+	if (strcmp(key, "max_tokens") == 0)
+		options->max_tokens = value->type == jbvNull ? defaults.max_tokens :
+			(int) get_integer(key, value, 1, CAI_MAX_TOKENS_LIMIT);
+	else if (strcmp(key, "temperature") == 0)
+	{
+		double		t = value->type == jbvNull ? defaults.temperature : get_number(key, value);
+
+		if (!(t >= 0.0 && t <= 2.0))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("option \"temperature\" must be between 0 and 2"),
+					 errdetail("Got %g.", t)));
+		options->temperature = t;
+	}
+	else if (strcmp(key, "top_p") == 0)
+	{
+		double		p = value->type == jbvNull ? defaults.top_p : get_number(key, value);
+
+		if (!(p > 0.0 && p <= 1.0))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("option \"top_p\" must be greater than 0 and at most 1"),
+					 errdetail("Got %g.", p)));
+		options->top_p = p;
+	}
+	else if (strcmp(key, "top_k") == 0)
+		options->top_k = value->type == jbvNull ? defaults.top_k :
+			(int) get_integer(key, value, 0, CAI_TOP_K_LIMIT);
+	else if (strcmp(key, "seed") == 0)
+		options->seed = value->type == jbvNull ? defaults.seed :
+			get_integer(key, value, 0, PG_INT64_MAX);
+	else if (strcmp(key, "stop") == 0)
+	{
+		if (value->type == jbvNull)
+			options->n_stop = 0;
+		else
+			apply_stop(options, value);
+	}
+	else if (strcmp(key, "truncate") == 0)
+	{
+		if (value->type == jbvNull)
+			options->truncate = defaults.truncate;
+		else if (value->type != jbvBool)
+			wrong_type(key, "a boolean", value);
+		else
+			options->truncate = value->val.boolean;
+	}
+	else if (strcmp(key, "ignore_eos") == 0)
+	{
+		if (value->type == jbvNull)
+			options->ignore_eos = defaults.ignore_eos;
+		else if (value->type != jbvBool)
+			wrong_type(key, "a boolean", value);
+		else
+			options->ignore_eos = value->val.boolean;
+	}
+	else
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("unrecognized option \"%s\"", key),
+				 errhint("Valid options are: %s.", CAI_VALID_OPTIONS)));
+}
+
+/*
+ * CaiOptionsApply
+ *		Applies every key of a jsonb object over options.  NULL json changes nothing.
+ */
+void
+CaiOptionsApply(CaiOptions *options, Jsonb *json)
+{
+	JsonbIterator *it;
+	JsonbIteratorToken tok;
+	JsonbValue	key;
+	JsonbValue	value;
+
+	if (json == NULL)
+		return;
+	if (!JB_ROOT_IS_OBJECT(json) || JB_ROOT_IS_SCALAR(json))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("options must be a JSON object"),
+				 errhint("Pass options like '{\"max_tokens\": 64, \"temperature\": 0.7}'.")));
+
+	it = JsonbIteratorInit(&json->root);
+	while ((tok = JsonbIteratorNext(&it, &key, true)) != WJB_DONE)
+	{
+		if (tok == WJB_KEY)
+		{
+			char	   *name = pnstrdup(key.val.string.val, key.val.string.len);
+
+			tok = JsonbIteratorNext(&it, &value, true);
+			Assert(tok == WJB_VALUE);
+			apply_key(options, name, &value);
+		}
+	}
+}
+
+/*
+ * CaiOptionsValidate
+ *		Raises the error an options object would raise when used.
+ */
+void
+CaiOptionsValidate(Jsonb *json)
+{
+	CaiOptions	options;
+
+	CaiOptionsInit(&options);
+	CaiOptionsApply(&options, json);
+}
+
+/*
+ * CaiOptionsWriteGeneration
+ *		Writes the generation block and stop strings of a CHAT or COMPLETE payload.
+ */
+void
+CaiOptionsWriteGeneration(StringInfo buf, const CaiOptions *options, uint64 cache_salt,
+						  int n_messages)
+{
+	CaiGenerationParams gp;
+	int			i;
+
+	memset(&gp, 0, sizeof(gp));
+	gp.temperature = (float) options->temperature;
+	gp.top_p = (float) options->top_p;
+	gp.top_k = options->top_k;
+	gp.seed = (uint64) options->seed;
+	gp.max_tokens = options->max_tokens;
+	gp.truncate = options->truncate;
+	gp.ignore_eos = options->ignore_eos;
+	gp.use_cache = true;
+	gp.cache_salt = cache_salt;
+	gp.n_stop = options->n_stop;
+	gp.n_messages = n_messages;
+	cai_put_bytes(buf, &gp, sizeof(gp));
+	for (i = 0; i < options->n_stop; i++)
+		cai_put_text(buf, options->stop[i], strlen(options->stop[i]));
+}

@@ -1,0 +1,35 @@
+/*
+ * options.h — the options of a generation call (max_tokens, temperature, ...), parsed from jsonb.
+ *
+ * A call's options start from the defaults, then a conversation's stored options are applied,
+ * then the call's own: later layers override earlier ones key by key.  A JSON null restores a
+ * key's default.
+ */
+#ifndef PG_CAI_OPTIONS_H
+#define PG_CAI_OPTIONS_H
+
+#include "lib/stringinfo.h"
+#include "utils/jsonb.h"
+
+#include "cai.h"
+
+typedef struct CaiOptions
+{
+	int			max_tokens;
+	double		temperature;
+	double		top_p;
+	int			top_k;
+	int64		seed;
+	int			n_stop;
+	char	   *stop[CAI_MAX_STOP_STRINGS];
+	bool		truncate;
+	bool		ignore_eos;		/* run to max_tokens (benchmarks, tests) */
+} CaiOptions;
+
+extern void CaiOptionsInit(CaiOptions *options);
+extern void CaiOptionsApply(CaiOptions *options, Jsonb *json);
+extern void CaiOptionsValidate(Jsonb *json);
+extern void CaiOptionsWriteGeneration(StringInfo buf, const CaiOptions *options,
+									  uint64 cache_salt, int n_messages);
+
+#endif							/* PG_CAI_OPTIONS_H */

@@ -1,0 +1,101 @@
+/*
+ * shmem.h — pg_cai's state in the main shared memory segment.
+ *
+ * One CaiSharedState per cluster: the engine worker's identity and health, a summary of the
+ * loaded model, the latest statistics, and the intake ring of posted requests (dsm handles).
+ * Everything in it is protected by the "pg_cai" LWLock tranche's single lock, except the
+ * generation counter, which is atomic so that waiting backends can poll it cheaply.
+ */
+#ifndef PG_CAI_SHMEM_H
+#define PG_CAI_SHMEM_H
+
+#include "port/atomics.h"
+#include "storage/dsm.h"
+#include "storage/lwlock.h"
+#include "storage/proc.h"
+#include "utils/timestamp.h"
+
+#include "cai.h"
+
+/* What the engine worker is doing */
+typedef enum CaiWorkerState
+{
+	CAI_WORKER_NOT_RUNNING = 0, /* not started yet, or exited and waiting for a restart */
+	CAI_WORKER_LOADING,			/* started, loading the model */
+	CAI_WORKER_READY,			/* serving */
+	CAI_WORKER_FAILED			/* up, but without a model: requests get the reason */
+} CaiWorkerState;
+
+#define CAI_REASON_SIZE 512
+
+/* What SQL can learn about the model without asking the worker */
+typedef struct CaiModelSummary
+{
+	char		path[MAXPGPATH];
+	char		arch[32];
+	char		name[128];
+	char		chat_template[32];
+	char		device[128];
+	char		device_reason[256];
+	int			n_layers;
+	int			d_model;
+	int			n_heads;
+	int			n_kv_heads;
+	int			head_dim;
+	int			d_ff;
+	int			n_vocab;
+	int			trained_context;	/* the model's */
+	int			context_length; /* what the engine serves per sequence */
+	int64		n_params;
+	uint64		weight_bytes;
+	uint64		kv_bytes_per_token;
+	double		load_seconds;
+} CaiModelSummary;
+
+/* Counters the worker keeps besides the engine's own */
+typedef struct CaiWorkerCounters
+{
+	uint64		requests_received;	/* taken from the ring */
+	uint64		requests_completed; /* answered with a result */
+	uint64		requests_failed;	/* answered with an error */
+	uint64		requests_abandoned; /* the backend left (cancel, timeout, error) */
+} CaiWorkerCounters;
+
+typedef struct CaiSharedState
+{
+	LWLock	   *lock;
+
+	/* the engine worker */
+	pg_atomic_uint64 generation;	/* bumped each time a worker starts */
+	int			worker_pid;		/* 0 when not running */
+	PGPROC	   *worker_proc;	/* whose latch to set; NULL when not running */
+	CaiWorkerState state;
+	TimestampTz worker_started;
+	char		reason[CAI_REASON_SIZE];	/* why the model is unavailable (FAILED) */
+	char		hint[CAI_REASON_SIZE];
+	CaiModelSummary model;
+
+	/* statistics, refreshed by the worker after every step and when idle */
+	cai_engine_stats engine_stats;
+	CaiWorkerCounters counters;
+	TimestampTz stats_updated;
+
+	/* intake ring of request segments, oldest at ring_head */
+	int			ring_capacity;
+	int			ring_head;
+	int			ring_count;
+	dsm_handle	ring[FLEXIBLE_ARRAY_MEMBER];
+} CaiSharedState;
+
+/* NULL unless pg_cai was loaded via shared_preload_libraries */
+extern CaiSharedState *cai_shared;
+
+extern void CaiShmemInit(void);
+extern Size pg_cai_shmem_size(void);
+extern CaiSharedState *CaiSharedStateOrError(void);
+
+extern bool CaiRingPush(dsm_handle handle);
+extern bool CaiRingPeek(dsm_handle *handle);
+extern void CaiRingPop(dsm_handle handle);
+
+#endif							/* PG_CAI_SHMEM_H */

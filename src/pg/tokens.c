@@ -1,0 +1,149 @@
+/*
+ * tokens.c — cai_tokenize and cai_detokenize: the model's tokenizer, through the engine worker.
+ *
+ * The worker owns the model, so these go through it like a generation does; they are answered
+ * at once, between engine steps.
+ */
+#include "postgres.h"
+
+#include "catalog/pg_type.h"
+#include "mb/pg_wchar.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+
+#include "channel.h"
+#include "protocol.h"
+#include "shmem.h"
+
+PG_FUNCTION_INFO_V1(pg_cai_tokenize);
+PG_FUNCTION_INFO_V1(pg_cai_detokenize);
+
+/*
+ * ask_worker
+ *		Posts a request and returns its one answer (type byte + body), raising a worker error.
+ *		The answer is copied into the current memory context.
+ */
+static char *
+ask_worker(CaiRequestKind kind, StringInfo payload, char expected, Size *len)
+{
+	CaiChannel *channel = CaiChannelOpen(kind, payload);
+	char	   *data;
+	Size		nbytes;
+	char	   *copy;
+
+	CaiChannelReceive(channel, &data, &nbytes);
+	copy = palloc(nbytes);
+	memcpy(copy, data, nbytes);
+	CaiChannelClose(channel);
+
+	if (copy[0] == CAI_MSG_ERROR)
+		CaiRaiseWorkerError(copy + 1, nbytes - 1);
+	if (copy[0] != expected)
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("pg_cai engine worker sent an unexpected message of type %d", copy[0])));
+	*len = nbytes;
+	return copy;
+}
+
+/*
+ * cai_tokenize(text) -> int4[]
+ *		The model's token ids for the text.  Special-token text ("<|im_end|>") is tokenized as
+ *		plain text; no BOS is added.
+ */
+Datum
+pg_cai_tokenize(PG_FUNCTION_ARGS)
+{
+	char	   *input = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	int			len = strlen(input);
+	char	   *utf8 = pg_server_to_any(input, len, PG_UTF8);
+	StringInfoData payload;
+	char	   *answer;
+	Size		answer_len;
+	int32		count;
+	Datum	   *elems;
+	int			i;
+
+	(void) CaiSharedStateOrError();
+	if (utf8 != input)
+		len = strlen(utf8);
+
+	initStringInfo(&payload);
+	cai_put_text(&payload, utf8, len);
+	answer = ask_worker(CAI_REQUEST_TOKENIZE, &payload, CAI_MSG_IDS, &answer_len);
+
+	if (answer_len < 1 + sizeof(int32))
+		elog(ERROR, "pg_cai engine worker sent a short token list");
+	memcpy(&count, answer + 1, sizeof(count));
+	if (count < 0 || (Size) count > (answer_len - 1 - sizeof(int32)) / sizeof(int32))
+		elog(ERROR, "pg_cai engine worker sent a malformed token list");
+
+	elems = palloc(sizeof(Datum) * Max(count, 1));
+	for (i = 0; i < count; i++)
+	{
+		int32		id;
+
+		memcpy(&id, answer + 1 + sizeof(int32) * (i + 1), sizeof(id));
+		elems[i] = Int32GetDatum(id);
+	}
+	PG_RETURN_ARRAYTYPE_P(construct_array(elems, count, INT4OID, sizeof(int32), true,
+										  TYPALIGN_INT));
+}
+
+/*
+ * cai_detokenize(int4[]) -> text
+ *		The text of the token ids, special tokens included as their text.  Fails when an id is
+ *		outside the vocabulary, or when the ids end inside a multi-byte character.
+ */
+Datum
+pg_cai_detokenize(PG_FUNCTION_ARGS)
+{
+	ArrayType  *arr = PG_GETARG_ARRAYTYPE_P(0);
+	Datum	   *elems;
+	bool	   *nulls;
+	int			n;
+	int			i;
+	int			n_vocab;
+	StringInfoData payload;
+	char	   *answer;
+	Size		answer_len;
+	char	   *converted;
+
+	(void) CaiSharedStateOrError();
+	if (ARR_NDIM(arr) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("token ids must be a one-dimensional array")));
+	deconstruct_array(arr, INT4OID, sizeof(int32), true, TYPALIGN_INT, &elems, &nulls, &n);
+
+	LWLockAcquire(cai_shared->lock, LW_SHARED);
+	n_vocab = cai_shared->state == CAI_WORKER_READY ? cai_shared->model.n_vocab : 0;
+	LWLockRelease(cai_shared->lock);
+
+	initStringInfo(&payload);
+	cai_put_int32(&payload, n);
+	for (i = 0; i < n; i++)
+	{
+		int32		id;
+
+		if (nulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("token ids must not be null"),
+					 errdetail("Element %d is null.", i + 1)));
+		id = DatumGetInt32(elems[i]);
+		if (id < 0 || (n_vocab > 0 && id >= n_vocab))
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("token id %d is out of range", id),
+					 n_vocab > 0 ?
+					 errdetail("Token ids run from 0 to %d for this model.", n_vocab - 1) : 0));
+		cai_put_int32(&payload, id);
+	}
+
+	answer = ask_worker(CAI_REQUEST_DETOKENIZE, &payload, CAI_MSG_TEXT, &answer_len);
+	converted = pg_any_to_server(answer + 1, (int) (answer_len - 1), PG_UTF8);
+	if (converted != answer + 1)
+		PG_RETURN_TEXT_P(cstring_to_text(converted));
+	PG_RETURN_TEXT_P(cstring_to_text_with_len(answer + 1, (int) (answer_len - 1)));
+}

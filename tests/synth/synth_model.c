@@ -1,0 +1,523 @@
+/*
+ * synth_model.c — the synthetic-model generator (see synth_model.h).
+ *
+ * Weights come from a splitmix64 stream seeded per tensor by (config seed, tensor name), so a
+ * tensor's values do not change when other tensors are added or removed (a 3-layer model
+ * shares its first two layers with the 2-layer one of the same seed).  Scales keep activations
+ * near unit size: projections have std 0.5/sqrt(fan_in), embeddings 2/sqrt(d_model) (logits of
+ * a tied head then spread over a few units, so greedy choices are clear-cut), norm weights
+ * 1 + 0.1 N(0,1) and qwen2 biases 0.1 N(0,1).
+ */
+#include "synth_model.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gguf_writer.h"
+#include "quant.h"
+#include "util.h"
+
+/*
+ * The merges, in rank order.  The first eight are SmolLM2's own first eight; the rest make
+ * common English pieces ("Ġthe", "ing", "Hello", "Ġworld") so that tokenizer tests see
+ * multi-level merges.  Every part is a byte token or an earlier merge's result (checked by
+ * the unit tests).  Their count (65) makes the vocabulary 3 + 256 + 65 = 324, a multiple of 4.
+ */
+static const char *const merge_table[] = {
+	"Ġ t", "Ġ a", "i n", "h e", "Ġ Ġ", "r e", "o n", "e r",
+	"Ġt he", "a t", "Ġ s", "Ġ o", "e n", "Ġ c", "e s", "Ġ w",
+	"n d", "i t", "o r", "i s", "a l", "Ġ p", "in g", "Ġ f",
+	"a n", "e d", "Ġ b", "o u", "a r", "Ġ in", "Ġo f", "Ġ m",
+	"Ġa nd", "i on", "i c", "Ġ d", "Ġt o", "ĠĠ ĠĠ", "l e", "r o",
+	"a s", "en t", "Ġ h", "Ġt h", "c t", "Ġ e", "Ġ re", "e l",
+	"l l", "Ġ l", "h i", "Ġh e", "l o", "Ġ n", "Ċ Ċ", "l d",
+	"Ġw or", "Ġwor ld", "he ll", "hell o", "H e", "He ll", "Hell o", "Ġ y",
+	"Ġy ou",
+};
+
+#define N_MERGES ((int) (sizeof(merge_table) / sizeof(merge_table[0])))
+#define N_SPECIAL 3
+#define N_VOCAB (N_SPECIAL + 256 + N_MERGES)
+
+static const char *const special_tokens[N_SPECIAL] = {
+	"<|endoftext|>", "<|im_start|>", "<|im_end|>"
+};
+
+/* SmolLM2-135M-Instruct's chat template, as its GGUF stores it. */
+static const char default_chat_template[] =
+"{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+"{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+"<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + "
+"'<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+"{% endif %}";
+
+/*
+ * The 256 byte tokens as UTF-8 (GPT-2's bytes_to_unicode): byte token k (0..255) in vocabulary
+ * order.  Printable bytes map to themselves, the 68 others in increasing order to U+0100 + n.
+ */
+static void
+byte_token(int k, char *out)
+{
+	int			b;				/* the byte */
+	unsigned	cp;				/* its code point */
+
+	/* printable runs: '!'..'~' (94), '¡'..'¬' (12), '®'..'ÿ' (82): 188 in all */
+	if (k < 94)
+		b = 0x21 + k, cp = (unsigned) b;
+	else if (k < 106)
+		b = 0xa1 + (k - 94), cp = (unsigned) b;
+	else if (k < 188)
+		b = 0xae + (k - 106), cp = (unsigned) b;
+	else
+	{
+		int			n = k - 188;	/* n-th non-printable byte */
+
+		/* bytes 0x00-0x20 (33), 0x7f-0xa0 (34), 0xad (1) */
+		if (n < 33)
+			b = n;
+		else if (n < 67)
+			b = 0x7f + (n - 33);
+		else
+			b = 0xad;
+		cp = 0x100 + (unsigned) n;
+	}
+	(void) b;
+	if (cp < 0x80)
+	{
+		out[0] = (char) cp;
+		out[1] = '\0';
+	}
+	else
+	{
+		out[0] = (char) (0xc0 | (cp >> 6));
+		out[1] = (char) (0x80 | (cp & 0x3f));
+		out[2] = '\0';
+	}
+}
+
+/* Vocabulary size: specials, byte tokens, one token per merge. */
+int
+synth_model_n_vocab(void)
+{
+	return N_VOCAB;
+}
+
+/* The merge table's accessors. */
+int
+synth_model_n_merges(void)
+{
+	return N_MERGES;
+}
+
+const char *
+synth_model_merge(int i)
+{
+	return i >= 0 && i < N_MERGES ? merge_table[i] : NULL;
+}
+
+/* Copies token i's text into buf (see synth_model.h for the id layout). */
+int
+synth_model_token(int i, char *buf, size_t cap)
+{
+	char		tmp[64];
+	size_t		len;
+
+	if (i < 0 || i >= N_VOCAB || !buf || cap == 0)
+		return -1;
+	if (i < N_SPECIAL)
+		snprintf(tmp, sizeof(tmp), "%s", special_tokens[i]);
+	else if (i < SYNTH_FIRST_MERGE_TOKEN)
+		byte_token(i - SYNTH_FIRST_BYTE_TOKEN, tmp);
+	else
+	{
+		/* the merge's two parts joined (a merge has exactly one space, between its parts) */
+		const char *m = merge_table[i - SYNTH_FIRST_MERGE_TOKEN];
+		size_t		o = 0;
+
+		for (const char *p = m; *p && o + 1 < sizeof(tmp); p++)
+		{
+			if (*p != ' ')
+				tmp[o++] = *p;
+		}
+		tmp[o] = '\0';
+	}
+	len = strlen(tmp);
+	if (len + 1 > cap)
+		return -1;
+	memcpy(buf, tmp, len + 1);
+	return (int) len;
+}
+
+/* The small llama described in synth_model.h. */
+void
+synth_model_default_config(synth_model_config *cfg)
+{
+	memset(cfg, 0, sizeof(*cfg));
+	cfg->arch = "llama";
+	cfg->name = "synthetic";
+	cfg->n_layers = 2;
+	cfg->d_model = 64;
+	cfg->n_heads = 4;
+	cfg->n_kv_heads = 2;
+	cfg->head_dim = 0;
+	cfg->d_ff = 128;
+	cfg->context_length = 256;
+	cfg->weight_type = GGML_TYPE_F32;
+	cfg->embd_type = GGML_TYPE_F32;
+	cfg->tied_embeddings = true;
+	cfg->seed = 1;
+	cfg->rope_base = 10000.0f;
+	cfg->rms_eps = 1e-5f;
+	cfg->tokenizer_pre = "smollm";
+	cfg->chat_template = NULL;
+}
+
+/* ---- deterministic random numbers ------------------------------------------------------- */
+
+typedef struct synth_rng
+{
+	uint64_t	state;
+} synth_rng;
+
+/* splitmix64: a full-period 64-bit generator whose output is well mixed from any seed. */
+static uint64_t
+rng_next(synth_rng *r)
+{
+	uint64_t	z = (r->state += 0x9e3779b97f4a7c15ULL);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	return z ^ (z >> 31);
+}
+
+/* Uniform in (0, 1): never 0, so that the logarithm below is finite. */
+static double
+rng_uniform(synth_rng *r)
+{
+	return ((double) (rng_next(r) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+
+/* Standard normal (Box-Muller, one value per call). */
+static double
+rng_normal(synth_rng *r)
+{
+	double		u1 = rng_uniform(r);
+	double		u2 = rng_uniform(r);
+
+	return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+
+/* A stream for one tensor: the config seed mixed with the tensor's name. */
+static void
+rng_for_tensor(synth_rng *r, uint64_t seed, const char *name)
+{
+	uint64_t	h = 0xcbf29ce484222325ULL;
+
+	for (const char *p = name; *p; p++)
+	{
+		h ^= (uint8_t) *p;
+		h *= 0x100000001b3ULL;
+	}
+	r->state = seed ^ h;
+	(void) rng_next(r);
+}
+
+/* ---- the model -------------------------------------------------------------------------- */
+
+/* Fills and adds one tensor: values mean + std * N(0, 1). */
+static bool
+add_random_tensor(gguf_writer *w, const synth_model_config *cfg, const char *name,
+				  int64_t ne0, int64_t ne1, ggml_type type, double mean, double std)
+{
+	int64_t		ne[2] = {ne0, ne1};
+	int64_t		n = ne0 * ne1;
+	float	   *x = malloc((size_t) n * sizeof(float));
+	synth_rng	r;
+
+	if (!x)
+		return false;
+	rng_for_tensor(&r, cfg->seed, name);
+	for (int64_t i = 0; i < n; i++)
+		x[i] = (float) (mean + std * rng_normal(&r));
+	gguf_writer_add_tensor_f32(w, name, ne1 > 1 ? 2 : 1, ne, type, x);
+	free(x);
+	return true;
+}
+
+/* llama.cpp's general.file_type (LLAMA_FTYPE_*) for the weight type, as converters write it. */
+static uint32_t
+file_type_of(ggml_type t)
+{
+	switch (t)
+	{
+		case GGML_TYPE_F32:
+			return 0;
+		case GGML_TYPE_F16:
+			return 1;
+		case GGML_TYPE_Q4_0:
+			return 2;
+		case GGML_TYPE_Q4_1:
+			return 3;
+		case GGML_TYPE_Q8_0:
+			return 7;
+		case GGML_TYPE_Q4_K:
+			return 15;			/* Q4_K_M */
+		case GGML_TYPE_Q5_K:
+			return 17;			/* Q5_K_M */
+		case GGML_TYPE_Q6_K:
+			return 18;
+		case GGML_TYPE_BF16:
+			return 32;
+		default:
+			return 0;
+	}
+}
+
+/* True when rows of ne0 elements are whole blocks of type. */
+static bool
+row_fits(ggml_type type, int64_t ne0)
+{
+	int64_t		block = ggml_type_block_elems(type);
+
+	return block > 0 && ne0 % block == 0;
+}
+
+/* Checks the config; fills *head_dim. */
+static cai_status
+check_config(const synth_model_config *cfg, int *head_dim, cai_error *err)
+{
+	static const ggml_type ok_types[] = {
+		GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0,
+		GGML_TYPE_Q4_1, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K
+	};
+	bool		wt_ok = false;
+	bool		et_ok = false;
+
+	if (!cfg->arch || (strcmp(cfg->arch, "llama") != 0 && strcmp(cfg->arch, "qwen2") != 0))
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "synth: arch must be llama or qwen2");
+	if (cfg->n_layers < 1 || cfg->d_model < 1 || cfg->n_heads < 1 || cfg->n_kv_heads < 1 ||
+		cfg->d_ff < 1 || cfg->context_length < 1 || cfg->head_dim < 0 ||
+		cfg->d_model > 65536 || cfg->d_ff > 262144 || cfg->n_layers > 1024)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "synth: sizes out of range");
+	if (cfg->n_heads % cfg->n_kv_heads != 0)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"synth: n_heads %d is not a multiple of n_kv_heads %d",
+						cfg->n_heads, cfg->n_kv_heads);
+	*head_dim = cfg->head_dim;
+	if (*head_dim == 0)
+	{
+		if (cfg->d_model % cfg->n_heads != 0)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+							"synth: d_model %d is not a multiple of n_heads %d",
+							cfg->d_model, cfg->n_heads);
+		*head_dim = cfg->d_model / cfg->n_heads;
+	}
+	for (size_t i = 0; i < sizeof(ok_types) / sizeof(ok_types[0]); i++)
+	{
+		wt_ok |= cfg->weight_type == ok_types[i];
+		et_ok |= cfg->embd_type == ok_types[i];
+	}
+	if (!wt_ok || !et_ok)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "synth: weight or embedding type has no quantizer");
+	if (!row_fits(cfg->embd_type, cfg->d_model) ||
+		!row_fits(cfg->weight_type, cfg->d_model) ||
+		!row_fits(cfg->weight_type, (int64_t) cfg->n_heads * *head_dim) ||
+		!row_fits(cfg->weight_type, cfg->d_ff))
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"synth: row lengths (d_model %d, n_heads*head_dim %d, d_ff %d) are not whole %s blocks",
+						cfg->d_model, cfg->n_heads * *head_dim, cfg->d_ff,
+						ggml_type_name(cfg->weight_type));
+	return CAI_OK;
+}
+
+/* Adds the tokenizer metadata. */
+static cai_status
+add_tokenizer(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
+{
+	char	  **tokens = calloc(N_VOCAB, sizeof(char *));
+	int32_t		types[N_VOCAB];
+	cai_status	st = CAI_OK;
+
+	if (!tokens)
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "synth: out of memory");
+	for (int i = 0; i < N_VOCAB && st == CAI_OK; i++)
+	{
+		char		buf[64];
+		int			len = synth_model_token(i, buf, sizeof(buf));
+
+		tokens[i] = len >= 0 ? strdup(buf) : NULL;
+		if (!tokens[i])
+			st = cai_fail(err, CAI_ERR_NO_MEMORY, "synth: out of memory");
+		types[i] = i < N_SPECIAL ? 3 : 1;
+	}
+	if (st == CAI_OK)
+	{
+		gguf_writer_add_bool(w, "tokenizer.ggml.add_space_prefix", false);
+		gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", false);
+		gguf_writer_add_str(w, "tokenizer.ggml.model", "gpt2");
+		gguf_writer_add_str(w, "tokenizer.ggml.pre",
+							cfg->tokenizer_pre ? cfg->tokenizer_pre : "smollm");
+		gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", (const char *const *) tokens, N_VOCAB);
+		gguf_writer_add_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, N_VOCAB);
+		gguf_writer_add_arr_str(w, "tokenizer.ggml.merges", merge_table, N_MERGES);
+		gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", SYNTH_TOKEN_IM_START);
+		gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", SYNTH_TOKEN_IM_END);
+		gguf_writer_add_u32(w, "tokenizer.ggml.unknown_token_id", SYNTH_TOKEN_ENDOFTEXT);
+		gguf_writer_add_u32(w, "tokenizer.ggml.padding_token_id", SYNTH_TOKEN_IM_END);
+		gguf_writer_add_str(w, "tokenizer.chat_template",
+							cfg->chat_template ? cfg->chat_template : default_chat_template);
+	}
+	for (int i = 0; i < N_VOCAB; i++)
+		free(tokens[i]);
+	free(tokens);
+	return st;
+}
+
+/* Builds the whole model into a writer. */
+static cai_status
+build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
+{
+	const char *a = cfg->arch;
+	char		key[128];
+	int			head_dim = 0;
+	int64_t		d = cfg->d_model;
+	int64_t		q_dim;
+	int64_t		kv_dim;
+	cai_status	st;
+	bool		qwen2;
+
+	st = check_config(cfg, &head_dim, err);
+	if (st != CAI_OK)
+		return st;
+	q_dim = (int64_t) cfg->n_heads * head_dim;
+	kv_dim = (int64_t) cfg->n_kv_heads * head_dim;
+	qwen2 = strcmp(a, "qwen2") == 0;
+
+#define ARCH_KEY(suffix) (snprintf(key, sizeof(key), "%s.%s", a, suffix), key)
+	gguf_writer_add_str(w, "general.architecture", a);
+	gguf_writer_add_str(w, "general.type", "model");
+	gguf_writer_add_str(w, "general.name", cfg->name ? cfg->name : "synthetic");
+	gguf_writer_add_u32(w, ARCH_KEY("block_count"), (uint32_t) cfg->n_layers);
+	gguf_writer_add_u32(w, ARCH_KEY("context_length"), (uint32_t) cfg->context_length);
+	gguf_writer_add_u32(w, ARCH_KEY("embedding_length"), (uint32_t) cfg->d_model);
+	gguf_writer_add_u32(w, ARCH_KEY("feed_forward_length"), (uint32_t) cfg->d_ff);
+	gguf_writer_add_u32(w, ARCH_KEY("attention.head_count"), (uint32_t) cfg->n_heads);
+	gguf_writer_add_u32(w, ARCH_KEY("attention.head_count_kv"), (uint32_t) cfg->n_kv_heads);
+	gguf_writer_add_f32(w, ARCH_KEY("rope.freq_base"), cfg->rope_base);
+	gguf_writer_add_f32(w, ARCH_KEY("attention.layer_norm_rms_epsilon"), cfg->rms_eps);
+	gguf_writer_add_u32(w, "general.file_type", file_type_of(cfg->weight_type));
+	gguf_writer_add_u32(w, ARCH_KEY("vocab_size"), (uint32_t) N_VOCAB);
+	gguf_writer_add_u32(w, ARCH_KEY("rope.dimension_count"), (uint32_t) head_dim);
+	if (cfg->head_dim != 0)
+	{
+		gguf_writer_add_u32(w, ARCH_KEY("attention.key_length"), (uint32_t) head_dim);
+		gguf_writer_add_u32(w, ARCH_KEY("attention.value_length"), (uint32_t) head_dim);
+	}
+#undef ARCH_KEY
+	st = add_tokenizer(w, cfg, err);
+	if (st != CAI_OK)
+		return st;
+	gguf_writer_add_u32(w, "general.quantization_version", 2);
+
+	if (!add_random_tensor(w, cfg, "token_embd.weight", d, N_VOCAB, cfg->embd_type,
+						   0.0, 2.0 / sqrt((double) d)))
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "synth: out of memory");
+	for (int l = 0; l < cfg->n_layers; l++)
+	{
+		struct
+		{
+			const char *suffix;
+			int64_t		ne0;
+			int64_t		ne1;
+			bool		is_norm;
+			bool		is_bias;
+		}			parts[] = {
+			{"attn_norm.weight", d, 1, true, false},
+			{"attn_q.weight", d, q_dim, false, false},
+			{"attn_k.weight", d, kv_dim, false, false},
+			{"attn_v.weight", d, kv_dim, false, false},
+			{"attn_q.bias", q_dim, 1, false, true},
+			{"attn_k.bias", kv_dim, 1, false, true},
+			{"attn_v.bias", kv_dim, 1, false, true},
+			{"attn_output.weight", q_dim, d, false, false},
+			{"ffn_norm.weight", d, 1, true, false},
+			{"ffn_gate.weight", d, cfg->d_ff, false, false},
+			{"ffn_up.weight", d, cfg->d_ff, false, false},
+			{"ffn_down.weight", cfg->d_ff, d, false, false},
+		};
+
+		for (size_t p = 0; p < sizeof(parts) / sizeof(parts[0]); p++)
+		{
+			char		name[96];
+			bool		ok;
+
+			if (parts[p].is_bias && !qwen2)
+				continue;
+			snprintf(name, sizeof(name), "blk.%d.%s", l, parts[p].suffix);
+			if (parts[p].is_norm)
+				ok = add_random_tensor(w, cfg, name, parts[p].ne0, 1, GGML_TYPE_F32, 1.0, 0.1);
+			else if (parts[p].is_bias)
+				ok = add_random_tensor(w, cfg, name, parts[p].ne0, 1, GGML_TYPE_F32, 0.0, 0.1);
+			else
+				ok = add_random_tensor(w, cfg, name, parts[p].ne0, parts[p].ne1,
+									   cfg->weight_type, 0.0,
+									   0.5 / sqrt((double) parts[p].ne0));
+			if (!ok)
+				return cai_fail(err, CAI_ERR_NO_MEMORY, "synth: out of memory");
+		}
+	}
+	if (!add_random_tensor(w, cfg, "output_norm.weight", d, 1, GGML_TYPE_F32, 1.0, 0.1))
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "synth: out of memory");
+	if (!cfg->tied_embeddings &&
+		!add_random_tensor(w, cfg, "output.weight", d, N_VOCAB, cfg->weight_type,
+						   0.0, 2.0 / sqrt((double) d)))
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "synth: out of memory");
+	return CAI_OK;
+}
+
+/* Builds the model in memory; the image is malloc'd. */
+cai_status
+synth_model_write_buffer(const synth_model_config *cfg, uint8_t **data, size_t *size,
+						 cai_error *err)
+{
+	gguf_writer *w = gguf_writer_new();
+	cai_status	st;
+
+	*data = NULL;
+	*size = 0;
+	if (!w)
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "synth: out of memory");
+	st = build_model(w, cfg, err);
+	if (st == CAI_OK && !gguf_writer_write_buffer(w, data, size))
+		st = cai_fail(err, CAI_ERR_INTERNAL, "synth: %s", gguf_writer_error(w));
+	gguf_writer_free(w);
+	return st;
+}
+
+/* Builds the model and writes it to path. */
+cai_status
+synth_model_write(const char *path, const synth_model_config *cfg, cai_error *err)
+{
+	uint8_t    *data;
+	size_t		size;
+	FILE	   *f;
+	bool		ok;
+	cai_status	st = synth_model_write_buffer(cfg, &data, &size, err);
+
+	if (st != CAI_OK)
+		return st;
+	f = fopen(path, "wb");
+	if (!f)
+	{
+		free(data);
+		return cai_fail(err, CAI_ERR_IO, "synth: could not create \"%s\"", path);
+	}
+	ok = fwrite(data, 1, size, f) == size;
+	ok = (fclose(f) == 0) && ok;
+	free(data);
+	if (!ok)
+		return cai_fail(err, CAI_ERR_IO, "synth: could not write \"%s\"", path);
+	return CAI_OK;
+}

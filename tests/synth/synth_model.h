@@ -1,0 +1,80 @@
+/*
+ * synth_model.h — writes tiny but complete model GGUFs (llama or qwen2 layout) with seeded
+ * random weights and a small gpt2-style byte-level BPE vocabulary with ChatML special tokens,
+ * so the suite can test loading, tokenization and inference on shapes no small real model has.
+ *
+ * Metadata keys, tensor names and shapes are exactly those llama.cpp writes (checked against
+ * SmolLM2-135M-Instruct).  The vocabulary mirrors SmolLM2's ordering:
+ *   ids 0..2     "<|endoftext|>", "<|im_start|>", "<|im_end|>"   (token_type 3, CONTROL)
+ *   ids 3..258   the 256 byte tokens in GPT-2 byte-to-unicode order: the printable bytes
+ *                '!'..'~', '¡'..'¬', '®'..'ÿ' as themselves, then the other bytes 0x00.., each
+ *                as U+0100 + k (so ' ' is "Ġ" and '\n' is "Ċ")      (token_type 1, NORMAL)
+ *   ids 259..    one token per merge, in merge-rank order            (token_type 1)
+ * bos = <|im_start|> (1), eos = <|im_end|> (2), unknown = <|endoftext|> (0), padding = 2, as
+ * the real SmolLM2-Instruct file has them.
+ */
+#ifndef CAI_SYNTH_MODEL_H
+#define CAI_SYNTH_MODEL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cai.h"
+#include "gguf.h"
+
+#define SYNTH_TOKEN_ENDOFTEXT 0
+#define SYNTH_TOKEN_IM_START 1
+#define SYNTH_TOKEN_IM_END 2
+#define SYNTH_FIRST_BYTE_TOKEN 3
+#define SYNTH_FIRST_MERGE_TOKEN (SYNTH_FIRST_BYTE_TOKEN + 256)
+
+typedef struct synth_model_config
+{
+	const char *arch;			/* "llama" or "qwen2" (qwen2 adds q/k/v biases) */
+	const char *name;			/* general.name */
+	int			n_layers;
+	int			d_model;
+	int			n_heads;
+	int			n_kv_heads;
+	int			head_dim;		/* 0: d_model / n_heads; else also writes key/value_length */
+	int			d_ff;
+	int			context_length;
+	ggml_type	weight_type;	/* the 2-D projection matrices (and output.weight) */
+	ggml_type	embd_type;		/* token_embd.weight */
+	bool		tied_embeddings;	/* no output.weight: the head reuses token_embd */
+	uint64_t	seed;
+	float		rope_base;
+	float		rms_eps;
+	const char *tokenizer_pre;	/* tokenizer.ggml.pre */
+	const char *chat_template;	/* NULL: SmolLM2's ChatML template */
+} synth_model_config;
+
+/*
+ * A small llama: 2 layers, d_model 64, 4 heads / 2 KV heads (head_dim 16), d_ff 128, context
+ * 256, F32 weights, tied embeddings, seed 1, rope base 10000, eps 1e-5, pre "smollm".
+ */
+void		synth_model_default_config(synth_model_config *cfg);
+
+/* Number of tokens in the synthetic vocabulary (a multiple of 4). */
+int			synth_model_n_vocab(void);
+
+/* Copies token i's text (UTF-8, NUL-terminated) into buf; its length, or -1 (bad i, short buf). */
+int			synth_model_token(int i, char *buf, size_t cap);
+
+/* Number of merges and merge i as "left right". */
+int			synth_model_n_merges(void);
+const char *synth_model_merge(int i);
+
+/*
+ * Writes the model.  Fails with CAI_ERR_INVALID_ARGUMENT when the shapes do not fit the config
+ * (n_heads not dividing d_model, a row length that is not a whole number of blocks of the chosen
+ * type, ...), CAI_ERR_IO when the file cannot be written.
+ */
+cai_status	synth_model_write(const char *path, const synth_model_config *cfg, cai_error *err);
+
+/* Same, to a malloc'd buffer (*data; free() it). */
+cai_status	synth_model_write_buffer(const synth_model_config *cfg, uint8_t **data, size_t *size,
+									 cai_error *err);
+
+#endif							/* CAI_SYNTH_MODEL_H */

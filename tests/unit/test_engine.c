@@ -1,0 +1,560 @@
+/*
+ * test_engine.c — the engine API end to end on a synthetic model: continuous batching is
+ * invisible in the tokens (batch invariance), the prefix cache never changes a token (hits,
+ * partial hits, after evictions), stop strings, cancel, admission errors, chunked prefill.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cai.h"
+#include "synth_model.h"
+#include "test.h"
+
+#define MAX_GEN 64
+
+typedef struct run_result
+{
+	int32_t		tokens[MAX_GEN];
+	int			n_tokens;
+	char		text[4096];
+	size_t		text_len;
+	cai_finish_reason finish;
+	cai_usage	usage;
+} run_result;
+
+static char model_path[256];
+static cai_model *shared_model;
+
+/* Loads (once) a small llama-shaped synthetic model shared by the tests of this file. */
+static cai_model *
+engine_test_model(void)
+{
+	synth_model_config cfg;
+	cai_error	err;
+	cai_model_params mp;
+
+	if (shared_model)
+		return shared_model;
+	synth_model_default_config(&cfg);
+	cfg.n_layers = 2;
+	cfg.d_model = 64;
+	cfg.n_heads = 4;
+	cfg.n_kv_heads = 2;
+	cfg.d_ff = 128;
+	cfg.context_length = 512;
+	cfg.seed = 7;
+	snprintf(model_path, sizeof(model_path), "/tmp/cai_test_engine_%d.gguf", (int) getpid());
+	if (synth_model_write(model_path, &cfg, &err) != CAI_OK)
+	{
+		fprintf(stderr, "    synth_model_write: %s\n", err.message);
+		return NULL;
+	}
+	cai_model_params_default(&mp);
+	mp.n_threads = 2;
+	if (cai_model_load(model_path, &mp, &shared_model, &err) != CAI_OK)
+	{
+		fprintf(stderr, "    cai_model_load: %s\n", err.message);
+		shared_model = NULL;
+	}
+	unlink(model_path);
+	return shared_model;
+}
+
+static cai_engine *
+make_engine(int n_threads, int max_running, int step_tokens, size_t cache_bytes, int max_queue)
+{
+	cai_engine_params ep;
+	cai_engine *engine = NULL;
+	cai_error	err;
+	cai_model  *model = engine_test_model();
+
+	if (!model)
+		return NULL;
+	cai_engine_params_default(&ep);
+	ep.device = "cpu";
+	ep.n_threads = n_threads;
+	ep.max_running = max_running;
+	ep.max_step_tokens = step_tokens;
+	ep.context_length = 256;
+	ep.host_cache_bytes = cache_bytes;
+	ep.max_queue = max_queue;
+	if (cai_engine_create(model, &ep, &engine, &err) != CAI_OK)
+		fprintf(stderr, "    cai_engine_create: %s\n", err.message);
+	return engine;
+}
+
+/* Deterministic pseudo-random prompt of n tokens from the synthetic vocabulary. */
+static void
+make_prompt(int32_t *out, int n, uint32_t seed)
+{
+	uint32_t	x = seed * 2654435761u + 12345u;
+
+	for (int i = 0; i < n; i++)
+	{
+		x = x * 1664525u + 1013904223u;
+		out[i] = SYNTH_FIRST_BYTE_TOKEN + (int32_t) ((x >> 8) % 300u);
+	}
+}
+
+/*
+ * Submits n requests at once and steps until all finish, collecting each one's tokens, text,
+ * finish reason and usage.  Returns false on any engine error.
+ */
+static bool
+run_batch(cai_engine *engine, cai_request_params *reqs, int n, run_result *results)
+{
+	uint64_t	ids[64];
+	int			done = 0;
+	cai_error	err;
+
+	memset(results, 0, sizeof(run_result) * n);
+	for (int i = 0; i < n; i++)
+	{
+		reqs[i].user_data = &results[i];
+		if (cai_engine_submit(engine, &reqs[i], &ids[i], &err) != CAI_OK)
+		{
+			fprintf(stderr, "    submit: %s\n", err.message);
+			return false;
+		}
+	}
+	while (done < n)
+	{
+		const cai_event *events;
+		int			n_events;
+
+		if (cai_engine_step(engine, &events, &n_events, &err) != CAI_OK)
+		{
+			fprintf(stderr, "    step: %s\n", err.message);
+			return false;
+		}
+		for (int e = 0; e < n_events; e++)
+		{
+			run_result *r = events[e].user_data;
+
+			if (events[e].token >= 0 && r->n_tokens < MAX_GEN)
+				r->tokens[r->n_tokens++] = events[e].token;
+			if (r->text_len + events[e].text_len < sizeof(r->text))
+			{
+				memcpy(r->text + r->text_len, events[e].text, events[e].text_len);
+				r->text_len += events[e].text_len;
+			}
+			if (events[e].finish != CAI_FINISH_NONE)
+			{
+				r->finish = events[e].finish;
+				r->usage = events[e].usage;
+				done++;
+			}
+		}
+	}
+	return true;
+}
+
+static cai_request_params
+request(const int32_t *prompt, int n, float temperature, uint64_t seed, int max_tokens)
+{
+	cai_request_params p;
+
+	memset(&p, 0, sizeof(p));
+	p.prompt = prompt;
+	p.n_prompt = n;
+	cai_sampling_params_default(&p.sampling);
+	p.sampling.temperature = temperature;
+	p.sampling.seed = seed;
+	p.sampling.max_tokens = max_tokens;
+	p.sampling.ignore_eos = true;
+	return p;
+}
+
+static bool
+same_tokens(const run_result *a, const run_result *b)
+{
+	return a->n_tokens == b->n_tokens &&
+		memcmp(a->tokens, b->tokens, sizeof(int32_t) * a->n_tokens) == 0;
+}
+
+TEST(engine_batch_invariance_seeded_and_greedy)
+{
+	int32_t		prompts[32][80];
+	cai_request_params reqs[32];
+	run_result *alone = calloc(2, sizeof(run_result));
+	run_result *crowd = calloc(32, sizeof(run_result));
+	cai_engine *engine = make_engine(2, 32, 96, 0, 64);
+
+	if (!engine)
+	{
+		CHECK(engine != NULL);
+		return;
+	}
+	for (int i = 0; i < 32; i++)
+		make_prompt(prompts[i], 20 + (i * 7) % 60, 100 + i);
+
+	/* request 0 seeded, request 1 greedy: alone */
+	reqs[0] = request(prompts[0], 20, 0.9f, 1234, 24);
+	reqs[1] = request(prompts[1], 27, 0.0f, 0, 24);
+	CHECK(run_batch(engine, &reqs[0], 1, &alone[0]));
+	CHECK(run_batch(engine, &reqs[1], 1, &alone[1]));
+
+	/* the same two among 30 others with other lengths, seeds and temperatures */
+	for (int i = 0; i < 32; i++)
+		if (i > 1)
+			reqs[i] = request(prompts[i], 20 + (i * 7) % 60, 0.5f + 0.03f * i, 77 + i, 10 + i % 20);
+	CHECK(run_batch(engine, reqs, 32, crowd));
+	CHECK_EQ_INT(crowd[0].n_tokens, 24);
+	CHECK(same_tokens(&alone[0], &crowd[0]));
+	CHECK(same_tokens(&alone[1], &crowd[1]));
+	CHECK(strcmp(alone[0].text, crowd[0].text) == 0);
+
+	cai_engine_free(engine);
+	free(alone);
+	free(crowd);
+}
+
+TEST(engine_thread_count_invariance)
+{
+	int32_t		prompt[50];
+	cai_request_params req;
+	run_result	one,
+				two;
+	cai_engine *e1 = make_engine(1, 4, 64, 0, 8);
+	cai_engine *e2 = make_engine(2, 4, 64, 0, 8);
+
+	if (!e1 || !e2)
+	{
+		CHECK(e1 && e2);
+		return;
+	}
+	make_prompt(prompt, 50, 9);
+	req = request(prompt, 50, 0.7f, 99, 32);
+	CHECK(run_batch(e1, &req, 1, &one));
+	req = request(prompt, 50, 0.7f, 99, 32);
+	CHECK(run_batch(e2, &req, 1, &two));
+	CHECK(same_tokens(&one, &two));
+	cai_engine_free(e1);
+	cai_engine_free(e2);
+}
+
+TEST(engine_prefix_cache_never_changes_tokens)
+{
+	int32_t		turn1[70];
+	int32_t		turn2[200];
+	int32_t		branch[200];
+	cai_request_params req;
+	run_result	r1,
+				hit,
+				miss,
+				partial,
+				partial_off;
+	int			n2;
+	cai_engine *on = make_engine(2, 8, 64, 8 << 20, 8);
+	cai_engine *off = make_engine(2, 8, 64, 0, 8);
+
+	if (!on || !off)
+	{
+		CHECK(on && off);
+		return;
+	}
+	/* turn 1: 70 prompt tokens, greedy reply */
+	make_prompt(turn1, 70, 5);
+	req = request(turn1, 70, 0.0f, 0, 20);
+	req.use_cache = true;
+	CHECK(run_batch(on, &req, 1, &r1));
+	CHECK_EQ_INT(r1.usage.cached_tokens, 0);
+
+	/* turn 2 = turn 1 + its reply + new tokens: everything of turn 1 that filled blocks hits */
+	memcpy(turn2, turn1, sizeof(turn1));
+	memcpy(turn2 + 70, r1.tokens, sizeof(int32_t) * r1.n_tokens);
+	n2 = 70 + r1.n_tokens;
+	make_prompt(turn2 + n2, 30, 6);
+	n2 += 30;
+	req = request(turn2, n2, 0.0f, 0, 20);
+	req.use_cache = true;
+	CHECK(run_batch(on, &req, 1, &hit));
+	/* turn 1 computed 70 + 19 positions (its last token never ran): 5 full blocks */
+	CHECK_EQ_INT(hit.usage.cached_tokens, 80);
+	req = request(turn2, n2, 0.0f, 0, 20);
+	CHECK(run_batch(off, &req, 1, &miss));
+	CHECK_EQ_INT(miss.usage.cached_tokens, 0);
+	CHECK(same_tokens(&hit, &miss));
+
+	/* a branch sharing 40 tokens with turn 2, then diverging mid-block: 2 blocks hit */
+	memcpy(branch, turn2, sizeof(int32_t) * 40);
+	make_prompt(branch + 40, 60, 8);
+	req = request(branch, 100, 0.0f, 0, 20);
+	req.use_cache = true;
+	CHECK(run_batch(on, &req, 1, &partial));
+	CHECK_EQ_INT(partial.usage.cached_tokens, 32);
+	req = request(branch, 100, 0.0f, 0, 20);
+	CHECK(run_batch(off, &req, 1, &partial_off));
+	CHECK(same_tokens(&partial, &partial_off));
+
+	cai_engine_free(on);
+	cai_engine_free(off);
+}
+
+TEST(engine_prefix_cache_after_evictions)
+{
+	int32_t		prompt[64];
+	int32_t		other[64];
+	cai_request_params req;
+	run_result	first,
+				again,
+				churn;
+	cai_engine_stats stats;
+	cai_model_info info;
+	cai_engine *engine;
+
+	if (!engine_test_model())
+	{
+		CHECK(0);
+		return;
+	}
+	cai_model_get_info(engine_test_model(), &info);
+	/* a budget of 6 blocks: every new prompt evicts older ones */
+	engine = make_engine(2, 4, 64, 6 * 16 * info.kv_bytes_per_token, 8);
+	if (!engine)
+	{
+		CHECK(engine != NULL);
+		return;
+	}
+	make_prompt(prompt, 64, 11);
+	req = request(prompt, 64, 0.0f, 0, 8);
+	req.use_cache = true;
+	CHECK(run_batch(engine, &req, 1, &first));
+	for (int i = 0; i < 6; i++)
+	{
+		make_prompt(other, 64, 200 + i);
+		req = request(other, 64, 0.0f, 0, 8);
+		req.use_cache = true;
+		CHECK(run_batch(engine, &req, 1, &churn));
+		cai_engine_get_stats(engine, &stats);
+		CHECK(stats.cache_bytes <= stats.cache_budget_bytes);
+	}
+	cai_engine_get_stats(engine, &stats);
+	CHECK(stats.cache_evictions > 0);
+	req = request(prompt, 64, 0.0f, 0, 8);
+	req.use_cache = true;
+	CHECK(run_batch(engine, &req, 1, &again));
+	CHECK(same_tokens(&first, &again));
+	cai_engine_free(engine);
+}
+
+TEST(engine_stop_strings_cut_text)
+{
+	int32_t		prompt[30];
+	cai_request_params req;
+	run_result	full,
+				cut;
+	char		stop[8];
+	const char *at;
+	cai_engine *engine = make_engine(2, 4, 64, 0, 8);
+
+	if (!engine)
+	{
+		CHECK(engine != NULL);
+		return;
+	}
+	make_prompt(prompt, 30, 3);
+	req = request(prompt, 30, 0.0f, 0, 40);
+	CHECK(run_batch(engine, &req, 1, &full));
+	CHECK(full.text_len > 12);
+	if (full.text_len <= 12)
+		return;
+	/* a stop string taken from the middle of the unconstrained reply */
+	memcpy(stop, full.text + 8, 3);
+	stop[3] = '\0';
+	at = strstr(full.text, stop);
+	req = request(prompt, 30, 0.0f, 0, 40);
+	req.sampling.n_stop = 1;
+	req.sampling.stop[0] = stop;
+	CHECK(run_batch(engine, &req, 1, &cut));
+	CHECK_EQ_INT(cut.finish, CAI_FINISH_STOP);
+	CHECK_EQ_INT(cut.text_len, at - full.text);
+	CHECK(strncmp(cut.text, full.text, cut.text_len) == 0);
+	CHECK(strstr(cut.text, stop) == NULL);
+	cai_engine_free(engine);
+}
+
+TEST(engine_cancel_frees_kv)
+{
+	int32_t		prompt[100];
+	cai_request_params req;
+	uint64_t	id;
+	cai_error	err;
+	cai_engine_stats before,
+				during,
+				after;
+	const cai_event *events;
+	int			n_events;
+	cai_engine *engine = make_engine(2, 4, 32, 0, 8);
+
+	if (!engine)
+	{
+		CHECK(engine != NULL);
+		return;
+	}
+	cai_engine_get_stats(engine, &before);
+	make_prompt(prompt, 100, 4);
+	req = request(prompt, 100, 0.0f, 0, 50);
+	CHECK(cai_engine_submit(engine, &req, &id, &err) == CAI_OK);
+	CHECK(cai_engine_step(engine, &events, &n_events, &err) == CAI_OK);
+	cai_engine_get_stats(engine, &during);
+	CHECK(during.kv_blocks_free < before.kv_blocks_free);
+	CHECK_EQ_INT(during.running, 1);
+	CHECK(cai_engine_cancel(engine, id) == CAI_OK);
+	CHECK(cai_engine_cancel(engine, id) == CAI_ERR_NOT_FOUND);
+	cai_engine_get_stats(engine, &after);
+	CHECK_EQ_INT(after.kv_blocks_free, before.kv_blocks_free);
+	CHECK_EQ_INT(after.running, 0);
+	CHECK_EQ_INT(after.requests_cancelled, 1);
+	CHECK(!cai_engine_has_work(engine));
+	cai_engine_free(engine);
+}
+
+TEST(engine_admission_errors)
+{
+	int32_t		prompt[300];
+	cai_request_params req;
+	uint64_t	id;
+	cai_error	err;
+	run_result	capped;
+	cai_engine *engine = make_engine(2, 2, 64, 0, 2);
+
+	if (!engine)
+	{
+		CHECK(engine != NULL);
+		return;
+	}
+	make_prompt(prompt, 300, 1);
+
+	/* longer than the context (256) */
+	req = request(prompt, 300, 0.0f, 0, 8);
+	CHECK(cai_engine_submit(engine, &req, &id, &err) == CAI_ERR_CONTEXT_FULL);
+	CHECK(strstr(err.message, "context") != NULL);
+
+	/* token outside the vocabulary */
+	prompt[3] = 1 << 20;
+	req = request(prompt, 10, 0.0f, 0, 8);
+	CHECK(cai_engine_submit(engine, &req, &id, &err) == CAI_ERR_INVALID_ARGUMENT);
+	make_prompt(prompt, 300, 1);
+
+	/* bad sampling parameters */
+	req = request(prompt, 10, -1.0f, 0, 8);
+	CHECK(cai_engine_submit(engine, &req, &id, &err) == CAI_ERR_INVALID_ARGUMENT);
+	req = request(prompt, 10, 0.0f, 0, 0);
+	CHECK(cai_engine_submit(engine, &req, &id, &err) == CAI_ERR_INVALID_ARGUMENT);
+
+	/* the queue holds 2 waiting requests; the third is refused at once */
+	req = request(prompt, 10, 0.0f, 0, 8);
+	CHECK(cai_engine_submit(engine, &req, &id, &err) == CAI_OK);
+	CHECK(cai_engine_submit(engine, &req, &id, &err) == CAI_OK);
+	CHECK(cai_engine_submit(engine, &req, &id, &err) == CAI_ERR_QUEUE_FULL);
+	while (cai_engine_has_work(engine))
+	{
+		const cai_event *events;
+		int			n_events;
+
+		CHECK(cai_engine_step(engine, &events, &n_events, &err) == CAI_OK);
+	}
+
+	/* max_tokens beyond the context: stops at the context with LENGTH */
+	req = request(prompt, 250, 0.0f, 0, 100);
+	CHECK(run_batch(engine, &req, 1, &capped));
+	CHECK_EQ_INT(capped.finish, CAI_FINISH_LENGTH);
+	CHECK_EQ_INT(capped.n_tokens, 6);
+	cai_engine_free(engine);
+}
+
+TEST(engine_chunked_prefill_keeps_decodes_flowing)
+{
+	int32_t		short_prompt[4][10];
+	int32_t		long_prompt[200];
+	cai_request_params reqs[4];
+	uint64_t	ids[5];
+	cai_error	err;
+	int			steps_with_all_decodes = 0;
+	int			steps_during_prefill = 0;
+	cai_engine *engine = make_engine(2, 8, 32, 0, 8);
+
+	if (!engine)
+	{
+		CHECK(engine != NULL);
+		return;
+	}
+	for (int i = 0; i < 4; i++)
+	{
+		make_prompt(short_prompt[i], 10, 50 + i);
+		reqs[i] = request(short_prompt[i], 10, 0.0f, 0, 40);
+		CHECK(cai_engine_submit(engine, &reqs[i], &ids[i], &err) == CAI_OK);
+	}
+	/* let the four start decoding, then add a 200-token prompt: the budget is 32 per step */
+	for (int s = 0; s < 3; s++)
+	{
+		const cai_event *events;
+		int			n_events;
+
+		CHECK(cai_engine_step(engine, &events, &n_events, &err) == CAI_OK);
+	}
+	make_prompt(long_prompt, 200, 9);
+	{
+		cai_request_params lp = request(long_prompt, 200, 0.0f, 0, 4);
+
+		CHECK(cai_engine_submit(engine, &lp, &ids[4], &err) == CAI_OK);
+	}
+	/* while the long prompt prefills (200 / (32 - 4) = 8 steps), every decode advances */
+	for (int s = 0; s < 7; s++)
+	{
+		const cai_event *events;
+		int			n_events;
+		int			decode_events = 0;
+
+		CHECK(cai_engine_step(engine, &events, &n_events, &err) == CAI_OK);
+		for (int e = 0; e < n_events; e++)
+			if (events[e].request_id != ids[4] && events[e].token >= 0)
+				decode_events++;
+		steps_during_prefill++;
+		if (decode_events == 4)
+			steps_with_all_decodes++;
+	}
+	CHECK_EQ_INT(steps_with_all_decodes, steps_during_prefill);
+	cai_engine_free(engine);
+}
+
+TEST(engine_score_matches_generation)
+{
+	int32_t		prompt[40];
+	int32_t		all[60];
+	cai_request_params req;
+	run_result	r;
+	cai_error	err;
+	cai_model_info info;
+	float	   *logits;
+	cai_engine *engine = make_engine(2, 4, 64, 0, 8);
+
+	if (!engine)
+	{
+		CHECK(engine != NULL);
+		return;
+	}
+	cai_model_get_info(engine_test_model(), &info);
+	make_prompt(prompt, 40, 21);
+	req = request(prompt, 40, 0.0f, 0, 16);
+	CHECK(run_batch(engine, &req, 1, &r));
+	memcpy(all, prompt, sizeof(prompt));
+	memcpy(all + 40, r.tokens, sizeof(int32_t) * 16);
+	logits = malloc(sizeof(float) * 56 * info.n_vocab);
+	CHECK(cai_engine_score(engine, all, 56, false, logits, &err) == CAI_OK);
+	/* greedy generation = argmax of teacher-forced logits at every generated position */
+	for (int i = 0; i < 16; i++)
+	{
+		const float *row = logits + (size_t) (39 + i) * info.n_vocab;
+		int			best = 0;
+
+		for (int v = 1; v < info.n_vocab; v++)
+			if (row[v] > row[best])
+				best = v;
+		CHECK_EQ_INT(best, r.tokens[i]);
+	}
+	free(logits);
+	cai_engine_free(engine);
+}
