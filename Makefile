@@ -8,6 +8,8 @@
 #   make test         the whole suite: unit, pg_regress on a throwaway cluster, scenarios
 #   make setup        fresh machine: apt packages, build, install, model, cluster, first chat
 
+.DEFAULT_GOAL := all
+
 EXTENSION = pg_cai
 DATA = pg_cai--0.1.sql
 PG_CONFIG ?= pg_config
@@ -15,13 +17,19 @@ PG_CONFIG ?= pg_config
 # ---- the engine: PostgreSQL-free, CUDA-free, built with its own flags -------------------------
 ENGINE_SRCS := $(wildcard src/engine/*.c src/engine/cpu/*.c)
 ENGINE_OBJS := $(patsubst src/%.c,build/%.o,$(ENGINE_SRCS))
+# the CUDA backend's loader is plain C (dlopen only): it is part of the engine on every build
+ENGINE_OBJS += build/engine/cuda_loader.o
 ENGINE_CFLAGS := -O3 -g -std=gnu11 -fPIC -pthread -fno-strict-aliasing -Wall -Wextra \
-	-Wno-unused-parameter -Wno-sign-compare -Werror=vla -Isrc/engine -MMD -MP $(EXTRA_CFLAGS)
+	-Wno-unused-parameter -Wno-sign-compare -Werror=vla -Isrc/engine -Ikernels -MMD -MP $(EXTRA_CFLAGS)
 ENGINE_LIBS := -lxxhash -lpthread -lm -ldl
 
 build/%.o: src/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ENGINE_CFLAGS) -c $< -o $@
+
+build/engine/cuda_loader.o: kernels/cuda_loader.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ENGINE_CFLAGS) -Ikernels -c $< -o $@
 
 build/libcai.a: $(ENGINE_OBJS)
 	@rm -f $@
@@ -47,6 +55,9 @@ PG_CPPFLAGS = -Isrc/engine -Isrc/pg
 SHLIB_LINK = build/libcai.a $(ENGINE_LIBS)
 REGRESS = $(patsubst sql/%.sql,%,$(sort $(wildcard sql/*.sql)))
 REGRESS_OPTS = --inputdir=. --load-extension=pg_cai
+# PGXS tracks no header dependencies: rebuild the extension's objects when an interface changes
+# (a stale cai_engine_stats layout corrupts the worker's stack).
+$(OBJS): src/engine/cai.h $(wildcard src/pg/*.h)
 
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
@@ -68,5 +79,63 @@ clean-engine:
 	rm -rf build cai tests/unit/run_unit tests/gpu/run_gpu
 
 .PHONY: unit model test setup clean-engine
+
+# ==== BEGIN CUDA backend (issue 6: kernels/, tests/gpu, tests/bench/bench_gpu) ==================
+# Built only where nvcc is found.  build/libcai_cuda.so is a separate shared object that the engine
+# dlopen()s when pg_cai.device is auto or cuda, so a CPU-only server never loads libcudart; the
+# extension and the CLI do not link it.  tests/gpu/run_gpu compares every kernel and every backend
+# operation with the CPU (skips, saying so, without a device); tests/bench/bench_gpu measures.
+NVCC ?= $(shell command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+ifneq ($(wildcard $(NVCC)),)
+CUDA_HOME ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+CUDA_LIBDIR ?= $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib))
+# Hopper machine code (sm_90) and its PTX for newer GPUs; Ampere/Ada machine code (sm_80) too.
+CUDA_GENCODE ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+	-gencode arch=compute_90,code=compute_90
+NVCC_FLAGS := -O3 -std=c++17 $(CUDA_GENCODE) -Werror all-warnings \
+	-Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Wno-unused-parameter \
+	-Isrc/engine -Ikernels -MMD -MP
+CUDA_SRCS := $(wildcard kernels/*.cu)
+CUDA_OBJS := $(patsubst kernels/%.cu,build/kernels/%.o,$(CUDA_SRCS)) build/kernels/backend_cuda.o
+CUDA_LINK := -cudart shared -lcublasLt $(if $(CUDA_LIBDIR),-L$(CUDA_LIBDIR) -Xlinker -rpath=$(CUDA_LIBDIR))
+GPU_TEST_LIBS := -Lbuild -lcai_cuda -Wl,-rpath,'$$ORIGIN/../../build' $(ENGINE_LIBS)
+
+build/kernels/%.o: kernels/%.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
+
+build/kernels/backend_cuda.o: kernels/backend_cuda.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ENGINE_CFLAGS) -Werror -fvisibility=hidden -Ikernels -c $< -o $@
+
+build/libcai_cuda.so: $(CUDA_OBJS)
+	$(NVCC) -shared $(CUDA_GENCODE) -o $@ $(CUDA_OBJS) $(CUDA_LINK)
+
+tests/gpu/run_gpu: $(wildcard tests/gpu/*.c tests/gpu/*.h) tests/unit/test.h \
+		build/libcai_cuda.so build/libcai.a
+	$(CC) $(ENGINE_CFLAGS) -Itests/gpu -Itests/unit -o $@ $(wildcard tests/gpu/*.c) \
+		build/libcai.a $(GPU_TEST_LIBS)
+
+tests/bench/bench_gpu: tests/bench/bench_gpu.c build/libcai_cuda.so build/libcai.a
+	$(CC) $(ENGINE_CFLAGS) -Ikernels -o $@ tests/bench/bench_gpu.c build/libcai.a $(GPU_TEST_LIBS)
+
+cuda: build/libcai_cuda.so tests/gpu/run_gpu tests/bench/bench_gpu
+gpu-test: tests/gpu/run_gpu
+	tests/gpu/run_gpu
+all: cuda
+install: install-cuda
+install-cuda: build/libcai_cuda.so
+	$(INSTALL_SHLIB) build/libcai_cuda.so '$(DESTDIR)$(pkglibdir)/'
+
+-include $(CUDA_OBJS:.o=.d)
+else
+cuda gpu-test:
+	@echo "nvcc not found (NVCC=$(NVCC)): the CUDA backend is not built"
+endif
+clean: clean-cuda
+clean-cuda:
+	rm -f tests/gpu/run_gpu tests/bench/bench_gpu
+.PHONY: cuda gpu-test install-cuda clean-cuda
+# ==== END CUDA backend ==========================================================================
 
 -include $(ENGINE_OBJS:.o=.d)

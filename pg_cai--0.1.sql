@@ -92,7 +92,7 @@ RETURNS text
 AS 'MODULE_PATHNAME', 'pg_cai_chat'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER;
 COMMENT ON FUNCTION cai_chat(bigint, text, jsonb) IS
-'generates the reply to message in the conversation and stores both turns; options: max_tokens, temperature, top_p, top_k, seed, stop, truncate';
+'generates the reply to message in the conversation and stores both turns; options: max_tokens, temperature, top_p, top_k, seed, stop, truncate, ignore_eos';
 
 CREATE FUNCTION cai_chat_stream(conversation_id bigint, message text, options jsonb DEFAULT '{}')
 RETURNS SETOF text

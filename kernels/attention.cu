@@ -483,74 +483,69 @@ struct attn_smem
 	static constexpr size_t BYTES = OFF_HEAD + R * 4;
 };
 
-/* Loads the keys (and, with values, the values and both scales) of chunk [c0, c0 + 32). */
+/*
+ * One chunk of keys (and values) in flight: each thread's share of the chunk's 16-byte vectors,
+ * held in registers between the global loads (issued a chunk ahead, so that their latency
+ * overlaps the current chunk's arithmetic) and the stores to shared memory.
+ */
+template <int HD, int R, bool F>
+struct chunk_regs
+{
+	static constexpr int VEC_PER_KEY = F ? HD / 4 : HD / 16;	/* 16-byte vectors per key row */
+	static constexpr int TOTAL = ATTN_CHUNK * VEC_PER_KEY;
+	static constexpr int NV = (TOTAL + ATTN_THREADS - 1) / ATTN_THREADS;
+	int4		k[NV];
+	int4		v[NV];
+	float		ks;
+	float		vs;
+};
+
+/* Address of the key row (values: + 16 * n_kv * HD elements) of a position. */
+template <int HD, bool F>
+static __device__ __forceinline__ const int4 *
+kv_row(const attn_source &src, const int32_t *bt, int kvh, int pos, bool value)
+{
+	int			block = bt[pos / CAI_CUDA_KV_BLOCK_TOKENS];
+	int			slot = pos % CAI_CUDA_KV_BLOCK_TOKENS;
+	size_t		elem = ((size_t) slot * src.n_kv + kvh) * HD +
+		(value ? (size_t) CAI_CUDA_KV_BLOCK_TOKENS * src.n_kv * HD : 0);
+
+	if (F)
+		return (const int4 *) (src.shadow + (size_t) block * src.sh_block_floats +
+							   src.sh_layer_off + elem);
+	return (const int4 *) (src.pool + (size_t) block * src.block_bytes + src.layer_off + elem);
+}
+
+/*
+ * Issues the loads of chunk [c0, c0 + 32): keys, and with values the values and both scales.
+ * Positions outside the tile's range [jlo, jhi] get zeros: pass C's zero-weight products must
+ * stay zero (stale shared memory read as floats could be a NaN).
+ */
 template <int HD, int R, bool F>
 static __device__ __forceinline__ void
-load_chunk(const attn_source &src, const int32_t *bt, int kvh, int c0, int jlo, int jhi,
-		   bool values, uint8_t *smem)
+fetch_chunk(const attn_source &src, const int32_t *bt, int kvh, int c0, int jlo, int jhi,
+			bool values, chunk_regs<HD, R, F> &cr)
 {
-	typedef attn_smem<HD, R, F> S;
-	constexpr int VEC_PER_KEY = F ? HD / 4 : HD / 16;	/* 16-byte vectors per key row */
+	typedef chunk_regs<HD, R, F> C;
 
-	for (int i = threadIdx.x; i < ATTN_CHUNK * VEC_PER_KEY; i += ATTN_THREADS)
+#pragma unroll
+	for (int n = 0; n < C::NV; n++)
 	{
-		int			j = i / VEC_PER_KEY;
-		int			vec = i % VEC_PER_KEY;
+		int			i = threadIdx.x + n * ATTN_THREADS;
+		int			j = i / C::VEC_PER_KEY;
+		int			vec = i % C::VEC_PER_KEY;
 		int			pos = c0 + j;
-		int			block,
-					slot;
 
-		if (pos < jlo || pos > jhi)
-		{
-			/*
-			 * Outside the tile: zeros, so that pass C's zero-weight products stay zero (stale
-			 * shared memory read as floats could be a NaN).
-			 */
-			if (values)
-				((int4 *) (smem + S::OFF_V))[(size_t) j * VEC_PER_KEY + vec] = make_int4(0, 0, 0, 0);
+		cr.k[n] = make_int4(0, 0, 0, 0);
+		cr.v[n] = make_int4(0, 0, 0, 0);
+		if (i >= C::TOTAL || pos < jlo || pos > jhi)
 			continue;
-		}
-		block = bt[pos / CAI_CUDA_KV_BLOCK_TOKENS];
-		slot = pos % CAI_CUDA_KV_BLOCK_TOKENS;
-		if (F)
-		{
-			const float *base = src.shadow + (size_t) block * src.sh_block_floats + src.sh_layer_off;
-			const float4 *kr = (const float4 *) (base + ((size_t) slot * src.n_kv + kvh) * HD);
-			float4		kv4 = kr[vec];
-			float	   *kd = (float *) (smem + S::OFF_K) + (size_t) j * S::KSTRIDE + vec * 4;
-
-			kd[0] = kv4.x;
-			kd[1] = kv4.y;
-			kd[2] = kv4.z;
-			kd[3] = kv4.w;
-			if (values)
-			{
-				const float4 *vr = (const float4 *) (base + (size_t) CAI_CUDA_KV_BLOCK_TOKENS * src.n_kv * HD +
-													 ((size_t) slot * src.n_kv + kvh) * HD);
-
-				((float4 *) (smem + S::OFF_V))[(size_t) j * (HD / 4) + vec] = vr[vec];
-			}
-		}
-		else
-		{
-			const uint8_t *part = src.pool + (size_t) block * src.block_bytes + src.layer_off;
-			const int4 *kr = (const int4 *) (part + ((size_t) slot * src.n_kv + kvh) * HD);
-			int4		k4 = kr[vec];
-			int		   *kd = (int *) (smem + S::OFF_K) + (size_t) j * S::KSTRIDE + vec * 4;
-
-			kd[0] = k4.x;
-			kd[1] = k4.y;
-			kd[2] = k4.z;
-			kd[3] = k4.w;
-			if (values)
-			{
-				const int4 *vr = (const int4 *) (part + (size_t) CAI_CUDA_KV_BLOCK_TOKENS * src.n_kv * HD +
-												 ((size_t) slot * src.n_kv + kvh) * HD);
-
-				((int4 *) (smem + S::OFF_V))[(size_t) j * (HD / 16) + vec] = vr[vec];
-			}
-		}
+		cr.k[n] = kv_row<HD, F>(src, bt, kvh, pos, false)[vec];
+		if (values)
+			cr.v[n] = kv_row<HD, F>(src, bt, kvh, pos, true)[vec];
 	}
+	cr.ks = 0.0f;
+	cr.vs = 0.0f;
 	if (!F && threadIdx.x < ATTN_CHUNK)
 	{
 		int			pos = c0 + threadIdx.x;
@@ -563,11 +558,44 @@ load_chunk(const attn_source &src, const int32_t *bt, int kvh, int c0, int jlo, 
 												   src.layer_off +
 												   (size_t) 2 * CAI_CUDA_KV_BLOCK_TOKENS * src.n_kv * HD);
 
-			((float *) (smem + S::OFF_KS))[threadIdx.x] = scales[slot * src.n_kv + kvh];
+			cr.ks = scales[slot * src.n_kv + kvh];
 			if (values)
-				((float *) (smem + S::OFF_VS))[threadIdx.x] =
-					scales[CAI_CUDA_KV_BLOCK_TOKENS * src.n_kv + slot * src.n_kv + kvh];
+				cr.vs = scales[CAI_CUDA_KV_BLOCK_TOKENS * src.n_kv + slot * src.n_kv + kvh];
 		}
+	}
+}
+
+/* Stores a fetched chunk into shared memory (keys word by word into their padded rows). */
+template <int HD, int R, bool F>
+static __device__ __forceinline__ void
+commit_chunk(const chunk_regs<HD, R, F> &cr, bool values, uint8_t *smem)
+{
+	typedef attn_smem<HD, R, F> S;
+	typedef chunk_regs<HD, R, F> C;
+
+#pragma unroll
+	for (int n = 0; n < C::NV; n++)
+	{
+		int			i = threadIdx.x + n * ATTN_THREADS;
+		int			j = i / C::VEC_PER_KEY;
+		int			vec = i % C::VEC_PER_KEY;
+		int		   *kd;
+
+		if (i >= C::TOTAL)
+			continue;
+		kd = (int *) (smem + S::OFF_K) + (size_t) j * S::KSTRIDE + vec * 4;
+		kd[0] = cr.k[n].x;
+		kd[1] = cr.k[n].y;
+		kd[2] = cr.k[n].z;
+		kd[3] = cr.k[n].w;
+		if (values)
+			((int4 *) (smem + S::OFF_V))[i] = cr.v[n];
+	}
+	if (!F && threadIdx.x < ATTN_CHUNK)
+	{
+		((float *) (smem + S::OFF_KS))[threadIdx.x] = cr.ks;
+		if (values)
+			((float *) (smem + S::OFF_VS))[threadIdx.x] = cr.vs;
 	}
 }
 
@@ -635,8 +663,10 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 	attn_seq_rec sq;
 	const int32_t *bt;
 	int			jlo,
-				jhi;
+				jhi,
+				c_first;
 	float		acc[PAIRS];
+	chunk_regs<HD, R, F> cr;
 
 	if ((int) blockIdx.x >= counts[2])
 		return;
@@ -707,13 +737,20 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 	}
 	jlo = row_lo[0];
 	jhi = row_hi[it.n_qrows - 1];
+	c_first = jlo / ATTN_CHUNK * ATTN_CHUNK;
 	__syncthreads();
 
-	/* pass A: every row's maximum score */
-	for (int c0 = jlo / ATTN_CHUNK * ATTN_CHUNK; c0 <= jhi; c0 += ATTN_CHUNK)
+	/*
+	 * pass A: every row's maximum score.  Each pass walks the chunks with the next chunk's loads
+	 * issued before the current chunk's arithmetic.
+	 */
+	fetch_chunk<HD, R, F>(src, bt, kvh, c_first, jlo, jhi, false, cr);
+	for (int c0 = c_first; c0 <= jhi; c0 += ATTN_CHUNK)
 	{
-		load_chunk<HD, R, F>(src, bt, kvh, c0, jlo, jhi, false, smem);
+		commit_chunk<HD, R, F>(cr, false, smem);
 		__syncthreads();
+		if (c0 + ATTN_CHUNK <= jhi)
+			fetch_chunk<HD, R, F>(src, bt, kvh, c0 + ATTN_CHUNK, jlo, jhi, false, cr);
 #pragma unroll
 		for (int k = 0; k < SCORE_PAIRS; k++)
 		{
@@ -747,10 +784,13 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 	}
 
 	/* pass B: exponentials into each row's eight partial sums (i % 8, in order) and tail */
-	for (int c0 = jlo / ATTN_CHUNK * ATTN_CHUNK; c0 <= jhi; c0 += ATTN_CHUNK)
+	fetch_chunk<HD, R, F>(src, bt, kvh, c_first, jlo, jhi, false, cr);
+	for (int c0 = c_first; c0 <= jhi; c0 += ATTN_CHUNK)
 	{
-		load_chunk<HD, R, F>(src, bt, kvh, c0, jlo, jhi, false, smem);
+		commit_chunk<HD, R, F>(cr, false, smem);
 		__syncthreads();
+		if (c0 + ATTN_CHUNK <= jhi)
+			fetch_chunk<HD, R, F>(src, bt, kvh, c0 + ATTN_CHUNK, jlo, jhi, false, cr);
 #pragma unroll
 		for (int k = 0; k < SCORE_PAIRS; k++)
 		{
@@ -821,10 +861,13 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 #pragma unroll
 		for (int k = 0; k < PAIRS; k++)
 			acc[k] = 0.0f;
-		for (int c0 = jlo / ATTN_CHUNK * ATTN_CHUNK; c0 <= jhi; c0 += ATTN_CHUNK)
+		fetch_chunk<HD, R, F>(src, bt, kvh, c_first, jlo, jhi, true, cr);
+		for (int c0 = c_first; c0 <= jhi; c0 += ATTN_CHUNK)
 		{
-			load_chunk<HD, R, F>(src, bt, kvh, c0, jlo, jhi, true, smem);
+			commit_chunk<HD, R, F>(cr, true, smem);
 			__syncthreads();
+			if (c0 + ATTN_CHUNK <= jhi)
+				fetch_chunk<HD, R, F>(src, bt, kvh, c0 + ATTN_CHUNK, jlo, jhi, true, cr);
 #pragma unroll
 			for (int k = 0; k < SCORE_PAIRS; k++)
 			{
@@ -867,7 +910,39 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 	}
 }
 
-/* Launches one instance, raising its dynamic shared-memory limit when it needs more than 48 KB. */
+/* Raises an instance's dynamic shared-memory limit when it needs more than the default 48 KB. */
+template <int HD, int R, bool F>
+static cai_status
+attention_prepare_instance(cai_error *err)
+{
+	typedef attn_smem<HD, R, F> S;
+
+	if (S::BYTES > 48 * 1024)
+		CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<HD, R, F>,
+										cudaFuncAttributeMaxDynamicSharedMemorySize,
+										(int) S::BYTES), err, "the attention kernel's shared memory");
+	return CAI_OK;
+}
+
+/*
+ * Called once by cai_cuda_ctx_create: function attributes are set before any launch, never
+ * while a graph is being captured.
+ */
+cai_status
+cuda_attention_init(cai_cuda_ctx *ctx, cai_error *err)
+{
+	cai_status	st;
+
+	if ((st = attention_prepare_instance<64, 64, false>(err)) != CAI_OK ||
+		(st = attention_prepare_instance<64, 64, true>(err)) != CAI_OK ||
+		(st = attention_prepare_instance<128, 64, false>(err)) != CAI_OK ||
+		(st = attention_prepare_instance<128, 64, true>(err)) != CAI_OK ||
+		(st = attention_prepare_instance<256, 32, false>(err)) != CAI_OK ||
+		(st = attention_prepare_instance<256, 32, true>(err)) != CAI_OK)
+		return st;
+	return CAI_OK;
+}
+
 template <int HD, int R, bool F>
 static cai_status
 launch_attention(cai_cuda_ctx *ctx, const attn_source &src, const cai_cuda_step_meta *meta,
@@ -877,10 +952,6 @@ launch_attention(cai_cuda_ctx *ctx, const attn_source &src, const cai_cuda_step_
 	typedef attn_smem<HD, R, F> S;
 	dim3		grid(meta->grid_items, n_kv);
 
-	if (S::BYTES > 48 * 1024)
-		CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<HD, R, F>,
-										cudaFuncAttributeMaxDynamicSharedMemorySize,
-										(int) S::BYTES), err, "the attention kernel's shared memory");
 	attention_kernel<HD, R, F><<<grid, ATTN_THREADS, S::BYTES, ctx->stream>>>(
 		src, meta->counts_dev, (const attn_seq_rec *) meta->seqs_dev,
 		(const attn_item_rec *) meta->items_dev, meta_block_tables(ctx), q, ldq, out, ldo,
@@ -918,17 +989,20 @@ cai_cuda_attention(cai_cuda_ctx *ctx, const cai_cuda_kv *kv, int kv_layer,
 		src.sh_block_floats = shadow->block_floats;
 		src.sh_layer_off = (size_t) kv_layer * shadow->layer_floats;
 	}
+#define LAUNCH(HD, R) \
+	(shadow ? launch_attention<HD, R, true>(ctx, src, meta, n_kv, q_dev, ldq, out_dev, ldo, \
+											window, scale, err) \
+	 : launch_attention<HD, R, false>(ctx, src, meta, n_kv, q_dev, ldq, out_dev, ldo, window, \
+									  scale, err))
 	switch (kv->head_dim)
 	{
 		case 64:
-			return shadow ? launch_attention<64, 64, true>(ctx, src, meta, n_kv, q_dev, ldq, out_dev, ldo, window, scale, err)
-				: launch_attention<64, 64, false>(ctx, src, meta, n_kv, q_dev, ldq, out_dev, ldo, window, scale, err);
+			return LAUNCH(64, 64);
 		case 128:
-			return shadow ? launch_attention<128, 64, true>(ctx, src, meta, n_kv, q_dev, ldq, out_dev, ldo, window, scale, err)
-				: launch_attention<128, 64, false>(ctx, src, meta, n_kv, q_dev, ldq, out_dev, ldo, window, scale, err);
+			return LAUNCH(128, 64);
 		case 256:
-			return shadow ? launch_attention<256, 32, true>(ctx, src, meta, n_kv, q_dev, ldq, out_dev, ldo, window, scale, err)
-				: launch_attention<256, 32, false>(ctx, src, meta, n_kv, q_dev, ldq, out_dev, ldo, window, scale, err);
+			return LAUNCH(256, 32);
+#undef LAUNCH
 		default:
 			return cuda_fail(err, CAI_ERR_UNSUPPORTED,
 							 "the cuda attention kernels support head_dim 64, 128 and 256, not %d",

@@ -162,6 +162,8 @@ cai_cuda_ctx_create(int device, cai_cuda_ctx **out, cai_error *err)
 		goto fail;
 	}
 
+	if ((st = cuda_attention_init(ctx, err)) != CAI_OK)
+		goto fail;
 	if ((rc = cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking)) != cudaSuccess ||
 		(rc = cudaStreamCreateWithFlags(&ctx->copy_stream, cudaStreamNonBlocking)) != cudaSuccess)
 	{
@@ -213,12 +215,13 @@ cai_cuda_ctx_free(cai_cuda_ctx *ctx)
 	if (!ctx)
 		return;
 	cudaSetDevice(ctx->device);
+	/* a capture left open would make the synchronizations below fail */
+	if (ctx->capturing)
+		cai_cuda_graph_abort(ctx);
 	if (ctx->stream)
 		cudaStreamSynchronize(ctx->stream);
 	if (ctx->copy_stream)
 		cudaStreamSynchronize(ctx->copy_stream);
-	if (ctx->capturing)
-		cai_cuda_graph_abort(ctx);
 	cai_cuda_graph_reset(ctx);
 	cuda_gemm_free_cache(ctx);
 	if (ctx->lt)

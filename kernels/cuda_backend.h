@@ -105,6 +105,10 @@ CAI_CUDA_API cai_status cai_cuda_download(cai_cuda_ctx *ctx, void *dst, const vo
 CAI_CUDA_API cai_status cai_cuda_memset(cai_cuda_ctx *ctx, void *dst_dev, int value, size_t bytes,
 										cai_error *err);
 
+/* Device-to-device copy on the compute stream. */
+CAI_CUDA_API cai_status cai_cuda_copy_device(cai_cuda_ctx *ctx, void *dst_dev, const void *src_dev,
+											 size_t bytes, cai_error *err);
+
 /* Uploads now and waits (model weights at load). */
 CAI_CUDA_API cai_status cai_cuda_upload_sync(cai_cuda_ctx *ctx, void *dst_dev, const void *src,
 											 size_t bytes, cai_error *err);

@@ -120,7 +120,6 @@ struct cai_cuda_ctx
 
 	/* graphs */
 	bool		capturing;
-	cudaGraph_t capture_graph;
 	int			graph_keys[CUDA_MAX_GRAPHS];
 	cudaGraphExec_t graph_exec[CUDA_MAX_GRAPHS];
 	int			n_graphs;
@@ -131,6 +130,9 @@ cai_status	cuda_scratch_reserve(cai_cuda_ctx *ctx, void **buf, size_t *have, siz
 								 size_t elem_bytes, const char *what, cai_error *err);
 
 void		cuda_gemm_free_cache(cai_cuda_ctx *ctx);
+
+/* Sets the attention kernels' function attributes (once, at context creation). */
+cai_status	cuda_attention_init(cai_cuda_ctx *ctx, cai_error *err);
 
 /* ---------------------------------------------------------------------------------------------
  * Device helpers
@@ -172,23 +174,6 @@ block_max(float v, float *scratch)
 	__syncthreads();
 	v = lane < n_warps ? scratch[lane] : 0.0f;
 	return warp_max(v);
-}
-
-/* Block-wide float sum (order fixed by the block shape); every thread gets the result. */
-static __device__ __forceinline__ float
-block_sum(float v, float *scratch)
-{
-	int			lane = threadIdx.x % CUDA_WARP;
-	int			warp = threadIdx.x / CUDA_WARP;
-	int			n_warps = (blockDim.x + CUDA_WARP - 1) / CUDA_WARP;
-
-	v = warp_sum(v);
-	__syncthreads();
-	if (lane == 0)
-		scratch[warp] = v;
-	__syncthreads();
-	v = lane < n_warps ? scratch[lane] : 0.0f;
-	return warp_sum(v);
 }
 
 /*

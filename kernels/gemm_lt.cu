@@ -322,7 +322,7 @@ cai_cuda_gemm_i8_acc(cai_cuda_ctx *ctx, const int8_t *xq_dev, int n_tok,
 		rc = cublasLtMatmul(ctx->lt, &p.desc, &alpha, w->q_dev, &p.a, xq_dev, &p.b, &beta,
 							acc_dev, &p.c, acc_dev, &p.c, &e->algo, ctx->lt_workspace,
 							ctx->lt_workspace_bytes, ctx->stream);
-		if (rc == CUBLAS_STATUS_NOT_SUPPORTED)
+		if (rc == CUBLAS_STATUS_NOT_SUPPORTED || rc == CUBLAS_STATUS_INVALID_VALUE)
 			return gemm_i8_fallback(ctx, xq_dev, n_tok, w, acc_dev, ldacc, err);
 	}
 	if (rc != CUBLAS_STATUS_SUCCESS)

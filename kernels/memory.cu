@@ -127,6 +127,17 @@ cai_cuda_memset(cai_cuda_ctx *ctx, void *dst_dev, int value, size_t bytes, cai_e
 }
 
 extern "C" cai_status
+cai_cuda_copy_device(cai_cuda_ctx *ctx, void *dst_dev, const void *src_dev, size_t bytes,
+					 cai_error *err)
+{
+	if (bytes == 0)
+		return CAI_OK;
+	CUDA_CHECK(cudaMemcpyAsync(dst_dev, src_dev, bytes, cudaMemcpyDeviceToDevice, ctx->stream),
+			   err, "a device copy");
+	return CAI_OK;
+}
+
+extern "C" cai_status
 cai_cuda_upload_sync(cai_cuda_ctx *ctx, void *dst_dev, const void *src, size_t bytes,
 					 cai_error *err)
 {

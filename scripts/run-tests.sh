@@ -12,18 +12,13 @@ set -u
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 MODEL=${CAI_MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 MODEL=$(realpath -m "$MODEL")
-BINDIR=$(pg_config --bindir)
 passed=0
 failed=0
 
-say() { printf '%s\n' "$*" >&2; }
+# shellcheck source=lib-cluster.sh
+. "$ROOT/scripts/lib-cluster.sh"
 
-# Runs a command as the cluster's OS user.
-if [ "$(id -u)" = 0 ]; then
-	as_pg() { runuser -u postgres -- "$@"; }
-else
-	as_pg() { "$@"; }
-fi
+say() { printf '%s\n' "$*" >&2; }
 
 # ---- 1. engine unit tests ------------------------------------------------------------------
 say "== unit tests"
@@ -53,49 +48,15 @@ if ! as_pg test -r "$MODEL"; then
 	exit 1
 fi
 
-TESTDIR=$(mktemp -d /tmp/pg_cai_test.XXXX)
-chmod 755 "$TESTDIR"
-[ "$(id -u)" = 0 ] && chown postgres:postgres "$TESTDIR"
-PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-DATA=$TESTDIR/data
-LOG=$TESTDIR/server.log
-
-stop_cluster() {
-	if [ -f "$DATA/postmaster.pid" ]; then
-		as_pg "$BINDIR/pg_ctl" -D "$DATA" -m fast -w stop >/dev/null 2>&1
-	fi
-}
-trap stop_cluster EXIT
-
-say "== cluster in $TESTDIR (port $PORT, model $MODEL)"
-if ! as_pg "$BINDIR/initdb" -D "$DATA" -A trust -U postgres --no-sync >"$TESTDIR/initdb.log" 2>&1; then
-	say "initdb failed: see $TESTDIR/initdb.log"
+trap cluster_stop EXIT
+if ! cluster_create "$MODEL" || ! cluster_start; then
 	echo "$passed passed, $((failed + 1)) failed"
 	exit 1
 fi
-{
-	cat "$ROOT/pg_cai.conf"
-	echo "port = $PORT"
-	echo "listen_addresses = ''"
-	echo "unix_socket_directories = '$TESTDIR'"
-	echo "pg_cai.model = '$MODEL'"
-} | as_pg tee -a "$DATA/postgresql.conf" >/dev/null
-
-if ! as_pg "$BINDIR/pg_ctl" -D "$DATA" -l "$LOG" -w -t 120 start >/dev/null; then
-	say "the server did not start: see $LOG"
-	echo "$passed passed, $((failed + 1)) failed"
-	exit 1
-fi
-
-# The model loads in the background; tests may start once the worker says how it went.
-for _ in $(seq 1 600); do
-	grep -qE 'pg_cai engine worker (ready|has no model)' "$LOG" && break
-	sleep 0.2
-done
-grep -E 'pg_cai engine worker (ready|has no model)' "$LOG" | tail -n 1 >&2
-
-export PGHOST=$TESTDIR PGPORT=$PORT PGUSER=postgres PGDATABASE=postgres
-export PG_CAI_TEST_DIR=$TESTDIR PG_CAI_TEST_DATA=$DATA PG_CAI_TEST_LOG=$LOG PG_CAI_TEST_MODEL=$MODEL
+say "== cluster in $CLUSTER_DIR (port $CLUSTER_PORT, model $MODEL)"
+cluster_env
+export PG_CAI_TEST_DIR=$CLUSTER_DIR PG_CAI_TEST_DATA=$CLUSTER_DATA PG_CAI_TEST_LOG=$CLUSTER_LOG
+export PG_CAI_TEST_MODEL=$MODEL
 
 # ---- 3. pg_regress ---------------------------------------------------------------------------
 say "== pg_regress"
@@ -125,12 +86,12 @@ for scenario in "$ROOT"/tests/scenario/test_*.py; do
 	failed=$((failed + s_failed))
 done
 
-stop_cluster
+cluster_stop
 trap - EXIT
 if [ $failed -eq 0 ]; then
-	rm -rf "$TESTDIR"
+	rm -rf "$CLUSTER_DIR"
 else
-	say "kept $TESTDIR for inspection (server log: $LOG)"
+	say "kept $CLUSTER_DIR for inspection (server log: $CLUSTER_LOG)"
 fi
 
 echo "$passed passed, $failed failed"

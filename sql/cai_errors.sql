@@ -23,11 +23,26 @@ SELECT cai_chat_completion('[{"role": "user", "content": 5}]');
 SELECT cai_chat_completion('[{"role": "tool", "content": "Hi"}]');
 
 -- the SQLSTATEs
-\set VERBOSITY verbose
-SELECT cai_chat(-1, 'Hello');
-SELECT cai_chat(:conv, NULL);
-SELECT cai_chat(:conv, 'Hi', '{"foo": 1}');
-\set VERBOSITY default
+DO $$
+DECLARE
+	call text;
+BEGIN
+	FOREACH call IN ARRAY ARRAY[
+		$c$SELECT cai_chat(-1, 'Hello')$c$,
+		$c$SELECT cai_chat(-1, NULL)$c$,
+		$c$SELECT cai_chat(-1, '')$c$,
+		$c$SELECT cai_chat(-1, 'Hi', '{"foo": 1}')$c$,
+		$c$SELECT cai_complete('Hi', '{"max_tokens": 0}')$c$,
+		$c$SELECT cai_complete(repeat('hello ', 1500), '{"truncate": false}')$c$]
+	LOOP
+		BEGIN
+			EXECUTE call;
+		EXCEPTION WHEN OTHERS THEN
+			RAISE NOTICE '%: %', SQLSTATE, call;
+		END;
+	END LOOP;
+END
+$$;
 
 -- a prompt longer than the context (1024 tokens in the test cluster): an error when truncation is off ...
 SELECT cai_chat(:conv, repeat('hello ', 1500), '{"max_tokens": 4, "truncate": false}');

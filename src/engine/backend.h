@@ -80,6 +80,13 @@ typedef struct cai_backend_ops
 	/* Frees the instance (cai_backend_free calls this). */
 	void		(*destroy) (cai_backend *be);
 
+	/*
+	 * Waits for queued work and reports the first failure since the last call (the operations
+	 * return nothing, so an asynchronous backend keeps its first error); NULL = never fails.
+	 * model.c calls it at the end of every forward.
+	 */
+	cai_status	(*sync) (cai_backend *be, cai_error *err);
+
 	/* Activation memory of this backend (64-byte aligned); NULL when out of memory. */
 	void	   *(*alloc) (cai_backend *be, size_t bytes);
 	void		(*free) (cai_backend *be, void *ptr);
@@ -166,6 +173,10 @@ struct cai_backend
 	const cai_backend_ops *ops;
 	void	   *impl;			/* the backend's private state */
 };
+
+/* Creates the backend a forward context runs on, sized by limits (see cai_forward_ctx_create_on). */
+typedef cai_status (*cai_backend_factory) (void *arg, const cai_backend_limits *limits,
+										   cai_backend **out, cai_error *err);
 
 /* The CPU backend over a thread pool (NULL = run on the caller alone). */
 cai_status	cai_backend_cpu_create(cai_threadpool *pool, const cai_backend_limits *limits,

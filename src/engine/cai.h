@@ -173,6 +173,8 @@ typedef struct cai_engine_params
 	int			max_step_tokens;	/* token budget of one step (decodes + prefill chunks) */
 	int			context_length; /* per sequence; 0 = the model's, capped at 4096 */
 	int			max_queue;		/* waiting requests beyond which submit fails */
+	double		max_queue_wait_ms;	/* refuse at submit when the estimated wait is longer;
+									 * 0 = no limit (Mooncake's early rejection) */
 	size_t		kv_cache_bytes; /* working KV for running sequences; 0 = sized from the above */
 	size_t		host_cache_bytes;	/* budget of the inter-turn prefix cache; 0 = off */
 } cai_engine_params;
@@ -257,6 +259,16 @@ typedef struct cai_event
 cai_status	cai_engine_step(cai_engine *engine, const cai_event **events, int *n_events,
 							cai_error *err);
 
+/*
+ * Estimated milliseconds before a request submitted now would be admitted: the requests ahead
+ * of it, in waves of max_running, times the moving average of a request's service time.
+ */
+double		cai_engine_estimate_wait_ms(const cai_engine *engine);
+
+/* Changes the admission limits of a running engine (a configuration reload, say). */
+void		cai_engine_set_admission_limits(cai_engine *engine, int max_queue,
+											double max_queue_wait_ms);
+
 /* True while any request waits or runs. */
 bool		cai_engine_has_work(const cai_engine *engine);
 
@@ -273,6 +285,7 @@ typedef struct cai_engine_stats
 	uint64_t	requests_cancelled;
 	uint64_t	requests_rejected;
 	double		busy_seconds;	/* time spent in steps */
+	double		mean_service_ms;	/* moving average of admitted -> finished */
 	/* prefix cache */
 	uint64_t	cache_lookups;
 	uint64_t	cache_lookup_tokens;

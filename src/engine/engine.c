@@ -21,8 +21,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend.h"
 #include "cai.h"
 #include "cpu/gemm.h"
+#include "cuda_loader.h"
 #include "cpu/threadpool.h"
 #include "kv.h"
 #include "model.h"
@@ -89,6 +91,8 @@ struct cai_engine
 	char		device_reason[256];
 
 	cai_threadpool *pool;
+	cai_cuda_loader cuda;		/* loaded when the GPU serves (handle NULL otherwise) */
+	bool		use_cuda;
 	cai_forward_ctx *forward;
 	cai_kv_pool *kv;
 	cai_prefix_cache *cache;
@@ -150,24 +154,108 @@ cai_sampling_params_default(cai_sampling_params *params)
  * Creation
  * ------------------------------------------------------------------------------------------- */
 
-/* Picks the backend for params->device and explains the choice. */
+/*
+ * Picks the backend for params->device and explains the choice.  "cpu" is the CPU; "auto" takes
+ * the GPU when the CUDA backend library loads and sees a device, else the CPU (saying why);
+ * "cuda" insists.  Only the process that calls this (the engine worker) ever loads CUDA.
+ */
 static cai_status
 engine_choose_device(cai_engine *engine, const char *device, cai_error *err)
 {
+	char		why[512];
+	int			n_devices;
+	bool		insist;
+
 	if (device == NULL || device[0] == '\0')
 		device = "auto";
-	if (strcmp(device, "cuda") == 0)
-		return cai_fail(err, CAI_ERR_UNSUPPORTED,
-						"device \"cuda\" requested but this build of the engine has no CUDA backend");
-	if (strcmp(device, "auto") != 0 && strcmp(device, "cpu") != 0)
+	if (strcmp(device, "auto") != 0 && strcmp(device, "cpu") != 0 && strcmp(device, "cuda") != 0)
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
 						"unknown device \"%s\" (expected auto, cpu or cuda)", device);
 	snprintf(engine->device, sizeof(engine->device), "cpu (%s, %d threads)",
 			 cai_cpu_isa(), cai_threadpool_size(engine->pool));
-	snprintf(engine->device_reason, sizeof(engine->device_reason), "%s",
-			 strcmp(device, "cpu") == 0 ? "pg_cai.device = cpu"
-			 : "auto: this build has no CUDA backend, so the CPU serves");
+	if (strcmp(device, "cpu") == 0)
+	{
+		snprintf(engine->device_reason, sizeof(engine->device_reason), "device = cpu");
+		return CAI_OK;
+	}
+
+	insist = strcmp(device, "cuda") == 0;
+	if (!cai_cuda_loader_open(NULL, &engine->cuda, why, sizeof(why)))
+	{
+		if (insist)
+			return cai_fail(err, CAI_ERR_UNSUPPORTED,
+							"device \"cuda\" requested but the CUDA backend could not be loaded: %s",
+							why);
+		snprintf(engine->device_reason, sizeof(engine->device_reason),
+				 "auto: no CUDA backend library (%.200s), so the CPU serves", why);
+		return CAI_OK;
+	}
+	n_devices = engine->cuda.device_count(why, sizeof(why));
+	if (n_devices <= 0)
+	{
+		cai_cuda_loader_close(&engine->cuda);
+		if (insist)
+			return cai_fail(err, CAI_ERR_UNSUPPORTED,
+							"device \"cuda\" requested but no CUDA device is usable: %s", why);
+		snprintf(engine->device_reason, sizeof(engine->device_reason),
+				 "auto: no usable CUDA device (%.200s), so the CPU serves", why);
+		return CAI_OK;
+	}
+	engine->use_cuda = true;
+	snprintf(engine->device_reason, sizeof(engine->device_reason),
+			 "%s: %d CUDA device(s), using device 0", insist ? "device = cuda" : "auto",
+			 n_devices);
 	return CAI_OK;
+}
+
+/* cai_backend_factory for the CUDA backend: uploads the model to device 0. */
+static cai_status
+engine_cuda_backend_factory(void *arg, const cai_backend_limits *limits, cai_backend **out,
+							cai_error *err)
+{
+	cai_engine *engine = arg;
+	cai_cuda_backend_params bp = {
+		.device = 0,
+		.model = engine->model,
+		.limits = *limits,
+		.kv_pool_layout = cai_kv_pool_layout,
+		.kv_pool_n_blocks = cai_kv_pool_n_blocks,
+	};
+
+	return engine->cuda.backend_create(&bp, out, err);
+}
+
+/*
+ * Creates the forward context on the chosen backend.  When the GPU was picked by "auto" but
+ * cannot take the model (out of device memory, say), the CPU serves and the reason says why.
+ */
+static cai_status
+engine_create_forward(cai_engine *engine, cai_error *err)
+{
+	bool		insist = engine->params.device && strcmp(engine->params.device, "cuda") == 0;
+	cai_status	st;
+
+	if (engine->use_cuda)
+	{
+		st = cai_forward_ctx_create_on(engine->model, engine_cuda_backend_factory, engine,
+									   engine->params.max_step_tokens, engine->context_length,
+									   &engine->forward, err);
+		if (st == CAI_OK)
+		{
+			snprintf(engine->device, sizeof(engine->device), "cuda (%s)",
+					 engine->cuda.backend_device(cai_forward_ctx_backend(engine->forward)));
+			return CAI_OK;
+		}
+		if (insist)
+			return st;
+		engine->use_cuda = false;
+		cai_cuda_loader_close(&engine->cuda);
+		snprintf(engine->device_reason, sizeof(engine->device_reason),
+				 "auto: the CUDA device could not take the model (%.200s), so the CPU serves",
+				 err ? err->message : "unknown error");
+	}
+	return cai_forward_ctx_create(engine->model, engine->pool, engine->params.max_step_tokens,
+								  engine->context_length, &engine->forward, err);
 }
 
 cai_status
@@ -251,8 +339,7 @@ cai_engine_create(cai_model *model, const cai_engine_params *params_in,
 		st = cai_prefix_cache_create(engine->kv, params.host_cache_bytes, model->fingerprint,
 									 &engine->cache, err);
 	if (st == CAI_OK)
-		st = cai_forward_ctx_create(model, engine->pool, params.max_step_tokens,
-									engine->context_length, &engine->forward, err);
+		st = engine_create_forward(engine, err);
 	if (st == CAI_OK)
 		st = cai_sampler_scratch_init(&engine->sampler, n_vocab, err);
 	if (st != CAI_OK)
@@ -303,6 +390,7 @@ cai_engine_free(cai_engine *engine)
 	cai_prefix_cache_free(engine->cache);
 	cai_kv_pool_free(engine->kv);
 	cai_forward_ctx_free(engine->forward);
+	cai_cuda_loader_close(&engine->cuda);
 	cai_sampler_scratch_free(&engine->sampler);
 	cai_threadpool_free(engine->pool);
 	free(engine->running);
@@ -393,6 +481,19 @@ cai_engine_submit(cai_engine *engine, const cai_request_params *params,
 		engine->stats.requests_rejected++;
 		return cai_fail(err, CAI_ERR_QUEUE_FULL,
 						"the request queue is full (%d waiting requests)", engine->n_waiting);
+	}
+	if (engine->params.max_queue_wait_ms > 0)
+	{
+		double		wait_ms = cai_engine_estimate_wait_ms(engine);
+
+		if (wait_ms > engine->params.max_queue_wait_ms)
+		{
+			engine->stats.requests_rejected++;
+			return cai_fail(err, CAI_ERR_QUEUE_FULL,
+							"estimated wait of %.0f ms exceeds the limit of %.0f ms (%d running, %d waiting)",
+							wait_ms, engine->params.max_queue_wait_ms, engine->n_running,
+							engine->n_waiting);
+		}
 	}
 
 	req = calloc(1, sizeof(*req));
@@ -585,6 +686,13 @@ cai_engine_cancel(cai_engine *engine, uint64_t request_id)
 	return CAI_ERR_NOT_FOUND;
 }
 
+void
+cai_engine_set_admission_limits(cai_engine *engine, int max_queue, double max_queue_wait_ms)
+{
+	engine->params.max_queue = max_queue < 0 ? 0 : max_queue;
+	engine->params.max_queue_wait_ms = max_queue_wait_ms < 0 ? 0 : max_queue_wait_ms;
+}
+
 bool
 cai_engine_has_work(const cai_engine *engine)
 {
@@ -696,6 +804,30 @@ engine_new_event(cai_engine *engine, int *n_events, cai_request *req)
 	return ev;
 }
 
+/* Folds one finished request's service time into the moving average (weight 1/8). */
+static void
+engine_note_service_time(cai_engine *engine, double ms)
+{
+	if (engine->stats.mean_service_ms <= 0.0)
+		engine->stats.mean_service_ms = ms;
+	else
+		engine->stats.mean_service_ms += (ms - engine->stats.mean_service_ms) / 8.0;
+}
+
+double
+cai_engine_estimate_wait_ms(const cai_engine *engine)
+{
+	int			slots = engine->params.max_running;
+	int			ahead = engine->n_waiting;
+	int			waves;
+
+	if (engine->n_running + ahead < slots)
+		return 0.0;				/* a slot is free now */
+	/* each wave of `slots` requests ahead must finish before ours starts */
+	waves = (engine->n_running + ahead - slots) / slots + 1;
+	return waves * engine->stats.mean_service_ms;
+}
+
 /* Marks a running request finished: offers its blocks to the cache, moves it to retired. */
 static void
 request_finish(cai_engine *engine, cai_request *req, cai_finish_reason reason, cai_event *ev)
@@ -706,6 +838,7 @@ request_finish(cai_engine *engine, cai_request *req, cai_finish_reason reason, c
 	req->usage.completion_tokens = req->n_generated;
 	req->usage.total_ms = (now - req->submit_time) * 1000.0;
 	request_release_blocks(engine, req, true);
+	engine_note_service_time(engine, (now - req->first_scheduled_time) * 1000.0);
 	ev->finish = reason;
 	ev->usage = req->usage;
 	engine->stats.requests_finished++;

@@ -71,6 +71,7 @@ model_alloc(cai_model *m, size_t bytes)
 	return p;
 }
 
+/* Frees everything the model owns (NULL is fine). */
 void
 cai_model_free(cai_model *model)
 {
@@ -290,7 +291,8 @@ read_config(cai_model *m, const char *path, cai_error *err)
 		return cai_fail(err, CAI_ERR_UNSUPPORTED,
 						"model widths must be multiples of 4 (d_model %d, d_ff %d)", c->d_model, c->d_ff);
 
-	c->qkv_bias = (c->arch == CAI_ARCH_QWEN2);
+	/* qwen2 always has q/k/v biases; a llama file may have them too (llama.cpp allows it) */
+	c->qkv_bias = (c->arch == CAI_ARCH_QWEN2) || gguf_find_tensor(f, "blk.0.attn_q.bias") != NULL;
 	c->attn_window = model_alloc(m, (size_t) c->n_layers * sizeof(int));
 	c->kv_source = model_alloc(m, (size_t) c->n_layers * sizeof(int));
 	c->kv_index = model_alloc(m, (size_t) c->n_layers * sizeof(int));
@@ -390,17 +392,26 @@ find_layer_tensors(const gguf_file *f, const cai_config *c, int l, layer_sources
 	FIND(wk, "attn_k.weight", c->d_model, kv_dim, true);
 	FIND(wv, "attn_v.weight", c->d_model, kv_dim, true);
 	FIND(wo, "attn_output.weight", q_dim, c->d_model, true);
-	FIND(bq, "attn_q.bias", q_dim, 0, c->qkv_bias);
-	FIND(bk, "attn_k.bias", kv_dim, 0, c->qkv_bias);
-	FIND(bv, "attn_v.bias", kv_dim, 0, c->qkv_bias);
+	FIND(bq, "attn_q.bias", q_dim, 0, c->arch == CAI_ARCH_QWEN2);
+	FIND(bk, "attn_k.bias", kv_dim, 0, c->arch == CAI_ARCH_QWEN2);
+	FIND(bv, "attn_v.bias", kv_dim, 0, c->arch == CAI_ARCH_QWEN2);
 	FIND(ffn_norm, "ffn_norm.weight", c->d_model, 0, true);
 	FIND(gate, "ffn_gate.weight", c->d_model, c->d_ff, true);
 	FIND(up, "ffn_up.weight", c->d_model, c->d_ff, true);
 	FIND(down, "ffn_down.weight", c->d_ff, c->d_model, true);
 #undef FIND
-	if (!c->qkv_bias && (ls->bq || ls->bk || ls->bv))
-		return cai_fail(err, CAI_ERR_UNSUPPORTED,
-						"layer %d has q/k/v biases, which %s models do not have", l, c->arch_name);
+
+	/* q/k/v biases: all three or none, the same in every layer (layer 0 decides) */
+	if ((ls->bq != NULL) != (ls->bk != NULL) || (ls->bq != NULL) != (ls->bv != NULL) ||
+		(ls->bq != NULL) != c->qkv_bias)
+		return cai_fail(err, CAI_ERR_FORMAT,
+						"layer %d has q/k/v biases unlike the other projections or layers", l);
+
+	/* biases this engine does not apply must not be ignored silently */
+	snprintf(name, sizeof(name), "blk.%d.attn_output.bias", l);
+	if (gguf_find_tensor(f, name))
+		return cai_fail(err, CAI_ERR_UNSUPPORTED, "tensor '%s' (an output projection bias) is not supported",
+						name);
 	return CAI_OK;
 }
 
@@ -408,15 +419,24 @@ find_layer_tensors(const gguf_file *f, const cai_config *c, int l, layer_sources
  * Weight conversion (parallel)
  * ------------------------------------------------------------------------------------------- */
 
+/*
+ * One conversion task: rows [row0, row1) of a matrix.  The source rows are the GGUF tensor's
+ * (dequantized; also stored to f when it is not NULL) or float rows fsrc.  When q is not NULL
+ * each row, multiplied element-wise by col_scale and by row_scale[r] (both optional), is
+ * quantized to int8.
+ */
 typedef struct convert_job
 {
-	const gguf_tensor *src;
+	const gguf_tensor *src;		/* source tensor, or NULL when fsrc is given */
+	const float *fsrc;			/* float source of row 0, or NULL */
 	int			k;				/* row length (ne0) */
-	int			row0;			/* source rows [row0, row1) of this chunk */
+	int			row0;
 	int			row1;
-	int8_t	   *q;				/* int8 destination of source row 0, or NULL */
+	int8_t	   *q;				/* int8 destination of row 0, or NULL */
 	float	   *scale;			/* its scales */
-	float	   *f;				/* float destination of source row 0, or NULL */
+	float	   *f;				/* float destination of row 0, or NULL */
+	const float *col_scale;		/* [k] or NULL */
+	const float *row_scale;		/* [rows] or NULL */
 } convert_job;
 
 typedef struct convert_plan
@@ -424,16 +444,16 @@ typedef struct convert_plan
 	convert_job *jobs;
 	int			n_jobs;
 	int			cap;
-	int			max_k;
-	float	   *scratch;		/* [n_threads][max_k] */
+	int			max_k;			/* the scratch rows' length */
+	float	   *scratch;		/* [n_threads][2][max_k] */
 	atomic_int	failed;
 	cai_error	error;
 } convert_plan;
 
-/* Plans the conversion of a whole source matrix into q/scale (and f when not NULL). */
+/* Adds the jobs converting a whole matrix of `rows` rows (see convert_job). */
 static bool
-plan_matrix(convert_plan *p, const gguf_tensor *src, int k, int rows, int8_t *q, float *scale,
-			float *f)
+plan_rows(convert_plan *p, const gguf_tensor *src, const float *fsrc, int k, int rows,
+		  int8_t *q, float *scale, float *f, const float *col_scale, const float *row_scale)
 {
 	for (int r = 0; r < rows; r += CONVERT_CHUNK_ROWS)
 	{
@@ -451,16 +471,25 @@ plan_matrix(convert_plan *p, const gguf_tensor *src, int k, int rows, int8_t *q,
 		}
 		j = &p->jobs[p->n_jobs++];
 		j->src = src;
+		j->fsrc = fsrc;
 		j->k = k;
 		j->row0 = r;
 		j->row1 = r + CONVERT_CHUNK_ROWS < rows ? r + CONVERT_CHUNK_ROWS : rows;
 		j->q = q;
 		j->scale = scale;
 		j->f = f;
+		j->col_scale = col_scale;
+		j->row_scale = row_scale;
 	}
-	if (k > p->max_k)
-		p->max_k = k;
 	return true;
+}
+
+/* Source tensor -> int8 (and float copy f when not NULL). */
+static bool
+plan_matrix(convert_plan *p, const gguf_tensor *src, int k, int rows, int8_t *q, float *scale,
+			float *f)
+{
+	return plan_rows(p, src, NULL, k, rows, q, scale, f, NULL, NULL);
 }
 
 static void
@@ -468,28 +497,61 @@ convert_task(void *arg, int task, int thread)
 {
 	convert_plan *p = arg;
 	const convert_job *j = &p->jobs[task];
-	size_t		row_bytes;
-	float	   *tmp = p->scratch + (size_t) thread * p->max_k;
+	size_t		row_bytes = 0;
+	float	   *tmp = p->scratch + (size_t) thread * 2 * p->max_k;
+	float	   *scaled = tmp + p->max_k;
 	cai_error	e;
 
 	if (atomic_load(&p->failed))
 		return;
-	if (!ggml_row_bytes(j->src->type, j->k, &row_bytes))
+	if (j->src && !ggml_row_bytes(j->src->type, j->k, &row_bytes))
 		return;					/* validated before planning */
 	for (int r = j->row0; r < j->row1; r++)
 	{
-		const uint8_t *src = (const uint8_t *) j->src->data + (size_t) r * row_bytes;
-		float	   *dst = j->f ? j->f + (size_t) r * j->k : tmp;
+		const float *row;
 
-		if (cai_dequantize_row(j->src->type, src, dst, j->k, &e) != CAI_OK)
+		if (j->fsrc)
+			row = j->fsrc + (size_t) r * j->k;
+		else
 		{
-			if (atomic_exchange(&p->failed, 1) == 0)
-				p->error = e;
-			return;
+			const uint8_t *src = (const uint8_t *) j->src->data + (size_t) r * row_bytes;
+			float	   *dst = j->f ? j->f + (size_t) r * j->k : tmp;
+
+			if (cai_dequantize_row(j->src->type, src, dst, j->k, &e) != CAI_OK)
+			{
+				if (atomic_exchange(&p->failed, 1) == 0)
+					p->error = e;
+				return;
+			}
+			row = dst;
 		}
-		if (j->q)
-			cai_quantize_row_i8(dst, j->k, j->q + (size_t) r * j->k, &j->scale[r]);
+		if (!j->q)
+			continue;
+		if (j->col_scale || j->row_scale)
+		{
+			float		rs = j->row_scale ? j->row_scale[r] : 1.0f;
+
+			for (int i = 0; i < j->k; i++)
+				scaled[i] = row[i] * (j->col_scale ? j->col_scale[i] : 1.0f) * rs;
+			row = scaled;
+		}
+		cai_quantize_row_i8(row, j->k, j->q + (size_t) r * j->k, &j->scale[r]);
 	}
+}
+
+/* Runs the planned jobs on the pool and empties the plan. */
+static cai_status
+run_plan(cai_threadpool *pool, convert_plan *p, cai_error *err)
+{
+	cai_threadpool_run(pool, convert_task, p, p->n_jobs);
+	p->n_jobs = 0;
+	if (atomic_load(&p->failed))
+	{
+		if (err)
+			*err = p->error;
+		return p->error.status != CAI_OK ? p->error.status : CAI_ERR_FORMAT;
+	}
+	return CAI_OK;
 }
 
 typedef struct prepare_plan
@@ -692,6 +754,10 @@ cai_model_params_default(cai_model_params *params)
 	params->chat_template = NULL;
 }
 
+static cai_status convert_layers(cai_model *m, cai_threadpool *pool, convert_plan *plan,
+							   const layer_sources *src, const gguf_tensor *t_embd, bool fref,
+							   cai_error *err);
+
 /* Validates every tensor, allocates the engine's weights and converts them on a pool. */
 static cai_status
 load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
@@ -753,14 +819,11 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 	for (uint64_t i = 0; i < f->n_tensors; i++)
 		m->n_params += f->tensors[i].n_elements;
 
-	/* allocate everything and plan the conversions */
+	/* allocate everything; load the small vectors */
 #define OOM() do { st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory loading the model weights"); goto done; } while (0)
 	if (!alloc_qmatrix(m, c->n_vocab, c->d_model, &m->tok_embd))
 		OOM();
 	if (fref && !(m->f_tok_embd = alloc_floats(m, (size_t) c->n_vocab * c->d_model)))
-		OOM();
-	if (!plan_matrix(&plan, t_embd, c->d_model, c->n_vocab, (int8_t *) m->tok_embd.q,
-					 (float *) m->tok_embd.scale, m->f_tok_embd))
 		OOM();
 	if (t_out)
 	{
@@ -768,17 +831,11 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 			OOM();
 		if (fref && !(m->f_lm_head = alloc_floats(m, (size_t) c->n_vocab * c->d_model)))
 			OOM();
-		if (!plan_matrix(&plan, t_out, c->d_model, c->n_vocab, (int8_t *) m->lm_head.q,
-						 (float *) m->lm_head.scale, m->f_lm_head))
-			OOM();
 	}
-
 	for (int l = 0; l < c->n_layers; l++)
 	{
 		cai_layer_weights *w = &m->layers[l];
 		layer_sources *s = &src[l];
-		int8_t	   *q;
-		float	   *sc;
 
 		if (!alloc_qmatrix(m, q_dim + 2 * kv_dim, c->d_model, &w->wqkv) ||
 			!alloc_qmatrix(m, c->d_model, q_dim, &w->wo) ||
@@ -801,28 +858,12 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 				!(w->f_down = alloc_floats(m, (size_t) c->d_model * c->d_ff)))
 				OOM();
 		}
-		q = (int8_t *) w->wqkv.q;
-		sc = (float *) w->wqkv.scale;
-		if (!plan_matrix(&plan, s->wq, c->d_model, q_dim, q, sc, w->f_wq) ||
-			!plan_matrix(&plan, s->wk, c->d_model, kv_dim, q + (size_t) q_dim * c->d_model,
-						 sc + q_dim, w->f_wk) ||
-			!plan_matrix(&plan, s->wv, c->d_model, kv_dim,
-						 q + (size_t) (q_dim + kv_dim) * c->d_model, sc + q_dim + kv_dim, w->f_wv) ||
-			!plan_matrix(&plan, s->wo, q_dim, c->d_model, (int8_t *) w->wo.q,
-						 (float *) w->wo.scale, w->f_wo) ||
-			!plan_matrix(&plan, s->gate, c->d_model, c->d_ff, (int8_t *) w->w_gate_up.q,
-						 (float *) w->w_gate_up.scale, w->f_gate) ||
-			!plan_matrix(&plan, s->up, c->d_model, c->d_ff,
-						 (int8_t *) w->w_gate_up.q + (size_t) c->d_ff * c->d_model,
-						 (float *) w->w_gate_up.scale + c->d_ff, w->f_up) ||
-			!plan_matrix(&plan, s->down, c->d_ff, c->d_model, (int8_t *) w->w_down.q,
-						 (float *) w->w_down.scale, w->f_down))
-			OOM();
-
-		/* norms and biases: small, converted here */
 		if (!(w->attn_norm = alloc_floats(m, c->d_model)) ||
-			!(w->ffn_norm = alloc_floats(m, c->d_model)))
+			!(w->ffn_norm = alloc_floats(m, c->d_model)) ||
+			!(w->attn_norm_i8 = alloc_floats(m, c->d_model)) ||
+			!(w->ffn_norm_i8 = alloc_floats(m, c->d_model)))
 			OOM();
+		m->weight_bytes += (size_t) 2 * c->d_model * sizeof(float);
 		if ((st = load_vector(m, s->attn_norm, c->d_model, w->attn_norm, err)) != CAI_OK ||
 			(st = load_vector(m, s->ffn_norm, c->d_model, w->ffn_norm, err)) != CAI_OK)
 			goto done;
@@ -857,24 +898,35 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 			}
 	}
 
-	/* convert on a pool */
+	/* a pool for the conversion; scratch rows as long as any matrix row */
 	n_threads = params->n_threads > 0 ? params->n_threads : cai_cpu_count();
 	if (n_threads > 64)
 		n_threads = 64;
 	pool = cai_threadpool_create(n_threads);
 	if (!pool)
 		OOM();
-	plan.scratch = malloc((size_t) n_threads * plan.max_k * sizeof(float));
+	plan.max_k = c->d_model;
+	if (q_dim > plan.max_k)
+		plan.max_k = q_dim;
+	if (c->d_ff > plan.max_k)
+		plan.max_k = c->d_ff;
+	plan.scratch = malloc((size_t) n_threads * 2 * plan.max_k * sizeof(float));
 	if (!plan.scratch)
 		OOM();
-	cai_threadpool_run(pool, convert_task, &plan, plan.n_jobs);
-	if (atomic_load(&plan.failed))
-	{
-		if (err)
-			*err = plan.error;
-		st = plan.error.status != CAI_OK ? plan.error.status : CAI_ERR_FORMAT;
+
+	/* the embedding and the output head: plain requantization */
+	if (!plan_matrix(&plan, t_embd, c->d_model, c->n_vocab, (int8_t *) m->tok_embd.q,
+					 (float *) m->tok_embd.scale, m->f_tok_embd))
+		OOM();
+	if (t_out && !plan_matrix(&plan, t_out, c->d_model, c->n_vocab, (int8_t *) m->lm_head.q,
+							  (float *) m->lm_head.scale, m->f_lm_head))
+		OOM();
+	if ((st = run_plan(pool, &plan, err)) != CAI_OK)
 		goto done;
-	}
+
+	/* the layers: calibrated, smoothed, requantized */
+	if ((st = convert_layers(m, pool, &plan, src, t_embd, fref, err)) != CAI_OK)
+		goto done;
 
 	/* row sums for the GEMM kernels */
 	prep.mats = malloc(((size_t) c->n_layers * 4 + 2) * sizeof(cai_qmatrix *));
@@ -911,16 +963,21 @@ done:
 	return st;
 }
 
-/* Tokenizer and chat template. */
+/* The tokenizer (before the weights: calibration tokenizes its text). */
 static cai_status
-load_tokenizer(cai_model *m, const cai_model_params *params, cai_error *err)
+load_tokenizer(cai_model *m, cai_error *err)
+{
+	return cai_tokenizer_load(m->gguf, &m->tokenizer, err);
+}
+
+/* The chat template, and the tokenizer checked against the embedding. */
+static cai_status
+load_template(cai_model *m, const cai_model_params *params, cai_error *err)
 {
 	cai_status	st;
 	gguf_str	s;
 	char	   *jinja = NULL;
 
-	if ((st = cai_tokenizer_load(m->gguf, &m->tokenizer, err)) != CAI_OK)
-		return st;
 	if (cai_tokenizer_n_vocab(m->tokenizer) > m->cfg.n_vocab)
 		return cai_fail(err, CAI_ERR_FORMAT,
 						"the tokenizer has %d tokens but the embedding only %d rows",
@@ -940,6 +997,10 @@ load_tokenizer(cai_model *m, const cai_model_params *params, cai_error *err)
 	return st;
 }
 
+/*
+ * Opens and validates the file, reads the config and the tokenizer, converts the weights
+ * (calibrated, see convert_layers), picks the chat template and fingerprints the model.
+ */
 cai_status
 cai_model_load(const char *path, const cai_model_params *params, cai_model **out,
 			   cai_error *err)
@@ -964,8 +1025,9 @@ cai_model_load(const char *path, const cai_model_params *params, cai_model **out
 	}
 	if ((st = gguf_open(path, &m->gguf, err)) != CAI_OK ||
 		(st = read_config(m, path, err)) != CAI_OK ||
+		(st = load_tokenizer(m, err)) != CAI_OK ||
 		(st = load_weights(m, params, err)) != CAI_OK ||
-		(st = load_tokenizer(m, params, err)) != CAI_OK ||
+		(st = load_template(m, params, err)) != CAI_OK ||
 		(st = compute_fingerprint(m, err)) != CAI_OK)
 	{
 		cai_model_free(m);
@@ -975,6 +1037,7 @@ cai_model_load(const char *path, const cai_model_params *params, cai_model **out
 	return CAI_OK;
 }
 
+/* kv.h's block layout for this model: each KV-owning layer's part 64-byte aligned. */
 void
 cai_model_kv_layout(const cai_model *model, cai_kv_layout *out)
 {
@@ -989,6 +1052,7 @@ cai_model_kv_layout(const cai_model *model, cai_kv_layout *out)
 	out->block_bytes = out->layer_bytes * (size_t) c->n_kv_layers;
 }
 
+/* Fills info; its strings point into the model. */
 void
 cai_model_get_info(const cai_model *model, cai_model_info *info)
 {
@@ -1125,6 +1189,7 @@ sb_put_gguf_str(strbuf *sb, gguf_str s, size_t max)
 	sb_printf(sb, "\"");
 }
 
+/* The config, then every metadata pair and tensor, as text (free with cai_free). */
 cai_status
 cai_model_describe(const cai_model *model, char **text, cai_error *err)
 {
@@ -1245,6 +1310,7 @@ cai_tokenize(const cai_model *model, const char *text, size_t len, bool parse_sp
 	return CAI_OK;
 }
 
+/* The concatenated bytes of the tokens, NUL-terminated (free with cai_free). */
 cai_status
 cai_detokenize(const cai_model *model, const int32_t *ids, int n_ids, char **text, size_t *len,
 			   cai_error *err)
@@ -1296,6 +1362,7 @@ cai_detokenize(const cai_model *model, const int32_t *ids, int n_ids, char **tex
 	return CAI_OK;
 }
 
+/* Frees a prompt's arrays and zeroes it (NULL is fine). */
 void
 cai_prompt_free(cai_prompt *prompt)
 {
@@ -1324,6 +1391,12 @@ render_kept(const cai_model *model, const cai_chat_message *msgs, int n, int fir
 									add_generation_prompt, out, err);
 }
 
+/*
+ * Renders the conversation with the model's template.  Contents are tokenized once (plain text,
+ * no special tokens) and spliced as ids, like stored turns.  Over max_prompt_tokens, the oldest
+ * non-system messages are dropped (never the last one, and never leaving an assistant reply
+ * first) until it fits; first_message is then the first message kept besides system ones.
+ */
 cai_status
 cai_chat_build_prompt(const cai_model *model, const cai_chat_message *messages, int n_messages,
 					  const cai_prompt_params *params, cai_prompt *out, cai_error *err)
@@ -1510,9 +1583,33 @@ struct cai_forward_ctx
 	uint8_t    *shadow_valid;	/* [shadow.n_blocks * 16] */
 };
 
+const cai_backend *
+cai_forward_ctx_backend(const cai_forward_ctx *ctx)
+{
+	return ctx->be;
+}
+
+/* cai_backend_factory for the CPU backend: arg is the thread pool. */
+static cai_status
+forward_cpu_backend_factory(void *arg, const cai_backend_limits *limits, cai_backend **out,
+							cai_error *err)
+{
+	return cai_backend_cpu_create((cai_threadpool *) arg, limits, out, err);
+}
+
+/* Allocates the context (see model.h): the CPU backend over pool and the activations. */
 cai_status
 cai_forward_ctx_create(const cai_model *model, cai_threadpool *pool, int max_tokens,
 					   int max_context, cai_forward_ctx **out, cai_error *err)
+{
+	return cai_forward_ctx_create_on(model, forward_cpu_backend_factory, pool, max_tokens,
+									 max_context, out, err);
+}
+
+/* Allocates the context on the backend factory(arg, ...) makes; the context owns it. */
+cai_status
+cai_forward_ctx_create_on(const cai_model *model, cai_backend_factory factory, void *arg,
+						  int max_tokens, int max_context, cai_forward_ctx **out, cai_error *err)
 {
 	const cai_config *c = &model->cfg;
 	cai_forward_ctx *ctx;
@@ -1544,7 +1641,7 @@ cai_forward_ctx_create(const cai_model *model, cai_threadpool *pool, int max_tok
 	lim.n_heads = c->n_heads;
 	lim.n_kv_heads = c->n_kv_heads;
 	lim.head_dim = c->head_dim;
-	if ((st = cai_backend_cpu_create(pool, &lim, &ctx->be, err)) != CAI_OK)
+	if ((st = factory(arg, &lim, &ctx->be, err)) != CAI_OK)
 	{
 		free(ctx);
 		return st;
@@ -1579,6 +1676,7 @@ cai_forward_ctx_create(const cai_model *model, cai_threadpool *pool, int max_tok
 	return CAI_OK;
 }
 
+/* Frees the context (NULL is fine). */
 void
 cai_forward_ctx_free(cai_forward_ctx *ctx)
 {
@@ -1751,6 +1849,164 @@ shadow_prepare(cai_forward_ctx *ctx, cai_kv_pool *kv, const cai_batch_seq *seqs,
 	return CAI_OK;
 }
 
+/* Per-channel maxima of |activation| at the inputs of the int8 GEMMs (calibration). */
+typedef struct activation_stats
+{
+	float	   *attn_in;		/* [d_model] the attention norm's output (QKV input) */
+	float	   *ffn_in;			/* [d_model] the FFN norm's output (gate/up input) */
+	float	   *down_in;		/* [d_ff] the SwiGLU output (down input) */
+} activation_stats;
+
+static void
+record_max_abs(const float *x, int n_tok, int width, float *max_abs)
+{
+	for (int t = 0; t < n_tok; t++)
+		for (int j = 0; j < width; j++)
+		{
+			float		a = fabsf(x[(size_t) t * width + j]);
+
+			max_abs[j] = a > max_abs[j] ? a : max_abs[j];
+		}
+}
+
+/* The rotary embedding of this model. */
+static void
+model_rope_params(const cai_model *model, cai_rope_params *rope)
+{
+	rope->n_rot = model->cfg.n_rot;
+	rope->base = model->cfg.rope_base;
+	rope->freq_scale = model->cfg.rope_freq_scale;
+	rope->neox = model->cfg.rope_neox;
+	rope->freq_factors = model->rope_freqs;
+}
+
+/*
+ * One transformer layer over the batch's T rows of ctx->x (in place), on the int8 path or the
+ * float path (f).  stats, float path only: records the GEMM inputs' per-channel maxima.
+ *
+ * out_rows (the last layer): only those rows' outputs are wanted.  Every row still writes its
+ * K/V and attends, but the output projection and the FFN run on the n_out_rows rows alone,
+ * gathered into ctx->xg, which then holds the layer's output for them (row i = out_rows[i]).
+ */
+static void
+forward_layer(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
+			  const cai_batch_layout *batch, const cai_rope_params *rope, int l, bool f,
+			  activation_stats *stats, const int32_t *out_rows, int n_out_rows)
+{
+	const cai_config *c = &model->cfg;
+	const cai_layer_weights *w = &model->layers[l];
+	cai_backend *be = ctx->be;
+	const cai_backend_ops *op = be->ops;
+	const int	T = batch->n_tokens;
+	const int	d = c->d_model;
+	const int	q_dim = c->n_heads * c->head_dim;
+	const int	kv_dim = c->n_kv_heads * c->head_dim;
+	const int	qkv_w = ctx->qkv_width;
+	const int	d_ff = c->d_ff;
+	const bool	owns_kv = c->kv_source[l] == l;
+	const cai_kv_shadow *shadow = f ? &ctx->shadow : NULL;
+	float	   *q = ctx->qkv;
+	float	   *k = ctx->qkv + q_dim;
+	float	   *v = ctx->qkv + q_dim + kv_dim;
+	float	   *x = ctx->x;		/* the rows the rest of the layer works on */
+	float	   *att = ctx->att;
+	int			n = T;
+	cai_attn_params ap;
+
+	ap.n_heads = c->n_heads;
+	ap.n_kv_heads = c->n_kv_heads;
+	ap.head_dim = c->head_dim;
+	ap.window = c->attn_window[l];
+	ap.kv_layer = c->kv_index[l];
+	ap.scale = 1.0f / sqrtf((float) c->head_dim);
+
+	/* attention: q, k, v projections (a layer reading another's KV computes q only) */
+	if (!f)
+	{
+		op->rmsnorm_quant(be, ctx->x, w->attn_norm_i8, T, d, c->norm_eps, ctx->xq, ctx->xs);
+		op->gemm_i8(be, ctx->xq, ctx->xs, T, owns_kv ? &w->wqkv : &w->wq,
+					owns_kv ? w->bqkv : w->bq, ctx->qkv, qkv_w, false);
+	}
+	else
+	{
+		op->rmsnorm(be, ctx->x, w->attn_norm, T, d, c->norm_eps, ctx->xn);
+		if (stats)
+			record_max_abs(ctx->xn, T, d, stats->attn_in);
+		op->gemm_f32(be, ctx->xn, T, d, w->f_wq, q_dim, w->bq, q, qkv_w, false);
+		if (owns_kv)
+		{
+			op->gemm_f32(be, ctx->xn, T, d, w->f_wk, kv_dim, w->bk, k, qkv_w, false);
+			op->gemm_f32(be, ctx->xn, T, d, w->f_wv, kv_dim, w->bv, v, qkv_w, false);
+		}
+	}
+
+	/* rotate q and k (adjacent in the row), store this layer's k, v, attend */
+	op->rope(be, rope, ctx->rope_cs, q, qkv_w, T,
+			 owns_kv ? c->n_heads + c->n_kv_heads : c->n_heads, c->head_dim);
+	if (owns_kv)
+		op->kv_write(be, &ap, batch, k, v, qkv_w, kv, shadow);
+	op->attention(be, &ap, batch, q, qkv_w, kv, shadow, ctx->att, q_dim);
+
+	/* the last layer: continue with the wanted rows only (ctx->qkv is free again) */
+	if (out_rows)
+	{
+		op->gather_rows(be, ctx->x, d, out_rows, n_out_rows, ctx->xg);
+		op->gather_rows(be, ctx->att, q_dim, out_rows, n_out_rows, ctx->qkv);
+		x = ctx->xg;
+		att = ctx->qkv;
+		n = n_out_rows;
+		if (n == 0)
+			return;
+	}
+
+	/* x += attention output projection */
+	if (!f)
+	{
+		op->quantize(be, att, n, q_dim, ctx->xq, ctx->xs);
+		op->gemm_i8(be, ctx->xq, ctx->xs, n, &w->wo, NULL, x, d, true);
+	}
+	else
+		op->gemm_f32(be, att, n, q_dim, w->f_wo, d, NULL, x, d, true);
+
+	/* x += down(silu(gate(x)) * up(x)) */
+	if (!f)
+	{
+		op->rmsnorm_quant(be, x, w->ffn_norm_i8, n, d, c->norm_eps, ctx->xq, ctx->xs);
+		op->gemm_i8(be, ctx->xq, ctx->xs, n, &w->w_gate_up, NULL, ctx->gate_up, 2 * d_ff, false);
+		op->swiglu_quant(be, ctx->gate_up, n, d_ff, ctx->xq, ctx->xs);
+		op->gemm_i8(be, ctx->xq, ctx->xs, n, &w->w_down, NULL, x, d, true);
+	}
+	else
+	{
+		op->rmsnorm(be, x, w->ffn_norm, n, d, c->norm_eps, ctx->xn);
+		if (stats)
+			record_max_abs(ctx->xn, n, d, stats->ffn_in);
+		op->gemm_f32(be, ctx->xn, n, d, w->f_gate, d_ff, NULL, ctx->gate_up, 2 * d_ff, false);
+		op->gemm_f32(be, ctx->xn, n, d, w->f_up, d_ff, NULL, ctx->gate_up + d_ff, 2 * d_ff, false);
+		op->swiglu(be, ctx->gate_up, n, d_ff, ctx->xn);
+		if (stats)
+			record_max_abs(ctx->xn, n, d_ff, stats->down_in);
+		op->gemm_f32(be, ctx->xn, n, d_ff, w->f_down, d, NULL, x, d, true);
+	}
+}
+
+/* Fills a batch layout from the context's per-token arrays (after layout_batch). */
+static void
+batch_from_ctx(cai_forward_ctx *ctx, int T, int n_seqs, cai_batch_layout *batch)
+{
+	batch->n_tokens = T;
+	batch->n_seqs = n_seqs;
+	batch->token_pos = ctx->pos;
+	batch->token_seq = ctx->seq;
+	batch->seq_start = ctx->seq_start;
+	batch->seq_len = ctx->seq_len;
+	batch->block_tables = ctx->tables;
+}
+
+/*
+ * The forward over a ragged batch (model.h).  Checks the batch, lays it out per token, embeds,
+ * runs the layers (the last one only for rows that need logits) and the LM head.
+ */
 cai_status
 cai_model_forward(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 				  const cai_batch_seq *seqs, int n_seqs, float *logits,
@@ -1763,13 +2019,8 @@ cai_model_forward(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 	cai_kv_layout want;
 	const bool	f = float_reference;
 	const int	d = c->d_model;
-	const int	q_dim = c->n_heads * c->head_dim;
-	const int	kv_dim = c->n_kv_heads * c->head_dim;
-	const int	qkv_w = ctx->qkv_width;
-	const int	d_ff = c->d_ff;
 	cai_batch_layout batch;
 	cai_rope_params rope;
-	const cai_kv_shadow *shadow = f ? &ctx->shadow : NULL;
 	int			T = 0,
 				R = 0;
 	cai_status	st;
@@ -1789,20 +2040,8 @@ cai_model_forward(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "logits were requested but no buffer given");
 	if ((st = shadow_prepare(ctx, kv, seqs, n_seqs, f, err)) != CAI_OK)
 		return st;
-
-	batch.n_tokens = T;
-	batch.n_seqs = n_seqs;
-	batch.token_pos = ctx->pos;
-	batch.token_seq = ctx->seq;
-	batch.seq_start = ctx->seq_start;
-	batch.seq_len = ctx->seq_len;
-	batch.block_tables = ctx->tables;
-
-	rope.n_rot = c->n_rot;
-	rope.base = c->rope_base;
-	rope.freq_scale = c->rope_freq_scale;
-	rope.neox = c->rope_neox;
-	rope.freq_factors = model->rope_freqs;
+	batch_from_ctx(ctx, T, n_seqs, &batch);
+	model_rope_params(model, &rope);
 
 	/* x = embedding of each token; the rotary angles of each position */
 	if (f)
@@ -1811,78 +2050,14 @@ cai_model_forward(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 		op->embed_i8(be, &model->tok_embd, ctx->ids, T, ctx->x);
 	op->rope_prepare(be, &rope, ctx->pos, T, ctx->rope_cs);
 
+	/* the last layer finishes only the rows that need logits, in ctx->xg */
 	for (int l = 0; l < c->n_layers; l++)
-	{
-		const cai_layer_weights *w = &model->layers[l];
-		bool		owns_kv = c->kv_source[l] == l;
-		cai_attn_params ap;
-		float	   *q = ctx->qkv;
-		float	   *k = ctx->qkv + q_dim;
-		float	   *v = ctx->qkv + q_dim + kv_dim;
-
-		ap.n_heads = c->n_heads;
-		ap.n_kv_heads = c->n_kv_heads;
-		ap.head_dim = c->head_dim;
-		ap.window = c->attn_window[l];
-		ap.kv_layer = c->kv_index[l];
-		ap.scale = 1.0f / sqrtf((float) c->head_dim);
-
-		/* attention: q, k, v projections (a layer reading another's KV computes q only) */
-		if (!f)
-		{
-			op->rmsnorm_quant(be, ctx->x, w->attn_norm, T, d, c->norm_eps, ctx->xq, ctx->xs);
-			op->gemm_i8(be, ctx->xq, ctx->xs, T, owns_kv ? &w->wqkv : &w->wq,
-						owns_kv ? w->bqkv : w->bq, ctx->qkv, qkv_w, false);
-		}
-		else
-		{
-			op->rmsnorm(be, ctx->x, w->attn_norm, T, d, c->norm_eps, ctx->xn);
-			op->gemm_f32(be, ctx->xn, T, d, w->f_wq, q_dim, w->bq, q, qkv_w, false);
-			if (owns_kv)
-			{
-				op->gemm_f32(be, ctx->xn, T, d, w->f_wk, kv_dim, w->bk, k, qkv_w, false);
-				op->gemm_f32(be, ctx->xn, T, d, w->f_wv, kv_dim, w->bv, v, qkv_w, false);
-			}
-		}
-
-		/* rotate q and k (adjacent in the row), store this layer's k, v, attend */
-		op->rope(be, &rope, ctx->rope_cs, q, qkv_w, T,
-				 owns_kv ? c->n_heads + c->n_kv_heads : c->n_heads, c->head_dim);
-		if (owns_kv)
-			op->kv_write(be, &ap, &batch, k, v, qkv_w, kv, shadow);
-		op->attention(be, &ap, &batch, q, qkv_w, kv, shadow, ctx->att, q_dim);
-
-		/* x += attention output projection */
-		if (!f)
-		{
-			op->quantize(be, ctx->att, T, q_dim, ctx->xq, ctx->xs);
-			op->gemm_i8(be, ctx->xq, ctx->xs, T, &w->wo, NULL, ctx->x, d, true);
-		}
-		else
-			op->gemm_f32(be, ctx->att, T, q_dim, w->f_wo, d, NULL, ctx->x, d, true);
-
-		/* x += down(silu(gate(x)) * up(x)) */
-		if (!f)
-		{
-			op->rmsnorm_quant(be, ctx->x, w->ffn_norm, T, d, c->norm_eps, ctx->xq, ctx->xs);
-			op->gemm_i8(be, ctx->xq, ctx->xs, T, &w->w_gate_up, NULL, ctx->gate_up, 2 * d_ff, false);
-			op->swiglu_quant(be, ctx->gate_up, T, d_ff, ctx->xq, ctx->xs);
-			op->gemm_i8(be, ctx->xq, ctx->xs, T, &w->w_down, NULL, ctx->x, d, true);
-		}
-		else
-		{
-			op->rmsnorm(be, ctx->x, w->ffn_norm, T, d, c->norm_eps, ctx->xn);
-			op->gemm_f32(be, ctx->xn, T, d, w->f_gate, d_ff, NULL, ctx->gate_up, 2 * d_ff, false);
-			op->gemm_f32(be, ctx->xn, T, d, w->f_up, d_ff, NULL, ctx->gate_up + d_ff, 2 * d_ff, false);
-			op->swiglu(be, ctx->gate_up, T, d_ff, ctx->xn);
-			op->gemm_f32(be, ctx->xn, T, d_ff, w->f_down, d, NULL, ctx->x, d, true);
-		}
-	}
+		forward_layer(model, ctx, kv, &batch, &rope, l, f, NULL,
+					  l == c->n_layers - 1 ? ctx->logit_rows : NULL, R);
 
 	/* logits of the rows that asked for them */
 	if (R > 0)
 	{
-		op->gather_rows(be, ctx->x, d, ctx->logit_rows, R, ctx->xg);
 		if (!f)
 		{
 			op->rmsnorm_quant(be, ctx->xg, model->out_norm, R, d, c->norm_eps, ctx->xq, ctx->xs);
@@ -1895,5 +2070,273 @@ cai_model_forward(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 						 c->n_vocab, false);
 		}
 	}
+	/* an asynchronous backend reports its first failure here */
+	if (op->sync)
+		return op->sync(be, err);
 	return CAI_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Calibrated conversion of the layers (SmoothQuant)
+ * ------------------------------------------------------------------------------------------- */
+
+/*
+ * Migration strength: s_j = max|X_j|^alpha / max|W_j|^(1 - alpha) moves that much of an input
+ * channel's range from the activation (quantized per token at run time) to the weight column
+ * (quantized per output row at load).  Measured on SmolLM2-135M-Instruct over two ~280-token
+ * texts (int8 path against the float path): without smoothing KL 0.15-0.20 and top-1 agreement
+ * 81-82%; alpha 0.4, 0.5 and 0.6 all give KL 0.020-0.029 and 89-95% (0.5 is the SmoothQuant
+ * paper's default and the middle of that plateau); 0.7 and beyond lose again on the weights.
+ */
+#define SMOOTH_ALPHA 0.5
+
+/* Calibration tokens at most: enough to meet a model's outlier channels, cheap in float. */
+#define CALIBRATION_TOKENS 64
+
+/*
+ * The calibration text: ordinary prose, a number, a line of code and a chat-style request, so
+ * that the channels a model uses for each show up in the statistics.
+ */
+static const char calibration_text[] =
+	"The history of science is full of surprises. In 1905 a young patent clerk in Bern "
+	"wrote four papers that changed physics, and water still boils at 100 degrees at sea "
+	"level. The capital of France is Paris.\n"
+	"def add(a, b):\n    return a + b\n"
+	"User: could you summarise this briefly, please?\nAssistant: Of course! Here it is.";
+
+/*
+ * The smoothing factors of one GEMM input: s_j = max|X_j|^alpha / max|W_j|^(1 - alpha) over the
+ * calibration tokens and the columns j of the n_w consuming matrices, rounded to a power of two
+ * so that folding it into weights and norms is exact.  Channels without signal keep 1.
+ * wmax: scratch of k floats.
+ */
+static void
+smoothing_factors(const float *x_max, int k, const float *const *w, const int *w_rows, int n_w,
+				  float *wmax, float *s)
+{
+	/* column maxima, walking the matrices row by row */
+	for (int j = 0; j < k; j++)
+		wmax[j] = 0.0f;
+	for (int m = 0; m < n_w; m++)
+		for (int r = 0; r < w_rows[m]; r++)
+		{
+			const float *row = w[m] + (size_t) r * k;
+
+			for (int j = 0; j < k; j++)
+			{
+				float		a = fabsf(row[j]);
+
+				wmax[j] = a > wmax[j] ? a : wmax[j];
+			}
+		}
+	for (int j = 0; j < k; j++)
+	{
+		double		v;
+		int			e;
+
+		if (!(x_max[j] > 0.0f) || !(wmax[j] > 0.0f) || !isfinite(x_max[j]))
+		{
+			s[j] = 1.0f;
+			continue;
+		}
+		v = pow((double) x_max[j], SMOOTH_ALPHA) / pow((double) wmax[j], 1.0 - SMOOTH_ALPHA);
+		e = (int) lrint(log2(v));
+		e = e < -30 ? -30 : (e > 30 ? 30 : e);
+		s[j] = ldexpf(1.0f, e);
+	}
+}
+
+/*
+ * Converts every layer: dequantizes its matrices to float, runs the layer on the float path
+ * over the calibration tokens (the float output of the previous layers) to record the maxima
+ * of its GEMM inputs, derives the smoothing factors, and quantizes the smoothed matrices to
+ * int8.  One layer's float weights are alive at a time unless the float reference is kept.
+ */
+static cai_status
+convert_layers(cai_model *m, cai_threadpool *pool, convert_plan *plan, const layer_sources *src,
+			   const gguf_tensor *t_embd, bool fref, cai_error *err)
+{
+	const cai_config *c = &m->cfg;
+	const int	d = c->d_model;
+	const int	q_dim = c->n_heads * c->head_dim;
+	const int	kv_dim = c->n_kv_heads * c->head_dim;
+	const int	d_ff = c->d_ff;
+	cai_tokens	cal;
+	cai_forward_ctx *ctx = NULL;
+	cai_kv_pool *kv = NULL;
+	cai_kv_layout layout;
+	int32_t		table[(CALIBRATION_TOKENS + CAI_KV_BLOCK_TOKENS - 1) / CAI_KV_BLOCK_TOKENS];
+	int			n_blocks;
+	cai_batch_seq seq;
+	cai_batch_layout batch;
+	cai_rope_params rope;
+	activation_stats stats = {0};
+	float	   *s_attn = NULL,
+			   *s_ffn = NULL,
+			   *s_down = NULL,
+			   *inv_down = NULL,
+			   *wmax = NULL;	/* column maxima scratch */
+	float	   *tmp = NULL;		/* one layer's float weights when no reference is kept */
+	size_t		tmp_floats = (size_t) (q_dim + 2 * kv_dim) * d + (size_t) d * q_dim + (size_t) 3 * d_ff * d;
+	size_t		row_bytes;
+	int			T,
+				R;
+	cai_status	st = CAI_OK;
+
+	/* the calibration tokens */
+	cai_tokens_init(&cal);
+	if ((st = cai_tokenizer_encode(m->tokenizer, calibration_text, strlen(calibration_text), false,
+								   &cal, err)) != CAI_OK)
+		goto done;
+	for (int i = 0; i < cal.n; i++)
+		if (cal.ids[i] < 0 || cal.ids[i] >= c->n_vocab)
+			cal.ids[i] = 0;
+	while (cal.n < 8)			/* a vocabulary that makes few tokens: any ids do */
+		if (!cai_tokens_push(&cal, cal.n % c->n_vocab))
+			break;
+	T = cal.n < CALIBRATION_TOKENS ? cal.n : CALIBRATION_TOKENS;
+
+#define OOM() do { st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory calibrating the model"); goto done; } while (0)
+	stats.attn_in = malloc((size_t) d * sizeof(float));
+	stats.ffn_in = malloc((size_t) d * sizeof(float));
+	stats.down_in = malloc((size_t) d_ff * sizeof(float));
+	s_attn = malloc((size_t) d * sizeof(float));
+	s_ffn = malloc((size_t) d * sizeof(float));
+	s_down = malloc((size_t) d_ff * sizeof(float));
+	inv_down = malloc((size_t) d_ff * sizeof(float));
+	wmax = malloc((size_t) (d > d_ff ? d : d_ff) * sizeof(float));
+	if (!fref)
+		tmp = malloc(tmp_floats * sizeof(float));
+	if (!stats.attn_in || !stats.ffn_in || !stats.down_in || !s_attn || !s_ffn || !s_down ||
+		!inv_down || !wmax || (!fref && !tmp))
+		OOM();
+
+	/* a one-sequence float forward over the calibration tokens */
+	if ((st = cai_forward_ctx_create(m, pool, T, T, &ctx, err)) != CAI_OK)
+		goto done;
+	cai_model_kv_layout(m, &layout);
+	n_blocks = (T + CAI_KV_BLOCK_TOKENS - 1) / CAI_KV_BLOCK_TOKENS;
+	if ((st = cai_kv_pool_create(&layout, n_blocks, &kv, err)) != CAI_OK)
+		goto done;
+	for (int b = 0; b < n_blocks; b++)
+		table[b] = cai_kv_block_alloc(kv);
+	seq = (cai_batch_seq) {cal.ids, T, 0, table, n_blocks, CAI_LOGITS_NONE};
+	if ((st = layout_batch(m, ctx, kv, &seq, 1, &T, &R, err)) != CAI_OK ||
+		(st = shadow_prepare(ctx, kv, &seq, 1, true, err)) != CAI_OK)
+		goto done;
+	batch_from_ctx(ctx, T, 1, &batch);
+	model_rope_params(m, &rope);
+	ctx->be->ops->rope_prepare(ctx->be, &rope, ctx->pos, T, ctx->rope_cs);
+	if (!ggml_row_bytes(t_embd->type, d, &row_bytes))
+	{
+		st = cai_fail(err, CAI_ERR_INTERNAL, "embedding row size");
+		goto done;
+	}
+	for (int t = 0; t < T; t++)
+		if ((st = cai_dequantize_row(t_embd->type, (const uint8_t *) t_embd->data +
+									 (size_t) ctx->ids[t] * row_bytes,
+									 ctx->x + (size_t) t * d, d, err)) != CAI_OK)
+			goto done;
+
+	for (int l = 0; l < c->n_layers; l++)
+	{
+		cai_layer_weights *w = &m->layers[l];
+		const layer_sources *ls = &src[l];
+		int8_t	   *qkv = (int8_t *) w->wqkv.q;
+		float	   *qkv_scale = (float *) w->wqkv.scale;
+		int8_t	   *gu = (int8_t *) w->w_gate_up.q;
+		float	   *gu_scale = (float *) w->w_gate_up.scale;
+		bool		owns_kv = c->kv_source[l] == l;
+
+		/* float weights of the layer: the reference copies, or the scratch */
+		if (!fref)
+		{
+			w->f_wq = tmp;
+			w->f_wk = w->f_wq + (size_t) q_dim * d;
+			w->f_wv = w->f_wk + (size_t) kv_dim * d;
+			w->f_wo = w->f_wv + (size_t) kv_dim * d;
+			w->f_gate = w->f_wo + (size_t) d * q_dim;
+			w->f_up = w->f_gate + (size_t) d_ff * d;
+			w->f_down = w->f_up + (size_t) d_ff * d;
+		}
+		if (!plan_rows(plan, ls->wq, NULL, d, q_dim, NULL, NULL, w->f_wq, NULL, NULL) ||
+			!plan_rows(plan, ls->wk, NULL, d, kv_dim, NULL, NULL, w->f_wk, NULL, NULL) ||
+			!plan_rows(plan, ls->wv, NULL, d, kv_dim, NULL, NULL, w->f_wv, NULL, NULL) ||
+			!plan_rows(plan, ls->wo, NULL, q_dim, d, NULL, NULL, w->f_wo, NULL, NULL) ||
+			!plan_rows(plan, ls->gate, NULL, d, d_ff, NULL, NULL, w->f_gate, NULL, NULL) ||
+			!plan_rows(plan, ls->up, NULL, d, d_ff, NULL, NULL, w->f_up, NULL, NULL) ||
+			!plan_rows(plan, ls->down, NULL, d_ff, d, NULL, NULL, w->f_down, NULL, NULL))
+			OOM();
+		if ((st = run_plan(pool, plan, err)) != CAI_OK)
+			goto done;
+
+		/* the layer in float over the calibration tokens, recording its GEMM inputs */
+		memset(stats.attn_in, 0, (size_t) d * sizeof(float));
+		memset(stats.ffn_in, 0, (size_t) d * sizeof(float));
+		memset(stats.down_in, 0, (size_t) d_ff * sizeof(float));
+		forward_layer(m, ctx, kv, &batch, &rope, l, true, &stats, NULL, 0);
+
+		/* smoothing factors and the int8 path's norms */
+		{
+			const float *wa[3] = {w->f_wq, w->f_wk, w->f_wv};
+			const int	ra[3] = {q_dim, kv_dim, kv_dim};
+			const float *wb[2] = {w->f_gate, w->f_up};
+			const int	rb[2] = {d_ff, d_ff};
+			const float *wc[1] = {w->f_down};
+			const int	rc[1] = {d};
+
+			smoothing_factors(stats.attn_in, d, wa, ra, owns_kv ? 3 : 1, wmax, s_attn);
+			smoothing_factors(stats.ffn_in, d, wb, rb, 2, wmax, s_ffn);
+			smoothing_factors(stats.down_in, d_ff, wc, rc, 1, wmax, s_down);
+		}
+		for (int j = 0; j < d; j++)
+		{
+			w->attn_norm_i8[j] = w->attn_norm[j] / s_attn[j];
+			w->ffn_norm_i8[j] = w->ffn_norm[j] / s_ffn[j];
+		}
+		for (int j = 0; j < d_ff; j++)
+			inv_down[j] = 1.0f / s_down[j];
+
+		/* quantize: columns times their input's factor; up rows divided by the down input's */
+		if (!plan_rows(plan, NULL, w->f_wq, d, q_dim, qkv, qkv_scale, NULL, s_attn, NULL) ||
+			!plan_rows(plan, NULL, w->f_wk, d, kv_dim, qkv + (size_t) q_dim * d,
+					   qkv_scale + q_dim, NULL, s_attn, NULL) ||
+			!plan_rows(plan, NULL, w->f_wv, d, kv_dim, qkv + (size_t) (q_dim + kv_dim) * d,
+					   qkv_scale + q_dim + kv_dim, NULL, s_attn, NULL) ||
+			!plan_rows(plan, NULL, w->f_wo, q_dim, d, (int8_t *) w->wo.q, (float *) w->wo.scale,
+					   NULL, NULL, NULL) ||
+			!plan_rows(plan, NULL, w->f_gate, d, d_ff, gu, gu_scale, NULL, s_ffn, NULL) ||
+			!plan_rows(plan, NULL, w->f_up, d, d_ff, gu + (size_t) d_ff * d, gu_scale + d_ff,
+					   NULL, s_ffn, inv_down) ||
+			!plan_rows(plan, NULL, w->f_down, d_ff, d, (int8_t *) w->w_down.q,
+					   (float *) w->w_down.scale, NULL, s_down, NULL))
+			OOM();
+		if ((st = run_plan(pool, plan, err)) != CAI_OK)
+			goto done;
+		if (!fref)
+			w->f_wq = w->f_wk = w->f_wv = w->f_wo = w->f_gate = w->f_up = w->f_down = NULL;
+	}
+#undef OOM
+
+done:
+	if (st != CAI_OK && !fref)
+		for (int l = 0; l < c->n_layers; l++)
+		{
+			cai_layer_weights *w = &m->layers[l];
+
+			w->f_wq = w->f_wk = w->f_wv = w->f_wo = w->f_gate = w->f_up = w->f_down = NULL;
+		}
+	cai_kv_pool_free(kv);
+	cai_forward_ctx_free(ctx);
+	cai_tokens_free(&cal);
+	free(stats.attn_in);
+	free(stats.ffn_in);
+	free(stats.down_in);
+	free(s_attn);
+	free(s_ffn);
+	free(s_down);
+	free(inv_down);
+	free(wmax);
+	free(tmp);
+	return st;
 }

@@ -57,6 +57,13 @@ typedef struct cai_config
 /*
  * One transformer layer's weights: int8 [out, in] with per-channel scales.  Q, K and V are one
  * matrix (one GEMM per layer) and wq, wk, wv are views of its row ranges; likewise gate and up.
+ *
+ * The int8 matrices are smoothed (SmoothQuant): activations at a GEMM's input have outlier
+ * channels that per-token int8 quantization handles badly, so input channel j is divided by a
+ * power of two s_j chosen at load from a short calibration pass and the weight column j is
+ * multiplied by it.  For the attention and FFN inputs the division is folded into the norm
+ * weights (attn_norm_i8, ffn_norm_i8); for the down projection's input it is folded into the up
+ * projection's rows.  The float reference copies (f_*) and attn_norm/ffn_norm are the source's.
  */
 typedef struct cai_layer_weights
 {
@@ -69,6 +76,8 @@ typedef struct cai_layer_weights
 	float	   *bqkv;			/* qwen2 biases [q + k + v widths] or NULL */
 	float	   *bq, *bk, *bv;	/* views of bqkv or NULL */
 	float	   *ffn_norm;		/* [d_model] */
+	float	   *attn_norm_i8;	/* [d_model] the int8 path's norm weights: the source ones */
+	float	   *ffn_norm_i8;	/* divided by the smoothing factors folded into the GEMMs */
 	cai_qmatrix w_gate_up;		/* [2*d_ff, d_model]: gate rows, then up rows */
 	cai_qmatrix w_gate;			/* [d_ff, d_model]		rows of w_gate_up */
 	cai_qmatrix w_up;			/* [d_ff, d_model]		rows of w_gate_up */
@@ -115,18 +124,44 @@ typedef struct cai_batch_seq
 	cai_logits_mode logits;
 } cai_batch_seq;
 
-/* Per-engine scratch for forwards of up to max_tokens tokens in one batch. */
+/*
+ * Per-engine scratch for forwards of up to max_tokens tokens in one batch, each sequence at
+ * most max_context positions long; everything a forward needs is allocated here (the CPU
+ * backend over pool, activations, attention scratch), so a forward does not allocate.  The one
+ * exception is the float reference path's KV shadow, grown on first use (see model.c).
+ */
 typedef struct cai_forward_ctx cai_forward_ctx;
 
 cai_status	cai_forward_ctx_create(const cai_model *model, cai_threadpool *pool, int max_tokens,
 								   int max_context, cai_forward_ctx **out, cai_error *err);
+/*
+ * The same on a backend made by factory(arg, limits, ...) instead of the CPU backend over pool:
+ * the engine passes the CUDA backend's constructor here.  The context owns the backend.
+ */
+struct cai_backend_limits;
+struct cai_backend;
+cai_status	cai_forward_ctx_create_on(const cai_model *model,
+									  cai_status (*factory) (void *arg,
+															 const struct cai_backend_limits *limits,
+															 struct cai_backend **out,
+															 cai_error *err),
+									  void *arg, int max_tokens, int max_context,
+									  cai_forward_ctx **out, cai_error *err);
+
 void		cai_forward_ctx_free(cai_forward_ctx *ctx);
+
+/* The backend the context runs on. */
+const struct cai_backend *cai_forward_ctx_backend(const cai_forward_ctx *ctx);
 
 /*
  * Runs the model over the batch, writing the new tokens' K/V into their blocks and the requested
  * logits into logits: rows in sequence order, one per LAST sequence and n_tokens per ALL sequence
- * ([rows, n_vocab]).  float_reference: the fp32 path over the source weights, float KV math
- * (the blocks still receive int8 KV; used by eval and tests).
+ * ([rows, n_vocab]).  Sequences must be distinct, each with >= 1 token.
+ *
+ * float_reference: the fp32 path over the source weights (unsmoothed, no activation
+ * quantization), its attention over a float copy of the KV kept in ctx (the blocks still
+ * receive int8 KV).  It needs every earlier position of a sequence computed on the float path
+ * by the same ctx (eval and tests score from position 0); otherwise CAI_ERR_INVALID_ARGUMENT.
  */
 cai_status	cai_model_forward(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 							  const cai_batch_seq *seqs, int n_seqs, float *logits,

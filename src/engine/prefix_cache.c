@@ -439,7 +439,9 @@ cai_prefix_cache_insert(cai_prefix_cache *cache, uint64_t salt, const int32_t *t
 		}
 		else
 		{
-			if (blocks[i] < 0 || blocks[i] >= pool_blocks)
+			/* only a block the caller holds can be shared; a free one would be reused */
+			if (blocks[i] < 0 || blocks[i] >= pool_blocks
+				|| cai_kv_block_refcount(cache->pool, blocks[i]) <= 0)
 				break;
 			node = new_node(cache, parent);
 			if (!node)

@@ -12,9 +12,10 @@
  *     switched off for it, so the same code gives the same bits with or without -mfma;
  *   - sums are accumulated in double in one fixed order (token id order, or sorted order).
  *
- * Cost: greedy is one pass over the vocabulary.  top-k is a bounded heap over the vocabulary
- * (O(n log k), not a full sort).  top-p without top-k exponentiates the whole vocabulary once and
- * sorts only the tokens that can be in the nucleus (those above a mass bound, see sample_top_p).
+ * Cost (49152 tokens): greedy is a vectorized max and a scan for its first occurrence.  top-k is
+ * a bounded heap over the vocabulary (O(n log k), not a full sort).  Temperature without top-k
+ * exponentiates the whole vocabulary once (vectorized); top-p then finds the nucleus with radix
+ * histograms of the weights and sorts only the few tokens at its edge (sample_full_vocabulary).
  */
 #include "sampler.h"
 
@@ -476,7 +477,7 @@ sum_weights(const float *w, int n)
  * the nucleus ends, by the next 10 bits, then the last 10.
  */
 #define RADIX_BUCKETS 1024
-#define RADIX_FEW_ENOUGH 64		/* a cut bucket this small is just sorted */
+#define RADIX_FEW_ENOUGH 64		/* a cut bucket this small is sorted, not narrowed */
 
 static inline uint32_t
 weight_bits(float w)
@@ -502,6 +503,34 @@ in_rank_order(const int32_t *ids, int n, const float *logits)
 }
 
 /*
+ * The bucket where the nucleus ends: walking from the heaviest bucket down, the first whose mass
+ * brings *above (the mass of the buckets walked so far) to `need`.  The last nonempty bucket if
+ * rounding leaves the sum a hair short.  *above gets the mass of the heavier buckets.
+ */
+static uint32_t
+find_cut_bucket(const double *bucket_mass, double need, double *above)
+{
+	int			last_nonempty = -1;
+
+	for (int b = RADIX_BUCKETS - 1; b >= 0; b--)
+	{
+		if (bucket_mass[b] <= 0.0)
+			continue;
+		if (*above + bucket_mass[b] >= need)
+			return (uint32_t) b;
+		last_nonempty = b;
+		*above += bucket_mass[b];
+	}
+	/* short by rounding: take the lightest nonempty bucket back out of *above */
+	if (last_nonempty >= 0)
+	{
+		*above -= bucket_mass[last_nonempty];
+		return (uint32_t) last_nonempty;
+	}
+	return 0;
+}
+
+/*
  * Temperature (and top-p) over the whole vocabulary, no top-k.  prob[i] is token i's weight
  * exp((l_i - max) / T), 0 for banned tokens.
  *
@@ -520,16 +549,16 @@ sample_full_vocabulary(const float *logits, int n_vocab, const int32_t *banned, 
 {
 	float	   *prob = scratch->prob;
 	int32_t    *index = scratch->index;
+	double		lane_mass[4][RADIX_BUCKETS];	/* 32 KiB of stack */
 	double		bucket_mass[RADIX_BUCKETS];
-	int			bucket_count[RADIX_BUCKETS];
 	double		total = 0.0;
 	double		need = 0.0;
 	double		above = 0.0;
 	double		nucleus_mass;
 	double		target;
 	double		running = 0.0;
-	uint32_t	prefix = 0;		/* the cut bucket: weights with bits >> shift == prefix */
-	int			shift = 32;
+	uint32_t	prefix;			/* the cut bucket: weights with bits >> shift == prefix */
+	int			shift;
 	int			n_cut = 0;
 	int32_t		cut_token;
 	int32_t		last_taken = -1;
@@ -555,55 +584,53 @@ sample_full_vocabulary(const float *logits, int n_vocab, const int32_t *banned, 
 		return last_taken;
 	}
 
-	for (int level_shift = 20; level_shift >= 0; level_shift -= 10)
-	{
-		int			cut;
-
-		memset(bucket_mass, 0, sizeof(bucket_mass));
-		memset(bucket_count, 0, sizeof(bucket_count));
-		for (int32_t i = 0; i < n_vocab; i++)
-		{
-			uint32_t	bits = weight_bits(prob[i]);
-			int			b;
-
-			if (prob[i] <= 0.0f || (shift < 32 && (bits >> shift) != prefix))
-				continue;
-			b = (int) ((bits >> level_shift) & (RADIX_BUCKETS - 1));
-			bucket_mass[b] += prob[i];
-			bucket_count[b]++;
-		}
-		if (shift == 32)
-		{
-			for (int b = RADIX_BUCKETS - 1; b >= 0; b--)
-				total += bucket_mass[b];
-			need = (double) top_p * total;
-		}
-		for (cut = RADIX_BUCKETS - 1; cut > 0; cut--)
-		{
-			if (bucket_count[cut] > 0 && above + bucket_mass[cut] >= need)
-				break;
-			above += bucket_mass[cut];
-		}
-		/* rounding can leave the last nonempty bucket a hair short: it is the cut anyway */
-		while (cut < RADIX_BUCKETS - 1 && bucket_count[cut] == 0)
-		{
-			cut++;
-			above -= bucket_mass[cut];
-		}
-		prefix = shift == 32 ? (uint32_t) cut : (prefix << 10) | (uint32_t) cut;
-		shift = level_shift;
-		n_cut = bucket_count[cut];
-		if (n_cut <= RADIX_FEW_ENOUGH)
-			break;
-	}
-
-	/* the cut bucket's tokens in rank order; the nucleus ends at the first reaching p */
-	n_cut = 0;
+	/*
+	 * Level 1: the top 12 bits of every weight.  Neighbouring tokens often share a bucket, and a
+	 * single histogram would then serialize on that bucket's read-add-write; four interleaved
+	 * histograms (token i into the (i % 4)-th), summed in a fixed order, do not.
+	 */
+	memset(lane_mass, 0, sizeof(lane_mass));
+	for (int32_t i = 0; i < n_vocab; i++)
+		if (prob[i] > 0.0f)
+			lane_mass[i & 3][weight_bits(prob[i]) >> 20] += prob[i];
+	for (int b = 0; b < RADIX_BUCKETS; b++)
+		bucket_mass[b] = (lane_mass[0][b] + lane_mass[1][b]) + (lane_mass[2][b] + lane_mass[3][b]);
+	for (int b = RADIX_BUCKETS - 1; b >= 0; b--)
+		total += bucket_mass[b];
+	need = (double) top_p * total;
+	prefix = find_cut_bucket(bucket_mass, need, &above);
+	shift = 20;
 	for (int32_t i = 0; i < n_vocab; i++)
 		if (prob[i] > 0.0f && (weight_bits(prob[i]) >> shift) == prefix)
 			index[n_cut++] = i;
 	if (n_cut == 0)				/* not reached: the argmax weighs 1 */
 		return argmax_allowed(logits, n_vocab, banned, n_banned);
+
+	/*
+	 * Levels 2 and 3 narrow a large cut bucket by the next 10 bits each, unless it is already in
+	 * rank order (tied logits, gathered in id order), which needs no sort at all.
+	 */
+	while (n_cut > RADIX_FEW_ENOUGH && shift > 0 && !in_rank_order(index, n_cut, logits))
+	{
+		int			level_shift = shift - 10;
+		uint32_t	cut;
+		int			kept = 0;
+
+		memset(lane_mass, 0, sizeof(lane_mass));
+		for (int j = 0; j < n_cut; j++)
+			lane_mass[j & 3][(weight_bits(prob[index[j]]) >> level_shift) & (RADIX_BUCKETS - 1)] +=
+				prob[index[j]];
+		for (int b = 0; b < RADIX_BUCKETS; b++)
+			bucket_mass[b] = (lane_mass[0][b] + lane_mass[1][b]) +
+				(lane_mass[2][b] + lane_mass[3][b]);
+		cut = find_cut_bucket(bucket_mass, need, &above);
+		for (int j = 0; j < n_cut; j++)
+			if (((weight_bits(prob[index[j]]) >> level_shift) & (RADIX_BUCKETS - 1)) == cut)
+				index[kept++] = index[j];
+		n_cut = kept;
+		prefix = (prefix << 10) | cut;
+		shift = level_shift;
+	}
 	if (!in_rank_order(index, n_cut, logits))
 		sort_by_rank(index, n_cut, logits);
 	nucleus_mass = above;

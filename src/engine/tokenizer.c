@@ -261,34 +261,40 @@ read_token_id(const gguf_file *file, const char *key, int n_vocab)
 	return -1;
 }
 
+/*
+ * The tokenizer.ggml.pre names we implement (llama.cpp's names), by the split regex each uses.
+ * "default" (no name written) is GPT-2's split, as HF's GPT-2 tokenizer has it.
+ */
+static const struct
+{
+	const char *name;
+	pretokenizer pre;
+	bool		ignore_merges;
+}			pretokenizer_names[] = {
+	{"gpt-2", PRE_GPT2, false}, {"gpt2", PRE_GPT2, false}, {"phi-2", PRE_GPT2, false},
+	{"default", PRE_GPT2, false}, {"mpt", PRE_GPT2, false}, {"olmo", PRE_GPT2, false},
+	{"jais", PRE_GPT2, false},
+	{"smollm", PRE_DIGITS_GPT2, false}, {"starcoder", PRE_DIGITS_GPT2, false},
+	{"refact", PRE_DIGITS_GPT2, false}, {"command-r", PRE_DIGITS_GPT2, false},
+	{"codeshell", PRE_DIGITS_GPT2, false}, {"exaone", PRE_DIGITS_GPT2, false},
+	{"minerva", PRE_DIGITS_GPT2, false},
+	{"llama-bpe", PRE_LLAMA3, true}, {"llama3", PRE_LLAMA3, true}, {"llama-v3", PRE_LLAMA3, true},
+	{"dbrx", PRE_LLAMA3, true}, {"smaug-bpe", PRE_LLAMA3, true}, {"falcon3", PRE_LLAMA3, true},
+	{"qwen2", PRE_QWEN2, false}, {"stablelm2", PRE_QWEN2, false},
+	{"deepseek-r1-qwen", PRE_QWEN2, false},
+};
+
 /* Maps tokenizer.ggml.pre to a pre-tokenizer; false for one we do not implement. */
 static bool
 pretokenizer_from_name(const char *name, pretokenizer *pre, bool *ignore_merges)
 {
-	static const char *const gpt2_names[] = {"gpt-2", "gpt2", "phi-2", "default", "mpt", "olmo",
-	"jais", NULL};
-	static const char *const digits_names[] = {"smollm", "starcoder", "refact", "command-r",
-	"codeshell", "exaone", "minerva", NULL};
-	static const char *const llama3_names[] = {"llama-bpe", "llama3", "llama-v3", "dbrx",
-	"smaug-bpe", "falcon3", NULL};
-	static const char *const qwen2_names[] = {"qwen2", "stablelm2", "deepseek-r1-qwen", NULL};
-
-	*ignore_merges = false;
-	for (int i = 0; gpt2_names[i]; i++)
-		if (strcmp(name, gpt2_names[i]) == 0)
-			return (*pre = PRE_GPT2, true);
-	for (int i = 0; digits_names[i]; i++)
-		if (strcmp(name, digits_names[i]) == 0)
-			return (*pre = PRE_DIGITS_GPT2, true);
-	for (int i = 0; llama3_names[i]; i++)
-		if (strcmp(name, llama3_names[i]) == 0)
+	for (size_t i = 0; i < sizeof(pretokenizer_names) / sizeof(pretokenizer_names[0]); i++)
+		if (strcmp(name, pretokenizer_names[i].name) == 0)
 		{
-			*ignore_merges = true;
-			return (*pre = PRE_LLAMA3, true);
+			*pre = pretokenizer_names[i].pre;
+			*ignore_merges = pretokenizer_names[i].ignore_merges;
+			return true;
 		}
-	for (int i = 0; qwen2_names[i]; i++)
-		if (strcmp(name, qwen2_names[i]) == 0)
-			return (*pre = PRE_QWEN2, true);
 	return false;
 }
 

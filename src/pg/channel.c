@@ -271,7 +271,7 @@ CaiRaiseWorkerError(const char *body, Size len)
 		case CAI_ERR_QUEUE_FULL:
 			ereport(ERROR,
 					(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
-					 errmsg("pg_cai engine queue is full: %s", message),
+					 errmsg("pg_cai engine refused the request: %s", message),
 					 errhint("Retry later, or raise pg_cai.max_queue.")));
 			break;
 		case CAI_ERR_NO_MEMORY:

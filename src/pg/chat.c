@@ -410,7 +410,7 @@ bad_messages(const char *detail_fmt, int index)
 			 errhint("Example: '[{\"role\": \"user\", \"content\": \"Hello\"}]'.")));
 }
 
-/* The string value of key in a jsonb object container, or NULL; *found says whether present. */
+/* The value of key in a jsonb object container, or NULL when the key is absent. */
 static JsonbValue *
 object_field(JsonbContainer *object, const char *key)
 {

@@ -106,8 +106,10 @@ role_from_text(const char *role)
 /*
  * CaiConversationLoad
  *		Reads a conversation and its turns (those with id <= up_to_message when that is not 0),
- *		locking the conversation row FOR UPDATE so that concurrent turns of one conversation
- *		take their turn.  A conversation the caller cannot see (row-level security) is reported
+ *		locking the conversation row FOR NO KEY UPDATE so that concurrent turns of one
+ *		conversation take their turn.  (Not FOR UPDATE: the trigger runs after its INSERT took
+ *		FOR KEY SHARE through the foreign key, and two such inserts upgrading to FOR UPDATE would
+ *		deadlock.)  A conversation the caller cannot see (row-level security) is reported
  *		as not existing.  The result is allocated in the current memory context.
  */
 CaiConversation *
@@ -130,7 +132,7 @@ CaiConversationLoad(int64 id, int64 up_to_message)
 
 	plan = keep_plan(&lock_plan,
 					 "SELECT system_prompt, options FROM cai.conversations "
-					 "WHERE id = $1 FOR UPDATE",
+					 "WHERE id = $1 FOR NO KEY UPDATE",
 					 1, lock_types);
 	values[0] = Int64GetDatum(id);
 	ret = SPI_execute_plan(plan, values, NULL, false, 1);

@@ -24,6 +24,7 @@ int			cai_max_step_tokens = 512;
 int			cai_context_length = 0;
 int			cai_host_cache_size_mb = 256;
 int			cai_max_queue = 64;
+int			cai_max_queue_wait_ms = 0;
 int			cai_cache_isolation = CAI_ISOLATION_ROLE;
 int			cai_default_max_tokens = 256;
 
@@ -147,6 +148,16 @@ CaiGucInit(void)
 							64, 1, 65536,
 							PGC_POSTMASTER,
 							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("pg_cai.max_queue_wait",
+							"Refuse a request at once when its estimated wait for the engine is longer.",
+							"The estimate is the requests ahead of it times the recent service time. "
+							"0 means no limit: requests wait until pg_cai.max_queue is reached.",
+							&cai_max_queue_wait_ms,
+							0, 0, INT_MAX,
+							PGC_SIGHUP,
+							GUC_UNIT_MS,
 							NULL, NULL, NULL);
 
 	DefineCustomEnumVariable("pg_cai.cache_isolation",

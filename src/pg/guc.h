@@ -34,6 +34,9 @@ extern int	cai_context_length;
 extern int	cai_host_cache_size_mb;
 extern int	cai_max_queue;
 
+/* reloadable: the worker applies it on SIGHUP */
+extern int	cai_max_queue_wait_ms;
+
 /* superuser-settable */
 extern int	cai_cache_isolation;
 

@@ -33,6 +33,7 @@
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
+#include "storage/pmsignal.h"
 #include "storage/dsm.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
@@ -220,10 +221,17 @@ CaiWorkerMain(Datum main_arg)
 		ResetLatch(MyLatch);
 		CHECK_FOR_INTERRUPTS();
 
+		/* WaitLatch notices postmaster death only when idle; a busy loop must look too */
+		if (!PostmasterIsAlive())
+			proc_exit(1);
+
 		if (ConfigReloadPending)
 		{
 			ConfigReloadPending = false;
 			ProcessConfigFile(PGC_SIGHUP);
+			if (worker_engine != NULL)
+				cai_engine_set_admission_limits(worker_engine, cai_max_queue,
+												(double) cai_max_queue_wait_ms);
 		}
 
 		worker_intake();
@@ -351,6 +359,7 @@ worker_load_model(void)
 	engine_params.max_step_tokens = cai_max_step_tokens;
 	engine_params.context_length = worker_context_length;
 	engine_params.max_queue = cai_max_queue;
+	engine_params.max_queue_wait_ms = (double) cai_max_queue_wait_ms;
 	engine_params.host_cache_bytes = (size_t) cai_host_cache_size_mb * 1024 * 1024;
 
 	block_signals(&saved);
@@ -653,10 +662,24 @@ start_generation(WorkerRequest *req, CaiReader *reader)
 			if (n_tokens >= 0)
 			{
 				int32	   *ids = palloc(sizeof(int32) * Max(n_tokens, 1));
+				int			j;
 
 				(void) cai_get_int32_array(reader, n_tokens, ids);
-				messages[i].tokens = ids;
-				messages[i].n_tokens = n_tokens;
+
+				/*
+				 * Stored ids come from a table the caller may write: ids outside the
+				 * vocabulary are not used, and the content is tokenized instead.
+				 */
+				for (j = 0; j < n_tokens; j++)
+				{
+					if (ids[j] < 0 || ids[j] >= worker_model_info.n_vocab)
+						break;
+				}
+				if (j == n_tokens)
+				{
+					messages[i].tokens = ids;
+					messages[i].n_tokens = n_tokens;
+				}
 			}
 		}
 

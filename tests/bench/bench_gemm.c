@@ -5,7 +5,10 @@
  *
  *   gcc -O3 -std=gnu11 -pthread -Isrc/engine -o /tmp/bench_gemm tests/bench/bench_gemm.c \
  *       src/engine/cpu/gemm.c src/engine/cpu/threadpool.c -lm
- *   /tmp/bench_gemm [isa] [seconds-per-case]
+ *   /tmp/bench_gemm [isa [seconds-per-case [section]]]
+ *
+ * isa: generic, avx2 or avx512-vnni (default: the best available); section: shapes, decode,
+ * dispatch or all (default).
  *
  * For each shape (k -> n_out) and batch (n_tok = 1, 8, 32, 512) it reports GOPS (2 * n_tok * k
  * * n_out operations per second) at 1 and 2 threads.  Single-token cases rotate over copies of
@@ -14,6 +17,7 @@
  * Then a whole decode step's worth of matrices (30 layers + LM head, all distinct) is timed,
  * and finally the machine's int8 peak is measured with a loop of independent vpdpbusd.
  */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -262,6 +266,45 @@ bench_decode_step(cai_threadpool *pool, int n_tok, double seconds)
 	free(out);
 }
 
+/* A task that busy-waits for *arg seconds. */
+static void
+busy_task(void *arg, int task, int thread)
+{
+	double		until = now() + *(double *) arg;
+
+	(void) task;
+	(void) thread;
+	while (now() < until)
+		;
+}
+
+/*
+ * The pool's dispatch cost: back-to-back jobs of n_tasks tasks of 2 us each; the overhead is
+ * the time per job beyond n_tasks * 2 us / threads.
+ */
+static void
+bench_dispatch(cai_threadpool *pool, int n_tasks)
+{
+	double		best = 1e30,
+				start = now(),
+				task_seconds = 2e-6;
+
+	while (now() - start < 0.3)
+	{
+		double		t0 = now(),
+					el;
+
+		for (int r = 0; r < 1000; r++)
+			cai_threadpool_run(pool, busy_task, &task_seconds, n_tasks);
+		el = (now() - t0) / 1000;
+		if (el < best)
+			best = el;
+	}
+	printf("  dispatch threads=%d n_tasks=%d x 2 us: %.2f us/job, overhead %.2f us\n",
+		   cai_threadpool_size(pool), n_tasks, best * 1e6,
+		   (best - n_tasks * task_seconds / cai_threadpool_size(pool)) * 1e6);
+}
+
 #if defined(__x86_64__)
 /* Independent vpdpbusd chains on registers: the core's int8 multiply-add peak. */
 __attribute__((target("avx512f,avx512bw,avx512vnni"), noinline)) static double
@@ -306,6 +349,8 @@ main(int argc, char **argv)
 {
 	static const int toks[] = {1, 8, 32, 512};
 	double		seconds = argc > 2 ? atof(argv[2]) : 0.3;
+	const char *section = argc > 3 ? argv[3] : "all";
+	bool		all = strcmp(section, "all") == 0;
 
 	if (argc > 1 && !cai_cpu_force_isa(argv[1]))
 	{
@@ -319,21 +364,33 @@ main(int argc, char **argv)
 
 		if (!pool)
 			return 1;
-		for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
+		for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]) && (all || !strcmp(section, "shapes")); s++)
 			for (size_t t = 0; t < sizeof(toks) / sizeof(toks[0]); t++)
 			{
 				if (shapes[s].n_out > 10000 && toks[t] > 32)
 					continue;
 				bench_shape(pool, &shapes[s], toks[t], seconds);
 			}
-		bench_decode_step(pool, 1, 1.0);
-		bench_decode_step(pool, 8, 1.0);
-		bench_f32(pool, 1, 576, 1536, seconds);
-		bench_f32(pool, 32, 576, 1536, seconds);
+		if (all || !strcmp(section, "dispatch"))
+		{
+			bench_dispatch(pool, 2);
+			bench_dispatch(pool, 8);
+		}
+		if (all || !strcmp(section, "decode"))
+		{
+			bench_decode_step(pool, 1, 3 * seconds);
+			bench_decode_step(pool, 8, 3 * seconds);
+			bench_decode_step(pool, 32, 3 * seconds);
+		}
+		if (all)
+		{
+			bench_f32(pool, 1, 576, 1536, seconds);
+			bench_f32(pool, 32, 576, 1536, seconds);
+		}
 		cai_threadpool_free(pool);
 	}
 #if defined(__x86_64__)
-	if (__builtin_cpu_supports("avx512vnni"))
+	if (all && __builtin_cpu_supports("avx512vnni"))
 		printf("vpdpbusd peak, one core: %.1f GOPS\n", vnni_peak_gops(0.5));
 #endif
 	return 0;

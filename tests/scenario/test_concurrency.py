@@ -38,6 +38,25 @@ if ids:
                    "FROM cai.messages WHERE conversation_id IN (%s) GROUP BY conversation_id) s"
                    % ",".join(ids))
     c.check("every conversation reads user, assistant, user, assistant", shapes == "1", shapes)
+# several sessions add turns to ONE conversation through the reply trigger: the conversation lock
+# makes them take turns (no deadlock), and each user turn gets its one reply
+conv = value("SELECT cai_new_conversation('You are a helpful assistant.')")
+value("CREATE TRIGGER scenario_reply AFTER INSERT ON cai.messages FOR EACH ROW "
+      "WHEN (NEW.role = 'user') EXECUTE FUNCTION cai_reply_trigger('{\"max_tokens\": 8}')")
+try:
+    same = [in_background("INSERT INTO cai.messages (conversation_id, role, content) "
+                          "VALUES (%s, 'user', 'Message %d: hello!')" % (conv, i), app="cai_same_%d" % i)
+            for i in range(4)]
+    for t, _ in same:
+        t.join(600)
+finally:
+    value("DROP TRIGGER scenario_reply ON cai.messages")
+errors = [h[0] for _, h in same if h[0] is None or h[0].rc != 0]
+c.check("concurrent trigger turns in one conversation all succeed", not errors, repr(errors))
+roles = value("SELECT string_agg(role, ',' ORDER BY id) FROM cai.messages WHERE conversation_id = %s" % conv)
+c.check("each of them got exactly one reply",
+        roles.count("user") == 4 and roles.count("assistant") == 4, roles)
+
 steps = int(value("SELECT steps FROM pg_stat_cai")) - steps_before
 seqs = float(value("SELECT coalesce(avg_batch * steps, 0) FROM pg_stat_cai")) - seqs_before
 if steps > 0:

@@ -1,5 +1,6 @@
 """Admission control: with one running and one waiting request allowed, a third request is
-refused at once with SQLSTATE 53400 and a hint, and the server keeps serving."""
+refused at once with SQLSTATE 53400 and a hint, and the server keeps serving; with
+pg_cai.max_queue_wait, a request whose estimated wait is too long is refused at once too."""
 import os
 import time
 
@@ -31,8 +32,9 @@ try:
             r.rc != 0 and "53400" in r.err and "queue is full" in r.err, repr(r))
     c.check("the refusal says what to do", "pg_cai.max_queue" in r.err, repr(r))
     c.check("the refusal is immediate", r.ms < 2000, "%.0f ms" % r.ms)
-    c.check("pg_stat_cai counts the rejection",
-            cluster.psql("SELECT requests_rejected FROM pg_stat_cai").out == "1",
+    # the worker publishes its counters every 100 ms while busy
+    counted = wait_for(lambda: cluster.psql("SELECT requests_rejected FROM pg_stat_cai").out == "1", 5)
+    c.check("pg_stat_cai counts the rejection", counted is not None,
             cluster.psql("SELECT requests_rejected FROM pg_stat_cai").out)
 
     cluster.psql("SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name LIKE 'cai_queue_%'")
@@ -40,6 +42,18 @@ try:
         t.join(60)
     r = cluster.psql("SELECT length(cai_complete('Hello', '{\"max_tokens\": 2, \"ignore_eos\": true}')) > 0")
     c.check("once the queue drains, calls are served", r.rc == 0 and r.out == "t", repr(r))
+
+    # early rejection: with pg_cai.max_queue_wait below one request's service time, a request
+    # that would have to wait behind a running one is refused at once (a reload applies it)
+    cluster.psql("ALTER SYSTEM SET pg_cai.max_queue_wait = '1ms'")
+    cluster.psql("SELECT pg_reload_conf()")
+    time.sleep(1)
+    threads.append(in_background(long_call, db="postgres", app="cai_queue_wait", env=env))
+    running = wait_for(lambda: cluster.psql("SELECT running FROM pg_stat_cai").out == "1", 30)
+    r = cluster.psql("\\set VERBOSITY verbose\nSELECT cai_complete('Hello', '{\"max_tokens\": 2}')")
+    c.check("with pg_cai.max_queue_wait, a request that would wait too long is refused at once",
+            running is not None and r.rc != 0 and "53400" in r.err and r.ms < 2000, repr(r))
+    cluster.psql("SELECT pg_cancel_backend(pid) FROM pg_stat_activity WHERE application_name = 'cai_queue_wait'")
 finally:
     cluster.stop()
     for t, _ in threads:

@@ -558,3 +558,36 @@ TEST(engine_score_matches_generation)
 	free(logits);
 	cai_engine_free(engine);
 }
+
+TEST(engine_early_rejection_on_estimated_wait)
+{
+	int32_t		prompt[40];
+	cai_request_params req;
+	run_result	r;
+	uint64_t	id;
+	cai_error	err;
+	cai_engine_stats stats;
+	cai_engine *engine = make_engine(2, 1, 64, 0, 16);
+
+	if (!engine)
+	{
+		CHECK(engine != NULL);
+		return;
+	}
+	make_prompt(prompt, 40, 2);
+	/* one finished request teaches the engine how long a request takes */
+	req = request(prompt, 40, 0.0f, 0, 16);
+	CHECK(run_batch(engine, &req, 1, &r));
+	cai_engine_get_stats(engine, &stats);
+	CHECK(stats.mean_service_ms > 0.0);
+
+	/* with one slot, a second queued request would wait a whole request's time */
+	cai_engine_set_admission_limits(engine, 16, stats.mean_service_ms / 2.0);
+	CHECK(cai_engine_submit(engine, &req, &id, &err) == CAI_OK);
+	CHECK(cai_engine_estimate_wait_ms(engine) >= stats.mean_service_ms);
+	CHECK(cai_engine_submit(engine, &req, &id, &err) == CAI_ERR_QUEUE_FULL);
+	CHECK(strstr(err.message, "estimated wait") != NULL);
+	cai_engine_get_stats(engine, &stats);
+	CHECK_EQ_INT(stats.requests_rejected, 1);
+	cai_engine_free(engine);
+}

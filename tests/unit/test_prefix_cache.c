@@ -511,6 +511,44 @@ TEST(prefix_cache_pinned_blocks_are_never_evicted)
 	cai_kv_pool_free(pool);
 }
 
+/*
+ * An insert that extends a cached prefix with copies of its own must not evict the node it is
+ * extending, even when that node is the only unpinned leaf left.
+ */
+TEST(prefix_cache_insert_keeps_the_prefix_it_extends)
+{
+	cai_kv_pool *pool = make_pool(8);
+	cai_prefix_cache *cache = make_cache(pool, 1);
+	int32_t		a[2 * BT];
+	int32_t		a_blocks[2];
+	int32_t		copies[2];
+	int32_t		found[2];
+	int			hit;
+
+	if (!pool || !cache)
+	{
+		CHECK(false);
+		return;
+	}
+	fill_tokens(a, 2 * BT, 19);
+	insert_owned(cache, pool, 0, a, BT, a_blocks);
+	/* the caller recomputed block 0 into a copy of its own, and adds block 1 */
+	CHECK(alloc_blocks(pool, copies, 2));
+	cai_prefix_cache_insert(cache, 0, a, 2 * BT, copies, 2);
+	CHECK_EQ_INT(stats_of(cache).blocks, 1);
+	CHECK_EQ_INT(stats_of(cache).evictions, 0);
+	CHECK_EQ_INT(cai_kv_block_refcount(pool, copies[1]), 1);
+	hit = cai_prefix_cache_lookup(cache, 0, a, 2 * BT, found, 2);
+	CHECK_EQ_INT(hit, 1);
+	CHECK_EQ_INT(found[0], a_blocks[0]);
+	unref_blocks(pool, found, hit);
+	unref_blocks(pool, copies, 2);
+	CHECK_EQ_INT(cai_kv_pool_n_free(pool), 7);
+	cai_prefix_cache_free(cache);
+	CHECK_EQ_INT(cai_kv_pool_n_free(pool), 8);
+	cai_kv_pool_free(pool);
+}
+
 TEST(prefix_cache_reclaim_frees_unpinned_leaves)
 {
 	cai_kv_pool *pool = make_pool(8);

@@ -557,7 +557,7 @@ TEST(sampler_top_p_full_vocabulary)
 	 */
 	enum
 	{
-		VOCAB = 49152, HEAD = 10, FULL_DRAWS = 3000
+		VOCAB = 49152, HEAD = 10, FULL_DRAWS = 2000
 	};
 	static const double head_prob[HEAD] = {
 		0.3, 0.2, 0.15, 0.1, 0.08, 0.06, 0.04, 0.03, 0.02, 0.01
@@ -586,7 +586,7 @@ TEST(sampler_top_p_full_vocabulary)
 		int			n_keep;
 
 		n_keep = reference_nucleus(logits, VOCAB, 1.0, (float) top_ps[c], expected);
-		CHECK(draw_counts_n(&p, 300 + c, logits, VOCAB, NULL, 0, counts, FULL_DRAWS));
+		CHECK(draw_counts_n(&p, 400 + c, logits, VOCAB, NULL, 0, counts, FULL_DRAWS));
 		for (int i = 0; i < VOCAB; i++)
 		{
 			bool		head = i % 4915 == 3 && i / 4915 < HEAD;

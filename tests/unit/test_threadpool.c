@@ -137,3 +137,56 @@ TEST(threadpool_many_tiny_jobs)
 		CHECK_EQ_INT(sums[i], expect[i]);
 	cai_threadpool_free(pool);
 }
+
+typedef struct rendezvous
+{
+	atomic_int	arrived;
+	atomic_int	met;			/* tasks that saw the other one arrive */
+} rendezvous;
+
+/* Each task waits (up to 5 s) for the other to start: only possible if they run in parallel. */
+static void
+meet_task(void *p, int task, int thread)
+{
+	rendezvous *r = p;
+	struct timespec start,
+				now;
+
+	atomic_fetch_add(&r->arrived, 1);
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	do
+	{
+		if (atomic_load(&r->arrived) >= 2)
+		{
+			atomic_fetch_add(&r->met, 1);
+			return;
+		}
+		clock_gettime(CLOCK_MONOTONIC, &now);
+	} while (now.tv_sec - start.tv_sec < 5);
+}
+
+/* A two-thread pool really runs two tasks at once, also after its workers went to sleep. */
+TEST(threadpool_runs_in_parallel)
+{
+	cai_threadpool *pool = cai_threadpool_create(2);
+
+	CHECK(pool != NULL);
+	if (!pool)
+		return;
+	for (int round = 0; round < 3; round++)
+	{
+		rendezvous	r;
+
+		atomic_init(&r.arrived, 0);
+		atomic_init(&r.met, 0);
+		cai_threadpool_run(pool, meet_task, &r, 2);
+		CHECK_EQ_INT(atomic_load(&r.met), 2);
+		if (round == 1)
+		{
+			struct timespec ts = {0, 50 * 1000 * 1000};
+
+			nanosleep(&ts, NULL);	/* the worker blocks; the next job must wake it */
+		}
+	}
+	cai_threadpool_free(pool);
+}

@@ -35,9 +35,12 @@
 #define TILE_ROWS 64
 
 /* Query rows are processed in groups of this many (buffers are padded to a multiple). */
-#define ROW_GROUP 8
+#define ROW_GROUP 4
 
 #define BLOCK CAI_KV_BLOCK_TOKENS
+
+/* Query rows of one token handed to the value accumulation at once. */
+#define MAX_GROUP_ROWS 16
 
 typedef float cai_v16f __attribute__((vector_size(64)));
 
@@ -113,6 +116,27 @@ cai_attention_scratch_init(cai_attn_scratch *s, void *memory, int max_context, i
  * transposed block kt[g][slot][4] and rows [0, rows) (rows a multiple of ROW_GROUP).
  * ------------------------------------------------------------------------------------------- */
 
+/*
+ * Transposes the keys of slots [0, 16) (rows `stride` bytes apart) into kt[g][slot][4]; slots
+ * outside [s0, s1] are zeroed (their memory may never have been written).
+ */
+static void
+transpose_keys_generic(const int8_t *keys, size_t stride, int hd, int s0, int s1, int8_t *kt)
+{
+	for (int slot = 0; slot < BLOCK; slot++)
+	{
+		const int8_t *krow = keys + (size_t) slot * stride;
+
+		for (int g = 0; g < hd / 4; g++)
+		{
+			if (slot < s0 || slot > s1)
+				memset(kt + ((size_t) g * BLOCK + slot) * 4, 0, 4);
+			else
+				memcpy(kt + ((size_t) g * BLOCK + slot) * 4, krow + 4 * g, 4);
+		}
+	}
+}
+
 static void
 qk_block_generic(const int8_t *kt, const int8_t *q, const int32_t *q_sum, int rows, int hd,
 				 int32_t *dots)
@@ -141,6 +165,52 @@ qk_block_generic(const int8_t *kt, const int8_t *q, const int32_t *q_sum, int ro
 
 #define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
 #define TARGET_AVX2 __attribute__((target("avx2")))
+
+/*
+ * The same transposition for head sizes that are a multiple of 64: each 64-byte chunk of the
+ * 16 key rows is a 16 x 16 matrix of dwords, transposed in registers (interleave dwords, then
+ * qwords, then 128-bit blocks).  Unused slots are transposed too: whatever they hold only
+ * reaches dot products that are never read (VNNI arithmetic has no lane crossing).
+ */
+TARGET_AVX512 static void
+transpose_keys_avx512(const int8_t *keys, size_t stride, int hd, int8_t *kt)
+{
+	for (int c = 0; c < hd / 64; c++)
+	{
+		__m512i		r[16],
+					a[16],
+					b[16];
+
+		for (int i = 0; i < 16; i++)
+			r[i] = _mm512_loadu_si512(keys + (size_t) i * stride + 64 * c);
+		for (int i = 0; i < 8; i++)
+		{
+			a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+			a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+		}
+		/* b[4i + k], 128-bit block bb: rows 4i..4i+3 of dword column 4bb + k */
+		for (int i = 0; i < 4; i++)
+		{
+			b[4 * i + 0] = _mm512_unpacklo_epi64(a[4 * i + 0], a[4 * i + 2]);
+			b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i + 0], a[4 * i + 2]);
+			b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+			b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+		}
+		for (int k = 0; k < 4; k++)
+		{
+			__m512i		c0 = _mm512_shuffle_i32x4(b[k], b[4 + k], 0x44);
+			__m512i		c1 = _mm512_shuffle_i32x4(b[k], b[4 + k], 0xEE);
+			__m512i		d0 = _mm512_shuffle_i32x4(b[8 + k], b[12 + k], 0x44);
+			__m512i		d1 = _mm512_shuffle_i32x4(b[8 + k], b[12 + k], 0xEE);
+			int8_t	   *out = kt + (size_t) (16 * c) * 64;
+
+			_mm512_storeu_si512(out + (size_t) (0 + k) * 64, _mm512_shuffle_i32x4(c0, d0, 0x88));
+			_mm512_storeu_si512(out + (size_t) (4 + k) * 64, _mm512_shuffle_i32x4(c0, d0, 0xDD));
+			_mm512_storeu_si512(out + (size_t) (8 + k) * 64, _mm512_shuffle_i32x4(c1, d1, 0x88));
+			_mm512_storeu_si512(out + (size_t) (12 + k) * 64, _mm512_shuffle_i32x4(c1, d1, 0xDD));
+		}
+	}
+}
 
 /*
  * vpdpbusd multiplies unsigned by signed bytes: the keys go in with their top bit flipped
@@ -321,54 +391,119 @@ softmax_row(float *row, int n)
 }
 
 /*
- * o[0..hd) += (p[slot + p_off] * vscale[slot]) * values[slot][0..hd) for slots a..e of a block,
- * in slot order; HD a compile-time 64 or 128 keeps o in registers.
+ * For each of NR rows i: o[i][0..HD) += (p[i][slot + p_off] * vscale[slot]) * values[slot][..]
+ * for slots a..e of a block, in slot order.  The rows share their range (the query heads of one
+ * token), so each value row is loaded once for all of them and the NR * HD/16 accumulators are
+ * independent chains; NR and HD are compile-time constants (the accumulators stay in registers).
+ * Each row gets exactly the operations it would get alone.
  */
 CAI_ALWAYS_INLINE void
-accumulate_values_fixed(float *o, const float *p, int p_off, const float *vscale,
-						const float *values, int a, int e, int HD)
+accumulate_values_rows(float *const *o, const float *const *p, int p_off, const float *vscale,
+					   const float *values, const int8_t *vq, size_t vq_stride, int a, int e,
+					   int NR, int HD)
 {
-	cai_v16f	acc[8];
+	cai_v16f	acc[4][8];
 
-	for (int i = 0; i < HD / 16; i++)
-		memcpy(&acc[i], o + 16 * i, sizeof(cai_v16f));
+	for (int r = 0; r < NR; r++)
+		for (int i = 0; i < HD / 16; i++)
+			memcpy(&acc[r][i], o[r] + 16 * i, sizeof(cai_v16f));
 	for (int j = a; j <= e; j++)
 	{
-		float		c = p[j + p_off] * vscale[j];
-		cai_v16f	cv = {c, c, c, c, c, c, c, c, c, c, c, c, c, c, c, c};
-		const float *vr = values + (size_t) j * HD;
+		cai_v16f	v[8];
 
-		for (int i = 0; i < HD / 16; i++)
+		if (vq)
 		{
-			cai_v16f	v;
+			/* int8 values widened here, once for all the rows (exact conversion) */
+			/* (a plain loop: GCC 12 vectorizes it, unlike a vector conversion of bytes) */
+			const int8_t *src = vq + (size_t) j * vq_stride;
+			float		wide[128];
 
-			memcpy(&v, vr + 16 * i, sizeof(v));
-			acc[i] = acc[i] + cv * v;
+			for (int k = 0; k < HD; k++)
+				wide[k] = (float) src[k];
+			for (int i = 0; i < HD / 16; i++)
+				memcpy(&v[i], wide + 16 * i, sizeof(cai_v16f));
+		}
+		else
+			for (int i = 0; i < HD / 16; i++)
+				memcpy(&v[i], values + (size_t) j * HD + 16 * i, sizeof(cai_v16f));
+		for (int r = 0; r < NR; r++)
+		{
+			float		c = p[r][j + p_off] * vscale[j];
+			cai_v16f	cv = {c, c, c, c, c, c, c, c, c, c, c, c, c, c, c, c};
+
+			for (int i = 0; i < HD / 16; i++)
+				acc[r][i] = acc[r][i] + cv * v[i];
 		}
 	}
-	for (int i = 0; i < HD / 16; i++)
-		memcpy(o + 16 * i, &acc[i], sizeof(cai_v16f));
+	for (int r = 0; r < NR; r++)
+		for (int i = 0; i < HD / 16; i++)
+			memcpy(o[r] + 16 * i, &acc[r][i], sizeof(cai_v16f));
 }
 
+/* The same for any head size (a multiple of 8), one row at a time. */
 CAI_ALWAYS_INLINE void
-accumulate_values(float *o, const float *p, int p_off, const float *vscale, const float *values,
+accumulate_values_any(float *o, const float *p, int p_off, const float *vscale,
+					  const float *values, int a, int e, int hd)
+{
+	for (int j = a; j <= e; j++)
+	{
+		cai_v8f		c = cai_v8f_set1(p[j + p_off] * vscale[j]);
+		const float *vr = values + (size_t) j * hd;
+
+		for (int d = 0; d < hd; d += 8)
+			cai_v8f_store(o + d, cai_v8f_load(o + d) + c * cai_v8f_load(vr + d));
+	}
+}
+
+/*
+ * Rows sharing a range, in groups the register file holds (up to 4 rows of 64, 2 of 128, each
+ * group in one pass).  Values come as int8 rows vq (vq_stride bytes apart; head sizes 64 and
+ * 128) or as float rows `values`.
+ */
+CAI_ALWAYS_INLINE void
+accumulate_values(float *const *o, const float *const *p, int nr, int p_off,
+				  const float *vscale, const float *values, const int8_t *vq, size_t vq_stride,
 				  int a, int e, int hd)
 {
-	if (hd == 64)
-		accumulate_values_fixed(o, p, p_off, vscale, values, a, e, 64);
-	else if (hd == 128)
-		accumulate_values_fixed(o, p, p_off, vscale, values, a, e, 128);
-	else
-	{
-		for (int j = a; j <= e; j++)
-		{
-			cai_v8f		c = cai_v8f_set1(p[j + p_off] * vscale[j]);
-			const float *vr = values + (size_t) j * hd;
+	int			r = 0;
 
-			for (int d = 0; d < hd; d += 8)
-				cai_v8f_store(o + d, cai_v8f_load(o + d) + c * cai_v8f_load(vr + d));
-		}
+#define ROWS_CASE(N, HD) \
+	case N: \
+		accumulate_values_rows(o + r, p + r, p_off, vscale, values, vq, vq_stride, a, e, N, HD); \
+		break
+	if (hd == 64)
+	{
+		for (; r < nr; r += 4)
+			switch (nr - r < 4 ? nr - r : 4)
+			{
+					ROWS_CASE(4, 64);
+					ROWS_CASE(3, 64);
+					ROWS_CASE(2, 64);
+					ROWS_CASE(1, 64);
+			}
 	}
+	else if (hd == 128)
+	{
+		for (; r < nr; r += 2)
+			switch (nr - r < 2 ? nr - r : 2)
+			{
+					ROWS_CASE(2, 128);
+					ROWS_CASE(1, 128);
+			}
+	}
+	else
+		for (; r < nr; r++)
+			accumulate_values_any(o[r], p[r], p_off, vscale, values, a, e, hd);
+#undef ROWS_CASE
+}
+
+/* Prefetches one head's 16 rows of a block's keys or values (rows n_kv * hd bytes apart). */
+CAI_ALWAYS_INLINE void
+prefetch_head_rows(const int8_t *rows, int n_kv, int hd)
+{
+	for (int slot = 0; slot < BLOCK; slot++)
+		for (int off = 0; off < hd; off += 64)
+			__builtin_prefetch(rows + (size_t) slot * n_kv * hd + off, 0, 2);
 }
 
 CAI_ALWAYS_INLINE void
@@ -447,24 +582,26 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 			const int8_t *keys = cai_kv_keys(L, part);
 			const float *kscales = cai_kv_key_scales(L, part);
 
+			/*
+			 * Blocks lie far apart and a decode reads each once: ask for the next block's
+			 * keys and this block's values (pass 3) now, so that memory latency overlaps.
+			 */
+			prefetch_head_rows(cai_kv_values(L, part) + (size_t) kv_head * hd, n_kv, hd);
+			if (b + 1 <= jhi / BLOCK)
+				prefetch_head_rows(cai_kv_keys(L, cai_kv_block_layer(kv, table[b + 1], ap->kv_layer)) +
+								   (size_t) kv_head * hd, n_kv, hd);
+
 			for (int slot = j0 - base; slot <= j1 - base; slot++)
 				kscale[slot] = kscales[slot * n_kv + kv_head];
 
-			/* transpose the head's keys into four-byte groups; slots outside [j0, j1] are 0 */
-			for (int slot = 0; slot < BLOCK; slot++)
-			{
-				int			j = base + slot;
-				const int8_t *krow = keys + ((size_t) slot * n_kv + kv_head) * hd;
-
-				if (j < j0 || j > j1)
-				{
-					for (int g = 0; g < hd / 4; g++)
-						memset(s->k_t + ((size_t) g * BLOCK + slot) * 4, 0, 4);
-					continue;
-				}
-				for (int g = 0; g < hd / 4; g++)
-					memcpy(s->k_t + ((size_t) g * BLOCK + slot) * 4, krow + 4 * g, 4);
-			}
+			/* the head's keys in four-byte groups */
+#if defined(__x86_64__)
+			if (isa == ATTN_AVX512 && hd % 64 == 0)
+				transpose_keys_avx512(keys + (size_t) kv_head * hd, (size_t) n_kv * hd, hd, s->k_t);
+			else
+#endif
+				transpose_keys_generic(keys + (size_t) kv_head * hd, (size_t) n_kv * hd, hd,
+									   j0 - base, j1 - base, s->k_t);
 			switch (isa)
 			{
 #if defined(__x86_64__)
@@ -524,6 +661,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 		int			j0 = base > jlo ? base : jlo;
 		int			j1 = base + BLOCK - 1 < jhi ? base + BLOCK - 1 : jhi;
 		uint8_t    *part = cai_kv_block_layer(kv, table[b], ap->kv_layer);
+		const int8_t *vq_head = NULL;	/* int8 values read in place (head sizes 64, 128) */
 
 		if (!shadow)
 		{
@@ -531,15 +669,19 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 			const float *vs = cai_kv_value_scales(L, part);
 
 			for (int j = j0; j <= j1; j++)
-			{
-				int			slot = j - base;
-				const int8_t *vrow = vq + ((size_t) slot * n_kv + kv_head) * hd;
-				float	   *dst = s->values + (size_t) slot * hd;
+				vscale[j - base] = vs[(j - base) * n_kv + kv_head];
+			if (hd == 64 || hd == 128)
+				vq_head = vq + (size_t) kv_head * hd;
+			else
+				for (int j = j0; j <= j1; j++)
+				{
+					int			slot = j - base;
+					const int8_t *vrow = vq + ((size_t) slot * n_kv + kv_head) * hd;
+					float	   *dst = s->values + (size_t) slot * hd;
 
-				for (int d = 0; d < hd; d++)
-					dst[d] = (float) vrow[d];
-				vscale[slot] = vs[slot * n_kv + kv_head];
-			}
+					for (int d = 0; d < hd; d++)
+						dst[d] = (float) vrow[d];
+				}
 		}
 		else
 		{
@@ -556,16 +698,29 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 			}
 		}
 
-		for (int r = 0; r < rows; r++)
+		/* the query heads of a token share its range: their rows go together */
+		for (int ti = 0; ti < n_tok; ti++)
 		{
-			int			a = j0 > s->row_lo[r] ? j0 : s->row_lo[r];
-			int			e = j1 < s->row_hi[r] ? j1 : s->row_hi[r];
-			float	   *o = out + (size_t) (t0 + r / group) * ldo + (size_t) (kv_head * group + r % group) * hd;
+			int			r0 = ti * group;
+			int			a = j0 > s->row_lo[r0] ? j0 : s->row_lo[r0];
+			int			e = j1 < s->row_hi[r0] ? j1 : s->row_hi[r0];
 
 			if (a > e)
 				continue;
-			accumulate_values(o, s->scores + (size_t) r * span, base - jlo, vscale, s->values,
-							  a - base, e - base, hd);
+			for (int g0 = 0; g0 < group; g0 += MAX_GROUP_ROWS)
+			{
+				int			nr = group - g0 < MAX_GROUP_ROWS ? group - g0 : MAX_GROUP_ROWS;
+				float	   *o[MAX_GROUP_ROWS];
+				const float *p[MAX_GROUP_ROWS];
+
+				for (int i = 0; i < nr; i++)
+				{
+					o[i] = out + (size_t) (t0 + ti) * ldo + (size_t) (kv_head * group + g0 + i) * hd;
+					p[i] = s->scores + (size_t) (r0 + g0 + i) * span;
+				}
+				accumulate_values(o, p, nr, base - jlo, vscale, s->values, vq_head,
+								  (size_t) n_kv * hd, a - base, e - base, hd);
+			}
 		}
 	}
 }

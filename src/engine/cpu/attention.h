@@ -9,9 +9,12 @@
  * Arithmetic (int8 path).  Each query head is quantized to int8 with its own scale (the
  * activation rule of cpu/gemm.h) and scored against the int8 keys with an exact int32 dot
  * product: score = (float) dot * ((q_scale * scale) * k_scale).  Integer dot products have no
- * rounding order, so the kernel may block and vectorize them freely.  Softmax is fp32 with the
- * row maximum subtracted; the weighted sum of values runs over positions in ascending order,
- * vectorized across head dimensions: out[d] += (p_j * v_scale_j) * v_j[d].
+ * rounding order, so the kernel may block and vectorize them freely (AVX-512 VNNI scores 16 keys
+ * per instruction from a transposed copy of the block).  Softmax is fp32 with the row maximum
+ * subtracted; the weighted sum of values runs over positions in ascending order, vectorized
+ * across head dimensions: out[d] += (p_j * v_scale_j) * (float) v_j[d], the query heads of a
+ * token sharing each value row load.  No fused multiply-add anywhere, so every ISA path gives
+ * the same bits.
  * Float reference path (shadow KV): the same passes with float queries and keys, the dot product
  * summed with the eight-partial-sum rule of ops.h.
  *

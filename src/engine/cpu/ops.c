@@ -147,15 +147,28 @@ cai_op_rope_row(const cai_rope_params *rp, const float *cs, float *x, int n_head
 CAI_CLONES void
 cai_op_quantize_vec_i8(const float *x, int n, int8_t *q, float *scale)
 {
+	const cai_v8i abs_mask = {0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff,
+	0x7fffffff, 0x7fffffff, 0x7fffffff, 0x7fffffff};
+	const cai_v8f lo = cai_v8f_set1(-127.0f);
+	const cai_v8f hi = cai_v8f_set1(127.0f);
+	const cai_v8f magic = cai_v8f_set1(ROUND_MAGIC);
+	cai_v8f		vmax = cai_v8f_set1(0.0f);
 	float		amax = 0.0f;
 	float		inv;
+	int			i;
 
-	for (int i = 0; i < n; i++)
+	/* max |x|: exact in any order */
+	for (i = 0; i + 8 <= n; i += 8)
 	{
-		float		a = fabsf(x[i]);
+		cai_v8f		a = (cai_v8f) ((cai_v8i) cai_v8f_load(x + i) & abs_mask);
 
-		amax = a > amax ? a : amax;
+		vmax = cai_v8f_max(&vmax, &a);
 	}
+	for (int k = 0; k < 8; k++)
+		amax = vmax[k] > amax ? vmax[k] : amax;
+	for (; i < n; i++)
+		amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+
 	inv = 127.0f / amax;
 	if (!(amax > 0.0f) || isinf(inv))
 	{
@@ -164,7 +177,21 @@ cai_op_quantize_vec_i8(const float *x, int n, int8_t *q, float *scale)
 		return;
 	}
 	*scale = amax / 127.0f;
-	for (int i = 0; i < n; i++)
+
+	/* q = round-to-even(clamp(x * inv)): the same float operations for every element */
+	for (i = 0; i + 8 <= n; i += 8)
+	{
+		cai_v8f		v = cai_v8f_load(x + i) * cai_v8f_set1(inv);
+		cai_v8i		r;
+
+		v = cai_v8f_max(&v, &lo);
+		v = cai_v8f_min(&v, &hi);
+		v = (v + magic) - magic;
+		r = __builtin_convertvector(v, cai_v8i);
+		for (int k = 0; k < 8; k++)
+			q[i + k] = (int8_t) r[k];
+	}
+	for (; i < n; i++)
 	{
 		float		v = x[i] * inv;
 

@@ -1,0 +1,1236 @@
+/*
+ * backend_cuda.c — the CUDA instance of the backend table: backend.h's operations on the
+ * device, through the kernels of cuda_backend.h (see backend_cuda.h for what happens to each
+ * kind of pointer an operation receives).
+ *
+ * Every operation computes what the CPU backend computes, bit for bit, on the int8 path: the
+ * kernels replay cpu/ops.c, cpu/gemm.c and cpu/attention.c operation for operation, and the
+ * rotary table is built here on the host by the same double-precision code as
+ * cai_op_rope_angles.  The float reference path's GEMMs run through cuBLASLt in fp32 and differ
+ * from the CPU's by rounding.
+ *
+ * C, compiled by the host compiler against the engine's headers; it calls only the C API of the
+ * kernels and links nothing of libcai.
+ */
+#include "backend_cuda.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* One model weight array copied to the device. */
+typedef struct weight_range
+{
+	const uint8_t *host;
+	size_t		bytes;
+	uint8_t    *dev;
+} weight_range;
+
+/* One buffer handed out by ops->alloc. */
+typedef struct dev_buffer
+{
+	uint8_t    *ptr;
+	size_t		bytes;
+} dev_buffer;
+
+/* The device copy of one host KV pool. */
+typedef struct kv_mirror
+{
+	const cai_kv_pool *host;
+	cai_cuda_kv kv;
+	int			n_kv_layers;
+} kv_mirror;
+
+#define MAX_KV_MIRRORS 4
+
+/* The rotary table of one set of rope parameters: [max_context, n_rot] (cos, sin) pairs. */
+typedef struct rope_table
+{
+	int			n_rot;
+	float		base;
+	float		freq_scale;
+	const float *freq_factors;
+	float	   *dev;
+} rope_table;
+
+#define MAX_ROPE_TABLES 4
+
+typedef struct cuda_backend
+{
+	cai_cuda_ctx *ctx;
+	cai_cuda_backend_params params;
+	char		device_desc[320];
+
+	weight_range *weights;		/* sorted by host address */
+	int			n_weights;
+	int			cap_weights;
+	size_t		weight_bytes;
+
+	dev_buffer *buffers;
+	int			n_buffers;
+	int			cap_buffers;
+
+	kv_mirror	kv[MAX_KV_MIRRORS];
+	int			n_kv;
+	cai_cuda_kv_shadow shadow;	/* device mirror of the float KV shadow */
+	size_t		shadow_floats;
+
+	rope_table	rope[MAX_ROPE_TABLES];
+	int			n_rope;
+
+	/* per-call index arrays on the device */
+	int32_t    *ids_dev;		/* [max_tokens] */
+	int32_t    *pos_dev;
+	int32_t    *rows_dev;
+	int32_t    *staging_host;	/* [3 * max_tokens] page-locked */
+	int			staging_used;	/* ints of it used by this forward */
+
+	/* GEMM outputs bound for host memory */
+	float	   *hostout_dev;
+	size_t		hostout_floats;
+
+	/* the step plan of the current forward */
+	bool		plan_stale;
+	const cai_cuda_step_meta *meta;
+	int			plan_n_tokens;
+	int			plan_n_seqs;
+	int32_t    *plan_key;		/* [4 * max_tokens]: start, len, pos, table pointer hash */
+
+	/* the first failure since the last status call */
+	bool		failed;
+	cai_error	error;
+} cuda_backend;
+
+static cuda_backend *
+cb_of(cai_backend *be)
+{
+	return (cuda_backend *) be->impl;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Errors
+ * ------------------------------------------------------------------------------------------- */
+
+static cai_status
+be_fail(cai_error *err, cai_status status, const char *fmt, ...)
+{
+	va_list		ap;
+
+	if (err)
+	{
+		err->status = status;
+		va_start(ap, fmt);
+		vsnprintf(err->message, sizeof(err->message), fmt, ap);
+		va_end(ap);
+	}
+	return status;
+}
+
+/* Keeps the first failure; later operations see cb->failed and do nothing. */
+static void
+be_record(cuda_backend *cb, const cai_error *e)
+{
+	if (cb->failed)
+		return;
+	cb->failed = true;
+	cb->error = *e;
+}
+
+static void
+be_recordf(cuda_backend *cb, cai_status status, const char *fmt, ...)
+{
+	va_list		ap;
+
+	if (cb->failed)
+		return;
+	cb->failed = true;
+	cb->error.status = status;
+	va_start(ap, fmt);
+	vsnprintf(cb->error.message, sizeof(cb->error.message), fmt, ap);
+	va_end(ap);
+}
+
+/* Records e when st is not CAI_OK; true when the operation may go on. */
+static bool
+be_check(cuda_backend *cb, cai_status st, const cai_error *e)
+{
+	if (st == CAI_OK)
+		return true;
+	be_record(cb, e);
+	return false;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Pointers: device buffers, model weights, host memory
+ * ------------------------------------------------------------------------------------------- */
+
+static bool
+is_device_buffer(const cuda_backend *cb, const void *p)
+{
+	const uint8_t *b = p;
+
+	for (int i = 0; i < cb->n_buffers; i++)
+		if (b >= cb->buffers[i].ptr && b < cb->buffers[i].ptr + cb->buffers[i].bytes)
+			return true;
+	return false;
+}
+
+/* The device address of a host address inside a registered weight, or NULL. */
+static void *
+weight_dev(const cuda_backend *cb, const void *host)
+{
+	const uint8_t *p = host;
+	int			lo = 0,
+				hi = cb->n_weights - 1;
+
+	if (!p)
+		return NULL;
+	while (lo <= hi)
+	{
+		int			mid = (lo + hi) / 2;
+		const weight_range *w = &cb->weights[mid];
+
+		if (p < w->host)
+			hi = mid - 1;
+		else if (p >= w->host + w->bytes)
+			lo = mid + 1;
+		else
+			return w->dev + (p - w->host);
+	}
+	return NULL;
+}
+
+/* A read-only operand: a device buffer as is, a weight translated; else a recorded failure. */
+static const void *
+operand(cuda_backend *cb, const void *p, const char *what)
+{
+	void	   *d;
+
+	if (!p)
+		return NULL;
+	if (is_device_buffer(cb, p))
+		return p;
+	if ((d = weight_dev(cb, p)) != NULL)
+		return d;
+	be_recordf(cb, CAI_ERR_INTERNAL,
+			   "cuda backend: %s at %p is neither backend memory nor a model weight", what, p);
+	return NULL;
+}
+
+/* An output operand: must be a device buffer. */
+static bool
+output_ok(cuda_backend *cb, const void *p, const char *what)
+{
+	if (p && is_device_buffer(cb, p))
+		return true;
+	be_recordf(cb, CAI_ERR_INTERNAL, "cuda backend: %s at %p is not backend memory", what, p);
+	return false;
+}
+
+static cai_status register_qmatrix(cuda_backend *cb, const cai_qmatrix *m, const char *what,
+								   cai_error *err);
+static cai_status register_weight(cuda_backend *cb, const void *host, size_t bytes,
+								  size_t tail_pad, const char *what, cai_error *err);
+static cai_status sort_weights(cuda_backend *cb, cai_error *err);
+
+/*
+ * The device view of a host cai_qmatrix.  Its arrays were uploaded at creation; one the table
+ * has not seen (a matrix the model gained since this file was written) is uploaded now, once.
+ */
+static bool
+qmatrix_of(cuda_backend *cb, const cai_qmatrix *w, cai_cuda_qmatrix *out)
+{
+	cai_error	e;
+
+	if ((!weight_dev(cb, w->q) || !weight_dev(cb, w->scale)) &&
+		!(be_check(cb, register_qmatrix(cb, w, "a weight matrix", &e), &e) &&
+		  be_check(cb, sort_weights(cb, &e), &e)))
+		return false;
+	out->n_out = w->n_out;
+	out->n_out_padded = (w->n_out + 3) / 4 * 4;
+	out->k = w->k;
+	out->q_dev = weight_dev(cb, w->q);
+	out->scale_dev = weight_dev(cb, w->scale);
+	if (!out->q_dev || !out->scale_dev)
+	{
+		be_recordf(cb, CAI_ERR_INTERNAL,
+				   "cuda backend: a weight matrix [%d, %d] could not be found on the device",
+				   w->n_out, w->k);
+		return false;
+	}
+	return true;
+}
+
+/*
+ * A weight operand (norm weights, biases, float weights, embedding tables: model memory, which
+ * backend.h passes as the model holds it): its device copy, uploaded on first use when the model
+ * gained an array that creation did not know; bytes is its size as the operation uses it.
+ */
+static const void *
+weight_operand(cuda_backend *cb, const void *host, size_t bytes, const char *what)
+{
+	const void *d;
+	cai_error	e;
+
+	if (!host)
+		return NULL;
+	if ((d = weight_dev(cb, host)) != NULL)
+		return d;
+	if (is_device_buffer(cb, host))
+		return host;
+	if (!be_check(cb, register_weight(cb, host, bytes, 0, what, &e), &e) ||
+		!be_check(cb, sort_weights(cb, &e), &e))
+		return NULL;
+	return weight_dev(cb, host);
+}
+
+/* Copies a host array to the device once; tail_pad zero bytes after it (int8 GEMM row padding). */
+static cai_status
+register_weight(cuda_backend *cb, const void *host, size_t bytes, size_t tail_pad,
+				const char *what, cai_error *err)
+{
+	weight_range *w;
+	void	   *dev = NULL;
+	cai_status	st;
+
+	if (!host || bytes == 0)
+		return CAI_OK;
+	for (int i = 0; i < cb->n_weights; i++)
+		if (cb->weights[i].host == host)
+			return CAI_OK;		/* tied embeddings, shared arrays */
+	if (cb->n_weights == cb->cap_weights)
+	{
+		int			cap = cb->cap_weights ? cb->cap_weights * 2 : 64;
+		weight_range *n = realloc(cb->weights, (size_t) cap * sizeof(weight_range));
+
+		if (!n)
+			return be_fail(err, CAI_ERR_NO_MEMORY, "out of memory registering weights");
+		cb->weights = n;
+		cb->cap_weights = cap;
+	}
+	if ((st = cai_cuda_malloc(cb->ctx, bytes + tail_pad, what, &dev, err)) != CAI_OK)
+		return st;
+	if ((st = cai_cuda_upload_sync(cb->ctx, dev, host, bytes, err)) != CAI_OK ||
+		(tail_pad > 0 &&
+		 (st = cai_cuda_memset(cb->ctx, (uint8_t *) dev + bytes, 0, tail_pad, err)) != CAI_OK))
+	{
+		cai_cuda_free(cb->ctx, dev);
+		return st;
+	}
+	w = &cb->weights[cb->n_weights++];
+	w->host = host;
+	w->bytes = bytes;
+	w->dev = dev;
+	cb->weight_bytes += bytes + tail_pad;
+	return CAI_OK;
+}
+
+static cai_status
+register_qmatrix(cuda_backend *cb, const cai_qmatrix *m, const char *what, cai_error *err)
+{
+	cai_status	st;
+
+	if (!m->q)
+		return CAI_OK;
+	if (m->k % 4 != 0)
+		return be_fail(err, CAI_ERR_UNSUPPORTED,
+					   "the cuda backend needs weight rows of a multiple of 4 columns (%s has %d)",
+					   what, m->k);
+	/* up to three zero rows past the end: a GEMM over n_out rounded up to 4 stays in bounds */
+	if ((st = register_weight(cb, m->q, (size_t) m->n_out * m->k, (size_t) 3 * m->k, what,
+							  err)) != CAI_OK)
+		return st;
+	return register_weight(cb, m->scale, (size_t) m->n_out * sizeof(float), 3 * sizeof(float),
+						   what, err);
+}
+
+static int
+compare_weights(const void *a, const void *b)
+{
+	const uint8_t *x = ((const weight_range *) a)->host;
+	const uint8_t *y = ((const weight_range *) b)->host;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Sorts the weight table for weight_dev's binary search; weights must not overlap. */
+static cai_status
+sort_weights(cuda_backend *cb, cai_error *err)
+{
+	qsort(cb->weights, (size_t) cb->n_weights, sizeof(weight_range), compare_weights);
+	for (int i = 1; i < cb->n_weights; i++)
+		if (cb->weights[i - 1].host + cb->weights[i - 1].bytes > cb->weights[i].host)
+			return be_fail(err, CAI_ERR_INTERNAL, "cuda backend: model weight arrays overlap");
+	return CAI_OK;
+}
+
+/*
+ * Uploads every weight the forward can touch (cai_cuda_backend_create).  A weight array the
+ * model gains later is uploaded on first use instead (weight_operand, qmatrix_of).
+ */
+static cai_status
+upload_model(cuda_backend *cb, const cai_model *m, cai_error *err)
+{
+	const cai_config *c = &m->cfg;
+	size_t		d = (size_t) c->d_model;
+	size_t		q_dim = (size_t) c->n_heads * c->head_dim;
+	size_t		kv_dim = (size_t) c->n_kv_heads * c->head_dim;
+	size_t		d_ff = (size_t) c->d_ff;
+	size_t		fs = sizeof(float);
+	cai_status	st;
+
+	if ((st = register_qmatrix(cb, &m->tok_embd, "the token embedding", err)) != CAI_OK ||
+		(st = register_qmatrix(cb, &m->lm_head, "the lm head", err)) != CAI_OK ||
+		(st = register_weight(cb, m->out_norm, d * fs, 0, "the output norm", err)) != CAI_OK)
+		return st;
+	if (m->has_float_reference &&
+		((st = register_weight(cb, m->f_tok_embd, (size_t) c->n_vocab * d * fs, 0,
+							   "the float token embedding", err)) != CAI_OK ||
+		 (st = register_weight(cb, m->f_lm_head, (size_t) c->n_vocab * d * fs, 0,
+							   "the float lm head", err)) != CAI_OK))
+		return st;
+	for (int l = 0; l < c->n_layers; l++)
+	{
+		const cai_layer_weights *w = &m->layers[l];
+
+		if ((st = register_qmatrix(cb, &w->wqkv, "a qkv projection", err)) != CAI_OK ||
+			(st = register_qmatrix(cb, &w->wo, "an output projection", err)) != CAI_OK ||
+			(st = register_qmatrix(cb, &w->w_gate_up, "a gate/up projection", err)) != CAI_OK ||
+			(st = register_qmatrix(cb, &w->w_down, "a down projection", err)) != CAI_OK ||
+			(st = register_weight(cb, w->attn_norm, d * fs, 0, "a norm", err)) != CAI_OK ||
+			(st = register_weight(cb, w->ffn_norm, d * fs, 0, "a norm", err)) != CAI_OK ||
+			(st = register_weight(cb, w->attn_norm_i8, d * fs, 0, "a norm", err)) != CAI_OK ||
+			(st = register_weight(cb, w->ffn_norm_i8, d * fs, 0, "a norm", err)) != CAI_OK ||
+			(st = register_weight(cb, w->bqkv, (size_t) w->wqkv.n_out * fs, 0, "a bias",
+								  err)) != CAI_OK)
+			return st;
+		if (m->has_float_reference &&
+			((st = register_weight(cb, w->f_wq, q_dim * d * fs, 0, "a float weight", err)) != CAI_OK ||
+			 (st = register_weight(cb, w->f_wk, kv_dim * d * fs, 0, "a float weight", err)) != CAI_OK ||
+			 (st = register_weight(cb, w->f_wv, kv_dim * d * fs, 0, "a float weight", err)) != CAI_OK ||
+			 (st = register_weight(cb, w->f_wo, d * q_dim * fs, 0, "a float weight", err)) != CAI_OK ||
+			 (st = register_weight(cb, w->f_gate, d_ff * d * fs, 0, "a float weight", err)) != CAI_OK ||
+			 (st = register_weight(cb, w->f_up, d_ff * d * fs, 0, "a float weight", err)) != CAI_OK ||
+			 (st = register_weight(cb, w->f_down, d * d_ff * fs, 0, "a float weight", err)) != CAI_OK))
+			return st;
+	}
+	return sort_weights(cb, err);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Host index arrays: page-locked staging
+ * ------------------------------------------------------------------------------------------- */
+
+/*
+ * A forward begins (embed is its first operation).  Waiting for the previous forward's work here
+ * costs nothing in the usual step (the host has just waited for its logits) and makes the whole
+ * staging buffer free again; it also marks the step plan stale.
+ */
+static bool
+stage_begin_forward(cuda_backend *cb)
+{
+	cai_error	e;
+
+	cb->staging_used = 0;
+	cb->plan_stale = true;
+	return be_check(cb, cai_cuda_sync(cb->ctx, &e), &e);
+}
+
+/* Copies n host ints to dst on the device (stream-ordered; the staging slot is not reused). */
+static bool
+stage_ints(cuda_backend *cb, const int32_t *host, int n, int32_t *dst)
+{
+	int			cap = 3 * cb->params.limits.max_tokens;
+	int32_t    *slot;
+	cai_error	e;
+
+	if (n <= 0)
+		return true;
+	if (n > cb->params.limits.max_tokens)
+	{
+		be_recordf(cb, CAI_ERR_INVALID_ARGUMENT,
+				   "cuda backend: %d rows exceed the backend's limit of %d", n,
+				   cb->params.limits.max_tokens);
+		return false;
+	}
+	if (cb->staging_used + n > cap)
+	{
+		/* more staging than one forward needs: wait for the copies, then start over */
+		if (!be_check(cb, cai_cuda_sync(cb->ctx, &e), &e))
+			return false;
+		cb->staging_used = 0;
+	}
+	slot = cb->staging_host + cb->staging_used;
+	memcpy(slot, host, (size_t) n * sizeof(int32_t));
+	cb->staging_used += n;
+	return be_check(cb, cai_cuda_upload(cb->ctx, dst, slot, (size_t) n * sizeof(int32_t), &e), &e);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Memory
+ * ------------------------------------------------------------------------------------------- */
+
+static void *
+cuda_alloc(cai_backend *be, size_t bytes)
+{
+	cuda_backend *cb = cb_of(be);
+	void	   *p = NULL;
+	cai_error	e;
+
+	if (cb->n_buffers == cb->cap_buffers)
+	{
+		int			cap = cb->cap_buffers ? cb->cap_buffers * 2 : 16;
+		dev_buffer *n = realloc(cb->buffers, (size_t) cap * sizeof(dev_buffer));
+
+		if (!n)
+			return NULL;
+		cb->buffers = n;
+		cb->cap_buffers = cap;
+	}
+	if (cai_cuda_malloc(cb->ctx, bytes ? bytes : 64, "activations", &p, &e) != CAI_OK)
+	{
+		be_record(cb, &e);
+		return NULL;
+	}
+	cb->buffers[cb->n_buffers].ptr = p;
+	cb->buffers[cb->n_buffers].bytes = bytes ? bytes : 64;
+	cb->n_buffers++;
+	return p;
+}
+
+static void
+cuda_free_buffer(cai_backend *be, void *ptr)
+{
+	cuda_backend *cb = cb_of(be);
+
+	if (!ptr)
+		return;
+	for (int i = 0; i < cb->n_buffers; i++)
+		if (cb->buffers[i].ptr == ptr)
+		{
+			cai_cuda_free(cb->ctx, ptr);
+			cb->buffers[i] = cb->buffers[--cb->n_buffers];
+			return;
+		}
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Embedding, gathering, norms, quantization
+ * ------------------------------------------------------------------------------------------- */
+
+static void
+cuda_embed_i8(cai_backend *be, const cai_qmatrix *table, const int32_t *ids, int n_tok, float *x)
+{
+	cuda_backend *cb = cb_of(be);
+	cai_cuda_qmatrix t;
+	cai_error	e;
+
+	if (cb->failed || !stage_begin_forward(cb) || !qmatrix_of(cb, table, &t) ||
+		!output_ok(cb, x, "embedding output") || !stage_ints(cb, ids, n_tok, cb->ids_dev))
+		return;
+	be_check(cb, cai_cuda_embed_i8(cb->ctx, &t, cb->ids_dev, n_tok, x, &e), &e);
+}
+
+static void
+cuda_embed_f32(cai_backend *be, const float *table, int d, const int32_t *ids, int n_tok,
+			   float *x)
+{
+	cuda_backend *cb = cb_of(be);
+	const float *t;
+	cai_error	e;
+
+	if (cb->failed || !stage_begin_forward(cb))
+		return;
+	t = weight_operand(cb, table, (size_t) cb->params.model->cfg.n_vocab * d * sizeof(float),
+					   "the float embedding table");
+	if (!t || !output_ok(cb, x, "embedding output") || !stage_ints(cb, ids, n_tok, cb->ids_dev))
+		return;
+	be_check(cb, cai_cuda_embed_f32(cb->ctx, t, cb->params.model->cfg.n_vocab, d, cb->ids_dev,
+									n_tok, x, &e), &e);
+}
+
+static void
+cuda_gather_rows(cai_backend *be, const float *src, int d, const int32_t *rows, int n_rows,
+				 float *dst)
+{
+	cuda_backend *cb = cb_of(be);
+	const float *s;
+	cai_error	e;
+
+	if (cb->failed || n_rows <= 0)
+		return;
+	s = operand(cb, src, "gather source");
+	if (!s || !output_ok(cb, dst, "gather output") || !stage_ints(cb, rows, n_rows, cb->rows_dev))
+		return;
+	be_check(cb, cai_cuda_gather_rows(cb->ctx, s, d, cb->rows_dev, n_rows, dst, &e), &e);
+}
+
+static void
+cuda_rmsnorm(cai_backend *be, const float *x, const float *w, int n_tok, int d, float eps,
+			 float *out)
+{
+	cuda_backend *cb = cb_of(be);
+	const float *wd;
+	cai_error	e;
+
+	if (cb->failed)
+		return;
+	wd = weight_operand(cb, w, (size_t) d * sizeof(float), "a norm weight");
+	if (!wd || !operand(cb, x, "norm input") || !output_ok(cb, out, "norm output"))
+		return;
+	be_check(cb, cai_cuda_rmsnorm(cb->ctx, x, wd, n_tok, d, eps, out, NULL, NULL, &e), &e);
+}
+
+static void
+cuda_rmsnorm_quant(cai_backend *be, const float *x, const float *w, int n_tok, int d, float eps,
+				   int8_t *q, float *s)
+{
+	cuda_backend *cb = cb_of(be);
+	const float *wd;
+	cai_error	e;
+
+	if (cb->failed)
+		return;
+	wd = weight_operand(cb, w, (size_t) d * sizeof(float), "a norm weight");
+	if (!wd || !operand(cb, x, "norm input") || !output_ok(cb, q, "norm output") ||
+		!output_ok(cb, s, "norm scales"))
+		return;
+	be_check(cb, cai_cuda_rmsnorm(cb->ctx, x, wd, n_tok, d, eps, NULL, q, s, &e), &e);
+}
+
+static void
+cuda_quantize(cai_backend *be, const float *x, int n_tok, int k, int8_t *q, float *s)
+{
+	cuda_backend *cb = cb_of(be);
+	cai_error	e;
+
+	if (cb->failed || !operand(cb, x, "quantize input") || !output_ok(cb, q, "quantize output") ||
+		!output_ok(cb, s, "quantize scales"))
+		return;
+	be_check(cb, cai_cuda_quantize_act(cb->ctx, x, n_tok, k, k, q, s, &e), &e);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * GEMMs
+ * ------------------------------------------------------------------------------------------- */
+
+/*
+ * A GEMM output outside backend memory (the caller's logits): computed into a device buffer,
+ * then downloaded; with accumulate, the host values are uploaded first.  Returns the device
+ * pointer to compute into, or NULL after recording a failure.
+ */
+static float *
+host_output_begin(cuda_backend *cb, float *out, int n_tok, int ldo, bool accumulate)
+{
+	size_t		floats = (size_t) n_tok * ldo;
+	cai_error	e;
+
+	if (floats > cb->hostout_floats)
+	{
+		void	   *p = NULL;
+
+		if (!be_check(cb, cai_cuda_sync(cb->ctx, &e), &e))
+			return NULL;
+		cai_cuda_free(cb->ctx, cb->hostout_dev);
+		cb->hostout_dev = NULL;
+		cb->hostout_floats = 0;
+		if (!be_check(cb, cai_cuda_malloc(cb->ctx, floats * sizeof(float), "logits", &p, &e), &e))
+			return NULL;
+		cb->hostout_dev = p;
+		cb->hostout_floats = floats;
+	}
+	if (accumulate &&
+		!be_check(cb, cai_cuda_upload(cb->ctx, cb->hostout_dev, out, floats * sizeof(float), &e),
+				  &e))
+		return NULL;
+	return cb->hostout_dev;
+}
+
+static void
+host_output_end(cuda_backend *cb, float *out, int n_tok, int ldo)
+{
+	cai_error	e;
+
+	if (cb->failed)
+		return;
+	if (be_check(cb, cai_cuda_download(cb->ctx, out, cb->hostout_dev,
+									   (size_t) n_tok * ldo * sizeof(float), &e), &e))
+		be_check(cb, cai_cuda_sync(cb->ctx, &e), &e);
+}
+
+static void
+cuda_gemm_i8(cai_backend *be, const int8_t *xq, const float *xs, int n_tok, const cai_qmatrix *w,
+			 const float *bias, float *out, int ldo, bool accumulate)
+{
+	cuda_backend *cb = cb_of(be);
+	cai_cuda_qmatrix m;
+	cai_cuda_epilogue epi;
+	bool		to_host;
+	float	   *dst = out;
+	cai_error	e;
+
+	if (cb->failed || n_tok <= 0 || !qmatrix_of(cb, w, &m) || !operand(cb, xq, "gemm input") ||
+		!operand(cb, xs, "gemm input scales"))
+		return;
+	memset(&epi, 0, sizeof(epi));
+	epi.accumulate = accumulate;
+	if (bias && !(epi.bias_dev = weight_operand(cb, bias, (size_t) w->n_out * sizeof(float),
+												 "a bias")))
+		return;
+	to_host = !is_device_buffer(cb, out);
+	if (to_host && !(dst = host_output_begin(cb, out, n_tok, ldo, accumulate)))
+		return;
+	if (!be_check(cb, cai_cuda_gemm_i8(cb->ctx, xq, xs, n_tok, &m, dst, ldo, &epi, &e), &e))
+		return;
+	if (to_host)
+		host_output_end(cb, out, n_tok, ldo);
+}
+
+static void
+cuda_gemm_f32(cai_backend *be, const float *x, int n_tok, int k, const float *w, int n_out,
+			  const float *bias, float *out, int ldo, bool accumulate)
+{
+	cuda_backend *cb = cb_of(be);
+	const float *wd,
+			   *bd = NULL;
+	bool		to_host;
+	float	   *dst = out;
+	cai_error	e;
+
+	if (cb->failed || n_tok <= 0)
+		return;
+	wd = weight_operand(cb, w, (size_t) n_out * k * sizeof(float), "a float weight");
+	if (!wd || !operand(cb, x, "float gemm input"))
+		return;
+	if (bias && !(bd = weight_operand(cb, bias, (size_t) n_out * sizeof(float), "a bias")))
+		return;
+	to_host = !is_device_buffer(cb, out);
+	if (to_host && !(dst = host_output_begin(cb, out, n_tok, ldo, accumulate)))
+		return;
+	if (!be_check(cb, cai_cuda_gemm_f32(cb->ctx, x, n_tok, k, wd, n_out, bd, dst, ldo, accumulate,
+										&e), &e))
+		return;
+	if (to_host)
+		host_output_end(cb, out, n_tok, ldo);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * RoPE, SwiGLU
+ * ------------------------------------------------------------------------------------------- */
+
+/*
+ * The rotary table of these parameters for every position below max_context, built with
+ * cai_op_rope_angles's arithmetic (the same double-precision libm calls in the same order, so
+ * the same floats) and uploaded once.
+ */
+static const rope_table *
+rope_table_for(cuda_backend *cb, const cai_rope_params *rp)
+{
+	int			n_pos = cb->params.limits.max_context;
+	int			half = rp->n_rot / 2;
+	rope_table *t;
+	float	   *host;
+	void	   *dev = NULL;
+	cai_error	e;
+
+	for (int i = 0; i < cb->n_rope; i++)
+	{
+		t = &cb->rope[i];
+		if (t->n_rot == rp->n_rot && t->base == rp->base && t->freq_scale == rp->freq_scale &&
+			t->freq_factors == rp->freq_factors)
+			return t;
+	}
+	if (cb->n_rope == MAX_ROPE_TABLES)
+	{
+		be_recordf(cb, CAI_ERR_UNSUPPORTED, "cuda backend: more than %d rope configurations",
+				   MAX_ROPE_TABLES);
+		return NULL;
+	}
+	host = malloc((size_t) n_pos * rp->n_rot * sizeof(float));
+	if (!host)
+	{
+		be_recordf(cb, CAI_ERR_NO_MEMORY, "out of memory building the rope table");
+		return NULL;
+	}
+	for (int pos = 0; pos < n_pos; pos++)
+	{
+		float	   *cs = host + (size_t) pos * rp->n_rot;
+
+		for (int i = 0; i < half; i++)
+		{
+			double		inv_freq = pow((double) rp->base, -2.0 * i / (double) rp->n_rot);
+			double		theta = (double) pos * (double) rp->freq_scale * inv_freq;
+
+			if (rp->freq_factors)
+				theta /= (double) rp->freq_factors[i];
+			cs[2 * i] = (float) cos(theta);
+			cs[2 * i + 1] = (float) sin(theta);
+		}
+	}
+	if (!be_check(cb, cai_cuda_malloc(cb->ctx, (size_t) n_pos * rp->n_rot * sizeof(float),
+									  "the rope table", &dev, &e), &e) ||
+		!be_check(cb, cai_cuda_upload_sync(cb->ctx, dev, host,
+										   (size_t) n_pos * rp->n_rot * sizeof(float), &e), &e))
+	{
+		cai_cuda_free(cb->ctx, dev);
+		free(host);
+		return NULL;
+	}
+	free(host);
+	t = &cb->rope[cb->n_rope++];
+	t->n_rot = rp->n_rot;
+	t->base = rp->base;
+	t->freq_scale = rp->freq_scale;
+	t->freq_factors = rp->freq_factors;
+	t->dev = dev;
+	return t;
+}
+
+static void
+cuda_rope_prepare(cai_backend *be, const cai_rope_params *rp, const int32_t *pos, int n_tok,
+				  float *cs)
+{
+	cuda_backend *cb = cb_of(be);
+	const rope_table *t;
+	cai_error	e;
+
+	if (cb->failed || n_tok <= 0)
+		return;
+	for (int i = 0; i < n_tok; i++)
+		if (pos[i] < 0 || pos[i] >= cb->params.limits.max_context)
+		{
+			be_recordf(cb, CAI_ERR_INVALID_ARGUMENT,
+					   "cuda backend: position %d is outside the context of %d", pos[i],
+					   cb->params.limits.max_context);
+			return;
+		}
+	if (!(t = rope_table_for(cb, rp)) || !output_ok(cb, cs, "rope angles") ||
+		!stage_ints(cb, pos, n_tok, cb->pos_dev))
+		return;
+	be_check(cb, cai_cuda_rope_gather(cb->ctx, t->dev, cb->params.limits.max_context, rp->n_rot,
+									  cb->pos_dev, n_tok, cs, &e), &e);
+}
+
+static void
+cuda_rope(cai_backend *be, const cai_rope_params *rp, const float *cs, float *x, int ldx,
+		  int n_tok, int n_heads, int head_dim)
+{
+	cuda_backend *cb = cb_of(be);
+	cai_error	e;
+
+	if (cb->failed || !operand(cb, cs, "rope angles") || !output_ok(cb, x, "rope input"))
+		return;
+	be_check(cb, cai_cuda_rope(cb->ctx, cs, x, ldx, n_tok, n_heads, head_dim, rp->n_rot, rp->neox,
+							   &e), &e);
+}
+
+static void
+cuda_swiglu(cai_backend *be, const float *gate_up, int n_tok, int d_ff, float *out)
+{
+	cuda_backend *cb = cb_of(be);
+	cai_error	e;
+
+	if (cb->failed || !operand(cb, gate_up, "swiglu input") || !output_ok(cb, out, "swiglu output"))
+		return;
+	be_check(cb, cai_cuda_swiglu(cb->ctx, gate_up, n_tok, d_ff, out, NULL, NULL, &e), &e);
+}
+
+static void
+cuda_swiglu_quant(cai_backend *be, const float *gate_up, int n_tok, int d_ff, int8_t *q, float *s)
+{
+	cuda_backend *cb = cb_of(be);
+	cai_error	e;
+
+	if (cb->failed || !operand(cb, gate_up, "swiglu input") || !output_ok(cb, q, "swiglu output") ||
+		!output_ok(cb, s, "swiglu scales"))
+		return;
+	be_check(cb, cai_cuda_swiglu(cb->ctx, gate_up, n_tok, d_ff, NULL, q, s, &e), &e);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * KV cache and attention
+ * ------------------------------------------------------------------------------------------- */
+
+/* The device mirror of a host KV pool, created on first sight. */
+static const kv_mirror *
+kv_mirror_for(cuda_backend *cb, const cai_kv_pool *kv)
+{
+	const cai_kv_layout *L = cb->params.kv_pool_layout(kv);
+	int			n_blocks = cb->params.kv_pool_n_blocks(kv);
+	kv_mirror  *m = NULL;
+	void	   *dev = NULL;
+	size_t		bytes;
+	cai_error	e;
+
+	for (int i = 0; i < cb->n_kv; i++)
+	{
+		kv_mirror  *k = &cb->kv[i];
+
+		if (k->host != kv)
+			continue;
+		if (k->kv.n_blocks == n_blocks && k->kv.block_bytes == L->block_bytes &&
+			k->kv.layer_bytes == L->layer_bytes && k->kv.n_kv_heads == L->n_kv_heads &&
+			k->kv.head_dim == L->head_dim)
+			return k;
+		/* a new pool at a freed pool's address: replace the mirror */
+		if (!be_check(cb, cai_cuda_sync(cb->ctx, &e), &e))
+			return NULL;
+		cai_cuda_free(cb->ctx, k->kv.pool_dev);
+		m = k;
+		break;
+	}
+	if (!m)
+	{
+		if (cb->n_kv == MAX_KV_MIRRORS)
+		{
+			be_recordf(cb, CAI_ERR_UNSUPPORTED, "cuda backend: more than %d kv pools",
+					   MAX_KV_MIRRORS);
+			return NULL;
+		}
+		m = &cb->kv[cb->n_kv++];
+	}
+	memset(m, 0, sizeof(*m));
+	if (!cai_cuda_attention_supports(L->head_dim))
+	{
+		be_recordf(cb, CAI_ERR_UNSUPPORTED, "cuda backend: head_dim %d is not supported",
+				   L->head_dim);
+		return NULL;
+	}
+	bytes = (size_t) n_blocks * L->block_bytes;
+	if (!be_check(cb, cai_cuda_malloc(cb->ctx, bytes, "the kv cache", &dev, &e), &e) ||
+		!be_check(cb, cai_cuda_memset(cb->ctx, dev, 0, bytes, &e), &e))
+	{
+		cai_cuda_free(cb->ctx, dev);
+		m->host = NULL;
+		return NULL;
+	}
+	m->host = kv;
+	m->kv.pool_dev = dev;
+	m->kv.n_blocks = n_blocks;
+	m->kv.block_bytes = L->block_bytes;
+	m->kv.layer_bytes = L->layer_bytes;
+	m->kv.n_kv_heads = L->n_kv_heads;
+	m->kv.head_dim = L->head_dim;
+	m->n_kv_layers = L->n_kv_layers;
+	return m;
+}
+
+/* The device mirror of the float KV shadow, grown (contents kept) to the host's size. */
+static const cai_cuda_kv_shadow *
+shadow_for(cuda_backend *cb, const cai_kv_shadow *shadow)
+{
+	size_t		floats;
+	void	   *dev = NULL;
+	cai_error	e;
+
+	if (!shadow)
+		return NULL;
+	floats = (size_t) shadow->n_blocks * shadow->block_floats;
+	if (floats > cb->shadow_floats || shadow->block_floats != cb->shadow.block_floats)
+	{
+		if (!be_check(cb, cai_cuda_malloc(cb->ctx, floats * sizeof(float), "the float kv shadow",
+										  &dev, &e), &e) ||
+			!be_check(cb, cai_cuda_memset(cb->ctx, dev, 0, floats * sizeof(float), &e), &e))
+		{
+			cai_cuda_free(cb->ctx, dev);
+			return NULL;
+		}
+		if (cb->shadow.data_dev && shadow->block_floats == cb->shadow.block_floats &&
+			!be_check(cb, cai_cuda_copy_device(cb->ctx, dev, cb->shadow.data_dev,
+											   cb->shadow_floats * sizeof(float), &e), &e))
+		{
+			cai_cuda_free(cb->ctx, dev);
+			return NULL;
+		}
+		if (!be_check(cb, cai_cuda_sync(cb->ctx, &e), &e))
+		{
+			cai_cuda_free(cb->ctx, dev);
+			return NULL;
+		}
+		cai_cuda_free(cb->ctx, cb->shadow.data_dev);
+		cb->shadow.data_dev = dev;
+		cb->shadow_floats = floats;
+	}
+	cb->shadow.n_blocks = shadow->n_blocks;
+	cb->shadow.layer_floats = shadow->layer_floats;
+	cb->shadow.block_floats = shadow->block_floats;
+	return &cb->shadow;
+}
+
+/*
+ * The step plan for this batch: built at the first KV operation of a forward (embed marks the
+ * plan stale), or again if the batch's shape differs from the planned one.
+ */
+static bool
+plan_for(cuda_backend *cb, const cai_attn_params *ap, const cai_batch_layout *batch)
+{
+	cai_cuda_seq_desc *descs;
+	bool		same = !cb->plan_stale && cb->meta && batch->n_tokens == cb->plan_n_tokens &&
+		batch->n_seqs == cb->plan_n_seqs;
+	cai_error	e;
+	cai_status	st;
+
+	if (batch->n_seqs > cb->params.limits.max_tokens ||
+		batch->n_tokens > cb->params.limits.max_tokens)
+	{
+		be_recordf(cb, CAI_ERR_INVALID_ARGUMENT, "cuda backend: the batch exceeds its limits");
+		return false;
+	}
+	for (int s = 0; same && s < batch->n_seqs; s++)
+	{
+		int32_t    *k = cb->plan_key + 4 * s;
+
+		same = k[0] == batch->seq_start[s] && k[1] == batch->seq_len[s] &&
+			k[2] == batch->token_pos[batch->seq_start[s]] &&
+			k[3] == (int32_t) (uintptr_t) batch->block_tables[s];
+	}
+	if (same && cb->meta->group == ap->n_heads / ap->n_kv_heads)
+		return true;
+
+	descs = malloc((size_t) (batch->n_seqs > 0 ? batch->n_seqs : 1) * sizeof(cai_cuda_seq_desc));
+	if (!descs)
+	{
+		be_recordf(cb, CAI_ERR_NO_MEMORY, "out of memory planning a step");
+		return false;
+	}
+	for (int s = 0; s < batch->n_seqs; s++)
+	{
+		int			start = batch->seq_start[s];
+
+		if (start != (s == 0 ? 0 : batch->seq_start[s - 1] + batch->seq_len[s - 1]))
+		{
+			free(descs);
+			be_recordf(cb, CAI_ERR_INVALID_ARGUMENT,
+					   "cuda backend: sequence rows must follow each other in order");
+			return false;
+		}
+		descs[s].n_new = batch->seq_len[s];
+		descs[s].pos = batch->token_pos[start];
+		descs[s].block_table = batch->block_tables[s];
+		descs[s].n_blocks = (descs[s].pos + descs[s].n_new + CAI_KV_BLOCK_TOKENS - 1) /
+			CAI_KV_BLOCK_TOKENS;
+	}
+	st = cai_cuda_step_plan(cb->ctx, descs, batch->n_seqs, NULL, batch->n_tokens, ap->n_heads,
+							ap->n_kv_heads, ap->head_dim, false, &cb->meta, &e);
+	free(descs);
+	if (!be_check(cb, st, &e))
+		return false;
+	for (int s = 0; s < batch->n_seqs; s++)
+	{
+		int32_t    *k = cb->plan_key + 4 * s;
+
+		k[0] = batch->seq_start[s];
+		k[1] = batch->seq_len[s];
+		k[2] = batch->token_pos[batch->seq_start[s]];
+		k[3] = (int32_t) (uintptr_t) batch->block_tables[s];
+	}
+	cb->plan_n_tokens = batch->n_tokens;
+	cb->plan_n_seqs = batch->n_seqs;
+	cb->plan_stale = false;
+	return true;
+}
+
+static void
+cuda_kv_write(cai_backend *be, const cai_attn_params *ap, const cai_batch_layout *batch,
+			  const float *k, const float *v, int ld, cai_kv_pool *kv,
+			  const cai_kv_shadow *shadow)
+{
+	cuda_backend *cb = cb_of(be);
+	const kv_mirror *m;
+	const cai_cuda_kv_shadow *sh = NULL;
+	cai_error	e;
+
+	if (cb->failed || batch->n_tokens <= 0)
+		return;
+	if (!(m = kv_mirror_for(cb, kv)) || !plan_for(cb, ap, batch) ||
+		!operand(cb, k, "keys") || !operand(cb, v, "values"))
+		return;
+	if (shadow && !(sh = shadow_for(cb, shadow)))
+		return;
+	be_check(cb, cai_cuda_kv_write(cb->ctx, &m->kv, ap->kv_layer, cb->meta, k, v, ld, sh, &e), &e);
+}
+
+static void
+cuda_attention(cai_backend *be, const cai_attn_params *ap, const cai_batch_layout *batch,
+			   const float *q, int ldq, cai_kv_pool *kv, const cai_kv_shadow *shadow, float *out,
+			   int ldo)
+{
+	cuda_backend *cb = cb_of(be);
+	const kv_mirror *m;
+	const cai_cuda_kv_shadow *sh = NULL;
+	cai_error	e;
+
+	if (cb->failed || batch->n_tokens <= 0)
+		return;
+	if (!(m = kv_mirror_for(cb, kv)) || !plan_for(cb, ap, batch) ||
+		!operand(cb, q, "queries") || !output_ok(cb, out, "attention output"))
+		return;
+	if (shadow && !(sh = shadow_for(cb, shadow)))
+		return;
+	be_check(cb, cai_cuda_attention(cb->ctx, &m->kv, ap->kv_layer, cb->meta, q, ldq, out, ldo,
+									ap->n_heads, ap->window, ap->scale, sh, &e), &e);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The instance
+ * ------------------------------------------------------------------------------------------- */
+
+static void
+cuda_destroy(cai_backend *be)
+{
+	cuda_backend *cb;
+
+	if (!be)
+		return;
+	cb = cb_of(be);
+	if (cb)
+	{
+		if (cb->ctx)
+		{
+			cai_error	e;
+
+			cai_cuda_sync(cb->ctx, &e);
+			for (int i = 0; i < cb->n_weights; i++)
+				cai_cuda_free(cb->ctx, cb->weights[i].dev);
+			for (int i = 0; i < cb->n_buffers; i++)
+				cai_cuda_free(cb->ctx, cb->buffers[i].ptr);
+			for (int i = 0; i < cb->n_kv; i++)
+				cai_cuda_free(cb->ctx, cb->kv[i].kv.pool_dev);
+			for (int i = 0; i < cb->n_rope; i++)
+				cai_cuda_free(cb->ctx, cb->rope[i].dev);
+			cai_cuda_free(cb->ctx, cb->shadow.data_dev);
+			cai_cuda_free(cb->ctx, cb->ids_dev);
+			cai_cuda_free(cb->ctx, cb->pos_dev);
+			cai_cuda_free(cb->ctx, cb->rows_dev);
+			cai_cuda_free(cb->ctx, cb->hostout_dev);
+			cai_cuda_host_free(cb->ctx, cb->staging_host);
+			cai_cuda_ctx_free(cb->ctx);
+		}
+		free(cb->weights);
+		free(cb->buffers);
+		free(cb->plan_key);
+		free(cb);
+	}
+	free(be);
+}
+
+static const cai_backend_ops cuda_ops = {
+	.name = "cuda",
+	.destroy = cuda_destroy,
+	.alloc = cuda_alloc,
+	.free = cuda_free_buffer,
+	.embed_i8 = cuda_embed_i8,
+	.embed_f32 = cuda_embed_f32,
+	.gather_rows = cuda_gather_rows,
+	.rmsnorm = cuda_rmsnorm,
+	.rmsnorm_quant = cuda_rmsnorm_quant,
+	.quantize = cuda_quantize,
+	.gemm_i8 = cuda_gemm_i8,
+	.gemm_f32 = cuda_gemm_f32,
+	.rope_prepare = cuda_rope_prepare,
+	.rope = cuda_rope,
+	.swiglu = cuda_swiglu,
+	.swiglu_quant = cuda_swiglu_quant,
+	.kv_write = cuda_kv_write,
+	.attention = cuda_attention,
+};
+
+cai_status
+cai_cuda_backend_create(const cai_cuda_backend_params *params, cai_backend **out, cai_error *err)
+{
+	const cai_backend_limits *lim = &params->limits;
+	cai_backend *be;
+	cuda_backend *cb;
+	cai_cuda_device_info info;
+	size_t		max_tok;
+	cai_status	st;
+	char		why[256];
+	int			n_dev;
+
+	*out = NULL;
+	if (!params->model || !params->kv_pool_layout || !params->kv_pool_n_blocks ||
+		lim->max_tokens <= 0 || lim->max_context <= 0 || lim->n_heads <= 0 ||
+		lim->n_kv_heads <= 0 || lim->n_heads % lim->n_kv_heads != 0)
+		return be_fail(err, CAI_ERR_INVALID_ARGUMENT, "invalid cuda backend parameters");
+	if (!cai_cuda_attention_supports(lim->head_dim))
+		return be_fail(err, CAI_ERR_UNSUPPORTED,
+					   "the cuda backend supports head_dim 64, 128 and 256, not %d",
+					   lim->head_dim);
+	n_dev = cai_cuda_device_count(why, sizeof(why));
+	if (n_dev <= 0)
+		return be_fail(err, CAI_ERR_UNSUPPORTED, "no cuda device: %s", why);
+
+	be = calloc(1, sizeof(*be));
+	cb = calloc(1, sizeof(*cb));
+	if (!be || !cb)
+	{
+		free(be);
+		free(cb);
+		return be_fail(err, CAI_ERR_NO_MEMORY, "out of memory creating the cuda backend");
+	}
+	be->ops = &cuda_ops;
+	be->impl = cb;
+	cb->params = *params;
+	max_tok = (size_t) lim->max_tokens;
+
+	if ((st = cai_cuda_ctx_create(params->device, &cb->ctx, err)) != CAI_OK)
+		goto fail;
+	cb->plan_key = malloc(4 * max_tok * sizeof(int32_t));
+	if (!cb->plan_key)
+	{
+		st = be_fail(err, CAI_ERR_NO_MEMORY, "out of memory creating the cuda backend");
+		goto fail;
+	}
+	if ((st = cai_cuda_malloc(cb->ctx, max_tok * sizeof(int32_t), "token ids",
+							  (void **) &cb->ids_dev, err)) != CAI_OK ||
+		(st = cai_cuda_malloc(cb->ctx, max_tok * sizeof(int32_t), "positions",
+							  (void **) &cb->pos_dev, err)) != CAI_OK ||
+		(st = cai_cuda_malloc(cb->ctx, max_tok * sizeof(int32_t), "row indexes",
+							  (void **) &cb->rows_dev, err)) != CAI_OK ||
+		(st = cai_cuda_host_alloc(cb->ctx, 3 * max_tok * sizeof(int32_t), "index staging",
+								  (void **) &cb->staging_host, err)) != CAI_OK)
+		goto fail;
+	/* plan buffers for the largest step, so that steps never allocate */
+	if ((st = cai_cuda_step_reserve(cb->ctx, lim->max_tokens, lim->max_tokens,
+									(lim->max_context + CAI_KV_BLOCK_TOKENS - 1) / CAI_KV_BLOCK_TOKENS,
+									lim->n_heads, lim->n_kv_heads, lim->head_dim, err)) != CAI_OK)
+		goto fail;
+	if ((st = upload_model(cb, params->model, err)) != CAI_OK)
+		goto fail;
+
+	cai_cuda_get_device_info(cb->ctx, &info);
+	snprintf(cb->device_desc, sizeof(cb->device_desc),
+			 "cuda (%s, cc %d.%d, %d SMs, %.1f GiB; %.0f MiB of weights)", info.name, info.cc_major,
+			 info.cc_minor, info.sm_count, info.total_bytes / 1073741824.0,
+			 cb->weight_bytes / 1048576.0);
+	*out = be;
+	return CAI_OK;
+
+fail:
+	cuda_destroy(be);
+	return st;
+}
+
+cai_status
+cai_cuda_backend_status(cai_backend *be, cai_error *err)
+{
+	cuda_backend *cb = cb_of(be);
+	cai_error	e;
+
+	if (!cb->failed && cai_cuda_sync(cb->ctx, &e) != CAI_OK)
+		be_record(cb, &e);
+	if (!cb->failed)
+		return CAI_OK;
+	cb->failed = false;
+	if (err)
+		*err = cb->error;
+	return cb->error.status;
+}
+
+const char *
+cai_cuda_backend_device(const cai_backend *be)
+{
+	return ((const cuda_backend *) be->impl)->device_desc;
+}

@@ -1,0 +1,175 @@
+/*
+ * cli.h — shared pieces of `cai`, the command-line front end of libcai: a table-driven option
+ * parser, model/engine setup with error reporting, prompt building and a streaming generation
+ * loop.  Each subcommand lives in its own file (cmd_*.c) and returns the process exit status:
+ * 0 success, 1 an error (message on stderr), 2 a usage error.
+ */
+#ifndef CAI_CLI_H
+#define CAI_CLI_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "cai.h"
+
+#define CLI_EXIT_OK 0
+#define CLI_EXIT_ERROR 1
+#define CLI_EXIT_USAGE 2
+
+/* ---------------------------------------------------------------------------------------------
+ * Options
+ * ------------------------------------------------------------------------------------------- */
+
+typedef enum cli_option_kind
+{
+	CLI_OPT_FLAG,				/* bool; takes no value */
+	CLI_OPT_STRING,				/* const char * */
+	CLI_OPT_INT,				/* int, within [min, max] */
+	CLI_OPT_FLOAT,				/* float, within [min, max] */
+	CLI_OPT_U64,				/* uint64_t */
+	CLI_OPT_STRING_LIST,		/* cli_string_list: the option may repeat */
+	CLI_OPT_INT_LIST			/* cli_int_list: comma-separated ints within [min, max] */
+} cli_option_kind;
+
+#define CLI_LIST_MAX 16
+
+typedef struct cli_string_list
+{
+	const char *items[CLI_LIST_MAX];
+	int			n;
+} cli_string_list;
+
+typedef struct cli_int_list
+{
+	int			items[CLI_LIST_MAX];
+	int			n;
+} cli_int_list;
+
+typedef struct cli_option
+{
+	const char *name;			/* long name without dashes: "max-tokens" */
+	char		short_name;		/* 'm', or 0 */
+	cli_option_kind kind;
+	void	   *target;			/* where the value goes (type per kind) */
+	const char *metavar;		/* "N", "TEXT"; NULL for flags */
+	const char *help;
+	double		min;			/* numeric range (ignored unless min < max) */
+	double		max;
+	int			max_items;		/* list kinds: at most this many (0 = CLI_LIST_MAX) */
+} cli_option;
+
+typedef struct cli_command
+{
+	const char *name;			/* "run" */
+	const char *synopsis;		/* "-m MODEL -p PROMPT [options]" */
+	const char *summary;		/* one line for `cai --help` */
+	const char *description;	/* a paragraph for `cai run --help` */
+	const cli_option *options;
+	int			n_options;
+	const char *positional;		/* name of positional arguments ("FILE"), NULL if none */
+	int			min_positional;
+	int			max_positional;
+} cli_command;
+
+/*
+ * Parses argv[1..argc) (argv[0] is the command name) against the command's options.  "--name
+ * VALUE", "--name=VALUE" and "-x VALUE" are accepted; "--" ends the options.  Positional
+ * arguments are returned in positional[] (up to max_positional).  Returns CLI_EXIT_OK when the
+ * command should run, -1 after printing help (exit 0), CLI_EXIT_USAGE after printing an error.
+ */
+int			cli_parse(const cli_command *cmd, int argc, char **argv,
+					  char **positional, int *n_positional);
+
+/* Prints the command's usage and options to `out`. */
+void		cli_print_usage(const cli_command *cmd, FILE *out);
+
+/* Reports a usage error ("cai run: ...") and a hint to use --help; returns CLI_EXIT_USAGE. */
+int			cli_usage_error(const cli_command *cmd, const char *fmt, ...)
+			__attribute__((format(printf, 2, 3)));
+
+/* ---------------------------------------------------------------------------------------------
+ * Errors, models, engines
+ * ------------------------------------------------------------------------------------------- */
+
+/* Prints "cai: what: status: message" for a failed libcai call; returns CLI_EXIT_ERROR. */
+int			cli_report(const char *what, const cai_error *err);
+
+/* Prints "cai: message" to stderr; returns CLI_EXIT_ERROR. */
+int			cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Loads a model (reporting any error); n_threads 0 = all cores. */
+cai_model  *cli_load_model(const char *path, int n_threads, bool float_reference);
+
+/* Whether the model's tokenizer asks for BOS before raw text (tokenizer.ggml.add_bos_token). */
+bool		cli_model_adds_bos(const cai_model *model);
+
+/* Seconds on a monotonic clock. */
+double		cli_now(void);
+
+/* A growable token vector owned by the CLI. */
+typedef struct cli_tokens
+{
+	int32_t    *ids;
+	int			n;
+	int			cap;
+} cli_tokens;
+
+bool		cli_tokens_append(cli_tokens *t, const int32_t *ids, int n);
+void		cli_tokens_free(cli_tokens *t);
+
+/*
+ * Tokenizes raw text (special-token text stays plain text) with BOS first when the model wants
+ * it.  Reports errors; false on failure.
+ */
+bool		cli_tokenize_raw(const cai_model *model, const char *text, cli_tokens *out);
+
+/* Reads a whole file (or stdin for "-") into a NUL-terminated malloc'd buffer; NULL on error. */
+char	   *cli_read_file(const char *path, size_t *len);
+
+/* ---------------------------------------------------------------------------------------------
+ * Generation
+ * ------------------------------------------------------------------------------------------- */
+
+/* Ctrl-C while generating cancels the request instead of killing the process. */
+void		cli_install_interrupt_handler(void);
+bool		cli_interrupted(void);
+void		cli_clear_interrupt(void);
+
+typedef struct cli_generation
+{
+	cli_tokens	tokens;			/* every generated token id, the final end-of-turn included */
+	cai_finish_reason finish;
+	cai_usage	usage;
+	bool		cancelled;		/* interrupted by Ctrl-C */
+	bool		ends_with_newline;	/* the streamed text's last byte was '\n' */
+	size_t		text_bytes;
+	double		decode_seconds; /* from the first token to the finish */
+} cli_generation;
+
+/*
+ * Submits one request and steps the engine until it finishes, streaming its text to `out`
+ * (flushed per step; NULL to discard).  Returns CLI_EXIT_OK, or CLI_EXIT_ERROR after reporting.
+ * gen->tokens must be zeroed (or freed) by the caller.
+ */
+int			cli_generate(cai_engine *engine, const cai_request_params *params, FILE *out,
+						 cli_generation *gen);
+
+/* ---------------------------------------------------------------------------------------------
+ * Commands
+ * ------------------------------------------------------------------------------------------- */
+
+int			cmd_run(int argc, char **argv);
+int			cmd_chat(int argc, char **argv);
+int			cmd_bench(int argc, char **argv);
+int			cmd_eval(int argc, char **argv);
+int			cmd_inspect(int argc, char **argv);
+
+extern const cli_command cli_run_command;
+extern const cli_command cli_chat_command;
+extern const cli_command cli_bench_command;
+extern const cli_command cli_eval_command;
+extern const cli_command cli_inspect_command;
+
+#endif							/* CAI_CLI_H */

@@ -1,0 +1,457 @@
+/*
+ * cmd_bench.c — `cai bench`: prefill and batched decode throughput of the engine, as JSON.
+ *
+ * Prefill: one request with a prompt of --prompt-tokens tokens and max_tokens 1, timed from
+ * submit to its finish (the prompt's forward, chunked by the engine's step budget, plus the first
+ * token).  Decode at batch B: B requests with short distinct prompts submitted together, run with
+ * ignore_eos to --gen-tokens each; only steps in which all B sequences decode are timed (prefill
+ * steps and a ragged tail are left out), and throughput is the tokens those steps produced over
+ * their wall time.  Each figure is the median of --repeat runs, after one warm-up.  The prefix
+ * cache is off, so nothing is reused between runs.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+#include "json.h"
+
+static struct
+{
+	const char *model;
+	int			threads;
+	cli_int_list batches;
+	int			prompt_tokens;
+	int			gen_tokens;
+	int			decode_prompt_tokens;
+	int			step_tokens;
+	int			repeat;
+	bool		json_only;
+} bench_opts;
+
+static const cli_option bench_options[] = {
+	{
+		.name = "model",
+		.short_name = 'm',
+		.kind = CLI_OPT_STRING,
+		.target = &bench_opts.model,
+		.metavar = "MODEL",
+		.help = "GGUF model file (required)",
+	},
+	{
+		.name = "threads",
+		.short_name = 'T',
+		.kind = CLI_OPT_INT,
+		.target = &bench_opts.threads,
+		.metavar = "N",
+		.help = "CPU threads; 0 = all cores",
+		.min = 0,
+		.max = 1024,
+	},
+	{
+		.name = "batches",
+		.short_name = 'b',
+		.kind = CLI_OPT_INT_LIST,
+		.target = &bench_opts.batches,
+		.metavar = "B,B,...",
+		.help = "decode batch sizes (default 1,8,32)",
+		.min = 1,
+		.max = 4096,
+	},
+	{
+		.name = "prompt-tokens",
+		.short_name = 'p',
+		.kind = CLI_OPT_INT,
+		.target = &bench_opts.prompt_tokens,
+		.metavar = "N",
+		.help = "prefill prompt length (default 512)",
+		.min = 1,
+		.max = 1 << 20,
+	},
+	{
+		.name = "gen-tokens",
+		.short_name = 'g',
+		.kind = CLI_OPT_INT,
+		.target = &bench_opts.gen_tokens,
+		.metavar = "N",
+		.help = "tokens generated per sequence in the decode runs (default 64)",
+		.min = 2,
+		.max = 1 << 20,
+	},
+	{
+		.name = "decode-prompt-tokens",
+		.kind = CLI_OPT_INT,
+		.target = &bench_opts.decode_prompt_tokens,
+		.metavar = "N",
+		.help = "prompt length of each decode-run sequence (default 16)",
+		.min = 1,
+		.max = 1 << 20,
+	},
+	{
+		.name = "step-tokens",
+		.kind = CLI_OPT_INT,
+		.target = &bench_opts.step_tokens,
+		.metavar = "N",
+		.help = "engine token budget per step (default 512)",
+		.min = 1,
+		.max = 1 << 20,
+	},
+	{
+		.name = "repeat",
+		.short_name = 'r',
+		.kind = CLI_OPT_INT,
+		.target = &bench_opts.repeat,
+		.metavar = "N",
+		.help = "runs per figure; the median is reported (default 3)",
+		.min = 1,
+		.max = 1000,
+	},
+	{
+		.name = "json",
+		.kind = CLI_OPT_FLAG,
+		.target = &bench_opts.json_only,
+		.help = "print only the JSON (no progress on stderr)",
+	},
+};
+
+const cli_command cli_bench_command = {
+	.name = "bench",
+	.synopsis = "-m MODEL [options]",
+	.summary = "measure prefill and batched decode tokens/s (JSON)",
+	.description =
+	"Measures prefill tokens/s for one prompt of --prompt-tokens tokens and aggregate decode\n"
+	"tokens/s at each batch size, and prints them as JSON on stdout.",
+	.options = bench_options,
+	.n_options = sizeof(bench_options) / sizeof(bench_options[0]),
+};
+
+/* Text the benchmark prompts are cut from (any ordinary prose does). */
+static const char bench_text[] =
+	"The history of databases is a history of moving computation closer to data. Early systems "
+	"stored records on tape and processed them in batches; relational engines brought declarative "
+	"queries, transactions and indexes; later, extensions let users add their own types, "
+	"functions and access methods. Running a language model inside the database continues that "
+	"line: the conversation lives in tables, access control applies to it like to any other row, "
+	"and a reply is computed where the history already is. Doing this well asks for the same care "
+	"as any other part of a server: bounded memory, predictable latency under load, clean "
+	"cancellation, and errors that explain themselves. ";
+
+/* Fills out with n token ids cut from the bench text at a rotating offset (distinct prompts). */
+static bool
+make_prompt(const cai_model *model, const cli_tokens *base, int n, int offset, cli_tokens *out)
+{
+	cai_model_info info;
+
+	out->n = 0;
+	cai_model_get_info(model, &info);
+	if (cli_model_adds_bos(model) && info.bos_token >= 0)
+	{
+		if (!cli_tokens_append(out, &info.bos_token, 1))
+			return false;
+	}
+	while (out->n < n)
+	{
+		int			start = offset % base->n;
+		int			take = base->n - start;
+
+		if (take > n - out->n)
+			take = n - out->n;
+		if (!cli_tokens_append(out, base->ids + start, take))
+			return false;
+		offset = 0;
+	}
+	return true;
+}
+
+static int
+compare_double(const void *a, const void *b)
+{
+	double		x = *(const double *) a;
+	double		y = *(const double *) b;
+
+	return (x > y) - (x < y);
+}
+
+static double
+median(double *v, int n)
+{
+	qsort(v, n, sizeof(double), compare_double);
+	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static void
+bench_request(cai_request_params *rp, const cli_tokens *prompt, int max_tokens)
+{
+	memset(rp, 0, sizeof(*rp));
+	rp->prompt = prompt->ids;
+	rp->n_prompt = prompt->n;
+	cai_sampling_params_default(&rp->sampling);
+	rp->sampling.temperature = 0.0f;
+	rp->sampling.max_tokens = max_tokens;
+	rp->sampling.ignore_eos = true;
+	rp->use_cache = false;
+}
+
+/* One prefill run: seconds from submit to the first token. */
+static int
+run_prefill(cai_engine *engine, const cli_tokens *prompt, double *seconds)
+{
+	cai_request_params rp;
+	cli_generation gen;
+	double		t0;
+	int			rc;
+
+	bench_request(&rp, prompt, 1);
+	memset(&gen, 0, sizeof(gen));
+	t0 = cli_now();
+	rc = cli_generate(engine, &rp, NULL, &gen);
+	*seconds = cli_now() - t0;
+	cli_tokens_free(&gen.tokens);
+	return rc;
+}
+
+typedef struct decode_result
+{
+	int			steps;			/* timed steps (all sequences decoding) */
+	long		tokens;			/* tokens produced in them */
+	double		seconds;		/* their wall time */
+} decode_result;
+
+/* One decode run at batch size `batch`; see the file comment for what is timed. */
+static int
+run_decode(cai_engine *engine, const cai_model *model, const cli_tokens *base, int batch,
+		   decode_result *res)
+{
+	cli_tokens *prompts = calloc((size_t) batch, sizeof(cli_tokens));
+	bool	   *started = calloc((size_t) batch, sizeof(bool));
+	int			n_started = 0;
+	int			rc = CLI_EXIT_OK;
+	cai_error	err = {0};
+
+	memset(res, 0, sizeof(*res));
+	if (!prompts || !started)
+	{
+		free(prompts);
+		free(started);
+		return cli_error("out of memory setting up the decode run");
+	}
+	for (int b = 0; b < batch && rc == CLI_EXIT_OK; b++)
+	{
+		cai_request_params rp;
+		uint64_t	id;
+
+		if (!make_prompt(model, base, bench_opts.decode_prompt_tokens, 37 * b, &prompts[b]))
+		{
+			rc = cli_error("out of memory building prompts");
+			break;
+		}
+		bench_request(&rp, &prompts[b], bench_opts.gen_tokens);
+		rp.user_data = (void *) (intptr_t) b;
+		if (cai_engine_submit(engine, &rp, &id, &err) != CAI_OK)
+			rc = cli_report("could not submit a decode request", &err);
+	}
+
+	while (rc == CLI_EXIT_OK && cai_engine_has_work(engine))
+	{
+		const cai_event *events;
+		int			n_events;
+		int			n_tokens = 0;
+		bool		all_decoding = n_started == batch;
+		double		t0 = cli_now();
+		double		t1;
+
+		if (cai_engine_step(engine, &events, &n_events, &err) != CAI_OK)
+		{
+			rc = cli_report("engine step failed", &err);
+			break;
+		}
+		t1 = cli_now();
+		for (int i = 0; i < n_events; i++)
+		{
+			int			b = (int) (intptr_t) events[i].user_data;
+
+			if (events[i].finish == CAI_FINISH_ERROR)
+				rc = cli_error("decode request failed: %s",
+							   events[i].error ? events[i].error : "unknown error");
+			if (events[i].token < 0)
+				continue;
+			n_tokens++;
+			if (b >= 0 && b < batch && !started[b])
+			{
+				started[b] = true;
+				n_started++;
+			}
+		}
+		/* a step counts when every sequence was already decoding and each produced a token */
+		if (all_decoding && n_tokens == batch)
+		{
+			res->steps++;
+			res->tokens += n_tokens;
+			res->seconds += t1 - t0;
+		}
+	}
+	for (int b = 0; b < batch; b++)
+		cli_tokens_free(&prompts[b]);
+	free(prompts);
+	free(started);
+	if (rc == CLI_EXIT_OK && res->steps == 0)
+		rc = cli_error("no decode step ran with all %d sequences (is --gen-tokens too small?)",
+					   batch);
+	return rc;
+}
+
+int
+cmd_bench(int argc, char **argv)
+{
+	char	   *positional[1];
+	int			n_positional;
+	int			rc;
+	cai_model  *model = NULL;
+	cai_engine *engine = NULL;
+	cai_model_info info;
+	cai_engine_params ep;
+	cai_error	err = {0};
+	cli_tokens	base = {0};
+	cli_tokens	prompt = {0};
+	int			max_batch = 1;
+	double	   *samples = NULL;
+	double		prefill_median;
+	double	   *decode_tps = NULL;
+	decode_result *decode_best = NULL;
+	bool		progress;
+
+	memset(&bench_opts, 0, sizeof(bench_opts));
+	bench_opts.batches.items[0] = 1;
+	bench_opts.batches.items[1] = 8;
+	bench_opts.batches.items[2] = 32;
+	bench_opts.batches.n = 3;
+	bench_opts.prompt_tokens = 512;
+	bench_opts.gen_tokens = 64;
+	bench_opts.decode_prompt_tokens = 16;
+	bench_opts.step_tokens = 512;
+	bench_opts.repeat = 3;
+	rc = cli_parse(&cli_bench_command, argc, argv, positional, &n_positional);
+	if (rc != CLI_EXIT_OK)
+		return rc < 0 ? CLI_EXIT_OK : rc;
+	if (!bench_opts.model)
+		return cli_usage_error(&cli_bench_command, "missing -m MODEL");
+	progress = !bench_opts.json_only;
+	for (int i = 0; i < bench_opts.batches.n; i++)
+		if (bench_opts.batches.items[i] > max_batch)
+			max_batch = bench_opts.batches.items[i];
+
+	rc = CLI_EXIT_ERROR;
+	samples = calloc((size_t) bench_opts.repeat, sizeof(double));
+	decode_tps = calloc((size_t) bench_opts.batches.n, sizeof(double));
+	decode_best = calloc((size_t) bench_opts.batches.n, sizeof(decode_result));
+	if (!samples || !decode_tps || !decode_best)
+	{
+		cli_error("out of memory");
+		goto done;
+	}
+	model = cli_load_model(bench_opts.model, bench_opts.threads, false);
+	if (!model)
+		goto done;
+	cai_model_get_info(model, &info);
+
+	cai_engine_params_default(&ep);
+	ep.n_threads = bench_opts.threads;
+	ep.max_running = max_batch;
+	ep.max_step_tokens = bench_opts.step_tokens;
+	ep.context_length = bench_opts.prompt_tokens + 8;
+	if (ep.context_length < bench_opts.decode_prompt_tokens + bench_opts.gen_tokens + 8)
+		ep.context_length = bench_opts.decode_prompt_tokens + bench_opts.gen_tokens + 8;
+	ep.max_queue = max_batch + 8;
+	ep.host_cache_bytes = 0;
+	if (cai_engine_create(model, &ep, &engine, &err) != CAI_OK)
+	{
+		cli_report("could not create the engine", &err);
+		goto done;
+	}
+	if (!cli_tokenize_raw(model, bench_text, &base) || base.n < 2)
+		goto done;
+	/* the text without its BOS is what prompts are cut from */
+	if (cli_model_adds_bos(model))
+	{
+		memmove(base.ids, base.ids + 1, sizeof(int32_t) * (size_t) (base.n - 1));
+		base.n--;
+	}
+	if (progress)
+		fprintf(stderr, "cai bench: %s on %s\n", info.name, cai_engine_device(engine));
+
+	/* warm-up: page the weights in, start the threads */
+	if (!make_prompt(model, &base, 64, 0, &prompt) || run_prefill(engine, &prompt, &samples[0]))
+		goto done;
+
+	if (!make_prompt(model, &base, bench_opts.prompt_tokens, 0, &prompt))
+	{
+		cli_error("out of memory building the prompt");
+		goto done;
+	}
+	for (int r = 0; r < bench_opts.repeat; r++)
+	{
+		if (run_prefill(engine, &prompt, &samples[r]) != CLI_EXIT_OK)
+			goto done;
+		if (progress)
+			fprintf(stderr, "  prefill %d tokens: %.1f tokens/s\n", prompt.n,
+					prompt.n / samples[r]);
+	}
+	prefill_median = median(samples, bench_opts.repeat);
+
+	for (int i = 0; i < bench_opts.batches.n; i++)
+	{
+		int			batch = bench_opts.batches.items[i];
+
+		for (int r = 0; r < bench_opts.repeat; r++)
+		{
+			decode_result res;
+
+			if (run_decode(engine, model, &base, batch, &res) != CLI_EXIT_OK)
+				goto done;
+			samples[r] = res.tokens / res.seconds;
+			if (r == 0 || samples[r] > decode_best[i].tokens / decode_best[i].seconds)
+				decode_best[i] = res;
+			if (progress)
+				fprintf(stderr, "  decode batch %d: %.1f tokens/s (%d steps, %.1f ms/step)\n",
+						batch, samples[r], res.steps, 1000.0 * res.seconds / res.steps);
+		}
+		decode_tps[i] = median(samples, bench_opts.repeat);
+	}
+
+	printf("{\n  \"engine\": \"pg_cai\",\n  \"model\": ");
+	json_write_string(stdout, bench_opts.model);
+	printf(",\n  \"model_name\": ");
+	json_write_string(stdout, info.name);
+	printf(",\n  \"device\": ");
+	json_write_string(stdout, cai_engine_device(engine));
+	printf(",\n  \"threads\": %d,\n  \"repeat\": %d,\n", bench_opts.threads, bench_opts.repeat);
+	printf("  \"prefill\": {\"prompt_tokens\": %d, \"step_tokens\": %d, \"seconds\": %.6f, "
+		   "\"tokens_per_second\": %.2f},\n", prompt.n, bench_opts.step_tokens,
+		   prefill_median, prefill_median > 0 ? prompt.n / prefill_median : 0.0);
+	printf("  \"decode\": [");
+	for (int i = 0; i < bench_opts.batches.n; i++)
+	{
+		int			batch = bench_opts.batches.items[i];
+
+		printf("%s\n    {\"batch\": %d, \"prompt_tokens\": %d, \"gen_tokens\": %d, "
+			   "\"timed_steps\": %d, \"ms_per_step\": %.3f, \"tokens_per_second\": %.2f, "
+			   "\"tokens_per_second_per_sequence\": %.2f}",
+			   i ? "," : "", batch, bench_opts.decode_prompt_tokens, bench_opts.gen_tokens,
+			   decode_best[i].steps, 1000.0 * batch / decode_tps[i], decode_tps[i],
+			   decode_tps[i] / batch);
+	}
+	printf("\n  ]\n}\n");
+	fflush(stdout);
+	rc = CLI_EXIT_OK;
+
+done:
+	cli_tokens_free(&base);
+	cli_tokens_free(&prompt);
+	free(samples);
+	free(decode_tps);
+	free(decode_best);
+	if (engine)
+		cai_engine_free(engine);
+	if (model)
+		cai_model_free(model);
+	return rc;
+}

@@ -1,0 +1,313 @@
+/*
+ * cmd_run.c — `cai run`: one completion, streamed to stdout.
+ *
+ * Without --chat the prompt is raw text (special-token text stays plain text; BOS first when the
+ * model asks for it).  With --chat it is rendered through the model's chat template as one user
+ * turn, after the --system message if given, ending with the assistant header.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static struct
+{
+	const char *model;
+	const char *prompt;
+	bool		chat;
+	const char *system;
+	int			max_tokens;
+	float		temperature;
+	float		top_p;
+	int			top_k;
+	uint64_t	seed;
+	int			threads;
+	int			ctx;
+	cli_string_list stop;
+	bool		ignore_eos;
+	bool		verbose;
+} run_opts;
+
+static const cli_option run_options[] = {
+	{
+		.name = "model",
+		.short_name = 'm',
+		.kind = CLI_OPT_STRING,
+		.target = &run_opts.model,
+		.metavar = "MODEL",
+		.help = "GGUF model file (required)",
+	},
+	{
+		.name = "prompt",
+		.short_name = 'p',
+		.kind = CLI_OPT_STRING,
+		.target = &run_opts.prompt,
+		.metavar = "PROMPT",
+		.help = "the prompt text, or - to read it from stdin (required)",
+	},
+	{
+		.name = "chat",
+		.kind = CLI_OPT_FLAG,
+		.target = &run_opts.chat,
+		.help = "render the prompt as a user turn through the chat template",
+	},
+	{
+		.name = "system",
+		.kind = CLI_OPT_STRING,
+		.target = &run_opts.system,
+		.metavar = "TEXT",
+		.help = "system message (with --chat)",
+	},
+	{
+		.name = "max-tokens",
+		.short_name = 'n',
+		.kind = CLI_OPT_INT,
+		.target = &run_opts.max_tokens,
+		.metavar = "N",
+		.help = "completion tokens at most (default 256)",
+		.min = 1,
+		.max = 1000000,
+	},
+	{
+		.name = "temp",
+		.short_name = 't',
+		.kind = CLI_OPT_FLOAT,
+		.target = &run_opts.temperature,
+		.metavar = "T",
+		.help = "sampling temperature; 0 = greedy (default 0)",
+		.min = 0,
+		.max = 100,
+	},
+	{
+		.name = "top-p",
+		.kind = CLI_OPT_FLOAT,
+		.target = &run_opts.top_p,
+		.metavar = "P",
+		.help = "nucleus sampling mass; 1 = off (default 1)",
+		.min = 0,
+		.max = 1,
+	},
+	{
+		.name = "top-k",
+		.kind = CLI_OPT_INT,
+		.target = &run_opts.top_k,
+		.metavar = "K",
+		.help = "sample among the K best tokens; 0 = off",
+		.min = 0,
+		.max = 10000000,
+	},
+	{
+		.name = "seed",
+		.short_name = 's',
+		.kind = CLI_OPT_U64,
+		.target = &run_opts.seed,
+		.metavar = "S",
+		.help = "sampling seed (default 0)",
+	},
+	{
+		.name = "threads",
+		.short_name = 'T',
+		.kind = CLI_OPT_INT,
+		.target = &run_opts.threads,
+		.metavar = "N",
+		.help = "CPU threads; 0 = all cores",
+		.min = 0,
+		.max = 1024,
+	},
+	{
+		.name = "ctx",
+		.short_name = 'c',
+		.kind = CLI_OPT_INT,
+		.target = &run_opts.ctx,
+		.metavar = "N",
+		.help = "context length; 0 = the model's, capped at 4096",
+		.min = 0,
+		.max = 1 << 20,
+	},
+	{
+		.name = "stop",
+		.kind = CLI_OPT_STRING_LIST,
+		.target = &run_opts.stop,
+		.metavar = "STR",
+		.help = "stop when the reply contains STR (repeatable, up to 8)",
+		.max_items = CAI_MAX_STOP_STRINGS,
+	},
+	{
+		.name = "ignore-eos",
+		.kind = CLI_OPT_FLAG,
+		.target = &run_opts.ignore_eos,
+		.help = "keep generating past end-of-turn, up to --max-tokens",
+	},
+	{
+		.name = "verbose",
+		.short_name = 'v',
+		.kind = CLI_OPT_FLAG,
+		.target = &run_opts.verbose,
+		.help = "print the prompt as tokenized, and token counts and speed at the end, to stderr",
+	},
+};
+
+const cli_command cli_run_command = {
+	.name = "run",
+	.synopsis = "-m MODEL -p PROMPT [options]",
+	.summary = "generate one completion for a prompt",
+	.description =
+	"Generates a completion for PROMPT and streams it to stdout.  Without --chat the prompt is\n"
+	"raw text; with --chat it becomes a user turn in the model's chat template.",
+	.options = run_options,
+	.n_options = sizeof(run_options) / sizeof(run_options[0]),
+};
+
+/* Builds the prompt ids: raw text, or one chat turn (after an optional system message). */
+static bool
+build_run_prompt(const cai_model *model, const char *prompt, cli_tokens *ids)
+{
+	cai_chat_message messages[2];
+	int			n_messages = 0;
+	cai_prompt_params pp;
+	cai_prompt	built;
+	cai_error	err = {0};
+	bool		ok;
+
+	if (!run_opts.chat)
+		return cli_tokenize_raw(model, prompt, ids);
+
+	memset(messages, 0, sizeof(messages));
+	if (run_opts.system)
+	{
+		messages[n_messages].role = CAI_ROLE_SYSTEM;
+		messages[n_messages++].content = run_opts.system;
+	}
+	messages[n_messages].role = CAI_ROLE_USER;
+	messages[n_messages++].content = prompt;
+	memset(&pp, 0, sizeof(pp));
+	pp.add_generation_prompt = true;
+	memset(&built, 0, sizeof(built));
+	if (cai_chat_build_prompt(model, messages, n_messages, &pp, &built, &err) != CAI_OK)
+	{
+		cli_report("could not build the chat prompt", &err);
+		return false;
+	}
+	ok = cli_tokens_append(ids, built.ids, built.n_ids);
+	cai_prompt_free(&built);
+	if (!ok)
+		cli_error("out of memory building the prompt");
+	return ok;
+}
+
+int
+cmd_run(int argc, char **argv)
+{
+	char	   *positional[1];
+	int			n_positional;
+	int			rc;
+	char	   *stdin_prompt = NULL;
+	const char *prompt;
+	cai_model  *model = NULL;
+	cai_engine *engine = NULL;
+	cai_engine_params ep;
+	cai_request_params rp;
+	cai_error	err = {0};
+	cli_tokens	ids = {0};
+	cli_generation gen;
+
+	memset(&run_opts, 0, sizeof(run_opts));
+	run_opts.max_tokens = 256;
+	run_opts.top_p = 1.0f;
+	rc = cli_parse(&cli_run_command, argc, argv, positional, &n_positional);
+	if (rc != CLI_EXIT_OK)
+		return rc < 0 ? CLI_EXIT_OK : rc;
+	if (!run_opts.model)
+		return cli_usage_error(&cli_run_command, "missing -m MODEL");
+	if (!run_opts.prompt)
+		return cli_usage_error(&cli_run_command, "missing -p PROMPT");
+	if (run_opts.system && !run_opts.chat)
+		return cli_usage_error(&cli_run_command, "--system needs --chat");
+
+	prompt = run_opts.prompt;
+	if (strcmp(prompt, "-") == 0)
+	{
+		stdin_prompt = cli_read_file("-", NULL);
+		if (!stdin_prompt)
+			return CLI_EXIT_ERROR;
+		prompt = stdin_prompt;
+	}
+
+	memset(&gen, 0, sizeof(gen));
+	rc = CLI_EXIT_ERROR;
+	model = cli_load_model(run_opts.model, run_opts.threads, false);
+	if (!model)
+		goto done;
+	if (!build_run_prompt(model, prompt, &ids))
+		goto done;
+	if (ids.n == 0)
+	{
+		cli_error("the prompt is empty");
+		goto done;
+	}
+
+	if (run_opts.verbose)
+	{
+		char	   *shown = NULL;
+		size_t		shown_len = 0;
+
+		if (cai_detokenize(model, ids.ids, ids.n, &shown, &shown_len, &err) == CAI_OK)
+			fprintf(stderr, "[prompt, %d tokens]\n%s\n[end of prompt]\n", ids.n, shown);
+		cai_free(shown);
+	}
+
+	cai_engine_params_default(&ep);
+	ep.n_threads = run_opts.threads;
+	ep.max_running = 1;
+	ep.context_length = run_opts.ctx;
+	if (cai_engine_create(model, &ep, &engine, &err) != CAI_OK)
+	{
+		cli_report("could not create the engine", &err);
+		goto done;
+	}
+
+	memset(&rp, 0, sizeof(rp));
+	rp.prompt = ids.ids;
+	rp.n_prompt = ids.n;
+	cai_sampling_params_default(&rp.sampling);
+	rp.sampling.temperature = run_opts.temperature;
+	rp.sampling.top_p = run_opts.top_p;
+	rp.sampling.top_k = run_opts.top_k;
+	rp.sampling.seed = run_opts.seed;
+	rp.sampling.max_tokens = run_opts.max_tokens;
+	rp.sampling.ignore_eos = run_opts.ignore_eos;
+	rp.sampling.n_stop = run_opts.stop.n;
+	for (int i = 0; i < run_opts.stop.n; i++)
+		rp.sampling.stop[i] = run_opts.stop.items[i];
+	rp.use_cache = false;
+
+	cli_install_interrupt_handler();
+	rc = cli_generate(engine, &rp, stdout, &gen);
+	if (gen.text_bytes > 0 && !gen.ends_with_newline)
+		fputc('\n', stdout);
+	fflush(stdout);
+	if (rc == CLI_EXIT_OK && gen.cancelled)
+	{
+		fprintf(stderr, "cai: interrupted\n");
+		rc = CLI_EXIT_ERROR;
+	}
+	if (rc == CLI_EXIT_OK && run_opts.verbose)
+	{
+		int			n = gen.usage.completion_tokens;
+
+		fprintf(stderr, "[%s] prompt %d tokens, completion %d tokens (%s), first token %.0f ms, "
+				"%.1f tokens/s\n", cai_engine_device(engine), gen.usage.prompt_tokens, n,
+				gen.finish == CAI_FINISH_STOP ? "stop" : "length", gen.usage.ttft_ms,
+				n > 1 && gen.decode_seconds > 0 ? (n - 1) / gen.decode_seconds : 0.0);
+	}
+
+done:
+	cli_tokens_free(&ids);
+	cli_tokens_free(&gen.tokens);
+	if (engine)
+		cai_engine_free(engine);
+	if (model)
+		cai_model_free(model);
+	free(stdin_prompt);
+	return rc;
+}

@@ -1,0 +1,322 @@
+/*
+ * common.c — what several `cai` commands share: error reporting, model loading, raw-text
+ * tokenization, file reading, Ctrl-C handling and the streaming generation loop.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "model.h"				/* for the tokenizer's add-BOS flag; see cli_model_adds_bos */
+
+/* ---------------------------------------------------------------------------------------------
+ * Errors
+ * ------------------------------------------------------------------------------------------- */
+
+int
+cli_report(const char *what, const cai_error *err)
+{
+	fprintf(stderr, "cai: %s: %s: %s\n", what, cai_status_name(err->status),
+			err->message[0] ? err->message : "(no detail)");
+	return CLI_EXIT_ERROR;
+}
+
+int
+cli_error(const char *fmt, ...)
+{
+	va_list		ap;
+
+	fprintf(stderr, "cai: ");
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fputc('\n', stderr);
+	return CLI_EXIT_ERROR;
+}
+
+double
+cli_now(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double) ts.tv_sec + (double) ts.tv_nsec * 1e-9;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Models and tokens
+ * ------------------------------------------------------------------------------------------- */
+
+cai_model  *
+cli_load_model(const char *path, int n_threads, bool float_reference)
+{
+	cai_model_params params;
+	cai_model  *model = NULL;
+	cai_error	err = {0};
+	char		what[600];
+
+	cai_model_params_default(&params);
+	params.n_threads = n_threads;
+	params.load_float_reference = float_reference;
+	if (cai_model_load(path, &params, &model, &err) != CAI_OK)
+	{
+		snprintf(what, sizeof(what), "could not load model \"%s\"", path);
+		cli_report(what, &err);
+		return NULL;
+	}
+	return model;
+}
+
+/*
+ * The public cai_model_info has the BOS id but not whether raw text should start with it
+ * (SmolLM2 has a BOS id yet sets tokenizer.ggml.add_bos_token false), so this one fact is read
+ * from the model's tokenizer directly.
+ */
+bool
+cli_model_adds_bos(const cai_model *model)
+{
+	return model->tokenizer != NULL && cai_tokenizer_add_bos(model->tokenizer) &&
+		cai_tokenizer_bos(model->tokenizer) >= 0;
+}
+
+bool
+cli_tokens_append(cli_tokens *t, const int32_t *ids, int n)
+{
+	if (n <= 0)
+		return true;
+	if (t->n + n > t->cap)
+	{
+		int			cap = t->cap ? t->cap : 64;
+		int32_t    *grown;
+
+		while (cap < t->n + n)
+			cap *= 2;
+		grown = realloc(t->ids, sizeof(int32_t) * (size_t) cap);
+		if (!grown)
+			return false;
+		t->ids = grown;
+		t->cap = cap;
+	}
+	memcpy(t->ids + t->n, ids, sizeof(int32_t) * (size_t) n);
+	t->n += n;
+	return true;
+}
+
+void
+cli_tokens_free(cli_tokens *t)
+{
+	free(t->ids);
+	t->ids = NULL;
+	t->n = 0;
+	t->cap = 0;
+}
+
+bool
+cli_tokenize_raw(const cai_model *model, const char *text, cli_tokens *out)
+{
+	cai_model_info info;
+	cai_error	err = {0};
+	int32_t    *ids = NULL;
+	int			n_ids = 0;
+	bool		ok;
+
+	cai_model_get_info(model, &info);
+	if (cli_model_adds_bos(model) && info.bos_token >= 0 &&
+		!cli_tokens_append(out, &info.bos_token, 1))
+	{
+		cli_error("out of memory tokenizing the prompt");
+		return false;
+	}
+	if (cai_tokenize(model, text, strlen(text), false, &ids, &n_ids, &err) != CAI_OK)
+	{
+		cli_report("could not tokenize the text", &err);
+		return false;
+	}
+	ok = cli_tokens_append(out, ids, n_ids);
+	cai_free(ids);
+	if (!ok)
+		cli_error("out of memory tokenizing the prompt");
+	return ok;
+}
+
+char *
+cli_read_file(const char *path, size_t *len)
+{
+	bool		is_stdin = strcmp(path, "-") == 0;
+	FILE	   *f = is_stdin ? stdin : fopen(path, "rb");
+	char	   *buf = NULL;
+	size_t		n = 0;
+	size_t		cap = 0;
+
+	if (!f)
+	{
+		cli_error("could not open \"%s\": %s", path, strerror(errno));
+		return NULL;
+	}
+	for (;;)
+	{
+		size_t		got;
+
+		if (n + 65536 + 1 > cap)
+		{
+			size_t		new_cap = cap ? cap * 2 : 131072;
+			char	   *grown = realloc(buf, new_cap);
+
+			if (!grown)
+			{
+				free(buf);
+				if (!is_stdin)
+					fclose(f);
+				cli_error("out of memory reading \"%s\"", path);
+				return NULL;
+			}
+			buf = grown;
+			cap = new_cap;
+		}
+		got = fread(buf + n, 1, cap - n - 1, f);
+		n += got;
+		if (got == 0)
+			break;
+	}
+	if (ferror(f))
+	{
+		cli_error("could not read \"%s\": %s", path, strerror(errno));
+		free(buf);
+		if (!is_stdin)
+			fclose(f);
+		return NULL;
+	}
+	if (!is_stdin)
+		fclose(f);
+	buf[n] = '\0';
+	if (len)
+		*len = n;
+	return buf;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Ctrl-C
+ * ------------------------------------------------------------------------------------------- */
+
+/* Set by the SIGINT handler; the only state a signal handler may touch. */
+static volatile sig_atomic_t interrupt_pending;
+
+static void
+handle_interrupt(int signo)
+{
+	(void) signo;
+	interrupt_pending = 1;
+}
+
+/*
+ * SIGINT sets a flag that the generation loop checks between steps (it cancels the request).
+ * No SA_RESTART, so a read from the terminal returns EINTR and the chat loop can end.
+ */
+void
+cli_install_interrupt_handler(void)
+{
+	struct sigaction sa;
+
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = handle_interrupt;
+	sigemptyset(&sa.sa_mask);
+	sigaction(SIGINT, &sa, NULL);
+}
+
+bool
+cli_interrupted(void)
+{
+	return interrupt_pending != 0;
+}
+
+void
+cli_clear_interrupt(void)
+{
+	interrupt_pending = 0;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Generation
+ * ------------------------------------------------------------------------------------------- */
+
+/* See cli.h. */
+int
+cli_generate(cai_engine *engine, const cai_request_params *params, FILE *out,
+			 cli_generation *gen)
+{
+	cai_error	err = {0};
+	uint64_t	id;
+	double		first_token_time = 0.0;
+	bool		done = false;
+
+	gen->finish = CAI_FINISH_NONE;
+	gen->cancelled = false;
+	gen->ends_with_newline = false;
+	gen->text_bytes = 0;
+	gen->decode_seconds = 0.0;
+	memset(&gen->usage, 0, sizeof(gen->usage));
+
+	if (cai_engine_submit(engine, params, &id, &err) != CAI_OK)
+		return cli_report("could not submit the request", &err);
+
+	while (!done)
+	{
+		const cai_event *events;
+		int			n_events;
+		cai_status	st;
+
+		if (cli_interrupted())
+		{
+			cai_engine_cancel(engine, id);
+			gen->cancelled = true;
+			gen->usage.completion_tokens = gen->tokens.n;
+			break;
+		}
+		st = cai_engine_step(engine, &events, &n_events, &err);
+		for (int i = 0; i < n_events; i++)
+		{
+			const cai_event *ev = &events[i];
+
+			if (ev->request_id != id)
+				continue;
+			if (ev->token >= 0)
+			{
+				if (first_token_time == 0.0)
+					first_token_time = cli_now();
+				if (!cli_tokens_append(&gen->tokens, &ev->token, 1))
+				{
+					cai_engine_cancel(engine, id);
+					return cli_error("out of memory collecting generated tokens");
+				}
+			}
+			if (ev->text_len > 0)
+			{
+				if (out)
+				{
+					fwrite(ev->text, 1, ev->text_len, out);
+					fflush(out);
+				}
+				gen->text_bytes += ev->text_len;
+				gen->ends_with_newline = ev->text[ev->text_len - 1] == '\n';
+			}
+			if (ev->finish != CAI_FINISH_NONE)
+			{
+				gen->finish = ev->finish;
+				gen->usage = ev->usage;
+				done = true;
+				if (ev->finish == CAI_FINISH_ERROR)
+					return cli_error("generation failed: %s", ev->error ? ev->error : "unknown error");
+			}
+		}
+		if (st != CAI_OK)
+			return cli_report("engine step failed", &err);
+		if (!done && !cai_engine_has_work(engine))
+			return cli_error("the engine dropped the request without finishing it");
+	}
+	if (first_token_time > 0.0)
+		gen->decode_seconds = cli_now() - first_token_time;
+	return CLI_EXIT_OK;
+}

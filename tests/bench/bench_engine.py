@@ -1,0 +1,404 @@
+#!/usr/bin/env python3
+"""bench_engine.py — pg_cai's engine against llama.cpp, side by side in one run.
+
+On the same GGUF file and the same CPU thread count it measures:
+
+  1. pg_cai's engine, through `cai bench --json` (int8 weights requantized at load);
+  2. llama.cpp (through llama-cpp-python's low-level API) on that same GGUF file;
+  3. llama.cpp on a Q8_0 requantization of it (made once with llama_model_quantize and cached),
+     llama.cpp's own int8 format and the closest like-for-like baseline for an int8 engine;
+
+each for: prefill of one --prompt-tokens prompt (batch 1; llama.cpp with n_batch = n_ubatch =
+512, so a longer prompt is cut into 512-token calls, like the engine's 512-token step budget), and
+aggregate greedy decode tokens/s at every --batches size (B sequences with 16-token prompts
+decoding together; only steps in which all B sequences decode are timed; llama.cpp gets one KV
+stream per sequence, kv_unified off, so its attention does not span other sequences' cells).
+Every figure is the median of --repeat runs after a warm-up.  It prints a table, the ratios
+pg_cai / llama.cpp and pg_cai batch-max / batch-1, the project's goals, and writes everything as
+JSON (--out).
+
+This is a benchmark, not a test: it is not part of `make unit` or CI, and its numbers depend on
+the machine and its load.  Run it on an otherwise idle machine:
+
+    make cai && /opt/benchenv/bin/python tests/bench/bench_engine.py --threads 2
+
+It needs a Python with llama-cpp-python and numpy (pip install llama-cpp-python numpy).
+"""
+
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+try:
+    import numpy as np
+    import llama_cpp
+except ImportError as exc:  # pragma: no cover - environment problem, not a result
+    sys.exit(f"bench_engine.py needs llama-cpp-python and numpy ({exc}); "
+             "try: python -m pip install llama-cpp-python numpy")
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_MODEL = os.path.join(REPO, "models", "SmolLM2-135M-Instruct.Q4_1.gguf")
+
+# The same prose `cai bench` cuts its prompts from (src/cli/cmd_bench.c), so that both engines
+# see the same kind of tokens.
+BENCH_TEXT = (
+    "The history of databases is a history of moving computation closer to data. Early systems "
+    "stored records on tape and processed them in batches; relational engines brought declarative "
+    "queries, transactions and indexes; later, extensions let users add their own types, "
+    "functions and access methods. Running a language model inside the database continues that "
+    "line: the conversation lives in tables, access control applies to it like to any other row, "
+    "and a reply is computed where the history already is. Doing this well asks for the same care "
+    "as any other part of a server: bounded memory, predictable latency under load, clean "
+    "cancellation, and errors that explain themselves. ")
+
+LLAMA_N_BATCH = 512
+DECODE_PROMPT_TOKENS = 16
+
+
+# ------------------------------------------------------------------------------------------------
+# pg_cai
+
+
+def bench_ours(args):
+    """Runs `cai bench --json` and returns its parsed JSON."""
+    cmd = [args.cai, "bench", "-m", args.model, "--threads", str(args.threads),
+           "--batches", ",".join(str(b) for b in args.batches),
+           "--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens),
+           "--decode-prompt-tokens", str(DECODE_PROMPT_TOKENS),
+           "--repeat", str(args.repeat), "--json"]
+    print("pg_cai:    " + " ".join(cmd), file=sys.stderr, flush=True)
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"cai bench failed ({done.returncode}):\n{done.stderr}")
+    result = json.loads(done.stdout)
+    result["command"] = " ".join(cmd)
+    return result
+
+
+# ------------------------------------------------------------------------------------------------
+# llama.cpp through the low-level API
+
+
+@llama_cpp.llama_log_callback
+def _quiet_log(level, text, user_data):
+    """Swallows llama.cpp's load-time chatter (errors still surface as failed calls)."""
+
+
+class LlamaBench:
+    """One llama.cpp model measured the same way `cai bench` measures the engine."""
+
+    def __init__(self, path, threads):
+        self.path = path
+        self.threads = threads
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = 0
+        self.model = llama_cpp.llama_model_load_from_file(path.encode(), mparams)
+        if not self.model:
+            raise RuntimeError(f"llama.cpp could not load {path}")
+        self.vocab = llama_cpp.llama_model_get_vocab(self.model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        self.base = self.tokenize(BENCH_TEXT)
+
+    def close(self):
+        llama_cpp.llama_model_free(self.model)
+
+    def tokenize(self, text):
+        raw = text.encode()
+        buf = (llama_cpp.llama_token * (len(raw) + 16))()
+        n = llama_cpp.llama_tokenize(self.vocab, raw, len(raw), buf, len(buf), False, False)
+        if n < 0:
+            raise RuntimeError("llama.cpp tokenization failed")
+        return list(buf[:n])
+
+    def prompt(self, n, offset=0):
+        """n tokens cut from the bench text at a rotating offset (distinct prompts)."""
+        out = []
+        start = offset % len(self.base)
+        while len(out) < n:
+            out.extend(self.base[start:start + n - len(out)])
+            start = 0
+        return out
+
+    def context(self, n_ctx, n_seq):
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = n_ctx
+        cparams.n_batch = LLAMA_N_BATCH
+        cparams.n_ubatch = LLAMA_N_BATCH
+        cparams.n_seq_max = n_seq
+        cparams.n_threads = self.threads
+        cparams.n_threads_batch = self.threads
+        cparams.kv_unified = False
+        cparams.no_perf = True
+        ctx = llama_cpp.llama_init_from_model(self.model, cparams)
+        if not ctx:
+            raise RuntimeError(f"llama.cpp could not create a context (n_ctx {n_ctx}, "
+                               f"n_seq {n_seq})")
+        return ctx
+
+    @staticmethod
+    def fill(batch, entries):
+        """entries: (token, pos, seq, want_logits) tuples."""
+        for i, (tok, pos, seq, want) in enumerate(entries):
+            batch.token[i] = tok
+            batch.pos[i] = pos
+            batch.n_seq_id[i] = 1
+            batch.seq_id[i][0] = seq
+            batch.logits[i] = 1 if want else 0
+        batch.n_tokens = len(entries)
+
+    def decode(self, ctx, batch):
+        rc = llama_cpp.llama_decode(ctx, batch)
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed ({rc})")
+
+    def prefill(self, n_tokens, repeat):
+        """Median seconds to prefill one n_tokens prompt (512-token calls), after a warm-up."""
+        ctx = self.context(n_tokens + 64, 1)
+        batch = llama_cpp.llama_batch_init(LLAMA_N_BATCH, 0, 1)
+        tokens = self.prompt(n_tokens)
+        times = []
+        try:
+            for rep in range(repeat + 1):
+                llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+                t0 = time.perf_counter()
+                for start in range(0, n_tokens, LLAMA_N_BATCH):
+                    chunk = tokens[start:start + LLAMA_N_BATCH]
+                    last = start + len(chunk) == n_tokens
+                    self.fill(batch, [(t, start + i, 0, last and i == len(chunk) - 1)
+                                      for i, t in enumerate(chunk)])
+                    self.decode(ctx, batch)
+                elapsed = time.perf_counter() - t0
+                if rep > 0:
+                    times.append(elapsed)
+        finally:
+            llama_cpp.llama_batch_free(batch)
+            llama_cpp.llama_free(ctx)
+        return {"prompt_tokens": n_tokens, "seconds": statistics.median(times),
+                "tokens_per_second": n_tokens / statistics.median(times),
+                "runs_tokens_per_second": [n_tokens / t for t in times]}
+
+    def decode_batch(self, n_seq, gen_tokens, repeat):
+        """Aggregate greedy decode tokens/s of n_seq sequences decoding together."""
+        per_seq_ctx = DECODE_PROMPT_TOKENS + gen_tokens + 16
+        ctx = self.context(per_seq_ctx * n_seq, n_seq)
+        batch = llama_cpp.llama_batch_init(max(LLAMA_N_BATCH, n_seq), 0, 1)
+        prompts = [self.prompt(DECODE_PROMPT_TOKENS, 37 * s) for s in range(n_seq)]
+        rates = []
+        steps = gen_tokens - 1
+        try:
+            for rep in range(repeat + 1):
+                llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+                # prefill every prompt (untimed), in calls of at most n_batch tokens; each
+                # sequence's first token is the argmax of its last prompt position
+                entries = [(t, i, s, i == DECODE_PROMPT_TOKENS - 1)
+                           for s in range(n_seq) for i, t in enumerate(prompts[s])]
+                next_tokens = [0] * n_seq
+                for start in range(0, len(entries), LLAMA_N_BATCH):
+                    chunk = entries[start:start + LLAMA_N_BATCH]
+                    self.fill(batch, chunk)
+                    self.decode(ctx, batch)
+                    outs = [seq for (_, _, seq, want) in chunk if want]
+                    if outs:
+                        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(ctx),
+                                                       shape=(len(outs), self.n_vocab))
+                        for row, seq in enumerate(outs):
+                            next_tokens[seq] = int(logits[row].argmax())
+                seconds = 0.0
+                for step in range(steps):
+                    pos = DECODE_PROMPT_TOKENS + step
+                    self.fill(batch, [(next_tokens[s], pos, s, True) for s in range(n_seq)])
+                    t0 = time.perf_counter()
+                    self.decode(ctx, batch)
+                    seconds += time.perf_counter() - t0
+                    logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits(ctx),
+                                                   shape=(n_seq, self.n_vocab))
+                    next_tokens = logits.argmax(axis=1).tolist()
+                if rep > 0:
+                    rates.append(n_seq * steps / seconds)
+        finally:
+            llama_cpp.llama_batch_free(batch)
+            llama_cpp.llama_free(ctx)
+        tps = statistics.median(rates)
+        return {"batch": n_seq, "prompt_tokens": DECODE_PROMPT_TOKENS, "gen_tokens": gen_tokens,
+                "timed_steps": steps, "ms_per_step": 1000.0 * n_seq / tps,
+                "tokens_per_second": tps, "tokens_per_second_per_sequence": tps / n_seq,
+                "runs_tokens_per_second": rates}
+
+
+def bench_llama(path, args, label):
+    print(f"llama.cpp: {label}: {path}", file=sys.stderr, flush=True)
+    bench = LlamaBench(path, args.threads)
+    try:
+        result = {"model": path, "label": label,
+                  "prefill": bench.prefill(args.prompt_tokens, args.repeat), "decode": []}
+        print(f"  prefill {args.prompt_tokens}: "
+              f"{result['prefill']['tokens_per_second']:.1f} tokens/s", file=sys.stderr)
+        for b in args.batches:
+            d = bench.decode_batch(b, args.gen_tokens, args.repeat)
+            result["decode"].append(d)
+            print(f"  decode batch {b}: {d['tokens_per_second']:.1f} tokens/s", file=sys.stderr)
+    finally:
+        bench.close()
+    return result
+
+
+def q8_0_path(args):
+    """The cached Q8_0 requantization of --model, made on first use."""
+    st = os.stat(args.model)
+    base = os.path.splitext(os.path.basename(args.model))[0]
+    out = os.path.join(args.cache_dir, f"{base}-{st.st_size}-{int(st.st_mtime)}.Q8_0.gguf")
+    if os.path.exists(out):
+        return out
+    os.makedirs(args.cache_dir, exist_ok=True)
+    qparams = llama_cpp.llama_model_quantize_default_params()
+    qparams.nthread = args.threads
+    qparams.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
+    qparams.allow_requantize = True
+    tmp = out + ".partial"
+    print(f"llama.cpp: requantizing to Q8_0 -> {out}", file=sys.stderr, flush=True)
+    rc = llama_cpp.llama_model_quantize(args.model.encode(), tmp.encode(), ctypes.byref(qparams))
+    if rc != 0:
+        sys.exit(f"llama_model_quantize failed ({rc})")
+    os.replace(tmp, out)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# report
+
+
+def decode_at(result, batch):
+    for d in result["decode"]:
+        if d["batch"] == batch:
+            return d["tokens_per_second"]
+    return None
+
+
+def ratio(a, b):
+    return a / b if a is not None and b else None
+
+
+def report(args, ours, llama_same, llama_q8):
+    rows = [("pg_cai (int8)", ours), ("llama.cpp, same GGUF", llama_same),
+            ("llama.cpp, Q8_0", llama_q8)]
+    head = f"{'':24} {'prefill ' + str(args.prompt_tokens):>12}" + "".join(
+        f"{'decode b' + str(b):>12}" for b in args.batches)
+    lines = [f"tokens/s, {args.threads} threads, {os.path.basename(args.model)}", head]
+    for name, r in rows:
+        lines.append(f"{name:24} {r['prefill']['tokens_per_second']:12.1f}" + "".join(
+            f"{decode_at(r, b):12.1f}" for b in args.batches))
+
+    b1 = min(args.batches)
+    bmax = max(args.batches)
+    ours_prefill = ours["prefill"]["tokens_per_second"]
+    ratios = {
+        "prefill_vs_llama_same": ratio(ours_prefill, llama_same["prefill"]["tokens_per_second"]),
+        "prefill_vs_llama_q8_0": ratio(ours_prefill, llama_q8["prefill"]["tokens_per_second"]),
+    }
+    for b in args.batches:
+        ratios[f"decode_b{b}_vs_llama_same"] = ratio(decode_at(ours, b), decode_at(llama_same, b))
+        ratios[f"decode_b{b}_vs_llama_q8_0"] = ratio(decode_at(ours, b), decode_at(llama_q8, b))
+    ratios[f"ours_b{bmax}_over_b{b1}"] = ratio(decode_at(ours, bmax), decode_at(ours, b1))
+    ratios[f"llama_q8_0_b{bmax}_over_b{b1}"] = ratio(decode_at(llama_q8, bmax),
+                                                     decode_at(llama_q8, b1))
+
+    goals = {
+        "decode_b1_ge_1.2x_llama_q8_0": (ratios.get(f"decode_b{b1}_vs_llama_q8_0"), 1.2),
+        f"prefill_{args.prompt_tokens}_ge_1.2x_llama_q8_0": (ratios["prefill_vs_llama_q8_0"], 1.2),
+        f"ours_b{bmax}_ge_8x_ours_b{b1}": (ratios[f"ours_b{bmax}_over_b{b1}"], 8.0),
+    }
+    lines.append("")
+    lines.append("ratios:")
+    for k, v in ratios.items():
+        lines.append(f"  {k:36} {v:8.2f}x" if v is not None else f"  {k:36}      n/a")
+    lines.append("goals:")
+    goal_json = {}
+    for k, (v, target) in goals.items():
+        met = v is not None and v >= target
+        goal_json[k] = {"value": v, "target": target, "met": met}
+        lines.append(f"  {k:36} {v:8.2f}x  {'met' if met else 'NOT met'}"
+                     if v is not None else f"  {k:36}      n/a")
+    return "\n".join(lines), ratios, goal_json
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=DEFAULT_MODEL, help="GGUF file (default: %(default)s)")
+    ap.add_argument("--threads", type=int, default=2, help="CPU threads for both engines")
+    ap.add_argument("--batches", default="1,8,32", help="decode batch sizes (default 1,8,32)")
+    ap.add_argument("--prompt-tokens", type=int, default=512, help="prefill prompt length")
+    ap.add_argument("--gen-tokens", type=int, default=64, help="tokens per sequence in decode runs")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per figure (median)")
+    ap.add_argument("--cai", default=os.path.join(REPO, "cai"), help="the cai binary")
+    ap.add_argument("--cache-dir", default=os.path.join(
+        os.environ.get("XDG_CACHE_HOME", "/tmp"), "pg_cai_bench"),
+        help="where the Q8_0 requantization is kept (default: %(default)s)")
+    ap.add_argument("--out", help="write the JSON here (default: tests/bench/out/engine-TIME.json)")
+    args = ap.parse_args()
+    args.batches = sorted({int(b) for b in args.batches.split(",")})
+    args.model = os.path.abspath(args.model)
+    if not os.path.exists(args.cai):
+        sys.exit(f"{args.cai} not found: run `make cai` first")
+    if not os.path.exists(args.model):
+        sys.exit(f"{args.model} not found (make model)")
+
+    llama_cpp.llama_backend_init()
+    llama_cpp.llama_log_set(_quiet_log, ctypes.c_void_p())
+    q8 = q8_0_path(args)
+
+    started = datetime.datetime.now().astimezone()
+    load_before = os.getloadavg()
+    ours = bench_ours(args)
+    llama_same = bench_llama(args.model, args, "same GGUF")
+    llama_q8 = bench_llama(q8, args, "Q8_0")
+    load_after = os.getloadavg()
+    text, ratios, goals = report(args, ours, llama_same, llama_q8)
+    print(text)
+    print(f"\nload average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f} on "
+          f"{os.cpu_count()} CPUs" + ("  -- the machine was busy: figures are unreliable"
+                                      if max(load_before[0], load_after[0]) > 0.5 else ""))
+
+    result = {
+        "started": started.isoformat(timespec="seconds"),
+        "command": " ".join([sys.executable] + sys.argv),
+        "config": {"model": args.model, "threads": args.threads, "batches": args.batches,
+                   "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
+                   "decode_prompt_tokens": DECODE_PROMPT_TOKENS, "repeat": args.repeat,
+                   "llama_n_batch": LLAMA_N_BATCH,
+                   "llama_cpp_version": getattr(llama_cpp, "__version__", "?"),
+                   "llama_cpp_system_info": llama_cpp.llama_print_system_info().decode().strip(),
+                   "cpu": cpu_name(), "cpus": os.cpu_count(),
+                   "load_average_before": load_before, "load_average_after": load_after},
+        "pg_cai": ours,
+        "llama_cpp_same_gguf": llama_same,
+        "llama_cpp_q8_0": llama_q8,
+        "ratios": ratios,
+        "goals": goals,
+    }
+    out = args.out or os.path.join(REPO, "tests", "bench", "out",
+                                   f"engine-{started.strftime('%Y%m%d-%H%M%S')}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"\nJSON: {out}")
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "?"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,533 @@
+/*
+ * bench_gpu.c — decode and prefill throughput of the CUDA kernels on synthetic int8 models,
+ * each beside its roofline.
+ *
+ * Usage: bench_gpu [--quick] [--model smollm2|1b|8b|all] [--context N] [--device N]
+ *
+ * Models are llama-shaped with seeded random int8 weights generated on the device (no file):
+ *   smollm2  SmolLM2-135M: d 576, 30 layers, 9/3 heads of 64, d_ff 1536, vocab 49152, tied
+ *   1b       Llama-3.2-1B: d 2048, 16 layers, 32/8 heads of 64, d_ff 8192, vocab 128256, tied
+ *   8b       Llama-3-8B:   d 4096, 32 layers, 32/8 heads of 128, d_ff 14336, vocab 128256
+ * The forward is the engine's int8 forward, kernel for kernel (model.c's sequence of backend
+ * operations): embedding, per layer RMSNorm+quantize, QKV GEMM, RoPE, KV write, attention,
+ * quantize, output GEMM into the residual, RMSNorm+quantize, gate/up GEMM, SwiGLU+quantize, down
+ * GEMM into the residual; final norm, LM head, argmax.
+ *
+ * Decode: B sequences of `context` cached positions each (the KV pool is filled with random
+ * int8 and positive scales) take one token; the step is captured once as a CUDA graph and
+ * replayed; tokens/s = B / median step time.  Prefill: one prompt of 2048 tokens from position
+ * 0, one forward, tokens/s = 2048 / median time.
+ *
+ * Rooflines, from two ceilings measured first on the same device: HBM bandwidth (a streaming
+ * copy kernel; bytes read + written per second) and the int8 GEMM rate (an 8192^3 cuBLASLt GEMM).
+ * decode floor = max(bytes moved / bandwidth, int8 ops / rate), bytes = every weight once plus
+ * every cached K/V byte (values and scales) once; prefill floor = max(weights / bandwidth,
+ * (GEMM ops + causal attention ops) / rate).  The table prints measured, roofline and their ratio.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_backend.h"
+
+typedef struct shape
+{
+	const char *name;
+	int			d;
+	int			n_layers;
+	int			n_heads;
+	int			n_kv_heads;
+	int			head_dim;
+	int			d_ff;
+	int			vocab;
+	bool		tied;
+} shape;
+
+static const shape SHAPES[] = {
+	{"smollm2-135m", 576, 30, 9, 3, 64, 1536, 49152, true},
+	{"llama-1b", 2048, 16, 32, 8, 64, 8192, 128256, true},
+	{"llama-8b", 4096, 32, 32, 8, 128, 14336, 128256, false},
+};
+
+#define PREFILL_TOKENS 2048
+#define MAX_BATCH 256
+
+typedef struct layer
+{
+	cai_cuda_qmatrix wqkv,
+				wo,
+				w_gate_up,
+				w_down;
+	float	   *attn_norm,
+			   *ffn_norm;
+} layer;
+
+typedef struct bench_model
+{
+	shape		s;
+	cai_cuda_qmatrix embd,
+				lm_head;
+	float	   *out_norm;
+	layer	   *layers;
+	double		weight_bytes;
+	double		matmul_params;	/* multiply-adds per token in the GEMMs */
+	cai_cuda_kv kv;
+	float	   *rope;			/* [n_pos, head_dim] */
+	int			n_pos;
+	/* activations for up to max_tokens rows */
+	int			max_tokens;
+	float	   *x,
+			   *qkv,
+			   *att,
+			   *gate_up,
+			   *cs,
+			   *logits;
+	int8_t	   *xq;
+	float	   *xs;
+	int32_t    *next;
+} bench_model;
+
+static cai_cuda_ctx *ctx;
+static cai_error err;
+
+#define TRY(call) \
+	do { \
+		if ((call) != CAI_OK) \
+		{ \
+			fprintf(stderr, "bench_gpu: %s\n", err.message); \
+			return false; \
+		} \
+	} while (0)
+
+static bool
+alloc_f32(float **p, size_t n, const char *what)
+{
+	TRY(cai_cuda_malloc(ctx, n * sizeof(float), what, (void **) p, &err));
+	return true;
+}
+
+static bool
+random_matrix(cai_cuda_qmatrix *m, int n_out, int k, uint64_t seed, bench_model *bm)
+{
+	TRY(cai_cuda_qmatrix_random(ctx, n_out, k, seed, "weights", m, &err));
+	bm->weight_bytes += (double) n_out * k + (double) n_out * sizeof(float);
+	return true;
+}
+
+static bool
+model_create(bench_model *bm, const shape *s, int context)
+{
+	int			q_dim = s->n_heads * s->head_dim;
+	int			kv_dim = s->n_kv_heads * s->head_dim;
+	int			width;
+	size_t		part,
+				layer_bytes;
+	int			blocks_per_seq;
+	uint64_t	seed = 1;
+
+	memset(bm, 0, sizeof(*bm));
+	bm->s = *s;
+	bm->layers = calloc((size_t) s->n_layers, sizeof(layer));
+	if (!bm->layers)
+		return false;
+	if (!random_matrix(&bm->embd, s->vocab, s->d, seed++, bm))
+		return false;
+	if (s->tied)
+		bm->lm_head = bm->embd;
+	else if (!random_matrix(&bm->lm_head, s->vocab, s->d, seed++, bm))
+		return false;
+	if (!alloc_f32(&bm->out_norm, s->d, "norms"))
+		return false;
+	TRY(cai_cuda_fill_random_f32(ctx, bm->out_norm, s->d, 0.9f, 1.1f, seed++, &err));
+	for (int l = 0; l < s->n_layers; l++)
+	{
+		layer	   *L = &bm->layers[l];
+
+		if (!random_matrix(&L->wqkv, q_dim + 2 * kv_dim, s->d, seed++, bm) ||
+			!random_matrix(&L->wo, s->d, q_dim, seed++, bm) ||
+			!random_matrix(&L->w_gate_up, 2 * s->d_ff, s->d, seed++, bm) ||
+			!random_matrix(&L->w_down, s->d, s->d_ff, seed++, bm) ||
+			!alloc_f32(&L->attn_norm, s->d, "norms") || !alloc_f32(&L->ffn_norm, s->d, "norms"))
+			return false;
+		TRY(cai_cuda_fill_random_f32(ctx, L->attn_norm, s->d, 0.9f, 1.1f, seed++, &err));
+		TRY(cai_cuda_fill_random_f32(ctx, L->ffn_norm, s->d, 0.9f, 1.1f, seed++, &err));
+	}
+	bm->matmul_params = (double) s->n_layers *
+		((double) (q_dim + 2 * kv_dim) * s->d + (double) s->d * q_dim + 3.0 * s->d_ff * s->d) +
+		(double) s->vocab * s->d;
+
+	/* the KV pool: MAX_BATCH sequences of context + 1 positions, or one prefill */
+	part = (size_t) 16 * s->n_kv_heads * (2 * (size_t) s->head_dim + 2 * sizeof(float));
+	layer_bytes = (part + 63) & ~(size_t) 63;
+	blocks_per_seq = (context + 1 + 15) / 16;
+	bm->kv.n_blocks = MAX_BATCH * blocks_per_seq;
+	if (bm->kv.n_blocks < (PREFILL_TOKENS + 15) / 16)
+		bm->kv.n_blocks = (PREFILL_TOKENS + 15) / 16;
+	bm->kv.layer_bytes = layer_bytes;
+	bm->kv.block_bytes = layer_bytes * s->n_layers;
+	bm->kv.n_kv_heads = s->n_kv_heads;
+	bm->kv.head_dim = s->head_dim;
+	TRY(cai_cuda_malloc(ctx, (size_t) bm->kv.n_blocks * bm->kv.block_bytes, "the kv cache",
+						(void **) &bm->kv.pool_dev, &err));
+	/*
+	 * Random bytes that are also valid scales: positive floats in [0.001, 0.02] everywhere (the
+	 * int8 values are then those floats' bytes, which is as good as any other data).
+	 */
+	TRY(cai_cuda_fill_random_f32(ctx, (float *) bm->kv.pool_dev,
+								 (size_t) bm->kv.n_blocks * bm->kv.block_bytes / sizeof(float),
+								 0.001f, 0.02f, seed++, &err));
+
+	bm->n_pos = (context + 1 > PREFILL_TOKENS ? context + 1 : PREFILL_TOKENS);
+	if (!alloc_f32(&bm->rope, (size_t) bm->n_pos * s->head_dim, "the rope table"))
+		return false;
+	TRY(cai_cuda_rope_table(ctx, bm->rope, bm->n_pos, s->head_dim, 500000.0, 1.0, &err));
+
+	bm->max_tokens = PREFILL_TOKENS > MAX_BATCH ? PREFILL_TOKENS : MAX_BATCH;
+	width = s->d_ff > q_dim ? s->d_ff : q_dim;
+	if (s->d > width)
+		width = s->d;
+	if (!alloc_f32(&bm->x, (size_t) bm->max_tokens * s->d, "activations") ||
+		!alloc_f32(&bm->qkv, (size_t) bm->max_tokens * (q_dim + 2 * kv_dim), "activations") ||
+		!alloc_f32(&bm->att, (size_t) bm->max_tokens * q_dim, "activations") ||
+		!alloc_f32(&bm->gate_up, (size_t) bm->max_tokens * 2 * s->d_ff, "activations") ||
+		!alloc_f32(&bm->cs, (size_t) bm->max_tokens * s->head_dim, "activations") ||
+		!alloc_f32(&bm->logits, (size_t) MAX_BATCH * s->vocab, "logits") ||
+		!alloc_f32(&bm->xs, (size_t) bm->max_tokens, "activations"))
+		return false;
+	TRY(cai_cuda_malloc(ctx, (size_t) bm->max_tokens * width, "activations", (void **) &bm->xq,
+						&err));
+	TRY(cai_cuda_malloc(ctx, (size_t) MAX_BATCH * sizeof(int32_t), "tokens", (void **) &bm->next,
+						&err));
+	TRY(cai_cuda_step_reserve(ctx, bm->max_tokens, MAX_BATCH,
+							  blocks_per_seq > (PREFILL_TOKENS + 15) / 16 ?
+							  blocks_per_seq : (PREFILL_TOKENS + 15) / 16,
+							  s->n_heads, s->n_kv_heads, s->head_dim, &err));
+	TRY(cai_cuda_sync(ctx, &err));
+	return true;
+}
+
+static void
+model_free(bench_model *bm)
+{
+	cai_cuda_sync(ctx, &err);
+	cai_cuda_graph_reset(ctx);
+	if (!bm->s.tied)
+		cai_cuda_qmatrix_free(ctx, &bm->lm_head);
+	cai_cuda_qmatrix_free(ctx, &bm->embd);
+	for (int l = 0; bm->layers && l < bm->s.n_layers; l++)
+	{
+		cai_cuda_qmatrix_free(ctx, &bm->layers[l].wqkv);
+		cai_cuda_qmatrix_free(ctx, &bm->layers[l].wo);
+		cai_cuda_qmatrix_free(ctx, &bm->layers[l].w_gate_up);
+		cai_cuda_qmatrix_free(ctx, &bm->layers[l].w_down);
+		cai_cuda_free(ctx, bm->layers[l].attn_norm);
+		cai_cuda_free(ctx, bm->layers[l].ffn_norm);
+	}
+	free(bm->layers);
+	cai_cuda_free(ctx, bm->out_norm);
+	cai_cuda_free(ctx, bm->kv.pool_dev);
+	cai_cuda_free(ctx, bm->rope);
+	cai_cuda_free(ctx, bm->x);
+	cai_cuda_free(ctx, bm->qkv);
+	cai_cuda_free(ctx, bm->att);
+	cai_cuda_free(ctx, bm->gate_up);
+	cai_cuda_free(ctx, bm->cs);
+	cai_cuda_free(ctx, bm->logits);
+	cai_cuda_free(ctx, bm->xq);
+	cai_cuda_free(ctx, bm->xs);
+	cai_cuda_free(ctx, bm->next);
+	memset(bm, 0, sizeof(*bm));
+}
+
+/*
+ * One forward over the planned step: T rows; logits for the last row of each of the n_seqs
+ * sequences (decode: every row).  Everything is enqueued; nothing waits.
+ */
+static bool
+forward(bench_model *bm, const cai_cuda_step_meta *meta, int T, bool logits_all_rows)
+{
+	const shape *s = &bm->s;
+	int			q_dim = s->n_heads * s->head_dim;
+	int			kv_dim = s->n_kv_heads * s->head_dim;
+	int			qkv_w = q_dim + 2 * kv_dim;
+	int			R = logits_all_rows ? T : 1;
+	cai_cuda_epilogue acc = {NULL, true, CAI_CUDA_ACT_NONE, NULL, NULL};
+
+	TRY(cai_cuda_embed_i8(ctx, &bm->embd, meta->tokens_dev, T, bm->x, &err));
+	TRY(cai_cuda_rope_gather(ctx, bm->rope, bm->n_pos, s->head_dim, meta->positions_dev, T,
+							 bm->cs, &err));
+	for (int l = 0; l < s->n_layers; l++)
+	{
+		layer	   *L = &bm->layers[l];
+
+		TRY(cai_cuda_rmsnorm(ctx, bm->x, L->attn_norm, T, s->d, 1e-5f, NULL, bm->xq, bm->xs, &err));
+		TRY(cai_cuda_gemm_i8(ctx, bm->xq, bm->xs, T, &L->wqkv, bm->qkv, qkv_w, NULL, &err));
+		TRY(cai_cuda_rope(ctx, bm->cs, bm->qkv, qkv_w, T, s->n_heads + s->n_kv_heads, s->head_dim,
+						  s->head_dim, false, &err));
+		TRY(cai_cuda_kv_write(ctx, &bm->kv, l, meta, bm->qkv + q_dim, bm->qkv + q_dim + kv_dim,
+							  qkv_w, NULL, &err));
+		TRY(cai_cuda_attention(ctx, &bm->kv, l, meta, bm->qkv, qkv_w, bm->att, q_dim, s->n_heads,
+							   0, 1.0f / sqrtf((float) s->head_dim), NULL, &err));
+		TRY(cai_cuda_quantize_act(ctx, bm->att, T, q_dim, q_dim, bm->xq, bm->xs, &err));
+		TRY(cai_cuda_gemm_i8(ctx, bm->xq, bm->xs, T, &L->wo, bm->x, s->d, &acc, &err));
+		TRY(cai_cuda_rmsnorm(ctx, bm->x, L->ffn_norm, T, s->d, 1e-5f, NULL, bm->xq, bm->xs, &err));
+		TRY(cai_cuda_gemm_i8(ctx, bm->xq, bm->xs, T, &L->w_gate_up, bm->gate_up, 2 * s->d_ff, NULL,
+							 &err));
+		TRY(cai_cuda_swiglu(ctx, bm->gate_up, T, s->d_ff, NULL, bm->xq, bm->xs, &err));
+		TRY(cai_cuda_gemm_i8(ctx, bm->xq, bm->xs, T, &L->w_down, bm->x, s->d, &acc, &err));
+	}
+	/* prefill: the last row only */
+	TRY(cai_cuda_rmsnorm(ctx, bm->x + (size_t) (T - R) * s->d, bm->out_norm, R, s->d, 1e-5f, NULL,
+						 bm->xq, bm->xs, &err));
+	TRY(cai_cuda_gemm_i8(ctx, bm->xq, bm->xs, R, &bm->lm_head, bm->logits, s->vocab, NULL, &err));
+	TRY(cai_cuda_argmax(ctx, bm->logits, R, s->vocab, s->vocab, bm->next, &err));
+	return true;
+}
+
+static int
+compare_double(const void *a, const void *b)
+{
+	double		x = *(const double *) a,
+				y = *(const double *) b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Plans B sequences: sequence b owns blocks [b * bps, (b + 1) * bps), takes n_new tokens at pos. */
+static bool
+plan(bench_model *bm, int B, int pos, int n_new, int bps, bool for_graph,
+	 const cai_cuda_step_meta **meta)
+{
+	cai_cuda_seq_desc *descs = calloc((size_t) B, sizeof(cai_cuda_seq_desc));
+	int32_t    *tables = malloc((size_t) B * bps * sizeof(int32_t));
+	int32_t    *tokens = malloc((size_t) B * n_new * sizeof(int32_t));
+	bool		ok = descs && tables && tokens;
+
+	for (int b = 0; ok && b < B; b++)
+	{
+		for (int i = 0; i < bps; i++)
+			tables[(size_t) b * bps + i] = b * bps + i;
+		for (int i = 0; i < n_new; i++)
+			tokens[(size_t) b * n_new + i] = (b * 7919 + i * 104729) % bm->s.vocab;
+		descs[b].n_new = n_new;
+		descs[b].pos = pos;
+		descs[b].block_table = tables + (size_t) b * bps;
+		descs[b].n_blocks = bps;
+	}
+	if (ok && cai_cuda_step_plan(ctx, descs, B, tokens, B * n_new, bm->s.n_heads, bm->s.n_kv_heads,
+								 bm->s.head_dim, for_graph, meta, &err) != CAI_OK)
+	{
+		fprintf(stderr, "bench_gpu: %s\n", err.message);
+		ok = false;
+	}
+	free(descs);
+	free(tables);
+	free(tokens);
+	return ok;
+}
+
+typedef struct result
+{
+	double		measured;		/* tokens/s */
+	double		roofline;		/* tokens/s */
+} result;
+
+static bool
+bench_decode(bench_model *bm, int B, int context, int reps, double bw, double peak, result *out)
+{
+	const cai_cuda_step_meta *meta;
+	cai_cuda_timer *timer = NULL;
+	double	   *times = calloc((size_t) reps, sizeof(double));
+	int			bps = (context + 1 + 15) / 16;
+	double		kv_bytes_per_pos = (double) bm->kv.block_bytes / 16.0;
+	double		bytes,
+				ops,
+				floor_s;
+	bool		ok = false;
+
+	if (!times || !plan(bm, B, context, 1, bps, true, &meta))
+		goto done;
+	/* warm-up outside the capture: algorithm choices and scratch sizes are settled here */
+	if (!forward(bm, meta, B, true))
+		goto done;
+	if (cai_cuda_graph_begin(ctx, &err) != CAI_OK)
+		goto fail;
+	if (!forward(bm, meta, B, true))
+	{
+		cai_cuda_graph_abort(ctx);
+		goto done;
+	}
+	if (cai_cuda_graph_end(ctx, B, &err) != CAI_OK ||
+		cai_cuda_timer_create(ctx, &timer, &err) != CAI_OK)
+		goto fail;
+	for (int r = -3; r < reps; r++)
+	{
+		double		sec;
+
+		if (cai_cuda_timer_start(ctx, timer, &err) != CAI_OK ||
+			cai_cuda_graph_launch(ctx, B, &err) != CAI_OK ||
+			cai_cuda_timer_stop(ctx, timer, &sec, &err) != CAI_OK)
+			goto fail;
+		if (r >= 0)
+			times[r] = sec;
+	}
+	qsort(times, (size_t) reps, sizeof(double), compare_double);
+	out->measured = B / times[reps / 2];
+	bytes = bm->weight_bytes + (double) B * context * kv_bytes_per_pos;
+	ops = 2.0 * bm->matmul_params * B;
+	floor_s = fmax(bytes / bw, ops / peak);
+	out->roofline = B / floor_s;
+	ok = true;
+	goto done;
+fail:
+	fprintf(stderr, "bench_gpu: %s\n", err.message);
+done:
+	cai_cuda_timer_free(timer);
+	free(times);
+	return ok;
+}
+
+static bool
+bench_prefill(bench_model *bm, int reps, double bw, double peak, result *out)
+{
+	const shape *s = &bm->s;
+	const cai_cuda_step_meta *meta;
+	cai_cuda_timer *timer = NULL;
+	double	   *times = calloc((size_t) reps, sizeof(double));
+	int			P = PREFILL_TOKENS;
+	double		ops,
+				floor_s;
+	bool		ok = false;
+
+	if (!times || !plan(bm, 1, 0, P, (P + 15) / 16, false, &meta) ||
+		cai_cuda_timer_create(ctx, &timer, &err) != CAI_OK)
+		goto done;
+	for (int r = -1; r < reps; r++)
+	{
+		double		sec;
+
+		if (cai_cuda_timer_start(ctx, timer, &err) != CAI_OK)
+			goto done;
+		if (!forward(bm, meta, P, false))
+			goto done;
+		if (cai_cuda_timer_stop(ctx, timer, &sec, &err) != CAI_OK)
+			goto done;
+		if (r >= 0)
+			times[r] = sec;
+	}
+	qsort(times, (size_t) reps, sizeof(double), compare_double);
+	out->measured = P / times[reps / 2];
+	/* GEMMs, plus QK^T and PV over the causal half: 2 * 2 * (P^2 / 2) * head_dim per head */
+	ops = 2.0 * bm->matmul_params * P +
+		2.0 * (double) P * P * s->head_dim * s->n_heads * s->n_layers;
+	floor_s = fmax(bm->weight_bytes / bw, ops / peak);
+	out->roofline = P / floor_s;
+	ok = true;
+done:
+	cai_cuda_timer_free(timer);
+	free(times);
+	return ok;
+}
+
+int
+main(int argc, char **argv)
+{
+	const char *which = "all";
+	bool		quick = false;
+	int			context = 512;
+	int			device = 0;
+	static const int batches[] = {1, 16, 64, 256};
+	char		why[256];
+	cai_cuda_device_info info;
+	double		bw = 0.0,
+				gemm_s = 0.0,
+				peak;
+	int			reps;
+
+	for (int i = 1; i < argc; i++)
+	{
+		if (strcmp(argv[i], "--quick") == 0)
+			quick = true;
+		else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc)
+			which = argv[++i];
+		else if (strcmp(argv[i], "--context") == 0 && i + 1 < argc)
+			context = atoi(argv[++i]);
+		else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
+			device = atoi(argv[++i]);
+		else
+		{
+			fprintf(stderr, "usage: bench_gpu [--quick] [--model smollm2|1b|8b|all] "
+					"[--context N] [--device N]\n");
+			return 2;
+		}
+	}
+	if (context < 1 || context > 32768)
+	{
+		fprintf(stderr, "bench_gpu: --context must be 1..32768\n");
+		return 2;
+	}
+	if (cai_cuda_device_count(why, sizeof(why)) <= 0)
+	{
+		printf("bench_gpu: no CUDA device is present (%s); nothing measured\n", why);
+		return 0;
+	}
+	if (cai_cuda_ctx_create(device, &ctx, &err) != CAI_OK)
+	{
+		fprintf(stderr, "bench_gpu: %s\n", err.message);
+		return 1;
+	}
+	reps = quick ? 5 : 20;
+	cai_cuda_get_device_info(ctx, &info);
+	printf("device: %s (cc %d.%d, %d SMs, %.1f GiB)\n", info.name, info.cc_major, info.cc_minor,
+		   info.sm_count, info.total_bytes / 1073741824.0);
+	if (cai_cuda_measure_copy_bandwidth(ctx, (size_t) 1 << 30, reps, &bw, &err) != CAI_OK ||
+		cai_cuda_measure_gemm_i8(ctx, 8192, 8192, 8192, reps, &gemm_s, &err) != CAI_OK)
+	{
+		fprintf(stderr, "bench_gpu: %s\n", err.message);
+		cai_cuda_ctx_free(ctx);
+		return 1;
+	}
+	peak = 2.0 * 8192.0 * 8192.0 * 8192.0 / gemm_s;
+	printf("measured ceilings: copy bandwidth %.0f GB/s, int8 GEMM %.0f TOPS (8192^3)\n",
+		   bw / 1e9, peak / 1e12);
+	printf("decode at %d cached positions per sequence; prefill of %d tokens\n\n", context,
+		   PREFILL_TOKENS);
+	printf("%-14s %-12s %14s %14s %8s\n", "model", "workload", "tokens/s", "roofline", "ratio");
+
+	for (size_t m = 0; m < sizeof(SHAPES) / sizeof(SHAPES[0]); m++)
+	{
+		bench_model bm;
+		result		res;
+
+		if (strcmp(which, "all") != 0 && !strstr(SHAPES[m].name, which))
+			continue;
+		if (!model_create(&bm, &SHAPES[m], context))
+		{
+			fprintf(stderr, "bench_gpu: %s does not fit on this device\n", SHAPES[m].name);
+			model_free(&bm);
+			continue;
+		}
+		for (size_t b = 0; b < sizeof(batches) / sizeof(batches[0]); b++)
+		{
+			char		label[32];
+
+			snprintf(label, sizeof(label), "decode b=%d", batches[b]);
+			if (bench_decode(&bm, batches[b], context, reps, bw, peak, &res))
+				printf("%-14s %-12s %14.0f %14.0f %7.0f%%\n", SHAPES[m].name, label, res.measured,
+					   res.roofline, 100.0 * res.measured / res.roofline);
+			else
+				printf("%-14s %-12s %14s\n", SHAPES[m].name, label, "failed");
+			fflush(stdout);
+		}
+		if (bench_prefill(&bm, quick ? 3 : 10, bw, peak, &res))
+			printf("%-14s %-12s %14.0f %14.0f %7.0f%%\n", SHAPES[m].name, "prefill", res.measured,
+				   res.roofline, 100.0 * res.measured / res.roofline);
+		else
+			printf("%-14s %-12s %14s\n", SHAPES[m].name, "prefill", "failed");
+		fflush(stdout);
+		model_free(&bm);
+	}
+	cai_cuda_ctx_free(ctx);
+	return 0;
+}

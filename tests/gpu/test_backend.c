@@ -1,0 +1,811 @@
+/*
+ * test_backend.c — the CUDA backend table (kernels/backend_cuda.c) against the CPU backend
+ * table, operation by operation, on a small synthetic model: the same sequence of calls the
+ * forward makes (embedding, norms, the fused QKV GEMM with biases, RoPE, KV write, attention,
+ * the output projection into the residual, SwiGLU, the LM head into host logits), over two steps
+ * of a ragged batch (prefill, then a decode and a chunk), every intermediate compared.
+ *
+ * This exercises what the kernels' own tests cannot: weights found by their host addresses
+ * (views inside the fused matrices, an LM head whose rows are padded to a multiple of 4), host
+ * index arrays, the device mirror of a host KV pool, host GEMM outputs, and error reporting.
+ * The int8 path must match bit for bit; the float reference path's GEMMs within
+ * 1e-5 * sum |x_i w_i| + 1e-6.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "backend_cuda.h"
+#include "cpu/threadpool.h"
+#include "gpu_util.h"
+#include "kv.h"
+#include "model.h"
+#include "test.h"
+
+#define SM_D 128
+#define SM_HEADS 2
+#define SM_KV_HEADS 1
+#define SM_HD 64
+#define SM_FF 256
+#define SM_VOCAB 302			/* not a multiple of 4: the GPU pads the LM head's rows */
+#define SM_CTX 64
+#define SM_QKV ((SM_HEADS + 2 * SM_KV_HEADS) * SM_HD)
+#define SM_Q (SM_HEADS * SM_HD)
+#define SM_KVD (SM_KV_HEADS * SM_HD)
+
+/* A one-layer llama-shaped model with qwen2-style QKV biases, in host memory. */
+typedef struct synth_model
+{
+	cai_model	m;
+	cai_layer_weights layer;
+	int			attn_window[1];
+	int			kv_source[1];
+	int			kv_index[1];
+	void	   *allocs[64];
+	int			n_allocs;
+} synth_model;
+
+static void *
+synth_alloc(synth_model *s, size_t bytes)
+{
+	void	   *p = calloc(1, bytes);
+
+	if (p && s->n_allocs < 64)
+		s->allocs[s->n_allocs++] = p;
+	return p;
+}
+
+static bool
+synth_qmatrix(synth_model *s, gpu_rng *r, int n_out, int k, cai_qmatrix *m)
+{
+	m->n_out = n_out;
+	m->k = k;
+	m->q = synth_alloc(s, (size_t) n_out * k);
+	m->scale = synth_alloc(s, (size_t) n_out * sizeof(float));
+	m->row_sum = synth_alloc(s, (size_t) n_out * sizeof(int32_t));
+	if (!m->q || !m->scale || !m->row_sum)
+		return false;
+	gpu_fill_i8(r, (int8_t *) m->q, (size_t) n_out * k);
+	gpu_fill_f32(r, (float *) m->scale, (size_t) n_out, 0.5f / (127.0f * sqrtf((float) k)),
+				 1.5f / (127.0f * sqrtf((float) k)));
+	cai_qmatrix_prepare(m);
+	return true;
+}
+
+/* A view of rows [row0, row0 + n) of m, like model.c's wq/wk/wv. */
+static cai_qmatrix
+synth_view(const cai_qmatrix *m, int row0, int n)
+{
+	cai_qmatrix v = *m;
+
+	v.n_out = n;
+	v.q = m->q + (size_t) row0 * m->k;
+	v.scale = m->scale + row0;
+	v.row_sum = m->row_sum + row0;
+	return v;
+}
+
+static float *
+synth_floats(synth_model *s, gpu_rng *r, size_t n, float lo, float hi)
+{
+	float	   *p = synth_alloc(s, n * sizeof(float));
+
+	if (p)
+		gpu_fill_f32(r, p, n, lo, hi);
+	return p;
+}
+
+static bool
+synth_build(synth_model *s, uint64_t seed)
+{
+	cai_config *c = &s->m.cfg;
+	cai_layer_weights *w = &s->layer;
+	gpu_rng		r;
+
+	memset(s, 0, sizeof(*s));
+	gpu_rng_seed(&r, seed);
+	c->arch = CAI_ARCH_LLAMA;
+	strcpy(c->arch_name, "llama");
+	strcpy(c->name, "synthetic");
+	c->n_layers = 1;
+	c->d_model = SM_D;
+	c->n_heads = SM_HEADS;
+	c->n_kv_heads = SM_KV_HEADS;
+	c->head_dim = SM_HD;
+	c->d_ff = SM_FF;
+	c->n_vocab = SM_VOCAB;
+	c->context_length = SM_CTX;
+	c->norm_eps = 1e-5f;
+	c->rope_base = 10000.0f;
+	c->n_rot = SM_HD;
+	c->rope_freq_scale = 1.0f;
+	c->qkv_bias = true;
+	c->attn_window = s->attn_window;
+	c->kv_source = s->kv_source;
+	c->kv_index = s->kv_index;
+	c->n_kv_layers = 1;
+	s->m.layers = w;
+	s->m.has_float_reference = true;
+
+	if (!synth_qmatrix(s, &r, SM_VOCAB, SM_D, &s->m.tok_embd) ||
+		!synth_qmatrix(s, &r, SM_VOCAB, SM_D, &s->m.lm_head) ||
+		!synth_qmatrix(s, &r, SM_QKV, SM_D, &w->wqkv) ||
+		!synth_qmatrix(s, &r, SM_D, SM_Q, &w->wo) ||
+		!synth_qmatrix(s, &r, 2 * SM_FF, SM_D, &w->w_gate_up) ||
+		!synth_qmatrix(s, &r, SM_D, SM_FF, &w->w_down))
+		return false;
+	w->wq = synth_view(&w->wqkv, 0, SM_Q);
+	w->wk = synth_view(&w->wqkv, SM_Q, SM_KVD);
+	w->wv = synth_view(&w->wqkv, SM_Q + SM_KVD, SM_KVD);
+	w->w_gate = synth_view(&w->w_gate_up, 0, SM_FF);
+	w->w_up = synth_view(&w->w_gate_up, SM_FF, SM_FF);
+	w->attn_norm = synth_floats(s, &r, SM_D, 0.5f, 1.5f);
+	w->ffn_norm = synth_floats(s, &r, SM_D, 0.5f, 1.5f);
+	w->attn_norm_i8 = synth_floats(s, &r, SM_D, 0.5f, 1.5f);
+	w->ffn_norm_i8 = synth_floats(s, &r, SM_D, 0.5f, 1.5f);
+	w->bqkv = synth_floats(s, &r, SM_QKV, -0.5f, 0.5f);
+	s->m.out_norm = synth_floats(s, &r, SM_D, 0.5f, 1.5f);
+	s->m.f_tok_embd = synth_floats(s, &r, (size_t) SM_VOCAB * SM_D, -1.0f, 1.0f);
+	s->m.f_lm_head = synth_floats(s, &r, (size_t) SM_VOCAB * SM_D, -0.1f, 0.1f);
+	w->f_wq = synth_floats(s, &r, (size_t) SM_Q * SM_D, -0.1f, 0.1f);
+	w->f_wk = synth_floats(s, &r, (size_t) SM_KVD * SM_D, -0.1f, 0.1f);
+	w->f_wv = synth_floats(s, &r, (size_t) SM_KVD * SM_D, -0.1f, 0.1f);
+	w->f_wo = synth_floats(s, &r, (size_t) SM_D * SM_Q, -0.1f, 0.1f);
+	w->f_gate = synth_floats(s, &r, (size_t) SM_FF * SM_D, -0.1f, 0.1f);
+	w->f_up = synth_floats(s, &r, (size_t) SM_FF * SM_D, -0.1f, 0.1f);
+	w->f_down = synth_floats(s, &r, (size_t) SM_D * SM_FF, -0.1f, 0.1f);
+	if (!w->attn_norm || !w->ffn_norm || !w->attn_norm_i8 || !w->ffn_norm_i8 || !w->bqkv ||
+		!s->m.out_norm || !s->m.f_tok_embd || !s->m.f_lm_head || !w->f_wq || !w->f_wk ||
+		!w->f_wv || !w->f_wo || !w->f_gate || !w->f_up || !w->f_down)
+		return false;
+	w->bq = w->bqkv;
+	w->bk = w->bqkv + SM_Q;
+	w->bv = w->bqkv + SM_Q + SM_KVD;
+	return true;
+}
+
+static void
+synth_free(synth_model *s)
+{
+	for (int i = 0; i < s->n_allocs; i++)
+		free(s->allocs[i]);
+	s->n_allocs = 0;
+}
+
+/* The activations of one backend. */
+typedef struct side
+{
+	cai_backend *be;
+	bool		gpu;
+	float	   *x,
+			   *xn,
+			   *qkv,
+			   *att,
+			   *gate_up,
+			   *cs,
+			   *xg;
+	int8_t	   *xq;
+	float	   *xs;
+} side;
+
+static bool
+side_alloc(side *sd, int T)
+{
+	const cai_backend_ops *op = sd->be->ops;
+
+	sd->x = op->alloc(sd->be, (size_t) T * SM_D * sizeof(float));
+	sd->xn = op->alloc(sd->be, (size_t) T * SM_FF * sizeof(float));
+	sd->qkv = op->alloc(sd->be, (size_t) T * SM_QKV * sizeof(float));
+	sd->att = op->alloc(sd->be, (size_t) T * SM_Q * sizeof(float));
+	sd->gate_up = op->alloc(sd->be, (size_t) T * 2 * SM_FF * sizeof(float));
+	sd->cs = op->alloc(sd->be, (size_t) T * SM_HD * sizeof(float));
+	sd->xg = op->alloc(sd->be, (size_t) T * SM_D * sizeof(float));
+	sd->xq = op->alloc(sd->be, (size_t) T * SM_FF);
+	sd->xs = op->alloc(sd->be, (size_t) T * sizeof(float));
+	return sd->x && sd->xn && sd->qkv && sd->att && sd->gate_up && sd->cs && sd->xg && sd->xq &&
+		sd->xs;
+}
+
+static void
+side_free(side *sd)
+{
+	if (!sd->be)
+		return;
+	sd->be->ops->free(sd->be, sd->x);
+	sd->be->ops->free(sd->be, sd->xn);
+	sd->be->ops->free(sd->be, sd->qkv);
+	sd->be->ops->free(sd->be, sd->att);
+	sd->be->ops->free(sd->be, sd->gate_up);
+	sd->be->ops->free(sd->be, sd->cs);
+	sd->be->ops->free(sd->be, sd->xg);
+	sd->be->ops->free(sd->be, sd->xq);
+	sd->be->ops->free(sd->be, sd->xs);
+	cai_backend_free(sd->be);
+}
+
+/* Copies bytes of a backend buffer to host memory (the GPU's after its queued work). */
+static bool
+fetch(side *sd, void *dst, const void *src, size_t bytes)
+{
+	cai_error	err;
+
+	if (!sd->gpu)
+	{
+		memcpy(dst, src, bytes);
+		return true;
+	}
+	if (!gpu_ok(cai_cuda_backend_status(sd->be, &err), &err, "cuda backend"))
+		return false;
+	return gpu_download(dst, src, bytes);
+}
+
+/* Compares a buffer of both sides: bit for bit, or within the float GEMM tolerance. */
+static void
+compare(side *cpu, side *gpu, const void *cbuf, const void *gbuf, size_t bytes, bool is_float,
+		const char *what)
+{
+	void	   *a = malloc(bytes),
+			   *b = malloc(bytes);
+
+	if (a && b && fetch(cpu, a, cbuf, bytes) && fetch(gpu, b, gbuf, bytes))
+	{
+		if (is_float)
+			gpu_same_f32(b, a, bytes / sizeof(float), what);
+		else
+			gpu_same_i8(b, a, bytes, what);
+	}
+	free(a);
+	free(b);
+}
+
+typedef struct step
+{
+	int			T;
+	int			n_seqs;
+	int32_t		ids[16];
+	int32_t		pos[16];
+	int32_t		seq[16];
+	int32_t		start[4];
+	int32_t		len[4];
+	const int32_t *tables[4];
+	int32_t		logit_rows[4];
+	int			R;
+	cai_batch_layout batch;
+} step;
+
+/* Runs the int8 forward's calls on both sides, comparing after every call. */
+static void
+run_int8_step(const synth_model *s, side *cpu, side *gpu, cai_kv_pool *kv, const step *st)
+{
+	const cai_layer_weights *w = &s->layer;
+	int			T = st->T;
+	cai_rope_params rp = {SM_HD, 10000.0f, 1.0f, false, NULL};
+	cai_attn_params ap = {SM_HEADS, SM_KV_HEADS, SM_HD, 0, 0, 1.0f / 8.0f};
+	float		clog[4 * SM_VOCAB],
+				glog[4 * SM_VOCAB];
+	side	   *sides[2] = {cpu, gpu};
+
+	for (int i = 0; i < 2; i++)
+	{
+		side	   *sd = sides[i];
+
+		sd->be->ops->embed_i8(sd->be, &s->m.tok_embd, st->ids, T, sd->x);
+		sd->be->ops->rope_prepare(sd->be, &rp, st->pos, T, sd->cs);
+	}
+	compare(cpu, gpu, cpu->x, gpu->x, (size_t) T * SM_D * 4, true, "embedding");
+	compare(cpu, gpu, cpu->cs, gpu->cs, (size_t) T * SM_HD * 4, true, "rope angles");
+	for (int i = 0; i < 2; i++)
+	{
+		side	   *sd = sides[i];
+		const cai_backend_ops *op = sd->be->ops;
+
+		op->rmsnorm_quant(sd->be, sd->x, w->attn_norm_i8, T, SM_D, 1e-5f, sd->xq, sd->xs);
+		op->gemm_i8(sd->be, sd->xq, sd->xs, T, &w->wqkv, w->bqkv, sd->qkv, SM_QKV, false);
+	}
+	compare(cpu, gpu, cpu->xq, gpu->xq, (size_t) T * SM_D, false, "attention norm (int8)");
+	compare(cpu, gpu, cpu->xs, gpu->xs, (size_t) T * 4, true, "attention norm scales");
+	compare(cpu, gpu, cpu->qkv, gpu->qkv, (size_t) T * SM_QKV * 4, true, "qkv projection");
+	for (int i = 0; i < 2; i++)
+	{
+		side	   *sd = sides[i];
+		const cai_backend_ops *op = sd->be->ops;
+
+		op->rope(sd->be, &rp, sd->cs, sd->qkv, SM_QKV, T, SM_HEADS + SM_KV_HEADS, SM_HD);
+		op->kv_write(sd->be, &ap, &st->batch, sd->qkv + SM_Q, sd->qkv + SM_Q + SM_KVD, SM_QKV, kv,
+					 NULL);
+		op->attention(sd->be, &ap, &st->batch, sd->qkv, SM_QKV, kv, NULL, sd->att, SM_Q);
+	}
+	compare(cpu, gpu, cpu->qkv, gpu->qkv, (size_t) T * SM_QKV * 4, true, "rotated q and k");
+	compare(cpu, gpu, cpu->att, gpu->att, (size_t) T * SM_Q * 4, true, "attention");
+	for (int i = 0; i < 2; i++)
+	{
+		side	   *sd = sides[i];
+		const cai_backend_ops *op = sd->be->ops;
+
+		op->quantize(sd->be, sd->att, T, SM_Q, sd->xq, sd->xs);
+		op->gemm_i8(sd->be, sd->xq, sd->xs, T, &w->wo, NULL, sd->x, SM_D, true);
+		op->rmsnorm_quant(sd->be, sd->x, w->ffn_norm_i8, T, SM_D, 1e-5f, sd->xq, sd->xs);
+		op->gemm_i8(sd->be, sd->xq, sd->xs, T, &w->w_gate_up, NULL, sd->gate_up, 2 * SM_FF, false);
+		op->swiglu_quant(sd->be, sd->gate_up, T, SM_FF, sd->xq, sd->xs);
+	}
+	compare(cpu, gpu, cpu->gate_up, gpu->gate_up, (size_t) T * 2 * SM_FF * 4, true, "gate/up");
+	compare(cpu, gpu, cpu->xq, gpu->xq, (size_t) T * SM_FF, false, "swiglu (int8)");
+	for (int i = 0; i < 2; i++)
+	{
+		side	   *sd = sides[i];
+		const cai_backend_ops *op = sd->be->ops;
+
+		op->gemm_i8(sd->be, sd->xq, sd->xs, T, &w->w_down, NULL, sd->x, SM_D, true);
+		op->gather_rows(sd->be, sd->x, SM_D, st->logit_rows, st->R, sd->xg);
+		op->rmsnorm_quant(sd->be, sd->xg, s->m.out_norm, st->R, SM_D, 1e-5f, sd->xq, sd->xs);
+		/* the caller's logits are host memory: the gpu computes them on the device, downloads */
+		op->gemm_i8(sd->be, sd->xq, sd->xs, st->R, &s->m.lm_head, NULL, i == 0 ? clog : glog,
+					SM_VOCAB, false);
+	}
+	compare(cpu, gpu, cpu->x, gpu->x, (size_t) T * SM_D * 4, true, "residual stream");
+	compare(cpu, gpu, cpu->xg, gpu->xg, (size_t) st->R * SM_D * 4, true, "gathered rows");
+	{
+		cai_error	err;
+
+		if (gpu_ok(cai_cuda_backend_status(gpu->be, &err), &err, "cuda backend"))
+			gpu_same_f32(glog, clog, (size_t) st->R * SM_VOCAB, "logits");
+	}
+}
+
+static void
+step_init(step *st, int n_seqs, const int *first, const int *count, const int32_t *const *tables,
+		  gpu_rng *r)
+{
+	int			T = 0;
+
+	memset(st, 0, sizeof(*st));
+	for (int s = 0; s < n_seqs; s++)
+	{
+		st->start[s] = T;
+		st->len[s] = count[s];
+		st->tables[s] = tables[s];
+		for (int i = 0; i < count[s]; i++)
+		{
+			st->ids[T] = gpu_rng_int(r, 0, SM_VOCAB - 1);
+			st->pos[T] = first[s] + i;
+			st->seq[T] = s;
+			T++;
+		}
+		st->logit_rows[st->R++] = T - 1;
+	}
+	st->T = T;
+	st->n_seqs = n_seqs;
+	st->batch.n_tokens = T;
+	st->batch.n_seqs = n_seqs;
+	st->batch.token_pos = st->pos;
+	st->batch.token_seq = st->seq;
+	st->batch.seq_start = st->start;
+	st->batch.seq_len = st->len;
+	st->batch.block_tables = st->tables;
+}
+
+/* Both backends over the synthetic model, a host KV pool and a thread pool. */
+typedef struct fixture
+{
+	synth_model model;
+	cai_threadpool *tp;
+	cai_kv_pool *kv;
+	side		cpu;
+	side		gpu;
+} fixture;
+
+static bool
+fixture_open(fixture *f)
+{
+	cai_backend_limits lim = {16, SM_CTX, SM_FF, SM_HEADS, SM_KV_HEADS, SM_HD};
+	cai_cuda_backend_params p;
+	cai_kv_layout L;
+	cai_error	err;
+	size_t		part = (size_t) CAI_KV_BLOCK_TOKENS * SM_KV_HEADS * (2 * SM_HD + 2 * sizeof(float));
+
+	memset(f, 0, sizeof(*f));
+	if (!synth_build(&f->model, 77))
+	{
+		CHECK_MSG(false, "out of memory building the model");
+		return false;
+	}
+	f->tp = cai_threadpool_create(2);
+	L.n_kv_layers = 1;
+	L.n_kv_heads = SM_KV_HEADS;
+	L.head_dim = SM_HD;
+	L.layer_bytes = (part + 63) & ~(size_t) 63;
+	L.block_bytes = L.layer_bytes;
+	if (!gpu_ok(cai_kv_pool_create(&L, 12, &f->kv, &err), &err, "kv pool") ||
+		!gpu_ok(cai_backend_cpu_create(f->tp, &lim, &f->cpu.be, &err), &err, "cpu backend"))
+		return false;
+	memset(&p, 0, sizeof(p));
+	p.device = 0;
+	p.model = &f->model.m;
+	p.limits = lim;
+	p.kv_pool_layout = cai_kv_pool_layout;
+	p.kv_pool_n_blocks = cai_kv_pool_n_blocks;
+	if (!gpu_ok(cai_cuda_backend_create(&p, &f->gpu.be, &err), &err, "cuda backend"))
+		return false;
+	f->gpu.gpu = true;
+	fprintf(stderr, "    %s\n", cai_cuda_backend_device(f->gpu.be));
+	if (!side_alloc(&f->cpu, 16) || !side_alloc(&f->gpu, 16))
+	{
+		CHECK_MSG(false, "backend allocation failed");
+		return false;
+	}
+	return true;
+}
+
+static void
+fixture_close(fixture *f)
+{
+	side_free(&f->cpu);
+	side_free(&f->gpu);
+	cai_kv_pool_free(f->kv);
+	cai_threadpool_free(f->tp);
+	synth_free(&f->model);
+}
+
+TEST(gpu_backend_table_int8_forward_bit_exact)
+{
+	fixture		f;
+	int32_t		table0[4] = {7, 2, 9, 0},
+				table1[4] = {5, 11, 3, 1};
+	const int32_t *tables[2] = {table0, table1};
+	gpu_rng		r;
+	step		st;
+
+	gpu_rng_seed(&r, 12);
+	if (fixture_open(&f))
+	{
+		/* step 1: two prompts from position 0; step 2: a decode and a chunk after them */
+		int			first1[2] = {0, 0},
+					count1[2] = {5, 3};
+		int			first2[2] = {5, 3},
+					count2[2] = {1, 6};
+
+		step_init(&st, 2, first1, count1, tables, &r);
+		run_int8_step(&f.model, &f.cpu, &f.gpu, f.kv, &st);
+		step_init(&st, 2, first2, count2, tables, &r);
+		run_int8_step(&f.model, &f.cpu, &f.gpu, f.kv, &st);
+	}
+	fixture_close(&f);
+}
+
+TEST(gpu_backend_table_float_path)
+{
+	fixture		f;
+	gpu_rng		r;
+	int32_t		ids[6];
+
+	gpu_rng_seed(&r, 13);
+	for (int i = 0; i < 6; i++)
+		ids[i] = gpu_rng_int(&r, 0, SM_VOCAB - 1);
+	if (fixture_open(&f))
+	{
+		const cai_layer_weights *w = &f.model.layer;
+		side	   *sides[2] = {&f.cpu, &f.gpu};
+		float		clog[6 * SM_VOCAB],
+					glog[6 * SM_VOCAB];
+		float	   *c = malloc((size_t) 6 * SM_QKV * sizeof(float)),
+				   *g = malloc((size_t) 6 * SM_QKV * sizeof(float));
+
+		for (int i = 0; i < 2; i++)
+		{
+			side	   *sd = sides[i];
+			const cai_backend_ops *op = sd->be->ops;
+
+			op->embed_f32(sd->be, f.model.m.f_tok_embd, SM_D, ids, 6, sd->x);
+			op->rmsnorm(sd->be, sd->x, w->attn_norm, 6, SM_D, 1e-5f, sd->xn);
+			op->gemm_f32(sd->be, sd->xn, 6, SM_D, w->f_wq, SM_Q, w->bq, sd->qkv, SM_QKV, false);
+			op->gemm_f32(sd->be, sd->xn, 6, SM_D, w->f_wk, SM_KVD, w->bk, sd->qkv + SM_Q, SM_QKV,
+						 false);
+			op->gemm_f32(sd->be, sd->xn, 6, SM_D, f.model.m.f_lm_head, SM_VOCAB, NULL,
+						 i == 0 ? clog : glog, SM_VOCAB, false);
+			op->gemm_f32(sd->be, sd->xn, 6, SM_D, w->f_gate, SM_FF, NULL, sd->gate_up, 2 * SM_FF,
+						 false);
+			op->gemm_f32(sd->be, sd->xn, 6, SM_D, w->f_up, SM_FF, NULL, sd->gate_up + SM_FF,
+						 2 * SM_FF, false);
+			op->swiglu(sd->be, sd->gate_up, 6, SM_FF, sd->xg);
+		}
+		compare(&f.cpu, &f.gpu, f.cpu.x, f.gpu.x, (size_t) 6 * SM_D * 4, true, "float embedding");
+		compare(&f.cpu, &f.gpu, f.cpu.xn, f.gpu.xn, (size_t) 6 * SM_D * 4, true, "float rmsnorm");
+		if (c && g && fetch(&f.cpu, c, f.cpu.qkv, (size_t) 6 * SM_QKV * 4) &&
+			fetch(&f.gpu, g, f.gpu.qkv, (size_t) 6 * SM_QKV * 4))
+		{
+			/* q and k columns: fp32 GEMMs in another summation order */
+			for (int t = 0; t < 6; t++)
+				gpu_near_f32(g + t * SM_QKV, c + t * SM_QKV, SM_Q + SM_KVD, 1e-4, 1e-4,
+							 "float q/k projection");
+		}
+		gpu_near_f32(glog, clog, (size_t) 6 * SM_VOCAB, 1e-4, 1e-4, "float logits");
+		free(c);
+		free(g);
+	}
+	fixture_close(&f);
+}
+
+TEST(gpu_backend_reports_failures)
+{
+	fixture		f;
+
+	if (fixture_open(&f))
+	{
+		float		not_backend_memory[SM_D];
+		cai_error	err;
+		cai_status	st;
+
+		memset(not_backend_memory, 0, sizeof(not_backend_memory));
+		/* an input that is neither an allocation of the backend nor a model weight */
+		f.gpu.be->ops->rmsnorm(f.gpu.be, not_backend_memory, f.model.layer.attn_norm, 1, SM_D,
+							   1e-5f, f.gpu.xn);
+		/* later operations do nothing until the failure is collected */
+		f.gpu.be->ops->quantize(f.gpu.be, f.gpu.x, 1, SM_D, f.gpu.xq, f.gpu.xs);
+		st = cai_cuda_backend_status(f.gpu.be, &err);
+		CHECK(st != CAI_OK);
+		CHECK_MSG(strstr(err.message, "neither backend memory nor a model weight") != NULL,
+				  "message: %s", err.message);
+		/* collected: the backend works again */
+		CHECK(cai_cuda_backend_status(f.gpu.be, &err) == CAI_OK);
+	}
+	fixture_close(&f);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The default model end to end: greedy tokens of both backends
+ * ------------------------------------------------------------------------------------------- */
+
+/* Activations sized for a real model. */
+typedef struct model_side
+{
+	cai_backend *be;
+	bool		gpu;
+	float	   *x,
+			   *qkv,
+			   *att,
+			   *gate_up,
+			   *cs,
+			   *xg;
+	int8_t	   *xq;
+	float	   *xs;
+} model_side;
+
+static bool
+model_side_alloc(model_side *sd, const cai_config *c, int T)
+{
+	const cai_backend_ops *op = sd->be->ops;
+	int			q_dim = c->n_heads * c->head_dim;
+	int			qkv_w = q_dim + 2 * c->n_kv_heads * c->head_dim;
+	int			width = c->d_model > q_dim ? c->d_model : q_dim;
+
+	if (c->d_ff > width)
+		width = c->d_ff;
+	sd->x = op->alloc(sd->be, (size_t) T * c->d_model * sizeof(float));
+	sd->qkv = op->alloc(sd->be, (size_t) T * qkv_w * sizeof(float));
+	sd->att = op->alloc(sd->be, (size_t) T * q_dim * sizeof(float));
+	sd->gate_up = op->alloc(sd->be, (size_t) T * 2 * c->d_ff * sizeof(float));
+	sd->cs = op->alloc(sd->be, (size_t) T * c->n_rot * sizeof(float));
+	sd->xg = op->alloc(sd->be, (size_t) T * c->d_model * sizeof(float));
+	sd->xq = op->alloc(sd->be, (size_t) T * width);
+	sd->xs = op->alloc(sd->be, (size_t) T * sizeof(float));
+	return sd->x && sd->qkv && sd->att && sd->gate_up && sd->cs && sd->xg && sd->xq && sd->xs;
+}
+
+static void
+model_side_free(model_side *sd)
+{
+	void	   *bufs[8] = {sd->x, sd->qkv, sd->att, sd->gate_up, sd->cs, sd->xg, sd->xq, sd->xs};
+
+	if (!sd->be)
+		return;
+	for (int i = 0; i < 8; i++)
+		sd->be->ops->free(sd->be, bufs[i]);
+	cai_backend_free(sd->be);
+}
+
+/*
+ * cai_model_forward's int8 path, call for call, on one backend table (model.c creates its own
+ * CPU backend, so the test drives both tables itself; keep this in step with model.c).
+ */
+static void
+forward_int8(model_side *sd, const cai_model *m, cai_kv_pool *kv, const step *st, float *logits)
+{
+	const cai_config *c = &m->cfg;
+	const cai_backend_ops *op = sd->be->ops;
+	cai_backend *be = sd->be;
+	int			T = st->T;
+	int			d = c->d_model;
+	int			q_dim = c->n_heads * c->head_dim;
+	int			kv_dim = c->n_kv_heads * c->head_dim;
+	int			qkv_w = q_dim + 2 * kv_dim;
+	cai_rope_params rope = {c->n_rot, c->rope_base, c->rope_freq_scale, c->rope_neox,
+	m->rope_freqs};
+
+	op->embed_i8(be, &m->tok_embd, st->ids, T, sd->x);
+	op->rope_prepare(be, &rope, st->pos, T, sd->cs);
+	for (int l = 0; l < c->n_layers; l++)
+	{
+		const cai_layer_weights *w = &m->layers[l];
+		bool		owns_kv = c->kv_source[l] == l;
+		cai_attn_params ap = {c->n_heads, c->n_kv_heads, c->head_dim, c->attn_window[l],
+		c->kv_index[l], 1.0f / sqrtf((float) c->head_dim)};
+
+		op->rmsnorm_quant(be, sd->x, w->attn_norm_i8, T, d, c->norm_eps, sd->xq, sd->xs);
+		op->gemm_i8(be, sd->xq, sd->xs, T, owns_kv ? &w->wqkv : &w->wq,
+					owns_kv ? w->bqkv : w->bq, sd->qkv, qkv_w, false);
+		op->rope(be, &rope, sd->cs, sd->qkv, qkv_w, T,
+				 owns_kv ? c->n_heads + c->n_kv_heads : c->n_heads, c->head_dim);
+		if (owns_kv)
+			op->kv_write(be, &ap, &st->batch, sd->qkv + q_dim, sd->qkv + q_dim + kv_dim, qkv_w,
+						 kv, NULL);
+		op->attention(be, &ap, &st->batch, sd->qkv, qkv_w, kv, NULL, sd->att, q_dim);
+		op->quantize(be, sd->att, T, q_dim, sd->xq, sd->xs);
+		op->gemm_i8(be, sd->xq, sd->xs, T, &w->wo, NULL, sd->x, d, true);
+		op->rmsnorm_quant(be, sd->x, w->ffn_norm_i8, T, d, c->norm_eps, sd->xq, sd->xs);
+		op->gemm_i8(be, sd->xq, sd->xs, T, &w->w_gate_up, NULL, sd->gate_up, 2 * c->d_ff, false);
+		op->swiglu_quant(be, sd->gate_up, T, c->d_ff, sd->xq, sd->xs);
+		op->gemm_i8(be, sd->xq, sd->xs, T, &w->w_down, NULL, sd->x, d, true);
+	}
+	op->gather_rows(be, sd->x, d, st->logit_rows, st->R, sd->xg);
+	op->rmsnorm_quant(be, sd->xg, m->out_norm, st->R, d, c->norm_eps, sd->xq, sd->xs);
+	op->gemm_i8(be, sd->xq, sd->xs, st->R, &m->lm_head, NULL, logits, c->n_vocab, false);
+}
+
+static int32_t
+argmax_row(const float *l, int n)
+{
+	int32_t		best = 0;
+
+	for (int i = 1; i < n; i++)
+		if (l[i] > l[best])
+			best = i;
+	return best;
+}
+
+TEST(gpu_backend_default_model_greedy_matches_cpu)
+{
+	const char *path = test_real_model_path();
+	static const char *prompts[2] = {"The capital of France is", "Write a haiku about databases:"};
+	const int	n_decode = 16;
+	cai_model_params mp;
+	cai_model  *model = NULL;
+	cai_threadpool *tp = NULL;
+	cai_kv_pool *kv = NULL;
+	model_side	cpu = {0},
+				gpu = {0};
+	cai_kv_layout L;
+	int32_t    *prompt_ids[2] = {NULL, NULL};
+	int			n_prompt[2] = {0, 0};
+	int32_t		tables[2][64];
+	const int32_t *table_ptrs[2] = {tables[0], tables[1]};
+	float	   *clog = NULL,
+			   *glog = NULL;
+	cai_error	err;
+	int			max_t;
+
+	if (!path)
+		SKIP("the default model is not in models/ (make model)");
+	cai_model_params_default(&mp);
+	if (!gpu_ok(cai_model_load(path, &mp, &model, &err), &err, "model load"))
+		return;
+	for (int s = 0; s < 2; s++)
+		if (!gpu_ok(cai_tokenize(model, prompts[s], strlen(prompts[s]), false, &prompt_ids[s],
+								 &n_prompt[s], &err), &err, "tokenize"))
+			goto done;
+	max_t = n_prompt[0] + n_prompt[1];
+	if (max_t > 16 || n_prompt[0] + n_decode > 64 * 16)
+	{
+		CHECK_MSG(false, "prompts longer than this test's step buffers");
+		goto done;
+	}
+	cai_model_kv_layout(model, &L);
+	if (!gpu_ok(cai_kv_pool_create(&L, 2 * 4 + 2, &kv, &err), &err, "kv pool"))
+		goto done;
+	for (int s = 0; s < 2; s++)
+		for (int b = 0; b < 4; b++)
+			tables[s][b] = 2 * b + s;	/* interleaved blocks */
+	{
+		cai_backend_limits lim;
+		cai_cuda_backend_params p;
+		const cai_config *c = &model->cfg;
+
+		lim.max_tokens = 16;
+		lim.max_context = 64;
+		lim.max_width = c->n_heads * c->head_dim + 2 * c->n_kv_heads * c->head_dim;
+		if (c->d_ff > lim.max_width)
+			lim.max_width = c->d_ff;
+		lim.n_heads = c->n_heads;
+		lim.n_kv_heads = c->n_kv_heads;
+		lim.head_dim = c->head_dim;
+		tp = cai_threadpool_create(2);
+		if (!gpu_ok(cai_backend_cpu_create(tp, &lim, &cpu.be, &err), &err, "cpu backend"))
+			goto done;
+		memset(&p, 0, sizeof(p));
+		p.device = 0;
+		p.model = model;
+		p.limits = lim;
+		p.kv_pool_layout = cai_kv_pool_layout;
+		p.kv_pool_n_blocks = cai_kv_pool_n_blocks;
+		if (!gpu_ok(cai_cuda_backend_create(&p, &gpu.be, &err), &err, "cuda backend"))
+			goto done;
+		gpu.gpu = true;
+		if (!model_side_alloc(&cpu, c, 16) || !model_side_alloc(&gpu, c, 16))
+		{
+			CHECK_MSG(false, "activation allocation failed");
+			goto done;
+		}
+	}
+	clog = malloc((size_t) 2 * model->cfg.n_vocab * sizeof(float));
+	glog = malloc((size_t) 2 * model->cfg.n_vocab * sizeof(float));
+	if (!clog || !glog)
+		goto done;
+
+	/* prefill both prompts in one ragged step, then decode both together, greedily */
+	{
+		int			pos[2] = {0, 0};
+		int32_t		next[2];
+		static step st;
+
+		for (int it = 0; it <= n_decode; it++)
+		{
+			int			T = 0;
+
+			memset(&st, 0, sizeof(st));
+			for (int s = 0; s < 2; s++)
+			{
+				int			n = it == 0 ? n_prompt[s] : 1;
+
+				st.start[s] = T;
+				st.len[s] = n;
+				st.tables[s] = table_ptrs[s];
+				for (int i = 0; i < n; i++)
+				{
+					st.ids[T] = it == 0 ? prompt_ids[s][i] : next[s];
+					st.pos[T] = pos[s] + i;
+					st.seq[T] = s;
+					T++;
+				}
+				st.logit_rows[s] = T - 1;
+				pos[s] += n;
+			}
+			st.T = T;
+			st.R = 2;
+			st.n_seqs = 2;
+			st.batch.n_tokens = T;
+			st.batch.n_seqs = 2;
+			st.batch.token_pos = st.pos;
+			st.batch.token_seq = st.seq;
+			st.batch.seq_start = st.start;
+			st.batch.seq_len = st.len;
+			st.batch.block_tables = st.tables;
+
+			forward_int8(&cpu, model, kv, &st, clog);
+			forward_int8(&gpu, model, kv, &st, glog);
+			if (!gpu_ok(cai_cuda_backend_status(gpu.be, &err), &err, "cuda forward"))
+				break;
+			if (!gpu_same_f32(glog, clog, (size_t) 2 * model->cfg.n_vocab, "logits"))
+			{
+				fprintf(stderr, "    (step %d)\n", it);
+				break;
+			}
+			for (int s = 0; s < 2; s++)
+			{
+				int32_t		c = argmax_row(clog + (size_t) s * model->cfg.n_vocab, model->cfg.n_vocab);
+
+				CHECK_EQ_INT(argmax_row(glog + (size_t) s * model->cfg.n_vocab, model->cfg.n_vocab), c);
+				next[s] = c;
+			}
+		}
+	}
+done:
+	free(clog);
+	free(glog);
+	model_side_free(&cpu);
+	model_side_free(&gpu);
+	cai_kv_pool_free(kv);
+	cai_threadpool_free(tp);
+	for (int s = 0; s < 2; s++)
+		cai_free(prompt_ids[s]);
+	cai_model_free(model);
+}

@@ -1,0 +1,851 @@
+/*
+ * test_kernels.c — each CUDA kernel against the engine's CPU code (cpu/gemm.c, cpu/ops.c, the
+ * sampler's ordering), element by element.
+ *
+ * Tolerances: the int8 GEMM's int32 accumulators are compared for equality, and every kernel
+ * that replays a CPU kernel (epilogue, quantization, RMSNorm, RoPE, SwiGLU, embedding) must give
+ * the CPU's floats bit for bit.  Only the float reference GEMM (cuBLASLt fp32, another summation
+ * order) is compared with a tolerance: |gpu - cpu| <= 1e-5 * sum_i |x_i w_i| + 1e-6, a few units
+ * of fp32 rounding on the magnitude of the terms; and the device-built rotary table (double
+ * precision on both sides, CUDA's libdevice against glibc) within 2.5e-7.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu/gemm.h"
+#include "cpu/ops.h"
+#include "cpu/threadpool.h"
+#include "gpu_util.h"
+#include "quant.h"
+#include "test.h"
+
+/* A host int8 weight matrix with random values and positive per-row scales. */
+typedef struct host_qmatrix
+{
+	cai_qmatrix m;
+	int8_t	   *q;
+	float	   *scale;
+	int32_t    *row_sum;
+} host_qmatrix;
+
+static bool
+host_qmatrix_make(gpu_rng *r, int n_out, int k, host_qmatrix *h)
+{
+	h->q = malloc((size_t) n_out * k);
+	h->scale = malloc((size_t) n_out * sizeof(float));
+	h->row_sum = malloc((size_t) n_out * sizeof(int32_t));
+	if (!h->q || !h->scale || !h->row_sum)
+		return false;
+	gpu_fill_i8(r, h->q, (size_t) n_out * k);
+	gpu_fill_f32(r, h->scale, (size_t) n_out, 1e-4f, 2e-2f);
+	h->m.n_out = n_out;
+	h->m.k = k;
+	h->m.q = h->q;
+	h->m.scale = h->scale;
+	h->m.row_sum = h->row_sum;
+	cai_qmatrix_prepare(&h->m);
+	return true;
+}
+
+static void
+host_qmatrix_free(host_qmatrix *h)
+{
+	free(h->q);
+	free(h->scale);
+	free(h->row_sum);
+}
+
+TEST(gpu_gemm_i8_accumulators_exact)
+{
+	static const int shapes[][3] = {	/* n_out, k, n_tok */
+		{64, 64, 1}, {70, 576, 3}, {1536, 576, 17}, {576, 1536, 64}, {4096, 576, 300},
+		{49152, 576, 2},
+	};
+	gpu_rng		r;
+
+	gpu_rng_seed(&r, 1);
+	for (int pass = 0; pass < 2; pass++)
+	{
+		/* pass 1: the dp4a fallback that runs when cuBLASLt has no int8 kernel for a shape */
+		if (pass == 1)
+			setenv("CAI_CUDA_GEMM", "dp4a", 1);
+		for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
+		{
+			int			m = shapes[s][0],
+						k = shapes[s][1],
+						n = shapes[s][2];
+			host_qmatrix w;
+			cai_cuda_qmatrix dw;
+			int8_t	   *x = malloc((size_t) n * k);
+			int32_t    *ref = malloc((size_t) n * m * sizeof(int32_t));
+			int32_t    *got;
+			int			ld;
+			cai_error	err;
+
+			if (!x || !ref || !host_qmatrix_make(&r, m, k, &w))
+			{
+				CHECK_MSG(false, "out of memory");
+				return;
+			}
+			gpu_fill_i8(&r, x, (size_t) n * k);
+			for (int t = 0; t < n; t++)
+				for (int o = 0; o < m; o++)
+				{
+					int32_t		acc = 0;
+
+					for (int i = 0; i < k; i++)
+						acc += (int32_t) x[(size_t) t * k + i] * w.q[(size_t) o * k + i];
+					ref[(size_t) t * m + o] = acc;
+				}
+			if (gpu_ok(cai_cuda_qmatrix_upload(gpu_ctx(), w.q, w.scale, m, k, "test", &dw, &err),
+					   &err, "qmatrix upload"))
+			{
+				int32_t    *dacc;
+				int8_t	   *dx = gpu_upload(x, (size_t) n * k);
+
+				ld = dw.n_out_padded;
+				dacc = gpu_alloc((size_t) n * ld * sizeof(int32_t));
+				got = malloc((size_t) n * ld * sizeof(int32_t));
+				if (dx && dacc && got &&
+					gpu_ok(cai_cuda_gemm_i8_acc(gpu_ctx(), dx, n, &dw, dacc, ld, &err), &err,
+						   "gemm") &&
+					gpu_download(got, dacc, (size_t) n * ld * sizeof(int32_t)))
+				{
+					for (int t = 0; t < n; t++)
+						if (!gpu_same_i32(got + (size_t) t * ld, ref + (size_t) t * m, m,
+										  pass ? "dp4a accumulators" : "cublaslt accumulators"))
+							break;
+				}
+				free(got);
+				cai_cuda_qmatrix_free(gpu_ctx(), &dw);
+			}
+			host_qmatrix_free(&w);
+			free(x);
+			free(ref);
+		}
+	}
+	unsetenv("CAI_CUDA_GEMM");
+}
+
+/* One epilogue configuration against cai_gemm_i8 (+ quantization, + SiLU). */
+static void
+check_gemm_epilogue(gpu_rng *r, cai_threadpool *pool, int m, int k, int n, int ldo, bool bias,
+					bool accumulate, bool requant, bool silu)
+{
+	host_qmatrix w;
+	cai_cuda_qmatrix dw;
+	cai_cuda_epilogue epi;
+	float	   *x = malloc((size_t) n * k * sizeof(float));
+	int8_t	   *xq = malloc((size_t) n * k);
+	float	   *xs = malloc((size_t) n * sizeof(float));
+	float	   *b = malloc((size_t) m * sizeof(float));
+	float	   *out0 = malloc((size_t) n * ldo * sizeof(float));
+	float	   *cpu = malloc((size_t) n * ldo * sizeof(float));
+	float	   *got = malloc((size_t) n * ldo * sizeof(float));
+	float	   *ones = malloc((size_t) m * sizeof(float));
+	int8_t	   *cq = malloc((size_t) n * m);
+	float	   *cs = malloc((size_t) n * sizeof(float));
+	int8_t	   *gq = malloc((size_t) n * m);
+	float	   *gs = malloc((size_t) n * sizeof(float));
+	float	   *dout;
+	cai_error	err;
+
+	if (!x || !xq || !xs || !b || !out0 || !cpu || !got || !ones || !cq || !cs || !gq || !gs ||
+		!host_qmatrix_make(r, m, k, &w))
+	{
+		CHECK_MSG(false, "out of memory");
+		goto done;
+	}
+	gpu_fill_f32(r, x, (size_t) n * k, -3.0f, 3.0f);
+	memset(x + (size_t) (n - 1) * k, 0, (size_t) k * sizeof(float));	/* a zero token row */
+	if (n > 1)
+		x[0] = 1e30f;			/* a row dominated by one huge value */
+	cai_quantize_act_i8(x, n, k, xq, xs);
+	gpu_fill_f32(r, b, (size_t) m, -1.0f, 1.0f);
+	gpu_fill_f32(r, out0, (size_t) n * ldo, -5.0f, 5.0f);
+	for (int i = 0; i < m; i++)
+		ones[i] = 1.0f;
+
+	/* the cpu: the engine's gemm, then (for the fused extras) its own activation and quantizer */
+	memcpy(cpu, out0, (size_t) n * ldo * sizeof(float));
+	cai_gemm_i8(pool, xq, xs, n, &w.m, bias ? b : NULL, cpu, ldo, accumulate && !silu);
+	if (silu)
+		for (int t = 0; t < n; t++)
+			cai_op_swiglu_row(cpu + (size_t) t * ldo, ones, m, cpu + (size_t) t * ldo);
+	if (requant)
+		for (int t = 0; t < n; t++)
+			cai_quantize_act_i8(cpu + (size_t) t * ldo, 1, m, cq + (size_t) t * m, cs + t);
+
+	if (!gpu_ok(cai_cuda_qmatrix_upload(gpu_ctx(), w.q, w.scale, m, k, "test", &dw, &err), &err,
+				"qmatrix upload"))
+		goto done;
+	memset(&epi, 0, sizeof(epi));
+	epi.bias_dev = bias ? gpu_upload(b, (size_t) m * sizeof(float)) : NULL;
+	epi.accumulate = accumulate && !silu;
+	epi.activation = silu ? CAI_CUDA_ACT_SILU : CAI_CUDA_ACT_NONE;
+	epi.q_out_dev = requant ? gpu_alloc((size_t) n * m) : NULL;
+	epi.s_out_dev = requant ? gpu_alloc((size_t) n * sizeof(float)) : NULL;
+	dout = gpu_upload(out0, (size_t) n * ldo * sizeof(float));
+	if (dout &&
+		gpu_ok(cai_cuda_gemm_i8(gpu_ctx(), gpu_upload(xq, (size_t) n * k),
+								gpu_upload(xs, (size_t) n * sizeof(float)), n, &dw, dout, ldo,
+								&epi, &err), &err, "gemm") &&
+		gpu_download(got, dout, (size_t) n * ldo * sizeof(float)))
+	{
+		gpu_same_f32(got, cpu, (size_t) n * ldo, "gemm output");
+		if (requant && gpu_download(gq, epi.q_out_dev, (size_t) n * m) &&
+			gpu_download(gs, epi.s_out_dev, (size_t) n * sizeof(float)))
+		{
+			gpu_same_i8(gq, cq, (size_t) n * m, "requantized output");
+			gpu_same_f32(gs, cs, (size_t) n, "requantized scales");
+		}
+	}
+	cai_cuda_qmatrix_free(gpu_ctx(), &dw);
+done:
+	host_qmatrix_free(&w);
+	free(x);
+	free(xq);
+	free(xs);
+	free(b);
+	free(out0);
+	free(cpu);
+	free(got);
+	free(ones);
+	free(cq);
+	free(cs);
+	free(gq);
+	free(gs);
+}
+
+TEST(gpu_gemm_i8_epilogue_bit_exact)
+{
+	cai_threadpool *pool = cai_threadpool_create(2);
+	gpu_rng		r;
+
+	gpu_rng_seed(&r, 2);
+	/* m, k, n, ldo, bias, accumulate, requant, silu */
+	check_gemm_epilogue(&r, pool, 64, 64, 1, 64, false, false, false, false);
+	check_gemm_epilogue(&r, pool, 70, 576, 5, 75, true, false, false, false);
+	check_gemm_epilogue(&r, pool, 576, 1536, 33, 576, false, true, false, false);
+	check_gemm_epilogue(&r, pool, 1728, 576, 9, 1728, true, false, true, false);
+	check_gemm_epilogue(&r, pool, 576, 576, 17, 580, true, true, true, false);
+	check_gemm_epilogue(&r, pool, 1536, 576, 4, 1536, true, false, true, true);
+	cai_threadpool_free(pool);
+}
+
+TEST(gpu_gemm_f32_near_cpu)
+{
+	cai_threadpool *pool = cai_threadpool_create(2);
+	static const int shapes[][4] = {{64, 64, 3, 64}, {577, 576, 17, 600}, {1536, 576, 40, 1536}};
+	gpu_rng		r;
+
+	gpu_rng_seed(&r, 3);
+	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
+	{
+		int			m = shapes[s][0],
+					k = shapes[s][1],
+					n = shapes[s][2],
+					ldo = shapes[s][3];
+
+		for (int variant = 0; variant < 2; variant++)
+		{
+			bool		with_bias = variant == 1;
+			bool		accumulate = variant == 1;
+			float	   *x = malloc((size_t) n * k * sizeof(float));
+			float	   *w = malloc((size_t) m * k * sizeof(float));
+			float	   *b = malloc((size_t) m * sizeof(float));
+			float	   *cpu = malloc((size_t) n * ldo * sizeof(float));
+			float	   *got = malloc((size_t) n * ldo * sizeof(float));
+			float	   *dout;
+			cai_error	err;
+
+			if (!x || !w || !b || !cpu || !got)
+			{
+				CHECK_MSG(false, "out of memory");
+				return;
+			}
+			gpu_fill_f32(&r, x, (size_t) n * k, -1.0f, 1.0f);
+			gpu_fill_f32(&r, w, (size_t) m * k, -0.2f, 0.2f);
+			gpu_fill_f32(&r, b, (size_t) m, -1.0f, 1.0f);
+			gpu_fill_f32(&r, cpu, (size_t) n * ldo, -2.0f, 2.0f);
+			dout = gpu_upload(cpu, (size_t) n * ldo * sizeof(float));
+			cai_gemm_f32(pool, x, n, k, w, m, with_bias ? b : NULL, cpu, ldo, accumulate);
+			if (dout &&
+				gpu_ok(cai_cuda_gemm_f32(gpu_ctx(), gpu_upload(x, (size_t) n * k * sizeof(float)),
+										 n, k, gpu_upload(w, (size_t) m * k * sizeof(float)), m,
+										 with_bias ? gpu_upload(b, (size_t) m * sizeof(float)) : NULL,
+										 dout, ldo, accumulate, &err), &err, "float gemm") &&
+				gpu_download(got, dout, (size_t) n * ldo * sizeof(float)))
+			{
+				size_t		bad = 0;
+
+				for (int t = 0; t < n; t++)
+					for (int o = 0; o < ldo; o++)
+					{
+						size_t		at = (size_t) t * ldo + o;
+						double		mag = 0.0;
+
+						if (o < m)
+							for (int i = 0; i < k; i++)
+								mag += fabs((double) x[(size_t) t * k + i] * w[(size_t) o * k + i]);
+						/* untouched columns (o >= m) must be identical */
+						if (!(fabs((double) got[at] - cpu[at]) <= (o < m ? 1e-5 * mag + 1e-6 : 0.0)))
+							bad++;
+					}
+				CHECK_MSG(bad == 0, "float gemm %dx%dx%d: %zu elements outside tolerance", m, k,
+						  n, bad);
+			}
+			free(x);
+			free(w);
+			free(b);
+			free(cpu);
+			free(got);
+		}
+	}
+	cai_threadpool_free(pool);
+}
+
+TEST(gpu_quantize_bit_exact)
+{
+	static const int shapes[][3] = {{1, 64, 64}, {7, 576, 600}, {33, 100, 100}, {5, 1536, 1536}};
+	gpu_rng		r;
+
+	gpu_rng_seed(&r, 4);
+	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
+	{
+		int			n = shapes[s][0],
+					k = shapes[s][1],
+					ldx = shapes[s][2];
+		float	   *x = malloc((size_t) n * ldx * sizeof(float));
+		float	   *dense = malloc((size_t) n * k * sizeof(float));
+		int8_t	   *cq = malloc((size_t) n * k),
+				   *gq = malloc((size_t) n * k);
+		float	   *cs = malloc((size_t) n * sizeof(float)),
+				   *gs = malloc((size_t) n * sizeof(float));
+		int8_t	   *dq = gpu_alloc((size_t) n * k);
+		float	   *ds = gpu_alloc((size_t) n * sizeof(float));
+		cai_error	err;
+
+		if (!x || !dense || !cq || !gq || !cs || !gs || !dq || !ds)
+		{
+			CHECK_MSG(false, "out of memory");
+			return;
+		}
+		gpu_fill_f32(&r, x, (size_t) n * ldx, -10.0f, 10.0f);
+		if (n > 2)
+		{
+			memset(x + ldx, 0, (size_t) k * sizeof(float));	/* a zero row */
+			x[2 * ldx + 1] = 3e37f;		/* a huge value */
+			x[2 * ldx + 2] = 1e-40f;	/* a subnormal */
+		}
+		for (int t = 0; t < n; t++)
+			memcpy(dense + (size_t) t * k, x + (size_t) t * ldx, (size_t) k * sizeof(float));
+		cai_quantize_act_i8(dense, n, k, cq, cs);
+		if (gpu_ok(cai_cuda_quantize_act(gpu_ctx(), gpu_upload(x, (size_t) n * ldx * sizeof(float)),
+										 n, k, ldx, dq, ds, &err), &err, "quantize") &&
+			gpu_download(gq, dq, (size_t) n * k) && gpu_download(gs, ds, (size_t) n * sizeof(float)))
+		{
+			gpu_same_i8(gq, cq, (size_t) n * k, "quantized");
+			gpu_same_f32(gs, cs, (size_t) n, "scales");
+		}
+		free(x);
+		free(dense);
+		free(cq);
+		free(gq);
+		free(cs);
+		free(gs);
+	}
+}
+
+TEST(gpu_rmsnorm_bit_exact)
+{
+	static const int shapes[][2] = {{1, 576}, {9, 100}, {3, 4096}, {17, 7}, {64, 576}};
+	gpu_rng		r;
+
+	gpu_rng_seed(&r, 5);
+	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
+	{
+		int			n = shapes[s][0],
+					d = shapes[s][1];
+		size_t		nd = (size_t) n * d;
+		float	   *x = malloc(nd * sizeof(float)),
+				   *w = malloc((size_t) d * sizeof(float)),
+				   *cy = malloc(nd * sizeof(float)),
+				   *gy = malloc(nd * sizeof(float));
+		int8_t	   *cq = malloc(nd),
+				   *gq = malloc(nd);
+		float	   *cs = malloc((size_t) n * sizeof(float)),
+				   *gs = malloc((size_t) n * sizeof(float));
+		float	   *dx,
+				   *dw,
+				   *dy = gpu_alloc(nd * sizeof(float)),
+				   *ds = gpu_alloc((size_t) n * sizeof(float));
+		int8_t	   *dq = gpu_alloc(nd);
+		cai_error	err;
+
+		if (!x || !w || !cy || !gy || !cq || !gq || !cs || !gs || !dy || !ds || !dq)
+		{
+			CHECK_MSG(false, "out of memory");
+			return;
+		}
+		gpu_fill_f32(&r, x, nd, -4.0f, 4.0f);
+		gpu_fill_f32(&r, w, (size_t) d, 0.5f, 1.5f);
+		for (int t = 0; t < n; t++)
+			cai_op_rmsnorm_row(x + (size_t) t * d, w, d, 1e-5f, cy + (size_t) t * d);
+		cai_quantize_act_i8(cy, n, d, cq, cs);
+		dx = gpu_upload(x, nd * sizeof(float));
+		dw = gpu_upload(w, (size_t) d * sizeof(float));
+		if (gpu_ok(cai_cuda_rmsnorm(gpu_ctx(), dx, dw, n, d, 1e-5f, dy, NULL, NULL, &err), &err,
+				   "rmsnorm") &&
+			gpu_download(gy, dy, nd * sizeof(float)))
+			gpu_same_f32(gy, cy, nd, "rmsnorm");
+		if (gpu_ok(cai_cuda_rmsnorm(gpu_ctx(), dx, dw, n, d, 1e-5f, NULL, dq, ds, &err), &err,
+				   "rmsnorm_quant") &&
+			gpu_download(gq, dq, nd) && gpu_download(gs, ds, (size_t) n * sizeof(float)))
+		{
+			gpu_same_i8(gq, cq, nd, "rmsnorm quantized");
+			gpu_same_f32(gs, cs, (size_t) n, "rmsnorm scales");
+		}
+		free(x);
+		free(w);
+		free(cy);
+		free(gy);
+		free(cq);
+		free(gq);
+		free(cs);
+		free(gs);
+	}
+}
+
+/* One rope configuration: gather + rotate against cai_op_rope_angles + cai_op_rope_row. */
+static void
+check_rope(gpu_rng *r, int n_tok, int n_heads, int head_dim, int n_rot, bool neox,
+		   bool factors, int n_pos)
+{
+	cai_rope_params rp;
+	float		freq_factors[128];
+	int			ldx = n_heads * head_dim + 8;
+	float	   *table = malloc((size_t) n_pos * n_rot * sizeof(float));
+	float	   *x = malloc((size_t) n_tok * ldx * sizeof(float));
+	float	   *cpu = malloc((size_t) n_tok * ldx * sizeof(float));
+	float	   *got = malloc((size_t) n_tok * ldx * sizeof(float));
+	float	   *ccs = malloc((size_t) n_tok * n_rot * sizeof(float));
+	float	   *gcs = malloc((size_t) n_tok * n_rot * sizeof(float));
+	int32_t    *pos = malloc((size_t) n_tok * sizeof(int32_t));
+	float	   *dcs = gpu_alloc((size_t) n_tok * n_rot * sizeof(float));
+	float	   *dx;
+	cai_error	err;
+
+	if (!table || !x || !cpu || !got || !ccs || !gcs || !pos || !dcs)
+	{
+		CHECK_MSG(false, "out of memory");
+		goto done;
+	}
+	for (int i = 0; i < n_rot / 2; i++)
+		freq_factors[i] = gpu_rng_float(r, 1.0f, 8.0f);
+	rp.n_rot = n_rot;
+	rp.base = neox ? 1000000.0f : 10000.0f;
+	rp.freq_scale = factors ? 0.5f : 1.0f;
+	rp.neox = neox;
+	rp.freq_factors = factors ? freq_factors : NULL;
+	for (int p = 0; p < n_pos; p++)
+		cai_op_rope_angles(&rp, p, table + (size_t) p * n_rot);
+	for (int t = 0; t < n_tok; t++)
+	{
+		pos[t] = t == 0 ? n_pos - 1 : gpu_rng_int(r, 0, n_pos - 1);
+		memcpy(ccs + (size_t) t * n_rot, table + (size_t) pos[t] * n_rot, (size_t) n_rot * sizeof(float));
+	}
+	gpu_fill_f32(r, x, (size_t) n_tok * ldx, -2.0f, 2.0f);
+	memcpy(cpu, x, (size_t) n_tok * ldx * sizeof(float));
+	for (int t = 0; t < n_tok; t++)
+		cai_op_rope_row(&rp, ccs + (size_t) t * n_rot, cpu + (size_t) t * ldx, n_heads, head_dim);
+
+	dx = gpu_upload(x, (size_t) n_tok * ldx * sizeof(float));
+	if (dx &&
+		gpu_ok(cai_cuda_rope_gather(gpu_ctx(), gpu_upload(table, (size_t) n_pos * n_rot * sizeof(float)),
+									n_pos, n_rot, gpu_upload(pos, (size_t) n_tok * sizeof(int32_t)),
+									n_tok, dcs, &err), &err, "rope gather") &&
+		gpu_ok(cai_cuda_rope(gpu_ctx(), dcs, dx, ldx, n_tok, n_heads, head_dim, n_rot, neox, &err),
+			   &err, "rope") &&
+		gpu_download(gcs, dcs, (size_t) n_tok * n_rot * sizeof(float)) &&
+		gpu_download(got, dx, (size_t) n_tok * ldx * sizeof(float)))
+	{
+		gpu_same_f32(gcs, ccs, (size_t) n_tok * n_rot, "rope angles");
+		gpu_same_f32(got, cpu, (size_t) n_tok * ldx, "rotated rows");
+	}
+	/* the device-built table (benchmarks) agrees with the host's to float rounding */
+	if (!factors)
+	{
+		float	   *dt = gpu_alloc((size_t) n_pos * n_rot * sizeof(float));
+		float	   *gt = malloc((size_t) n_pos * n_rot * sizeof(float));
+
+		if (dt && gt &&
+			gpu_ok(cai_cuda_rope_table(gpu_ctx(), dt, n_pos, n_rot, rp.base, rp.freq_scale, &err),
+				   &err, "rope table") &&
+			gpu_download(gt, dt, (size_t) n_pos * n_rot * sizeof(float)))
+			gpu_near_f32(gt, table, (size_t) n_pos * n_rot, 2.5e-7, 0.0, "device rope table");
+		free(gt);
+	}
+done:
+	free(table);
+	free(x);
+	free(cpu);
+	free(got);
+	free(ccs);
+	free(gcs);
+	free(pos);
+}
+
+TEST(gpu_rope_bit_exact)
+{
+	gpu_rng		r;
+
+	gpu_rng_seed(&r, 6);
+	check_rope(&r, 13, 12, 64, 64, false, false, 4096);	/* llama: q and k heads of SmolLM2 */
+	check_rope(&r, 5, 6, 128, 128, true, false, 512);	/* qwen2 */
+	check_rope(&r, 7, 4, 128, 64, true, true, 2048);	/* partial rotation, frequency factors */
+}
+
+TEST(gpu_swiglu_bit_exact)
+{
+	static const int shapes[][2] = {{1, 1536}, {11, 100}, {40, 1536}};
+	gpu_rng		r;
+
+	gpu_rng_seed(&r, 7);
+	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
+	{
+		int			n = shapes[s][0],
+					d_ff = shapes[s][1];
+		size_t		nh = (size_t) n * d_ff;
+		float	   *gu = malloc(2 * nh * sizeof(float)),
+				   *ch = malloc(nh * sizeof(float)),
+				   *gh = malloc(nh * sizeof(float));
+		int8_t	   *cq = malloc(nh),
+				   *gq = malloc(nh);
+		float	   *cs = malloc((size_t) n * sizeof(float)),
+				   *gs = malloc((size_t) n * sizeof(float));
+		float	   *dgu,
+				   *dh = gpu_alloc(nh * sizeof(float)),
+				   *ds = gpu_alloc((size_t) n * sizeof(float));
+		int8_t	   *dq = gpu_alloc(nh);
+		cai_error	err;
+
+		if (!gu || !ch || !gh || !cq || !gq || !cs || !gs || !dh || !ds || !dq)
+		{
+			CHECK_MSG(false, "out of memory");
+			return;
+		}
+		gpu_fill_f32(&r, gu, 2 * nh, -12.0f, 12.0f);
+		gu[0] = -100.0f;		/* exp clamps */
+		gu[1] = 100.0f;
+		for (int t = 0; t < n; t++)
+			cai_op_swiglu_row(gu + (size_t) t * 2 * d_ff, gu + (size_t) t * 2 * d_ff + d_ff, d_ff,
+							  ch + (size_t) t * d_ff);
+		cai_quantize_act_i8(ch, n, d_ff, cq, cs);
+		dgu = gpu_upload(gu, 2 * nh * sizeof(float));
+		if (gpu_ok(cai_cuda_swiglu(gpu_ctx(), dgu, n, d_ff, dh, NULL, NULL, &err), &err, "swiglu") &&
+			gpu_download(gh, dh, nh * sizeof(float)))
+			gpu_same_f32(gh, ch, nh, "swiglu");
+		if (gpu_ok(cai_cuda_swiglu(gpu_ctx(), dgu, n, d_ff, NULL, dq, ds, &err), &err,
+				   "swiglu_quant") &&
+			gpu_download(gq, dq, nh) && gpu_download(gs, ds, (size_t) n * sizeof(float)))
+		{
+			gpu_same_i8(gq, cq, nh, "swiglu quantized");
+			gpu_same_f32(gs, cs, (size_t) n, "swiglu scales");
+		}
+		free(gu);
+		free(ch);
+		free(gh);
+		free(cq);
+		free(gq);
+		free(cs);
+		free(gs);
+	}
+}
+
+TEST(gpu_embedding_and_gather_bit_exact)
+{
+	const int	vocab = 1003,
+				d = 576,
+				n = 37;
+	gpu_rng		r;
+	int8_t	   *tq = malloc((size_t) vocab * d);
+	float	   *ts = malloc((size_t) vocab * sizeof(float));
+	float	   *tf = malloc((size_t) vocab * d * sizeof(float));
+	int32_t    *ids = malloc((size_t) n * sizeof(int32_t));
+	float	   *cpu = malloc((size_t) n * d * sizeof(float));
+	float	   *got = malloc((size_t) n * d * sizeof(float));
+	float	   *dx = gpu_alloc((size_t) n * d * sizeof(float));
+	int32_t    *dids;
+	cai_cuda_qmatrix table;
+	cai_error	err;
+
+	gpu_rng_seed(&r, 8);
+	if (!tq || !ts || !tf || !ids || !cpu || !got || !dx)
+	{
+		CHECK_MSG(false, "out of memory");
+		goto done;
+	}
+	gpu_fill_i8(&r, tq, (size_t) vocab * d);
+	gpu_fill_f32(&r, ts, (size_t) vocab, 1e-3f, 1e-1f);
+	gpu_fill_f32(&r, tf, (size_t) vocab * d, -1.0f, 1.0f);
+	for (int t = 0; t < n; t++)
+		ids[t] = t == 0 ? vocab - 1 : gpu_rng_int(&r, 0, vocab - 1);
+	dids = gpu_upload(ids, (size_t) n * sizeof(int32_t));
+
+	for (int t = 0; t < n; t++)
+		cai_op_dequant_row(tq + (size_t) ids[t] * d, ts[ids[t]], d, cpu + (size_t) t * d);
+	if (gpu_ok(cai_cuda_qmatrix_upload(gpu_ctx(), tq, ts, vocab, d, "table", &table, &err), &err,
+			   "table upload"))
+	{
+		if (gpu_ok(cai_cuda_embed_i8(gpu_ctx(), &table, dids, n, dx, &err), &err, "embed_i8") &&
+			gpu_download(got, dx, (size_t) n * d * sizeof(float)))
+			gpu_same_f32(got, cpu, (size_t) n * d, "int8 embedding");
+		cai_cuda_qmatrix_free(gpu_ctx(), &table);
+	}
+
+	for (int t = 0; t < n; t++)
+		memcpy(cpu + (size_t) t * d, tf + (size_t) ids[t] * d, (size_t) d * sizeof(float));
+	if (gpu_ok(cai_cuda_embed_f32(gpu_ctx(), gpu_upload(tf, (size_t) vocab * d * sizeof(float)),
+								  vocab, d, dids, n, dx, &err), &err, "embed_f32") &&
+		gpu_download(got, dx, (size_t) n * d * sizeof(float)))
+		gpu_same_f32(got, cpu, (size_t) n * d, "float embedding");
+
+	/* gather: rows of the float table chosen by the same ids */
+	if (gpu_ok(cai_cuda_gather_rows(gpu_ctx(), gpu_upload(tf, (size_t) vocab * d * sizeof(float)),
+									d, dids, n, dx, &err), &err, "gather") &&
+		gpu_download(got, dx, (size_t) n * d * sizeof(float)))
+		gpu_same_f32(got, cpu, (size_t) n * d, "gathered rows");
+done:
+	free(tq);
+	free(ts);
+	free(tf);
+	free(ids);
+	free(cpu);
+	free(got);
+}
+
+/* The sampler's order: larger logit first, lower id on ties; NaN never. */
+static bool
+ranks_before(float v, int i, float bv, int bi)
+{
+	return v > bv || (v == bv && i < bi);
+}
+
+TEST(gpu_argmax_and_topk_match_the_sampler_order)
+{
+	const int	rows = 6,
+				vocab = 49152,
+				k = 40;
+	gpu_rng		r;
+	float	   *logits = malloc((size_t) rows * vocab * sizeof(float));
+	int32_t    *gids = malloc((size_t) rows * k * sizeof(int32_t));
+	float	   *gvals = malloc((size_t) rows * k * sizeof(float));
+	int32_t    *dargmax = gpu_alloc((size_t) rows * sizeof(int32_t));
+	int32_t    *dids = gpu_alloc((size_t) rows * k * sizeof(int32_t));
+	float	   *dvals = gpu_alloc((size_t) rows * k * sizeof(float));
+	float	   *dl;
+	cai_error	err;
+
+	gpu_rng_seed(&r, 9);
+	if (!logits || !gids || !gvals || !dargmax || !dids || !dvals)
+	{
+		CHECK_MSG(false, "out of memory");
+		goto done;
+	}
+	gpu_fill_f32(&r, logits, (size_t) rows * vocab, -20.0f, 20.0f);
+	/* planted: ties of the maximum (the lower id must win), NaNs, a repeated value in the top k */
+	logits[0 * vocab + 777] = 50.0f;
+	logits[0 * vocab + 30000] = 50.0f;
+	logits[1 * vocab + 5] = NAN;
+	logits[1 * vocab + 6] = 60.0f;
+	logits[2 * vocab + 49151] = 70.0f;
+	for (int i = 0; i < 10; i++)
+		logits[3 * vocab + 100 + i * 997] = 30.0f;
+	dl = gpu_upload(logits, (size_t) rows * vocab * sizeof(float));
+
+	if (gpu_ok(cai_cuda_argmax(gpu_ctx(), dl, rows, vocab, vocab, dargmax, &err), &err, "argmax") &&
+		gpu_ok(cai_cuda_topk(gpu_ctx(), dl, rows, vocab, vocab, k, dvals, dids, &err), &err, "topk") &&
+		gpu_download(gids, dids, (size_t) rows * k * sizeof(int32_t)) &&
+		gpu_download(gvals, dvals, (size_t) rows * k * sizeof(float)))
+	{
+		int32_t		am[6];
+
+		if (!gpu_download(am, dargmax, sizeof(am)))
+			goto done;
+		CHECK_EQ_INT(am[0], 777);
+		CHECK_EQ_INT(am[1], 6);
+		CHECK_EQ_INT(am[2], 49151);
+		for (int row = 0; row < rows; row++)
+		{
+			const float *l = logits + (size_t) row * vocab;
+			float		last_v = INFINITY;
+			int			last_i = -1;
+
+			/* reference: k rounds of the best candidate after the previous one */
+			for (int j = 0; j < k; j++)
+			{
+				float		bv = -INFINITY;
+				int			bi = vocab;
+
+				for (int i = 0; i < vocab; i++)
+				{
+					if (l[i] != l[i] || (last_i >= 0 && !ranks_before(last_v, last_i, l[i], i)))
+						continue;
+					if (ranks_before(l[i], i, bv, bi))
+					{
+						bv = l[i];
+						bi = i;
+					}
+				}
+				if (j == 0)
+					CHECK_EQ_INT(am[row], bi);
+				CHECK_EQ_INT(gids[row * k + j], bi);
+				CHECK(gvals[row * k + j] == bv);
+				last_v = bv;
+				last_i = bi;
+			}
+		}
+	}
+done:
+	free(logits);
+	free(gids);
+	free(gvals);
+}
+
+TEST(gpu_kv_block_transfers_round_trip)
+{
+	const size_t block_bytes = 30 * 6656;	/* SmolLM2's block: 30 layers */
+	const int	n = 6;
+	int32_t		dev_blocks[6] = {3, 4, 5, 9, 0, 7};	/* a run of three, then scattered */
+	gpu_rng		r;
+	uint8_t    *host_in = NULL,
+			   *host_out = NULL,
+			   *pool;
+	const void *in_ptrs[6];
+	void	   *out_ptrs[6];
+	uint64_t	up = 0,
+				down = 0;
+	cai_error	err;
+
+	gpu_rng_seed(&r, 10);
+	pool = gpu_alloc(10 * block_bytes);
+	if (!pool ||
+		!gpu_ok(cai_cuda_host_alloc(gpu_ctx(), n * block_bytes, "test", (void **) &host_in, &err),
+				&err, "host alloc") ||
+		!gpu_ok(cai_cuda_host_alloc(gpu_ctx(), n * block_bytes, "test", (void **) &host_out, &err),
+				&err, "host alloc"))
+		goto done;
+	gpu_fill_i8(&r, (int8_t *) host_in, n * block_bytes);
+	memset(host_out, 0, n * block_bytes);
+	for (int i = 0; i < n; i++)
+	{
+		in_ptrs[i] = host_in + (size_t) i * block_bytes;
+		out_ptrs[i] = host_out + (size_t) (n - 1 - i) * block_bytes;	/* reversed on the way back */
+	}
+	if (!gpu_ok(cai_cuda_kv_upload_blocks(gpu_ctx(), pool, block_bytes, dev_blocks, in_ptrs, n, &up,
+										  &err), &err, "upload") ||
+		!gpu_ok(cai_cuda_kv_download_blocks(gpu_ctx(), pool, block_bytes, dev_blocks, out_ptrs, n,
+											&down, &err), &err, "download") ||
+		!gpu_ok(cai_cuda_transfer_wait(gpu_ctx(), down, &err), &err, "wait"))
+		goto done;
+	CHECK(up > 0 && down > up);
+	CHECK(cai_cuda_transfer_done(gpu_ctx(), up));
+	CHECK(cai_cuda_transfer_done(gpu_ctx(), down));
+	for (int i = 0; i < n; i++)
+		CHECK_MSG(memcmp(host_out + (size_t) (n - 1 - i) * block_bytes,
+						 host_in + (size_t) i * block_bytes, block_bytes) == 0,
+				  "block %d came back different", i);
+done:
+	cai_cuda_host_free(gpu_ctx(), host_in);
+	cai_cuda_host_free(gpu_ctx(), host_out);
+}
+
+TEST(gpu_graph_replays_with_new_inputs)
+{
+	const int	m = 576,
+				k = 576,
+				n = 16;
+	cai_threadpool *pool = cai_threadpool_create(2);
+	gpu_rng		r;
+	host_qmatrix w;
+	cai_cuda_qmatrix dw;
+	float	   *x = malloc((size_t) n * k * sizeof(float));
+	int8_t	   *xq = malloc((size_t) n * k);
+	float	   *xs = malloc((size_t) n * sizeof(float));
+	float	   *cpu = malloc((size_t) n * m * sizeof(float));
+	float	   *got = malloc((size_t) n * m * sizeof(float));
+	float	   *dx = gpu_alloc((size_t) n * k * sizeof(float));
+	int8_t	   *dq = gpu_alloc((size_t) n * k);
+	float	   *ds = gpu_alloc((size_t) n * sizeof(float));
+	float	   *dout = gpu_alloc((size_t) n * m * sizeof(float));
+	const int	key = 4242;
+	cai_error	err;
+
+	gpu_rng_seed(&r, 11);
+	if (!x || !xq || !xs || !cpu || !got || !dx || !dq || !ds || !dout ||
+		!host_qmatrix_make(&r, m, k, &w))
+	{
+		CHECK_MSG(false, "out of memory");
+		goto out;
+	}
+	if (!gpu_ok(cai_cuda_qmatrix_upload(gpu_ctx(), w.q, w.scale, m, k, "test", &dw, &err), &err,
+				"upload"))
+		goto done;
+	/* load the kernels, warm the algorithm cache and size the scratch outside the capture */
+	if (!gpu_ok(cai_cuda_quantize_act(gpu_ctx(), dx, n, k, k, dq, ds, &err), &err, "warm-up") ||
+		!gpu_ok(cai_cuda_gemm_i8(gpu_ctx(), dq, ds, n, &dw, dout, m, NULL, &err), &err, "warm-up"))
+		goto freew;
+	if (!gpu_ok(cai_cuda_graph_begin(gpu_ctx(), &err), &err, "begin"))
+		goto freew;
+	if (cai_cuda_quantize_act(gpu_ctx(), dx, n, k, k, dq, ds, &err) != CAI_OK ||
+		cai_cuda_gemm_i8(gpu_ctx(), dq, ds, n, &dw, dout, m, NULL, &err) != CAI_OK)
+	{
+		cai_cuda_graph_abort(gpu_ctx());
+		CHECK_MSG(false, "capture: %s", err.message);
+		goto freew;
+	}
+	if (!gpu_ok(cai_cuda_graph_end(gpu_ctx(), key, &err), &err, "end"))
+		goto freew;
+	CHECK(cai_cuda_graph_has(gpu_ctx(), key));
+	for (int round = 0; round < 3; round++)
+	{
+		cai_error	e2;
+
+		gpu_fill_f32(&r, x, (size_t) n * k, -2.0f, 2.0f);
+		cai_quantize_act_i8(x, n, k, xq, xs);
+		cai_gemm_i8(pool, xq, xs, n, &w.m, NULL, cpu, m, false);
+		if (!gpu_ok(cai_cuda_upload_sync(gpu_ctx(), dx, x, (size_t) n * k * sizeof(float), &e2),
+					&e2, "input") ||
+			!gpu_ok(cai_cuda_graph_launch(gpu_ctx(), key, &e2), &e2, "launch") ||
+			!gpu_download(got, dout, (size_t) n * m * sizeof(float)))
+			break;
+		gpu_same_f32(got, cpu, (size_t) n * m, "graph replay");
+	}
+	cai_cuda_graph_reset(gpu_ctx());
+	CHECK(!cai_cuda_graph_has(gpu_ctx(), key));
+freew:
+	cai_cuda_qmatrix_free(gpu_ctx(), &dw);
+done:
+	host_qmatrix_free(&w);
+out:
+	free(x);
+	free(xq);
+	free(xs);
+	free(cpu);
+	free(got);
+	cai_threadpool_free(pool);
+}
+
+TEST(gpu_graph_buckets)
+{
+	CHECK_EQ_INT(cai_cuda_graph_bucket(1), 1);
+	CHECK_EQ_INT(cai_cuda_graph_bucket(3), 4);
+	CHECK_EQ_INT(cai_cuda_graph_bucket(64), 64);
+	CHECK_EQ_INT(cai_cuda_graph_bucket(65), 128);
+	CHECK_EQ_INT(cai_cuda_graph_bucket(200), 256);
+	CHECK_EQ_INT(cai_cuda_graph_bucket(512), 512);
+	CHECK_EQ_INT(cai_cuda_graph_bucket(513), 0);
+	CHECK_EQ_INT(cai_cuda_graph_bucket(0), 0);
+}

@@ -1,0 +1,599 @@
+/*
+ * test_model.c — loading models (config, weight conversion, validation of bad files), model
+ * info and description, tokens and chat prompts with truncation.
+ */
+#define _GNU_SOURCE				/* memmem */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "model.h"
+#include "quant.h"
+#include "synth_model.h"
+#include "test.h"
+
+static void
+temp_path(char *buf, size_t cap, const char *tag)
+{
+	snprintf(buf, cap, "/tmp/cai_test_model_%d_%s.gguf", (int) getpid(), tag);
+}
+
+/* Loads a GGUF image from memory through a temp file. */
+static cai_status
+load_image(const uint8_t *data, size_t size, bool fref, cai_model **model, cai_error *err)
+{
+	char		path[128];
+	FILE	   *f;
+	cai_model_params params;
+	cai_status	st;
+
+	temp_path(path, sizeof(path), "image");
+	f = fopen(path, "wb");
+	if (!f)
+		return CAI_ERR_IO;
+	fwrite(data, 1, size, f);
+	fclose(f);
+	cai_model_params_default(&params);
+	params.load_float_reference = fref;
+	st = cai_model_load(path, &params, model, err);
+	unlink(path);
+	return st;
+}
+
+static cai_status
+load_config(const synth_model_config *cfg, bool fref, cai_model **model, cai_error *err)
+{
+	uint8_t    *data;
+	size_t		size;
+	cai_status	st = synth_model_write_buffer(cfg, &data, &size, err);
+
+	*model = NULL;
+	if (st != CAI_OK)
+		return st;
+	st = load_image(data, size, fref, model, err);
+	free(data);
+	return st;
+}
+
+/*
+ * Every int8 row, dequantized, is within half a step of the source row with its columns
+ * multiplied by col (NULL: 1), and its row sum is right.
+ */
+static bool
+qmatrix_matches_scaled(const cai_qmatrix *m, int row0, const float *f, int n_rows,
+					   const float *col)
+{
+	for (int r = 0; r < n_rows; r++)
+	{
+		float		s = m->scale[row0 + r];
+		int32_t		sum = 0;
+
+		for (int i = 0; i < m->k; i++)
+		{
+			float		deq = m->q[(size_t) (row0 + r) * m->k + i] * s;
+			float		want = f[(size_t) r * m->k + i] * (col ? col[i] : 1.0f);
+
+			if (fabsf(deq - want) > 0.5001f * s + 1e-7f)
+				return false;
+			sum += m->q[(size_t) (row0 + r) * m->k + i];
+		}
+		if (sum != m->row_sum[row0 + r])
+			return false;
+	}
+	return true;
+}
+
+static bool
+qmatrix_matches(const cai_qmatrix *m, int row0, const float *f, int n_rows)
+{
+	return qmatrix_matches_scaled(m, row0, f, n_rows, NULL);
+}
+
+static bool
+is_power_of_two(float x)
+{
+	int			e;
+
+	return x > 0.0f && frexpf(x, &e) == 0.5f;
+}
+
+/*
+ * The smoothing folded into a layer (see model.h) is exact: the input factors s are the ratios
+ * of the source and int8-path norm weights (powers of two); QKV and gate columns are multiplied
+ * by them; each up row r is divided by the down input's factor t_r, which leaves its int8
+ * values those of the unscaled row and multiplies its scale by 1/t_r; down columns are
+ * multiplied by t.
+ */
+static bool
+layer_smoothing_exact(const cai_model *model, int l)
+{
+	const cai_config *c = &model->cfg;
+	const cai_layer_weights *w = &model->layers[l];
+	int			d = c->d_model,
+				q_dim = c->n_heads * c->head_dim,
+				kv_dim = c->n_kv_heads * c->head_dim;
+	float	   *s_attn = malloc(sizeof(float) * d);
+	float	   *s_ffn = malloc(sizeof(float) * d);
+	float	   *t = malloc(sizeof(float) * c->d_ff);
+	float	   *row = malloc(sizeof(float) * d);
+	int8_t	   *q = malloc(d);
+	bool		ok = true;
+
+	for (int j = 0; j < d; j++)
+	{
+		s_attn[j] = w->attn_norm[j] / w->attn_norm_i8[j];
+		s_ffn[j] = w->ffn_norm[j] / w->ffn_norm_i8[j];
+		ok = ok && is_power_of_two(s_attn[j]) && is_power_of_two(s_ffn[j]);
+	}
+	ok = ok && qmatrix_matches_scaled(&w->wqkv, 0, w->f_wq, q_dim, s_attn);
+	ok = ok && qmatrix_matches_scaled(&w->wqkv, q_dim, w->f_wk, kv_dim, s_attn);
+	ok = ok && qmatrix_matches_scaled(&w->wqkv, q_dim + kv_dim, w->f_wv, kv_dim, s_attn);
+	ok = ok && qmatrix_matches(&w->wo, 0, w->f_wo, d);
+	ok = ok && qmatrix_matches_scaled(&w->w_gate_up, 0, w->f_gate, c->d_ff, s_ffn);
+	for (int r = 0; r < c->d_ff && ok; r++)
+	{
+		float		scale;
+
+		for (int j = 0; j < d; j++)
+			row[j] = w->f_up[(size_t) r * d + j] * s_ffn[j];
+		cai_quantize_row_i8(row, d, q, &scale);
+		ok = memcmp(q, w->w_up.q + (size_t) r * d, d) == 0;
+		t[r] = scale / w->w_up.scale[r];
+		ok = ok && is_power_of_two(t[r]);
+	}
+	ok = ok && qmatrix_matches_scaled(&w->w_down, 0, w->f_down, d, t);
+	free(s_attn);
+	free(s_ffn);
+	free(t);
+	free(row);
+	free(q);
+	return ok;
+}
+
+TEST(model_load_synthetic_llama)
+{
+	synth_model_config cfg;
+	cai_model  *model;
+	cai_error	err;
+	const cai_config *c;
+	int			q_dim,
+				kv_dim;
+
+	synth_model_default_config(&cfg);
+	cfg.weight_type = GGML_TYPE_Q8_0;
+	cfg.d_model = 64;
+	CHECK(load_config(&cfg, true, &model, &err) == CAI_OK);
+	if (!model)
+		return;
+	c = &model->cfg;
+	CHECK_EQ_INT(c->arch, CAI_ARCH_LLAMA);
+	CHECK(strcmp(c->name, "synthetic") == 0);
+	CHECK_EQ_INT(c->n_layers, 2);
+	CHECK_EQ_INT(c->d_model, 64);
+	CHECK_EQ_INT(c->n_heads, 4);
+	CHECK_EQ_INT(c->n_kv_heads, 2);
+	CHECK_EQ_INT(c->head_dim, 16);
+	CHECK_EQ_INT(c->n_rot, 16);
+	CHECK_EQ_INT(c->d_ff, 128);
+	CHECK_EQ_INT(c->n_vocab, synth_model_n_vocab());
+	CHECK_EQ_INT(c->context_length, 256);
+	CHECK(!c->rope_neox);
+	CHECK(!c->qkv_bias);
+	CHECK(c->tied_embeddings);
+	CHECK_NEAR(c->rope_base, 10000.0, 1e-3);
+	CHECK_NEAR(c->norm_eps, 1e-5, 1e-9);
+	CHECK_EQ_INT(c->n_kv_layers, 2);
+	CHECK(c->attn_window[0] == 0 && c->kv_source[1] == 1 && c->kv_index[1] == 1);
+
+	/*
+	 * int8 weights are the float source, smoothed, requantized per row; views cover the fused
+	 * rows
+	 */
+	q_dim = c->n_heads * c->head_dim;
+	kv_dim = c->n_kv_heads * c->head_dim;
+	for (int l = 0; l < c->n_layers; l++)
+	{
+		const cai_layer_weights *w = &model->layers[l];
+
+		CHECK_EQ_INT(w->wqkv.n_out, q_dim + 2 * kv_dim);
+		CHECK(layer_smoothing_exact(model, l));
+		CHECK(w->wk.q == w->wqkv.q + (size_t) q_dim * c->d_model && w->wk.n_out == kv_dim);
+		CHECK(w->w_up.scale == w->w_gate_up.scale + c->d_ff);
+		CHECK(w->bq == NULL);
+	}
+	CHECK(qmatrix_matches(&model->tok_embd, 0, model->f_tok_embd, c->n_vocab));
+	CHECK(model->lm_head.q == model->tok_embd.q);
+	CHECK(model->f_lm_head == model->f_tok_embd);
+	CHECK(model->has_float_reference);
+	cai_model_free(model);
+}
+
+TEST(model_load_synthetic_qwen2_untied)
+{
+	synth_model_config cfg;
+	cai_model  *model;
+	cai_error	err;
+
+	synth_model_default_config(&cfg);
+	cfg.arch = "qwen2";
+	cfg.tied_embeddings = false;
+	cfg.weight_type = GGML_TYPE_Q4_K;
+	cfg.d_model = 256;
+	cfg.n_heads = 4;
+	cfg.n_kv_heads = 1;
+	cfg.d_ff = 256;
+	CHECK(load_config(&cfg, true, &model, &err) == CAI_OK);
+	if (!model)
+		return;
+	CHECK_EQ_INT(model->cfg.arch, CAI_ARCH_QWEN2);
+	CHECK(model->cfg.rope_neox);
+	CHECK(model->cfg.qkv_bias);
+	CHECK(!model->cfg.tied_embeddings);
+	CHECK(model->lm_head.q != model->tok_embd.q);
+	CHECK(qmatrix_matches(&model->lm_head, 0, model->f_lm_head, model->cfg.n_vocab));
+	CHECK(layer_smoothing_exact(model, 0));
+	CHECK(layer_smoothing_exact(model, 1));
+	CHECK(model->layers[1].bq == model->layers[1].bqkv);
+	CHECK(model->layers[1].bv == model->layers[1].bqkv + 256 + 64);
+	cai_model_free(model);
+}
+
+TEST(model_fingerprint)
+{
+	synth_model_config cfg;
+	cai_model  *a,
+			   *b,
+			   *c;
+	cai_error	err;
+
+	synth_model_default_config(&cfg);
+	CHECK(load_config(&cfg, false, &a, &err) == CAI_OK);
+	CHECK(load_config(&cfg, false, &b, &err) == CAI_OK);
+	cfg.seed = 2;
+	CHECK(load_config(&cfg, false, &c, &err) == CAI_OK);
+	if (a && b && c)
+	{
+		CHECK(a->fingerprint != 0);
+		CHECK(a->fingerprint == b->fingerprint);
+		CHECK(a->fingerprint != c->fingerprint);
+	}
+	cai_model_free(a);
+	cai_model_free(b);
+	cai_model_free(c);
+}
+
+/* Replaces the first occurrence of `from` in the image by `to` (same length). */
+static bool
+patch(uint8_t *data, size_t size, const char *from, const char *to)
+{
+	uint8_t    *p = memmem(data, size, from, strlen(from));
+
+	if (!p || strlen(from) != strlen(to))
+		return false;
+	memcpy(p, to, strlen(to));
+	return true;
+}
+
+TEST(model_bad_files)
+{
+	synth_model_config cfg;
+	uint8_t    *data;
+	size_t		size;
+	cai_model  *model = NULL;
+	cai_error	err;
+	uint8_t    *copy;
+	uint8_t    *p;
+	int64_t		ne1 = 32;
+	char		path[128];
+
+	synth_model_default_config(&cfg);
+	CHECK(synth_model_write_buffer(&cfg, &data, &size, &err) == CAI_OK);
+	if (!data)
+		return;
+	copy = malloc(size);
+
+	/* a missing tensor */
+	memcpy(copy, data, size);
+	CHECK(patch(copy, size, "blk.1.ffn_up.weight", "blk.1.ffn_uX.weight"));
+	CHECK(load_image(copy, size, false, &model, &err) == CAI_ERR_FORMAT);
+	CHECK(model == NULL);
+	CHECK_MSG(strstr(err.message, "missing tensor 'blk.1.ffn_up.weight'") != NULL, "%s", err.message);
+
+	/* a wrong shape: attn_q's row count halved */
+	memcpy(copy, data, size);
+	p = memmem(copy, size, "blk.0.attn_q.weight", 19);
+	CHECK(p != NULL);
+	if (p)
+	{
+		/* name, then n_dims (u32), ne[0] (i64), ne[1] (i64) */
+		memcpy(p + 19 + 4 + 8, &ne1, sizeof(ne1));
+		CHECK(load_image(copy, size, false, &model, &err) == CAI_ERR_FORMAT);
+		CHECK_MSG(strstr(err.message, "tensor 'blk.0.attn_q.weight' has shape [64, 32, 1, 1], expected [64, 64]") != NULL,
+				  "%s", err.message);
+	}
+
+	/* an architecture the engine lacks */
+	memcpy(copy, data, size);
+	CHECK(patch(copy, size, "llama", "mamba"));
+	CHECK(load_image(copy, size, false, &model, &err) == CAI_ERR_UNSUPPORTED);
+	CHECK_MSG(strstr(err.message, "unsupported model architecture 'mamba' (supported: llama, qwen2)") != NULL,
+			  "%s", err.message);
+
+	/* a missing hyperparameter */
+	memcpy(copy, data, size);
+	CHECK(patch(copy, size, "llama.feed_forward_length", "llama.feed_forward_lengtX"));
+	CHECK(load_image(copy, size, false, &model, &err) == CAI_ERR_FORMAT);
+	CHECK_MSG(strstr(err.message, "llama.feed_forward_length") != NULL, "%s", err.message);
+
+	/* heads that do not divide */
+	memcpy(copy, data, size);
+	p = memmem(copy, size, "llama.attention.head_count_kv", 29);
+	CHECK(p != NULL);
+	if (p)
+	{
+		uint32_t	three = 3;
+
+		/* key, then the value type (u32), then the value */
+		memcpy(p + 29 + 4, &three, sizeof(three));
+		CHECK(load_image(copy, size, false, &model, &err) == CAI_ERR_FORMAT);
+		CHECK_MSG(strstr(err.message, "kv heads") != NULL, "%s", err.message);
+	}
+
+	/* truncated */
+	CHECK(load_image(data, size / 2, false, &model, &err) != CAI_OK);
+	CHECK(model == NULL);
+
+	/* not there */
+	temp_path(path, sizeof(path), "absent");
+	CHECK(cai_model_load(path, NULL, &model, &err) == CAI_ERR_IO);
+
+	/* and the intact image loads */
+	CHECK(load_image(data, size, false, &model, &err) == CAI_OK);
+	cai_model_free(model);
+	free(copy);
+	free(data);
+
+	/* qwen2 without one of its biases */
+	cfg.arch = "qwen2";
+	CHECK(synth_model_write_buffer(&cfg, &data, &size, &err) == CAI_OK);
+	if (!data)
+		return;
+	CHECK(patch(data, size, "blk.1.attn_k.bias", "blk.1.attn_k.biaX"));
+	CHECK(load_image(data, size, false, &model, &err) == CAI_ERR_FORMAT);
+	CHECK_MSG(strstr(err.message, "missing tensor 'blk.1.attn_k.bias'") != NULL, "%s", err.message);
+	free(data);
+}
+
+TEST(model_info_and_describe)
+{
+	synth_model_config cfg;
+	cai_model  *model;
+	cai_model_info info;
+	cai_kv_layout layout;
+	cai_error	err;
+	char	   *text = NULL;
+
+	synth_model_default_config(&cfg);
+	CHECK(load_config(&cfg, false, &model, &err) == CAI_OK);
+	if (!model)
+		return;
+	cai_model_get_info(model, &info);
+	CHECK(strcmp(info.arch, "llama") == 0);
+	CHECK(strcmp(info.name, "synthetic") == 0);
+	CHECK(strcmp(info.chat_template, "chatml") == 0);
+	CHECK_EQ_INT(info.n_layers, 2);
+	CHECK_EQ_INT(info.head_dim, 16);
+	CHECK_EQ_INT(info.n_vocab, synth_model_n_vocab());
+	CHECK(info.n_params > 0);
+	CHECK(info.weight_bytes > 0);
+	/* 2 layers x 2 kv heads x (16 + 16 int8 + 2 float scales) */
+	CHECK_EQ_INT(info.kv_bytes_per_token, 2 * 2 * (32 + 8));
+	CHECK(info.fingerprint == model->fingerprint);
+	CHECK_EQ_INT(info.eos_token, SYNTH_TOKEN_IM_END);
+	CHECK_EQ_INT(info.eot_token, SYNTH_TOKEN_IM_END);
+
+	cai_model_kv_layout(model, &layout);
+	CHECK_EQ_INT(layout.n_kv_layers, 2);
+	CHECK(layout.layer_bytes >= (size_t) 16 * 2 * (32 + 8) && layout.layer_bytes % 64 == 0);
+	CHECK_EQ_INT(layout.block_bytes, 2 * layout.layer_bytes);
+
+	CHECK(cai_model_describe(model, &text, &err) == CAI_OK);
+	CHECK(text && strstr(text, "architecture: llama") != NULL);
+	CHECK(text && strstr(text, "blk.1.ffn_down.weight") != NULL);
+	CHECK(text && strstr(text, "llama.block_count = 2") != NULL);
+	cai_free(text);
+	cai_model_free(model);
+}
+
+TEST(model_tokens_and_prompt_truncation)
+{
+	synth_model_config cfg;
+	cai_model  *model;
+	cai_error	err;
+	int32_t    *ids = NULL;
+	int			n = 0;
+	char	   *text = NULL;
+	size_t		len = 0;
+	cai_chat_message msgs[7] = {
+		{CAI_ROLE_SYSTEM, "be brief", NULL, 0},
+		{CAI_ROLE_USER, "first question, quite a long one with many words in it", NULL, 0},
+		{CAI_ROLE_ASSISTANT, "first answer, also long enough to matter here", NULL, 0},
+		{CAI_ROLE_USER, "second question", NULL, 0},
+		{CAI_ROLE_ASSISTANT, "second answer", NULL, 0},
+		{CAI_ROLE_USER, "third", NULL, 0},
+		{CAI_ROLE_USER, "the last message", NULL, 0},
+	};
+	cai_prompt_params pp = {true, 0, true};
+	cai_prompt	full,
+				cut;
+	int32_t    *last = NULL;
+	int			n_last = 0;
+
+	synth_model_default_config(&cfg);
+	CHECK(load_config(&cfg, false, &model, &err) == CAI_OK);
+	if (!model)
+		return;
+
+	CHECK(cai_tokenize(model, "hello world", 11, false, &ids, &n, &err) == CAI_OK);
+	CHECK(n > 0);
+	CHECK(cai_detokenize(model, ids, n, &text, &len, &err) == CAI_OK);
+	CHECK(text && strcmp(text, "hello world") == 0 && len == 11);
+	cai_free(text);
+	cai_free(ids);
+	ids = NULL;
+	n = -1;
+	CHECK(cai_tokenize(model, "", 0, false, &ids, &n, &err) == CAI_OK);
+	CHECK_EQ_INT(n, 0);
+	cai_free(ids);
+	{
+		int32_t		bad = synth_model_n_vocab() + 5;
+
+		CHECK(cai_detokenize(model, &bad, 1, &text, &len, &err) == CAI_ERR_INVALID_ARGUMENT);
+	}
+
+	/* no limit: everything kept */
+	CHECK(cai_chat_build_prompt(model, msgs, 7, &pp, &full, &err) == CAI_OK);
+	CHECK_EQ_INT(full.first_message, 0);
+	CHECK(cai_tokenize(model, msgs[6].content, strlen(msgs[6].content), false, &last, &n_last, &err) == CAI_OK);
+	CHECK_EQ_INT(full.n_last_content_ids, n_last);
+	CHECK(memcmp(full.last_content_ids, last, sizeof(int32_t) * n_last) == 0);
+
+	/* a limit a bit below the full size: the oldest turn pair goes, the system prompt stays */
+	pp.max_prompt_tokens = full.n_ids - 3;
+	CHECK(cai_chat_build_prompt(model, msgs, 7, &pp, &cut, &err) == CAI_OK);
+	CHECK(cut.n_ids <= pp.max_prompt_tokens);
+	CHECK_EQ_INT(cut.first_message, 3);
+	/* the system turn opens both prompts identically */
+	CHECK(cut.n_ids > 8 && memcmp(cut.ids, full.ids, sizeof(int32_t) * 8) == 0);
+	/* and the kept tail is the same tokens */
+	CHECK(memcmp(cut.ids + cut.n_ids - 20, full.ids + full.n_ids - 20, sizeof(int32_t) * 20) == 0);
+	cai_prompt_free(&cut);
+
+	/* refusing to truncate */
+	pp.truncate = false;
+	CHECK(cai_chat_build_prompt(model, msgs, 7, &pp, &cut, &err) == CAI_ERR_CONTEXT_FULL);
+	CHECK_MSG(strstr(err.message, "more than the limit") != NULL, "%s", err.message);
+	CHECK(cut.ids == NULL);
+
+	/* even the last message alone does not fit */
+	pp.truncate = true;
+	pp.max_prompt_tokens = 4;
+	CHECK(cai_chat_build_prompt(model, msgs, 7, &pp, &cut, &err) == CAI_ERR_CONTEXT_FULL);
+	CHECK_MSG(strstr(err.message, "last message") != NULL, "%s", err.message);
+
+	/* stored token ids are spliced as given */
+	msgs[6].tokens = last;
+	msgs[6].n_tokens = n_last;
+	msgs[6].content = NULL;
+	pp.max_prompt_tokens = 0;
+	CHECK(cai_chat_build_prompt(model, msgs, 7, &pp, &cut, &err) == CAI_OK);
+	CHECK_EQ_INT(cut.n_ids, full.n_ids);
+	CHECK(memcmp(cut.ids, full.ids, sizeof(int32_t) * full.n_ids) == 0);
+	cai_prompt_free(&cut);
+
+	/* a message with nothing in it */
+	msgs[6].tokens = NULL;
+	CHECK(cai_chat_build_prompt(model, msgs, 7, &pp, &cut, &err) == CAI_ERR_INVALID_ARGUMENT);
+
+	cai_free(last);
+	cai_prompt_free(&full);
+	cai_model_free(model);
+}
+
+TEST(model_real_smollm2)
+{
+	const char *path = test_real_model_path();
+	cai_model  *model;
+	cai_model_info info;
+	cai_error	err;
+	int32_t    *ids = NULL;
+	int			n = 0;
+	static const int32_t expect[] = {1780, 314, 260, 3575, 282, 4649, 47};
+
+	if (!path)
+		SKIP("real model not found");
+	CHECK(cai_model_load(path, NULL, &model, &err) == CAI_OK);
+	if (!model)
+		return;
+	cai_model_get_info(model, &info);
+	CHECK(strcmp(info.arch, "llama") == 0);
+	CHECK_EQ_INT(info.n_layers, 30);
+	CHECK_EQ_INT(info.d_model, 576);
+	CHECK_EQ_INT(info.n_heads, 9);
+	CHECK_EQ_INT(info.n_kv_heads, 3);
+	CHECK_EQ_INT(info.head_dim, 64);
+	CHECK_EQ_INT(info.d_ff, 1536);
+	CHECK_EQ_INT(info.n_vocab, 49152);
+	CHECK(model->cfg.tied_embeddings);
+	CHECK(!model->cfg.rope_neox);
+	CHECK_NEAR(model->cfg.rope_base, 100000.0, 1e-2);
+	CHECK(strcmp(info.chat_template, "chatml") == 0);
+	CHECK_EQ_INT(info.eot_token, 2);
+	/* 134.5M parameters in the file */
+	CHECK(info.n_params > 130000000 && info.n_params < 140000000);
+	/* ids as llama.cpp gives them */
+	CHECK(cai_tokenize(model, "What is the capital of France?", 30, false, &ids, &n, &err) == CAI_OK);
+	CHECK_EQ_INT(n, 7);
+	CHECK(n == 7 && memcmp(ids, expect, sizeof(expect)) == 0);
+	cai_free(ids);
+	cai_model_free(model);
+}
+
+/* The calibrated conversion gives the same weights with any number of load threads. */
+TEST(model_load_thread_invariant)
+{
+	synth_model_config cfg;
+	uint8_t    *data;
+	size_t		size;
+	char		path[128];
+	FILE	   *f;
+	cai_model  *a = NULL,
+			   *b = NULL;
+	cai_model_params params;
+	cai_error	err;
+
+	synth_model_default_config(&cfg);
+	cfg.arch = "qwen2";
+	cfg.n_layers = 3;
+	CHECK(synth_model_write_buffer(&cfg, &data, &size, &err) == CAI_OK);
+	if (!data)
+		return;
+	temp_path(path, sizeof(path), "threads");
+	f = fopen(path, "wb");
+	CHECK(f != NULL);
+	if (!f)
+	{
+		free(data);
+		return;
+	}
+	fwrite(data, 1, size, f);
+	fclose(f);
+	free(data);
+	cai_model_params_default(&params);
+	params.n_threads = 1;
+	CHECK(cai_model_load(path, &params, &a, &err) == CAI_OK);
+	params.n_threads = 3;
+	CHECK(cai_model_load(path, &params, &b, &err) == CAI_OK);
+	unlink(path);
+	if (a && b)
+	{
+		for (int l = 0; l < a->cfg.n_layers; l++)
+		{
+			const cai_layer_weights *x = &a->layers[l],
+					   *y = &b->layers[l];
+			size_t		d = (size_t) a->cfg.d_model;
+
+			CHECK(memcmp(x->attn_norm_i8, y->attn_norm_i8, d * sizeof(float)) == 0);
+			CHECK(memcmp(x->ffn_norm_i8, y->ffn_norm_i8, d * sizeof(float)) == 0);
+			CHECK(memcmp(x->wqkv.q, y->wqkv.q, (size_t) x->wqkv.n_out * x->wqkv.k) == 0);
+			CHECK(memcmp(x->w_gate_up.q, y->w_gate_up.q, (size_t) x->w_gate_up.n_out * x->w_gate_up.k) == 0);
+			CHECK(memcmp(x->w_gate_up.scale, y->w_gate_up.scale, (size_t) x->w_gate_up.n_out * sizeof(float)) == 0);
+			CHECK(memcmp(x->w_down.q, y->w_down.q, (size_t) x->w_down.n_out * x->w_down.k) == 0);
+		}
+	}
+	cai_model_free(a);
+	cai_model_free(b);
+}
