@@ -45,6 +45,7 @@ CREATE TABLE cai.messages (
 	prompt_tokens		int,
 	completion_tokens	int,
 	cached_tokens		int,
+	ttft_ms				float8,
 	created_at			timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX messages_conversation_id_idx ON cai.messages (conversation_id, id);
@@ -53,6 +54,7 @@ COMMENT ON COLUMN cai.messages.tokens IS 'the content''s token ids as the model 
 COMMENT ON COLUMN cai.messages.prompt_tokens IS 'assistant turns: tokens of the prompt that produced the reply';
 COMMENT ON COLUMN cai.messages.completion_tokens IS 'assistant turns: tokens generated';
 COMMENT ON COLUMN cai.messages.cached_tokens IS 'assistant turns: prompt tokens whose attention state came from the prefix cache';
+COMMENT ON COLUMN cai.messages.ttft_ms IS 'assistant turns: milliseconds from the engine receiving the request to the first generated token (queue wait and prompt computation)';
 
 ALTER TABLE cai.conversations ENABLE ROW LEVEL SECURITY;
 ALTER TABLE cai.messages ENABLE ROW LEVEL SECURITY;
@@ -180,7 +182,8 @@ CREATE FUNCTION cai_stats(
 	OUT kv_blocks_free int,
 	OUT busy_seconds float8,
 	OUT worker_started timestamptz,
-	OUT stats_updated timestamptz)
+	OUT stats_updated timestamptz,
+	OUT recent_tokens_per_second float8)
 RETURNS record
 AS 'MODULE_PATHNAME', 'pg_cai_stats'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER;
@@ -219,3 +222,74 @@ GRANT EXECUTE ON FUNCTION cai_model_info() TO cai_user;
 GRANT EXECUTE ON FUNCTION cai_reply_trigger() TO cai_user;
 GRANT EXECUTE ON FUNCTION cai_stats() TO cai_user, pg_monitor;
 GRANT SELECT ON pg_stat_cai TO cai_user, pg_monitor;
+
+--
+-- Asynchronous replies (src/pg/jobs.c).  cai_enqueue_reply_trigger queues a job for each inserted
+-- user turn, in the inserting transaction; after commit, the job runners of the databases listed
+-- in pg_cai.job_databases answer the jobs as the conversation's owner and NOTIFY channel
+-- cai_reply, with the conversation id as payload, when a job is done or has failed.
+--
+CREATE TABLE cai.jobs (
+	id				bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+	message_id		bigint NOT NULL UNIQUE REFERENCES cai.messages (id) ON DELETE CASCADE,
+	conversation_id	bigint NOT NULL REFERENCES cai.conversations (id) ON DELETE CASCADE,
+	options			jsonb NOT NULL DEFAULT '{}'
+					CHECK (jsonb_typeof(options) = 'object'),
+	status			text NOT NULL DEFAULT 'pending'
+					CHECK (status IN ('pending', 'running', 'done', 'failed')),
+	error			text,
+	attempts		int NOT NULL DEFAULT 0,
+	reply_id		bigint REFERENCES cai.messages (id) ON DELETE SET NULL,
+	created_at		timestamptz NOT NULL DEFAULT now(),
+	started_at		timestamptz,
+	finished_at		timestamptz
+);
+CREATE INDEX jobs_open_idx ON cai.jobs (id) WHERE status IN ('pending', 'running');
+CREATE INDEX jobs_conversation_id_idx ON cai.jobs (conversation_id, id);
+CREATE INDEX jobs_reply_id_idx ON cai.jobs (reply_id);
+COMMENT ON TABLE cai.jobs IS 'pg_cai reply jobs: user turns waiting for an asynchronous reply, and how each ended; each role sees only its own conversations'' jobs (row-level security)';
+COMMENT ON COLUMN cai.jobs.message_id IS 'the user turn to answer (at most one job per turn)';
+COMMENT ON COLUMN cai.jobs.conversation_id IS 'the conversation of the turn; the reply is generated as its owner';
+COMMENT ON COLUMN cai.jobs.options IS 'generation options of the reply (the trigger''s argument), over the conversation''s own';
+COMMENT ON COLUMN cai.jobs.status IS 'pending (waits for a runner), running, done (reply_id is the reply) or failed (see error)';
+COMMENT ON COLUMN cai.jobs.error IS 'why the job failed, or why its last attempt did when it is pending again';
+COMMENT ON COLUMN cai.jobs.attempts IS 'times a runner took the job; it fails after 5 attempts without an answer';
+COMMENT ON COLUMN cai.jobs.reply_id IS 'the assistant turn that answered the job';
+COMMENT ON COLUMN cai.jobs.started_at IS 'when a runner took the job last';
+COMMENT ON COLUMN cai.jobs.finished_at IS 'when the job ended (done or failed)';
+
+ALTER TABLE cai.jobs ENABLE ROW LEVEL SECURITY;
+CREATE POLICY jobs_owner ON cai.jobs
+	USING (EXISTS (SELECT FROM cai.conversations c
+				   WHERE c.id = jobs.conversation_id AND c.owner = current_user))
+	WITH CHECK (EXISTS (SELECT FROM cai.conversations c
+						WHERE c.id = jobs.conversation_id AND c.owner = current_user));
+COMMENT ON POLICY jobs_owner ON cai.jobs IS 'a role sees, queues and cancels only the jobs of conversations it owns';
+
+-- the runners alone change a job's state; a role may queue (through the trigger) and cancel
+GRANT SELECT, DELETE ON cai.jobs TO cai_user;
+GRANT INSERT (message_id, conversation_id, options) ON cai.jobs TO cai_user;
+SELECT pg_catalog.pg_extension_config_dump('cai.jobs', '');
+
+CREATE FUNCTION cai_enqueue_reply_trigger()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'pg_cai_enqueue_reply_trigger'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER;
+COMMENT ON FUNCTION cai_enqueue_reply_trigger() IS
+'AFTER INSERT FOR EACH ROW trigger on cai.messages that queues a reply job in cai.jobs for each inserted user turn that is the newest of its conversation; a job runner answers it after commit and NOTIFYs cai_reply with the conversation id; optional argument: options as JSON. CREATE TRIGGER reply_later AFTER INSERT ON cai.messages FOR EACH ROW EXECUTE FUNCTION cai_enqueue_reply_trigger()';
+REVOKE ALL ON FUNCTION cai_enqueue_reply_trigger() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION cai_enqueue_reply_trigger() TO cai_user;
+
+-- pg_stat_cai grows: throughput, and the jobs of the current database
+CREATE OR REPLACE VIEW pg_stat_cai AS
+SELECT s.*,
+	   CASE WHEN s.busy_seconds > 0 THEN s.generated_tokens / s.busy_seconds END AS tokens_per_second,
+	   j.jobs_pending, j.jobs_running, j.jobs_done, j.jobs_failed
+FROM cai_stats() s,
+	 LATERAL (SELECT count(*) FILTER (WHERE status = 'pending') AS jobs_pending,
+					 count(*) FILTER (WHERE status = 'running') AS jobs_running,
+					 count(*) FILTER (WHERE status = 'done') AS jobs_done,
+					 count(*) FILTER (WHERE status = 'failed') AS jobs_failed
+			  FROM cai.jobs) j;
+COMMENT ON VIEW pg_stat_cai IS
+'the pg_cai engine worker: status, requests, tokens, batching (avg_batch: sequences per step), throughput (tokens_per_second: generated tokens per busy second; recent_tokens_per_second: over about the last 10 s), prefix cache and KV use, and the reply jobs of the current database';

@@ -2,7 +2,8 @@
  * pg_cai.c — module entry of pg_cai, chat completion inside PostgreSQL.
  *
  * _PG_init only wires subsystems together: settings (src/pg/guc.c), shared memory
- * (src/pg/shmem.c) and the engine worker (src/pg/worker.c).  It never touches the model or a
+ * (src/pg/shmem.c), the engine worker (src/pg/worker.c) and the job launcher of asynchronous
+ * replies (src/pg/jobs.c).  It never touches the model or a
  * GPU: those belong to the worker process alone.  pg_cai must be loaded through
  * shared_preload_libraries; loaded any other way it defines nothing and its SQL functions say so.
  */
@@ -12,6 +13,7 @@
 #include "miscadmin.h"
 
 #include "guc.h"
+#include "jobs.h"
 #include "shmem.h"
 #include "worker.h"
 
@@ -28,4 +30,5 @@ _PG_init(void)
 	CaiGucInit();
 	CaiShmemInit();
 	CaiWorkerInit();
+	CaiJobsInit();
 }

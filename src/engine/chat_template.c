@@ -186,6 +186,8 @@ typedef struct render_ctx
 	cai_tokens *out;
 	cai_error  *err;
 	cai_status	status;			/* the first failure; later appends do nothing */
+	const cai_chat_message *messages;	/* for content_spans: which message is being put */
+	int32_t   (*content_spans)[2];	/* [n_messages] [start, end) of each content in out, or NULL */
 } render_ctx;
 
 /*
@@ -238,6 +240,9 @@ is_trim_space(char c)
  * (never parsed for special tokens), trimmed where the format's template trims, with a space in
  * front where the format puts one.
  */
+static void put_content_ids(render_ctx *r, const cai_chat_message *m, const char *text,
+							size_t len, bool trim, bool space_before);
+
 static void
 put_content(render_ctx *r, const cai_chat_message *m, bool trim, bool space_before)
 {
@@ -246,6 +251,18 @@ put_content(render_ctx *r, const cai_chat_message *m, bool trim, bool space_befo
 
 	if (r->status != CAI_OK)
 		return;
+	if (r->content_spans)
+		r->content_spans[m - r->messages][0] = r->content_spans[m - r->messages][1] = r->out->n;
+	put_content_ids(r, m, text, len, trim, space_before);
+	if (r->content_spans)
+		r->content_spans[m - r->messages][1] = r->out->n;
+}
+
+/* put_content's work: the ids, or the text tokenized as the format does it. */
+static void
+put_content_ids(render_ctx *r, const cai_chat_message *m, const char *text, size_t len, bool trim,
+				bool space_before)
+{
 	if (m->tokens)
 	{
 		if (!cai_tokens_append(r->out, m->tokens, m->n_tokens))
@@ -457,6 +474,16 @@ cai_chat_template_render(const cai_chat_template *tmpl, const cai_tokenizer *tok
 						 const cai_chat_message *messages, int n_messages,
 						 bool add_generation_prompt, cai_tokens *out, cai_error *err)
 {
+	return cai_chat_template_render_spans(tmpl, tok, messages, n_messages, add_generation_prompt,
+										  out, NULL, err);
+}
+
+cai_status
+cai_chat_template_render_spans(const cai_chat_template *tmpl, const cai_tokenizer *tok,
+							   const cai_chat_message *messages, int n_messages,
+							   bool add_generation_prompt, cai_tokens *out,
+							   int32_t (*content_spans)[2], cai_error *err)
+{
 	render_ctx	r;
 	int			n_before;
 
@@ -485,6 +512,10 @@ cai_chat_template_render(const cai_chat_template *tmpl, const cai_tokenizer *tok
 	r.out = out;
 	r.err = err;
 	r.status = CAI_OK;
+	r.messages = messages;
+	r.content_spans = content_spans;
+	for (int i = 0; content_spans && i < n_messages; i++)
+		content_spans[i][0] = content_spans[i][1] = -1;	/* a message the format drops */
 	n_before = out->n;
 
 	if (tmpl->kind != CAI_TEMPLATE_LLAMA2 && cai_tokenizer_add_bos(tok))

@@ -50,4 +50,15 @@ cai_status	cai_chat_template_render(const cai_chat_template *tmpl, const cai_tok
 									 bool add_generation_prompt, cai_tokens *out,
 									 cai_error *err);
 
+/*
+ * The same, also reporting where each message's content landed: content_spans[i] = [start, end)
+ * token indices in out ({-1, -1} for a message the format leaves out).  The ids of a content
+ * rendered from text are exactly what a stored turn must keep to render the same tokens later.
+ */
+cai_status	cai_chat_template_render_spans(const cai_chat_template *tmpl,
+										   const cai_tokenizer *tok,
+										   const cai_chat_message *messages, int n_messages,
+										   bool add_generation_prompt, cai_tokens *out,
+										   int32_t (*content_spans)[2], cai_error *err);
+
 #endif							/* CAI_CHAT_TEMPLATE_H */

@@ -88,7 +88,7 @@ struct cai_engine
 	cai_engine_params params;
 	int			context_length;
 	char		device[96];
-	char		device_reason[256];
+	char		device_reason[512];
 
 	cai_threadpool *pool;
 	cai_cuda_loader cuda;		/* loaded when the GPU serves (handle NULL otherwise) */

@@ -1379,7 +1379,8 @@ cai_prompt_free(cai_prompt *prompt)
  */
 static cai_status
 render_kept(const cai_model *model, const cai_chat_message *msgs, int n, int first,
-			bool add_generation_prompt, cai_chat_message *kept, cai_tokens *out, cai_error *err)
+			bool add_generation_prompt, cai_chat_message *kept, int32_t (*spans)[2],
+			int *n_kept_out, cai_tokens *out, cai_error *err)
 {
 	int			n_kept = 0;
 
@@ -1387,8 +1388,9 @@ render_kept(const cai_model *model, const cai_chat_message *msgs, int n, int fir
 		if (msgs[i].role == CAI_ROLE_SYSTEM || i >= first)
 			kept[n_kept++] = msgs[i];
 	out->n = 0;
-	return cai_chat_template_render(&model->tmpl, model->tokenizer, kept, n_kept,
-									add_generation_prompt, out, err);
+	*n_kept_out = n_kept;
+	return cai_chat_template_render_spans(&model->tmpl, model->tokenizer, kept, n_kept,
+										  add_generation_prompt, out, spans, err);
 }
 
 /*
@@ -1403,10 +1405,10 @@ cai_chat_build_prompt(const cai_model *model, const cai_chat_message *messages, 
 {
 	cai_prompt_params defaults = {.add_generation_prompt = true, .max_prompt_tokens = 0,
 	.truncate = true};
-	static const int32_t no_tokens[1] = {0};
 	cai_chat_message *msgs = NULL;
 	cai_chat_message *kept = NULL;
-	cai_tokens *content = NULL;
+	int32_t   (*spans)[2] = NULL;
+	int			n_kept = 0;
 	cai_tokens	rendered;
 	int			n_vocab = model->cfg.n_vocab;
 	int			first = 0;
@@ -1423,14 +1425,17 @@ cai_chat_build_prompt(const cai_model *model, const cai_chat_message *messages, 
 
 	msgs = malloc((size_t) n_messages * sizeof(cai_chat_message));
 	kept = malloc((size_t) n_messages * sizeof(cai_chat_message));
-	content = calloc((size_t) n_messages, sizeof(cai_tokens));
-	if (!msgs || !kept || !content)
+	spans = malloc((size_t) n_messages * sizeof(*spans));
+	if (!msgs || !kept || !spans)
 	{
 		st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory building the prompt");
 		goto done;
 	}
 
-	/* tokenize every content once; the renderer splices the ids */
+	/*
+	 * Validate; contents without stored ids are tokenized by the renderer, as the format does it
+	 * (trimming, SentencePiece spaces), and the last one's ids are read back from its span.
+	 */
 	for (int i = 0; i < n_messages; i++)
 	{
 		const cai_chat_message *m = &messages[i];
@@ -1464,12 +1469,6 @@ cai_chat_build_prompt(const cai_model *model, const cai_chat_message *messages, 
 			st = cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "message %d has neither content nor tokens", i);
 			goto done;
 		}
-		cai_tokens_init(&content[i]);
-		if ((st = cai_tokenizer_encode(model->tokenizer, m->content, strlen(m->content), false,
-									   &content[i], err)) != CAI_OK)
-			goto done;
-		msgs[i].tokens = content[i].ids ? content[i].ids : no_tokens;
-		msgs[i].n_tokens = content[i].n;
 	}
 
 	/* render; while too long, drop the oldest non-system message (never the last) */
@@ -1478,7 +1477,7 @@ cai_chat_build_prompt(const cai_model *model, const cai_chat_message *messages, 
 		int			next;
 
 		if ((st = render_kept(model, msgs, n_messages, first, params->add_generation_prompt, kept,
-							  &rendered, err)) != CAI_OK)
+							  spans, &n_kept, &rendered, err)) != CAI_OK)
 			goto done;
 		if (params->max_prompt_tokens == 0 || rendered.n <= params->max_prompt_tokens)
 			break;
@@ -1509,16 +1508,22 @@ cai_chat_build_prompt(const cai_model *model, const cai_chat_message *messages, 
 
 	/* messages [first, n) are all kept; earlier ones only when they are system messages */
 	out->first_message = first;
-	out->n_last_content_ids = msgs[n_messages - 1].n_tokens;
-	out->last_content_ids = malloc(((size_t) out->n_last_content_ids + 1) * sizeof(int32_t));
-	if (!out->last_content_ids)
 	{
-		st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory building the prompt");
-		goto done;
+		/* the last message is always kept, so it is the last rendered one */
+		int32_t		start = spans[n_kept - 1][0];
+		int32_t		end = spans[n_kept - 1][1];
+
+		out->n_last_content_ids = start >= 0 ? end - start : 0;
+		out->last_content_ids = malloc(((size_t) out->n_last_content_ids + 1) * sizeof(int32_t));
+		if (!out->last_content_ids)
+		{
+			st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory building the prompt");
+			goto done;
+		}
+		if (out->n_last_content_ids > 0)
+			memcpy(out->last_content_ids, rendered.ids + start,
+				   (size_t) out->n_last_content_ids * sizeof(int32_t));
 	}
-	if (out->n_last_content_ids > 0)
-		memcpy(out->last_content_ids, msgs[n_messages - 1].tokens,
-			   (size_t) out->n_last_content_ids * sizeof(int32_t));
 	out->ids = rendered.ids;
 	out->n_ids = rendered.n;
 	cai_tokens_init(&rendered);
@@ -1527,10 +1532,7 @@ done:
 	if (st != CAI_OK)
 		cai_prompt_free(out);
 	cai_tokens_free(&rendered);
-	if (content)
-		for (int i = 0; i < n_messages; i++)
-			cai_tokens_free(&content[i]);
-	free(content);
+	free(spans);
 	free(kept);
 	free(msgs);
 	return st;

@@ -8,7 +8,9 @@
  * before a row is written, so a failed call leaves no half-written turn.
  *
  * A user turn gets exactly one reply: cai_chat inserts its user row with
- * cai_replying_in_function set, and cai_reply_trigger leaves such rows alone.
+ * cai_replying_in_function set, and cai_reply_trigger (like the asynchronous
+ * cai_enqueue_reply_trigger of src/pg/jobs.c) leaves such rows alone; the two triggers refuse to
+ * work while both are attached.
  */
 #include "postgres.h"
 
@@ -24,8 +26,10 @@
 
 #include "cai.h"
 #include "channel.h"
+#include "chat.h"
 #include "conversation.h"
 #include "guc.h"
+#include "jobs.h"
 #include "options.h"
 #include "protocol.h"
 #include "shmem.h"
@@ -157,6 +161,7 @@ stored_usage(const CaiGeneration *gen)
 	usage.prompt_tokens = gen->final.prompt_tokens;
 	usage.completion_tokens = gen->final.completion_tokens;
 	usage.cached_tokens = gen->final.cached_tokens;
+	usage.ttft_ms = gen->final.ttft_ms;
 	return usage;
 }
 
@@ -169,15 +174,38 @@ reply_text(const CaiGeneration *gen)
 
 /*
  * insert_assistant_turn
- *		Stores the reply with its ids (when they say exactly what the text says) and usage.
+ *		Stores the reply with its ids (when they say exactly what the text says) and usage;
+ *		returns the new row's id.
  */
-static void
+static int64
 insert_assistant_turn(int64 conversation_id, const CaiGeneration *gen)
 {
 	CaiStoredUsage usage = stored_usage(gen);
 
-	(void) CaiMessageInsert(conversation_id, "assistant", reply_text(gen),
+	return CaiMessageInsert(conversation_id, "assistant", reply_text(gen),
 							gen->final.tokens_exact ? gen->ids : NULL, gen->n_ids, &usage);
+}
+
+/*
+ * CaiReplyToMessage
+ *		Answers a user turn that is already stored: generates the reply from the conversation's
+ *		turns up to and including message_id, stores the ids the worker tokenized that turn to and
+ *		the reply, and returns the reply's id.  Runs as the current user (row-level security,
+ *		grants and the prefix-cache salt are that role's) and locks the conversation row until
+ *		the end of the transaction, like cai_chat.  Shared by cai_reply_trigger and the job
+ *		runner (src/pg/jobs.c), so that a reply is produced the same way whoever asks.
+ */
+int64
+CaiReplyToMessage(int64 conversation_id, int64 message_id, Jsonb *options)
+{
+	CaiGeneration *gen;
+
+	gen = start_conversation_turn(conversation_id, NULL, options, message_id);
+	CaiGenerationFinish(gen);
+
+	if (gen->final.n_user_tokens > 0)
+		CaiMessageSetTokens(message_id, gen->user_tokens, gen->final.n_user_tokens);
+	return insert_assistant_turn(conversation_id, gen);
 }
 
 /*
@@ -200,7 +228,7 @@ store_exchange(int64 conversation_id, const char *message, const CaiGeneration *
 	}
 	PG_END_TRY();
 
-	insert_assistant_turn(conversation_id, gen);
+	(void) insert_assistant_turn(conversation_id, gen);
 }
 
 /* Raises an error for a NULL argument. */
@@ -567,7 +595,6 @@ pg_cai_reply_trigger(PG_FUNCTION_ARGS)
 	int64		message_id;
 	int64		conversation_id;
 	Jsonb	   *options = NULL;
-	CaiGeneration *gen;
 
 	if (!CALLED_AS_TRIGGER(fcinfo))
 		ereport(ERROR,
@@ -587,6 +614,7 @@ pg_cai_reply_trigger(PG_FUNCTION_ARGS)
 	role = TextDatumGetCString(d);
 	if (strcmp(role, "user") != 0 || cai_replying_in_function)
 		return PointerGetDatum(NULL);
+	CaiCheckOneReplyTrigger(trigdata);
 
 	d = trigger_column(trigdata, "content", &isnull);
 	content = isnull ? "" : TextDatumGetCString(d);
@@ -601,12 +629,7 @@ pg_cai_reply_trigger(PG_FUNCTION_ARGS)
 		options = DatumGetJsonbP(DirectFunctionCall1(jsonb_in,
 													 CStringGetDatum(trigdata->tg_trigger->tgargs[0])));
 
-	gen = start_conversation_turn(conversation_id, NULL, options, message_id);
-	CaiGenerationFinish(gen);
-
-	if (gen->final.n_user_tokens > 0)
-		CaiMessageSetTokens(message_id, gen->user_tokens, gen->final.n_user_tokens);
-	insert_assistant_turn(conversation_id, gen);
+	(void) CaiReplyToMessage(conversation_id, message_id, options);
 
 	return PointerGetDatum(NULL);
 }

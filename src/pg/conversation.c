@@ -223,9 +223,10 @@ int64
 CaiMessageInsert(int64 conversation_id, const char *role, const char *content,
 				 const int32 *tokens, int n_tokens, const CaiStoredUsage *usage)
 {
-	Oid			argtypes[7] = {INT8OID, TEXTOID, TEXTOID, INT4ARRAYOID, INT4OID, INT4OID, INT4OID};
-	Datum		values[7];
-	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	Oid			argtypes[8] = {INT8OID, TEXTOID, TEXTOID, INT4ARRAYOID, INT4OID, INT4OID, INT4OID,
+	FLOAT8OID};
+	Datum		values[8];
+	char		nulls[8] = {' ', ' ', ' ', ' ', ' ', ' ', ' ', ' '};
 	SPIPlanPtr	plan;
 	bool		isnull;
 	int64		id;
@@ -234,9 +235,9 @@ CaiMessageInsert(int64 conversation_id, const char *role, const char *content,
 	SPI_connect();
 	plan = keep_plan(&insert_plan,
 					 "INSERT INTO cai.messages (conversation_id, role, content, tokens, "
-					 "prompt_tokens, completion_tokens, cached_tokens) "
-					 "VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id",
-					 7, argtypes);
+					 "prompt_tokens, completion_tokens, cached_tokens, ttft_ms) "
+					 "VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
+					 8, argtypes);
 	values[0] = Int64GetDatum(conversation_id);
 	values[1] = CStringGetTextDatum(role);
 	values[2] = CStringGetTextDatum(content);
@@ -249,9 +250,10 @@ CaiMessageInsert(int64 conversation_id, const char *role, const char *content,
 		values[4] = Int32GetDatum(usage->prompt_tokens);
 		values[5] = Int32GetDatum(usage->completion_tokens);
 		values[6] = Int32GetDatum(usage->cached_tokens);
+		values[7] = Float8GetDatum(usage->ttft_ms);
 	}
 	else
-		nulls[4] = nulls[5] = nulls[6] = 'n';
+		nulls[4] = nulls[5] = nulls[6] = nulls[7] = 'n';
 
 	ret = SPI_execute_plan(plan, values, nulls, false, 1);
 	if (ret != SPI_OK_INSERT_RETURNING || SPI_processed != 1)

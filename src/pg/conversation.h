@@ -33,6 +33,7 @@ typedef struct CaiStoredUsage
 	int			prompt_tokens;
 	int			completion_tokens;
 	int			cached_tokens;
+	double		ttft_ms;		/* engine submit -> first token */
 } CaiStoredUsage;
 
 /* While true, cai_reply_trigger leaves inserted user rows alone (cai_chat answers them). */

@@ -14,6 +14,7 @@
 #include "utils/guc.h"
 
 #include "guc.h"
+#include "jobs.h"
 
 char	   *cai_model_path = NULL;
 char	   *cai_chat_template = NULL;
@@ -24,6 +25,8 @@ int			cai_max_step_tokens = 512;
 int			cai_context_length = 0;
 int			cai_host_cache_size_mb = 256;
 int			cai_max_queue = 64;
+char	   *cai_job_databases = NULL;
+int			cai_job_workers = 2;
 int			cai_max_queue_wait_ms = 0;
 int			cai_cache_isolation = CAI_ISOLATION_ROLE;
 int			cai_default_max_tokens = 256;
@@ -158,6 +161,26 @@ CaiGucInit(void)
 							0, 0, INT_MAX,
 							PGC_SIGHUP,
 							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomStringVariable("pg_cai.job_databases",
+							   "Databases whose asynchronous reply jobs (cai.jobs) are run.",
+							   "A comma-separated list of database names. Each listed database that "
+							   "exists gets pg_cai.job_workers job runners; empty means none.",
+							   &cai_job_databases,
+							   "",
+							   PGC_POSTMASTER,
+							   GUC_LIST_INPUT,
+							   CaiJobDatabasesCheck, NULL, NULL);
+
+	DefineCustomIntVariable("pg_cai.job_workers",
+							"Job runners per database of pg_cai.job_databases.",
+							"Each runner answers one message at a time; the engine batches "
+							"the runners' generations with everyone else's.",
+							&cai_job_workers,
+							2, 1, 64,
+							PGC_POSTMASTER,
+							0,
 							NULL, NULL, NULL);
 
 	DefineCustomEnumVariable("pg_cai.cache_isolation",

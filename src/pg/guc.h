@@ -33,6 +33,8 @@ extern int	cai_max_step_tokens;
 extern int	cai_context_length;
 extern int	cai_host_cache_size_mb;
 extern int	cai_max_queue;
+extern char *cai_job_databases;
+extern int	cai_job_workers;
 
 /* reloadable: the worker applies it on SIGHUP */
 extern int	cai_max_queue_wait_ms;

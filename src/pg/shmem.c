@@ -13,6 +13,7 @@
 #include "storage/shmem.h"
 
 #include "guc.h"
+#include "jobs.h"
 #include "shmem.h"
 
 CaiSharedState *cai_shared = NULL;
@@ -38,6 +39,7 @@ cai_shmem_request(void)
 		prev_shmem_request_hook();
 
 	RequestAddinShmemSpace(pg_cai_shmem_size());
+	RequestAddinShmemSpace(CaiJobsShmemSize());
 	RequestNamedLWLockTranche("pg_cai", 1);
 }
 
@@ -65,6 +67,7 @@ cai_shmem_startup(void)
 		cai_shared->state = CAI_WORKER_NOT_RUNNING;
 		cai_shared->ring_capacity = cai_max_queue;
 	}
+	CaiJobsShmemStartup();
 
 	LWLockRelease(AddinShmemInitLock);
 }

@@ -79,6 +79,7 @@ typedef struct CaiSharedState
 	cai_engine_stats engine_stats;
 	CaiWorkerCounters counters;
 	TimestampTz stats_updated;
+	double		recent_tokens_per_second;	/* generated tokens per second, ~last 10 s */
 
 	/* intake ring of request segments, oldest at ring_head */
 	int			ring_capacity;

@@ -123,8 +123,8 @@ pg_cai_stats(PG_FUNCTION_ARGS)
 {
 	CaiSharedState *shared = CaiSharedStateOrError();
 	TupleDesc	tupdesc;
-	Datum		values[32];
-	bool		nulls[32];
+	Datum		values[40];
+	bool		nulls[40];
 	int			i = 0;
 	int			pid;
 	CaiWorkerState state;
@@ -135,6 +135,7 @@ pg_cai_stats(PG_FUNCTION_ARGS)
 	int			queued;
 	TimestampTz started;
 	TimestampTz updated;
+	double		recent_rate;
 
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "return type must be a row type");
@@ -149,6 +150,7 @@ pg_cai_stats(PG_FUNCTION_ARGS)
 	queued = shared->ring_count;
 	started = shared->worker_started;
 	updated = shared->stats_updated;
+	recent_rate = shared->recent_tokens_per_second;
 	LWLockRelease(shared->lock);
 
 	memset(nulls, 0, sizeof(nulls));
@@ -191,6 +193,7 @@ pg_cai_stats(PG_FUNCTION_ARGS)
 	nulls[i++] = (started == 0);
 	values[i] = TimestampTzGetDatum(updated);
 	nulls[i++] = (updated == 0);
+	values[i++] = Float8GetDatum(recent_rate);
 
 	Assert(i == tupdesc->natts);
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));

@@ -24,6 +24,7 @@
  */
 #include "postgres.h"
 
+#include <math.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -101,6 +102,7 @@ static uint64 worker_generation = 0;
 static dlist_head worker_requests = DLIST_STATIC_INIT(worker_requests);
 static CaiWorkerCounters worker_counters;
 static TimestampTz last_stats_publish = 0;
+static bool generation_finished = false;	/* a generation was answered since the last publish */
 
 static void worker_shutdown(int code, Datum arg);
 static void worker_load_model(void);
@@ -238,11 +240,16 @@ CaiWorkerMain(Datum main_arg)
 		worker_check_abandoned();
 		if (worker_engine != NULL && cai_engine_has_work(worker_engine))
 			worker_step();
-		worker_flush_all();
 
-		/* while busy, publish at most every 100 ms; going idle, publish the final state */
+		/*
+		 * Publish before delivering: a backend that has its reply and then reads pg_stat_cai
+		 * must see counters that include its request.  While busy, at most every 100 ms unless
+		 * a generation finished in this step; going idle, the final state.
+		 */
 		busy = worker_engine != NULL && cai_engine_has_work(worker_engine);
-		worker_publish_stats(!busy);
+		worker_publish_stats(!busy || generation_finished);
+		generation_finished = false;
+		worker_flush_all();
 
 		if (!busy)
 		{
@@ -942,6 +949,7 @@ finish_generation(WorkerRequest *req, const cai_event *ev)
 	req->in_engine = false;
 	answer_result(req, CAI_MSG_FINAL, &final, sizeof(final),
 				  req->user_tokens, sizeof(int32) * req->n_user_tokens);
+	generation_finished = true;
 }
 
 /*
@@ -1143,6 +1151,35 @@ worker_finish(WorkerRequest *req)
 	MemoryContextDelete(req->context);
 }
 
+/* time constant of pg_stat_cai's recent_tokens_per_second */
+#define RECENT_RATE_SECONDS 10.0
+
+/*
+ * update_recent_rate
+ *		Folds the tokens generated since the last call into an exponentially weighted rate with a
+ *		time constant of RECENT_RATE_SECONDS of wall-clock time, idle time included, so the figure
+ *		is the current throughput and decays to 0 when the engine goes quiet.  Weighting each
+ *		interval by its length keeps the average right however irregular the calls are.
+ */
+static double
+update_recent_rate(TimestampTz now, uint64 generated_tokens)
+{
+	static TimestampTz last_time = 0;
+	static uint64 last_tokens = 0;
+	static double rate = 0.0;
+
+	if (last_time != 0 && now > last_time && generated_tokens >= last_tokens)
+	{
+		double		dt = (double) (now - last_time) / USECS_PER_SEC;
+		double		instant = (double) (generated_tokens - last_tokens) / dt;
+
+		rate += (1.0 - exp(-dt / RECENT_RATE_SECONDS)) * (instant - rate);
+	}
+	last_time = now;
+	last_tokens = generated_tokens;
+	return rate;
+}
+
 /*
  * worker_publish_stats
  *		Copies the engine's statistics and the worker's counters into shared memory, at most
@@ -1153,6 +1190,7 @@ worker_publish_stats(bool force)
 {
 	TimestampTz now = GetCurrentTimestamp();
 	cai_engine_stats stats;
+	double		recent_rate;
 
 	if (!force && !TimestampDifferenceExceeds(last_stats_publish, now, 100))
 		return;
@@ -1161,10 +1199,12 @@ worker_publish_stats(bool force)
 	memset(&stats, 0, sizeof(stats));
 	if (worker_engine != NULL)
 		cai_engine_get_stats(worker_engine, &stats);
+	recent_rate = update_recent_rate(now, stats.generated_tokens);
 
 	LWLockAcquire(cai_shared->lock, LW_EXCLUSIVE);
 	cai_shared->engine_stats = stats;
 	cai_shared->counters = worker_counters;
 	cai_shared->stats_updated = now;
+	cai_shared->recent_tokens_per_second = recent_rate;
 	LWLockRelease(cai_shared->lock);
 }

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cai.h"
+#include "model.h"
 #include "synth_model.h"
 #include "test.h"
 
@@ -590,4 +591,71 @@ TEST(engine_early_rejection_on_estimated_wait)
 	cai_engine_get_stats(engine, &stats);
 	CHECK_EQ_INT(stats.requests_rejected, 1);
 	cai_engine_free(engine);
+}
+
+/*
+ * The content ids cai_chat_build_prompt hands back for storage must render the same prompt as
+ * the text did, in every format (trimming and SentencePiece spaces included): otherwise the
+ * next turn, built from stored ids, would miss the prefix cache from that message on.
+ */
+TEST(engine_stored_content_ids_render_like_text)
+{
+	static const char *formats[] = {"chatml", "llama3", "gemma", "llama2", "zephyr"};
+	synth_model_config cfg;
+	cai_error	err;
+	char		path[256];
+
+	synth_model_default_config(&cfg);
+	cfg.n_layers = 1;
+	cfg.d_model = 32;
+	cfg.n_heads = 2;
+	cfg.n_kv_heads = 1;
+	cfg.d_ff = 64;
+	snprintf(path, sizeof(path), "/tmp/cai_test_template_%d.gguf", (int) getpid());
+	CHECK(synth_model_write(path, &cfg, &err) == CAI_OK);
+
+	for (size_t f = 0; f < sizeof(formats) / sizeof(formats[0]); f++)
+	{
+		cai_model_params mp;
+		cai_model  *model = NULL;
+		cai_prompt	from_text,
+					from_ids;
+		cai_chat_message msgs[2] = {
+			{CAI_ROLE_SYSTEM, "  Be brief.\n", NULL, 0},
+			{CAI_ROLE_USER, "  Hello   there, world!  \n", NULL, 0},
+		};
+		cai_prompt_params pp = {.add_generation_prompt = true};
+
+		cai_model_params_default(&mp);
+		mp.chat_template = formats[f];
+		if (cai_model_load(path, &mp, &model, &err) != CAI_OK)
+		{
+			CHECK_MSG(0, "%s: %s", formats[f], err.message);
+			continue;
+		}
+		CHECK(cai_chat_build_prompt(model, msgs, 2, &pp, &from_text, &err) == CAI_OK);
+		CHECK_MSG(from_text.n_last_content_ids > 0, "%s", formats[f]);
+		{
+			/* the prompt is the format's own rendering of the texts */
+			cai_tokens	direct;
+
+			cai_tokens_init(&direct);
+			CHECK(cai_chat_template_render(&model->tmpl, model->tokenizer, msgs, 2, true, &direct,
+										   &err) == CAI_OK);
+			CHECK_MSG(direct.n == from_text.n_ids &&
+					  memcmp(direct.ids, from_text.ids, sizeof(int32_t) * direct.n) == 0,
+					  "%s: the prompt differs from the template's rendering of the text", formats[f]);
+			cai_tokens_free(&direct);
+		}
+		msgs[1].tokens = from_text.last_content_ids;
+		msgs[1].n_tokens = from_text.n_last_content_ids;
+		CHECK(cai_chat_build_prompt(model, msgs, 2, &pp, &from_ids, &err) == CAI_OK);
+		CHECK_MSG(from_ids.n_ids == from_text.n_ids &&
+				  memcmp(from_ids.ids, from_text.ids, sizeof(int32_t) * from_text.n_ids) == 0,
+				  "%s: stored ids render differently from the text", formats[f]);
+		cai_prompt_free(&from_text);
+		cai_prompt_free(&from_ids);
+		cai_model_free(model);
+	}
+	unlink(path);
 }

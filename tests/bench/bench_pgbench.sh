@@ -1,0 +1,94 @@
+#!/bin/bash
+# tests/bench/bench_pgbench.sh — SQL-level throughput and latency of cai_chat under pgbench.
+#
+# Starts a throwaway cluster of its own (scripts/lib-cluster.sh; max_batch 32), then for each
+# client count runs pgbench for a fixed time with a script that asks one question in a new
+# conversation (`cai_chat(cai_new_conversation(...), ..., max_tokens N, ignore_eos)`, so every reply
+# is exactly N tokens), and reports:
+#   completion tokens/s   tokens the engine generated during the run / the run's wall time
+#   p50 / p99 latency     of whole transactions (one cai_chat call), from pgbench's per-transaction log
+#   avg batch             sequences per engine step during the run (pg_stat_cai)
+#   speed-up              completion tokens/s relative to the first client count
+#
+#   tests/bench/bench_pgbench.sh [-c 1,4,16,32] [-T seconds] [-n max_tokens] [-m model]
+#
+# Run as root (the server runs as the postgres OS user) or as the user owning PostgreSQL, after
+# `make install`.  Not part of the test suite: figures depend on the machine and its load.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+CLIENTS=1,4,16,32
+DURATION=40
+MAX_TOKENS=32
+MODEL=$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf
+while getopts "c:T:n:m:" opt; do
+	case $opt in
+		c) CLIENTS=$OPTARG ;;
+		T) DURATION=$OPTARG ;;
+		n) MAX_TOKENS=$OPTARG ;;
+		m) MODEL=$OPTARG ;;
+		*) sed -n '2,16p' "$0"; exit 2 ;;
+	esac
+done
+MODEL=$(realpath "$MODEL")
+
+# shellcheck source=../../scripts/lib-cluster.sh
+. "$ROOT/scripts/lib-cluster.sh"
+
+max_clients=$(tr ',' '\n' <<<"$CLIENTS" | sort -n | tail -n 1)
+cluster_create "$MODEL" pg_cai.max_batch=32 pg_cai.max_queue=256 "max_connections=$((max_clients + 10))" \
+	"pg_cai.job_databases=''"
+trap 'cluster_stop; rm -rf "$CLUSTER_DIR"' EXIT
+cluster_start
+cluster_env
+psql -qX -c "CREATE EXTENSION pg_cai"
+
+WORK=$(mktemp -d /tmp/cai_bench_pgbench.XXXX)
+chmod 777 "$WORK"
+cat >"$WORK/chat.sql" <<EOF
+\set n random(1, 1000000)
+SELECT cai_chat(cai_new_conversation('You are a helpful assistant.'),
+                'Tell me something about the number ' || :client_id || '-' || :n || '.',
+                '{"max_tokens": $MAX_TOKENS, "ignore_eos": true}');
+EOF
+
+stat() { psql -qXAt -c "SELECT $1 FROM pg_stat_cai"; }
+
+# warm-up: the engine's buffers, the system prompt in the prefix cache
+pgbench -n -c 2 -j 1 -t 2 -f "$WORK/chat.sql" >/dev/null
+
+echo "pg_cai pgbench benchmark: $(stat "model || ' on ' || device"), max_tokens $MAX_TOKENS, ${DURATION}s per run, $(nproc) cores"
+printf '%-8s %8s %10s %14s %10s %10s %10s %9s\n' clients txns 'txn/s' 'completion/s' 'p50 ms' 'p99 ms' 'avg batch' 'speed-up'
+base=""
+for c in ${CLIENTS//,/ }; do
+	gen0=$(stat generated_tokens)
+	steps0=$(stat steps)
+	seqs0=$(stat "coalesce(avg_batch * steps, 0)")
+	rm -f "$WORK"/log*
+	t0=$(date +%s.%N)
+	out=$(cd "$WORK" && pgbench -n -c "$c" -j "$((c < 2 ? c : 2))" -T "$DURATION" -l --log-prefix=log \
+		-f "$WORK/chat.sql" 2>&1)
+	t1=$(date +%s.%N)
+	gen1=$(stat generated_tokens)
+	steps1=$(stat steps)
+	seqs1=$(stat "coalesce(avg_batch * steps, 0)")
+	failed=$(sed -n 's/^number of failed transactions: \([0-9]*\).*/\1/p' <<<"$out")
+	if [ "${failed:-0}" != 0 ] || ! grep -q 'number of transactions actually processed' <<<"$out"; then
+		echo "pgbench with $c clients failed:" >&2
+		echo "$out" >&2
+		exit 1
+	fi
+	# per-transaction log lines: client_id transaction_no latency_us script_no epoch_s epoch_us
+	read -r n p50 p99 < <(cat "$WORK"/log* | awk '{print $3}' | sort -n |
+		awk '{v[NR] = $1} END {i50 = int(NR * 0.50 + 0.5); i99 = int(NR * 0.99 + 0.5);
+			if (i50 < 1) i50 = 1; if (i99 < 1) i99 = 1;
+			printf "%d %.0f %.0f\n", NR, v[i50] / 1000, v[i99] / 1000}')
+	tps=$(awk -v n="$n" -v a="$t0" -v b="$t1" 'BEGIN {printf "%.2f", n / (b - a)}')
+	rate=$(awk -v g0="$gen0" -v g1="$gen1" -v a="$t0" -v b="$t1" 'BEGIN {printf "%.1f", (g1 - g0) / (b - a)}')
+	batch=$(awk -v s0="$steps0" -v s1="$steps1" -v q0="$seqs0" -v q1="$seqs1" \
+		'BEGIN {printf "%.1f", (s1 > s0) ? (q1 - q0) / (s1 - s0) : 0}')
+	[ -z "$base" ] && base=$rate
+	speedup=$(awk -v r="$rate" -v b="$base" 'BEGIN {printf "%.1fx", r / b}')
+	printf '%-8s %8s %10s %14s %10s %10s %10s %9s\n' "$c" "$n" "$tps" "$rate" "$p50" "$p99" "$batch" "$speedup"
+done
+rm -rf "$WORK"
