@@ -111,10 +111,10 @@ build/kernels/backend_cuda.o: kernels/backend_cuda.c
 build/libcai_cuda.so: $(CUDA_OBJS)
 	$(NVCC) -shared $(CUDA_GENCODE) -o $@ $(CUDA_OBJS) $(CUDA_LINK)
 
-tests/gpu/run_gpu: $(wildcard tests/gpu/*.c tests/gpu/*.h) tests/unit/test.h \
+tests/gpu/run_gpu: $(wildcard tests/gpu/*.c tests/gpu/*.h) tests/unit/test.h tests/unit/test_runner.c \
 		build/libcai_cuda.so build/libcai.a
 	$(CC) $(ENGINE_CFLAGS) -Itests/gpu -Itests/unit -o $@ $(wildcard tests/gpu/*.c) \
-		build/libcai.a $(GPU_TEST_LIBS)
+		tests/unit/test_runner.c build/libcai.a $(GPU_TEST_LIBS)
 
 tests/bench/bench_gpu: tests/bench/bench_gpu.c build/libcai_cuda.so build/libcai.a
 	$(CC) $(ENGINE_CFLAGS) -Ikernels -o $@ tests/bench/bench_gpu.c build/libcai.a $(GPU_TEST_LIBS)

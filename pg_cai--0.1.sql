@@ -252,8 +252,8 @@ COMMENT ON COLUMN cai.jobs.message_id IS 'the user turn to answer (at most one j
 COMMENT ON COLUMN cai.jobs.conversation_id IS 'the conversation of the turn; the reply is generated as its owner';
 COMMENT ON COLUMN cai.jobs.options IS 'generation options of the reply (the trigger''s argument), over the conversation''s own';
 COMMENT ON COLUMN cai.jobs.status IS 'pending (waits for a runner), running, done (reply_id is the reply) or failed (see error)';
-COMMENT ON COLUMN cai.jobs.error IS 'why the job failed, or why its last attempt did when it is pending again';
-COMMENT ON COLUMN cai.jobs.attempts IS 'times a runner took the job; it fails after 5 attempts without an answer';
+COMMENT ON COLUMN cai.jobs.error IS 'why the job failed, or why its last try hit a transient error (engine queue full, worker restarting) when it is pending again';
+COMMENT ON COLUMN cai.jobs.attempts IS 'times a runner took the job and did not come back (its process ended) or finished it; after 5 the job fails';
 COMMENT ON COLUMN cai.jobs.reply_id IS 'the assistant turn that answered the job';
 COMMENT ON COLUMN cai.jobs.started_at IS 'when a runner took the job last';
 COMMENT ON COLUMN cai.jobs.finished_at IS 'when the job ended (done or failed)';

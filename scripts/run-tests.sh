@@ -14,6 +14,7 @@ MODEL=${CAI_MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 MODEL=$(realpath -m "$MODEL")
 passed=0
 failed=0
+skipped=0
 
 # shellcheck source=lib-cluster.sh
 . "$ROOT/scripts/lib-cluster.sh"
@@ -28,11 +29,29 @@ unit_line=$(printf '%s\n' "$unit_out" | grep -E '^[0-9]+ passed, [0-9]+ failed, 
 if [ -n "$unit_line" ]; then
 	unit_passed=$(echo "$unit_line" | awk '{print $1}')
 	unit_failed=$(echo "$unit_line" | awk '{print $3}')
+	skipped=$((skipped + $(echo "$unit_line" | awk '{print $5}')))
 	passed=$((passed + unit_passed))
 	failed=$((failed + unit_failed))
 else
 	say "unit tests did not report a result"
 	failed=$((failed + 1))
+fi
+
+# ---- 1b. GPU tests: every CUDA kernel against the CPU (built where nvcc is; each test skips,
+# saying so, where no CUDA device is present) --------------------------------------------------
+if [ -x "$ROOT/tests/gpu/run_gpu" ]; then
+	say "== GPU tests"
+	gpu_out=$("$ROOT/tests/gpu/run_gpu" 2>&1)
+	printf '%s\n' "$gpu_out" | tail -n 5 >&2
+	gpu_line=$(printf '%s\n' "$gpu_out" | grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped' | tail -n 1)
+	if [ -n "$gpu_line" ]; then
+		passed=$((passed + $(echo "$gpu_line" | awk '{print $1}')))
+		failed=$((failed + $(echo "$gpu_line" | awk '{print $3}')))
+		skipped=$((skipped + $(echo "$gpu_line" | awk '{print $5}')))
+	else
+		say "GPU tests did not report a result"
+		failed=$((failed + 1))
+	fi
 fi
 
 # ---- 2. a throwaway cluster ----------------------------------------------------------------
@@ -94,5 +113,5 @@ else
 	say "kept $CLUSTER_DIR for inspection (server log: $CLUSTER_LOG)"
 fi
 
-echo "$passed passed, $failed failed"
+echo "$passed passed, $failed failed, $skipped skipped"
 [ $failed -eq 0 ]

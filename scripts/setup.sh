@@ -59,6 +59,8 @@ if [ ! -f "$PGDATA_DIR/PG_VERSION" ]; then
 	{
 		cat pg_cai.conf
 		echo "pg_cai.model = '$MODEL'"
+		# asynchronous replies (cai_enqueue_reply_trigger) in the database made for you below
+		echo "pg_cai.job_databases = '\"$ME\"'"
 		echo "port = $PORT"
 		echo "unix_socket_directories = '$SOCKDIR'"
 		echo "listen_addresses = ''"

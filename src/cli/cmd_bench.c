@@ -6,8 +6,9 @@
  * token).  Decode at batch B: B requests with short distinct prompts submitted together, run with
  * ignore_eos to --gen-tokens each; only steps in which all B sequences decode are timed (prefill
  * steps and a ragged tail are left out), and throughput is the tokens those steps produced over
- * their wall time.  Each figure is the median of --repeat runs, after one warm-up.  The prefix
- * cache is off, so nothing is reused between runs.
+ * their wall time.  Each figure is the median of --repeat runs, after one warm-up, with the best
+ * run alongside (on a shared machine contention only ever slows a run down).  The prefix cache is
+ * off, so nothing is reused between runs.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -315,6 +316,7 @@ cmd_bench(int argc, char **argv)
 	int			max_batch = 1;
 	double	   *samples = NULL;
 	double		prefill_median;
+	double		prefill_best;
 	double	   *decode_tps = NULL;
 	decode_result *decode_best = NULL;
 	bool		progress;
@@ -379,7 +381,9 @@ cmd_bench(int argc, char **argv)
 		fprintf(stderr, "cai bench: %s on %s\n", info.name, cai_engine_device(engine));
 
 	/* warm-up: page the weights in, start the threads */
-	if (!make_prompt(model, &base, 64, 0, &prompt) || run_prefill(engine, &prompt, &samples[0]))
+	if (!make_prompt(model, &base, bench_opts.prompt_tokens < 64 ? bench_opts.prompt_tokens : 64,
+					 0, &prompt) ||
+		run_prefill(engine, &prompt, &samples[0]) != CLI_EXIT_OK)
 		goto done;
 
 	if (!make_prompt(model, &base, bench_opts.prompt_tokens, 0, &prompt))
@@ -396,6 +400,7 @@ cmd_bench(int argc, char **argv)
 					prompt.n / samples[r]);
 	}
 	prefill_median = median(samples, bench_opts.repeat);
+	prefill_best = samples[0];	/* median() sorted them: the shortest time is first */
 
 	for (int i = 0; i < bench_opts.batches.n; i++)
 	{
@@ -425,8 +430,10 @@ cmd_bench(int argc, char **argv)
 	json_write_string(stdout, cai_engine_device(engine));
 	printf(",\n  \"threads\": %d,\n  \"repeat\": %d,\n", bench_opts.threads, bench_opts.repeat);
 	printf("  \"prefill\": {\"prompt_tokens\": %d, \"step_tokens\": %d, \"seconds\": %.6f, "
-		   "\"tokens_per_second\": %.2f},\n", prompt.n, bench_opts.step_tokens,
-		   prefill_median, prefill_median > 0 ? prompt.n / prefill_median : 0.0);
+		   "\"tokens_per_second\": %.2f, \"best_tokens_per_second\": %.2f},\n",
+		   prompt.n, bench_opts.step_tokens, prefill_median,
+		   prefill_median > 0 ? prompt.n / prefill_median : 0.0,
+		   prefill_best > 0 ? prompt.n / prefill_best : 0.0);
 	printf("  \"decode\": [");
 	for (int i = 0; i < bench_opts.batches.n; i++)
 	{
@@ -434,10 +441,10 @@ cmd_bench(int argc, char **argv)
 
 		printf("%s\n    {\"batch\": %d, \"prompt_tokens\": %d, \"gen_tokens\": %d, "
 			   "\"timed_steps\": %d, \"ms_per_step\": %.3f, \"tokens_per_second\": %.2f, "
-			   "\"tokens_per_second_per_sequence\": %.2f}",
+			   "\"tokens_per_second_per_sequence\": %.2f, \"best_tokens_per_second\": %.2f}",
 			   i ? "," : "", batch, bench_opts.decode_prompt_tokens, bench_opts.gen_tokens,
 			   decode_best[i].steps, 1000.0 * batch / decode_tps[i], decode_tps[i],
-			   decode_tps[i] / batch);
+			   decode_tps[i] / batch, decode_best[i].tokens / decode_best[i].seconds);
 	}
 	printf("\n  ]\n}\n");
 	fflush(stdout);

@@ -204,7 +204,7 @@ cmd_eval(int argc, char **argv)
 	cai_engine_params_default(&ep);
 	ep.n_threads = eval_opts.threads;
 	ep.max_running = 1;
-	ep.context_length = eval_opts.ctx;
+	ep.context_length = eval_opts.ctx < 16 ? 16 : eval_opts.ctx;	/* the engine's minimum */
 	if (cai_engine_create(model, &ep, &engine, &err) != CAI_OK)
 	{
 		cli_report("could not create the engine", &err);

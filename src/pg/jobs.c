@@ -16,18 +16,21 @@
  *                                and stores the reply, the job's outcome and a NOTIFY on channel
  *                                cai_reply (payload: the conversation id) in one transaction.
  *
- * A job's states (pg_cron's habit: explicit states, orphans cleaned up at start):
+ * A job's states (pg_cron's habit: explicit states, and work orphaned by a crash cleaned up):
  *
  *   pending --claim, committed--> running --reply + done + NOTIFY, one transaction--> done
  *                                    |--error (bad option, no such role, ...)--> failed + NOTIFY
  *                                    '--transient error (queue full, worker restart)--> pending
+ *                                       (the attempt is not counted; retried after a pause)
  *
  * The claim is committed on its own so that attempts counts every try, even one that kills the
  * server: a job claimed CAI_JOB_MAX_ATTEMPTS times without an answer fails, and one message
- * cannot crash the server forever.  A runner that dies leaves its job 'running'; each runner, when
- * it starts, returns to 'pending' every running job whose row no live runner has locked.  A runner
- * re-checks its claim (status and attempts) under the row lock before it answers, so a job reset
- * and claimed again in between is answered once.
+ * cannot crash the server forever.  From its claim until its outcome is committed, a job is held by
+ * its runner with a session-level advisory lock (pg_locks: locktype advisory, classid
+ * CAI_JOB_LOCK_CLASS, objid the job id's low 32 bits), which ends with the runner's process,
+ * however it ends.  So a job 'running' that no process holds is orphaned — its runner died — and
+ * before each claim, runners return such jobs to 'pending'.  A runner re-checks its claim (status
+ * and attempts) under the job's row lock before it answers.
  *
  * A conversation's jobs are answered one after the other, in the order of their messages: a job
  * is runnable only when no older job of its conversation is pending or running.
@@ -60,8 +63,10 @@
 #include "postmaster/interrupt.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
+#include "storage/lock.h"
 #include "storage/proc.h"
 #include "tcop/tcopprot.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/jsonb.h"
@@ -96,6 +101,9 @@ PG_FUNCTION_INFO_V1(pg_cai_enqueue_reply_trigger);
 
 #define CAI_REPLY_CHANNEL "cai_reply"
 
+/* advisory lock class of jobs held by runners: "caij" */
+#define CAI_JOB_LOCK_CLASS 0x6361696a
+
 /* One job runner's place in shared memory */
 typedef struct CaiJobRunnerSlot
 {
@@ -108,6 +116,7 @@ typedef struct CaiJobRunnerSlot
 typedef struct CaiJobsShared
 {
 	PGPROC	   *launcher;		/* NULL while the launcher is not running */
+	int			launcher_pid;	/* 0 while the launcher is not running */
 	int			n_slots;
 	CaiJobRunnerSlot slots[FLEXIBLE_ARRAY_MEMBER];
 } CaiJobsShared;
@@ -576,6 +585,7 @@ launcher_shutdown(int code, Datum arg)
 {
 	LWLockAcquire(cai_shared->lock, LW_EXCLUSIVE);
 	jobs_shared->launcher = NULL;
+	jobs_shared->launcher_pid = 0;
 	LWLockRelease(cai_shared->lock);
 }
 
@@ -677,6 +687,7 @@ CaiJobLauncherMain(Datum main_arg)
 
 	LWLockAcquire(cai_shared->lock, LW_EXCLUSIVE);
 	jobs_shared->launcher = MyProc;
+	jobs_shared->launcher_pid = MyProcPid;
 	LWLockRelease(cai_shared->lock);
 	before_shmem_exit(launcher_shutdown, (Datum) 0);
 
@@ -822,6 +833,22 @@ runner_shutdown(int code, Datum arg)
 	LWLockRelease(cai_shared->lock);
 }
 
+/*
+ * launcher_is_gone
+ *		True when the launcher that started this runner has exited.  A new launcher knows nothing
+ *		of its predecessor's runners and starts its own, so the old ones leave.
+ */
+static bool
+launcher_is_gone(void)
+{
+	int			pid;
+
+	LWLockAcquire(cai_shared->lock, LW_SHARED);
+	pid = jobs_shared->launcher_pid;
+	LWLockRelease(cai_shared->lock);
+	return pid != MyBgworkerEntry->bgw_notify_pid;
+}
+
 /* Queues the NOTIFY that tells listeners a job of the conversation ended. */
 static void
 notify_conversation(int64 conversation_id)
@@ -852,14 +879,74 @@ runner_commit(void)
 	pgstat_report_activity(STATE_IDLE, NULL);
 }
 
+/* The advisory lock that says a runner holds the job (see the header comment). */
+static void
+job_lock_tag(LOCKTAG *tag, int64 job_id)
+{
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, CAI_JOB_LOCK_CLASS, (uint32) job_id, 2);
+}
+
+/*
+ * reset_orphaned_jobs
+ *		Returns to 'pending' every running job that no runner holds: its runner died (a crash, a
+ *		terminated process) before committing the outcome.  A job is tested by trying its
+ *		advisory lock; the lock taken for the test lasts until the end of the transaction, so the
+ *		job cannot be claimed in between.  Runs inside the caller's transaction, with SPI.
+ */
+static void
+reset_orphaned_jobs(void)
+{
+	Datum	   *orphans;
+	int			n_orphans = 0;
+	uint64		i;
+	int			ret;
+
+	ret = SPI_execute("SELECT id FROM cai.jobs WHERE status = 'running'", true, 0);
+	if (ret != SPI_OK_SELECT)
+		elog(ERROR, "could not look for orphaned jobs: %s", SPI_result_code_string(ret));
+	if (SPI_processed == 0)
+		return;
+
+	orphans = palloc(sizeof(Datum) * SPI_processed);
+	for (i = 0; i < SPI_processed; i++)
+	{
+		bool		isnull;
+		int64		id = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
+													 1, &isnull));
+		LOCKTAG		tag;
+
+		job_lock_tag(&tag, id);
+		if (LockAcquire(&tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL)
+			orphans[n_orphans++] = Int64GetDatum(id);
+	}
+	if (n_orphans > 0)
+	{
+		Oid			argtypes[1] = {INT8ARRAYOID};
+		Datum		values[1];
+
+		values[0] = PointerGetDatum(construct_array(orphans, n_orphans, INT8OID, sizeof(int64),
+													FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
+		ret = SPI_execute_with_args("UPDATE cai.jobs SET status = 'pending', started_at = NULL "
+									"WHERE id = ANY ($1) AND status = 'running'",
+									1, argtypes, values, NULL, false, 0);
+		if (ret != SPI_OK_UPDATE)
+			elog(ERROR, "could not reset orphaned jobs: %s", SPI_result_code_string(ret));
+		if (SPI_processed > 0)
+			ereport(LOG,
+					(errmsg("pg_cai job runner returned %llu orphaned job(s) to pending",
+							(unsigned long long) SPI_processed),
+					 errdetail("Their runner ended before it finished them.")));
+	}
+}
+
 /*
  * claim_next_job
- *		In a transaction of its own: returns orphaned jobs to pending (the first time pg_cai is
- *		found installed), then claims the oldest runnable pending job: marks it running and counts
- *		the attempt, or fails it when it has no attempt left.
+ *		In a transaction of its own: returns orphaned jobs to pending, then claims the oldest
+ *		runnable pending job: marks it running, counts the attempt and takes its advisory lock
+ *		(kept past commit, until release_job), or fails it when it has no attempt left.
  */
 static JobClaimResult
-claim_next_job(JobClaim *claim, bool *orphans_reset)
+claim_next_job(JobClaim *claim)
 {
 	JobClaimResult result;
 	Datum		max_attempts = Int32GetDatum(CAI_JOB_MAX_ATTEMPTS);
@@ -878,20 +965,7 @@ claim_next_job(JobClaim *claim, bool *orphans_reset)
 		return CLAIM_NO_EXTENSION;
 	}
 
-	if (!*orphans_reset)
-	{
-		ret = SPI_execute("UPDATE cai.jobs SET status = 'pending', started_at = NULL "
-						  "WHERE id IN (SELECT id FROM cai.jobs WHERE status = 'running' "
-						  "FOR UPDATE SKIP LOCKED)",
-						  false, 0);
-		if (ret != SPI_OK_UPDATE)
-			elog(ERROR, "could not reset orphaned jobs: %s", SPI_result_code_string(ret));
-		if (SPI_processed > 0)
-			ereport(LOG,
-					(errmsg("pg_cai job runner returned %llu job(s) orphaned in state running to pending",
-							(unsigned long long) SPI_processed)));
-		*orphans_reset = true;
-	}
+	reset_orphaned_jobs();
 
 	ret = SPI_execute_with_args(
 								"UPDATE cai.jobs j SET "
@@ -923,7 +997,13 @@ claim_next_job(JobClaim *claim, bool *orphans_reset)
 		claim->conversation_id = DatumGetInt64(SPI_getbinval(row, desc, 2, &isnull));
 		claim->attempts = DatumGetInt32(SPI_getbinval(row, desc, 3, &isnull));
 		if (DatumGetBool(SPI_getbinval(row, desc, 4, &isnull)))
+		{
+			LOCKTAG		tag;
+
+			job_lock_tag(&tag, claim->id);
+			(void) LockAcquire(&tag, ExclusiveLock, true, false);
 			result = CLAIM_CLAIMED;
+		}
 		else
 		{
 			result = CLAIM_GAVE_UP;
@@ -938,11 +1018,22 @@ claim_next_job(JobClaim *claim, bool *orphans_reset)
 	return result;
 }
 
+/* Lets go of a claimed job once its outcome is committed. */
+static void
+release_job(const JobClaim *claim)
+{
+	LOCKTAG		tag;
+
+	job_lock_tag(&tag, claim->id);
+	(void) LockRelease(&tag, ExclusiveLock, true);
+}
+
 /*
  * answer_job
  *		Answers a claimed job inside the current transaction: re-checks the claim under the job's
- *		row lock, becomes the conversation's owner, generates and stores the reply, becomes the
- *		runner again, marks the job done and queues the NOTIFY.  Errors propagate.
+ *		row lock (waiting out a sibling's brief lock on it, such as a claim query's), becomes the
+ *		conversation's owner, generates and stores the reply, becomes the runner again, marks the
+ *		job done and queues the NOTIFY.  Errors propagate.
  */
 static JobOutcome
 answer_job(const JobClaim *claim)
@@ -974,7 +1065,7 @@ answer_job(const JobClaim *claim)
 	ret = SPI_execute_with_args(
 								"SELECT j.message_id, m.role, m.conversation_id = j.conversation_id, j.options, "
 								"  c.owner, r.oid, r.oid IS NULL, "
-								"  coalesce((SELECT bool_and(has_function_privilege(r.oid, p.oid, 'EXECUTE')) "
+								"  coalesce((SELECT pg_catalog.bool_and(pg_catalog.has_function_privilege(r.oid, p.oid, 'EXECUTE')) "
 								"    FROM pg_catalog.pg_proc p "
 								"    JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass "
 								"      AND d.objid = p.oid AND d.deptype = 'e' "
@@ -985,7 +1076,7 @@ answer_job(const JobClaim *claim)
 								"JOIN cai.conversations c ON c.id = j.conversation_id "
 								"LEFT JOIN pg_catalog.pg_roles r ON r.rolname = c.owner "
 								"WHERE j.id = $1 AND j.status = 'running' AND j.attempts = $2 "
-								"FOR UPDATE OF j SKIP LOCKED",
+								"FOR UPDATE OF j",
 								2, load_types, load_values, NULL, false, 1);
 	if (ret != SPI_OK_SELECT)
 		elog(ERROR, "could not read job " INT64_FORMAT ": %s", claim->id,
@@ -1082,14 +1173,15 @@ is_transient(int sqlerrcode)
 
 /*
  * record_failure
- *		In a fresh transaction: puts a job that hit a transient error back to pending, or marks
- *		it failed with the error's message and tells listeners.  Only a job still in the state
- *		this runner claimed is changed.
+ *		In a fresh transaction: puts a job that hit a transient error back to pending, without
+ *		counting the attempt (a job waits out an overload however long it lasts; attempts limits
+ *		only runs that never came back), or marks it failed with the error's message and tells
+ *		listeners.  Only a job still in the state this runner claimed is changed.
  */
 static JobOutcome
 record_failure(const JobClaim *claim, ErrorData *edata)
 {
-	bool		retry = is_transient(edata->sqlerrcode) && claim->attempts < CAI_JOB_MAX_ATTEMPTS;
+	bool		retry = is_transient(edata->sqlerrcode);
 	Oid			argtypes[4] = {INT8OID, INT4OID, TEXTOID, BOOLOID};
 	Datum		values[4];
 	int			ret;
@@ -1106,6 +1198,7 @@ record_failure(const JobClaim *claim, ErrorData *edata)
 	values[3] = BoolGetDatum(retry);
 	ret = SPI_execute_with_args("UPDATE cai.jobs SET error = $3, "
 								"status = CASE WHEN $4 THEN 'pending' ELSE 'failed' END, "
+								"attempts = CASE WHEN $4 THEN attempts - 1 ELSE attempts END, "
 								"started_at = CASE WHEN $4 THEN NULL ELSE started_at END, "
 								"finished_at = CASE WHEN $4 THEN NULL ELSE clock_timestamp() END "
 								"WHERE id = $1 AND status = 'running' AND attempts = $2",
@@ -1174,7 +1267,6 @@ void
 CaiJobRunnerMain(Datum main_arg)
 {
 	Oid			database;
-	bool		orphans_reset = false;
 	CaiJobRunnerSlot *slot;
 
 	runner_slot = DatumGetInt32(main_arg);
@@ -1189,6 +1281,13 @@ CaiJobRunnerMain(Datum main_arg)
 			 jobs_shared->n_slots);
 
 	BackgroundWorkerInitializeConnectionByOid(database, InvalidOid, 0);
+
+	/*
+	 * The runner is a superuser acting for other roles: resolve names in the system catalogs
+	 * only, so that no role's objects can stand in for the ones meant.  (pg_cai's own queries
+	 * name their schema.)
+	 */
+	SetConfigOption("search_path", "pg_catalog, pg_temp", PGC_SUSET, PGC_S_OVERRIDE);
 
 	runner_context = AllocSetContextCreate(TopMemoryContext, "pg_cai job runner",
 										   ALLOCSET_DEFAULT_SIZES);
@@ -1214,8 +1313,14 @@ CaiJobRunnerMain(Datum main_arg)
 			ProcessConfigFile(PGC_SIGHUP);
 		}
 		MemoryContextReset(runner_context);
+		if (launcher_is_gone())
+		{
+			ereport(LOG,
+					(errmsg("pg_cai job runner exits: the job launcher that started it has exited")));
+			proc_exit(0);
+		}
 
-		switch (claim_next_job(&claim, &orphans_reset))
+		switch (claim_next_job(&claim))
 		{
 			case CLAIM_NO_EXTENSION:
 			case CLAIM_NONE:
@@ -1223,10 +1328,15 @@ CaiJobRunnerMain(Datum main_arg)
 			case CLAIM_GAVE_UP:
 				continue;
 			case CLAIM_CLAIMED:
-				if (run_job(&claim) != JOB_RETRY)
-					continue;
-				wait_ms = CAI_JOB_RETRY_DELAY_MS;
-				break;
+				{
+					JobOutcome	outcome = run_job(&claim);
+
+					release_job(&claim);
+					if (outcome != JOB_RETRY)
+						continue;
+					wait_ms = CAI_JOB_RETRY_DELAY_MS;
+					break;
+				}
 		}
 
 		(void) WaitLatch(MyLatch,

@@ -22,6 +22,19 @@ static shmem_request_hook_type prev_shmem_request_hook = NULL;
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 /*
+ * ring_capacity
+ *		Places in the intake ring: room for a burst that fills every running slot and the whole
+ *		queue at once, so that admission is decided by the engine (max_queue waiting requests,
+ *		max_queue_wait) rather than by how quickly the worker drains the ring.  The ring refuses
+ *		requests itself only while the worker is not taking them (loading, restarting).
+ */
+static int
+ring_capacity(void)
+{
+	return cai_max_queue + cai_max_batch;
+}
+
+/*
  * pg_cai_shmem_size
  *		Bytes of the main shared memory segment pg_cai needs.
  */
@@ -29,7 +42,7 @@ Size
 pg_cai_shmem_size(void)
 {
 	return add_size(offsetof(CaiSharedState, ring),
-					mul_size(cai_max_queue, sizeof(dsm_handle)));
+					mul_size(ring_capacity(), sizeof(dsm_handle)));
 }
 
 static void
@@ -65,7 +78,7 @@ cai_shmem_startup(void)
 		cai_shared->lock = &(GetNamedLWLockTranche("pg_cai"))->lock;
 		pg_atomic_init_u64(&cai_shared->generation, 0);
 		cai_shared->state = CAI_WORKER_NOT_RUNNING;
-		cai_shared->ring_capacity = cai_max_queue;
+		cai_shared->ring_capacity = ring_capacity();
 	}
 	CaiJobsShmemStartup();
 

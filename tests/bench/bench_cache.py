@@ -271,9 +271,19 @@ def summarize(turns, args):
         "sql_ttft_ms_mean": statistics.mean(sql),
         "late_prompt_tokens_mean": statistics.mean(r["prompt_tokens"] for r in late),
         "late_cached_tokens_mean": statistics.mean(r["cached_tokens"] for r in late),
+        "late_uncached_tokens_mean": statistics.mean(r["prompt_tokens"] - r["cached_tokens"]
+                                                     for r in late),
         "last_turn_prompt_tokens": [min(last), max(last)],
         "turn_wall_ms_mean": statistics.mean(r["wall_ms"] for r in turns),
     }
+
+
+def paired_ratio(base, run, args, key):
+    """Median over turns >= late_from of base/run for the same conversation and turn: robust to
+    machine load that drifts during the run (both requests ran back to back)."""
+    ratios = [b[key] / r[key] for b, r in zip(base, run)
+              if r["turn"] >= args.late_from and r[key] > 0]
+    return statistics.median(ratios)
 
 
 def same_replies(a, b):
@@ -320,6 +330,9 @@ def main():
             "on": summarize(p1["on"], args), "off": summarize(p1["off"], args),
             "stats_on": st_on, "stats_off": st_off,
             "same_replies_on_off": same_replies(p1["on"], p1["off"]),
+            "paired_ttft_ratio_off_on": {
+                "engine": paired_ratio(p1["off"], p1["on"], args, "engine_ttft_ms"),
+                "sql": paired_ratio(p1["off"], p1["on"], args, "sql_ttft_ms")},
         }
         working_set = st_on["cache_bytes"]
         report["working_set_bytes"] = working_set
@@ -340,6 +353,9 @@ def main():
                 "stats_half": st_half,
                 "same_replies_on_half": same_replies(p2["on"], p2["half"]),
                 "same_replies_phase1_phase2": same_replies(p1["on"], p2["on"]),
+                "paired_ttft_ratio_half_on": {
+                    "engine": paired_ratio(p2["half"], p2["on"], args, "engine_ttft_ms"),
+                    "sql": paired_ratio(p2["half"], p2["on"], args, "sql_ttft_ms")},
             }
             runs["phase2"] = p2
         report["turns"] = runs
@@ -368,13 +384,21 @@ def main():
              args.late_from, args.turns, p["on"]["late_prompt_tokens_mean"]))
     print("working set (phase 1, no evictions: %s): %.1f MB"
           % (report["working_set_complete"], working_set / 1048576.0))
+    print("turns %d..%d with the cache: %.0f prompt tokens computed on average"
+          % (args.late_from, args.turns, p["on"]["late_uncached_tokens_mean"]))
     line("on", p["on"], p["off"])
     line("off", p["off"])
+    print("paired TTFT ratio off/on (median over turns %d..%d of the same turn's ratio): "
+          "engine %.1fx, sql %.1fx" % (args.late_from, args.turns,
+                                       p["paired_ttft_ratio_off_on"]["engine"],
+                                       p["paired_ttft_ratio_off_on"]["sql"]))
     print("same reply ids on/off: %d/%d" % tuple(p["same_replies_on_off"]))
     if "phase2" in report:
         q = report["phase2"]
         line("on", q["on"], p["off"])
         line("half", q["half"], p["off"])
+        print("paired TTFT ratio half/on: engine %.1fx, sql %.1fx"
+              % (q["paired_ttft_ratio_half_on"]["engine"], q["paired_ttft_ratio_half_on"]["sql"]))
         print("half budget %d MB: %d evictions; same reply ids on/half: %d/%d, phase 1/2 on: %d/%d"
               % (report["half_budget_mb"], q["stats_half"]["cache_evictions"],
                  q["same_replies_on_half"][0], q["same_replies_on_half"][1],

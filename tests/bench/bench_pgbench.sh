@@ -8,6 +8,9 @@
 #   completion tokens/s   tokens the engine generated during the run / the run's wall time
 #   p50 / p99 latency     of whole transactions (one cai_chat call), from pgbench's per-transaction log
 #   avg batch             sequences per engine step during the run (pg_stat_cai)
+#   busy                  share of the run's wall time the engine spent in steps
+#   prompt / cached       mean prompt tokens per request, and how many of them the prefix cache
+#                         served (the shared system prompt's whole 16-token blocks)
 #   speed-up              completion tokens/s relative to the first client count
 #
 #   tests/bench/bench_pgbench.sh [-c 1,4,16,32] [-T seconds] [-n max_tokens] [-m model]
@@ -55,23 +58,27 @@ EOF
 stat() { psql -qXAt -c "SELECT $1 FROM pg_stat_cai"; }
 
 # warm-up: the engine's buffers, the system prompt in the prefix cache
-pgbench -n -c 2 -j 1 -t 2 -f "$WORK/chat.sql" >/dev/null
+"$CLUSTER_BINDIR/pgbench" -n -c 2 -j 1 -t 2 -f "$WORK/chat.sql" >/dev/null
 
-echo "pg_cai pgbench benchmark: $(stat "model || ' on ' || device"), max_tokens $MAX_TOKENS, ${DURATION}s per run, $(nproc) cores"
-printf '%-8s %8s %10s %14s %10s %10s %10s %9s\n' clients txns 'txn/s' 'completion/s' 'p50 ms' 'p99 ms' 'avg batch' 'speed-up'
+echo "pg_cai pgbench benchmark: $(stat "model || ' on ' || device"), max_tokens $MAX_TOKENS, ${DURATION}s per run, $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
+printf '%-8s %8s %10s %14s %10s %10s %10s %6s %15s %9s\n' clients txns 'txn/s' 'completion/s' 'p50 ms' 'p99 ms' \
+	'avg batch' 'busy' 'prompt/cached' 'speed-up'
 base=""
 for c in ${CLIENTS//,/ }; do
 	gen0=$(stat generated_tokens)
 	steps0=$(stat steps)
 	seqs0=$(stat "coalesce(avg_batch * steps, 0)")
+	busy0=$(stat busy_seconds)
+	last_id=$(psql -qXAt -c "SELECT coalesce(max(id), 0) FROM cai.messages")
 	rm -f "$WORK"/log*
 	t0=$(date +%s.%N)
-	out=$(cd "$WORK" && pgbench -n -c "$c" -j "$((c < 2 ? c : 2))" -T "$DURATION" -l --log-prefix=log \
+	out=$(cd "$WORK" && "$CLUSTER_BINDIR/pgbench" -n -c "$c" -j "$((c < 2 ? c : 2))" -T "$DURATION" -l --log-prefix=log \
 		-f "$WORK/chat.sql" 2>&1)
 	t1=$(date +%s.%N)
 	gen1=$(stat generated_tokens)
 	steps1=$(stat steps)
 	seqs1=$(stat "coalesce(avg_batch * steps, 0)")
+	busy1=$(stat busy_seconds)
 	failed=$(sed -n 's/^number of failed transactions: \([0-9]*\).*/\1/p' <<<"$out")
 	if [ "${failed:-0}" != 0 ] || ! grep -q 'number of transactions actually processed' <<<"$out"; then
 		echo "pgbench with $c clients failed:" >&2
@@ -87,8 +94,13 @@ for c in ${CLIENTS//,/ }; do
 	rate=$(awk -v g0="$gen0" -v g1="$gen1" -v a="$t0" -v b="$t1" 'BEGIN {printf "%.1f", (g1 - g0) / (b - a)}')
 	batch=$(awk -v s0="$steps0" -v s1="$steps1" -v q0="$seqs0" -v q1="$seqs1" \
 		'BEGIN {printf "%.1f", (s1 > s0) ? (q1 - q0) / (s1 - s0) : 0}')
+	prompts=$(psql -qXAt -c "SELECT round(avg(prompt_tokens)) || '/' || round(avg(cached_tokens))
+		FROM cai.messages WHERE role = 'assistant' AND id > $last_id")
+	busy=$(awk -v b0="$busy0" -v b1="$busy1" -v a="$t0" -v b="$t1" 'BEGIN {printf "%.0f%%", 100 * (b1 - b0) / (b - a)}')
 	[ -z "$base" ] && base=$rate
 	speedup=$(awk -v r="$rate" -v b="$base" 'BEGIN {printf "%.1fx", r / b}')
-	printf '%-8s %8s %10s %14s %10s %10s %10s %9s\n' "$c" "$n" "$tps" "$rate" "$p50" "$p99" "$batch" "$speedup"
+	printf '%-8s %8s %10s %14s %10s %10s %10s %6s %15s %9s\n' "$c" "$n" "$tps" "$rate" "$p50" "$p99" "$batch" \
+		"$busy" "$prompts" "$speedup"
 done
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 rm -rf "$WORK"

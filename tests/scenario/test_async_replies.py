@@ -174,6 +174,13 @@ try:
           "DROP ROLE scenario_alice; DROP ROLE scenario_bob; DROP ROLE scenario_carol")
     listener.notifies(1)
 
+    # ---- nothing is left behind ----------------------------------------------------------------
+    settled = wait_for(lambda: value("SELECT count(*) FROM cai.jobs WHERE status IN ('pending', 'running')") == "0",
+                       60, 0.2)
+    c.check("no job is left pending or running", settled is not None,
+            value("SELECT string_agg(id || ': ' || status, ', ') FROM cai.jobs "
+                  "WHERE status IN ('pending', 'running')"))
+
     # ---- pg_stat_cai counts the jobs ----------------------------------------------------------
     counts = value("SELECT s.jobs_pending = j.p AND s.jobs_running = j.r AND s.jobs_done = j.d AND s.jobs_failed = j.f "
                    "AND s.jobs_done >= 10 AND s.jobs_failed >= 1 "

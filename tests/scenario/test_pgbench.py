@@ -31,7 +31,9 @@ os.chmod(script.name, 0o644)
 steps0 = int(value("SELECT steps FROM pg_stat_cai"))
 seqs0 = float(value("SELECT coalesce(avg_batch * steps, 0) FROM pg_stat_cai"))
 start = time.monotonic()
-bench = subprocess.run(["pgbench", "-n", "-c", str(CLIENTS), "-j", "2", "-t", str(TURNS), "-f", script.name, DB],
+pgbench = os.path.join(subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True).stdout.strip(),
+                       "pgbench")
+bench = subprocess.run([pgbench, "-n", "-c", str(CLIENTS), "-j", "2", "-t", str(TURNS), "-f", script.name, DB],
                        capture_output=True, text=True, timeout=600)
 elapsed = time.monotonic() - start
 os.unlink(script.name)

@@ -7,6 +7,7 @@
 #define CAI_TEST_H
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -56,6 +57,17 @@ extern int	test_current_failures;
 void		test_skip(const char *reason);
 extern int	test_current_skipped;
 #define SKIP(reason) do { test_skip(reason); return; } while (0)
+
+/* Running (test_runner.c): the tests whose name or file contains filter (NULL = all). */
+typedef struct test_counts
+{
+	int			passed;
+	int			failed;
+	int			skipped;
+} test_counts;
+
+int			test_count_selected(const char *filter);
+void		test_run_selected(const char *filter, void (*after_each) (void), test_counts *counts);
 
 /* Path of the default real model if present (models/...gguf or $CAI_TEST_MODEL), else NULL. */
 const char *test_real_model_path(void);
