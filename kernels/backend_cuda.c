@@ -346,6 +346,16 @@ register_qmatrix(cuda_backend *cb, const cai_qmatrix *m, const char *what, cai_e
 						   what, err);
 }
 
+/* A rotation's mix table (none to upload when it mixes a single chunk). */
+static cai_status
+register_rotation(cuda_backend *cb, const cai_rotation *rot, cai_error *err)
+{
+	if (rot->n_mix <= 1)
+		return CAI_OK;
+	return register_weight(cb, rot->mix, (size_t) rot->n_mix * rot->n_mix * sizeof(float), 0,
+						   "a rotation's mix table", err);
+}
+
 static int
 compare_weights(const void *a, const void *b)
 {
@@ -383,7 +393,11 @@ upload_model(cuda_backend *cb, const cai_model *m, cai_error *err)
 
 	if ((st = register_qmatrix(cb, &m->tok_embd, "the token embedding", err)) != CAI_OK ||
 		(st = register_qmatrix(cb, &m->lm_head, "the lm head", err)) != CAI_OK ||
-		(st = register_weight(cb, m->out_norm, d * fs, 0, "the output norm", err)) != CAI_OK)
+		(st = register_weight(cb, m->out_norm, d * fs, 0, "the output norm", err)) != CAI_OK ||
+		(st = register_weight(cb, m->out_norm_i8, d * fs, 0, "the output norm", err)) != CAI_OK ||
+		(st = register_rotation(cb, &m->rot_model, err)) != CAI_OK ||
+		(st = register_rotation(cb, &m->rot_ff, err)) != CAI_OK ||
+		(st = register_rotation(cb, &m->rot_head, err)) != CAI_OK)
 		return st;
 	if (m->has_float_reference &&
 		((st = register_weight(cb, m->f_tok_embd, (size_t) c->n_vocab * d * fs, 0,
@@ -404,6 +418,8 @@ upload_model(cuda_backend *cb, const cai_model *m, cai_error *err)
 			(st = register_weight(cb, w->attn_norm_i8, d * fs, 0, "a norm", err)) != CAI_OK ||
 			(st = register_weight(cb, w->ffn_norm_i8, d * fs, 0, "a norm", err)) != CAI_OK ||
 			(st = register_weight(cb, w->bqkv, (size_t) w->wqkv.n_out * fs, 0, "a bias",
+								  err)) != CAI_OK ||
+			(st = register_weight(cb, w->bqkv_i8, (size_t) w->wqkv.n_out * fs, 0, "a bias",
 								  err)) != CAI_OK)
 			return st;
 		if (m->has_float_reference &&
@@ -850,6 +866,36 @@ cuda_swiglu_quant(cai_backend *be, const float *gate_up, int n_tok, int d_ff, in
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * Rotation
+ * ------------------------------------------------------------------------------------------- */
+
+/* The rotation of the int8 path's GEMM inputs, in place, optionally fused with quantization. */
+static void
+cuda_rotate(cai_backend *be, const cai_rotation *rot, float *x, int ldx, int n_tok, int n_vec,
+			int8_t *q, float *s)
+{
+	cuda_backend *cb = cb_of(be);
+	cai_cuda_rotation r;
+	cai_error	e;
+
+	if (cb->failed || n_tok <= 0 || n_vec <= 0 || !output_ok(cb, x, "rotation input"))
+		return;
+	if (q && (!output_ok(cb, q, "rotation output") || !output_ok(cb, s, "rotation scales")))
+		return;
+	r.n = rot->n;
+	r.n_pow2 = rot->n_pow2;
+	r.n_mix = rot->n_mix;
+	r.norm = rot->norm;
+	r.mix_dev = NULL;
+	if (rot->n_mix > 1 &&
+		!(r.mix_dev = weight_operand(cb, rot->mix,
+									 (size_t) rot->n_mix * rot->n_mix * sizeof(float),
+									 "a rotation's mix table")))
+		return;
+	be_check(cb, cai_cuda_rotate(cb->ctx, &r, x, ldx, n_tok, n_vec, q, s, &e), &e);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * KV cache and attention
  * ------------------------------------------------------------------------------------------- */
 
@@ -1116,9 +1162,17 @@ cuda_destroy(cai_backend *be)
 	free(be);
 }
 
+/* The forward's closing call (backend.h's sync): waits, and reports the first failure. */
+static cai_status
+cuda_sync_op(cai_backend *be, cai_error *err)
+{
+	return cai_cuda_backend_status(be, err);
+}
+
 static const cai_backend_ops cuda_ops = {
 	.name = "cuda",
 	.destroy = cuda_destroy,
+	.sync = cuda_sync_op,
 	.alloc = cuda_alloc,
 	.free = cuda_free_buffer,
 	.embed_i8 = cuda_embed_i8,
@@ -1135,6 +1189,7 @@ static const cai_backend_ops cuda_ops = {
 	.swiglu_quant = cuda_swiglu_quant,
 	.kv_write = cuda_kv_write,
 	.attention = cuda_attention,
+	.rotate = cuda_rotate,
 };
 
 cai_status

@@ -162,7 +162,8 @@ cai_cuda_ctx_create(int device, cai_cuda_ctx **out, cai_error *err)
 		goto fail;
 	}
 
-	if ((st = cuda_attention_init(ctx, err)) != CAI_OK)
+	if ((st = cuda_attention_init(ctx, err)) != CAI_OK ||
+		(st = cuda_rotate_init(ctx, err)) != CAI_OK)
 		goto fail;
 	if ((rc = cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking)) != cudaSuccess ||
 		(rc = cudaStreamCreateWithFlags(&ctx->copy_stream, cudaStreamNonBlocking)) != cudaSuccess)

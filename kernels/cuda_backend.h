@@ -273,6 +273,31 @@ CAI_CUDA_API cai_status cai_cuda_swiglu(cai_cuda_ctx *ctx, const float *gate_up_
 										int d_ff, float *h_dev, int8_t *q_dev, float *s_dev,
 										cai_error *err);
 
+/*
+ * backend.h's cai_rotation on the device: vectors of n = n_pow2 * n_mix floats, element
+ * c * n_pow2 + j of a vector being (chunk c, j); mix_dev the [n_mix, n_mix] table (NULL when
+ * n_mix == 1); norm = 1/sqrt(n).
+ */
+typedef struct cai_cuda_rotation
+{
+	int			n;
+	int			n_pow2;			/* a power of two */
+	int			n_mix;
+	const float *mix_dev;
+	float		norm;
+} cai_cuda_rotation;
+
+/*
+ * cai_op_rotate_vec on each of the n_vec consecutive vectors at x[t * ldx] of every token, in
+ * place and in backend.h's order (butterflies of growing span per chunk, then the mix summed in
+ * chunk order, then the norm; every operation rounded, no contraction), so the floats are the
+ * CPU's bit for bit.  When q_dev is not NULL, each token's n_vec * n rotated values are then
+ * quantized as cai_quantize_act_i8 does to q [n_tok, n_vec * n], s [n_tok].
+ */
+CAI_CUDA_API cai_status cai_cuda_rotate(cai_cuda_ctx *ctx, const cai_cuda_rotation *rot,
+										float *x_dev, int ldx, int n_tok, int n_vec,
+										int8_t *q_dev, float *s_dev, cai_error *err);
+
 /* x[t, :] = q[ids[t], :] * scale[ids[t]] (the int8 table); ids outside the table give zeros. */
 CAI_CUDA_API cai_status cai_cuda_embed_i8(cai_cuda_ctx *ctx, const cai_cuda_qmatrix *table,
 										  const int32_t *ids_dev, int n_tok, float *x_dev,

@@ -134,6 +134,9 @@ void		cuda_gemm_free_cache(cai_cuda_ctx *ctx);
 /* Sets the attention kernels' function attributes (once, at context creation). */
 cai_status	cuda_attention_init(cai_cuda_ctx *ctx, cai_error *err);
 
+/* Sets the rotation kernel's shared-memory limit (once, at context creation). */
+cai_status	cuda_rotate_init(cai_cuda_ctx *ctx, cai_error *err);
+
 /* ---------------------------------------------------------------------------------------------
  * Device helpers
  * ------------------------------------------------------------------------------------------- */

@@ -61,6 +61,32 @@ typedef struct cai_attn_params
 } cai_attn_params;
 
 /*
+ * An orthogonal transform R of vectors of n floats, applied to activations before they are
+ * quantized to int8 (model.c's "rotations" say why).  n = n_pow2 * n_mix, and element i of a
+ * vector is (c, j) with i = c * n_pow2 + j:
+ *
+ *   R = norm * (M kron H):  H the n_pow2 x n_pow2 Sylvester Hadamard matrix (entries +-1),
+ *   M = mix, an n_mix x n_mix row-major table (n_mix == 1: M = [1]), norm = 1/sqrt(n).
+ *
+ * Every backend evaluates it in this order, without fused multiply-adds, so that all give the
+ * same bits:
+ *   1. per chunk c, for h = 1, 2, 4, ..., n_pow2/2, every pair (i, i + h) with (i & h) == 0:
+ *      a = z[i], b = z[i + h]; z[i] = a + b; z[i + h] = a - b  (pairs of a stage are independent);
+ *   2. n_mix == 1: y[j] = z[j] * norm; else y[c, j] = acc * norm with
+ *      acc = mix[c][0] * z[0, j], then acc = acc + mix[c][c'] * z[c', j] for c' = 1 .. n_mix-1.
+ */
+typedef struct cai_rotation
+{
+	int			n;
+	int			n_pow2;
+	int			n_mix;			/* <= CAI_ROTATION_MAX_MIX */
+	const float *mix;			/* [n_mix * n_mix] */
+	float		norm;
+} cai_rotation;
+
+#define CAI_ROTATION_MAX_MIX 64
+
+/*
  * A float copy of the KV for the reference path, indexed like the int8 pool:
  * data + block * block_floats + kv_layer * layer_floats, then keys [16][n_kv_heads][head_dim]
  * followed by values [16][n_kv_heads][head_dim].  Covers blocks [0, n_blocks).
@@ -155,6 +181,14 @@ typedef struct cai_backend_ops
 							  const cai_batch_layout *batch, const float *q, int ldq,
 							  cai_kv_pool *kv, const cai_kv_shadow *shadow, float *out,
 							  int ldo);
+
+	/*
+	 * Rotates n_vec consecutive vectors of rot->n floats at x[t * ldx] of every token in place
+	 * (cai_rotation's order).  When q is not NULL, each token's n_vec * rot->n rotated values
+	 * are then quantized per token (cai_quantize_act_i8's rule) to q[t * n_vec * rot->n], s[t].
+	 */
+	void		(*rotate) (cai_backend *be, const cai_rotation *rot, float *x, int ldx,
+						   int n_tok, int n_vec, int8_t *q, float *s);
 } cai_backend_ops;
 
 /* Sizes a backend instance prepares its scratch for. */

@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend.h"
 #include "cai.h"
 #include "chat_template.h"
 #include "cpu/gemm.h"
@@ -58,12 +59,15 @@ typedef struct cai_config
  * One transformer layer's weights: int8 [out, in] with per-channel scales.  Q, K and V are one
  * matrix (one GEMM per layer) and wq, wk, wv are views of its row ranges; likewise gate and up.
  *
- * The int8 matrices are smoothed (SmoothQuant): activations at a GEMM's input have outlier
- * channels that per-token int8 quantization handles badly, so input channel j is divided by a
- * power of two s_j chosen at load from a short calibration pass and the weight column j is
- * multiplied by it.  For the attention and FFN inputs the division is folded into the norm
- * weights (attn_norm_i8, ffn_norm_i8); for the down projection's input it is folded into the up
- * projection's rows.  The float reference copies (f_*) and attn_norm/ffn_norm are the source's.
+ * The int8 matrices are smoothed and rotated (model.c's "rotations"): activations at a GEMM's
+ * input have outlier channels that per-token int8 quantization handles badly, so input channel j
+ * is divided by a power of two s_j chosen at load from a short calibration pass (SmoothQuant)
+ * and the weight column j is multiplied by it; then the input is rotated by an orthogonal R at
+ * run time and every weight row by the same R at load, which spreads what is left of the
+ * outliers over all channels.  For the attention and FFN inputs the division is folded into the
+ * norm weights (attn_norm_i8, ffn_norm_i8); for the down projection's input it is folded into
+ * the up projection's rows.  V rows are also rotated per head (and Wo's columns to match).  The
+ * float reference copies (f_*), attn_norm/ffn_norm and bqkv are the source's.
  */
 typedef struct cai_layer_weights
 {
@@ -75,6 +79,7 @@ typedef struct cai_layer_weights
 	cai_qmatrix wo;				/* [d_model, n_heads*head_dim] */
 	float	   *bqkv;			/* qwen2 biases [q + k + v widths] or NULL */
 	float	   *bq, *bk, *bv;	/* views of bqkv or NULL */
+	float	   *bqkv_i8;		/* the int8 path's: bqkv with the V part rotated, or NULL */
 	float	   *ffn_norm;		/* [d_model] */
 	float	   *attn_norm_i8;	/* [d_model] the int8 path's norm weights: the source ones */
 	float	   *ffn_norm_i8;	/* divided by the smoothing factors folded into the GEMMs */
@@ -93,10 +98,14 @@ struct cai_model
 	cai_tokenizer *tokenizer;
 	cai_chat_template tmpl;
 	cai_qmatrix tok_embd;		/* [n_vocab, d_model], int8 per row */
-	cai_qmatrix lm_head;		/* == tok_embd when tied */
+	cai_qmatrix lm_head;		/* [n_vocab, d_model] smoothed and rotated (its own when tied) */
 	float	   *f_tok_embd;		/* float reference (NULL unless loaded) */
-	float	   *f_lm_head;
+	float	   *f_lm_head;		/* == f_tok_embd when tied */
 	float	   *out_norm;		/* [d_model] */
+	float	   *out_norm_i8;	/* [d_model] the int8 path's: out_norm / the head's smoothing */
+	cai_rotation rot_model;		/* rotations of the int8 path's GEMM inputs: d_model wide, */
+	cai_rotation rot_ff;		/* d_ff wide (the down projection's input), */
+	cai_rotation rot_head;		/* and head_dim wide (queries, keys, values) */
 	float	   *rope_freqs;		/* [n_rot/2] frequency divisors (rope_freqs.weight) or NULL */
 	cai_layer_weights *layers;
 	int64_t		n_params;

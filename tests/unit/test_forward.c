@@ -17,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cpu/ops.h"
 #include "model.h"
 #include "synth_model.h"
 #include "test.h"
@@ -588,13 +589,170 @@ TEST(forward_isa_paths_identical)
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * The activation rotation (backend.h's cai_rotation)
+ * ------------------------------------------------------------------------------------------- */
+
+/* The rotation of n values as model.c builds it, with its own Hartley table mix. */
+static void
+make_test_rotation(int n, float *mix, cai_rotation *r)
+{
+	int			p = 1;
+
+	while (n % (2 * p) == 0)
+		p *= 2;
+	r->n = n;
+	r->n_pow2 = p;
+	r->n_mix = n / p;
+	for (int a = 0; a < r->n_mix; a++)
+		for (int b = 0; b < r->n_mix; b++)
+		{
+			double		theta = 2.0 * M_PI * a * b / r->n_mix;
+
+			mix[a * r->n_mix + b] = (float) (cos(theta) + sin(theta));
+		}
+	r->mix = mix;
+	r->norm = (float) (1.0 / sqrt((double) n));
+}
+
+/*
+ * cai_op_rotate_vec computes y = (M kron H) x / sqrt(n) (checked against the dense matrix in
+ * double), preserves the norm and undoes itself (R is symmetric and orthogonal), for sizes
+ * with and without a mix and with chunks narrower than the eight-lane vectors.
+ */
+TEST(forward_rotation_is_orthogonal)
+{
+	static const int sizes[] = {4, 16, 24, 64, 80, 96, 576, 1536};
+	float		mix[CAI_ROTATION_MAX_MIX * CAI_ROTATION_MAX_MIX];
+
+	for (int si = 0; si < (int) (sizeof(sizes) / sizeof(sizes[0])); si++)
+	{
+		int			n = sizes[si];
+		cai_rotation r;
+		float	   *x = malloc(sizeof(float) * n);
+		float	   *y = malloc(sizeof(float) * n);
+		double		err = 0.0,
+					nx = 0.0,
+					ny = 0.0,
+					back = 0.0;
+		uint32_t	seed = 7u + (uint32_t) n;
+
+		make_test_rotation(n, mix, &r);
+		for (int i = 0; i < n; i++)
+		{
+			seed = seed * 1664525u + 1013904223u;
+			x[i] = (float) ((seed >> 8) / 8388608.0 - 1.0);
+			/* an outlier channel, the case the rotation is for */
+			if (i == n / 3)
+				x[i] = 40.0f;
+		}
+		memcpy(y, x, sizeof(float) * n);
+		cai_op_rotate_vec(&r, y);
+		for (int i = 0; i < n; i++)
+		{
+			int			ci = i / r.n_pow2,
+						ji = i % r.n_pow2;
+			double		want = 0.0;
+
+			for (int k = 0; k < n; k++)
+			{
+				int			ck = k / r.n_pow2,
+							jk = k % r.n_pow2;
+				double		h = (__builtin_popcount(ji & jk) & 1) ? -1.0 : 1.0;
+
+				want += mix[ci * r.n_mix + ck] * h * x[k];
+			}
+			want /= sqrt((double) n);
+			err = fmax(err, fabs(want - y[i]));
+			nx += (double) x[i] * x[i];
+			ny += (double) y[i] * y[i];
+		}
+		CHECK_MSG(err <= 1e-5 * sqrt(nx), "rotation of %d differs from its matrix by %g", n, err);
+		CHECK_MSG(fabs(ny - nx) <= 1e-5 * nx, "rotation of %d changes the norm: %g -> %g", n, nx, ny);
+		/* the outlier is spread: no rotated value keeps more than a few times its share */
+		for (int i = 0; i < n && n >= 64; i++)
+			CHECK(fabs(y[i]) < 0.5 * 40.0);
+		cai_op_rotate_vec(&r, y);
+		for (int i = 0; i < n; i++)
+			back = fmax(back, fabs((double) y[i] - x[i]));
+		CHECK_MSG(back <= 1e-5 * sqrt(nx), "rotating %d values twice is off by %g", n, back);
+		free(x);
+		free(y);
+	}
+}
+
+/*
+ * The backend's rotate: several vectors per row at a row stride, then per-token quantization
+ * equal to cai_quantize_act_i8 of the rotated row; any thread count gives the same bytes.
+ */
+TEST(forward_rotate_op_quantizes_rotated_rows)
+{
+	const int	n = 96,
+				n_vec = 2,
+				width = n * n_vec,
+				ldx = width + 8,
+				T = 64;		/* enough work for the backend to split the rows over threads */
+	float		mix[9];
+	cai_rotation r;
+	float	   *x = malloc(sizeof(float) * T * ldx);
+	float	   *want = malloc(sizeof(float) * T * ldx);
+	int8_t	   *q1 = malloc(T * width),
+			   *q2 = malloc(T * width),
+			   *qw = malloc(T * width);
+	float		s1[64],
+				s2[64],
+				sw[64];
+	cai_backend_limits lim = {T, 64, ldx, 2, 1, 48};
+	cai_error	err;
+
+	make_test_rotation(n, mix, &r);
+	for (int i = 0; i < T * ldx; i++)
+		want[i] = (float) sin(0.37 * i) * (i % 29 == 0 ? 30.0f : 1.0f);
+	for (int t = 0; t < T; t++)
+	{
+		for (int v = 0; v < n_vec; v++)
+			cai_op_rotate_vec(&r, want + (size_t) t * ldx + v * n);
+		cai_quantize_act_i8(want + (size_t) t * ldx, 1, width, qw + (size_t) t * width, &sw[t]);
+	}
+	for (int threads = 1; threads <= 3; threads += 2)
+	{
+		cai_threadpool *pool = cai_threadpool_create(threads);
+		cai_backend *be = NULL;
+		int8_t	   *q = threads == 1 ? q1 : q2;
+		float	   *s = threads == 1 ? s1 : s2;
+
+		CHECK(pool && cai_backend_cpu_create(pool, &lim, &be, &err) == CAI_OK);
+		if (!be)
+			break;
+		for (int i = 0; i < T * ldx; i++)
+			x[i] = (float) sin(0.37 * i) * (i % 29 == 0 ? 30.0f : 1.0f);
+		be->ops->rotate(be, &r, x, ldx, T, n_vec, q, s);
+		for (int t = 0; t < T; t++)
+		{
+			CHECK(memcmp(x + (size_t) t * ldx, want + (size_t) t * ldx, sizeof(float) * width) == 0);
+			/* the padding between rows is untouched */
+			CHECK(x[(size_t) t * ldx + width] == (float) sin(0.37 * (t * ldx + width)) *
+				  ((t * ldx + width) % 29 == 0 ? 30.0f : 1.0f));
+		}
+		CHECK(memcmp(q, qw, T * width) == 0 && memcmp(s, sw, sizeof(sw)) == 0);
+		cai_backend_free(be);
+		cai_threadpool_free(pool);
+	}
+	CHECK(memcmp(q1, q2, T * width) == 0 && memcmp(s1, s2, sizeof(s1)) == 0);
+	free(x);
+	free(want);
+	free(q1);
+	free(q2);
+	free(qw);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * Correctness against the naive reference
  * ------------------------------------------------------------------------------------------- */
 
 /*
  * The float path agrees with the naive reference within 1e-5 of the largest logit (measured:
- * about 1.2e-7, float against double accumulation); the int8 path within 3% of it (measured:
- * 0.8% to 1.2%) with >= 90% top-1 agreement (measured: 36 or 37 of 37).
+ * about 1.2e-7, float against double accumulation); the int8 path within 2% of it (measured:
+ * 0.7% to 0.9% with smoothing and rotations) with >= 90% top-1 agreement (measured: all).
  */
 static void
 check_against_naive(cai_model *model, int n, const char *what)
@@ -624,7 +782,7 @@ check_against_naive(cai_model *model, int n, const char *what)
 		agree += argmax(ipath + (size_t) t * V, V) == argmax(naive + (size_t) t * V, V);
 	CHECK_MSG(d_float <= 1e-5 * scale, "%s: float path differs from the naive reference by %g (max logit %g)",
 			  what, d_float, scale);
-	CHECK_MSG(d_int8 <= 0.03 * scale, "%s: int8 path differs from the naive reference by %g (max logit %g)",
+	CHECK_MSG(d_int8 <= 0.02 * scale, "%s: int8 path differs from the naive reference by %g (max logit %g)",
 			  what, d_int8, scale);
 	CHECK_MSG(agree * 10 >= n * 9, "%s: int8 top-1 agrees on %d of %d positions", what, agree, n);
 	runner_free(&r);
@@ -941,10 +1099,10 @@ TEST(forward_real_model)
 			mean_diff += fabs((double) li[(size_t) t * V + v] - lf[(size_t) t * V + v]);
 	}
 	mean_diff /= (double) prompt.n_ids * V;
-	/* measured: 38 of 42 positions agree, mean |difference| 0.73 */
-	CHECK_MSG(agree * 100 >= prompt.n_ids * 85, "int8/float top-1 agree on %d of %d", agree,
+	/* measured: 40 of 42 positions agree, mean |difference| 0.32 */
+	CHECK_MSG(agree * 100 >= prompt.n_ids * 90, "int8/float top-1 agree on %d of %d", agree,
 			  prompt.n_ids);
-	CHECK_MSG(mean_diff < 1.0, "mean |int8 - float| logit difference %g", mean_diff);
+	CHECK_MSG(mean_diff < 0.5, "mean |int8 - float| logit difference %g", mean_diff);
 	free_blocks(&r, table, 8);
 
 	/* batched with another sequence (a decode at position 20 of a copy) == alone */

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cpu/ops.h"
 #include "model.h"
 #include "quant.h"
 #include "synth_model.h"
@@ -101,25 +102,100 @@ is_power_of_two(float x)
 }
 
 /*
- * The smoothing folded into a layer (see model.h) is exact: the input factors s are the ratios
- * of the source and int8-path norm weights (powers of two); QKV and gate columns are multiplied
- * by them; each up row r is divided by the down input's factor t_r, which leaves its int8
- * values those of the unscaled row and multiplies its scale by 1/t_r; down columns are
- * multiplied by t.
+ * rot is the rotation model.c documents for vectors of n values: n_pow2 * n_mix == n with
+ * n_pow2 the largest power of two dividing n (or only n_pow2 when the mix would be too large),
+ * the Hartley table, norm 1/sqrt(n).
  */
 static bool
-layer_smoothing_exact(const cai_model *model, int l)
+rotation_well_formed(const cai_rotation *rot, int n)
+{
+	int			p = 1;
+
+	while (n % (2 * p) == 0)
+		p *= 2;
+	if (rot->n_pow2 != p || (n / p <= CAI_ROTATION_MAX_MIX ? rot->n != n || rot->n_mix != n / p :
+							 rot->n != p || rot->n_mix != 1))
+		return false;
+	if (fabs(rot->norm - 1.0 / sqrt((double) rot->n)) > 1e-7)
+		return false;
+	for (int a = 0; a < rot->n_mix; a++)
+		for (int b = 0; b < rot->n_mix; b++)
+		{
+			double		theta = 2.0 * M_PI * a * b / rot->n_mix;
+
+			if (fabs(rot->mix[a * rot->n_mix + b] - (cos(theta) + sin(theta))) > 1e-6)
+				return false;
+		}
+	return true;
+}
+
+/*
+ * One int8 row is the quantization of the source row times col[] (NULL: 1) times row_mul,
+ * rotated block by block: the same int8 values, and a scale that is the expected one times
+ * scale_ratio (the up rows' pow2 factors are checked by the caller through it).
+ */
+static bool
+row_is(const cai_qmatrix *m, int r, const float *src, const float *col, float row_mul,
+	   const cai_rotation *rot, float *tmp, int8_t *q, float *scale_out)
+{
+	float		scale;
+	int32_t		sum = 0;
+
+	for (int i = 0; i < m->k; i++)
+		tmp[i] = src[i] * (col ? col[i] : 1.0f) * row_mul;
+	for (int b = 0; b < m->k; b += rot->n)
+		cai_op_rotate_vec(rot, tmp + b);
+	cai_quantize_row_i8(tmp, m->k, q, &scale);
+	for (int i = 0; i < m->k; i++)
+		sum += m->q[(size_t) r * m->k + i];
+	*scale_out = scale;
+	return memcmp(q, m->q + (size_t) r * m->k, m->k) == 0 && sum == m->row_sum[r];
+}
+
+static bool
+rows_are(const cai_qmatrix *m, int row0, const float *f, int n_rows, const float *col,
+		 const cai_rotation *rot)
+{
+	float	   *tmp = malloc(sizeof(float) * m->k);
+	int8_t	   *q = malloc(m->k);
+	bool		ok = true;
+
+	for (int r = 0; r < n_rows && ok; r++)
+	{
+		float		scale;
+
+		ok = row_is(m, row0 + r, f + (size_t) r * m->k, col, 1.0f, rot, tmp, q, &scale) &&
+			scale == m->scale[row0 + r];
+	}
+	free(tmp);
+	free(q);
+	return ok;
+}
+
+/*
+ * The conversion of a layer (see model.h) is exactly as documented: the smoothing factors s are
+ * the ratios of the source and int8-path norm weights (powers of two); QKV and gate/up rows are
+ * the source rows times s, rotated by rot_model; V rows are first mixed per head by rot_head
+ * (and so are the V biases); output projection rows are rotated per head block; each up row r
+ * is divided by the down input's factor t_r (same int8 values, scale times 1/t_r, a power of
+ * two); down rows are the source rows times t, rotated by rot_ff.
+ */
+static bool
+layer_conversion_exact(const cai_model *model, int l)
 {
 	const cai_config *c = &model->cfg;
 	const cai_layer_weights *w = &model->layers[l];
 	int			d = c->d_model,
-				q_dim = c->n_heads * c->head_dim,
-				kv_dim = c->n_kv_heads * c->head_dim;
+				hd = c->head_dim,
+				q_dim = c->n_heads * hd,
+				kv_dim = c->n_kv_heads * hd;
 	float	   *s_attn = malloc(sizeof(float) * d);
 	float	   *s_ffn = malloc(sizeof(float) * d);
 	float	   *t = malloc(sizeof(float) * c->d_ff);
-	float	   *row = malloc(sizeof(float) * d);
-	int8_t	   *q = malloc(d);
+	float	   *tmp = malloc(sizeof(float) * (c->d_ff > d ? c->d_ff : d));
+	float	   *wv = malloc(sizeof(float) * kv_dim * d);
+	float	   *col = malloc(sizeof(float) * hd);
+	int8_t	   *q = malloc(c->d_ff > d ? c->d_ff : d);
 	bool		ok = true;
 
 	for (int j = 0; j < d; j++)
@@ -128,28 +204,81 @@ layer_smoothing_exact(const cai_model *model, int l)
 		s_ffn[j] = w->ffn_norm[j] / w->ffn_norm_i8[j];
 		ok = ok && is_power_of_two(s_attn[j]) && is_power_of_two(s_ffn[j]);
 	}
-	ok = ok && qmatrix_matches_scaled(&w->wqkv, 0, w->f_wq, q_dim, s_attn);
-	ok = ok && qmatrix_matches_scaled(&w->wqkv, q_dim, w->f_wk, kv_dim, s_attn);
-	ok = ok && qmatrix_matches_scaled(&w->wqkv, q_dim + kv_dim, w->f_wv, kv_dim, s_attn);
-	ok = ok && qmatrix_matches(&w->wo, 0, w->f_wo, d);
-	ok = ok && qmatrix_matches_scaled(&w->w_gate_up, 0, w->f_gate, c->d_ff, s_ffn);
+	ok = ok && rows_are(&w->wqkv, 0, w->f_wq, q_dim, s_attn, &model->rot_model);
+	ok = ok && rows_are(&w->wqkv, q_dim, w->f_wk, kv_dim, s_attn, &model->rot_model);
+
+	/* V: each head's rows mixed by rot_head (every column of the head block is a vector) */
+	memcpy(wv, w->f_wv, sizeof(float) * kv_dim * d);
+	for (int h = 0; h < c->n_kv_heads; h++)
+		for (int j = 0; j < d; j++)
+		{
+			for (int i = 0; i < hd; i++)
+				col[i] = wv[(size_t) (h * hd + i) * d + j];
+			for (int b = 0; b < hd; b += model->rot_head.n)
+				cai_op_rotate_vec(&model->rot_head, col + b);
+			for (int i = 0; i < hd; i++)
+				wv[(size_t) (h * hd + i) * d + j] = col[i];
+		}
+	ok = ok && rows_are(&w->wqkv, q_dim + kv_dim, wv, kv_dim, s_attn, &model->rot_model);
+	if (w->bqkv)
+	{
+		ok = ok && memcmp(w->bqkv_i8, w->bqkv, sizeof(float) * (q_dim + kv_dim)) == 0;
+		for (int h = 0; h < c->n_kv_heads && ok; h++)
+		{
+			memcpy(col, w->bv + h * hd, sizeof(float) * hd);
+			for (int b = 0; b < hd; b += model->rot_head.n)
+				cai_op_rotate_vec(&model->rot_head, col + b);
+			ok = memcmp(col, w->bqkv_i8 + q_dim + kv_dim + h * hd, sizeof(float) * hd) == 0;
+		}
+	}
+	else
+		ok = ok && w->bqkv_i8 == NULL;
+
+	ok = ok && rows_are(&w->wo, 0, w->f_wo, d, NULL, &model->rot_head);
+	ok = ok && rows_are(&w->w_gate_up, 0, w->f_gate, c->d_ff, s_ffn, &model->rot_model);
 	for (int r = 0; r < c->d_ff && ok; r++)
 	{
 		float		scale;
 
-		for (int j = 0; j < d; j++)
-			row[j] = w->f_up[(size_t) r * d + j] * s_ffn[j];
-		cai_quantize_row_i8(row, d, q, &scale);
-		ok = memcmp(q, w->w_up.q + (size_t) r * d, d) == 0;
+		ok = row_is(&w->w_gate_up, c->d_ff + r, w->f_up + (size_t) r * d, s_ffn, 1.0f,
+					&model->rot_model, tmp, q, &scale);
 		t[r] = scale / w->w_up.scale[r];
 		ok = ok && is_power_of_two(t[r]);
 	}
-	ok = ok && qmatrix_matches_scaled(&w->w_down, 0, w->f_down, d, t);
+	ok = ok && rows_are(&w->w_down, 0, w->f_down, d, t, &model->rot_ff);
 	free(s_attn);
 	free(s_ffn);
 	free(t);
-	free(row);
+	free(tmp);
+	free(wv);
+	free(col);
 	free(q);
+	return ok;
+}
+
+/*
+ * The LM head is its own int8 matrix: the float head's rows times the head input's smoothing
+ * factors (out_norm / out_norm_i8, powers of two), rotated by rot_model; the embedding is the
+ * plain requantization of its rows.
+ */
+static bool
+head_conversion_exact(const cai_model *model)
+{
+	const cai_config *c = &model->cfg;
+	float	   *s = malloc(sizeof(float) * c->d_model);
+	bool		ok = model->lm_head.q != model->tok_embd.q;
+
+	for (int j = 0; j < c->d_model; j++)
+	{
+		s[j] = model->out_norm[j] / model->out_norm_i8[j];
+		ok = ok && is_power_of_two(s[j]);
+	}
+	ok = ok && rows_are(&model->lm_head, 0, model->f_lm_head, c->n_vocab, s, &model->rot_model);
+	ok = ok && qmatrix_matches(&model->tok_embd, 0, model->f_tok_embd, c->n_vocab);
+	ok = ok && rotation_well_formed(&model->rot_model, c->d_model);
+	ok = ok && rotation_well_formed(&model->rot_ff, c->d_ff);
+	ok = ok && rotation_well_formed(&model->rot_head, c->head_dim);
+	free(s);
 	return ok;
 }
 
@@ -189,8 +318,8 @@ TEST(model_load_synthetic_llama)
 	CHECK(c->attn_window[0] == 0 && c->kv_source[1] == 1 && c->kv_index[1] == 1);
 
 	/*
-	 * int8 weights are the float source, smoothed, requantized per row; views cover the fused
-	 * rows
+	 * int8 weights are the float source, smoothed, rotated, requantized per row; views cover
+	 * the fused rows
 	 */
 	q_dim = c->n_heads * c->head_dim;
 	kv_dim = c->n_kv_heads * c->head_dim;
@@ -199,13 +328,12 @@ TEST(model_load_synthetic_llama)
 		const cai_layer_weights *w = &model->layers[l];
 
 		CHECK_EQ_INT(w->wqkv.n_out, q_dim + 2 * kv_dim);
-		CHECK(layer_smoothing_exact(model, l));
+		CHECK(layer_conversion_exact(model, l));
 		CHECK(w->wk.q == w->wqkv.q + (size_t) q_dim * c->d_model && w->wk.n_out == kv_dim);
 		CHECK(w->w_up.scale == w->w_gate_up.scale + c->d_ff);
 		CHECK(w->bq == NULL);
 	}
-	CHECK(qmatrix_matches(&model->tok_embd, 0, model->f_tok_embd, c->n_vocab));
-	CHECK(model->lm_head.q == model->tok_embd.q);
+	CHECK(head_conversion_exact(model));
 	CHECK(model->f_lm_head == model->f_tok_embd);
 	CHECK(model->has_float_reference);
 	cai_model_free(model);
@@ -232,10 +360,10 @@ TEST(model_load_synthetic_qwen2_untied)
 	CHECK(model->cfg.rope_neox);
 	CHECK(model->cfg.qkv_bias);
 	CHECK(!model->cfg.tied_embeddings);
-	CHECK(model->lm_head.q != model->tok_embd.q);
-	CHECK(qmatrix_matches(&model->lm_head, 0, model->f_lm_head, model->cfg.n_vocab));
-	CHECK(layer_smoothing_exact(model, 0));
-	CHECK(layer_smoothing_exact(model, 1));
+	CHECK(model->f_lm_head != model->f_tok_embd);
+	CHECK(head_conversion_exact(model));
+	CHECK(layer_conversion_exact(model, 0));
+	CHECK(layer_conversion_exact(model, 1));
 	CHECK(model->layers[1].bq == model->layers[1].bqkv);
 	CHECK(model->layers[1].bv == model->layers[1].bqkv + 256 + 64);
 	cai_model_free(model);
@@ -592,7 +720,12 @@ TEST(model_load_thread_invariant)
 			CHECK(memcmp(x->w_gate_up.q, y->w_gate_up.q, (size_t) x->w_gate_up.n_out * x->w_gate_up.k) == 0);
 			CHECK(memcmp(x->w_gate_up.scale, y->w_gate_up.scale, (size_t) x->w_gate_up.n_out * sizeof(float)) == 0);
 			CHECK(memcmp(x->w_down.q, y->w_down.q, (size_t) x->w_down.n_out * x->w_down.k) == 0);
+			CHECK(memcmp(x->wo.q, y->wo.q, (size_t) x->wo.n_out * x->wo.k) == 0);
+			CHECK(memcmp(x->bqkv_i8, y->bqkv_i8, (size_t) x->wqkv.n_out * sizeof(float)) == 0);
 		}
+		CHECK(memcmp(a->out_norm_i8, b->out_norm_i8, (size_t) a->cfg.d_model * sizeof(float)) == 0);
+		CHECK(memcmp(a->lm_head.q, b->lm_head.q, (size_t) a->lm_head.n_out * a->lm_head.k) == 0);
+		CHECK(memcmp(a->lm_head.scale, b->lm_head.scale, (size_t) a->lm_head.n_out * sizeof(float)) == 0);
 	}
 	cai_model_free(a);
 	cai_model_free(b);

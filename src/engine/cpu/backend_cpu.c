@@ -367,6 +367,47 @@ cpu_swiglu_quant(cai_backend *be, const float *gate_up, int n_tok, int d_ff, int
 }
 
 /* ---------------------------------------------------------------------------------------------
+ * Rotation
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct rotate_args
+{
+	const cai_rotation *rot;
+	float	   *x;
+	int			ldx;
+	int			n_vec;
+	int8_t	   *q;
+	float	   *s;
+} rotate_args;
+
+static void
+rotate_rows(void *arg, int t0, int t1, int thread)
+{
+	rotate_args *a = arg;
+	int			width = a->n_vec * a->rot->n;
+
+	for (int t = t0; t < t1; t++)
+	{
+		float	   *row = a->x + (size_t) t * a->ldx;
+
+		for (int v = 0; v < a->n_vec; v++)
+			cai_op_rotate_vec(a->rot, row + (size_t) v * a->rot->n);
+		if (a->q)
+			cai_quantize_act_i8(row, 1, width, a->q + (size_t) t * width, a->s + t);
+	}
+}
+
+static void
+cpu_rotate(cai_backend *be, const cai_rotation *rot, float *x, int ldx, int n_tok, int n_vec,
+		   int8_t *q, float *s)
+{
+	rotate_args a = {.rot = rot, .x = x, .ldx = ldx, .n_vec = n_vec, .q = q, .s = s};
+
+	/* butterflies, the mix and the quantization: about log2(n_pow2) + n_mix + 4 per element */
+	run_rows(cpu_of(be), n_tok, (int64_t) n_vec * rot->n * 4, rotate_rows, &a);
+}
+
+/* ---------------------------------------------------------------------------------------------
  * KV cache and attention
  * ------------------------------------------------------------------------------------------- */
 
@@ -553,6 +594,7 @@ static const cai_backend_ops cpu_ops = {
 	.swiglu_quant = cpu_swiglu_quant,
 	.kv_write = cpu_kv_write,
 	.attention = cpu_attention,
+	.rotate = cpu_rotate,
 };
 
 cai_status

@@ -144,6 +144,204 @@ cai_op_rope_row(const cai_rope_params *rp, const float *cs, float *x, int n_head
 	}
 }
 
+/*
+ * A butterfly of span h inside a vector: x[l] + x[l ^ h] in lanes without bit h, and
+ * x[l ^ h] - x[l] in lanes with it, computed as x[l] * sign + x[l ^ h] (sign -1 or 1, exact:
+ * -a + b is b - a).
+ */
+#define HADAMARD_LANES(x, perm, sign) \
+	do { \
+		cai_v8f		y_ = __builtin_shuffle((x), (perm)); \
+		(x) = (x) * (sign) + y_; \
+	} while (0)
+
+/* Butterflies of span 1, 2, 4 inside one eight-float vector, by lane shuffles. */
+#define HADAMARD_IN_LANES(v) \
+	do { \
+		const cai_v8i perm1_ = {1, 0, 3, 2, 5, 4, 7, 6}; \
+		const cai_v8i perm2_ = {2, 3, 0, 1, 6, 7, 4, 5}; \
+		const cai_v8i perm4_ = {4, 5, 6, 7, 0, 1, 2, 3}; \
+		const cai_v8f sign1_ = {1, -1, 1, -1, 1, -1, 1, -1}; \
+		const cai_v8f sign2_ = {1, 1, -1, -1, 1, 1, -1, -1}; \
+		const cai_v8f sign4_ = {1, 1, 1, 1, -1, -1, -1, -1}; \
+		HADAMARD_LANES((v), perm1_, sign1_); \
+		HADAMARD_LANES((v), perm2_, sign2_); \
+		HADAMARD_LANES((v), perm4_, sign4_); \
+	} while (0)
+
+/* Butterflies of spans 1, 2, 4 (in units of vectors) across eight vectors v[0..7]. */
+#define HADAMARD_ACROSS(v) \
+	do { \
+		for (int span_ = 1; span_ < 8; span_ *= 2) \
+			for (int k_ = 0; k_ < 8; k_++) \
+				if ((k_ & span_) == 0) \
+				{ \
+					cai_v8f		a_ = (v)[k_]; \
+					cai_v8f		b_ = (v)[k_ + span_]; \
+					(v)[k_] = a_ + b_; \
+					(v)[k_ + span_] = a_ - b_; \
+				} \
+	} while (0)
+
+/*
+ * The Walsh-Hadamard butterflies of one chunk of p floats (p a power of two), stages of growing
+ * span h, then (scale not NULL) every value times *scale.  The pairs of a stage are independent,
+ * so any grouping gives the values the one-at-a-time loop gives: each 64-float block gets its
+ * six first stages in registers (spans 1, 2, 4 by lane shuffles, 8, 16, 32 across its eight
+ * vectors), the larger spans go three at a time on eight vectors h apart, the stages left over
+ * one at a time; the scale is applied when the last stage stores.  Chunks shorter than 64 run
+ * the plain loops.
+ */
+CAI_CLONES static void
+hadamard_chunk(float *z, int p, const float *scale)
+{
+	int			h;
+
+	if (p >= 64)
+	{
+		bool		last = p == 64;
+		cai_v8f		v[8];
+
+		for (int i = 0; i < p; i += 64)
+		{
+			for (int k = 0; k < 8; k++)
+			{
+				v[k] = cai_v8f_load(z + i + 8 * k);
+				HADAMARD_IN_LANES(v[k]);
+			}
+			HADAMARD_ACROSS(v);
+			for (int k = 0; k < 8; k++)
+			{
+				if (last && scale)
+					v[k] = v[k] * cai_v8f_set1(*scale);
+				cai_v8f_store(z + i + 8 * k, v[k]);
+			}
+		}
+		for (h = 64; h * 8 <= p; h *= 8)
+		{
+			last = h * 8 == p;
+			for (int i = 0; i < p; i += 8 * h)
+				for (int j = i; j < i + h; j += 8)
+				{
+					for (int k = 0; k < 8; k++)
+						v[k] = cai_v8f_load(z + j + k * h);
+					HADAMARD_ACROSS(v);
+					for (int k = 0; k < 8; k++)
+					{
+						if (last && scale)
+							v[k] = v[k] * cai_v8f_set1(*scale);
+						cai_v8f_store(z + j + k * h, v[k]);
+					}
+				}
+		}
+		for (; h < p; h *= 2)
+		{
+			last = h * 2 == p;
+			for (int i = 0; i < p; i += 2 * h)
+				for (int j = i; j < i + h; j += 8)
+				{
+					cai_v8f		a = cai_v8f_load(z + j);
+					cai_v8f		b = cai_v8f_load(z + j + h);
+					cai_v8f		sum = a + b;
+					cai_v8f		diff = a - b;
+
+					if (last && scale)
+					{
+						sum = sum * cai_v8f_set1(*scale);
+						diff = diff * cai_v8f_set1(*scale);
+					}
+					cai_v8f_store(z + j, sum);
+					cai_v8f_store(z + j + h, diff);
+				}
+		}
+		return;
+	}
+	for (h = 1; h < p; h *= 2)
+		for (int i = 0; i < p; i += 2 * h)
+			for (int j = i; j < i + h; j++)
+			{
+				float		a = z[j],
+							b = z[j + h];
+
+				z[j] = a + b;
+				z[j + h] = a - b;
+			}
+	if (scale)
+		for (int j = 0; j < p; j++)
+			z[j] = z[j] * *scale;
+}
+
+/*
+ * y = R x (backend.h's cai_rotation): the butterflies of every chunk, then, for each column j
+ * of the chunks, the mix of the n_mix chunk values in c' order, eight columns at a time (chunks
+ * shorter than eight one column at a time, with the same expressions).
+ */
+CAI_CLONES void
+cai_op_rotate_vec(const cai_rotation *rot, float *x)
+{
+	const int	p = rot->n_pow2;
+	const int	m = rot->n_mix;
+	const float *mix = rot->mix;
+	const float norm = rot->norm;
+
+	for (int c = 0; c < m; c++)
+		hadamard_chunk(x + (size_t) c * p, p, m == 1 ? &norm : NULL);
+	if (m == 1)
+		return;
+	if (p >= 8)
+	{
+		/*
+		 * a tile of up to 32 columns at a time, every output of the tile at once: the sums
+		 * of different outputs and columns are independent, each runs in c' order
+		 */
+		cai_v8f		acc[CAI_ROTATION_MAX_MIX][4];
+		const int	tile = p >= 32 ? 4 : 1;
+
+		for (int j0 = 0; j0 < p; j0 += 8 * tile)
+		{
+			for (int c = 0; c < m; c++)
+			{
+				cai_v8f		w = cai_v8f_set1(mix[(size_t) c * m]);
+
+				for (int v = 0; v < tile; v++)
+					acc[c][v] = w * cai_v8f_load(x + j0 + 8 * v);
+			}
+			for (int c2 = 1; c2 < m; c2++)
+			{
+				const float *z = x + (size_t) c2 * p + j0;
+
+				for (int c = 0; c < m; c++)
+				{
+					cai_v8f		w = cai_v8f_set1(mix[(size_t) c * m + c2]);
+
+					for (int v = 0; v < tile; v++)
+						acc[c][v] = acc[c][v] + w * cai_v8f_load(z + 8 * v);
+				}
+			}
+			for (int c = 0; c < m; c++)
+				for (int v = 0; v < tile; v++)
+					cai_v8f_store(x + (size_t) c * p + j0 + 8 * v, acc[c][v] * cai_v8f_set1(norm));
+		}
+		return;
+	}
+	for (int j = 0; j < p; j++)
+	{
+		float		z[CAI_ROTATION_MAX_MIX];
+
+		for (int c = 0; c < m; c++)
+			z[c] = x[(size_t) c * p + j];
+		for (int c = 0; c < m; c++)
+		{
+			const float *mc = mix + (size_t) c * m;
+			float		acc = mc[0] * z[0];
+
+			for (int c2 = 1; c2 < m; c2++)
+				acc = acc + mc[c2] * z[c2];
+			x[(size_t) c * p + j] = acc * norm;
+		}
+	}
+}
+
 CAI_CLONES void
 cai_op_quantize_vec_i8(const float *x, int n, int8_t *q, float *scale)
 {

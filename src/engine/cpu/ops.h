@@ -1,6 +1,6 @@
 /*
  * ops.h — the CPU backend's per-token kernels: embedding, RMSNorm, RoPE, SwiGLU, the fast
- * exponential and the KV cache's int8 quantization.
+ * exponential, the activation rotation and the KV cache's int8 quantization.
  *
  * Each kernel works on whole token rows and computes every output element with a sequence of
  * float operations that depends only on the row's own inputs and the row width, never on how
@@ -135,6 +135,9 @@ void		cai_op_rope_angles(const cai_rope_params *rp, int pos, float *cs);
 /* Rotates n_heads heads of one token row in place. */
 void		cai_op_rope_row(const cai_rope_params *rp, const float *cs, float *x, int n_heads,
 							int head_dim);
+
+/* y = R x in place for one vector of rot->n floats (backend.h's cai_rotation, in its order). */
+void		cai_op_rotate_vec(const cai_rotation *rot, float *x);
 
 /*
  * Symmetric int8 quantization of one vector (a key or value head): *scale = max|x| / 127,
