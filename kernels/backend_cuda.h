@@ -12,8 +12,8 @@
  *
  * What the table does with the pointers backend.h's operations receive:
  *   - buffers from ops->alloc are device memory (the forward's activations);
- *   - model weights (cai_qmatrix arrays, norm and bias vectors, float reference weights) are
- *     copied to the device at creation and found again by their host address (views such as
+ *   - model weights (cai_qmatrix arrays, norm and bias vectors, the rotations' mix tables, float
+ *     reference weights) are copied to the device at creation and found again by their host address (views such as
  *     wq inside wqkv resolve by offset);
  *   - index arrays (ids, pos, rows) and the batch layout are host memory, uploaded per call
  *     through page-locked staging;

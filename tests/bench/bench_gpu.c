@@ -5,13 +5,16 @@
  * Usage: bench_gpu [--quick] [--model smollm2|1b|8b|all] [--context N] [--device N]
  *
  * Models are llama-shaped with seeded random int8 weights generated on the device (no file):
- *   smollm2  SmolLM2-135M: d 576, 30 layers, 9/3 heads of 64, d_ff 1536, vocab 49152, tied
- *   1b       Llama-3.2-1B: d 2048, 16 layers, 32/8 heads of 64, d_ff 8192, vocab 128256, tied
+ *   smollm2  SmolLM2-135M: d 576, 30 layers, 9/3 heads of 64, d_ff 1536, vocab 49152
+ *   1b       Llama-3.2-1B: d 2048, 16 layers, 32/8 heads of 64, d_ff 8192, vocab 128256
  *   8b       Llama-3-8B:   d 4096, 32 layers, 32/8 heads of 128, d_ff 14336, vocab 128256
  * The forward is the engine's int8 forward, kernel for kernel (model.c's sequence of backend
- * operations): embedding, per layer RMSNorm+quantize, QKV GEMM, RoPE, KV write, attention,
- * quantize, output GEMM into the residual, RMSNorm+quantize, gate/up GEMM, SwiGLU+quantize, down
- * GEMM into the residual; final norm, LM head, argmax.
+ * operations): embedding, per layer RMSNorm, rotation+quantize, QKV GEMM, RoPE, rotation of the
+ * q and k heads, KV write, attention, quantize, output GEMM into the residual, RMSNorm,
+ * rotation+quantize, gate/up GEMM, SwiGLU, rotation+quantize, down GEMM into the residual;
+ * final norm, rotation+quantize, LM head, argmax.  The rotations are the ones model.c chooses
+ * for these widths (make_rotation); the LM head is its own matrix, as the engine's int8 path
+ * keeps a smoothed and rotated copy even when the embeddings are tied.
  *
  * Decode: B sequences of `context` cached positions each (the KV pool is filled with random
  * int8 and positive scales) take one token; the step is captured once as a CUDA graph and
@@ -41,13 +44,12 @@ typedef struct shape
 	int			head_dim;
 	int			d_ff;
 	int			vocab;
-	bool		tied;
 } shape;
 
 static const shape SHAPES[] = {
-	{"smollm2-135m", 576, 30, 9, 3, 64, 1536, 49152, true},
-	{"llama-1b", 2048, 16, 32, 8, 64, 8192, 128256, true},
-	{"llama-8b", 4096, 32, 32, 8, 128, 14336, 128256, false},
+	{"smollm2-135m", 576, 30, 9, 3, 64, 1536, 49152},
+	{"llama-1b", 2048, 16, 32, 8, 64, 8192, 128256},
+	{"llama-8b", 4096, 32, 32, 8, 128, 14336, 128256},
 };
 
 #define PREFILL_TOKENS 2048
@@ -69,6 +71,9 @@ typedef struct bench_model
 	cai_cuda_qmatrix embd,
 				lm_head;
 	float	   *out_norm;
+	cai_cuda_rotation rot_model,	/* d wide */
+				rot_ff,			/* d_ff wide */
+				rot_head;		/* head_dim wide */
 	layer	   *layers;
 	double		weight_bytes;
 	double		matmul_params;	/* multiply-adds per token in the GEMMs */
@@ -78,6 +83,7 @@ typedef struct bench_model
 	/* activations for up to max_tokens rows */
 	int			max_tokens;
 	float	   *x,
+			   *xn,				/* a norm's or SwiGLU's output, rotated in place */
 			   *qkv,
 			   *att,
 			   *gate_up,
@@ -115,6 +121,49 @@ random_matrix(cai_cuda_qmatrix *m, int n_out, int k, uint64_t seed, bench_model 
 	return true;
 }
 
+/*
+ * model.c's rotation of vectors of n values (make_rotation): n_pow2 the largest power of two
+ * dividing n; chunks of 64 or more, or more than 64 chunks, are rotated as separate blocks of
+ * n_pow2; otherwise the chunks are mixed by the discrete Hartley table, uploaded here.
+ */
+static bool
+make_rotation(int n, cai_cuda_rotation *r)
+{
+	int			p = 1;
+	int			mix;
+
+	while (n % (2 * p) == 0)
+		p *= 2;
+	mix = n / p;
+	if (mix > 64 || p >= 64)
+	{
+		n = p;
+		mix = 1;
+	}
+	r->n = n;
+	r->n_pow2 = p;
+	r->n_mix = mix;
+	r->norm = (float) (1.0 / sqrt((double) n));
+	r->mix_dev = NULL;
+	if (mix > 1)
+	{
+		float		t[64 * 64];
+		void	   *dev = NULL;
+
+		for (int a = 0; a < mix; a++)
+			for (int b = 0; b < mix; b++)
+			{
+				double		theta = 2.0 * M_PI * (double) ((a * b) % mix) / (double) mix;
+
+				t[a * mix + b] = (float) (cos(theta) + sin(theta));
+			}
+		TRY(cai_cuda_malloc(ctx, (size_t) mix * mix * sizeof(float), "a mix table", &dev, &err));
+		r->mix_dev = dev;
+		TRY(cai_cuda_upload_sync(ctx, dev, t, (size_t) mix * mix * sizeof(float), &err));
+	}
+	return true;
+}
+
 static bool
 model_create(bench_model *bm, const shape *s, int context)
 {
@@ -133,9 +182,9 @@ model_create(bench_model *bm, const shape *s, int context)
 		return false;
 	if (!random_matrix(&bm->embd, s->vocab, s->d, seed++, bm))
 		return false;
-	if (s->tied)
-		bm->lm_head = bm->embd;
-	else if (!random_matrix(&bm->lm_head, s->vocab, s->d, seed++, bm))
+	if (!random_matrix(&bm->lm_head, s->vocab, s->d, seed++, bm) ||
+		!make_rotation(s->d, &bm->rot_model) || !make_rotation(s->d_ff, &bm->rot_ff) ||
+		!make_rotation(s->head_dim, &bm->rot_head))
 		return false;
 	if (!alloc_f32(&bm->out_norm, s->d, "norms"))
 		return false;
@@ -188,6 +237,7 @@ model_create(bench_model *bm, const shape *s, int context)
 	if (s->d > width)
 		width = s->d;
 	if (!alloc_f32(&bm->x, (size_t) bm->max_tokens * s->d, "activations") ||
+		!alloc_f32(&bm->xn, (size_t) bm->max_tokens * width, "activations") ||
 		!alloc_f32(&bm->qkv, (size_t) bm->max_tokens * (q_dim + 2 * kv_dim), "activations") ||
 		!alloc_f32(&bm->att, (size_t) bm->max_tokens * q_dim, "activations") ||
 		!alloc_f32(&bm->gate_up, (size_t) bm->max_tokens * 2 * s->d_ff, "activations") ||
@@ -212,9 +262,11 @@ model_free(bench_model *bm)
 {
 	cai_cuda_sync(ctx, &err);
 	cai_cuda_graph_reset(ctx);
-	if (!bm->s.tied)
-		cai_cuda_qmatrix_free(ctx, &bm->lm_head);
+	cai_cuda_qmatrix_free(ctx, &bm->lm_head);
 	cai_cuda_qmatrix_free(ctx, &bm->embd);
+	cai_cuda_free(ctx, (void *) bm->rot_model.mix_dev);
+	cai_cuda_free(ctx, (void *) bm->rot_ff.mix_dev);
+	cai_cuda_free(ctx, (void *) bm->rot_head.mix_dev);
 	for (int l = 0; bm->layers && l < bm->s.n_layers; l++)
 	{
 		cai_cuda_qmatrix_free(ctx, &bm->layers[l].wqkv);
@@ -229,6 +281,7 @@ model_free(bench_model *bm)
 	cai_cuda_free(ctx, bm->kv.pool_dev);
 	cai_cuda_free(ctx, bm->rope);
 	cai_cuda_free(ctx, bm->x);
+	cai_cuda_free(ctx, bm->xn);
 	cai_cuda_free(ctx, bm->qkv);
 	cai_cuda_free(ctx, bm->att);
 	cai_cuda_free(ctx, bm->gate_up);
@@ -252,6 +305,9 @@ forward(bench_model *bm, const cai_cuda_step_meta *meta, int T, bool logits_all_
 	int			kv_dim = s->n_kv_heads * s->head_dim;
 	int			qkv_w = q_dim + 2 * kv_dim;
 	int			R = logits_all_rows ? T : 1;
+	int			nv_model = s->d / bm->rot_model.n;
+	int			nv_ff = s->d_ff / bm->rot_ff.n;
+	int			nv_head = (s->n_heads + s->n_kv_heads) * s->head_dim / bm->rot_head.n;
 	cai_cuda_epilogue acc = {NULL, true, CAI_CUDA_ACT_NONE, NULL, NULL};
 
 	TRY(cai_cuda_embed_i8(ctx, &bm->embd, meta->tokens_dev, T, bm->x, &err));
@@ -261,25 +317,32 @@ forward(bench_model *bm, const cai_cuda_step_meta *meta, int T, bool logits_all_
 	{
 		layer	   *L = &bm->layers[l];
 
-		TRY(cai_cuda_rmsnorm(ctx, bm->x, L->attn_norm, T, s->d, 1e-5f, NULL, bm->xq, bm->xs, &err));
+		TRY(cai_cuda_rmsnorm(ctx, bm->x, L->attn_norm, T, s->d, 1e-5f, bm->xn, NULL, NULL, &err));
+		TRY(cai_cuda_rotate(ctx, &bm->rot_model, bm->xn, s->d, T, nv_model, bm->xq, bm->xs,
+							&err));
 		TRY(cai_cuda_gemm_i8(ctx, bm->xq, bm->xs, T, &L->wqkv, bm->qkv, qkv_w, NULL, &err));
 		TRY(cai_cuda_rope(ctx, bm->cs, bm->qkv, qkv_w, T, s->n_heads + s->n_kv_heads, s->head_dim,
 						  s->head_dim, false, &err));
+		TRY(cai_cuda_rotate(ctx, &bm->rot_head, bm->qkv, qkv_w, T, nv_head, NULL, NULL, &err));
 		TRY(cai_cuda_kv_write(ctx, &bm->kv, l, meta, bm->qkv + q_dim, bm->qkv + q_dim + kv_dim,
 							  qkv_w, NULL, &err));
 		TRY(cai_cuda_attention(ctx, &bm->kv, l, meta, bm->qkv, qkv_w, bm->att, q_dim, s->n_heads,
 							   0, 1.0f / sqrtf((float) s->head_dim), NULL, &err));
 		TRY(cai_cuda_quantize_act(ctx, bm->att, T, q_dim, q_dim, bm->xq, bm->xs, &err));
 		TRY(cai_cuda_gemm_i8(ctx, bm->xq, bm->xs, T, &L->wo, bm->x, s->d, &acc, &err));
-		TRY(cai_cuda_rmsnorm(ctx, bm->x, L->ffn_norm, T, s->d, 1e-5f, NULL, bm->xq, bm->xs, &err));
+		TRY(cai_cuda_rmsnorm(ctx, bm->x, L->ffn_norm, T, s->d, 1e-5f, bm->xn, NULL, NULL, &err));
+		TRY(cai_cuda_rotate(ctx, &bm->rot_model, bm->xn, s->d, T, nv_model, bm->xq, bm->xs,
+							&err));
 		TRY(cai_cuda_gemm_i8(ctx, bm->xq, bm->xs, T, &L->w_gate_up, bm->gate_up, 2 * s->d_ff, NULL,
 							 &err));
-		TRY(cai_cuda_swiglu(ctx, bm->gate_up, T, s->d_ff, NULL, bm->xq, bm->xs, &err));
+		TRY(cai_cuda_swiglu(ctx, bm->gate_up, T, s->d_ff, bm->xn, NULL, NULL, &err));
+		TRY(cai_cuda_rotate(ctx, &bm->rot_ff, bm->xn, s->d_ff, T, nv_ff, bm->xq, bm->xs, &err));
 		TRY(cai_cuda_gemm_i8(ctx, bm->xq, bm->xs, T, &L->w_down, bm->x, s->d, &acc, &err));
 	}
 	/* prefill: the last row only */
-	TRY(cai_cuda_rmsnorm(ctx, bm->x + (size_t) (T - R) * s->d, bm->out_norm, R, s->d, 1e-5f, NULL,
-						 bm->xq, bm->xs, &err));
+	TRY(cai_cuda_rmsnorm(ctx, bm->x + (size_t) (T - R) * s->d, bm->out_norm, R, s->d, 1e-5f,
+						 bm->xn, NULL, NULL, &err));
+	TRY(cai_cuda_rotate(ctx, &bm->rot_model, bm->xn, s->d, R, nv_model, bm->xq, bm->xs, &err));
 	TRY(cai_cuda_gemm_i8(ctx, bm->xq, bm->xs, R, &bm->lm_head, bm->logits, s->vocab, NULL, &err));
 	TRY(cai_cuda_argmax(ctx, bm->logits, R, s->vocab, s->vocab, bm->next, &err));
 	return true;

@@ -1,15 +1,21 @@
 /*
  * test_backend.c — the CUDA backend table (kernels/backend_cuda.c) against the CPU backend
  * table, operation by operation, on a small synthetic model: the same sequence of calls the
- * forward makes (embedding, norms, the fused QKV GEMM with biases, RoPE, KV write, attention,
- * the output projection into the residual, SwiGLU, the LM head into host logits), over two steps
- * of a ragged batch (prefill, then a decode and a chunk), every intermediate compared.
+ * forward makes (embedding, norms, the rotations of the GEMM inputs fused with their
+ * quantization, the fused QKV GEMM with biases, RoPE and the rotation of q and k, KV write,
+ * attention, the output projection into the residual, SwiGLU, the LM head into host logits),
+ * over two steps of a ragged batch (prefill, then a decode and a chunk), every intermediate
+ * compared.
  *
  * This exercises what the kernels' own tests cannot: weights found by their host addresses
- * (views inside the fused matrices, an LM head whose rows are padded to a multiple of 4), host
- * index arrays, the device mirror of a host KV pool, host GEMM outputs, and error reporting.
- * The int8 path must match bit for bit; the float reference path's GEMMs within
- * 1e-5 * sum |x_i w_i| + 1e-6.
+ * (views inside the fused matrices, an LM head whose rows are padded to a multiple of 4, the
+ * rotations' mix tables), host index arrays, the device mirror of a host KV pool, host GEMM
+ * outputs, and error reporting.  The int8 path must match bit for bit; the float reference
+ * path's GEMMs within 1e-5 * sum |x_i w_i| + 1e-6.
+ *
+ * On the default model, forward_int8 drives a backend table with cai_model_forward's int8
+ * calls; one test checks that on the CPU table it gives cai_model_forward's logits bit for bit
+ * (so the driver is the forward), another that the CUDA table gives the CPU table's.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -34,7 +40,12 @@
 #define SM_Q (SM_HEADS * SM_HD)
 #define SM_KVD (SM_KV_HEADS * SM_HD)
 
-/* A one-layer llama-shaped model with qwen2-style QKV biases, in host memory. */
+/*
+ * A one-layer llama-shaped model with qwen2-style QKV biases, in host memory.  Its rotations
+ * mix chunks (rot_model 4 x 16 values, two per row; rot_ff 2 x 128), which make_rotation gives
+ * models whose widths have small power-of-two parts, so the table's mix-table lookup runs too;
+ * rot_head is SmolLM2's (one block of 64 per head).
+ */
 typedef struct synth_model
 {
 	cai_model	m;
@@ -96,6 +107,18 @@ synth_floats(synth_model *s, gpu_rng *r, size_t n, float lo, float hi)
 	return p;
 }
 
+/* A rotation of n_pow2 x n_mix values whose mix table holds random weights. */
+static bool
+synth_rotation(synth_model *s, gpu_rng *r, int n_pow2, int n_mix, cai_rotation *rot)
+{
+	rot->n = n_pow2 * n_mix;
+	rot->n_pow2 = n_pow2;
+	rot->n_mix = n_mix;
+	rot->norm = (float) (1.0 / sqrt((double) rot->n));
+	rot->mix = synth_floats(s, r, (size_t) n_mix * n_mix, -1.5f, 1.5f);
+	return rot->mix != NULL;
+}
+
 static bool
 synth_build(synth_model *s, uint64_t seed)
 {
@@ -145,7 +168,9 @@ synth_build(synth_model *s, uint64_t seed)
 	w->attn_norm_i8 = synth_floats(s, &r, SM_D, 0.5f, 1.5f);
 	w->ffn_norm_i8 = synth_floats(s, &r, SM_D, 0.5f, 1.5f);
 	w->bqkv = synth_floats(s, &r, SM_QKV, -0.5f, 0.5f);
+	w->bqkv_i8 = synth_floats(s, &r, SM_QKV, -0.5f, 0.5f);
 	s->m.out_norm = synth_floats(s, &r, SM_D, 0.5f, 1.5f);
+	s->m.out_norm_i8 = synth_floats(s, &r, SM_D, 0.5f, 1.5f);
 	s->m.f_tok_embd = synth_floats(s, &r, (size_t) SM_VOCAB * SM_D, -1.0f, 1.0f);
 	s->m.f_lm_head = synth_floats(s, &r, (size_t) SM_VOCAB * SM_D, -0.1f, 0.1f);
 	w->f_wq = synth_floats(s, &r, (size_t) SM_Q * SM_D, -0.1f, 0.1f);
@@ -156,8 +181,12 @@ synth_build(synth_model *s, uint64_t seed)
 	w->f_up = synth_floats(s, &r, (size_t) SM_FF * SM_D, -0.1f, 0.1f);
 	w->f_down = synth_floats(s, &r, (size_t) SM_D * SM_FF, -0.1f, 0.1f);
 	if (!w->attn_norm || !w->ffn_norm || !w->attn_norm_i8 || !w->ffn_norm_i8 || !w->bqkv ||
-		!s->m.out_norm || !s->m.f_tok_embd || !s->m.f_lm_head || !w->f_wq || !w->f_wk ||
-		!w->f_wv || !w->f_wo || !w->f_gate || !w->f_up || !w->f_down)
+		!w->bqkv_i8 || !s->m.out_norm || !s->m.out_norm_i8 || !s->m.f_tok_embd ||
+		!s->m.f_lm_head || !w->f_wq || !w->f_wk || !w->f_wv || !w->f_wo || !w->f_gate ||
+		!w->f_up || !w->f_down ||
+		!synth_rotation(s, &r, 16, 4, &s->m.rot_model) ||
+		!synth_rotation(s, &r, 128, 2, &s->m.rot_ff) ||
+		!synth_rotation(s, &r, SM_HD, 1, &s->m.rot_head))
 		return false;
 	w->bq = w->bqkv;
 	w->bk = w->bqkv + SM_Q;
@@ -274,12 +303,20 @@ typedef struct step
 	cai_batch_layout batch;
 } step;
 
-/* Runs the int8 forward's calls on both sides, comparing after every call. */
+/*
+ * Runs the int8 forward's calls on both sides (cai_model_forward's sequence over all rows, the
+ * rows that want logits gathered at the end), comparing after every few calls.
+ */
 static void
 run_int8_step(const synth_model *s, side *cpu, side *gpu, cai_kv_pool *kv, const step *st)
 {
+	const cai_model *m = &s->m;
 	const cai_layer_weights *w = &s->layer;
 	int			T = st->T;
+	int			R = st->R;
+	int			nv_model = SM_D / m->rot_model.n;
+	int			nv_ff = SM_FF / m->rot_ff.n;
+	int			nv_head = (SM_HEADS + SM_KV_HEADS) * SM_HD / m->rot_head.n;
 	cai_rope_params rp = {SM_HD, 10000.0f, 1.0f, false, NULL};
 	cai_attn_params ap = {SM_HEADS, SM_KV_HEADS, SM_HD, 0, 0, 1.0f / 8.0f};
 	float		clog[4 * SM_VOCAB],
@@ -290,7 +327,7 @@ run_int8_step(const synth_model *s, side *cpu, side *gpu, cai_kv_pool *kv, const
 	{
 		side	   *sd = sides[i];
 
-		sd->be->ops->embed_i8(sd->be, &s->m.tok_embd, st->ids, T, sd->x);
+		sd->be->ops->embed_i8(sd->be, &m->tok_embd, st->ids, T, sd->x);
 		sd->be->ops->rope_prepare(sd->be, &rp, st->pos, T, sd->cs);
 	}
 	compare(cpu, gpu, cpu->x, gpu->x, (size_t) T * SM_D * 4, true, "embedding");
@@ -300,11 +337,13 @@ run_int8_step(const synth_model *s, side *cpu, side *gpu, cai_kv_pool *kv, const
 		side	   *sd = sides[i];
 		const cai_backend_ops *op = sd->be->ops;
 
-		op->rmsnorm_quant(sd->be, sd->x, w->attn_norm_i8, T, SM_D, 1e-5f, sd->xq, sd->xs);
-		op->gemm_i8(sd->be, sd->xq, sd->xs, T, &w->wqkv, w->bqkv, sd->qkv, SM_QKV, false);
+		op->rmsnorm(sd->be, sd->x, w->attn_norm_i8, T, SM_D, 1e-5f, sd->xn);
+		op->rotate(sd->be, &m->rot_model, sd->xn, SM_D, T, nv_model, sd->xq, sd->xs);
+		op->gemm_i8(sd->be, sd->xq, sd->xs, T, &w->wqkv, w->bqkv_i8, sd->qkv, SM_QKV, false);
 	}
-	compare(cpu, gpu, cpu->xq, gpu->xq, (size_t) T * SM_D, false, "attention norm (int8)");
-	compare(cpu, gpu, cpu->xs, gpu->xs, (size_t) T * 4, true, "attention norm scales");
+	compare(cpu, gpu, cpu->xn, gpu->xn, (size_t) T * SM_D * 4, true, "rotated attention input");
+	compare(cpu, gpu, cpu->xq, gpu->xq, (size_t) T * SM_D, false, "attention input (int8)");
+	compare(cpu, gpu, cpu->xs, gpu->xs, (size_t) T * 4, true, "attention input scales");
 	compare(cpu, gpu, cpu->qkv, gpu->qkv, (size_t) T * SM_QKV * 4, true, "qkv projection");
 	for (int i = 0; i < 2; i++)
 	{
@@ -312,11 +351,13 @@ run_int8_step(const synth_model *s, side *cpu, side *gpu, cai_kv_pool *kv, const
 		const cai_backend_ops *op = sd->be->ops;
 
 		op->rope(sd->be, &rp, sd->cs, sd->qkv, SM_QKV, T, SM_HEADS + SM_KV_HEADS, SM_HD);
+		op->rotate(sd->be, &m->rot_head, sd->qkv, SM_QKV, T, nv_head, NULL, NULL);
 		op->kv_write(sd->be, &ap, &st->batch, sd->qkv + SM_Q, sd->qkv + SM_Q + SM_KVD, SM_QKV, kv,
 					 NULL);
 		op->attention(sd->be, &ap, &st->batch, sd->qkv, SM_QKV, kv, NULL, sd->att, SM_Q);
 	}
-	compare(cpu, gpu, cpu->qkv, gpu->qkv, (size_t) T * SM_QKV * 4, true, "rotated q and k");
+	compare(cpu, gpu, cpu->qkv, gpu->qkv, (size_t) T * SM_QKV * 4, true,
+			"rope and head rotation of q and k (v untouched)");
 	compare(cpu, gpu, cpu->att, gpu->att, (size_t) T * SM_Q * 4, true, "attention");
 	for (int i = 0; i < 2; i++)
 	{
@@ -325,32 +366,65 @@ run_int8_step(const synth_model *s, side *cpu, side *gpu, cai_kv_pool *kv, const
 
 		op->quantize(sd->be, sd->att, T, SM_Q, sd->xq, sd->xs);
 		op->gemm_i8(sd->be, sd->xq, sd->xs, T, &w->wo, NULL, sd->x, SM_D, true);
-		op->rmsnorm_quant(sd->be, sd->x, w->ffn_norm_i8, T, SM_D, 1e-5f, sd->xq, sd->xs);
+		op->rmsnorm(sd->be, sd->x, w->ffn_norm_i8, T, SM_D, 1e-5f, sd->xn);
+		op->rotate(sd->be, &m->rot_model, sd->xn, SM_D, T, nv_model, sd->xq, sd->xs);
 		op->gemm_i8(sd->be, sd->xq, sd->xs, T, &w->w_gate_up, NULL, sd->gate_up, 2 * SM_FF, false);
-		op->swiglu_quant(sd->be, sd->gate_up, T, SM_FF, sd->xq, sd->xs);
 	}
+	compare(cpu, gpu, cpu->xq, gpu->xq, (size_t) T * SM_D, false, "ffn input (int8)");
 	compare(cpu, gpu, cpu->gate_up, gpu->gate_up, (size_t) T * 2 * SM_FF * 4, true, "gate/up");
-	compare(cpu, gpu, cpu->xq, gpu->xq, (size_t) T * SM_FF, false, "swiglu (int8)");
+	for (int i = 0; i < 2; i++)
+	{
+		side	   *sd = sides[i];
+		const cai_backend_ops *op = sd->be->ops;
+
+		op->swiglu(sd->be, sd->gate_up, T, SM_FF, sd->xn);
+		op->rotate(sd->be, &m->rot_ff, sd->xn, SM_FF, T, nv_ff, sd->xq, sd->xs);
+	}
+	compare(cpu, gpu, cpu->xn, gpu->xn, (size_t) T * SM_FF * 4, true, "rotated swiglu output");
+	compare(cpu, gpu, cpu->xq, gpu->xq, (size_t) T * SM_FF, false, "down input (int8)");
+	compare(cpu, gpu, cpu->xs, gpu->xs, (size_t) T * 4, true, "down input scales");
 	for (int i = 0; i < 2; i++)
 	{
 		side	   *sd = sides[i];
 		const cai_backend_ops *op = sd->be->ops;
 
 		op->gemm_i8(sd->be, sd->xq, sd->xs, T, &w->w_down, NULL, sd->x, SM_D, true);
-		op->gather_rows(sd->be, sd->x, SM_D, st->logit_rows, st->R, sd->xg);
-		op->rmsnorm_quant(sd->be, sd->xg, s->m.out_norm, st->R, SM_D, 1e-5f, sd->xq, sd->xs);
+		op->gather_rows(sd->be, sd->x, SM_D, st->logit_rows, R, sd->xg);
+		op->rmsnorm(sd->be, sd->xg, m->out_norm_i8, R, SM_D, 1e-5f, sd->xn);
+		op->rotate(sd->be, &m->rot_model, sd->xn, SM_D, R, nv_model, sd->xq, sd->xs);
 		/* the caller's logits are host memory: the gpu computes them on the device, downloads */
-		op->gemm_i8(sd->be, sd->xq, sd->xs, st->R, &s->m.lm_head, NULL, i == 0 ? clog : glog,
+		op->gemm_i8(sd->be, sd->xq, sd->xs, R, &m->lm_head, NULL, i == 0 ? clog : glog,
 					SM_VOCAB, false);
 	}
 	compare(cpu, gpu, cpu->x, gpu->x, (size_t) T * SM_D * 4, true, "residual stream");
-	compare(cpu, gpu, cpu->xg, gpu->xg, (size_t) st->R * SM_D * 4, true, "gathered rows");
+	compare(cpu, gpu, cpu->xg, gpu->xg, (size_t) R * SM_D * 4, true, "gathered rows");
+	compare(cpu, gpu, cpu->xq, gpu->xq, (size_t) R * SM_D, false, "lm head input (int8)");
 	{
 		cai_error	err;
 
 		if (gpu_ok(cai_cuda_backend_status(gpu->be, &err), &err, "cuda backend"))
-			gpu_same_f32(glog, clog, (size_t) st->R * SM_VOCAB, "logits");
+			gpu_same_f32(glog, clog, (size_t) R * SM_VOCAB, "logits");
 	}
+
+	/* the table's fused norm and SwiGLU quantizations, which this forward no longer calls */
+	for (int i = 0; i < 2; i++)
+	{
+		side	   *sd = sides[i];
+		const cai_backend_ops *op = sd->be->ops;
+
+		op->rmsnorm_quant(sd->be, sd->x, w->ffn_norm_i8, T, SM_D, 1e-5f, sd->xq, sd->xs);
+	}
+	compare(cpu, gpu, cpu->xq, gpu->xq, (size_t) T * SM_D, false, "rmsnorm_quant (int8)");
+	compare(cpu, gpu, cpu->xs, gpu->xs, (size_t) T * 4, true, "rmsnorm_quant scales");
+	for (int i = 0; i < 2; i++)
+	{
+		side	   *sd = sides[i];
+		const cai_backend_ops *op = sd->be->ops;
+
+		op->swiglu_quant(sd->be, sd->gate_up, T, SM_FF, sd->xq, sd->xs);
+	}
+	compare(cpu, gpu, cpu->xq, gpu->xq, (size_t) T * SM_FF, false, "swiglu_quant (int8)");
+	compare(cpu, gpu, cpu->xs, gpu->xs, (size_t) T * 4, true, "swiglu_quant scales");
 }
 
 static void
@@ -562,6 +636,7 @@ typedef struct model_side
 	cai_backend *be;
 	bool		gpu;
 	float	   *x,
+			   *xn,
 			   *qkv,
 			   *att,
 			   *gate_up,
@@ -582,6 +657,7 @@ model_side_alloc(model_side *sd, const cai_config *c, int T)
 	if (c->d_ff > width)
 		width = c->d_ff;
 	sd->x = op->alloc(sd->be, (size_t) T * c->d_model * sizeof(float));
+	sd->xn = op->alloc(sd->be, (size_t) T * width * sizeof(float));
 	sd->qkv = op->alloc(sd->be, (size_t) T * qkv_w * sizeof(float));
 	sd->att = op->alloc(sd->be, (size_t) T * q_dim * sizeof(float));
 	sd->gate_up = op->alloc(sd->be, (size_t) T * 2 * c->d_ff * sizeof(float));
@@ -589,33 +665,41 @@ model_side_alloc(model_side *sd, const cai_config *c, int T)
 	sd->xg = op->alloc(sd->be, (size_t) T * c->d_model * sizeof(float));
 	sd->xq = op->alloc(sd->be, (size_t) T * width);
 	sd->xs = op->alloc(sd->be, (size_t) T * sizeof(float));
-	return sd->x && sd->qkv && sd->att && sd->gate_up && sd->cs && sd->xg && sd->xq && sd->xs;
+	return sd->x && sd->xn && sd->qkv && sd->att && sd->gate_up && sd->cs && sd->xg && sd->xq &&
+		sd->xs;
 }
 
 static void
 model_side_free(model_side *sd)
 {
-	void	   *bufs[8] = {sd->x, sd->qkv, sd->att, sd->gate_up, sd->cs, sd->xg, sd->xq, sd->xs};
+	void	   *bufs[9] = {sd->x, sd->xn, sd->qkv, sd->att, sd->gate_up, sd->cs, sd->xg, sd->xq,
+	sd->xs};
 
 	if (!sd->be)
 		return;
-	for (int i = 0; i < 8; i++)
+	for (int i = 0; i < 9; i++)
 		sd->be->ops->free(sd->be, bufs[i]);
 	cai_backend_free(sd->be);
 }
 
 /*
  * cai_model_forward's int8 path, call for call, on one backend table (model.c creates its own
- * CPU backend, so the test drives both tables itself; keep this in step with model.c).
+ * CPU backend, so the test drives both tables itself; keep this in step with model.c's
+ * forward_layer and cai_model_forward, which gpu_backend_cpu_driver_matches_model_forward
+ * checks).  The last layer finishes only the rows that want logits, gathered after attention.
+ * Returns the table's sync status (the CUDA table's first failure).
  */
-static void
-forward_int8(model_side *sd, const cai_model *m, cai_kv_pool *kv, const step *st, float *logits)
+static cai_status
+forward_int8(model_side *sd, const cai_model *m, cai_kv_pool *kv, const step *st, float *logits,
+			 cai_error *err)
 {
 	const cai_config *c = &m->cfg;
 	const cai_backend_ops *op = sd->be->ops;
 	cai_backend *be = sd->be;
 	int			T = st->T;
+	int			R = st->R;
 	int			d = c->d_model;
+	int			d_ff = c->d_ff;
 	int			q_dim = c->n_heads * c->head_dim;
 	int			kv_dim = c->n_kv_heads * c->head_dim;
 	int			qkv_w = q_dim + 2 * kv_dim;
@@ -628,28 +712,102 @@ forward_int8(model_side *sd, const cai_model *m, cai_kv_pool *kv, const step *st
 	{
 		const cai_layer_weights *w = &m->layers[l];
 		bool		owns_kv = c->kv_source[l] == l;
+		int			n_qk = owns_kv ? c->n_heads + c->n_kv_heads : c->n_heads;
 		cai_attn_params ap = {c->n_heads, c->n_kv_heads, c->head_dim, c->attn_window[l],
 		c->kv_index[l], 1.0f / sqrtf((float) c->head_dim)};
+		float	   *x = sd->x;
+		float	   *att = sd->att;
+		int			n = T;
 
-		op->rmsnorm_quant(be, sd->x, w->attn_norm_i8, T, d, c->norm_eps, sd->xq, sd->xs);
-		op->gemm_i8(be, sd->xq, sd->xs, T, owns_kv ? &w->wqkv : &w->wq,
-					owns_kv ? w->bqkv : w->bq, sd->qkv, qkv_w, false);
-		op->rope(be, &rope, sd->cs, sd->qkv, qkv_w, T,
-				 owns_kv ? c->n_heads + c->n_kv_heads : c->n_heads, c->head_dim);
+		op->rmsnorm(be, sd->x, w->attn_norm_i8, T, d, c->norm_eps, sd->xn);
+		op->rotate(be, &m->rot_model, sd->xn, d, T, d / m->rot_model.n, sd->xq, sd->xs);
+		op->gemm_i8(be, sd->xq, sd->xs, T, owns_kv ? &w->wqkv : &w->wq, w->bqkv_i8, sd->qkv,
+					qkv_w, false);
+		op->rope(be, &rope, sd->cs, sd->qkv, qkv_w, T, n_qk, c->head_dim);
+		op->rotate(be, &m->rot_head, sd->qkv, qkv_w, T, n_qk * c->head_dim / m->rot_head.n,
+				   NULL, NULL);
 		if (owns_kv)
 			op->kv_write(be, &ap, &st->batch, sd->qkv + q_dim, sd->qkv + q_dim + kv_dim, qkv_w,
 						 kv, NULL);
 		op->attention(be, &ap, &st->batch, sd->qkv, qkv_w, kv, NULL, sd->att, q_dim);
-		op->quantize(be, sd->att, T, q_dim, sd->xq, sd->xs);
-		op->gemm_i8(be, sd->xq, sd->xs, T, &w->wo, NULL, sd->x, d, true);
-		op->rmsnorm_quant(be, sd->x, w->ffn_norm_i8, T, d, c->norm_eps, sd->xq, sd->xs);
-		op->gemm_i8(be, sd->xq, sd->xs, T, &w->w_gate_up, NULL, sd->gate_up, 2 * c->d_ff, false);
-		op->swiglu_quant(be, sd->gate_up, T, c->d_ff, sd->xq, sd->xs);
-		op->gemm_i8(be, sd->xq, sd->xs, T, &w->w_down, NULL, sd->x, d, true);
+		if (l == c->n_layers - 1)
+		{
+			op->gather_rows(be, sd->x, d, st->logit_rows, R, sd->xg);
+			op->gather_rows(be, sd->att, q_dim, st->logit_rows, R, sd->qkv);
+			x = sd->xg;
+			att = sd->qkv;
+			n = R;
+		}
+		op->quantize(be, att, n, q_dim, sd->xq, sd->xs);
+		op->gemm_i8(be, sd->xq, sd->xs, n, &w->wo, NULL, x, d, true);
+		op->rmsnorm(be, x, w->ffn_norm_i8, n, d, c->norm_eps, sd->xn);
+		op->rotate(be, &m->rot_model, sd->xn, d, n, d / m->rot_model.n, sd->xq, sd->xs);
+		op->gemm_i8(be, sd->xq, sd->xs, n, &w->w_gate_up, NULL, sd->gate_up, 2 * d_ff, false);
+		op->swiglu(be, sd->gate_up, n, d_ff, sd->xn);
+		op->rotate(be, &m->rot_ff, sd->xn, d_ff, n, d_ff / m->rot_ff.n, sd->xq, sd->xs);
+		op->gemm_i8(be, sd->xq, sd->xs, n, &w->w_down, NULL, x, d, true);
 	}
-	op->gather_rows(be, sd->x, d, st->logit_rows, st->R, sd->xg);
-	op->rmsnorm_quant(be, sd->xg, m->out_norm, st->R, d, c->norm_eps, sd->xq, sd->xs);
-	op->gemm_i8(be, sd->xq, sd->xs, st->R, &m->lm_head, NULL, logits, c->n_vocab, false);
+	op->rmsnorm(be, sd->xg, m->out_norm_i8, R, d, c->norm_eps, sd->xn);
+	op->rotate(be, &m->rot_model, sd->xn, d, R, d / m->rot_model.n, sd->xq, sd->xs);
+	op->gemm_i8(be, sd->xq, sd->xs, R, &m->lm_head, NULL, logits, c->n_vocab, false);
+	return op->sync ? op->sync(be, err) : CAI_OK;
+}
+
+/*
+ * Step it of a greedy two-sequence run: both prompts from position 0 in one ragged step
+ * (it == 0), then one token each, next[s] at position pos[s] (advanced here).  Logits: the last
+ * row of each sequence.
+ */
+static void
+greedy_step(step *st, int it, int32_t *const prompt_ids[2], const int n_prompt[2],
+			const int32_t next[2], int pos[2], const int32_t *const tables[2])
+{
+	int			T = 0;
+
+	memset(st, 0, sizeof(*st));
+	for (int s = 0; s < 2; s++)
+	{
+		int			n = it == 0 ? n_prompt[s] : 1;
+
+		st->start[s] = T;
+		st->len[s] = n;
+		st->tables[s] = tables[s];
+		for (int i = 0; i < n; i++)
+		{
+			st->ids[T] = it == 0 ? prompt_ids[s][i] : next[s];
+			st->pos[T] = pos[s] + i;
+			st->seq[T] = s;
+			T++;
+		}
+		st->logit_rows[s] = T - 1;
+		pos[s] += n;
+	}
+	st->T = T;
+	st->R = 2;
+	st->n_seqs = 2;
+	st->batch.n_tokens = T;
+	st->batch.n_seqs = 2;
+	st->batch.token_pos = st->pos;
+	st->batch.token_seq = st->seq;
+	st->batch.seq_start = st->start;
+	st->batch.seq_len = st->len;
+	st->batch.block_tables = st->tables;
+}
+
+/* The backend limits of the real-model tests: 16 rows, 64 positions. */
+static void
+model_limits(const cai_config *c, cai_backend_limits *lim)
+{
+	lim->max_tokens = 16;
+	lim->max_context = 64;
+	lim->max_width = c->n_heads * c->head_dim + 2 * c->n_kv_heads * c->head_dim;
+	if (c->d_ff > lim->max_width)
+		lim->max_width = c->d_ff;
+	if (c->d_model > lim->max_width)
+		lim->max_width = c->d_model;
+	lim->n_heads = c->n_heads;
+	lim->n_kv_heads = c->n_kv_heads;
+	lim->head_dim = c->head_dim;
 }
 
 static int32_t
@@ -663,137 +821,227 @@ argmax_row(const float *l, int n)
 	return best;
 }
 
-TEST(gpu_backend_default_model_greedy_matches_cpu)
+/* The default model, its two prompts tokenized, a thread pool and a KV pool per backend. */
+typedef struct model_fixture
 {
-	const char *path = test_real_model_path();
-	static const char *prompts[2] = {"The capital of France is", "Write a haiku about databases:"};
-	const int	n_decode = 16;
-	cai_model_params mp;
-	cai_model  *model = NULL;
-	cai_threadpool *tp = NULL;
-	cai_kv_pool *kv = NULL;
-	model_side	cpu = {0},
-				gpu = {0};
-	cai_kv_layout L;
-	int32_t    *prompt_ids[2] = {NULL, NULL};
-	int			n_prompt[2] = {0, 0};
-	int32_t		tables[2][64];
-	const int32_t *table_ptrs[2] = {tables[0], tables[1]};
-	float	   *clog = NULL,
-			   *glog = NULL;
-	cai_error	err;
-	int			max_t;
+	cai_model  *model;
+	cai_threadpool *tp;
+	cai_kv_pool *kv[2];
+	int32_t    *prompt_ids[2];
+	int			n_prompt[2];
+	int32_t		tables[2][4];
+	const int32_t *table_ptrs[2];
+} model_fixture;
 
+#define MODEL_N_DECODE 16
+
+/*
+ * Loads the default model (false with no failure when it is absent: the caller skips) and
+ * prepares two KV pools of the same layout, interleaved block tables of 4 blocks (64
+ * positions) and the prompts.
+ */
+static bool
+model_fixture_open(model_fixture *f, bool *absent)
+{
+	static const char *prompts[2] = {"The capital of France is", "Write a haiku about databases:"};
+	const char *path = test_real_model_path();
+	cai_model_params mp;
+	cai_kv_layout L;
+	cai_error	err;
+
+	memset(f, 0, sizeof(*f));
+	*absent = path == NULL;
 	if (!path)
-		SKIP("the default model is not in models/ (make model)");
+		return false;
 	cai_model_params_default(&mp);
-	if (!gpu_ok(cai_model_load(path, &mp, &model, &err), &err, "model load"))
-		return;
+	if (!gpu_ok(cai_model_load(path, &mp, &f->model, &err), &err, "model load"))
+		return false;
 	for (int s = 0; s < 2; s++)
-		if (!gpu_ok(cai_tokenize(model, prompts[s], strlen(prompts[s]), false, &prompt_ids[s],
-								 &n_prompt[s], &err), &err, "tokenize"))
-			goto done;
-	max_t = n_prompt[0] + n_prompt[1];
-	if (max_t > 16 || n_prompt[0] + n_decode > 64 * 16)
+		if (!gpu_ok(cai_tokenize(f->model, prompts[s], strlen(prompts[s]), false,
+								 &f->prompt_ids[s], &f->n_prompt[s], &err), &err, "tokenize"))
+			return false;
+	if (f->n_prompt[0] + f->n_prompt[1] > 16 || f->n_prompt[0] + MODEL_N_DECODE + 1 > 64 ||
+		f->n_prompt[1] + MODEL_N_DECODE + 1 > 64)
 	{
 		CHECK_MSG(false, "prompts longer than this test's step buffers");
+		return false;
+	}
+	cai_model_kv_layout(f->model, &L);
+	for (int k = 0; k < 2; k++)
+		if (!gpu_ok(cai_kv_pool_create(&L, 2 * 4 + 2, &f->kv[k], &err), &err, "kv pool"))
+			return false;
+	for (int s = 0; s < 2; s++)
+	{
+		for (int b = 0; b < 4; b++)
+			f->tables[s][b] = 2 * b + s;	/* interleaved blocks */
+		f->table_ptrs[s] = f->tables[s];
+	}
+	f->tp = cai_threadpool_create(2);
+	return f->tp != NULL;
+}
+
+static void
+model_fixture_close(model_fixture *f)
+{
+	for (int k = 0; k < 2; k++)
+		cai_kv_pool_free(f->kv[k]);
+	cai_threadpool_free(f->tp);
+	for (int s = 0; s < 2; s++)
+		cai_free(f->prompt_ids[s]);
+	cai_model_free(f->model);
+}
+
+/*
+ * The driver above on the CPU table against cai_model_forward itself, over a ragged prefill and
+ * greedy decode steps: the logits must be identical, so that what the CUDA test compares with
+ * is the engine's forward.  Needs no GPU (it runs wherever the GPU suite does; the helper that
+ * changed the forward ran it on a CPU-only machine through a small driver of this file).
+ */
+TEST(gpu_backend_cpu_driver_matches_model_forward)
+{
+	const int	n_steps = MODEL_N_DECODE + 1;	/* the steps the CUDA test runs */
+	model_fixture f;
+	bool		absent;
+	cai_forward_ctx *fctx = NULL;
+	model_side	cpu = {0};
+	float	   *ref = NULL,
+			   *drv = NULL;
+	cai_backend_limits lim;
+	cai_error	err;
+
+	if (!model_fixture_open(&f, &absent))
+	{
+		model_fixture_close(&f);
+		if (absent)
+			SKIP("the default model is not in models/ (make model)");
+		return;
+	}
+	model_limits(&f.model->cfg, &lim);
+	if (!gpu_ok(cai_forward_ctx_create(f.model, f.tp, lim.max_tokens, lim.max_context, &fctx,
+									   &err), &err, "forward context") ||
+		!gpu_ok(cai_backend_cpu_create(f.tp, &lim, &cpu.be, &err), &err, "cpu backend"))
+		goto done;
+	if (!model_side_alloc(&cpu, &f.model->cfg, lim.max_tokens))
+	{
+		CHECK_MSG(false, "activation allocation failed");
 		goto done;
 	}
-	cai_model_kv_layout(model, &L);
-	if (!gpu_ok(cai_kv_pool_create(&L, 2 * 4 + 2, &kv, &err), &err, "kv pool"))
+	ref = malloc((size_t) 2 * f.model->cfg.n_vocab * sizeof(float));
+	drv = malloc((size_t) 2 * f.model->cfg.n_vocab * sizeof(float));
+	if (!ref || !drv)
 		goto done;
-	for (int s = 0; s < 2; s++)
-		for (int b = 0; b < 4; b++)
-			tables[s][b] = 2 * b + s;	/* interleaved blocks */
 	{
-		cai_backend_limits lim;
-		cai_cuda_backend_params p;
-		const cai_config *c = &model->cfg;
+		int			pos[2] = {0, 0};
+		int32_t		next[2] = {0, 0};
+		static step st;
 
-		lim.max_tokens = 16;
-		lim.max_context = 64;
-		lim.max_width = c->n_heads * c->head_dim + 2 * c->n_kv_heads * c->head_dim;
-		if (c->d_ff > lim.max_width)
-			lim.max_width = c->d_ff;
-		lim.n_heads = c->n_heads;
-		lim.n_kv_heads = c->n_kv_heads;
-		lim.head_dim = c->head_dim;
-		tp = cai_threadpool_create(2);
-		if (!gpu_ok(cai_backend_cpu_create(tp, &lim, &cpu.be, &err), &err, "cpu backend"))
-			goto done;
-		memset(&p, 0, sizeof(p));
-		p.device = 0;
-		p.model = model;
-		p.limits = lim;
-		p.kv_pool_layout = cai_kv_pool_layout;
-		p.kv_pool_n_blocks = cai_kv_pool_n_blocks;
-		if (!gpu_ok(cai_cuda_backend_create(&p, &gpu.be, &err), &err, "cuda backend"))
-			goto done;
-		gpu.gpu = true;
-		if (!model_side_alloc(&cpu, c, 16) || !model_side_alloc(&gpu, c, 16))
+		for (int it = 0; it < n_steps; it++)
 		{
-			CHECK_MSG(false, "activation allocation failed");
-			goto done;
+			cai_batch_seq seqs[2];
+
+			greedy_step(&st, it, f.prompt_ids, f.n_prompt, next, pos, f.table_ptrs);
+			for (int s = 0; s < 2; s++)
+			{
+				seqs[s].tokens = st.ids + st.start[s];
+				seqs[s].n_tokens = st.len[s];
+				seqs[s].pos = st.pos[st.start[s]];
+				seqs[s].block_table = f.tables[s];
+				seqs[s].n_blocks = 4;
+				seqs[s].logits = CAI_LOGITS_LAST;
+			}
+			if (!gpu_ok(cai_model_forward(f.model, fctx, f.kv[0], seqs, 2, ref, false, &err),
+						&err, "cai_model_forward") ||
+				!gpu_ok(forward_int8(&cpu, f.model, f.kv[1], &st, drv, &err), &err,
+						"the cpu table driver"))
+				break;
+			if (!gpu_same_f32(drv, ref, (size_t) 2 * f.model->cfg.n_vocab,
+							  "cpu table driver vs cai_model_forward logits"))
+			{
+				fprintf(stderr, "    (step %d)\n", it);
+				break;
+			}
+			for (int s = 0; s < 2; s++)
+				next[s] = argmax_row(ref + (size_t) s * f.model->cfg.n_vocab,
+									 f.model->cfg.n_vocab);
 		}
 	}
-	clog = malloc((size_t) 2 * model->cfg.n_vocab * sizeof(float));
-	glog = malloc((size_t) 2 * model->cfg.n_vocab * sizeof(float));
+done:
+	free(ref);
+	free(drv);
+	model_side_free(&cpu);
+	cai_forward_ctx_free(fctx);
+	model_fixture_close(&f);
+}
+
+/* The CUDA table against the CPU table through the driver: identical logits, greedy tokens. */
+TEST(gpu_backend_default_model_greedy_matches_cpu)
+{
+	model_fixture f;
+	bool		absent;
+	model_side	cpu = {0},
+				gpu = {0};
+	float	   *clog = NULL,
+			   *glog = NULL;
+	cai_backend_limits lim;
+	cai_cuda_backend_params p;
+	cai_error	err;
+
+	if (!model_fixture_open(&f, &absent))
+	{
+		model_fixture_close(&f);
+		if (absent)
+			SKIP("the default model is not in models/ (make model)");
+		return;
+	}
+	model_limits(&f.model->cfg, &lim);
+	if (!gpu_ok(cai_backend_cpu_create(f.tp, &lim, &cpu.be, &err), &err, "cpu backend"))
+		goto done;
+	memset(&p, 0, sizeof(p));
+	p.device = 0;
+	p.model = f.model;
+	p.limits = lim;
+	p.kv_pool_layout = cai_kv_pool_layout;
+	p.kv_pool_n_blocks = cai_kv_pool_n_blocks;
+	if (!gpu_ok(cai_cuda_backend_create(&p, &gpu.be, &err), &err, "cuda backend"))
+		goto done;
+	gpu.gpu = true;
+	if (!model_side_alloc(&cpu, &f.model->cfg, lim.max_tokens) ||
+		!model_side_alloc(&gpu, &f.model->cfg, lim.max_tokens))
+	{
+		CHECK_MSG(false, "activation allocation failed");
+		goto done;
+	}
+	clog = malloc((size_t) 2 * f.model->cfg.n_vocab * sizeof(float));
+	glog = malloc((size_t) 2 * f.model->cfg.n_vocab * sizeof(float));
 	if (!clog || !glog)
 		goto done;
 
 	/* prefill both prompts in one ragged step, then decode both together, greedily */
 	{
 		int			pos[2] = {0, 0};
-		int32_t		next[2];
+		int32_t		next[2] = {0, 0};
 		static step st;
 
-		for (int it = 0; it <= n_decode; it++)
+		for (int it = 0; it <= MODEL_N_DECODE; it++)
 		{
-			int			T = 0;
-
-			memset(&st, 0, sizeof(st));
-			for (int s = 0; s < 2; s++)
-			{
-				int			n = it == 0 ? n_prompt[s] : 1;
-
-				st.start[s] = T;
-				st.len[s] = n;
-				st.tables[s] = table_ptrs[s];
-				for (int i = 0; i < n; i++)
-				{
-					st.ids[T] = it == 0 ? prompt_ids[s][i] : next[s];
-					st.pos[T] = pos[s] + i;
-					st.seq[T] = s;
-					T++;
-				}
-				st.logit_rows[s] = T - 1;
-				pos[s] += n;
-			}
-			st.T = T;
-			st.R = 2;
-			st.n_seqs = 2;
-			st.batch.n_tokens = T;
-			st.batch.n_seqs = 2;
-			st.batch.token_pos = st.pos;
-			st.batch.token_seq = st.seq;
-			st.batch.seq_start = st.start;
-			st.batch.seq_len = st.len;
-			st.batch.block_tables = st.tables;
-
-			forward_int8(&cpu, model, kv, &st, clog);
-			forward_int8(&gpu, model, kv, &st, glog);
-			if (!gpu_ok(cai_cuda_backend_status(gpu.be, &err), &err, "cuda forward"))
+			greedy_step(&st, it, f.prompt_ids, f.n_prompt, next, pos, f.table_ptrs);
+			if (!gpu_ok(forward_int8(&cpu, f.model, f.kv[0], &st, clog, &err), &err,
+						"cpu forward") ||
+				!gpu_ok(forward_int8(&gpu, f.model, f.kv[1], &st, glog, &err), &err,
+						"cuda forward"))
 				break;
-			if (!gpu_same_f32(glog, clog, (size_t) 2 * model->cfg.n_vocab, "logits"))
+			if (!gpu_same_f32(glog, clog, (size_t) 2 * f.model->cfg.n_vocab, "logits"))
 			{
 				fprintf(stderr, "    (step %d)\n", it);
 				break;
 			}
 			for (int s = 0; s < 2; s++)
 			{
-				int32_t		c = argmax_row(clog + (size_t) s * model->cfg.n_vocab, model->cfg.n_vocab);
+				int32_t		c = argmax_row(clog + (size_t) s * f.model->cfg.n_vocab,
+										   f.model->cfg.n_vocab);
 
-				CHECK_EQ_INT(argmax_row(glog + (size_t) s * model->cfg.n_vocab, model->cfg.n_vocab), c);
+				CHECK_EQ_INT(argmax_row(glog + (size_t) s * f.model->cfg.n_vocab,
+										f.model->cfg.n_vocab), c);
 				next[s] = c;
 			}
 		}
@@ -803,9 +1051,5 @@ done:
 	free(glog);
 	model_side_free(&cpu);
 	model_side_free(&gpu);
-	cai_kv_pool_free(kv);
-	cai_threadpool_free(tp);
-	for (int s = 0; s < 2; s++)
-		cai_free(prompt_ids[s]);
-	cai_model_free(model);
+	model_fixture_close(&f);
 }

@@ -1,21 +1,23 @@
 /*
  * test_kernels.c — each CUDA kernel against the engine's CPU code (cpu/gemm.c, cpu/ops.c, the
- * sampler's ordering), element by element.
+ * CPU backend's rotate, the sampler's ordering), element by element.
  *
  * Tolerances: the int8 GEMM's int32 accumulators are compared for equality, and every kernel
- * that replays a CPU kernel (epilogue, quantization, RMSNorm, RoPE, SwiGLU, embedding) must give
- * the CPU's floats bit for bit.  Only the float reference GEMM (cuBLASLt fp32, another summation
- * order) is compared with a tolerance: |gpu - cpu| <= 1e-5 * sum_i |x_i w_i| + 1e-6, a few units
- * of fp32 rounding on the magnitude of the terms; and the device-built rotary table (double
- * precision on both sides, CUDA's libdevice against glibc) within 2.5e-7.
+ * that replays a CPU kernel (epilogue, quantization, RMSNorm, RoPE, SwiGLU, rotation, embedding)
+ * must give the CPU's floats bit for bit.  Only the float reference GEMM (cuBLASLt fp32, another
+ * summation order) is compared with a tolerance: |gpu - cpu| <= 1e-5 * sum_i |x_i w_i| + 1e-6, a
+ * few units of fp32 rounding on the magnitude of the terms; and the device-built rotary table
+ * (double precision on both sides, CUDA's libdevice against glibc) within 2.5e-7.
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cpu/gemm.h"
 #include "cpu/ops.h"
 #include "cpu/threadpool.h"
+#include "backend.h"
 #include "gpu_util.h"
 #include "quant.h"
 #include "test.h"
@@ -562,6 +564,193 @@ TEST(gpu_swiglu_bit_exact)
 		free(cs);
 		free(gs);
 	}
+}
+
+/*
+ * Bitwise equality of float outputs where a NaN may stand (a NaN input spreads through the
+ * butterflies): NaN on both sides passes whatever its payload, which IEEE leaves to the hardware.
+ */
+static bool
+same_or_both_nan(const float *gpu, const float *cpu, size_t n, const char *what)
+{
+	size_t		bad = 0;
+
+	for (size_t i = 0; i < n; i++)
+	{
+		if (memcmp(&gpu[i], &cpu[i], sizeof(float)) == 0 || (isnan(gpu[i]) && isnan(cpu[i])))
+			continue;
+		if (bad++ < 5)
+			fprintf(stderr, "    %s[%zu]: gpu %.9g cpu %.9g\n", what, i, gpu[i], cpu[i]);
+	}
+	CHECK_MSG(bad == 0, "%s: %zu of %zu floats differ from the cpu", what, bad, n);
+	return bad == 0;
+}
+
+/* One rotation shape: n_vec vectors of n_pow2 * n_mix values per row, pad more values after. */
+typedef struct rotate_case
+{
+	int			n_pow2;
+	int			n_mix;
+	int			n_vec;
+	int			n_tok;
+	int			pad;			/* ldx - n_vec * n: values the rotation must leave alone */
+} rotate_case;
+
+/*
+ * The CPU backend's rotate (cai_op_rotate_vec per vector, then cai_quantize_act_i8 per row)
+ * against cai_cuda_rotate, in place and fused with quantization, on random rows (never all
+ * zeros) and, with three rows or more, a row dominated by one huge value and a row of tiny
+ * values whose max gives the zero scale (127 / max overflows; subnormals go through the
+ * butterflies).  with_nan puts a NaN in the last row: it spreads to a chunk's values, which
+ * quantize to -127 while the row's scale comes from the others.  The mix table is the engine's
+ * (discrete Hartley, cos + sin) or random weights; every float, int8 and scale is compared.
+ */
+static void
+check_rotate(gpu_rng *r, cai_backend *cpu_be, const rotate_case *rc, bool hartley, bool with_nan)
+{
+	int			p = rc->n_pow2,
+				m = rc->n_mix,
+				n = p * m,
+				width = rc->n_vec * n,
+				ldx = width + rc->pad,
+				T = rc->n_tok;
+	size_t		nx = (size_t) T * ldx,
+				nq = (size_t) T * width;
+	float	   *mix = malloc((size_t) m * m * sizeof(float));
+	float	   *x = malloc(nx * sizeof(float)),
+			   *cpu = malloc(nx * sizeof(float)),
+			   *cpu_qx = malloc(nx * sizeof(float)),
+			   *got = malloc(nx * sizeof(float));
+	int8_t	   *cq = malloc(nq),
+			   *gq = malloc(nq);
+	float	   *cs = malloc((size_t) T * sizeof(float)),
+			   *gs = malloc((size_t) T * sizeof(float));
+	int8_t	   *dq = gpu_alloc(nq);
+	float	   *ds = gpu_alloc((size_t) T * sizeof(float));
+	cai_rotation rot;
+	cai_cuda_rotation grot;
+	char		what[96];
+	float	   *dx;
+	cai_error	err;
+
+	if (!mix || !x || !cpu || !cpu_qx || !got || !cq || !gq || !cs || !gs || !dq || !ds)
+	{
+		CHECK_MSG(false, "out of memory");
+		goto done;
+	}
+	for (int a = 0; a < m; a++)
+		for (int b = 0; b < m; b++)
+		{
+			double		theta = 2.0 * M_PI * (double) ((a * b) % m) / (double) m;
+
+			mix[a * m + b] = hartley ? (float) (cos(theta) + sin(theta)) :
+				gpu_rng_float(r, -1.5f, 1.5f);
+		}
+	rot.n = n;
+	rot.n_pow2 = p;
+	rot.n_mix = m;
+	rot.mix = mix;
+	rot.norm = (float) (1.0 / sqrt((double) n));
+	gpu_fill_f32(r, x, nx, -3.0f, 3.0f);
+	if (T >= 3)
+	{
+		x[ldx + 1] = 1e30f;		/* row 1: one huge value */
+		for (int i = 0; i < ldx; i++)
+			x[2 * (size_t) ldx + i] *= 1e-38f;	/* row 2: max below 127 / FLT_MAX */
+	}
+	if (with_nan)
+		x[(size_t) (T - 1) * ldx + width / 2] = NAN;
+	memcpy(cpu, x, nx * sizeof(float));
+	memcpy(cpu_qx, x, nx * sizeof(float));
+	cpu_be->ops->rotate(cpu_be, &rot, cpu, ldx, T, rc->n_vec, NULL, NULL);
+	cpu_be->ops->rotate(cpu_be, &rot, cpu_qx, ldx, T, rc->n_vec, cq, cs);
+
+	grot.n = n;
+	grot.n_pow2 = p;
+	grot.n_mix = m;
+	grot.mix_dev = m > 1 ? gpu_upload(mix, (size_t) m * m * sizeof(float)) : NULL;
+	grot.norm = rot.norm;
+	snprintf(what, sizeof(what), "rotate %d x %d, %d vectors, %d tokens, pad %d", p, m,
+			 rc->n_vec, T, rc->pad);
+
+	/* in place, floats only */
+	dx = gpu_upload(x, nx * sizeof(float));
+	if (dx &&
+		gpu_ok(cai_cuda_rotate(gpu_ctx(), &grot, dx, ldx, T, rc->n_vec, NULL, NULL, &err), &err,
+			   what) &&
+		gpu_download(got, dx, nx * sizeof(float)))
+		same_or_both_nan(got, cpu, nx, what);
+
+	/* fused with the per-token quantization: the floats in place, the int8 and the scales */
+	dx = gpu_upload(x, nx * sizeof(float));
+	if (dx &&
+		gpu_ok(cai_cuda_rotate(gpu_ctx(), &grot, dx, ldx, T, rc->n_vec, dq, ds, &err), &err,
+			   what) &&
+		gpu_download(got, dx, nx * sizeof(float)) && gpu_download(gq, dq, nq) &&
+		gpu_download(gs, ds, (size_t) T * sizeof(float)))
+	{
+		same_or_both_nan(got, cpu_qx, nx, what);
+		gpu_same_i8(gq, cq, nq, what);
+		gpu_same_f32(gs, cs, (size_t) T, what);
+		if (T >= 3)
+			CHECK_MSG(cs[2] == 0.0f && cs[0] > 0.0f, "%s: the tiny row's scale is %g", what, cs[2]);
+	}
+done:
+	free(mix);
+	free(x);
+	free(cpu);
+	free(cpu_qx);
+	free(got);
+	free(cq);
+	free(gq);
+	free(cs);
+	free(gs);
+}
+
+TEST(gpu_rotate_bit_exact)
+{
+	static const rotate_case cases[] = {
+		/* n_pow2, n_mix, n_vec, n_tok, pad */
+		{64, 1, 9, 13, 0},		/* SmolLM2 rot_model: d_model 576 as 9 blocks of 64 */
+		{512, 1, 3, 13, 0},		/* SmolLM2 rot_ff: d_ff 1536 as 3 blocks of 512 */
+		{64, 1, 12, 7, 192},	/* SmolLM2 rot_head: q and k heads of a 960-wide qkv row, V left */
+		{128, 1, 7, 5, 0},		/* qwen2-0.5b: d_model 896 */
+		{256, 1, 19, 3, 0},		/* qwen2-0.5b: d_ff 4864 */
+		{128, 1, 40, 3, 1024},	/* llama-8b heads: 32 + 8 of 128, 8 V heads left */
+		{2048, 1, 1, 3, 0},		/* llama-1b: d_model 2048 */
+		{8192, 1, 1, 3, 0},		/* llama-1b: d_ff 8192 */
+		{4096, 1, 1, 3, 0},		/* llama-8b: d_model */
+		{2048, 1, 7, 3, 0},		/* llama-8b: d_ff 14336 as 7 blocks of 2048 */
+		{16384, 1, 1, 3, 0},	/* longer than 48 KiB of shared memory */
+		/* mixed chunks (make_rotation below 64-value chunks) and other block structures */
+		{16, 3, 1, 11, 0},
+		{32, 9, 1, 6, 5},
+		{1, 7, 3, 5, 1},		/* no butterflies: the mix alone */
+		{8, 5, 2, 4, 3},
+		{2, 63, 1, 3, 0},
+		{4, 64, 1, 3, 0},		/* the largest mix */
+		{32, 45, 2, 3, 0},
+		{64, 3, 2, 3, 0},
+		{16, 4, 2, 5, 7},
+		{1, 1, 5, 3, 0},		/* n = 1: the norm alone */
+	};
+	cai_backend_limits lim = {64, 16, 16384, 1, 1, 64};
+	cai_backend *cpu_be = NULL;
+	cai_error	err;
+	gpu_rng		r;
+
+	if (!gpu_ok(cai_backend_cpu_create(NULL, &lim, &cpu_be, &err), &err, "cpu backend"))
+		return;
+	gpu_rng_seed(&r, 14);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+	{
+		check_rotate(&r, cpu_be, &cases[i], i % 2 == 0, false);
+		gpu_free_all();
+	}
+	/* a NaN input, with and without a mix */
+	check_rotate(&r, cpu_be, &cases[0], true, true);
+	check_rotate(&r, cpu_be, &cases[12], false, true);
+	cai_backend_free(cpu_be);
 }
 
 TEST(gpu_embedding_and_gather_bit_exact)

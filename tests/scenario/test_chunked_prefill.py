@@ -144,11 +144,18 @@ try:
             "max gap %.1f ms, chunk %.1f ms" % (max(during or [0]) * 1000, chunk_ms))
 
     # ---- 3. overload: 8 running + 8 waiting, then more -----------------------------------
+    # the streams' sessions were closed mid-generation: their requests leave the engine once the
+    # worker sees them detached; start from an idle engine so that exactly 8 run and 8 wait
+    idle = wait_for(lambda: q("SELECT running = 0 AND waiting = 0 FROM pg_stat_cai") == "t", 60)
+    c.check("the engine is idle before the overload", idle is not None,
+            q("SELECT running, waiting FROM pg_stat_cai"))
     filler = "SELECT cai_complete('Count to a thousand: 1, 2, 3,', '{\"max_tokens\": 1000, \"ignore_eos\": true}')"
     for i in range(16):
         background.append(in_background(filler, db="postgres", app="cai_overload_%d" % i, env=env))
     full = wait_for(lambda: q("SELECT running = 8 AND waiting = 8 FROM pg_stat_cai") == "t", 60)
-    c.check("8 requests run and 8 wait", full is not None, q("SELECT running, waiting FROM pg_stat_cai"))
+    c.check("8 requests run and 8 wait", full is not None,
+            "%s; finished fillers: %s" % (q("SELECT running, waiting FROM pg_stat_cai"),
+                                          [repr(h[0])[:300] for t, h in background[-16:] if h[0]][:3]))
 
     probe = ("\\set VERBOSITY verbose\n"
              "DO $$ DECLARE t0 timestamptz := clock_timestamp(); BEGIN "
