@@ -152,10 +152,18 @@ try:
     filler = "SELECT cai_complete('Count to a thousand: 1, 2, 3,', '{\"max_tokens\": 1000, \"ignore_eos\": true}')"
     for i in range(16):
         background.append(in_background(filler, db="postgres", app="cai_overload_%d" % i, env=env))
-    full = wait_for(lambda: q("SELECT running = 8 AND waiting = 8 FROM pg_stat_cai") == "t", 60)
+    # a request the worker has taken in but not yet handed to the engine counts as waiting too
+    last_poll = [None]
+
+    def queue_full():
+        r = cluster.psql("SELECT running = 8 AND waiting + queued >= 8 FROM pg_stat_cai")
+        last_poll[0] = r
+        return r.rc == 0 and r.out == "t"
+    full = wait_for(queue_full, 60)
     c.check("8 requests run and 8 wait", full is not None,
-            "%s; finished fillers: %s" % (q("SELECT running, waiting FROM pg_stat_cai"),
-                                          [repr(h[0])[:300] for t, h in background[-16:] if h[0]][:3]))
+            "last poll %r; now %s; finished fillers: %s"
+            % (last_poll[0], q("SELECT running, waiting, queued FROM pg_stat_cai"),
+               [repr(h[0])[:200] for t, h in background[-16:] if h[0]][:2]))
 
     probe = ("\\set VERBOSITY verbose\n"
              "DO $$ DECLARE t0 timestamptz := clock_timestamp(); BEGIN "
