@@ -68,7 +68,7 @@ all: cai
 model:
 	scripts/fetch-model.sh
 
-test: all
+test: all install
 	scripts/run-tests.sh
 
 setup:

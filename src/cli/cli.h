@@ -172,4 +172,27 @@ extern const cli_command cli_bench_command;
 extern const cli_command cli_eval_command;
 extern const cli_command cli_inspect_command;
 
+/*
+ * The sampling options that `run` and `chat` share, as cli_option entries over a struct with
+ * the fields temperature, top_p, top_k and seed.
+ */
+#define CLI_SAMPLING_OPTIONS(opts) \
+	{ \
+		.name = "temp", .short_name = 't', .kind = CLI_OPT_FLOAT, .target = &(opts).temperature, \
+		.metavar = "T", .help = "sampling temperature; 0 = greedy (default 0)", \
+		.min = 0, .max = 100, \
+	}, \
+	{ \
+		.name = "top-p", .kind = CLI_OPT_FLOAT, .target = &(opts).top_p, .metavar = "P", \
+		.help = "nucleus sampling mass; 1 = off (default 1)", .min = 0, .max = 1, \
+	}, \
+	{ \
+		.name = "top-k", .kind = CLI_OPT_INT, .target = &(opts).top_k, .metavar = "K", \
+		.help = "sample among the K best tokens; 0 = off", .min = 0, .max = 10000000, \
+	}, \
+	{ \
+		.name = "seed", .short_name = 's', .kind = CLI_OPT_U64, .target = &(opts).seed, \
+		.metavar = "S", .help = "sampling seed (default 0)", \
+	}
+
 #endif							/* CAI_CLI_H */

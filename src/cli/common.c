@@ -10,7 +10,6 @@
 #include <time.h>
 
 #include "cli.h"
-#include "model.h"				/* for the tokenizer's add-BOS flag; see cli_model_adds_bos */
 
 /* ---------------------------------------------------------------------------------------------
  * Errors
@@ -78,8 +77,10 @@ cli_load_model(const char *path, int n_threads, bool float_reference)
 bool
 cli_model_adds_bos(const cai_model *model)
 {
-	return model->tokenizer != NULL && cai_tokenizer_add_bos(model->tokenizer) &&
-		cai_tokenizer_bos(model->tokenizer) >= 0;
+	cai_model_info info;
+
+	cai_model_get_info(model, &info);
+	return info.add_bos;
 }
 
 bool

@@ -95,6 +95,7 @@ typedef struct cai_model_info
 	size_t		kv_bytes_per_token; /* int8 KV + scales, all layers that own KV */
 	uint64_t	fingerprint;	/* identifies weights+tokenizer; seeds the prefix cache */
 	int32_t		bos_token;		/* -1 when the model has none */
+	bool		add_bos;		/* raw text prompts start with bos_token (tokenizer.ggml.add_bos_token) */
 	int32_t		eos_token;
 	int32_t		eot_token;		/* the chat template's end-of-turn token */
 } cai_model_info;

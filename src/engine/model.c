@@ -1180,6 +1180,7 @@ cai_model_get_info(const cai_model *model, cai_model_info *info)
 		(2 * (size_t) c->head_dim + 2 * sizeof(float));
 	info->fingerprint = model->fingerprint;
 	info->bos_token = cai_tokenizer_bos(model->tokenizer);
+	info->add_bos = info->bos_token >= 0 && cai_tokenizer_add_bos(model->tokenizer);
 	info->eos_token = cai_tokenizer_eos(model->tokenizer);
 	info->eot_token = model->tmpl.end_of_turn >= 0 ? model->tmpl.end_of_turn : info->eos_token;
 }

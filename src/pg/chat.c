@@ -14,6 +14,7 @@
  */
 #include "postgres.h"
 
+#include "catalog/namespace.h"
 #include "commands/trigger.h"
 #include "executor/spi.h"
 #include "funcapi.h"
@@ -561,9 +562,10 @@ pg_cai_chat_completion(PG_FUNCTION_ARGS)
 	PG_RETURN_DATUM(DirectFunctionCall1(jsonb_in, CStringGetDatum(out.data)));
 }
 
+
 /* A column of the trigger's row by name; errors when the table lacks it. */
 static Datum
-trigger_column(TriggerData *trigdata, const char *name, bool *isnull)
+trigger_column(TriggerData *trigdata, const char *trigger_name, const char *name, bool *isnull)
 {
 	TupleDesc	desc = RelationGetDescr(trigdata->tg_relation);
 	int			attno = SPI_fnumber(desc, name);
@@ -571,10 +573,67 @@ trigger_column(TriggerData *trigdata, const char *name, bool *isnull)
 	if (attno <= 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("cai_reply_trigger must be attached to cai.messages"),
+				 errmsg("%s must be attached to cai.messages", trigger_name),
 				 errdetail("Table \"%s\" has no column \"%s\".",
 						   RelationGetRelationName(trigdata->tg_relation), name)));
 	return heap_getattr(trigdata->tg_trigtuple, attno, desc, isnull);
+}
+
+/*
+ * CaiReadTriggeredTurn
+ *		The shared prologue of the reply triggers (cai_reply_trigger, cai_enqueue_reply_trigger):
+ *		checks that fcinfo is an AFTER INSERT FOR EACH ROW trigger on cai.messages (trigger_name
+ *		names it in errors) and reads the inserted row.  Returns false for a row not to answer:
+ *		not a user turn, or one that cai_chat inserted and answers itself.  An empty message is
+ *		an error; the trigger's optional argument is validated as options ('{}' when absent).
+ */
+bool
+CaiReadTriggeredTurn(FunctionCallInfo fcinfo, const char *trigger_name, CaiTriggeredTurn *turn)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	Relation	rel;
+	Datum		d;
+	bool		isnull;
+	char	   *content;
+
+	if (!CALLED_AS_TRIGGER(fcinfo))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("%s must be called as a trigger", trigger_name)));
+	if (!TRIGGER_FIRED_AFTER(trigdata->tg_event) ||
+		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ||
+		!TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("%s must be fired AFTER INSERT FOR EACH ROW", trigger_name)));
+	rel = trigdata->tg_relation;
+	if (RelationGetNamespace(rel) != get_namespace_oid("cai", true) ||
+		strcmp(RelationGetRelationName(rel), "messages") != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("%s must be attached to cai.messages", trigger_name)));
+	(void) CaiSharedStateOrError();
+
+	d = trigger_column(trigdata, trigger_name, "role", &isnull);
+	if (isnull || strcmp(TextDatumGetCString(d), "user") != 0 || cai_replying_in_function)
+		return false;
+	CaiCheckOneReplyTrigger(trigdata);
+
+	d = trigger_column(trigdata, trigger_name, "content", &isnull);
+	content = isnull ? "" : TextDatumGetCString(d);
+	if (content[0] == '\0')
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("message must not be empty")));
+	turn->message_id = DatumGetInt64(trigger_column(trigdata, trigger_name, "id", &isnull));
+	turn->conversation_id = DatumGetInt64(trigger_column(trigdata, trigger_name,
+														 "conversation_id", &isnull));
+	turn->options = DatumGetJsonbP(DirectFunctionCall1(jsonb_in,
+													   CStringGetDatum(trigdata->tg_trigger->tgnargs > 0
+																	   ? trigdata->tg_trigger->tgargs[0]
+																	   : "{}")));
+	CaiOptionsValidate(turn->options);
+	return true;
 }
 
 /*
@@ -587,49 +646,11 @@ trigger_column(TriggerData *trigdata, const char *name, bool *isnull)
 Datum
 pg_cai_reply_trigger(PG_FUNCTION_ARGS)
 {
-	TriggerData *trigdata = (TriggerData *) fcinfo->context;
-	Datum		d;
-	bool		isnull;
-	char	   *role;
-	char	   *content;
-	int64		message_id;
-	int64		conversation_id;
-	Jsonb	   *options = NULL;
+	CaiTriggeredTurn turn;
 
-	if (!CALLED_AS_TRIGGER(fcinfo))
-		ereport(ERROR,
-				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("cai_reply_trigger must be called as a trigger")));
-	if (!TRIGGER_FIRED_AFTER(trigdata->tg_event) ||
-		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ||
-		!TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
-		ereport(ERROR,
-				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("cai_reply_trigger must be fired AFTER INSERT FOR EACH ROW")));
-	(void) CaiSharedStateOrError();
-
-	d = trigger_column(trigdata, "role", &isnull);
-	if (isnull)
+	if (!CaiReadTriggeredTurn(fcinfo, "cai_reply_trigger", &turn))
 		return PointerGetDatum(NULL);
-	role = TextDatumGetCString(d);
-	if (strcmp(role, "user") != 0 || cai_replying_in_function)
-		return PointerGetDatum(NULL);
-	CaiCheckOneReplyTrigger(trigdata);
-
-	d = trigger_column(trigdata, "content", &isnull);
-	content = isnull ? "" : TextDatumGetCString(d);
-	if (content[0] == '\0')
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("message must not be empty")));
-	message_id = DatumGetInt64(trigger_column(trigdata, "id", &isnull));
-	conversation_id = DatumGetInt64(trigger_column(trigdata, "conversation_id", &isnull));
-
-	if (trigdata->tg_trigger->tgnargs > 0)
-		options = DatumGetJsonbP(DirectFunctionCall1(jsonb_in,
-													 CStringGetDatum(trigdata->tg_trigger->tgargs[0])));
-
-	(void) CaiReplyToMessage(conversation_id, message_id, options);
+	(void) CaiReplyToMessage(turn.conversation_id, turn.message_id, turn.options);
 
 	return PointerGetDatum(NULL);
 }

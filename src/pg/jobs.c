@@ -406,21 +406,6 @@ CaiCheckOneReplyTrigger(TriggerData *trigdata)
 	}
 }
 
-/* A column of the trigger's new row by name; errors when the table lacks it. */
-static Datum
-new_row_column(TriggerData *trigdata, const char *name, bool *isnull)
-{
-	TupleDesc	desc = RelationGetDescr(trigdata->tg_relation);
-	int			attno = SPI_fnumber(desc, name);
-
-	if (attno <= 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("cai_enqueue_reply_trigger must be attached to cai.messages"),
-				 errdetail("Table \"%s\" has no column \"%s\".",
-						   RelationGetRelationName(trigdata->tg_relation), name)));
-	return heap_getattr(trigdata->tg_trigtuple, attno, desc, isnull);
-}
 
 static SPIPlanPtr later_turn_plan = NULL;
 static SPIPlanPtr enqueue_plan = NULL;
@@ -483,12 +468,8 @@ note_job_queued(void)
 Datum
 pg_cai_enqueue_reply_trigger(PG_FUNCTION_ARGS)
 {
-	TriggerData *trigdata = (TriggerData *) fcinfo->context;
-	Relation	rel;
-	Datum		d;
+	CaiTriggeredTurn turn;
 	bool		isnull;
-	char	   *role;
-	char	   *content;
 	int64		message_id;
 	int64		conversation_id;
 	Jsonb	   *options;
@@ -498,49 +479,11 @@ pg_cai_enqueue_reply_trigger(PG_FUNCTION_ARGS)
 	bool		later;
 	int			ret;
 
-	if (!CALLED_AS_TRIGGER(fcinfo))
-		ereport(ERROR,
-				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("cai_enqueue_reply_trigger must be called as a trigger")));
-	if (!TRIGGER_FIRED_AFTER(trigdata->tg_event) ||
-		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ||
-		!TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
-		ereport(ERROR,
-				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("cai_enqueue_reply_trigger must be fired AFTER INSERT FOR EACH ROW")));
-	rel = trigdata->tg_relation;
-	if (RelationGetNamespace(rel) != get_namespace_oid("cai", true) ||
-		strcmp(RelationGetRelationName(rel), "messages") != 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("cai_enqueue_reply_trigger must be attached to cai.messages")));
-	(void) CaiSharedStateOrError();
-
-	d = new_row_column(trigdata, "role", &isnull);
-	if (isnull)
+	if (!CaiReadTriggeredTurn(fcinfo, "cai_enqueue_reply_trigger", &turn))
 		return PointerGetDatum(NULL);
-	role = TextDatumGetCString(d);
-	if (strcmp(role, "user") != 0 || cai_replying_in_function)
-		return PointerGetDatum(NULL);
-	CaiCheckOneReplyTrigger(trigdata);
-
-	d = new_row_column(trigdata, "content", &isnull);
-	content = isnull ? "" : TextDatumGetCString(d);
-	if (content[0] == '\0')
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("message must not be empty")));
-	message_id = DatumGetInt64(new_row_column(trigdata, "id", &isnull));
-	conversation_id = DatumGetInt64(new_row_column(trigdata, "conversation_id", &isnull));
-
-	if (trigdata->tg_trigger->tgnargs > 0)
-	{
-		options = DatumGetJsonbP(DirectFunctionCall1(jsonb_in,
-													 CStringGetDatum(trigdata->tg_trigger->tgargs[0])));
-		CaiOptionsValidate(options);
-	}
-	else
-		options = DatumGetJsonbP(DirectFunctionCall1(jsonb_in, CStringGetDatum("{}")));
+	message_id = turn.message_id;
+	conversation_id = turn.conversation_id;
+	options = turn.options;
 
 	SPI_connect();
 
