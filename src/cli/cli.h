@@ -172,6 +172,18 @@ extern const cli_command cli_bench_command;
 extern const cli_command cli_eval_command;
 extern const cli_command cli_inspect_command;
 
+/* Option entries every model-running command shares, over a struct with model / threads. */
+#define CLI_MODEL_OPTION(opts) \
+	{ \
+		.name = "model", .short_name = 'm', .kind = CLI_OPT_STRING, .target = &(opts).model, \
+		.metavar = "MODEL", .help = "GGUF model file (required)", \
+	}
+#define CLI_THREADS_OPTION(opts) \
+	{ \
+		.name = "threads", .short_name = 'T', .kind = CLI_OPT_INT, .target = &(opts).threads, \
+		.metavar = "N", .help = "CPU threads; 0 = all cores", .min = 0, .max = 1024, \
+	}
+
 /*
  * The sampling options that `run` and `chat` share, as cli_option entries over a struct with
  * the fields temperature, top_p, top_k and seed.

@@ -30,24 +30,8 @@ static struct
 } bench_opts;
 
 static const cli_option bench_options[] = {
-	{
-		.name = "model",
-		.short_name = 'm',
-		.kind = CLI_OPT_STRING,
-		.target = &bench_opts.model,
-		.metavar = "MODEL",
-		.help = "GGUF model file (required)",
-	},
-	{
-		.name = "threads",
-		.short_name = 'T',
-		.kind = CLI_OPT_INT,
-		.target = &bench_opts.threads,
-		.metavar = "N",
-		.help = "CPU threads; 0 = all cores",
-		.min = 0,
-		.max = 1024,
-	},
+	CLI_MODEL_OPTION(bench_opts),
+	CLI_THREADS_OPTION(bench_opts),
 	{
 		.name = "batches",
 		.short_name = 'b',

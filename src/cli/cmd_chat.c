@@ -29,14 +29,7 @@ static struct
 } chat_opts;
 
 static const cli_option chat_options[] = {
-	{
-		.name = "model",
-		.short_name = 'm',
-		.kind = CLI_OPT_STRING,
-		.target = &chat_opts.model,
-		.metavar = "MODEL",
-		.help = "GGUF model file (required)",
-	},
+	CLI_MODEL_OPTION(chat_opts),
 	{
 		.name = "system",
 		.kind = CLI_OPT_STRING,
@@ -55,16 +48,7 @@ static const cli_option chat_options[] = {
 		.max = 1000000,
 	},
 	CLI_SAMPLING_OPTIONS(chat_opts),
-	{
-		.name = "threads",
-		.short_name = 'T',
-		.kind = CLI_OPT_INT,
-		.target = &chat_opts.threads,
-		.metavar = "N",
-		.help = "CPU threads; 0 = all cores",
-		.min = 0,
-		.max = 1024,
-	},
+	CLI_THREADS_OPTION(chat_opts),
 	{
 		.name = "ctx",
 		.short_name = 'c',

@@ -25,14 +25,7 @@ static struct
 } eval_opts;
 
 static const cli_option eval_options[] = {
-	{
-		.name = "model",
-		.short_name = 'm',
-		.kind = CLI_OPT_STRING,
-		.target = &eval_opts.model,
-		.metavar = "MODEL",
-		.help = "GGUF model file (required)",
-	},
+	CLI_MODEL_OPTION(eval_opts),
 	{
 		.name = "ctx",
 		.short_name = 'c',
@@ -53,16 +46,7 @@ static const cli_option eval_options[] = {
 		.min = 0,
 		.max = 1 << 30,
 	},
-	{
-		.name = "threads",
-		.short_name = 'T',
-		.kind = CLI_OPT_INT,
-		.target = &eval_opts.threads,
-		.metavar = "N",
-		.help = "CPU threads; 0 = all cores",
-		.min = 0,
-		.max = 1024,
-	},
+	CLI_THREADS_OPTION(eval_opts),
 	{
 		.name = "json",
 		.kind = CLI_OPT_FLAG,

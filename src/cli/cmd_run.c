@@ -29,14 +29,7 @@ static struct
 } run_opts;
 
 static const cli_option run_options[] = {
-	{
-		.name = "model",
-		.short_name = 'm',
-		.kind = CLI_OPT_STRING,
-		.target = &run_opts.model,
-		.metavar = "MODEL",
-		.help = "GGUF model file (required)",
-	},
+	CLI_MODEL_OPTION(run_opts),
 	{
 		.name = "prompt",
 		.short_name = 'p',
@@ -69,16 +62,7 @@ static const cli_option run_options[] = {
 		.max = 1000000,
 	},
 	CLI_SAMPLING_OPTIONS(run_opts),
-	{
-		.name = "threads",
-		.short_name = 'T',
-		.kind = CLI_OPT_INT,
-		.target = &run_opts.threads,
-		.metavar = "N",
-		.help = "CPU threads; 0 = all cores",
-		.min = 0,
-		.max = 1024,
-	},
+	CLI_THREADS_OPTION(run_opts),
 	{
 		.name = "ctx",
 		.short_name = 'c',

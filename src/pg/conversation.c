@@ -25,9 +25,13 @@ static SPIPlanPtr turns_plan = NULL;
 static SPIPlanPtr insert_plan = NULL;
 static SPIPlanPtr set_tokens_plan = NULL;
 
-/* Prepares a statement once per backend. */
-static SPIPlanPtr
-keep_plan(SPIPlanPtr *cache, const char *query, int nargs, Oid *argtypes)
+/*
+ * CaiKeepPlan
+ *		Prepares a statement once per backend (kept with SPI_keepplan) and caches it in *cache.
+ *		Requires an SPI connection.
+ */
+SPIPlanPtr
+CaiKeepPlan(SPIPlanPtr *cache, const char *query, int nargs, Oid *argtypes)
 {
 	if (*cache == NULL)
 	{
@@ -72,7 +76,7 @@ CaiConversationCreate(const char *system_prompt, Jsonb *options)
 	int			ret;
 
 	SPI_connect();
-	plan = keep_plan(&create_plan,
+	plan = CaiKeepPlan(&create_plan,
 					 "INSERT INTO cai.conversations (system_prompt, options) "
 					 "VALUES ($1, $2) RETURNING id",
 					 2, argtypes);
@@ -130,7 +134,7 @@ CaiConversationLoad(int64 id, int64 up_to_message)
 	SPI_connect();
 	spi_context = CurrentMemoryContext;
 
-	plan = keep_plan(&lock_plan,
+	plan = CaiKeepPlan(&lock_plan,
 					 "SELECT system_prompt, options FROM cai.conversations "
 					 "WHERE id = $1 FOR NO KEY UPDATE",
 					 1, lock_types);
@@ -155,7 +159,7 @@ CaiConversationLoad(int64 id, int64 up_to_message)
 		conv->options = DatumGetJsonbPCopy(d);
 	MemoryContextSwitchTo(spi_context);
 
-	plan = keep_plan(&turns_plan,
+	plan = CaiKeepPlan(&turns_plan,
 					 "SELECT role, content, tokens FROM cai.messages "
 					 "WHERE conversation_id = $1 AND id <= $2 ORDER BY id",
 					 2, turn_types);
@@ -233,7 +237,7 @@ CaiMessageInsert(int64 conversation_id, const char *role, const char *content,
 	int			ret;
 
 	SPI_connect();
-	plan = keep_plan(&insert_plan,
+	plan = CaiKeepPlan(&insert_plan,
 					 "INSERT INTO cai.messages (conversation_id, role, content, tokens, "
 					 "prompt_tokens, completion_tokens, cached_tokens, ttft_ms) "
 					 "VALUES ($1, $2, $3, $4, $5, $6, $7, $8) RETURNING id",
@@ -276,7 +280,7 @@ CaiMessageSetTokens(int64 message_id, const int32 *tokens, int n_tokens)
 	int			ret;
 
 	SPI_connect();
-	plan = keep_plan(&set_tokens_plan,
+	plan = CaiKeepPlan(&set_tokens_plan,
 					 "UPDATE cai.messages SET tokens = $2 WHERE id = $1",
 					 2, argtypes);
 	values[0] = Int64GetDatum(message_id);

@@ -410,24 +410,6 @@ CaiCheckOneReplyTrigger(TriggerData *trigdata)
 static SPIPlanPtr later_turn_plan = NULL;
 static SPIPlanPtr enqueue_plan = NULL;
 
-/* Prepares a statement once per backend. */
-static SPIPlanPtr
-keep_plan(SPIPlanPtr *cache, const char *query, int nargs, Oid *argtypes)
-{
-	if (*cache == NULL)
-	{
-		SPIPlanPtr	plan = SPI_prepare(query, nargs, argtypes);
-
-		if (plan == NULL)
-			elog(ERROR, "SPI_prepare failed for \"%s\": %s", query,
-				 SPI_result_code_string(SPI_result));
-		if (SPI_keepplan(plan) != 0)
-			elog(ERROR, "SPI_keepplan failed");
-		*cache = plan;
-	}
-	return *cache;
-}
-
 /*
  * note_job_queued
  *		Arranges for the database's runners to be woken at commit, and warns (once per
@@ -489,7 +471,7 @@ pg_cai_enqueue_reply_trigger(PG_FUNCTION_ARGS)
 
 	values[0] = Int64GetDatum(conversation_id);
 	values[1] = Int64GetDatum(message_id);
-	ret = SPI_execute_plan(keep_plan(&later_turn_plan,
+	ret = SPI_execute_plan(CaiKeepPlan(&later_turn_plan,
 									 "SELECT EXISTS (SELECT FROM cai.messages "
 									 "WHERE conversation_id = $1 AND id > $2)",
 									 2, later_types),
@@ -503,7 +485,7 @@ pg_cai_enqueue_reply_trigger(PG_FUNCTION_ARGS)
 		values[0] = Int64GetDatum(message_id);
 		values[1] = Int64GetDatum(conversation_id);
 		values[2] = JsonbPGetDatum(options);
-		ret = SPI_execute_plan(keep_plan(&enqueue_plan,
+		ret = SPI_execute_plan(CaiKeepPlan(&enqueue_plan,
 										 "INSERT INTO cai.jobs (message_id, conversation_id, options) "
 										 "VALUES ($1, $2, $3) ON CONFLICT (message_id) DO NOTHING",
 										 3, enqueue_types),
