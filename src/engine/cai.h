@@ -173,7 +173,7 @@ typedef struct cai_engine_params
 	int			max_running;	/* sequences in one batch */
 	int			max_step_tokens;	/* token budget of one step (decodes + prefill chunks) */
 	int			context_length; /* per sequence; 0 = the model's, capped at 4096 */
-	int			max_queue;		/* waiting requests beyond which submit fails */
+	int			max_queue;		/* requests that may wait for a batch slot; more are refused */
 	double		max_queue_wait_ms;	/* refuse at submit when the estimated wait is longer;
 									 * 0 = no limit (Mooncake's early rejection) */
 	size_t		kv_cache_bytes; /* working KV for running sequences; 0 = sized from the above */

@@ -476,7 +476,13 @@ cai_engine_submit(cai_engine *engine, const cai_request_params *params,
 		return cai_fail(err, CAI_ERR_CONTEXT_FULL,
 						"prompt of %d tokens does not fit the context of %d tokens",
 						params->n_prompt, engine->context_length);
-	if (engine->n_waiting >= engine->params.max_queue)
+	/*
+	 * max_queue bounds the requests that must really wait: those that the next step admits into
+	 * free batch slots do not count, so a burst reaching an idle engine between two steps is not
+	 * refused while slots are free.
+	 */
+	if (engine->n_waiting - (engine->params.max_running - engine->n_running) >=
+		engine->params.max_queue)
 	{
 		engine->stats.requests_rejected++;
 		return cai_fail(err, CAI_ERR_QUEUE_FULL,

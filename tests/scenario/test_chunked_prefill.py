@@ -155,15 +155,22 @@ try:
     # a request the worker has taken in but not yet handed to the engine counts as waiting too
     last_poll = [None]
 
+    seen = []
+
     def queue_full():
-        r = cluster.psql("SELECT running = 8 AND waiting + queued >= 8 FROM pg_stat_cai")
+        r = cluster.psql("SELECT running, waiting, queued, requests_rejected FROM pg_stat_cai")
         last_poll[0] = r
-        return r.rc == 0 and r.out == "t"
+        if r.rc != 0:
+            return False
+        running, waiting, queued, _ = (int(x) for x in r.out.split("|"))
+        if not seen or seen[-1] != r.out:
+            seen.append(r.out)
+        return running == 8 and waiting + queued >= 8
     full = wait_for(queue_full, 60)
     c.check("8 requests run and 8 wait", full is not None,
-            "last poll %r; now %s; finished fillers: %s"
-            % (last_poll[0], q("SELECT running, waiting, queued FROM pg_stat_cai"),
-               [repr(h[0])[:200] for t, h in background[-16:] if h[0]][:2]))
+            "last poll %r; states seen (running|waiting|queued|rejected): %s; fillers failed: %s"
+            % (last_poll[0], seen[:20],
+               [h[0].err[:160] for t, h in background[-16:] if h[0] and h[0].rc != 0][:3]))
 
     probe = ("\\set VERBOSITY verbose\n"
              "DO $$ DECLARE t0 timestamptz := clock_timestamp(); BEGIN "
