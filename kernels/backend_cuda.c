@@ -286,10 +286,14 @@ weight_operand(cuda_backend *cb, const void *host, size_t bytes, const char *wha
 	return weight_dev(cb, host);
 }
 
-/* Copies a host array to the device once; tail_pad zero bytes after it (int8 GEMM row padding). */
+/*
+ * Copies a host array to the device once; tail_pad zero bytes after it (int8 GEMM row padding).
+ * The device copy is found by the host address (weight_dev); src, when not NULL, is what to
+ * upload in its place (a packed matrix's row-major bytes).
+ */
 static cai_status
-register_weight(cuda_backend *cb, const void *host, size_t bytes, size_t tail_pad,
-				const char *what, cai_error *err)
+register_weight_from(cuda_backend *cb, const void *host, const void *src, size_t bytes,
+					 size_t tail_pad, const char *what, cai_error *err)
 {
 	weight_range *w;
 	void	   *dev = NULL;
@@ -312,7 +316,7 @@ register_weight(cuda_backend *cb, const void *host, size_t bytes, size_t tail_pa
 	}
 	if ((st = cai_cuda_malloc(cb->ctx, bytes + tail_pad, what, &dev, err)) != CAI_OK)
 		return st;
-	if ((st = cai_cuda_upload_sync(cb->ctx, dev, host, bytes, err)) != CAI_OK ||
+	if ((st = cai_cuda_upload_sync(cb->ctx, dev, src ? src : host, bytes, err)) != CAI_OK ||
 		(tail_pad > 0 &&
 		 (st = cai_cuda_memset(cb->ctx, (uint8_t *) dev + bytes, 0, tail_pad, err)) != CAI_OK))
 	{
@@ -328,8 +332,22 @@ register_weight(cuda_backend *cb, const void *host, size_t bytes, size_t tail_pa
 }
 
 static cai_status
+register_weight(cuda_backend *cb, const void *host, size_t bytes, size_t tail_pad,
+				const char *what, cai_error *err)
+{
+	return register_weight_from(cb, host, NULL, bytes, tail_pad, what, err);
+}
+
+/*
+ * An int8 matrix: row-major on the device (cuBLASLt's TN layout) whatever its host layout; a
+ * matrix the CPU kernels packed (gemm.h) is unpacked into a temporary row-major copy first.
+ * Row views of it (wq, wk, ...) then resolve to their row-major place on the device.
+ */
+static cai_status
 register_qmatrix(cuda_backend *cb, const cai_qmatrix *m, const char *what, cai_error *err)
 {
+	size_t		bytes = (size_t) m->n_out * m->k;
+	int8_t	   *rows = NULL;
 	cai_status	st;
 
 	if (!m->q)
@@ -338,9 +356,19 @@ register_qmatrix(cuda_backend *cb, const cai_qmatrix *m, const char *what, cai_e
 		return be_fail(err, CAI_ERR_UNSUPPORTED,
 					   "the cuda backend needs weight rows of a multiple of 4 columns (%s has %d)",
 					   what, m->k);
+	for (int i = 0; i < cb->n_weights; i++)
+		if (cb->weights[i].host == (const uint8_t *) m->q)
+			return CAI_OK;		/* uploaded already (a tied head) */
+	if (m->packed)
+	{
+		if (!(rows = malloc(bytes)))
+			return be_fail(err, CAI_ERR_NO_MEMORY, "out of memory unpacking %s for upload", what);
+		cai_qmatrix_unpack(m, rows);
+	}
 	/* up to three zero rows past the end: a GEMM over n_out rounded up to 4 stays in bounds */
-	if ((st = register_weight(cb, m->q, (size_t) m->n_out * m->k, (size_t) 3 * m->k, what,
-							  err)) != CAI_OK)
+	st = register_weight_from(cb, m->q, rows, bytes, (size_t) 3 * m->k, what, err);
+	free(rows);
+	if (st != CAI_OK)
 		return st;
 	return register_weight(cb, m->scale, (size_t) m->n_out * sizeof(float), 3 * sizeof(float),
 						   what, err);

@@ -599,40 +599,47 @@ run_plan(cai_threadpool *pool, convert_plan *p, cai_error *err)
 	return run_plan_col_max(pool, p, NULL, 0, err);
 }
 
-typedef struct prepare_plan
+/* The GEMM operands to pack for the CPU kernels (gemm.h), one pool task each. */
+typedef struct pack_plan
 {
 	cai_qmatrix **mats;
 	int			n;
-} prepare_plan;
+	atomic_int	failed;
+} pack_plan;
 
 static void
-prepare_task(void *arg, int task, int thread)
+pack_task(void *arg, int task, int thread)
 {
-	prepare_plan *p = arg;
+	pack_plan  *p = arg;
 
-	cai_qmatrix_prepare(p->mats[task]);
+	if (!cai_qmatrix_pack(p->mats[task]))
+		atomic_store(&p->failed, 1);
 }
 
-/* Allocates an int8 matrix [n_out, k] with scales and row sums. */
+/* Allocates a row-major int8 matrix [n_out, k] with its scales. */
 static bool
 alloc_qmatrix(cai_model *m, int n_out, int k, cai_qmatrix *out)
 {
 	int8_t	   *q = model_alloc(m, (size_t) n_out * k);
 	float	   *scale = model_alloc(m, (size_t) n_out * sizeof(float));
-	int32_t    *row_sum = model_alloc(m, (size_t) n_out * sizeof(int32_t));
 
-	if (!q || !scale || !row_sum)
+	if (!q || !scale)
 		return false;
 	out->n_out = n_out;
 	out->k = k;
 	out->q = q;
 	out->scale = scale;
-	out->row_sum = row_sum;
-	m->weight_bytes += (size_t) n_out * k + (size_t) n_out * (sizeof(float) + sizeof(int32_t));
+	out->packed = false;
+	m->weight_bytes += (size_t) n_out * k + (size_t) n_out * sizeof(float);
 	return true;
 }
 
-/* Rows [row0, row0 + n) of a matrix as a matrix of their own (sharing memory). */
+/*
+ * Rows [row0, row0 + n) of a matrix as a matrix of their own (sharing memory).  Of a packed
+ * matrix, only a view starting at a multiple of CAI_QMATRIX_PANEL is a CPU GEMM operand; the
+ * others (wk, wv when q_dim is not such a multiple) serve their scales and, for a GPU backend,
+ * their place in the row-major device copy.
+ */
 static cai_qmatrix
 qmatrix_rows(const cai_qmatrix *m, int row0, int n)
 {
@@ -642,8 +649,22 @@ qmatrix_rows(const cai_qmatrix *m, int row0, int n)
 	v.k = m->k;
 	v.q = m->q + (size_t) row0 * m->k;
 	v.scale = m->scale + row0;
-	v.row_sum = m->row_sum + row0;
+	v.packed = m->packed;
 	return v;
+}
+
+/* The layer's views of its fused matrices (again after packing: they copy the flag). */
+static void
+layer_views(cai_layer_weights *w, const cai_config *c)
+{
+	int			q_dim = c->n_heads * c->head_dim;
+	int			kv_dim = c->n_kv_heads * c->head_dim;
+
+	w->wq = qmatrix_rows(&w->wqkv, 0, q_dim);
+	w->wk = qmatrix_rows(&w->wqkv, q_dim, kv_dim);
+	w->wv = qmatrix_rows(&w->wqkv, q_dim + kv_dim, kv_dim);
+	w->w_gate = qmatrix_rows(&w->w_gate_up, 0, c->d_ff);
+	w->w_up = qmatrix_rows(&w->w_gate_up, c->d_ff, c->d_ff);
 }
 
 /* Dequantizes a (validated) vector tensor of n values into float memory owned by the model. */
@@ -870,7 +891,7 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 	float	   *head_wmax = NULL;
 	layer_sources *src = NULL;
 	convert_plan plan;
-	prepare_plan prep = {0};
+	pack_plan	pack = {0};
 	cai_threadpool *pool = NULL;
 	int			n_threads;
 	cai_status	st;
@@ -939,11 +960,7 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 			!alloc_qmatrix(m, 2 * c->d_ff, c->d_model, &w->w_gate_up) ||
 			!alloc_qmatrix(m, c->d_model, c->d_ff, &w->w_down))
 			OOM();
-		w->wq = qmatrix_rows(&w->wqkv, 0, q_dim);
-		w->wk = qmatrix_rows(&w->wqkv, q_dim, kv_dim);
-		w->wv = qmatrix_rows(&w->wqkv, q_dim + kv_dim, kv_dim);
-		w->w_gate = qmatrix_rows(&w->w_gate_up, 0, c->d_ff);
-		w->w_up = qmatrix_rows(&w->w_gate_up, c->d_ff, c->d_ff);
+		layer_views(w, c);
 		if (fref)
 		{
 			if (!(w->f_wq = alloc_floats(m, (size_t) q_dim * c->d_model)) ||
@@ -1034,20 +1051,26 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 							 fref, err)) != CAI_OK)
 		goto done;
 
-	/* row sums for the GEMM kernels */
-	prep.mats = malloc(((size_t) c->n_layers * 4 + 2) * sizeof(cai_qmatrix *));
-	if (!prep.mats)
+	/*
+	 * the GEMM operands packed for the CPU kernels (the embedding is read by rows, and a GPU
+	 * backend unpacks its copy on upload)
+	 */
+	pack.mats = malloc(((size_t) c->n_layers * 4 + 1) * sizeof(cai_qmatrix *));
+	if (!pack.mats)
 		OOM();
-	prep.mats[prep.n++] = &m->tok_embd;
-	prep.mats[prep.n++] = &m->lm_head;
+	pack.mats[pack.n++] = &m->lm_head;
 	for (int l = 0; l < c->n_layers; l++)
 	{
-		prep.mats[prep.n++] = &m->layers[l].wqkv;
-		prep.mats[prep.n++] = &m->layers[l].wo;
-		prep.mats[prep.n++] = &m->layers[l].w_gate_up;
-		prep.mats[prep.n++] = &m->layers[l].w_down;
+		pack.mats[pack.n++] = &m->layers[l].wqkv;
+		pack.mats[pack.n++] = &m->layers[l].wo;
+		pack.mats[pack.n++] = &m->layers[l].w_gate_up;
+		pack.mats[pack.n++] = &m->layers[l].w_down;
 	}
-	cai_threadpool_run(pool, prepare_task, &prep, prep.n);
+	cai_threadpool_run(pool, pack_task, &pack, pack.n);
+	if (atomic_load(&pack.failed))
+		OOM();
+	for (int l = 0; l < c->n_layers; l++)
+		layer_views(&m->layers[l], c);
 
 	/* the tied head's float reference is the embedding */
 	if (!t_out)
@@ -1062,7 +1085,7 @@ done:
 	free(plan.scratch);
 	free(plan.col_max);
 	free(head_wmax);
-	free(prep.mats);
+	free(pack.mats);
 	free(src);
 	return st;
 }

@@ -19,28 +19,29 @@
  * Every figure is the best of many ~1 ms batches, so that time lost to other processes counts
  * as little as possible.
  *
- * Results on the development machine (2-core AMD EPYC Zen 4 VM, 3.7 GHz, AVX-512 VNNI; the
- * machine was shared with other busy processes, so the 2-thread figures are best-of-runs and
- * still noisy).  Peak: one 512-bit vpdpbusd per cycle per core = 64 multiply-adds = 128 ops,
- * 3.7 GHz x 128 = 473 GOPS per core (the loop measures 473), 946 GOPS for both cores.
+ * Results on the development machine (2-core AMD EPYC Zen 4 VM, 3.7 GHz, AVX-512 VNNI),
+ * 2026-11-21, panel-packed weights (gemm.h).  Peak: one 512-bit vpdpbusd per cycle per core =
+ * 64 multiply-adds = 128 ops, 3.7 GHz x 128 = 473 GOPS per core (the loop measures 473), 946
+ * GOPS for both cores.  The machine is a shared VM: runs vary by 10-20%.
  *
  *   shape (k -> n_out)       n_tok=1 (GB/s)   n_tok=8       n_tok=32      n_tok=512
- *   576 -> 576,  1 thread     22.9             369 GOPS      372 GOPS      363 GOPS
- *   576 -> 192,  1 thread     20.4             369           375           369
- *   576 -> 1536, 1 thread     23.3             362           369           361
- *   1536 -> 576, 1 thread     25.2             401           403           404
- *   576 -> 49152, 1 thread    24.5             341           348           -
- *   576 -> 576,  2 threads    19.8             629           648           -
- *   576 -> 192,  2 threads    16.8             663           704           725
- *   576 -> 1536, 2 threads    34.4             503           632           594
- *   1536 -> 576, 2 threads    37.4             655           725           799
- *   576 -> 49152, 2 threads   44.3             681           666           -
+ *   576 -> 576,  1 thread     23.0             421 GOPS      413 GOPS      408 GOPS
+ *   576 -> 192,  1 thread     22.5             417           413           410
+ *   576 -> 1536, 1 thread     23.5             419           413           402
+ *   1536 -> 576, 1 thread     24.4             438           432           427
+ *   576 -> 49152, 1 thread    23.6             387           357           -
+ *   576 -> 576,  2 threads    30.2             724           741           821
+ *   576 -> 192,  2 threads    24.4             708           786           813
+ *   576 -> 1536, 2 threads    35.4             811           812           818
+ *   1536 -> 576, 2 threads    33.9             773           775           855
+ *   576 -> 49152, 2 threads   35.7             802           750           -
  *
- * ("-": not run for the LM head; for 576 -> 576 at 512 tokens, no run escaped the other load.)
- * So batched and prefill products run at 76-85% of the core's peak on one thread (the rest is
- * the horizontal reduction and the epilogue) and up to ~85% of the two cores' peak; one-token
- * products stream weights at 20-25 GB/s per core and 34-44 GB/s on two.  A whole decode step's
- * matrices (134 MB) take 5.6 ms on one thread (24 GB/s, ~180 tokens/s for the GEMMs alone).
+ * ("-": not run for the LM head.)  So batched and prefill products run at 85-92% of the core's
+ * peak on one thread and 80-90% of the two cores' (the row-major kernel this layout replaced,
+ * with its transposing reductions, measured 360-400 GOPS per core); one-token products stream
+ * weights at 22-24 GB/s per core and 30-36 GB/s on two.  A whole decode step's matrices (134
+ * MB) take 3.7 ms on two threads (36.6 GB/s, 272 tokens/s for the GEMMs alone) and 12.8 ms at
+ * 32 tokens (2498 tokens/s): 9.2x, the ceiling of the engine's batch-32 over batch-1 ratio.
  */
 #include <stdbool.h>
 #include <stdint.h>
@@ -103,8 +104,12 @@ make_matrix(cai_qmatrix *m, int n_out, int k)
 	m->k = k;
 	m->q = q;
 	m->scale = s;
-	m->row_sum = xmalloc(sizeof(int32_t) * n_out);
-	cai_qmatrix_prepare(m);
+	m->packed = false;
+	if (!cai_qmatrix_pack(m))
+	{
+		fprintf(stderr, "out of memory\n");
+		exit(1);
+	}
 }
 
 static void
@@ -112,7 +117,6 @@ free_matrix(cai_qmatrix *m)
 {
 	free((void *) m->q);
 	free((void *) m->scale);
-	free(m->row_sum);
 }
 
 typedef struct shape

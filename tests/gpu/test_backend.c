@@ -74,13 +74,12 @@ synth_qmatrix(synth_model *s, gpu_rng *r, int n_out, int k, cai_qmatrix *m)
 	m->k = k;
 	m->q = synth_alloc(s, (size_t) n_out * k);
 	m->scale = synth_alloc(s, (size_t) n_out * sizeof(float));
-	m->row_sum = synth_alloc(s, (size_t) n_out * sizeof(int32_t));
-	if (!m->q || !m->scale || !m->row_sum)
+	m->packed = false;			/* row-major: the CPU side runs its portable kernel */
+	if (!m->q || !m->scale)
 		return false;
 	gpu_fill_i8(r, (int8_t *) m->q, (size_t) n_out * k);
 	gpu_fill_f32(r, (float *) m->scale, (size_t) n_out, 0.5f / (127.0f * sqrtf((float) k)),
 				 1.5f / (127.0f * sqrtf((float) k)));
-	cai_qmatrix_prepare(m);
 	return true;
 }
 
@@ -93,7 +92,6 @@ synth_view(const cai_qmatrix *m, int row0, int n)
 	v.n_out = n;
 	v.q = m->q + (size_t) row0 * m->k;
 	v.scale = m->scale + row0;
-	v.row_sum = m->row_sum + row0;
 	return v;
 }
 

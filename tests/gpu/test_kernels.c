@@ -28,7 +28,6 @@ typedef struct host_qmatrix
 	cai_qmatrix m;
 	int8_t	   *q;
 	float	   *scale;
-	int32_t    *row_sum;
 } host_qmatrix;
 
 static bool
@@ -36,8 +35,7 @@ host_qmatrix_make(gpu_rng *r, int n_out, int k, host_qmatrix *h)
 {
 	h->q = malloc((size_t) n_out * k);
 	h->scale = malloc((size_t) n_out * sizeof(float));
-	h->row_sum = malloc((size_t) n_out * sizeof(int32_t));
-	if (!h->q || !h->scale || !h->row_sum)
+	if (!h->q || !h->scale)
 		return false;
 	gpu_fill_i8(r, h->q, (size_t) n_out * k);
 	gpu_fill_f32(r, h->scale, (size_t) n_out, 1e-4f, 2e-2f);
@@ -45,8 +43,7 @@ host_qmatrix_make(gpu_rng *r, int n_out, int k, host_qmatrix *h)
 	h->m.k = k;
 	h->m.q = h->q;
 	h->m.scale = h->scale;
-	h->m.row_sum = h->row_sum;
-	cai_qmatrix_prepare(&h->m);
+	h->m.packed = false;		/* row-major, as uploaded; the CPU reference runs unpacked */
 	return true;
 }
 
@@ -55,7 +52,6 @@ host_qmatrix_free(host_qmatrix *h)
 {
 	free(h->q);
 	free(h->scale);
-	free(h->row_sum);
 }
 
 TEST(gpu_gemm_i8_accumulators_exact)

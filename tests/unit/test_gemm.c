@@ -83,15 +83,17 @@ typedef struct i8_problem
 				n_out;
 	int8_t	   *x;
 	float	   *xs;
-	int8_t	   *wq;
+	int8_t	   *wrow;			/* the weights row-major: the reference's */
+	int8_t	   *wq;				/* the matrix's bytes (packed unless asked otherwise) */
 	float	   *ws;
-	int32_t    *rs;
 	float	   *bias;
 	cai_qmatrix m;
 } i8_problem;
 
+/* A random problem; its matrix packed for the fast kernels unless row_major. */
 static bool
-i8_problem_make(i8_problem *p, int n_tok, int k, int n_out, uint64_t seed, bool extreme)
+i8_problem_make_layout(i8_problem *p, int n_tok, int k, int n_out, uint64_t seed, bool extreme,
+					   bool row_major)
 {
 	memset(p, 0, sizeof(*p));
 	p->n_tok = n_tok;
@@ -99,16 +101,17 @@ i8_problem_make(i8_problem *p, int n_tok, int k, int n_out, uint64_t seed, bool 
 	p->n_out = n_out;
 	p->x = malloc((size_t) n_tok * k);
 	p->xs = malloc(sizeof(float) * n_tok);
+	p->wrow = malloc((size_t) n_out * k);
 	p->wq = malloc((size_t) n_out * k);
 	p->ws = malloc(sizeof(float) * n_out);
-	p->rs = malloc(sizeof(int32_t) * n_out);
 	p->bias = malloc(sizeof(float) * n_out);
-	if (!p->x || !p->xs || !p->wq || !p->ws || !p->rs || !p->bias)
+	if (!p->x || !p->xs || !p->wrow || !p->wq || !p->ws || !p->bias)
 		return false;
 	for (size_t i = 0; i < (size_t) n_tok * k; i++)
 		p->x[i] = extreme ? (i % 3 ? -127 : 127) : rng_i8(&seed);
 	for (size_t i = 0; i < (size_t) n_out * k; i++)
-		p->wq[i] = extreme ? ((i / 7) % 2 ? -127 : 127) : rng_i8(&seed);
+		p->wrow[i] = extreme ? ((i / 7) % 2 ? -127 : 127) : rng_i8(&seed);
+	memcpy(p->wq, p->wrow, (size_t) n_out * k);
 	for (int t = 0; t < n_tok; t++)
 		p->xs[t] = (t % 5 == 4) ? 0.0f : 1e-3f * (1.0f + 3.0f * rng_uniform(&seed));
 	for (int o = 0; o < n_out; o++)
@@ -116,9 +119,14 @@ i8_problem_make(i8_problem *p, int n_tok, int k, int n_out, uint64_t seed, bool 
 		p->ws[o] = 1e-2f * (0.5f + rng_uniform(&seed));
 		p->bias[o] = rng_uniform(&seed) - 0.5f;
 	}
-	p->m = (cai_qmatrix) {n_out, k, p->wq, p->ws, p->rs};
-	cai_qmatrix_prepare(&p->m);
-	return true;
+	p->m = (cai_qmatrix) {n_out, k, p->wq, p->ws, false};
+	return row_major || cai_qmatrix_pack(&p->m);
+}
+
+static bool
+i8_problem_make(i8_problem *p, int n_tok, int k, int n_out, uint64_t seed, bool extreme)
+{
+	return i8_problem_make_layout(p, n_tok, k, n_out, seed, extreme, false);
 }
 
 static void
@@ -126,9 +134,9 @@ i8_problem_free(i8_problem *p)
 {
 	free(p->x);
 	free(p->xs);
+	free(p->wrow);
 	free(p->wq);
 	free(p->ws);
-	free(p->rs);
 	free(p->bias);
 }
 
@@ -146,7 +154,7 @@ i8_mismatches(const i8_problem *p, const float *out, const float *prev, int ldo,
 			float		want;
 
 			for (int i = 0; i < p->k; i++)
-				acc += (int64_t) p->x[(size_t) t * p->k + i] * p->wq[(size_t) o * p->k + i];
+				acc += (int64_t) p->x[(size_t) t * p->k + i] * p->wrow[(size_t) o * p->k + i];
 			want = ref_epilogue(prev[(size_t) t * ldo + o], acc, p->xs[t], p->ws[o],
 								bias ? p->bias : NULL, o, accumulate);
 			if (memcmp(&want, &out[(size_t) t * ldo + o], sizeof(float)) != 0)
@@ -155,32 +163,63 @@ i8_mismatches(const i8_problem *p, const float *out, const float *prev, int ldo,
 	return bad;
 }
 
-TEST(gemm_qmatrix_prepare_row_sums)
+/*
+ * Packing: every byte lands where the layout says (a hand-computed position in a full and in
+ * the partial last panel, stored biased), and reading rows back gives the original matrix.
+ */
+TEST(gemm_qmatrix_pack_layout_round_trip)
 {
-	int8_t		q[3 * 8] = {1, 2, 3, 4, 5, 6, 7, 8,
-		-127, -127, -127, -127, -127, -127, -127, -127,
-	0, 0, 0, 0, 127, 0, 0, -1};
-	float		s[3] = {1, 1, 1};
-	int32_t		rs[3];
-	cai_qmatrix m = {3, 8, q, s, rs};
+	enum {N = 37, K = 12};			/* two full panels and one of 5 channels */
+	int8_t		orig[N * K],
+				q[N * K],
+				row[K];
+	float		s[N];
+	cai_qmatrix m;
+	uint64_t	seed = 3;
 
-	cai_qmatrix_prepare(&m);
-	CHECK_EQ_INT(rs[0], 36);
-	CHECK_EQ_INT(rs[1], -1016);
-	CHECK_EQ_INT(rs[2], 126);
+	for (int i = 0; i < N * K; i++)
+		orig[i] = i == 0 ? -127 : rng_i8(&seed);
+	memcpy(q, orig, sizeof(q));
+	for (int o = 0; o < N; o++)
+		s[o] = 1.0f;
+	m = (cai_qmatrix) {N, K, q, s, false};
+	CHECK(cai_qmatrix_pack(&m) && m.packed);
+	/* channel 3, inputs 4..7 (step 1) of panel 0: offset 1 * 64 + 3 * 4 */
+	for (int b = 0; b < 4; b++)
+		CHECK_EQ_INT((uint8_t) q[64 + 12 + b], (uint8_t) orig[3 * K + 4 + b] ^ 0x80);
+	/* channel 34 (c = 2 of the 5-wide last panel), step 2: 32 * K + 2 * 20 + 2 * 4 */
+	for (int b = 0; b < 4; b++)
+		CHECK_EQ_INT((uint8_t) q[32 * K + 40 + 8 + b], (uint8_t) orig[34 * K + 8 + b] ^ 0x80);
+	CHECK_EQ_INT((uint8_t) q[0], 0x01);	/* -127 biased */
+	for (int o = 0; o < N; o++)
+	{
+		cai_qmatrix_row(&m, o, row);
+		CHECK(memcmp(row, orig + o * K, K) == 0);
+	}
+	{
+		int8_t		all[N * K];
+
+		cai_qmatrix_unpack(&m, all);
+		CHECK(memcmp(all, orig, sizeof(all)) == 0);
+	}
+	/* packing twice is a no-op */
+	CHECK(cai_qmatrix_pack(&m));
+	cai_qmatrix_row(&m, 36, row);
+	CHECK(memcmp(row, orig + 36 * K, K) == 0);
 }
 
 /*
  * Every available path, odd shapes (k a multiple of 4 but not of 64, channels not a multiple of
  * any block), with and without bias, store and accumulate, padded output rows; must equal the
  * int64 reference exactly.  The "extreme" data (all +-127) drives the AVX2 sign trick and the
- * VNNI offset correction to their limits.
+ * VNNI offset correction to their limits.  Some matrices stay row-major (the portable kernel
+ * every path falls back to for them).
  */
 TEST(gemm_i8_exact_every_isa)
 {
-	static const int toks[] = {1, 3, 17, 64};
+	static const int toks[] = {1, 3, 17, 64, 70};
 	static const int ks[] = {36, 64, 580};
-	static const int outs[] = {1, 7, 130};
+	static const int outs[] = {1, 7, 48, 130};
 	const char *orig = saved_isa();
 	cai_threadpool *pool = cai_threadpool_create(2);
 	uint64_t	seed = 7;
@@ -192,9 +231,9 @@ TEST(gemm_i8_exact_every_isa)
 		if (!cai_cpu_force_isa(all_isas[isa]))
 			continue;
 		tested_isas++;
-		for (int a = 0; a < 4; a++)
+		for (int a = 0; a < 5; a++)
 			for (int b = 0; b < 3; b++)
-				for (int c = 0; c < 3; c++)
+				for (int c = 0; c < 4; c++)
 				{
 					i8_problem p;
 					int			ldo = outs[c] + 3;
@@ -205,16 +244,18 @@ TEST(gemm_i8_exact_every_isa)
 					bool		bias = mode & 1;
 					bool		accumulate = mode & 2;
 					bool		extreme = (a + b + c) % 3 == 0;
+					bool		row_major = (a + 2 * b + c) % 5 == 0;
 
-					CHECK(out && prev && i8_problem_make(&p, toks[a], ks[b], outs[c],
-														  seed++, extreme));
+					CHECK(out && prev && i8_problem_make_layout(&p, toks[a], ks[b], outs[c],
+																 seed++, extreme, row_major));
 					for (size_t i = 0; i < n_out_f; i++)
 						prev[i] = out[i] = rng_uniform(&seed);
 					cai_gemm_i8((a & 1) ? pool : NULL, p.x, p.xs, p.n_tok, &p.m,
 								bias ? p.bias : NULL, out, ldo, accumulate);
 					CHECK_MSG(i8_mismatches(&p, out, prev, ldo, bias, accumulate) == 0,
-							  "isa %s n_tok %d k %d n_out %d bias %d acc %d",
-							  all_isas[isa], toks[a], ks[b], outs[c], bias, accumulate);
+							  "isa %s n_tok %d k %d n_out %d bias %d acc %d row-major %d",
+							  all_isas[isa], toks[a], ks[b], outs[c], bias, accumulate,
+							  row_major);
 					/* the padding between rows is untouched */
 					for (int t = 0; t < p.n_tok; t++)
 						for (int o = p.n_out; o < ldo; o++)
@@ -419,11 +460,10 @@ TEST(gemm_i8_close_to_f32)
 	int8_t	   *wq = malloc((size_t) N * K);
 	float		xs[T],
 				ws[N];
-	int32_t		rs[N];
 	float	   *yf = malloc(sizeof(float) * T * N);
 	float	   *yq = malloc(sizeof(float) * T * N);
 	uint64_t	seed = 2024;
-	cai_qmatrix m = {N, K, wq, ws, rs};
+	cai_qmatrix m = {N, K, wq, ws, false};
 
 	CHECK(x && w && xq && wq && yf && yq);
 	for (int i = 0; i < T * K; i++)
@@ -432,7 +472,7 @@ TEST(gemm_i8_close_to_f32)
 		w[i] = 0.05f * rng_gauss(&seed);
 	/* weights quantized per channel the same way activations are per token */
 	cai_quantize_act_i8(w, N, K, wq, ws);
-	cai_qmatrix_prepare(&m);
+	CHECK(cai_qmatrix_pack(&m));
 	for (int isa = 0; isa < N_ISAS; isa++)
 	{
 		double		num = 0,

@@ -60,31 +60,32 @@ load_config(const synth_model_config *cfg, bool fref, cai_model **model, cai_err
 }
 
 /*
- * Every int8 row, dequantized, is within half a step of the source row with its columns
- * multiplied by col (NULL: 1), and its row sum is right.
+ * Every int8 row (read through the matrix's layout), dequantized, is within half a step of the
+ * source row with its columns multiplied by col (NULL: 1).
  */
 static bool
 qmatrix_matches_scaled(const cai_qmatrix *m, int row0, const float *f, int n_rows,
 					   const float *col)
 {
-	for (int r = 0; r < n_rows; r++)
+	int8_t	   *q = malloc(m->k);
+	bool		ok = q != NULL;
+
+	for (int r = 0; ok && r < n_rows; r++)
 	{
 		float		s = m->scale[row0 + r];
-		int32_t		sum = 0;
 
+		cai_qmatrix_row(m, row0 + r, q);
 		for (int i = 0; i < m->k; i++)
 		{
-			float		deq = m->q[(size_t) (row0 + r) * m->k + i] * s;
+			float		deq = q[i] * s;
 			float		want = f[(size_t) r * m->k + i] * (col ? col[i] : 1.0f);
 
 			if (fabsf(deq - want) > 0.5001f * s + 1e-7f)
-				return false;
-			sum += m->q[(size_t) (row0 + r) * m->k + i];
+				ok = false;
 		}
-		if (sum != m->row_sum[row0 + r])
-			return false;
 	}
-	return true;
+	free(q);
+	return ok;
 }
 
 static bool
@@ -131,25 +132,24 @@ rotation_well_formed(const cai_rotation *rot, int n)
 
 /*
  * One int8 row is the quantization of the source row times col[] (NULL: 1) times row_mul,
- * rotated block by block: the same int8 values, and a scale that is the expected one times
- * scale_ratio (the up rows' pow2 factors are checked by the caller through it).
+ * rotated block by block: the same int8 values (q and have: k bytes of scratch each), and a
+ * scale that is the expected one times scale_ratio (the up rows' pow2 factors are checked by
+ * the caller through it).
  */
 static bool
 row_is(const cai_qmatrix *m, int r, const float *src, const float *col, float row_mul,
-	   const cai_rotation *rot, float *tmp, int8_t *q, float *scale_out)
+	   const cai_rotation *rot, float *tmp, int8_t *q, int8_t *have, float *scale_out)
 {
 	float		scale;
-	int32_t		sum = 0;
 
 	for (int i = 0; i < m->k; i++)
 		tmp[i] = src[i] * (col ? col[i] : 1.0f) * row_mul;
 	for (int b = 0; b < m->k; b += rot->n)
 		cai_op_rotate_vec(rot, tmp + b);
 	cai_quantize_row_i8(tmp, m->k, q, &scale);
-	for (int i = 0; i < m->k; i++)
-		sum += m->q[(size_t) r * m->k + i];
+	cai_qmatrix_row(m, r, have);
 	*scale_out = scale;
-	return memcmp(q, m->q + (size_t) r * m->k, m->k) == 0 && sum == m->row_sum[r];
+	return memcmp(q, have, m->k) == 0;
 }
 
 static bool
@@ -157,15 +157,15 @@ rows_are(const cai_qmatrix *m, int row0, const float *f, int n_rows, const float
 		 const cai_rotation *rot)
 {
 	float	   *tmp = malloc(sizeof(float) * m->k);
-	int8_t	   *q = malloc(m->k);
-	bool		ok = true;
+	int8_t	   *q = malloc(2 * (size_t) m->k);
+	bool		ok = tmp && q;
 
 	for (int r = 0; r < n_rows && ok; r++)
 	{
 		float		scale;
 
-		ok = row_is(m, row0 + r, f + (size_t) r * m->k, col, 1.0f, rot, tmp, q, &scale) &&
-			scale == m->scale[row0 + r];
+		ok = row_is(m, row0 + r, f + (size_t) r * m->k, col, 1.0f, rot, tmp, q, q + m->k,
+					&scale) && scale == m->scale[row0 + r];
 	}
 	free(tmp);
 	free(q);
@@ -195,7 +195,7 @@ layer_conversion_exact(const cai_model *model, int l)
 	float	   *tmp = malloc(sizeof(float) * (c->d_ff > d ? c->d_ff : d));
 	float	   *wv = malloc(sizeof(float) * kv_dim * d);
 	float	   *col = malloc(sizeof(float) * hd);
-	int8_t	   *q = malloc(c->d_ff > d ? c->d_ff : d);
+	int8_t	   *q = malloc(2 * (size_t) (c->d_ff > d ? c->d_ff : d));
 	bool		ok = true;
 
 	for (int j = 0; j < d; j++)
@@ -241,7 +241,7 @@ layer_conversion_exact(const cai_model *model, int l)
 		float		scale;
 
 		ok = row_is(&w->w_gate_up, c->d_ff + r, w->f_up + (size_t) r * d, s_ffn, 1.0f,
-					&model->rot_model, tmp, q, &scale);
+					&model->rot_model, tmp, q, q + d, &scale);
 		t[r] = scale / w->w_up.scale[r];
 		ok = ok && is_power_of_two(t[r]);
 	}

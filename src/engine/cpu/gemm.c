@@ -21,6 +21,7 @@
 #include <math.h>
 #include <stdatomic.h>
 #include <stddef.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__)
@@ -195,19 +196,46 @@ cai_cpu_force_isa(const char *name)
  * Weight preparation and activation quantization
  * --------------------------------------------------------------------------------------- */
 
-/* Fills row_sum, the per-channel sum of the int8 weights (VNNI's offset correction). */
-void
-cai_qmatrix_prepare(cai_qmatrix *m)
+/*
+ * The panel layout (gemm.h).  Panel p holds channels [16p, 16p + r) (r = 16 but for a last
+ * partial panel) in the bytes their rows occupy row-major, so packing permutes each panel in
+ * place and a view of rows starting at a multiple of 16 is a packed matrix too.  Within the
+ * panel, step g (inputs 4g..4g+3) is 4 * r bytes: channel c's 4 inputs at 4 * c, each biased
+ * (w ^ 0x80).
+ */
+static inline int
+panel_width(const cai_qmatrix *m, int p)
 {
-	for (int o = 0; o < m->n_out; o++)
-	{
-		const int8_t *row = m->q + (size_t) o * m->k;
-		int32_t		sum = 0;
+	return cai_qmatrix_panel_width(m, p);
+}
 
-		for (int i = 0; i < m->k; i++)
-			sum += row[i];
-		m->row_sum[o] = sum;
+/* Packs a row-major matrix in place (gemm.h). */
+bool
+cai_qmatrix_pack(cai_qmatrix *m)
+{
+	const int	k = m->k;
+	int8_t	   *rows;
+
+	if (m->packed || m->n_out <= 0 || k <= 0 || k % 4 != 0)
+		return true;			/* nothing to do, or stays row-major (the generic kernel) */
+	rows = malloc((size_t) CAI_QMATRIX_PANEL * k);
+	if (!rows)
+		return false;
+	for (int p = 0; p * CAI_QMATRIX_PANEL < m->n_out; p++)
+	{
+		int			r = panel_width(m, p);
+		uint8_t    *base = (uint8_t *) m->q + (size_t) p * CAI_QMATRIX_PANEL * k;
+
+		memcpy(rows, base, (size_t) r * k);
+		for (int g = 0; g < k / 4; g++)
+			for (int c = 0; c < r; c++)
+				for (int b = 0; b < 4; b++)
+					base[(size_t) g * 4 * r + 4 * c + b] =
+						(uint8_t) rows[(size_t) c * k + 4 * g + b] ^ 0x80;
 	}
+	free(rows);
+	m->packed = true;
+	return true;
 }
 
 /*
@@ -302,9 +330,9 @@ typedef struct gemm_f32_job
 typedef void (*gemm_i8_kernel) (const gemm_i8_job *j, int t0, int t1, int o0, int o1);
 typedef void (*gemm_f32_kernel) (const gemm_f32_job *j, int t0, int t1, int o0, int o1);
 
-/* Portable int8 kernel: one int32 dot product per output, then the epilogue. */
+/* Portable int8 kernel for row-major matrices: one int32 dot product per output. */
 static void
-gemm_i8_generic(const gemm_i8_job *j, int t0, int t1, int o0, int o1)
+gemm_i8_rowmajor(const gemm_i8_job *j, int t0, int t1, int o0, int o1)
 {
 	int			k = j->w->k;
 
@@ -321,6 +349,37 @@ gemm_i8_generic(const gemm_i8_job *j, int t0, int t1, int o0, int o1)
 				acc += (int32_t) x[i] * w[i];
 			gemm_epilogue(j->out + (size_t) t * j->ldo + o, acc, j->xs[t], j->w->scale[o],
 						  j->bias, o, j->accumulate);
+		}
+	}
+}
+
+/* Portable int8 kernel over the panel layout: 16 int32 sums per token and panel. */
+static void
+gemm_i8_generic(const gemm_i8_job *j, int t0, int t1, int o0, int o1)
+{
+	const int	k = j->w->k;
+
+	for (int o = o0; o < o1; o += CAI_QMATRIX_PANEL)
+	{
+		int			r = panel_width(j->w, o / CAI_QMATRIX_PANEL);
+		const uint8_t *base = (const uint8_t *) j->w->q + (size_t) o * k;
+
+		for (int t = t0; t < t1; t++)
+		{
+			const int8_t *x = j->xq + (size_t) t * k;
+			int32_t		acc[CAI_QMATRIX_PANEL] = {0};
+
+			for (int g = 0; g < k / 4; g++)
+			{
+				const uint8_t *wg = base + (size_t) g * 4 * r;
+
+				for (int c = 0; c < r; c++)
+					for (int b = 0; b < 4; b++)
+						acc[c] += (int32_t) x[4 * g + b] * (int8_t) (wg[4 * c + b] ^ 0x80);
+			}
+			for (int c = 0; c < r; c++)
+				gemm_epilogue(j->out + (size_t) t * j->ldo + o + c, acc[c], j->xs[t],
+							  j->w->scale[o + c], j->bias, o + c, j->accumulate);
 		}
 	}
 }
@@ -372,502 +431,398 @@ gemm_f32_generic(const gemm_f32_job *j, int t0, int t1, int o0, int o1)
 }
 
 /* ---------------------------------------------------------------------------------------
- * AVX-512 VNNI
+ * AVX-512 VNNI over the panel layout
  *
- * vpdpbusd multiplies unsigned bytes by signed bytes.  Activations are made unsigned by
- * flipping their top bit (x ^ 0x80 == x + 128 as an unsigned byte), so each lane accumulates
- * sum (x + 128) * w = sum x * w + 128 * row_sum; the correction is subtracted after the
- * reduction.  The arithmetic wraps modulo 2^32, so the result is exact whenever the true dot
- * product fits in int32 (|k| * 127 * 127 < 2^31, i.e. k < 133,000).
+ * vpdpbusd multiplies unsigned bytes by signed bytes, summing groups of 4 into int32 lanes.
+ * The packed weights are stored biased (w ^ 0x80 == w + 128 as an unsigned byte), so one
+ * 64-byte load is 16 channels x 4 inputs of unsigned operands, and the 4 activation bytes of
+ * one token broadcast to every lane are the signed ones: lane c accumulates
+ * sum (w + 128) * x = sum w * x + 128 * sum x, and the token's sum of x (xsum, computed once
+ * per task) is subtracted in the epilogue.  No horizontal reduction: each accumulator already
+ * holds 16 channels' dot products.  The arithmetic wraps modulo 2^32, so the result is exact
+ * whenever every partial sum fits (k * 255 * 127 < 2^31, i.e. k < 66,000).
  *
- * Tiles are NT tokens x NR channels (NT * NR <= 16 accumulators), fully unrolled for constant
- * NT and NR; one 64-byte step loads NT activation vectors and NR weight vectors and issues
- * NT * NR dot-product instructions.  The NT * NR accumulators are reduced together by a
- * transposing tree into one vector of sums, and full tiles run the epilogue on that vector.
- * One token (decode) uses 1 x 16 tiles: 16 weight rows streamed against one activation row.
- * Batches use 4 x 4 tiles: each weight row loaded serves 4 tokens from registers, and the
- * 4 rows (4 * k bytes) stay in L1 while the kernel runs over all the task's tokens.
+ * Tiles are NT tokens x NB panels (NT <= 4, NB <= VNNI_GROUP_PANELS), fully unrolled for
+ * constant NT and NB.  Each 4-input step loads NB weight vectors and NT broadcasts and issues
+ * NT * NB vpdpbusd.  A group of VNNI_GROUP_PANELS panels stays in L1 while the kernel runs over
+ * all the task's tokens, and its token tiles share the prefetching of the next group (each a
+ * slice of it, so that the memory stays busy when a few tokens make the product memory-bound,
+ * as at 8 tokens).  One token (decode) is the NT = 1 case, streaming the group's panels.
  *
  * Measured on the 2-core EPYC (Zen 4, 3.7 GHz, one 512-bit vpdpbusd per cycle per core: peak
- * 473 int8 GOPS per core): 4 x 4 tiles reach 360-400 GOPS per core (k = 576 to 1536, 76-85% of
- * peak; the rest is the reduction and epilogue, ~3 shuffles per output against k / 64
- * vpdpbusd); decode streams weights at 20-25 GB/s per core, the memory's pace.
+ * 473 int8 GOPS per core), against the row-major 4 x 4 dot-product tiles with a transposing
+ * reduction this replaced: bench_gemm 10-18% more GOPS per core on the layers' shapes (e.g.
+ * 576 -> 576 at 32 tokens 368 -> 425), and in `cai bench` on SmolLM2 with 2 threads prefill
+ * 1950 -> 2120 tokens/s, batch-1 decode 225 -> 254, batch-32 1690 -> 1735 (alternating runs).
  * --------------------------------------------------------------------------------------- */
 #if defined(__x86_64__)
 
 #define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
 #define TARGET_AVX2 __attribute__((target("avx2,fma")))
+
 /*
- * Software prefetch of weight rows ahead of use.  Weights are streamed from DRAM once per call
+ * Software prefetch of weights ahead of use.  Weights are streamed from DRAM once per call
  * (the model is far bigger than the caches), and the hardware prefetcher alone leaves a core at
  * about half of the bandwidth it can pull: prefetching into L2 (T1; the L2 can track more misses
- * than L1) one block ahead measured about 1.8x the single-thread decode bandwidth of no prefetch
- * or of prefetching into L1 on the 2-core EPYC (Zen 4) this was tuned on.
- *   PF_DECODE_ROWS: rows ahead in the one-token kernel (one 16-row block);
- *   PF_BATCH_ROWS: rows ahead in the batched kernel (four 4-row groups).
+ * than L1) one tile group ahead measured about 1.8x the single-thread decode bandwidth of no
+ * prefetch or of prefetching into L1 on the 2-core EPYC (Zen 4) this was tuned on.
  */
 #define PF_HINT _MM_HINT_T1
-#define PF_DECODE_ROWS 16
-#define PF_BATCH_ROWS 16
 
 /*
- * Sums each of 16 vectors' lanes: result lane j = sum of v[j]'s 16 lanes.  Pairs are combined
- * with 32-bit then 64-bit interleaves, then 128-bit blocks are transposed and added.
+ * Panels per group: 2 (32 channels, 18 KB of weights at k = 576, which L1 keeps beside the
+ * activations).  Groups of 3 or 4 panels issue fewer loads per vpdpbusd but spill to L2: in
+ * `cai bench` they measured 4-8% slower prefill.
  */
-static inline __attribute__((always_inline)) TARGET_AVX512 __m512i
-hsum16_epi32(const __m512i *v)
-{
-	__m512i		l1[8],
-				l2[4],
-				l3[2];
+#define VNNI_GROUP_PANELS 2
 
-	for (int i = 0; i < 8; i++)
-		l1[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
-								 _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
-	/* l1[i] per 128-bit block: a02 b02 a13 b13 (a = v[2i], b = v[2i+1]) */
-	for (int i = 0; i < 4; i++)
-		l2[i] = _mm512_add_epi32(_mm512_unpacklo_epi64(l1[2 * i], l1[2 * i + 1]),
-								 _mm512_unpackhi_epi64(l1[2 * i], l1[2 * i + 1]));
-	/* l2[i] per 128-bit block: partial sums of v[4i], v[4i+1], v[4i+2], v[4i+3] */
-	for (int i = 0; i < 2; i++)
-		l3[i] = _mm512_add_epi32(_mm512_shuffle_i32x4(l2[2 * i], l2[2 * i + 1], 0x88),
-								 _mm512_shuffle_i32x4(l2[2 * i], l2[2 * i + 1], 0xDD));
-	/*
-	 * l3[i] blocks: v[8i..8i+3] summed over source blocks 0-1, the same over blocks 2-3, then
-	 * v[8i+4..8i+7] over blocks 0-1 and over blocks 2-3; the last step adds the halves.
-	 */
-	return _mm512_add_epi32(_mm512_shuffle_i32x4(l3[0], l3[1], 0x88),
-							_mm512_shuffle_i32x4(l3[0], l3[1], 0xDD));
-}
+/* Tokens per xsum batch (a task's token block is at most 64, see plan_split). */
+#define XSUM_TOKENS 64
 
-/*
- * One NT x NR tile: tokens t..t+NT-1, channels o..o+NR-1, the whole of k.  Returns the exact
- * int32 dot products, lane tt * NR + r (lanes past NT * NR are zero).  If pf is not NULL, the
- * NR rows at pf (same k) are prefetched along the way, one cache line per weight load: the
- * next rows this thread will stream.
- */
-static inline __attribute__((always_inline)) TARGET_AVX512 __m512i
-vnni_tile(const int8_t *x, const int8_t *w, const int32_t *row_sum, int k, int NT, int NR,
-		  const int8_t *pf)
-{
-	__m512i		acc[16];
-	const __m512i flip = _mm512_set1_epi8((char) 0x80);
-	int32_t		corr[16] = {0};
-	int			i;
-
-	for (int a = 0; a < 16; a++)
-		acc[a] = _mm512_setzero_si512();
-	for (i = 0; i + 64 <= k; i += 64)
-	{
-		__m512i		xu[4];
-
-		for (int tt = 0; tt < NT; tt++)
-			xu[tt] = _mm512_xor_si512(_mm512_loadu_si512(x + (size_t) tt * k + i), flip);
-		for (int r = 0; r < NR; r++)
-		{
-			__m512i		wv = _mm512_loadu_si512(w + (size_t) r * k + i);
-
-			if (pf)
-				_mm_prefetch((const char *) (pf + (size_t) r * k + i), PF_HINT);
-			for (int tt = 0; tt < NT; tt++)
-				acc[tt * NR + r] = _mm512_dpbusd_epi32(acc[tt * NR + r], xu[tt], wv);
-		}
-	}
-	if (i < k)
-	{
-		__mmask64	m = (~0ULL) >> (64 - (k - i));
-		__m512i		xu[4];
-
-		/* masked-off weight bytes are zero, so the flipped padding of x adds nothing */
-		for (int tt = 0; tt < NT; tt++)
-			xu[tt] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(m, x + (size_t) tt * k + i), flip);
-		for (int r = 0; r < NR; r++)
-		{
-			__m512i		wv = _mm512_maskz_loadu_epi8(m, w + (size_t) r * k + i);
-
-			for (int tt = 0; tt < NT; tt++)
-				acc[tt * NR + r] = _mm512_dpbusd_epi32(acc[tt * NR + r], xu[tt], wv);
-		}
-	}
-	/* the +128 offset: lane tt * NR + r loses 128 * row_sum[r] (wrapping, like vpdpbusd) */
-	if (NT == 1 && NR == 16)
-		return _mm512_sub_epi32(hsum16_epi32(acc),
-								_mm512_slli_epi32(_mm512_loadu_si512(row_sum), 7));
-	if (NR == 4)
-		return _mm512_sub_epi32(hsum16_epi32(acc),
-								_mm512_maskz_slli_epi32((__mmask16) ((1u << (4 * NT)) - 1),
-														_mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *) row_sum)), 7));
-	for (int tt = 0; tt < NT; tt++)
-		for (int r = 0; r < NR; r++)
-			corr[tt * NR + r] = (int32_t) ((uint32_t) row_sum[r] << 7);
-	return _mm512_sub_epi32(hsum16_epi32(acc), _mm512_loadu_si512(corr));
-}
-
-/* Scalar epilogue of an NT x NR tile whose sums are in lanes tt * nr + r. */
+/* xsum[t] = sum of token t's k activation bytes, for n tokens. */
 static TARGET_AVX512 void
-vnni_epilogue_scalar(const gemm_i8_job *j, int t, int nt, int o, int nr, __m512i sums)
+vnni_token_sums(const int8_t *x, int k, int n, int32_t *xsum)
 {
-	int32_t		acc[16];
+	const __m512i ones = _mm512_set1_epi8(1);
 
-	_mm512_storeu_si512(acc, sums);
-	for (int tt = 0; tt < nt; tt++)
-		for (int r = 0; r < nr; r++)
-			gemm_epilogue(j->out + (size_t) (t + tt) * j->ldo + o + r, acc[tt * nr + r],
-						  j->xs[t + tt], j->w->scale[o + r], j->bias, o + r, j->accumulate);
+	for (int t = 0; t < n; t++)
+	{
+		const int8_t *row = x + (size_t) t * k;
+		__m512i		s = _mm512_setzero_si512();
+		int			i;
+
+		for (i = 0; i + 64 <= k; i += 64)
+			s = _mm512_dpbusd_epi32(s, ones, _mm512_loadu_si512(row + i));
+		if (i < k)
+			s = _mm512_dpbusd_epi32(s, ones,
+									_mm512_maskz_loadu_epi8((~0ULL) >> (64 - (k - i)), row + i));
+		xsum[t] = _mm512_reduce_add_epi32(s);
+	}
 }
 
-/* Vector epilogue of one token's 16 consecutive channels. */
+/*
+ * acc[tt * NB + b] = the biased dot products of tokens x[tt] with the NB full panels at w
+ * (consecutive, 16 * k bytes each).  Of the NB panels at pf (if not NULL), steps [pf_g0, pf_g1)
+ * are prefetched: the tiles of a group share the next group's prefetching, so that memory
+ * stays busy while every tile computes.
+ */
 static inline __attribute__((always_inline)) TARGET_AVX512 void
-vnni_epilogue_1x16(const gemm_i8_job *j, int t, int o, __m512i sums)
+vnni_panels(const int8_t *x, const uint8_t *w, int k, int NT, int NB, const uint8_t *pf,
+			int pf_g0, int pf_g1, __m512i *acc)
+{
+	const size_t ps = (size_t) CAI_QMATRIX_PANEL * k;
+
+	for (int a = 0; a < NT * NB; a++)
+		acc[a] = _mm512_setzero_si512();
+	for (int g = 0; g < k / 4; g++)
+	{
+		__m512i		wv[VNNI_GROUP_PANELS];
+
+#pragma GCC unroll 4
+		for (int b = 0; b < NB; b++)
+		{
+			wv[b] = _mm512_loadu_si512(w + b * ps + (size_t) g * 64);
+			if (pf && g >= pf_g0 && g < pf_g1)
+				_mm_prefetch((const char *) (pf + b * ps + (size_t) g * 64), PF_HINT);
+		}
+#pragma GCC unroll 4
+		for (int tt = 0; tt < NT; tt++)
+		{
+			int32_t		x4;
+			__m512i		xb;
+
+			memcpy(&x4, x + (size_t) tt * k + 4 * g, 4);
+			xb = _mm512_set1_epi32(x4);
+#pragma GCC unroll 4
+			for (int b = 0; b < NB; b++)
+				acc[tt * NB + b] = _mm512_dpbusd_epi32(acc[tt * NB + b], wv[b], xb);
+		}
+	}
+}
+
+/* The same for one panel of width r < 16 (the matrix's last): 4 * r bytes per step. */
+static inline __attribute__((always_inline)) TARGET_AVX512 void
+vnni_partial_panel(const int8_t *x, const uint8_t *w, int k, int r, int NT, __m512i *acc)
+{
+	const __mmask16 m = (__mmask16) ((1u << r) - 1);
+
+	for (int tt = 0; tt < NT; tt++)
+		acc[tt] = _mm512_setzero_si512();
+	for (int g = 0; g < k / 4; g++)
+	{
+		__m512i		wv = _mm512_maskz_loadu_epi32(m, w + (size_t) g * 4 * r);
+
+		for (int tt = 0; tt < NT; tt++)
+		{
+			int32_t		x4;
+
+			memcpy(&x4, x + (size_t) tt * k + 4 * g, 4);
+			acc[tt] = _mm512_dpbusd_epi32(acc[tt], wv, _mm512_set1_epi32(x4));
+		}
+	}
+}
+
+/* The epilogue of token t's channels o.. (the lanes in m) from a biased accumulator. */
+static inline __attribute__((always_inline)) TARGET_AVX512 void
+vnni_epilogue(const gemm_i8_job *j, int t, int o, __m512i acc, int32_t xsum, __mmask16 m)
 {
 	float	   *dst = j->out + (size_t) t * j->ldo + o;
+	__m512i		sums = _mm512_sub_epi32(acc, _mm512_set1_epi32((int32_t) ((uint32_t) xsum << 7)));
 	__m512		v;
 
 	GEMM_EPILOGUE(v, _mm512_cvtepi32_ps(sums), _mm512_set1_ps(j->xs[t]),
-				  _mm512_loadu_ps(j->w->scale + o), j->bias != NULL,
-				  _mm512_loadu_ps(j->bias + o), j->accumulate, _mm512_loadu_ps(dst));
-	_mm512_storeu_ps(dst, v);
+				  _mm512_maskz_loadu_ps(m, j->w->scale + o), j->bias != NULL,
+				  _mm512_maskz_loadu_ps(m, j->bias + o), j->accumulate,
+				  _mm512_maskz_loadu_ps(m, dst));
+	_mm512_mask_storeu_ps(dst, m, v);
 }
 
-/* Vector epilogue of a 4 x 4 tile (lane tt * 4 + r). */
+/* One NT x NB tile of full panels: tokens t.., channels o.., then its epilogue. */
 static inline __attribute__((always_inline)) TARGET_AVX512 void
-vnni_epilogue_4x4(const gemm_i8_job *j, int t, int o, __m512i sums)
+vnni_tile(const gemm_i8_job *j, int t, int o, int NT, int NB, const int32_t *xsum,
+		  const uint8_t *pf, int pf_g0, int pf_g1)
 {
-	const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-	float	   *d0 = j->out + (size_t) t * j->ldo + o;
-	float	   *d1 = d0 + j->ldo;
-	float	   *d2 = d1 + j->ldo;
-	float	   *d3 = d2 + j->ldo;
-	__m512		xs = _mm512_permutexvar_ps(spread,
-										   _mm512_castps128_ps512(_mm_loadu_ps(j->xs + t)));
-	__m512		v;
+	const int	k = j->w->k;
+	__m512i		acc[4 * VNNI_GROUP_PANELS];
 
-	GEMM_EPILOGUE(v, _mm512_cvtepi32_ps(sums), xs,
-				  _mm512_broadcast_f32x4(_mm_loadu_ps(j->w->scale + o)), j->bias != NULL,
-				  _mm512_broadcast_f32x4(_mm_loadu_ps(j->bias + o)), j->accumulate,
-				  _mm512_insertf32x4(_mm512_insertf32x4(_mm512_insertf32x4(
-																		   _mm512_castps128_ps512(_mm_loadu_ps(d0)), _mm_loadu_ps(d1), 1),
-														_mm_loadu_ps(d2), 2),
-									 _mm_loadu_ps(d3), 3));
-	_mm_storeu_ps(d0, _mm512_castps512_ps128(v));
-	_mm_storeu_ps(d1, _mm512_extractf32x4_ps(v, 1));
-	_mm_storeu_ps(d2, _mm512_extractf32x4_ps(v, 2));
-	_mm_storeu_ps(d3, _mm512_extractf32x4_ps(v, 3));
+	vnni_panels(j->xq + (size_t) t * k, (const uint8_t *) j->w->q + (size_t) o * k, k, NT, NB,
+				pf, pf_g0, pf_g1, acc);
+	for (int tt = 0; tt < NT; tt++)
+		for (int b = 0; b < NB; b++)
+			vnni_epilogue(j, t + tt, o + b * CAI_QMATRIX_PANEL, acc[tt * NB + b], xsum[tt],
+						  (__mmask16) 0xFFFF);
 }
 
-#define VNNI_TILE_CASE(NT_, NR_) \
-	case (NT_) * 32 + (NR_): \
-		sums = vnni_tile(x, w, rs, k, (NT_), (NR_), pf); \
+#define VNNI_TILE_CASE(NT_, NB_) \
+	case (NT_) * 8 + (NB_): \
+		if (pf) \
+			vnni_tile(j, t, o, (NT_), (NB_), xsum, pf, pf_g0, pf_g1); \
+		else \
+			vnni_tile(j, t, o, (NT_), (NB_), xsum, NULL, 0, 0); \
 		break
 
-/* Any tile shape (edges): compute, then the scalar epilogue. */
+/* A tile of nt <= 4 tokens x nb <= 2 full panels (the shape picks an unrolled instance). */
 static TARGET_AVX512 void
-vnni_tile_edge(const gemm_i8_job *j, int t, int nt, int o, int nr)
+vnni_tile_any(const gemm_i8_job *j, int t, int nt, int o, int nb, const int32_t *xsum,
+			  const uint8_t *pf, int pf_g0, int pf_g1)
 {
-	int			k = j->w->k;
-	const int8_t *x = j->xq + (size_t) t * k;
-	const int8_t *w = j->w->q + (size_t) o * k;
-	const int32_t *rs = j->w->row_sum + o;
-	const int8_t *pf = NULL;
-	__m512i		sums;
-
-	switch (nt * 32 + nr)
+	switch (nt * 8 + nb)
 	{
-			VNNI_TILE_CASE(1, 8);
-			VNNI_TILE_CASE(1, 4);
-			VNNI_TILE_CASE(1, 3);
-			VNNI_TILE_CASE(1, 2);
 			VNNI_TILE_CASE(1, 1);
-			VNNI_TILE_CASE(2, 4);
-			VNNI_TILE_CASE(2, 3);
-			VNNI_TILE_CASE(2, 2);
+			VNNI_TILE_CASE(1, 2);
 			VNNI_TILE_CASE(2, 1);
-			VNNI_TILE_CASE(3, 4);
-			VNNI_TILE_CASE(3, 3);
-			VNNI_TILE_CASE(3, 2);
+			VNNI_TILE_CASE(2, 2);
 			VNNI_TILE_CASE(3, 1);
-			VNNI_TILE_CASE(4, 3);
-			VNNI_TILE_CASE(4, 2);
+			VNNI_TILE_CASE(3, 2);
 			VNNI_TILE_CASE(4, 1);
+			VNNI_TILE_CASE(4, 2);
 		default:
-			return;				/* not reached: the caller only asks for the shapes above */
+			break;				/* not reached: the caller keeps nt in 1..4, nb in 1..2 */
 	}
-	vnni_epilogue_scalar(j, t, nt, o, nr, sums);
 }
 
-/* AVX-512 VNNI int8 kernel for one task's tile range. */
+/* Tokens t.. (nt <= 4) against the last panel, of r < 16 channels at o. */
+static TARGET_AVX512 void
+vnni_tile_partial(const gemm_i8_job *j, int t, int nt, int o, int r, const int32_t *xsum)
+{
+	const int	k = j->w->k;
+	const int8_t *x = j->xq + (size_t) t * k;
+	const uint8_t *w = (const uint8_t *) j->w->q + (size_t) o * k;
+	__m512i		acc[4];
+
+	switch (nt)
+	{
+		case 1:
+			vnni_partial_panel(x, w, k, r, 1, acc);
+			break;
+		case 2:
+			vnni_partial_panel(x, w, k, r, 2, acc);
+			break;
+		case 3:
+			vnni_partial_panel(x, w, k, r, 3, acc);
+			break;
+		default:
+			vnni_partial_panel(x, w, k, r, 4, acc);
+			break;
+	}
+	for (int tt = 0; tt < nt; tt++)
+		vnni_epilogue(j, t + tt, o, acc[tt], xsum[tt], (__mmask16) ((1u << r) - 1));
+}
+
+/* AVX-512 VNNI kernel for one task's tile range (o0 is a panel boundary). */
 static TARGET_AVX512 void
 gemm_i8_avx512(const gemm_i8_job *j, int t0, int t1, int o0, int o1)
 {
-	int			k = j->w->k;
-	const int8_t *wq = j->w->q;
-	const int32_t *rs = j->w->row_sum;
+	const int	k = j->w->k;
+	const int	group = VNNI_GROUP_PANELS * CAI_QMATRIX_PANEL;
+	const int	full_end = o1 - (o1 - o0) % CAI_QMATRIX_PANEL;	/* past the full panels */
+	const uint8_t *wq = (const uint8_t *) j->w->q;
+	int32_t		xsum[XSUM_TOKENS];
 
-	if (t1 - t0 == 1)
+	for (int tc = t0; tc < t1; tc += XSUM_TOKENS)
 	{
-		const int8_t *x = j->xq + (size_t) t0 * k;
+		int			tce = tc + XSUM_TOKENS < t1 ? tc + XSUM_TOKENS : t1;
+		int			n_tiles = (tce - tc + 3) / 4;
 		int			o = o0;
 
-		/*
-		 * Decode: one token, 16 channels per step, prefetching the next 16 rows (contiguous,
-		 * 16 * k bytes) while computing these; the last block prefetches nothing.
-		 */
-		for (; o + 16 <= o1; o += 16)
+		vnni_token_sums(j->xq + (size_t) tc * k, k, tce - tc, xsum);
+		for (; o < full_end; o += group)
 		{
-			const int8_t *pf = o + 16 + PF_DECODE_ROWS <= o1 ?
-				wq + (size_t) (o + PF_DECODE_ROWS) * k : NULL;
-			__m512i		sums;
+			int			nb = (full_end - o) / CAI_QMATRIX_PANEL;
+			const uint8_t *pf = o + 2 * group <= full_end ? wq + (size_t) (o + group) * k : NULL;
 
-			if (pf)
-				sums = vnni_tile(x, wq + (size_t) o * k, rs + o, k, 1, 16, pf);
-			else
-				sums = vnni_tile(x, wq + (size_t) o * k, rs + o, k, 1, 16, NULL);
-			vnni_epilogue_1x16(j, t0, o, sums);
-		}
-		for (; o + 4 <= o1; o += 4)
-			vnni_tile_edge(j, t0, 1, o, 4);
-		if (o < o1)
-			vnni_tile_edge(j, t0, 1, o, o1 - o);
-		return;
-	}
-
-	/*
-	 * Batches: for each group of 4 channels (2.3 KB of weights at k = 576, kept in L1) run over
-	 * the token groups; the first token group prefetches the next 4 rows.
-	 */
-	for (int o = o0; o < o1; o += 4)
-	{
-		int			nr = o1 - o < 4 ? o1 - o : 4;
-
-		if (nr < 4)
-		{
-			for (int t = t0; t < t1; t += 4)
-				vnni_tile_edge(j, t, t1 - t < 4 ? t1 - t : 4, o, nr);
-			continue;
-		}
-		for (int t = t0; t < t1; t += 4)
-		{
-			const int8_t *x = j->xq + (size_t) t * k;
-			const int8_t *pf = (t == t0 && o + 4 + PF_BATCH_ROWS <= o1) ?
-				wq + (size_t) (o + PF_BATCH_ROWS) * k : NULL;
-
-			if (t1 - t >= 4)
+			nb = nb < VNNI_GROUP_PANELS ? nb : VNNI_GROUP_PANELS;
+			for (int t = tc; t < tce; t += 4)
 			{
-				__m512i		sums;
+				int			i = (t - tc) / 4;
 
-				if (pf)
-					sums = vnni_tile(x, wq + (size_t) o * k, rs + o, k, 4, 4, pf);
-				else
-					sums = vnni_tile(x, wq + (size_t) o * k, rs + o, k, 4, 4, NULL);
-				vnni_epilogue_4x4(j, t, o, sums);
+				vnni_tile_any(j, t, tce - t < 4 ? tce - t : 4, o, nb, xsum + (t - tc), pf,
+							  i * (k / 4) / n_tiles, (i + 1) * (k / 4) / n_tiles);
 			}
-			else
-				vnni_tile_edge(j, t, t1 - t, o, 4);
 		}
+		if (full_end < o1)
+			for (int t = tc; t < tce; t += 4)
+				vnni_tile_partial(j, t, tce - t < 4 ? tce - t : 4, full_end, o1 - full_end,
+								  xsum + (t - tc));
 	}
 }
 
 /* ---------------------------------------------------------------------------------------
- * AVX2
+ * AVX2 over the panel layout
  *
- * No unsigned-by-signed dot product here beyond vpmaddubsw, so the sign trick: |x| (unsigned)
- * times sign(w, x) (w with x's sign) equals x * w; pairs of such products are summed to int16
- * by vpmaddubsw, which cannot saturate because |x|, |w| <= 127 (2 * 127 * 127 = 32258), and
- * vpmaddwd with ones widens pairs to int32.  Tiles of NT x NR <= 8 accumulators.
+ * No unsigned-by-signed dot product here beyond vpmaddubsw, whose int16 pair sums would
+ * saturate on biased weights (2 * 255 * 127), so the weights are unbiased back to signed
+ * (xor 0x80) and the sign trick is used: |w| (unsigned) times sign(x, w) (x with w's sign)
+ * equals w * x; vpmaddubsw sums pairs to int16, which cannot saturate because |w|, |x| <= 127
+ * (2 * 127 * 127 = 32258), and vpmaddwd with ones widens pairs to int32, so each int32 lane
+ * holds one channel's 4-input step, as in the VNNI layout.  One 32-byte vector is half a
+ * panel's step (8 channels); tiles are up to 2 tokens x one panel.  No offset correction.
  * --------------------------------------------------------------------------------------- */
 
-/* Lane j of the result = sum of v[j]'s 8 lanes. */
-static inline __attribute__((always_inline)) TARGET_AVX2 __m256i
-hsum8_epi32(const __m256i *v)
-{
-	__m256i		h01 = _mm256_hadd_epi32(v[0], v[1]);
-	__m256i		h23 = _mm256_hadd_epi32(v[2], v[3]);
-	__m256i		h45 = _mm256_hadd_epi32(v[4], v[5]);
-	__m256i		h67 = _mm256_hadd_epi32(v[6], v[7]);
-	__m256i		g0 = _mm256_hadd_epi32(h01, h23);	/* per 128-bit half: v0 v1 v2 v3 */
-	__m256i		g1 = _mm256_hadd_epi32(h45, h67);	/* per 128-bit half: v4 v5 v6 v7 */
-
-	return _mm256_add_epi32(_mm256_permute2x128_si256(g0, g1, 0x20),
-							_mm256_permute2x128_si256(g0, g1, 0x31));
-}
-
-/* One 32-byte step of an AVX2 tile: the sign trick for every token x channel pair. */
+/* acc[tt * 2 + h] += the dot products of token tt with the half panels at w (step 4 * r bytes). */
 static inline __attribute__((always_inline)) TARGET_AVX2 void
-avx2_i8_step(__m256i *acc, const int8_t *x, const int8_t *w, size_t k, int i, int NT, int NR,
-			 __m256i ones)
+avx2_panel(const int8_t *x, const uint8_t *w, int k, int r, int NT, bool full,
+		   const uint8_t *pf, __m256i *acc)
 {
-	__m256i		xv[2],
-				ax[2];
+	const __m256i flip = _mm256_set1_epi8((char) 0x80);
+	const __m256i ones = _mm256_set1_epi16(1);
+	const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+	const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(r), lane);
+	const __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(r - 8), lane);
+	const size_t step = full ? 64 : (size_t) 4 * r;
 
-	for (int tt = 0; tt < NT; tt++)
+	for (int a = 0; a < 2 * NT; a++)
+		acc[a] = _mm256_setzero_si256();
+	for (int g = 0; g < k / 4; g++)
 	{
-		xv[tt] = _mm256_loadu_si256((const __m256i *) (x + tt * k + i));
-		ax[tt] = _mm256_abs_epi8(xv[tt]);
-	}
-	for (int r = 0; r < NR; r++)
-	{
-		__m256i		wv = _mm256_loadu_si256((const __m256i *) (w + r * k + i));
+		const uint8_t *wg = w + (size_t) g * step;
+		__m256i		wv[2],
+					aw[2];
 
+		if (full)
+		{
+			wv[0] = _mm256_loadu_si256((const __m256i *) wg);
+			wv[1] = _mm256_loadu_si256((const __m256i *) (wg + 32));
+			if (pf)
+				_mm_prefetch((const char *) (pf + (size_t) g * 64), PF_HINT);
+		}
+		else
+		{
+			wv[0] = _mm256_maskload_epi32((const int *) wg, m0);
+			wv[1] = _mm256_maskload_epi32((const int *) (wg + 32), m1);
+		}
+		for (int h = 0; h < 2; h++)
+		{
+			wv[h] = _mm256_xor_si256(wv[h], flip);	/* signed weights */
+			aw[h] = _mm256_abs_epi8(wv[h]);
+		}
 		for (int tt = 0; tt < NT; tt++)
 		{
-			__m256i		p = _mm256_maddubs_epi16(ax[tt], _mm256_sign_epi8(wv, xv[tt]));
+			int32_t		x4;
+			__m256i		xb;
 
-			acc[tt * NR + r] = _mm256_add_epi32(acc[tt * NR + r], _mm256_madd_epi16(p, ones));
+			memcpy(&x4, x + (size_t) tt * k + 4 * g, 4);
+			xb = _mm256_set1_epi32(x4);
+			for (int h = 0; h < 2; h++)
+			{
+				__m256i		p = _mm256_maddubs_epi16(aw[h], _mm256_sign_epi8(xb, wv[h]));
+
+				acc[tt * 2 + h] = _mm256_add_epi32(acc[tt * 2 + h], _mm256_madd_epi16(p, ones));
+			}
 		}
 	}
 }
 
-/*
- * One NT x NR tile (NT <= 2, NT * NR <= 8): the int32 dot products in lanes tt * NR + r,
- * prefetching the NR rows at pf (if not NULL) along the way.
- */
-static inline __attribute__((always_inline)) TARGET_AVX2 __m256i
-avx2_tile(const int8_t *x, const int8_t *w, int k, int NT, int NR, const int8_t *pf)
-{
-	__m256i		acc[8];
-	const __m256i ones = _mm256_set1_epi16(1);
-	int			i;
-
-	for (int a = 0; a < 8; a++)
-		acc[a] = _mm256_setzero_si256();
-	for (i = 0; i + 32 <= k; i += 32)
-	{
-		if (pf && (i & 63) == 0)
-			for (int r = 0; r < NR; r++)
-				_mm_prefetch((const char *) (pf + (size_t) r * k + i), PF_HINT);
-		avx2_i8_step(acc, x, w, k, i, NT, NR, ones);
-	}
-	if (i < k)
-	{
-		/* the tail (a multiple of 4 bytes) through zero-padded copies */
-		int8_t		xt[2][32] = {{0}};
-		int8_t		wt[8][32] = {{0}};
-
-		for (int tt = 0; tt < NT; tt++)
-			memcpy(xt[tt], x + (size_t) tt * k + i, k - i);
-		for (int r = 0; r < NR; r++)
-			memcpy(wt[r], w + (size_t) r * k + i, k - i);
-		avx2_i8_step(acc, &xt[0][0], &wt[0][0], 32, 0, NT, NR, ones);
-	}
-	return hsum8_epi32(acc);
-}
-
-/* Vector epilogue of a 2 x 4 tile (lane tt * 4 + r). */
+/* The epilogue of token t's r channels at o from exact dot products (8 per half). */
 static inline __attribute__((always_inline)) TARGET_AVX2 void
-avx2_epilogue_2x4(const gemm_i8_job *j, int t, int o, __m256i sums)
-{
-	float	   *d0 = j->out + (size_t) t * j->ldo + o;
-	float	   *d1 = d0 + j->ldo;
-	__m256		xs = _mm256_set_m128(_mm_set1_ps(j->xs[t + 1]), _mm_set1_ps(j->xs[t]));
-	__m256		v;
-
-	GEMM_EPILOGUE(v, _mm256_cvtepi32_ps(sums), xs,
-				  _mm256_broadcast_ps((const __m128 *) (j->w->scale + o)), j->bias != NULL,
-				  _mm256_broadcast_ps((const __m128 *) (j->bias + o)), j->accumulate,
-				  _mm256_set_m128(_mm_loadu_ps(d1), _mm_loadu_ps(d0)));
-	_mm_storeu_ps(d0, _mm256_castps256_ps128(v));
-	_mm_storeu_ps(d1, _mm256_extractf128_ps(v, 1));
-}
-
-/* Vector epilogue of one token's 8 consecutive channels. */
-static inline __attribute__((always_inline)) TARGET_AVX2 void
-avx2_epilogue_1x8(const gemm_i8_job *j, int t, int o, __m256i sums)
+avx2_epilogue(const gemm_i8_job *j, int t, int o, const __m256i *acc, int r)
 {
 	float	   *dst = j->out + (size_t) t * j->ldo + o;
-	__m256		v;
 
-	GEMM_EPILOGUE(v, _mm256_cvtepi32_ps(sums), _mm256_set1_ps(j->xs[t]),
-				  _mm256_loadu_ps(j->w->scale + o), j->bias != NULL,
-				  _mm256_loadu_ps(j->bias + o), j->accumulate, _mm256_loadu_ps(dst));
-	_mm256_storeu_ps(dst, v);
-}
-
-#define AVX2_TILE_CASE(NT_, NR_) \
-	case (NT_) * 32 + (NR_): \
-		sums = avx2_tile(x, w, k, (NT_), (NR_), NULL); \
-		break
-
-/* Any tile shape (edges): compute, then the scalar epilogue. */
-static TARGET_AVX2 void
-avx2_tile_edge(const gemm_i8_job *j, int t, int nt, int o, int nr)
-{
-	int			k = j->w->k;
-	const int8_t *x = j->xq + (size_t) t * k;
-	const int8_t *w = j->w->q + (size_t) o * k;
-	__m256i		sums;
-	int32_t		acc[8];
-
-	switch (nt * 32 + nr)
+	if (r == CAI_QMATRIX_PANEL)
 	{
-			AVX2_TILE_CASE(1, 4);
-			AVX2_TILE_CASE(1, 3);
-			AVX2_TILE_CASE(1, 2);
-			AVX2_TILE_CASE(1, 1);
-			AVX2_TILE_CASE(2, 3);
-			AVX2_TILE_CASE(2, 2);
-			AVX2_TILE_CASE(2, 1);
-		default:
-			return;				/* not reached */
+		for (int h = 0; h < 2; h++)
+		{
+			__m256		v;
+
+			GEMM_EPILOGUE(v, _mm256_cvtepi32_ps(acc[h]), _mm256_set1_ps(j->xs[t]),
+						  _mm256_loadu_ps(j->w->scale + o + 8 * h), j->bias != NULL,
+						  _mm256_loadu_ps(j->bias + o + 8 * h), j->accumulate,
+						  _mm256_loadu_ps(dst + 8 * h));
+			_mm256_storeu_ps(dst + 8 * h, v);
+		}
 	}
-	_mm256_storeu_si256((__m256i *) acc, sums);
-	for (int tt = 0; tt < nt; tt++)
-		for (int r = 0; r < nr; r++)
-			gemm_epilogue(j->out + (size_t) (t + tt) * j->ldo + o + r, acc[tt * nr + r],
-						  j->xs[t + tt], j->w->scale[o + r], j->bias, o + r, j->accumulate);
+	else
+	{
+		int32_t		sums[CAI_QMATRIX_PANEL];
+
+		_mm256_storeu_si256((__m256i *) sums, acc[0]);
+		_mm256_storeu_si256((__m256i *) (sums + 8), acc[1]);
+		for (int c = 0; c < r; c++)
+			gemm_epilogue(dst + c, sums[c], j->xs[t], j->w->scale[o + c], j->bias, o + c,
+						  j->accumulate);
+	}
 }
 
-/* AVX2 int8 kernel for one task's tile range: 1 x 8 tiles for one token, else 2 x 4. */
+/* Tokens t.. (nt <= 2) against the panel at o of r channels. */
+static TARGET_AVX2 void
+avx2_tile(const gemm_i8_job *j, int t, int nt, int o, int r, const uint8_t *pf)
+{
+	const int	k = j->w->k;
+	const int8_t *x = j->xq + (size_t) t * k;
+	const uint8_t *w = (const uint8_t *) j->w->q + (size_t) o * k;
+	__m256i		acc[4];
+
+	if (r < CAI_QMATRIX_PANEL)
+	{
+		if (nt == 2)
+			avx2_panel(x, w, k, r, 2, false, NULL, acc);
+		else
+			avx2_panel(x, w, k, r, 1, false, NULL, acc);
+	}
+	else if (nt == 2)
+		avx2_panel(x, w, k, r, 2, true, pf, acc);
+	else
+		avx2_panel(x, w, k, r, 1, true, pf, acc);
+	for (int tt = 0; tt < nt; tt++)
+		avx2_epilogue(j, t + tt, o, acc + 2 * tt, r);
+}
+
+/* AVX2 int8 kernel for one task's tile range: panel by panel, 2 tokens at a time. */
 static TARGET_AVX2 void
 gemm_i8_avx2(const gemm_i8_job *j, int t0, int t1, int o0, int o1)
 {
-	int			k = j->w->k;
-	const int8_t *wq = j->w->q;
+	const int	k = j->w->k;
+	const uint8_t *wq = (const uint8_t *) j->w->q;
 
-	if (t1 - t0 == 1)
+	for (int o = o0; o < o1; o += CAI_QMATRIX_PANEL)
 	{
-		const int8_t *x = j->xq + (size_t) t0 * k;
-		int			o = o0;
-
-		/* decode: 8 channels per step, prefetching 8 rows PF_DECODE_ROWS ahead */
-		for (; o + 8 <= o1; o += 8)
-		{
-			const int8_t *pf = o + 8 + PF_DECODE_ROWS <= o1 ?
-				wq + (size_t) (o + PF_DECODE_ROWS) * k : NULL;
-			__m256i		sums;
-
-			if (pf)
-				sums = avx2_tile(x, wq + (size_t) o * k, k, 1, 8, pf);
-			else
-				sums = avx2_tile(x, wq + (size_t) o * k, k, 1, 8, NULL);
-			avx2_epilogue_1x8(j, t0, o, sums);
-		}
-		for (; o + 4 <= o1; o += 4)
-			avx2_tile_edge(j, t0, 1, o, 4);
-		if (o < o1)
-			avx2_tile_edge(j, t0, 1, o, o1 - o);
-		return;
-	}
-	for (int o = o0; o < o1; o += 4)
-	{
-		int			nr = o1 - o < 4 ? o1 - o : 4;
+		int			r = o1 - o < CAI_QMATRIX_PANEL ? o1 - o : CAI_QMATRIX_PANEL;
+		const uint8_t *pf = o + 2 * CAI_QMATRIX_PANEL <= o1 ?
+			wq + (size_t) (o + CAI_QMATRIX_PANEL) * k : NULL;
 
 		for (int t = t0; t < t1; t += 2)
-		{
-			if (nr == 4 && t1 - t >= 2)
-			{
-				const int8_t *pf = (t == t0 && o + 4 + PF_BATCH_ROWS <= o1) ?
-					wq + (size_t) (o + PF_BATCH_ROWS) * k : NULL;
-				__m256i		sums;
-
-				if (pf)
-					sums = avx2_tile(j->xq + (size_t) t * k, wq + (size_t) o * k, k, 2, 4, pf);
-				else
-					sums = avx2_tile(j->xq + (size_t) t * k, wq + (size_t) o * k, k, 2, 4, NULL);
-				avx2_epilogue_2x4(j, t, o, sums);
-			}
-			else
-				avx2_tile_edge(j, t, t1 - t < 2 ? t1 - t : 2, o, nr);
-		}
+			avx2_tile(j, t, t1 - t < 2 ? t1 - t : 2, o, r, t == t0 ? pf : NULL);
 	}
 }
 
@@ -1181,8 +1136,8 @@ typedef struct gemm_split
 } gemm_split;
 
 /*
- * Chooses the tiles handed to the pool: channel blocks that are multiples of 16 (the kernels'
- * row groups) sized for about four tasks per thread, and token blocks for large batches so that
+ * Chooses the tiles handed to the pool: channel blocks that are multiples of 16 (whole panels
+ * of the packed layout) sized for about four tasks per thread, and token blocks for large batches so that
  * a task's activations stay in cache.  The split never changes results.
  */
 static void
@@ -1273,8 +1228,11 @@ cai_gemm_i8(cai_threadpool *pool, const int8_t *xq, const float *xs, int n_tok,
 	if (n_tok <= 0 || w->n_out <= 0)
 		return;
 	gt.job = (gemm_i8_job) {xq, xs, n_tok, w, bias, out, ldo, accumulate};
-	switch (current_isa())
+	switch (w->packed ? current_isa() : ISA_UNSET)
 	{
+		case ISA_UNSET:
+			gt.kernel = gemm_i8_rowmajor;	/* not packed: correct everywhere, not fast */
+			break;
 #if defined(__x86_64__)
 		case ISA_AVX512_VNNI:
 			gt.kernel = gemm_i8_avx512;
