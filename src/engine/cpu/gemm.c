@@ -197,19 +197,9 @@ cai_cpu_force_isa(const char *name)
  * --------------------------------------------------------------------------------------- */
 
 /*
- * The panel layout (gemm.h).  Panel p holds channels [16p, 16p + r) (r = 16 but for a last
- * partial panel) in the bytes their rows occupy row-major, so packing permutes each panel in
- * place and a view of rows starting at a multiple of 16 is a packed matrix too.  Within the
- * panel, step g (inputs 4g..4g+3) is 4 * r bytes: channel c's 4 inputs at 4 * c, each biased
- * (w ^ 0x80).
+ * Packs a row-major matrix in place (the layout: gemm.h).  A panel's packed bytes occupy the
+ * bytes its rows did, so one panel of scratch suffices.
  */
-static inline int
-panel_width(const cai_qmatrix *m, int p)
-{
-	return cai_qmatrix_panel_width(m, p);
-}
-
-/* Packs a row-major matrix in place (gemm.h). */
 bool
 cai_qmatrix_pack(cai_qmatrix *m)
 {
@@ -223,7 +213,7 @@ cai_qmatrix_pack(cai_qmatrix *m)
 		return false;
 	for (int p = 0; p * CAI_QMATRIX_PANEL < m->n_out; p++)
 	{
-		int			r = panel_width(m, p);
+		int			r = cai_qmatrix_panel_width(m, p);
 		uint8_t    *base = (uint8_t *) m->q + (size_t) p * CAI_QMATRIX_PANEL * k;
 
 		memcpy(rows, base, (size_t) r * k);
@@ -361,7 +351,7 @@ gemm_i8_generic(const gemm_i8_job *j, int t0, int t1, int o0, int o1)
 
 	for (int o = o0; o < o1; o += CAI_QMATRIX_PANEL)
 	{
-		int			r = panel_width(j->w, o / CAI_QMATRIX_PANEL);
+		int			r = cai_qmatrix_panel_width(j->w, o / CAI_QMATRIX_PANEL);
 		const uint8_t *base = (const uint8_t *) j->w->q + (size_t) o * k;
 
 		for (int t = t0; t < t1; t++)
