@@ -653,7 +653,7 @@ qmatrix_rows(const cai_qmatrix *m, int row0, int n)
 	return v;
 }
 
-/* The layer's views of its fused matrices (again after packing: they copy the flag). */
+/* The layer's views of its fused matrices, made once they are packed (views copy the flag). */
 static void
 layer_views(cai_layer_weights *w, const cai_config *c)
 {
@@ -960,7 +960,6 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 			!alloc_qmatrix(m, 2 * c->d_ff, c->d_model, &w->w_gate_up) ||
 			!alloc_qmatrix(m, c->d_model, c->d_ff, &w->w_down))
 			OOM();
-		layer_views(w, c);
 		if (fref)
 		{
 			if (!(w->f_wq = alloc_floats(m, (size_t) q_dim * c->d_model)) ||
