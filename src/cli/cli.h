@@ -100,7 +100,8 @@ int			cli_report(const char *what, const cai_error *err);
 int			cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Loads a model (reporting any error); n_threads 0 = all cores. */
-cai_model  *cli_load_model(const char *path, int n_threads, bool float_reference);
+cai_model  *cli_load_model(const char *path, int n_threads, bool float_reference,
+							bool compensated_rounding);
 
 /* Whether the model's tokenizer asks for BOS before raw text (tokenizer.ggml.add_bos_token). */
 bool		cli_model_adds_bos(const cai_model *model);

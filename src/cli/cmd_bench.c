@@ -334,7 +334,7 @@ cmd_bench(int argc, char **argv)
 		cli_error("out of memory");
 		goto done;
 	}
-	model = cli_load_model(bench_opts.model, bench_opts.threads, false);
+	model = cli_load_model(bench_opts.model, bench_opts.threads, false, false);
 	if (!model)
 		goto done;
 	cai_model_get_info(model, &info);

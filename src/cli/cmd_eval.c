@@ -22,6 +22,7 @@ static struct
 	int			max_tokens;
 	int			threads;
 	bool		json_only;
+	bool		compensated_rounding;
 } eval_opts;
 
 static const cli_option eval_options[] = {
@@ -52,6 +53,12 @@ static const cli_option eval_options[] = {
 		.kind = CLI_OPT_FLAG,
 		.target = &eval_opts.json_only,
 		.help = "print only the JSON (no human line)",
+	},
+	{
+		.name = "compensated-rounding",
+		.kind = CLI_OPT_FLAG,
+		.target = &eval_opts.compensated_rounding,
+		.help = "round weights along the calibration inputs (GPTQ) instead of to nearest",
 	},
 };
 
@@ -170,7 +177,7 @@ cmd_eval(int argc, char **argv)
 		cli_error("\"%s\" contains NUL bytes; eval expects a text file", positional[0]);
 		goto done;
 	}
-	model = cli_load_model(eval_opts.model, eval_opts.threads, true);
+	model = cli_load_model(eval_opts.model, eval_opts.threads, true, eval_opts.compensated_rounding);
 	if (!model)
 		goto done;
 	cai_model_get_info(model, &info);

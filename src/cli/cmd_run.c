@@ -25,6 +25,7 @@ static struct
 	int			ctx;
 	cli_string_list stop;
 	bool		ignore_eos;
+	bool		compensated_rounding;
 	bool		verbose;
 } run_opts;
 
@@ -86,6 +87,12 @@ static const cli_option run_options[] = {
 		.kind = CLI_OPT_FLAG,
 		.target = &run_opts.ignore_eos,
 		.help = "keep generating past end-of-turn, up to --max-tokens",
+	},
+	{
+		.name = "compensated-rounding",
+		.kind = CLI_OPT_FLAG,
+		.target = &run_opts.compensated_rounding,
+		.help = "round weights along the calibration inputs (GPTQ) instead of to nearest",
 	},
 	{
 		.name = "verbose",
@@ -184,7 +191,7 @@ cmd_run(int argc, char **argv)
 
 	memset(&gen, 0, sizeof(gen));
 	rc = CLI_EXIT_ERROR;
-	model = cli_load_model(run_opts.model, run_opts.threads, false);
+	model = cli_load_model(run_opts.model, run_opts.threads, false, run_opts.compensated_rounding);
 	if (!model)
 		goto done;
 	if (!build_run_prompt(model, prompt, &ids))

@@ -68,6 +68,10 @@ typedef struct cai_model_params
 	int			n_threads;		/* threads for requantization at load; 0 = all online cores */
 	bool		load_float_reference;	/* also keep fp32 weights (cai eval, fidelity tests) */
 	const char *chat_template;	/* "chatml", "llama3", "gemma", "llama2"; NULL = detect from GGUF */
+	bool		compensated_rounding;	/* round weights to int8 along the calibration
+										 * inputs' second moment (GPTQ) instead of to the
+										 * nearest level: closer to float on average, loads
+										 * about 4x slower (model.c, "compensated rounding") */
 } cai_model_params;
 
 void		cai_model_params_default(cai_model_params *params);

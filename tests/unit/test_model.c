@@ -22,13 +22,13 @@ temp_path(char *buf, size_t cap, const char *tag)
 	snprintf(buf, cap, "/tmp/cai_test_model_%d_%s.gguf", (int) getpid(), tag);
 }
 
-/* Loads a GGUF image from memory through a temp file. */
+/* Loads a GGUF image from memory through a temp file, with these parameters. */
 static cai_status
-load_image(const uint8_t *data, size_t size, bool fref, cai_model **model, cai_error *err)
+load_image_with(const uint8_t *data, size_t size, const cai_model_params *params,
+				cai_model **model, cai_error *err)
 {
 	char		path[128];
 	FILE	   *f;
-	cai_model_params params;
 	cai_status	st;
 
 	temp_path(path, sizeof(path), "image");
@@ -37,15 +37,25 @@ load_image(const uint8_t *data, size_t size, bool fref, cai_model **model, cai_e
 		return CAI_ERR_IO;
 	fwrite(data, 1, size, f);
 	fclose(f);
-	cai_model_params_default(&params);
-	params.load_float_reference = fref;
-	st = cai_model_load(path, &params, model, err);
+	st = cai_model_load(path, params, model, err);
 	unlink(path);
 	return st;
 }
 
+/* The same with the default parameters (and the float reference when fref). */
 static cai_status
-load_config(const synth_model_config *cfg, bool fref, cai_model **model, cai_error *err)
+load_image(const uint8_t *data, size_t size, bool fref, cai_model **model, cai_error *err)
+{
+	cai_model_params params;
+
+	cai_model_params_default(&params);
+	params.load_float_reference = fref;
+	return load_image_with(data, size, &params, model, err);
+}
+
+static cai_status
+load_config_with(const synth_model_config *cfg, const cai_model_params *params,
+				 cai_model **model, cai_error *err)
 {
 	uint8_t    *data;
 	size_t		size;
@@ -54,9 +64,35 @@ load_config(const synth_model_config *cfg, bool fref, cai_model **model, cai_err
 	*model = NULL;
 	if (st != CAI_OK)
 		return st;
-	st = load_image(data, size, fref, model, err);
+	st = load_image_with(data, size, params, model, err);
 	free(data);
 	return st;
+}
+
+static cai_status
+load_config(const synth_model_config *cfg, bool fref, cai_model **model, cai_error *err)
+{
+	cai_model_params params;
+
+	cai_model_params_default(&params);
+	params.load_float_reference = fref;
+	return load_config_with(cfg, &params, model, err);
+}
+
+/*
+ * With the float reference and nearest rounding (the default, said explicitly): the
+ * conversion's structure (smoothing, rotations, fused rows) can then be checked element by
+ * element against cai_quantize_row_i8.
+ */
+static cai_status
+load_config_nearest(const synth_model_config *cfg, cai_model **model, cai_error *err)
+{
+	cai_model_params params;
+
+	cai_model_params_default(&params);
+	params.load_float_reference = true;
+	params.compensated_rounding = false;
+	return load_config_with(cfg, &params, model, err);
 }
 
 /*
@@ -294,7 +330,7 @@ TEST(model_load_synthetic_llama)
 	synth_model_default_config(&cfg);
 	cfg.weight_type = GGML_TYPE_Q8_0;
 	cfg.d_model = 64;
-	CHECK(load_config(&cfg, true, &model, &err) == CAI_OK);
+	CHECK(load_config_nearest(&cfg, &model, &err) == CAI_OK);
 	if (!model)
 		return;
 	c = &model->cfg;
@@ -353,7 +389,7 @@ TEST(model_load_synthetic_qwen2_untied)
 	cfg.n_heads = 4;
 	cfg.n_kv_heads = 1;
 	cfg.d_ff = 256;
-	CHECK(load_config(&cfg, true, &model, &err) == CAI_OK);
+	CHECK(load_config_nearest(&cfg, &model, &err) == CAI_OK);
 	if (!model)
 		return;
 	CHECK_EQ_INT(model->cfg.arch, CAI_ARCH_QWEN2);
@@ -367,6 +403,91 @@ TEST(model_load_synthetic_qwen2_untied)
 	CHECK(model->layers[1].bq == model->layers[1].bqkv);
 	CHECK(model->layers[1].bv == model->layers[1].bqkv + 256 + 64);
 	cai_model_free(model);
+}
+
+/* Every int8 matrix of a model's layers and head, for comparing two conversions. */
+static int
+model_matrices(const cai_model *m, const cai_qmatrix **out)
+{
+	int			n = 0;
+
+	out[n++] = &m->lm_head;
+	for (int l = 0; l < m->cfg.n_layers; l++)
+	{
+		out[n++] = &m->layers[l].wqkv;
+		out[n++] = &m->layers[l].wo;
+		out[n++] = &m->layers[l].w_gate_up;
+		out[n++] = &m->layers[l].w_down;
+	}
+	return n;
+}
+
+/*
+ * Compensated rounding picks among the same levels as nearest rounding: every
+ * scale is the same, the int8 values move by a level or two where they move at all, and many
+ * do move; and the conversion is the same bits for any number of load threads.
+ */
+TEST(model_compensated_rounding_keeps_levels)
+{
+	synth_model_config cfg;
+	cai_model_params params;
+	cai_model  *near = NULL,
+			   *comp = NULL,
+			   *comp1 = NULL;
+	cai_error	err;
+	const cai_qmatrix *mn[1 + 4 * 8],
+			   *mc[1 + 4 * 8],
+			   *m1[1 + 4 * 8];
+	int			n;
+	long		moved = 0,
+				total = 0,
+				far = 0;
+
+	synth_model_default_config(&cfg);
+	cai_model_params_default(&params);
+	CHECK(load_config_with(&cfg, &params, &near, &err) == CAI_OK);
+	params.compensated_rounding = true;
+	params.n_threads = 2;
+	CHECK(load_config_with(&cfg, &params, &comp, &err) == CAI_OK);
+	params.n_threads = 1;
+	CHECK(load_config_with(&cfg, &params, &comp1, &err) == CAI_OK);
+	if (!near || !comp || !comp1 || near->cfg.n_layers > 8)
+		goto out;
+	n = model_matrices(near, mn);
+	model_matrices(comp, mc);
+	model_matrices(comp1, m1);
+	for (int i = 0; i < n; i++)
+	{
+		int8_t	   *a = malloc(mn[i]->k),
+				   *b = malloc(mn[i]->k),
+				   *c = malloc(mn[i]->k);
+
+		CHECK(memcmp(mn[i]->scale, mc[i]->scale, (size_t) mn[i]->n_out * sizeof(float)) == 0);
+		for (int r = 0; r < mn[i]->n_out; r++)
+		{
+			cai_qmatrix_row(mn[i], r, a);
+			cai_qmatrix_row(mc[i], r, b);
+			cai_qmatrix_row(m1[i], r, c);
+			CHECK(memcmp(b, c, mn[i]->k) == 0);
+			for (int j = 0; j < mn[i]->k; j++)
+			{
+				int			dq = abs((int) a[j] - (int) b[j]);
+
+				moved += dq != 0;
+				far += dq > 2;
+				total++;
+			}
+		}
+		free(a);
+		free(b);
+		free(c);
+	}
+	CHECK_MSG(moved > total / 20, "%ld of %ld values moved", moved, total);
+	CHECK_MSG(far < total / 100, "%ld of %ld values moved by more than two levels", far, total);
+out:
+	cai_model_free(near);
+	cai_model_free(comp);
+	cai_model_free(comp1);
 }
 
 TEST(model_fingerprint)
