@@ -397,14 +397,6 @@ cai_quantize_row_i8(const float *x, int64_t n, int8_t *q, float *scale)
 	inv = 127.0f / amax;
 	for (int64_t i = 0; i < n; i++)
 	{
-		float		v = roundf(x[i] * inv);
-
-		if (isnan(v))
-			v = 0.0f;
-		else if (v > 127.0f)
-			v = 127.0f;
-		else if (v < -127.0f)
-			v = -127.0f;
-		q[i] = (int8_t) v;
+		q[i] = (int8_t) cai_i8_level_clamp(roundf(x[i] * inv));
 	}
 }

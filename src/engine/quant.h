@@ -37,6 +37,15 @@ bool		ggml_row_bytes(ggml_type type, int64_t n, size_t *out);
 cai_status	cai_dequantize_row(ggml_type type, const void *src, float *dst, int64_t n,
 							   cai_error *err);
 
+/* A rounded level made a weight: NaN -> 0, clamped to [-127, 127]. */
+static inline float
+cai_i8_level_clamp(float v)
+{
+	if (v != v)
+		return 0.0f;
+	return v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
+}
+
 /* Symmetric per-row int8: q[r, :] = round(x[r, :] / scale[r]), scale[r] = max|x[r, :]| / 127. */
 void		cai_quantize_row_i8(const float *x, int64_t n, int8_t *q, float *scale);
 

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "ops.h"
+#include "quant.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define CAI_CLONES __attribute__((target_clones("avx2", "default")))
@@ -181,14 +182,9 @@ cai_round_rows_i8(const float *w, int n, int k, const cai_rounding_metric *rm, i
 			for (int r = 0; r < CAI_ROUNDING_ROWS; r++)
 			{
 				float		x = r < n ? w[(size_t) r * k + i] : 0.0f;
-				float		v = roundf((x + acc[r] * rm->inv_diag[i]) * inv[r]);
+				float		v = cai_i8_level_clamp(roundf((x + acc[r] * rm->inv_diag[i]) *
+														  inv[r]));
 
-				if (isnan(v))
-					v = 0.0f;
-				else if (v > 127.0f)
-					v = 127.0f;
-				else if (v < -127.0f)
-					v = -127.0f;
 				if (r < n)
 					q[(size_t) r * k + i] = (int8_t) v;
 				e[(size_t) i * CAI_ROUNDING_ROWS + r] = x - v * sc[r];
