@@ -184,6 +184,12 @@ extern const cli_command cli_inspect_command;
 		.name = "threads", .short_name = 'T', .kind = CLI_OPT_INT, .target = &(opts).threads, \
 		.metavar = "N", .help = "CPU threads; 0 = all cores", .min = 0, .max = 1024, \
 	}
+#define CLI_ROUNDING_OPTION(opts) \
+	{ \
+		.name = "compensated-rounding", .kind = CLI_OPT_FLAG, \
+		.target = &(opts).compensated_rounding, \
+		.help = "round weights along the calibration inputs (GPTQ) instead of to nearest", \
+	}
 
 /*
  * The sampling options that `run` and `chat` share, as cli_option entries over a struct with

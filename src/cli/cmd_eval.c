@@ -54,12 +54,7 @@ static const cli_option eval_options[] = {
 		.target = &eval_opts.json_only,
 		.help = "print only the JSON (no human line)",
 	},
-	{
-		.name = "compensated-rounding",
-		.kind = CLI_OPT_FLAG,
-		.target = &eval_opts.compensated_rounding,
-		.help = "round weights along the calibration inputs (GPTQ) instead of to nearest",
-	},
+	CLI_ROUNDING_OPTION(eval_opts),
 };
 
 const cli_command cli_eval_command = {

@@ -88,12 +88,7 @@ static const cli_option run_options[] = {
 		.target = &run_opts.ignore_eos,
 		.help = "keep generating past end-of-turn, up to --max-tokens",
 	},
-	{
-		.name = "compensated-rounding",
-		.kind = CLI_OPT_FLAG,
-		.target = &run_opts.compensated_rounding,
-		.help = "round weights along the calibration inputs (GPTQ) instead of to nearest",
-	},
+	CLI_ROUNDING_OPTION(run_opts),
 	{
 		.name = "verbose",
 		.short_name = 'v',

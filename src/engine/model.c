@@ -2530,26 +2530,33 @@ metric_block(int k)
 	return 1;
 }
 
-/* The metrics of one layer's four GEMM inputs, or of the head's (attn), with their storage. */
+/* The GEMM inputs of a layer; the head's input reuses SITE_ATTN's storage (same width). */
+typedef enum gemm_site
+{
+	SITE_ATTN,					/* QKV input */
+	SITE_WO,
+	SITE_FFN,					/* gate/up input */
+	SITE_DOWN,
+	N_SITES
+} gemm_site;
+
+/* The metrics of one layer's GEMM inputs, with their storage. */
 typedef struct site_metrics
 {
-	cai_rounding_metric attn;	/* QKV input (and the head's) */
-	cai_rounding_metric wo;
-	cai_rounding_metric ffn;	/* gate/up input */
-	cai_rounding_metric down;
-	float	   *h[4];			/* each k * metric_block(k) floats */
-	float	   *inv_diag[4];
+	cai_rounding_metric rm[N_SITES];
+	float	   *h[N_SITES];		/* each k * metric_block(k) floats */
+	float	   *inv_diag[N_SITES];
 	float	   *xt;				/* [k][T] scratch: one input's rows transposed */
 	float	   *row;			/* [k] scratch */
 } site_metrics;
 
 static bool
-site_metrics_alloc(site_metrics *sm, const int k[4], int T)
+site_metrics_alloc(site_metrics *sm, const int k[N_SITES], int T)
 {
 	int			kmax = 0;
 
 	memset(sm, 0, sizeof(*sm));
-	for (int i = 0; i < 4; i++)
+	for (int i = 0; i < N_SITES; i++)
 	{
 		sm->h[i] = malloc((size_t) k[i] * metric_block(k[i]) * sizeof(float));
 		sm->inv_diag[i] = malloc((size_t) k[i] * sizeof(float));
@@ -2565,7 +2572,7 @@ site_metrics_alloc(site_metrics *sm, const int k[4], int T)
 static void
 site_metrics_free(site_metrics *sm)
 {
-	for (int i = 0; i < 4; i++)
+	for (int i = 0; i < N_SITES; i++)
 	{
 		free(sm->h[i]);
 		free(sm->inv_diag[i]);
@@ -2582,11 +2589,10 @@ site_metrics_free(site_metrics *sm)
  * then).
  */
 static const cai_rounding_metric *
-site_metric(cai_forward_ctx *ctx, cai_threadpool *pool, site_metrics *sm, int which,
+site_metric(cai_forward_ctx *ctx, cai_threadpool *pool, site_metrics *sm, gemm_site which,
 			const float *x, int T, int k, const float *s, const cai_rotation *rot)
 {
-	cai_rounding_metric *rm = which == 0 ? &sm->attn : which == 1 ? &sm->wo :
-		which == 2 ? &sm->ffn : &sm->down;
+	cai_rounding_metric *rm = &sm->rm[which];
 	const int	block = metric_block(k);
 	float	   *h = sm->h[which];
 	double		mean = 0.0;
@@ -2707,7 +2713,8 @@ convert_layers(cai_model *m, cai_threadpool *pool, convert_plan *plan, const lay
 		OOM();
 	if (compensated)
 	{
-		const int	site_k[4] = {d, q_dim, d, d_ff};
+		const int	site_k[N_SITES] = {[SITE_ATTN] = d, [SITE_WO] = q_dim, [SITE_FFN] = d,
+		[SITE_DOWN] = d_ff};
 
 		stats.attn_x = malloc((size_t) T * d * sizeof(float));
 		stats.wo_x = malloc((size_t) T * q_dim * sizeof(float));
@@ -2805,10 +2812,12 @@ convert_layers(cai_model *m, cai_threadpool *pool, convert_plan *plan, const lay
 			inv_down[j] = 1.0f / s_down[j];
 		if (compensated)
 		{
-			rm_attn = site_metric(ctx, pool, &sm, 0, stats.attn_x, T, d, s_attn, &m->rot_model);
-			rm_wo = site_metric(ctx, pool, &sm, 1, stats.wo_x, T, q_dim, NULL, &m->rot_head);
-			rm_ffn = site_metric(ctx, pool, &sm, 2, stats.ffn_x, T, d, s_ffn, &m->rot_model);
-			rm_down = site_metric(ctx, pool, &sm, 3, stats.down_x, T, d_ff, s_down, &m->rot_ff);
+			rm_attn = site_metric(ctx, pool, &sm, SITE_ATTN, stats.attn_x, T, d, s_attn,
+								  &m->rot_model);
+			rm_wo = site_metric(ctx, pool, &sm, SITE_WO, stats.wo_x, T, q_dim, NULL, &m->rot_head);
+			rm_ffn = site_metric(ctx, pool, &sm, SITE_FFN, stats.ffn_x, T, d, s_ffn, &m->rot_model);
+			rm_down = site_metric(ctx, pool, &sm, SITE_DOWN, stats.down_x, T, d_ff, s_down,
+								  &m->rot_ff);
 		}
 
 		/*
@@ -2863,7 +2872,7 @@ convert_layers(cai_model *m, cai_threadpool *pool, convert_plan *plan, const lay
 	for (int j = 0; j < d; j++)
 		m->out_norm_i8[j] = m->out_norm[j] / s_head[j];
 	if (compensated)
-		rm_attn = site_metric(ctx, pool, &sm, 0, ctx->xn, T, d, s_head, &m->rot_model);
+		rm_attn = site_metric(ctx, pool, &sm, SITE_ATTN, ctx->xn, T, d, s_head, &m->rot_model);
 	if (!plan_rows_compensated(plan, t_head, NULL, d, c->n_vocab, (int8_t *) m->lm_head.q,
 						   (float *) m->lm_head.scale, NULL, s_head, NULL, &m->rot_model, rm_attn, false))
 		OOM();
