@@ -611,9 +611,20 @@ cuda_gather_rows(cai_backend *be, const float *src, int d, const int32_t *rows, 
 	be_check(cb, cai_cuda_gather_rows(cb->ctx, s, d, cb->rows_dev, n_rows, dst, &e), &e);
 }
 
+static void cuda_rotate(cai_backend *be, const cai_rotation *rot, float *x, int ldx, int n_tok,
+						int n_vec, int8_t *q, float *s);
+
+/* A row operation's continuation (backend.h): rotate() on the rows it wrote, after it. */
+static void
+then_rotate(cai_backend *be, const cai_then_rotate *then, float *x, int ldx, int n_tok)
+{
+	if (then)
+		cuda_rotate(be, then->rot, x, ldx, n_tok, then->n_vec, then->q, then->s);
+}
+
 static void
 cuda_rmsnorm(cai_backend *be, const float *x, const float *w, int n_tok, int d, float eps,
-			 float *out)
+			 float *out, const cai_then_rotate *then)
 {
 	cuda_backend *cb = cb_of(be);
 	const float *wd;
@@ -625,6 +636,7 @@ cuda_rmsnorm(cai_backend *be, const float *x, const float *w, int n_tok, int d, 
 	if (!wd || !operand(cb, x, "norm input") || !output_ok(cb, out, "norm output"))
 		return;
 	be_check(cb, cai_cuda_rmsnorm(cb->ctx, x, wd, n_tok, d, eps, out, NULL, NULL, &e), &e);
+	then_rotate(be, then, out, d, n_tok);
 }
 
 static void
@@ -859,7 +871,7 @@ cuda_rope_prepare(cai_backend *be, const cai_rope_params *rp, const int32_t *pos
 
 static void
 cuda_rope(cai_backend *be, const cai_rope_params *rp, const float *cs, float *x, int ldx,
-		  int n_tok, int n_heads, int head_dim)
+		  int n_tok, int n_heads, int head_dim, const cai_then_rotate *then)
 {
 	cuda_backend *cb = cb_of(be);
 	cai_error	e;
@@ -868,10 +880,12 @@ cuda_rope(cai_backend *be, const cai_rope_params *rp, const float *cs, float *x,
 		return;
 	be_check(cb, cai_cuda_rope(cb->ctx, cs, x, ldx, n_tok, n_heads, head_dim, rp->n_rot, rp->neox,
 							   &e), &e);
+	then_rotate(be, then, x, ldx, n_tok);
 }
 
 static void
-cuda_swiglu(cai_backend *be, const float *gate_up, int n_tok, int d_ff, float *out)
+cuda_swiglu(cai_backend *be, const float *gate_up, int n_tok, int d_ff, float *out,
+			const cai_then_rotate *then)
 {
 	cuda_backend *cb = cb_of(be);
 	cai_error	e;
@@ -879,6 +893,7 @@ cuda_swiglu(cai_backend *be, const float *gate_up, int n_tok, int d_ff, float *o
 	if (cb->failed || !operand(cb, gate_up, "swiglu input") || !output_ok(cb, out, "swiglu output"))
 		return;
 	be_check(cb, cai_cuda_swiglu(cb->ctx, gate_up, n_tok, d_ff, out, NULL, NULL, &e), &e);
+	then_rotate(be, then, out, d_ff, n_tok);
 }
 
 static void

@@ -87,6 +87,23 @@ typedef struct cai_rotation
 #define CAI_ROTATION_MAX_MIX 64
 
 /*
+ * What a row operation (rmsnorm, rope, swiglu) does next to the rows it has just written, in the
+ * same pass: rotates them in place by rot, n_vec consecutive vectors of rot->n floats per row,
+ * and when q is not NULL quantizes each row's n_vec * rot->n rotated values per token into
+ * q[t * n_vec * rot->n], s[t].  The result is exactly that of the operation followed by
+ * rotate(); a NULL continuation does nothing.  (A batch-32 decode step runs ninety of these
+ * rotations: done in the pass that wrote the rows, each costs no hand-off and no second trip
+ * of the rows through the caches.)
+ */
+typedef struct cai_then_rotate
+{
+	const cai_rotation *rot;
+	int			n_vec;
+	int8_t	   *q;
+	float	   *s;
+} cai_then_rotate;
+
+/*
  * A float copy of the KV for the reference path, indexed like the int8 pool:
  * data + block * block_floats + kv_layer * layer_floats, then keys [16][n_kv_heads][head_dim]
  * followed by values [16][n_kv_heads][head_dim].  Covers blocks [0, n_blocks).
@@ -127,9 +144,9 @@ typedef struct cai_backend_ops
 	void		(*gather_rows) (cai_backend *be, const float *src, int d, const int32_t *rows,
 								int n_rows, float *dst);
 
-	/* out[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) * w (fp32). */
+	/* out[t, :] = x[t, :] / sqrt(mean(x[t, :]^2) + eps) * w (fp32); then (row stride d). */
 	void		(*rmsnorm) (cai_backend *be, const float *x, const float *w, int n_tok, int d,
-							float eps, float *out);
+							float eps, float *out, const cai_then_rotate *then);
 
 	/* rmsnorm fused with per-token symmetric int8 quantization (cai_quantize_act_i8's rule). */
 	void		(*rmsnorm_quant) (cai_backend *be, const float *x, const float *w, int n_tok,
@@ -150,16 +167,18 @@ typedef struct cai_backend_ops
 	void		(*rope_prepare) (cai_backend *be, const cai_rope_params *rp, const int32_t *pos,
 								 int n_tok, float *cs);
 
-	/* Rotates n_heads heads of head_dim at x[t * ldx + h * head_dim] in place. */
+	/* Rotates n_heads heads of head_dim at x[t * ldx + h * head_dim] in place; then (stride ldx). */
 	void		(*rope) (cai_backend *be, const cai_rope_params *rp, const float *cs, float *x,
-						 int ldx, int n_tok, int n_heads, int head_dim);
+						 int ldx, int n_tok, int n_heads, int head_dim,
+						 const cai_then_rotate *then);
 
 	/*
 	 * gate_up [n_tok, 2 * d_ff] holds gate then up of each token:
-	 * h = silu(gate) * up, written as float (swiglu) or quantized per token (swiglu_quant).
+	 * h = silu(gate) * up, written as float (swiglu; then, row stride d_ff) or quantized per
+	 * token (swiglu_quant).
 	 */
 	void		(*swiglu) (cai_backend *be, const float *gate_up, int n_tok, int d_ff,
-						   float *out);
+						   float *out, const cai_then_rotate *then);
 	void		(*swiglu_quant) (cai_backend *be, const float *gate_up, int n_tok, int d_ff,
 								 int8_t *q, float *s);
 

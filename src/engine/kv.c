@@ -38,8 +38,7 @@ cai_kv_pool_create(const cai_kv_layout *layout, int n_blocks, cai_kv_pool **out,
 	pool->n_blocks = n_blocks;
 	pool->refcount = calloc((size_t) n_blocks, sizeof(int32_t));
 	pool->free_list = malloc((size_t) n_blocks * sizeof(int32_t));
-	if (posix_memalign((void **) &pool->memory, 64, bytes) != 0)
-		pool->memory = NULL;
+	pool->memory = cai_alloc_large(bytes);
 	if (!pool->refcount || !pool->free_list || !pool->memory)
 	{
 		cai_kv_pool_free(pool);

@@ -2084,7 +2084,19 @@ forward_layer(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 	float	   *x = ctx->x;		/* the rows the rest of the layer works on */
 	float	   *att = ctx->att;
 	int			n = T;
+	const int	n_qk_heads = owns_kv ? c->n_heads + c->n_kv_heads : c->n_heads;
 	cai_attn_params ap;
+
+	/*
+	 * The int8 path's rotations (see "rotations"), done by the operation that writes the rows:
+	 * a GEMM input is rotated and quantized for its GEMM, q and k heads only rotated.
+	 */
+	const cai_then_rotate to_model = {.rot = &model->rot_model, .n_vec = d / model->rot_model.n,
+	.q = ctx->xq, .s = ctx->xs};
+	const cai_then_rotate to_ff = {.rot = &model->rot_ff, .n_vec = d_ff / model->rot_ff.n,
+	.q = ctx->xq, .s = ctx->xs};
+	const cai_then_rotate to_heads = {.rot = &model->rot_head,
+	.n_vec = n_qk_heads * c->head_dim / model->rot_head.n};
 
 	ap.n_heads = c->n_heads;
 	ap.n_kv_heads = c->n_kv_heads;
@@ -2096,14 +2108,13 @@ forward_layer(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 	/* attention: q, k, v projections (a layer reading another's KV computes q only) */
 	if (!f)
 	{
-		op->rmsnorm(be, ctx->x, w->attn_norm_i8, T, d, c->norm_eps, ctx->xn);
-		op->rotate(be, &model->rot_model, ctx->xn, d, T, d / model->rot_model.n, ctx->xq, ctx->xs);
+		op->rmsnorm(be, ctx->x, w->attn_norm_i8, T, d, c->norm_eps, ctx->xn, &to_model);
 		op->gemm_i8(be, ctx->xq, ctx->xs, T, owns_kv ? &w->wqkv : &w->wq, w->bqkv_i8, ctx->qkv,
 					qkv_w, false);
 	}
 	else
 	{
-		op->rmsnorm(be, ctx->x, w->attn_norm, T, d, c->norm_eps, ctx->xn);
+		op->rmsnorm(be, ctx->x, w->attn_norm, T, d, c->norm_eps, ctx->xn, NULL);
 		if (stats)
 			record_max_abs(ctx->xn, T < stats->max_rows ? T : stats->max_rows, d, stats->attn_in);
 		if (stats && stats->attn_x)
@@ -2120,12 +2131,8 @@ forward_layer(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 	 * RoPE on q and k (adjacent in the row); on the int8 path every head of both also rotated
 	 * by rot_head, which leaves their dot products as they were (see "rotations")
 	 */
-	op->rope(be, rope, ctx->rope_cs, q, qkv_w, T,
-			 owns_kv ? c->n_heads + c->n_kv_heads : c->n_heads, c->head_dim);
-	if (!f)
-		op->rotate(be, &model->rot_head, q, qkv_w, T,
-				   (owns_kv ? c->n_heads + c->n_kv_heads : c->n_heads) * c->head_dim /
-				   model->rot_head.n, NULL, NULL);
+	op->rope(be, rope, ctx->rope_cs, q, qkv_w, T, n_qk_heads, c->head_dim,
+			 f ? NULL : &to_heads);
 	if (owns_kv)
 		op->kv_write(be, &ap, batch, k, v, qkv_w, kv, shadow);
 	op->attention(be, &ap, batch, q, qkv_w, kv, shadow, ctx->att, q_dim);
@@ -2158,23 +2165,21 @@ forward_layer(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 	/* x += down(silu(gate(x)) * up(x)) */
 	if (!f)
 	{
-		op->rmsnorm(be, x, w->ffn_norm_i8, n, d, c->norm_eps, ctx->xn);
-		op->rotate(be, &model->rot_model, ctx->xn, d, n, d / model->rot_model.n, ctx->xq, ctx->xs);
+		op->rmsnorm(be, x, w->ffn_norm_i8, n, d, c->norm_eps, ctx->xn, &to_model);
 		op->gemm_i8(be, ctx->xq, ctx->xs, n, &w->w_gate_up, NULL, ctx->gate_up, 2 * d_ff, false);
-		op->swiglu(be, ctx->gate_up, n, d_ff, ctx->xn);
-		op->rotate(be, &model->rot_ff, ctx->xn, d_ff, n, d_ff / model->rot_ff.n, ctx->xq, ctx->xs);
+		op->swiglu(be, ctx->gate_up, n, d_ff, ctx->xn, &to_ff);
 		op->gemm_i8(be, ctx->xq, ctx->xs, n, &w->w_down, NULL, x, d, true);
 	}
 	else
 	{
-		op->rmsnorm(be, x, w->ffn_norm, n, d, c->norm_eps, ctx->xn);
+		op->rmsnorm(be, x, w->ffn_norm, n, d, c->norm_eps, ctx->xn, NULL);
 		if (stats)
 			record_max_abs(ctx->xn, n < stats->max_rows ? n : stats->max_rows, d, stats->ffn_in);
 		if (stats && stats->ffn_x)
 			memcpy(stats->ffn_x, ctx->xn, (size_t) n * d * sizeof(float));
 		op->gemm_f32(be, ctx->xn, n, d, w->f_gate, d_ff, NULL, ctx->gate_up, 2 * d_ff, false);
 		op->gemm_f32(be, ctx->xn, n, d, w->f_up, d_ff, NULL, ctx->gate_up + d_ff, 2 * d_ff, false);
-		op->swiglu(be, ctx->gate_up, n, d_ff, ctx->xn);
+		op->swiglu(be, ctx->gate_up, n, d_ff, ctx->xn, NULL);
 		if (stats)
 			record_max_abs(ctx->xn, n < stats->max_rows ? n : stats->max_rows, d_ff, stats->down_in);
 		if (stats && stats->down_x)
@@ -2253,14 +2258,15 @@ cai_model_forward(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 	{
 		if (!f)
 		{
-			op->rmsnorm(be, ctx->xg, model->out_norm_i8, R, d, c->norm_eps, ctx->xn);
-			op->rotate(be, &model->rot_model, ctx->xn, d, R, d / model->rot_model.n, ctx->xq,
-					   ctx->xs);
+			const cai_then_rotate to_model = {.rot = &model->rot_model,
+			.n_vec = d / model->rot_model.n, .q = ctx->xq, .s = ctx->xs};
+
+			op->rmsnorm(be, ctx->xg, model->out_norm_i8, R, d, c->norm_eps, ctx->xn, &to_model);
 			op->gemm_i8(be, ctx->xq, ctx->xs, R, &model->lm_head, NULL, logits, c->n_vocab, false);
 		}
 		else
 		{
-			op->rmsnorm(be, ctx->xg, model->out_norm, R, d, c->norm_eps, ctx->xn);
+			op->rmsnorm(be, ctx->xg, model->out_norm, R, d, c->norm_eps, ctx->xn, NULL);
 			op->gemm_f32(be, ctx->xn, R, d, model->f_lm_head, c->n_vocab, NULL, logits,
 						 c->n_vocab, false);
 		}
@@ -2865,7 +2871,7 @@ convert_layers(cai_model *m, cai_threadpool *pool, convert_plan *plan, const lay
 	 * and rotated like the layers' inputs; the head (the embedding when tied) gets its own
 	 * int8 copy
 	 */
-	ctx->be->ops->rmsnorm(ctx->be, ctx->x, m->out_norm, T, d, c->norm_eps, ctx->xn);
+	ctx->be->ops->rmsnorm(ctx->be, ctx->x, m->out_norm, T, d, c->norm_eps, ctx->xn, NULL);
 	memset(stats.attn_in, 0, (size_t) d * sizeof(float));
 	record_max_abs(ctx->xn, T < stats.max_rows ? T : stats.max_rows, d, stats.attn_in);
 	smoothing_factors_wmax(stats.attn_in, d, head_wmax, s_head);

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -137,6 +138,24 @@ cai_now_seconds(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (double) ts.tv_sec + (double) ts.tv_nsec * 1e-9;
+}
+
+#define HUGE_PAGE_BYTES ((size_t) 2 << 20)
+
+void *
+cai_alloc_large(size_t bytes)
+{
+	void	   *p;
+
+	if (bytes < HUGE_PAGE_BYTES)
+		return posix_memalign(&p, 64, bytes ? bytes : 64) == 0 ? p : NULL;
+	if (posix_memalign(&p, HUGE_PAGE_BYTES, bytes) != 0)
+		return NULL;
+#ifdef MADV_HUGEPAGE
+	/* only advice: where huge pages are off or scarce this fails or falls back, harmlessly */
+	(void) madvise(p, bytes, MADV_HUGEPAGE);
+#endif
+	return p;
 }
 
 int

@@ -47,6 +47,15 @@ cai_add_size(size_t a, size_t b, size_t *out)
 /* Monotonic clock in seconds. */
 double		cai_now_seconds(void);
 
+/*
+ * Memory for a large, long-lived table (weights, the KV pool): 64-byte aligned, and from 2 MiB
+ * up aligned to 2 MiB and offered to the kernel for transparent huge pages.  A decode step
+ * touches each layer's part of every sequence's KV blocks, kilobytes spread over hundreds of
+ * megabytes: on 4 KiB pages nearly every block costs a TLB miss.  NULL when out of memory;
+ * release with free().
+ */
+void	   *cai_alloc_large(size_t bytes);
+
 /* Number of online CPUs (at least 1). */
 int			cai_cpu_count(void);
 

@@ -335,7 +335,7 @@ run_int8_step(const synth_model *s, side *cpu, side *gpu, cai_kv_pool *kv, const
 		side	   *sd = sides[i];
 		const cai_backend_ops *op = sd->be->ops;
 
-		op->rmsnorm(sd->be, sd->x, w->attn_norm_i8, T, SM_D, 1e-5f, sd->xn);
+		op->rmsnorm(sd->be, sd->x, w->attn_norm_i8, T, SM_D, 1e-5f, sd->xn, NULL);
 		op->rotate(sd->be, &m->rot_model, sd->xn, SM_D, T, nv_model, sd->xq, sd->xs);
 		op->gemm_i8(sd->be, sd->xq, sd->xs, T, &w->wqkv, w->bqkv_i8, sd->qkv, SM_QKV, false);
 	}
@@ -348,7 +348,7 @@ run_int8_step(const synth_model *s, side *cpu, side *gpu, cai_kv_pool *kv, const
 		side	   *sd = sides[i];
 		const cai_backend_ops *op = sd->be->ops;
 
-		op->rope(sd->be, &rp, sd->cs, sd->qkv, SM_QKV, T, SM_HEADS + SM_KV_HEADS, SM_HD);
+		op->rope(sd->be, &rp, sd->cs, sd->qkv, SM_QKV, T, SM_HEADS + SM_KV_HEADS, SM_HD, NULL);
 		op->rotate(sd->be, &m->rot_head, sd->qkv, SM_QKV, T, nv_head, NULL, NULL);
 		op->kv_write(sd->be, &ap, &st->batch, sd->qkv + SM_Q, sd->qkv + SM_Q + SM_KVD, SM_QKV, kv,
 					 NULL);
@@ -364,7 +364,7 @@ run_int8_step(const synth_model *s, side *cpu, side *gpu, cai_kv_pool *kv, const
 
 		op->quantize(sd->be, sd->att, T, SM_Q, sd->xq, sd->xs);
 		op->gemm_i8(sd->be, sd->xq, sd->xs, T, &w->wo, NULL, sd->x, SM_D, true);
-		op->rmsnorm(sd->be, sd->x, w->ffn_norm_i8, T, SM_D, 1e-5f, sd->xn);
+		op->rmsnorm(sd->be, sd->x, w->ffn_norm_i8, T, SM_D, 1e-5f, sd->xn, NULL);
 		op->rotate(sd->be, &m->rot_model, sd->xn, SM_D, T, nv_model, sd->xq, sd->xs);
 		op->gemm_i8(sd->be, sd->xq, sd->xs, T, &w->w_gate_up, NULL, sd->gate_up, 2 * SM_FF, false);
 	}
@@ -375,7 +375,7 @@ run_int8_step(const synth_model *s, side *cpu, side *gpu, cai_kv_pool *kv, const
 		side	   *sd = sides[i];
 		const cai_backend_ops *op = sd->be->ops;
 
-		op->swiglu(sd->be, sd->gate_up, T, SM_FF, sd->xn);
+		op->swiglu(sd->be, sd->gate_up, T, SM_FF, sd->xn, NULL);
 		op->rotate(sd->be, &m->rot_ff, sd->xn, SM_FF, T, nv_ff, sd->xq, sd->xs);
 	}
 	compare(cpu, gpu, cpu->xn, gpu->xn, (size_t) T * SM_FF * 4, true, "rotated swiglu output");
@@ -388,7 +388,7 @@ run_int8_step(const synth_model *s, side *cpu, side *gpu, cai_kv_pool *kv, const
 
 		op->gemm_i8(sd->be, sd->xq, sd->xs, T, &w->w_down, NULL, sd->x, SM_D, true);
 		op->gather_rows(sd->be, sd->x, SM_D, st->logit_rows, R, sd->xg);
-		op->rmsnorm(sd->be, sd->xg, m->out_norm_i8, R, SM_D, 1e-5f, sd->xn);
+		op->rmsnorm(sd->be, sd->xg, m->out_norm_i8, R, SM_D, 1e-5f, sd->xn, NULL);
 		op->rotate(sd->be, &m->rot_model, sd->xn, SM_D, R, nv_model, sd->xq, sd->xs);
 		/* the caller's logits are host memory: the gpu computes them on the device, downloads */
 		op->gemm_i8(sd->be, sd->xq, sd->xs, R, &m->lm_head, NULL, i == 0 ? clog : glog,
@@ -569,7 +569,7 @@ TEST(gpu_backend_table_float_path)
 			const cai_backend_ops *op = sd->be->ops;
 
 			op->embed_f32(sd->be, f.model.m.f_tok_embd, SM_D, ids, 6, sd->x);
-			op->rmsnorm(sd->be, sd->x, w->attn_norm, 6, SM_D, 1e-5f, sd->xn);
+			op->rmsnorm(sd->be, sd->x, w->attn_norm, 6, SM_D, 1e-5f, sd->xn, NULL);
 			op->gemm_f32(sd->be, sd->xn, 6, SM_D, w->f_wq, SM_Q, w->bq, sd->qkv, SM_QKV, false);
 			op->gemm_f32(sd->be, sd->xn, 6, SM_D, w->f_wk, SM_KVD, w->bk, sd->qkv + SM_Q, SM_QKV,
 						 false);
@@ -579,7 +579,7 @@ TEST(gpu_backend_table_float_path)
 						 false);
 			op->gemm_f32(sd->be, sd->xn, 6, SM_D, w->f_up, SM_FF, NULL, sd->gate_up + SM_FF,
 						 2 * SM_FF, false);
-			op->swiglu(sd->be, sd->gate_up, 6, SM_FF, sd->xg);
+			op->swiglu(sd->be, sd->gate_up, 6, SM_FF, sd->xg, NULL);
 		}
 		compare(&f.cpu, &f.gpu, f.cpu.x, f.gpu.x, (size_t) 6 * SM_D * 4, true, "float embedding");
 		compare(&f.cpu, &f.gpu, f.cpu.xn, f.gpu.xn, (size_t) 6 * SM_D * 4, true, "float rmsnorm");
@@ -611,7 +611,7 @@ TEST(gpu_backend_reports_failures)
 		memset(not_backend_memory, 0, sizeof(not_backend_memory));
 		/* an input that is neither an allocation of the backend nor a model weight */
 		f.gpu.be->ops->rmsnorm(f.gpu.be, not_backend_memory, f.model.layer.attn_norm, 1, SM_D,
-							   1e-5f, f.gpu.xn);
+							   1e-5f, f.gpu.xn, NULL);
 		/* later operations do nothing until the failure is collected */
 		f.gpu.be->ops->quantize(f.gpu.be, f.gpu.x, 1, SM_D, f.gpu.xq, f.gpu.xs);
 		st = cai_cuda_backend_status(f.gpu.be, &err);
@@ -717,11 +717,11 @@ forward_int8(model_side *sd, const cai_model *m, cai_kv_pool *kv, const step *st
 		float	   *att = sd->att;
 		int			n = T;
 
-		op->rmsnorm(be, sd->x, w->attn_norm_i8, T, d, c->norm_eps, sd->xn);
+		op->rmsnorm(be, sd->x, w->attn_norm_i8, T, d, c->norm_eps, sd->xn, NULL);
 		op->rotate(be, &m->rot_model, sd->xn, d, T, d / m->rot_model.n, sd->xq, sd->xs);
 		op->gemm_i8(be, sd->xq, sd->xs, T, owns_kv ? &w->wqkv : &w->wq, w->bqkv_i8, sd->qkv,
 					qkv_w, false);
-		op->rope(be, &rope, sd->cs, sd->qkv, qkv_w, T, n_qk, c->head_dim);
+		op->rope(be, &rope, sd->cs, sd->qkv, qkv_w, T, n_qk, c->head_dim, NULL);
 		op->rotate(be, &m->rot_head, sd->qkv, qkv_w, T, n_qk * c->head_dim / m->rot_head.n,
 				   NULL, NULL);
 		if (owns_kv)
@@ -738,14 +738,14 @@ forward_int8(model_side *sd, const cai_model *m, cai_kv_pool *kv, const step *st
 		}
 		op->quantize(be, att, n, q_dim, sd->xq, sd->xs);
 		op->gemm_i8(be, sd->xq, sd->xs, n, &w->wo, NULL, x, d, true);
-		op->rmsnorm(be, x, w->ffn_norm_i8, n, d, c->norm_eps, sd->xn);
+		op->rmsnorm(be, x, w->ffn_norm_i8, n, d, c->norm_eps, sd->xn, NULL);
 		op->rotate(be, &m->rot_model, sd->xn, d, n, d / m->rot_model.n, sd->xq, sd->xs);
 		op->gemm_i8(be, sd->xq, sd->xs, n, &w->w_gate_up, NULL, sd->gate_up, 2 * d_ff, false);
-		op->swiglu(be, sd->gate_up, n, d_ff, sd->xn);
+		op->swiglu(be, sd->gate_up, n, d_ff, sd->xn, NULL);
 		op->rotate(be, &m->rot_ff, sd->xn, d_ff, n, d_ff / m->rot_ff.n, sd->xq, sd->xs);
 		op->gemm_i8(be, sd->xq, sd->xs, n, &w->w_down, NULL, x, d, true);
 	}
-	op->rmsnorm(be, sd->xg, m->out_norm_i8, R, d, c->norm_eps, sd->xn);
+	op->rmsnorm(be, sd->xg, m->out_norm_i8, R, d, c->norm_eps, sd->xn, NULL);
 	op->rotate(be, &m->rot_model, sd->xn, d, R, d / m->rot_model.n, sd->xq, sd->xs);
 	op->gemm_i8(be, sd->xq, sd->xs, R, &m->lm_head, NULL, logits, c->n_vocab, false);
 	return op->sync ? op->sync(be, err) : CAI_OK;

@@ -745,6 +745,100 @@ TEST(forward_rotate_op_quantizes_rotated_rows)
 	free(qw);
 }
 
+/*
+ * A row operation's continuation (backend.h's cai_then_rotate): rmsnorm, RoPE and SwiGLU with
+ * `then` give exactly the bytes of the operation followed by rotate() (float rows, int8 rows
+ * and scales), with 1 and 3 threads and for batches that run inline and split.
+ */
+TEST(forward_row_ops_then_rotate_equal_rotate_after)
+{
+	enum
+	{
+		D = 192, FF = 288, HD = 32, HEADS = 6, LD = D + 32, TMAX = 48
+	};
+	float		mix[9],
+				mix_ff[81],
+				mix_head[1];
+	cai_rotation rot,
+				rot_ff,
+				rot_head;
+	cai_rope_params rp = {.n_rot = HD, .base = 10000.0f, .freq_scale = 1.0f, .neox = false};
+	cai_backend_limits lim = {TMAX, 64, 2 * FF, HEADS, 2, HD};
+	float	   *src = malloc(sizeof(float) * TMAX * 2 * FF);
+	float	   *w = malloc(sizeof(float) * D);
+	float	   *cs = malloc(sizeof(float) * TMAX * HD);
+	float	   *a = malloc(sizeof(float) * TMAX * 2 * FF),
+			   *b = malloc(sizeof(float) * TMAX * 2 * FF);
+	int8_t	   *qa = malloc(TMAX * FF),
+			   *qb = malloc(TMAX * FF);
+	float		sa[TMAX],
+				sb[TMAX];
+	cai_error	err;
+
+	make_test_rotation(D, mix, &rot);
+	make_test_rotation(FF, mix_ff, &rot_ff);
+	make_test_rotation(HD, mix_head, &rot_head);
+	for (int i = 0; i < TMAX * 2 * FF; i++)
+		src[i] = (float) sin(0.113 * i + 0.5) * (i % 37 == 0 ? 20.0f : 1.0f);
+	for (int i = 0; i < D; i++)
+		w[i] = 0.5f + (float) (i % 7) * 0.1f;
+	for (int t = 0; t < TMAX; t++)
+		cai_op_rope_angles(&rp, 3 * t + 1, cs + (size_t) t * HD);
+
+	for (int threads = 1; threads <= 3; threads += 2)
+	{
+		cai_threadpool *pool = cai_threadpool_create(threads);
+		cai_backend *be = NULL;
+
+		CHECK(pool && cai_backend_cpu_create(pool, &lim, &be, &err) == CAI_OK);
+		if (!be)
+			break;
+		for (int T = 1; T <= TMAX; T += TMAX - 1)
+		{
+			const cai_then_rotate to_d = {.rot = &rot, .n_vec = 1, .q = qa, .s = sa};
+			const cai_then_rotate to_ff = {.rot = &rot_ff, .n_vec = 1, .q = qa, .s = sa};
+			const cai_then_rotate to_heads = {.rot = &rot_head, .n_vec = HEADS};
+
+			/* rmsnorm, then the rotation and quantization of its rows */
+			be->ops->rmsnorm(be, src, w, T, D, 1e-5f, a, &to_d);
+			be->ops->rmsnorm(be, src, w, T, D, 1e-5f, b, NULL);
+			be->ops->rotate(be, &rot, b, D, T, 1, qb, sb);
+			CHECK_MSG(memcmp(a, b, sizeof(float) * T * D) == 0 &&
+					  memcmp(qa, qb, (size_t) T * D) == 0 &&
+					  memcmp(sa, sb, sizeof(float) * T) == 0,
+					  "rmsnorm + rotation differs (%d rows, %d threads)", T, threads);
+
+			/* SwiGLU over d_ff = 288 = 32 x 9 (a mixed rotation) */
+			be->ops->swiglu(be, src, T, FF, a, &to_ff);
+			be->ops->swiglu(be, src, T, FF, b, NULL);
+			be->ops->rotate(be, &rot_ff, b, FF, T, 1, qb, sb);
+			CHECK_MSG(memcmp(a, b, sizeof(float) * T * FF) == 0 &&
+					  memcmp(qa, qb, (size_t) T * FF) == 0 &&
+					  memcmp(sa, sb, sizeof(float) * T) == 0,
+					  "swiglu + rotation differs (%d rows, %d threads)", T, threads);
+
+			/* RoPE on rows LD apart, every head rotated, no quantization; the gap untouched */
+			memcpy(a, src, sizeof(float) * T * LD);
+			memcpy(b, src, sizeof(float) * T * LD);
+			be->ops->rope(be, &rp, cs, a, LD, T, HEADS, HD, &to_heads);
+			be->ops->rope(be, &rp, cs, b, LD, T, HEADS, HD, NULL);
+			be->ops->rotate(be, &rot_head, b, LD, T, HEADS, NULL, NULL);
+			CHECK_MSG(memcmp(a, b, sizeof(float) * T * LD) == 0,
+					  "rope + rotation differs (%d rows, %d threads)", T, threads);
+			CHECK(memcmp(a + HEADS * HD, src + HEADS * HD, sizeof(float) * (LD - HEADS * HD)) == 0);
+		}
+		cai_backend_free(be);
+		cai_threadpool_free(pool);
+	}
+	free(src);
+	free(w);
+	free(cs);
+	free(a);
+	free(b);
+	free(qa);
+	free(qb);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Correctness against the naive reference
  * ------------------------------------------------------------------------------------------- */

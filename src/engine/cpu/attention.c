@@ -43,6 +43,20 @@
 #define MAX_GROUP_ROWS 16
 
 typedef float cai_v16f __attribute__((vector_size(64)));
+typedef int32_t cai_v16i __attribute__((vector_size(64)));
+
+CAI_ALWAYS_INLINE cai_v16f
+cai_v16f_set1(float x)
+{
+	return (cai_v16f) {x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
+}
+
+/* (a macro: a 64-byte vector passed by value draws GCC's ABI note on non-AVX-512 builds) */
+#define cai_v16f_store(p, v) \
+	do { \
+		cai_v16f	v16_ = (v); \
+		memcpy((p), &v16_, sizeof(v16_)); \
+	} while (0)
 
 static size_t
 align64(size_t n)
@@ -497,6 +511,76 @@ accumulate_values(float *const *o, const float *const *p, int nr, int p_off,
 #undef ROWS_CASE
 }
 
+#if defined(__x86_64__)
+/*
+ * accumulate_values_rows for int8 values on AVX-512, the factors c[r][slot] = p * vscale made
+ * beforehand: each value row is widened straight from memory (vpmovsxbd, vcvtdq2ps) and every
+ * row takes the same multiply, then add, in the same slot order as the portable code.
+ */
+TARGET_AVX512 CAI_ALWAYS_INLINE void
+accumulate_i8_rows_avx512(float *const *o, const float (*c)[BLOCK], const int8_t *vq,
+						  size_t vq_stride, int a, int e, int NR, int HD)
+{
+	__m512		acc[4][8];
+
+	for (int r = 0; r < NR; r++)
+		for (int i = 0; i < HD / 16; i++)
+			acc[r][i] = _mm512_loadu_ps(o[r] + 16 * i);
+	for (int j = a; j <= e; j++)
+	{
+		const int8_t *src = vq + (size_t) j * vq_stride;
+		__m512		v[8];
+
+		for (int i = 0; i < HD / 16; i++)
+			v[i] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *) (src + 16 * i))));
+		for (int r = 0; r < NR; r++)
+		{
+			__m512		cv = _mm512_set1_ps(c[r][j]);
+
+			for (int i = 0; i < HD / 16; i++)
+				acc[r][i] = _mm512_add_ps(acc[r][i], _mm512_mul_ps(cv, v[i]));
+		}
+	}
+	for (int r = 0; r < NR; r++)
+		for (int i = 0; i < HD / 16; i++)
+			_mm512_storeu_ps(o[r] + 16 * i, acc[r][i]);
+}
+
+/* Rows in groups the register file holds (4 rows of head size 64, 2 of 128). */
+TARGET_AVX512 static void
+accumulate_i8_avx512(float *const *o, const float (*c)[BLOCK], int nr, const int8_t *vq,
+					 size_t vq_stride, int a, int e, int hd)
+{
+	int			r = 0;
+
+#define ROWS_CASE(N, HD) \
+	case N: \
+		accumulate_i8_rows_avx512(o + r, c + r, vq, vq_stride, a, e, N, HD); \
+		break
+	if (hd == 64)
+	{
+		for (; r < nr; r += 4)
+			switch (nr - r < 4 ? nr - r : 4)
+			{
+					ROWS_CASE(4, 64);
+					ROWS_CASE(3, 64);
+					ROWS_CASE(2, 64);
+					ROWS_CASE(1, 64);
+			}
+	}
+	else
+	{
+		for (; r < nr; r += 2)
+			switch (nr - r < 2 ? nr - r : 2)
+			{
+					ROWS_CASE(2, 128);
+					ROWS_CASE(1, 128);
+			}
+	}
+#undef ROWS_CASE
+}
+#endif
+
 /* Prefetches one head's 16 rows of a block's keys or values (rows n_kv * hd bytes apart). */
 CAI_ALWAYS_INLINE void
 prefetch_head_rows(const int8_t *rows, int n_kv, int hd)
@@ -504,6 +588,29 @@ prefetch_head_rows(const int8_t *rows, int n_kv, int hd)
 	for (int slot = 0; slot < BLOCK; slot++)
 		for (int off = 0; off < hd; off += 64)
 			__builtin_prefetch(rows + (size_t) slot * n_kv * hd + off, 0, 2);
+}
+
+/* Prefetches a block's 16 x n_kv key or value scales. */
+CAI_ALWAYS_INLINE void
+prefetch_scales(const float *scales, int n_kv)
+{
+	for (size_t off = 0; off < (size_t) BLOCK * n_kv * sizeof(float); off += 64)
+		__builtin_prefetch((const char *) scales + off, 0, 2);
+}
+
+/* The start of a tile's work: its first block's keys and key scales. */
+CAI_ALWAYS_INLINE void
+prefetch_tile_start(const cai_attn_params *ap, const cai_batch_layout *batch, int seq,
+					int kv_head, int t0, cai_kv_pool *kv)
+{
+	const cai_kv_layout *L = cai_kv_pool_layout(kv);
+	int			pos0 = batch->token_pos[t0];
+	int			lo0 = ap->window > 0 && pos0 - ap->window + 1 > 0 ? pos0 - ap->window + 1 : 0;
+	uint8_t    *first = cai_kv_block_layer(kv, batch->block_tables[seq][lo0 / BLOCK], ap->kv_layer);
+
+	prefetch_head_rows(cai_kv_keys(L, first) + (size_t) kv_head * ap->head_dim, ap->n_kv_heads,
+					   ap->head_dim);
+	prefetch_scales(cai_kv_key_scales(L, first), ap->n_kv_heads);
 }
 
 CAI_ALWAYS_INLINE void
@@ -524,6 +631,12 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 				span;
 	float		kscale[BLOCK];
 	float		vscale[BLOCK];
+	cai_v16f	ks,
+				vs16;
+
+	/* the first block's keys and scales, while the queries are prepared */
+	if (!shadow)
+		prefetch_tile_start(ap, batch, seq, kv_head, t0, kv);
 
 	/* each row's position range and its prepared query */
 	for (int ti = 0; ti < n_tok; ti++)
@@ -587,11 +700,17 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 			 * keys and this block's values (pass 3) now, so that memory latency overlaps.
 			 */
 			prefetch_head_rows(cai_kv_values(L, part) + (size_t) kv_head * hd, n_kv, hd);
+			prefetch_scales(cai_kv_value_scales(L, part), n_kv);
 			if (b + 1 <= jhi / BLOCK)
-				prefetch_head_rows(cai_kv_keys(L, cai_kv_block_layer(kv, table[b + 1], ap->kv_layer)) +
-								   (size_t) kv_head * hd, n_kv, hd);
+			{
+				uint8_t    *next = cai_kv_block_layer(kv, table[b + 1], ap->kv_layer);
 
-			for (int slot = j0 - base; slot <= j1 - base; slot++)
+				prefetch_head_rows(cai_kv_keys(L, next) + (size_t) kv_head * hd, n_kv, hd);
+				prefetch_scales(cai_kv_key_scales(L, next), n_kv);
+			}
+
+			/* all 16 (slots outside [j0, j1] feed only lanes that are never stored) */
+			for (int slot = 0; slot < BLOCK; slot++)
 				kscale[slot] = kscales[slot * n_kv + kv_head];
 
 			/* the head's keys in four-byte groups */
@@ -616,16 +735,22 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 					qk_block_generic(s->k_t, s->q_i8, s->q_sum, rows_padded, hd, s->dots);
 					break;
 			}
+			/* score = dot * (q scale * k scale), the block's 16 slots at once */
+			memcpy(&ks, kscale, sizeof(ks));
 			for (int r = 0; r < rows; r++)
 			{
 				int			a = j0 > s->row_lo[r] ? j0 : s->row_lo[r];
 				int			e = j1 < s->row_hi[r] ? j1 : s->row_hi[r];
-				const int32_t *dr = s->dots + (size_t) r * BLOCK;
-				float	   *sr = s->scores + (size_t) r * span;
-				float		qs = s->q_scale[r];
+				cai_v16i	di;
+				cai_v16f	qs = cai_v16f_set1(s->q_scale[r]);
+				float		sc[BLOCK];
 
-				for (int j = a; j <= e; j++)
-					sr[j - jlo] = (float) dr[j - base] * (qs * kscale[j - base]);
+				if (a > e)
+					continue;
+				memcpy(&di, s->dots + (size_t) r * BLOCK, sizeof(di));
+				cai_v16f_store(sc, __builtin_convertvector(di, cai_v16f) * (qs * ks));
+				memcpy(s->scores + (size_t) r * span + (a - jlo), sc + (a - base),
+					   (size_t) (e - a + 1) * sizeof(float));
 			}
 		}
 		else
@@ -668,8 +793,9 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 			const int8_t *vq = cai_kv_values(L, part);
 			const float *vs = cai_kv_value_scales(L, part);
 
-			for (int j = j0; j <= j1; j++)
-				vscale[j - base] = vs[(j - base) * n_kv + kv_head];
+			for (int slot = 0; slot < BLOCK; slot++)
+				vscale[slot] = vs[slot * n_kv + kv_head];
+			memcpy(&vs16, vscale, sizeof(vs16));
 			if (hd == 64 || hd == 128)
 				vq_head = vq + (size_t) kv_head * hd;
 			else
@@ -718,6 +844,30 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 					o[i] = out + (size_t) (t0 + ti) * ldo + (size_t) (kv_head * group + g0 + i) * hd;
 					p[i] = s->scores + (size_t) (r0 + g0 + i) * span;
 				}
+#if defined(__x86_64__)
+				if (isa == ATTN_AVX512 && vq_head)
+				{
+					/* each row's factors p * vscale, the block's 16 at once when it is whole */
+					float		c[MAX_GROUP_ROWS][BLOCK];
+
+					for (int i = 0; i < nr; i++)
+					{
+						if (a == base && e == base + BLOCK - 1)
+						{
+							cai_v16f	pv;
+
+							memcpy(&pv, p[i] + (base - jlo), sizeof(pv));
+							cai_v16f_store(c[i], pv * vs16);
+						}
+						else
+							for (int j = a; j <= e; j++)
+								c[i][j - base] = p[i][j - jlo] * vscale[j - base];
+					}
+					accumulate_i8_avx512(o, (const float (*)[BLOCK]) c, nr, vq_head,
+										 (size_t) n_kv * hd, a - base, e - base, hd);
+					continue;
+				}
+#endif
 				accumulate_values(o, p, nr, base - jlo, vscale, s->values, vq_head,
 								  (size_t) n_kv * hd, a - base, e - base, hd);
 			}

@@ -18,8 +18,13 @@
 #include "ops.h"
 #include "threadpool.h"
 
-/* Elements of work below which a row operation runs on the caller alone. */
-#define ROWS_INLINE_WORK 32768
+/*
+ * Elements of work below which a row operation runs on the caller alone.  The pool's workers
+ * spin between the matrix products of a step, so a dispatch costs about a microsecond: the
+ * 32-row norms, RoPE and KV writes of a batch-32 decode step (18-25 K elements, a few
+ * microseconds each) are worth splitting; the single rows of batch 1 never are.
+ */
+#define ROWS_INLINE_WORK 8192
 
 typedef struct attn_task
 {
@@ -168,6 +173,28 @@ cpu_gather_rows(cai_backend *be, const float *src, int d, const int32_t *rows, i
 		memcpy(dst + (size_t) i * d, src + (size_t) rows[i] * d, (size_t) d * sizeof(float));
 }
 
+/* A row operation's continuation (backend.h's cai_then_rotate) on row t, just written. */
+static void
+then_rotate_row(const cai_then_rotate *then, float *row, int t)
+{
+	int			width = then->n_vec * then->rot->n;
+
+	for (int v = 0; v < then->n_vec; v++)
+		cai_op_rotate_vec(then->rot, row + (size_t) v * then->rot->n);
+	if (then->q)
+		cai_quantize_act_i8(row, 1, width, then->q + (size_t) t * width, then->s + t);
+}
+
+/*
+ * Work of a continuation per row: butterflies, the mix and the quantization, about
+ * log2(n_pow2) + n_mix + 4 operations per element.
+ */
+static int64_t
+then_work(const cai_then_rotate *then)
+{
+	return then ? (int64_t) then->n_vec * then->rot->n * 4 : 0;
+}
+
 typedef struct norm_args
 {
 	cpu_backend *cb;
@@ -178,6 +205,7 @@ typedef struct norm_args
 	float	   *out;
 	int8_t	   *q;
 	float	   *s;
+	const cai_then_rotate *then;
 } norm_args;
 
 static void
@@ -186,8 +214,13 @@ rmsnorm_rows(void *arg, int t0, int t1, int thread)
 	norm_args  *a = arg;
 
 	for (int t = t0; t < t1; t++)
-		cai_op_rmsnorm_row(a->x + (size_t) t * a->d, a->w, a->d, a->eps,
-						   a->out + (size_t) t * a->d);
+	{
+		float	   *out = a->out + (size_t) t * a->d;
+
+		cai_op_rmsnorm_row(a->x + (size_t) t * a->d, a->w, a->d, a->eps, out);
+		if (a->then)
+			then_rotate_row(a->then, out, t);
+	}
 }
 
 static void
@@ -205,11 +238,12 @@ rmsnorm_quant_rows(void *arg, int t0, int t1, int thread)
 
 static void
 cpu_rmsnorm(cai_backend *be, const float *x, const float *w, int n_tok, int d, float eps,
-			float *out)
+			float *out, const cai_then_rotate *then)
 {
-	norm_args	a = {.cb = cpu_of(be), .x = x, .w = w, .d = d, .eps = eps, .out = out};
+	norm_args	a = {.cb = cpu_of(be), .x = x, .w = w, .d = d, .eps = eps, .out = out,
+	.then = then};
 
-	run_rows(a.cb, n_tok, d, rmsnorm_rows, &a);
+	run_rows(a.cb, n_tok, d + then_work(then), rmsnorm_rows, &a);
 }
 
 static void
@@ -270,6 +304,7 @@ typedef struct rope_args
 	int			ldx;
 	int			n_heads;
 	int			head_dim;
+	const cai_then_rotate *then;
 } rope_args;
 
 static void
@@ -297,18 +332,24 @@ rope_rows(void *arg, int t0, int t1, int thread)
 	rope_args  *a = arg;
 
 	for (int t = t0; t < t1; t++)
-		cai_op_rope_row(a->rp, a->cs_in + (size_t) t * a->rp->n_rot, a->x + (size_t) t * a->ldx,
-						a->n_heads, a->head_dim);
+	{
+		float	   *row = a->x + (size_t) t * a->ldx;
+
+		cai_op_rope_row(a->rp, a->cs_in + (size_t) t * a->rp->n_rot, row, a->n_heads,
+						a->head_dim);
+		if (a->then)
+			then_rotate_row(a->then, row, t);
+	}
 }
 
 static void
 cpu_rope(cai_backend *be, const cai_rope_params *rp, const float *cs, float *x, int ldx,
-		 int n_tok, int n_heads, int head_dim)
+		 int n_tok, int n_heads, int head_dim, const cai_then_rotate *then)
 {
 	rope_args	a = {.rp = rp, .cs_in = cs, .x = x, .ldx = ldx, .n_heads = n_heads,
-	.head_dim = head_dim};
+	.head_dim = head_dim, .then = then};
 
-	run_rows(cpu_of(be), n_tok, (int64_t) n_heads * rp->n_rot, rope_rows, &a);
+	run_rows(cpu_of(be), n_tok, (int64_t) n_heads * rp->n_rot + then_work(then), rope_rows, &a);
 }
 
 typedef struct swiglu_args
@@ -319,6 +360,7 @@ typedef struct swiglu_args
 	float	   *out;
 	int8_t	   *q;
 	float	   *s;
+	const cai_then_rotate *then;
 } swiglu_args;
 
 static void
@@ -329,8 +371,11 @@ swiglu_rows(void *arg, int t0, int t1, int thread)
 	for (int t = t0; t < t1; t++)
 	{
 		const float *g = a->gate_up + (size_t) t * 2 * a->d_ff;
+		float	   *out = a->out + (size_t) t * a->d_ff;
 
-		cai_op_swiglu_row(g, g + a->d_ff, a->d_ff, a->out + (size_t) t * a->d_ff);
+		cai_op_swiglu_row(g, g + a->d_ff, a->d_ff, out);
+		if (a->then)
+			then_rotate_row(a->then, out, t);
 	}
 }
 
@@ -350,11 +395,13 @@ swiglu_quant_rows(void *arg, int t0, int t1, int thread)
 }
 
 static void
-cpu_swiglu(cai_backend *be, const float *gate_up, int n_tok, int d_ff, float *out)
+cpu_swiglu(cai_backend *be, const float *gate_up, int n_tok, int d_ff, float *out,
+		   const cai_then_rotate *then)
 {
-	swiglu_args a = {.cb = cpu_of(be), .gate_up = gate_up, .d_ff = d_ff, .out = out};
+	swiglu_args a = {.cb = cpu_of(be), .gate_up = gate_up, .d_ff = d_ff, .out = out,
+	.then = then};
 
-	run_rows(a.cb, n_tok, (int64_t) d_ff * 4, swiglu_rows, &a);
+	run_rows(a.cb, n_tok, (int64_t) d_ff * 4 + then_work(then), swiglu_rows, &a);
 }
 
 static void
@@ -372,39 +419,27 @@ cpu_swiglu_quant(cai_backend *be, const float *gate_up, int n_tok, int d_ff, int
 
 typedef struct rotate_args
 {
-	const cai_rotation *rot;
+	cai_then_rotate rotation;
 	float	   *x;
 	int			ldx;
-	int			n_vec;
-	int8_t	   *q;
-	float	   *s;
 } rotate_args;
 
 static void
 rotate_rows(void *arg, int t0, int t1, int thread)
 {
 	rotate_args *a = arg;
-	int			width = a->n_vec * a->rot->n;
 
 	for (int t = t0; t < t1; t++)
-	{
-		float	   *row = a->x + (size_t) t * a->ldx;
-
-		for (int v = 0; v < a->n_vec; v++)
-			cai_op_rotate_vec(a->rot, row + (size_t) v * a->rot->n);
-		if (a->q)
-			cai_quantize_act_i8(row, 1, width, a->q + (size_t) t * width, a->s + t);
-	}
+		then_rotate_row(&a->rotation, a->x + (size_t) t * a->ldx, t);
 }
 
 static void
 cpu_rotate(cai_backend *be, const cai_rotation *rot, float *x, int ldx, int n_tok, int n_vec,
 		   int8_t *q, float *s)
 {
-	rotate_args a = {.rot = rot, .x = x, .ldx = ldx, .n_vec = n_vec, .q = q, .s = s};
+	rotate_args a = {.rotation = {.rot = rot, .n_vec = n_vec, .q = q, .s = s}, .x = x, .ldx = ldx};
 
-	/* butterflies, the mix and the quantization: about log2(n_pow2) + n_mix + 4 per element */
-	run_rows(cpu_of(be), n_tok, (int64_t) n_vec * rot->n * 4, rotate_rows, &a);
+	run_rows(cpu_of(be), n_tok, then_work(&a.rotation), rotate_rows, &a);
 }
 
 /* ---------------------------------------------------------------------------------------------
