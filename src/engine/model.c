@@ -2053,6 +2053,13 @@ model_rope_params(const cai_model *model, cai_rope_params *rope)
 	rope->freq_factors = model->rope_freqs;
 }
 
+/* The int8 path's rotation of a GEMM input of `width` per row, quantized into ctx->xq, xs. */
+static cai_then_rotate
+gemm_input_rotation(cai_forward_ctx *ctx, const cai_rotation *rot, int width)
+{
+	return (cai_then_rotate) {.rot = rot, .n_vec = width / rot->n, .q = ctx->xq, .s = ctx->xs};
+}
+
 /*
  * One transformer layer over the batch's T rows of ctx->x (in place), on the int8 path or the
  * float path (f).  stats, float path only: records the GEMM inputs' per-channel maxima.
@@ -2091,10 +2098,8 @@ forward_layer(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 	 * The int8 path's rotations (see "rotations"), done by the operation that writes the rows:
 	 * a GEMM input is rotated and quantized for its GEMM, q and k heads only rotated.
 	 */
-	const cai_then_rotate to_model = {.rot = &model->rot_model, .n_vec = d / model->rot_model.n,
-	.q = ctx->xq, .s = ctx->xs};
-	const cai_then_rotate to_ff = {.rot = &model->rot_ff, .n_vec = d_ff / model->rot_ff.n,
-	.q = ctx->xq, .s = ctx->xs};
+	const cai_then_rotate to_model = gemm_input_rotation(ctx, &model->rot_model, d);
+	const cai_then_rotate to_ff = gemm_input_rotation(ctx, &model->rot_ff, d_ff);
 	const cai_then_rotate to_heads = {.rot = &model->rot_head,
 	.n_vec = n_qk_heads * c->head_dim / model->rot_head.n};
 
@@ -2258,8 +2263,7 @@ cai_model_forward(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 	{
 		if (!f)
 		{
-			const cai_then_rotate to_model = {.rot = &model->rot_model,
-			.n_vec = d / model->rot_model.n, .q = ctx->xq, .s = ctx->xs};
+			const cai_then_rotate to_model = gemm_input_rotation(ctx, &model->rot_model, d);
 
 			op->rmsnorm(be, ctx->xg, model->out_norm_i8, R, d, c->norm_eps, ctx->xn, &to_model);
 			op->gemm_i8(be, ctx->xq, ctx->xs, R, &model->lm_head, NULL, logits, c->n_vocab, false);

@@ -29,9 +29,9 @@
  *   after                                3.30 ms, 1.15 us/tile   3.40 ms, 1.18 us/tile
  *
  * What changed: the key and value scales are prefetched with the keys and values (without any
- * prefetching a tile takes 2.0 us: even "hot" KV is an L3 trip per block), scores and the
- * values' factors are made 16 lanes at a time, value rows are widened straight from memory, and
- * the KV pool sits on transparent huge pages.  Hot and cold are alike: the tile is bound by its
+ * prefetching a tile takes 2.0 us: even "hot" KV is an L3 trip per block), scores are made 16
+ * lanes at a time, value rows are widened straight from memory, and the KV pool sits on
+ * transparent huge pages.  Hot and cold are alike: the tile is bound by its
  * instructions (softmax, query quantization, the per-block set-up) more than by DRAM.
  */
 #include <stdio.h>

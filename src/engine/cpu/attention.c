@@ -470,56 +470,34 @@ accumulate_values_any(float *o, const float *p, int p_off, const float *vscale,
 }
 
 /*
- * Rows sharing a range, in groups the register file holds (up to 4 rows of 64, 2 of 128, each
- * group in one pass).  Values come as int8 rows vq (vq_stride bytes apart; head sizes 64 and
- * 128) or as float rows `values`.
+ * Runs CASE(N, HD) over rows [r, nr) in groups the register file holds: up to 4 rows of head size
+ * 64, 2 of 128, each group in one pass (r is the caller's variable; other sizes run nothing).
  */
-CAI_ALWAYS_INLINE void
-accumulate_values(float *const *o, const float *const *p, int nr, int p_off,
-				  const float *vscale, const float *values, const int8_t *vq, size_t vq_stride,
-				  int a, int e, int hd)
-{
-	int			r = 0;
-
-#define ROWS_CASE(N, HD) \
-	case N: \
-		accumulate_values_rows(o + r, p + r, p_off, vscale, values, vq, vq_stride, a, e, N, HD); \
-		break
-	if (hd == 64)
-	{
-		for (; r < nr; r += 4)
-			switch (nr - r < 4 ? nr - r : 4)
-			{
-					ROWS_CASE(4, 64);
-					ROWS_CASE(3, 64);
-					ROWS_CASE(2, 64);
-					ROWS_CASE(1, 64);
-			}
-	}
-	else if (hd == 128)
-	{
-		for (; r < nr; r += 2)
-			switch (nr - r < 2 ? nr - r : 2)
-			{
-					ROWS_CASE(2, 128);
-					ROWS_CASE(1, 128);
-			}
-	}
-	else
-		for (; r < nr; r++)
-			accumulate_values_any(o[r], p[r], p_off, vscale, values, a, e, hd);
-#undef ROWS_CASE
-}
+#define ROW_GROUPS(CASE) \
+	do { \
+		if (hd == 64) \
+			for (; r < nr; r += 4) \
+				switch (nr - r < 4 ? nr - r : 4) \
+				{ \
+					CASE(4, 64); CASE(3, 64); CASE(2, 64); CASE(1, 64); \
+				} \
+		else if (hd == 128) \
+			for (; r < nr; r += 2) \
+				switch (nr - r < 2 ? nr - r : 2) \
+				{ \
+					CASE(2, 128); CASE(1, 128); \
+				} \
+	} while (0)
 
 #if defined(__x86_64__)
 /*
- * accumulate_values_rows for int8 values on AVX-512, the factors c[r][slot] = p * vscale made
- * beforehand: each value row is widened straight from memory (vpmovsxbd, vcvtdq2ps) and every
- * row takes the same multiply, then add, in the same slot order as the portable code.
+ * accumulate_values_rows for int8 values on AVX-512: each value row is widened straight from
+ * memory (vpmovsxbd, vcvtdq2ps) and every row takes the same factor, multiply, then add, in the
+ * same slot order as the portable code.
  */
 TARGET_AVX512 CAI_ALWAYS_INLINE void
-accumulate_i8_rows_avx512(float *const *o, const float (*c)[BLOCK], const int8_t *vq,
-						  size_t vq_stride, int a, int e, int NR, int HD)
+accumulate_i8_rows_avx512(float *const *o, const float *const *p, int p_off, const float *vscale,
+						  const int8_t *vq, size_t vq_stride, int a, int e, int NR, int HD)
 {
 	__m512		acc[4][8];
 
@@ -535,7 +513,7 @@ accumulate_i8_rows_avx512(float *const *o, const float (*c)[BLOCK], const int8_t
 			v[i] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *) (src + 16 * i))));
 		for (int r = 0; r < NR; r++)
 		{
-			__m512		cv = _mm512_set1_ps(c[r][j]);
+			__m512		cv = _mm512_set1_ps(p[r][j + p_off] * vscale[j]);
 
 			for (int i = 0; i < HD / 16; i++)
 				acc[r][i] = _mm512_add_ps(acc[r][i], _mm512_mul_ps(cv, v[i]));
@@ -546,40 +524,50 @@ accumulate_i8_rows_avx512(float *const *o, const float (*c)[BLOCK], const int8_t
 			_mm512_storeu_ps(o[r] + 16 * i, acc[r][i]);
 }
 
-/* Rows in groups the register file holds (4 rows of head size 64, 2 of 128). */
 TARGET_AVX512 static void
-accumulate_i8_avx512(float *const *o, const float (*c)[BLOCK], int nr, const int8_t *vq,
-					 size_t vq_stride, int a, int e, int hd)
+accumulate_i8_avx512(float *const *o, const float *const *p, int nr, int p_off,
+					 const float *vscale, const int8_t *vq, size_t vq_stride, int a, int e, int hd)
 {
 	int			r = 0;
 
-#define ROWS_CASE(N, HD) \
+#define I8_ROWS_CASE(N, HD) \
 	case N: \
-		accumulate_i8_rows_avx512(o + r, c + r, vq, vq_stride, a, e, N, HD); \
+		accumulate_i8_rows_avx512(o + r, p + r, p_off, vscale, vq, vq_stride, a, e, N, HD); \
 		break
-	if (hd == 64)
-	{
-		for (; r < nr; r += 4)
-			switch (nr - r < 4 ? nr - r : 4)
-			{
-					ROWS_CASE(4, 64);
-					ROWS_CASE(3, 64);
-					ROWS_CASE(2, 64);
-					ROWS_CASE(1, 64);
-			}
-	}
-	else
-	{
-		for (; r < nr; r += 2)
-			switch (nr - r < 2 ? nr - r : 2)
-			{
-					ROWS_CASE(2, 128);
-					ROWS_CASE(1, 128);
-			}
-	}
-#undef ROWS_CASE
+	ROW_GROUPS(I8_ROWS_CASE);
+#undef I8_ROWS_CASE
 }
 #endif
+
+/*
+ * Rows sharing a range, grouped by ROW_GROUPS.  Values come as int8 rows vq (vq_stride bytes
+ * apart; head sizes 64 and 128, widened by the AVX-512 routine on that path) or as float rows
+ * `values`.
+ */
+CAI_ALWAYS_INLINE void
+accumulate_values(float *const *o, const float *const *p, int nr, int p_off,
+				  const float *vscale, const float *values, const int8_t *vq, size_t vq_stride,
+				  int a, int e, int hd, attn_isa isa)
+{
+	int			r = 0;
+
+#if defined(__x86_64__)
+	if (isa == ATTN_AVX512 && vq)
+	{
+		accumulate_i8_avx512(o, p, nr, p_off, vscale, vq, vq_stride, a, e, hd);
+		return;
+	}
+#endif
+#define ROWS_CASE(N, HD) \
+	case N: \
+		accumulate_values_rows(o + r, p + r, p_off, vscale, values, vq, vq_stride, a, e, N, HD); \
+		break
+	ROW_GROUPS(ROWS_CASE);
+#undef ROWS_CASE
+	if (hd != 64 && hd != 128)
+		for (; r < nr; r++)
+			accumulate_values_any(o[r], p[r], p_off, vscale, values, a, e, hd);
+}
 
 /* Prefetches one head's 16 rows of a block's keys or values (rows n_kv * hd bytes apart). */
 CAI_ALWAYS_INLINE void
@@ -629,10 +617,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 	int			jlo,
 				jhi,
 				span;
-	float		kscale[BLOCK];
 	float		vscale[BLOCK];
-	cai_v16f	ks,
-				vs16;
 
 	/* the first block's keys and scales, while the queries are prepared */
 	if (!shadow)
@@ -694,6 +679,8 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 		{
 			const int8_t *keys = cai_kv_keys(L, part);
 			const float *kscales = cai_kv_key_scales(L, part);
+			float		kscale[BLOCK];
+			cai_v16f	ks;
 
 			/*
 			 * Blocks lie far apart and a decode reads each once: ask for the next block's
@@ -712,6 +699,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 			/* all 16 (slots outside [j0, j1] feed only lanes that are never stored) */
 			for (int slot = 0; slot < BLOCK; slot++)
 				kscale[slot] = kscales[slot * n_kv + kv_head];
+			memcpy(&ks, kscale, sizeof(ks));
 
 			/* the head's keys in four-byte groups */
 #if defined(__x86_64__)
@@ -736,7 +724,6 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 					break;
 			}
 			/* score = dot * (q scale * k scale), the block's 16 slots at once */
-			memcpy(&ks, kscale, sizeof(ks));
 			for (int r = 0; r < rows; r++)
 			{
 				int			a = j0 > s->row_lo[r] ? j0 : s->row_lo[r];
@@ -793,9 +780,8 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 			const int8_t *vq = cai_kv_values(L, part);
 			const float *vs = cai_kv_value_scales(L, part);
 
-			for (int slot = 0; slot < BLOCK; slot++)
-				vscale[slot] = vs[slot * n_kv + kv_head];
-			memcpy(&vs16, vscale, sizeof(vs16));
+			for (int j = j0; j <= j1; j++)
+				vscale[j - base] = vs[(j - base) * n_kv + kv_head];
 			if (hd == 64 || hd == 128)
 				vq_head = vq + (size_t) kv_head * hd;
 			else
@@ -844,32 +830,8 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 					o[i] = out + (size_t) (t0 + ti) * ldo + (size_t) (kv_head * group + g0 + i) * hd;
 					p[i] = s->scores + (size_t) (r0 + g0 + i) * span;
 				}
-#if defined(__x86_64__)
-				if (isa == ATTN_AVX512 && vq_head)
-				{
-					/* each row's factors p * vscale, the block's 16 at once when it is whole */
-					float		c[MAX_GROUP_ROWS][BLOCK];
-
-					for (int i = 0; i < nr; i++)
-					{
-						if (a == base && e == base + BLOCK - 1)
-						{
-							cai_v16f	pv;
-
-							memcpy(&pv, p[i] + (base - jlo), sizeof(pv));
-							cai_v16f_store(c[i], pv * vs16);
-						}
-						else
-							for (int j = a; j <= e; j++)
-								c[i][j - base] = p[i][j - jlo] * vscale[j - base];
-					}
-					accumulate_i8_avx512(o, (const float (*)[BLOCK]) c, nr, vq_head,
-										 (size_t) n_kv * hd, a - base, e - base, hd);
-					continue;
-				}
-#endif
 				accumulate_values(o, p, nr, base - jlo, vscale, s->values, vq_head,
-								  (size_t) n_kv * hd, a - base, e - base, hd);
+								  (size_t) n_kv * hd, a - base, e - base, hd, isa);
 			}
 		}
 	}
