@@ -5,8 +5,11 @@
  * from position 0 (teacher forcing) on the int8 path and on the float reference path (the
  * source weights dequantized to fp32).  Over every position that predicts a next token it
  * reports each path's perplexity, how often the two paths' argmax agree, and the mean
- * KL(float || int8) of their next-token distributions.
+ * KL(float || int8) of their next-token distributions.  With --logits-out DIR it also writes
+ * the scored tokens and both paths' logits there, so that other engines can be compared against
+ * the same float reference (tests/bench/bench_fidelity.py does that with llama.cpp).
  */
+#include <errno.h>
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -23,6 +26,7 @@ static struct
 	int			threads;
 	bool		json_only;
 	bool		compensated_rounding;
+	const char *logits_out;
 } eval_opts;
 
 static const cli_option eval_options[] = {
@@ -55,6 +59,13 @@ static const cli_option eval_options[] = {
 		.help = "print only the JSON (no human line)",
 	},
 	CLI_ROUNDING_OPTION(eval_opts),
+	{
+		.name = "logits-out",
+		.kind = CLI_OPT_STRING,
+		.target = &eval_opts.logits_out,
+		.metavar = "DIR",
+		.help = "also write the scored tokens and both paths' logits to DIR",
+	},
 };
 
 const cli_command cli_eval_command = {
@@ -64,7 +75,9 @@ const cli_command cli_eval_command = {
 	.description =
 	"Scores FILE in windows of --ctx tokens on the int8 path and on the float reference path,\n"
 	"and prints both perplexities, the top-1 agreement and the mean KL(float || int8) as JSON\n"
-	"on stdout, with a one-line summary on stderr.",
+	"on stdout, with a one-line summary on stderr.  --logits-out DIR (an existing directory)\n"
+	"also writes the scored tokens (tokens.i32: int32, window after window) and each path's\n"
+	"logits (int8.f32, float.f32: float32 [tokens][n_vocab]), 4 * n_vocab bytes per token each.",
 	.options = eval_options,
 	.n_options = sizeof(eval_options) / sizeof(eval_options[0]),
 	.positional = "FILE",
@@ -134,6 +147,68 @@ accumulate_window(const int32_t *tokens, int n, const float *q, const float *f, 
 	}
 }
 
+/* The files --logits-out writes, in the order of eval_dump.files. */
+static const char *const dump_names[] = {"tokens.i32", "int8.f32", "float.f32"};
+
+typedef struct eval_dump
+{
+	FILE	   *files[3];
+} eval_dump;
+
+/* Creates (truncates) the --logits-out files in dir; false after reporting an error. */
+static bool
+eval_dump_open(eval_dump *d, const char *dir)
+{
+	for (int i = 0; i < 3; i++)
+	{
+		char		path[4096];
+
+		snprintf(path, sizeof(path), "%s/%s", dir, dump_names[i]);
+		d->files[i] = fopen(path, "wb");
+		if (!d->files[i])
+		{
+			cli_error("could not create \"%s\": %s", path, strerror(errno));
+			return false;
+		}
+	}
+	return true;
+}
+
+/* Appends one window; false after reporting an error (a full disk, most likely). */
+static bool
+eval_dump_window(eval_dump *d, const char *dir, const int32_t *tokens, int n, const float *q,
+				 const float *f, int n_vocab)
+{
+	const void *data[3] = {tokens, q, f};
+	size_t		items[3] = {(size_t) n, (size_t) n * n_vocab, (size_t) n * n_vocab};
+
+	for (int i = 0; i < 3; i++)
+		if (fwrite(data[i], 4, items[i], d->files[i]) != items[i])
+		{
+			cli_error("could not write \"%s/%s\": %s", dir, dump_names[i], strerror(errno));
+			return false;
+		}
+	return true;
+}
+
+/* Closes the files; false after reporting an error when a write could not be completed. */
+static bool
+eval_dump_close(eval_dump *d, const char *dir)
+{
+	bool		ok = true;
+
+	for (int i = 0; i < 3; i++)
+	{
+		if (d->files[i] && fclose(d->files[i]) != 0 && ok)
+		{
+			cli_error("could not write \"%s/%s\": %s", dir, dump_names[i], strerror(errno));
+			ok = false;
+		}
+		d->files[i] = NULL;
+	}
+	return ok;
+}
+
 int
 cmd_eval(int argc, char **argv)
 {
@@ -153,6 +228,7 @@ cmd_eval(int argc, char **argv)
 	eval_totals totals;
 	int			n_windows = 0;
 	int			n_eval;
+	eval_dump	dump = {{NULL}};
 
 	memset(&eval_opts, 0, sizeof(eval_opts));
 	eval_opts.ctx = 512;
@@ -203,6 +279,8 @@ cmd_eval(int argc, char **argv)
 		cli_error("out of memory for %d x %d logits", eval_opts.ctx, info.n_vocab);
 		goto done;
 	}
+	if (eval_opts.logits_out && !eval_dump_open(&dump, eval_opts.logits_out))
+		goto done;
 
 	for (int start = 0; start + 1 < n_eval; start += eval_opts.ctx)
 	{
@@ -225,6 +303,10 @@ cmd_eval(int argc, char **argv)
 			goto done;
 		}
 		totals.seconds_float += cli_now() - t0;
+		if (eval_opts.logits_out &&
+			!eval_dump_window(&dump, eval_opts.logits_out, tokens.ids + start, n, logits_q,
+							  logits_f, info.n_vocab))
+			goto done;
 		accumulate_window(tokens.ids + start, n, logits_q, logits_f, info.n_vocab, &totals);
 		n_windows++;
 		if (!eval_opts.json_only)
@@ -232,6 +314,9 @@ cmd_eval(int argc, char **argv)
 					n_windows, n, exp(totals.nll_int8 / totals.positions),
 					exp(totals.nll_float / totals.positions));
 	}
+
+	if (!eval_dump_close(&dump, eval_opts.logits_out))
+		goto done;
 
 	{
 		double		ppl_q = exp(totals.nll_int8 / totals.positions);
@@ -261,6 +346,7 @@ cmd_eval(int argc, char **argv)
 	rc = CLI_EXIT_OK;
 
 done:
+	eval_dump_close(&dump, eval_opts.logits_out);
 	free(text);
 	free(logits_q);
 	free(logits_f);

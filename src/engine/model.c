@@ -2315,7 +2315,8 @@ cai_model_forward(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
  * whole text KL 0.0325 -> 0.0048, 89.7% -> 95.8%, +2.6% -> +0.55%.  The weights' part is about
  * half of what is left and does not shrink with finer activation scales: per-channel int8
  * requantization of the Q4_1 weights alone, everything else float, agrees on 96.8% over the
- * whole text.
+ * whole text (KL 0.0023; per matrix kind, per-group scales and 9-bit ablations in the README's
+ * "int8 fidelity"), and the activations alone on 97.05%.
  */
 
 /*

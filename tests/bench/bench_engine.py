@@ -255,25 +255,31 @@ def bench_llama(path, args, label):
     return result
 
 
-def q8_0_path(args):
-    """The cached Q8_0 requantization of --model, made on first use."""
+def requantized_path(args, ftype, label):
+    """The cached requantization of --model to llama.cpp's `ftype` (label: its file suffix and
+    name), made on first use with llama_model_quantize."""
     st = os.stat(args.model)
     base = os.path.splitext(os.path.basename(args.model))[0]
-    out = os.path.join(args.cache_dir, f"{base}-{st.st_size}-{int(st.st_mtime)}.Q8_0.gguf")
+    out = os.path.join(args.cache_dir, f"{base}-{st.st_size}-{int(st.st_mtime)}.{label}.gguf")
     if os.path.exists(out):
         return out
     os.makedirs(args.cache_dir, exist_ok=True)
     qparams = llama_cpp.llama_model_quantize_default_params()
     qparams.nthread = args.threads
-    qparams.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0
+    qparams.ftype = ftype
     qparams.allow_requantize = True
     tmp = out + ".partial"
-    print(f"llama.cpp: requantizing to Q8_0 -> {out}", file=sys.stderr, flush=True)
+    print(f"llama.cpp: requantizing to {label} -> {out}", file=sys.stderr, flush=True)
     rc = llama_cpp.llama_model_quantize(args.model.encode(), tmp.encode(), ctypes.byref(qparams))
     if rc != 0:
-        sys.exit(f"llama_model_quantize failed ({rc})")
+        sys.exit(f"llama_model_quantize to {label} failed ({rc})")
     os.replace(tmp, out)
     return out
+
+
+def q8_0_path(args):
+    """The cached Q8_0 requantization of --model."""
+    return requantized_path(args, llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "Q8_0")
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""bench_fidelity.py — how close pg_cai's int8 path and llama.cpp's quantized paths come to one
+float reference, on the same tokens, in one run.
+
+The reference is pg_cai's float path: the GGUF's weights dequantized to fp32, no activation or
+KV quantization (what `cai eval` compares its int8 path with).  `cai eval --logits-out` writes
+the scored tokens and both of its paths' logits; llama.cpp (llama-cpp-python) then scores the
+same windows of the same tokens, from position 0 of each window, on:
+
+  1. the same GGUF file (Q4_1 for the default model): the source weights exactly, activations
+     quantized to 8 bits in blocks of 32 for its dot products (ggml's q8_1), F16 KV cache;
+  2. a Q8_0 requantization of it (the baseline bench_engine.py times): 8-bit weights in blocks
+     of 32 as well;
+  3. an F32 requantization of it (the source weights dequantized, float matrix products, F16 KV
+     cache): the check that both engines compute the same model, which should agree with the
+     reference on nearly every position.
+
+For each it prints, over every position that predicts a next token, the top-1 agreement with the
+reference's argmax, the mean KL(reference || path) of the next-token distributions and the
+perplexity, next to issue 2's goal for the int8 path (agreement >= 98%, perplexity within 2%).
+Everything is also written as JSON (--out).  A measurement, not a test: not run by CI.
+
+    make cai && /opt/benchenv/bin/python tests/bench/bench_fidelity.py
+
+The logits are kept in a temporary directory while it runs: 4 * n_vocab bytes per token and
+path (1.5 GB per path for the whole GPL-3 text with SmolLM2's 49152-token vocabulary).
+"""
+
+import argparse
+import ctypes
+import datetime
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+from bench_engine import DEFAULT_MODEL, REPO, _quiet_log, cpu_name, requantized_path
+
+import llama_cpp
+import numpy as np
+
+DEFAULT_TEXT = "/usr/share/common-licenses/GPL-3"
+ROWS_PER_CHUNK = 128
+
+
+def log_softmax(rows):
+    """Row-wise log-softmax in float64."""
+    rows = rows.astype(np.float64)
+    rows -= rows.max(axis=1, keepdims=True)
+    return rows - np.log(np.exp(rows).sum(axis=1, keepdims=True))
+
+
+class Figures:
+    """Agreement with the reference, KL(reference || path) and the path's perplexity."""
+
+    def __init__(self):
+        self.positions = 0
+        self.agree = 0
+        self.kl = 0.0
+        self.nll = 0.0
+
+    def add(self, ref_logits, logits, next_tokens):
+        for a in range(0, len(next_tokens), ROWS_PER_CHUNK):
+            b = min(a + ROWS_PER_CHUNK, len(next_tokens))
+            ref = log_softmax(ref_logits[a:b])
+            path = log_softmax(logits[a:b])
+            # argmax with the lowest id on ties, as cai eval takes it
+            self.agree += int((ref_logits[a:b].argmax(axis=1) == logits[a:b].argmax(axis=1)).sum())
+            self.kl += float((np.exp(ref) * (ref - path)).sum())
+            self.nll -= float(path[np.arange(b - a), next_tokens[a:b]].sum())
+            self.positions += b - a
+
+    def result(self):
+        return {"positions": self.positions,
+                "top1_agreement": self.agree / self.positions,
+                "mean_kl": self.kl / self.positions,
+                "perplexity": float(np.exp(self.nll / self.positions))}
+
+
+def windows(n_tokens, ctx):
+    """(start, length) of cai eval's windows: consecutive, ctx tokens each, the last shorter."""
+    return [(s, min(ctx, n_tokens - s)) for s in range(0, n_tokens, ctx) if n_tokens - s >= 2]
+
+
+def score_ours(tokens, ctx, logits, n_vocab):
+    """Figures of one of pg_cai's paths (logits: the memmapped file) against the float path."""
+    ref = np.memmap(logits["float"], dtype=np.float32, mode="r").reshape(-1, n_vocab)
+    path = np.memmap(logits["path"], dtype=np.float32, mode="r").reshape(-1, n_vocab)
+    fig = Figures()
+    for s, n in windows(len(tokens), ctx):
+        fig.add(ref[s:s + n - 1], path[s:s + n - 1], tokens[s + 1:s + n])
+    return fig.result()
+
+
+def score_llama(model, tokens, ctx, float_path, n_vocab, threads, label):
+    """Figures of llama.cpp on `model` against pg_cai's float path, window by window."""
+    print(f"{label}: scoring {len(tokens)} tokens", file=sys.stderr, flush=True)
+    llm = llama_cpp.Llama(model_path=model, n_ctx=ctx, n_batch=ctx, n_ubatch=ctx,
+                          n_threads=threads, n_threads_batch=threads, logits_all=True,
+                          verbose=False)
+    if llm.n_vocab() != n_vocab:
+        sys.exit(f"{model}: llama.cpp has {llm.n_vocab()} tokens, pg_cai {n_vocab}")
+    ref = np.memmap(float_path, dtype=np.float32, mode="r").reshape(-1, n_vocab)
+    fig = Figures()
+    start = time.monotonic()
+    for s, n in windows(len(tokens), ctx):
+        llm.reset()
+        llm.eval(tokens[s:s + n].tolist())
+        fig.add(ref[s:s + n - 1], np.asarray(llm.scores[:n - 1], dtype=np.float32),
+                tokens[s + 1:s + n])
+    result = fig.result()
+    result["seconds"] = time.monotonic() - start
+    llm.close()
+    return result
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default=DEFAULT_MODEL, help="GGUF file (default: %(default)s)")
+    ap.add_argument("--text", default=DEFAULT_TEXT, help="text to score (default: %(default)s)")
+    ap.add_argument("--ctx", type=int, default=512, help="window length in tokens (default 512)")
+    ap.add_argument("--max-tokens", type=int, default=0,
+                    help="score only the first N tokens of the text; 0 = all")
+    ap.add_argument("--threads", type=int, default=2, help="CPU threads for both engines")
+    ap.add_argument("--cai", default=os.path.join(REPO, "cai"), help="the cai binary")
+    ap.add_argument("--cache-dir", default=os.path.join(
+        os.environ.get("XDG_CACHE_HOME", "/tmp"), "pg_cai_bench"),
+        help="where llama.cpp's requantizations are kept (default: %(default)s)")
+    ap.add_argument("--out", help="write the JSON here (default: tests/bench/out/fidelity-TIME.json)")
+    args = ap.parse_args()
+    args.model = os.path.abspath(args.model)
+    if not os.path.exists(args.cai):
+        sys.exit(f"{args.cai} not found: run `make cai` first")
+    if not os.path.exists(args.model):
+        sys.exit(f"{args.model} not found (make model)")
+
+    llama_cpp.llama_backend_init()
+    llama_cpp.llama_log_set(_quiet_log, ctypes.c_void_p())
+    llama_models = [("llama.cpp, same GGUF", args.model),
+                    ("llama.cpp, Q8_0",
+                     requantized_path(args, llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "Q8_0")),
+                    ("llama.cpp, F32 (check)",
+                     requantized_path(args, llama_cpp.LLAMA_FTYPE_ALL_F32, "F32"))]
+    started = datetime.datetime.now().astimezone()
+
+    with tempfile.TemporaryDirectory(prefix="pg_cai_fidelity.") as tmp:
+        cmd = [args.cai, "eval", "-m", args.model, "-c", str(args.ctx), "-n", str(args.max_tokens),
+               "-T", str(args.threads), "--json", "--logits-out", tmp, args.text]
+        print("pg_cai: " + " ".join(cmd), file=sys.stderr, flush=True)
+        p = subprocess.run(cmd, capture_output=True, text=True)
+        if p.returncode != 0:
+            sys.exit(f"cai eval failed ({p.returncode}): {p.stderr.strip()}")
+        report = json.loads(p.stdout)
+        tokens = np.fromfile(os.path.join(tmp, "tokens.i32"), dtype=np.int32)
+        float_path = os.path.join(tmp, "float.f32")
+        n_vocab = os.path.getsize(float_path) // (4 * len(tokens))
+
+        rows = [("pg_cai, int8",
+                 score_ours(tokens, args.ctx, {"float": float_path,
+                                               "path": os.path.join(tmp, "int8.f32")}, n_vocab)),
+                ("pg_cai, float (reference)",
+                 score_ours(tokens, args.ctx, {"float": float_path, "path": float_path}, n_vocab))]
+        # the engine's own report and this script's arithmetic must tell the same story
+        if (rows[0][1]["positions"] != report["positions"]
+                or abs(rows[0][1]["top1_agreement"] - report["top1_agreement"]) > 1e-6):  # printed to 6 places
+            sys.exit(f"figures from the logits files disagree with cai eval's report: "
+                     f"{rows[0][1]} vs {report}")
+        for label, path in llama_models:
+            rows.append((label, score_llama(path, tokens, args.ctx, float_path, n_vocab,
+                                            args.threads, label)))
+
+    ref_ppl = rows[1][1]["perplexity"]
+    print(f"\n{len(tokens)} tokens of {args.text}, windows of {args.ctx}, "
+          f"{rows[0][1]['positions']} positions; reference: pg_cai's float path\n")
+    print(f"{'path':28} {'top-1 agree':>12} {'mean KL':>10} {'perplexity':>11} {'vs ref':>8}")
+    for label, r in rows:
+        print(f"{label:28} {100 * r['top1_agreement']:11.2f}% {r['mean_kl']:10.5f} "
+              f"{r['perplexity']:11.3f} {100 * (r['perplexity'] / ref_ppl - 1):+7.2f}%")
+    ours = rows[0][1]
+    print(f"\ngoal for pg_cai's int8 path (issue 2): top-1 agreement >= 98% "
+          f"({'met' if ours['top1_agreement'] >= 0.98 else 'missed'}), perplexity within 2% "
+          f"({'met' if abs(ours['perplexity'] / ref_ppl - 1) <= 0.02 else 'missed'})")
+
+    result = {
+        "started": started.isoformat(timespec="seconds"),
+        "command": " ".join([sys.executable] + sys.argv),
+        "config": {"model": args.model, "text": args.text, "ctx": args.ctx,
+                   "tokens": int(len(tokens)), "n_vocab": int(n_vocab), "threads": args.threads,
+                   "cai_eval_command": " ".join(cmd),
+                   "llama_cpp_version": getattr(llama_cpp, "__version__", "?"),
+                   "llama_models": dict((label, path) for label, path in llama_models),
+                   "cpu": cpu_name()},
+        "cai_eval_report": report,
+        "paths": dict(rows),
+    }
+    out = args.out or os.path.join(REPO, "tests", "bench", "out",
+                                   f"fidelity-{started.strftime('%Y%m%d-%H%M%S')}.json")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=2)
+        f.write("\n")
+    print(f"\nJSON: {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,87 @@
+"""The `cai` command line on the real model: a greedy chat reply is the same for every thread
+count (issue 2's first "must show"), and `cai eval --logits-out` writes exactly the logits its
+own figures were computed from (the files tests/bench/bench_fidelity.py compares llama.cpp
+against), or fails clearly.  Needs no server; uses the repository's ./cai and
+$PG_CAI_TEST_MODEL."""
+import array
+import json
+import math
+import os
+import subprocess
+import tempfile
+
+from pgtest import Checks
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+CAI = os.path.join(ROOT, "cai")
+MODEL = os.environ.get("PG_CAI_TEST_MODEL",
+                       os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+TEXT = "/usr/share/common-licenses/GPL-3"
+EVAL_TOKENS = 48
+EVAL_CTX = 16
+
+
+def cai(*args, timeout=300):
+    return subprocess.run([CAI] + list(args), capture_output=True, text=True, timeout=timeout)
+
+
+def read_array(path, typecode):
+    a = array.array(typecode)
+    with open(path, "rb") as f:
+        a.frombytes(f.read())
+    return a
+
+
+def figures(tokens, int8, flt, n_vocab, ctx):
+    """Top-1 agreement and mean KL(float || int8) over the windows, as cmd_eval.c defines them."""
+    agree, kl, positions = 0, 0.0, 0
+    for start in range(0, len(tokens), ctx):
+        n = min(ctx, len(tokens) - start)
+        for i in range(start, start + n - 1):
+            q = int8[i * n_vocab:(i + 1) * n_vocab]
+            f = flt[i * n_vocab:(i + 1) * n_vocab]
+            q_max, f_max = max(q), max(f)
+            q_lse = q_max + math.log(sum(math.exp(v - q_max) for v in q))
+            f_lse = f_max + math.log(sum(math.exp(v - f_max) for v in f))
+            agree += q.index(q_max) == f.index(f_max)
+            kl += sum(math.exp(fv - f_lse) * ((fv - f_lse) - (qv - q_lse)) for fv, qv in zip(f, q))
+            positions += 1
+    return agree / positions, kl / positions, positions
+
+
+c = Checks()
+
+prompt = ["run", "-m", MODEL, "--chat", "-p", "What is the capital of France?", "--temp", "0",
+          "--max-tokens", "32"]
+replies = [cai(*prompt, "-T", str(t)) for t in (1, 2, 3)]
+c.check("cai run exits 0", all(r.returncode == 0 for r in replies), repr(replies[0].stderr[-300:]))
+c.check("the greedy reply mentions Paris", "Paris" in replies[0].stdout, repr(replies[0].stdout))
+c.check("the greedy reply is the same with 1, 2 and 3 threads",
+        len({r.stdout for r in replies}) == 1, repr([r.stdout for r in replies]))
+
+with tempfile.TemporaryDirectory() as out:
+    r = cai("eval", "-m", MODEL, "-n", str(EVAL_TOKENS), "-c", str(EVAL_CTX), "--json",
+            "--logits-out", out, TEXT)
+    c.check("cai eval --logits-out exits 0", r.returncode == 0, repr(r.stderr[-300:]))
+    report = json.loads(r.stdout) if r.returncode == 0 else {}
+    tokens = read_array(os.path.join(out, "tokens.i32"), "i")
+    int8 = read_array(os.path.join(out, "int8.f32"), "f")
+    flt = read_array(os.path.join(out, "float.f32"), "f")
+    n_vocab = len(int8) // max(len(tokens), 1)
+    c.check("one token per scored position, one row of logits per token in each file",
+            len(tokens) == EVAL_TOKENS and len(int8) == len(flt) == EVAL_TOKENS * n_vocab
+            and n_vocab > 1000, "%d tokens, %d and %d logits" % (len(tokens), len(int8), len(flt)))
+    agree, kl, positions = figures(tokens, int8, flt, n_vocab, EVAL_CTX)
+    c.check("the files give the report's positions, agreement and KL",
+            positions == report.get("positions")
+            and abs(agree - report.get("top1_agreement", -1)) < 1e-6
+            and abs(kl - report.get("mean_kl_float_int8", -1)) < 1e-6 + 1e-4 * kl,
+            "files: %d positions, %.6f, %.8f; report: %r" % (positions, agree, kl, report))
+    c.check("the two paths' logits differ (they are not one path written twice)",
+            int8 != flt, "identical logits")
+
+r = cai("eval", "-m", MODEL, "-n", "8", "--logits-out", "/nonexistent/pg_cai_logits", TEXT)
+c.check("--logits-out into a missing directory fails clearly",
+        r.returncode != 0 and 'could not create "/nonexistent/pg_cai_logits/tokens.i32"' in r.stderr,
+        repr(r))
+c.done()
