@@ -8,7 +8,8 @@
  * steps and a ragged tail are left out), and throughput is the tokens those steps produced over
  * their wall time.  Each figure is the median of --repeat runs, after one warm-up, with the best
  * run alongside (on a shared machine contention only ever slows a run down).  The prefix cache is
- * off, so nothing is reused between runs.
+ * off, so nothing is reused between runs.  Tokens are greedy unless --temp is given (then each
+ * decode sequence b draws with seed --seed + b, so that sampling's cost is in the figures).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,10 @@ static struct
 	int			step_tokens;
 	int			repeat;
 	bool		json_only;
+	float		temperature;
+	float		top_p;
+	int			top_k;
+	uint64_t	seed;
 } bench_opts;
 
 static const cli_option bench_options[] = {
@@ -96,6 +101,7 @@ static const cli_option bench_options[] = {
 		.target = &bench_opts.json_only,
 		.help = "print only the JSON (no progress on stderr)",
 	},
+	CLI_SAMPLING_OPTIONS(bench_opts),
 };
 
 const cli_command cli_bench_command = {
@@ -163,14 +169,18 @@ median(double *v, int n)
 	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+/* A benchmark request; `stream` picks its seed when sampling. */
 static void
-bench_request(cai_request_params *rp, const cli_tokens *prompt, int max_tokens)
+bench_request(cai_request_params *rp, const cli_tokens *prompt, int max_tokens, int stream)
 {
 	memset(rp, 0, sizeof(*rp));
 	rp->prompt = prompt->ids;
 	rp->n_prompt = prompt->n;
 	cai_sampling_params_default(&rp->sampling);
-	rp->sampling.temperature = 0.0f;
+	rp->sampling.temperature = bench_opts.temperature;
+	rp->sampling.top_p = bench_opts.top_p;
+	rp->sampling.top_k = bench_opts.top_k;
+	rp->sampling.seed = bench_opts.seed + (uint64_t) stream;
 	rp->sampling.max_tokens = max_tokens;
 	rp->sampling.ignore_eos = true;
 	rp->use_cache = false;
@@ -185,7 +195,7 @@ run_prefill(cai_engine *engine, const cli_tokens *prompt, double *seconds)
 	double		t0;
 	int			rc;
 
-	bench_request(&rp, prompt, 1);
+	bench_request(&rp, prompt, 1, 0);
 	memset(&gen, 0, sizeof(gen));
 	t0 = cli_now();
 	rc = cli_generate(engine, &rp, NULL, &gen);
@@ -229,7 +239,7 @@ run_decode(cai_engine *engine, const cai_model *model, const cli_tokens *base, i
 			rc = cli_error("out of memory building prompts");
 			break;
 		}
-		bench_request(&rp, &prompts[b], bench_opts.gen_tokens);
+		bench_request(&rp, &prompts[b], bench_opts.gen_tokens, b);
 		rp.user_data = (void *) (intptr_t) b;
 		if (cai_engine_submit(engine, &rp, &id, &err) != CAI_OK)
 			rc = cli_report("could not submit a decode request", &err);
@@ -315,6 +325,7 @@ cmd_bench(int argc, char **argv)
 	bench_opts.decode_prompt_tokens = 16;
 	bench_opts.step_tokens = 512;
 	bench_opts.repeat = 3;
+	bench_opts.top_p = 1.0f;
 	rc = cli_parse(&cli_bench_command, argc, argv, positional, &n_positional);
 	if (rc != CLI_EXIT_OK)
 		return rc < 0 ? CLI_EXIT_OK : rc;
@@ -413,6 +424,9 @@ cmd_bench(int argc, char **argv)
 	printf(",\n  \"device\": ");
 	json_write_string(stdout, cai_engine_device(engine));
 	printf(",\n  \"threads\": %d,\n  \"repeat\": %d,\n", bench_opts.threads, bench_opts.repeat);
+	printf("  \"sampling\": {\"temperature\": %g, \"top_p\": %g, \"top_k\": %d, \"seed\": %llu},\n",
+		   bench_opts.temperature, bench_opts.top_p, bench_opts.top_k,
+		   (unsigned long long) bench_opts.seed);
 	printf("  \"prefill\": {\"prompt_tokens\": %d, \"step_tokens\": %d, \"seconds\": %.6f, "
 		   "\"tokens_per_second\": %.2f, \"best_tokens_per_second\": %.2f},\n",
 		   prompt.n, bench_opts.step_tokens, prefill_median,

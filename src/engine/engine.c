@@ -96,7 +96,8 @@ struct cai_engine
 	cai_forward_ctx *forward;
 	cai_kv_pool *kv;
 	cai_prefix_cache *cache;
-	cai_sampler_scratch sampler;
+	cai_sampler_scratch *samplers;	/* one per pool thread (see engine_sample_rows) */
+	int			n_samplers;
 
 	/* request lists, in FIFO order */
 	cai_request *waiting_head;
@@ -111,6 +112,8 @@ struct cai_engine
 	cai_batch_seq *batch;		/* [max_running] */
 	cai_request **batch_req;	/* [max_running] */
 	float	   *logits;			/* [max_running, n_vocab] */
+	int32_t    *tokens;			/* [max_running] the tokens sampled from the logit rows */
+	cai_request **logit_req;	/* [max_running] the request of each logit row */
 	cai_event  *events;			/* [max_running + cancelled], grown as needed */
 	int			events_cap;
 	char		piece[512];		/* one token's detokenized text */
@@ -341,7 +344,14 @@ cai_engine_create(cai_model *model, const cai_engine_params *params_in,
 	if (st == CAI_OK)
 		st = engine_create_forward(engine, err);
 	if (st == CAI_OK)
-		st = cai_sampler_scratch_init(&engine->sampler, n_vocab, err);
+	{
+		engine->n_samplers = cai_threadpool_size(engine->pool);
+		engine->samplers = calloc(engine->n_samplers, sizeof(cai_sampler_scratch));
+		if (!engine->samplers)
+			st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory creating the engine");
+		for (int i = 0; st == CAI_OK && i < engine->n_samplers; i++)
+			st = cai_sampler_scratch_init(&engine->samplers[i], n_vocab, err);
+	}
 	if (st != CAI_OK)
 	{
 		cai_engine_free(engine);
@@ -352,10 +362,12 @@ cai_engine_create(cai_model *model, const cai_engine_params *params_in,
 	engine->batch = calloc(params.max_running, sizeof(cai_batch_seq));
 	engine->batch_req = calloc(params.max_running, sizeof(cai_request *));
 	engine->logits = malloc((size_t) params.max_running * n_vocab * sizeof(float));
+	engine->tokens = malloc((size_t) params.max_running * sizeof(int32_t));
+	engine->logit_req = malloc((size_t) params.max_running * sizeof(cai_request *));
 	engine->events_cap = params.max_running * 2;
 	engine->events = calloc(engine->events_cap, sizeof(cai_event));
 	if (!engine->running || !engine->batch || !engine->batch_req || !engine->logits ||
-		!engine->events)
+		!engine->tokens || !engine->logit_req || !engine->events)
 	{
 		cai_engine_free(engine);
 		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory creating the engine");
@@ -391,12 +403,16 @@ cai_engine_free(cai_engine *engine)
 	cai_kv_pool_free(engine->kv);
 	cai_forward_ctx_free(engine->forward);
 	cai_cuda_loader_close(&engine->cuda);
-	cai_sampler_scratch_free(&engine->sampler);
+	for (int i = 0; engine->samplers && i < engine->n_samplers; i++)
+		cai_sampler_scratch_free(&engine->samplers[i]);
+	free(engine->samplers);
 	cai_threadpool_free(engine->pool);
 	free(engine->running);
 	free(engine->batch);
 	free(engine->batch_req);
 	free(engine->logits);
+	free(engine->tokens);
+	free(engine->logit_req);
 	free(engine->events);
 	free(engine);
 }
@@ -850,20 +866,20 @@ request_finish(cai_engine *engine, cai_request *req, cai_finish_reason reason, c
 	engine->stats.requests_finished++;
 }
 
-/* Samples and reports one token for a request whose logits are ready. */
-static void
-request_take_token(cai_engine *engine, cai_request *req, const float *logits, cai_event *ev)
+/*
+ * The next token of a request from its logit row.  It touches only the request's own RNG and
+ * the scratch it is given, so that rows can be sampled on different threads (the token does not
+ * depend on which).
+ */
+static int32_t
+request_sample(const cai_engine *engine, cai_request *req, const float *logits,
+			   cai_sampler_scratch *scratch)
 {
 	const cai_model *model = engine->model;
 	int32_t		banned[2];
 	int			n_banned = 0;
-	int32_t		token;
 	int32_t		eot = model->tmpl.end_of_turn;
 	int32_t		eos = cai_tokenizer_eos(model->tokenizer);
-	bool		end_of_turn;
-	bool		stopped;
-	size_t		safe_end;
-	int			n;
 
 	if (req->sampling.ignore_eos)
 	{
@@ -872,8 +888,46 @@ request_take_token(cai_engine *engine, cai_request *req, const float *logits, ca
 		if (eos >= 0 && eos != eot)
 			banned[n_banned++] = eos;
 	}
-	token = cai_sample(&req->sampling, &req->rng, logits, model->cfg.n_vocab, banned, n_banned,
-					   &engine->sampler);
+	return cai_sample(&req->sampling, &req->rng, logits, model->cfg.n_vocab, banned, n_banned,
+					  scratch);
+}
+
+static void
+sample_task(void *arg, int row, int thread)
+{
+	cai_engine *engine = arg;
+
+	engine->tokens[row] = request_sample(engine, engine->logit_req[row],
+										 engine->logits + (size_t) row * engine->model->cfg.n_vocab,
+										 &engine->samplers[thread]);
+}
+
+/*
+ * Samples the step's n_rows logit rows into engine->tokens, over the pool: a temperature draw
+ * over a 49152-token vocabulary takes 90-210 us (top-p included), which on one thread would add
+ * several milliseconds to a batch-32 step.  One row is sampled inline.
+ */
+static void
+engine_sample_rows(cai_engine *engine, int n_rows)
+{
+	if (n_rows == 1)
+		sample_task(engine, 0, 0);
+	else if (n_rows > 1)
+		cai_threadpool_run(engine->pool, sample_task, engine, n_rows);
+}
+
+/* Reports the token sampled for a request whose logits were ready. */
+static void
+request_take_token(cai_engine *engine, cai_request *req, int32_t token, cai_event *ev)
+{
+	const cai_model *model = engine->model;
+	int32_t		eot = model->tmpl.end_of_turn;
+	int32_t		eos = cai_tokenizer_eos(model->tokenizer);
+	bool		end_of_turn;
+	bool		stopped;
+	size_t		safe_end;
+	int			n;
+
 	ev->token = token;
 	if (req->n_generated == 0)
 		req->usage.ttft_ms = (cai_now_seconds() - req->submit_time) * 1000.0;
@@ -1022,7 +1076,12 @@ cai_engine_step(cai_engine *engine, const cai_event **events_out, int *n_events_
 		return st;
 	}
 
-	/* 4. sample, detokenize, report */
+	/* 4. sample (every row at once), then detokenize and report in batch order */
+	logit_rows = 0;
+	for (int b = 0; b < n_batch; b++)
+		if (engine->batch[b].logits != CAI_LOGITS_NONE)
+			engine->logit_req[logit_rows++] = engine->batch_req[b];
+	engine_sample_rows(engine, logit_rows);
 	logit_rows = 0;
 	for (int b = 0; b < n_batch; b++)
 	{
@@ -1037,9 +1096,7 @@ cai_engine_step(cai_engine *engine, const cai_event **events_out, int *n_events_
 		ev = engine_new_event(engine, &n_events, req);
 		if (!ev)
 			return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory reporting events");
-		request_take_token(engine, req,
-						   engine->logits + (size_t) logit_rows * engine->model->cfg.n_vocab, ev);
-		logit_rows++;
+		request_take_token(engine, req, engine->tokens[logit_rows++], ev);
 	}
 
 	/* finished requests leave the batch */

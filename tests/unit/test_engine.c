@@ -211,28 +211,52 @@ TEST(engine_batch_invariance_seeded_and_greedy)
 	free(crowd);
 }
 
+/*
+ * One thread or three: the same tokens, for one request and for a batch whose rows are sampled
+ * on different threads (temperature, top-p, top-k and greedy rows mixed).
+ */
 TEST(engine_thread_count_invariance)
 {
-	int32_t		prompt[50];
-	cai_request_params req;
-	run_result	one,
-				two;
-	cai_engine *e1 = make_engine(1, 4, 64, 0, 8);
-	cai_engine *e2 = make_engine(2, 4, 64, 0, 8);
+	int32_t		prompts[6][50];
+	cai_request_params reqs[6];
+	run_result *one = calloc(6, sizeof(run_result));
+	run_result *three = calloc(6, sizeof(run_result));
+	cai_engine *e1 = make_engine(1, 6, 64, 0, 8);
+	cai_engine *e3 = make_engine(3, 6, 64, 0, 8);
 
-	if (!e1 || !e2)
+	if (!e1 || !e3 || !one || !three)
 	{
-		CHECK(e1 && e2);
-		return;
+		CHECK(e1 && e3 && one && three);
+		goto done;
 	}
-	make_prompt(prompt, 50, 9);
-	req = request(prompt, 50, 0.7f, 99, 32);
-	CHECK(run_batch(e1, &req, 1, &one));
-	req = request(prompt, 50, 0.7f, 99, 32);
-	CHECK(run_batch(e2, &req, 1, &two));
-	CHECK(same_tokens(&one, &two));
+	for (int i = 0; i < 6; i++)
+		make_prompt(prompts[i], 20 + 6 * i, 9 + i);
+	reqs[0] = request(prompts[5], 50, 0.7f, 99, 32);
+	CHECK(run_batch(e1, reqs, 1, one));
+	reqs[0] = request(prompts[5], 50, 0.7f, 99, 32);
+	CHECK(run_batch(e3, reqs, 1, three));
+	CHECK(same_tokens(&one[0], &three[0]));
+
+	for (int pass = 0; pass < 2; pass++)
+	{
+		for (int i = 0; i < 6; i++)
+		{
+			reqs[i] = request(prompts[i], 20 + 6 * i, i == 5 ? 0.0f : 0.6f + 0.1f * i, 500 + i, 24);
+			reqs[i].sampling.top_p = i % 2 ? 0.9f : 1.0f;
+			reqs[i].sampling.top_k = i == 2 ? 20 : 0;
+		}
+		CHECK(run_batch(pass ? e3 : e1, reqs, 6, pass ? three : one));
+	}
+	for (int i = 0; i < 6; i++)
+	{
+		CHECK_EQ_INT(one[i].n_tokens, 24);
+		CHECK(same_tokens(&one[i], &three[i]));
+	}
+done:
 	cai_engine_free(e1);
-	cai_engine_free(e2);
+	cai_engine_free(e3);
+	free(one);
+	free(three);
 }
 
 TEST(engine_prefix_cache_never_changes_tokens)
