@@ -14,8 +14,10 @@
  *
  * Cost (49152 tokens): greedy is a vectorized max and a scan for its first occurrence.  top-k is
  * a bounded heap over the vocabulary (O(n log k), not a full sort).  Temperature without top-k
- * exponentiates the whole vocabulary once (vectorized); top-p then finds the nucleus with radix
- * histograms of the weights and sorts only the few tokens at its edge (sample_full_vocabulary).
+ * exponentiates the whole vocabulary once (vectorized, with an AVX2 clone: util.h's CAI_CLONES);
+ * top-p then finds the nucleus with radix histograms of the weights and sorts only the few tokens
+ * at its edge (sample_full_vocabulary).  On the 2-core EPYC: greedy 7 us, temperature 49 us,
+ * temperature with top-p 0.9 115-120 us per draw.  The engine samples a step's rows in parallel.
  */
 #include "sampler.h"
 
@@ -182,7 +184,7 @@ exp_nonpositive(float x)
  * same optimize attribute as exp_nonpositive so that the latter inlines and the loop vectorizes
  * (gcc does not inline across differing optimize attributes).
  */
-WEIGHT_FUNCTION
+WEIGHT_FUNCTION CAI_CLONES
 static void
 exp_weights_all(float *prob, const float *logits, int n, float max_logit, float temperature)
 {
@@ -288,7 +290,7 @@ is_banned(int32_t id, const int32_t *banned, int n_banned)
 /*
  * The largest logit, NaN ignored (-inf when there is none).  A branch-free max that vectorizes.
  */
-WEIGHT_FUNCTION
+WEIGHT_FUNCTION CAI_CLONES
 static float
 max_logit_of(const float *logits, int n)
 {

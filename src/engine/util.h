@@ -11,6 +11,17 @@
 
 #include "cai.h"
 
+/*
+ * A loop function built for AVX2 and for baseline x86-64, the clone picked at load time.  Only
+ * for code whose every float operation is lane-wise and whose multiply-adds cannot contract
+ * (AVX2 here does not include FMA): then both clones give the same bits.
+ */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define CAI_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define CAI_CLONES
+#endif
+
 /* Sets err (if not NULL) and returns status, so that call sites read `return cai_fail(...)`. */
 cai_status	cai_fail(cai_error *err, cai_status status, const char *fmt, ...)
 			__attribute__((format(printf, 3, 4)));

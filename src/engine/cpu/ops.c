@@ -9,11 +9,7 @@
 
 #include <math.h>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define CAI_CLONES __attribute__((target_clones("avx2", "default")))
-#else
-#define CAI_CLONES
-#endif
+#include "util.h"
 
 /* Rounds to nearest even for |v| < 2^22 with two float additions (vectorizes everywhere). */
 #define ROUND_MAGIC 12582912.0f
