@@ -7,6 +7,8 @@
  * outcome is deterministic, so these tests never flake; a wrong sampler (a shifted, unnormalized
  * or truncated distribution) misses the bound by many sigma.
  */
+#include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "test.h"
@@ -664,4 +666,54 @@ TEST(sampler_temperature_raises_entropy)
 	}
 	/* and it approaches log(8) for a high temperature */
 	CHECK(previous > log(8.0) - 0.1);
+}
+
+/*
+ * The sampling weights have the same bits whichever clone of the vocabulary-wide loops runs
+ * (AVX2 or baseline x86-64; see CAI_CLONES) and on every platform: after a temperature draw
+ * without top-k the scratch holds exp((l - max) / T) for every token, and its FNV-1a hash is
+ * pinned to the value the baseline build (no clones, SSE2) gives.  The logits cover the range
+ * the exponential sees, its underflow edge (-87), -inf and NaN.
+ */
+TEST(sampler_weights_bits_pinned)
+{
+	enum
+	{
+		VOCAB = 49152
+	};
+	static const uint64_t expected[2] = {UINT64_C(0x20fefe2aed873c7d), UINT64_C(0x024ab89a9fde9994)};
+	const float temperatures[2] = {0.7f, 1.3f};
+	float	   *logits = malloc(VOCAB * sizeof(float));
+	cai_sampler_scratch scratch;
+	uint32_t	x = 12345;
+
+	CHECK(logits != NULL);
+	if (!logits)
+		return;
+	for (int i = 0; i < VOCAB; i++)
+	{
+		x = x * 1664525u + 1013904223u;
+		logits[i] = 12.0f - 100.0f * (float) (x >> 8) / 16777216.0f;
+	}
+	logits[7] = 12.0f;
+	logits[8] = NAN;
+	logits[9] = -INFINITY;
+	logits[10] = 12.0f - 87.0f * 0.7f;
+	CHECK_EQ_INT(cai_sampler_scratch_init(&scratch, VOCAB, NULL), CAI_OK);
+	for (int t = 0; t < 2; t++)
+	{
+		cai_sampling_params p = sampling(temperatures[t], 0, 1.0f);
+		cai_rng		rng;
+		uint64_t	h = UINT64_C(14695981039346656037);
+		const unsigned char *bytes = (const unsigned char *) scratch.prob;
+
+		cai_rng_seed(&rng, 1);
+		cai_sample(&p, &rng, logits, VOCAB, NULL, 0, &scratch);
+		for (size_t i = 0; i < VOCAB * sizeof(float); i++)
+			h = (h ^ bytes[i]) * UINT64_C(1099511628211);
+		CHECK_MSG(h == expected[t], "temperature %.1f: weights hash %016llx, expected %016llx",
+				  temperatures[t], (unsigned long long) h, (unsigned long long) expected[t]);
+	}
+	cai_sampler_scratch_free(&scratch);
+	free(logits);
 }
