@@ -364,29 +364,38 @@ def report(args, ours, llama_same, llama_q8):
     return "\n".join(lines), out
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_common_arguments(ap):
+    """--model, --threads, --cai and --cache-dir, which the llama.cpp benchmarks share."""
     ap.add_argument("--model", default=DEFAULT_MODEL, help="GGUF file (default: %(default)s)")
     ap.add_argument("--threads", type=int, default=2, help="CPU threads for both engines")
-    ap.add_argument("--batches", default="1,8,32", help="decode batch sizes (default 1,8,32)")
-    ap.add_argument("--prompt-tokens", type=int, default=512, help="prefill prompt length")
-    ap.add_argument("--gen-tokens", type=int, default=64, help="tokens per sequence in decode runs")
-    ap.add_argument("--repeat", type=int, default=3, help="runs per figure (median)")
     ap.add_argument("--cai", default=os.path.join(REPO, "cai"), help="the cai binary")
     ap.add_argument("--cache-dir", default=os.path.join(
         os.environ.get("XDG_CACHE_HOME", "/tmp"), "pg_cai_bench"),
-        help="where the Q8_0 requantization is kept (default: %(default)s)")
-    ap.add_argument("--out", help="write the JSON here (default: tests/bench/out/engine-TIME.json)")
-    args = ap.parse_args()
-    args.batches = sorted({int(b) for b in args.batches.split(",")})
+        help="where llama.cpp's requantizations of --model are kept (default: %(default)s)")
+
+
+def check_and_start(args):
+    """Checks --cai and --model and starts llama.cpp quietly."""
     args.model = os.path.abspath(args.model)
     if not os.path.exists(args.cai):
         sys.exit(f"{args.cai} not found: run `make cai` first")
     if not os.path.exists(args.model):
         sys.exit(f"{args.model} not found (make model)")
-
     llama_cpp.llama_backend_init()
     llama_cpp.llama_log_set(_quiet_log, ctypes.c_void_p())
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_common_arguments(ap)
+    ap.add_argument("--batches", default="1,8,32", help="decode batch sizes (default 1,8,32)")
+    ap.add_argument("--prompt-tokens", type=int, default=512, help="prefill prompt length")
+    ap.add_argument("--gen-tokens", type=int, default=64, help="tokens per sequence in decode runs")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per figure (median)")
+    ap.add_argument("--out", help="write the JSON here (default: tests/bench/out/engine-TIME.json)")
+    args = ap.parse_args()
+    args.batches = sorted({int(b) for b in args.batches.split(",")})
+    check_and_start(args)
     q8 = q8_0_path(args)
 
     started = datetime.datetime.now().astimezone()

@@ -27,7 +27,6 @@ path (1.5 GB per path for the whole GPL-3 text with SmolLM2's 49152-token vocabu
 """
 
 import argparse
-import ctypes
 import datetime
 import json
 import os
@@ -36,7 +35,8 @@ import sys
 import tempfile
 import time
 
-from bench_engine import DEFAULT_MODEL, REPO, _quiet_log, cpu_name, requantized_path
+from bench_engine import (REPO, add_common_arguments, check_and_start, cpu_name,
+                          requantized_path)
 
 import llama_cpp
 import numpy as np
@@ -118,26 +118,14 @@ def score_llama(model, tokens, ctx, float_path, n_vocab, threads, label):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=DEFAULT_MODEL, help="GGUF file (default: %(default)s)")
+    add_common_arguments(ap)
     ap.add_argument("--text", default=DEFAULT_TEXT, help="text to score (default: %(default)s)")
     ap.add_argument("--ctx", type=int, default=512, help="window length in tokens (default 512)")
     ap.add_argument("--max-tokens", type=int, default=0,
                     help="score only the first N tokens of the text; 0 = all")
-    ap.add_argument("--threads", type=int, default=2, help="CPU threads for both engines")
-    ap.add_argument("--cai", default=os.path.join(REPO, "cai"), help="the cai binary")
-    ap.add_argument("--cache-dir", default=os.path.join(
-        os.environ.get("XDG_CACHE_HOME", "/tmp"), "pg_cai_bench"),
-        help="where llama.cpp's requantizations are kept (default: %(default)s)")
     ap.add_argument("--out", help="write the JSON here (default: tests/bench/out/fidelity-TIME.json)")
     args = ap.parse_args()
-    args.model = os.path.abspath(args.model)
-    if not os.path.exists(args.cai):
-        sys.exit(f"{args.cai} not found: run `make cai` first")
-    if not os.path.exists(args.model):
-        sys.exit(f"{args.model} not found (make model)")
-
-    llama_cpp.llama_backend_init()
-    llama_cpp.llama_log_set(_quiet_log, ctypes.c_void_p())
+    check_and_start(args)
     llama_models = [("llama.cpp, same GGUF", args.model),
                     ("llama.cpp, Q8_0",
                      requantized_path(args, llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "Q8_0")),
