@@ -29,6 +29,7 @@
 #include "kv.h"
 #include "model.h"
 #include "prefix_cache.h"
+#include "reply_text.h"
 #include "sampler.h"
 #include "tokenizer.h"
 #include "util.h"
@@ -49,9 +50,7 @@ typedef struct cai_request
 	uint64_t	id;
 	void	   *user_data;
 	request_state state;
-	cai_sampling_params sampling;	/* stop strings point into stop_storage */
-	char	   *stop_storage;
-	size_t		max_stop_len;
+	cai_sampling_params sampling;	/* the stop strings live in reply */
 	uint64_t	cache_salt;
 	bool		use_cache;
 
@@ -68,11 +67,7 @@ typedef struct cai_request
 
 	/* sampling and text */
 	cai_rng		rng;
-	cai_detokenizer detok;
-	char	   *text;			/* all generated text so far */
-	size_t		text_len;
-	size_t		text_cap;
-	size_t		text_emitted;	/* bytes already reported in events */
+	cai_reply_text reply;		/* detokenized text, stop strings, what was reported */
 
 	/* accounting */
 	cai_usage	usage;
@@ -115,7 +110,6 @@ struct cai_engine
 	cai_request **logit_req;	/* [max_running] the request of each logit row */
 	cai_event  *events;			/* [max_running + cancelled], grown as needed */
 	int			events_cap;
-	char		piece[512];		/* one token's detokenized text */
 
 	cai_engine_stats stats;
 };
@@ -441,8 +435,7 @@ request_free(cai_request *req)
 		return;
 	cai_tokens_free(&req->tokens);
 	free(req->block_table);
-	free(req->stop_storage);
-	free(req->text);
+	cai_reply_text_free(&req->reply);
 	free(req);
 }
 
@@ -462,8 +455,8 @@ cai_engine_submit(cai_engine *engine, const cai_request_params *params,
 	cai_request *req;
 	const cai_sampling_params *sp = &params->sampling;
 	int			n_vocab = engine->model->cfg.n_vocab;
-	size_t		stop_bytes = 0;
 	int			room;
+	cai_status	st;
 
 	if (params->n_prompt <= 0 || params->prompt == NULL)
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "the prompt is empty");
@@ -481,11 +474,8 @@ cai_engine_submit(cai_engine *engine, const cai_request_params *params,
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "at most %d stop strings are allowed",
 						CAI_MAX_STOP_STRINGS);
 	for (int i = 0; i < sp->n_stop; i++)
-	{
 		if (sp->stop[i] == NULL || sp->stop[i][0] == '\0')
 			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "stop strings must not be empty");
-		stop_bytes += strlen(sp->stop[i]) + 1;
-	}
 
 	/* the prompt plus at least one generated token must fit the context */
 	room = engine->context_length - params->n_prompt;
@@ -524,27 +514,14 @@ cai_engine_submit(cai_engine *engine, const cai_request_params *params,
 		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory queuing the request");
 	cai_tokens_init(&req->tokens);
 	req->sampling = *sp;
-	if (stop_bytes > 0)
+	/* the stop strings are copied into the reply's text; the caller's may go away */
+	req->sampling.n_stop = 0;
+	memset(req->sampling.stop, 0, sizeof(req->sampling.stop));
+	st = cai_reply_text_init(&req->reply, engine->model->tokenizer, sp->stop, sp->n_stop, err);
+	if (st != CAI_OK)
 	{
-		char	   *p;
-
-		req->stop_storage = malloc(stop_bytes);
-		if (!req->stop_storage)
-		{
-			request_free(req);
-			return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory queuing the request");
-		}
-		p = req->stop_storage;
-		for (int i = 0; i < sp->n_stop; i++)
-		{
-			size_t		len = strlen(sp->stop[i]);
-
-			memcpy(p, sp->stop[i], len + 1);
-			req->sampling.stop[i] = p;
-			if (len > req->max_stop_len)
-				req->max_stop_len = len;
-			p += len + 1;
-		}
+		request_free(req);
+		return st;
 	}
 	if (!cai_tokens_append(&req->tokens, params->prompt, params->n_prompt))
 	{
@@ -566,7 +543,6 @@ cai_engine_submit(cai_engine *engine, const cai_request_params *params,
 						"the request needs more KV memory than the engine has (%d blocks)", n_blocks);
 	}
 	cai_rng_seed(&req->rng, sp->seed);
-	cai_detokenizer_init(&req->detok, engine->model->tokenizer);
 	req->usage.prompt_tokens = params->n_prompt;
 	req->submit_time = cai_now_seconds();
 	req->state = REQUEST_WAITING;
@@ -723,83 +699,6 @@ cai_engine_has_work(const cai_engine *engine)
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Text and stop strings
- * ------------------------------------------------------------------------------------------- */
-
-static bool
-request_append_text(cai_request *req, const char *s, size_t n)
-{
-	if (req->text_len + n + 1 > req->text_cap)
-	{
-		size_t		cap = req->text_cap ? req->text_cap : 256;
-		char	   *text;
-
-		while (cap < req->text_len + n + 1)
-			cap *= 2;
-		text = realloc(req->text, cap);
-		if (!text)
-			return false;
-		req->text = text;
-		req->text_cap = cap;
-	}
-	memcpy(req->text + req->text_len, s, n);
-	req->text_len += n;
-	req->text[req->text_len] = '\0';
-	return true;
-}
-
-/*
- * Looks for a stop string in the text not yet emitted.  Returns true and cuts the text at the
- * earliest match; otherwise sets *safe_end to where emitting may stop: before the longest
- * suffix that could still grow into a stop string.
- */
-static bool
-request_check_stop(cai_request *req, size_t *safe_end)
-{
-	size_t		from;
-	size_t		best = (size_t) -1;
-
-	*safe_end = req->text_len;
-	if (req->sampling.n_stop == 0)
-		return false;
-	/* a match may start inside the held-back tail of earlier steps */
-	from = req->text_emitted;
-	for (int i = 0; i < req->sampling.n_stop; i++)
-	{
-		const char *hit = strstr(req->text + from, req->sampling.stop[i]);
-
-		if (hit && (size_t) (hit - req->text) < best)
-			best = (size_t) (hit - req->text);
-	}
-	if (best != (size_t) -1)
-	{
-		req->text_len = best;
-		req->text[best] = '\0';
-		*safe_end = best;
-		return true;
-	}
-	/* hold back a suffix that is a proper prefix of some stop string */
-	for (size_t keep = req->max_stop_len - 1; keep > 0; keep--)
-	{
-		size_t		start;
-
-		if (keep > req->text_len - from)
-			continue;
-		start = req->text_len - keep;
-		for (int i = 0; i < req->sampling.n_stop; i++)
-		{
-			if (strlen(req->sampling.stop[i]) > keep &&
-				memcmp(req->text + start, req->sampling.stop[i], keep) == 0)
-			{
-				*safe_end = start;
-				return false;
-			}
-		}
-	}
-	return false;
-}
-
-/* ---------------------------------------------------------------------------------------------
  * The step
  * ------------------------------------------------------------------------------------------- */
 
@@ -925,9 +824,8 @@ request_take_token(cai_engine *engine, cai_request *req, int32_t token, cai_even
 	int32_t		eot = model->tmpl.end_of_turn;
 	int32_t		eos = cai_tokenizer_eos(model->tokenizer);
 	bool		end_of_turn;
+	bool		last;
 	bool		stopped;
-	size_t		safe_end;
-	int			n;
 
 	ev->token = token;
 	if (req->n_generated == 0)
@@ -936,27 +834,14 @@ request_take_token(cai_engine *engine, cai_request *req, int32_t token, cai_even
 	engine->stats.generated_tokens++;
 	cai_tokens_push(&req->tokens, token);
 
+	/* out of memory for the text loses that text, never the request */
 	end_of_turn = !req->sampling.ignore_eos && (token == eot || token == eos);
+	last = end_of_turn || req->n_generated >= req->max_tokens;
 	if (!end_of_turn)
-	{
-		n = cai_detokenizer_feed(&req->detok, model->tokenizer, token, engine->piece,
-								 (int) sizeof(engine->piece));
-		if (n > 0)
-			request_append_text(req, engine->piece, (size_t) n);
-	}
-	if (end_of_turn || req->n_generated >= req->max_tokens)
-	{
-		n = cai_detokenizer_flush(&req->detok, engine->piece, (int) sizeof(engine->piece));
-		if (n > 0)
-			request_append_text(req, engine->piece, (size_t) n);
-	}
-
-	stopped = request_check_stop(req, &safe_end);
-	if (stopped || end_of_turn || req->n_generated >= req->max_tokens)
-		safe_end = req->text_len;
-	ev->text = req->text ? req->text + req->text_emitted : "";
-	ev->text_len = safe_end - req->text_emitted;
-	req->text_emitted = safe_end;
+		(void) cai_reply_text_add_token(&req->reply, model->tokenizer, token);
+	if (last)
+		(void) cai_reply_text_finish(&req->reply);
+	stopped = cai_reply_text_take(&req->reply, last, &ev->text, &ev->text_len);
 
 	if (stopped || end_of_turn)
 		request_finish(engine, req, CAI_FINISH_STOP, ev);

@@ -59,6 +59,25 @@ c.check("the greedy reply mentions Paris", "Paris" in replies[0].stdout, repr(re
 c.check("the greedy reply is the same with 1, 2 and 3 threads",
         len({r.stdout for r in replies}) == 1, repr([r.stdout for r in replies]))
 
+# Stop strings against replies that start with partial UTF-8 (an emoji is three tokens here):
+# this command used to crash the engine (a stop check on a reply with no text yet).
+emoji = ["run", "-m", MODEL, "--chat", "-p", "Say hi with emoji", "--temp", "0", "--max-tokens", "12"]
+r = cai(*emoji, "--stop", "zzz")
+c.check("a stop string before the reply has any text: cai run exits 0", r.returncode == 0,
+        "exit %d: %r" % (r.returncode, r.stderr[-300:]))
+plain = cai(*emoji)
+c.check("a stop string that never matches leaves the reply unchanged",
+        r.returncode == 0 and r.stdout == plain.stdout and len(plain.stdout.strip()) > 0,
+        repr((r.stdout, plain.stdout)))
+first_char = plain.stdout[:1]
+r = cai(*emoji, "--stop", first_char)
+c.check("a multi-byte stop string at the reply's first character leaves it empty",
+        r.returncode == 0 and r.stdout.strip() == "" and ord(first_char or "a") > 0xFFFF,
+        repr((first_char, r.stdout)))
+r = cai(*prompt, "--stop", "ital of Fr")
+c.check("a stop string split across tokens cuts the reply before it",
+        r.returncode == 0 and r.stdout.strip() == "The cap", repr(r.stdout))
+
 with tempfile.TemporaryDirectory() as out:
     r = cai("eval", "-m", MODEL, "-n", str(EVAL_TOKENS), "-c", str(EVAL_CTX), "--json",
             "--logits-out", out, TEXT)

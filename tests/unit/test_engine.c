@@ -22,6 +22,7 @@ typedef struct run_result
 	size_t		text_len;
 	cai_finish_reason finish;
 	cai_usage	usage;
+	size_t		first_text_len; /* text reported with the first token */
 } run_result;
 
 static char model_path[256];
@@ -135,6 +136,8 @@ run_batch(cai_engine *engine, cai_request_params *reqs, int n, run_result *resul
 
 			if (events[e].token >= 0 && r->n_tokens < MAX_GEN)
 				r->tokens[r->n_tokens++] = events[e].token;
+			if (events[e].token >= 0 && r->n_tokens == 1)
+				r->first_text_len = events[e].text_len;
 			if (r->text_len + events[e].text_len < sizeof(r->text))
 			{
 				memcpy(r->text + r->text_len, events[e].text, events[e].text_len);
@@ -397,6 +400,46 @@ TEST(engine_stop_strings_cut_text)
 	CHECK_EQ_INT(cut.text_len, at - full.text);
 	CHECK(strncmp(cut.text, full.text, cut.text_len) == 0);
 	CHECK(strstr(cut.text, stop) == NULL);
+	cai_engine_free(engine);
+}
+
+/*
+ * A stop string while the reply's text is still empty: the first token is an incomplete UTF-8
+ * sequence (a lead byte), so no text exists yet when the stop strings are first checked.
+ */
+TEST(engine_stop_strings_before_any_text)
+{
+	int32_t		prompt[20];
+	cai_request_params req;
+	run_result	full,
+				stopped;
+	const char *stop = "zzz";
+	int			found = 0;
+	cai_engine *engine = make_engine(2, 4, 64, 0, 8);
+
+	if (!engine)
+	{
+		CHECK(engine != NULL);
+		return;
+	}
+	for (uint32_t seed = 1; seed < 400 && found < 3; seed++)
+	{
+		make_prompt(prompt, 20, seed);
+		req = request(prompt, 20, 0.0f, 0, 6);
+		CHECK(run_batch(engine, &req, 1, &full));
+		if (full.first_text_len != 0)
+			continue;
+		found++;
+		req.sampling.n_stop = 1;
+		req.sampling.stop[0] = stop;
+		CHECK(run_batch(engine, &req, 1, &stopped));
+		CHECK(same_tokens(&full, &stopped));
+		CHECK_EQ_INT(stopped.finish, CAI_FINISH_LENGTH);
+		CHECK_EQ_INT(stopped.first_text_len, 0);
+		CHECK_EQ_INT(stopped.text_len, full.text_len);
+		CHECK(memcmp(stopped.text, full.text, full.text_len) == 0);
+	}
+	CHECK_MSG(found == 3, "only %d prompts start their reply with an incomplete character", found);
 	cai_engine_free(engine);
 }
 
