@@ -65,6 +65,15 @@ include $(PGXS)
 $(shlib): build/libcai.a
 all: cai
 
+# The engine process is the `cai` program's serving mode: the worker execs it from the server's
+# own bin directory (src/pg/engine_process.c).
+install: install-engine
+install-engine: cai
+	$(INSTALL_PROGRAM) cai '$(DESTDIR)$(bindir)/cai'
+uninstall: uninstall-engine
+uninstall-engine:
+	rm -f '$(DESTDIR)$(bindir)/cai'
+
 model:
 	scripts/fetch-model.sh
 
@@ -78,7 +87,7 @@ clean: clean-engine
 clean-engine:
 	rm -rf build cai tests/unit/run_unit tests/gpu/run_gpu
 
-.PHONY: unit model test setup clean-engine
+.PHONY: unit model test setup clean-engine install-engine uninstall-engine
 
 # ==== BEGIN CUDA backend (issue 6: kernels/, tests/gpu, tests/bench/bench_gpu) ==================
 # Built only where nvcc is found.  build/libcai_cuda.so is a separate shared object that the engine

@@ -157,6 +157,10 @@ CREATE FUNCTION cai_stats(
 	OUT status text,
 	OUT model text,
 	OUT device text,
+	OUT engine_pid int,
+	OUT engine_starts bigint,
+	OUT engine_started timestamptz,
+	OUT engine_last_exit text,
 	OUT requests_received bigint,
 	OUT requests_completed bigint,
 	OUT requests_failed bigint,
@@ -259,12 +263,17 @@ COMMENT ON COLUMN cai.jobs.started_at IS 'when a runner took the job last';
 COMMENT ON COLUMN cai.jobs.finished_at IS 'when the job ended (done or failed)';
 
 ALTER TABLE cai.jobs ENABLE ROW LEVEL SECURITY;
+-- A new job must name a turn of the same conversation, both the role's own: the foreign key alone
+-- ignores row-level security, so without this another role could probe which message ids exist
+-- or take a turn's one job slot before its owner's trigger does.
 CREATE POLICY jobs_owner ON cai.jobs
 	USING (EXISTS (SELECT FROM cai.conversations c
 				   WHERE c.id = jobs.conversation_id AND c.owner = current_user))
-	WITH CHECK (EXISTS (SELECT FROM cai.conversations c
-						WHERE c.id = jobs.conversation_id AND c.owner = current_user));
-COMMENT ON POLICY jobs_owner ON cai.jobs IS 'a role sees, queues and cancels only the jobs of conversations it owns';
+	WITH CHECK (EXISTS (SELECT FROM cai.messages m
+						JOIN cai.conversations c ON c.id = m.conversation_id
+						WHERE m.id = jobs.message_id AND m.conversation_id = jobs.conversation_id
+						AND c.owner = current_user));
+COMMENT ON POLICY jobs_owner ON cai.jobs IS 'a role sees, queues and cancels only the jobs of conversations it owns, and queues them only for turns of those conversations';
 
 -- the runners alone change a job's state; a role may queue (through the trigger) and cancel
 GRANT SELECT, DELETE ON cai.jobs TO cai_user;

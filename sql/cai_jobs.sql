@@ -78,7 +78,16 @@ SET ROLE regress_cai_jobs_bob;
 SELECT count(*) AS bob_sees FROM cai.jobs;
 DELETE FROM cai.jobs;
 INSERT INTO cai.jobs (message_id, conversation_id) VALUES (:alice_msg, :alice_conv);
+-- nor through a conversation of its own: a job names a turn of its own conversation, so naming
+-- another role's turn fails just as naming no turn at all does (no probing which ids exist), and
+-- the turn's one job slot stays its owner's
+SELECT cai_new_conversation() AS bob_conv \gset
+INSERT INTO cai.jobs (message_id, conversation_id) VALUES (:alice_msg + 1, :bob_conv);
+INSERT INTO cai.jobs (message_id, conversation_id) VALUES (:alice_msg + 1000000, :bob_conv);
 SET ROLE regress_cai_jobs_alice;
+INSERT INTO cai.messages (conversation_id, role, content) VALUES (:alice_conv, 'user', 'Again')
+RETURNING id = :alice_msg + 1 AS the_probed_id;
+SELECT count(*) AS alice_jobs_queued FROM cai.jobs;
 DELETE FROM cai.jobs;
 RESET ROLE;
 SELECT count(*) AS alice_jobs FROM cai.jobs WHERE conversation_id = :alice_conv;
@@ -90,6 +99,6 @@ FROM pg_stat_cai;
 
 DROP TRIGGER reply_later ON cai.messages;
 DELETE FROM cai.jobs;
-DELETE FROM cai.conversations WHERE owner = 'regress_cai_jobs_alice';
+DELETE FROM cai.conversations WHERE owner IN ('regress_cai_jobs_alice', 'regress_cai_jobs_bob');
 DROP ROLE regress_cai_jobs_alice;
 DROP ROLE regress_cai_jobs_bob;

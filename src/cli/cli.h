@@ -166,12 +166,18 @@ int			cmd_chat(int argc, char **argv);
 int			cmd_bench(int argc, char **argv);
 int			cmd_eval(int argc, char **argv);
 int			cmd_inspect(int argc, char **argv);
+int			cmd_serve(int argc, char **argv);
 
 extern const cli_command cli_run_command;
 extern const cli_command cli_chat_command;
 extern const cli_command cli_bench_command;
 extern const cli_command cli_eval_command;
 extern const cli_command cli_inspect_command;
+extern const cli_command cli_serve_command;
+
+/* The process's own argc and argv, for a command that renames the process (serve). */
+extern int	cli_argc;
+extern char **cli_argv;
 
 /* Option entries every model-running command shares, over a struct with model / threads. */
 #define CLI_MODEL_OPTION(opts) \

@@ -18,7 +18,11 @@ static const cli_entry entries[] = {
 	{&cli_bench_command, cmd_bench},
 	{&cli_eval_command, cmd_eval},
 	{&cli_inspect_command, cmd_inspect},
+	{&cli_serve_command, cmd_serve},
 };
+
+int			cli_argc;
+char	  **cli_argv;
 
 #define N_ENTRIES ((int) (sizeof(entries) / sizeof(entries[0])))
 
@@ -39,6 +43,8 @@ print_main_usage(FILE *out)
 int
 main(int argc, char **argv)
 {
+	cli_argc = argc;
+	cli_argv = argv;
 	if (argc < 2)
 	{
 		print_main_usage(stderr);

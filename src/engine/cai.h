@@ -190,6 +190,9 @@ cai_status	cai_engine_create(cai_model *model, const cai_engine_params *params,
 							  cai_engine **out, cai_error *err);
 void		cai_engine_free(cai_engine *engine);
 
+/* The context window of one sequence, in tokens, after the defaults and the model's limit. */
+int			cai_engine_context_length(const cai_engine *engine);
+
 /* Which backend serves ("cpu (avx512-vnni)", "cuda (NVIDIA H100)") and why it was chosen. */
 const char *cai_engine_device(const cai_engine *engine);
 const char *cai_engine_device_reason(const cai_engine *engine);

@@ -412,6 +412,12 @@ cai_engine_free(cai_engine *engine)
 	free(engine);
 }
 
+int
+cai_engine_context_length(const cai_engine *engine)
+{
+	return engine->context_length;
+}
+
 const char *
 cai_engine_device(const cai_engine *engine)
 {
@@ -493,7 +499,9 @@ cai_engine_submit(cai_engine *engine, const cai_request_params *params,
 	{
 		engine->stats.requests_rejected++;
 		return cai_fail(err, CAI_ERR_QUEUE_FULL,
-						"the request queue is full (%d waiting requests)", engine->n_waiting);
+						"the request queue is full: %d requests already wait for a batch slot, the limit is %d",
+						engine->n_waiting - (engine->params.max_running - engine->n_running),
+						engine->params.max_queue);
 	}
 	if (engine->params.max_queue_wait_ms > 0)
 	{

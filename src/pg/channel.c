@@ -77,7 +77,7 @@ channel_on_detach(dsm_segment *seg, Datum arg)
  *		current resource owner.  Takes the pg_cai lock briefly.
  */
 CaiChannel *
-CaiChannelOpen(CaiRequestKind kind, StringInfo payload)
+CaiChannelOpen(cai_request_kind kind, const cai_wbuf *payload)
 {
 	CaiChannel *channel;
 	Size		payload_offset = MAXALIGN(sizeof(CaiRequestHeader));
@@ -87,6 +87,10 @@ CaiChannelOpen(CaiRequestKind kind, StringInfo payload)
 	CaiRequestHeader *header;
 
 	CaiCheckWorkerReady();
+	if (payload->failed)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("pg_cai request is too large")));
 
 	channel = palloc0(sizeof(CaiChannel));
 	channel->seg = dsm_create(total, DSM_CREATE_NULL_IF_MAXSEGMENTS);
@@ -107,7 +111,8 @@ CaiChannelOpen(CaiRequestKind kind, StringInfo payload)
 	header->queue_size = CAI_RESPONSE_QUEUE_SIZE;
 	pg_atomic_init_u32(&header->abandoned, 0);
 	pg_atomic_init_u64(&header->accepted_generation, 0);
-	memcpy(base + payload_offset, payload->data, payload->len);
+	if (payload->len > 0)
+		memcpy(base + payload_offset, payload->data, payload->len);
 
 	channel->header = header;
 	channel->mq = shm_mq_create(base + queue_offset, CAI_RESPONSE_QUEUE_SIZE);
@@ -233,18 +238,18 @@ CaiChannelClose(CaiChannel *channel)
 void
 CaiRaiseWorkerError(const char *body, Size len)
 {
-	CaiReader	reader;
+	cai_reader	reader;
 	int32		status = CAI_ERR_INTERNAL;
 	char	   *message;
 
 	cai_reader_init(&reader, body, len);
-	if (!cai_get_int32(&reader, &status))
+	if (!cai_get_i32(&reader, &status))
 		status = CAI_ERR_INTERNAL;
 	message = pnstrdup(body + reader.pos, len - reader.pos);
 
 	switch (status)
 	{
-		case CAI_STATUS_MODEL_UNAVAILABLE:
+		case CAI_WIRE_STATUS_MODEL_UNAVAILABLE:
 			{
 				char		hint[CAI_REASON_SIZE];
 
@@ -257,6 +262,25 @@ CaiRaiseWorkerError(const char *body, Size len)
 						 hint[0] ? errhint("%s", hint) : 0));
 				break;
 			}
+		case CAI_WIRE_STATUS_ENGINE_CRASHED:
+
+			/*
+			 * Not retried by anyone: the request may be what crashed the engine (a reply job
+			 * fails on it, src/pg/jobs.c).  58000: an error outside PostgreSQL itself.
+			 */
+			ereport(ERROR,
+					(errcode(ERRCODE_SYSTEM_ERROR),
+					 errmsg("pg_cai engine process crashed while running this request"),
+					 errdetail("%s", message),
+					 errhint("The engine restarts by itself and other sessions are not affected; the request was not retried.")));
+			break;
+		case CAI_WIRE_STATUS_ENGINE_RESTARTED:
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("pg_cai engine was restarted before this request finished"),
+					 errdetail("%s", message),
+					 errhint("Retry the call.")));
+			break;
 		case CAI_ERR_INVALID_ARGUMENT:
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -299,7 +323,7 @@ CaiRaiseWorkerError(const char *body, Size len)
  *		Posts a CHAT or COMPLETE request.
  */
 CaiGeneration *
-CaiGenerationStart(CaiRequestKind kind, StringInfo payload)
+CaiGenerationStart(cai_request_kind kind, const cai_wbuf *payload)
 {
 	CaiGeneration *gen = palloc0(sizeof(CaiGeneration));
 
@@ -354,15 +378,14 @@ CaiGenerationNext(CaiGeneration *gen, const char **piece, Size *len)
 
 		case CAI_MSG_FINAL:
 			{
-				CaiReader	reader;
+				cai_reader	reader;
 
 				cai_reader_init(&reader, data + 1, nbytes - 1);
-				if (!cai_get_bytes(&reader, &gen->final, sizeof(CaiFinal)) ||
-					gen->final.n_user_tokens < 0 ||
-					(Size) gen->final.n_user_tokens > cai_reader_remaining(&reader) / sizeof(int32))
+				if (!cai_wire_get_final(&reader, &gen->final) ||
+					(Size) gen->final.n_user_tokens != cai_reader_remaining(&reader) / sizeof(int32))
 					break;
 				gen->user_tokens = palloc(sizeof(int32) * Max(gen->final.n_user_tokens, 1));
-				(void) cai_get_int32_array(&reader, gen->final.n_user_tokens, gen->user_tokens);
+				(void) cai_get_i32_array(&reader, gen->final.n_user_tokens, gen->user_tokens);
 				gen->done = true;
 				CaiChannelClose(gen->channel);
 				return false;

@@ -29,7 +29,7 @@ typedef struct CaiChannel
 } CaiChannel;
 
 extern void CaiCheckWorkerReady(void);
-extern CaiChannel *CaiChannelOpen(CaiRequestKind kind, StringInfo payload);
+extern CaiChannel *CaiChannelOpen(cai_request_kind kind, const cai_wbuf *payload);
 extern void CaiChannelReceive(CaiChannel *channel, char **data, Size *len);
 extern void CaiChannelClose(CaiChannel *channel);
 extern void CaiRaiseWorkerError(const char *body, Size len) pg_attribute_noreturn();
@@ -42,11 +42,11 @@ typedef struct CaiGeneration
 	int			n_ids;
 	int			ids_capacity;
 	bool		done;
-	CaiFinal	final;			/* valid once done */
+	cai_wire_final final;		/* valid once done */
 	int32	   *user_tokens;	/* final.n_user_tokens ids, once done */
 } CaiGeneration;
 
-extern CaiGeneration *CaiGenerationStart(CaiRequestKind kind, StringInfo payload);
+extern CaiGeneration *CaiGenerationStart(cai_request_kind kind, const cai_wbuf *payload);
 extern bool CaiGenerationNext(CaiGeneration *gen, const char **piece, Size *len);
 extern void CaiGenerationFinish(CaiGeneration *gen);
 

@@ -89,20 +89,12 @@ text_from_utf8(const char *utf8, Size len)
 
 /* Appends one turn to a CHAT payload; n_tokens < 0 means "tokenize the content". */
 static void
-put_turn(StringInfo buf, int role, const char *content, const int32 *tokens, int n_tokens)
+put_turn(cai_wbuf *buf, int role, const char *content, const int32 *tokens, int n_tokens)
 {
 	int			len = strlen(content);
 	char	   *utf8 = to_utf8(content, &len);
 
-	cai_put_int32(buf, role);
-	cai_put_text(buf, utf8, len);
-	if (tokens == NULL || n_tokens < 0)
-		cai_put_int32(buf, -1);
-	else
-	{
-		cai_put_int32(buf, n_tokens);
-		cai_put_bytes(buf, tokens, sizeof(int32) * n_tokens);
-	}
+	cai_wire_put_turn(buf, role, utf8, len, tokens, n_tokens);
 }
 
 /*
@@ -117,7 +109,7 @@ start_conversation_turn(int64 conversation_id, const char *message, Jsonb *call_
 {
 	CaiConversation *conv;
 	CaiOptions	options;
-	StringInfoData payload;
+	cai_wbuf	payload;
 	ListCell   *lc;
 	int			n_messages;
 
@@ -136,10 +128,11 @@ start_conversation_turn(int64 conversation_id, const char *message, Jsonb *call_
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("conversation " INT64_FORMAT " has nothing to reply to", conversation_id)));
 
-	initStringInfo(&payload);
-	CaiOptionsWriteGeneration(&payload, &options, cache_salt(conversation_id), n_messages);
+	CaiWireInit(&payload);
+	CaiOptionsWriteGeneration(&payload, &options, cache_salt(conversation_id));
+	cai_put_i32(&payload, n_messages);
 	if (conv->system_prompt)
-		put_turn(&payload, CAI_TURN_SYSTEM, conv->system_prompt, NULL, -1);
+		put_turn(&payload, CAI_ROLE_SYSTEM, conv->system_prompt, NULL, -1);
 	foreach(lc, conv->turns)
 	{
 		CaiTurn    *turn = (CaiTurn *) lfirst(lc);
@@ -148,7 +141,7 @@ start_conversation_turn(int64 conversation_id, const char *message, Jsonb *call_
 				 turn->tokens ? turn->n_tokens : -1);
 	}
 	if (message)
-		put_turn(&payload, CAI_TURN_USER, message, NULL, -1);
+		put_turn(&payload, CAI_ROLE_USER, message, NULL, -1);
 
 	return CaiGenerationStart(CAI_REQUEST_CHAT, &payload);
 }
@@ -401,7 +394,7 @@ pg_cai_complete(PG_FUNCTION_ARGS)
 	char	   *prompt;
 	int			len;
 	CaiOptions	options;
-	StringInfoData payload;
+	cai_wbuf	payload;
 	CaiGeneration *gen;
 
 	(void) CaiSharedStateOrError();
@@ -419,8 +412,8 @@ pg_cai_complete(PG_FUNCTION_ARGS)
 	len = strlen(prompt);
 	prompt = to_utf8(prompt, &len);
 
-	initStringInfo(&payload);
-	CaiOptionsWriteGeneration(&payload, &options, cache_salt(0), 0);
+	CaiWireInit(&payload);
+	CaiOptionsWriteGeneration(&payload, &options, cache_salt(0));
 	cai_put_text(&payload, prompt, len);
 
 	gen = CaiGenerationStart(CAI_REQUEST_COMPLETE, &payload);
@@ -456,8 +449,8 @@ pg_cai_chat_completion(PG_FUNCTION_ARGS)
 {
 	Jsonb	   *messages;
 	CaiOptions	options;
-	StringInfoData payload;
-	StringInfoData turns;
+	cai_wbuf	payload;
+	cai_wbuf	turns;
 	StringInfoData out;
 	CaiGeneration *gen;
 	JsonbIterator *it;
@@ -480,7 +473,7 @@ pg_cai_chat_completion(PG_FUNCTION_ARGS)
 	if (!PG_ARGISNULL(1))
 		CaiOptionsApply(&options, PG_GETARG_JSONB_P(1));
 
-	initStringInfo(&turns);
+	CaiWireInit(&turns);
 	it = JsonbIteratorInit(&messages->root);
 	while ((tok = JsonbIteratorNext(&it, &elem, true)) != WJB_DONE)
 	{
@@ -503,11 +496,11 @@ pg_cai_chat_completion(PG_FUNCTION_ARGS)
 
 		role_text = pnstrdup(role->val.string.val, role->val.string.len);
 		if (strcmp(role_text, "system") == 0)
-			role_id = CAI_TURN_SYSTEM;
+			role_id = CAI_ROLE_SYSTEM;
 		else if (strcmp(role_text, "user") == 0)
-			role_id = CAI_TURN_USER;
+			role_id = CAI_ROLE_USER;
 		else if (strcmp(role_text, "assistant") == 0)
-			role_id = CAI_TURN_ASSISTANT;
+			role_id = CAI_ROLE_ASSISTANT;
 		else
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -522,15 +515,16 @@ pg_cai_chat_completion(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("messages must not be empty")));
 
-	initStringInfo(&payload);
-	CaiOptionsWriteGeneration(&payload, &options, cache_salt(0), n_messages);
-	appendBinaryStringInfo(&payload, turns.data, turns.len);
+	CaiWireInit(&payload);
+	CaiOptionsWriteGeneration(&payload, &options, cache_salt(0));
+	cai_put_i32(&payload, n_messages);
+	cai_put_bytes(&payload, turns.data, turns.len);
 
 	gen = CaiGenerationStart(CAI_REQUEST_CHAT, &payload);
 	CaiGenerationFinish(gen);
 
 	LWLockAcquire(cai_shared->lock, LW_SHARED);
-	strlcpy(model_name, cai_shared->model.name, sizeof(model_name));
+	strlcpy(model_name, cai_shared->model.info.name, sizeof(model_name));
 	LWLockRelease(cai_shared->lock);
 
 	if (!pg_strong_random(random_bytes, sizeof(random_bytes)))

@@ -101,10 +101,10 @@ static int
 role_from_text(const char *role)
 {
 	if (strcmp(role, "system") == 0)
-		return CAI_TURN_SYSTEM;
+		return CAI_ROLE_SYSTEM;
 	if (strcmp(role, "assistant") == 0)
-		return CAI_TURN_ASSISTANT;
-	return CAI_TURN_USER;
+		return CAI_ROLE_ASSISTANT;
+	return CAI_ROLE_USER;
 }
 
 /*

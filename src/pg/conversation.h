@@ -14,7 +14,7 @@
 
 typedef struct CaiTurn
 {
-	int			role;			/* CAI_TURN_* */
+	int			role;			/* cai_role */
 	char	   *content;
 	int32	   *tokens;			/* stored ids, or NULL */
 	int			n_tokens;

@@ -1,11 +1,13 @@
 /*
  * guc.c — defines pg_cai's configuration settings.
  *
- * Everything that sizes shared memory, names a file, or configures the engine worker is
- * PGC_POSTMASTER: the worker reads it once when it starts, and a file path must not be
- * changeable by ordinary users.  cache_isolation is superuser-only (PGC_SUSET) because it decides
- * who may share cached prompt prefixes, a security property.  max_tokens is an ordinary
- * per-session default.
+ * What sizes shared memory (max_batch, max_queue: the intake ring) or the set of background
+ * workers is PGC_POSTMASTER.  What configures the engine process (the model file, its template,
+ * device, threads, context, step budget, cache size) is PGC_SIGHUP: a configuration reload makes
+ * the worker start a new engine process with it, and such settings can only be set in the
+ * configuration files or by ALTER SYSTEM, never by an ordinary user.  cache_isolation is
+ * superuser-only (PGC_SUSET) because it decides who may share cached prompt prefixes, a security
+ * property.  max_tokens is an ordinary per-session default.
  */
 #include "postgres.h"
 
@@ -28,6 +30,7 @@ int			cai_max_queue = 64;
 char	   *cai_job_databases = NULL;
 int			cai_job_workers = 2;
 int			cai_max_queue_wait_ms = 0;
+int			cai_reload_grace_ms = 30000;
 int			cai_cache_isolation = CAI_ISOLATION_ROLE;
 int			cai_default_max_tokens = 256;
 
@@ -73,10 +76,11 @@ CaiGucInit(void)
 	DefineCustomStringVariable("pg_cai.model",
 							   "Path of the GGUF model file the engine worker loads.",
 							   "An absolute path, or relative to the data directory. "
-							   "Empty means no model: calls fail with a hint.",
+							   "Empty means no model: calls fail with a hint. A reload "
+							   "starts an engine with the new model.",
 							   &cai_model_path,
 							   "",
-							   PGC_POSTMASTER,
+							   PGC_SIGHUP,
 							   0,
 							   NULL, NULL, NULL);
 
@@ -85,7 +89,7 @@ CaiGucInit(void)
 							   "One of chatml, llama3, gemma, llama2; empty means detect.",
 							   &cai_chat_template,
 							   "",
-							   PGC_POSTMASTER,
+							   PGC_SIGHUP,
 							   0,
 							   NULL, NULL, NULL);
 
@@ -95,7 +99,7 @@ CaiGucInit(void)
 							 &cai_device,
 							 CAI_DEVICE_AUTO,
 							 device_options,
-							 PGC_POSTMASTER,
+							 PGC_SIGHUP,
 							 0,
 							 NULL, NULL, NULL);
 
@@ -104,7 +108,7 @@ CaiGucInit(void)
 							"0 means all online cores.",
 							&cai_threads,
 							0, 0, 1024,
-							PGC_POSTMASTER,
+							PGC_SIGHUP,
 							0,
 							NULL, NULL, NULL);
 
@@ -122,7 +126,7 @@ CaiGucInit(void)
 							NULL,
 							&cai_max_step_tokens,
 							512, 16, 65536,
-							PGC_POSTMASTER,
+							PGC_SIGHUP,
 							0,
 							NULL, NULL, NULL);
 
@@ -131,7 +135,7 @@ CaiGucInit(void)
 							"0 means the model's trained context, capped at 4096.",
 							&cai_context_length,
 							0, 0, 1048576,
-							PGC_POSTMASTER,
+							PGC_SIGHUP,
 							0,
 							NULL, NULL, NULL);
 
@@ -140,7 +144,7 @@ CaiGucInit(void)
 							"0 turns the prefix cache off.",
 							&cai_host_cache_size_mb,
 							256, 0, INT_MAX / 2,
-							PGC_POSTMASTER,
+							PGC_SIGHUP,
 							GUC_UNIT_MB,
 							NULL, NULL, NULL);
 
@@ -159,6 +163,16 @@ CaiGucInit(void)
 							"0 means no limit: requests wait until pg_cai.max_queue is reached.",
 							&cai_max_queue_wait_ms,
 							0, 0, INT_MAX,
+							PGC_SIGHUP,
+							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("pg_cai.reload_grace",
+							"How long a configuration change waits for running requests before the engine restarts.",
+							"After a reload that changes the engine's settings, requests in flight may "
+							"finish for this long; those still running then fail and may be retried.",
+							&cai_reload_grace_ms,
+							30000, 0, INT_MAX,
 							PGC_SIGHUP,
 							GUC_UNIT_MS,
 							NULL, NULL, NULL);

@@ -1,8 +1,8 @@
 /*
  * guc.h — pg_cai's configuration settings (pg_cai.*).
  *
- * Settings that size shared memory, name files or start the engine are postmaster-level: the
- * engine worker reads them once at start.  Per-session settings are listed last.
+ * Settings that size shared memory are postmaster-level; those of the engine process are
+ * reloadable (a reload starts a new engine with them).  Per-session settings are listed last.
  */
 #ifndef PG_CAI_GUC_H
 #define PG_CAI_GUC_H
@@ -23,21 +23,24 @@ typedef enum CaiCacheIsolation
 	CAI_ISOLATION_NONE			/* everyone */
 } CaiCacheIsolation;
 
-/* postmaster-level: read by the engine worker at start */
-extern char *cai_model_path;
-extern char *cai_chat_template;
-extern int	cai_device;
-extern int	cai_threads;
+/* postmaster-level: they size shared memory or the set of background workers */
 extern int	cai_max_batch;
-extern int	cai_max_step_tokens;
-extern int	cai_context_length;
-extern int	cai_host_cache_size_mb;
 extern int	cai_max_queue;
 extern char *cai_job_databases;
 extern int	cai_job_workers;
 
-/* reloadable: the worker applies it on SIGHUP */
+/* reloadable: a change starts a new engine process with them */
+extern char *cai_model_path;
+extern char *cai_chat_template;
+extern int	cai_device;
+extern int	cai_threads;
+extern int	cai_max_step_tokens;
+extern int	cai_context_length;
+extern int	cai_host_cache_size_mb;
+
+/* reloadable: applied to the running engine */
 extern int	cai_max_queue_wait_ms;
+extern int	cai_reload_grace_ms;
 
 /* superuser-settable */
 extern int	cai_cache_isolation;

@@ -8,6 +8,7 @@
 
 #include <math.h>
 
+#include "mb/pg_wchar.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
 #include "utils/numeric.h"
@@ -120,12 +121,30 @@ get_integer(const char *key, const JsonbValue *value, int64 min, int64 max)
 	return result;
 }
 
+/*
+ * The numeric as text for an error's detail: as written when short, else in scientific
+ * notation (a 400-digit number helps nobody).
+ */
+static char *
+numeric_detail_text(Numeric num)
+{
+	char	   *text = DatumGetCString(DirectFunctionCall1(numeric_out, NumericGetDatum(num)));
+
+	if (strlen(text) <= 24)
+		return text;
+	return numeric_out_sci(num, 6);
+}
+
+/*
+ * A number as a double.  Values beyond double precision become infinity or zero rather than
+ * an error of their own, so that the option's range check reports them by name.
+ */
 static double
 get_number(const char *key, const JsonbValue *value)
 {
 	if (value->type != jbvNumeric)
 		wrong_type(key, "a number", value);
-	return DatumGetFloat8(DirectFunctionCall1(numeric_float8,
+	return DatumGetFloat8(DirectFunctionCall1(numeric_float8_no_overflow,
 											  NumericGetDatum(value->val.numeric)));
 }
 
@@ -207,18 +226,22 @@ apply_key(CaiOptions *options, const char *key, const JsonbValue *value)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("option \"temperature\" must be between 0 and 2"),
-					 errdetail("Got %g.", t)));
+					 errdetail("Got %s.", numeric_detail_text(value->val.numeric))));
 		options->temperature = t;
 	}
 	else if (strcmp(key, "top_p") == 0)
 	{
 		double		p = value->type == jbvNull ? defaults.top_p : get_number(key, value);
 
-		if (!(p > 0.0 && p <= 1.0))
+		/* the engine samples in single precision: a p that rounds to 0 there is 0 */
+		if (!(p > 0.0 && p <= 1.0 && (float) p > 0.0f))
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("option \"top_p\" must be greater than 0 and at most 1"),
-					 errdetail("Got %g.", p)));
+					 (p > 0.0 && p <= 1.0) ?
+					 errdetail("Got %s, which is 0 in the engine's single precision.",
+							   numeric_detail_text(value->val.numeric)) :
+					 errdetail("Got %s.", numeric_detail_text(value->val.numeric))));
 		options->top_p = p;
 	}
 	else if (strcmp(key, "top_k") == 0)
@@ -308,28 +331,27 @@ CaiOptionsValidate(Jsonb *json)
 
 /*
  * CaiOptionsWriteGeneration
- *		Writes the generation block and stop strings of a CHAT or COMPLETE payload.
+ *		Writes the generation block of a CHAT or COMPLETE payload; stop strings go in UTF-8, as
+ *		the engine's text is.
  */
 void
-CaiOptionsWriteGeneration(StringInfo buf, const CaiOptions *options, uint64 cache_salt,
-						  int n_messages)
+CaiOptionsWriteGeneration(cai_wbuf *buf, const CaiOptions *options, uint64 cache_salt)
 {
-	CaiGenerationParams gp;
+	cai_wire_generation g;
 	int			i;
 
-	memset(&gp, 0, sizeof(gp));
-	gp.temperature = (float) options->temperature;
-	gp.top_p = (float) options->top_p;
-	gp.top_k = options->top_k;
-	gp.seed = (uint64) options->seed;
-	gp.max_tokens = options->max_tokens;
-	gp.truncate = options->truncate;
-	gp.ignore_eos = options->ignore_eos;
-	gp.use_cache = true;
-	gp.cache_salt = cache_salt;
-	gp.n_stop = options->n_stop;
-	gp.n_messages = n_messages;
-	cai_put_bytes(buf, &gp, sizeof(gp));
+	memset(&g, 0, sizeof(g));
+	g.temperature = (float) options->temperature;
+	g.top_p = (float) options->top_p;
+	g.top_k = options->top_k;
+	g.seed = (uint64) options->seed;
+	g.max_tokens = options->max_tokens;
+	g.truncate = options->truncate;
+	g.ignore_eos = options->ignore_eos;
+	g.use_cache = true;
+	g.cache_salt = cache_salt;
+	g.n_stop = options->n_stop;
 	for (i = 0; i < options->n_stop; i++)
-		cai_put_text(buf, options->stop[i], strlen(options->stop[i]));
+		g.stop[i] = pg_server_to_any(options->stop[i], strlen(options->stop[i]), PG_UTF8);
+	cai_wire_put_generation(buf, &g);
 }

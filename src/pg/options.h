@@ -12,6 +12,7 @@
 #include "utils/jsonb.h"
 
 #include "cai.h"
+#include "wire.h"
 
 typedef struct CaiOptions
 {
@@ -29,7 +30,7 @@ typedef struct CaiOptions
 extern void CaiOptionsInit(CaiOptions *options);
 extern void CaiOptionsApply(CaiOptions *options, Jsonb *json);
 extern void CaiOptionsValidate(Jsonb *json);
-extern void CaiOptionsWriteGeneration(StringInfo buf, const CaiOptions *options,
-									  uint64 cache_salt, int n_messages);
+extern void CaiOptionsWriteGeneration(cai_wbuf *buf, const CaiOptions *options,
+									  uint64 cache_salt);
 
 #endif							/* PG_CAI_OPTIONS_H */

@@ -16,15 +16,19 @@
 #include "utils/timestamp.h"
 
 #include "cai.h"
+#include "wire.h"
 
-/* What the engine worker is doing */
+/* What the engine worker and its engine process are doing */
 typedef enum CaiWorkerState
 {
 	CAI_WORKER_NOT_RUNNING = 0, /* not started yet, or exited and waiting for a restart */
-	CAI_WORKER_LOADING,			/* started, loading the model */
+	CAI_WORKER_LOADING,			/* an engine process is starting and loading the model */
 	CAI_WORKER_READY,			/* serving */
-	CAI_WORKER_FAILED			/* up, but without a model: requests get the reason */
+	CAI_WORKER_FAILED,			/* up, but without a model: requests get the reason */
+	CAI_WORKER_RESTARTING		/* the engine process died; another starts after a backoff */
 } CaiWorkerState;
+
+#define CAI_EXIT_TEXT_SIZE 128
 
 #define CAI_REASON_SIZE 512
 
@@ -32,24 +36,7 @@ typedef enum CaiWorkerState
 typedef struct CaiModelSummary
 {
 	char		path[MAXPGPATH];
-	char		arch[32];
-	char		name[128];
-	char		chat_template[32];
-	char		device[128];
-	char		device_reason[256];
-	int			n_layers;
-	int			d_model;
-	int			n_heads;
-	int			n_kv_heads;
-	int			head_dim;
-	int			d_ff;
-	int			n_vocab;
-	int			trained_context;	/* the model's */
-	int			context_length; /* what the engine serves per sequence */
-	int64		n_params;
-	uint64		weight_bytes;
-	uint64		kv_bytes_per_token;
-	double		load_seconds;
+	cai_wire_model info;		/* as the engine process reported it */
 } CaiModelSummary;
 
 /* Counters the worker keeps besides the engine's own */
@@ -74,6 +61,12 @@ typedef struct CaiSharedState
 	char		reason[CAI_REASON_SIZE];	/* why the model is unavailable (FAILED) */
 	char		hint[CAI_REASON_SIZE];
 	CaiModelSummary model;
+
+	/* the engine process (not a child of the postmaster: the worker starts it) */
+	int			engine_pid;		/* 0 when none runs */
+	uint64		engine_starts;	/* engine processes started by this worker */
+	TimestampTz engine_started; /* when the current (or last) one started */
+	char		engine_last_exit[CAI_EXIT_TEXT_SIZE];	/* how the last one ended; "" if none did */
 
 	/* statistics, refreshed by the worker after every step and when idle */
 	cai_engine_stats engine_stats;

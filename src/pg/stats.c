@@ -35,6 +35,8 @@ state_name(CaiWorkerState state)
 			return "ready";
 		case CAI_WORKER_FAILED:
 			return "failed";
+		case CAI_WORKER_RESTARTING:
+			return "restarting";
 	}
 	return "unknown";
 }
@@ -84,25 +86,25 @@ pg_cai_model_info(PG_FUNCTION_ARGS)
 	json_key_string(&out, "status", state_name(state), true);
 	if (state == CAI_WORKER_READY)
 	{
-		json_key_string(&out, "name", model.name, false);
-		json_key_string(&out, "arch", model.arch, false);
+		json_key_string(&out, "name", model.info.name, false);
+		json_key_string(&out, "arch", model.info.arch, false);
 		json_key_string(&out, "path", model.path, false);
-		json_key_string(&out, "chat_template", model.chat_template, false);
-		json_key_int(&out, "layers", model.n_layers);
-		json_key_int(&out, "d_model", model.d_model);
-		json_key_int(&out, "heads", model.n_heads);
-		json_key_int(&out, "kv_heads", model.n_kv_heads);
-		json_key_int(&out, "head_dim", model.head_dim);
-		json_key_int(&out, "d_ff", model.d_ff);
-		json_key_int(&out, "vocab", model.n_vocab);
-		json_key_int(&out, "trained_context", model.trained_context);
-		json_key_int(&out, "context_length", model.context_length);
-		json_key_int(&out, "params", model.n_params);
-		json_key_int(&out, "weight_bytes", (int64) model.weight_bytes);
-		json_key_int(&out, "kv_bytes_per_token", (int64) model.kv_bytes_per_token);
-		json_key_string(&out, "device", model.device, false);
-		json_key_string(&out, "device_reason", model.device_reason, false);
-		appendStringInfo(&out, ", \"load_seconds\": %.3f", model.load_seconds);
+		json_key_string(&out, "chat_template", model.info.chat_template, false);
+		json_key_int(&out, "layers", model.info.n_layers);
+		json_key_int(&out, "d_model", model.info.d_model);
+		json_key_int(&out, "heads", model.info.n_heads);
+		json_key_int(&out, "kv_heads", model.info.n_kv_heads);
+		json_key_int(&out, "head_dim", model.info.head_dim);
+		json_key_int(&out, "d_ff", model.info.d_ff);
+		json_key_int(&out, "vocab", model.info.n_vocab);
+		json_key_int(&out, "trained_context", model.info.trained_context);
+		json_key_int(&out, "context_length", model.info.context_length);
+		json_key_int(&out, "params", model.info.n_params);
+		json_key_int(&out, "weight_bytes", (int64) model.info.weight_bytes);
+		json_key_int(&out, "kv_bytes_per_token", (int64) model.info.kv_bytes_per_token);
+		json_key_string(&out, "device", model.info.device, false);
+		json_key_string(&out, "device_reason", model.info.device_reason, false);
+		appendStringInfo(&out, ", \"load_seconds\": %.3f", model.info.load_seconds);
 	}
 	else if (state == CAI_WORKER_FAILED)
 	{
@@ -130,6 +132,10 @@ pg_cai_stats(PG_FUNCTION_ARGS)
 	CaiWorkerState state;
 	char		model_name[128];
 	char		device[128];
+	int			engine_pid;
+	uint64		engine_starts;
+	TimestampTz engine_started;
+	char		engine_last_exit[CAI_EXIT_TEXT_SIZE];
 	cai_engine_stats es;
 	CaiWorkerCounters counters;
 	int			queued;
@@ -143,8 +149,12 @@ pg_cai_stats(PG_FUNCTION_ARGS)
 	LWLockAcquire(shared->lock, LW_SHARED);
 	pid = shared->worker_pid;
 	state = shared->state;
-	strlcpy(model_name, shared->model.name, sizeof(model_name));
-	strlcpy(device, shared->model.device, sizeof(device));
+	strlcpy(model_name, shared->model.info.name, sizeof(model_name));
+	strlcpy(device, shared->model.info.device, sizeof(device));
+	engine_pid = shared->engine_pid;
+	engine_starts = shared->engine_starts;
+	engine_started = shared->engine_started;
+	strlcpy(engine_last_exit, shared->engine_last_exit, sizeof(engine_last_exit));
 	es = shared->engine_stats;
 	counters = shared->counters;
 	queued = shared->ring_count;
@@ -162,6 +172,13 @@ pg_cai_stats(PG_FUNCTION_ARGS)
 	nulls[i++] = (state != CAI_WORKER_READY);
 	values[i] = CStringGetTextDatum(device);
 	nulls[i++] = (state != CAI_WORKER_READY);
+	values[i] = Int32GetDatum(engine_pid);
+	nulls[i++] = (engine_pid == 0);
+	values[i++] = Int64GetDatum((int64) engine_starts);
+	values[i] = TimestampTzGetDatum(engine_started);
+	nulls[i++] = (engine_started == 0);
+	values[i] = CStringGetTextDatum(engine_last_exit);
+	nulls[i++] = (engine_last_exit[0] == '\0');
 	values[i++] = Int64GetDatum((int64) counters.requests_received);
 	values[i++] = Int64GetDatum((int64) counters.requests_completed);
 	values[i++] = Int64GetDatum((int64) counters.requests_failed);
@@ -207,13 +224,13 @@ pg_cai_stats(PG_FUNCTION_ARGS)
 Datum
 pg_cai_cache_reset(PG_FUNCTION_ARGS)
 {
-	StringInfoData payload;
+	cai_wbuf	payload;
 	CaiChannel *channel;
 	char	   *data;
 	Size		len;
 
 	(void) CaiSharedStateOrError();
-	initStringInfo(&payload);
+	CaiWireInit(&payload);
 	channel = CaiChannelOpen(CAI_REQUEST_CACHE_RESET, &payload);
 	CaiChannelReceive(channel, &data, &len);
 	if (data[0] == CAI_MSG_ERROR)

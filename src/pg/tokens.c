@@ -24,7 +24,7 @@ PG_FUNCTION_INFO_V1(pg_cai_detokenize);
  *		The answer is copied into the current memory context.
  */
 static char *
-ask_worker(CaiRequestKind kind, StringInfo payload, char expected, Size *len)
+ask_worker(cai_request_kind kind, const cai_wbuf *payload, char expected, Size *len)
 {
 	CaiChannel *channel = CaiChannelOpen(kind, payload);
 	char	   *data;
@@ -57,7 +57,7 @@ pg_cai_tokenize(PG_FUNCTION_ARGS)
 	char	   *input = text_to_cstring(PG_GETARG_TEXT_PP(0));
 	int			len = strlen(input);
 	char	   *utf8 = pg_server_to_any(input, len, PG_UTF8);
-	StringInfoData payload;
+	cai_wbuf	payload;
 	char	   *answer;
 	Size		answer_len;
 	int32		count;
@@ -68,7 +68,7 @@ pg_cai_tokenize(PG_FUNCTION_ARGS)
 	if (utf8 != input)
 		len = strlen(utf8);
 
-	initStringInfo(&payload);
+	CaiWireInit(&payload);
 	cai_put_text(&payload, utf8, len);
 	answer = ask_worker(CAI_REQUEST_TOKENIZE, &payload, CAI_MSG_IDS, &answer_len);
 
@@ -104,7 +104,7 @@ pg_cai_detokenize(PG_FUNCTION_ARGS)
 	int			n;
 	int			i;
 	int			n_vocab;
-	StringInfoData payload;
+	cai_wbuf	payload;
 	char	   *answer;
 	Size		answer_len;
 	char	   *converted;
@@ -117,11 +117,11 @@ pg_cai_detokenize(PG_FUNCTION_ARGS)
 	deconstruct_array(arr, INT4OID, sizeof(int32), true, TYPALIGN_INT, &elems, &nulls, &n);
 
 	LWLockAcquire(cai_shared->lock, LW_SHARED);
-	n_vocab = cai_shared->state == CAI_WORKER_READY ? cai_shared->model.n_vocab : 0;
+	n_vocab = cai_shared->state == CAI_WORKER_READY ? cai_shared->model.info.n_vocab : 0;
 	LWLockRelease(cai_shared->lock);
 
-	initStringInfo(&payload);
-	cai_put_int32(&payload, n);
+	CaiWireInit(&payload);
+	cai_put_i32(&payload, n);
 	for (i = 0; i < n; i++)
 	{
 		int32		id;
@@ -138,7 +138,7 @@ pg_cai_detokenize(PG_FUNCTION_ARGS)
 					 errmsg("token id %d is out of range", id),
 					 n_vocab > 0 ?
 					 errdetail("Token ids run from 0 to %d for this model.", n_vocab - 1) : 0));
-		cai_put_int32(&payload, id);
+		cai_put_i32(&payload, id);
 	}
 
 	answer = ask_worker(CAI_REQUEST_DETOKENIZE, &payload, CAI_MSG_TEXT, &answer_len);

@@ -1,26 +1,38 @@
 /*
- * worker.c — the engine worker: loads the model, takes requests, runs the engine, streams tokens.
+ * worker.c — the engine worker: intake of requests, relay to the engine process, supervision.
  *
- * One background worker per cluster owns the model (and the GPU, where there is one).  It knows
- * no database: it attaches to each posted request segment, turns the request into token ids,
- * submits it to the engine, and runs engine steps while any request waits or runs; each step's
- * tokens go back over the request's response queue.  Between steps it takes new requests and
- * drops the ones whose backend went away (cancel, statement_timeout, error), which frees their
- * KV at once.
+ * One background worker per cluster.  It knows no database and no model: it attaches to each
+ * posted request segment, relays the request's payload to the engine process (engine_process.c)
+ * over their socket, and copies what the engine answers into the request's response queue.
+ * Between those it drops the requests whose backend went away (cancel, statement_timeout,
+ * error), telling the engine, which frees their KV at once.
  *
- * A request moves through these states (pg_cron's habit: one explicit state per request):
+ * The model, the KV pool, the prefix cache, the threads and the device live in the engine
+ * process, which attaches nothing of PostgreSQL's shared memory: when it dies, by any signal or
+ * exit, this worker fails the requests that were in flight with a clear error, logs why, and
+ * starts another after a backoff; no PostgreSQL session is dropped.  The requests still in the
+ * intake ring wait for the new engine.  A crash while the model loads puts the worker in the
+ * failed state (calls fail at once with the reason) until a retry loads it.  An engine that
+ * says it cannot load the model is not retried until the configuration changes.
  *
- *   REQUEST_RUNNING   submitted to the engine; token events are forwarded as they come
- *   REQUEST_DRAINING  answered (final result or error queued); waiting for the backend to read
- *                     the rest of its queue, then detached
+ * A configuration reload that changes the engine's settings (pg_cai.model, device, threads,
+ * context, cache size, ...) starts a new engine once the requests in flight have finished, or
+ * after pg_cai.reload_grace, failing the rest with a retryable error; new requests wait in the
+ * ring meanwhile.
  *
- * The worker never blocks on a backend: every send is non-blocking, and what does not fit in a
- * response queue waits in the request's outbox until the backend reads.
+ * Each request is in one explicit state (pg_cron's habit), changed only by request_set_state:
  *
- * If the model cannot be loaded the worker logs why, records the reason in shared memory and
- * stays up, answering every request with that reason.  It waits on its latch with
- * PG_WAIT_EXTENSION: PostgreSQL 15 has no API for named custom wait events, so pg_stat_activity
- * shows wait_event "Extension" for the worker and for backends waiting on it.
+ *   SENT       relayed to the engine process; nothing back yet
+ *   STREAMING  the engine is sending tokens
+ *   DONE       answered; waiting for the backend to read the rest of its queue
+ *   FAILED     answered with an error; likewise
+ *   CANCELLED  the backend left: the engine is told and the request forgotten
+ *
+ * The worker never blocks on a backend or on the engine: sends are non-blocking, what does not
+ * fit a response queue waits in the request's outbox, and what does not fit the socket waits in
+ * the engine's output buffer.  It waits on its latch and the engine's socket with
+ * PG_WAIT_EXTENSION (PostgreSQL 15 has no named custom wait events), and shows in
+ * pg_stat_activity with backend_type "pg_cai engine worker".
  */
 #include "postgres.h"
 
@@ -34,10 +46,10 @@
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
 #include "postmaster/interrupt.h"
-#include "storage/pmsignal.h"
 #include "storage/dsm.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
+#include "storage/pmsignal.h"
 #include "storage/proc.h"
 #include "storage/shm_mq.h"
 #include "tcop/tcopprot.h"
@@ -47,6 +59,7 @@
 #include "utils/wait_event.h"
 
 #include "cai.h"
+#include "engine_process.h"
 #include "guc.h"
 #include "protocol.h"
 #include "shmem.h"
@@ -54,8 +67,11 @@
 
 typedef enum WorkerRequestState
 {
-	REQUEST_RUNNING,
-	REQUEST_DRAINING
+	REQUEST_SENT,
+	REQUEST_STREAMING,
+	REQUEST_DONE,
+	REQUEST_FAILED,
+	REQUEST_CANCELLED
 } WorkerRequestState;
 
 /* A response message that did not fit in the response queue yet */
@@ -69,56 +85,70 @@ typedef struct OutboxMessage
 typedef struct WorkerRequest
 {
 	dlist_node	node;
-	MemoryContext context;		/* everything below lives here */
+	MemoryContext context;		/* the request and its outbox live here */
 	dsm_segment *seg;
 	CaiRequestHeader *header;
 	shm_mq_handle *mqh;
-	CaiRequestKind kind;
+	uint64		id;				/* its id on the engine's socket */
 	WorkerRequestState state;
 	int			backend_pid;
-
-	/* generation requests */
-	bool		in_engine;
-	uint64		engine_id;
-	StringInfoData text;		/* text sent so far */
-	int32	   *generated;		/* generated ids, end-of-turn excluded */
-	int			n_generated;
-	int			generated_capacity;
-	int32	   *user_tokens;	/* the last turn's content ids (CHAT) */
-	int			n_user_tokens;
-	int			first_message;
-
 	OutboxMessage *outbox_head;
 	OutboxMessage *outbox_tail;
 } WorkerRequest;
 
-/* The worker's state: a single process, so plain statics are the natural home. */
+/* An engine process that crashed this soon after its start counts toward the backoff */
+#define CRASH_WINDOW_MS 60000
+/* Restart delays after consecutive quick crashes: none, then 0.5 s doubling up to 30 s */
+#define RESTART_DELAY_FIRST_MS 500
+#define RESTART_DELAY_MAX_MS 30000
+
+/* The worker is one process: its state is plain statics. */
 static MemoryContext worker_context = NULL;
-static cai_model *worker_model = NULL;
-static cai_engine *worker_engine = NULL;
-static cai_model_info worker_model_info;
-static int	worker_context_length = 0;
 static uint64 worker_generation = 0;
 static dlist_head worker_requests = DLIST_STATIC_INIT(worker_requests);
+static uint64 next_request_id = 0;
 static CaiWorkerCounters worker_counters;
+static bool counters_changed = false;
+static cai_engine_stats engine_stats;
+static bool stats_received = false;
 static TimestampTz last_stats_publish = 0;
-static bool generation_finished = false;	/* a generation was answered since the last publish */
+static CaiWorkerState worker_state = CAI_WORKER_NOT_RUNNING;
+
+/* The engine process and its supervision */
+static CaiEngineProcess engine;
+static WaitEventSet *wait_set = NULL;
+static int	socket_event = -1;	/* the socket's position in wait_set; -1 when none */
+static bool socket_wants_write = false;
+static bool engine_ready = false;	/* it sent READY */
+static bool engine_stopping = false;	/* the worker ends it: its exit is no crash */
+static bool engine_reported_failure = false;	/* it sent FAILED: no restart until a reload */
+static TimestampTz engine_start_time = 0;
+static TimestampTz next_start_time = 0; /* when to start one; 0: none planned */
+static int	consecutive_crashes = 0;
+static StringInfoData engine_settings;	/* the settings the last engine was started with */
+static bool restart_pending = false;	/* a reload changed them: restart once drained */
+static TimestampTz restart_deadline = 0;
 
 static void worker_shutdown(int code, Datum arg);
-static void worker_load_model(void);
+static void worker_reload(void);
+static void engine_start(void);
+static void engine_receive(void);
+static void engine_supervise(void);
+static void engine_send(void);
 static void worker_intake(void);
-static void worker_start_request(WorkerRequest *req);
-static void worker_step(void);
 static void worker_check_abandoned(void);
 static bool worker_flush(WorkerRequest *req);
 static void worker_flush_all(void);
 static void worker_finish(WorkerRequest *req);
 static void worker_publish_stats(bool force);
+static long worker_timeout_ms(void);
 
 /*
  * CaiWorkerInit
  *		Registers the engine worker with the postmaster.  Called from _PG_init.  The worker is
- *		restarted one second after it exits abnormally (a crash, pg_terminate_backend).
+ *		restarted one second after it exits abnormally (a crash, pg_terminate_backend).  It
+ *		connects to no database, like the logical replication launcher, so that it shows in
+ *		pg_stat_activity with its waits.
  */
 void
 CaiWorkerInit(void)
@@ -126,8 +156,8 @@ CaiWorkerInit(void)
 	BackgroundWorker worker;
 
 	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS;
-	worker.bgw_start_time = BgWorkerStart_PostmasterStart;
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_ConsistentState;
 	worker.bgw_restart_time = 1;
 	snprintf(worker.bgw_library_name, BGW_MAXLEN, "pg_cai");
 	snprintf(worker.bgw_function_name, BGW_MAXLEN, "CaiWorkerMain");
@@ -138,36 +168,24 @@ CaiWorkerInit(void)
 	RegisterBackgroundWorker(&worker);
 }
 
-/*
- * Signals are blocked around engine calls that may start threads, so that the engine's threads
- * inherit a mask with every signal blocked: PostgreSQL's handlers must only run on the main
- * thread.  A signal that arrives meanwhile is delivered when the mask is restored.
- */
-static void
-block_signals(sigset_t *saved)
-{
-	sigset_t	all;
-
-	sigfillset(&all);
-	sigprocmask(SIG_BLOCK, &all, saved);
-}
+/* ---------------------------------------------------------------------------------------------
+ * Shared state
+ * ------------------------------------------------------------------------------------------- */
 
 static void
-restore_signals(const sigset_t *saved)
+set_state(CaiWorkerState state)
 {
-	sigprocmask(SIG_SETMASK, saved, NULL);
-}
-
-/* Copies an engine string into a fixed buffer; NULL becomes "". */
-static void
-copy_string(char *dst, Size size, const char *src)
-{
-	strlcpy(dst, src ? src : "", size);
+	worker_state = state;
+	LWLockAcquire(cai_shared->lock, LW_EXCLUSIVE);
+	cai_shared->state = state;
+	if (state != CAI_WORKER_READY)
+		memset(&cai_shared->model, 0, sizeof(cai_shared->model));
+	LWLockRelease(cai_shared->lock);
 }
 
 /*
  * set_failed
- *		Records why there is no model (takes the pg_cai lock) and logs it.
+ *		Records why there is no model and logs it; calls fail at once with the reason.
  */
 static void
 set_failed(const char *reason, const char *hint)
@@ -175,12 +193,11 @@ set_failed(const char *reason, const char *hint)
 	ereport(LOG,
 			(errmsg("pg_cai engine worker has no model: %s", reason),
 			 errhint("%s", hint)));
-
 	LWLockAcquire(cai_shared->lock, LW_EXCLUSIVE);
-	cai_shared->state = CAI_WORKER_FAILED;
-	copy_string(cai_shared->reason, sizeof(cai_shared->reason), reason);
-	copy_string(cai_shared->hint, sizeof(cai_shared->hint), hint);
+	strlcpy(cai_shared->reason, reason, sizeof(cai_shared->reason));
+	strlcpy(cai_shared->hint, hint, sizeof(cai_shared->hint));
 	LWLockRelease(cai_shared->lock);
+	set_state(CAI_WORKER_FAILED);
 }
 
 /*
@@ -192,260 +209,161 @@ CaiWorkerMain(Datum main_arg)
 {
 	pqsignal(SIGTERM, die);
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	/* the engine process is reaped with waitpid */
+	pqsignal(SIGCHLD, SIG_DFL);
 	BackgroundWorkerUnblockSignals();
+	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
 
 	worker_context = AllocSetContextCreate(TopMemoryContext,
 										   "pg_cai worker",
 										   ALLOCSET_DEFAULT_SIZES);
 	MemoryContextSwitchTo(worker_context);
+	initStringInfo(&engine_settings);
+	CaiEngineProcessInit(&engine);
 
 	/* Announce this incarnation. */
 	LWLockAcquire(cai_shared->lock, LW_EXCLUSIVE);
 	worker_generation = pg_atomic_add_fetch_u64(&cai_shared->generation, 1);
 	cai_shared->worker_pid = MyProcPid;
 	cai_shared->worker_proc = MyProc;
-	cai_shared->state = CAI_WORKER_LOADING;
 	cai_shared->worker_started = GetCurrentTimestamp();
 	cai_shared->reason[0] = '\0';
 	cai_shared->hint[0] = '\0';
-	memset(&cai_shared->model, 0, sizeof(cai_shared->model));
+	cai_shared->engine_pid = 0;
 	memset(&cai_shared->engine_stats, 0, sizeof(cai_shared->engine_stats));
 	LWLockRelease(cai_shared->lock);
+	set_state(CAI_WORKER_LOADING);
 
 	before_shmem_exit(worker_shutdown, (Datum) 0);
 
-	worker_load_model();
-
+	next_start_time = GetCurrentTimestamp();
 	for (;;)
 	{
-		bool		busy;
+		WaitEvent	event;
 
 		ResetLatch(MyLatch);
 		CHECK_FOR_INTERRUPTS();
 
-		/* WaitLatch notices postmaster death only when idle; a busy loop must look too */
+		/* WaitEventSetWait notices postmaster death only while waiting; a busy loop looks too */
 		if (!PostmasterIsAlive())
 			proc_exit(1);
 
 		if (ConfigReloadPending)
 		{
 			ConfigReloadPending = false;
-			ProcessConfigFile(PGC_SIGHUP);
-			if (worker_engine != NULL)
-				cai_engine_set_admission_limits(worker_engine, cai_max_queue,
-												(double) cai_max_queue_wait_ms);
+			worker_reload();
 		}
 
+		engine_receive();
+		engine_supervise();
 		worker_intake();
 		worker_check_abandoned();
-		if (worker_engine != NULL && cai_engine_has_work(worker_engine))
-			worker_step();
+		engine_send();
 
 		/*
 		 * Publish before delivering: a backend that has its reply and then reads pg_stat_cai
-		 * must see counters that include its request.  While busy, at most every 100 ms unless
-		 * a generation finished in this step; going idle, the final state.
+		 * must see counters that include its request (the engine sends its statistics ahead of
+		 * the messages of a step in which a generation finished).
 		 */
-		busy = worker_engine != NULL && cai_engine_has_work(worker_engine);
-		worker_publish_stats(!busy || generation_finished);
-		generation_finished = false;
+		worker_publish_stats(stats_received || counters_changed);
 		worker_flush_all();
 
-		if (!busy)
+		if (wait_set == NULL)
 		{
-			bool		outbox_pending = false;
-			dlist_iter	iter;
-
-			dlist_foreach(iter, &worker_requests)
-			{
-				WorkerRequest *req = dlist_container(WorkerRequest, node, iter.cur);
-
-				if (req->outbox_head != NULL)
-					outbox_pending = true;
-			}
-
-			/*
-			 * A backend reading its queue sets our latch, so the timeout only bounds how stale
-			 * the published statistics get.
-			 */
-			(void) WaitLatch(MyLatch,
-							 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-							 outbox_pending ? 100L : 1000L,
-							 PG_WAIT_EXTENSION);
+			wait_set = CreateWaitEventSet(worker_context, 3);
+			AddWaitEventToSet(wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
+			AddWaitEventToSet(wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
+			socket_event = -1;
+			socket_wants_write = false;
+			if (engine.sock >= 0)
+				socket_event = AddWaitEventToSet(wait_set, WL_SOCKET_READABLE, engine.sock,
+												 NULL, NULL);
 		}
+		if (socket_event >= 0 && socket_wants_write != (engine.out.len > engine.out_sent))
+		{
+			socket_wants_write = !socket_wants_write;
+			ModifyWaitEvent(wait_set, socket_event,
+							WL_SOCKET_READABLE | (socket_wants_write ? WL_SOCKET_WRITEABLE : 0),
+							NULL);
+		}
+		(void) WaitEventSetWait(wait_set, worker_timeout_ms(), &event, 1, PG_WAIT_EXTENSION);
 	}
+}
+
+/*
+ * worker_timeout_ms
+ *		How long the worker may sleep: until a planned engine start, a reload's deadline, or a
+ *		backend reading its outbox (a backend that reads sets the latch; the timeout only bounds
+ *		a missed wake-up); otherwise a second, which bounds how stale the statistics get.
+ */
+static long
+worker_timeout_ms(void)
+{
+	long		timeout = 1000;
+	dlist_iter	iter;
+
+	if (next_start_time != 0)
+	{
+		long		secs;
+		int			usecs;
+
+		TimestampDifference(GetCurrentTimestamp(), next_start_time, &secs, &usecs);
+		timeout = Min(timeout, secs * 1000 + usecs / 1000 + 1);
+	}
+	if (restart_pending)
+		timeout = Min(timeout, 100);
+	dlist_foreach(iter, &worker_requests)
+	{
+		WorkerRequest *req = dlist_container(WorkerRequest, node, iter.cur);
+
+		if (req->outbox_head != NULL)
+			return Min(timeout, 100);
+	}
+	return timeout;
 }
 
 /*
  * worker_shutdown
- *		Frees the engine (joining its threads) and tells backends the worker is gone.  Requests
- *		in flight see their queue detach when the process detaches its segments after this.
+ *		Ends the engine process and tells backends the worker is gone.  Requests in flight see
+ *		their queue detach when the process detaches its segments after this.
  */
 static void
 worker_shutdown(int code, Datum arg)
 {
-	sigset_t	saved;
+	char		exit_text[CAI_EXIT_TEXT_SIZE];
 
-	block_signals(&saved);
-	if (worker_engine != NULL)
-		cai_engine_free(worker_engine);
-	if (worker_model != NULL)
-		cai_model_free(worker_model);
-	worker_engine = NULL;
-	worker_model = NULL;
-	restore_signals(&saved);
+	if (engine.pid != 0)
+		(void) CaiEngineProcessStop(&engine, true, exit_text, sizeof(exit_text));
 
 	LWLockAcquire(cai_shared->lock, LW_EXCLUSIVE);
 	cai_shared->worker_pid = 0;
 	cai_shared->worker_proc = NULL;
+	cai_shared->engine_pid = 0;
 	cai_shared->state = CAI_WORKER_NOT_RUNNING;
 	LWLockRelease(cai_shared->lock);
 }
 
-/*
- * worker_load_model
- *		Loads pg_cai.model and creates the engine.  On failure the worker stays up without a
- *		model (state FAILED) and says why, once in the log and in every answer.
- */
-static void
-worker_load_model(void)
-{
-	char		path[MAXPGPATH];
-	cai_model_params model_params;
-	cai_engine_params engine_params;
-	cai_error	err;
-	cai_status	status;
-	sigset_t	saved;
-	TimestampTz start = GetCurrentTimestamp();
-	long		secs;
-	int			usecs;
-	char		reason[CAI_REASON_SIZE];
-
-	if (cai_model_path == NULL || cai_model_path[0] == '\0')
-	{
-		set_failed("no model is configured",
-				   "Set pg_cai.model in postgresql.conf to the path of a GGUF model file and restart the server.");
-		return;
-	}
-
-	if (is_absolute_path(cai_model_path))
-		strlcpy(path, cai_model_path, sizeof(path));
-	else
-		snprintf(path, sizeof(path), "%s/%s", DataDir, cai_model_path);
-
-	memset(&err, 0, sizeof(err));
-	cai_model_params_default(&model_params);
-	model_params.n_threads = cai_threads;
-	if (cai_chat_template != NULL && cai_chat_template[0] != '\0')
-		model_params.chat_template = cai_chat_template;
-
-	ereport(LOG, (errmsg("pg_cai engine worker loading model \"%s\"", path)));
-
-	block_signals(&saved);
-	status = cai_model_load(path, &model_params, &worker_model, &err);
-	restore_signals(&saved);
-	if (status != CAI_OK)
-	{
-		worker_model = NULL;
-		snprintf(reason, sizeof(reason), "could not load model \"%s\": %s", path, err.message);
-		set_failed(reason,
-				   "Check pg_cai.model and the server log, then restart the server. Until then every pg_cai call fails with this error.");
-		return;
-	}
-
-	cai_model_get_info(worker_model, &worker_model_info);
-	if (cai_context_length > 0)
-		worker_context_length = cai_context_length;
-	else
-		worker_context_length = Min(worker_model_info.context_length, 4096);
-
-	cai_engine_params_default(&engine_params);
-	engine_params.device = CaiDeviceSettingName(cai_device);
-	engine_params.n_threads = cai_threads;
-	engine_params.max_running = cai_max_batch;
-	engine_params.max_step_tokens = cai_max_step_tokens;
-	engine_params.context_length = worker_context_length;
-	engine_params.max_queue = cai_max_queue;
-	engine_params.max_queue_wait_ms = (double) cai_max_queue_wait_ms;
-	engine_params.host_cache_bytes = (size_t) cai_host_cache_size_mb * 1024 * 1024;
-
-	block_signals(&saved);
-	status = cai_engine_create(worker_model, &engine_params, &worker_engine, &err);
-	restore_signals(&saved);
-	if (status != CAI_OK)
-	{
-		worker_engine = NULL;
-		cai_model_free(worker_model);
-		worker_model = NULL;
-		snprintf(reason, sizeof(reason), "could not start the engine for model \"%s\": %s",
-				 path, err.message);
-		set_failed(reason,
-				   "Check pg_cai.device, pg_cai.context_length and pg_cai.max_batch and the server log, then restart the server.");
-		return;
-	}
-
-	TimestampDifference(start, GetCurrentTimestamp(), &secs, &usecs);
-
-	LWLockAcquire(cai_shared->lock, LW_EXCLUSIVE);
-	{
-		CaiModelSummary *m = &cai_shared->model;
-
-		copy_string(m->path, sizeof(m->path), path);
-		copy_string(m->arch, sizeof(m->arch), worker_model_info.arch);
-		copy_string(m->name, sizeof(m->name), worker_model_info.name);
-		copy_string(m->chat_template, sizeof(m->chat_template), worker_model_info.chat_template);
-		copy_string(m->device, sizeof(m->device), cai_engine_device(worker_engine));
-		copy_string(m->device_reason, sizeof(m->device_reason),
-					cai_engine_device_reason(worker_engine));
-		m->n_layers = worker_model_info.n_layers;
-		m->d_model = worker_model_info.d_model;
-		m->n_heads = worker_model_info.n_heads;
-		m->n_kv_heads = worker_model_info.n_kv_heads;
-		m->head_dim = worker_model_info.head_dim;
-		m->d_ff = worker_model_info.d_ff;
-		m->n_vocab = worker_model_info.n_vocab;
-		m->trained_context = worker_model_info.context_length;
-		m->context_length = worker_context_length;
-		m->n_params = worker_model_info.n_params;
-		m->weight_bytes = worker_model_info.weight_bytes;
-		m->kv_bytes_per_token = worker_model_info.kv_bytes_per_token;
-		m->load_seconds = secs + usecs / 1e6;
-	}
-	cai_shared->state = CAI_WORKER_READY;
-	LWLockRelease(cai_shared->lock);
-
-	ereport(LOG,
-			(errmsg("pg_cai engine worker ready: model \"%s\" (%s), %s, context %d tokens, loaded in %.1f s",
-					worker_model_info.name ? worker_model_info.name : "",
-					worker_model_info.arch ? worker_model_info.arch : "",
-					cai_engine_device(worker_engine),
-					worker_context_length,
-					secs + usecs / 1e6)));
-}
-
 /* ---------------------------------------------------------------------------------------------
- * Answers
+ * Requests
  * ------------------------------------------------------------------------------------------- */
 
 /*
  * queue_message
- *		Appends a response message (type byte + body) to the request's outbox.
+ *		Appends a response message (type byte + body + tail) to the request's outbox.
  */
 static void
-queue_message(WorkerRequest *req, char type, const void *body, Size body_len,
-			  const void *tail, Size tail_len)
+queue_message(WorkerRequest *req, const void *head, Size head_len, const void *tail,
+			  Size tail_len)
 {
 	OutboxMessage *msg;
 
-	msg = MemoryContextAlloc(req->context,
-							 offsetof(OutboxMessage, data) + 1 + body_len + tail_len);
+	msg = MemoryContextAlloc(req->context, offsetof(OutboxMessage, data) + head_len + tail_len);
 	msg->next = NULL;
-	msg->len = 1 + body_len + tail_len;
-	msg->data[0] = type;
-	if (body_len > 0)
-		memcpy(msg->data + 1, body, body_len);
+	msg->len = head_len + tail_len;
+	if (head_len > 0)
+		memcpy(msg->data, head, head_len);
 	if (tail_len > 0)
-		memcpy(msg->data + 1 + body_len, tail, tail_len);
+		memcpy(msg->data + head_len, tail, tail_len);
 
 	if (req->outbox_tail != NULL)
 		req->outbox_tail->next = msg;
@@ -455,40 +373,115 @@ queue_message(WorkerRequest *req, char type, const void *body, Size body_len,
 }
 
 /*
- * answer_error
- *		Queues an error as the request's answer; the request then only drains.
+ * request_set_state
+ *		The one place a request changes state, and the worker's counters with it.  rejected:
+ *		an error that is the engine's admission refusal, which the engine counts itself.
  */
 static void
-answer_error(WorkerRequest *req, int32 status, const char *message)
+request_set_state(WorkerRequest *req, WorkerRequestState state, bool rejected)
 {
-	queue_message(req, CAI_MSG_ERROR, &status, sizeof(status), message, strlen(message));
-	req->state = REQUEST_DRAINING;
-	worker_counters.requests_failed++;
+	bool		in_engine = req->state == REQUEST_SENT || req->state == REQUEST_STREAMING;
+
+	switch (state)
+	{
+		case REQUEST_SENT:
+		case REQUEST_STREAMING:
+			break;
+		case REQUEST_DONE:
+			worker_counters.requests_completed++;
+			break;
+		case REQUEST_FAILED:
+			if (!rejected)
+				worker_counters.requests_failed++;
+			break;
+		case REQUEST_CANCELLED:
+			if (in_engine)
+			{
+				size_t		frame = cai_frame_begin(&engine.out, CAI_FRAME_CANCEL, req->id);
+
+				cai_frame_end(&engine.out, frame);
+				worker_counters.requests_abandoned++;
+			}
+			break;
+	}
+	req->state = state;
+	counters_changed = true;
 }
 
+/* Answers a request with an error of the worker's own. */
 static void
-answer_errorf(WorkerRequest *req, int32 status, const char *fmt,...) pg_attribute_printf(3, 4);
-
-static void
-answer_errorf(WorkerRequest *req, int32 status, const char *fmt,...)
+request_fail(WorkerRequest *req, int32 status, const char *message)
 {
-	char		message[CAI_ERROR_MESSAGE_SIZE];
-	va_list		args;
+	char		type = CAI_MSG_ERROR;
+	char		head[1 + sizeof(int32)];
 
-	va_start(args, fmt);
-	vsnprintf(message, sizeof(message), fmt, args);
-	va_end(args);
-	answer_error(req, status, message);
+	head[0] = type;
+	memcpy(head + 1, &status, sizeof(status));
+	queue_message(req, head, sizeof(head), message, strlen(message));
+	request_set_state(req, REQUEST_FAILED, false);
 }
 
-/* Queues a result message as the request's answer. */
-static void
-answer_result(WorkerRequest *req, char type, const void *body, Size body_len,
-			  const void *tail, Size tail_len)
+/*
+ * fail_in_flight
+ *		Fails every request the engine process has (it died, or is being replaced); returns how
+ *		many.
+ */
+static int
+fail_in_flight(int32 status, const char *message)
 {
-	queue_message(req, type, body, body_len, tail, tail_len);
-	req->state = REQUEST_DRAINING;
-	worker_counters.requests_completed++;
+	dlist_iter	iter;
+	int			n = 0;
+
+	dlist_foreach(iter, &worker_requests)
+	{
+		WorkerRequest *req = dlist_container(WorkerRequest, node, iter.cur);
+
+		if (req->state == REQUEST_SENT || req->state == REQUEST_STREAMING)
+		{
+			request_fail(req, status, message);
+			n++;
+		}
+	}
+	return n;
+}
+
+static int
+count_in_flight(void)
+{
+	dlist_iter	iter;
+	int			n = 0;
+
+	dlist_foreach(iter, &worker_requests)
+	{
+		WorkerRequest *req = dlist_container(WorkerRequest, node, iter.cur);
+
+		if (req->state == REQUEST_SENT || req->state == REQUEST_STREAMING)
+			n++;
+	}
+	return n;
+}
+
+/*
+ * request_answered
+ *		A response message from the engine for req: queued for its backend.  Every message but
+ *		a token ends the request.
+ */
+static void
+request_answered(WorkerRequest *req, const char *msg, Size len)
+{
+	queue_message(req, msg, len, NULL, 0);
+	if (msg[0] == CAI_MSG_TOKEN)
+		request_set_state(req, REQUEST_STREAMING, false);
+	else if (msg[0] == CAI_MSG_ERROR)
+	{
+		int32		status = CAI_ERR_INTERNAL;
+
+		if (len >= 1 + sizeof(int32))
+			memcpy(&status, msg + 1, sizeof(status));
+		request_set_state(req, REQUEST_FAILED, status == CAI_ERR_QUEUE_FULL);
+	}
+	else
+		request_set_state(req, REQUEST_DONE, false);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -512,20 +505,36 @@ header_is_valid(dsm_segment *seg, const CaiRequestHeader *header)
 		return false;
 	if (header->queue_offset % MAXIMUM_ALIGNOF != 0 || header->queue_size < 1024)
 		return false;
+	if (header->payload_size > CAI_FRAME_MAX_BODY - sizeof(uint32))
+		return false;
 	return true;
 }
 
 /*
+ * worker_takes_requests
+ *		Requests leave the ring while an engine serves (and no restart is pending), or while
+ *		the worker has no model, to hear why.  Otherwise they wait there for the engine.
+ */
+static bool
+worker_takes_requests(void)
+{
+	if (worker_state == CAI_WORKER_FAILED)
+		return true;
+	return engine_ready && !restart_pending && !engine.closed;
+}
+
+/*
  * worker_intake
- *		Takes every posted request from the ring: attaches to its segment, becomes the sender of
- *		its response queue, and starts it.  Takes the pg_cai lock briefly per request.
+ *		Takes posted requests from the ring: attaches to each segment, becomes the sender of its
+ *		response queue, and relays it to the engine (or answers it with the reason there is no
+ *		model).  Takes the pg_cai lock briefly per request.
  */
 static void
 worker_intake(void)
 {
 	dsm_handle	handle;
 
-	while (CaiRingPeek(&handle))
+	while (worker_takes_requests() && CaiRingPeek(&handle))
 	{
 		dsm_segment *seg;
 		CaiRequestHeader *header;
@@ -559,496 +568,500 @@ worker_intake(void)
 		context = AllocSetContextCreate(worker_context, "pg_cai request",
 										ALLOCSET_SMALL_SIZES);
 		old = MemoryContextSwitchTo(context);
-
 		req = palloc0(sizeof(WorkerRequest));
 		req->context = context;
 		req->seg = seg;
 		req->header = header;
-		req->kind = (CaiRequestKind) header->kind;
+		req->id = ++next_request_id;
 		req->backend_pid = header->backend_pid;
-		req->state = REQUEST_RUNNING;
-		initStringInfo(&req->text);
-
 		mq = (shm_mq *) ((char *) header + header->queue_offset);
 		shm_mq_set_sender(mq, MyProc);
 		req->mqh = shm_mq_attach(mq, seg, NULL);
-
 		MemoryContextSwitchTo(old);
 
 		dlist_push_tail(&worker_requests, &req->node);
 		worker_counters.requests_received++;
 
-		worker_start_request(req);
+		if (worker_state == CAI_WORKER_FAILED)
+		{
+			char		reason[CAI_REASON_SIZE];
+
+			LWLockAcquire(cai_shared->lock, LW_SHARED);
+			strlcpy(reason, cai_shared->reason, sizeof(reason));
+			LWLockRelease(cai_shared->lock);
+			req->state = REQUEST_SENT;	/* answered at once, as if by an engine */
+			request_fail(req, CAI_WIRE_STATUS_MODEL_UNAVAILABLE, reason);
+		}
+		else
+		{
+			size_t		frame = cai_frame_begin(&engine.out, CAI_FRAME_REQUEST, req->id);
+
+			cai_put_u32(&engine.out, header->kind);
+			cai_put_bytes(&engine.out, (char *) header + header->payload_offset,
+						  header->payload_size);
+			cai_frame_end(&engine.out, frame);
+			request_set_state(req, REQUEST_SENT, false);
+		}
 		(void) worker_flush(req);
 	}
 }
 
-/*
- * start_generation
- *		Parses a CHAT or COMPLETE payload, builds the prompt and submits it to the engine.
- *		Anything wrong becomes the request's error answer.
- */
+/* ---------------------------------------------------------------------------------------------
+ * The engine process
+ * ------------------------------------------------------------------------------------------- */
+
+/* The engine binary: `cai`, installed beside the server's own programs. */
 static void
-start_generation(WorkerRequest *req, CaiReader *reader)
+engine_binary_path(char *path)
 {
-	CaiGenerationParams gp;
-	cai_sampling_params sampling;
-	cai_request_params params;
-	cai_error	err;
-	cai_status	status;
-	int32	   *prompt_ids = NULL;
-	int			n_prompt = 0;
-	int			max_prompt;
-	int			i;
-	cai_prompt	prompt;
-	bool		have_prompt = false;
+	strlcpy(path, my_exec_path, MAXPGPATH);
+	get_parent_directory(path);
+	join_path_components(path, path, "cai");
+}
 
-	memset(&err, 0, sizeof(err));
-	memset(&prompt, 0, sizeof(prompt));
-
-	if (!cai_get_bytes(reader, &gp, sizeof(gp)) ||
-		gp.n_stop < 0 || gp.n_stop > CAI_MAX_STOP_STRINGS || gp.max_tokens < 1)
-	{
-		answer_error(req, CAI_ERR_INTERNAL, "malformed generation request");
-		return;
-	}
-
-	cai_sampling_params_default(&sampling);
-	sampling.temperature = gp.temperature;
-	sampling.top_p = gp.top_p;
-	sampling.top_k = gp.top_k;
-	sampling.seed = gp.seed;
-	sampling.max_tokens = gp.max_tokens;
-	sampling.ignore_eos = gp.ignore_eos;
-	sampling.n_stop = gp.n_stop;
-	for (i = 0; i < gp.n_stop; i++)
-	{
-		const char *text;
-		uint32		len;
-
-		if (!cai_get_text(reader, &text, &len))
-		{
-			answer_error(req, CAI_ERR_INTERNAL, "malformed stop string in request");
-			return;
-		}
-		sampling.stop[i] = pnstrdup(text, len);
-	}
-
-	/* Leave room for the reply: at most half the context is reserved for it. */
-	max_prompt = worker_context_length - Min(gp.max_tokens, worker_context_length / 2);
-
-	if (req->kind == CAI_REQUEST_CHAT)
-	{
-		cai_chat_message *messages;
-		cai_prompt_params prompt_params;
-
-		if (gp.n_messages < 1 ||
-			(Size) gp.n_messages > cai_reader_remaining(reader) / (3 * sizeof(int32)))
-		{
-			answer_error(req, CAI_ERR_INTERNAL, "malformed chat request");
-			return;
-		}
-		messages = palloc0(sizeof(cai_chat_message) * gp.n_messages);
-		for (i = 0; i < gp.n_messages; i++)
-		{
-			int32		role;
-			int32		n_tokens;
-			const char *text;
-			uint32		len;
-
-			if (!cai_get_int32(reader, &role) || role < CAI_TURN_SYSTEM || role > CAI_TURN_ASSISTANT ||
-				!cai_get_text(reader, &text, &len) ||
-				!cai_get_int32(reader, &n_tokens) || n_tokens < -1 ||
-				(Size) Max(n_tokens, 0) > cai_reader_remaining(reader) / sizeof(int32))
-			{
-				answer_error(req, CAI_ERR_INTERNAL, "malformed chat turn in request");
-				return;
-			}
-			messages[i].role = (cai_role) role;
-			messages[i].content = pnstrdup(text, len);
-			if (n_tokens >= 0)
-			{
-				int32	   *ids = palloc(sizeof(int32) * Max(n_tokens, 1));
-				int			j;
-
-				(void) cai_get_int32_array(reader, n_tokens, ids);
-
-				/*
-				 * Stored ids come from a table the caller may write: ids outside the
-				 * vocabulary are not used, and the content is tokenized instead.
-				 */
-				for (j = 0; j < n_tokens; j++)
-				{
-					if (ids[j] < 0 || ids[j] >= worker_model_info.n_vocab)
-						break;
-				}
-				if (j == n_tokens)
-				{
-					messages[i].tokens = ids;
-					messages[i].n_tokens = n_tokens;
-				}
-			}
-		}
-
-		prompt_params.add_generation_prompt = true;
-		prompt_params.max_prompt_tokens = max_prompt;
-		prompt_params.truncate = gp.truncate;
-		status = cai_chat_build_prompt(worker_model, messages, gp.n_messages, &prompt_params,
-									   &prompt, &err);
-		if (status != CAI_OK)
-		{
-			answer_error(req, status, err.message);
-			return;
-		}
-		have_prompt = true;
-		prompt_ids = prompt.ids;
-		n_prompt = prompt.n_ids;
-		req->first_message = prompt.first_message;
-		if (prompt.n_last_content_ids > 0)
-		{
-			req->user_tokens = palloc(sizeof(int32) * prompt.n_last_content_ids);
-			memcpy(req->user_tokens, prompt.last_content_ids,
-				   sizeof(int32) * prompt.n_last_content_ids);
-			req->n_user_tokens = prompt.n_last_content_ids;
-		}
-	}
+/* The model file: pg_cai.model, relative to the data directory unless absolute. */
+static void
+model_file_path(char *path)
+{
+	if (is_absolute_path(cai_model_path))
+		strlcpy(path, cai_model_path, MAXPGPATH);
 	else
-	{
-		const char *text;
-		uint32		len;
-		int32	   *ids = NULL;
-		int			n_ids = 0;
-
-		if (!cai_get_text(reader, &text, &len))
-		{
-			answer_error(req, CAI_ERR_INTERNAL, "malformed completion request");
-			return;
-		}
-		status = cai_tokenize(worker_model, text, len, false, &ids, &n_ids, &err);
-		if (status != CAI_OK)
-		{
-			answer_error(req, status, err.message);
-			return;
-		}
-		prompt_ids = palloc(sizeof(int32) * Max(n_ids, 1));
-		if (n_ids > 0)
-			memcpy(prompt_ids, ids, sizeof(int32) * n_ids);
-		cai_free(ids);
-		n_prompt = n_ids;
-
-		if (n_prompt > max_prompt)
-		{
-			if (!gp.truncate)
-			{
-				answer_errorf(req, CAI_ERR_CONTEXT_FULL,
-							  "the prompt is %d tokens, more than the limit of %d (the context of %d tokens less %d kept for the reply)",
-							  n_prompt, max_prompt, worker_context_length,
-							  worker_context_length - max_prompt);
-				return;
-			}
-			/* keep the most recent text */
-			memmove(prompt_ids, prompt_ids + (n_prompt - max_prompt), sizeof(int32) * max_prompt);
-			n_prompt = max_prompt;
-		}
-		if (n_prompt == 0)
-		{
-			answer_error(req, CAI_ERR_INVALID_ARGUMENT, "prompt has no tokens");
-			return;
-		}
-	}
-
-	memset(&params, 0, sizeof(params));
-	params.prompt = prompt_ids;
-	params.n_prompt = n_prompt;
-	params.sampling = sampling;
-	params.cache_salt = gp.cache_salt;
-	params.use_cache = gp.use_cache;
-	params.user_data = req;
-
-	status = cai_engine_submit(worker_engine, &params, &req->engine_id, &err);
-	if (have_prompt)
-		cai_prompt_free(&prompt);
-	if (status != CAI_OK)
-	{
-		answer_error(req, status, err.message);
-		return;
-	}
-	req->in_engine = true;
+		snprintf(path, MAXPGPATH, "%s/%s", DataDir, cai_model_path);
 }
 
 /*
- * worker_start_request
- *		Parses the request and either answers it at once (tokenize, detokenize, cache reset,
- *		errors) or submits it to the engine.
+ * engine_arguments
+ *		The engine's command line from the settings, and those settings as one string to tell
+ *		whether a reload changed them (max_queue_wait is applied to a running engine instead).
+ */
+static char **
+engine_arguments(StringInfo settings)
+{
+	char		model[MAXPGPATH];
+	char	  **args = palloc0(sizeof(char *) * 32);
+	int			n = 0;
+
+	model_file_path(model);
+	args[n++] = pstrdup("pg_cai engine");
+	args[n++] = pstrdup("serve");
+	args[n++] = pstrdup("--fd");
+	args[n++] = pstrdup("3");
+	args[n++] = pstrdup("--model");
+	args[n++] = pstrdup(model);
+	args[n++] = pstrdup("--device");
+	args[n++] = pstrdup(CaiDeviceSettingName(cai_device));
+	args[n++] = pstrdup("--threads");
+	args[n++] = psprintf("%d", cai_threads);
+	args[n++] = pstrdup("--max-batch");
+	args[n++] = psprintf("%d", cai_max_batch);
+	args[n++] = pstrdup("--max-step-tokens");
+	args[n++] = psprintf("%d", cai_max_step_tokens);
+	args[n++] = pstrdup("--ctx");
+	args[n++] = psprintf("%d", cai_context_length);
+	args[n++] = pstrdup("--cache-mb");
+	args[n++] = psprintf("%d", cai_host_cache_size_mb);
+	args[n++] = pstrdup("--max-queue");
+	args[n++] = psprintf("%d", cai_max_queue);
+	if (cai_chat_template != NULL && cai_chat_template[0] != '\0')
+	{
+		args[n++] = pstrdup("--template");
+		args[n++] = pstrdup(cai_chat_template);
+	}
+	resetStringInfo(settings);
+	for (int i = 0; i < n; i++)
+		appendStringInfo(settings, "%s%s", i > 0 ? " " : "", args[i]);
+	args[n++] = pstrdup("--max-queue-wait-ms");
+	args[n++] = psprintf("%d", cai_max_queue_wait_ms);
+	Assert(n < 32);
+	return args;
+}
+
+/* A new socket means a new wait event set; it is made before the next wait. */
+static void
+forget_wait_set(void)
+{
+	if (wait_set != NULL)
+		FreeWaitEventSet(wait_set);
+	wait_set = NULL;
+	socket_event = -1;
+}
+
+/*
+ * engine_start
+ *		Starts an engine process with the current settings.  Without a model, or when the binary
+ *		cannot be executed, the worker goes to the failed state instead.
  */
 static void
-worker_start_request(WorkerRequest *req)
+engine_start(void)
 {
-	CaiReader	reader;
-	MemoryContext old;
-	cai_error	err;
-	cai_status	status;
+	char		path[MAXPGPATH];
+	char		reason[CAI_REASON_SIZE];
+	char	  **args;
+	MemoryContext old = MemoryContextSwitchTo(worker_context);
 
-	memset(&err, 0, sizeof(err));
+	args = engine_arguments(&engine_settings);
+	MemoryContextSwitchTo(old);
+	engine_ready = false;
+	engine_stopping = false;
+	engine_reported_failure = false;
 
-	if (worker_engine == NULL)
+	if (cai_model_path == NULL || cai_model_path[0] == '\0')
+	{
+		engine_reported_failure = true;
+		set_failed("no model is configured",
+				   "Set pg_cai.model in postgresql.conf to the path of a GGUF model file and reload the configuration (SELECT pg_reload_conf()).");
+		return;
+	}
+
+	engine_binary_path(path);
+	if (!CaiEngineProcessStart(&engine, path, args, reason, sizeof(reason)))
+	{
+		engine_reported_failure = true;
+		set_failed(reason,
+				   "Install pg_cai completely: \"make install\" puts the cai program beside the server's programs.");
+		return;
+	}
+	forget_wait_set();
+	engine_start_time = GetCurrentTimestamp();
+
+	LWLockAcquire(cai_shared->lock, LW_EXCLUSIVE);
+	cai_shared->engine_pid = engine.pid;
+	cai_shared->engine_starts++;
+	cai_shared->engine_started = engine_start_time;
+	LWLockRelease(cai_shared->lock);
+	set_state(CAI_WORKER_LOADING);
+
+	ereport(LOG,
+			(errmsg("pg_cai engine worker started engine process %d: %s", (int) engine.pid,
+					engine_settings.data)));
+}
+
+/* The delay before restarting an engine after the given number of consecutive quick crashes. */
+static int
+restart_delay_ms(int crashes)
+{
+	int			delay = RESTART_DELAY_FIRST_MS;
+
+	if (crashes <= 1)
+		return 0;
+	for (int i = 2; i < crashes && delay < RESTART_DELAY_MAX_MS; i++)
+		delay *= 2;
+	return Min(delay, RESTART_DELAY_MAX_MS);
+}
+
+/*
+ * engine_exited
+ *		The engine process closed its socket, broke the protocol, or is being replaced: reaps
+ *		it and decides what comes next.  A crash fails the requests in flight (a request that
+ *		was running is never retried blindly: it may be what crashed the engine) and plans a
+ *		restart after a backoff.
+ */
+static void
+engine_exited(void)
+{
+	char		exit_text[CAI_EXIT_TEXT_SIZE];
+	char		message[CAI_REASON_SIZE];
+	int			pid = (int) engine.pid;
+	bool		was_ready = engine_ready;
+	bool		broken = engine.broken;
+	TimestampTz now = GetCurrentTimestamp();
+	int			n_failed;
+	int			delay;
+
+	(void) CaiEngineProcessStop(&engine, broken || engine_stopping, exit_text, sizeof(exit_text));
+	forget_wait_set();
+	engine_ready = false;
+	memset(&engine_stats, 0, sizeof(engine_stats));
+	stats_received = true;
+	LWLockAcquire(cai_shared->lock, LW_EXCLUSIVE);
+	cai_shared->engine_pid = 0;
+	strlcpy(cai_shared->engine_last_exit, exit_text, sizeof(cai_shared->engine_last_exit));
+	LWLockRelease(cai_shared->lock);
+
+	if (engine_stopping)
+	{
+		engine_stopping = false;
+		ereport(LOG,
+				(errmsg("pg_cai engine process %d stopped to apply a configuration change (%s)",
+						pid, exit_text)));
+		return;
+	}
+	if (engine_reported_failure)
+		return;					/* it said why; the worker stays failed until a reload */
+
+	snprintf(message, sizeof(message), "The engine process (PID %d) %s%s.", pid, exit_text,
+			 broken ? " after sending a malformed message" : "");
+	n_failed = fail_in_flight(CAI_WIRE_STATUS_ENGINE_CRASHED, message);
+	if (TimestampDifferenceExceeds(engine_start_time, now, CRASH_WINDOW_MS))
+		consecutive_crashes = 1;
+	else
+		consecutive_crashes++;
+	delay = restart_delay_ms(consecutive_crashes);
+	next_start_time = TimestampTzPlusMilliseconds(now, delay);
+
+	ereport(LOG,
+			(errmsg("pg_cai engine process %d %s%s", pid, exit_text,
+					broken ? " after sending a malformed message" : ""),
+			 errdetail("%d request(s) in flight failed; no PostgreSQL session was affected. The engine restarts in %d ms (crash %d in a row).",
+					   n_failed, delay, consecutive_crashes)));
+	if (was_ready)
+		set_state(CAI_WORKER_RESTARTING);
+	else
 	{
 		char		reason[CAI_REASON_SIZE];
 
-		LWLockAcquire(cai_shared->lock, LW_SHARED);
-		strlcpy(reason, cai_shared->reason, sizeof(reason));
-		LWLockRelease(cai_shared->lock);
-		answer_error(req, CAI_STATUS_MODEL_UNAVAILABLE, reason);
+		snprintf(reason, sizeof(reason),
+				 "the engine process crashed while loading the model (%s)", exit_text);
+		set_failed(reason,
+				   "See the server log; the engine is started again with a growing delay, or at once after a configuration reload.");
+	}
+}
+
+/*
+ * engine_ready_frame
+ *		The engine says which model it serves: publish it and start taking requests.
+ */
+static void
+engine_ready_frame(const char *body, uint32 len)
+{
+	cai_reader	reader;
+	cai_wire_model model;
+	char		path[MAXPGPATH];
+
+	cai_reader_init(&reader, body, len);
+	if (!cai_wire_get_model(&reader, &model))
+	{
+		engine.broken = true;
 		return;
 	}
-
-	cai_reader_init(&reader, (char *) req->header + req->header->payload_offset,
-					req->header->payload_size);
-	old = MemoryContextSwitchTo(req->context);
-
-	switch (req->kind)
+	if (model.version != CAI_WIRE_VERSION)
 	{
-		case CAI_REQUEST_CHAT:
-		case CAI_REQUEST_COMPLETE:
-			{
-				sigset_t	saved;
+		char		reason[CAI_REASON_SIZE];
 
-				block_signals(&saved);
-				start_generation(req, &reader);
-				restore_signals(&saved);
-				break;
-			}
+		snprintf(reason, sizeof(reason),
+				 "the engine binary speaks protocol version %u, the extension version %u",
+				 model.version, CAI_WIRE_VERSION);
+		engine_reported_failure = true;
+		engine.broken = true;
+		set_failed(reason, "Install the cai program and the pg_cai library from the same build.");
+		return;
+	}
+	model_file_path(path);
+	LWLockAcquire(cai_shared->lock, LW_EXCLUSIVE);
+	strlcpy(cai_shared->model.path, path, sizeof(cai_shared->model.path));
+	cai_shared->model.info = model;
+	cai_shared->reason[0] = '\0';
+	cai_shared->hint[0] = '\0';
+	LWLockRelease(cai_shared->lock);
+	engine_ready = true;
+	set_state(CAI_WORKER_READY);
 
-		case CAI_REQUEST_TOKENIZE:
-			{
-				const char *text;
-				uint32		len;
-				int32	   *ids = NULL;
-				int			n_ids = 0;
+	ereport(LOG,
+			(errmsg("pg_cai engine worker ready: model \"%s\" (%s), %s, context %d tokens, loaded in %.1f s, engine process %d",
+					model.name, model.arch, model.device, model.context_length,
+					model.load_seconds, (int) engine.pid)));
+}
 
-				if (!cai_get_text(&reader, &text, &len))
-				{
-					answer_error(req, CAI_ERR_INTERNAL, "malformed tokenize request");
-					break;
-				}
-				status = cai_tokenize(worker_model, text, len, false, &ids, &n_ids, &err);
-				if (status != CAI_OK)
-				{
-					answer_error(req, status, err.message);
-					break;
-				}
-				{
-					int32		count = n_ids;
+static WorkerRequest *
+find_request(uint64 id)
+{
+	dlist_iter	iter;
 
-					answer_result(req, CAI_MSG_IDS, &count, sizeof(count),
-								  ids, sizeof(int32) * n_ids);
-				}
-				cai_free(ids);
-				break;
-			}
+	dlist_foreach(iter, &worker_requests)
+	{
+		WorkerRequest *req = dlist_container(WorkerRequest, node, iter.cur);
 
-		case CAI_REQUEST_DETOKENIZE:
-			{
-				int32		count;
-				int32	   *ids;
-				char	   *text = NULL;
-				size_t		len = 0;
-				int			i;
+		if (req->id == id)
+			return req;
+	}
+	return NULL;
+}
 
-				if (!cai_get_int32(&reader, &count) || count < 0 ||
-					(Size) count > cai_reader_remaining(&reader) / sizeof(int32))
-				{
-					answer_error(req, CAI_ERR_INTERNAL, "malformed detokenize request");
-					break;
-				}
-				ids = palloc(sizeof(int32) * Max(count, 1));
-				(void) cai_get_int32_array(&reader, count, ids);
-				for (i = 0; i < count; i++)
-				{
-					if (ids[i] < 0 || ids[i] >= worker_model_info.n_vocab)
-						break;
-				}
-				if (i < count)
-				{
-					answer_errorf(req, CAI_ERR_INVALID_ARGUMENT,
-								  "token id %d is out of range: the vocabulary has %d tokens",
-								  ids[i], worker_model_info.n_vocab);
-					break;
-				}
-				status = cai_detokenize(worker_model, ids, count, &text, &len, &err);
-				if (status != CAI_OK)
-				{
-					answer_error(req, status, err.message);
-					break;
-				}
-				answer_result(req, CAI_MSG_TEXT, text, len, NULL, 0);
-				cai_free(text);
-				break;
-			}
+/*
+ * engine_frame
+ *		One frame from the engine process.  Nothing it sends is trusted: a frame that does not
+ *		parse marks the engine broken, and it is replaced.
+ */
+static void
+engine_frame(const cai_frame_header *h, const char *body)
+{
+	cai_reader	reader;
 
-		case CAI_REQUEST_CACHE_RESET:
-			cai_engine_cache_reset(worker_engine);
-			answer_result(req, CAI_MSG_OK, NULL, 0, NULL, 0);
-			worker_publish_stats(true);
+	cai_reader_init(&reader, body, h->body_len);
+	switch (h->type)
+	{
+		case CAI_FRAME_READY:
+			engine_ready_frame(body, h->body_len);
 			break;
+
+		case CAI_FRAME_FAILED:
+			{
+				const char *reason;
+				const char *hint;
+				uint32		reason_len;
+				uint32		hint_len;
+
+				if (!cai_get_text(&reader, &reason, &reason_len) ||
+					!cai_get_text(&reader, &hint, &hint_len))
+				{
+					engine.broken = true;
+					break;
+				}
+				engine_reported_failure = true;
+				set_failed(pnstrdup(reason, Min(reason_len, CAI_REASON_SIZE - 1)),
+						   pnstrdup(hint, Min(hint_len, CAI_REASON_SIZE - 1)));
+				break;
+			}
+
+		case CAI_FRAME_MESSAGE:
+			{
+				WorkerRequest *req = find_request(h->id);
+
+				if (h->body_len < 1)
+				{
+					engine.broken = true;
+					break;
+				}
+				/* a request the backend left, or one already answered: nothing to deliver */
+				if (req != NULL &&
+					(req->state == REQUEST_SENT || req->state == REQUEST_STREAMING))
+					request_answered(req, body, h->body_len);
+				break;
+			}
+
+		case CAI_FRAME_STATS:
+			if (!cai_wire_get_stats(&reader, &engine_stats))
+				engine.broken = true;
+			stats_received = true;
+			break;
+
+		case CAI_FRAME_LOG:
+			{
+				const char *line;
+				uint32		len;
+
+				if (!cai_get_text(&reader, &line, &len))
+					engine.broken = true;
+				else
+					ereport(LOG, (errmsg("pg_cai engine process %d: %.*s", (int) engine.pid,
+										 (int) Min(len, 1024), line)));
+				break;
+			}
 
 		default:
-			answer_errorf(req, CAI_ERR_INTERNAL, "unknown request kind %u", req->header->kind);
+			engine.broken = true;
 			break;
 	}
-
-	MemoryContextSwitchTo(old);
-}
-
-/* ---------------------------------------------------------------------------------------------
- * Engine steps
- * ------------------------------------------------------------------------------------------- */
-
-/* True when the token ends a turn and is not part of the content. */
-static bool
-is_end_token(int32 token)
-{
-	return token == worker_model_info.eos_token || token == worker_model_info.eot_token;
 }
 
 /*
- * finish_generation
- *		Queues the final message of a generation request: usage and the ids to store.
+ * engine_receive
+ *		Handles what the engine process sent, and notices that it ended.
  */
 static void
-finish_generation(WorkerRequest *req, const cai_event *ev)
+engine_receive(void)
 {
-	CaiFinal	final;
-	char	   *text = NULL;
-	size_t		len = 0;
-	cai_error	err;
+	cai_frame_header h;
+	const char *body;
 
-	memset(&final, 0, sizeof(final));
-	final.finish = ev->finish;
-	final.prompt_tokens = ev->usage.prompt_tokens;
-	final.cached_tokens = ev->usage.cached_tokens;
-	final.completion_tokens = ev->usage.completion_tokens;
-	final.queue_ms = ev->usage.queue_ms;
-	final.ttft_ms = ev->usage.ttft_ms;
-	final.total_ms = ev->usage.total_ms;
-	final.first_message = req->first_message;
-	final.n_user_tokens = req->n_user_tokens;
+	if (engine.pid == 0)
+		return;
+	CaiEngineProcessRead(&engine);
+	while (!engine.broken && CaiEngineProcessNextFrame(&engine, &h, &body))
+		engine_frame(&h, body);
+	if (engine.closed || engine.broken)
+		engine_exited();
+}
 
-	/*
-	 * Stored ids must say exactly what the stored text says, or the next turn would feed the
-	 * model something else than the conversation shows (a withheld stop string, say).
-	 */
-	memset(&err, 0, sizeof(err));
-	if (cai_detokenize(worker_model, req->generated, req->n_generated, &text, &len, &err) == CAI_OK)
+/*
+ * engine_supervise
+ *		Starts an engine when one is due, and replaces the running one when a reload changed its
+ *		settings and its requests are done (or the grace is over).
+ */
+static void
+engine_supervise(void)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (restart_pending && engine.pid != 0 &&
+		(count_in_flight() == 0 || now >= restart_deadline))
 	{
-		final.tokens_exact = (len == (size_t) req->text.len &&
-							  memcmp(text, req->text.data, len) == 0);
-		cai_free(text);
+		(void) fail_in_flight(CAI_WIRE_STATUS_ENGINE_RESTARTED,
+							  "The engine was restarted to apply a configuration change.");
+		engine_stopping = true;
+		engine_exited();
 	}
-
-	req->in_engine = false;
-	answer_result(req, CAI_MSG_FINAL, &final, sizeof(final),
-				  req->user_tokens, sizeof(int32) * req->n_user_tokens);
-	generation_finished = true;
+	if (restart_pending && engine.pid == 0)
+	{
+		restart_pending = false;
+		consecutive_crashes = 0;
+		next_start_time = now;
+	}
+	if (engine.pid == 0 && next_start_time != 0 && now >= next_start_time)
+	{
+		next_start_time = 0;
+		engine_start();
+	}
 }
 
 /*
- * handle_event
- *		Forwards one engine event to its request.
+ * engine_send
+ *		Writes what it can of the frames queued for the engine.
  */
 static void
-handle_event(const cai_event *ev)
+engine_send(void)
 {
-	WorkerRequest *req = (WorkerRequest *) ev->user_data;
+	if (engine.pid != 0)
+		(void) CaiEngineProcessWrite(&engine);
+	else
+	{
+		cai_wbuf_reset(&engine.out);
+		engine.out_sent = 0;
+	}
+}
+
+/*
+ * worker_reload
+ *		Applies a configuration reload: admission limits to the running engine at once; other
+ *		engine settings by a new engine process.
+ */
+static void
+worker_reload(void)
+{
+	StringInfoData settings;
 	MemoryContext old;
 
-	if (req == NULL || !req->in_engine)
-		return;
+	ProcessConfigFile(PGC_SIGHUP);
 
-	old = MemoryContextSwitchTo(req->context);
-
-	if (ev->finish == CAI_FINISH_ERROR)
+	if (engine.pid != 0)
 	{
-		req->in_engine = false;
-		answer_error(req, CAI_ERR_BACKEND, ev->error ? ev->error : "generation failed");
-		MemoryContextSwitchTo(old);
-		return;
+		size_t		frame = cai_frame_begin(&engine.out, CAI_FRAME_LIMITS, 0);
+
+		cai_put_i32(&engine.out, cai_max_queue);
+		cai_put_f64(&engine.out, (double) cai_max_queue_wait_ms);
+		cai_frame_end(&engine.out, frame);
 	}
 
-	if (ev->token >= 0 || ev->text_len > 0)
-	{
-		int32		token = (ev->token >= 0 && !is_end_token(ev->token)) ? ev->token : -1;
-
-		if (token >= 0)
-		{
-			if (req->n_generated == req->generated_capacity)
-			{
-				req->generated_capacity = Max(64, req->generated_capacity * 2);
-				if (req->generated == NULL)
-					req->generated = palloc(sizeof(int32) * req->generated_capacity);
-				else
-					req->generated = repalloc(req->generated,
-											  sizeof(int32) * req->generated_capacity);
-			}
-			req->generated[req->n_generated++] = token;
-		}
-		if (ev->text_len > 0)
-			appendBinaryStringInfo(&req->text, ev->text, (int) ev->text_len);
-		queue_message(req, CAI_MSG_TOKEN, &token, sizeof(token), ev->text, ev->text_len);
-	}
-
-	if (ev->finish != CAI_FINISH_NONE)
-		finish_generation(req, ev);
-
+	old = MemoryContextSwitchTo(worker_context);
+	initStringInfo(&settings);
+	(void) engine_arguments(&settings);
 	MemoryContextSwitchTo(old);
-}
+	if (strcmp(settings.data, engine_settings.data) == 0)
+		return;
 
-/*
- * worker_step
- *		Runs one engine step and forwards its events.  If the step itself fails, every request
- *		in the engine gets the error and is dropped: the engine's state is not trusted further
- *		for them.
- */
-static void
-worker_step(void)
-{
-	const cai_event *events = NULL;
-	int			n_events = 0;
-	cai_error	err;
-	cai_status	status;
-	sigset_t	saved;
-	int			i;
-
-	memset(&err, 0, sizeof(err));
-	block_signals(&saved);
-	status = cai_engine_step(worker_engine, &events, &n_events, &err);
-	restore_signals(&saved);
-
-	if (status != CAI_OK)
+	if (engine.pid == 0)
 	{
-		dlist_iter	iter;
-
-		ereport(LOG,
-				(errmsg("pg_cai engine step failed: %s", err.message)));
-		dlist_foreach(iter, &worker_requests)
-		{
-			WorkerRequest *req = dlist_container(WorkerRequest, node, iter.cur);
-
-			if (req->in_engine)
-			{
-				MemoryContext old = MemoryContextSwitchTo(req->context);
-
-				(void) cai_engine_cancel(worker_engine, req->engine_id);
-				req->in_engine = false;
-				answer_error(req, status, err.message);
-				MemoryContextSwitchTo(old);
-			}
-		}
+		/* none runs (no model, or a crash backoff): start one with the new settings now */
+		consecutive_crashes = 0;
+		next_start_time = GetCurrentTimestamp();
+		ereport(LOG, (errmsg("pg_cai configuration changed: starting the engine")));
 		return;
 	}
-
-	for (i = 0; i < n_events; i++)
-		handle_event(&events[i]);
+	restart_pending = true;
+	restart_deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), cai_reload_grace_ms);
+	ereport(LOG,
+			(errmsg("pg_cai configuration changed: the engine restarts with it once %d request(s) in flight finish, within %d ms",
+					count_in_flight(), cai_reload_grace_ms)));
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1056,25 +1069,9 @@ worker_step(void)
  * ------------------------------------------------------------------------------------------- */
 
 /*
- * worker_abandon
- *		The backend is gone: drop the request from the engine (freeing its KV) and forget it.
- */
-static void
-worker_abandon(WorkerRequest *req)
-{
-	if (req->in_engine)
-	{
-		(void) cai_engine_cancel(worker_engine, req->engine_id);
-		req->in_engine = false;
-	}
-	if (req->state == REQUEST_RUNNING)
-		worker_counters.requests_abandoned++;
-	worker_finish(req);
-}
-
-/*
  * worker_check_abandoned
- *		Drops requests whose backend detached before the answer was complete.
+ *		Drops requests whose backend detached before the answer was complete; the engine drops
+ *		their sequences at once.
  */
 static void
 worker_check_abandoned(void)
@@ -1086,7 +1083,10 @@ worker_check_abandoned(void)
 		WorkerRequest *req = dlist_container(WorkerRequest, node, iter.cur);
 
 		if (pg_atomic_read_u32(&req->header->abandoned) != 0)
-			worker_abandon(req);
+		{
+			request_set_state(req, REQUEST_CANCELLED, false);
+			worker_finish(req);
+		}
 	}
 }
 
@@ -1108,7 +1108,8 @@ worker_flush(WorkerRequest *req)
 			return true;
 		if (res == SHM_MQ_DETACHED)
 		{
-			worker_abandon(req);
+			request_set_state(req, REQUEST_CANCELLED, false);
+			worker_finish(req);
 			return false;
 		}
 		req->outbox_head = msg->next;
@@ -1117,7 +1118,7 @@ worker_flush(WorkerRequest *req)
 		pfree(msg);
 	}
 
-	if (req->state == REQUEST_DRAINING)
+	if (req->state == REQUEST_DONE || req->state == REQUEST_FAILED)
 	{
 		worker_finish(req);
 		return false;
@@ -1151,6 +1152,10 @@ worker_finish(WorkerRequest *req)
 	MemoryContextDelete(req->context);
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Statistics
+ * ------------------------------------------------------------------------------------------- */
+
 /* time constant of pg_stat_cai's recent_tokens_per_second */
 #define RECENT_RATE_SECONDS 10.0
 
@@ -1159,7 +1164,8 @@ worker_finish(WorkerRequest *req)
  *		Folds the tokens generated since the last call into an exponentially weighted rate with a
  *		time constant of RECENT_RATE_SECONDS of wall-clock time, idle time included, so the figure
  *		is the current throughput and decays to 0 when the engine goes quiet.  Weighting each
- *		interval by its length keeps the average right however irregular the calls are.
+ *		interval by its length keeps the average right however irregular the calls are.  A new
+ *		engine process counts from zero again.
  */
 static double
 update_recent_rate(TimestampTz now, uint64 generated_tokens)
@@ -1182,27 +1188,24 @@ update_recent_rate(TimestampTz now, uint64 generated_tokens)
 
 /*
  * worker_publish_stats
- *		Copies the engine's statistics and the worker's counters into shared memory, at most
- *		every 100 ms unless forced.  Takes the pg_cai lock exclusively.
+ *		Copies the engine's latest statistics and the worker's counters into shared memory:
+ *		when forced, else at most every second.  Takes the pg_cai lock exclusively.
  */
 static void
 worker_publish_stats(bool force)
 {
 	TimestampTz now = GetCurrentTimestamp();
-	cai_engine_stats stats;
 	double		recent_rate;
 
-	if (!force && !TimestampDifferenceExceeds(last_stats_publish, now, 100))
+	if (!force && !TimestampDifferenceExceeds(last_stats_publish, now, 1000))
 		return;
 	last_stats_publish = now;
-
-	memset(&stats, 0, sizeof(stats));
-	if (worker_engine != NULL)
-		cai_engine_get_stats(worker_engine, &stats);
-	recent_rate = update_recent_rate(now, stats.generated_tokens);
+	stats_received = false;
+	counters_changed = false;
+	recent_rate = update_recent_rate(now, engine_stats.generated_tokens);
 
 	LWLockAcquire(cai_shared->lock, LW_EXCLUSIVE);
-	cai_shared->engine_stats = stats;
+	cai_shared->engine_stats = engine_stats;
 	cai_shared->counters = worker_counters;
 	cai_shared->stats_updated = now;
 	cai_shared->recent_tokens_per_second = recent_rate;

@@ -1,0 +1,322 @@
+/*
+ * request_decode.c — decodes and validates a request payload (see request_decode.h).
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "request_decode.h"
+#include "util.h"
+
+/* Limits of what a payload may ask for, beyond which it is refused rather than attempted. */
+#define MAX_TEMPERATURE 100.0f
+#define MAX_MESSAGES (1 << 20)
+
+void
+cai_decoded_request_free(cai_decoded_request *req)
+{
+	free(req->prompt);
+	for (int i = 0; i < CAI_MAX_STOP_STRINGS; i++)
+		free(req->stop[i]);
+	free(req->user_tokens);
+	free(req->ids);
+	memset(req, 0, sizeof(*req));
+}
+
+/* Sampling options from the generation block: range checks that name the option. */
+static cai_status
+decode_sampling(const cai_wire_generation *g, cai_decoded_request *out, cai_error *err)
+{
+	cai_sampling_params *sp = &out->params.sampling;
+
+	if (!(isfinite(g->temperature) && g->temperature >= 0.0f && g->temperature <= MAX_TEMPERATURE))
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"temperature must be between 0 and %g (got %g)", MAX_TEMPERATURE,
+						(double) g->temperature);
+	if (!(g->top_p > 0.0f && g->top_p <= 1.0f))
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"top_p must be greater than 0 and at most 1 (got %g)", (double) g->top_p);
+	if (g->top_k < 0)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "top_k must not be negative (got %d)",
+						g->top_k);
+	if (g->max_tokens < 1)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "max_tokens must be at least 1 (got %d)",
+						g->max_tokens);
+
+	cai_sampling_params_default(sp);
+	sp->temperature = g->temperature;
+	sp->top_p = g->top_p;
+	sp->top_k = g->top_k;
+	sp->seed = g->seed;
+	sp->max_tokens = g->max_tokens;
+	sp->ignore_eos = g->ignore_eos;
+	for (int i = 0; i < g->n_stop; i++)
+	{
+		/* stop strings become C strings: an empty one or one with a NUL byte cannot be meant */
+		if (g->stop_len[i] == 0 || memchr(g->stop[i], '\0', g->stop_len[i]) != NULL)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+							"stop strings must be non-empty and must not contain NUL bytes");
+		out->stop[i] = malloc((size_t) g->stop_len[i] + 1);
+		if (!out->stop[i])
+			return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory decoding a request");
+		memcpy(out->stop[i], g->stop[i], g->stop_len[i]);
+		out->stop[i][g->stop_len[i]] = '\0';
+		sp->stop[i] = out->stop[i];
+	}
+	sp->n_stop = g->n_stop;
+	out->params.cache_salt = g->cache_salt;
+	out->params.use_cache = g->use_cache;
+	return CAI_OK;
+}
+
+/* A C string copy of payload text (a NUL byte inside ends it early; nothing else changes). */
+static char *
+copy_text(const char *text, uint32_t len)
+{
+	char	   *copy = malloc((size_t) len + 1);
+
+	if (copy)
+	{
+		memcpy(copy, text, len);
+		copy[len] = '\0';
+	}
+	return copy;
+}
+
+/* The turns of a CHAT payload through the chat template into the prompt. */
+static cai_status
+decode_chat(const cai_model *model, cai_reader *r, int max_prompt, bool truncate,
+			cai_decoded_request *out, cai_error *err)
+{
+	cai_model_info info;
+	cai_chat_message *messages = NULL;
+	char	  **contents = NULL;
+	int32_t   **ids = NULL;
+	int32_t		n_messages;
+	cai_prompt_params pp;
+	cai_prompt	prompt;
+	cai_status	st = CAI_OK;
+
+	cai_model_get_info(model, &info);
+	memset(&prompt, 0, sizeof(prompt));
+	/* a turn takes at least 12 bytes: role, content length, token count */
+	if (!cai_get_i32(r, &n_messages) || n_messages < 1 || n_messages > MAX_MESSAGES ||
+		(size_t) n_messages > cai_reader_remaining(r) / 12)
+		return cai_fail(err, CAI_ERR_INTERNAL, "malformed chat request: bad message count");
+
+	messages = calloc((size_t) n_messages, sizeof(cai_chat_message));
+	contents = calloc((size_t) n_messages, sizeof(char *));
+	ids = calloc((size_t) n_messages, sizeof(int32_t *));
+	if (!messages || !contents || !ids)
+	{
+		st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory decoding a request");
+		goto done;
+	}
+	for (int i = 0; i < n_messages; i++)
+	{
+		int32_t		role;
+		int32_t		n_tokens;
+		const char *text;
+		uint32_t	len;
+
+		if (!cai_get_i32(r, &role) || role < CAI_ROLE_SYSTEM || role > CAI_ROLE_ASSISTANT ||
+			!cai_get_text(r, &text, &len) || !cai_get_i32(r, &n_tokens) || n_tokens < -1 ||
+			(n_tokens > 0 && (size_t) n_tokens > cai_reader_remaining(r) / sizeof(int32_t)))
+		{
+			st = cai_fail(err, CAI_ERR_INTERNAL, "malformed chat request: bad turn %d", i);
+			goto done;
+		}
+		contents[i] = copy_text(text, len);
+		if (!contents[i])
+		{
+			st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory decoding a request");
+			goto done;
+		}
+		messages[i].role = (cai_role) role;
+		messages[i].content = contents[i];
+		if (n_tokens >= 0)
+		{
+			bool		in_vocabulary = true;
+
+			ids[i] = malloc(sizeof(int32_t) * (size_t) (n_tokens > 0 ? n_tokens : 1));
+			if (!ids[i])
+			{
+				st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory decoding a request");
+				goto done;
+			}
+			(void) cai_get_i32_array(r, n_tokens, ids[i]);
+
+			/*
+			 * Stored ids come from a table the caller may write: ids outside the vocabulary
+			 * are not used, and the content is tokenized instead.
+			 */
+			for (int j = 0; j < n_tokens && in_vocabulary; j++)
+				in_vocabulary = ids[i][j] >= 0 && ids[i][j] < info.n_vocab;
+			if (in_vocabulary)
+			{
+				messages[i].tokens = ids[i];
+				messages[i].n_tokens = n_tokens;
+			}
+		}
+	}
+	if (cai_reader_remaining(r) != 0)
+	{
+		st = cai_fail(err, CAI_ERR_INTERNAL, "malformed chat request: trailing bytes");
+		goto done;
+	}
+
+	pp.add_generation_prompt = true;
+	pp.max_prompt_tokens = max_prompt;
+	pp.truncate = truncate;
+	st = cai_chat_build_prompt(model, messages, n_messages, &pp, &prompt, err);
+	if (st != CAI_OK)
+		goto done;
+	out->prompt = prompt.ids;
+	out->params.prompt = prompt.ids;
+	out->params.n_prompt = prompt.n_ids;
+	out->first_message = prompt.first_message;
+	prompt.ids = NULL;
+	if (prompt.n_last_content_ids > 0)
+	{
+		out->user_tokens = malloc(sizeof(int32_t) * (size_t) prompt.n_last_content_ids);
+		if (!out->user_tokens)
+		{
+			st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory decoding a request");
+			goto done;
+		}
+		memcpy(out->user_tokens, prompt.last_content_ids,
+			   sizeof(int32_t) * (size_t) prompt.n_last_content_ids);
+		out->n_user_tokens = prompt.n_last_content_ids;
+	}
+
+done:
+	cai_prompt_free(&prompt);
+	for (int i = 0; contents && i < n_messages; i++)
+		free(contents[i]);
+	for (int i = 0; ids && i < n_messages; i++)
+		free(ids[i]);
+	free(contents);
+	free(ids);
+	free(messages);
+	return st;
+}
+
+/* The text of a COMPLETE payload, tokenized, the oldest part cut when it is too long. */
+static cai_status
+decode_complete(const cai_model *model, cai_reader *r, int context_length, int max_prompt,
+				bool truncate, cai_decoded_request *out, cai_error *err)
+{
+	const char *text;
+	uint32_t	len;
+	int32_t    *ids = NULL;
+	int			n_ids = 0;
+	cai_status	st;
+
+	if (!cai_get_text(r, &text, &len) || cai_reader_remaining(r) != 0)
+		return cai_fail(err, CAI_ERR_INTERNAL, "malformed completion request");
+	st = cai_tokenize(model, text, len, false, &ids, &n_ids, err);
+	if (st != CAI_OK)
+		return st;
+	if (n_ids == 0)
+	{
+		cai_free(ids);
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "prompt has no tokens");
+	}
+	if (n_ids > max_prompt)
+	{
+		if (!truncate)
+		{
+			cai_free(ids);
+			return cai_fail(err, CAI_ERR_CONTEXT_FULL,
+							"the prompt is %d tokens, more than the limit of %d (the context of %d tokens less %d kept for the reply)",
+							n_ids, max_prompt, context_length, context_length - max_prompt);
+		}
+		/* keep the most recent text */
+		memmove(ids, ids + (n_ids - max_prompt), sizeof(int32_t) * (size_t) max_prompt);
+		n_ids = max_prompt;
+	}
+	out->prompt = ids;
+	out->params.prompt = ids;
+	out->params.n_prompt = n_ids;
+	return CAI_OK;
+}
+
+cai_status
+cai_request_decode(const cai_model *model, int context_length, uint32_t kind,
+				   const void *payload, size_t len, cai_decoded_request *out, cai_error *err)
+{
+	cai_reader	r;
+	cai_status	st = CAI_OK;
+
+	memset(out, 0, sizeof(*out));
+	cai_reader_init(&r, payload, len);
+	out->kind = (cai_request_kind) kind;
+
+	switch (kind)
+	{
+		case CAI_REQUEST_CHAT:
+		case CAI_REQUEST_COMPLETE:
+			{
+				cai_wire_generation g;
+				int			max_prompt;
+
+				if (!cai_wire_get_generation(&r, &g))
+					return cai_fail(err, CAI_ERR_INTERNAL,
+									"malformed generation request: bad options block");
+				st = decode_sampling(&g, out, err);
+				if (st != CAI_OK)
+					break;
+				/* leave room for the reply: at most half the context is reserved for it */
+				max_prompt = context_length - (g.max_tokens < context_length / 2 ?
+											   g.max_tokens : context_length / 2);
+				if (kind == CAI_REQUEST_CHAT)
+					st = decode_chat(model, &r, max_prompt, g.truncate, out, err);
+				else
+					st = decode_complete(model, &r, context_length, max_prompt, g.truncate, out,
+										 err);
+				break;
+			}
+
+		case CAI_REQUEST_TOKENIZE:
+			if (!cai_get_text(&r, &out->text, &out->text_len) || cai_reader_remaining(&r) != 0)
+				return cai_fail(err, CAI_ERR_INTERNAL, "malformed tokenize request");
+			break;
+
+		case CAI_REQUEST_DETOKENIZE:
+			{
+				int32_t		count;
+				cai_model_info info;
+
+				cai_model_get_info(model, &info);
+				if (!cai_get_i32(&r, &count) || count < 0 ||
+					(size_t) count != cai_reader_remaining(&r) / sizeof(int32_t) ||
+					cai_reader_remaining(&r) % sizeof(int32_t) != 0)
+					return cai_fail(err, CAI_ERR_INTERNAL, "malformed detokenize request");
+				out->ids = malloc(sizeof(int32_t) * (size_t) (count > 0 ? count : 1));
+				if (!out->ids)
+					return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory decoding a request");
+				(void) cai_get_i32_array(&r, count, out->ids);
+				out->n_ids = count;
+				for (int i = 0; i < count; i++)
+					if (out->ids[i] < 0 || out->ids[i] >= info.n_vocab)
+					{
+						st = cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+									  "token id %d is out of range: the vocabulary has %d tokens",
+									  out->ids[i], info.n_vocab);
+						break;
+					}
+				break;
+			}
+
+		case CAI_REQUEST_CACHE_RESET:
+			if (cai_reader_remaining(&r) != 0)
+				return cai_fail(err, CAI_ERR_INTERNAL, "malformed cache reset request");
+			break;
+
+		default:
+			return cai_fail(err, CAI_ERR_INTERNAL, "unknown request kind %u", kind);
+	}
+	if (st != CAI_OK)
+		cai_decoded_request_free(out);
+	return st;
+}

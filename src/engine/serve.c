@@ -1,0 +1,642 @@
+/*
+ * serve.c — the engine process's loop: frames in, engine steps, frames out (see serve.h).
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "request_decode.h"
+#include "serve.h"
+#include "util.h"
+#include "wire.h"
+
+/* STATS frames while busy go out at most this often */
+#define STATS_INTERVAL_SECONDS 0.1
+/* input is read in pieces of this size */
+#define READ_CHUNK (64 * 1024)
+
+/* A generation the engine is running for the worker */
+typedef struct serve_request
+{
+	uint64_t	id;				/* the worker's id for it */
+	uint64_t	engine_id;
+	cai_wbuf	text;			/* the reply's text sent so far */
+	cai_tokens	generated;		/* generated ids, end-of-turn tokens excluded */
+	int32_t    *user_tokens;	/* CHAT: the last turn's content ids */
+	int			n_user_tokens;
+	int			first_message;
+	struct serve_request *prev;
+	struct serve_request *next;
+} serve_request;
+
+typedef struct server
+{
+	int			fd;
+	cai_model  *model;
+	cai_engine *engine;
+	cai_model_info info;
+	int			context_length;
+
+	char	   *in;				/* bytes read, not yet parsed */
+	size_t		in_len;
+	size_t		in_cap;
+	cai_wbuf	out;			/* frames to send */
+	cai_wbuf	step_out;		/* one step's MESSAGE frames, sent after its STATS */
+	bool		closed;			/* the worker closed its end, or the socket failed */
+	bool		broken;			/* the worker sent what no worker may send */
+
+	serve_request *requests;
+	double		last_stats;
+	bool		stats_due;		/* the statistics changed outside a step (cancel, refusal) */
+} server;
+
+/* ---------------------------------------------------------------------------------------------
+ * Output
+ * ------------------------------------------------------------------------------------------- */
+
+/* Sends every queued frame, waiting for the socket as needed. */
+static void
+flush_output(server *s)
+{
+	size_t		sent = 0;
+
+	if (s->out.failed)
+	{
+		/* a frame could not be built (out of memory): the stream can no longer be trusted */
+		s->closed = true;
+		s->broken = true;
+	}
+	while (!s->closed && sent < s->out.len)
+	{
+		ssize_t		n = send(s->fd, s->out.data + sent, s->out.len - sent, MSG_NOSIGNAL);
+
+		if (n > 0)
+			sent += (size_t) n;
+		else if (n < 0 && errno == EINTR)
+			continue;
+		else
+			s->closed = true;	/* EPIPE, ECONNRESET: the worker is gone */
+	}
+	cai_wbuf_reset(&s->out);
+}
+
+/* Queues a response message of type with a body in two parts (either may be empty). */
+static void
+send_message(cai_wbuf *w, uint64_t id, char type, const void *body, size_t body_len,
+			 const void *tail, size_t tail_len)
+{
+	size_t		frame = cai_frame_begin(w, CAI_FRAME_MESSAGE, id);
+
+	cai_put_u8(w, (uint8_t) type);
+	cai_put_bytes(w, body, body_len);
+	cai_put_bytes(w, tail, tail_len);
+	cai_frame_end(w, frame);
+}
+
+static void
+send_error(cai_wbuf *w, uint64_t id, cai_status status, const char *message)
+{
+	size_t		frame = cai_frame_begin(w, CAI_FRAME_MESSAGE, id);
+
+	cai_put_u8(w, CAI_MSG_ERROR);
+	cai_wire_put_error(w, (int32_t) status, message);
+	cai_frame_end(w, frame);
+}
+
+/* A line for the server log. */
+static void
+send_log(server *s, const char *fmt,...) __attribute__((format(printf, 2, 3)));
+
+static void
+send_log(server *s, const char *fmt,...)
+{
+	char		line[CAI_ERROR_MESSAGE_SIZE];
+	va_list		args;
+	size_t		frame;
+
+	va_start(args, fmt);
+	vsnprintf(line, sizeof(line), fmt, args);
+	va_end(args);
+	frame = cai_frame_begin(&s->out, CAI_FRAME_LOG, 0);
+	cai_put_text(&s->out, line, strlen(line));
+	cai_frame_end(&s->out, frame);
+}
+
+static void
+send_stats(server *s)
+{
+	cai_engine_stats stats;
+	size_t		frame;
+
+	cai_engine_get_stats(s->engine, &stats);
+	frame = cai_frame_begin(&s->out, CAI_FRAME_STATS, 0);
+	cai_wire_put_stats(&s->out, &stats);
+	cai_frame_end(&s->out, frame);
+	s->last_stats = cai_now_seconds();
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Requests
+ * ------------------------------------------------------------------------------------------- */
+
+static void
+request_unlink(server *s, serve_request *req)
+{
+	if (req->prev)
+		req->prev->next = req->next;
+	else
+		s->requests = req->next;
+	if (req->next)
+		req->next->prev = req->prev;
+	cai_wbuf_free(&req->text);
+	cai_tokens_free(&req->generated);
+	free(req->user_tokens);
+	free(req);
+}
+
+static serve_request *
+request_find(server *s, uint64_t id)
+{
+	for (serve_request *r = s->requests; r; r = r->next)
+		if (r->id == id)
+			return r;
+	return NULL;
+}
+
+/* Submits a decoded generation; its events are forwarded by handle_event. */
+static void
+start_generation(server *s, uint64_t id, cai_decoded_request *dec)
+{
+	serve_request *req = calloc(1, sizeof(*req));
+	cai_error	err;
+	cai_status	st;
+
+	if (!req)
+	{
+		send_error(&s->out, id, CAI_ERR_NO_MEMORY, "out of memory starting the request");
+		return;
+	}
+	req->id = id;
+	req->first_message = dec->first_message;
+	req->user_tokens = dec->user_tokens;
+	req->n_user_tokens = dec->n_user_tokens;
+	dec->user_tokens = NULL;
+	cai_wbuf_init(&req->text, NULL);
+	cai_tokens_init(&req->generated);
+
+	dec->params.user_data = req;
+	st = cai_engine_submit(s->engine, &dec->params, &req->engine_id, &err);
+	if (st != CAI_OK)
+	{
+		if (st == CAI_ERR_QUEUE_FULL)
+			s->stats_due = true;	/* requests_rejected moved */
+		send_error(&s->out, id, st, err.message);
+		cai_wbuf_free(&req->text);
+		free(req->user_tokens);
+		free(req);
+		return;
+	}
+	req->next = s->requests;
+	if (s->requests)
+		s->requests->prev = req;
+	s->requests = req;
+}
+
+/* Answers a request: at once, or by submitting it to the engine. */
+static void
+start_request(server *s, uint64_t id, const char *body, size_t len)
+{
+	cai_reader	r;
+	uint32_t	kind;
+	cai_decoded_request dec;
+	cai_error	err;
+	cai_status	st;
+
+	cai_reader_init(&r, body, len);
+	if (!cai_get_u32(&r, &kind))
+	{
+		send_error(&s->out, id, CAI_ERR_INTERNAL, "malformed request frame");
+		return;
+	}
+	if (request_find(s, id))
+	{
+		/* a worker never reuses an id while the request runs */
+		s->broken = true;
+		return;
+	}
+	st = cai_request_decode(s->model, s->context_length, kind, body + r.pos, len - r.pos, &dec,
+							&err);
+	if (st != CAI_OK)
+	{
+		send_error(&s->out, id, st, err.message);
+		return;
+	}
+
+	switch (dec.kind)
+	{
+		case CAI_REQUEST_CHAT:
+		case CAI_REQUEST_COMPLETE:
+			start_generation(s, id, &dec);
+			break;
+
+		case CAI_REQUEST_TOKENIZE:
+			{
+				int32_t    *ids = NULL;
+				int			n_ids = 0;
+
+				st = cai_tokenize(s->model, dec.text, dec.text_len, false, &ids, &n_ids, &err);
+				if (st != CAI_OK)
+					send_error(&s->out, id, st, err.message);
+				else
+				{
+					int32_t		count = n_ids;
+
+					send_message(&s->out, id, CAI_MSG_IDS, &count, sizeof(count), ids,
+								 sizeof(int32_t) * (size_t) n_ids);
+				}
+				cai_free(ids);
+				break;
+			}
+
+		case CAI_REQUEST_DETOKENIZE:
+			{
+				char	   *text = NULL;
+				size_t		text_len = 0;
+
+				st = cai_detokenize(s->model, dec.ids, dec.n_ids, &text, &text_len, &err);
+				if (st != CAI_OK)
+					send_error(&s->out, id, st, err.message);
+				else
+					send_message(&s->out, id, CAI_MSG_TEXT, text, text_len, NULL, 0);
+				cai_free(text);
+				break;
+			}
+
+		case CAI_REQUEST_CACHE_RESET:
+			cai_engine_cache_reset(s->engine);
+			send_stats(s);
+			send_message(&s->out, id, CAI_MSG_OK, NULL, 0, NULL, 0);
+			break;
+	}
+	cai_decoded_request_free(&dec);
+}
+
+/* True when the token ends a turn and is not part of the content. */
+static bool
+is_end_token(const server *s, int32_t token)
+{
+	return token == s->info.eos_token || token == s->info.eot_token;
+}
+
+/* The FINAL message of a generation: usage and the ids to store. */
+static void
+finish_generation(server *s, serve_request *req, const cai_event *ev)
+{
+	cai_wire_final final;
+	char	   *text = NULL;
+	size_t		len = 0;
+	cai_error	err;
+	size_t		frame;
+
+	memset(&final, 0, sizeof(final));
+	final.finish = ev->finish;
+	final.prompt_tokens = ev->usage.prompt_tokens;
+	final.cached_tokens = ev->usage.cached_tokens;
+	final.completion_tokens = ev->usage.completion_tokens;
+	final.queue_ms = ev->usage.queue_ms;
+	final.ttft_ms = ev->usage.ttft_ms;
+	final.total_ms = ev->usage.total_ms;
+	final.first_message = req->first_message;
+	final.n_user_tokens = req->n_user_tokens;
+
+	/*
+	 * Stored ids must say exactly what the stored text says, or the next turn would feed the
+	 * model something else than the conversation shows (a withheld stop string, say).
+	 */
+	if (cai_detokenize(s->model, req->generated.ids, req->generated.n, &text, &len, &err) == CAI_OK)
+	{
+		final.tokens_exact = !req->text.failed && len == req->text.len &&
+			(len == 0 || memcmp(text, req->text.data, len) == 0);
+		cai_free(text);
+	}
+
+	frame = cai_frame_begin(&s->step_out, CAI_FRAME_MESSAGE, req->id);
+	cai_put_u8(&s->step_out, CAI_MSG_FINAL);
+	cai_wire_put_final(&s->step_out, &final);
+	cai_put_bytes(&s->step_out, req->user_tokens, sizeof(int32_t) * (size_t) req->n_user_tokens);
+	cai_frame_end(&s->step_out, frame);
+}
+
+/* Forwards one engine event; returns true when the request finished. */
+static bool
+handle_event(server *s, const cai_event *ev)
+{
+	serve_request *req = ev->user_data;
+
+	if (ev->finish == CAI_FINISH_ERROR)
+	{
+		send_error(&s->step_out, req->id, CAI_ERR_BACKEND,
+				   ev->error ? ev->error : "generation failed");
+		request_unlink(s, req);
+		return true;
+	}
+	if (ev->token >= 0 || ev->text_len > 0)
+	{
+		int32_t		token = (ev->token >= 0 && !is_end_token(s, ev->token)) ? ev->token : -1;
+
+		if (token >= 0)
+			(void) cai_tokens_push(&req->generated, token);
+		cai_put_bytes(&req->text, ev->text, ev->text_len);
+		send_message(&s->step_out, req->id, CAI_MSG_TOKEN, &token, sizeof(token), ev->text,
+					 ev->text_len);
+	}
+	if (ev->finish == CAI_FINISH_NONE)
+		return false;
+	finish_generation(s, req, ev);
+	request_unlink(s, req);
+	return true;
+}
+
+/*
+ * One engine step and its events.  A failed step fails every request the engine holds: their KV
+ * may be half-written.
+ */
+static void
+run_step(server *s)
+{
+	const cai_event *events = NULL;
+	int			n_events = 0;
+	bool		finished = false;
+	cai_error	err;
+	cai_status	st;
+
+	cai_wbuf_reset(&s->step_out);
+	st = cai_engine_step(s->engine, &events, &n_events, &err);
+	if (st != CAI_OK)
+	{
+		send_log(s, "engine step failed: %s", err.message);
+		while (s->requests)
+		{
+			serve_request *req = s->requests;
+
+			(void) cai_engine_cancel(s->engine, req->engine_id);
+			send_error(&s->step_out, req->id, st, err.message);
+			request_unlink(s, req);
+		}
+		finished = true;
+	}
+	else
+		for (int i = 0; i < n_events; i++)
+			finished |= handle_event(s, &events[i]);
+
+	if (finished || !cai_engine_has_work(s->engine) ||
+		cai_now_seconds() - s->last_stats >= STATS_INTERVAL_SECONDS)
+		send_stats(s);
+	cai_put_bytes(&s->out, s->step_out.data, s->step_out.len);
+	if (s->step_out.failed)
+		s->out.failed = true;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Input
+ * ------------------------------------------------------------------------------------------- */
+
+static void
+handle_frame(server *s, const cai_frame_header *h, const char *body)
+{
+	switch (h->type)
+	{
+		case CAI_FRAME_REQUEST:
+			start_request(s, h->id, body, h->body_len);
+			break;
+
+		case CAI_FRAME_CANCEL:
+			{
+				serve_request *req = request_find(s, h->id);
+
+				if (req)
+				{
+					(void) cai_engine_cancel(s->engine, req->engine_id);
+					request_unlink(s, req);
+					s->stats_due = true;
+				}
+				break;
+			}
+
+		case CAI_FRAME_LIMITS:
+			{
+				cai_reader	r;
+				int32_t		max_queue;
+				double		max_wait_ms;
+
+				cai_reader_init(&r, body, h->body_len);
+				if (!cai_get_i32(&r, &max_queue) || !cai_get_f64(&r, &max_wait_ms))
+					s->broken = true;
+				else
+					cai_engine_set_admission_limits(s->engine, max_queue, max_wait_ms);
+				break;
+			}
+
+		default:
+			s->broken = true;
+			break;
+	}
+}
+
+/*
+ * Reads what the socket has (waiting up to timeout_ms for the first byte) and handles every
+ * whole frame.
+ */
+static void
+read_input(server *s, int timeout_ms)
+{
+	struct pollfd pfd = {.fd = s->fd, .events = POLLIN};
+	size_t		pos = 0;
+
+	if (poll(&pfd, 1, timeout_ms) <= 0)
+		return;
+	for (;;)
+	{
+		ssize_t		n;
+
+		if (s->in_cap - s->in_len < READ_CHUNK)
+		{
+			size_t		cap = s->in_cap ? s->in_cap * 2 : 2 * READ_CHUNK;
+			char	   *in;
+
+			if (cap > 2 * (size_t) CAI_FRAME_MAX_BODY + READ_CHUNK)
+				break;			/* a whole frame is in; the rest waits for the next call */
+			in = realloc(s->in, cap);
+			if (!in)
+			{
+				s->closed = s->broken = true;
+				return;
+			}
+			s->in = in;
+			s->in_cap = cap;
+		}
+		n = recv(s->fd, s->in + s->in_len, s->in_cap - s->in_len, MSG_DONTWAIT);
+		if (n > 0)
+			s->in_len += (size_t) n;
+		else if (n == 0)
+		{
+			s->closed = true;	/* the worker closed its end: stop */
+			break;
+		}
+		else if (errno == EINTR)
+			continue;
+		else
+		{
+			if (errno != EAGAIN && errno != EWOULDBLOCK)
+				s->closed = true;
+			break;
+		}
+	}
+
+	while (!s->broken)
+	{
+		cai_frame_header h;
+		int			r = cai_frame_parse(s->in + pos, s->in_len - pos, &h);
+
+		if (r == 0)
+			break;
+		if (r < 0)
+		{
+			s->broken = true;
+			break;
+		}
+		handle_frame(s, &h, s->in + pos + CAI_FRAME_HEADER_SIZE);
+		pos += CAI_FRAME_HEADER_SIZE + h.body_len;
+	}
+	memmove(s->in, s->in + pos, s->in_len - pos);
+	s->in_len -= pos;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Start and loop
+ * ------------------------------------------------------------------------------------------- */
+
+static void
+send_failed(server *s, const char *reason, const char *hint)
+{
+	size_t		frame = cai_frame_begin(&s->out, CAI_FRAME_FAILED, 0);
+
+	cai_put_text(&s->out, reason, strlen(reason));
+	cai_put_text(&s->out, hint, strlen(hint));
+	cai_frame_end(&s->out, frame);
+	flush_output(s);
+}
+
+static void
+send_ready(server *s, double load_seconds)
+{
+	cai_wire_model m;
+	size_t		frame;
+
+	memset(&m, 0, sizeof(m));
+	m.version = CAI_WIRE_VERSION;
+	snprintf(m.arch, sizeof(m.arch), "%s", s->info.arch ? s->info.arch : "");
+	snprintf(m.name, sizeof(m.name), "%s", s->info.name ? s->info.name : "");
+	snprintf(m.chat_template, sizeof(m.chat_template), "%s",
+			 s->info.chat_template ? s->info.chat_template : "");
+	snprintf(m.device, sizeof(m.device), "%s", cai_engine_device(s->engine));
+	snprintf(m.device_reason, sizeof(m.device_reason), "%s", cai_engine_device_reason(s->engine));
+	m.n_layers = s->info.n_layers;
+	m.d_model = s->info.d_model;
+	m.n_heads = s->info.n_heads;
+	m.n_kv_heads = s->info.n_kv_heads;
+	m.head_dim = s->info.head_dim;
+	m.d_ff = s->info.d_ff;
+	m.n_vocab = s->info.n_vocab;
+	m.trained_context = s->info.context_length;
+	m.context_length = s->context_length;
+	m.n_params = s->info.n_params;
+	m.weight_bytes = s->info.weight_bytes;
+	m.kv_bytes_per_token = s->info.kv_bytes_per_token;
+	m.load_seconds = load_seconds;
+
+	frame = cai_frame_begin(&s->out, CAI_FRAME_READY, 0);
+	cai_wire_put_model(&s->out, &m);
+	cai_frame_end(&s->out, frame);
+	send_stats(s);
+	flush_output(s);
+}
+
+/* Loads the model and starts the engine; on failure says why in a FAILED frame. */
+static bool
+start_engine(server *s, const cai_serve_config *config)
+{
+	char		reason[CAI_ERROR_MESSAGE_SIZE + 256];
+	double		start = cai_now_seconds();
+	cai_error	err;
+
+	if (cai_model_load(config->model_path, &config->model, &s->model, &err) != CAI_OK)
+	{
+		s->model = NULL;
+		snprintf(reason, sizeof(reason), "could not load model \"%s\": %s", config->model_path,
+				 err.message);
+		send_failed(s, reason,
+					"Check pg_cai.model and the server log, then reload the configuration (SELECT pg_reload_conf()). Until then every pg_cai call fails with this error.");
+		return false;
+	}
+	cai_model_get_info(s->model, &s->info);
+	if (cai_engine_create(s->model, &config->engine, &s->engine, &err) != CAI_OK)
+	{
+		s->engine = NULL;
+		snprintf(reason, sizeof(reason), "could not start the engine for model \"%s\": %s",
+				 config->model_path, err.message);
+		send_failed(s, reason,
+					"Check pg_cai.device, pg_cai.context_length and pg_cai.max_batch and the server log, then reload the configuration.");
+		return false;
+	}
+	s->context_length = cai_engine_context_length(s->engine);
+	send_ready(s, cai_now_seconds() - start);
+	return true;
+}
+
+int
+cai_serve(int fd, const cai_serve_config *config)
+{
+	server		s;
+	int			rc = 0;
+
+	memset(&s, 0, sizeof(s));
+	s.fd = fd;
+	cai_wbuf_init(&s.out, NULL);
+	cai_wbuf_init(&s.step_out, NULL);
+
+	if (!start_engine(&s, config))
+		rc = 1;
+	while (rc == 0 && !s.closed && !s.broken)
+	{
+		bool		busy = cai_engine_has_work(s.engine);
+
+		/* between steps only look; when idle, sleep until the worker writes */
+		read_input(&s, busy ? 0 : 1000);
+		if (!s.closed && !s.broken && cai_engine_has_work(s.engine))
+			run_step(&s);
+		else if (s.stats_due)
+			send_stats(&s);
+		s.stats_due = false;
+		flush_output(&s);
+	}
+	if (s.broken)
+	{
+		fprintf(stderr, "pg_cai engine: the worker broke the protocol; exiting\n");
+		rc = 1;
+	}
+
+	while (s.requests)
+		request_unlink(&s, s.requests);
+	cai_engine_free(s.engine);
+	cai_model_free(s.model);
+	cai_wbuf_free(&s.out);
+	cai_wbuf_free(&s.step_out);
+	free(s.in);
+	return rc;
+}
