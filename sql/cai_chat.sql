@@ -65,6 +65,19 @@ SELECT cai_chat(:conv5, 'What is the capital of France?', '{"max_tokens": 16, "s
 SELECT content, tokens IS NULL AS ids_not_stored
 FROM cai.messages WHERE conversation_id = :conv5 AND role = 'assistant';
 
+-- stop strings against replies whose text is still empty or ends in part of a character (this
+-- reply starts with emoji, three tokens each): the call used to crash the engine process
+SELECT cai_chat(cai_new_conversation(), 'Say hi with emoji', '{"stop": "zzz", "max_tokens": 12}');
+SELECT cai_new_conversation() AS conv6 \gset
+SELECT cai_chat(:conv6, 'Say hi with emoji', '{"stop": ["zzz", "\ud83d\udc69"], "max_tokens": 12}') = '' AS empty;
+SELECT role, content, completion_tokens FROM cai.messages WHERE conversation_id = :conv6 ORDER BY id;
+-- a stop string split across tokens
+SELECT cai_chat(cai_new_conversation('You are a helpful assistant.'),
+                'What is the capital of France?', '{"max_tokens": 16, "stop": "ital of Fr"}');
+SELECT cai_complete('Say hi with emoji', '{"stop": "\u00e9", "max_tokens": 6}') IS NOT NULL AS completed;
+SELECT string_agg(piece, '|') FROM cai_chat_stream(cai_new_conversation(), 'Say hi with emoji',
+                                                 '{"stop": "zzz", "max_tokens": 7}') AS piece;
+
 -- deleting a conversation deletes its turns
 DELETE FROM cai.conversations WHERE id = :conv5;
 SELECT count(*) FROM cai.messages WHERE conversation_id = :conv5;

@@ -14,8 +14,14 @@ SELECT cai_chat(:conv, 'Hi', '{"max_tokens": "5"}');
 SELECT cai_chat(:conv, 'Hi', '{"temperature": -0.1}');
 SELECT cai_chat(:conv, 'Hi', '{"temperature": 2.5}');
 SELECT cai_chat(:conv, 'Hi', '{"temperature": true}');
+-- beyond double precision: the option's own error, with the number written short
+SELECT cai_chat(:conv, 'Hi', '{"temperature": 1e400}');
+SELECT cai_chat(:conv, 'Hi', '{"temperature": -1e400}');
 SELECT cai_chat(:conv, 'Hi', '{"top_p": 0}');
 SELECT cai_chat(:conv, 'Hi', '{"top_p": 1.5}');
+-- positive, but 0 in the engine's single precision
+SELECT cai_chat(:conv, 'Hi', '{"top_p": 1e-50}');
+SELECT cai_chat(:conv, 'Hi', '{"top_p": 1e-400}');
 SELECT cai_chat(:conv, 'Hi', '{"top_k": -1}');
 SELECT cai_chat(:conv, 'Hi', '{"seed": -5}');
 SELECT cai_chat(:conv, 'Hi', '{"seed": 1e30}');

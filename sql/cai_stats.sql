@@ -5,6 +5,15 @@
 SELECT status, worker_pid IS NOT NULL AS has_pid, model IS NOT NULL AS has_model,
        length(device) > 0 AS has_device, worker_started IS NOT NULL AS started
 FROM pg_stat_cai;
+-- the engine runs in a process of its own, started by the worker (the scenario tests kill it)
+SELECT engine_pid IS NOT NULL AND engine_pid <> worker_pid AS engine_has_own_process,
+       engine_starts >= 1 AS started_once, engine_started IS NOT NULL AS engine_started
+FROM pg_stat_cai;
+-- the worker shows in pg_stat_activity (with no database), the engine process does not
+SELECT a.backend_type, a.datname, a.wait_event_type
+FROM pg_stat_activity a, pg_stat_cai s WHERE a.pid = s.worker_pid;
+SELECT count(*) AS engine_in_pg_stat_activity
+FROM pg_stat_activity a, pg_stat_cai s WHERE a.pid = s.engine_pid;
 SELECT requests_received > 0 AS received, requests_completed > 0 AS completed,
        requests_failed > 0 AS failed, generated_tokens > 0 AS generated,
        prompt_tokens >= prefill_tokens AS prefill_saved, cache_hit_tokens > 0 AS cache_hits,

@@ -20,8 +20,12 @@
  *
  *   pending --claim, committed--> running --reply + done + NOTIFY, one transaction--> done
  *                                    |--error (bad option, no such role, ...)--> failed + NOTIFY
- *                                    '--transient error (queue full, worker restart)--> pending
- *                                       (the attempt is not counted; retried after a pause)
+ *                                    |--the engine process crashed while generating--> failed
+ *                                    |     + NOTIFY, at the first crash: the turn may be what
+ *                                    |     crashed it, so it is not retried blindly
+ *                                    '--transient error (queue full, worker or engine restart
+ *                                       for a reload)--> pending (the attempt is not counted;
+ *                                       retried after a pause)
  *
  * The claim is committed on its own so that attempts counts every try, even one that kills the
  * server: a job claimed CAI_JOB_MAX_ATTEMPTS times without an answer fails, and one message
@@ -1077,7 +1081,8 @@ answer_job(const JobClaim *claim)
 /*
  * is_transient
  *		True for errors that say "not now" rather than "never": the engine's queue is full, the
- *		worker is restarting or out of memory, a lock conflict.  Such a job is tried again.
+ *		worker or the engine is restarting for a reload, out of memory, a lock conflict.  Such a
+ *		job is tried again.  An engine crash (ERRCODE_SYSTEM_ERROR) is not among them.
  */
 static bool
 is_transient(int sqlerrcode)
@@ -1110,16 +1115,20 @@ record_failure(const JobClaim *claim, ErrorData *edata)
 	Oid			argtypes[4] = {INT8OID, INT4OID, TEXTOID, BOOLOID};
 	Datum		values[4];
 	int			ret;
+	const char *reason = edata->message ? edata->message : "unknown error";
 
+	/* an engine crash says which signal in its detail: keep that with the job */
+	if (edata->sqlerrcode == ERRCODE_SYSTEM_ERROR && edata->detail)
+		reason = psprintf("%s: %s", reason, edata->detail);
 	ereport(LOG,
 			(errmsg("pg_cai job " INT64_FORMAT " (conversation " INT64_FORMAT ", attempt %d) %s: %s",
 					claim->id, claim->conversation_id, claim->attempts,
-					retry ? "will be retried" : "failed", edata->message)));
+					retry ? "will be retried" : "failed", reason)));
 
 	runner_begin("recording a failed pg_cai reply job");
 	values[0] = Int64GetDatum(claim->id);
 	values[1] = Int32GetDatum(claim->attempts);
-	values[2] = CStringGetTextDatum(edata->message ? edata->message : "unknown error");
+	values[2] = CStringGetTextDatum(reason);
 	values[3] = BoolGetDatum(retry);
 	ret = SPI_execute_with_args("UPDATE cai.jobs SET error = $3, "
 								"status = CASE WHEN $4 THEN 'pending' ELSE 'failed' END, "
