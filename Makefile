@@ -41,12 +41,18 @@ cai: $(CLI_SRCS) build/libcai.a
 	$(CC) $(ENGINE_CFLAGS) -o $@ $(CLI_SRCS) build/libcai.a $(ENGINE_LIBS)
 
 # ---- unit tests -------------------------------------------------------------------------------
-UNIT_SRCS := $(wildcard tests/unit/*.c tests/synth/*.c)
+SYNTH_TOOL := tests/synth/write_synth_model
+UNIT_SRCS := $(filter-out $(SYNTH_TOOL).c,$(wildcard tests/unit/*.c tests/synth/*.c))
 tests/unit/run_unit: $(UNIT_SRCS) $(wildcard tests/unit/*.h tests/synth/*.h) build/libcai.a
 	$(CC) $(ENGINE_CFLAGS) -Itests/unit -Itests/synth -o $@ $(UNIT_SRCS) build/libcai.a $(ENGINE_LIBS)
 
 unit: tests/unit/run_unit
 	tests/unit/run_unit
+
+# writes synthetic GGUF models for the scenario tests (a second model to reload to, say)
+$(SYNTH_TOOL): $(SYNTH_TOOL).c $(filter-out $(SYNTH_TOOL).c,$(wildcard tests/synth/*.c tests/synth/*.h)) build/libcai.a
+	$(CC) $(ENGINE_CFLAGS) -Itests/synth -o $@ $(SYNTH_TOOL).c tests/synth/synth_model.c \
+		tests/synth/gguf_writer.c build/libcai.a $(ENGINE_LIBS)
 
 # ---- the extension (PGXS) ---------------------------------------------------------------------
 MODULE_big = pg_cai
@@ -77,7 +83,7 @@ uninstall-engine:
 model:
 	scripts/fetch-model.sh
 
-test: all install
+test: all install $(SYNTH_TOOL)
 	scripts/run-tests.sh
 
 setup:
@@ -85,7 +91,7 @@ setup:
 
 clean: clean-engine
 clean-engine:
-	rm -rf build cai tests/unit/run_unit tests/gpu/run_gpu
+	rm -rf build cai tests/unit/run_unit tests/gpu/run_gpu $(SYNTH_TOOL)
 
 .PHONY: unit model test setup clean-engine install-engine uninstall-engine
 

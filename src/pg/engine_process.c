@@ -23,7 +23,8 @@
 #define CHILD_SOCKET_FD 3
 #define CHILD_ERROR_FD 4
 
-/* How long a stopping engine may take before it is killed */
+/* How long an engine asked to stop may take to see its socket closed, then to obey SIGTERM */
+#define CLOSE_WAIT_MS 1000
 #define STOP_WAIT_MS 5000
 
 /* Input is read in pieces of this size */
@@ -288,10 +289,19 @@ CaiEngineProcessStop(CaiEngineProcess *engine, bool terminate, char *exit_text,
 	engine->closed = true;
 	if (engine->pid > 0)
 	{
-		/* with its socket closed, a healthy engine exits by itself */
-		if (terminate)
+		/*
+		 * With its socket closed, a healthy engine exits by itself after its current step; one
+		 * that is asked to go and does not is told by SIGTERM, then killed.
+		 */
+		bool		exited = wait_exit(engine->pid, terminate ? CLOSE_WAIT_MS : STOP_WAIT_MS,
+									   &status);
+
+		if (!exited && terminate)
+		{
 			(void) kill(engine->pid, SIGTERM);
-		if (!wait_exit(engine->pid, STOP_WAIT_MS, &status))
+			exited = wait_exit(engine->pid, STOP_WAIT_MS, &status);
+		}
+		if (!exited)
 		{
 			(void) kill(engine->pid, SIGKILL);
 			(void) wait_exit(engine->pid, STOP_WAIT_MS, &status);

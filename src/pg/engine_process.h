@@ -53,8 +53,9 @@ extern bool CaiEngineProcessWrite(CaiEngineProcess *engine);
 
 /*
  * Ends the engine process and reaps it, describing how it ended in exit_text ("terminated by
- * signal 11: Segmentation fault", "exited with status 1").  With terminate, it is sent SIGTERM
- * first; in any case it is killed if it has not exited after a few seconds.  Returns the wait
+ * signal 11: Segmentation fault", "exited with status 1").  Its socket is closed first; with
+ * terminate (the worker asks it to go), it is sent SIGTERM if it has not exited a second later;
+ * in any case it is killed if it has not exited after a few more seconds.  Returns the wait
  * status.
  */
 extern int	CaiEngineProcessStop(CaiEngineProcess *engine, bool terminate, char *exit_text,
