@@ -1,0 +1,561 @@
+/*
+ * test_serve.c — the engine process's loop (src/engine/serve.c) over a socket pair, on a
+ * synthetic model, speaking the frames of wire.h as the engine worker does: READY first, then
+ * tokenize, detokenize, completions and chats streamed as TOKEN messages ending in FINAL, cache
+ * reset, cancel, requests it must refuse with a clear error, and the ends of the loop (the
+ * worker closing its end; a frame no worker sends; a model that does not load).
+ */
+#define _GNU_SOURCE				/* memmem */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "serve.h"
+#include "synth_model.h"
+#include "test.h"
+#include "wire.h"
+
+typedef struct served
+{
+	int			fd;				/* the worker's end */
+	pthread_t	thread;
+	int			engine_fd;
+	cai_serve_config config;
+	char		model_path[128];
+	int			rc;				/* cai_serve's result */
+	char	   *in;				/* frames read, not yet taken */
+	size_t		in_len;
+	size_t		in_cap;
+	size_t		in_pos;
+} served;
+
+static void *
+serve_thread(void *arg)
+{
+	served	   *s = arg;
+
+	s->rc = cai_serve(s->engine_fd, &s->config);
+	close(s->engine_fd);
+	return NULL;
+}
+
+/*
+ * Starts cai_serve on a synthetic model (or on model_path when given) in a thread.  The large
+ * one takes about a millisecond a token, long enough to cancel a request before its end.
+ */
+static bool
+serve_start_model(served *s, const char *model_path, bool large)
+{
+	synth_model_config cfg;
+	cai_error	err;
+	int			sv[2];
+
+	memset(s, 0, sizeof(*s));
+	if (model_path)
+		snprintf(s->model_path, sizeof(s->model_path), "%s", model_path);
+	else
+	{
+		snprintf(s->model_path, sizeof(s->model_path), "/tmp/cai_test_serve_%d.gguf", (int) getpid());
+		synth_model_default_config(&cfg);
+		cfg.seed = 11;
+		if (large)
+		{
+			cfg.n_layers = 8;
+			cfg.d_model = 256;
+			cfg.d_ff = 1024;
+			cfg.context_length = 2048;
+		}
+		if (synth_model_write(s->model_path, &cfg, &err) != CAI_OK)
+			return false;
+	}
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0)
+		return false;
+	s->fd = sv[0];
+	s->engine_fd = sv[1];
+	s->config.model_path = s->model_path;
+	cai_model_params_default(&s->config.model);
+	s->config.model.n_threads = 2;
+	cai_engine_params_default(&s->config.engine);
+	s->config.engine.device = "cpu";
+	s->config.engine.n_threads = 2;
+	s->config.engine.max_running = 4;
+	s->config.engine.max_step_tokens = 64;
+	s->config.engine.context_length = large ? 2048 : 256;
+	s->config.engine.max_queue = 8;
+	s->config.engine.host_cache_bytes = 1 << 20;
+	return pthread_create(&s->thread, NULL, serve_thread, s) == 0;
+}
+
+static bool
+serve_start(served *s, const char *model_path)
+{
+	return serve_start_model(s, model_path, false);
+}
+
+/* Closes the worker's end and waits for cai_serve; returns its result. */
+static int
+serve_stop(served *s)
+{
+	if (s->fd >= 0)
+		close(s->fd);
+	s->fd = -1;
+	pthread_join(s->thread, NULL);
+	if (strncmp(s->model_path, "/tmp/cai_test_serve_", 20) == 0)
+		unlink(s->model_path);
+	free(s->in);
+	return s->rc;
+}
+
+static bool
+send_all(int fd, const void *data, size_t len)
+{
+	const char *p = data;
+
+	while (len > 0)
+	{
+		ssize_t		n = write(fd, p, len);
+
+		if (n <= 0)
+			return false;
+		p += n;
+		len -= (size_t) n;
+	}
+	return true;
+}
+
+/* Sends a REQUEST frame: the kind, then the payload. */
+static void
+send_request(served *s, uint64_t id, cai_request_kind kind, const cai_wbuf *payload)
+{
+	cai_wbuf	w;
+	size_t		frame;
+
+	cai_wbuf_init(&w, NULL);
+	frame = cai_frame_begin(&w, CAI_FRAME_REQUEST, id);
+	cai_put_u32(&w, kind);
+	if (payload)
+		cai_put_bytes(&w, payload->data, payload->len);
+	cai_frame_end(&w, frame);
+	CHECK(send_all(s->fd, w.data, w.len));
+	cai_wbuf_free(&w);
+}
+
+static void
+send_frame(served *s, cai_frame_type type, uint64_t id)
+{
+	cai_wbuf	w;
+
+	cai_wbuf_init(&w, NULL);
+	cai_frame_end(&w, cai_frame_begin(&w, type, id));
+	CHECK(send_all(s->fd, w.data, w.len));
+	cai_wbuf_free(&w);
+}
+
+/*
+ * The next frame from the engine (blocking): true with its header and a copy of its body in
+ * *body (free it), false at the end of the stream.
+ */
+static bool
+next_frame(served *s, cai_frame_header *h, char **body)
+{
+	for (;;)
+	{
+		int			r = cai_frame_parse(s->in + s->in_pos, s->in_len - s->in_pos, h);
+		ssize_t		n;
+
+		if (r < 0)
+			return false;
+		if (r > 0)
+		{
+			*body = malloc(h->body_len + 1);
+			memcpy(*body, s->in + s->in_pos + CAI_FRAME_HEADER_SIZE, h->body_len);
+			s->in_pos += CAI_FRAME_HEADER_SIZE + h->body_len;
+			return true;
+		}
+		if (s->in_cap - s->in_len < 4096)
+		{
+			s->in_cap = s->in_cap ? s->in_cap * 2 : 65536;
+			s->in = realloc(s->in, s->in_cap);
+		}
+		n = read(s->fd, s->in + s->in_len, s->in_cap - s->in_len);
+		if (n <= 0)
+			return false;
+		s->in_len += (size_t) n;
+	}
+}
+
+/* The next MESSAGE frame (skipping statistics and log lines); its type byte in *type. */
+static bool
+next_message(served *s, uint64_t *id, char **body, uint32_t *len)
+{
+	cai_frame_header h;
+
+	while (next_frame(s, &h, body))
+	{
+		if (h.type == CAI_FRAME_MESSAGE)
+		{
+			*id = h.id;
+			*len = h.body_len;
+			return h.body_len >= 1;
+		}
+		free(*body);
+	}
+	return false;
+}
+
+/* The generation block of a request with these options (greedy unless temperature > 0). */
+static void
+put_generation(cai_wbuf *w, int max_tokens, float temperature, bool ignore_eos)
+{
+	cai_wire_generation g;
+
+	memset(&g, 0, sizeof(g));
+	g.temperature = temperature;
+	g.top_p = 1.0f;
+	g.max_tokens = max_tokens;
+	g.truncate = true;
+	g.ignore_eos = ignore_eos;
+	g.use_cache = true;
+	cai_wire_put_generation(w, &g);
+}
+
+typedef struct generation
+{
+	int			n_tokens;
+	char		text[4096];
+	size_t		text_len;
+	cai_wire_final final;
+	bool		have_final;
+	int32_t		error_status;	/* 0 unless an ERROR came */
+	char		error[512];
+} generation;
+
+/* Reads the messages of request id until its last one. */
+static void
+read_generation(served *s, uint64_t id, generation *g)
+{
+	char	   *body;
+	uint64_t	got;
+	uint32_t	len;
+
+	memset(g, 0, sizeof(*g));
+	while (next_message(s, &got, &body, &len))
+	{
+		cai_reader	r;
+		char		type = body[0];
+
+		CHECK_EQ_INT(got, id);
+		cai_reader_init(&r, body + 1, len - 1);
+		if (type == CAI_MSG_TOKEN)
+		{
+			int32_t		token;
+
+			CHECK(cai_get_i32(&r, &token));
+			if (token >= 0)
+				g->n_tokens++;
+			if (g->text_len + cai_reader_remaining(&r) < sizeof(g->text))
+			{
+				memcpy(g->text + g->text_len, body + 5, cai_reader_remaining(&r));
+				g->text_len += cai_reader_remaining(&r);
+			}
+			free(body);
+			continue;
+		}
+		if (type == CAI_MSG_FINAL)
+		{
+			g->have_final = cai_wire_get_final(&r, &g->final);
+			CHECK(g->have_final);
+			CHECK_EQ_INT(cai_reader_remaining(&r), sizeof(int32_t) * (size_t) g->final.n_user_tokens);
+		}
+		else if (type == CAI_MSG_ERROR)
+		{
+			CHECK(cai_get_i32(&r, &g->error_status));
+			snprintf(g->error, sizeof(g->error), "%.*s", (int) cai_reader_remaining(&r),
+					 body + 5);
+		}
+		else
+			CHECK_MSG(false, "unexpected message type %c", type);
+		free(body);
+		return;
+	}
+	CHECK_MSG(false, "the stream ended before request %llu finished", (unsigned long long) id);
+}
+
+/* READY must be the engine's first frame. */
+static void
+expect_ready(served *s)
+{
+	cai_frame_header h;
+	char	   *body = NULL;
+	cai_reader	r;
+	cai_wire_model m;
+
+	CHECK(next_frame(s, &h, &body));
+	CHECK_EQ_INT(h.type, CAI_FRAME_READY);
+	if (h.type != CAI_FRAME_READY)
+	{
+		free(body);
+		return;
+	}
+	cai_reader_init(&r, body, h.body_len);
+	CHECK(cai_wire_get_model(&r, &m));
+	CHECK_EQ_INT(m.version, CAI_WIRE_VERSION);
+	CHECK(strcmp(m.name, "synthetic") == 0);
+	CHECK(m.context_length == 256 || m.context_length == 2048);
+	CHECK(strncmp(m.device, "cpu", 3) == 0);
+	free(body);
+}
+
+TEST(serve_answers_requests_in_the_wire_format)
+{
+	served		s;
+	cai_wbuf	p;
+	char	   *body;
+	uint64_t	id = 0;
+	uint32_t	len;
+	generation	g;
+
+	CHECK(serve_start(&s, NULL));
+	expect_ready(&s);
+
+	/* tokenize, then detokenize the ids back */
+	cai_wbuf_init(&p, NULL);
+	cai_put_text(&p, "hello world", 11);
+	send_request(&s, 1, CAI_REQUEST_TOKENIZE, &p);
+	CHECK(next_message(&s, &id, &body, &len));
+	CHECK_EQ_INT(id, 1);
+	CHECK_EQ_INT(body[0], CAI_MSG_IDS);
+	{
+		int32_t		count;
+		cai_reader	r;
+
+		cai_reader_init(&r, body + 1, len - 1);
+		CHECK(cai_get_i32(&r, &count));
+		CHECK(count > 0 && (size_t) count * 4 == cai_reader_remaining(&r));
+		cai_wbuf_reset(&p);
+		cai_put_bytes(&p, body + 1, len - 1);
+		free(body);
+		send_request(&s, 2, CAI_REQUEST_DETOKENIZE, &p);
+		CHECK(next_message(&s, &id, &body, &len));
+		CHECK_EQ_INT(id, 2);
+		CHECK(body[0] == CAI_MSG_TEXT && len == 12 && memcmp(body + 1, "hello world", 11) == 0);
+		free(body);
+	}
+
+	/* a completion streams its tokens, then FINAL */
+	cai_wbuf_reset(&p);
+	put_generation(&p, 6, 0.0f, true);
+	cai_put_text(&p, "one two three", 13);
+	send_request(&s, 3, CAI_REQUEST_COMPLETE, &p);
+	read_generation(&s, 3, &g);
+	CHECK(g.have_final);
+	CHECK_EQ_INT(g.n_tokens, 6);
+	CHECK_EQ_INT(g.final.completion_tokens, 6);
+	CHECK_EQ_INT(g.final.finish, CAI_FINISH_LENGTH);
+	CHECK(g.final.prompt_tokens > 0);
+
+	/* a chat: the last turn's content ids come back with FINAL */
+	cai_wbuf_reset(&p);
+	put_generation(&p, 4, 0.0f, true);
+	cai_put_i32(&p, 2);
+	cai_wire_put_turn(&p, CAI_ROLE_SYSTEM, "Be brief.", 9, NULL, -1);
+	cai_wire_put_turn(&p, CAI_ROLE_USER, "hello", 5, NULL, -1);
+	send_request(&s, 4, CAI_REQUEST_CHAT, &p);
+	read_generation(&s, 4, &g);
+	CHECK(g.have_final);
+	CHECK(g.final.n_user_tokens > 0);
+	CHECK_EQ_INT(g.final.completion_tokens, 4);
+
+	/* cache reset answers OK */
+	send_request(&s, 5, CAI_REQUEST_CACHE_RESET, NULL);
+	CHECK(next_message(&s, &id, &body, &len));
+	CHECK(id == 5 && body[0] == CAI_MSG_OK && len == 1);
+	free(body);
+
+	cai_wbuf_free(&p);
+	CHECK_EQ_INT(serve_stop(&s), 0);
+}
+
+TEST(serve_refuses_bad_requests_clearly)
+{
+	served		s;
+	cai_wbuf	p;
+	generation	g;
+
+	CHECK(serve_start(&s, NULL));
+	expect_ready(&s);
+	cai_wbuf_init(&p, NULL);
+
+	/* an unknown kind, a truncated chat, trailing bytes: malformed, an internal error */
+	send_request(&s, 1, (cai_request_kind) 99, NULL);
+	read_generation(&s, 1, &g);
+	CHECK_EQ_INT(g.error_status, CAI_ERR_INTERNAL);
+	CHECK(strstr(g.error, "unknown request kind") != NULL);
+
+	put_generation(&p, 4, 0.0f, false);
+	cai_put_i32(&p, 3);			/* three turns announced, none sent */
+	send_request(&s, 2, CAI_REQUEST_CHAT, &p);
+	read_generation(&s, 2, &g);
+	CHECK_EQ_INT(g.error_status, CAI_ERR_INTERNAL);
+	CHECK(strstr(g.error, "malformed chat request") != NULL);
+
+	cai_wbuf_reset(&p);
+	cai_put_text(&p, "hi", 2);
+	cai_put_u8(&p, 7);
+	send_request(&s, 3, CAI_REQUEST_TOKENIZE, &p);
+	read_generation(&s, 3, &g);
+	CHECK_EQ_INT(g.error_status, CAI_ERR_INTERNAL);
+
+	/* values out of range: the option is named */
+	cai_wbuf_reset(&p);
+	put_generation(&p, 4, -1.0f, false);
+	cai_put_text(&p, "hi", 2);
+	send_request(&s, 4, CAI_REQUEST_COMPLETE, &p);
+	read_generation(&s, 4, &g);
+	CHECK_EQ_INT(g.error_status, CAI_ERR_INVALID_ARGUMENT);
+	CHECK(strstr(g.error, "temperature") != NULL);
+
+	cai_wbuf_reset(&p);
+	{
+		int32_t		ids[2] = {1, 1 << 30};
+
+		cai_put_i32(&p, 2);
+		cai_put_bytes(&p, ids, sizeof(ids));
+	}
+	send_request(&s, 5, CAI_REQUEST_DETOKENIZE, &p);
+	read_generation(&s, 5, &g);
+	CHECK_EQ_INT(g.error_status, CAI_ERR_INVALID_ARGUMENT);
+	CHECK(strstr(g.error, "out of range") != NULL);
+
+	/* a stop string with a NUL byte cannot be meant */
+	cai_wbuf_reset(&p);
+	{
+		cai_wire_generation gen;
+
+		memset(&gen, 0, sizeof(gen));
+		gen.top_p = 1.0f;
+		gen.max_tokens = 4;
+		gen.n_stop = 0;
+		cai_wire_put_generation(&p, &gen);
+		p.len -= sizeof(int32_t);	/* rewrite n_stop with one stop string "a\0b" */
+		cai_put_i32(&p, 1);
+		cai_put_text(&p, "a\0b", 3);
+		cai_put_text(&p, "hi", 2);
+	}
+	send_request(&s, 6, CAI_REQUEST_COMPLETE, &p);
+	read_generation(&s, 6, &g);
+	CHECK_EQ_INT(g.error_status, CAI_ERR_INVALID_ARGUMENT);
+
+	/* after all of that the engine still serves */
+	cai_wbuf_reset(&p);
+	put_generation(&p, 3, 0.0f, true);
+	cai_put_text(&p, "hi", 2);
+	send_request(&s, 7, CAI_REQUEST_COMPLETE, &p);
+	read_generation(&s, 7, &g);
+	CHECK(g.have_final && g.final.completion_tokens == 3);
+
+	cai_wbuf_free(&p);
+	CHECK_EQ_INT(serve_stop(&s), 0);
+}
+
+TEST(serve_cancel_drops_the_request)
+{
+	served		s;
+	cai_wbuf	p;
+	char	   *body;
+	uint64_t	id = 0;
+	uint32_t	len;
+	generation	g;
+	int			tokens = 0;
+
+	CHECK(serve_start_model(&s, NULL, true));
+	expect_ready(&s);
+	cai_wbuf_init(&p, NULL);
+	put_generation(&p, 2000, 0.0f, true);
+	cai_put_text(&p, "count", 5);
+	send_request(&s, 1, CAI_REQUEST_COMPLETE, &p);
+	CHECK(next_message(&s, &id, &body, &len));
+	CHECK(id == 1 && body[0] == CAI_MSG_TOKEN);
+	free(body);
+	send_frame(&s, CAI_FRAME_CANCEL, 1);
+
+	/*
+	 * Frames are handled in order: once request 2 (sent after the cancel) is answered, nothing
+	 * more comes for request 1, and it never finished.
+	 */
+	cai_wbuf_reset(&p);
+	cai_put_text(&p, "x", 1);
+	send_request(&s, 2, CAI_REQUEST_TOKENIZE, &p);
+	for (;;)
+	{
+		CHECK(next_message(&s, &id, &body, &len));
+		if (id == 2)
+		{
+			CHECK_EQ_INT(body[0], CAI_MSG_IDS);
+			free(body);
+			break;
+		}
+		CHECK(id == 1 && body[0] == CAI_MSG_TOKEN);
+		free(body);
+		if (++tokens >= 2000)
+			break;
+	}
+	CHECK_MSG(tokens < 1000, "%d tokens came after the cancel", tokens);
+
+	/* cancelling an unknown or finished request is harmless; request 3 sees only its own */
+	send_frame(&s, CAI_FRAME_CANCEL, 42);
+	cai_wbuf_reset(&p);
+	put_generation(&p, 2, 0.0f, true);
+	cai_put_text(&p, "hi", 2);
+	send_request(&s, 3, CAI_REQUEST_COMPLETE, &p);
+	read_generation(&s, 3, &g);
+	CHECK(g.have_final);
+
+	cai_wbuf_free(&p);
+	CHECK_EQ_INT(serve_stop(&s), 0);
+}
+
+TEST(serve_ends_on_protocol_violation_and_load_failure)
+{
+	served		s;
+	cai_frame_header h;
+	char	   *body;
+
+	/* a frame type no worker sends */
+	CHECK(serve_start(&s, NULL));
+	expect_ready(&s);
+	send_frame(&s, (cai_frame_type) 'Z', 1);
+	CHECK_EQ_INT(serve_stop(&s), 1);
+
+	/* a frame longer than any request may be */
+	CHECK(serve_start(&s, NULL));
+	expect_ready(&s);
+	{
+		char		header[CAI_FRAME_HEADER_SIZE] = {0};
+		uint32_t	huge = CAI_FRAME_MAX_BODY + 1;
+
+		memcpy(header, &huge, sizeof(huge));
+		header[4] = CAI_FRAME_REQUEST;
+		CHECK(send_all(s.fd, header, sizeof(header)));
+	}
+	CHECK_EQ_INT(serve_stop(&s), 1);
+
+	/* a model that does not load: FAILED says why */
+	CHECK(serve_start(&s, "/nonexistent/model.gguf"));
+	CHECK(next_frame(&s, &h, &body));
+	CHECK_EQ_INT(h.type, CAI_FRAME_FAILED);
+	if (h.type == CAI_FRAME_FAILED)
+	{
+		cai_reader	r;
+		const char *reason;
+		uint32_t	len;
+
+		cai_reader_init(&r, body, h.body_len);
+		CHECK(cai_get_text(&r, &reason, &len));
+		CHECK(len > 0 && memmem(reason, len, "/nonexistent/model.gguf", 23) != NULL);
+	}
+	free(body);
+	CHECK_EQ_INT(serve_stop(&s), 1);
+}
