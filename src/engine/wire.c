@@ -73,41 +73,25 @@ cai_put_bytes(cai_wbuf *w, const void *data, size_t len)
 	w->len += len;
 }
 
-void
-cai_put_u8(cai_wbuf *w, uint8_t v)
-{
-	cai_put_bytes(w, &v, sizeof(v));
-}
+/* Fixed-size values, written and read as their bytes in the host's order. */
+#define WIRE_SCALAR(suffix, type) \
+	void \
+	cai_put_##suffix(cai_wbuf *w, type v) \
+	{ \
+		cai_put_bytes(w, &v, sizeof(v)); \
+	} \
+	bool \
+	cai_get_##suffix(cai_reader *r, type *v) \
+	{ \
+		return cai_get_bytes(r, v, sizeof(*v)); \
+	}
 
-void
-cai_put_i32(cai_wbuf *w, int32_t v)
-{
-	cai_put_bytes(w, &v, sizeof(v));
-}
-
-void
-cai_put_u32(cai_wbuf *w, uint32_t v)
-{
-	cai_put_bytes(w, &v, sizeof(v));
-}
-
-void
-cai_put_u64(cai_wbuf *w, uint64_t v)
-{
-	cai_put_bytes(w, &v, sizeof(v));
-}
-
-void
-cai_put_f32(cai_wbuf *w, float v)
-{
-	cai_put_bytes(w, &v, sizeof(v));
-}
-
-void
-cai_put_f64(cai_wbuf *w, double v)
-{
-	cai_put_bytes(w, &v, sizeof(v));
-}
+WIRE_SCALAR(u8, uint8_t)
+WIRE_SCALAR(i32, int32_t)
+WIRE_SCALAR(u32, uint32_t)
+WIRE_SCALAR(u64, uint64_t)
+WIRE_SCALAR(f32, float)
+WIRE_SCALAR(f64, double)
 
 void
 cai_put_text(cai_wbuf *w, const char *text, size_t len)
@@ -148,42 +132,6 @@ cai_get_bytes(cai_reader *r, void *out, size_t len)
 		memcpy(out, r->data + r->pos, len);
 	r->pos += len;
 	return true;
-}
-
-bool
-cai_get_u8(cai_reader *r, uint8_t *v)
-{
-	return cai_get_bytes(r, v, sizeof(*v));
-}
-
-bool
-cai_get_i32(cai_reader *r, int32_t *v)
-{
-	return cai_get_bytes(r, v, sizeof(*v));
-}
-
-bool
-cai_get_u32(cai_reader *r, uint32_t *v)
-{
-	return cai_get_bytes(r, v, sizeof(*v));
-}
-
-bool
-cai_get_u64(cai_reader *r, uint64_t *v)
-{
-	return cai_get_bytes(r, v, sizeof(*v));
-}
-
-bool
-cai_get_f32(cai_reader *r, float *v)
-{
-	return cai_get_bytes(r, v, sizeof(*v));
-}
-
-bool
-cai_get_f64(cai_reader *r, double *v)
-{
-	return cai_get_bytes(r, v, sizeof(*v));
 }
 
 bool
