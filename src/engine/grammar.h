@@ -1,0 +1,82 @@
+/*
+ * grammar.h — JSON-constrained decoding: a JSON Schema (or "any JSON object") compiled to a
+ * grammar, and per-step masks of the tokens that keep a reply inside it.
+ *
+ * How the engine uses it:
+ *
+ *   once per model      cai_token_index_create(tokenizer, end ids)     -> index   (shared)
+ *   once per request    cai_grammar_from_schema(text) or cai_grammar_any_object() -> grammar
+ *                       cai_grammar_state_create(grammar, index)      -> state
+ *   every step          cai_grammar_state_allowed(state, bits)  then mask the logits of the
+ *                       tokens whose bit is clear, sample, and cai_grammar_state_accept(state, id)
+ *   at the end          cai_grammar_state_complete(state) says whether the reply is a whole value
+ *
+ * The reply text the state tracks is the bytes of the accepted tokens exactly as the reply will
+ * hold them: cai_tokenizer_token_bytes(), except that with a SentencePiece tokenizer that adds
+ * a space prefix the leading space of the reply's first piece is dropped (as cai_detokenizer
+ * does).  The state must see every token of the reply, from its first.
+ *
+ * What the reply can be: one JSON value valid under the schema, with at most 16 whitespace
+ * bytes in a row between its tokens, no whitespace before it beyond 16 bytes, none after it,
+ * strings of valid UTF-8 whose escapes never make U+0000 or an unpaired surrogate (PostgreSQL's
+ * jsonb accepts every such reply), numbers of at most 19 integer digits, 16 fraction digits and
+ * 3 exponent digits (no exponent when the schema bounds the number), objects with their declared
+ * properties in declaration order (optional ones may be left out).
+ *
+ * Thread safety: a grammar and an index are read-only once made and may be shared by any
+ * number of threads and states; a state is used by one thread at a time.  Everything is
+ * deterministic: the same tokens give the same masks, alone or batched.
+ */
+#ifndef CAI_GRAMMAR_H
+#define CAI_GRAMMAR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cai.h"
+#include "tokenizer.h"
+
+typedef struct cai_grammar cai_grammar;
+
+/* ---------------------------------------------------------------------------------------------
+ * Grammars
+ * ------------------------------------------------------------------------------------------- */
+
+/*
+ * Compiles a JSON Schema (UTF-8 JSON text, len bytes, not necessarily NUL-terminated).
+ *
+ * Supported: type (a name or an array of names: object, array, string, number, integer,
+ * boolean, null), properties, required, additionalProperties (false, true or {}: either way
+ * only the declared properties are generated), items (a schema), minItems, maxItems, enum,
+ * const (any JSON values, generated as their compact serialization: no whitespace, members in
+ * the schema's order, numbers as the schema writes them), anyOf, minLength and maxLength
+ * (code points after unescaping), minimum, maximum, exclusiveMinimum, exclusiveMaximum (numbers,
+ * or draft-4 booleans), $ref to "#/$defs/...", "#/definitions/..." or any other JSON pointer
+ * into the document, without cycles, boolean schemas, and the annotations title, description,
+ * $schema, $id, $comment, default, examples, deprecated, readOnly, writeOnly (ignored).
+ *
+ * Narrowings, each generating only values the schema accepts:
+ *  - "type": "object" without "properties" is any JSON object, "type": "array" without
+ *    "items" any JSON array (nesting at most 16 deep inside);
+ *  - a schema without "type" takes its type from the keywords it has (properties -> object,
+ *    items -> array, minLength -> string, minimum -> number, ...); with none, any JSON value;
+ *  - enum and const values are kept only when the rest of the schema (type, bounds, ...) as
+ *    generated accepts their serialization.
+ *
+ * Errors (CAI_ERR_INVALID_ARGUMENT), each saying where as a JSON pointer: text that is not
+ * JSON (with the byte offset), any other keyword ("unsupported JSON Schema keyword \"pattern\"
+ * at /properties/email"), a keyword of the wrong type or range, minLength > maxLength and the
+ * like, "required" naming an undeclared property, a $ref that does not resolve or is part of a
+ * cycle, anyOf or $ref beside other constraints, \u0000 in a const, enum or property name, and
+ * a schema no value can satisfy.
+ */
+cai_status	cai_grammar_from_schema(const char *schema, size_t len, cai_grammar **out,
+									cai_error *err);
+
+/* Any JSON object (OpenAI's {"type": "json_object"}): values any JSON, nesting <= 16 deep. */
+cai_status	cai_grammar_any_object(cai_grammar **out, cai_error *err);
+
+void		cai_grammar_free(cai_grammar *grammar);
+
+#endif							/* CAI_GRAMMAR_H */
