@@ -38,6 +38,8 @@
 #include "tokenizer.h"
 
 typedef struct cai_grammar cai_grammar;
+typedef struct cai_token_index cai_token_index;
+typedef struct cai_grammar_state cai_grammar_state;
 
 /* ---------------------------------------------------------------------------------------------
  * Grammars
@@ -78,5 +80,62 @@ cai_status	cai_grammar_from_schema(const char *schema, size_t len, cai_grammar *
 cai_status	cai_grammar_any_object(cai_grammar **out, cai_error *err);
 
 void		cai_grammar_free(cai_grammar *grammar);
+
+/* ---------------------------------------------------------------------------------------------
+ * Token indexes (one per tokenizer)
+ * ------------------------------------------------------------------------------------------- */
+
+/*
+ * Indexes tok's vocabulary for masking: every token's bytes in a trie, and the classes of
+ * tokens whose effect inside a string does not depend on the state.  end_ids (n_end of them,
+ * e.g. EOS and end-of-turn; ids outside the vocabulary are ignored) are the tokens that end the
+ * reply: allowed exactly when the value is complete.  Control and special tokens are never
+ * allowed otherwise, nor are tokens without bytes.
+ *
+ * tok must outlive the index.  Fails with CAI_ERR_UNSUPPORTED when some byte that a JSON reply
+ * may need (whitespace, printable ASCII, the bytes of UTF-8 sequences) is not a token of its
+ * own: masks could then run empty.
+ */
+cai_status	cai_token_index_create(const cai_tokenizer *tok, const int32_t *end_ids, int n_end,
+								   cai_token_index **out, cai_error *err);
+void		cai_token_index_free(cai_token_index *index);
+
+int			cai_token_index_n_vocab(const cai_token_index *index);
+
+/* uint64_t words of a mask: (n_vocab + 63) / 64. */
+int			cai_token_index_mask_words(const cai_token_index *index);
+
+/* ---------------------------------------------------------------------------------------------
+ * Per-request states
+ * ------------------------------------------------------------------------------------------- */
+
+/* A state at the start of a reply.  grammar and index must outlive it. */
+cai_status	cai_grammar_state_create(const cai_grammar *grammar, const cai_token_index *index,
+									 cai_grammar_state **out, cai_error *err);
+void		cai_grammar_state_free(cai_grammar_state *state);
+
+/* A copy of state (same grammar and index) that goes on independently. */
+cai_status	cai_grammar_state_clone(const cai_grammar_state *state, cai_grammar_state **out,
+									cai_error *err);
+
+/*
+ * Writes the tokens allowed next as a bitset: bit id % 64 of bits[id / 64], for n_vocab ids
+ * (cai_token_index_mask_words() words; bits past n_vocab are zero).  While the value is
+ * incomplete the mask is never empty and holds no end token; once it is complete, the end
+ * tokens are allowed, and nothing else unless the value can still grow (only a number that is
+ * the whole reply can: "1" may become "10").  Returns false only when out of memory (bits are
+ * then all set: the caller should fail the request).
+ */
+bool		cai_grammar_state_allowed(cai_grammar_state *state, uint64_t *bits);
+
+/*
+ * Advances by token id.  False, leaving the state as it was, when the token is not allowed
+ * (exactly the tokens cai_grammar_state_allowed() clears) or when out of memory.  Accepting an
+ * end token leaves the state as it is.
+ */
+bool		cai_grammar_state_accept(cai_grammar_state *state, int32_t id);
+
+/* True when the tokens accepted so far are one complete value. */
+bool		cai_grammar_state_complete(const cai_grammar_state *state);
 
 #endif							/* CAI_GRAMMAR_H */
