@@ -1,8 +1,7 @@
 /*
  * test_token_mask.c — masks of allowed tokens (token_mask.c) over in-memory tokenizers: a
- * byte-level BPE vocabulary with JSON-shaped tokens (quotes with punctuation, escapes, runs of
- * spaces, digits, pieces of multi-byte characters), SentencePiece ones with and without the
- * space prefix, and the real model's when it is there.
+ * byte-level BPE vocabulary with JSON-shaped tokens (grammar_fixtures.h), SentencePiece ones
+ * with and without the space prefix, and the real model's when it is there.
  *
  * The central check: random walks that pick random allowed tokens until the value is complete,
  * where at every step every token of the vocabulary is tried with accept() and must be taken
@@ -16,10 +15,8 @@
 
 #include "gguf.h"
 #include "grammar.h"
-#include "json.h"
-#include "json_validate.h"
 #include "test.h"
-#include "tokenizer_fixtures.h"
+#include "grammar_fixtures.h"
 
 #define MAX_WALK 2000
 
@@ -27,97 +24,15 @@
  * Tokenizers
  * ------------------------------------------------------------------------------------------- */
 
-/* BPE merges as raw bytes; each side is a byte or an earlier merge's result. */
-static const char *const json_merges[][2] = {
-	{"\"", ","}, {"\"", ":"}, {"{", "\""}, {"\"", "}"}, {"\"", "]"}, {" ", " "}, {"  ", "  "},
-	{"\n", " "}, {"\n", "  "}, {"\\", "n"}, {"\\", "\""}, {"\\", "u"}, {"\\u", "0"}, {"\\u0", "0"},
-	{"\\u00", "0"}, {"\\u000", "0"}, {"\\u00", "e"}, {"\\u00e", "9"}, {"\\u", "d"}, {"\\ud", "8"},
-	{"\\ud8", "3"}, {"\\ud83", "d"}, {"\\u", "D"}, {"\\uD", "E"}, {"\\uDE", "0"}, {"\\uDE0", "0"},
-	{"\\ud83d", "\\uDE00"}, {"1", "0"}, {"10", "0"}, {"10", "1"}, {"0", "0"}, {"-", "1"},
-	{"1", "."}, {".", "5"}, {"e", "5"}, {"1", "e"}, {"t", "r"}, {"tr", "u"}, {"tru", "e"},
-	{"n", "u"}, {"nu", "l"}, {"nul", "l"}, {"f", "a"}, {"fa", "l"}, {"fal", "s"}, {"fals", "e"},
-	{"a", "b"}, {"ab", "c"}, {"\"", "a"}, {"a", "\""}, {"a", "\","}, {"\"a", "\""}, {"a", "\n"},
-	{"}", ","}, {"]", "}"}, {"}", "}"}, {",", " "}, {":", " "}, {"\":", " "}, {"\",", " "},
-	{"\",", "\n"}, {"\"", "\""}, {"[", "]"}, {"{", "}"}, {"[", "\""}, {"[", "{"}, {"[", "1"},
-	{"\xC3", "\xA9"}, {"\xE6", "\x97"}, {"\xE6\x97", "\xA5"}, {"\xF0", "\x9F"}, {"\x98", "\x80"},
-	{"\xF0\x9F", "\x98\x80"}, {"\xA9", "\""}, {"\xC3\xA9", "\xC3\xA9"}, {"\xC3\xA9", "\""},
-	{"\x97", "\xA5"}, {"\"", "n"}, {"\"n", "a"}, {"\"na", "m"}, {"\"nam", "e"}, {"\"name", "\""},
-	{"\"name\"", ":"}, {"r", "e"}, {"re", "d"}, {"\"", "red"}, {"\"red", "\""}, {"k", "\""},
-	{"\"", "k"}, {"\"k", "\""}, {"\"k\"", ":"},
-};
-#define N_JSON_MERGES ((int) (sizeof(json_merges) / sizeof(json_merges[0])))
-#define BPE_CONTROLS 2			/* <|endoftext|> (special), <|im_end|> (the end token) */
-
-/* Appends raw bytes in GPT-2's byte-to-unicode notation. */
-static size_t
-notation(const char *raw, char *out)
-{
-	size_t		n = 0;
-
-	for (; *raw; raw++)
-		n += cai_utf8_encode(fixture_byte_char((unsigned char) *raw), out + n);
-	out[n] = '\0';
-	return n;
-}
-
-static cai_tokenizer *
-json_bpe(void)
-{
-	static const char *const controls[] = {"<|endoftext|>", "<|im_end|>"};
-	char	   *merges[N_JSON_MERGES];
-	cai_tokenizer *tok;
-
-	for (int i = 0; i < N_JSON_MERGES; i++)
-	{
-		/* "L R": the two halves in notation, one space between */
-		size_t		l;
-
-		merges[i] = malloc(64);
-		l = notation(json_merges[i][0], merges[i]);
-		merges[i][l] = ' ';
-		notation(json_merges[i][1], merges[i] + l + 1);
-	}
-	tok = fixture_bpe("smollm", controls, BPE_CONTROLS, (const char *const *) merges, N_JSON_MERGES,
-					  NULL, 0, -1, 1, false);
-	for (int i = 0; i < N_JSON_MERGES; i++)
-		free(merges[i]);
-	return tok;
-}
-
-/* SentencePiece pieces for JSON ("▁" is a space). */
-static const char *const json_pieces[] = {
-	"\u2581", "\u2581\u2581", "\u2581{", "{", "}", "\"", "\":", "\u2581\"", "a", "b", "ab",
-	"1", "10", "\u25811", "\u2581[", "[", "]", ",", ",\u2581", "\u00e9", "\u65e5", "true", "\u2581true",
-	"null", ":", "\u2581\u2581{",
-};
-#define N_JSON_PIECES ((int) (sizeof(json_pieces) / sizeof(json_pieces[0])))
-
 static cai_tokenizer *
 json_spm(bool space_prefix)
 {
 	static const char *const controls[] = {"<end_of_turn>"};
-	float		scores[N_JSON_PIECES];
 
-	for (int i = 0; i < N_JSON_PIECES; i++)
-		scores[i] = (float) -i;
-	return fixture_spm_with(space_prefix, json_pieces, scores, N_JSON_PIECES, controls, 1);
+	return fixture_spm(space_prefix, controls, 1);
 }
 
-static int32_t
-find_token(const cai_tokenizer *tok, const char *text)
-{
-	return cai_tokenizer_find(tok, text);
-}
-
-/* The BPE fixture's token whose bytes are raw. */
-static int32_t
-bpe_token(const cai_tokenizer *tok, const char *raw)
-{
-	char		n[256];
-
-	notation(raw, n);
-	return find_token(tok, n);
-}
+#define SPM_END_OF_TURN (259 + FIXTURE_SPM_N_PIECES)
 
 static bool
 bit(const uint64_t *bits, int32_t id)
@@ -319,28 +234,10 @@ random_walk(const cai_grammar *g, const cai_token_index *ix, const cai_tokenizer
 static void
 check_walk_text(const char *schema, const walk_result *w)
 {
-	json_doc   *s = NULL,
-			   *v = NULL;
-	cai_error	err;
+	char		buf[CAI_ERROR_MESSAGE_SIZE];
+	const char *problem = w->complete ? fixture_reply_problem(schema, w->text, w->len, buf, sizeof(buf)) : NULL;
 
-	if (!w->complete)
-		return;
-	CHECK_MSG(json_parse(w->text, w->len, JSON_DUPLICATE_KEYS, &v, &err) == CAI_OK, "%s: \"%.*s\": %s", schema ? schema : "any object",
-			  (int) w->len, w->text, err.message);
-	if (v && schema)
-	{
-		CHECK(json_parse(schema, strlen(schema), 0, &s, &err) == CAI_OK);
-		if (s)
-			CHECK_MSG(jv_validate(json_doc_root(s), json_doc_root(s), json_doc_root(v), 0),
-					  "%s: \"%.*s\" is not valid", schema, (int) w->len, w->text);
-	}
-	if (v && !schema)
-		CHECK(json_doc_root(v)->type == JSON_OBJECT);
-	if (v)
-		CHECK(jv_jsonb_ok(json_doc_root(v)));
-	CHECK_MSG(jv_text_limits(w->text, w->len), "limits: \"%.*s\"", (int) w->len, w->text);
-	json_doc_free(s);
-	json_doc_free(v);
+	CHECK_MSG(!problem, "%s: \"%.*s\" %s", schema ? schema : "any object", (int) w->len, w->text, problem);
 }
 
 /* Schemas walked on every tokenizer; NULL is the any-object grammar. */
@@ -404,7 +301,7 @@ walk_all(const cai_tokenizer *tok, const int32_t *ends, int n_ends, bool drop_fi
 
 TEST(token_mask_walks_bpe)
 {
-	cai_tokenizer *tok = json_bpe();
+	cai_tokenizer *tok = fixture_json_bpe();
 	int32_t		ends[] = {1};
 
 	CHECK(tok != NULL);
@@ -418,7 +315,7 @@ TEST(token_mask_walks_sentencepiece)
 	for (int prefix = 0; prefix < 2; prefix++)
 	{
 		cai_tokenizer *tok = json_spm(prefix);
-		int32_t		ends[] = {2, 259 + N_JSON_PIECES};	/* </s>, <end_of_turn> */
+		int32_t		ends[] = {2, SPM_END_OF_TURN};	/* </s>, <end_of_turn> */
 
 		CHECK(tok != NULL);
 		if (tok)
@@ -447,7 +344,7 @@ fixture_open(fixture *f, const char *schema)
 	cai_error	err;
 
 	memset(f, 0, sizeof(*f));
-	f->tok = json_bpe();
+	f->tok = fixture_json_bpe();
 	if (!f->tok || cai_token_index_create(f->tok, ends, 1, &f->ix, &err) != CAI_OK)
 		return false;
 	f->g = grammar_for(schema);
@@ -473,7 +370,7 @@ feed(fixture *f, const char *const *raw)
 {
 	for (int i = 0; raw[i]; i++)
 	{
-		int32_t		id = bpe_token(f->tok, raw[i]);
+		int32_t		id = fixture_json_token(f->tok, raw[i]);
 
 		CHECK_MSG(id >= 0, "no token %s", raw[i]);
 		CHECK(cai_grammar_state_allowed(f->st, f->bits));
@@ -486,7 +383,7 @@ feed(fixture *f, const char *const *raw)
 static bool
 allowed_raw(fixture *f, const char *raw)
 {
-	int32_t		id = bpe_token(f->tok, raw);
+	int32_t		id = fixture_json_token(f->tok, raw);
 
 	CHECK_MSG(id >= 0, "no token %s", raw);
 	return id >= 0 && bit(f->bits, id);
@@ -629,73 +526,83 @@ TEST(token_mask_keys_and_structure)
 	fixture_close(&f);
 }
 
+/* Accepts count copies of token id; false at the first refusal. */
+static bool
+accept_times(cai_grammar_state *st, int32_t id, int count)
+{
+	for (int i = 0; i < count; i++)
+		if (!cai_grammar_state_accept(st, id))
+			return false;
+	return true;
+}
+
 TEST(token_mask_sentencepiece_drops_the_first_space)
 {
-	cai_tokenizer *tok = json_spm(true);
-	cai_token_index *ix = NULL;
-	cai_grammar *g = grammar_for("{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"boolean\"}}}");
-	cai_grammar_state *st = NULL;
-	cai_error	err;
-	int32_t		ends[] = {2};
-	uint64_t	bits[8];
-	int32_t		space = find_token(tok, "\u2581"),
-				spaces = find_token(tok, "\u2581\u2581"),
-				space_brace = find_token(tok, "\u2581{"),
-				spaces_brace = find_token(tok, "\u2581\u2581{"),
-				brace = find_token(tok, "{"),
-				byte_space = find_token(tok, "<0x20>");
+	cai_grammar *g = grammar_for("{\"type\":\"boolean\"}");
 
-	CHECK(tok && g && space >= 0 && spaces >= 0 && space_brace >= 0 && brace >= 0 && byte_space >= 0);
-	if (!tok || !g || cai_token_index_create(tok, ends, 1, &ix, &err) != CAI_OK ||
-		cai_grammar_state_create(g, ix, &st, &err) != CAI_OK)
+	for (int prefix = 0; prefix < 2 && g; prefix++)
 	{
-		CHECK(false);
-		goto done;
-	}
-	CHECK(cai_token_index_mask_words(ix) <= 8);
-	CHECK(cai_grammar_state_allowed(st, bits));
-	/* the reply's first space is not text: "▁{" reads "{", a space alone reads nothing */
-	CHECK(bit(bits, space_brace) && bit(bits, brace) && bit(bits, spaces_brace) && bit(bits, spaces));
-	CHECK(!bit(bits, space) && !bit(bits, byte_space));
-	CHECK(!cai_grammar_state_accept(st, space));
-	CHECK(cai_grammar_state_accept(st, space_brace));
-	CHECK(cai_grammar_state_allowed(st, bits));
-	/* after it, spaces are whitespace */
-	CHECK(bit(bits, space) && bit(bits, byte_space) && !bit(bits, brace) && !bit(bits, space_brace));
-	cai_grammar_state_free(st);
-	cai_token_index_free(ix);
-	ix = NULL;
-	cai_tokenizer_free(tok);
+		cai_tokenizer *tok = json_spm(prefix);
+		cai_token_index *ix = NULL;
+		cai_grammar_state *st = NULL;
+		cai_error	err;
+		int32_t		ends[] = {2};
+		uint64_t	bits[8];
+		int32_t		space = cai_tokenizer_find(tok, "\u2581"),
+					spaces = cai_tokenizer_find(tok, "\u2581\u2581"),
+					space_t = cai_tokenizer_find(tok, "\u2581t"),
+					space_the = cai_tokenizer_find(tok, "\u2581the"),
+					t = cai_tokenizer_find(tok, "t"),
+					byte_space = cai_tokenizer_find(tok, "<0x20>");
 
-	/* without a space prefix, the first space is text like any other */
-	tok = json_spm(false);
-	if (tok && cai_token_index_create(tok, ends, 1, &ix, &err) == CAI_OK &&
-		cai_grammar_state_create(g, ix, &st, &err) == CAI_OK)
-	{
+		CHECK(space >= 0 && spaces >= 0 && space_t >= 0 && space_the >= 0 && t >= 0 && byte_space >= 0);
+		if (cai_token_index_create(tok, ends, 1, &ix, &err) != CAI_OK ||
+			cai_grammar_state_create(g, ix, &st, &err) != CAI_OK || cai_token_index_mask_words(ix) > 8)
+		{
+			CHECK_MSG(false, "%s", err.message);
+			cai_token_index_free(ix);
+			cai_tokenizer_free(tok);
+			break;
+		}
 		CHECK(cai_grammar_state_allowed(st, bits));
-		CHECK(bit(bits, space) && bit(bits, space_brace) && bit(bits, brace));
-		CHECK(cai_grammar_state_accept(st, space_brace));
-		CHECK(cai_grammar_state_allowed(st, bits));
-		CHECK(!bit(bits, brace));
+		CHECK(bit(bits, space_t) && bit(bits, t) && bit(bits, spaces) && !bit(bits, space_the));
+		/* with the prefix, the reply's first space is not text: a space alone reads nothing */
+		CHECK(bit(bits, space) == !prefix && bit(bits, byte_space) == !prefix);
+		CHECK(cai_grammar_state_accept(st, space) == !prefix);
 		cai_grammar_state_free(st);
+
+		/* "▁▁" first reads one space with the prefix, two without: 16 in all, not 17 */
+		CHECK(cai_grammar_state_create(g, ix, &st, &err) == CAI_OK);
+		CHECK(accept_times(st, spaces, 1) && accept_times(st, space, 14));
+		CHECK(cai_grammar_state_accept(st, space) == (bool) prefix);
+		CHECK(!cai_grammar_state_accept(st, space));
+		cai_grammar_state_free(st);
+
+		/* "▁t" first reads "t" with the prefix, " t" without; either way "true" follows */
+		CHECK(cai_grammar_state_create(g, ix, &st, &err) == CAI_OK);
+		CHECK(cai_grammar_state_accept(st, space_t));
+		CHECK(cai_grammar_state_allowed(st, bits));
+		CHECK(!bit(bits, space_t) && !bit(bits, t) && !bit(bits, space));
+		CHECK(cai_grammar_state_accept(st, cai_tokenizer_find(tok, "r")) &&
+			  cai_grammar_state_accept(st, cai_tokenizer_find(tok, "<0x75>")) &&
+			  cai_grammar_state_accept(st, cai_tokenizer_find(tok, "e")));
+		CHECK(cai_grammar_state_complete(st));
+		cai_grammar_state_free(st);
+		cai_token_index_free(ix);
+		cai_tokenizer_free(tok);
 	}
-	else
-		CHECK(false);
-done:
-	cai_token_index_free(ix);
 	cai_grammar_free(g);
-	cai_tokenizer_free(tok);
 }
 
 TEST(token_mask_index_needs_every_byte_alone)
 {
-	cai_tokenizer *tok = json_bpe();
+	cai_tokenizer *tok = fixture_json_bpe();
 	cai_token_index *ix = NULL;
 	cai_grammar *g = grammar_for("{\"const\":\"\xc3\xa9\"}");
 	cai_grammar_state *st = NULL;
 	cai_error	err;
-	int32_t		ends[] = {1, FIXTURE_BPE_BYTE(BPE_CONTROLS, '"')};
-	int32_t		lead[] = {1, FIXTURE_BPE_BYTE(BPE_CONTROLS, 0xC3)};
+	int32_t		ends[] = {1, FIXTURE_BPE_BYTE(FIXTURE_JSON_CONTROLS, '"')};
+	int32_t		lead[] = {1, FIXTURE_BPE_BYTE(FIXTURE_JSON_CONTROLS, 0xC3)};
 
 	/* the quote as an end token: no token is the quote alone any more */
 	CHECK(cai_token_index_create(tok, ends, 2, &ix, &err) == CAI_ERR_UNSUPPORTED);
@@ -782,7 +689,7 @@ check_threads_agree(const cai_tokenizer *tok, const int32_t *ends, int n_ends)
 
 TEST(token_mask_threads_share_grammar_and_index)
 {
-	cai_tokenizer *tok = json_bpe();
+	cai_tokenizer *tok = fixture_json_bpe();
 	int32_t		ends[] = {1};
 
 	if (tok)

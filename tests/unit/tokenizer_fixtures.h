@@ -169,15 +169,11 @@ static const struct __attribute__((unused))
 };
 #define FIXTURE_SPM_N_PIECES ((int) (sizeof(fixture_spm_pieces) / sizeof(fixture_spm_pieces[0])))
 
-/*
- * A SentencePiece tokenizer of <unk> <s> </s>, the 256 byte tokens, pieces[0..n_pieces) (with
- * their scores) and the control tokens, in that order.
- */
+/* The SentencePiece tokenizer; extra control tokens get ids after the pieces. */
 static inline cai_tokenizer *
-fixture_spm_with(bool add_space_prefix, const char *const *pieces, const float *piece_scores,
-				 int n_pieces, const char *const *controls, int n_controls)
+fixture_spm(bool add_space_prefix, const char *const *controls, int n_controls)
 {
-	int			n = 259 + n_pieces + n_controls;
+	int			n = 259 + FIXTURE_SPM_N_PIECES + n_controls;
 	char	  **tokens = calloc(n, sizeof(char *));
 	int32_t    *types = calloc(n, sizeof(int32_t));
 	float	   *scores = calloc(n, sizeof(float));
@@ -201,10 +197,10 @@ fixture_spm_with(bool add_space_prefix, const char *const *pieces, const float *
 			snprintf(tokens[k], 8, "<0x%02X>", b);
 		types[k] = FIXTURE_TYPE_BYTE;
 	}
-	for (int i = 0; i < n_pieces; i++, k++)
+	for (int i = 0; i < FIXTURE_SPM_N_PIECES; i++, k++)
 	{
-		tokens[k] = strdup(pieces[i]);
-		scores[k] = piece_scores[i];
+		tokens[k] = strdup(fixture_spm_pieces[i].piece);
+		scores[k] = fixture_spm_pieces[i].score;
 		types[k] = FIXTURE_TYPE_NORMAL;
 	}
 	for (int i = 0; i < n_controls; i++, k++)
@@ -238,22 +234,6 @@ done:
 	free(types);
 	free(scores);
 	return tok;
-}
-
-/* The SentencePiece tokenizer of FIXTURE_SPM_PIECES; extra control tokens get ids after them. */
-static inline cai_tokenizer *
-fixture_spm(bool add_space_prefix, const char *const *controls, int n_controls)
-{
-	const char *pieces[FIXTURE_SPM_N_PIECES];
-	float		scores[FIXTURE_SPM_N_PIECES];
-
-	for (int i = 0; i < FIXTURE_SPM_N_PIECES; i++)
-	{
-		pieces[i] = fixture_spm_pieces[i].piece;
-		scores[i] = fixture_spm_pieces[i].score;
-	}
-	return fixture_spm_with(add_space_prefix, pieces, scores, FIXTURE_SPM_N_PIECES, controls,
-							n_controls);
 }
 
 /* Concatenates the bytes of ids (special tokens as their text) into a malloc'd C string. */
