@@ -758,26 +758,3 @@ json_serialize(const json_value *v, json_buf *out)
 	}
 	return false;
 }
-
-bool
-json_contains_nul(const json_value *v)
-{
-	switch (v->type)
-	{
-		case JSON_STRING:
-			return memchr(v->u.string.bytes, '\0', v->u.string.len) != NULL;
-		case JSON_ARRAY:
-			for (size_t i = 0; i < v->u.array.n; i++)
-				if (json_contains_nul(v->u.array.items[i]))
-					return true;
-			return false;
-		case JSON_OBJECT:
-			for (size_t i = 0; i < v->u.object.n; i++)
-				if (memchr(v->u.object.members[i].key, '\0', v->u.object.members[i].key_len) ||
-					json_contains_nul(v->u.object.members[i].value))
-					return true;
-			return false;
-		default:
-			return false;
-	}
-}

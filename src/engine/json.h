@@ -105,7 +105,4 @@ bool		json_serialize(const json_value *v, json_buf *out);
 /* Appends the canonical serialization of the string s[0..len) (quotes included). */
 bool		json_serialize_string(const char *s, size_t len, json_buf *out);
 
-/* True when any string (or key) inside v holds a NUL (a "\u0000" escape). */
-bool		json_contains_nul(const json_value *v);
-
 #endif							/* CAI_JSON_H */

@@ -408,6 +408,84 @@ lit_cmp(const void *a, const void *b, void *arg)
 }
 
 /*
+ * Whether PostgreSQL's numeric input (so jsonb) takes the number literal: an exponent below
+ * INT_MAX / 2 in magnitude, then a leading digit below 10^131072 (base-10000 weight 32767) and
+ * at most 16383 digits after the point once the exponent is applied.
+ */
+static bool
+number_storable(const char *s, size_t len)
+{
+	size_t		i = 0;
+	long long	int_digits = 0,		/* after leading zeros */
+				frac_digits = 0,
+				frac_zeros = 0,		/* zeros after the point before the first other digit */
+				exponent = 0;
+	bool		nonzero = false,
+				exp_negative = false;
+
+	if (i < len && s[i] == '-')
+		i++;
+	for (; i < len && s[i] >= '0' && s[i] <= '9'; i++)
+		if (nonzero || s[i] != '0')
+		{
+			nonzero = true;
+			int_digits++;
+		}
+	if (i < len && s[i] == '.')
+		for (i++; i < len && s[i] >= '0' && s[i] <= '9'; i++)
+		{
+			frac_digits++;
+			if (!nonzero && s[i] == '0')
+				frac_zeros++;
+			else
+				nonzero = true;
+		}
+	if (i < len && (s[i] == 'e' || s[i] == 'E'))
+	{
+		i++;
+		if (i < len && (s[i] == '+' || s[i] == '-'))
+			exp_negative = s[i++] == '-';
+		for (; i < len && s[i] >= '0' && s[i] <= '9'; i++)
+			if (exponent < 4000000000LL)
+				exponent = exponent * 10 + (s[i] - '0');
+		if (exp_negative)
+			exponent = -exponent;
+	}
+	if (exponent >= INT32_MAX / 2 || exponent <= -(INT32_MAX / 2))
+		return false;
+	if (frac_digits - exponent > 16383)
+		return false;
+	/* the leading digit's power of ten */
+	return !nonzero || (int_digits > 0 ? int_digits - 1 : -frac_zeros - 1) + exponent <= 131071;
+}
+
+/* Why jsonb could not store literal v (a string with \u0000, a number out of range), or NULL. */
+static const char *
+literal_unstorable(const json_value *v)
+{
+	const char *why = NULL;
+
+	switch (v->type)
+	{
+		case JSON_STRING:
+			return memchr(v->u.string.bytes, '\0', v->u.string.len) ? "a string with \\u0000" : NULL;
+		case JSON_NUMBER:
+			return number_storable(v->u.number.text, v->u.number.len) ? NULL : "a number out of numeric's range";
+		case JSON_ARRAY:
+			for (size_t i = 0; i < v->u.array.n && !why; i++)
+				why = literal_unstorable(v->u.array.items[i]);
+			return why;
+		case JSON_OBJECT:
+			for (size_t i = 0; i < v->u.object.n && !why; i++)
+				why = memchr(v->u.object.members[i].key, '\0', v->u.object.members[i].key_len) ?
+					"a string with \\u0000" : literal_unstorable(v->u.object.members[i].value);
+			return why;
+		default:
+			return NULL;
+	}
+}
+
+/*
  * A node for the values vals[0..n) that `rest` accepts (rest == NODE_ERROR: all of them),
  * sorted by serialization, without repeats.
  */
@@ -426,13 +504,13 @@ make_literals(compiler *c, const json_value *const *vals, size_t n, uint32_t res
 	for (size_t i = 0; i < n; i++)
 	{
 		int			ok;
+		const char *why = literal_unstorable(vals[i]);
 
-		if (json_contains_nul(vals[i]))
+		if (why)
 		{
 			free(lits);
 			json_buf_free(&buf);
-			return fail(c, "\"%s\" holds a string with \\u0000, which PostgreSQL's jsonb cannot store",
-						keyword);
+			return fail(c, "\"%s\" holds %s, which PostgreSQL's jsonb cannot store", keyword, why);
 		}
 		buf.len = 0;
 		if (!json_serialize(vals[i], &buf) || buf.len > UINT32_MAX)

@@ -118,7 +118,7 @@ fixture_reply_problem(const char *schema, const char *text, size_t len, char *bu
 		problem = "is not an object";
 	else if (!jv_jsonb_ok(json_doc_root(v)))
 		problem = "holds \\u0000";
-	else if (!jv_text_limits(text, len))
+	else if (!jv_text_limits(text, len, schema))
 		problem = "breaks the whitespace or digit limits";
 	json_doc_free(s);
 	json_doc_free(v);

@@ -355,20 +355,38 @@ jv_validate(const json_value *root, const json_value *s, const json_value *inst,
 	return true;
 }
 
-/* No NUL in any string or key (jsonb refuses \u0000; the parser already refuses lone surrogates). */
+/* No NUL in any string or key: jsonb refuses \u0000 (the parser already refuses lone surrogates). */
 static inline bool
 jv_jsonb_ok(const json_value *v)
 {
-	return !json_contains_nul(v);
+	switch (v->type)
+	{
+		case JSON_STRING:
+			return memchr(v->u.string.bytes, '\0', v->u.string.len) == NULL;
+		case JSON_ARRAY:
+			for (size_t i = 0; i < v->u.array.n; i++)
+				if (!jv_jsonb_ok(v->u.array.items[i]))
+					return false;
+			return true;
+		case JSON_OBJECT:
+			for (size_t i = 0; i < v->u.object.n; i++)
+				if (memchr(v->u.object.members[i].key, '\0', v->u.object.members[i].key_len) ||
+					!jv_jsonb_ok(v->u.object.members[i].value))
+					return false;
+			return true;
+		default:
+			return true;
+	}
 }
 
 /*
  * The raw text's limits outside strings: at most 16 whitespace bytes in a row, numbers of at
- * most 19 integer, 16 fraction and 3 exponent digits.  (Inside strings: raw bytes are the
- * parser's business.)
+ * most 19 integer, 16 fraction and 3 exponent digits unless the number is written as such in
+ * `literals` (the schema's text: enum and const values are generated as written).  Inside
+ * strings, raw bytes are the parser's business.
  */
 static inline bool
-jv_text_limits(const char *s, size_t len)
+jv_text_limits(const char *s, size_t len, const char *literals)
 {
 	int			ws = 0;
 
@@ -397,6 +415,7 @@ jv_text_limits(const char *s, size_t len)
 		{
 			int			counts[3] = {0, 0, 0};
 			int			part = 0;
+			size_t		start = i;
 
 			if (c == '-')
 				i++;
@@ -414,7 +433,14 @@ jv_text_limits(const char *s, size_t len)
 					break;
 			}
 			if (counts[0] > 19 || counts[1] > 16 || counts[2] > 3)
-				return false;
+			{
+				char	   *number = strndup(s + start, i - start);
+				bool		literal = number && literals && strstr(literals, number);
+
+				free(number);
+				if (!literal)
+					return false;
+			}
 			continue;
 		}
 		i++;

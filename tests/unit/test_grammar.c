@@ -66,7 +66,7 @@ expect(const char *schema, const char *text, bool want)
 			CHECK_MSG(jv_validate(json_doc_root(s), json_doc_root(s), json_doc_root(v), 0),
 					  "%s: took %s, which is not valid", schema, text);
 			CHECK(jv_jsonb_ok(json_doc_root(v)));
-			CHECK(jv_text_limits(text, strlen(text)));
+			CHECK(jv_text_limits(text, strlen(text), schema));
 		}
 		json_doc_free(s);
 		json_doc_free(v);
@@ -203,6 +203,17 @@ TEST(grammar_enum_and_const_match_exact_serializations)
 	/* a number that is the whole reply may go on growing: enum [1, 10] after "1" */
 	expect_texts("{\"type\":\"array\",\"items\":{\"enum\":[1,10,100]}}", TEXTS("[1,10,100]", "[10 , 1]"),
 				 TEXTS("[1000]", "[11]"));
+	/* literals are generated as written, beyond the digit limits of free numbers */
+	expect_texts("{\"enum\":[123456789012345678901234567890,1e131071,0.1e131072,1E-16383,-0e-16383]}",
+				 TEXTS("123456789012345678901234567890", "1e131071", "0.1e131072", "1E-16383", "-0e-16383"),
+				 TEXTS("1e131072", "1"));
+	/* but only what PostgreSQL's numeric can store */
+	compile_fails("{\"const\":1e131072}",
+				  "\"const\" holds a number out of numeric's range, which PostgreSQL's jsonb cannot store at the root");
+	compile_fails("{\"enum\":[1,[{\"a\":0.1e-16383}]]}",
+				  "\"enum\" holds a number out of numeric's range, which PostgreSQL's jsonb cannot store at the root");
+	compile_fails("{\"const\":0e9999999999}",
+				  "\"const\" holds a number out of numeric's range, which PostgreSQL's jsonb cannot store at the root");
 	compile_fails("{\"type\":\"string\",\"enum\":[1,2]}", "the schema admits no value at the root");
 	compile_fails("{\"const\":\"x\",\"enum\":[\"y\"]}", "the schema admits no value at the root");
 }
