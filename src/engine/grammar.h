@@ -20,8 +20,11 @@
  * bytes in a row between its tokens, no whitespace before it beyond 16 bytes, none after it,
  * strings of valid UTF-8 whose escapes never make U+0000 or an unpaired surrogate (PostgreSQL's
  * jsonb accepts every such reply), numbers of at most 19 integer digits, 16 fraction digits and
- * 3 exponent digits (no exponent when the schema bounds the number), objects with their declared
- * properties in declaration order (optional ones may be left out).
+ * 3 exponent digits (no exponent when the schema bounds the number; enum and const values are
+ * written as the schema writes them), objects with their declared properties in declaration
+ * order (optional ones may be left out).  A free object ("type": "object" without properties,
+ * or the any-object grammar) may repeat a key: the matcher cannot remember every key, and jsonb
+ * keeps the last.
  *
  * Thread safety: a grammar and an index are read-only once made and may be shared by any
  * number of threads and states; a state is used by one thread at a time.  Everything is
@@ -70,8 +73,10 @@ typedef struct cai_grammar_state cai_grammar_state;
  * JSON (with the byte offset), any other keyword ("unsupported JSON Schema keyword \"pattern\"
  * at /properties/email"), a keyword of the wrong type or range, minLength > maxLength and the
  * like, "required" naming an undeclared property, a $ref that does not resolve or is part of a
- * cycle, anyOf or $ref beside other constraints, \u0000 in a const, enum or property name, and
- * a schema no value can satisfy.
+ * cycle, anyOf or $ref beside other constraints, \u0000 in a const, enum or property name, a
+ * const or enum number PostgreSQL's numeric cannot store, nesting deeper than 128 subschemas
+ * (or than the matcher's 255 frames), more than 256 anyOf alternatives open at once, and a
+ * schema no value can satisfy.
  */
 cai_status	cai_grammar_from_schema(const char *schema, size_t len, cai_grammar **out,
 									cai_error *err);

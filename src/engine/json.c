@@ -118,57 +118,11 @@ fail_oom(parser *p)
 	return false;
 }
 
-static bool
-is_ws(char c)
-{
-	return c == ' ' || c == '\t' || c == '\n' || c == '\r';
-}
-
 static void
 skip_ws(parser *p)
 {
-	while (p->pos < p->len && is_ws(p->s[p->pos]))
+	while (p->pos < p->len && json_is_ws(p->s[p->pos]))
 		p->pos++;
-}
-
-static bool
-is_digit(char c)
-{
-	return c >= '0' && c <= '9';
-}
-
-static int
-hex_value(char c)
-{
-	if (c >= '0' && c <= '9')
-		return c - '0';
-	if (c >= 'a' && c <= 'f')
-		return c - 'a' + 10;
-	if (c >= 'A' && c <= 'F')
-		return c - 'A' + 10;
-	return -1;
-}
-
-static bool
-scratch_reserve(parser *p, size_t need)
-{
-	if (need > p->scratch_cap)
-	{
-		size_t		cap = p->scratch_cap ? p->scratch_cap : 64;
-		char	   *n;
-
-		while (cap < need)
-		{
-			if (!cai_mul_size(cap, 2, &cap))
-				return false;
-		}
-		n = realloc(p->scratch, cap);
-		if (!n)
-			return false;
-		p->scratch = n;
-		p->scratch_cap = cap;
-	}
-	return true;
 }
 
 /* Four hex digits at p->pos (which it advances), or -1. */
@@ -181,7 +135,7 @@ parse_hex4(parser *p)
 		return -1;
 	for (int i = 0; i < 4; i++)
 	{
-		int			h = hex_value(p->s[p->pos + i]);
+		int			h = json_hex_value(p->s[p->pos + i]);
 
 		if (h < 0)
 			return -1;
@@ -208,7 +162,7 @@ parse_string(parser *p, const char **out, size_t *out_len)
 			return fail_at(p, start, "unterminated string");
 		c = (unsigned char) p->s[p->pos];
 		/* an unescaped character takes at most 4 bytes, an escape at most 4 (a pair: 12 -> 4) */
-		if (!scratch_reserve(p, n + 5))
+		if (!cai_grow((void **) &p->scratch, &p->scratch_cap, n + 5, 1))
 			return fail_oom(p);
 		if (c == '"')
 		{
@@ -316,23 +270,23 @@ parse_number(parser *p, json_value *v)
 
 	if (i < p->len && p->s[i] == '-')
 		i++;
-	if (i >= p->len || !is_digit(p->s[i]))
+	if (i >= p->len || !json_is_digit(p->s[i]))
 		return fail_at(p, start, "invalid number");
 	if (p->s[i] == '0')
 	{
 		i++;
-		if (i < p->len && is_digit(p->s[i]))
+		if (i < p->len && json_is_digit(p->s[i]))
 			return fail_at(p, start, "leading zero in a number");
 	}
 	else
-		while (i < p->len && is_digit(p->s[i]))
+		while (i < p->len && json_is_digit(p->s[i]))
 			i++;
 	if (i < p->len && p->s[i] == '.')
 	{
 		i++;
-		if (i >= p->len || !is_digit(p->s[i]))
+		if (i >= p->len || !json_is_digit(p->s[i]))
 			return fail_at(p, start, "a number's fraction needs a digit");
-		while (i < p->len && is_digit(p->s[i]))
+		while (i < p->len && json_is_digit(p->s[i]))
 			i++;
 	}
 	if (i < p->len && (p->s[i] == 'e' || p->s[i] == 'E'))
@@ -340,9 +294,9 @@ parse_number(parser *p, json_value *v)
 		i++;
 		if (i < p->len && (p->s[i] == '+' || p->s[i] == '-'))
 			i++;
-		if (i >= p->len || !is_digit(p->s[i]))
+		if (i >= p->len || !json_is_digit(p->s[i]))
 			return fail_at(p, start, "a number's exponent needs a digit");
-		while (i < p->len && is_digit(p->s[i]))
+		while (i < p->len && json_is_digit(p->s[i]))
 			i++;
 	}
 	v->type = JSON_NUMBER;
@@ -370,20 +324,8 @@ typedef struct gather
 static bool
 gather_push(gather *g, const void *item, size_t size)
 {
-	if (g->n == g->cap)
-	{
-		size_t		cap = g->cap ? g->cap * 2 : 8;
-		size_t		bytes;
-		void	   *n;
-
-		if (!cai_mul_size(cap, size, &bytes))
-			return false;
-		n = realloc(g->items, bytes);
-		if (!n)
-			return false;
-		g->items = n;
-		g->cap = cap;
-	}
+	if (!cai_grow(&g->items, &g->cap, g->n + 1, size))
+		return false;
 	memcpy((char *) g->items + g->n * size, item, size);
 	g->n++;
 	return true;
@@ -442,112 +384,78 @@ check_duplicate_keys(parser *p, const json_value *obj)
 	return true;
 }
 
+/* The key of an object member and its colon, at p->pos. */
 static bool
-parse_array(parser *p, json_value *v, int depth)
+parse_key(parser *p, json_member *m)
 {
-	gather		g = {0};
-
-	p->pos++;					/* [ */
-	v->type = JSON_ARRAY;
 	skip_ws(p);
-	if (p->pos < p->len && p->s[p->pos] == ']')
-		p->pos++;
-	else
-		for (;;)
-		{
-			json_value *item = arena_alloc(p->doc, sizeof(json_value));
-
-			if (!item || !gather_push(&g, &item, sizeof(item)))
-			{
-				free(g.items);
-				return fail_oom(p);
-			}
-			if (!parse_value(p, item, depth + 1))
-			{
-				free(g.items);
-				return false;
-			}
-			skip_ws(p);
-			if (p->pos < p->len && p->s[p->pos] == ',')
-			{
-				p->pos++;
-				continue;
-			}
-			if (p->pos < p->len && p->s[p->pos] == ']')
-			{
-				p->pos++;
-				break;
-			}
-			free(g.items);
-			return fail_at(p, p->pos, "expected ',' or ']' in an array");
-		}
-	v->u.array.n = g.n;
-	v->u.array.items = gather_finish(p, &g, sizeof(json_value *));
-	return v->u.array.items ? true : fail_oom(p);
+	if (p->pos >= p->len || p->s[p->pos] != '"')
+		return fail_at(p, p->pos, "expected a string key in an object");
+	if (!parse_string(p, &m->key, &m->key_len))
+		return false;
+	skip_ws(p);
+	if (p->pos >= p->len || p->s[p->pos] != ':')
+		return fail_at(p, p->pos, "expected ':' after an object key");
+	p->pos++;
+	return true;
 }
 
+/* An array or an object at p->pos: its items (members) gathered, then moved to the arena. */
 static bool
-parse_object(parser *p, json_value *v, int depth)
+parse_container(parser *p, json_value *v, int depth)
 {
+	bool		object = p->s[p->pos] == '{';
+	char		close = object ? '}' : ']';
+	size_t		size = object ? sizeof(json_member) : sizeof(json_value *);
 	gather		g = {0};
+	void	   *items;
 
-	p->pos++;					/* { */
-	v->type = JSON_OBJECT;
+	p->pos++;
+	v->type = object ? JSON_OBJECT : JSON_ARRAY;
 	skip_ws(p);
-	if (p->pos < p->len && p->s[p->pos] == '}')
+	if (p->pos < p->len && p->s[p->pos] == close)
 		p->pos++;
 	else
 		for (;;)
 		{
-			json_member m;
+			json_member m = {0};
 
-			skip_ws(p);
-			if (p->pos >= p->len || p->s[p->pos] != '"')
-			{
-				free(g.items);
-				return fail_at(p, p->pos, "expected a string key in an object");
-			}
-			if (!parse_string(p, &m.key, &m.key_len))
-			{
-				free(g.items);
-				return false;
-			}
-			skip_ws(p);
-			if (p->pos >= p->len || p->s[p->pos] != ':')
-			{
-				free(g.items);
-				return fail_at(p, p->pos, "expected ':' after an object key");
-			}
-			p->pos++;
+			if (object && !parse_key(p, &m))
+				break;
 			m.value = arena_alloc(p->doc, sizeof(json_value));
-			if (!m.value || !gather_push(&g, &m, sizeof(m)))
+			if (!m.value || !gather_push(&g, object ? (void *) &m : (void *) &m.value, size))
 			{
-				free(g.items);
-				return fail_oom(p);
-			}
-			if (!parse_value(p, m.value, depth + 1))
-			{
-				free(g.items);
-				return false;
-			}
-			skip_ws(p);
-			if (p->pos < p->len && p->s[p->pos] == ',')
-			{
-				p->pos++;
-				continue;
-			}
-			if (p->pos < p->len && p->s[p->pos] == '}')
-			{
-				p->pos++;
+				fail_oom(p);
 				break;
 			}
-			free(g.items);
-			return fail_at(p, p->pos, "expected ',' or '}' in an object");
+			if (!parse_value(p, m.value, depth + 1))
+				break;
+			skip_ws(p);
+			if (p->pos < p->len && (p->s[p->pos] == ',' || p->s[p->pos] == close))
+			{
+				if (p->s[p->pos++] == ',')
+					continue;
+				break;
+			}
+			fail_at(p, p->pos, object ? "expected ',' or '}' in an object" : "expected ',' or ']' in an array");
+			break;
 		}
-	v->u.object.n = g.n;
-	v->u.object.members = gather_finish(p, &g, sizeof(json_member));
-	if (!v->u.object.members)
+	if (p->status != CAI_OK)
+	{
+		free(g.items);
+		return false;
+	}
+	items = gather_finish(p, &g, size);
+	if (!items)
 		return fail_oom(p);
+	if (!object)
+	{
+		v->u.array.items = items;
+		v->u.array.n = g.n;
+		return true;
+	}
+	v->u.object.members = items;
+	v->u.object.n = g.n;
 	return (p->flags & JSON_DUPLICATE_KEYS) || check_duplicate_keys(p, v);
 }
 
@@ -578,7 +486,7 @@ parse_value(parser *p, json_value *v, int depth)
 		case '[':
 			if (depth >= JSON_MAX_DEPTH)
 				return fail_at(p, p->pos, "nested more than 64 arrays and objects deep");
-			return p->s[p->pos] == '{' ? parse_object(p, v, depth) : parse_array(p, v, depth);
+			return parse_container(p, v, depth);
 		case '"':
 			v->type = JSON_STRING;
 			return parse_string(p, &v->u.string.bytes, &v->u.string.len);
@@ -589,7 +497,7 @@ parse_value(parser *p, json_value *v, int depth)
 		case 'n':
 			return parse_word(p, "null", JSON_NULL, v);
 		default:
-			if (p->s[p->pos] == '-' || is_digit(p->s[p->pos]))
+			if (p->s[p->pos] == '-' || json_is_digit(p->s[p->pos]))
 				return parse_number(p, v);
 			return fail_at(p, p->pos, "unexpected character");
 	}
@@ -654,46 +562,11 @@ json_object_get(const json_value *obj, const char *key)
  * ------------------------------------------------------------------------------------------- */
 
 bool
-json_buf_append(json_buf *b, const void *bytes, size_t n)
-{
-	size_t		need;
-
-	if (!cai_add_size(b->len, n, &need))
-		return false;
-	if (need > b->cap)
-	{
-		size_t		cap = b->cap ? b->cap : 64;
-		char	   *d;
-
-		while (cap < need)
-			if (!cai_mul_size(cap, 2, &cap))
-				return false;
-		d = realloc(b->data, cap);
-		if (!d)
-			return false;
-		b->data = d;
-		b->cap = cap;
-	}
-	if (n)
-		memcpy(b->data + b->len, bytes, n);
-	b->len = need;
-	return true;
-}
-
-void
-json_buf_free(json_buf *b)
-{
-	free(b->data);
-	b->data = NULL;
-	b->len = b->cap = 0;
-}
-
-bool
-json_serialize_string(const char *s, size_t len, json_buf *out)
+json_serialize_string(const char *s, size_t len, cai_buf *out)
 {
 	size_t		run = 0;
 
-	if (!json_buf_append(out, "\"", 1))
+	if (!cai_buf_append(out, "\"", 1))
 		return false;
 	for (size_t i = 0; i < len; i++)
 	{
@@ -713,48 +586,48 @@ json_serialize_string(const char *s, size_t len, json_buf *out)
 		}
 		if (n == 0)
 			continue;
-		if (!json_buf_append(out, s + run, i - run) || !json_buf_append(out, esc, (size_t) n))
+		if (!cai_buf_append(out, s + run, i - run) || !cai_buf_append(out, esc, (size_t) n))
 			return false;
 		run = i + 1;
 	}
-	return json_buf_append(out, s + run, len - run) && json_buf_append(out, "\"", 1);
+	return cai_buf_append(out, s + run, len - run) && cai_buf_append(out, "\"", 1);
 }
 
 bool
-json_serialize(const json_value *v, json_buf *out)
+json_serialize(const json_value *v, cai_buf *out)
 {
 	switch (v->type)
 	{
 		case JSON_NULL:
-			return json_buf_append(out, "null", 4);
+			return cai_buf_append(out, "null", 4);
 		case JSON_FALSE:
-			return json_buf_append(out, "false", 5);
+			return cai_buf_append(out, "false", 5);
 		case JSON_TRUE:
-			return json_buf_append(out, "true", 4);
+			return cai_buf_append(out, "true", 4);
 		case JSON_NUMBER:
-			return json_buf_append(out, v->u.number.text, v->u.number.len);
+			return cai_buf_append(out, v->u.number.text, v->u.number.len);
 		case JSON_STRING:
 			return json_serialize_string(v->u.string.bytes, v->u.string.len, out);
 		case JSON_ARRAY:
-			if (!json_buf_append(out, "[", 1))
+			if (!cai_buf_append(out, "[", 1))
 				return false;
 			for (size_t i = 0; i < v->u.array.n; i++)
-				if ((i > 0 && !json_buf_append(out, ",", 1)) || !json_serialize(v->u.array.items[i], out))
+				if ((i > 0 && !cai_buf_append(out, ",", 1)) || !json_serialize(v->u.array.items[i], out))
 					return false;
-			return json_buf_append(out, "]", 1);
+			return cai_buf_append(out, "]", 1);
 		case JSON_OBJECT:
-			if (!json_buf_append(out, "{", 1))
+			if (!cai_buf_append(out, "{", 1))
 				return false;
 			for (size_t i = 0; i < v->u.object.n; i++)
 			{
 				const json_member *m = &v->u.object.members[i];
 
-				if ((i > 0 && !json_buf_append(out, ",", 1)) ||
+				if ((i > 0 && !cai_buf_append(out, ",", 1)) ||
 					!json_serialize_string(m->key, m->key_len, out) ||
-					!json_buf_append(out, ":", 1) || !json_serialize(m->value, out))
+					!cai_buf_append(out, ":", 1) || !json_serialize(m->value, out))
 					return false;
 			}
-			return json_buf_append(out, "}", 1);
+			return cai_buf_append(out, "}", 1);
 	}
 	return false;
 }

@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "cai.h"
+#include "util.h"
 
 #define JSON_MAX_DEPTH 64
 
@@ -72,6 +73,31 @@ struct json_value
 
 typedef struct json_doc json_doc;
 
+/* JSON's whitespace, digits and hex digits (-1: not one), for the parser and the matcher. */
+static inline bool
+json_is_ws(unsigned char c)
+{
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+}
+
+static inline bool
+json_is_digit(unsigned char c)
+{
+	return c >= '0' && c <= '9';
+}
+
+static inline int
+json_hex_value(unsigned char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
 /* json_parse flags */
 #define JSON_DUPLICATE_KEYS 0x1 /* accept repeated keys (RFC 8259 only says they SHOULD NOT be) */
 
@@ -84,25 +110,14 @@ void		json_doc_free(json_doc *doc);
 /* The member of object obj named key (a NUL-terminated name), or NULL. */
 const json_value *json_object_get(const json_value *obj, const char *key);
 
-/* A growable byte buffer (serialization output). */
-typedef struct json_buf
-{
-	char	   *data;
-	size_t		len;
-	size_t		cap;
-} json_buf;
-
-bool		json_buf_append(json_buf *b, const void *bytes, size_t n);	/* false: out of memory */
-void		json_buf_free(json_buf *b);
-
 /*
  * Appends v's compact serialization: no whitespace, members in document order, numbers as
  * written, strings escaped canonically (\" \\ \b \f \n \r \t, \u00XX for other control
  * characters, everything else as its UTF-8).  False when out of memory.
  */
-bool		json_serialize(const json_value *v, json_buf *out);
+bool		json_serialize(const json_value *v, cai_buf *out);
 
 /* Appends the canonical serialization of the string s[0..len) (quotes included). */
-bool		json_serialize_string(const char *s, size_t len, json_buf *out);
+bool		json_serialize_string(const char *s, size_t len, cai_buf *out);
 
 #endif							/* CAI_JSON_H */

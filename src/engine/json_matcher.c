@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "json.h"
 #include "util.h"
 
 /* ---------------------------------------------------------------------------------------------
@@ -73,30 +74,6 @@ typedef enum step_result
 	STEP_OK,
 	STEP_FORK					/* a choice starts on this byte: *fork names it */
 } step_result;
-
-static bool
-is_ws(uint8_t b)
-{
-	return b == ' ' || b == '\t' || b == '\n' || b == '\r';
-}
-
-static bool
-is_digit(uint8_t b)
-{
-	return b >= '0' && b <= '9';
-}
-
-static int
-hex_value(uint8_t b)
-{
-	if (b >= '0' && b <= '9')
-		return b - '0';
-	if (b >= 'a' && b <= 'f')
-		return b - 'a' + 10;
-	if (b >= 'A' && b <= 'F')
-		return b - 'A' + 10;
-	return -1;
-}
 
 /* 10^0 .. 10^19 fit 64 bits; the rest are 10^19 times them */
 static const uint64_t pow10_u64[20] = {
@@ -213,7 +190,7 @@ start_any(const cai_grammar *g, gm_thread *t, int level, bool object_only, uint8
 		return false;
 	if (b == '"')
 		return push(g, t, FR_STRING, g->any_string);
-	if (b == '-' || is_digit(b))
+	if (b == '-' || json_is_digit(b))
 		return push(g, t, FR_NUMBER, g->any_number) && step(g, t, b, &fork) == STEP_OK;
 	if (b == 't' || b == 'f' || b == 'n')
 		return push(g, t, FR_LITERAL, g->any_word) && step(g, t, b, &fork) == STEP_OK;
@@ -355,7 +332,7 @@ step_string(const cai_grammar *g, gm_thread *t, gm_frame *f, uint8_t b)
 			back_to_plain(f);
 			return STEP_OK;
 		case STR_HEX:
-			if ((h = hex_value(b)) < 0)
+			if ((h = json_hex_value(b)) < 0)
 				return STEP_DEAD;
 			f->u = f->u * 16 + (uint64_t) h;
 			f->c0++;
@@ -386,7 +363,7 @@ step_string(const cai_grammar *g, gm_thread *t, gm_frame *f, uint8_t b)
 			f->phase = STR_LOW_HEX;
 			return STEP_OK;
 		case STR_LOW_HEX:
-			if ((h = hex_value(b)) < 0)
+			if ((h = json_hex_value(b)) < 0)
 				return STEP_DEAD;
 			/* a low surrogate: DC00..DFFF */
 			if ((f->c0 == 0 && h != 0xD) || (f->c0 == 1 && h < 0xC))
@@ -500,7 +477,7 @@ number_advance(const gm_node *n, gm_frame *f, uint8_t b)
 			/* fall through */
 		case NUM_MINUS:
 		case NUM_INT:
-			if (is_digit(b))
+			if (json_is_digit(b))
 			{
 				if (f->phase == NUM_INT && (f->u == 0 || f->c0 >= GM_INT_DIGITS))
 					return false;	/* no leading zero; at most 19 digits */
@@ -524,7 +501,7 @@ number_advance(const gm_node *n, gm_frame *f, uint8_t b)
 			return false;
 		case NUM_DOT:
 		case NUM_FRAC:
-			if (is_digit(b))
+			if (json_is_digit(b))
 			{
 				if (f->c1 >= GM_FRAC_DIGITS)
 					return false;
@@ -548,7 +525,7 @@ number_advance(const gm_node *n, gm_frame *f, uint8_t b)
 			/* fall through */
 		case NUM_EXP_SIGN:
 		case NUM_EXP:
-			if (!is_digit(b) || f->x >= GM_EXP_DIGITS)
+			if (!json_is_digit(b) || f->x >= GM_EXP_DIGITS)
 				return false;
 			next.phase = NUM_EXP;
 			next.x++;			/* the exponent's value never matters: no bounds with one */
@@ -582,7 +559,8 @@ literal_accepting(const cai_grammar *g, const gm_frame *f)
 
 /*
  * The literals of a node are sorted, so the ones that share the prefix read so far are
- * consecutive, starting at the frame's candidate x (u bytes read).
+ * consecutive, starting at the frame's candidate x (u bytes read), and ordered by their next
+ * byte: the first that continues with b is found by binary search.
  */
 static step_result
 step_literal(const cai_grammar *g, gm_thread *t, gm_frame *f, uint8_t b)
@@ -590,27 +568,40 @@ step_literal(const cai_grammar *g, gm_thread *t, gm_frame *f, uint8_t b)
 	const gm_node *n = &g->nodes[f->node];
 	const gm_lit *lits = g->lits + n->first;
 	const gm_lit *cur = &lits[f->x];
+	const char *prefix = lit_bytes(g, cur);
 	size_t		pos = f->u;
+	uint32_t	lo = f->x,
+				hi = n->count;
 	uint32_t	fork;
 
-	for (uint32_t k = f->x; k < n->count; k++)
+	/* the first literal not below prefix + b */
+	while (lo < hi)
 	{
-		const gm_lit *l = &lits[k];
+		uint32_t	mid = lo + (hi - lo) / 2;
+		const gm_lit *l = &lits[mid];
+		size_t		common = l->len < pos ? l->len : pos;
+		int			c = memcmp(lit_bytes(g, l), prefix, common);
 
-		if (k != f->x && (l->len < pos || memcmp(lit_bytes(g, l), lit_bytes(g, cur), pos) != 0))
-			break;
-		if (l->len > pos && (uint8_t) lit_bytes(g, l)[pos] == b)
-		{
-			const gm_lit *after = k + 1 < n->count ? &lits[k + 1] : NULL;
+		if (c == 0)				/* a literal that ends at pos sorts before prefix + b */
+			c = l->len <= pos ? -1 : (int) (uint8_t) lit_bytes(g, l)[pos] - (int) b;
+		if (c < 0)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	if (lo < n->count && lits[lo].len > pos && (uint8_t) lit_bytes(g, &lits[lo])[pos] == b &&
+		memcmp(lit_bytes(g, &lits[lo]), prefix, pos) == 0)
+	{
+		const gm_lit *l = &lits[lo];
+		const gm_lit *after = lo + 1 < n->count ? &lits[lo + 1] : NULL;
 
-			f->x = k;
-			f->u = pos + 1;
-			/* complete, and no other literal continues it: done */
-			if (l->len == pos + 1 &&
-				!(after && after->len > pos + 1 && memcmp(lit_bytes(g, after), lit_bytes(g, l), pos + 1) == 0))
-				pop_value(g, t);
-			return STEP_OK;
-		}
+		f->x = lo;
+		f->u = pos + 1;
+		/* complete, and no other literal continues it: done */
+		if (l->len == pos + 1 &&
+			!(after && after->len > pos + 1 && memcmp(lit_bytes(g, after), lit_bytes(g, l), pos + 1) == 0))
+			pop_value(g, t);
+		return STEP_OK;
 	}
 	if (cur->len != pos)
 		return STEP_DEAD;
@@ -664,7 +655,7 @@ step_object(const cai_grammar *g, gm_thread *t, gm_frame *f, uint8_t b, uint32_t
 
 	if (f->phase == CT_KEY)
 		return step_key(g, f, props, b);
-	if (is_ws(b))
+	if (json_is_ws(b))
 		return take_ws(t);
 	switch (f->phase)
 	{
@@ -714,7 +705,7 @@ step_array(const cai_grammar *g, gm_thread *t, gm_frame *f, uint8_t b, uint32_t 
 {
 	const gm_node *n = &g->nodes[f->node];
 
-	if (is_ws(b))
+	if (json_is_ws(b))
 		return take_ws(t);
 	switch (f->phase)
 	{
@@ -751,7 +742,7 @@ step_any_container(const cai_grammar *g, gm_thread *t, gm_frame *f, uint8_t b)
 	bool		object = f->kind == FR_ANY_OBJECT;
 	uint8_t		close = object ? '}' : ']';
 
-	if (is_ws(b))
+	if (json_is_ws(b))
 		return take_ws(t);
 	switch (f->phase)
 	{
@@ -800,14 +791,14 @@ step(const cai_grammar *g, gm_thread *t, uint8_t b, uint32_t *fork)
 {
 	gm_frame   *f = top(t);
 
-	if (!is_ws(b))
+	if (!json_is_ws(b))
 		t->ws = 0;
 	switch ((gm_frame_kind) f->kind)
 	{
 		case FR_DOC:
 			if (f->phase != DOC_BEFORE)
 				return STEP_DEAD;
-			if (is_ws(b))
+			if (json_is_ws(b))
 				return take_ws(t);
 			f->phase = DOC_IN;
 			return begin(g, t, f->node, b, fork);
@@ -841,38 +832,6 @@ step(const cai_grammar *g, gm_thread *t, uint8_t b, uint32_t *fork)
  * Sets of threads
  * ------------------------------------------------------------------------------------------- */
 
-bool
-gm_buf_reserve(gm_buf *b, size_t extra)
-{
-	size_t		need;
-
-	if (!cai_add_size(b->len, extra, &need))
-		return false;
-	if (need > b->cap)
-	{
-		size_t		cap = b->cap ? b->cap : 4096;
-		unsigned char *d;
-
-		while (cap < need)
-			if (!cai_mul_size(cap, 2, &cap))
-				return false;
-		d = realloc(b->data, cap);
-		if (!d)
-			return false;
-		b->data = d;
-		b->cap = cap;
-	}
-	return true;
-}
-
-void
-gm_buf_free(gm_buf *b)
-{
-	free(b->data);
-	b->data = NULL;
-	b->len = b->cap = 0;
-}
-
 size_t
 gm_set_bytes(const unsigned char *p, int n)
 {
@@ -884,11 +843,11 @@ gm_set_bytes(const unsigned char *p, int n)
 }
 
 bool
-gm_start(const cai_grammar *g, uint32_t node, gm_buf *buf)
+gm_start(const cai_grammar *g, uint32_t node, cai_buf *buf)
 {
 	gm_thread  *t;
 
-	if (!gm_buf_reserve(buf, sizeof(gm_thread) + sizeof(gm_frame)))
+	if (!cai_buf_reserve(buf, sizeof(gm_thread) + sizeof(gm_frame)))
 		return false;
 	t = (gm_thread *) (buf->data + buf->len);
 	t->depth = 0;
@@ -901,12 +860,12 @@ gm_start(const cai_grammar *g, uint32_t node, gm_buf *buf)
 
 /* Appends a copy of the thread at buf->data + off with room for one more frame. */
 static gm_thread *
-append_copy(gm_buf *buf, size_t off)
+append_copy(cai_buf *buf, size_t off)
 {
 	size_t		bytes = gm_thread_bytes((const gm_thread *) (buf->data + off));
 	gm_thread  *t;
 
-	if (!gm_buf_reserve(buf, bytes + sizeof(gm_frame)))
+	if (!cai_buf_reserve(buf, bytes + sizeof(gm_frame)))
 		return NULL;
 	t = (gm_thread *) (buf->data + buf->len);
 	memcpy(t, buf->data + off, bytes);
@@ -915,7 +874,7 @@ append_copy(gm_buf *buf, size_t off)
 
 /* Drops the threads of the set at buf->data + start (n of them) that equal an earlier one. */
 static int
-dedupe(gm_buf *buf, size_t start, int n)
+dedupe(cai_buf *buf, size_t start, int n)
 {
 	size_t		kept_end = start;
 	int			kept = 0;
@@ -949,7 +908,7 @@ dedupe(gm_buf *buf, size_t start, int n)
 }
 
 int
-gm_feed(const cai_grammar *g, gm_buf *buf, size_t off, int n, uint8_t b)
+gm_feed(const cai_grammar *g, cai_buf *buf, size_t off, int n, uint8_t b)
 {
 	size_t		out_start = buf->len;
 	int			n_out = 0;
@@ -1028,12 +987,12 @@ gm_thread_in_plain_string(const cai_grammar *g, const gm_thread *t, const gm_nod
 }
 
 bool
-gm_close_string(const cai_grammar *g, const gm_thread *t, gm_buf *buf)
+gm_close_string(const cai_grammar *g, const gm_thread *t, cai_buf *buf)
 {
 	gm_thread  *c;
 	size_t		bytes = gm_thread_bytes(t);
 
-	if (!gm_buf_reserve(buf, bytes))
+	if (!cai_buf_reserve(buf, bytes))
 		return false;
 	c = (gm_thread *) (buf->data + buf->len);
 	memcpy(c, t, bytes);
@@ -1046,7 +1005,7 @@ gm_close_string(const cai_grammar *g, const gm_thread *t, gm_buf *buf)
 int
 gm_accepts(const cai_grammar *g, uint32_t node, const char *bytes, size_t len)
 {
-	gm_buf		buf = {0};
+	cai_buf		buf = {0};
 	size_t		off = 0;
 	int			n = 1;
 	int			result = 0;
@@ -1060,7 +1019,7 @@ gm_accepts(const cai_grammar *g, uint32_t node, const char *bytes, size_t len)
 		n = gm_feed(g, &buf, off, n, (uint8_t) bytes[i]);
 		if (n < 0)
 		{
-			gm_buf_free(&buf);
+			cai_buf_free(&buf);
 			return -1;
 		}
 		/* keep only the new set at the front */
@@ -1075,7 +1034,7 @@ gm_accepts(const cai_grammar *g, uint32_t node, const char *bytes, size_t len)
 		result = gm_thread_complete(g, t);
 		off += gm_thread_bytes(t);
 	}
-	gm_buf_free(&buf);
+	cai_buf_free(&buf);
 	return result;
 }
 
@@ -1083,38 +1042,28 @@ gm_accepts(const cai_grammar *g, uint32_t node, const char *bytes, size_t len)
  * Building
  * ------------------------------------------------------------------------------------------- */
 
-/* Grows *items (cap *cap of size each) to hold n + 1. */
+/* Appends one element of size bytes to an array of the grammar (n counts, at most 2^32 - 2). */
 static bool
-grow(void **items, uint32_t *cap, uint32_t n, size_t size)
+append(void **items, size_t *cap, uint32_t *n, const void *item, size_t size)
 {
-	if (n == UINT32_MAX - 1)
+	if (*n >= UINT32_MAX - 1 || !cai_grow(items, cap, (size_t) *n + 1, size))
 		return false;
-	if (n + 1 > *cap)
-	{
-		uint32_t	c = *cap ? (*cap > UINT32_MAX / 2 ? UINT32_MAX - 1 : *cap * 2) : 16;
-		size_t		bytes;
-		void	   *p;
-
-		if (!cai_mul_size(c, size, &bytes) || !(p = realloc(*items, bytes)))
-			return false;
-		*items = p;
-		*cap = c;
-	}
+	memcpy((char *) *items + (size_t) *n * size, item, size);
+	(*n)++;
 	return true;
 }
 
 uint32_t
 gm_add_node(cai_grammar *g, gm_kind kind)
 {
-	gm_node    *n;
+	gm_node		n;
 
-	if (!grow((void **) &g->nodes, &g->cap_nodes, g->n_nodes, sizeof(gm_node)))
+	memset(&n, 0, sizeof(n));
+	n.kind = (uint8_t) kind;
+	n.max = GM_UNBOUNDED;
+	if (!append((void **) &g->nodes, &g->cap_nodes, &g->n_nodes, &n, sizeof(n)))
 		return UINT32_MAX;
-	n = &g->nodes[g->n_nodes];
-	memset(n, 0, sizeof(*n));
-	n->kind = (uint8_t) kind;
-	n->max = GM_UNBOUNDED;
-	return g->n_nodes++;
+	return g->n_nodes - 1;
 }
 
 bool
@@ -1122,21 +1071,9 @@ gm_add_bytes(cai_grammar *g, const void *bytes, size_t n, uint32_t *off)
 {
 	size_t		need;
 
-	if (!cai_add_size(g->n_bytes, n, &need) || need > UINT32_MAX)
+	if (!cai_add_size(g->n_bytes, n, &need) || need > UINT32_MAX ||
+		!cai_grow((void **) &g->bytes, &g->cap_bytes, need, 1))
 		return false;
-	if (need > g->cap_bytes)
-	{
-		size_t		cap = g->cap_bytes ? g->cap_bytes : 256;
-		char	   *p;
-
-		while (cap < need)
-			cap *= 2;
-		p = realloc(g->bytes, cap);
-		if (!p)
-			return false;
-		g->bytes = p;
-		g->cap_bytes = cap;
-	}
 	memcpy(g->bytes + g->n_bytes, bytes, n);
 	*off = (uint32_t) g->n_bytes;
 	g->n_bytes = need;
@@ -1146,28 +1083,19 @@ gm_add_bytes(cai_grammar *g, const void *bytes, size_t n, uint32_t *off)
 bool
 gm_add_prop(cai_grammar *g, const gm_prop *prop)
 {
-	if (!grow((void **) &g->props, &g->cap_props, g->n_props, sizeof(gm_prop)))
-		return false;
-	g->props[g->n_props++] = *prop;
-	return true;
+	return append((void **) &g->props, &g->cap_props, &g->n_props, prop, sizeof(*prop));
 }
 
 bool
 gm_add_lit(cai_grammar *g, const gm_lit *lit)
 {
-	if (!grow((void **) &g->lits, &g->cap_lits, g->n_lits, sizeof(gm_lit)))
-		return false;
-	g->lits[g->n_lits++] = *lit;
-	return true;
+	return append((void **) &g->lits, &g->cap_lits, &g->n_lits, lit, sizeof(*lit));
 }
 
 bool
 gm_add_alt(cai_grammar *g, uint32_t node)
 {
-	if (!grow((void **) &g->alts, &g->cap_alts, g->n_alts, sizeof(uint32_t)))
-		return false;
-	g->alts[g->n_alts++] = node;
-	return true;
+	return append((void **) &g->alts, &g->cap_alts, &g->n_alts, &node, sizeof(node));
 }
 
 cai_grammar *

@@ -23,6 +23,7 @@
 #include <stdint.h>
 
 #include "grammar.h"
+#include "util.h"
 
 #define GM_MAX_WS 16			/* whitespace bytes in a row between tokens */
 #define GM_ANY_DEPTH 16			/* arrays and objects nested inside an "any JSON" value */
@@ -92,11 +93,11 @@ struct cai_grammar
 	uint32_t	n_alts;
 	char	   *bytes;
 	size_t		n_bytes;
-	uint32_t	cap_nodes,
+	size_t		cap_nodes,
 				cap_props,
 				cap_lits,
-				cap_alts;
-	size_t		cap_bytes;
+				cap_alts,
+				cap_bytes;
 
 	uint32_t	root;
 	uint32_t	any_string;		/* the implicit nodes of "any JSON" values */
@@ -194,26 +195,17 @@ gm_top(const gm_thread *t)
 	return &t->frames[t->depth - 1];
 }
 
-/* A growable buffer that holds sets of threads back to back. */
-typedef struct gm_buf
-{
-	unsigned char *data;
-	size_t		len;
-	size_t		cap;
-} gm_buf;
-
-bool		gm_buf_reserve(gm_buf *b, size_t extra);
-void		gm_buf_free(gm_buf *b);
+/* Sets of threads are held back to back in a cai_buf (util.h). */
 
 /* Appends the start thread of a document whose value is node; false when out of memory. */
-bool		gm_start(const cai_grammar *g, uint32_t node, gm_buf *buf);
+bool		gm_start(const cai_grammar *g, uint32_t node, cai_buf *buf);
 
 /*
  * Appends to buf the threads that follow from the n threads at buf->data + off on byte b,
  * without duplicates.  Returns how many (0: the byte is refused), -1 when out of memory.  The
  * input stays where it is (buf->data may move: hold offsets, not pointers).
  */
-int			gm_feed(const cai_grammar *g, gm_buf *buf, size_t off, int n, uint8_t b);
+int			gm_feed(const cai_grammar *g, cai_buf *buf, size_t off, int n, uint8_t b);
 
 /* The bytes n threads starting at p take. */
 size_t		gm_set_bytes(const unsigned char *p, int n);
@@ -233,6 +225,6 @@ bool		gm_thread_in_plain_string(const cai_grammar *g, const gm_thread *t,
  * Appends the thread t as it is after its top frame, a string, closes (the closing quote
  * accepted whatever its length).
  */
-bool		gm_close_string(const cai_grammar *g, const gm_thread *t, gm_buf *buf);
+bool		gm_close_string(const cai_grammar *g, const gm_thread *t, cai_buf *buf);
 
 #endif							/* CAI_JSON_MATCHER_H */

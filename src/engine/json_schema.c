@@ -356,18 +356,10 @@ make_choice(compiler *c, const uint32_t *alts, size_t n)
 				seen = flat[j] == v;
 			if (seen)
 				continue;
-			if (n_flat == cap)
+			if (!cai_grow((void **) &flat, &cap, n_flat + 1, sizeof(uint32_t)))
 			{
-				uint32_t   *p;
-
-				cap = cap ? cap * 2 : 8;
-				p = realloc(flat, cap * sizeof(uint32_t));
-				if (!p)
-				{
-					free(flat);
-					return fail_oom(c);
-				}
-				flat = p;
+				free(flat);
+				return fail_oom(c);
 			}
 			flat[n_flat++] = v;
 		}
@@ -496,7 +488,7 @@ make_literals(compiler *c, const json_value *const *vals, size_t n, uint32_t res
 	cai_grammar *g = c->g;
 	gm_lit	   *lits = calloc(n ? n : 1, sizeof(gm_lit));
 	size_t		kept = 0;
-	json_buf	buf = {0};
+	cai_buf	buf = {0};
 	uint32_t	node = NODE_UNSAT;
 
 	if (!lits)
@@ -509,7 +501,7 @@ make_literals(compiler *c, const json_value *const *vals, size_t n, uint32_t res
 		if (why)
 		{
 			free(lits);
-			json_buf_free(&buf);
+			cai_buf_free(&buf);
 			return fail(c, "\"%s\" holds %s, which PostgreSQL's jsonb cannot store", keyword, why);
 		}
 		buf.len = 0;
@@ -525,7 +517,7 @@ make_literals(compiler *c, const json_value *const *vals, size_t n, uint32_t res
 			goto oom;
 		kept++;
 	}
-	json_buf_free(&buf);
+	cai_buf_free(&buf);
 	if (kept > 0)
 	{
 		qsort_r(lits, kept, sizeof(gm_lit), lit_cmp, g);
@@ -550,7 +542,7 @@ make_literals(compiler *c, const json_value *const *vals, size_t n, uint32_t res
 	return node;
 oom:
 	free(lits);
-	json_buf_free(&buf);
+	cai_buf_free(&buf);
 	return fail_oom(c);
 }
 
@@ -570,20 +562,36 @@ key(const schema_keys *k, const char *name)
 	return k->v[keyword_index(name)];
 }
 
+/* A minimum and maximum count (minLength/maxLength, minItems/maxItems): 0 and unbounded if absent. */
+static bool
+get_bounds(compiler *c, const schema_keys *k, const char *min_name, const char *max_name,
+		   uint32_t *min, uint32_t *max)
+{
+	const json_value *v;
+
+	*min = 0;
+	*max = GM_UNBOUNDED;
+	if ((v = key(k, min_name)) && !get_count(c, v, min_name, MAX_MIN_COUNT, min))
+		return false;
+	if ((v = key(k, max_name)) && !get_count(c, v, max_name, GM_UNBOUNDED - 1, max))
+		return false;
+	if (*min > *max)
+	{
+		fail(c, "\"%s\" is greater than \"%s\"", min_name, max_name);
+		return false;
+	}
+	return true;
+}
+
 static uint32_t
 compile_string(compiler *c, const schema_keys *k)
 {
-	uint32_t	min = 0,
-				max = GM_UNBOUNDED,
+	uint32_t	min,
+				max,
 				node;
-	const json_value *v;
 
-	if ((v = key(k, "minLength")) && !get_count(c, v, "minLength", MAX_MIN_COUNT, &min))
+	if (!get_bounds(c, k, "minLength", "maxLength", &min, &max))
 		return NODE_ERROR;
-	if ((v = key(k, "maxLength")) && !get_count(c, v, "maxLength", GM_UNBOUNDED - 1, &max))
-		return NODE_ERROR;
-	if (min > max)
-		return fail(c, "\"minLength\" is greater than \"maxLength\"");
 	node = new_node(c, GM_STRING);
 	if (node != NODE_ERROR)
 	{
@@ -657,18 +665,14 @@ compile_number(compiler *c, const schema_keys *k, bool integer)
 static uint32_t
 compile_array(compiler *c, const schema_keys *k)
 {
-	uint32_t	min = 0,
-				max = GM_UNBOUNDED,
+	uint32_t	min,
+				max,
 				items,
 				node;
 	const json_value *v;
 
-	if ((v = key(k, "minItems")) && !get_count(c, v, "minItems", MAX_MIN_COUNT, &min))
+	if (!get_bounds(c, k, "minItems", "maxItems", &min, &max))
 		return NODE_ERROR;
-	if ((v = key(k, "maxItems")) && !get_count(c, v, "maxItems", GM_UNBOUNDED - 1, &max))
-		return NODE_ERROR;
-	if (min > max)
-		return fail(c, "\"minItems\" is greater than \"maxItems\"");
 	v = key(k, "items");
 	if (v)
 	{
@@ -717,7 +721,7 @@ compile_object(compiler *c, const schema_keys *k)
 	cai_grammar *g = c->g;
 	gm_prop    *list = NULL;
 	size_t		n = 0;
-	json_buf	buf = {0};
+	cai_buf	buf = {0};
 	uint32_t	node;
 
 	for (size_t i = 0; required && i < required->u.array.n; i++)
@@ -794,11 +798,11 @@ compile_object(compiler *c, const schema_keys *k)
 			goto error;
 		}
 	free(list);
-	json_buf_free(&buf);
+	cai_buf_free(&buf);
 	return node;
 error:
 	free(list);
-	json_buf_free(&buf);
+	cai_buf_free(&buf);
 	return NODE_ERROR;
 }
 
@@ -964,7 +968,7 @@ compile_enum(compiler *c, const schema_keys *k, uint32_t rest)
 	if (cst && e)
 	{
 		/* both: the const, if the enum has it */
-		json_buf	a = {0},
+		cai_buf	a = {0},
 					b = {0};
 		bool		ok = json_serialize(cst, &a);
 
@@ -975,8 +979,8 @@ compile_enum(compiler *c, const schema_keys *k, uint32_t rest)
 			if (ok && a.len == b.len && memcmp(a.data, b.data, a.len) == 0)
 				vals[n++] = cst;
 		}
-		json_buf_free(&a);
-		json_buf_free(&b);
+		cai_buf_free(&a);
+		cai_buf_free(&b);
 		if (!ok)
 		{
 			free(vals);
@@ -1084,16 +1088,8 @@ compile_ref(compiler *c, const json_value *ref)
 	c->path_len = saved_len;
 	if (node == NODE_ERROR)
 		return NODE_ERROR;
-	if (c->n_memo == c->cap_memo)
-	{
-		size_t		cap = c->cap_memo ? c->cap_memo * 2 : 8;
-		ref_memo   *m = realloc(c->memo, cap * sizeof(ref_memo));
-
-		if (!m)
-			return fail_oom(c);
-		c->memo = m;
-		c->cap_memo = cap;
-	}
+	if (!cai_grow((void **) &c->memo, &c->cap_memo, c->n_memo + 1, sizeof(ref_memo)))
+		return fail_oom(c);
 	c->memo[c->n_memo].target = target;
 	c->memo[c->n_memo].node = node;
 	c->n_memo++;

@@ -299,7 +299,7 @@ typedef enum string_class
  * points before the end or the quote, *quote: the quote's position (EXIT).
  */
 static int
-classify(const cai_grammar *probe, gm_buf *buf, const unsigned char *bytes, uint32_t len,
+classify(const cai_grammar *probe, cai_buf *buf, const unsigned char *bytes, uint32_t len,
 		 uint32_t *k, uint32_t *quote)
 {
 	size_t		off = 0;
@@ -335,7 +335,7 @@ static cai_status
 build_string_classes(cai_token_index *ix, cai_error *err)
 {
 	cai_grammar *probe = gm_grammar_new();
-	gm_buf		buf = {0};
+	cai_buf		buf = {0};
 	uint32_t   *k = calloc((size_t) ix->n_vocab, sizeof(uint32_t));
 	uint8_t    *cls = calloc((size_t) ix->n_vocab, 1);
 	trie_entry *exits = calloc((size_t) ix->n_vocab, sizeof(trie_entry));
@@ -405,7 +405,7 @@ build_string_classes(cai_token_index *ix, cai_error *err)
 oom:
 	st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory indexing the vocabulary");
 done:
-	gm_buf_free(&buf);
+	cai_buf_free(&buf);
 	cai_grammar_free(probe);
 	free(k);
 	free(cls);
@@ -484,10 +484,10 @@ struct cai_grammar_state
 {
 	const cai_grammar *g;
 	const cai_token_index *ix;
-	gm_buf		cur;			/* the matcher's state: n_cur threads */
+	cai_buf		cur;			/* the matcher's state: n_cur threads */
 	int			n_cur;
 	bool		at_start;		/* no token accepted yet (a first space is dropped) */
-	gm_buf		work;			/* sets of threads while walking or accepting */
+	cai_buf		work;			/* sets of threads while walking or accepting */
 	walk_level *levels;
 	uint32_t	cap_levels;
 };
@@ -530,7 +530,7 @@ cai_grammar_state_clone(const cai_grammar_state *s, cai_grammar_state **out, cai
 	if (st != CAI_OK)
 		return st;
 	c->cur.len = 0;
-	if (!gm_buf_reserve(&c->cur, s->cur.len))
+	if (!cai_buf_reserve(&c->cur, s->cur.len))
 	{
 		cai_grammar_state_free(c);
 		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory copying a grammar state");
@@ -548,8 +548,8 @@ cai_grammar_state_free(cai_grammar_state *s)
 {
 	if (!s)
 		return;
-	gm_buf_free(&s->cur);
-	gm_buf_free(&s->work);
+	cai_buf_free(&s->cur);
+	cai_buf_free(&s->work);
 	free(s->levels);
 	free(s);
 }
@@ -615,7 +615,7 @@ walk(cai_grammar_state *s, const trie *t, size_t off, int n, bool skip_space,
 		s->work.len = l->end;
 		if (skip_space && sp == 0 && child->byte == ' ')
 		{
-			if (!gm_buf_reserve(&s->work, l->end - l->off))
+			if (!cai_buf_reserve(&s->work, l->end - l->off))
 				return false;
 			memcpy(s->work.data + s->work.len, s->work.data + l->off, l->end - l->off);
 			s->work.len += l->end - l->off;
@@ -691,7 +691,7 @@ cai_grammar_state_allowed(cai_grammar_state *s, uint64_t *bits)
 		off += bytes;
 		if (!(s->at_start && ix->drop_first_space) && gm_thread_in_plain_string(s->g, t, &node, &count))
 			continue;
-		if (!gm_buf_reserve(&s->work, bytes))
+		if (!cai_buf_reserve(&s->work, bytes))
 			goto oom;
 		memcpy(s->work.data + s->work.len, t, bytes);
 		s->work.len += bytes;
@@ -743,7 +743,7 @@ cai_grammar_state_accept(cai_grammar_state *s, int32_t id)
 	if (len == 0)
 		return false;
 	s->work.len = 0;
-	if (!gm_buf_reserve(&s->work, s->cur.len))
+	if (!cai_buf_reserve(&s->work, s->cur.len))
 		return false;
 	memcpy(s->work.data, s->cur.data, s->cur.len);
 	s->work.len = s->cur.len;
@@ -757,7 +757,7 @@ cai_grammar_state_accept(cai_grammar_state *s, int32_t id)
 			return false;
 		off = next;
 	}
-	if (s->work.len - off > s->cur.len && !gm_buf_reserve(&s->cur, s->work.len - off - s->cur.len))
+	if (s->work.len - off > s->cur.len && !cai_buf_reserve(&s->cur, s->work.len - off - s->cur.len))
 		return false;
 	memcpy(s->cur.data, s->work.data + off, s->work.len - off);
 	s->cur.len = s->work.len - off;

@@ -131,6 +131,52 @@ cai_tokens_append(cai_tokens *t, const int32_t *ids, int n)
 	return true;
 }
 
+bool
+cai_grow(void **items, size_t *cap, size_t need, size_t size)
+{
+	size_t		n = *cap ? *cap : 8;
+	size_t		bytes;
+	void	   *p;
+
+	if (need <= *cap)
+		return true;
+	while (n < need)
+		if (!cai_mul_size(n, 2, &n))
+			return false;
+	if (!cai_mul_size(n, size, &bytes) || !(p = realloc(*items, bytes)))
+		return false;
+	*items = p;
+	*cap = n;
+	return true;
+}
+
+bool
+cai_buf_reserve(cai_buf *b, size_t extra)
+{
+	size_t		need;
+
+	return cai_add_size(b->len, extra, &need) && cai_grow((void **) &b->data, &b->cap, need, 1);
+}
+
+bool
+cai_buf_append(cai_buf *b, const void *bytes, size_t n)
+{
+	if (!cai_buf_reserve(b, n))
+		return false;
+	if (n)
+		memcpy(b->data + b->len, bytes, n);
+	b->len += n;
+	return true;
+}
+
+void
+cai_buf_free(cai_buf *b)
+{
+	free(b->data);
+	b->data = NULL;
+	b->len = b->cap = 0;
+}
+
 double
 cai_now_seconds(void)
 {

@@ -55,6 +55,24 @@ cai_add_size(size_t a, size_t b, size_t *out)
 	return !__builtin_add_overflow(a, b, out);
 }
 
+/*
+ * Grows the array *items (room for *cap elements of size bytes) to hold at least need elements,
+ * at least doubling.  False, leaving it as it was, when out of memory or beyond size_t.
+ */
+bool		cai_grow(void **items, size_t *cap, size_t need, size_t size);
+
+/* A growable byte buffer. */
+typedef struct cai_buf
+{
+	char	   *data;
+	size_t		len;
+	size_t		cap;
+} cai_buf;
+
+bool		cai_buf_reserve(cai_buf *b, size_t extra);	/* room for len + extra; false: OOM */
+bool		cai_buf_append(cai_buf *b, const void *bytes, size_t n);
+void		cai_buf_free(cai_buf *b);
+
 /* Monotonic clock in seconds. */
 double		cai_now_seconds(void);
 

@@ -47,14 +47,14 @@ static void
 serializes_to(const char *text, const char *want)
 {
 	json_doc   *doc = parse_ok(text);
-	json_buf	buf = {0};
+	cai_buf	buf = {0};
 
 	if (!doc)
 		return;
 	CHECK(json_serialize(json_doc_root(doc), &buf));
 	CHECK_MSG(buf.len == strlen(want) && memcmp(buf.data, want, buf.len) == 0, "%s -> %.*s, want %s",
 			  text, (int) buf.len, buf.data, want);
-	json_buf_free(&buf);
+	cai_buf_free(&buf);
 	json_doc_free(doc);
 }
 
