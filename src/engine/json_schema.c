@@ -257,7 +257,7 @@ get_count(compiler *c, const json_value *v, const char *name, uint32_t cap, uint
 	if (v->type == JSON_NUMBER)
 	{
 		decimal_scaled(v->u.number.text, v->u.number.len, &negative, &t, &inexact, &huge);
-		if ((!negative || t == 0) && !inexact && (huge || t % scale == 0))
+		if ((!negative || (!huge && t == 0)) && !inexact && (huge || t % scale == 0))
 		{
 			*out = (huge || t / scale > cap) ? cap : (uint32_t) (t / scale);
 			return true;

@@ -422,6 +422,10 @@ TEST(grammar_malformed_schemas_are_errors)
 	compile_fails("{\"type\":[]}", "\"type\" must name at least one type at the root");
 	compile_fails("{\"type\":1}", "\"type\" must be a string or an array of strings at the root");
 	compile_fails("{\"type\":\"string\",\"minLength\":-1}", "\"minLength\" must be a non-negative integer at the root");
+	compile_fails("{\"maxLength\":-22222222222222222222222222222222222222222222}",
+				  "\"maxLength\" must be a non-negative integer at the root");
+	cai_grammar_free(compile_ok("{\"maxLength\":-0.0,\"minItems\":1e300}"));
+	expect_texts("{\"maxItems\":2.0e0}", TEXTS("[1,2]"), TEXTS("[1,2,3]"));
 	compile_fails("{\"type\":\"string\",\"maxLength\":1.5}", "\"maxLength\" must be a non-negative integer at the root");
 	compile_fails("{\"type\":\"string\",\"maxLength\":\"3\"}", "\"maxLength\" must be a non-negative integer at the root");
 	compile_fails("{\"type\":\"string\",\"minLength\":3,\"maxLength\":2}", "\"minLength\" is greater than \"maxLength\" at the root");
