@@ -117,6 +117,23 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER;
 COMMENT ON FUNCTION cai_chat_completion(jsonb, jsonb) IS
 'OpenAI-style chat completion: an array of {role, content} in, a chat.completion object out; stores nothing';
 
+-- Typed replies: the reply constrained to a JSON value valid against a JSON Schema (a subset,
+-- compiled by the engine, which names any keyword it does not support), returned as jsonb.
+CREATE FUNCTION cai_chat_json(conversation_id bigint, message text, schema jsonb,
+							  options jsonb DEFAULT '{}')
+RETURNS jsonb
+AS 'MODULE_PATHNAME', 'pg_cai_chat_json'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER;
+COMMENT ON FUNCTION cai_chat_json(bigint, text, jsonb, jsonb) IS
+'like cai_chat, with the reply a JSON value valid against schema, returned as jsonb; an error, and nothing stored, when max_tokens cuts the value';
+
+CREATE FUNCTION cai_complete_json(prompt text, schema jsonb, options jsonb DEFAULT '{}')
+RETURNS jsonb
+AS 'MODULE_PATHNAME', 'pg_cai_complete_json'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER;
+COMMENT ON FUNCTION cai_complete_json(text, jsonb, jsonb) IS
+'continues raw text with a JSON value valid against schema, returned as jsonb; an error when max_tokens cuts the value';
+
 CREATE FUNCTION cai_tokenize(input text)
 RETURNS int4[]
 AS 'MODULE_PATHNAME', 'pg_cai_tokenize'
@@ -207,6 +224,8 @@ REVOKE ALL ON FUNCTION cai_chat(bigint, text, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION cai_chat_stream(bigint, text, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION cai_complete(text, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION cai_chat_completion(jsonb, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION cai_chat_json(bigint, text, jsonb, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION cai_complete_json(text, jsonb, jsonb) FROM PUBLIC;
 REVOKE ALL ON FUNCTION cai_tokenize(text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION cai_detokenize(int4[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION cai_model_info() FROM PUBLIC;
@@ -220,6 +239,8 @@ GRANT EXECUTE ON FUNCTION cai_chat(bigint, text, jsonb) TO cai_user;
 GRANT EXECUTE ON FUNCTION cai_chat_stream(bigint, text, jsonb) TO cai_user;
 GRANT EXECUTE ON FUNCTION cai_complete(text, jsonb) TO cai_user;
 GRANT EXECUTE ON FUNCTION cai_chat_completion(jsonb, jsonb) TO cai_user;
+GRANT EXECUTE ON FUNCTION cai_chat_json(bigint, text, jsonb, jsonb) TO cai_user;
+GRANT EXECUTE ON FUNCTION cai_complete_json(text, jsonb, jsonb) TO cai_user;
 GRANT EXECUTE ON FUNCTION cai_tokenize(text) TO cai_user;
 GRANT EXECUTE ON FUNCTION cai_detokenize(int4[]) TO cai_user;
 GRANT EXECUTE ON FUNCTION cai_model_info() TO cai_user;

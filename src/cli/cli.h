@@ -103,6 +103,12 @@ int			cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 cai_model  *cli_load_model(const char *path, int n_threads, bool float_reference,
 							bool compensated_rounding);
 
+/*
+ * The grammar of --json-schema FILE or --json-object (*out stays NULL without either).  Reports
+ * errors (an unsupported keyword, say); false on failure.
+ */
+bool		cli_load_grammar(const char *schema_file, bool json_object, cai_grammar **out);
+
 /* Whether the model's tokenizer asks for BOS before raw text (tokenizer.ggml.add_bos_token). */
 bool		cli_model_adds_bos(const cai_model *model);
 
@@ -195,6 +201,17 @@ extern char **cli_argv;
 		.name = "compensated-rounding", .kind = CLI_OPT_FLAG, \
 		.target = &(opts).compensated_rounding, \
 		.help = "round weights along the calibration inputs (GPTQ) instead of to nearest", \
+	}
+
+/* --json-schema FILE and --json-object, over a struct with json_schema and json_object. */
+#define CLI_JSON_OPTIONS(opts) \
+	{ \
+		.name = "json-schema", .kind = CLI_OPT_STRING, .target = &(opts).json_schema, \
+		.metavar = "FILE", .help = "the reply is JSON valid against the JSON Schema in FILE", \
+	}, \
+	{ \
+		.name = "json-object", .kind = CLI_OPT_FLAG, .target = &(opts).json_object, \
+		.help = "the reply is a JSON object", \
 	}
 
 /*

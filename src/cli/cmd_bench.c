@@ -10,6 +10,9 @@
  * run alongside (on a shared machine contention only ever slows a run down).  The prefix cache is
  * off, so nothing is reused between runs.  Tokens are greedy unless --temp is given (then each
  * decode sequence b draws with seed --seed + b, so that sampling's cost is in the figures).
+ * With --json-schema FILE (or --json-object) every request is constrained to it, so that the
+ * grammar's masks are in the figures; pick a schema whose values run past --gen-tokens (a long
+ * minLength, many minItems), since a constrained request ends where its value does.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -32,6 +35,8 @@ static struct
 	float		top_p;
 	int			top_k;
 	uint64_t	seed;
+	const char *json_schema;
+	bool		json_object;
 } bench_opts;
 
 static const cli_option bench_options[] = {
@@ -102,6 +107,7 @@ static const cli_option bench_options[] = {
 		.help = "print only the JSON (no progress on stderr)",
 	},
 	CLI_SAMPLING_OPTIONS(bench_opts),
+	CLI_JSON_OPTIONS(bench_opts),
 };
 
 const cli_command cli_bench_command = {
@@ -169,8 +175,11 @@ median(double *v, int n)
 	return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* A benchmark request; `stream` picks its seed when sampling. */
-static void
+/*
+ * A benchmark request; `stream` picks its seed when sampling.  False (reported) when its
+ * grammar could not be made.
+ */
+static bool
 bench_request(cai_request_params *rp, const cli_tokens *prompt, int max_tokens, int stream)
 {
 	memset(rp, 0, sizeof(*rp));
@@ -184,6 +193,7 @@ bench_request(cai_request_params *rp, const cli_tokens *prompt, int max_tokens, 
 	rp->sampling.max_tokens = max_tokens;
 	rp->sampling.ignore_eos = true;
 	rp->use_cache = false;
+	return cli_load_grammar(bench_opts.json_schema, bench_opts.json_object, &rp->grammar);
 }
 
 /* One prefill run: seconds from submit to the first token. */
@@ -195,7 +205,8 @@ run_prefill(cai_engine *engine, const cli_tokens *prompt, double *seconds)
 	double		t0;
 	int			rc;
 
-	bench_request(&rp, prompt, 1, 0);
+	if (!bench_request(&rp, prompt, 1, 0))
+		return CLI_EXIT_ERROR;
 	memset(&gen, 0, sizeof(gen));
 	t0 = cli_now();
 	rc = cli_generate(engine, &rp, NULL, &gen);
@@ -239,7 +250,11 @@ run_decode(cai_engine *engine, const cai_model *model, const cli_tokens *base, i
 			rc = cli_error("out of memory building prompts");
 			break;
 		}
-		bench_request(&rp, &prompts[b], bench_opts.gen_tokens, b);
+		if (!bench_request(&rp, &prompts[b], bench_opts.gen_tokens, b))
+		{
+			rc = CLI_EXIT_ERROR;
+			break;
+		}
 		rp.user_data = (void *) (intptr_t) b;
 		if (cai_engine_submit(engine, &rp, &id, &err) != CAI_OK)
 			rc = cli_report("could not submit a decode request", &err);
@@ -331,6 +346,8 @@ cmd_bench(int argc, char **argv)
 		return rc < 0 ? CLI_EXIT_OK : rc;
 	if (!bench_opts.model)
 		return cli_usage_error(&cli_bench_command, "missing -m MODEL");
+	if (bench_opts.json_schema && bench_opts.json_object)
+		return cli_usage_error(&cli_bench_command, "give --json-schema or --json-object, not both");
 	progress = !bench_opts.json_only;
 	for (int i = 0; i < bench_opts.batches.n; i++)
 		if (bench_opts.batches.items[i] > max_batch)

@@ -27,6 +27,8 @@ static struct
 	bool		ignore_eos;
 	bool		compensated_rounding;
 	bool		verbose;
+	const char *json_schema;
+	bool		json_object;
 } run_opts;
 
 static const cli_option run_options[] = {
@@ -89,6 +91,7 @@ static const cli_option run_options[] = {
 		.help = "keep generating past end-of-turn, up to --max-tokens",
 	},
 	CLI_ROUNDING_OPTION(run_opts),
+	CLI_JSON_OPTIONS(run_opts),
 	{
 		.name = "verbose",
 		.short_name = 'v',
@@ -174,6 +177,8 @@ cmd_run(int argc, char **argv)
 		return cli_usage_error(&cli_run_command, "missing -p PROMPT");
 	if (run_opts.system && !run_opts.chat)
 		return cli_usage_error(&cli_run_command, "--system needs --chat");
+	if (run_opts.json_schema && run_opts.json_object)
+		return cli_usage_error(&cli_run_command, "give --json-schema or --json-object, not both");
 
 	prompt = run_opts.prompt;
 	if (strcmp(prompt, "-") == 0)
@@ -231,6 +236,8 @@ cmd_run(int argc, char **argv)
 	for (int i = 0; i < run_opts.stop.n; i++)
 		rp.sampling.stop[i] = run_opts.stop.items[i];
 	rp.use_cache = false;
+	if (!cli_load_grammar(run_opts.json_schema, run_opts.json_object, &rp.grammar))
+		goto done;
 
 	cli_install_interrupt_handler();
 	rc = cli_generate(engine, &rp, stdout, &gen);

@@ -70,6 +70,37 @@ cli_load_model(const char *path, int n_threads, bool float_reference, bool compe
 	return model;
 }
 
+bool
+cli_load_grammar(const char *schema_file, bool json_object, cai_grammar **out)
+{
+	cai_error	err = {0};
+	char		what[600];
+	char	   *text;
+	size_t		len = 0;
+
+	*out = NULL;
+	if (json_object)
+	{
+		if (cai_grammar_any_object(out, &err) == CAI_OK)
+			return true;
+		cli_report("could not make the JSON object grammar", &err);
+		return false;
+	}
+	if (!schema_file)
+		return true;
+	text = cli_read_file(schema_file, &len);
+	if (!text)
+		return false;
+	if (cai_grammar_from_schema(text, len, out, &err) != CAI_OK)
+	{
+		snprintf(what, sizeof(what), "could not use the JSON Schema in \"%s\"", schema_file);
+		cli_report(what, &err);
+		*out = NULL;
+	}
+	free(text);
+	return *out != NULL;
+}
+
 /*
  * The public cai_model_info has the BOS id but not whether raw text should start with it
  * (SmolLM2 has a BOS id yet sets tokenizer.ggml.add_bos_token false), so this one fact is read

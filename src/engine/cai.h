@@ -213,6 +213,24 @@ typedef struct cai_sampling_params
 
 void		cai_sampling_params_default(cai_sampling_params *params);
 
+/* ---------------------------------------------------------------------------------------------
+ * Constrained replies: a grammar the reply must follow (JSON Schema, or any JSON object)
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct cai_grammar cai_grammar;
+
+/*
+ * Compiles a JSON Schema given as JSON text (a subset: see grammar.h).  An unsupported keyword
+ * or a malformed schema is CAI_ERR_INVALID_ARGUMENT with a message that names it and where.
+ */
+cai_status	cai_grammar_from_schema(const char *schema, size_t len, cai_grammar **out,
+									cai_error *err);
+
+/* Any JSON object (OpenAI's {"type": "json_object"}). */
+cai_status	cai_grammar_any_object(cai_grammar **out, cai_error *err);
+
+void		cai_grammar_free(cai_grammar *grammar);
+
 typedef struct cai_request_params
 {
 	const int32_t *prompt;		/* copied at submit */
@@ -221,6 +239,10 @@ typedef struct cai_request_params
 	uint64_t	cache_salt;		/* prefix-cache namespace (the caller's role, say) */
 	bool		use_cache;		/* look up and insert into the prefix cache */
 	void	   *user_data;		/* returned in every event of this request */
+	cai_grammar *grammar;		/* NULL, or the grammar the reply must follow: the engine takes
+								 * it over at submit (also when submit fails) and frees it; the
+								 * reply then ends where its value is complete (ignore_eos does
+								 * not apply) and takes no stop strings */
 } cai_request_params;
 
 cai_status	cai_engine_submit(cai_engine *engine, const cai_request_params *params,

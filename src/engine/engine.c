@@ -26,6 +26,7 @@
 #include "cpu/gemm.h"
 #include "cuda_loader.h"
 #include "cpu/threadpool.h"
+#include "grammar.h"
 #include "kv.h"
 #include "model.h"
 #include "prefix_cache.h"
@@ -68,6 +69,9 @@ typedef struct cai_request
 	/* sampling and text */
 	cai_rng		rng;
 	cai_reply_text reply;		/* detokenized text, stop strings, what was reported */
+	cai_grammar *grammar;		/* a constrained reply's grammar (owned), or NULL */
+	cai_grammar_state *grammar_state;
+	bool		grammar_failed; /* its mask could not be computed (out of memory) */
 
 	/* accounting */
 	cai_usage	usage;
@@ -92,6 +96,8 @@ struct cai_engine
 	cai_kv_pool *kv;
 	cai_prefix_cache *cache;
 	cai_sampler_scratch *samplers;	/* one per pool thread (see engine_sample_rows) */
+	cai_token_index *token_index;	/* the vocabulary indexed for grammars, made at first use */
+	uint64_t   *masks;			/* one mask of token_index's words per pool thread */
 
 	/* request lists, in FIFO order */
 	cai_request *waiting_head;
@@ -397,6 +403,8 @@ cai_engine_free(cai_engine *engine)
 	cai_kv_pool_free(engine->kv);
 	cai_forward_ctx_free(engine->forward);
 	cai_cuda_loader_close(&engine->cuda);
+	free(engine->masks);
+	cai_token_index_free(engine->token_index);
 	/* the samplers, if any, were made after the pool: one per thread */
 	for (int i = 0; engine->samplers && i < cai_threadpool_size(engine->pool); i++)
 		cai_sampler_scratch_free(&engine->samplers[i]);
@@ -442,6 +450,8 @@ request_free(cai_request *req)
 	cai_tokens_free(&req->tokens);
 	free(req->block_table);
 	cai_reply_text_free(&req->reply);
+	cai_grammar_state_free(req->grammar_state);
+	cai_grammar_free(req->grammar);
 	free(req);
 }
 
@@ -454,9 +464,50 @@ request_blocks_needed(const cai_request *req)
 	return (positions + CAI_KV_BLOCK_TOKENS - 1) / CAI_KV_BLOCK_TOKENS;
 }
 
-cai_status
-cai_engine_submit(cai_engine *engine, const cai_request_params *params,
-				  uint64_t *request_id, cai_error *err)
+/*
+ * The vocabulary indexed for grammars, made at the first constrained request (a few tens of
+ * milliseconds on a large vocabulary), with one mask buffer per pool thread.
+ */
+static cai_status
+engine_token_index(cai_engine *engine, cai_error *err)
+{
+	int32_t		end_ids[2];
+	int			n_end = 0;
+	int			n_threads = cai_threadpool_size(engine->pool);
+	cai_status	st;
+
+	if (engine->token_index)
+		return CAI_OK;
+	if (engine->model->tmpl.end_of_turn >= 0)
+		end_ids[n_end++] = engine->model->tmpl.end_of_turn;
+	if (cai_tokenizer_eos(engine->model->tokenizer) >= 0 &&
+		cai_tokenizer_eos(engine->model->tokenizer) != engine->model->tmpl.end_of_turn)
+		end_ids[n_end++] = cai_tokenizer_eos(engine->model->tokenizer);
+	st = cai_token_index_create(engine->model->tokenizer, end_ids, n_end, &engine->token_index,
+								err);
+	if (st != CAI_OK)
+	{
+		engine->token_index = NULL;
+		return st;
+	}
+	engine->masks = malloc(sizeof(uint64_t) * (size_t) n_threads *
+						   (size_t) cai_token_index_mask_words(engine->token_index));
+	if (!engine->masks)
+	{
+		cai_token_index_free(engine->token_index);
+		engine->token_index = NULL;
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory for grammar masks");
+	}
+	return CAI_OK;
+}
+
+/*
+ * Queues a request; *grammar_taken says whether the request took over params->grammar (it
+ * then frees it, whatever happens).
+ */
+static cai_status
+engine_submit(cai_engine *engine, const cai_request_params *params, uint64_t *request_id,
+			  bool *grammar_taken, cai_error *err)
 {
 	cai_request *req;
 	const cai_sampling_params *sp = &params->sampling;
@@ -482,6 +533,12 @@ cai_engine_submit(cai_engine *engine, const cai_request_params *params,
 	for (int i = 0; i < sp->n_stop; i++)
 		if (sp->stop[i] == NULL || sp->stop[i][0] == '\0')
 			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "stop strings must not be empty");
+	/* a stop string would cut a constrained value wherever it matched */
+	if (params->grammar && sp->n_stop > 0)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"stop strings cannot be combined with a JSON response format");
+	if (params->grammar && (st = engine_token_index(engine, err)) != CAI_OK)
+		return st;
 
 	/* the prompt plus at least one generated token must fit the context */
 	room = engine->context_length - params->n_prompt;
@@ -521,7 +578,19 @@ cai_engine_submit(cai_engine *engine, const cai_request_params *params,
 	if (!req)
 		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory queuing the request");
 	cai_tokens_init(&req->tokens);
+	req->grammar = params->grammar;
+	*grammar_taken = true;
+	if (req->grammar &&
+		(st = cai_grammar_state_create(req->grammar, engine->token_index, &req->grammar_state,
+									   err)) != CAI_OK)
+	{
+		request_free(req);
+		return st;
+	}
 	req->sampling = *sp;
+	/* a constrained reply ends where its value does: the end token cannot be banned */
+	if (req->grammar)
+		req->sampling.ignore_eos = false;
 	/* the stop strings are copied into the reply's text; the caller's may go away */
 	req->sampling.n_stop = 0;
 	memset(req->sampling.stop, 0, sizeof(req->sampling.stop));
@@ -564,6 +633,18 @@ cai_engine_submit(cai_engine *engine, const cai_request_params *params,
 	engine->stats.prompt_tokens += params->n_prompt;
 	*request_id = req->id;
 	return CAI_OK;
+}
+
+cai_status
+cai_engine_submit(cai_engine *engine, const cai_request_params *params,
+				  uint64_t *request_id, cai_error *err)
+{
+	bool		grammar_taken = false;
+	cai_status	st = engine_submit(engine, params, request_id, &grammar_taken, err);
+
+	if (st != CAI_OK && !grammar_taken)
+		cai_grammar_free(params->grammar);
+	return st;
 }
 
 /* Drops the request's block references; finished requests first offer full blocks to the cache. */
@@ -781,7 +862,7 @@ request_finish(cai_engine *engine, cai_request *req, cai_finish_reason reason, c
  */
 static int32_t
 request_sample(const cai_engine *engine, cai_request *req, const float *logits,
-			   cai_sampler_scratch *scratch)
+			   cai_sampler_scratch *scratch, uint64_t *mask)
 {
 	const cai_model *model = engine->model;
 	int32_t		banned[2];
@@ -796,6 +877,17 @@ request_sample(const cai_engine *engine, cai_request *req, const float *logits,
 		if (eos >= 0 && eos != eot)
 			banned[n_banned++] = eos;
 	}
+	if (req->grammar_state)
+	{
+		/* the allowed set is the request's own: the same on any thread, alone or batched */
+		if (!cai_grammar_state_allowed(req->grammar_state, mask))
+		{
+			req->grammar_failed = true;
+			return -1;
+		}
+		return cai_sample_masked(&req->sampling, &req->rng, logits, model->cfg.n_vocab, mask,
+								 banned, n_banned, scratch);
+	}
 	return cai_sample(&req->sampling, &req->rng, logits, model->cfg.n_vocab, banned, n_banned,
 					  scratch);
 }
@@ -805,9 +897,12 @@ sample_task(void *arg, int row, int thread)
 {
 	cai_engine *engine = arg;
 
+	uint64_t   *mask = engine->masks ? engine->masks + (size_t) thread *
+		(size_t) cai_token_index_mask_words(engine->token_index) : NULL;
+
 	engine->tokens[row] = request_sample(engine, engine->logit_req[row],
 										 engine->logits + (size_t) row * engine->model->cfg.n_vocab,
-										 &engine->samplers[thread]);
+										 &engine->samplers[thread], mask);
 }
 
 /*
@@ -835,6 +930,15 @@ request_take_token(cai_engine *engine, cai_request *req, int32_t token, cai_even
 	bool		last;
 	bool		stopped;
 
+	/* a token the grammar did not allow (or no mask at all) is a bug or out of memory: the
+	 * request fails rather than returning text outside its format */
+	if (req->grammar_state &&
+		(req->grammar_failed || token < 0 || !cai_grammar_state_accept(req->grammar_state, token)))
+	{
+		request_finish(engine, req, CAI_FINISH_ERROR, ev);
+		ev->error = "the response format's grammar could not be applied (out of memory)";
+		return;
+	}
 	ev->token = token;
 	if (req->n_generated == 0)
 		req->usage.ttft_ms = (cai_now_seconds() - req->submit_time) * 1000.0;

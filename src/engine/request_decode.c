@@ -15,6 +15,7 @@
 void
 cai_decoded_request_free(cai_decoded_request *req)
 {
+	cai_grammar_free(req->params.grammar);
 	free(req->prompt);
 	for (int i = 0; i < CAI_MAX_STOP_STRINGS; i++)
 		free(req->stop[i]);
@@ -66,6 +67,15 @@ decode_sampling(const cai_wire_generation *g, cai_decoded_request *out, cai_erro
 	sp->n_stop = g->n_stop;
 	out->params.cache_salt = g->cache_salt;
 	out->params.use_cache = g->use_cache;
+
+	/* a JSON reply: the schema is compiled here, in the engine process, like any input */
+	if (g->response_format != CAI_RESPONSE_TEXT && g->n_stop > 0)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"stop strings cannot be combined with a JSON response_format");
+	if (g->response_format == CAI_RESPONSE_JSON_OBJECT)
+		return cai_grammar_any_object(&out->params.grammar, err);
+	if (g->response_format == CAI_RESPONSE_JSON_SCHEMA)
+		return cai_grammar_from_schema(g->schema, g->schema_len, &out->params.grammar, err);
 	return CAI_OK;
 }
 

@@ -17,7 +17,8 @@ typedef struct cai_decoded_request
 {
 	cai_request_kind kind;
 
-	/* CHAT and COMPLETE: ready for cai_engine_submit (user_data left NULL) */
+	/* CHAT and COMPLETE: ready for cai_engine_submit (user_data left NULL; a grammar in it is
+	 * owned until submitted: set params.grammar to NULL once the engine has it) */
 	cai_request_params params;
 	int32_t    *prompt;			/* params.prompt, owned */
 	char	   *stop[CAI_MAX_STOP_STRINGS]; /* params.sampling.stop, owned */

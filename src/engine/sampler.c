@@ -106,12 +106,14 @@ cai_sampler_scratch_init(cai_sampler_scratch *s, int n_vocab, cai_error *err)
 	s->n_vocab = 0;
 	s->prob = NULL;
 	s->index = NULL;
+	s->masked = NULL;
 	if (n_vocab <= 0)
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
 						"sampler vocabulary size must be positive, got %d", n_vocab);
 	s->prob = malloc(sizeof(float) * (size_t) n_vocab);
 	s->index = malloc(sizeof(int32_t) * (size_t) n_vocab);
-	if (s->prob == NULL || s->index == NULL)
+	s->masked = malloc(sizeof(float) * (size_t) n_vocab);
+	if (s->prob == NULL || s->index == NULL || s->masked == NULL)
 	{
 		cai_sampler_scratch_free(s);
 		return cai_fail(err, CAI_ERR_NO_MEMORY,
@@ -127,8 +129,10 @@ cai_sampler_scratch_free(cai_sampler_scratch *s)
 {
 	free(s->prob);
 	free(s->index);
+	free(s->masked);
 	s->prob = NULL;
 	s->index = NULL;
+	s->masked = NULL;
 	s->n_vocab = 0;
 }
 
@@ -709,4 +713,35 @@ cai_sample(const cai_sampling_params *p, cai_rng *rng, const float *logits, int 
 	}
 	return sample_full_vocabulary(logits, n_vocab, banned, n_banned, max_logit, temperature,
 								  top_p, u, scratch);
+}
+
+int32_t
+cai_sample_masked(const cai_sampling_params *p, cai_rng *rng, const float *logits, int n_vocab,
+				  const uint64_t *allowed, const int32_t *banned, int n_banned,
+				  cai_sampler_scratch *scratch)
+{
+	float	   *masked;
+
+	if (allowed == NULL)
+		return cai_sample(p, rng, logits, n_vocab, banned, n_banned, scratch);
+	if (scratch == NULL || scratch->n_vocab < n_vocab || n_vocab <= 0 || logits == NULL)
+		return -1;
+	masked = scratch->masked;
+	/* a word at a time: grammars allow long runs of the vocabulary or almost none of it */
+	for (int w = 0; w * 64 < n_vocab; w++)
+	{
+		int			base = w * 64;
+		int			n = n_vocab - base < 64 ? n_vocab - base : 64;
+		uint64_t	bits = allowed[w];
+
+		if (bits == 0)
+			for (int i = 0; i < n; i++)
+				masked[base + i] = -INFINITY;
+		else if (bits == ~UINT64_C(0))
+			memcpy(masked + base, logits + base, sizeof(float) * (size_t) n);
+		else
+			for (int i = 0; i < n; i++)
+				masked[base + i] = (bits >> i) & 1 ? logits[base + i] : -INFINITY;
+	}
+	return cai_sample(p, rng, masked, n_vocab, banned, n_banned, scratch);
 }

@@ -26,6 +26,7 @@ typedef struct cai_sampler_scratch
 	int			n_vocab;
 	float	   *prob;			/* [n_vocab] */
 	int32_t    *index;			/* [n_vocab] */
+	float	   *masked;			/* [n_vocab] logits with the disallowed at -inf */
 } cai_sampler_scratch;
 
 cai_status	cai_sampler_scratch_init(cai_sampler_scratch *s, int n_vocab, cai_error *err);
@@ -39,5 +40,15 @@ void		cai_sampler_scratch_free(cai_sampler_scratch *s);
 int32_t		cai_sample(const cai_sampling_params *p, cai_rng *rng, const float *logits,
 					   int n_vocab, const int32_t *banned, int n_banned,
 					   cai_sampler_scratch *scratch);
+
+/*
+ * As cai_sample, among the tokens whose bit is set in allowed (bit i % 64 of word i / 64; NULL:
+ * every token): the others are sampled as if their logit were -inf, so greedy picks the best
+ * allowed token and a draw never lands outside the set.  The RNG advances as in cai_sample.
+ * allowed must not be empty.
+ */
+int32_t		cai_sample_masked(const cai_sampling_params *p, cai_rng *rng, const float *logits,
+							  int n_vocab, const uint64_t *allowed, const int32_t *banned,
+							  int n_banned, cai_sampler_scratch *scratch);
 
 #endif							/* CAI_SAMPLER_H */

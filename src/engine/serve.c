@@ -191,6 +191,7 @@ start_generation(server *s, uint64_t id, cai_decoded_request *dec)
 
 	dec->params.user_data = req;
 	st = cai_engine_submit(s->engine, &dec->params, &req->engine_id, &err);
+	dec->params.grammar = NULL; /* the engine's now, submitted or not */
 	if (st != CAI_OK)
 	{
 		if (st == CAI_ERR_QUEUE_FULL)

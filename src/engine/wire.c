@@ -192,6 +192,11 @@ cai_wire_put_generation(cai_wbuf *w, const cai_wire_generation *g)
 	cai_put_i32(w, g->n_stop);
 	for (int i = 0; i < g->n_stop && i < CAI_MAX_STOP_STRINGS; i++)
 		cai_put_text(w, g->stop[i], strlen(g->stop[i]));
+	cai_put_u8(w, g->response_format);
+	if (g->response_format == CAI_RESPONSE_JSON_SCHEMA && g->schema)
+		cai_put_text(w, g->schema, strlen(g->schema));
+	else
+		cai_put_text(w, "", 0);
 }
 
 bool
@@ -209,6 +214,9 @@ cai_wire_get_generation(cai_reader *r, cai_wire_generation *g)
 	for (int i = 0; i < g->n_stop; i++)
 		if (!cai_get_text(r, &g->stop[i], &g->stop_len[i]))
 			return false;
+	if (!cai_get_u8(r, &g->response_format) || g->response_format > CAI_RESPONSE_JSON_SCHEMA ||
+		!cai_get_text(r, &g->schema, &g->schema_len))
+		return false;
 	return true;
 }
 

@@ -23,7 +23,9 @@
  *   CACHE_RESET (nothing)
  * where
  *   generation = f32 temperature, f32 top_p, i32 top_k, u64 seed, i32 max_tokens, u8 truncate,
- *                u8 ignore_eos, u8 use_cache, u64 cache_salt, i32 n_stop, n_stop × text
+ *                u8 ignore_eos, u8 use_cache, u64 cache_salt, i32 n_stop, n_stop × text,
+ *                u8 response_format (cai_response_format), text JSON schema (empty unless
+ *                CAI_RESPONSE_JSON_SCHEMA)
  *   turn       = i32 role (cai_role), text content, i32 n_tokens (-1: tokenize the content),
  *                n_tokens × i32 id
  *
@@ -49,7 +51,7 @@
 
 #include "cai.h"
 
-#define CAI_WIRE_VERSION 1
+#define CAI_WIRE_VERSION 2
 
 /* The longest frame body either side accepts: a request with a whole long conversation fits. */
 #define CAI_FRAME_MAX_BODY (64u * 1024 * 1024)
@@ -64,6 +66,14 @@ typedef enum cai_request_kind
 	CAI_REQUEST_DETOKENIZE,		/* token ids -> text */
 	CAI_REQUEST_CACHE_RESET		/* empty the prefix cache */
 } cai_request_kind;
+
+/* What shape a generated reply must have */
+typedef enum cai_response_format
+{
+	CAI_RESPONSE_TEXT = 0,		/* free text */
+	CAI_RESPONSE_JSON_OBJECT,	/* any JSON object (OpenAI's "json_object") */
+	CAI_RESPONSE_JSON_SCHEMA	/* a JSON value valid against a JSON Schema */
+} cai_response_format;
 
 /* Response message types: the first byte of every response message */
 typedef enum cai_message_type
@@ -170,10 +180,17 @@ typedef struct cai_wire_generation
 	int32_t		n_stop;
 	const char *stop[CAI_MAX_STOP_STRINGS]; /* writing: NUL-terminated strings */
 	uint32_t	stop_len[CAI_MAX_STOP_STRINGS]; /* reading: stop[i] points into the payload */
+	uint8_t		response_format;	/* cai_response_format */
+	const char *schema;			/* JSON_SCHEMA: the schema's JSON text (writing: NUL-terminated;
+								 * reading: points into the payload, schema_len bytes) */
+	uint32_t	schema_len;
 } cai_wire_generation;
 
 void		cai_wire_put_generation(cai_wbuf *w, const cai_wire_generation *g);
-/* Reads the block; false for a short or ill-formed one (n_stop out of range, a flag not 0/1). */
+/*
+ * Reads the block; false for a short or ill-formed one (n_stop out of range, a flag not 0/1, an
+ * unknown response format).
+ */
 bool		cai_wire_get_generation(cai_reader *r, cai_wire_generation *g);
 
 /* A chat turn of a CHAT payload; tokens NULL (or n_tokens < 0): the engine tokenizes content. */

@@ -1,6 +1,7 @@
 /*
  * chat.c — the SQL functions that generate: cai_new_conversation, cai_chat, cai_chat_stream,
- * cai_complete, cai_chat_completion and the trigger cai_reply_trigger.
+ * cai_complete, cai_chat_completion, the typed replies cai_chat_json and cai_complete_json, and
+ * the trigger cai_reply_trigger.
  *
  * All run in the caller's backend as the caller: they read the conversation (its stored token
  * ids included) with SPI, send the turns to the engine worker, wait for the reply, and store the
@@ -40,6 +41,8 @@ PG_FUNCTION_INFO_V1(pg_cai_chat);
 PG_FUNCTION_INFO_V1(pg_cai_chat_stream);
 PG_FUNCTION_INFO_V1(pg_cai_complete);
 PG_FUNCTION_INFO_V1(pg_cai_chat_completion);
+PG_FUNCTION_INFO_V1(pg_cai_chat_json);
+PG_FUNCTION_INFO_V1(pg_cai_complete_json);
 PG_FUNCTION_INFO_V1(pg_cai_reply_trigger);
 
 /*
@@ -101,11 +104,12 @@ put_turn(cai_wbuf *buf, int role, const char *content, const int32 *tokens, int 
  * start_conversation_turn
  *		Reads the conversation, merges its options under the call's, and posts a CHAT request
  *		with the system prompt, the stored turns (up to up_to_message when not 0) and, when
- *		message is not NULL, the new user turn.
+ *		message is not NULL, the new user turn.  A schema (the typed replies' argument), when
+ *		given, constrains the reply over any response_format of the options.
  */
 static CaiGeneration *
 start_conversation_turn(int64 conversation_id, const char *message, Jsonb *call_options,
-						int64 up_to_message)
+						int64 up_to_message, Jsonb *schema)
 {
 	CaiConversation *conv;
 	CaiOptions	options;
@@ -121,6 +125,8 @@ start_conversation_turn(int64 conversation_id, const char *message, Jsonb *call_
 	CaiOptionsInit(&options);
 	CaiOptionsApply(&options, conv->options);
 	CaiOptionsApply(&options, call_options);
+	if (schema)
+		CaiOptionsSetSchema(&options, schema);
 
 	n_messages = list_length(conv->turns) + (conv->system_prompt ? 1 : 0) + (message ? 1 : 0);
 	if (n_messages == 0)
@@ -194,7 +200,7 @@ CaiReplyToMessage(int64 conversation_id, int64 message_id, Jsonb *options)
 {
 	CaiGeneration *gen;
 
-	gen = start_conversation_turn(conversation_id, NULL, options, message_id);
+	gen = start_conversation_turn(conversation_id, NULL, options, message_id, NULL);
 	CaiGenerationFinish(gen);
 
 	if (gen->final.n_user_tokens > 0)
@@ -237,10 +243,12 @@ require_argument(FunctionCallInfo fcinfo, int argno, const char *name)
 
 /*
  * chat_arguments
- *		The (conversation_id, message, options) arguments of cai_chat and cai_chat_stream.
+ *		The conversation_id, message and options (argument optarg) arguments of cai_chat,
+ *		cai_chat_stream and cai_chat_json.
  */
 static void
-chat_arguments(FunctionCallInfo fcinfo, int64 *conversation_id, char **message, Jsonb **options)
+chat_arguments(FunctionCallInfo fcinfo, int optarg, int64 *conversation_id, char **message,
+			   Jsonb **options)
 {
 	(void) CaiSharedStateOrError();
 	require_argument(fcinfo, 0, "conversation_id");
@@ -251,7 +259,7 @@ chat_arguments(FunctionCallInfo fcinfo, int64 *conversation_id, char **message, 
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("message must not be empty")));
-	*options = PG_ARGISNULL(2) ? NULL : PG_GETARG_JSONB_P(2);
+	*options = PG_ARGISNULL(optarg) ? NULL : PG_GETARG_JSONB_P(optarg);
 }
 
 /*
@@ -292,13 +300,67 @@ pg_cai_chat(PG_FUNCTION_ARGS)
 	Jsonb	   *options;
 	CaiGeneration *gen;
 
-	chat_arguments(fcinfo, &conversation_id, &message, &options);
+	chat_arguments(fcinfo, 2, &conversation_id, &message, &options);
 
-	gen = start_conversation_turn(conversation_id, message, options, 0);
+	gen = start_conversation_turn(conversation_id, message, options, 0, NULL);
 	CaiGenerationFinish(gen);
 	store_exchange(conversation_id, message, gen);
 
 	PG_RETURN_TEXT_P(text_from_utf8(gen->text.data, gen->text.len));
+}
+
+/*
+ * reply_as_jsonb
+ *		A constrained reply as jsonb.  The engine only lets a value end where it is complete, so a
+ *		reply that did not end there was cut by max_tokens: an error, never invalid JSON.
+ */
+static Datum
+reply_as_jsonb(const CaiGeneration *gen)
+{
+	if (gen->final.finish != CAI_FINISH_STOP)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("the reply was cut after %d tokens, before its JSON value was complete",
+						gen->final.completion_tokens),
+				 errhint("Raise max_tokens, or ask for a smaller value.")));
+	return DirectFunctionCall1(jsonb_in, CStringGetDatum(reply_text(gen)));
+}
+
+/* The schema argument of a typed reply: required. */
+static Jsonb *
+schema_argument(FunctionCallInfo fcinfo, int argno)
+{
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("schema must not be null"),
+				 errhint("Pass a JSON Schema, or '{\"type\": \"object\"}' for any object.")));
+	return PG_GETARG_JSONB_P(argno);
+}
+
+/*
+ * cai_chat_json(conversation_id bigint, message text, schema jsonb, options jsonb) -> jsonb
+ *		Like cai_chat, with the reply constrained to a JSON value valid against schema and
+ *		returned as jsonb.  Both turns are stored only when the value is complete.
+ */
+Datum
+pg_cai_chat_json(PG_FUNCTION_ARGS)
+{
+	int64		conversation_id;
+	char	   *message;
+	Jsonb	   *options;
+	Jsonb	   *schema;
+	CaiGeneration *gen;
+	Datum		result;
+
+	chat_arguments(fcinfo, 3, &conversation_id, &message, &options);
+	schema = schema_argument(fcinfo, 2);
+
+	gen = start_conversation_turn(conversation_id, message, options, 0, schema);
+	CaiGenerationFinish(gen);
+	result = reply_as_jsonb(gen);
+	store_exchange(conversation_id, message, gen);
+	PG_RETURN_DATUM(result);
 }
 
 /* cai_chat_stream's state across calls */
@@ -350,11 +412,11 @@ pg_cai_chat_stream(PG_FUNCTION_ARGS)
 		funcctx = SRF_FIRSTCALL_INIT();
 		old = MemoryContextSwitchTo(funcctx->multi_call_memory_ctx);
 
-		chat_arguments(fcinfo, &conversation_id, &message, &options);
+		chat_arguments(fcinfo, 2, &conversation_id, &message, &options);
 		state = palloc0(sizeof(StreamState));
 		state->conversation_id = conversation_id;
 		state->message = message;
-		state->gen = start_conversation_turn(conversation_id, message, options, 0);
+		state->gen = start_conversation_turn(conversation_id, message, options, 0, NULL);
 		state->econtext = rsinfo->econtext;
 		RegisterExprContextCallback(rsinfo->econtext, stream_shutdown, PointerGetDatum(state));
 		funcctx->user_fctx = state;
@@ -385,17 +447,17 @@ pg_cai_chat_stream(PG_FUNCTION_ARGS)
 }
 
 /*
- * cai_complete(prompt text, options jsonb) -> text
- *		Continues raw text, without a chat template or a conversation.
+ * start_completion
+ *		Posts a COMPLETE request for the prompt argument (argument 0) with options (argument
+ *		optarg), constrained to schema when one is given.
  */
-Datum
-pg_cai_complete(PG_FUNCTION_ARGS)
+static CaiGeneration *
+start_completion(FunctionCallInfo fcinfo, int optarg, Jsonb *schema)
 {
 	char	   *prompt;
 	int			len;
 	CaiOptions	options;
 	cai_wbuf	payload;
-	CaiGeneration *gen;
 
 	(void) CaiSharedStateOrError();
 	require_argument(fcinfo, 0, "prompt");
@@ -406,8 +468,10 @@ pg_cai_complete(PG_FUNCTION_ARGS)
 				 errmsg("prompt must not be empty")));
 
 	CaiOptionsInit(&options);
-	if (!PG_ARGISNULL(1))
-		CaiOptionsApply(&options, PG_GETARG_JSONB_P(1));
+	if (!PG_ARGISNULL(optarg))
+		CaiOptionsApply(&options, PG_GETARG_JSONB_P(optarg));
+	if (schema)
+		CaiOptionsSetSchema(&options, schema);
 
 	len = strlen(prompt);
 	prompt = to_utf8(prompt, &len);
@@ -416,10 +480,33 @@ pg_cai_complete(PG_FUNCTION_ARGS)
 	CaiOptionsWriteGeneration(&payload, &options, cache_salt(0));
 	cai_put_text(&payload, prompt, len);
 
-	gen = CaiGenerationStart(CAI_REQUEST_COMPLETE, &payload);
-	CaiGenerationFinish(gen);
+	return CaiGenerationStart(CAI_REQUEST_COMPLETE, &payload);
+}
 
+/*
+ * cai_complete(prompt text, options jsonb) -> text
+ *		Continues raw text, without a chat template or a conversation.
+ */
+Datum
+pg_cai_complete(PG_FUNCTION_ARGS)
+{
+	CaiGeneration *gen = start_completion(fcinfo, 1, NULL);
+
+	CaiGenerationFinish(gen);
 	PG_RETURN_TEXT_P(text_from_utf8(gen->text.data, gen->text.len));
+}
+
+/*
+ * cai_complete_json(prompt text, schema jsonb, options jsonb) -> jsonb
+ *		Continues raw text with a JSON value valid against schema, returned as jsonb.
+ */
+Datum
+pg_cai_complete_json(PG_FUNCTION_ARGS)
+{
+	CaiGeneration *gen = start_completion(fcinfo, 2, schema_argument(fcinfo, 1));
+
+	CaiGenerationFinish(gen);
+	PG_RETURN_DATUM(reply_as_jsonb(gen));
 }
 
 static void

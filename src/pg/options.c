@@ -20,7 +20,7 @@
 #define CAI_MAX_TOKENS_LIMIT	1048576
 #define CAI_TOP_K_LIMIT			1000000
 #define CAI_STOP_MAX_BYTES		256
-#define CAI_VALID_OPTIONS		"max_tokens, temperature, top_p, top_k, seed, stop, truncate, ignore_eos"
+#define CAI_VALID_OPTIONS		"max_tokens, temperature, top_p, top_k, seed, stop, truncate, ignore_eos, response_format"
 
 /*
  * CaiOptionsInit
@@ -204,6 +204,137 @@ apply_stop(CaiOptions *options, const JsonbValue *value)
 	}
 }
 
+static void
+bad_response_format(const char *detail)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("option \"response_format\" must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or {\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}"),
+			 errdetail("%s", detail)));
+}
+
+/* The value of key in a jsonb object container, or NULL when the key is absent. */
+static JsonbValue *
+object_field(JsonbContainer *object, const char *key)
+{
+	return getKeyJsonValueFromContainer(object, key, strlen(key), NULL);
+}
+
+/* Errors unless every key of the object is one of the NULL-terminated allowed names. */
+static void
+check_keys(JsonbContainer *object, const char *const *allowed, const char *where)
+{
+	JsonbIterator *it = JsonbIteratorInit(object);
+	JsonbIteratorToken tok;
+	JsonbValue	v;
+
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		const char *const *a;
+
+		if (tok != WJB_KEY)
+			continue;
+		for (a = allowed; *a; a++)
+			if ((int) strlen(*a) == v.val.string.len &&
+				memcmp(*a, v.val.string.val, v.val.string.len) == 0)
+				break;
+		if (*a == NULL)
+			bad_response_format(psprintf("%s has an unknown key \"%s\".", where,
+										 pnstrdup(v.val.string.val, v.val.string.len)));
+	}
+}
+
+/*
+ * apply_response_format
+ *		OpenAI's response_format: the shape is checked here; the schema itself is compiled by
+ *		the engine, which names any keyword it does not support.
+ */
+static void
+apply_response_format(CaiOptions *options, const JsonbValue *value)
+{
+	static const char *const format_keys[] = {"type", "json_schema", NULL};
+	static const char *const schema_keys[] = {"name", "description", "schema", "strict", NULL};
+	JsonbContainer *format;
+	JsonbValue *type;
+	char	   *type_name;
+
+	if (value->type != jbvBinary || !JsonContainerIsObject(value->val.binary.data))
+		bad_response_format(psprintf("Got a JSON %s.", jsonb_type_name(value)));
+	format = value->val.binary.data;
+	check_keys(format, format_keys, "response_format");
+	type = object_field(format, "type");
+	if (type == NULL || type->type != jbvString)
+		bad_response_format("It has no string \"type\".");
+	type_name = pnstrdup(type->val.string.val, type->val.string.len);
+
+	options->json_schema = NULL;
+	if (strcmp(type_name, "text") == 0 || strcmp(type_name, "json_object") == 0)
+	{
+		if (object_field(format, "json_schema") != NULL)
+			bad_response_format(psprintf("\"json_schema\" goes with type \"json_schema\", not \"%s\".",
+										 type_name));
+		options->response_format = strcmp(type_name, "text") == 0 ? CAI_RESPONSE_TEXT :
+			CAI_RESPONSE_JSON_OBJECT;
+	}
+	else if (strcmp(type_name, "json_schema") == 0)
+	{
+		JsonbValue *js = object_field(format, "json_schema");
+		JsonbValue *schema;
+		JsonbValue *name;
+		JsonbValue *strict;
+
+		if (js == NULL || js->type != jbvBinary || !JsonContainerIsObject(js->val.binary.data))
+			bad_response_format("Type \"json_schema\" needs a \"json_schema\" object.");
+		check_keys(js->val.binary.data, schema_keys, "json_schema");
+		schema = object_field(js->val.binary.data, "schema");
+		name = object_field(js->val.binary.data, "name");
+		strict = object_field(js->val.binary.data, "strict");
+		if (name != NULL && name->type != jbvString)
+			bad_response_format("\"json_schema\".\"name\" must be a string.");
+		if (strict != NULL && strict->type != jbvBool)
+			bad_response_format("\"json_schema\".\"strict\" must be a boolean.");
+		if (schema == NULL ||
+			!((schema->type == jbvBinary && JsonContainerIsObject(schema->val.binary.data)) ||
+			  schema->type == jbvBool))
+			bad_response_format("\"json_schema\".\"schema\" must be a JSON Schema (an object or a boolean).");
+		options->response_format = CAI_RESPONSE_JSON_SCHEMA;
+		if (schema->type == jbvBool)
+			options->json_schema = pstrdup(schema->val.boolean ? "true" : "false");
+		else
+			options->json_schema = JsonbToCString(NULL, schema->val.binary.data,
+												  schema->val.binary.len);
+	}
+	else
+		bad_response_format(psprintf("Unknown type \"%s\".", type_name));
+}
+
+/*
+ * CaiOptionsSetSchema
+ *		Constrains the reply to a JSON Schema given as jsonb (the typed-reply functions' schema
+ *		argument).
+ */
+void
+CaiOptionsSetSchema(CaiOptions *options, Jsonb *schema)
+{
+	if (JB_ROOT_IS_SCALAR(schema))
+	{
+		JsonbValue	v;
+
+		if (!JsonbExtractScalar(&schema->root, &v) || v.type != jbvBool)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("schema must be a JSON Schema: an object or a boolean")));
+		options->json_schema = pstrdup(v.val.boolean ? "true" : "false");
+	}
+	else if (!JB_ROOT_IS_OBJECT(schema))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("schema must be a JSON Schema: an object or a boolean")));
+	else
+		options->json_schema = JsonbToCString(NULL, &schema->root, VARSIZE(schema));
+	options->response_format = CAI_RESPONSE_JSON_SCHEMA;
+}
+
 /*
  * apply_key
  *		Applies one option; a JSON null restores the key's default.
@@ -274,6 +405,16 @@ apply_key(CaiOptions *options, const char *key, const JsonbValue *value)
 			wrong_type(key, "a boolean", value);
 		else
 			options->ignore_eos = value->val.boolean;
+	}
+	else if (strcmp(key, "response_format") == 0)
+	{
+		if (value->type == jbvNull)
+		{
+			options->response_format = defaults.response_format;
+			options->json_schema = NULL;
+		}
+		else
+			apply_response_format(options, value);
 	}
 	else
 		ereport(ERROR,
@@ -353,5 +494,8 @@ CaiOptionsWriteGeneration(cai_wbuf *buf, const CaiOptions *options, uint64 cache
 	g.n_stop = options->n_stop;
 	for (i = 0; i < options->n_stop; i++)
 		g.stop[i] = pg_server_to_any(options->stop[i], strlen(options->stop[i]), PG_UTF8);
+	g.response_format = (uint8_t) options->response_format;
+	if (options->json_schema)
+		g.schema = pg_server_to_any(options->json_schema, strlen(options->json_schema), PG_UTF8);
 	cai_wire_put_generation(buf, &g);
 }

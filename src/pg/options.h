@@ -25,11 +25,14 @@ typedef struct CaiOptions
 	char	   *stop[CAI_MAX_STOP_STRINGS];
 	bool		truncate;
 	bool		ignore_eos;		/* run to max_tokens (benchmarks, tests) */
+	cai_response_format response_format;
+	char	   *json_schema;	/* CAI_RESPONSE_JSON_SCHEMA: the schema as JSON text */
 } CaiOptions;
 
 extern void CaiOptionsInit(CaiOptions *options);
 extern void CaiOptionsApply(CaiOptions *options, Jsonb *json);
 extern void CaiOptionsValidate(Jsonb *json);
+extern void CaiOptionsSetSchema(CaiOptions *options, Jsonb *schema);
 extern void CaiOptionsWriteGeneration(cai_wbuf *buf, const CaiOptions *options,
 									  uint64 cache_salt);
 

@@ -717,3 +717,76 @@ TEST(sampler_weights_bits_pinned)
 	cai_sampler_scratch_free(&scratch);
 	free(logits);
 }
+
+/*
+ * Masked sampling (a grammar's allowed tokens): greedy takes the best allowed token, draws follow
+ * the softmax over the allowed tokens only, and a mask that allows everything gives the same
+ * tokens and RNG stream as no mask.
+ */
+TEST(sampler_masked)
+{
+	enum
+	{
+		N = 150					/* spans three mask words, the last one partial */
+	};
+	float		logits[N];
+	uint64_t	allowed[3] = {0, 0, 0};
+	uint64_t	all[3] = {~UINT64_C(0), ~UINT64_C(0), ~UINT64_C(0)};
+	int			keep[N];
+	double		expect[N];
+	int			counts[N];
+	cai_sampler_scratch scratch;
+	cai_sampling_params greedy = sampling(0.0f, 0, 1.0f);
+	cai_sampling_params warm = sampling(0.8f, 0, 1.0f);
+	cai_rng		rng;
+	cai_rng		rng_plain;
+
+	CHECK_EQ_INT(cai_sampler_scratch_init(&scratch, N, NULL), CAI_OK);
+	for (int i = 0; i < N; i++)
+	{
+		logits[i] = (float) ((i * 37) % 23) * 0.25f;
+		keep[i] = (i % 7 == 3) || i == 149;
+		if (keep[i])
+			allowed[i / 64] |= UINT64_C(1) << (i % 64);
+	}
+
+	/* greedy: the best allowed token (the best overall is not allowed) */
+	{
+		int32_t		best = -1;
+
+		for (int i = 0; i < N; i++)
+			if (keep[i] && (best < 0 || logits[i] > logits[best]))
+				best = i;
+		cai_rng_seed(&rng, 1);
+		CHECK_EQ_INT(cai_sample_masked(&greedy, &rng, logits, N, allowed, NULL, 0, &scratch), best);
+	}
+
+	/* sampled: only allowed tokens, in the softmax's proportions over them */
+	softmax_reference(logits, keep, N, 0.8, expect);
+	memset(counts, 0, sizeof(counts));
+	cai_rng_seed(&rng, 7);
+	for (int d = 0; d < N_DRAWS; d++)
+	{
+		int32_t		t = cai_sample_masked(&warm, &rng, logits, N, allowed, NULL, 0, &scratch);
+
+		CHECK(t >= 0 && t < N && keep[t]);
+		if (t >= 0 && t < N)
+			counts[t]++;
+	}
+	for (int i = 0; i < N; i++)
+	{
+		double		sigma = sqrt(expect[i] * (1.0 - expect[i]) / N_DRAWS);
+
+		CHECK_MSG(fabs(counts[i] / (double) N_DRAWS - expect[i]) <= 4 * sigma + 1e-12,
+				  "token %d: %d draws, expected p %.4f", i, counts[i], expect[i]);
+	}
+
+	/* a mask of everything is no mask */
+	cai_rng_seed(&rng, 99);
+	cai_rng_seed(&rng_plain, 99);
+	for (int d = 0; d < 200; d++)
+		CHECK_EQ_INT(cai_sample_masked(&warm, &rng, logits, N, all, NULL, 0, &scratch),
+					 cai_sample(&warm, &rng_plain, logits, N, NULL, 0, &scratch));
+	CHECK(rng.s[0] == rng_plain.s[0] && rng.s[3] == rng_plain.s[3]);
+	cai_sampler_scratch_free(&scratch);
+}

@@ -433,15 +433,18 @@ TEST(serve_refuses_bad_requests_clearly)
 	cai_wbuf_reset(&p);
 	{
 		cai_wire_generation gen;
+		char	   *x;
 
 		memset(&gen, 0, sizeof(gen));
 		gen.top_p = 1.0f;
 		gen.max_tokens = 4;
-		gen.n_stop = 0;
+		gen.n_stop = 1;
+		gen.stop[0] = "a\x7f\x7f";
 		cai_wire_put_generation(&p, &gen);
-		p.len -= sizeof(int32_t);	/* rewrite n_stop with one stop string "a\0b" */
-		cai_put_i32(&p, 1);
-		cai_put_text(&p, "a\0b", 3);
+		x = memmem(p.data, p.len, "a\x7f\x7f", 3);	/* the stop string becomes "a\0\x7f" */
+		CHECK(x != NULL);
+		if (x)
+			x[1] = '\0';
 		cai_put_text(&p, "hi", 2);
 	}
 	send_request(&s, 6, CAI_REQUEST_COMPLETE, &p);
