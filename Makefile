@@ -48,6 +48,8 @@ tests/unit/run_unit: $(UNIT_SRCS) $(wildcard tests/unit/*.h tests/synth/*.h) bui
 unit: tests/unit/run_unit
 	tests/unit/run_unit
 
+include tests/fuzz/fuzz.mk
+
 # ---- the extension (PGXS) ---------------------------------------------------------------------
 MODULE_big = pg_cai
 OBJS = pg_cai.o $(patsubst %.c,%.o,$(wildcard src/pg/*.c))
