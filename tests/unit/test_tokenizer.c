@@ -604,6 +604,36 @@ TEST(tokenizer_plain_text_never_yields_special_tokens)
 	cai_tokenizer_free(spm);
 }
 
+/*
+ * A vocabulary whose token for a byte's character is a control token (here "a" comes first, so
+ * it is the one the text "a" finds): plain text drops that byte rather than produce the control
+ * token; parsing special tokens still finds it.
+ */
+TEST(tokenizer_control_byte_token_not_from_plain_text)
+{
+	static const char *const controls[] = {"a", "\xC4\xA0"};	/* "a" and "Ġ" (a space) */
+	cai_tokenizer *tok = fixture_bpe("gpt2", controls, 2, NULL, 0, NULL, 0, -1, -1, false);
+	cai_tokens	t;
+	cai_error	err;
+
+	CHECK(tok);
+	if (!tok)
+		return;
+	cai_tokens_init(&t);
+	CHECK_EQ_INT(cai_tokenizer_encode(tok, "ab a", 4, false, &t, &err), CAI_OK);
+	CHECK_EQ_INT(t.n, 1);
+	CHECK_EQ_INT(t.ids[0], FIXTURE_BPE_BYTE(2, 'b'));
+	for (int i = 0; i < t.n; i++)
+		CHECK(!cai_tokenizer_is_special(tok, t.ids[i]));
+	t.n = 0;
+	CHECK_EQ_INT(cai_tokenizer_encode(tok, "ab", 2, true, &t, &err), CAI_OK);
+	CHECK_EQ_INT(t.n, 2);
+	CHECK_EQ_INT(t.ids[0], 0);
+	CHECK_EQ_INT(t.ids[1], FIXTURE_BPE_BYTE(2, 'b'));
+	cai_tokens_free(&t);
+	cai_tokenizer_free(tok);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Round trips and streaming
  * ------------------------------------------------------------------------------------------- */
