@@ -123,10 +123,60 @@ is_prefix(const cai_tokens *a, const cai_tokens *b)
 	return a->n <= b->n && ids_equal(a->ids, b->ids, a->n);
 }
 
-/* Renders m[0..n) into out (emptied first); checks the spans and the ids. */
+static bool
+is_trim_space(char c)
+{
+	return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f';
+}
+
+/* s[0..*len) without white space at either end. */
+static const char *
+trim(const char *s, size_t *len)
+{
+	while (*len > 0 && is_trim_space(s[0]))
+		s++, (*len)--;
+	while (*len > 0 && is_trim_space(s[*len - 1]))
+		(*len)--;
+	return s;
+}
+
+/*
+ * The ids a message's text became: never a special token (content is not parsed for them), and
+ * with byte-level BPE exactly the text, or (formats that trim) the trimmed text, possibly after
+ * one space (Llama 2 spells it out).
+ */
+static void
+check_content(const cai_chat_template *tmpl, const cai_tokenizer *tok, bool bpe,
+			  const cai_chat_message *m, const int32_t *ids, int n)
+{
+	const char *text = m->content ? m->content : "";
+	size_t		len = strlen(text);
+	size_t		got_len;
+	char	   *got;
+	const char *g;
+
+	for (int i = 0; i < n; i++)
+		FUZZ_CHECK(!cai_tokenizer_is_special(tok, ids[i]));
+	if (!bpe)
+		return;
+	got = fuzz_token_text(tok, ids, n, false, &got_len);
+	g = got;
+	if (tmpl->kind != CAI_TEMPLATE_CHATML && tmpl->kind != CAI_TEMPLATE_ZEPHYR)
+	{
+		text = trim(text, &len);
+		g = trim(got, &got_len);
+	}
+	FUZZ_CHECK(got_len == len && memcmp(g, text, len) == 0);
+	free(got);
+}
+
+/*
+ * Renders m[0..n) into out (emptied first); checks the spans, the ids and (bpe: a byte-level
+ * BPE tokenizer) the contents.
+ */
 static cai_status
-render(const cai_chat_template *tmpl, const cai_tokenizer *tok, const cai_chat_message *m,
-	   int n, bool gen, cai_tokens *out)
+render(const cai_chat_template *tmpl, const cai_tokenizer *tok, bool bpe,
+	   const cai_chat_message *m, int n, bool gen, cai_tokens *out)
 {
 	int32_t		spans[MAX_MESSAGES][2];
 	cai_error	err;
@@ -160,13 +210,16 @@ render(const cai_chat_template *tmpl, const cai_tokenizer *tok, const cai_chat_m
 		if (m[i].tokens)
 			FUZZ_CHECK(end - start == m[i].n_tokens &&
 					   ids_equal(out->ids + start, m[i].tokens, m[i].n_tokens));
+		else
+			check_content(tmpl, tok, bpe, &m[i], out->ids + start, end - start);
 	}
 	return CAI_OK;
 }
 
 /* Rendering over one tokenizer: validity, and the prefix properties the prefix cache needs. */
 static void
-check_render(const cai_chat_template *tmpl, const cai_tokenizer *tok, const fuzz_messages *msgs)
+check_render(const cai_chat_template *tmpl, const cai_tokenizer *tok, bool bpe,
+			 const fuzz_messages *msgs)
 {
 	bool		valid = messages_valid(msgs->m, msgs->n, cai_tokenizer_n_vocab(tok));
 	cai_tokens	prev,
@@ -177,18 +230,18 @@ check_render(const cai_chat_template *tmpl, const cai_tokenizer *tok, const fuzz
 	cai_tokens_init(&prev);
 	cai_tokens_init(&cur);
 	cai_tokens_init(&gen);
-	st = render(tmpl, tok, msgs->m, msgs->n, true, &cur);
+	st = render(tmpl, tok, bpe, msgs->m, msgs->n, true, &cur);
 	FUZZ_CHECK(valid ? st == CAI_OK : st == CAI_ERR_INVALID_ARGUMENT);
 	if (valid)
 	{
-		FUZZ_CHECK(render(tmpl, tok, msgs->m, 0, false, &prev) == CAI_OK);
+		FUZZ_CHECK(render(tmpl, tok, bpe, msgs->m, 0, false, &prev) == CAI_OK);
 		for (int k = 1; k <= msgs->n; k++)
 		{
-			FUZZ_CHECK(render(tmpl, tok, msgs->m, k, false, &cur) == CAI_OK);
+			FUZZ_CHECK(render(tmpl, tok, bpe, msgs->m, k, false, &cur) == CAI_OK);
 			FUZZ_CHECK(is_prefix(&prev, &cur));
 			if (k >= 2 && msgs->m[k - 1].role == CAI_ROLE_ASSISTANT)
 			{
-				FUZZ_CHECK(render(tmpl, tok, msgs->m, k - 1, true, &gen) == CAI_OK);
+				FUZZ_CHECK(render(tmpl, tok, bpe, msgs->m, k - 1, true, &gen) == CAI_OK);
 				FUZZ_CHECK(is_prefix(&gen, &cur));
 			}
 			prev.n = 0;
@@ -232,7 +285,7 @@ check_build_prompt(cai_model *model, const fuzz_messages *msgs, const cai_prompt
 		for (int i = 0; i < n; i++)
 			if (m[i].role == CAI_ROLE_SYSTEM || i == n - 1 || !params->truncate)
 				kept[n_kept++] = m[i];
-		FUZZ_CHECK(render(&model->tmpl, model->tokenizer, kept, n_kept,
+		FUZZ_CHECK(render(&model->tmpl, model->tokenizer, true, kept, n_kept,
 						  params->add_generation_prompt, &ref) == CAI_OK);
 		FUZZ_CHECK(ref.n > params->max_prompt_tokens);
 		FUZZ_CHECK(prompt.ids == NULL);
@@ -245,7 +298,7 @@ check_build_prompt(cai_model *model, const fuzz_messages *msgs, const cai_prompt
 	for (int i = 0; i < n; i++)
 		if (m[i].role == CAI_ROLE_SYSTEM || i >= prompt.first_message)
 			kept[n_kept++] = m[i];
-	FUZZ_CHECK(render(&model->tmpl, model->tokenizer, kept, n_kept, params->add_generation_prompt,
+	FUZZ_CHECK(render(&model->tmpl, model->tokenizer, true, kept, n_kept, params->add_generation_prompt,
 					  &ref) == CAI_OK);
 	FUZZ_CHECK(ref.n == prompt.n_ids && ids_equal(ref.ids, prompt.ids, ref.n));
 	if (m[n - 1].tokens)
@@ -305,7 +358,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	read_messages(&in, &msgs);
 
 	pick_template(flags, (flags & 8) ? NULL : jinja, arch, name, tok, &tmpl);
-	check_render(&tmpl, tok, &msgs);
+	check_render(&tmpl, tok, fuzz_tokenizer_is_bpe(flags >> 5), &msgs);
 
 	pick_template(flags, (flags & 8) ? NULL : jinja, arch, name, model->tokenizer, &model->tmpl);
 	check_build_prompt(model, &msgs, &params);

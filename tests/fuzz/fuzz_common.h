@@ -110,48 +110,37 @@ fuzz_chunk(fuzz_input *in, size_t max, size_t *len)
 static inline int
 fuzz_utf8_sequence(const unsigned char *s, size_t len, size_t *subpart)
 {
-	unsigned char c = s[0];
-	int			need;
-	unsigned char lo = 0x80,
-				hi = 0xBF;
-	size_t		k;
+	/* lead bytes, the sequence length, the range of the second byte (table 3-7) */
+	static const struct
+	{
+		unsigned char first,
+					last,
+					need,
+					lo,
+					hi;
+	}			leads[] = {
+		{0xC2, 0xDF, 2, 0x80, 0xBF}, {0xE0, 0xE0, 3, 0xA0, 0xBF}, {0xE1, 0xEC, 3, 0x80, 0xBF},
+		{0xED, 0xED, 3, 0x80, 0x9F}, {0xEE, 0xEF, 3, 0x80, 0xBF}, {0xF0, 0xF0, 4, 0x90, 0xBF},
+		{0xF1, 0xF3, 4, 0x80, 0xBF}, {0xF4, 0xF4, 4, 0x80, 0x8F},
+	};
 
 	*subpart = 1;
-	if (c < 0x80)
+	if (s[0] < 0x80)
 		return 1;
-	if (c >= 0xC2 && c <= 0xDF)
-		need = 2;
-	else if (c >= 0xE0 && c <= 0xEF)
+	for (size_t i = 0; i < sizeof(leads) / sizeof(leads[0]); i++)
 	{
-		need = 3;
-		if (c == 0xE0)
-			lo = 0xA0;
-		else if (c == 0xED)
-			hi = 0x9F;
-	}
-	else if (c >= 0xF0 && c <= 0xF4)
-	{
-		need = 4;
-		if (c == 0xF0)
-			lo = 0x90;
-		else if (c == 0xF4)
-			hi = 0x8F;
-	}
-	else
-		return 0;
-	for (k = 1; k < (size_t) need; k++)
-	{
-		unsigned char b;
+		size_t		k;
 
-		if (k >= len)
-			break;
-		b = s[k];
-		if (k == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF))
-			break;
+		if (s[0] < leads[i].first || s[0] > leads[i].last)
+			continue;
+		for (k = 1; k < leads[i].need && k < len; k++)
+			if (k == 1 ? (s[1] < leads[i].lo || s[1] > leads[i].hi) : (s[k] < 0x80 || s[k] > 0xBF))
+				break;
+		if (k == leads[i].need)
+			return k;
+		*subpart = k;
+		return 0;
 	}
-	if (k == (size_t) need)
-		return need;
-	*subpart = k;
 	return 0;
 }
 
@@ -336,6 +325,37 @@ fuzz_model_load(const uint8_t *data, size_t size, const cai_model_params *params
 	st = cai_model_load(path, params, out, err);
 	close(fd);
 	return st;
+}
+
+/* What a loaded model offers a caller, once: info, description, tokens, a chat prompt. */
+static inline void
+fuzz_use_model(cai_model *model)
+{
+	cai_model_info info;
+	char	   *text = NULL;
+	int32_t    *ids = NULL;
+	int			n_ids = 0;
+	size_t		len;
+	cai_error	err;
+	cai_chat_message msgs[2] = {
+		{CAI_ROLE_SYSTEM, "Be brief.", NULL, 0},
+		{CAI_ROLE_USER, "Hello <|im_end|> world 12345 \xF0\x9F\x98\x80", NULL, 0},
+	};
+	cai_prompt	prompt;
+
+	cai_model_get_info(model, &info);
+	FUZZ_CHECK(info.n_vocab > 0 && info.arch && info.name && info.chat_template);
+	FUZZ_CHECK(cai_model_describe(model, &text, &err) == CAI_OK);
+	cai_free(text);
+	FUZZ_CHECK(cai_tokenize(model, msgs[1].content, strlen(msgs[1].content), true, &ids, &n_ids,
+							&err) == CAI_OK);
+	FUZZ_CHECK(cai_detokenize(model, ids, n_ids, &text, &len, &err) == CAI_OK);
+	cai_free(text);
+	cai_free(ids);
+	FUZZ_CHECK(cai_chat_build_prompt(model, msgs, 2, NULL, &prompt, &err) == CAI_OK);
+	for (int i = 0; i < prompt.n_ids; i++)
+		FUZZ_CHECK(prompt.ids[i] >= 0 && prompt.ids[i] < info.n_vocab);
+	cai_prompt_free(&prompt);
 }
 
 #endif							/* CAI_FUZZ_COMMON_H */

@@ -5,7 +5,8 @@
  * accessor (each metadata pair by key and type, each array element, each tensor by name, its
  * first and last data byte, a dequantized first row), and its tokenizer is loaded.  Then the same
  * bytes go through cai_model_load (from a memory file: the path the server takes, mmap and all),
- * and a model that loads is described, tokenizes and detokenizes, and builds a chat prompt.
+ * (with compensated rounding or the float reference for some input sizes), and a model that
+ * loads is described, tokenizes and detokenizes, and builds a chat prompt.
  * The seeds are tiny synthetic models (tests/fuzz/gen_corpus.c), so mutations reach the loader's
  * shape and type checks, not only the header.  Invariants: nothing but the sanitizers' and
  * these: a failed open or load reports a status other than CAI_OK with a message; look-ups of
@@ -104,37 +105,6 @@ walk_tensor(const gguf_file *f, const gguf_tensor *t)
 	}
 }
 
-/* What a loaded model offers a caller, once. */
-static void
-use_model(cai_model *model)
-{
-	cai_model_info info;
-	char	   *text = NULL;
-	int32_t    *ids = NULL;
-	int			n_ids = 0;
-	size_t		len;
-	cai_error	err;
-	cai_chat_message msgs[2] = {
-		{CAI_ROLE_SYSTEM, "Be brief.", NULL, 0},
-		{CAI_ROLE_USER, "Hello <|im_end|> world 12345 \xF0\x9F\x98\x80", NULL, 0},
-	};
-	cai_prompt	prompt;
-
-	cai_model_get_info(model, &info);
-	FUZZ_CHECK(info.n_vocab > 0 && info.arch && info.name && info.chat_template);
-	FUZZ_CHECK(cai_model_describe(model, &text, &err) == CAI_OK);
-	cai_free(text);
-	FUZZ_CHECK(cai_tokenize(model, msgs[1].content, strlen(msgs[1].content), true, &ids, &n_ids,
-							&err) == CAI_OK);
-	FUZZ_CHECK(cai_detokenize(model, ids, n_ids, &text, &len, &err) == CAI_OK);
-	cai_free(text);
-	cai_free(ids);
-	FUZZ_CHECK(cai_chat_build_prompt(model, msgs, 2, NULL, &prompt, &err) == CAI_OK);
-	for (int i = 0; i < prompt.n_ids; i++)
-		FUZZ_CHECK(prompt.ids[i] >= 0 && prompt.ids[i] < info.n_vocab);
-	cai_prompt_free(&prompt);
-}
-
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -165,6 +135,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	cai_model_params_default(&params);
 	params.n_threads = 1;
+	/* the loader's other paths, picked by the input's size so that a crash input replays */
+	params.compensated_rounding = size % 4 == 1;
+	params.load_float_reference = size % 4 == 2;
 	st = fuzz_model_load(data, size, &params, &model, &err);
 	if (getenv("FUZZ_VERBOSE"))	/* which check an input reaches, when growing the corpus */
 		fprintf(stderr, "model load: %s\n", st == CAI_OK ? "ok" : err.message);
@@ -173,7 +146,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		FUZZ_CHECK(err.status == st && err.message[0] != '\0');
 	else
 	{
-		use_model(model);
+		fuzz_use_model(model);
 		cai_model_free(model);
 	}
 	return 0;

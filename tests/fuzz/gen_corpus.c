@@ -127,40 +127,47 @@ gguf_seeds(void)
 	static const char llama3_template[] =
 		"{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
 		"{{ m['content'] | trim }}<|eot_id|>{% endfor %}";
-	synth_model_config cfg;
-
 	/* small llamas and a qwen2: each weight format the loader converts, tied and untied */
-	synth_model_default_config(&cfg);
-	cfg.n_layers = 1;
-	cfg.d_model = 32;
-	cfg.n_heads = 4;
-	cfg.n_kv_heads = 2;
-	cfg.d_ff = 64;
-	cfg.weight_type = GGML_TYPE_Q8_0;
-	cfg.embd_type = GGML_TYPE_Q8_0;
-	model_seed("llama-q8_0.gguf", &cfg);
+	static const struct
+	{
+		const char *name;
+		const char *arch;
+		int			n_heads,
+					n_kv_heads,
+					head_dim,
+					d_ff;
+		ggml_type	weight_type,
+					embd_type;
+		bool		tied;
+		const char *pre;
+		const char *chat_template;
+	}			models[] = {
+		{"llama-q8_0.gguf", "llama", 4, 2, 0, 64, GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, true, "smollm", NULL},
+		{"llama-q4-keylength.gguf", "llama", 2, 1, 32, 64, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, true,
+		"llama-bpe", llama3_template},
+		{"qwen2-f16-untied.gguf", "qwen2", 2, 1, 0, 32, GGML_TYPE_F16, GGML_TYPE_BF16, false, "qwen2",
+		NULL},
+	};
 
-	cfg.weight_type = GGML_TYPE_Q4_0;
-	cfg.embd_type = GGML_TYPE_Q4_1;
-	cfg.n_heads = 2;
-	cfg.n_kv_heads = 1;
-	cfg.head_dim = 32;			/* written as key/value_length */
-	cfg.chat_template = llama3_template;
-	cfg.tokenizer_pre = "llama-bpe";
-	model_seed("llama-q4-keylength.gguf", &cfg);
+	for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++)
+	{
+		synth_model_config cfg;
 
-	synth_model_default_config(&cfg);
-	cfg.arch = "qwen2";
-	cfg.n_layers = 1;
-	cfg.d_model = 32;
-	cfg.n_heads = 2;
-	cfg.n_kv_heads = 1;
-	cfg.d_ff = 32;
-	cfg.weight_type = GGML_TYPE_F16;
-	cfg.embd_type = GGML_TYPE_BF16;
-	cfg.tied_embeddings = false;
-	cfg.tokenizer_pre = "qwen2";
-	model_seed("qwen2-f16-untied.gguf", &cfg);
+		synth_model_default_config(&cfg);
+		cfg.arch = models[i].arch;
+		cfg.n_layers = 1;
+		cfg.d_model = 32;
+		cfg.n_heads = models[i].n_heads;
+		cfg.n_kv_heads = models[i].n_kv_heads;
+		cfg.head_dim = models[i].head_dim;	/* not 0: written as key/value_length */
+		cfg.d_ff = models[i].d_ff;
+		cfg.weight_type = models[i].weight_type;
+		cfg.embd_type = models[i].embd_type;
+		cfg.tied_embeddings = models[i].tied;
+		cfg.tokenizer_pre = models[i].pre;
+		cfg.chat_template = models[i].chat_template;
+		model_seed(models[i].name, &cfg);
+	}
 
 	/* a tensor of every type the engine reads, and metadata of every value type */
 	{
@@ -169,28 +176,38 @@ gguf_seeds(void)
 			GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0,
 			GGML_TYPE_Q4_1, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K
 		};
-		static const int32_t ints[] = {-1, 0, 1, 70000};
+		/* bytes read as arrays of every fixed-size value type: extremes, NaN, bools of 0xFF */
+		static const uint8_t pattern[16] = {
+			0xFF, 0xFF, 0xFF, 0x7F, 0x00, 0x00, 0xC0, 0x7F, 0x01, 0x00, 0x00, 0x80, 0xFF, 0x00,
+			0x00, 0x00
+		};
+		static const struct
+		{
+			gguf_value_type type;
+			size_t		size;
+		}			value_types[] = {
+			{GGUF_TYPE_UINT8, 1}, {GGUF_TYPE_INT8, 1}, {GGUF_TYPE_UINT16, 2}, {GGUF_TYPE_INT16, 2},
+			{GGUF_TYPE_UINT32, 4}, {GGUF_TYPE_INT32, 4}, {GGUF_TYPE_FLOAT32, 4}, {GGUF_TYPE_BOOL, 1},
+			{GGUF_TYPE_UINT64, 8}, {GGUF_TYPE_INT64, 8}, {GGUF_TYPE_FLOAT64, 8},
+		};
 		static const char *const strs[] = {"", "a", "\xE2\x96\x81"};
+		static const size_t str_lens[] = {0, 1, 3};
 		float		x[512];
 
 		for (int i = 0; i < 512; i++)
 			x[i] = (float) ((i * 37) % 101 - 50) / 7.0f;
 		gguf_writer_set_alignment(w, 64);
 		gguf_writer_add_str(w, "general.architecture", "llama");
-		gguf_writer_add_u8(w, "t.u8", 200);
-		gguf_writer_add_i8(w, "t.i8", -3);
-		gguf_writer_add_u16(w, "t.u16", 60000);
-		gguf_writer_add_i16(w, "t.i16", -30000);
-		gguf_writer_add_u32(w, "t.u32", 4000000000u);
-		gguf_writer_add_i32(w, "t.i32", -2);
-		gguf_writer_add_u64(w, "t.u64", UINT64_MAX);
-		gguf_writer_add_i64(w, "t.i64", INT64_MIN);
-		gguf_writer_add_f32(w, "t.f32", 1.5f);
-		gguf_writer_add_f64(w, "t.f64", 1e300);
-		gguf_writer_add_bool(w, "t.bool", true);
 		gguf_writer_add_str_len(w, "t.str", "a\0b", 3);
-		gguf_writer_add_arr(w, "t.arr_i32", GGUF_TYPE_INT32, ints, 4);
-		gguf_writer_add_arr_str(w, "t.arr_str", strs, 3);
+		gguf_writer_add_arr_str_len(w, "t.arr_str", strs, str_lens, 3);
+		for (size_t i = 0; i < sizeof(value_types) / sizeof(value_types[0]); i++)
+		{
+			char		key[32];
+
+			snprintf(key, sizeof(key), "t.arr_%s", gguf_value_type_name(value_types[i].type));
+			gguf_writer_add_arr(w, key, value_types[i].type, pattern,
+								sizeof(pattern) / value_types[i].size);
+		}
 		for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
 		{
 			int64_t		ne[2] = {256, 2};
@@ -415,6 +432,36 @@ tokenizer_load_seeds(void)
 	}
 }
 
+/* fuzz_model_shapes: configurations (see its header for the bytes), some with patches */
+static void
+model_shapes_seeds(void)
+{
+	static const uint8_t configs[][13] = {
+		/* flags, weight type, embd type, layers, heads, kv, head_dim/8, d_model, d_ff, rope, ctx, seed */
+		{0, 0, 0, 0, 3, 1, 0, 7, 15, 0x10, 0x27, 64, 1},	/* llama f32, 4 heads / 2 kv, d 32 */
+		{1 | 2, 3, 3, 1, 1, 0, 2, 1, 3, 0x10, 0x27, 64, 2},	/* qwen2 q8_0 untied, head 16 */
+		{8, 4, 5, 0, 3, 2, 3, 2, 1, 0x00, 0x01, 255, 3},	/* q4_0/q4_1, 4 heads of 24, compensated */
+		{16 | 4, 1, 2, 1, 7, 3, 0, 15, 0, 0xff, 0xff, 8, 4},	/* f16/bf16, 8 heads, float reference */
+		{0, 6, 8, 0, 3, 1, 8, 0, 1, 0x10, 0x27, 64, 5},	/* q4_k/q6_k, 4 heads of 64, d 256 */
+	};
+	for (size_t i = 0; i < sizeof(configs) / sizeof(configs[0]); i++)
+	{
+		seed		s = {.n = 0};
+		char		name[32];
+
+		put_bytes(&s, configs[i], sizeof(configs[i]));
+		if (i % 2)
+			for (unsigned k = 0; k < 6; k++)	/* special values in a few tensors */
+			{
+				put_u8(&s, k * 3);
+				put_u16(&s, k * 101);
+				put_u8(&s, k);
+			}
+		snprintf(name, sizeof(name), "seed-%zu", i);
+		write_input("fuzz_model_shapes", name, &s);
+	}
+}
+
 int
 main(int argc, char **argv)
 {
@@ -430,5 +477,6 @@ main(int argc, char **argv)
 	chat_template_seeds();
 	prefix_cache_seeds();
 	tokenizer_load_seeds();
+	model_shapes_seeds();
 	return 0;
 }
