@@ -13,8 +13,8 @@
  *    stretch after one gets a prefix);
  *  - streaming the ids (encoded ones, then the random ones) through cai_detokenizer_feed/flush
  *    with the documented buffer size writes nothing past it, hands out valid UTF-8 only, and
- *    gives exactly the "replace" decoding of the tokens' bytes; with a tiny buffer nothing is
- *    written past it either.
+ *    gives exactly the "replace" decoding of the tokens' bytes, and a flush leaves nothing
+ *    behind; with a tiny buffer nothing is written past it either.
  */
 #include "fuzz_common.h"
 
@@ -50,6 +50,7 @@ check_stream(const cai_tokenizer *tok, int which, const int32_t *ids, int n)
 		got_len += k;
 	}
 	FUZZ_CHECK(got_len == want && memcmp(got, ref, want) == 0);
+	FUZZ_CHECK(cai_detokenizer_flush(&d, buf, cap) == 0);	/* the flush left nothing behind */
 	free(buf);
 	free(ref_bytes);
 	free(ref);
