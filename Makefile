@@ -54,6 +54,8 @@ $(SYNTH_TOOL): $(SYNTH_TOOL).c $(filter-out $(SYNTH_TOOL).c,$(wildcard tests/syn
 	$(CC) $(ENGINE_CFLAGS) -Itests/synth -o $@ $(SYNTH_TOOL).c tests/synth/synth_model.c \
 		tests/synth/gguf_writer.c build/libcai.a $(ENGINE_LIBS)
 
+include tests/fuzz/fuzz.mk
+
 # ---- the extension (PGXS) ---------------------------------------------------------------------
 MODULE_big = pg_cai
 OBJS = pg_cai.o $(patsubst %.c,%.o,$(wildcard src/pg/*.c))

@@ -1,8 +1,8 @@
 #!/bin/bash
-# scripts/run-tests.sh — pg_cai's whole test suite: the engine's unit tests, pg_regress on a
-# throwaway cluster, then the scenario tests (cancel, timeout, worker restart, rollback,
-# concurrency, no model).  Ends with one line "N passed, N failed" over all of them and exits
-# non-zero when anything failed.
+# scripts/run-tests.sh — pg_cai's whole test suite: the engine's unit tests, a smoke run of each
+# fuzz target, pg_regress on a throwaway cluster, then the scenario tests (cancel, timeout,
+# worker restart, rollback, concurrency, no model).  Ends with one line "N passed, N failed"
+# over all of them and exits non-zero when anything failed.
 #
 # Run as root (the server runs as the postgres OS user) or as the user that owns PostgreSQL,
 # after `make install`.  The model is $CAI_MODEL, or models/SmolLM2-135M-Instruct.Q4_1.gguf.
@@ -36,6 +36,22 @@ else
 	say "unit tests did not report a result"
 	failed=$((failed + 1))
 fi
+
+# ---- 1a. fuzz smoke: each libFuzzer target (tests/fuzz) runs FUZZ_SMOKE_SECONDS under
+# ASan+UBSan over its corpus; one pass per target that survives, one failure per target that
+# crashes.  Without clang or its fuzzer runtime every target fails (run.sh names the package).
+say "== fuzz smoke"
+fuzz_out=$(make -C "$ROOT" --no-print-directory fuzz-smoke 2>&1)
+fuzz_rc=$?
+printf '%s\n' "$fuzz_out" | grep -E '^(PASS|FAIL) |^== |^run.sh: |ERROR: |invariant failed|runtime error' >&2
+fuzz_passed=$(printf '%s\n' "$fuzz_out" | grep -c '^PASS fuzz_')
+fuzz_failed=$(printf '%s\n' "$fuzz_out" | grep -c '^FAIL fuzz_')
+if [ $fuzz_rc -ne 0 ] && [ "$fuzz_failed" = 0 ]; then
+	say "fuzz smoke did not run (exit $fuzz_rc)"
+	fuzz_failed=1
+fi
+passed=$((passed + fuzz_passed))
+failed=$((failed + fuzz_failed))
 
 # ---- 1b. GPU tests: every CUDA kernel against the CPU (built where nvcc is; each test skips,
 # saying so, where no CUDA device is present) --------------------------------------------------

@@ -5,8 +5,9 @@
  * and every count read from the file is compared with the bytes that count would need at the
  * least BEFORE anything is allocated for it, so a forged count of 2^60 fails with a message
  * instead of a huge malloc.  Tensor shapes are overflow-checked, tensor types must be known,
- * and each tensor's data must lie inside the file at an aligned offset.  Once gguf_open returns,
- * every pointer and length in the gguf_file is safe to use.
+ * and each tensor's data must lie inside the file at an aligned offset, sharing no byte with
+ * another tensor's (so weights never outgrow the file).  Once gguf_open returns, every pointer
+ * and length in the gguf_file is safe to use.
  *
  * Layout (all little-endian):
  *   "GGUF" u32 version  u64 n_tensors  u64 n_kv
@@ -556,6 +557,60 @@ parse_tensor_infos(gguf_cursor *c, gguf_file_private *pf, cai_error *err)
 	return CAI_OK;
 }
 
+/* A tensor's data range, for the overlap check. */
+typedef struct data_range
+{
+	uint64_t	offset;
+	size_t		nbytes;
+	uint32_t	tensor;
+} data_range;
+
+static int
+compare_ranges(const void *a, const void *b)
+{
+	const data_range *x = a;
+	const data_range *y = b;
+
+	return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+/*
+ * Tensors must not share bytes (llama.cpp even wants them back to back).  Besides being what
+ * every writer does, this bounds what loading can cost by the file's size: without it a small
+ * file could describe a thousand layers whose tensors all alias one blob, and the loader would
+ * allocate and convert every one of them.
+ */
+static cai_status
+check_tensors_disjoint(const gguf_file *f, cai_error *err)
+{
+	data_range *r;
+
+	if (f->n_tensors < 2)
+		return CAI_OK;
+	r = malloc((size_t) f->n_tensors * sizeof(data_range));
+	if (!r)
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "gguf: out of memory checking tensor offsets");
+	for (uint64_t i = 0; i < f->n_tensors; i++)
+		r[i] = (data_range) {f->tensors[i].offset, f->tensors[i].nbytes, (uint32_t) i};
+	qsort(r, (size_t) f->n_tensors, sizeof(data_range), compare_ranges);
+	for (uint64_t i = 1; i < f->n_tensors; i++)
+	{
+		/* both ranges lie inside the file, so the sum cannot wrap */
+		if (r[i - 1].offset + r[i - 1].nbytes > r[i].offset)
+		{
+			const gguf_tensor *a = &f->tensors[r[i - 1].tensor];
+			const gguf_tensor *b = &f->tensors[r[i].tensor];
+
+			free(r);
+			return cai_fail(err, CAI_ERR_FORMAT,
+							"gguf: the data of tensors '%.*s' and '%.*s' overlap",
+							STR_ARG(a->name), STR_ARG(b->name));
+		}
+	}
+	free(r);
+	return CAI_OK;
+}
+
 /* Parses and validates the whole file in pf->pub.base/size. */
 static cai_status
 parse_file(gguf_file_private *pf, cai_error *err)
@@ -658,7 +713,7 @@ parse_file(gguf_file_private *pf, cai_error *err)
 							STR_ARG(t->name), (unsigned long long) t->offset, t->nbytes, f->size);
 		t->data = f->base + data_start + t->offset;
 	}
-	return CAI_OK;
+	return check_tensors_disjoint(f, err);
 }
 
 /* Allocates the private struct around a buffer and parses it; on failure frees all but the map. */

@@ -1344,6 +1344,13 @@ sb_put_gguf_str(strbuf *sb, gguf_str s, size_t max)
 	sb_printf(sb, "\"");
 }
 
+/*
+ * A key or tensor name for "%.*s": at most 1000 bytes of it.  The cast to int alone would turn a
+ * length of 2^31 or more into a negative precision, which printf reads as none at all: it would
+ * print until a NUL, past the name.
+ */
+#define NAME_ARG(s) (int) ((s).len > 1000 ? 1000 : (s).len), (s).ptr
+
 /* The config, then every metadata pair and tensor, as text (free with cai_free). */
 cai_status
 cai_model_describe(const cai_model *model, char **text, cai_error *err)
@@ -1383,7 +1390,7 @@ cai_model_describe(const cai_model *model, char **text, cai_error *err)
 	{
 		const gguf_kv *kv = &f->kv[i];
 
-		sb_printf(&sb, "  %.*s = ", (int) kv->key.len, kv->key.ptr);
+		sb_printf(&sb, "  %.*s = ", NAME_ARG(kv->key));
 		switch (kv->type)
 		{
 			case GGUF_TYPE_STRING:
@@ -1417,7 +1424,7 @@ cai_model_describe(const cai_model *model, char **text, cai_error *err)
 	{
 		const gguf_tensor *t = &f->tensors[i];
 
-		sb_printf(&sb, "  %-32.*s %-5s [", (int) t->name.len, t->name.ptr, ggml_type_name(t->type));
+		sb_printf(&sb, "  %-32.*s %-5s [", NAME_ARG(t->name), ggml_type_name(t->type));
 		for (uint32_t d = 0; d < t->n_dims; d++)
 			sb_printf(&sb, "%s%lld", d ? ", " : "", (long long) t->ne[d]);
 		sb_printf(&sb, "]\n");

@@ -540,6 +540,12 @@ find_byte_tokens(cai_tokenizer *tok)
 			memcpy(tok->byte_char[b], utf8, n);
 			tok->byte_char_len[b] = (uint8_t) n;
 			tok->byte_token[b] = vocab_lookup(tok, utf8, n);
+			/*
+			 * A vocabulary that makes a byte's character a control token must not let plain
+			 * text produce it: the byte is then one the vocabulary lacks (see tok->unk).
+			 */
+			if (tok->byte_token[b] >= 0 && (tok->flags[tok->byte_token[b]] & TOKEN_SPECIAL))
+				tok->byte_token[b] = -1;
 		}
 	}
 	else

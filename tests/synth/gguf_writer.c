@@ -326,11 +326,19 @@ gguf_writer_add_arr(gguf_writer *w, const char *key, gguf_value_type elem_type,
 void
 gguf_writer_add_arr_str(gguf_writer *w, const char *key, const char *const *strs, uint64_t n)
 {
+	gguf_writer_add_arr_str_len(w, key, strs, NULL, n);
+}
+
+/* An array of strings of the given lengths (NULL lens: C strings). */
+void
+gguf_writer_add_arr_str_len(gguf_writer *w, const char *key, const char *const *strs,
+							const size_t *lens, uint64_t n)
+{
 	begin_kv(w, key, GGUF_TYPE_ARRAY);
 	buf_u32(w, &w->kv, (uint32_t) GGUF_TYPE_STRING);
 	buf_u64(w, &w->kv, n);
 	for (uint64_t i = 0; i < n; i++)
-		buf_str(w, &w->kv, strs[i], strlen(strs[i]));
+		buf_str(w, &w->kv, strs[i], lens ? lens[i] : strlen(strs[i]));
 }
 
 /* Sets the data alignment; one other than 32 is also written as general.alignment. */

@@ -53,6 +53,10 @@ void		gguf_writer_add_arr(gguf_writer *w, const char *key, gguf_value_type elem_
 void		gguf_writer_add_arr_str(gguf_writer *w, const char *key, const char *const *strs,
 									uint64_t n);
 
+/* An array of n strings of lens[i] bytes each (NUL bytes allowed; lens NULL: C strings). */
+void		gguf_writer_add_arr_str_len(gguf_writer *w, const char *key, const char *const *strs,
+										const size_t *lens, uint64_t n);
+
 /*
  * A tensor from raw bytes of its type (copied); nbytes must equal the size its shape and type
  * give.  ne has n_dims entries, ne[0] innermost.

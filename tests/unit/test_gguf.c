@@ -732,6 +732,14 @@ TEST(gguf_corrupt_tensor_infos)
 	RESET();
 	put_u64(c, type3 + 4, UINT64_MAX - 31);		/* aligned; offset + nbytes would wrap */
 	EXPECT_FAIL(c, size, CAI_ERR_FORMAT, "extends past end of file");
+
+	/* tensors sharing bytes: aliases would let a small file stand for huge weights */
+	RESET();
+	put_u64(c, type3 + 4, get_u64(img, type2 + 4));
+	EXPECT_FAIL(c, size, CAI_ERR_FORMAT, "the data of tensors 'c.q8_0' and 'd.q4_k' overlap");
+	RESET();
+	put_u64(c, type2 + 4, get_u64(img, type2 + 4) + 32);	/* into d.q4_k's first bytes */
+	EXPECT_FAIL(c, size, CAI_ERR_FORMAT, "overlap");
 #undef RESET
 	free(c);
 	free(img);

@@ -604,6 +604,27 @@ TEST(tokenizer_plain_text_never_yields_special_tokens)
 	cai_tokenizer_free(spm);
 }
 
+/*
+ * A vocabulary whose token for a byte's character is a control token (here "a" comes first, so
+ * it is the one the text "a" finds): plain text drops that byte rather than produce the control
+ * token; parsing special tokens still finds it.
+ */
+TEST(tokenizer_control_byte_token_not_from_plain_text)
+{
+	static const char *const controls[] = {"a", "\xC4\xA0"};	/* "a" and "Ġ" (a space) */
+	cai_tokenizer *tok = fixture_bpe("gpt2", controls, 2, NULL, 0, NULL, 0, -1, -1, false);
+	const int32_t plain[] = {1, FIXTURE_BPE_BYTE(2, 'b')};
+	const int32_t parsed[] = {2, 0, FIXTURE_BPE_BYTE(2, 'b')};
+
+	CHECK(tok);
+	if (tok)
+	{
+		check_encoding(tok, "ab a", false, plain, "control byte tokens, plain text", 0);
+		check_encoding(tok, "ab", true, parsed, "control byte tokens, parsed", 0);
+	}
+	cai_tokenizer_free(tok);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Round trips and streaming
  * ------------------------------------------------------------------------------------------- */

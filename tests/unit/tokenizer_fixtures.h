@@ -74,20 +74,19 @@ fixture_load(gguf_writer *w, cai_status *status, cai_error *err)
 }
 
 /*
- * A byte-level BPE tokenizer.  merges are in vocabulary notation ("Ġ t"); bos/eos are ids
- * (-1: key left out).
+ * The GGUF metadata of a byte-level BPE tokenizer (NULL when out of memory).  merges are in
+ * vocabulary notation ("Ġ t"); bos/eos are ids (-1: key left out).
  */
-static inline cai_tokenizer *
-fixture_bpe(const char *pre, const char *const *controls, int n_controls,
-			const char *const *merges, int n_merges, const char *const *user_defined,
-			int n_user_defined, int32_t bos, int32_t eos, bool add_bos)
+static inline gguf_writer *
+fixture_bpe_writer(const char *pre, const char *const *controls, int n_controls,
+				   const char *const *merges, int n_merges, const char *const *user_defined,
+				   int n_user_defined, int32_t bos, int32_t eos, bool add_bos)
 {
 	int			n = n_controls + 256 + n_merges + n_user_defined;
 	char	  **tokens = calloc(n, sizeof(char *));
 	int32_t    *types = calloc(n, sizeof(int32_t));
 	gguf_writer *w = gguf_writer_new();
-	cai_tokenizer *tok = NULL;
-	cai_status	st;
+	gguf_writer *done_w = NULL;
 	int			k = 0;
 
 	if (!tokens || !types || !w)
@@ -136,7 +135,7 @@ fixture_bpe(const char *pre, const char *const *controls, int n_controls,
 	if (eos >= 0)
 		gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t) eos);
 	gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", add_bos);
-	tok = fixture_load(w, &st, NULL);
+	done_w = w;
 	w = NULL;
 done:
 	if (w)
@@ -146,7 +145,20 @@ done:
 			free(tokens[i]);
 	free(tokens);
 	free(types);
-	return tok;
+	return done_w;
+}
+
+/* The byte-level BPE tokenizer of fixture_bpe_writer, loaded. */
+static inline cai_tokenizer *
+fixture_bpe(const char *pre, const char *const *controls, int n_controls,
+			const char *const *merges, int n_merges, const char *const *user_defined,
+			int n_user_defined, int32_t bos, int32_t eos, bool add_bos)
+{
+	gguf_writer *w = fixture_bpe_writer(pre, controls, n_controls, merges, n_merges,
+										user_defined, n_user_defined, bos, eos, add_bos);
+	cai_status	st;
+
+	return w ? fixture_load(w, &st, NULL) : NULL;
 }
 
 /* The byte token of byte b in fixture_bpe's vocabulary. */
@@ -169,17 +181,19 @@ static const struct __attribute__((unused))
 };
 #define FIXTURE_SPM_N_PIECES ((int) (sizeof(fixture_spm_pieces) / sizeof(fixture_spm_pieces[0])))
 
-/* The SentencePiece tokenizer; extra control tokens get ids after the pieces. */
-static inline cai_tokenizer *
-fixture_spm(bool add_space_prefix, const char *const *controls, int n_controls)
+/*
+ * The GGUF metadata of the SentencePiece tokenizer (NULL when out of memory); extra control
+ * tokens get ids after the pieces.
+ */
+static inline gguf_writer *
+fixture_spm_writer(bool add_space_prefix, const char *const *controls, int n_controls)
 {
 	int			n = 259 + FIXTURE_SPM_N_PIECES + n_controls;
 	char	  **tokens = calloc(n, sizeof(char *));
 	int32_t    *types = calloc(n, sizeof(int32_t));
 	float	   *scores = calloc(n, sizeof(float));
 	gguf_writer *w = gguf_writer_new();
-	cai_tokenizer *tok = NULL;
-	cai_status	st;
+	gguf_writer *done_w = NULL;
 	int			k = 0;
 
 	if (!tokens || !types || !scores || !w)
@@ -222,7 +236,7 @@ fixture_spm(bool add_space_prefix, const char *const *controls, int n_controls)
 	gguf_writer_add_u32(w, "tokenizer.ggml.unknown_token_id", 0);
 	gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", true);
 	gguf_writer_add_bool(w, "tokenizer.ggml.add_space_prefix", add_space_prefix);
-	tok = fixture_load(w, &st, NULL);
+	done_w = w;
 	w = NULL;
 done:
 	if (w)
@@ -233,7 +247,17 @@ done:
 	free(tokens);
 	free(types);
 	free(scores);
-	return tok;
+	return done_w;
+}
+
+/* The SentencePiece tokenizer of fixture_spm_writer, loaded. */
+static inline cai_tokenizer *
+fixture_spm(bool add_space_prefix, const char *const *controls, int n_controls)
+{
+	gguf_writer *w = fixture_spm_writer(add_space_prefix, controls, n_controls);
+	cai_status	st;
+
+	return w ? fixture_load(w, &st, NULL) : NULL;
 }
 
 /* Concatenates the bytes of ids (special tokens as their text) into a malloc'd C string. */

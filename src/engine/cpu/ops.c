@@ -141,28 +141,35 @@ cai_op_rope_row(const cai_rope_params *rp, const float *cs, float *x, int n_head
 }
 
 /*
+ * x's lanes in the order of the eight constant indices: GCC's and clang's builtins differ (the
+ * sanitizer builds for fuzzing use clang).
+ */
+#if defined(__clang__)
+#define V8F_SHUFFLE(x, ...) __builtin_shufflevector((x), (x), __VA_ARGS__)
+#else
+#define V8F_SHUFFLE(x, ...) __builtin_shuffle((x), (cai_v8i) {__VA_ARGS__})
+#endif
+
+/*
  * A butterfly of span h inside a vector: x[l] + x[l ^ h] in lanes without bit h, and
  * x[l ^ h] - x[l] in lanes with it, computed as x[l] * sign + x[l ^ h] (sign -1 or 1, exact:
- * -a + b is b - a).
+ * -a + b is b - a); the lanes of x ^ h are given as eight constant indices.
  */
-#define HADAMARD_LANES(x, perm, sign) \
+#define HADAMARD_LANES(x, sign, ...) \
 	do { \
-		cai_v8f		y_ = __builtin_shuffle((x), (perm)); \
+		cai_v8f		y_ = V8F_SHUFFLE((x), __VA_ARGS__); \
 		(x) = (x) * (sign) + y_; \
 	} while (0)
 
 /* Butterflies of span 1, 2, 4 inside one eight-float vector, by lane shuffles. */
 #define HADAMARD_IN_LANES(v) \
 	do { \
-		const cai_v8i perm1_ = {1, 0, 3, 2, 5, 4, 7, 6}; \
-		const cai_v8i perm2_ = {2, 3, 0, 1, 6, 7, 4, 5}; \
-		const cai_v8i perm4_ = {4, 5, 6, 7, 0, 1, 2, 3}; \
 		const cai_v8f sign1_ = {1, -1, 1, -1, 1, -1, 1, -1}; \
 		const cai_v8f sign2_ = {1, 1, -1, -1, 1, 1, -1, -1}; \
 		const cai_v8f sign4_ = {1, 1, 1, 1, -1, -1, -1, -1}; \
-		HADAMARD_LANES((v), perm1_, sign1_); \
-		HADAMARD_LANES((v), perm2_, sign2_); \
-		HADAMARD_LANES((v), perm4_, sign4_); \
+		HADAMARD_LANES((v), sign1_, 1, 0, 3, 2, 5, 4, 7, 6); \
+		HADAMARD_LANES((v), sign2_, 2, 3, 0, 1, 6, 7, 4, 5); \
+		HADAMARD_LANES((v), sign4_, 4, 5, 6, 7, 0, 1, 2, 3); \
 	} while (0)
 
 /* Butterflies of spans 1, 2, 4 (in units of vectors) across eight vectors v[0..7]. */

@@ -1,0 +1,482 @@
+/*
+ * gen_corpus.c — writes the hand-made seeds of the fuzz corpora: tiny synthetic models and
+ * other GGUF images for fuzz_gguf (a fuzzer does not find a loadable model by itself), and for
+ * the structured targets a few inputs in their formats (see each target's header comment), so
+ * that a run starts from meaningful text, stop strings, vocabularies and conversations.  What
+ * the runs find on top is merged into the same directories (tests/fuzz/README.md).
+ *
+ *   build/fuzz/gen_corpus tests/fuzz/corpus     (make fuzz-seeds)
+ */
+#include "fuzz_common.h"	/* first: it defines _GNU_SOURCE */
+
+#include <errno.h>
+#include <sys/stat.h>
+
+#include "gguf_writer.h"
+#include "quant.h"
+
+/* ---- output ----------------------------------------------------------------------------- */
+
+static const char *out_dir;
+
+static void
+write_seed(const char *target, const char *name, const void *data, size_t size)
+{
+	char		path[512];
+	FILE	   *f;
+
+	snprintf(path, sizeof(path), "%s/%s", out_dir, target);
+	if (mkdir(path, 0755) != 0 && errno != EEXIST)
+	{
+		perror(path);
+		exit(1);
+	}
+	snprintf(path, sizeof(path), "%s/%s/%s", out_dir, target, name);
+	f = fopen(path, "wb");
+	if (!f || fwrite(data, 1, size, f) != size || fclose(f) != 0)
+	{
+		perror(path);
+		exit(1);
+	}
+	printf("%-60s %6zu bytes\n", path, size);
+}
+
+/* An input under construction, in the carving order of fuzz_common.h's readers. */
+typedef struct seed
+{
+	uint8_t		b[8192];
+	size_t		n;
+} seed;
+
+static void
+put_u8(seed *s, unsigned v)
+{
+	FUZZ_CHECK(s->n < sizeof(s->b));
+	s->b[s->n++] = (uint8_t) v;
+}
+
+static void
+put_u16(seed *s, unsigned v)
+{
+	put_u8(s, v & 0xFF);
+	put_u8(s, (v >> 8) & 0xFF);
+}
+
+static void
+put_bytes(seed *s, const void *p, size_t n)
+{
+	FUZZ_CHECK(s->n + n <= sizeof(s->b));
+	memcpy(s->b + s->n, p, n);
+	s->n += n;
+}
+
+/* A fuzz_chunk of at most max bytes: its length in one byte (two when max > 255), then it. */
+static void
+put_chunk(seed *s, size_t max, const char *text)
+{
+	size_t		n = strlen(text);
+
+	FUZZ_CHECK(n <= max);
+	if (max > 255)
+		put_u16(s, (unsigned) n);
+	else
+		put_u8(s, (unsigned) n);
+	put_bytes(s, text, n);
+}
+
+static void
+write_input(const char *target, const char *name, const seed *s)
+{
+	write_seed(target, name, s->b, s->n);
+}
+
+/* ---- fuzz_gguf: GGUF images ------------------------------------------------------------- */
+
+static void
+model_seed(const char *name, synth_model_config *cfg)
+{
+	uint8_t    *data;
+	size_t		size;
+	cai_error	err;
+
+	if (synth_model_write_buffer(cfg, &data, &size, &err) != CAI_OK)
+	{
+		fprintf(stderr, "%s: %s\n", name, err.message);
+		exit(1);
+	}
+	FUZZ_CHECK(size <= 65536);	/* FUZZ_MAX_LEN_fuzz_gguf */
+	write_seed("fuzz_gguf", name, data, size);
+	free(data);
+}
+
+static void
+writer_seed(const char *name, gguf_writer *w)
+{
+	uint8_t    *data;
+	size_t		size;
+
+	FUZZ_CHECK(w && gguf_writer_write_buffer(w, &data, &size));
+	gguf_writer_free(w);
+	write_seed("fuzz_gguf", name, data, size);
+	free(data);
+}
+
+static void
+gguf_seeds(void)
+{
+	static const char llama3_template[] =
+		"{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+		"{{ m['content'] | trim }}<|eot_id|>{% endfor %}";
+	/* small llamas and a qwen2: each weight format the loader converts, tied and untied */
+	static const struct
+	{
+		const char *name;
+		const char *arch;
+		int			n_heads,
+					n_kv_heads,
+					head_dim,
+					d_ff;
+		ggml_type	weight_type,
+					embd_type;
+		bool		tied;
+		const char *pre;
+		const char *chat_template;
+	}			models[] = {
+		{"llama-q8_0.gguf", "llama", 4, 2, 0, 64, GGML_TYPE_Q8_0, GGML_TYPE_Q8_0, true, "smollm", NULL},
+		{"llama-q4-keylength.gguf", "llama", 2, 1, 32, 64, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, true,
+		"llama-bpe", llama3_template},
+		{"qwen2-f16-untied.gguf", "qwen2", 2, 1, 0, 32, GGML_TYPE_F16, GGML_TYPE_BF16, false, "qwen2",
+		NULL},
+	};
+
+	for (size_t i = 0; i < sizeof(models) / sizeof(models[0]); i++)
+	{
+		synth_model_config cfg;
+
+		synth_model_default_config(&cfg);
+		cfg.arch = models[i].arch;
+		cfg.n_layers = 1;
+		cfg.d_model = 32;
+		cfg.n_heads = models[i].n_heads;
+		cfg.n_kv_heads = models[i].n_kv_heads;
+		cfg.head_dim = models[i].head_dim;	/* not 0: written as key/value_length */
+		cfg.d_ff = models[i].d_ff;
+		cfg.weight_type = models[i].weight_type;
+		cfg.embd_type = models[i].embd_type;
+		cfg.tied_embeddings = models[i].tied;
+		cfg.tokenizer_pre = models[i].pre;
+		cfg.chat_template = models[i].chat_template;
+		model_seed(models[i].name, &cfg);
+	}
+
+	/* a tensor of every type the engine reads, and metadata of every value type */
+	{
+		gguf_writer *w = gguf_writer_new();
+		static const ggml_type types[] = {
+			GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0,
+			GGML_TYPE_Q4_1, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K
+		};
+		/* bytes read as arrays of every fixed-size value type: extremes, NaN, bools of 0xFF */
+		static const uint8_t pattern[16] = {
+			0xFF, 0xFF, 0xFF, 0x7F, 0x00, 0x00, 0xC0, 0x7F, 0x01, 0x00, 0x00, 0x80, 0xFF, 0x00,
+			0x00, 0x00
+		};
+		static const struct
+		{
+			gguf_value_type type;
+			size_t		size;
+		}			value_types[] = {
+			{GGUF_TYPE_UINT8, 1}, {GGUF_TYPE_INT8, 1}, {GGUF_TYPE_UINT16, 2}, {GGUF_TYPE_INT16, 2},
+			{GGUF_TYPE_UINT32, 4}, {GGUF_TYPE_INT32, 4}, {GGUF_TYPE_FLOAT32, 4}, {GGUF_TYPE_BOOL, 1},
+			{GGUF_TYPE_UINT64, 8}, {GGUF_TYPE_INT64, 8}, {GGUF_TYPE_FLOAT64, 8},
+		};
+		static const char *const strs[] = {"", "a", "\xE2\x96\x81"};
+		static const size_t str_lens[] = {0, 1, 3};
+		float		x[512];
+
+		for (int i = 0; i < 512; i++)
+			x[i] = (float) ((i * 37) % 101 - 50) / 7.0f;
+		gguf_writer_set_alignment(w, 64);
+		gguf_writer_add_str(w, "general.architecture", "llama");
+		gguf_writer_add_str_len(w, "t.str", "a\0b", 3);
+		gguf_writer_add_arr_str_len(w, "t.arr_str", strs, str_lens, 3);
+		for (size_t i = 0; i < sizeof(value_types) / sizeof(value_types[0]); i++)
+		{
+			char		key[32];
+
+			snprintf(key, sizeof(key), "t.arr_%s", gguf_value_type_name(value_types[i].type));
+			gguf_writer_add_arr(w, key, value_types[i].type, pattern,
+								sizeof(pattern) / value_types[i].size);
+		}
+		for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++)
+		{
+			int64_t		ne[2] = {256, 2};
+			char		name[32];
+
+			snprintf(name, sizeof(name), "tensor.%s", ggml_type_name(types[i]));
+			gguf_writer_add_tensor_f32(w, name, 2, ne, types[i], x);
+		}
+		writer_seed("tensor-zoo.gguf", w);
+	}
+
+	/* tokenizers alone (the loader stops at the missing configuration) */
+	{
+		int			n = synth_model_n_merges();
+		const char **merges = malloc(sizeof(char *) * n);
+		static const char *const user[] = {"<tool_call>", "  "};
+
+		FUZZ_CHECK(merges != NULL);
+		for (int k = 0; k < n; k++)
+			merges[k] = synth_model_merge(k);
+		writer_seed("tokenizer-bpe.gguf",
+					fixture_bpe_writer("smollm", fuzz_controls, FUZZ_N_CONTROLS, merges, n, user,
+									   2, 1, 2, false));
+		free(merges);
+		writer_seed("tokenizer-spm.gguf", fixture_spm_writer(true, fuzz_controls, FUZZ_N_CONTROLS));
+	}
+}
+
+/* ---- the structured targets ------------------------------------------------------------- */
+
+static const char *const sample_texts[] = {
+	"Hello world! It's 2024, and I'm testing 12345 tokens.\n\n  indented\ttab\r\n",
+	"<|im_start|>user\nWhat is <|im_end|> doing here?<|im_end|>\n<|im_start|>assistant\n",
+	"h\xC3\xA9llo \xE6\x97\xA5\xE6\x9C\xAC \xF0\x9F\x98\x80 \xE2\x96\x81the and world",
+	"bad utf-8: \xFF\xFE \xC3 \xE2\x82 \xF0\x9F\x98 \xED\xA0\x80 \xC0\xAF end",
+};
+
+static void
+tokenizer_seeds(void)
+{
+	for (int t = 0; t < FUZZ_N_TOKENIZERS; t++)
+		for (size_t i = 0; i < sizeof(sample_texts) / sizeof(sample_texts[0]); i++)
+		{
+			seed		s = {.n = 0};
+			char		name[32];
+
+			put_u8(&s, (unsigned) t | (i % 2 ? 8 : 0) | (i == 3 ? 16 : 0));
+			put_chunk(&s, 4096, sample_texts[i]);
+			for (int k = 0; k < 40; k++)	/* ids, some of them byte tokens */
+				put_u16(&s, (unsigned) (k * 37 + i * 11));
+			snprintf(name, sizeof(name), "seed-%d-%zu", t, i);
+			write_input("fuzz_tokenizer", name, &s);
+		}
+}
+
+static void
+reply_text_seeds(void)
+{
+	static const char *const stops[][3] = {
+		{"\n\n", "llo", NULL}, {"\xE2\x96\x81", "world", NULL}, {"\x80", "\xF0\x9F", "<|im_end|>"},
+	};
+
+	for (size_t i = 0; i < sizeof(stops) / sizeof(stops[0]); i++)
+		for (int t = 0; t < 2; t++)
+		{
+			seed		s = {.n = 0};
+			char		name[32];
+			int			n_stop = 0;
+			const char *text = sample_texts[(i + t) % 4];
+
+			while (n_stop < 3 && stops[i][n_stop])
+				n_stop++;
+			put_u8(&s, t ? FUZZ_N_BPE : 0);
+			put_u8(&s, n_stop);
+			for (int k = 0; k < n_stop; k++)
+				put_chunk(&s, 24, stops[i][k]);
+			/* the text one byte token at a time, with a take after every third */
+			for (size_t k = 0; text[k]; k++)
+			{
+				unsigned	b = (unsigned char) text[k];
+
+				put_u8(&s, 1);
+				/* BPE: byte b is token FUZZ_N_CONTROLS + b; SentencePiece: <0xNN> is 3 + b */
+				put_u16(&s, (t ? 3 + b : FUZZ_N_CONTROLS + b) + 4);
+				if (k % 3 == 2)
+					put_u8(&s, 0);
+			}
+			snprintf(name, sizeof(name), "seed-%zu-%d", i, t);
+			write_input("fuzz_reply_text", name, &s);
+		}
+}
+
+static void
+chat_template_seeds(void)
+{
+	static const char *const jinjas[] = {
+		"{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}<|im_start|>",
+		"<|start_header_id|>{{ role }}<|end_header_id|>",
+		"<start_of_turn>user",
+		"<|user|>\n{{ content }}</s>",
+		"[INST] <<SYS>>",
+		"",
+	};
+
+	for (size_t i = 0; i < sizeof(jinjas) / sizeof(jinjas[0]); i++)
+	{
+		seed		s = {.n = 0};
+		char		name[32];
+
+		put_u8(&s, 1 | (i % 2 ? 2 : 0) | (unsigned) (i << 5));	/* gen prompt, truncate, tokenizer */
+		put_u8(&s, (unsigned) i % 5);
+		put_chunk(&s, 1024, jinjas[i]);
+		put_chunk(&s, 16, "gemma3");
+		put_chunk(&s, 16, "chatml");
+		put_u16(&s, i % 3 ? 40 : 0);
+		put_u8(&s, 4);			/* 1 + 4 messages */
+		for (int m = 0; m < 5; m++)
+		{
+			put_u8(&s, m == 0 ? 0 : 1 + (m + 1) % 2);
+			put_u8(&s, m == 2 ? 1 | (5 << 2) : 0);	/* stored ids, or content */
+			put_chunk(&s, 256, sample_texts[(m + i) % 4]);
+			if (m == 2)
+				for (int k = 0; k < 24; k++)
+					put_u16(&s, (unsigned) (k * 13 + 2));
+		}
+		snprintf(name, sizeof(name), "seed-%zu", i);
+		write_input("fuzz_chat_template", name, &s);
+	}
+}
+
+static void
+prefix_cache_seeds(void)
+{
+	seed		s = {.n = 0};
+
+	put_u8(&s, 23);				/* pool blocks - 1 */
+	put_u8(&s, 16);				/* budget in blocks */
+	put_u8(&s, 0);
+	put_u16(&s, 7);				/* fingerprint */
+	put_u16(&s, 0);
+	for (int round = 0; round < 3; round++)
+		for (unsigned seq = 0; seq < 3; seq++)
+		{
+			put_u8(&s, (seq << 4) | 0);	/* start: block, max blocks, alphabet, salt, n tokens */
+			put_u8(&s, 0);
+			put_u8(&s, 8);
+			put_u8(&s, 1);
+			put_u8(&s, seq % 2);
+			put_u8(&s, 16 * (seq + 2) + round);
+			for (unsigned k = 0; k < 16 * (seq + 2) + round; k++)
+				put_u8(&s, k < 20 ? 0 : k);
+			put_u8(&s, (seq << 4) | 3);	/* insert: block, all blocks */
+			put_u8(&s, 0);
+			put_u8(&s, 0);
+			put_u8(&s, (seq << 4) | 6);	/* pin */
+			put_u8(&s, seq);
+			put_u8(&s, (seq << 4) | 5);	/* release */
+			put_u8(&s, 0);
+		}
+	put_u8(&s, 8);				/* reclaim */
+	put_u8(&s, 0);
+	put_u8(&s, 10);
+	put_u8(&s, 10 | 16);		/* the weak hash */
+	put_u8(&s, 0);
+	put_u8(&s, 11);				/* bad calls: block ids 6 and -61, token 5 */
+	put_u8(&s, 0);
+	put_u8(&s, 70);
+	put_u8(&s, 3);
+	put_u8(&s, 5);
+	put_u8(&s, 9);				/* reset */
+	put_u8(&s, 0);
+	write_input("fuzz_prefix_cache", "seed-0", &s);
+}
+
+static void
+tokenizer_load_seeds(void)
+{
+	static const char *const words[] = {
+		"<|im_start|>", "<|im_end|>", "he", "ll", "hello", "\xC4\xA0w", "<s>", "", "he",
+		"\xE2\x96\x81he", "<tool>", "  ",
+	};
+	static const uint8_t types[] = {3, 3, 1, 1, 1, 1, 3, 1, 1, 1, 4, 4};
+
+	for (int model = 0; model < 2; model++)
+	{
+		seed		s = {.n = 0};
+		int			n = (int) (sizeof(words) / sizeof(words[0]));
+		char		name[32];
+
+		put_u8(&s, model);		/* gpt2, llama */
+		put_u8(&s, model ? 8 : 0);	/* pre: smollm, or none */
+		put_u8(&s, 1);			/* the 256 byte tokens; types, scores and merges right */
+		put_u16(&s, (unsigned) n);
+		for (int i = 0; i < n; i++)
+		{
+			put_u8(&s, types[i] | 8);
+			put_chunk(&s, 48, words[i]);
+			put_u8(&s, (unsigned) i);	/* score -i */
+		}
+		put_u8(&s, 4);			/* merges: "h e", "l l", "he ll", "hell o" by token index */
+		{
+			static const int pairs[][2] = {{'h', 'e'}, {'l', 'l'}, {258, 259}, {260, 'o'}};
+
+			for (int i = 0; i < 4; i++)
+			{
+				put_u8(&s, 0);
+				put_u16(&s, (unsigned) pairs[i][0]);
+				put_u16(&s, (unsigned) pairs[i][1]);
+			}
+		}
+		for (int k = 0; k < 3; k++)	/* bos, eos, unk: the first three words */
+		{
+			put_u8(&s, 1);
+			put_u16(&s, 256 + k);
+		}
+		put_u8(&s, 1 | 4);		/* add_bos true */
+		put_u8(&s, model ? 1 | 4 : 0);	/* add_space_prefix */
+		put_chunk(&s, 512, model ? "<start_of_turn>" : "<|im_start|>");
+		put_bytes(&s, sample_texts[model], strlen(sample_texts[model]));
+		snprintf(name, sizeof(name), "seed-%d", model);
+		write_input("fuzz_tokenizer_load", name, &s);
+	}
+}
+
+/* fuzz_model_shapes: configurations (see its header for the bytes), some with patches */
+static void
+model_shapes_seeds(void)
+{
+	static const uint8_t configs[][13] = {
+		/* flags, weight type, embd type, layers, heads, kv, head_dim/8, d_model, d_ff, rope, ctx, seed */
+		{0, 0, 0, 0, 3, 1, 0, 7, 15, 0x10, 0x27, 64, 1},	/* llama f32, 4 heads / 2 kv, d 32 */
+		{1 | 2, 3, 3, 1, 1, 0, 2, 1, 3, 0x10, 0x27, 64, 2},	/* qwen2 q8_0 untied, head 16 */
+		{8, 4, 5, 0, 3, 2, 3, 2, 1, 0x00, 0x01, 255, 3},	/* q4_0/q4_1, 4 heads of 24, compensated */
+		{16 | 4, 1, 2, 1, 7, 3, 0, 15, 0, 0xff, 0xff, 8, 4},	/* f16/bf16, 8 heads, float reference */
+		{0, 6, 8, 0, 3, 1, 8, 0, 1, 0x10, 0x27, 64, 5},	/* q4_k/q6_k, 4 heads of 64, d 256 */
+	};
+	for (size_t i = 0; i < sizeof(configs) / sizeof(configs[0]); i++)
+	{
+		seed		s = {.n = 0};
+		char		name[32];
+
+		put_bytes(&s, configs[i], sizeof(configs[i]));
+		if (i % 2)
+			for (unsigned k = 0; k < 6; k++)	/* special values in a few tensors */
+			{
+				put_u8(&s, k * 3);
+				put_u16(&s, k * 101);
+				put_u8(&s, k);
+			}
+		snprintf(name, sizeof(name), "seed-%zu", i);
+		write_input("fuzz_model_shapes", name, &s);
+	}
+}
+
+int
+main(int argc, char **argv)
+{
+	if (argc != 2)
+	{
+		fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
+		return 2;
+	}
+	out_dir = argv[1];
+	gguf_seeds();
+	tokenizer_seeds();
+	reply_text_seeds();
+	chat_template_seeds();
+	prefix_cache_seeds();
+	tokenizer_load_seeds();
+	model_shapes_seeds();
+	return 0;
+}
