@@ -651,7 +651,7 @@ static step_result
 step_object(const cai_grammar *g, gm_thread *t, gm_frame *f, uint8_t b, uint32_t *fork)
 {
 	const gm_node *n = &g->nodes[f->node];
-	const gm_prop *props = g->props + n->first;
+	const gm_prop *props = n->count ? g->props + n->first : NULL;	/* none may be declared */
 
 	if (f->phase == CT_KEY)
 		return step_key(g, f, props, b);

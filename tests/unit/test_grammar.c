@@ -258,6 +258,8 @@ TEST(grammar_additional_properties)
 				 TEXTS("{}", "{\"x\":[1,{\"y\":null}],\"x2\":\"\\u00e9\"}", "{\"\":{}}"),
 				 TEXTS("[]", "{\"x\"}", "{1:2}"));
 	expect_texts("{\"type\":\"object\",\"additionalProperties\":false}", TEXTS("{}", "{ }"), TEXTS("{\"x\":1}"));
+	/* properties declared, but none: only {} */
+	expect_texts("{\"properties\":{}}", TEXTS("{}", "{ }"), TEXTS("{\"x\":1}", "[]"));
 }
 
 TEST(grammar_arrays)
