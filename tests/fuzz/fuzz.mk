@@ -21,7 +21,7 @@ FUZZ_LDFLAGS := $(FUZZ_SANITIZE) -fsanitize=fuzzer
 
 # the engine and the synthetic GGUF writer, compiled for fuzzing (never the gcc objects)
 FUZZ_ENGINE_OBJS := $(patsubst src/%.c,build/fuzz/%.o,$(ENGINE_SRCS)) build/fuzz/engine/cuda_loader.o
-FUZZ_SYNTH_OBJS := $(patsubst tests/synth/%.c,build/fuzz/synth/%.o,$(wildcard tests/synth/*.c))
+FUZZ_SYNTH_OBJS := $(patsubst tests/synth/%.c,build/fuzz/synth/%.o,$(filter-out $(SYNTH_TOOL).c,$(wildcard tests/synth/*.c)))
 FUZZ_TARGETS ?= $(sort $(basename $(notdir $(wildcard tests/fuzz/fuzz_*.c))))
 FUZZ_BINS := $(addprefix build/fuzz/,$(FUZZ_TARGETS))
 
