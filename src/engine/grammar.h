@@ -40,7 +40,6 @@
 #include "cai.h"
 #include "tokenizer.h"
 
-typedef struct cai_grammar cai_grammar;
 typedef struct cai_token_index cai_token_index;
 typedef struct cai_grammar_state cai_grammar_state;
 
@@ -49,7 +48,11 @@ typedef struct cai_grammar_state cai_grammar_state;
  * ------------------------------------------------------------------------------------------- */
 
 /*
- * Compiles a JSON Schema (UTF-8 JSON text, len bytes, not necessarily NUL-terminated).
+ * cai_grammar_from_schema(), cai_grammar_any_object() and cai_grammar_free() are declared in
+ * cai.h, the engine's public interface, since a request carries its grammar.  What they do:
+ *
+ * cai_grammar_from_schema compiles a JSON Schema (UTF-8 JSON text, len bytes, not necessarily
+ * NUL-terminated).
  *
  * Supported: type (a name or an array of names: object, array, string, number, integer,
  * boolean, null), properties, required, additionalProperties (false, true or {}: either way
@@ -77,14 +80,10 @@ typedef struct cai_grammar_state cai_grammar_state;
  * const or enum number PostgreSQL's numeric cannot store, nesting deeper than 128 subschemas
  * (or than the matcher's 255 frames), more than 256 anyOf alternatives open at once, and a
  * schema no value can satisfy.
+ *
+ * cai_grammar_any_object is OpenAI's {"type": "json_object"}: any JSON object, its values any
+ * JSON, nesting at most 16 deep.
  */
-cai_status	cai_grammar_from_schema(const char *schema, size_t len, cai_grammar **out,
-									cai_error *err);
-
-/* Any JSON object (OpenAI's {"type": "json_object"}): values any JSON, nesting <= 16 deep. */
-cai_status	cai_grammar_any_object(cai_grammar **out, cai_error *err);
-
-void		cai_grammar_free(cai_grammar *grammar);
 
 /* ---------------------------------------------------------------------------------------------
  * Token indexes (one per tokenizer)

@@ -9,7 +9,7 @@
  *   gcc -O2 -std=gnu11 -pthread -Isrc/engine -Itests/unit -Itests/synth -o /tmp/bench_grammar \
  *       tests/bench/bench_grammar.c tests/synth/gguf_writer.c tests/synth/synth_model.c \
  *       build/libcai.a -lxxhash -lm -ldl
- *   /tmp/bench_grammar [model.gguf [generations]]
+ *   /tmp/bench_grammar [model.gguf [generations [cases.json]]]
  *
  * The tokenizer is the model's (default models/SmolLM2-135M-Instruct.Q4_1.gguf, `make model`);
  * without one, the synthetic model's byte-level BPE vocabulary (a few hundred tokens, so the
@@ -19,6 +19,8 @@
  * allowed), at most 400 tokens; so strings run long (a closing quote is a small fraction of the
  * vocabulary) and numbers take many digits: about the worst case for masks inside strings.
  * Every mask is also checked: never empty before the value is complete.
+ * With cases.json (tests/json_schema/cases.json: an array of {"name", "prompt", "schema"}), the
+ * compile time of each of its schemas is printed too, and their total.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +29,7 @@
 
 #include "gguf.h"
 #include "grammar.h"
+#include "json.h"
 #include "synth_model.h"
 #include "tokenizer.h"
 #include "tokenizer_fixtures.h"
@@ -107,6 +110,78 @@ synthetic_tokenizer(void)
 	tok = fixture_bpe("smollm", controls, 3, merges, n, NULL, 0, 1, 2, false);
 	free(merges);
 	return tok;
+}
+
+/* Compile time of every schema in a test-set file (an array of objects with a "schema"). */
+static int
+time_case_file(const char *path)
+{
+	FILE	   *f = fopen(path, "rb");
+	char	   *text;
+	long		len;
+	json_doc   *doc;
+	const json_value *root;
+	cai_error	err;
+	double		total_us = 0,
+				max_us = 0;
+	int			reps = 50;
+
+	if (!f || fseek(f, 0, SEEK_END) != 0 || (len = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0)
+	{
+		fprintf(stderr, "%s: cannot read\n", path);
+		return 1;
+	}
+	text = malloc(len);
+	if (fread(text, 1, len, f) != (size_t) len || json_parse(text, len, 0, &doc, &err) != CAI_OK)
+	{
+		fprintf(stderr, "%s: not JSON\n", path);
+		return 1;
+	}
+	fclose(f);
+	root = json_doc_root(doc);
+	if (root->type != JSON_ARRAY)
+	{
+		fprintf(stderr, "%s: not an array of cases\n", path);
+		return 1;
+	}
+	printf("\n%-28s %10s\n", "test-set schema", "compile us");
+	for (size_t i = 0; i < root->u.array.n; i++)
+	{
+		const json_value *c = root->u.array.items[i];
+		const json_value *name = json_object_get(c, "name");
+		const json_value *schema = json_object_get(c, "schema");
+		cai_buf		buf = {0};
+		cai_grammar *g = NULL;
+		double		t0,
+					us;
+
+		if (!schema || !json_serialize(schema, &buf))
+			return 1;
+		t0 = now();
+		for (int r = 0; r < reps; r++)
+		{
+			cai_grammar_free(g);
+			g = NULL;
+			if (cai_grammar_from_schema(buf.data, buf.len, &g, &err) != CAI_OK)
+			{
+				fprintf(stderr, "case %zu: %s\n", i, err.message);
+				return 1;
+			}
+		}
+		us = (now() - t0) / reps * 1e6;
+		total_us += us;
+		if (us > max_us)
+			max_us = us;
+		printf("%-28.*s %10.1f\n", name && name->type == JSON_STRING ? (int) name->u.string.len : 1,
+			   name && name->type == JSON_STRING ? name->u.string.bytes : "?", us);
+		cai_grammar_free(g);
+		cai_buf_free(&buf);
+	}
+	printf("%zu schemas: %.1f us in all, %.1f us on average, %.1f us at most\n",
+		   root->u.array.n, total_us, total_us / root->u.array.n, max_us);
+	json_doc_free(doc);
+	free(text);
+	return 0;
 }
 
 int
@@ -251,5 +326,5 @@ main(int argc, char **argv)
 	cai_tokenizer_free(tok);
 	if (file)
 		gguf_close(file);
-	return 0;
+	return argc > 3 ? time_case_file(argv[3]) : 0;
 }

@@ -7,7 +7,8 @@
 # the request path: argument checks, the DSM segment and its queue, two latch wake-ups, the
 # worker's intake and the reply.  That price is small next to a forward pass, so the request
 # path is also timed alone: cai_tokenize through SQL goes the same way (segment, queue, wake-ups)
-# but costs the worker microseconds.  A benchmark, not a test: it prints figures, asserts nothing.
+# but costs the worker microseconds.  Last, a greedy 128-token completion through SQL gives the
+# decode rate a session sees, tokens streamed through every hop.  A benchmark, not a test: it prints figures, asserts nothing.
 #
 #   tests/bench/bench_request_path.sh [SECONDS]      (default 15 per SQL run)
 #
@@ -34,11 +35,14 @@ cc -O2 -I"$ROOT/src/engine" -o "$DRIVER" "$ROOT/tests/bench/request_path_engine.
 SQL_SCRIPT=$(mktemp /tmp/bench_sql.XXXX)
 ONE_SCRIPT=$(mktemp /tmp/bench_one.XXXX)
 TOK_SCRIPT=$(mktemp /tmp/bench_tok.XXXX)
+DEC_SCRIPT=$(mktemp /tmp/bench_dec.XXXX)
+DECODE_TOKENS=128
 echo "SELECT cai_complete('$PROMPT', '{\"max_tokens\": 1}');" >"$SQL_SCRIPT"
 echo "SELECT 1;" >"$ONE_SCRIPT"
 echo "SELECT cai_tokenize('$PROMPT');" >"$TOK_SCRIPT"
-chmod 644 "$SQL_SCRIPT" "$ONE_SCRIPT" "$TOK_SCRIPT"
-trap 'cluster_stop; rm -rf "${CLUSTER_DIR:-/nonexistent}"; rm -f "$DRIVER" "$SQL_SCRIPT" "$ONE_SCRIPT" "$TOK_SCRIPT"' EXIT
+echo "SELECT cai_complete('$PROMPT', '{\"max_tokens\": $DECODE_TOKENS, \"ignore_eos\": true}');" >"$DEC_SCRIPT"
+chmod 644 "$SQL_SCRIPT" "$ONE_SCRIPT" "$TOK_SCRIPT" "$DEC_SCRIPT"
+trap 'cluster_stop; rm -rf "${CLUSTER_DIR:-/nonexistent}"; rm -f "$DRIVER" "$SQL_SCRIPT" "$ONE_SCRIPT" "$TOK_SCRIPT" "$DEC_SCRIPT"' EXIT
 
 cluster_create "$MODEL" "pg_cai.threads=$THREADS"
 cluster_start
@@ -53,6 +57,7 @@ pgbench_latency "$SQL_SCRIPT" 3 >/dev/null	# warm-up
 select1_ms=$(pgbench_latency "$ONE_SCRIPT" "$SECONDS_PER_RUN")
 tokenize_ms=$(pgbench_latency "$TOK_SCRIPT" "$SECONDS_PER_RUN")
 sql_ms=$(pgbench_latency "$SQL_SCRIPT" "$SECONDS_PER_RUN")
+decode_ms=$(pgbench_latency "$DEC_SCRIPT" "$SECONDS_PER_RUN")
 cluster_stop
 
 engine_out=$("$DRIVER" "$MODEL" 200 "$THREADS" "$PROMPT")
@@ -67,8 +72,10 @@ engine_ms=$(echo "$engine_out" | awk '/engine_mean_ms/ {print $2}')
 	printf 'cai_complete via SQL (pgbench, 1 client):    %8.3f ms\n' "$sql_ms"
 	printf 'same completion, engine only (200 calls):    %8.3f ms\n' "$engine_ms"
 	echo "$engine_out" | sed 's/^/  /'
-	awk -v s="$sql_ms" -v e="$engine_ms" -v o="$select1_ms" -v t="$tokenize_ms" 'BEGIN {
+	awk -v s="$sql_ms" -v e="$engine_ms" -v o="$select1_ms" -v t="$tokenize_ms" \
+		-v d="$decode_ms" -v n="$DECODE_TOKENS" 'BEGIN {
 		printf "SQL minus engine-only completion:            %8.3f ms per call (within run-to-run noise when small)\n", s - e;
 		printf "request path alone (tokenize less SELECT 1): %8.3f ms per call\n", t - o;
+		printf "greedy %d-token completion via SQL:          %8.3f ms per call, %.1f tokens/s\n", n, d, n * 1000 / d;
 	}'
 } | tee "$OUT/request_path.txt"
