@@ -11,7 +11,7 @@
 .DEFAULT_GOAL := all
 
 EXTENSION = pg_cai
-DATA = pg_cai--0.1.sql
+DATA = pg_cai--0.1.sql router/pg_cai_router.control router/pg_cai_router--0.1.sql
 PG_CONFIG ?= pg_config
 
 # ---- the engine: PostgreSQL-free, CUDA-free, built with its own flags -------------------------
@@ -88,6 +88,13 @@ model:
 test: all install $(SYNTH_TOOL)
 	scripts/run-tests.sh
 
+# a router and NODES pg_cai data nodes on 127.0.0.1 (scripts/scale-out.sh; README "Scaling out")
+NODES ?= 3
+cluster: all install
+	scripts/scale-out.sh start $(NODES)
+cluster-stop:
+	scripts/scale-out.sh stop
+
 setup:
 	scripts/setup.sh
 
@@ -95,7 +102,7 @@ clean: clean-engine
 clean-engine:
 	rm -rf build cai tests/unit/run_unit tests/gpu/run_gpu $(SYNTH_TOOL)
 
-.PHONY: unit model test setup clean-engine install-engine uninstall-engine
+.PHONY: unit model test cluster cluster-stop setup clean-engine install-engine uninstall-engine
 
 # ==== BEGIN CUDA backend (issue 6: kernels/, tests/gpu, tests/bench/bench_gpu) ==================
 # Built only where nvcc is found.  build/libcai_cuda.so is a separate shared object that the engine

@@ -249,6 +249,74 @@ GRANT EXECUTE ON FUNCTION cai_stats() TO cai_user, pg_monitor;
 GRANT SELECT ON pg_stat_cai TO cai_user, pg_monitor;
 
 --
+-- Reading conversations back, and scale-out.  On a data node behind the pg_cai_router extension
+-- (PL/Proxy; README "Scaling out") a conversation's id says which partition owns it: the high
+-- 16 bits of the 64-bit id are the partition number, so that a conversation's rows, its engine
+-- and its cached KV stay on one node for its whole life and adding nodes moves nothing.
+--
+CREATE FUNCTION cai_conversations()
+RETURNS TABLE (conversation_id bigint, system_prompt text, options jsonb, turns bigint,
+			   created_at timestamptz)
+LANGUAGE sql STABLE SECURITY INVOKER
+AS $$
+	SELECT c.id, c.system_prompt, c.options,
+		   (SELECT count(*) FROM cai.messages m WHERE m.conversation_id = c.id), c.created_at
+	FROM cai.conversations c ORDER BY c.id
+$$;
+COMMENT ON FUNCTION cai_conversations() IS
+'the current role''s conversations (row-level security), with their number of stored turns';
+
+CREATE FUNCTION cai_history(conversation_id bigint)
+RETURNS TABLE (message_id bigint, role text, content text, prompt_tokens int,
+			   completion_tokens int, cached_tokens int, created_at timestamptz)
+LANGUAGE sql STABLE SECURITY INVOKER
+AS $$
+	SELECT m.id, m.role, m.content, m.prompt_tokens, m.completion_tokens, m.cached_tokens,
+		   m.created_at
+	FROM cai.messages m WHERE m.conversation_id = $1 ORDER BY m.id
+$$;
+COMMENT ON FUNCTION cai_history(bigint) IS
+'the turns of one of the current role''s conversations, oldest first (none for another role''s)';
+
+CREATE FUNCTION cai_set_partition(partition int)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+AS $$
+DECLARE
+	first_id bigint;
+	last_id bigint;
+	stray bigint;
+BEGIN
+	IF partition IS NULL OR partition < 0 OR partition > 32767 THEN
+		RAISE EXCEPTION 'partition must be between 0 and 32767, not %', partition
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	-- every role's conversations, row-level security aside: the caller is a superuser
+	SELECT id INTO stray FROM cai.conversations WHERE (id >> 48) <> partition LIMIT 1;
+	IF FOUND THEN
+		RAISE EXCEPTION 'this node already holds conversations of partition %, not %', stray >> 48, partition
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  HINT = 'Set a node''s partition before it holds conversations.';
+	END IF;
+	-- never hand out an id again: past the largest stored id and the sequence's last one
+	SELECT pg_sequence_last_value(pg_get_serial_sequence('cai.conversations', 'id')) INTO last_id;
+	first_id := greatest((partition::bigint << 48) + 1,
+						 (SELECT coalesce(max(id), 0) + 1 FROM cai.conversations),
+						 CASE WHEN last_id >> 48 = partition THEN last_id + 1 END);
+	EXECUTE format('ALTER TABLE cai.conversations ALTER COLUMN id SET MINVALUE %s SET MAXVALUE %s SET START WITH %s RESTART WITH %s',
+				   (partition::bigint << 48) + 1, ((partition::bigint + 1) << 48) - 1, first_id, first_id);
+END
+$$;
+COMMENT ON FUNCTION cai_set_partition(int) IS
+'makes this node''s new conversation ids carry partition number partition in their high 16 bits (superuser; for pg_cai_router)';
+
+REVOKE ALL ON FUNCTION cai_conversations() FROM PUBLIC;
+REVOKE ALL ON FUNCTION cai_history(bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION cai_set_partition(int) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION cai_conversations() TO cai_user;
+GRANT EXECUTE ON FUNCTION cai_history(bigint) TO cai_user;
+
+--
 -- Asynchronous replies (src/pg/jobs.c).  cai_enqueue_reply_trigger queues a job for each inserted
 -- user turn, in the inserting transaction; after commit, the job runners of the databases listed
 -- in pg_cai.job_databases answer the jobs as the conversation's owner and NOTIFY channel
