@@ -130,6 +130,10 @@ build_image(fuzz_input *in, vocab *v, char **jinja, uint8_t **image, size_t *siz
 		case 0:
 			gguf_writer_add_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, v->type, v->n);
 			break;
+		case 1:					/* absent: every token loads as NORMAL */
+			for (int i = 0; i < v->n; i++)
+				v->type[i] = 1;
+			break;
 		case 2:
 			if (v->n > 0)
 				gguf_writer_add_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, v->type, v->n - 1);
