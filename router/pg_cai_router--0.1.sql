@@ -119,7 +119,8 @@ BEGIN
 	IF conversation_id IS NULL OR conversation_id <= 0
 	   OR NOT EXISTS (SELECT FROM cai_router.nodes WHERE partition = p) THEN
 		RAISE EXCEPTION 'conversation % does not exist', conversation_id
-			USING ERRCODE = 'no_data_found';
+			USING ERRCODE = 'undefined_object',
+				  HINT = 'Create one with cai_new_conversation(). A role sees only the conversations it owns.';
 	END IF;
 	RETURN p;
 END

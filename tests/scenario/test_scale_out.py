@@ -203,6 +203,13 @@ try:
         refused = "does not exist" in str(e)
     c.check("bob sees none of alice's conversations through the router",
             seen == "0" and history == 0 and refused, (seen, history, refused))
+    try:
+        bob.value("SELECT cai_chat(%d, 'hello')" % (7 << 48 | 1))
+        nowhere = None
+    except PqError as e:
+        nowhere = e.sqlstate
+    c.check("an id naming no node is refused at the router like any unknown conversation (42704)",
+            nowhere == "42704", nowhere)
     bob.close()
     alice = router("alice")
     mine = alice.value("SELECT count(*) FROM cai_conversations()")
