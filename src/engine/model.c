@@ -100,13 +100,21 @@ cai_model_free(cai_model *model)
  * Configuration from metadata
  * ------------------------------------------------------------------------------------------- */
 
-/* Reads {arch}.{suffix} as an unsigned 32-bit value; def when absent and not required. */
+/*
+ * Reads {arch}.{suffix} as an unsigned 32-bit value; def when absent and not required (a NULL
+ * suffix, a key the architecture does not have, is absent).
+ */
 static cai_status
 read_arch_u32(const gguf_file *f, const char *arch, const char *suffix, bool required,
 			  uint32_t def, uint32_t *out, cai_error *err)
 {
 	char		key[160];
 
+	if (!suffix)
+	{
+		*out = def;
+		return CAI_OK;
+	}
 	snprintf(key, sizeof(key), "%s.%s", arch, suffix);
 	if (!gguf_find_kv(f, key))
 	{
@@ -127,6 +135,11 @@ read_arch_f32(const gguf_file *f, const char *arch, const char *suffix, bool req
 {
 	char		key[160];
 
+	if (!suffix)
+	{
+		*out = def;
+		return CAI_OK;
+	}
 	snprintf(key, sizeof(key), "%s.%s", arch, suffix);
 	if (!gguf_find_kv(f, key))
 	{
@@ -169,6 +182,55 @@ cai_config_update_kv_sharing(cai_config *cfg, cai_error *err)
 	return CAI_OK;
 }
 
+/*
+ * Each layer's attention window and KV source, as the description declares them (see
+ * arch.h's cai_arch_attention); by default every layer attends globally and owns its KV.
+ */
+static cai_status
+read_layer_attention(const gguf_file *f, cai_config *c, cai_error *err)
+{
+	const cai_arch_desc *a = c->arch;
+	const char *arch = c->arch_name;
+	uint32_t	window = 0;
+	uint32_t	n_shared = 0;
+	cai_status	st;
+
+	if (a->attention.window_period > 0)
+	{
+		if ((st = read_arch_u32(f, arch, a->attention.window_key, true, 0, &window, err)) != CAI_OK)
+			return st;
+		if (window < 1 || window > (1u << 24))
+			return cai_fail(err, CAI_ERR_FORMAT, "sliding window %u is out of range", window);
+	}
+	for (int l = 0; l < c->n_layers; l++)
+	{
+		bool		global = a->attention.window_period <= 0 ||
+			l % a->attention.window_period == a->attention.window_period - 1;
+
+		c->attn_window[l] = global ? 0 : (int) window;
+		c->kv_source[l] = l;
+	}
+	if ((st = read_arch_u32(f, arch, a->attention.shared_kv_layers_key, false, 0, &n_shared,
+							err)) != CAI_OK)
+		return st;
+	if (n_shared >= (uint32_t) c->n_layers)
+		return cai_fail(err, CAI_ERR_FORMAT, "%u of %d layers share another layer's kv", n_shared,
+						c->n_layers);
+	for (int l = c->n_layers - (int) n_shared; l < c->n_layers; l++)
+	{
+		/* the last owning layer of the same kind */
+		int			src = c->n_layers - (int) n_shared - 1;
+
+		while (src >= 0 && (c->attn_window[src] > 0) != (c->attn_window[l] > 0))
+			src--;
+		if (src < 0)
+			return cai_fail(err, CAI_ERR_FORMAT,
+							"layer %d shares the kv of an earlier layer like it, but there is none", l);
+		c->kv_source[l] = src;
+	}
+	return cai_config_update_kv_sharing(c, err);
+}
+
 /* Fills m->cfg from the file's metadata (shapes checked against tensors later). */
 static cai_status
 read_config(cai_model *m, const char *path, cai_error *err)
@@ -176,6 +238,8 @@ read_config(cai_model *m, const char *path, cai_error *err)
 	const gguf_file *f = m->gguf;
 	cai_config *c = &m->cfg;
 	const char *arch = c->arch_name;
+	const cai_arch_desc *a;
+	const cai_arch_keys *k;
 	uint32_t	u;
 	uint32_t	head_dim = 0;
 	cai_status	st;
@@ -184,13 +248,20 @@ read_config(cai_model *m, const char *path, cai_error *err)
 
 	if (!gguf_get_cstr(f, "general.architecture", c->arch_name, sizeof(c->arch_name)))
 		return cai_fail(err, CAI_ERR_FORMAT, "missing metadata key 'general.architecture'");
-	if (strcmp(arch, "llama") == 0)
-		c->arch = CAI_ARCH_LLAMA;
-	else if (strcmp(arch, "qwen2") == 0)
-		c->arch = CAI_ARCH_QWEN2;
-	else
+	a = cai_arch_find(arch);
+	if (!a)
+	{
+		char		list[256];
+
+		cai_arch_list(list, sizeof(list));
 		return cai_fail(err, CAI_ERR_UNSUPPORTED,
-						"unsupported model architecture '%s' (supported: llama, qwen2)", arch);
+						"unsupported model architecture '%s' (supported: %s)", arch, list);
+	}
+	if (a->norm != CAI_NORM_PRE || a->activation != CAI_ACT_SWIGLU)
+		return cai_fail(err, CAI_ERR_UNSUPPORTED,
+						"architecture '%s' needs a norm placement or activation the engine lacks", arch);
+	c->arch = a;
+	k = a->keys;
 
 	if (!gguf_get_cstr(f, "general.name", c->name, sizeof(c->name)) || c->name[0] == '\0')
 	{
@@ -199,28 +270,28 @@ read_config(cai_model *m, const char *path, cai_error *err)
 		snprintf(c->name, sizeof(c->name), "%s", base ? base + 1 : path);
 	}
 
-	if ((st = read_arch_u32(f, arch, "block_count", true, 0, &u, err)) != CAI_OK)
+	if ((st = read_arch_u32(f, arch, k->block_count, true, 0, &u, err)) != CAI_OK)
 		return st;
 	c->n_layers = (int) u;
-	if ((st = read_arch_u32(f, arch, "embedding_length", true, 0, &u, err)) != CAI_OK)
+	if ((st = read_arch_u32(f, arch, k->embedding_length, true, 0, &u, err)) != CAI_OK)
 		return st;
 	c->d_model = (int) u;
-	if ((st = read_arch_u32(f, arch, "feed_forward_length", true, 0, &u, err)) != CAI_OK)
+	if ((st = read_arch_u32(f, arch, k->feed_forward_length, true, 0, &u, err)) != CAI_OK)
 		return st;
 	c->d_ff = (int) u;
-	if ((st = read_arch_u32(f, arch, "attention.head_count", true, 0, &u, err)) != CAI_OK)
+	if ((st = read_arch_u32(f, arch, k->head_count, true, 0, &u, err)) != CAI_OK)
 		return st;
 	c->n_heads = (int) u;
-	if ((st = read_arch_u32(f, arch, "attention.head_count_kv", false, u, &u, err)) != CAI_OK)
+	if ((st = read_arch_u32(f, arch, k->head_count_kv, false, u, &u, err)) != CAI_OK)
 		return st;
 	c->n_kv_heads = (int) u;
-	if ((st = read_arch_u32(f, arch, "context_length", false, 2048, &u, err)) != CAI_OK)
+	if ((st = read_arch_u32(f, arch, k->context_length, false, 2048, &u, err)) != CAI_OK)
 		return st;
 	c->context_length = (int) u;
-	if ((st = read_arch_f32(f, arch, "rope.freq_base", false, 10000.0f, &c->rope_base, err)) != CAI_OK)
-		return st;
-	if ((st = read_arch_f32(f, arch, "attention.layer_norm_rms_epsilon", true, 0, &c->norm_eps,
+	if ((st = read_arch_f32(f, arch, k->rope_freq_base, false, a->rope.base, &c->rope_base,
 							err)) != CAI_OK)
+		return st;
+	if ((st = read_arch_f32(f, arch, k->rms_norm_eps, true, 0, &c->norm_eps, err)) != CAI_OK)
 		return st;
 
 	if (c->n_layers < 1 || c->n_layers > 1024)
@@ -237,7 +308,7 @@ read_config(cai_model *m, const char *path, cai_error *err)
 		return cai_fail(err, CAI_ERR_FORMAT, "rms epsilon and rope base must be positive");
 
 	/* head size: key_length when given, else d_model / n_heads */
-	if ((st = read_arch_u32(f, arch, "attention.key_length", false, 0, &head_dim, err)) != CAI_OK)
+	if ((st = read_arch_u32(f, arch, k->key_length, false, 0, &head_dim, err)) != CAI_OK)
 		return st;
 	if (head_dim == 0)
 	{
@@ -250,7 +321,7 @@ read_config(cai_model *m, const char *path, cai_error *err)
 	{
 		uint32_t	vlen;
 
-		if ((st = read_arch_u32(f, arch, "attention.value_length", false, head_dim, &vlen, err)) != CAI_OK)
+		if ((st = read_arch_u32(f, arch, k->value_length, false, head_dim, &vlen, err)) != CAI_OK)
 			return st;
 		if (vlen != head_dim)
 			return cai_fail(err, CAI_ERR_UNSUPPORTED,
@@ -260,33 +331,34 @@ read_config(cai_model *m, const char *path, cai_error *err)
 	if (c->head_dim % 8 != 0 || c->head_dim > 512)
 		return cai_fail(err, CAI_ERR_UNSUPPORTED,
 						"head size %d is not supported (a multiple of 8 up to 512)", c->head_dim);
-	if ((st = read_arch_u32(f, arch, "rope.dimension_count", false, head_dim, &u, err)) != CAI_OK)
+	if ((st = read_arch_u32(f, arch, k->rope_dimension_count, false, head_dim, &u, err)) != CAI_OK)
 		return st;
 	c->n_rot = (int) u;
 	if (c->n_rot < 2 || c->n_rot % 2 != 0 || c->n_rot > c->head_dim)
 		return cai_fail(err, CAI_ERR_FORMAT, "rope dimension count %d does not fit head size %d",
 						c->n_rot, c->head_dim);
-	c->rope_neox = (c->arch == CAI_ARCH_QWEN2);
+	c->rope_neox = (a->rope.style == CAI_ROPE_NEOX);
 
 	/* rope scaling: none or linear */
 	c->rope_freq_scale = 1.0f;
 	{
 		char		key[160];
 
-		snprintf(key, sizeof(key), "%s.rope.scaling.type", arch);
-		if (gguf_get_str(f, key, &s) && !gguf_str_eq(s, "none"))
+		snprintf(key, sizeof(key), "%s.%s", arch, k->rope_scaling_type ? k->rope_scaling_type : "");
+		if (k->rope_scaling_type && gguf_get_str(f, key, &s) && !gguf_str_eq(s, "none"))
 		{
 			if (!gguf_str_eq(s, "linear"))
 				return cai_fail(err, CAI_ERR_UNSUPPORTED, "unsupported rope scaling type '%.*s'",
 								(int) (s.len > 32 ? 32 : s.len), s.ptr);
-			if ((st = read_arch_f32(f, arch, "rope.scaling.factor", true, 1, &factor, err)) != CAI_OK)
+			if ((st = read_arch_f32(f, arch, k->rope_scaling_factor, true, 1, &factor, err)) != CAI_OK)
 				return st;
 			if (!(factor > 0.0f))
 				return cai_fail(err, CAI_ERR_FORMAT, "rope scaling factor must be positive");
 			c->rope_freq_scale = 1.0f / factor;
 		}
-		snprintf(key, sizeof(key), "%s.rope.scale_linear", arch);
-		if (gguf_get_f32(f, key, &factor) && factor > 0.0f && factor != 1.0f)
+		snprintf(key, sizeof(key), "%s.%s", arch, k->rope_scale_linear ? k->rope_scale_linear : "");
+		if (k->rope_scale_linear && gguf_get_f32(f, key, &factor) && factor > 0.0f &&
+			factor != 1.0f)
 			c->rope_freq_scale = 1.0f / factor;
 	}
 
@@ -295,19 +367,21 @@ read_config(cai_model *m, const char *path, cai_error *err)
 		return cai_fail(err, CAI_ERR_UNSUPPORTED,
 						"model widths must be multiples of 4 (d_model %d, d_ff %d)", c->d_model, c->d_ff);
 
-	/* qwen2 always has q/k/v biases; a llama file may have them too (llama.cpp allows it) */
-	c->qkv_bias = (c->arch == CAI_ARCH_QWEN2) || gguf_find_tensor(f, "blk.0.attn_q.bias") != NULL;
+	/* required biases, or optional ones the file has (layer 0 decides for every layer) */
+	c->qkv_bias = a->qkv_bias == CAI_QKV_BIAS_REQUIRED;
+	if (!c->qkv_bias && a->tensors->attn_q_bias)
+	{
+		char		name[96];
+
+		snprintf(name, sizeof(name), "blk.0.%s", a->tensors->attn_q_bias);
+		c->qkv_bias = gguf_find_tensor(f, name) != NULL;
+	}
 	c->attn_window = model_alloc(m, (size_t) c->n_layers * sizeof(int));
 	c->kv_source = model_alloc(m, (size_t) c->n_layers * sizeof(int));
 	c->kv_index = model_alloc(m, (size_t) c->n_layers * sizeof(int));
 	if (!c->attn_window || !c->kv_source || !c->kv_index)
 		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory reading the model config");
-	for (int l = 0; l < c->n_layers; l++)
-	{
-		c->attn_window[l] = 0;	/* llama and qwen2 attend globally */
-		c->kv_source[l] = l;	/* and every layer owns its KV */
-	}
-	return cai_config_update_kv_sharing(c, err);
+	return read_layer_attention(f, c, err);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -379,30 +453,36 @@ static cai_status
 find_layer_tensors(const gguf_file *f, const cai_config *c, int l, layer_sources *ls,
 				   cai_error *err)
 {
+	const cai_arch_tensors *tn = c->arch->tensors;
+	const bool	bias = c->arch->qkv_bias == CAI_QKV_BIAS_REQUIRED;
 	int			q_dim = c->n_heads * c->head_dim;
 	int			kv_dim = c->n_kv_heads * c->head_dim;
 	char		name[96];
 	cai_status	st;
 
+	/* a tensor the architecture does not name is absent */
 #define FIND(field, suffix, ne0, ne1, required) \
 	do { \
-		snprintf(name, sizeof(name), "blk.%d.%s", l, suffix); \
+		ls->field = NULL; \
+		if (!(suffix)) \
+			break; \
+		snprintf(name, sizeof(name), "blk.%d.%s", l, (suffix)); \
 		if ((st = find_tensor(f, name, (ne0), (ne1), (required), &ls->field, err)) != CAI_OK) \
 			return st; \
 	} while (0)
 
-	FIND(attn_norm, "attn_norm.weight", c->d_model, 0, true);
-	FIND(wq, "attn_q.weight", c->d_model, q_dim, true);
-	FIND(wk, "attn_k.weight", c->d_model, kv_dim, true);
-	FIND(wv, "attn_v.weight", c->d_model, kv_dim, true);
-	FIND(wo, "attn_output.weight", q_dim, c->d_model, true);
-	FIND(bq, "attn_q.bias", q_dim, 0, c->arch == CAI_ARCH_QWEN2);
-	FIND(bk, "attn_k.bias", kv_dim, 0, c->arch == CAI_ARCH_QWEN2);
-	FIND(bv, "attn_v.bias", kv_dim, 0, c->arch == CAI_ARCH_QWEN2);
-	FIND(ffn_norm, "ffn_norm.weight", c->d_model, 0, true);
-	FIND(gate, "ffn_gate.weight", c->d_model, c->d_ff, true);
-	FIND(up, "ffn_up.weight", c->d_model, c->d_ff, true);
-	FIND(down, "ffn_down.weight", c->d_ff, c->d_model, true);
+	FIND(attn_norm, tn->attn_norm, c->d_model, 0, true);
+	FIND(wq, tn->attn_q, c->d_model, q_dim, true);
+	FIND(wk, tn->attn_k, c->d_model, kv_dim, true);
+	FIND(wv, tn->attn_v, c->d_model, kv_dim, true);
+	FIND(wo, tn->attn_output, q_dim, c->d_model, true);
+	FIND(bq, tn->attn_q_bias, q_dim, 0, bias);
+	FIND(bk, tn->attn_k_bias, kv_dim, 0, bias);
+	FIND(bv, tn->attn_v_bias, kv_dim, 0, bias);
+	FIND(ffn_norm, tn->ffn_norm, c->d_model, 0, true);
+	FIND(gate, tn->ffn_gate, c->d_model, c->d_ff, true);
+	FIND(up, tn->ffn_up, c->d_model, c->d_ff, true);
+	FIND(down, tn->ffn_down, c->d_ff, c->d_model, true);
 #undef FIND
 
 	/* q/k/v biases: all three or none, the same in every layer (layer 0 decides) */
@@ -412,7 +492,9 @@ find_layer_tensors(const gguf_file *f, const cai_config *c, int l, layer_sources
 						"layer %d has q/k/v biases unlike the other projections or layers", l);
 
 	/* biases this engine does not apply must not be ignored silently */
-	snprintf(name, sizeof(name), "blk.%d.attn_output.bias", l);
+	if (!tn->attn_output_bias)
+		return CAI_OK;
+	snprintf(name, sizeof(name), "blk.%d.%s", l, tn->attn_output_bias);
 	if (gguf_find_tensor(f, name))
 		return cai_fail(err, CAI_ERR_UNSUPPORTED, "tensor '%s' (an output projection bias) is not supported",
 						name);
@@ -906,6 +988,7 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 {
 	const gguf_file *f = m->gguf;
 	cai_config *c = &m->cfg;
+	const cai_arch_tensors *tn = c->arch->tensors;
 	bool		fref = params->load_float_reference;
 	int			q_dim = c->n_heads * c->head_dim;
 	int			kv_dim = c->n_kv_heads * c->head_dim;
@@ -925,20 +1008,23 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 	atomic_init(&plan.failed, 0);
 
 	/* the vocabulary size comes from the embedding's shape */
-	t_embd = gguf_find_tensor(f, "token_embd.weight");
+	t_embd = gguf_find_tensor(f, tn->token_embd);
 	if (!t_embd)
-		return cai_fail(err, CAI_ERR_FORMAT, "missing tensor 'token_embd.weight'");
+		return cai_fail(err, CAI_ERR_FORMAT, "missing tensor '%s'", tn->token_embd);
 	if (t_embd->ne[1] < 1 || t_embd->ne[1] > (1 << 24))
-		return cai_fail(err, CAI_ERR_FORMAT, "tensor 'token_embd.weight' has %lld rows",
+		return cai_fail(err, CAI_ERR_FORMAT, "tensor '%s' has %lld rows", tn->token_embd,
 						(long long) t_embd->ne[1]);
 	c->n_vocab = (int) t_embd->ne[1];
-	if ((st = find_tensor(f, "token_embd.weight", c->d_model, c->n_vocab, true, &t_embd, err)) != CAI_OK)
+	t_out = t_rope_freqs = NULL;
+	if ((st = find_tensor(f, tn->token_embd, c->d_model, c->n_vocab, true, &t_embd, err)) != CAI_OK)
 		return st;
-	if ((st = find_tensor(f, "output.weight", c->d_model, c->n_vocab, false, &t_out, err)) != CAI_OK)
+	if (tn->output &&
+		(st = find_tensor(f, tn->output, c->d_model, c->n_vocab, false, &t_out, err)) != CAI_OK)
 		return st;
-	if ((st = find_tensor(f, "output_norm.weight", c->d_model, 0, true, &t_out_norm, err)) != CAI_OK)
+	if ((st = find_tensor(f, tn->output_norm, c->d_model, 0, true, &t_out_norm, err)) != CAI_OK)
 		return st;
-	if ((st = find_tensor(f, "rope_freqs.weight", c->n_rot / 2, 0, false, &t_rope_freqs, err)) != CAI_OK)
+	if (tn->rope_freqs &&
+		(st = find_tensor(f, tn->rope_freqs, c->n_rot / 2, 0, false, &t_rope_freqs, err)) != CAI_OK)
 		return st;
 	c->tied_embeddings = (t_out == NULL);
 
@@ -1033,7 +1119,8 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 		for (int i = 0; i < c->n_rot / 2; i++)
 			if (!(m->rope_freqs[i] > 0.0f) || !isfinite(m->rope_freqs[i]))
 			{
-				st = cai_fail(err, CAI_ERR_FORMAT, "tensor 'rope_freqs.weight' holds a non-positive factor");
+				st = cai_fail(err, CAI_ERR_FORMAT, "tensor '%s' holds a non-positive factor",
+							  tn->rope_freqs);
 				goto done;
 			}
 	}
@@ -2115,7 +2202,8 @@ forward_layer(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 	ap.head_dim = c->head_dim;
 	ap.window = c->attn_window[l];
 	ap.kv_layer = c->kv_index[l];
-	ap.scale = 1.0f / sqrtf((float) c->head_dim);
+	ap.scale = c->arch->attention.scale > 0.0f ? c->arch->attention.scale :
+		1.0f / sqrtf((float) c->head_dim);
 
 	/* attention: q, k, v projections (a layer reading another's KV computes q only) */
 	if (!f)

@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "arch/arch.h"
 #include "backend.h"
 #include "cai.h"
 #include "chat_template.h"
@@ -22,15 +23,9 @@
 #include "kv.h"
 #include "tokenizer.h"
 
-typedef enum cai_arch
-{
-	CAI_ARCH_LLAMA = 0,
-	CAI_ARCH_QWEN2
-} cai_arch;
-
 typedef struct cai_config
 {
-	cai_arch	arch;
+	const cai_arch_desc *arch;	/* what the generic loader and forward follow */
 	char		arch_name[32];
 	char		name[128];
 	int			n_layers;

@@ -126,7 +126,7 @@ synth_build(synth_model *s, uint64_t seed)
 
 	memset(s, 0, sizeof(*s));
 	gpu_rng_seed(&r, seed);
-	c->arch = CAI_ARCH_LLAMA;
+	c->arch = &cai_arch_llama;
 	strcpy(c->arch_name, "llama");
 	strcpy(c->name, "synthetic");
 	c->n_layers = 1;
