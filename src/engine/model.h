@@ -132,7 +132,7 @@ typedef struct cai_batch_seq
  * Per-engine scratch for forwards of up to max_tokens tokens in one batch, each sequence at
  * most max_context positions long; everything a forward needs is allocated here (the CPU
  * backend over pool, activations, attention scratch), so a forward does not allocate.  The one
- * exception is the float reference path's KV shadow, grown on first use (see model.c).
+ * exception is the float reference path's KV shadow, grown on first use (see forward_internal.h).
  */
 typedef struct cai_forward_ctx cai_forward_ctx;
 

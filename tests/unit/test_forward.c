@@ -1,5 +1,5 @@
 /*
- * test_forward.c — the batched ragged forward pass (model.c + the CPU backend).
+ * test_forward.c — the batched ragged forward pass (forward.c + the CPU backend).
  *
  * Determinism: a sequence's logits are compared with memcmp between running alone and running
  * in a ragged batch with others (different lengths, chunked prefill, decodes), across thread
