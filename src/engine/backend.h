@@ -62,7 +62,7 @@ typedef struct cai_attn_params
 
 /*
  * An orthogonal transform R of vectors of n floats, applied to activations before they are
- * quantized to int8 (model.c's "rotations" say why).  n = n_pow2 * n_mix, and element i of a
+ * quantized to int8 (calibrate.c's "rotations" say why).  n = n_pow2 * n_mix, and element i of a
  * vector is (c, j) with i = c * n_pow2 + j:
  *
  *   R = norm * (M kron H):  H the n_pow2 x n_pow2 Sylvester Hadamard matrix (entries +-1),

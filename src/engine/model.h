@@ -54,7 +54,7 @@ typedef struct cai_config
  * One transformer layer's weights: int8 [out, in] with per-channel scales.  Q, K and V are one
  * matrix (one GEMM per layer) and wq, wk, wv are views of its row ranges; likewise gate and up.
  *
- * The int8 matrices are smoothed and rotated (model.c's "rotations"): activations at a GEMM's
+ * The int8 matrices are smoothed and rotated (calibrate.c's "rotations"): activations at a GEMM's
  * input have outlier channels that per-token int8 quantization handles badly, so input channel j
  * is divided by a power of two s_j chosen at load from a short calibration pass (SmoothQuant)
  * and the weight column j is multiplied by it; then the input is rotated by an orthogonal R at

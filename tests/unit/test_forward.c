@@ -592,7 +592,7 @@ TEST(forward_isa_paths_identical)
  * The activation rotation (backend.h's cai_rotation)
  * ------------------------------------------------------------------------------------------- */
 
-/* The rotation of n values as model.c builds it, with its own Hartley table mix. */
+/* The rotation of n values as calibrate.c builds it, with its own Hartley table mix. */
 static void
 make_test_rotation(int n, float *mix, cai_rotation *r)
 {

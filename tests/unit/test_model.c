@@ -139,7 +139,7 @@ is_power_of_two(float x)
 }
 
 /*
- * rot is the rotation model.c documents for vectors of n values: n_pow2 * n_mix == n with
+ * rot is the rotation calibrate.c documents for vectors of n values: n_pow2 * n_mix == n with
  * n_pow2 the largest power of two dividing n (or only n_pow2 when the mix would be too large),
  * the Hartley table, norm 1/sqrt(n).
  */
