@@ -1,7 +1,7 @@
 /*
  * forward.c — the batched ragged forward pass (cai_model_forward), one pass over the layers,
  * llama2.c style, calling the backend table (backend.h) for every heavy operation (R: a
- * rotation, norms with the int8 path's smoothed weights; see model.c's "rotations"):
+ * rotation, norms with the int8 path's smoothed weights; see calibrate.c's "rotations"):
  *
  *   x = embed(tokens)
  *   per layer:  xq = quant(R rmsnorm(x));  qkv = xq Wqkv (+b);  rope(q, k);  R q, R k;
@@ -11,7 +11,7 @@
  *
  * The float reference path runs the same structure with float GEMMs over copies of the source
  * weights and no activation quantization; its attention reads a float shadow of the KV kept in
- * the forward context (forward_internal.h).  The calibration (model.c) runs single layers
+ * the forward context (forward_internal.h).  The calibration (calibrate.c) runs single layers
  * of the float path through cai_forward_layer.
  */
 #include "forward_internal.h"
@@ -85,7 +85,7 @@ cai_forward_ctx_create_on(const cai_model *model, cai_backend_factory factory, v
 		free(ctx);
 		return st;
 	}
-	/* the int8 path rotates its GEMM inputs (see "rotations"): a backend must offer that */
+	/* the int8 path rotates its GEMM inputs (calibrate.c's "rotations"): a backend must offer that */
 	if (!ctx->be->ops->rotate)
 	{
 		st = cai_fail(err, CAI_ERR_UNSUPPORTED,
@@ -363,8 +363,8 @@ cai_forward_layer(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 	cai_attn_params ap;
 
 	/*
-	 * The int8 path's rotations (see "rotations"), done by the operation that writes the rows:
-	 * a GEMM input is rotated and quantized for its GEMM, q and k heads only rotated.
+	 * The int8 path's rotations (calibrate.c's "rotations"), done by the operation that writes
+	 * the rows: a GEMM input is rotated and quantized for its GEMM, q and k heads only rotated.
 	 */
 	const cai_then_rotate to_model = gemm_input_rotation(ctx, &model->rot_model, d);
 	const cai_then_rotate to_ff = gemm_input_rotation(ctx, &model->rot_ff, d_ff);
@@ -403,7 +403,7 @@ cai_forward_layer(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 
 	/*
 	 * RoPE on q and k (adjacent in the row); on the int8 path every head of both also rotated
-	 * by rot_head, which leaves their dot products as they were (see "rotations")
+	 * by rot_head, which leaves their dot products as they were (calibrate.c's "rotations")
 	 */
 	op->rope(be, rope, ctx->rope_cs, q, qkv_w, T, n_qk_heads, c->head_dim,
 			 f ? NULL : &to_heads);

@@ -1,6 +1,6 @@
 /*
  * forward_internal.h — the forward context and the per-layer forward, shared by forward.c and
- * the calibration (model.c), which runs the float path layer by layer; not part of the
+ * the calibration (calibrate.c), which runs the float path layer by layer; not part of the
  * engine's interface.
  */
 #ifndef CAI_FORWARD_INTERNAL_H

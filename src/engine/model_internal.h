@@ -1,6 +1,6 @@
 /*
- * model_internal.h — what the files that build a model share (model.c, calibrate.c); not part
- * of the engine's interface.
+ * model_internal.h — what the files that build a model share (model.c, model_config.c,
+ * model_load.c, model_fingerprint.c, calibrate.c); not part of the engine's interface.
  */
 #ifndef CAI_MODEL_INTERNAL_H
 #define CAI_MODEL_INTERNAL_H
@@ -11,8 +11,17 @@
 #include "convert.h"
 #include "model.h"
 
+/* An empty model with its allocation list; NULL when out of memory (model.c). */
+cai_model  *cai_model_new(void);
+
 /* 64-byte aligned memory freed with the model; NULL when out of memory (model.c). */
 void	   *cai_model_alloc(cai_model *m, size_t bytes);
+
+/* Fills m->cfg from the file's metadata and the architecture's description (model_config.c). */
+cai_status	cai_model_read_config(cai_model *m, const char *path, cai_error *err);
+
+/* m->fingerprint: the config, the tensors and the tokenizer's metadata (model_fingerprint.c). */
+cai_status	cai_model_fingerprint(cai_model *m, cai_error *err);
 
 /* The source tensors of one layer. */
 typedef struct cai_layer_sources

@@ -83,7 +83,7 @@ synth_qmatrix(synth_model *s, gpu_rng *r, int n_out, int k, cai_qmatrix *m)
 	return true;
 }
 
-/* A view of rows [row0, row0 + n) of m, like model.c's wq/wk/wv. */
+/* A view of rows [row0, row0 + n) of m, like model_load.c's wq/wk/wv. */
 static cai_qmatrix
 synth_view(const cai_qmatrix *m, int row0, int n)
 {
