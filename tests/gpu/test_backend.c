@@ -681,9 +681,9 @@ model_side_free(model_side *sd)
 }
 
 /*
- * cai_model_forward's int8 path, call for call, on one backend table (model.c creates its own
- * CPU backend, so the test drives both tables itself; keep this in step with model.c's
- * forward_layer and cai_model_forward, which gpu_backend_cpu_driver_matches_model_forward
+ * cai_model_forward's int8 path, call for call, on one backend table (forward.c creates its own
+ * CPU backend, so the test drives both tables itself; keep this in step with forward.c's
+ * cai_forward_layer and cai_model_forward, which gpu_backend_cpu_driver_matches_model_forward
  * checks).  The last layer finishes only the rows that want logits, gathered after attention.
  * Returns the table's sync status (the CUDA table's first failure).
  */
