@@ -94,39 +94,25 @@ cai_config_update_kv_sharing(cai_config *cfg, cai_error *err)
 }
 
 /*
- * Each layer's attention window and KV source, as the description declares them (see
- * arch.h's cai_arch_attention); by default every layer attends globally and owns its KV.
+ * Each layer's attention window and KV source from the description's pattern (arch.h's
+ * cai_arch_attention), given the file's window length and count of KV-sharing layers.
  */
-static cai_status
-read_layer_attention(const gguf_file *f, cai_config *c, cai_error *err)
+cai_status
+cai_config_layer_attention(cai_config *c, const cai_arch_attention *a, uint32_t window,
+						   uint32_t n_shared, cai_error *err)
 {
-	const cai_arch_desc *a = c->arch;
-	const char *arch = c->arch_name;
-	uint32_t	window = 0;
-	uint32_t	n_shared = 0;
-	cai_status	st;
-
-	if (a->attention.window_period > 0)
-	{
-		if ((st = read_arch_u32(f, arch, a->attention.window_key, true, 0, &window, err)) != CAI_OK)
-			return st;
-		if (window < 1 || window > (1u << 24))
-			return cai_fail(err, CAI_ERR_FORMAT, "sliding window %u is out of range", window);
-	}
+	if (a->window_period > 0 && (window < 1 || window > (1u << 24)))
+		return cai_fail(err, CAI_ERR_FORMAT, "sliding window %u is out of range", window);
+	if (n_shared >= (uint32_t) c->n_layers)
+		return cai_fail(err, CAI_ERR_FORMAT, "%u of %d layers share another layer's kv", n_shared,
+						c->n_layers);
 	for (int l = 0; l < c->n_layers; l++)
 	{
-		bool		global = a->attention.window_period <= 0 ||
-			l % a->attention.window_period == a->attention.window_period - 1;
+		bool		global = a->window_period <= 0 || l % a->window_period == a->window_period - 1;
 
 		c->attn_window[l] = global ? 0 : (int) window;
 		c->kv_source[l] = l;
 	}
-	if ((st = read_arch_u32(f, arch, a->attention.shared_kv_layers_key, false, 0, &n_shared,
-							err)) != CAI_OK)
-		return st;
-	if (n_shared >= (uint32_t) c->n_layers)
-		return cai_fail(err, CAI_ERR_FORMAT, "%u of %d layers share another layer's kv", n_shared,
-						c->n_layers);
 	for (int l = c->n_layers - (int) n_shared; l < c->n_layers; l++)
 	{
 		/* the last owning layer of the same kind */
@@ -140,6 +126,24 @@ read_layer_attention(const gguf_file *f, cai_config *c, cai_error *err)
 		c->kv_source[l] = src;
 	}
 	return cai_config_update_kv_sharing(c, err);
+}
+
+/* The same, reading the window length and shared-layer count the description names. */
+static cai_status
+read_layer_attention(const gguf_file *f, cai_config *c, cai_error *err)
+{
+	const cai_arch_attention *a = &c->arch->attention;
+	uint32_t	window = 0;
+	uint32_t	n_shared = 0;
+	cai_status	st;
+
+	if (a->window_period > 0 &&
+		(st = read_arch_u32(f, c->arch_name, a->window_key, true, 0, &window, err)) != CAI_OK)
+		return st;
+	if ((st = read_arch_u32(f, c->arch_name, a->shared_kv_layers_key, false, 0, &n_shared,
+							err)) != CAI_OK)
+		return st;
+	return cai_config_layer_attention(c, a, window, n_shared, err);
 }
 
 /* Fills m->cfg from the file's metadata (shapes checked against tensors later). */

@@ -20,6 +20,14 @@ void	   *cai_model_alloc(cai_model *m, size_t bytes);
 /* Fills m->cfg from the file's metadata and the architecture's description (model_config.c). */
 cai_status	cai_model_read_config(cai_model *m, const char *path, cai_error *err);
 
+/*
+ * Sets c's attn_window and kv_source for its n_layers from the description's per-layer pattern,
+ * the window length and the number of trailing layers that share an earlier layer's KV
+ * (model_config.c).
+ */
+cai_status	cai_config_layer_attention(cai_config *c, const cai_arch_attention *a, uint32_t window,
+									   uint32_t n_shared, cai_error *err);
+
 /* m->fingerprint: the config, the tensors and the tokenizer's metadata (model_fingerprint.c). */
 cai_status	cai_model_fingerprint(cai_model *m, cai_error *err);
 
