@@ -39,11 +39,12 @@ typedef struct cai_config
 	float		norm_eps;
 	float		rope_base;
 	int			n_rot;			/* rotated dimensions per head ({arch}.rope.dimension_count) */
-	bool		rope_neox;		/* rotate (i, i + n_rot/2) (qwen2) instead of (2i, 2i+1) (llama,
-								 * whose GGUF Q/K rows were permuted for it at conversion) */
+	bool		rope_neox;		/* rotate (i, i + n_rot/2) instead of (2i, 2i+1): the
+								 * description's RoPE style */
 	float		rope_freq_scale;	/* 1, or 1/factor with linear rope scaling */
 	bool		tied_embeddings;	/* LM head = token embedding */
-	bool		qkv_bias;		/* qwen2 */
+	bool		qkv_bias;		/* required by the description, or present in the file */
+	/* per layer, from the description (tests change them, then cai_config_update_kv_sharing) */
 	int		   *attn_window;	/* [n_layers] 0 = global, else a sliding window in tokens */
 	int		   *kv_source;		/* [n_layers] layer whose KV this layer reads (itself = owns) */
 	int		   *kv_index;		/* [n_layers] index among KV-owning layers of kv_source[l] */
