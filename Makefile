@@ -15,7 +15,7 @@ DATA = pg_cai--0.1.sql router/pg_cai_router.control router/pg_cai_router--0.1.sq
 PG_CONFIG ?= pg_config
 
 # ---- the engine: PostgreSQL-free, CUDA-free, built with its own flags -------------------------
-ENGINE_SRCS := $(wildcard src/engine/*.c src/engine/cpu/*.c)
+ENGINE_SRCS := $(wildcard src/engine/*.c src/engine/arch/*.c src/engine/cpu/*.c)
 ENGINE_OBJS := $(patsubst src/%.c,build/%.o,$(ENGINE_SRCS))
 # the CUDA backend's loader is plain C (dlopen only): it is part of the engine on every build
 ENGINE_OBJS += build/engine/cuda_loader.o

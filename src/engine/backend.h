@@ -1,7 +1,7 @@
 /*
  * backend.h — the compute backend's function table: the heavy operations of the forward pass.
  *
- * model.c's forward is one readable pass over the layers that calls these operations through a
+ * forward.c's forward is one readable pass over the layers that calls these operations through a
  * cai_backend; the CPU backend (cpu/backend_cpu.c) implements them with the thread pool and
  * SIMD kernels, a GPU backend implements the same table with its own kernels.  Pointers passed
  * to the operations are backend memory (host memory on the CPU backend): the forward allocates
@@ -27,7 +27,7 @@
 
 typedef struct cai_backend cai_backend;
 
-/* The ragged batch as the operations see it (built once per forward by model.c). */
+/* The ragged batch as the operations see it (built once per forward by forward.c). */
 typedef struct cai_batch_layout
 {
 	int			n_tokens;		/* T: rows of every activation matrix */
@@ -62,7 +62,7 @@ typedef struct cai_attn_params
 
 /*
  * An orthogonal transform R of vectors of n floats, applied to activations before they are
- * quantized to int8 (model.c's "rotations" say why).  n = n_pow2 * n_mix, and element i of a
+ * quantized to int8 (calibrate.c's "rotations" say why).  n = n_pow2 * n_mix, and element i of a
  * vector is (c, j) with i = c * n_pow2 + j:
  *
  *   R = norm * (M kron H):  H the n_pow2 x n_pow2 Sylvester Hadamard matrix (entries +-1),
@@ -126,7 +126,7 @@ typedef struct cai_backend_ops
 	/*
 	 * Waits for queued work and reports the first failure since the last call (the operations
 	 * return nothing, so an asynchronous backend keeps its first error); NULL = never fails.
-	 * model.c calls it at the end of every forward.
+	 * forward.c calls it at the end of every forward.
 	 */
 	cai_status	(*sync) (cai_backend *be, cai_error *err);
 

@@ -71,7 +71,7 @@ typedef struct cai_model_params
 	bool		compensated_rounding;	/* round weights to int8 along the calibration
 										 * inputs' second moment (GPTQ) instead of to the
 										 * nearest level: closer to float on average, loads
-										 * about 4x slower (model.c, "compensated rounding") */
+										 * about 4x slower (calibrate.c, "compensated rounding") */
 } cai_model_params;
 
 void		cai_model_params_default(cai_model_params *params);

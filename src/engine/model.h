@@ -13,6 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "arch/arch.h"
 #include "backend.h"
 #include "cai.h"
 #include "chat_template.h"
@@ -22,15 +23,9 @@
 #include "kv.h"
 #include "tokenizer.h"
 
-typedef enum cai_arch
-{
-	CAI_ARCH_LLAMA = 0,
-	CAI_ARCH_QWEN2
-} cai_arch;
-
 typedef struct cai_config
 {
-	cai_arch	arch;
+	const cai_arch_desc *arch;	/* what the generic loader and forward follow */
 	char		arch_name[32];
 	char		name[128];
 	int			n_layers;
@@ -44,11 +39,12 @@ typedef struct cai_config
 	float		norm_eps;
 	float		rope_base;
 	int			n_rot;			/* rotated dimensions per head ({arch}.rope.dimension_count) */
-	bool		rope_neox;		/* rotate (i, i + n_rot/2) (qwen2) instead of (2i, 2i+1) (llama,
-								 * whose GGUF Q/K rows were permuted for it at conversion) */
+	bool		rope_neox;		/* rotate (i, i + n_rot/2) instead of (2i, 2i+1): the
+								 * description's RoPE style */
 	float		rope_freq_scale;	/* 1, or 1/factor with linear rope scaling */
 	bool		tied_embeddings;	/* LM head = token embedding */
-	bool		qkv_bias;		/* qwen2 */
+	bool		qkv_bias;		/* required by the description, or present in the file */
+	/* per layer, from the description (tests change them, then cai_config_update_kv_sharing) */
 	int		   *attn_window;	/* [n_layers] 0 = global, else a sliding window in tokens */
 	int		   *kv_source;		/* [n_layers] layer whose KV this layer reads (itself = owns) */
 	int		   *kv_index;		/* [n_layers] index among KV-owning layers of kv_source[l] */
@@ -59,7 +55,7 @@ typedef struct cai_config
  * One transformer layer's weights: int8 [out, in] with per-channel scales.  Q, K and V are one
  * matrix (one GEMM per layer) and wq, wk, wv are views of its row ranges; likewise gate and up.
  *
- * The int8 matrices are smoothed and rotated (model.c's "rotations"): activations at a GEMM's
+ * The int8 matrices are smoothed and rotated (calibrate.c's "rotations"): activations at a GEMM's
  * input have outlier channels that per-token int8 quantization handles badly, so input channel j
  * is divided by a power of two s_j chosen at load from a short calibration pass (SmoothQuant)
  * and the weight column j is multiplied by it; then the input is rotated by an orthogonal R at
@@ -137,7 +133,7 @@ typedef struct cai_batch_seq
  * Per-engine scratch for forwards of up to max_tokens tokens in one batch, each sequence at
  * most max_context positions long; everything a forward needs is allocated here (the CPU
  * backend over pool, activations, attention scratch), so a forward does not allocate.  The one
- * exception is the float reference path's KV shadow, grown on first use (see model.c).
+ * exception is the float reference path's KV shadow, grown on first use (see forward_internal.h).
  */
 typedef struct cai_forward_ctx cai_forward_ctx;
 

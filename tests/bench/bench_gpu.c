@@ -8,13 +8,13 @@
  *   smollm2  SmolLM2-135M: d 576, 30 layers, 9/3 heads of 64, d_ff 1536, vocab 49152
  *   1b       Llama-3.2-1B: d 2048, 16 layers, 32/8 heads of 64, d_ff 8192, vocab 128256
  *   8b       Llama-3-8B:   d 4096, 32 layers, 32/8 heads of 128, d_ff 14336, vocab 128256
- * The forward is the engine's int8 forward, kernel for kernel (model.c's sequence of backend
+ * The forward is the engine's int8 forward, kernel for kernel (forward.c's sequence of backend
  * operations): embedding, per layer RMSNorm, rotation+quantize, QKV GEMM, RoPE, rotation of the
  * q and k heads, KV write, attention, quantize, output GEMM into the residual, RMSNorm,
  * rotation+quantize, gate/up GEMM, SwiGLU, rotation+quantize, down GEMM into the residual;
- * final norm, rotation+quantize, LM head, argmax.  The rotations are the ones model.c chooses
- * for these widths (make_rotation); the LM head is its own matrix, as the engine's int8 path
- * keeps a smoothed and rotated copy even when the embeddings are tied.
+ * final norm, rotation+quantize, LM head, argmax.  The rotations are the ones calibrate.c
+ * chooses for these widths (cai_model_make_rotation); the LM head is its own matrix, as the
+ * engine's int8 path keeps a smoothed and rotated copy even when the embeddings are tied.
  *
  * Decode: B sequences of `context` cached positions each (the KV pool is filled with random
  * int8 and positive scales) take one token; the step is captured once as a CUDA graph and
@@ -122,8 +122,8 @@ random_matrix(cai_cuda_qmatrix *m, int n_out, int k, uint64_t seed, bench_model 
 }
 
 /*
- * model.c's rotation of vectors of n values (make_rotation): n_pow2 the largest power of two
- * dividing n; chunks of 64 or more, or more than 64 chunks, are rotated as separate blocks of
+ * calibrate.c's rotation of vectors of n values (cai_model_make_rotation): n_pow2 the largest
+ * power of two dividing n; chunks of 64 or more, or more than 64 chunks, are rotated as separate blocks of
  * n_pow2; otherwise the chunks are mixed by the discrete Hartley table, uploaded here.
  */
 static bool

@@ -83,7 +83,7 @@ synth_qmatrix(synth_model *s, gpu_rng *r, int n_out, int k, cai_qmatrix *m)
 	return true;
 }
 
-/* A view of rows [row0, row0 + n) of m, like model.c's wq/wk/wv. */
+/* A view of rows [row0, row0 + n) of m, like model_load.c's wq/wk/wv. */
 static cai_qmatrix
 synth_view(const cai_qmatrix *m, int row0, int n)
 {
@@ -126,7 +126,7 @@ synth_build(synth_model *s, uint64_t seed)
 
 	memset(s, 0, sizeof(*s));
 	gpu_rng_seed(&r, seed);
-	c->arch = CAI_ARCH_LLAMA;
+	c->arch = &cai_arch_llama;
 	strcpy(c->arch_name, "llama");
 	strcpy(c->name, "synthetic");
 	c->n_layers = 1;
@@ -681,9 +681,9 @@ model_side_free(model_side *sd)
 }
 
 /*
- * cai_model_forward's int8 path, call for call, on one backend table (model.c creates its own
- * CPU backend, so the test drives both tables itself; keep this in step with model.c's
- * forward_layer and cai_model_forward, which gpu_backend_cpu_driver_matches_model_forward
+ * cai_model_forward's int8 path, call for call, on one backend table (forward.c creates its own
+ * CPU backend, so the test drives both tables itself; keep this in step with forward.c's
+ * cai_forward_layer and cai_model_forward, which gpu_backend_cpu_driver_matches_model_forward
  * checks).  The last layer finishes only the rows that want logits, gathered after attention.
  * Returns the table's sync status (the CUDA table's first failure).
  */

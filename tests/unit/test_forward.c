@@ -1,5 +1,5 @@
 /*
- * test_forward.c — the batched ragged forward pass (model.c + the CPU backend).
+ * test_forward.c — the batched ragged forward pass (forward.c + the CPU backend).
  *
  * Determinism: a sequence's logits are compared with memcmp between running alone and running
  * in a ragged batch with others (different lengths, chunked prefill, decodes), across thread
@@ -592,7 +592,7 @@ TEST(forward_isa_paths_identical)
  * The activation rotation (backend.h's cai_rotation)
  * ------------------------------------------------------------------------------------------- */
 
-/* The rotation of n values as model.c builds it, with its own Hartley table mix. */
+/* The rotation of n values as calibrate.c builds it, with its own Hartley table mix. */
 static void
 make_test_rotation(int n, float *mix, cai_rotation *r)
 {

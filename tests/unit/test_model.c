@@ -139,7 +139,7 @@ is_power_of_two(float x)
 }
 
 /*
- * rot is the rotation model.c documents for vectors of n values: n_pow2 * n_mix == n with
+ * rot is the rotation calibrate.c documents for vectors of n values: n_pow2 * n_mix == n with
  * n_pow2 the largest power of two dividing n (or only n_pow2 when the mix would be too large),
  * the Hartley table, norm 1/sqrt(n).
  */
@@ -334,7 +334,7 @@ TEST(model_load_synthetic_llama)
 	if (!model)
 		return;
 	c = &model->cfg;
-	CHECK_EQ_INT(c->arch, CAI_ARCH_LLAMA);
+	CHECK(c->arch == &cai_arch_llama);
 	CHECK(strcmp(c->name, "synthetic") == 0);
 	CHECK_EQ_INT(c->n_layers, 2);
 	CHECK_EQ_INT(c->d_model, 64);
@@ -392,7 +392,7 @@ TEST(model_load_synthetic_qwen2_untied)
 	CHECK(load_config_nearest(&cfg, &model, &err) == CAI_OK);
 	if (!model)
 		return;
-	CHECK_EQ_INT(model->cfg.arch, CAI_ARCH_QWEN2);
+	CHECK(model->cfg.arch == &cai_arch_qwen2);
 	CHECK(model->cfg.rope_neox);
 	CHECK(model->cfg.qkv_bias);
 	CHECK(!model->cfg.tied_embeddings);

@@ -1,0 +1,551 @@
+/*
+ * forward.c — the batched ragged forward pass (cai_model_forward), one pass over the layers,
+ * llama2.c style, calling the backend table (backend.h) for every heavy operation (R: a
+ * rotation, norms with the int8 path's smoothed weights; see calibrate.c's "rotations"):
+ *
+ *   x = embed(tokens)
+ *   per layer:  xq = quant(R rmsnorm(x));  qkv = xq Wqkv (+b);  rope(q, k);  R q, R k;
+ *               kv <- (k, v);  a = attention(q, kv);  x += quant(a) Wo
+ *               xq = quant(R rmsnorm(x));  gu = xq Wgate_up;  x += quant(R silu(g) * u) Wdown
+ *   logits = quant(R rmsnorm(x[rows])) Wlm
+ *
+ * The float reference path runs the same structure with float GEMMs over copies of the source
+ * weights and no activation quantization; its attention reads a float shadow of the KV kept in
+ * the forward context (forward_internal.h).  The calibration (calibrate.c) runs single layers
+ * of the float path through cai_forward_layer.
+ */
+#include "forward_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+const cai_backend *
+cai_forward_ctx_backend(const cai_forward_ctx *ctx)
+{
+	return ctx->be;
+}
+
+/* cai_backend_factory for the CPU backend: arg is the thread pool. */
+static cai_status
+forward_cpu_backend_factory(void *arg, const cai_backend_limits *limits, cai_backend **out,
+							cai_error *err)
+{
+	return cai_backend_cpu_create((cai_threadpool *) arg, limits, out, err);
+}
+
+/* Allocates the context (see model.h): the CPU backend over pool and the activations. */
+cai_status
+cai_forward_ctx_create(const cai_model *model, cai_threadpool *pool, int max_tokens,
+					   int max_context, cai_forward_ctx **out, cai_error *err)
+{
+	return cai_forward_ctx_create_on(model, forward_cpu_backend_factory, pool, max_tokens,
+									 max_context, out, err);
+}
+
+/* Allocates the context on the backend factory(arg, ...) makes; the context owns it. */
+cai_status
+cai_forward_ctx_create_on(const cai_model *model, cai_backend_factory factory, void *arg,
+						  int max_tokens, int max_context, cai_forward_ctx **out, cai_error *err)
+{
+	const cai_config *c = &model->cfg;
+	cai_forward_ctx *ctx;
+	cai_backend_limits lim;
+	int			q_dim = c->n_heads * c->head_dim;
+	size_t		T;
+	cai_status	st;
+
+	*out = NULL;
+	if (max_tokens < 1 || max_context < 1 || max_tokens > (1 << 20) || max_context > (1 << 24))
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"forward context needs 1..%d tokens and a positive context", 1 << 20);
+	ctx = calloc(1, sizeof(*ctx));
+	if (!ctx)
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory creating the forward context");
+	ctx->model = model;
+	ctx->max_tokens = max_tokens;
+	ctx->max_context = max_context;
+	ctx->width = c->d_model;
+	if (q_dim > ctx->width)
+		ctx->width = q_dim;
+	if (c->d_ff > ctx->width)
+		ctx->width = c->d_ff;
+	ctx->qkv_width = q_dim + 2 * c->n_kv_heads * c->head_dim;
+
+	lim.max_tokens = max_tokens;
+	lim.max_context = max_context;
+	lim.max_width = ctx->width;
+	lim.n_heads = c->n_heads;
+	lim.n_kv_heads = c->n_kv_heads;
+	lim.head_dim = c->head_dim;
+	if ((st = factory(arg, &lim, &ctx->be, err)) != CAI_OK)
+	{
+		free(ctx);
+		return st;
+	}
+	/* the int8 path rotates its GEMM inputs (calibrate.c's "rotations"): a backend must offer that */
+	if (!ctx->be->ops->rotate)
+	{
+		st = cai_fail(err, CAI_ERR_UNSUPPORTED,
+					  "the %s backend cannot rotate activations, which the int8 path needs",
+					  ctx->be->ops->name);
+		cai_backend_free(ctx->be);
+		free(ctx);
+		return st;
+	}
+
+	T = (size_t) max_tokens;
+	ctx->ids = malloc(T * sizeof(int32_t));
+	ctx->pos = malloc(T * sizeof(int32_t));
+	ctx->seq = malloc(T * sizeof(int32_t));
+	ctx->logit_rows = malloc(T * sizeof(int32_t));
+	ctx->seq_start = malloc(T * sizeof(int32_t));
+	ctx->seq_len = malloc(T * sizeof(int32_t));
+	ctx->tables = malloc(T * sizeof(int32_t *));
+	ctx->x = ctx->be->ops->alloc(ctx->be, T * c->d_model * sizeof(float));
+	ctx->xn = ctx->be->ops->alloc(ctx->be, T * ctx->width * sizeof(float));
+	ctx->xq = ctx->be->ops->alloc(ctx->be, T * ctx->width);
+	ctx->xs = ctx->be->ops->alloc(ctx->be, T * sizeof(float));
+	ctx->qkv = ctx->be->ops->alloc(ctx->be, T * ctx->qkv_width * sizeof(float));
+	ctx->att = ctx->be->ops->alloc(ctx->be, T * q_dim * sizeof(float));
+	ctx->gate_up = ctx->be->ops->alloc(ctx->be, T * 2 * c->d_ff * sizeof(float));
+	ctx->rope_cs = ctx->be->ops->alloc(ctx->be, T * c->n_rot * sizeof(float));
+	ctx->xg = ctx->be->ops->alloc(ctx->be, T * c->d_model * sizeof(float));
+	if (!ctx->ids || !ctx->pos || !ctx->seq || !ctx->logit_rows || !ctx->seq_start ||
+		!ctx->seq_len || !ctx->tables || !ctx->x || !ctx->xn || !ctx->xq || !ctx->xs ||
+		!ctx->qkv || !ctx->att || !ctx->gate_up || !ctx->rope_cs || !ctx->xg)
+	{
+		cai_forward_ctx_free(ctx);
+		return cai_fail(err, CAI_ERR_NO_MEMORY,
+						"out of memory allocating activations for %d tokens", max_tokens);
+	}
+	*out = ctx;
+	return CAI_OK;
+}
+
+/* Frees the context (NULL is fine). */
+void
+cai_forward_ctx_free(cai_forward_ctx *ctx)
+{
+	if (!ctx)
+		return;
+	if (ctx->be)
+	{
+		const cai_backend_ops *ops = ctx->be->ops;
+
+		ops->free(ctx->be, ctx->x);
+		ops->free(ctx->be, ctx->xn);
+		ops->free(ctx->be, ctx->xq);
+		ops->free(ctx->be, ctx->xs);
+		ops->free(ctx->be, ctx->qkv);
+		ops->free(ctx->be, ctx->att);
+		ops->free(ctx->be, ctx->gate_up);
+		ops->free(ctx->be, ctx->rope_cs);
+		ops->free(ctx->be, ctx->xg);
+		cai_backend_free(ctx->be);
+	}
+	free(ctx->ids);
+	free(ctx->pos);
+	free(ctx->seq);
+	free(ctx->logit_rows);
+	free(ctx->seq_start);
+	free(ctx->seq_len);
+	free(ctx->tables);
+	free(ctx->shadow.data);
+	free(ctx->shadow_valid);
+	free(ctx);
+}
+
+/* Grows the float KV shadow to cover blocks [0, n_blocks). */
+static cai_status
+shadow_reserve(cai_forward_ctx *ctx, const cai_kv_layout *L, int n_blocks, cai_error *err)
+{
+	size_t		layer_floats = (size_t) 2 * CAI_KV_BLOCK_TOKENS * L->n_kv_heads * L->head_dim;
+	size_t		block_floats = layer_floats * L->n_kv_layers;
+	size_t		bytes;
+	float	   *data;
+	uint8_t    *valid;
+
+	if (n_blocks <= ctx->shadow.n_blocks)
+		return CAI_OK;
+	if (!cai_mul_size((size_t) n_blocks, block_floats * sizeof(float), &bytes))
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "float kv shadow size overflows");
+	data = realloc(ctx->shadow.data, bytes);
+	if (!data)
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory growing the float kv shadow");
+	ctx->shadow.data = data;
+	valid = realloc(ctx->shadow_valid, (size_t) n_blocks * CAI_KV_BLOCK_TOKENS);
+	if (!valid)
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory growing the float kv shadow");
+	memset(valid + (size_t) ctx->shadow.n_blocks * CAI_KV_BLOCK_TOKENS, 0,
+		   (size_t) (n_blocks - ctx->shadow.n_blocks) * CAI_KV_BLOCK_TOKENS);
+	ctx->shadow_valid = valid;
+	ctx->shadow.n_blocks = n_blocks;
+	ctx->shadow.layer_floats = layer_floats;
+	ctx->shadow.block_floats = block_floats;
+	return CAI_OK;
+}
+
+/* Checks the batch and lays it out per token; counts the rows that need logits. */
+cai_status
+cai_forward_layout_batch(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
+			 const cai_batch_seq *seqs, int n_seqs, int *n_tokens, int *n_rows, cai_error *err)
+{
+	int			T = 0;
+	int			R = 0;
+	int			pool_blocks = cai_kv_pool_n_blocks(kv);
+
+	if (n_seqs < 1 || !seqs)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "a forward needs at least one sequence");
+	for (int s = 0; s < n_seqs; s++)
+	{
+		const cai_batch_seq *q = &seqs[s];
+		int			end;
+
+		if (q->n_tokens < 1 || !q->tokens)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "sequence %d brings no tokens", s);
+		if (q->n_tokens > ctx->max_tokens - T)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+							"the batch has more than the %d tokens this forward context holds",
+							ctx->max_tokens);
+		if (q->pos < 0 || q->pos > ctx->max_context - q->n_tokens)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+							"sequence %d reaches position %lld, past the context of %d", s,
+							(long long) q->pos + q->n_tokens, ctx->max_context);
+		end = q->pos + q->n_tokens;
+		if (!q->block_table || q->n_blocks < (end + CAI_KV_BLOCK_TOKENS - 1) / CAI_KV_BLOCK_TOKENS)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+							"sequence %d's block table does not cover position %d", s, end - 1);
+		for (int b = 0; b < (end + CAI_KV_BLOCK_TOKENS - 1) / CAI_KV_BLOCK_TOKENS; b++)
+			if (q->block_table[b] < 0 || q->block_table[b] >= pool_blocks)
+				return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+								"sequence %d uses kv block %d, outside the pool", s,
+								q->block_table[b]);
+		if (q->logits != CAI_LOGITS_NONE && q->logits != CAI_LOGITS_LAST && q->logits != CAI_LOGITS_ALL)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "sequence %d has an unknown logits mode", s);
+
+		ctx->seq_start[s] = T;
+		ctx->seq_len[s] = q->n_tokens;
+		ctx->tables[s] = q->block_table;
+		for (int i = 0; i < q->n_tokens; i++)
+		{
+			int32_t		id = q->tokens[i];
+
+			if (id < 0 || id >= model->cfg.n_vocab)
+				return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+								"token id %d is outside the vocabulary of %d", id, model->cfg.n_vocab);
+			ctx->ids[T] = id;
+			ctx->pos[T] = q->pos + i;
+			ctx->seq[T] = s;
+			if (q->logits == CAI_LOGITS_ALL || (q->logits == CAI_LOGITS_LAST && i == q->n_tokens - 1))
+				ctx->logit_rows[R++] = T;
+			T++;
+		}
+	}
+	*n_tokens = T;
+	*n_rows = R;
+	return CAI_OK;
+}
+
+/* Reference path bookkeeping: grow the shadow, check and mark which positions it holds. */
+cai_status
+cai_forward_shadow_prepare(cai_forward_ctx *ctx, cai_kv_pool *kv, const cai_batch_seq *seqs,
+						   int n_seqs, bool float_reference, cai_error *err)
+{
+	if (float_reference)
+	{
+		int			max_block = -1;
+		cai_status	st;
+
+		for (int s = 0; s < n_seqs; s++)
+		{
+			int			nb = (seqs[s].pos + seqs[s].n_tokens + CAI_KV_BLOCK_TOKENS - 1) / CAI_KV_BLOCK_TOKENS;
+
+			for (int b = 0; b < nb; b++)
+				if (seqs[s].block_table[b] > max_block)
+					max_block = seqs[s].block_table[b];
+		}
+		if ((st = shadow_reserve(ctx, cai_kv_pool_layout(kv), max_block + 1, err)) != CAI_OK)
+			return st;
+		for (int s = 0; s < n_seqs; s++)
+		{
+			for (int p = 0; p < seqs[s].pos; p++)
+			{
+				int32_t		b = seqs[s].block_table[p / CAI_KV_BLOCK_TOKENS];
+
+				if (!ctx->shadow_valid[(size_t) b * CAI_KV_BLOCK_TOKENS + p % CAI_KV_BLOCK_TOKENS])
+					return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+									"the float reference path needs every earlier position of a "
+									"sequence computed on that path (position %d was not)", p);
+			}
+		}
+	}
+	if (!ctx->shadow_valid)
+		return CAI_OK;
+	for (int s = 0; s < n_seqs; s++)
+	{
+		for (int p = seqs[s].pos; p < seqs[s].pos + seqs[s].n_tokens; p++)
+		{
+			int32_t		b = seqs[s].block_table[p / CAI_KV_BLOCK_TOKENS];
+
+			if (b < ctx->shadow.n_blocks)
+				ctx->shadow_valid[(size_t) b * CAI_KV_BLOCK_TOKENS + p % CAI_KV_BLOCK_TOKENS] =
+					float_reference;
+		}
+	}
+	return CAI_OK;
+}
+
+void
+cai_record_max_abs(const float *x, int n_tok, int width, float *max_abs)
+{
+	for (int t = 0; t < n_tok; t++)
+		for (int j = 0; j < width; j++)
+		{
+			float		a = fabsf(x[(size_t) t * width + j]);
+
+			max_abs[j] = a > max_abs[j] ? a : max_abs[j];
+		}
+}
+
+/* The rotary embedding of this model. */
+void
+cai_model_rope_params(const cai_model *model, cai_rope_params *rope)
+{
+	rope->n_rot = model->cfg.n_rot;
+	rope->base = model->cfg.rope_base;
+	rope->freq_scale = model->cfg.rope_freq_scale;
+	rope->neox = model->cfg.rope_neox;
+	rope->freq_factors = model->rope_freqs;
+}
+
+/* The int8 path's rotation of a GEMM input of `width` per row, quantized into ctx->xq, xs. */
+static cai_then_rotate
+gemm_input_rotation(cai_forward_ctx *ctx, const cai_rotation *rot, int width)
+{
+	return (cai_then_rotate) {.rot = rot, .n_vec = width / rot->n, .q = ctx->xq, .s = ctx->xs};
+}
+
+/*
+ * One transformer layer over the batch's T rows of ctx->x (in place), on the int8 path or the
+ * float path (f).  stats, float path only: records the GEMM inputs' per-channel maxima.
+ *
+ * out_rows (the last layer): only those rows' outputs are wanted.  Every row still writes its
+ * K/V and attends, but the output projection and the FFN run on the n_out_rows rows alone,
+ * gathered into ctx->xg, which then holds the layer's output for them (row i = out_rows[i]).
+ */
+void
+cai_forward_layer(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
+			  const cai_batch_layout *batch, const cai_rope_params *rope, int l, bool f,
+			  cai_activation_stats *stats, const int32_t *out_rows, int n_out_rows)
+{
+	const cai_config *c = &model->cfg;
+	const cai_layer_weights *w = &model->layers[l];
+	cai_backend *be = ctx->be;
+	const cai_backend_ops *op = be->ops;
+	const int	T = batch->n_tokens;
+	const int	d = c->d_model;
+	const int	q_dim = c->n_heads * c->head_dim;
+	const int	kv_dim = c->n_kv_heads * c->head_dim;
+	const int	qkv_w = ctx->qkv_width;
+	const int	d_ff = c->d_ff;
+	const bool	owns_kv = c->kv_source[l] == l;
+	const cai_kv_shadow *shadow = f ? &ctx->shadow : NULL;
+	float	   *q = ctx->qkv;
+	float	   *k = ctx->qkv + q_dim;
+	float	   *v = ctx->qkv + q_dim + kv_dim;
+	float	   *x = ctx->x;		/* the rows the rest of the layer works on */
+	float	   *att = ctx->att;
+	int			n = T;
+	const int	n_qk_heads = owns_kv ? c->n_heads + c->n_kv_heads : c->n_heads;
+	cai_attn_params ap;
+
+	/*
+	 * The int8 path's rotations (calibrate.c's "rotations"), done by the operation that writes
+	 * the rows: a GEMM input is rotated and quantized for its GEMM, q and k heads only rotated.
+	 */
+	const cai_then_rotate to_model = gemm_input_rotation(ctx, &model->rot_model, d);
+	const cai_then_rotate to_ff = gemm_input_rotation(ctx, &model->rot_ff, d_ff);
+	const cai_then_rotate to_heads = {.rot = &model->rot_head,
+	.n_vec = n_qk_heads * c->head_dim / model->rot_head.n};
+
+	ap.n_heads = c->n_heads;
+	ap.n_kv_heads = c->n_kv_heads;
+	ap.head_dim = c->head_dim;
+	ap.window = c->attn_window[l];
+	ap.kv_layer = c->kv_index[l];
+	ap.scale = c->arch->attention.scale > 0.0f ? c->arch->attention.scale :
+		1.0f / sqrtf((float) c->head_dim);
+
+	/* attention: q, k, v projections (a layer reading another's KV computes q only) */
+	if (!f)
+	{
+		op->rmsnorm(be, ctx->x, w->attn_norm_i8, T, d, c->norm_eps, ctx->xn, &to_model);
+		op->gemm_i8(be, ctx->xq, ctx->xs, T, owns_kv ? &w->wqkv : &w->wq, w->bqkv_i8, ctx->qkv,
+					qkv_w, false);
+	}
+	else
+	{
+		op->rmsnorm(be, ctx->x, w->attn_norm, T, d, c->norm_eps, ctx->xn, NULL);
+		if (stats)
+			cai_record_max_abs(ctx->xn, T < stats->max_rows ? T : stats->max_rows, d, stats->attn_in);
+		if (stats && stats->attn_x)
+			memcpy(stats->attn_x, ctx->xn, (size_t) T * d * sizeof(float));
+		op->gemm_f32(be, ctx->xn, T, d, w->f_wq, q_dim, w->bq, q, qkv_w, false);
+		if (owns_kv)
+		{
+			op->gemm_f32(be, ctx->xn, T, d, w->f_wk, kv_dim, w->bk, k, qkv_w, false);
+			op->gemm_f32(be, ctx->xn, T, d, w->f_wv, kv_dim, w->bv, v, qkv_w, false);
+		}
+	}
+
+	/*
+	 * RoPE on q and k (adjacent in the row); on the int8 path every head of both also rotated
+	 * by rot_head, which leaves their dot products as they were (calibrate.c's "rotations")
+	 */
+	op->rope(be, rope, ctx->rope_cs, q, qkv_w, T, n_qk_heads, c->head_dim,
+			 f ? NULL : &to_heads);
+	if (owns_kv)
+		op->kv_write(be, &ap, batch, k, v, qkv_w, kv, shadow);
+	op->attention(be, &ap, batch, q, qkv_w, kv, shadow, ctx->att, q_dim);
+
+	/* the last layer: continue with the wanted rows only (ctx->qkv is free again) */
+	if (out_rows)
+	{
+		op->gather_rows(be, ctx->x, d, out_rows, n_out_rows, ctx->xg);
+		op->gather_rows(be, ctx->att, q_dim, out_rows, n_out_rows, ctx->qkv);
+		x = ctx->xg;
+		att = ctx->qkv;
+		n = n_out_rows;
+		if (n == 0)
+			return;
+	}
+
+	/* x += attention output projection */
+	if (!f)
+	{
+		op->quantize(be, att, n, q_dim, ctx->xq, ctx->xs);
+		op->gemm_i8(be, ctx->xq, ctx->xs, n, &w->wo, NULL, x, d, true);
+	}
+	else
+	{
+		if (stats && stats->wo_x)
+			memcpy(stats->wo_x, att, (size_t) n * q_dim * sizeof(float));
+		op->gemm_f32(be, att, n, q_dim, w->f_wo, d, NULL, x, d, true);
+	}
+
+	/* x += down(silu(gate(x)) * up(x)) */
+	if (!f)
+	{
+		op->rmsnorm(be, x, w->ffn_norm_i8, n, d, c->norm_eps, ctx->xn, &to_model);
+		op->gemm_i8(be, ctx->xq, ctx->xs, n, &w->w_gate_up, NULL, ctx->gate_up, 2 * d_ff, false);
+		op->swiglu(be, ctx->gate_up, n, d_ff, ctx->xn, &to_ff);
+		op->gemm_i8(be, ctx->xq, ctx->xs, n, &w->w_down, NULL, x, d, true);
+	}
+	else
+	{
+		op->rmsnorm(be, x, w->ffn_norm, n, d, c->norm_eps, ctx->xn, NULL);
+		if (stats)
+			cai_record_max_abs(ctx->xn, n < stats->max_rows ? n : stats->max_rows, d, stats->ffn_in);
+		if (stats && stats->ffn_x)
+			memcpy(stats->ffn_x, ctx->xn, (size_t) n * d * sizeof(float));
+		op->gemm_f32(be, ctx->xn, n, d, w->f_gate, d_ff, NULL, ctx->gate_up, 2 * d_ff, false);
+		op->gemm_f32(be, ctx->xn, n, d, w->f_up, d_ff, NULL, ctx->gate_up + d_ff, 2 * d_ff, false);
+		op->swiglu(be, ctx->gate_up, n, d_ff, ctx->xn, NULL);
+		if (stats)
+			cai_record_max_abs(ctx->xn, n < stats->max_rows ? n : stats->max_rows, d_ff, stats->down_in);
+		if (stats && stats->down_x)
+			memcpy(stats->down_x, ctx->xn, (size_t) n * d_ff * sizeof(float));
+		op->gemm_f32(be, ctx->xn, n, d_ff, w->f_down, d, NULL, x, d, true);
+	}
+}
+
+/* Fills a batch layout from the context's per-token arrays (after cai_forward_layout_batch). */
+void
+cai_forward_batch_from_ctx(cai_forward_ctx *ctx, int T, int n_seqs, cai_batch_layout *batch)
+{
+	batch->n_tokens = T;
+	batch->n_seqs = n_seqs;
+	batch->token_pos = ctx->pos;
+	batch->token_seq = ctx->seq;
+	batch->seq_start = ctx->seq_start;
+	batch->seq_len = ctx->seq_len;
+	batch->block_tables = ctx->tables;
+}
+
+/*
+ * The forward over a ragged batch (model.h).  Checks the batch, lays it out per token, embeds,
+ * runs the layers (the last one only for rows that need logits) and the LM head.
+ */
+cai_status
+cai_model_forward(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
+				  const cai_batch_seq *seqs, int n_seqs, float *logits,
+				  bool float_reference, cai_error *err)
+{
+	const cai_config *c = &model->cfg;
+	cai_backend *be = ctx->be;
+	const cai_backend_ops *op = be->ops;
+	const cai_kv_layout *L = cai_kv_pool_layout(kv);
+	cai_kv_layout want;
+	const bool	f = float_reference;
+	const int	d = c->d_model;
+	cai_batch_layout batch;
+	cai_rope_params rope;
+	int			T = 0,
+				R = 0;
+	cai_status	st;
+
+	if (ctx->model != model)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "the forward context belongs to another model");
+	if (f && !model->has_float_reference)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"the float reference path needs the model loaded with load_float_reference");
+	cai_model_kv_layout(model, &want);
+	if (L->n_kv_layers != want.n_kv_layers || L->n_kv_heads != want.n_kv_heads ||
+		L->head_dim != want.head_dim || L->layer_bytes < want.layer_bytes)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "the kv pool's layout does not fit the model");
+	if ((st = cai_forward_layout_batch(model, ctx, kv, seqs, n_seqs, &T, &R, err)) != CAI_OK)
+		return st;
+	if (R > 0 && !logits)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "logits were requested but no buffer given");
+	if ((st = cai_forward_shadow_prepare(ctx, kv, seqs, n_seqs, f, err)) != CAI_OK)
+		return st;
+	cai_forward_batch_from_ctx(ctx, T, n_seqs, &batch);
+	cai_model_rope_params(model, &rope);
+
+	/* x = embedding of each token; the rotary angles of each position */
+	if (f)
+		op->embed_f32(be, model->f_tok_embd, d, ctx->ids, T, ctx->x);
+	else
+		op->embed_i8(be, &model->tok_embd, ctx->ids, T, ctx->x);
+	op->rope_prepare(be, &rope, ctx->pos, T, ctx->rope_cs);
+
+	/* the last layer finishes only the rows that need logits, in ctx->xg */
+	for (int l = 0; l < c->n_layers; l++)
+		cai_forward_layer(model, ctx, kv, &batch, &rope, l, f, NULL,
+					  l == c->n_layers - 1 ? ctx->logit_rows : NULL, R);
+
+	/* logits of the rows that asked for them */
+	if (R > 0)
+	{
+		if (!f)
+		{
+			const cai_then_rotate to_model = gemm_input_rotation(ctx, &model->rot_model, d);
+
+			op->rmsnorm(be, ctx->xg, model->out_norm_i8, R, d, c->norm_eps, ctx->xn, &to_model);
+			op->gemm_i8(be, ctx->xq, ctx->xs, R, &model->lm_head, NULL, logits, c->n_vocab, false);
+		}
+		else
+		{
+			op->rmsnorm(be, ctx->xg, model->out_norm, R, d, c->norm_eps, ctx->xn, NULL);
+			op->gemm_f32(be, ctx->xn, R, d, model->f_lm_head, c->n_vocab, NULL, logits,
+						 c->n_vocab, false);
+		}
+	}
+	/* an asynchronous backend reports its first failure here */
+	if (op->sync)
+		return op->sync(be, err);
+	return CAI_OK;
+}

@@ -1,0 +1,98 @@
+/*
+ * forward_internal.h — the forward context and the per-layer forward, shared by forward.c and
+ * the calibration (calibrate.c), which runs the float path layer by layer; not part of the
+ * engine's interface.
+ */
+#ifndef CAI_FORWARD_INTERNAL_H
+#define CAI_FORWARD_INTERNAL_H
+
+#include "model.h"
+
+/*
+ * The float KV shadow.  The reference path needs float keys and values, which the int8 blocks
+ * cannot give back, so the context keeps a float copy indexed like the pool (block id, layer,
+ * slot) and grown on demand to the largest block id a reference forward touches; it is only
+ * allocated by reference forwards (eval and tests).  A flag per (block, slot) records which
+ * positions hold float KV from a reference forward; int8 forwards clear the flags of the slots
+ * they overwrite, and a reference forward refuses a sequence whose earlier positions were not
+ * computed on the reference path (cai_engine_score always starts at position 0).
+ */
+struct cai_forward_ctx
+{
+	const cai_model *model;
+	cai_backend *be;
+	int			max_tokens;
+	int			max_context;
+	int			width;			/* max(d_model, q width, d_ff) */
+	int			qkv_width;		/* q + k + v row of the fused projection */
+
+	/* the batch, laid out per token */
+	int32_t    *ids;			/* [max_tokens] */
+	int32_t    *pos;
+	int32_t    *seq;
+	int32_t    *logit_rows;
+	int32_t    *seq_start;		/* [max_tokens] (a sequence has at least one token) */
+	int32_t    *seq_len;
+	const int32_t **tables;
+
+	/* activations (backend memory) */
+	float	   *x;				/* [T, d_model] the residual stream */
+	float	   *xn;				/* [T, width] float activations (reference path) */
+	int8_t	   *xq;				/* [T, width] quantized activations */
+	float	   *xs;				/* [T] their scales */
+	float	   *qkv;			/* [T, qkv_width] */
+	float	   *att;			/* [T, n_heads * head_dim] */
+	float	   *gate_up;		/* [T, 2 * d_ff] */
+	float	   *rope_cs;		/* [T, n_rot] cos/sin per token */
+	float	   *xg;				/* [T, d_model] rows that need logits */
+
+	/* the float KV shadow (reference path only) */
+	cai_kv_shadow shadow;
+	uint8_t    *shadow_valid;	/* [shadow.n_blocks * 16] */
+};
+
+/* Per-channel maxima of |activation| at the inputs of the int8 GEMMs (calibration). */
+typedef struct cai_activation_stats
+{
+	float	   *attn_in;		/* [d_model] the attention norm's output (QKV input) */
+	float	   *ffn_in;			/* [d_model] the FFN norm's output (gate/up input) */
+	float	   *down_in;		/* [d_ff] the SwiGLU output (down input) */
+	int			max_rows;		/* the maxima cover the first max_rows rows */
+	/* copies of the GEMM inputs themselves (all rows), [T][width] each, or NULL */
+	float	   *attn_x;
+	float	   *wo_x;
+	float	   *ffn_x;
+	float	   *down_x;
+} cai_activation_stats;
+
+/* Checks the batch and lays it out per token; counts the rows that need logits. */
+cai_status	cai_forward_layout_batch(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
+									 const cai_batch_seq *seqs, int n_seqs, int *n_tokens,
+									 int *n_rows, cai_error *err);
+
+/* Reference path bookkeeping: grow the shadow, check and mark which positions it holds. */
+cai_status	cai_forward_shadow_prepare(cai_forward_ctx *ctx, cai_kv_pool *kv,
+									   const cai_batch_seq *seqs, int n_seqs,
+									   bool float_reference, cai_error *err);
+
+/* Fills a batch layout from the context's per-token arrays (after cai_forward_layout_batch). */
+void		cai_forward_batch_from_ctx(cai_forward_ctx *ctx, int T, int n_seqs,
+									   cai_batch_layout *batch);
+
+/* The rotary embedding of this model. */
+void		cai_model_rope_params(const cai_model *model, cai_rope_params *rope);
+
+/* Per-channel maxima of |x| over n_tok rows of width values, merged into max_abs. */
+void		cai_record_max_abs(const float *x, int n_tok, int width, float *max_abs);
+
+/*
+ * One transformer layer over the batch's T rows of ctx->x (in place), on the int8 path or the
+ * float path (f).  stats, float path only: records the GEMM inputs' per-channel maxima.
+ * out_rows (the last layer): only those rows' outputs are wanted, in ctx->xg (forward.c).
+ */
+void		cai_forward_layer(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
+							  const cai_batch_layout *batch, const cai_rope_params *rope, int l,
+							  bool f, cai_activation_stats *stats, const int32_t *out_rows,
+							  int n_out_rows);
+
+#endif							/* CAI_FORWARD_INTERNAL_H */

@@ -1,0 +1,514 @@
+/*
+ * model_load.c — a GGUF file into the engine's model: validates every tensor the architecture
+ * needs (presence, type, shape) before touching any data, allocates the int8 weights and
+ * converts each weight matrix row by row — dequantize the source row to float, smooth and
+ * rotate it (calibrate.c), requantize it to symmetric int8 per output channel — in parallel
+ * over a thread pool (convert.c).  Q/K/V of a layer become one matrix (one GEMM), gate/up
+ * another.  Then the tokenizer, the chat template and the fingerprint.
+ */
+#include "model_internal.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quant.h"
+#include "util.h"
+
+/* ---------------------------------------------------------------------------------------------
+ * Tensor validation
+ * ------------------------------------------------------------------------------------------- */
+
+/*
+ * Finds tensor name and checks it against the expected shape: a matrix [ne1 rows of ne0]
+ * (GGUF's ne0 is the contiguous "in" dimension) or, with ne1 == 0, a vector of ne0.
+ */
+static cai_status
+find_tensor(const gguf_file *f, const char *name, int64_t ne0, int64_t ne1, bool required,
+			const gguf_tensor **out, cai_error *err)
+{
+	const gguf_tensor *t = gguf_find_tensor(f, name);
+	size_t		row_bytes;
+	int64_t		rows = ne1 ? ne1 : 1;
+
+	*out = NULL;
+	if (!t)
+		return required ? cai_fail(err, CAI_ERR_FORMAT, "missing tensor '%s'", name) : CAI_OK;
+	if (!ggml_type_can_dequantize(t->type))
+		return cai_fail(err, CAI_ERR_UNSUPPORTED,
+						"tensor '%s' has type %s, which the engine cannot read "
+						"(supported: f32, f16, bf16, q8_0, q4_0, q4_1, q4_k, q5_k, q6_k)",
+						name, ggml_type_name(t->type));
+	if (t->ne[0] != ne0 || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1)
+	{
+		if (ne1)
+			return cai_fail(err, CAI_ERR_FORMAT,
+							"tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld, %lld]",
+							name, (long long) t->ne[0], (long long) t->ne[1],
+							(long long) t->ne[2], (long long) t->ne[3],
+							(long long) ne0, (long long) ne1);
+		return cai_fail(err, CAI_ERR_FORMAT,
+						"tensor '%s' has shape [%lld, %lld, %lld, %lld], expected [%lld]",
+						name, (long long) t->ne[0], (long long) t->ne[1],
+						(long long) t->ne[2], (long long) t->ne[3], (long long) ne0);
+	}
+	if (!ggml_row_bytes(t->type, ne0, &row_bytes))
+		return cai_fail(err, CAI_ERR_FORMAT,
+						"tensor '%s': a row of %lld values is not a whole number of %s blocks",
+						name, (long long) ne0, ggml_type_name(t->type));
+	if (t->nbytes < row_bytes * (size_t) rows || !t->data)
+		return cai_fail(err, CAI_ERR_FORMAT, "tensor '%s' holds fewer bytes than its shape needs",
+						name);
+	*out = t;
+	return CAI_OK;
+}
+
+static cai_status
+find_layer_tensors(const gguf_file *f, const cai_config *c, int l, cai_layer_sources *ls,
+				   cai_error *err)
+{
+	const cai_arch_tensors *tn = c->arch->tensors;
+	const bool	bias = c->arch->qkv_bias == CAI_QKV_BIAS_REQUIRED;
+	int			q_dim = c->n_heads * c->head_dim;
+	int			kv_dim = c->n_kv_heads * c->head_dim;
+	char		name[96];
+	cai_status	st;
+
+	/* a tensor the architecture does not name is absent */
+#define FIND(field, suffix, ne0, ne1, required) \
+	do { \
+		ls->field = NULL; \
+		if (!(suffix)) \
+			break; \
+		snprintf(name, sizeof(name), "blk.%d.%s", l, (suffix)); \
+		if ((st = find_tensor(f, name, (ne0), (ne1), (required), &ls->field, err)) != CAI_OK) \
+			return st; \
+	} while (0)
+
+	FIND(attn_norm, tn->attn_norm, c->d_model, 0, true);
+	FIND(wq, tn->attn_q, c->d_model, q_dim, true);
+	FIND(wk, tn->attn_k, c->d_model, kv_dim, true);
+	FIND(wv, tn->attn_v, c->d_model, kv_dim, true);
+	FIND(wo, tn->attn_output, q_dim, c->d_model, true);
+	FIND(bq, tn->attn_q_bias, q_dim, 0, bias);
+	FIND(bk, tn->attn_k_bias, kv_dim, 0, bias);
+	FIND(bv, tn->attn_v_bias, kv_dim, 0, bias);
+	FIND(ffn_norm, tn->ffn_norm, c->d_model, 0, true);
+	FIND(gate, tn->ffn_gate, c->d_model, c->d_ff, true);
+	FIND(up, tn->ffn_up, c->d_model, c->d_ff, true);
+	FIND(down, tn->ffn_down, c->d_ff, c->d_model, true);
+#undef FIND
+
+	/* q/k/v biases: all three or none, the same in every layer (layer 0 decides) */
+	if ((ls->bq != NULL) != (ls->bk != NULL) || (ls->bq != NULL) != (ls->bv != NULL) ||
+		(ls->bq != NULL) != c->qkv_bias)
+		return cai_fail(err, CAI_ERR_FORMAT,
+						"layer %d has q/k/v biases unlike the other projections or layers", l);
+
+	/* biases this engine does not apply must not be ignored silently */
+	if (!tn->attn_output_bias)
+		return CAI_OK;
+	snprintf(name, sizeof(name), "blk.%d.%s", l, tn->attn_output_bias);
+	if (gguf_find_tensor(f, name))
+		return cai_fail(err, CAI_ERR_UNSUPPORTED, "tensor '%s' (an output projection bias) is not supported",
+						name);
+	return CAI_OK;
+}
+
+/* The GEMM operands to pack for the CPU kernels (gemm.h), one pool task each. */
+typedef struct pack_plan
+{
+	cai_qmatrix **mats;
+	int			n;
+	atomic_int	failed;
+} pack_plan;
+
+static void
+pack_task(void *arg, int task, int thread)
+{
+	pack_plan  *p = arg;
+
+	if (!cai_qmatrix_pack(p->mats[task]))
+		atomic_store(&p->failed, 1);
+}
+
+/* Allocates a row-major int8 matrix [n_out, k] with its scales. */
+static bool
+alloc_qmatrix(cai_model *m, int n_out, int k, cai_qmatrix *out)
+{
+	int8_t	   *q = cai_model_alloc(m, (size_t) n_out * k);
+	float	   *scale = cai_model_alloc(m, (size_t) n_out * sizeof(float));
+
+	if (!q || !scale)
+		return false;
+	out->n_out = n_out;
+	out->k = k;
+	out->q = q;
+	out->scale = scale;
+	out->packed = false;
+	m->weight_bytes += (size_t) n_out * k + (size_t) n_out * sizeof(float);
+	return true;
+}
+
+/*
+ * Rows [row0, row0 + n) of a matrix as a matrix of their own (sharing memory).  Of a packed
+ * matrix, only a view starting at a multiple of CAI_QMATRIX_PANEL is a CPU GEMM operand; the
+ * others (wk, wv when q_dim is not such a multiple) serve their scales and, for a GPU backend,
+ * their place in the row-major device copy.
+ */
+static cai_qmatrix
+qmatrix_rows(const cai_qmatrix *m, int row0, int n)
+{
+	cai_qmatrix v;
+
+	v.n_out = n;
+	v.k = m->k;
+	v.q = m->q + (size_t) row0 * m->k;
+	v.scale = m->scale + row0;
+	v.packed = m->packed;
+	return v;
+}
+
+/* The layer's views of its fused matrices, made once they are packed (views copy the flag). */
+static void
+layer_views(cai_layer_weights *w, const cai_config *c)
+{
+	int			q_dim = c->n_heads * c->head_dim;
+	int			kv_dim = c->n_kv_heads * c->head_dim;
+
+	w->wq = qmatrix_rows(&w->wqkv, 0, q_dim);
+	w->wk = qmatrix_rows(&w->wqkv, q_dim, kv_dim);
+	w->wv = qmatrix_rows(&w->wqkv, q_dim + kv_dim, kv_dim);
+	w->w_gate = qmatrix_rows(&w->w_gate_up, 0, c->d_ff);
+	w->w_up = qmatrix_rows(&w->w_gate_up, c->d_ff, c->d_ff);
+}
+
+/* Dequantizes a (validated) vector tensor of n values into float memory owned by the model. */
+static cai_status
+load_vector(cai_model *m, const gguf_tensor *t, int n, float *dst, cai_error *err)
+{
+	cai_status	st = cai_dequantize_row(t->type, t->data, dst, n, err);
+
+	if (st == CAI_OK)
+		m->weight_bytes += (size_t) n * sizeof(float);
+	return st;
+}
+
+static float *
+alloc_floats(cai_model *m, size_t n)
+{
+	size_t		bytes;
+
+	if (!cai_mul_size(n, sizeof(float), &bytes))
+		return NULL;
+	return cai_model_alloc(m, bytes);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Loading
+ * ------------------------------------------------------------------------------------------- */
+
+void
+cai_model_params_default(cai_model_params *params)
+{
+	params->n_threads = 0;
+	params->load_float_reference = false;
+	params->chat_template = NULL;
+	params->compensated_rounding = false;
+}
+
+/* Validates every tensor, allocates the engine's weights and converts them on a pool. */
+static cai_status
+load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
+{
+	const gguf_file *f = m->gguf;
+	cai_config *c = &m->cfg;
+	const cai_arch_tensors *tn = c->arch->tensors;
+	bool		fref = params->load_float_reference;
+	int			q_dim = c->n_heads * c->head_dim;
+	int			kv_dim = c->n_kv_heads * c->head_dim;
+	const gguf_tensor *t_embd,
+			   *t_out,
+			   *t_out_norm,
+			   *t_rope_freqs;
+	float	   *head_wmax = NULL;
+	cai_layer_sources *src = NULL;
+	cai_convert_plan plan;
+	pack_plan	pack = {0};
+	cai_threadpool *pool = NULL;
+	int			n_threads;
+	cai_status	st;
+
+	memset(&plan, 0, sizeof(plan));
+	atomic_init(&plan.failed, 0);
+
+	/* the vocabulary size comes from the embedding's shape */
+	t_embd = gguf_find_tensor(f, tn->token_embd);
+	if (!t_embd)
+		return cai_fail(err, CAI_ERR_FORMAT, "missing tensor '%s'", tn->token_embd);
+	if (t_embd->ne[1] < 1 || t_embd->ne[1] > (1 << 24))
+		return cai_fail(err, CAI_ERR_FORMAT, "tensor '%s' has %lld rows", tn->token_embd,
+						(long long) t_embd->ne[1]);
+	c->n_vocab = (int) t_embd->ne[1];
+	t_out = t_rope_freqs = NULL;
+	if ((st = find_tensor(f, tn->token_embd, c->d_model, c->n_vocab, true, &t_embd, err)) != CAI_OK)
+		return st;
+	if (tn->output &&
+		(st = find_tensor(f, tn->output, c->d_model, c->n_vocab, false, &t_out, err)) != CAI_OK)
+		return st;
+	if ((st = find_tensor(f, tn->output_norm, c->d_model, 0, true, &t_out_norm, err)) != CAI_OK)
+		return st;
+	if (tn->rope_freqs &&
+		(st = find_tensor(f, tn->rope_freqs, c->n_rot / 2, 0, false, &t_rope_freqs, err)) != CAI_OK)
+		return st;
+	c->tied_embeddings = (t_out == NULL);
+
+	src = calloc((size_t) c->n_layers, sizeof(cai_layer_sources));
+	m->layers = cai_model_alloc(m, (size_t) c->n_layers * sizeof(cai_layer_weights));
+	if (!src || !m->layers)
+	{
+		free(src);
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory loading the model");
+	}
+	memset(m->layers, 0, (size_t) c->n_layers * sizeof(cai_layer_weights));
+	for (int l = 0; l < c->n_layers; l++)
+	{
+		if ((st = find_layer_tensors(f, c, l, &src[l], err)) != CAI_OK)
+		{
+			free(src);
+			return st;
+		}
+	}
+
+	for (uint64_t i = 0; i < f->n_tensors; i++)
+		m->n_params += f->tensors[i].n_elements;
+
+	/* allocate everything; load the small vectors */
+#define OOM() do { st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory loading the model weights"); goto done; } while (0)
+	if (!alloc_qmatrix(m, c->n_vocab, c->d_model, &m->tok_embd))
+		OOM();
+	if (fref && !(m->f_tok_embd = alloc_floats(m, (size_t) c->n_vocab * c->d_model)))
+		OOM();
+	if (!alloc_qmatrix(m, c->n_vocab, c->d_model, &m->lm_head))	/* its own even when tied */
+		OOM();
+	if (t_out && fref && !(m->f_lm_head = alloc_floats(m, (size_t) c->n_vocab * c->d_model)))
+		OOM();
+	if (!cai_model_make_rotation(m, c->d_model, &m->rot_model) || !cai_model_make_rotation(m, c->d_ff, &m->rot_ff) ||
+		!cai_model_make_rotation(m, c->head_dim, &m->rot_head))
+		OOM();
+	for (int l = 0; l < c->n_layers; l++)
+	{
+		cai_layer_weights *w = &m->layers[l];
+		cai_layer_sources *s = &src[l];
+
+		if (!alloc_qmatrix(m, q_dim + 2 * kv_dim, c->d_model, &w->wqkv) ||
+			!alloc_qmatrix(m, c->d_model, q_dim, &w->wo) ||
+			!alloc_qmatrix(m, 2 * c->d_ff, c->d_model, &w->w_gate_up) ||
+			!alloc_qmatrix(m, c->d_model, c->d_ff, &w->w_down))
+			OOM();
+		if (fref)
+		{
+			if (!(w->f_wq = alloc_floats(m, (size_t) q_dim * c->d_model)) ||
+				!(w->f_wk = alloc_floats(m, (size_t) kv_dim * c->d_model)) ||
+				!(w->f_wv = alloc_floats(m, (size_t) kv_dim * c->d_model)) ||
+				!(w->f_wo = alloc_floats(m, (size_t) c->d_model * q_dim)) ||
+				!(w->f_gate = alloc_floats(m, (size_t) c->d_ff * c->d_model)) ||
+				!(w->f_up = alloc_floats(m, (size_t) c->d_ff * c->d_model)) ||
+				!(w->f_down = alloc_floats(m, (size_t) c->d_model * c->d_ff)))
+				OOM();
+		}
+		if (!(w->attn_norm = alloc_floats(m, c->d_model)) ||
+			!(w->ffn_norm = alloc_floats(m, c->d_model)) ||
+			!(w->attn_norm_i8 = alloc_floats(m, c->d_model)) ||
+			!(w->ffn_norm_i8 = alloc_floats(m, c->d_model)))
+			OOM();
+		m->weight_bytes += (size_t) 2 * c->d_model * sizeof(float);
+		if ((st = load_vector(m, s->attn_norm, c->d_model, w->attn_norm, err)) != CAI_OK ||
+			(st = load_vector(m, s->ffn_norm, c->d_model, w->ffn_norm, err)) != CAI_OK)
+			goto done;
+		if (c->qkv_bias)
+		{
+			if (!(w->bqkv = alloc_floats(m, (size_t) q_dim + 2 * kv_dim)) ||
+				!(w->bqkv_i8 = alloc_floats(m, (size_t) q_dim + 2 * kv_dim)))
+				OOM();
+			w->bq = w->bqkv;
+			w->bk = w->bqkv + q_dim;
+			w->bv = w->bqkv + q_dim + kv_dim;
+			if ((st = load_vector(m, s->bq, q_dim, w->bq, err)) != CAI_OK ||
+				(st = load_vector(m, s->bk, kv_dim, w->bk, err)) != CAI_OK ||
+				(st = load_vector(m, s->bv, kv_dim, w->bv, err)) != CAI_OK)
+				goto done;
+		}
+	}
+	if (!(m->out_norm = alloc_floats(m, c->d_model)) ||
+		!(m->out_norm_i8 = alloc_floats(m, c->d_model)))
+		OOM();
+	if ((st = load_vector(m, t_out_norm, c->d_model, m->out_norm, err)) != CAI_OK)
+		goto done;
+	if (t_rope_freqs)
+	{
+		if (!(m->rope_freqs = alloc_floats(m, c->n_rot / 2)))
+			OOM();
+		if ((st = load_vector(m, t_rope_freqs, c->n_rot / 2, m->rope_freqs, err)) != CAI_OK)
+			goto done;
+		for (int i = 0; i < c->n_rot / 2; i++)
+			if (!(m->rope_freqs[i] > 0.0f) || !isfinite(m->rope_freqs[i]))
+			{
+				st = cai_fail(err, CAI_ERR_FORMAT, "tensor '%s' holds a non-positive factor",
+							  tn->rope_freqs);
+				goto done;
+			}
+	}
+
+	/* a pool for the conversion; scratch rows as long as any matrix row */
+	n_threads = params->n_threads > 0 ? params->n_threads : cai_cpu_count();
+	if (n_threads > 64)
+		n_threads = 64;
+	pool = cai_threadpool_create(n_threads);
+	if (!pool)
+		OOM();
+	plan.max_k = c->d_model;
+	if (q_dim > plan.max_k)
+		plan.max_k = q_dim;
+	if (c->d_ff > plan.max_k)
+		plan.max_k = c->d_ff;
+	plan.n_threads = n_threads;
+	plan.scratch = malloc((size_t) n_threads * 2 * plan.max_k * sizeof(float));
+	plan.col_max = malloc((size_t) n_threads * plan.max_k * sizeof(float));
+	plan.block_floats = (size_t) 2 * CONVERT_CHUNK_ROWS * plan.max_k;
+	plan.block = malloc((size_t) n_threads * plan.block_floats * sizeof(float));
+	head_wmax = malloc((size_t) c->d_model * sizeof(float));
+	if (!plan.scratch || !plan.col_max || !plan.block || !head_wmax)
+		OOM();
+
+	/*
+	 * the embedding: plain requantization; the head's source (the embedding when tied) read for
+	 * its column maxima, which its smoothing needs (cai_convert_layers converts it)
+	 */
+	if (!cai_plan_rows_rotated(&plan, t_embd, NULL, c->d_model, c->n_vocab,
+							   (int8_t *) m->tok_embd.q, (float *) m->tok_embd.scale,
+							   m->f_tok_embd, NULL, NULL, NULL, !t_out))
+		OOM();
+	if (t_out && !cai_plan_rows_rotated(&plan, t_out, NULL, c->d_model, c->n_vocab, NULL, NULL,
+										m->f_lm_head, NULL, NULL, NULL, true))
+		OOM();
+	if ((st = cai_run_plan_col_max(pool, &plan, head_wmax, c->d_model, err)) != CAI_OK)
+		goto done;
+
+	/* the layers and the head: calibrated, smoothed, rotated, requantized */
+	if ((st = cai_convert_layers(m, pool, &plan, src, t_embd, t_out ? t_out : t_embd, head_wmax,
+							 fref, params->compensated_rounding, err)) != CAI_OK)
+		goto done;
+
+	/*
+	 * the GEMM operands packed for the CPU kernels (the embedding is read by rows, and a GPU
+	 * backend unpacks its copy on upload)
+	 */
+	pack.mats = malloc(((size_t) c->n_layers * 4 + 1) * sizeof(cai_qmatrix *));
+	if (!pack.mats)
+		OOM();
+	pack.mats[pack.n++] = &m->lm_head;
+	for (int l = 0; l < c->n_layers; l++)
+	{
+		pack.mats[pack.n++] = &m->layers[l].wqkv;
+		pack.mats[pack.n++] = &m->layers[l].wo;
+		pack.mats[pack.n++] = &m->layers[l].w_gate_up;
+		pack.mats[pack.n++] = &m->layers[l].w_down;
+	}
+	cai_threadpool_run(pool, pack_task, &pack, pack.n);
+	if (atomic_load(&pack.failed))
+		OOM();
+	for (int l = 0; l < c->n_layers; l++)
+		layer_views(&m->layers[l], c);
+
+	/* the tied head's float reference is the embedding */
+	if (!t_out)
+		m->f_lm_head = m->f_tok_embd;
+	m->has_float_reference = fref;
+	st = CAI_OK;
+#undef OOM
+
+done:
+	cai_threadpool_free(pool);
+	free(plan.jobs);
+	free(plan.scratch);
+	free(plan.block);
+	free(plan.col_max);
+	free(head_wmax);
+	free(pack.mats);
+	free(src);
+	return st;
+}
+
+/* The tokenizer (before the weights: calibration tokenizes its text). */
+static cai_status
+load_tokenizer(cai_model *m, cai_error *err)
+{
+	return cai_tokenizer_load(m->gguf, &m->tokenizer, err);
+}
+
+/* The chat template, and the tokenizer checked against the embedding. */
+static cai_status
+load_template(cai_model *m, const cai_model_params *params, cai_error *err)
+{
+	cai_status	st;
+	gguf_str	s;
+	char	   *jinja = NULL;
+
+	if (cai_tokenizer_n_vocab(m->tokenizer) > m->cfg.n_vocab)
+		return cai_fail(err, CAI_ERR_FORMAT,
+						"the tokenizer has %d tokens but the embedding only %d rows",
+						cai_tokenizer_n_vocab(m->tokenizer), m->cfg.n_vocab);
+	if (params->chat_template && params->chat_template[0])
+		return cai_chat_template_by_name(params->chat_template, m->tokenizer, &m->tmpl, err);
+	if (gguf_get_str(m->gguf, "tokenizer.chat_template", &s))
+	{
+		jinja = malloc(s.len + 1);
+		if (!jinja)
+			return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory reading the chat template");
+		memcpy(jinja, s.ptr, s.len);
+		jinja[s.len] = '\0';
+	}
+	st = cai_chat_template_detect(jinja, m->cfg.arch_name, m->tokenizer, &m->tmpl, err);
+	free(jinja);
+	return st;
+}
+
+/*
+ * Opens and validates the file, reads the config and the tokenizer, converts the weights
+ * (calibrated, see cai_convert_layers), picks the chat template and fingerprints the model.
+ */
+cai_status
+cai_model_load(const char *path, const cai_model_params *params, cai_model **out,
+			   cai_error *err)
+{
+	cai_model_params defaults;
+	cai_model  *m;
+	cai_status	st;
+
+	*out = NULL;
+	if (!path)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "no model path given");
+	if (!params)
+	{
+		cai_model_params_default(&defaults);
+		params = &defaults;
+	}
+	m = cai_model_new();
+	if (!m)
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory loading the model");
+	if ((st = gguf_open(path, &m->gguf, err)) != CAI_OK ||
+		(st = cai_model_read_config(m, path, err)) != CAI_OK ||
+		(st = load_tokenizer(m, err)) != CAI_OK ||
+		(st = load_weights(m, params, err)) != CAI_OK ||
+		(st = load_template(m, params, err)) != CAI_OK ||
+		(st = cai_model_fingerprint(m, err)) != CAI_OK)
+	{
+		cai_model_free(m);
+		return st;
+	}
+	*out = m;
+	return CAI_OK;
+}
