@@ -21,8 +21,12 @@
 #include "channel.h"
 #include "shmem.h"
 
-/* A request whose worker stays away this long fails instead of waiting on. */
-#define CAI_WORKER_ABSENT_TIMEOUT_MS 10000
+/*
+ * A request whose worker stays away this long fails instead of waiting on.  The postmaster
+ * restarts the worker a second after it exits, but under load it has been seen to take ten; a
+ * call made meanwhile should be served by the next worker, not fail.
+ */
+#define CAI_WORKER_ABSENT_TIMEOUT_MS 30000
 
 /*
  * CaiCheckWorkerReady
