@@ -39,6 +39,9 @@ CREATE TABLE cai_router.nodes (
 COMMENT ON TABLE cai_router.nodes IS
 'pg_cai data nodes: partition number (the high 16 bits of the conversation ids the node creates), a name for errors, a libpq connect string without user or password';
 GRANT SELECT ON cai_router.nodes TO cai_user;
+-- pg_dump keeps the nodes; after a restore, SELECT cai_router.sync_cluster() rebuilds the
+-- PL/Proxy cluster's partitions from them
+SELECT pg_catalog.pg_extension_config_dump('cai_router.nodes', '');
 
 -- round-robin placement of new conversations
 CREATE SEQUENCE cai_router.placement;
