@@ -476,7 +476,10 @@ CAI_CUDA_API int cai_cuda_graph_bucket(int n_tok);
 CAI_CUDA_API cai_status cai_cuda_measure_copy_bandwidth(cai_cuda_ctx *ctx, size_t bytes, int reps,
 														double *bytes_per_s, cai_error *err);
 
-/* Median time of one int8 GEMM (m x n x k) through the same path as cai_cuda_gemm_i8_acc. */
+/*
+ * Median time of one int8 GEMM through the same path as cai_cuda_gemm_i8_acc: a weight of m
+ * output rows and k inputs applied to n tokens.
+ */
 CAI_CUDA_API cai_status cai_cuda_measure_gemm_i8(cai_cuda_ctx *ctx, int m, int n, int k, int reps,
 												 double *seconds, cai_error *err);
 

@@ -70,6 +70,22 @@ if [ -x "$ROOT/tests/gpu/run_gpu" ]; then
 	fi
 fi
 
+# ---- 1c. the GPU kit (scripts/gpu-check.sh): in dry mode here, it builds what it can, writes
+# the SmolLM2-shaped model and runs the CPU half of the GPU-against-CPU comparison; one count
+# per step ----------------------------------------------------------------------------------------
+say "== GPU kit"
+kit_out=$("$ROOT/scripts/gpu-check.sh" "$ROOT/build/gpu-check" 2>&1)
+printf '%s\n' "$kit_out" | grep -E '^gpu-check: ' >&2
+kit_line=$(printf '%s\n' "$kit_out" | grep -E '^[0-9]+ passed, [0-9]+ failed, [0-9]+ skipped' | tail -n 1)
+if [ -n "$kit_line" ]; then
+	passed=$((passed + $(echo "$kit_line" | awk '{print $1}')))
+	failed=$((failed + $(echo "$kit_line" | awk '{print $3}')))
+	skipped=$((skipped + $(echo "$kit_line" | awk '{print $5}')))
+else
+	say "the GPU kit did not report a result"
+	failed=$((failed + 1))
+fi
+
 # ---- 2. a throwaway cluster ----------------------------------------------------------------
 if [ ! -f "$(pg_config --pkglibdir)/pg_cai.so" ] ||
 	[ ! -f "$(pg_config --sharedir)/extension/pg_cai.control" ]; then

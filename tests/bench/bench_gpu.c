@@ -2,7 +2,7 @@
  * bench_gpu.c — decode and prefill throughput of the CUDA kernels on synthetic int8 models,
  * each beside its roofline.
  *
- * Usage: bench_gpu [--quick] [--model smollm2|1b|8b|all] [--context N] [--device N]
+ * Usage: bench_gpu [--quick] [--model smollm2|1b|8b|all] [--context N] [--device N] [--json FILE]
  *
  * Models are llama-shaped with seeded random int8 weights generated on the device (no file):
  *   smollm2  SmolLM2-135M: d 576, 30 layers, 9/3 heads of 64, d_ff 1536, vocab 49152
@@ -26,6 +26,8 @@
  * decode floor = max(bytes moved / bandwidth, int8 ops / rate), bytes = every weight once plus
  * every cached K/V byte (values and scales) once; prefill floor = max(weights / bandwidth,
  * (GEMM ops + causal attention ops) / rate).  The table prints measured, roofline and their ratio.
+ * A last row per model times the engine's int8 GEMM path alone at large M (the prefill's 2048
+ * tokens through the gate/up matrix) against the measured int8 rate.  --json writes every row.
  */
 #include <math.h>
 #include <stdio.h>
@@ -392,9 +394,70 @@ plan(bench_model *bm, int B, int pos, int n_new, int bps, bool for_graph,
 
 typedef struct result
 {
-	double		measured;		/* tokens/s */
-	double		roofline;		/* tokens/s */
+	double		measured;		/* tokens/s (ops/s for a GEMM row) */
+	double		roofline;		/* tokens/s (the measured int8 rate for a GEMM row) */
 } result;
+
+/* Every row printed, for --json. */
+#define MAX_ROWS 64
+
+typedef struct report_row
+{
+	const char *model;
+	char		workload[32];
+	const char *unit;
+	bool		ok;
+	result		res;
+} report_row;
+
+static report_row rows[MAX_ROWS];
+static int	n_rows;
+
+static void
+report(const char *model, const char *workload, const char *unit, bool ok, const result *res)
+{
+	if (ok)
+		printf("%-14s %-12s %14.0f %14.0f %7.0f%%\n", model, workload, res->measured,
+			   res->roofline, 100.0 * res->measured / res->roofline);
+	else
+		printf("%-14s %-12s %14s\n", model, workload, "failed");
+	fflush(stdout);
+	if (n_rows < MAX_ROWS)
+	{
+		report_row *r = &rows[n_rows++];
+
+		r->model = model;
+		snprintf(r->workload, sizeof(r->workload), "%s", workload);
+		r->unit = unit;
+		r->ok = ok;
+		r->res = ok ? *res : (result) {0, 0};
+	}
+}
+
+static bool
+write_json(const char *path, const cai_cuda_device_info *info, double bw, double peak, int context)
+{
+	FILE	   *f = fopen(path, "w");
+
+	if (!f)
+	{
+		perror(path);
+		return false;
+	}
+	fprintf(f, "{\"device\": \"%s\", \"compute_capability\": \"%d.%d\", \"sms\": %d,\n"
+			" \"copy_bandwidth_bytes_per_s\": %.6g, \"int8_gemm_ops_per_s\": %.6g,\n"
+			" \"decode_context\": %d, \"prefill_tokens\": %d,\n \"rows\": [",
+			info->name, info->cc_major, info->cc_minor, info->sm_count, bw, peak, context,
+			PREFILL_TOKENS);
+	for (int i = 0; i < n_rows; i++)
+		fprintf(f, "%s\n  {\"model\": \"%s\", \"workload\": \"%s\", \"unit\": \"%s\", "
+				"\"ok\": %s, \"measured\": %.6g, \"roofline\": %.6g, \"ratio\": %.4f}",
+				i ? "," : "", rows[i].model, rows[i].workload, rows[i].unit,
+				rows[i].ok ? "true" : "false", rows[i].res.measured, rows[i].res.roofline,
+				rows[i].ok ? rows[i].res.measured / rows[i].res.roofline : 0.0);
+	fprintf(f, "\n]}\n");
+	return fclose(f) == 0;
+}
 
 static bool
 bench_decode(bench_model *bm, int B, int context, int reps, double bw, double peak, result *out)
@@ -497,6 +560,7 @@ int
 main(int argc, char **argv)
 {
 	const char *which = "all";
+	const char *json_path = NULL;
 	bool		quick = false;
 	int			context = 512;
 	int			device = 0;
@@ -518,10 +582,12 @@ main(int argc, char **argv)
 			context = atoi(argv[++i]);
 		else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc)
 			device = atoi(argv[++i]);
+		else if (strcmp(argv[i], "--json") == 0 && i + 1 < argc)
+			json_path = argv[++i];
 		else
 		{
 			fprintf(stderr, "usage: bench_gpu [--quick] [--model smollm2|1b|8b|all] "
-					"[--context N] [--device N]\n");
+					"[--context N] [--device N] [--json FILE]\n");
 			return 2;
 		}
 	}
@@ -556,7 +622,9 @@ main(int argc, char **argv)
 		   bw / 1e9, peak / 1e12);
 	printf("decode at %d cached positions per sequence; prefill of %d tokens\n\n", context,
 		   PREFILL_TOKENS);
-	printf("%-14s %-12s %14s %14s %8s\n", "model", "workload", "tokens/s", "roofline", "ratio");
+	printf("%-14s %-12s %14s %14s %8s\n", "model", "workload", "measured", "roofline", "ratio");
+	printf("(tokens/s; the gemm row: int8 TOPS of M=%d through the gate/up matrix)\n",
+		   PREFILL_TOKENS);
 
 	for (size_t m = 0; m < sizeof(SHAPES) / sizeof(SHAPES[0]); m++)
 	{
@@ -574,22 +642,33 @@ main(int argc, char **argv)
 		for (size_t b = 0; b < sizeof(batches) / sizeof(batches[0]); b++)
 		{
 			char		label[32];
+			bool		ok;
 
 			snprintf(label, sizeof(label), "decode b=%d", batches[b]);
-			if (bench_decode(&bm, batches[b], context, reps, bw, peak, &res))
-				printf("%-14s %-12s %14.0f %14.0f %7.0f%%\n", SHAPES[m].name, label, res.measured,
-					   res.roofline, 100.0 * res.measured / res.roofline);
-			else
-				printf("%-14s %-12s %14s\n", SHAPES[m].name, label, "failed");
-			fflush(stdout);
+			ok = bench_decode(&bm, batches[b], context, reps, bw, peak, &res);
+			report(SHAPES[m].name, label, "tokens/s", ok, &res);
 		}
-		if (bench_prefill(&bm, quick ? 3 : 10, bw, peak, &res))
-			printf("%-14s %-12s %14.0f %14.0f %7.0f%%\n", SHAPES[m].name, "prefill", res.measured,
-				   res.roofline, 100.0 * res.measured / res.roofline);
-		else
-			printf("%-14s %-12s %14s\n", SHAPES[m].name, "prefill", "failed");
-		fflush(stdout);
+		report(SHAPES[m].name, "prefill", "tokens/s",
+			   bench_prefill(&bm, quick ? 3 : 10, bw, peak, &res), &res);
+		{
+			double		gemm_m_s = 0.0;
+			bool		ok = cai_cuda_measure_gemm_i8(ctx, 2 * SHAPES[m].d_ff,
+													  PREFILL_TOKENS, SHAPES[m].d, reps, &gemm_m_s,
+													  &err) == CAI_OK;
+
+			if (!ok)
+				fprintf(stderr, "bench_gpu: %s\n", err.message);
+			res.measured = ok ? 2.0 * PREFILL_TOKENS * 2.0 * SHAPES[m].d_ff * SHAPES[m].d /
+				gemm_m_s / 1e12 : 0;
+			res.roofline = peak / 1e12;
+			report(SHAPES[m].name, "gemm TOPS", "int8 TOPS", ok, &res);
+		}
 		model_free(&bm);
+	}
+	if (json_path && !write_json(json_path, &info, bw, peak, context))
+	{
+		cai_cuda_ctx_free(ctx);
+		return 1;
 	}
 	cai_cuda_ctx_free(ctx);
 	return 0;
