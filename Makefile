@@ -24,7 +24,10 @@ ENGINE_SRCS := $(wildcard src/engine/*.c src/engine/arch/*.c src/engine/cpu/*.c)
 ENGINE_OBJS := $(patsubst src/%.c,build/%.o,$(ENGINE_SRCS))
 # the CUDA backend's loader is plain C (dlopen only): it is part of the engine on every build
 ENGINE_OBJS += build/engine/cuda_loader.o
-ENGINE_CFLAGS := -O3 -g -std=gnu11 -fPIC -pthread -fno-strict-aliasing -Wall -Wextra \
+# -ffp-contract=off: results are bit-identical across builds and backends only if no compiler
+# fuses a multiply and an add (GCC does by default where the target has FMA: aarch64, say; on
+# x86-64 the engine's code is the same either way)
+ENGINE_CFLAGS := -O3 -g -std=gnu11 -fPIC -pthread -fno-strict-aliasing -ffp-contract=off -Wall -Wextra \
 	-Wno-unused-parameter -Wno-sign-compare -Werror=vla -Isrc/engine -Ikernels -MMD -MP $(EXTRA_CFLAGS)
 ENGINE_LIBS := $(EXTRA_LDFLAGS) -lxxhash -lpthread -lm -ldl
 
