@@ -211,6 +211,12 @@ CAI_CUDA_API cai_status cai_cuda_gemm_i8_acc(cai_cuda_ctx *ctx, const int8_t *xq
 											 int ldacc, cai_error *err);
 
 /*
+ * int8 GEMMs that ran on the dp4a fallback kernel (cuBLASLt had no int8 kernel for their shape
+ * and alignments) since the context was created; each shape is also reported once on stderr.
+ */
+CAI_CUDA_API uint64_t cai_cuda_gemm_fallback_count(const cai_cuda_ctx *ctx);
+
+/*
  * Float reference GEMM (fp32 compute, no TF32): out[t, o] (=|+=) sum_i x[t, i] * w[o, i]
  * (+ bias[o]); w row-major [n_out, k].
  */

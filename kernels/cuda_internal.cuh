@@ -56,8 +56,11 @@ typedef struct gemm_algo_entry
 	int			m;
 	int			n;				/* the batch-size bucket or the exact n */
 	int			k;
-	int			flags;			/* float GEMM: bias/accumulate bits */
+	int			flags;			/* bias/accumulate bits, exactness */
+	int			ldc;			/* the output's leading dimension */
+	int			align;			/* the operands' alignments (gemm_lt.cu's alignment_key) */
 	bool		found;			/* false: the heuristic returned nothing for this shape */
+	bool		fallback_logged;	/* the dp4a fallback for this key was reported once */
 	cublasLtMatmulAlgo_t algo;
 } gemm_algo_entry;
 
@@ -101,6 +104,7 @@ struct cai_cuda_ctx
 	gemm_algo_entry *algos;
 	int			n_algos;
 	int			cap_algos;
+	uint64_t	gemm_fallbacks; /* int8 GEMMs that ran on the dp4a kernel, not cuBLASLt */
 
 	/* int32 GEMM output scratch */
 	int32_t    *acc;

@@ -1,6 +1,7 @@
 /*
  * gemm_lt.cu — the int8 and float GEMMs through cuBLASLt, with a cached algorithm choice per
- * shape and batch-size bucket, and a dp4a fallback for shapes cuBLASLt has no int8 kernel for.
+ * shape, batch-size bucket and pointer alignment, and a dp4a fallback for shapes cuBLASLt has no
+ * int8 kernel for (counted, and reported once per shape: it is far slower).
  *
  * Layouts.  cuBLASLt is column-major; the engine is row-major.  A row-major [R, C] matrix with row
  * stride ld is, unchanged in memory, a column-major [C, R] matrix with leading dimension ld.  So:
@@ -23,6 +24,14 @@
  * before it launches anything, so if a bucket's choice does not fit an n inside the bucket, the
  * exact shape is asked for (and cached) instead.  Descriptors live on the stack (the *Init
  * functions), so a GEMM allocates nothing on the host.
+ *
+ * Alignment.  Without a preference the heuristic assumes 256-byte-aligned operands and may choose
+ * a kernel that then refuses a view that starts mid-allocation (a weight's row slice, an
+ * activation column block).  So each call passes its pointers' actual alignments (the largest
+ * power of two dividing the address, up to 256) as the minimum-alignment preferences, and the
+ * algorithm cache keys on them.  What is left as "not supported" falls back to dp4a (counted in
+ * cai_cuda_gemm_fallback_count, reported on stderr once per shape); an invalid value from
+ * cuBLASLt for the exact shape is an error, never a silent fallback.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -50,13 +59,64 @@ n_bucket(int n)
 	return b;
 }
 
+/* The alignment cuBLASLt may assume of a pointer: the largest power of two dividing it, <= 256. */
+static int
+pointer_alignment(const void *ptr)
+{
+	uintptr_t	a = (uintptr_t) ptr;
+	int			align = 1;
+
+	while (align < 256 && (a & (uintptr_t) align) == 0)
+		align <<= 1;
+	return align;
+}
+
+/* log2 of an alignment, 0..8 */
+static int
+alignment_code(int align)
+{
+	int			code = 0;
+
+	while ((1 << code) < align)
+		code++;
+	return code;
+}
+
+/* The alignments of A (the weight), B (the tokens) and C = D, 4 bits of log2 each. */
+static int
+alignment_key(const void *a, const void *b, const void *c)
+{
+	return alignment_code(pointer_alignment(a)) |
+		alignment_code(pointer_alignment(b)) << 4 |
+		alignment_code(pointer_alignment(c)) << 8;
+}
+
+/* The algorithm cache's key: everything the heuristic's answer depends on. */
+typedef struct algo_key
+{
+	int			kind;
+	int			m;
+	int			n;				/* the bucket, or the exact n with ALGO_EXACT */
+	int			k;
+	int			flags;
+	int			ldc;
+	int			align;
+} algo_key;
+
+static bool
+entry_matches(const gemm_algo_entry *e, const algo_key *key)
+{
+	return e->kind == key->kind && e->m == key->m && e->n == key->n && e->k == key->k &&
+		e->flags == key->flags && e->ldc == key->ldc && e->align == key->align;
+}
+
 static uint64_t
-algo_hash(int kind, int m, int n, int k, int flags)
+algo_hash(const algo_key *key)
 {
 	uint64_t	h = 1469598103934665603ull;
-	int			v[5] = {kind, m, n, k, flags};
+	int			v[7] = {key->kind, key->m, key->n, key->k, key->flags, key->ldc, key->align};
 
-	for (int i = 0; i < 5; i++)
+	for (int i = 0; i < 7; i++)
 	{
 		h ^= (uint64_t) (uint32_t) v[i];
 		h *= 1099511628211ull;
@@ -66,16 +126,15 @@ algo_hash(int kind, int m, int n, int k, int flags)
 
 /* Finds the entry for a key, or the empty slot where it belongs (open addressing). */
 static gemm_algo_entry *
-algo_slot(gemm_algo_entry *table, int cap, int kind, int m, int n, int k, int flags)
+algo_slot(gemm_algo_entry *table, int cap, const algo_key *key)
 {
-	uint64_t	i = algo_hash(kind, m, n, k, flags) & (uint64_t) (cap - 1);
+	uint64_t	i = algo_hash(key) & (uint64_t) (cap - 1);
 
 	for (;;)
 	{
 		gemm_algo_entry *e = &table[i];
 
-		if (e->m == 0 ||
-			(e->kind == kind && e->m == m && e->n == n && e->k == k && e->flags == flags))
+		if (e->m == 0 || entry_matches(e, key))
 			return e;
 		i = (i + 1) & (uint64_t) (cap - 1);
 	}
@@ -94,7 +153,11 @@ algo_cache_grow(cai_cuda_ctx *ctx, cai_error *err)
 		gemm_algo_entry *e = &ctx->algos[i];
 
 		if (e->m != 0)
-			*algo_slot(t, cap, e->kind, e->m, e->n, e->k, e->flags) = *e;
+		{
+			algo_key	key = {e->kind, e->m, e->n, e->k, e->flags, e->ldc, e->align};
+
+			*algo_slot(t, cap, &key) = *e;
+		}
 	}
 	free(ctx->algos);
 	ctx->algos = t;
@@ -125,19 +188,34 @@ typedef struct lt_problem
  * bucket or exact n).  found=false when none exists (the caller then falls back).
  */
 static cai_status
-lt_heuristic(cai_cuda_ctx *ctx, lt_problem *p, bool *found, cublasLtMatmulAlgo_t *algo,
+lt_heuristic(cai_cuda_ctx *ctx, lt_problem *p, int codes, bool *found, cublasLtMatmulAlgo_t *algo,
 			 cai_error *err)
 {
 	cublasLtMatmulPreferenceOpaque_t pref;
 	cublasLtMatmulHeuristicResult_t result;
 	int			count = 0;
 	cublasStatus_t rc;
+	uint32_t	align_a = 1u << (codes & 15),
+				align_b = 1u << ((codes >> 4) & 15),
+				align_c = 1u << ((codes >> 8) & 15);
 
 	*found = false;
 	LT_CHECK(cublasLtMatmulPreferenceInit(&pref), err, "cublasLtMatmulPreferenceInit");
 	LT_CHECK(cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
 												  &ctx->lt_workspace_bytes,
 												  sizeof(ctx->lt_workspace_bytes)),
+			 err, "cublasLtMatmulPreferenceSetAttribute");
+	LT_CHECK(cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+												  &align_a, sizeof(align_a)),
+			 err, "cublasLtMatmulPreferenceSetAttribute");
+	LT_CHECK(cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+												  &align_b, sizeof(align_b)),
+			 err, "cublasLtMatmulPreferenceSetAttribute");
+	LT_CHECK(cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+												  &align_c, sizeof(align_c)),
+			 err, "cublasLtMatmulPreferenceSetAttribute");
+	LT_CHECK(cublasLtMatmulPreferenceSetAttribute(&pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+												  &align_c, sizeof(align_c)),
 			 err, "cublasLtMatmulPreferenceSetAttribute");
 	memset(&result, 0, sizeof(result));
 	rc = cublasLtMatmulAlgoGetHeuristic(ctx->lt, &p->desc, &p->a, &p->b, &p->c, &p->c, &pref, 1,
@@ -160,27 +238,32 @@ lt_heuristic(cai_cuda_ctx *ctx, lt_problem *p, bool *found, cublasLtMatmulAlgo_t
 typedef cai_status (*init_problem_fn) (lt_problem *p, int n, const void *arg, cai_error *err);
 
 static cai_status
-algo_lookup(cai_cuda_ctx *ctx, int kind, int m, int n, int k, int flags, init_problem_fn init,
-			const void *arg, gemm_algo_entry **out, cai_error *err)
+algo_lookup(cai_cuda_ctx *ctx, const algo_key *asked, init_problem_fn init, const void *arg,
+			gemm_algo_entry **out, cai_error *err)
 {
 	gemm_algo_entry *e;
 	lt_problem	p;
 	cai_status	st;
-	int			n_query = (flags & ALGO_EXACT) ? n : n_bucket(n);
+	algo_key	key = *asked;
 
+	if (!(key.flags & ALGO_EXACT))
+		key.n = n_bucket(key.n);
 	if (ctx->n_algos * 2 >= ctx->cap_algos && (st = algo_cache_grow(ctx, err)) != CAI_OK)
 		return st;
-	e = algo_slot(ctx->algos, ctx->cap_algos, kind, m, n_query, k, flags);
+	e = algo_slot(ctx->algos, ctx->cap_algos, &key);
 	if (e->m == 0)
 	{
-		if ((st = init(&p, n_query, arg, err)) != CAI_OK)
+		if ((st = init(&p, key.n, arg, err)) != CAI_OK)
 			return st;
-		e->kind = kind;
-		e->m = m;
-		e->n = n_query;
-		e->k = k;
-		e->flags = flags;
-		st = lt_heuristic(ctx, &p, &e->found, &e->algo, err);
+		e->kind = key.kind;
+		e->m = key.m;
+		e->n = key.n;
+		e->k = key.k;
+		e->flags = key.flags;
+		e->ldc = key.ldc;
+		e->align = key.align;
+		e->fallback_logged = false;
+		st = lt_heuristic(ctx, &p, key.align, &e->found, &e->algo, err);
 		if (st != CAI_OK)
 		{
 			memset(e, 0, sizeof(*e));
@@ -227,40 +310,56 @@ init_problem_i8(lt_problem *p, int n, const void *arg, cai_error *err)
 }
 
 /*
- * The fallback int8 GEMM: one warp per (token, output channel) dot product, dp4a over k/4 packed
- * words, a warp-shuffle reduction.  Exact like every int32 accumulation; used when cuBLASLt has
- * no int8 kernel for a shape, and by the tests as a second opinion.
+ * The fallback int8 GEMM: one warp per output channel and tile of FALLBACK_TOKENS tokens, dp4a
+ * over k/4 packed words, a warp-shuffle reduction per token.  The weight row is read once per
+ * tile, not once per token.  Exact like every int32 accumulation; used when cuBLASLt has no int8
+ * kernel for a shape, and by the tests as a second opinion.
  */
+#define FALLBACK_TOKENS 8
+
 static __global__ void
 gemm_i8_dp4a_kernel(const int8_t *__restrict__ x, const int8_t *__restrict__ w, int n_tok,
 					int m, int k, int32_t *__restrict__ acc, int ldc)
 {
 	int			lane = threadIdx.x % CUDA_WARP;
 	int			o = blockIdx.x * (blockDim.x / CUDA_WARP) + threadIdx.x / CUDA_WARP;
-	int			t = blockIdx.y;
-	const int  *xr;
+	int			t0 = blockIdx.y * FALLBACK_TOKENS;
+	int			nt = n_tok - t0 < FALLBACK_TOKENS ? n_tok - t0 : FALLBACK_TOKENS;
 	const int  *wr;
-	int			sum = 0;
+	int			sum[FALLBACK_TOKENS];
 
-	if (o >= m || t >= n_tok)
+	if (o >= m || nt <= 0)
 		return;
-	xr = (const int *) (x + (size_t) t * k);
 	wr = (const int *) (w + (size_t) o * k);
+#pragma unroll
+	for (int j = 0; j < FALLBACK_TOKENS; j++)
+		sum[j] = 0;
 	for (int i = lane; i < k / 4; i += CUDA_WARP)
-		sum = __dp4a(xr[i], wr[i], sum);
-	for (int off = CUDA_WARP / 2; off > 0; off >>= 1)
-		sum += __shfl_xor_sync(0xffffffffu, sum, off);
-	if (lane == 0)
-		acc[(size_t) t * ldc + o] = sum;
+	{
+		int			wv = wr[i];
+
+#pragma unroll
+		for (int j = 0; j < FALLBACK_TOKENS; j++)
+			if (j < nt)
+				sum[j] = __dp4a(((const int *) (x + (size_t) (t0 + j) * k))[i], wv, sum[j]);
+	}
+#pragma unroll
+	for (int j = 0; j < FALLBACK_TOKENS; j++)
+	{
+		for (int off = CUDA_WARP / 2; off > 0; off >>= 1)
+			sum[j] += __shfl_xor_sync(0xffffffffu, sum[j], off);
+		if (lane == 0 && j < nt)
+			acc[(size_t) (t0 + j) * ldc + o] = sum[j];
+	}
 }
 
 static cai_status
 gemm_i8_fallback(cai_cuda_ctx *ctx, const int8_t *xq, int n_tok, const cai_cuda_qmatrix *w,
 				 int32_t *acc, int ldc, cai_error *err)
 {
-	dim3		grid(div_up(w->n_out_padded, 8), n_tok);
+	dim3		grid(div_up(w->n_out_padded, 8), div_up(n_tok, FALLBACK_TOKENS));
 
-	if (n_tok > 65535)
+	if (grid.y > 65535)
 		return cuda_fail(err, CAI_ERR_INVALID_ARGUMENT, "too many tokens for one gemm (%d)", n_tok);
 	gemm_i8_dp4a_kernel<<<grid, 256, 0, ctx->stream>>>(xq, w->q_dev, n_tok, w->n_out_padded, w->k,
 													   acc, ldc);
@@ -277,11 +376,36 @@ force_fallback(void)
 	return v && strcmp(v, "dp4a") == 0;
 }
 
+/* cuBLASLt has no int8 kernel for this shape: count it, say so once per key, run dp4a. */
+static cai_status
+gemm_i8_unsupported(cai_cuda_ctx *ctx, gemm_algo_entry *e, const int8_t *xq, int n_tok,
+					const cai_cuda_qmatrix *w, int32_t *acc, int ldc, cai_error *err)
+{
+	ctx->gemm_fallbacks++;
+	if (!e->fallback_logged)
+	{
+		e->fallback_logged = true;
+		fprintf(stderr, "pg_cai cuda: cuBLASLt has no int8 kernel for m=%d n=%d k=%d ldc=%d "
+				"(alignments %d/%d/%d bytes): using the slower dp4a kernel\n",
+				w->n_out_padded, n_tok, w->k, ldc, 1 << (e->align & 15),
+				1 << ((e->align >> 4) & 15), 1 << ((e->align >> 8) & 15));
+	}
+	return gemm_i8_fallback(ctx, xq, n_tok, w, acc, ldc, err);
+}
+
+extern "C" uint64_t
+cai_cuda_gemm_fallback_count(const cai_cuda_ctx *ctx)
+{
+	return ctx->gemm_fallbacks;
+}
+
 extern "C" cai_status
 cai_cuda_gemm_i8_acc(cai_cuda_ctx *ctx, const int8_t *xq_dev, int n_tok,
 					 const cai_cuda_qmatrix *w, int32_t *acc_dev, int ldacc, cai_error *err)
 {
 	i8_shape	shape = {w->n_out_padded, w->k, ldacc};
+	algo_key	key = {ALGO_KIND_I8, shape.m, n_tok, shape.k, 0, ldacc,
+	alignment_key(w->q_dev, xq_dev, acc_dev)};
 	gemm_algo_entry *e;
 	lt_problem	p;
 	cai_status	st;
@@ -298,9 +422,7 @@ cai_cuda_gemm_i8_acc(cai_cuda_ctx *ctx, const int8_t *xq_dev, int n_tok,
 	if (force_fallback())
 		return gemm_i8_fallback(ctx, xq_dev, n_tok, w, acc_dev, ldacc, err);
 
-	st = algo_lookup(ctx, ALGO_KIND_I8, shape.m, n_tok, shape.k, ldacc == shape.m ? 0 : ldacc << 12,
-					 init_problem_i8, &shape, &e, err);
-	if (st != CAI_OK)
+	if ((st = algo_lookup(ctx, &key, init_problem_i8, &shape, &e, err)) != CAI_OK)
 		return st;
 	if ((st = init_problem_i8(&p, n_tok, &shape, err)) != CAI_OK)
 		return st;
@@ -312,18 +434,17 @@ cai_cuda_gemm_i8_acc(cai_cuda_ctx *ctx, const int8_t *xq_dev, int n_tok,
 	if (rc == CUBLAS_STATUS_NOT_SUPPORTED || rc == CUBLAS_STATUS_INVALID_VALUE)
 	{
 		/* the bucket's choice does not fit this n: ask about the exact shape */
-		st = algo_lookup(ctx, ALGO_KIND_I8, shape.m, n_tok, shape.k,
-						 (ldacc == shape.m ? 0 : ldacc << 12) | ALGO_EXACT, init_problem_i8,
-						 &shape, &e, err);
-		if (st != CAI_OK)
+		key.flags |= ALGO_EXACT;
+		if ((st = algo_lookup(ctx, &key, init_problem_i8, &shape, &e, err)) != CAI_OK)
 			return st;
 		if (!e->found)
-			return gemm_i8_fallback(ctx, xq_dev, n_tok, w, acc_dev, ldacc, err);
+			return gemm_i8_unsupported(ctx, e, xq_dev, n_tok, w, acc_dev, ldacc, err);
 		rc = cublasLtMatmul(ctx->lt, &p.desc, &alpha, w->q_dev, &p.a, xq_dev, &p.b, &beta,
 							acc_dev, &p.c, acc_dev, &p.c, &e->algo, ctx->lt_workspace,
 							ctx->lt_workspace_bytes, ctx->stream);
-		if (rc == CUBLAS_STATUS_NOT_SUPPORTED || rc == CUBLAS_STATUS_INVALID_VALUE)
-			return gemm_i8_fallback(ctx, xq_dev, n_tok, w, acc_dev, ldacc, err);
+		/* the heuristic's own answer for this exact problem: only "not supported" falls back */
+		if (rc == CUBLAS_STATUS_NOT_SUPPORTED)
+			return gemm_i8_unsupported(ctx, e, xq_dev, n_tok, w, acc_dev, ldacc, err);
 	}
 	if (rc != CUBLAS_STATUS_SUCCESS)
 		return cuda_fail_lt(err, rc, "cublasLtMatmul (int8)");
@@ -388,16 +509,16 @@ cai_cuda_gemm_f32(cai_cuda_ctx *ctx, const float *x_dev, int n_tok, int k, const
 	cublasStatus_t rc;
 	float		alpha = 1.0f,
 				beta = accumulate ? 1.0f : 0.0f;
-	int			flags = (bias_dev ? ALGO_FLAG_BIAS : 0) | (accumulate ? ALGO_FLAG_ACCUMULATE : 0) |
-		(ldo << 12);
+	algo_key	key = {ALGO_KIND_F32, n_out, n_tok, k,
+		(bias_dev ? ALGO_FLAG_BIAS : 0) | (accumulate ? ALGO_FLAG_ACCUMULATE : 0), ldo,
+	alignment_key(w_dev, x_dev, out_dev)};
 
 	if (n_tok <= 0)
 		return CAI_OK;
 	if (ldo < n_out)
 		return cuda_fail(err, CAI_ERR_INVALID_ARGUMENT, "float gemm: ldo %d < n_out %d", ldo,
 						 n_out);
-	st = algo_lookup(ctx, ALGO_KIND_F32, n_out, n_tok, k, flags, init_problem_f32, &shape, &e,
-					 err);
+	st = algo_lookup(ctx, &key, init_problem_f32, &shape, &e, err);
 	if (st != CAI_OK)
 		return st;
 	if ((st = init_problem_f32(&p, n_tok, &shape, err)) != CAI_OK)
@@ -409,8 +530,8 @@ cai_cuda_gemm_f32(cai_cuda_ctx *ctx, const float *x_dev, int n_tok, int k, const
 							ctx->lt_workspace_bytes, ctx->stream);
 	if (rc == CUBLAS_STATUS_NOT_SUPPORTED || rc == CUBLAS_STATUS_INVALID_VALUE)
 	{
-		st = algo_lookup(ctx, ALGO_KIND_F32, n_out, n_tok, k, flags | ALGO_EXACT,
-						 init_problem_f32, &shape, &e, err);
+		key.flags |= ALGO_EXACT;
+		st = algo_lookup(ctx, &key, init_problem_f32, &shape, &e, err);
 		if (st != CAI_OK)
 			return st;
 		if (!e->found)

@@ -126,6 +126,125 @@ TEST(gpu_gemm_i8_accumulators_exact)
 	unsetenv("CAI_CUDA_GEMM");
 }
 
+/*
+ * The engine's GEMM shapes (SmolLM2-135M, Llama-1B, Llama-8B: fused QKV, output, gate/up, down,
+ * LM head) at the batch sizes a step has, decode's n = 1 included, all run on cuBLASLt: a
+ * dp4a fallback there would be a silent slow path.
+ */
+TEST(gpu_gemm_i8_no_fallback_on_model_shapes)
+{
+	static const int shapes[][2] = {	/* n_out, k */
+		{960, 576}, {576, 576}, {3072, 576}, {576, 1536}, {49152, 576},
+		{3072, 2048}, {2048, 2048}, {16384, 2048}, {2048, 8192},
+		{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}, {128256, 4096},
+	};
+	static const int batches[] = {1, 2, 3, 16, 17, 64, 100, 256, 2048};
+	uint64_t	before = cai_cuda_gemm_fallback_count(gpu_ctx());
+	int			max_n = batches[sizeof(batches) / sizeof(batches[0]) - 1];
+
+	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
+	{
+		int			m = shapes[s][0],
+					k = shapes[s][1];
+		cai_cuda_qmatrix dw;
+		cai_error	err;
+		int8_t	   *dx;
+		int32_t    *dacc;
+
+		if (!gpu_ok(cai_cuda_qmatrix_random(gpu_ctx(), m, k, 5 + (int) s, "test", &dw, &err), &err,
+					"random qmatrix"))
+			return;
+		dx = gpu_alloc((size_t) max_n * k);
+		dacc = gpu_alloc((size_t) max_n * dw.n_out_padded * sizeof(int32_t));
+		if (!dx || !dacc)
+		{
+			CHECK_MSG(false, "out of device memory");
+			cai_cuda_qmatrix_free(gpu_ctx(), &dw);
+			return;
+		}
+		for (size_t b = 0; b < sizeof(batches) / sizeof(batches[0]); b++)
+		{
+			uint64_t	n0 = cai_cuda_gemm_fallback_count(gpu_ctx());
+
+			if (!gpu_ok(cai_cuda_gemm_i8_acc(gpu_ctx(), dx, batches[b], &dw, dacc, dw.n_out_padded,
+											 &err), &err, "gemm"))
+				break;
+			if (cai_cuda_gemm_fallback_count(gpu_ctx()) != n0)
+			{
+				fprintf(stderr, "    dp4a fallback at m=%d k=%d n=%d\n", m, k, batches[b]);
+				CHECK_MSG(false, "an engine shape fell back to the dp4a kernel");
+			}
+		}
+		cai_cuda_qmatrix_free(gpu_ctx(), &dw);
+	}
+	CHECK_EQ_INT((int) (cai_cuda_gemm_fallback_count(gpu_ctx()) - before), 0);
+}
+
+/*
+ * Operands that start mid-allocation (4- and 16-byte aligned views, as row slices and column
+ * blocks are) still give exact accumulators: the heuristic is told their real alignment, and
+ * whatever runs must be right.
+ */
+TEST(gpu_gemm_i8_unaligned_views_exact)
+{
+	static const int offsets[] = {4, 16, 36};
+	const int	m = 1536,
+				k = 576,
+				n = 19;
+	gpu_rng		r;
+	host_qmatrix w;
+	cai_cuda_qmatrix dw;
+	cai_error	err;
+	int8_t	   *x = malloc((size_t) n * k);
+	int32_t    *ref = malloc((size_t) n * m * sizeof(int32_t));
+
+	gpu_rng_seed(&r, 3);
+	if (!x || !ref || !host_qmatrix_make(&r, m, k, &w))
+	{
+		CHECK_MSG(false, "out of memory");
+		return;
+	}
+	gpu_fill_i8(&r, x, (size_t) n * k);
+	for (int t = 0; t < n; t++)
+		for (int o = 0; o < m; o++)
+		{
+			int32_t		acc = 0;
+
+			for (int i = 0; i < k; i++)
+				acc += (int32_t) x[(size_t) t * k + i] * w.q[(size_t) o * k + i];
+			ref[(size_t) t * m + o] = acc;
+		}
+	if (gpu_ok(cai_cuda_qmatrix_upload(gpu_ctx(), w.q, w.scale, m, k, "test", &dw, &err), &err,
+			   "qmatrix upload"))
+	{
+		int			ld = dw.n_out_padded;
+		int8_t	   *dx_base = gpu_alloc((size_t) n * k + 64);
+		int32_t    *dacc_base = gpu_alloc(((size_t) n * ld + 64) * sizeof(int32_t));
+		int32_t    *got = malloc((size_t) n * ld * sizeof(int32_t));
+
+		for (size_t o = 0; o < sizeof(offsets) / sizeof(offsets[0]) && dx_base && dacc_base && got; o++)
+		{
+			int8_t	   *dx = dx_base + offsets[o];
+			int32_t    *dacc = dacc_base + offsets[o] / 4;
+
+			if (!gpu_ok(cai_cuda_upload_sync(gpu_ctx(), dx, x, (size_t) n * k, &err), &err,
+						"upload") ||
+				!gpu_ok(cai_cuda_gemm_i8_acc(gpu_ctx(), dx, n, &dw, dacc, ld, &err), &err, "gemm") ||
+				!gpu_download(got, dacc, (size_t) n * ld * sizeof(int32_t)))
+				break;
+			for (int t = 0; t < n; t++)
+				if (!gpu_same_i32(got + (size_t) t * ld, ref + (size_t) t * m, m,
+								  "accumulators of an unaligned view"))
+					break;
+		}
+		free(got);
+		cai_cuda_qmatrix_free(gpu_ctx(), &dw);
+	}
+	host_qmatrix_free(&w);
+	free(x);
+	free(ref);
+}
+
 /* One epilogue configuration against cai_gemm_i8 (+ quantization, + SiLU). */
 static void
 check_gemm_epilogue(gpu_rng *r, cai_threadpool *pool, int m, int k, int n, int ldo, bool bias,
