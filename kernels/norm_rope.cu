@@ -30,17 +30,23 @@ row_threads(int n)
  * One block per token.  The sum of squares follows ops.c's sum_squares exactly: lane j < 8 of the
  * first warp sums x[i]^2 for i = j, j + 8, ... below the last multiple of 8, in order; lane 8 sums
  * the tail in order; thread 0 combines them with the fixed tree.  Those eight chains are serial by
- * definition (a float sum's order is part of its value); the rest of the row is parallel.
+ * definition (a float sum's order is part of its value), so they must not wait on global memory:
+ * the whole block first stages the row in shared memory with coalesced loads (when it fits, which
+ * it does for every d up to 12288), and the chains and both later passes read it from there.
  */
+#define RMSNORM_STAGE_MAX_BYTES (48 * 1024)
+
 static __global__ void
 rmsnorm_kernel(const float *__restrict__ x, const float *__restrict__ w, int d, float eps,
-			   float *__restrict__ y, int8_t *__restrict__ q, float *__restrict__ s)
+			   float *__restrict__ y, int8_t *__restrict__ q, float *__restrict__ s, bool staged)
 {
+	extern __shared__ float row_sh[];
 	__shared__ float part[9];
 	__shared__ float red[ROW_THREADS_MAX / CUDA_WARP];
 	__shared__ float inv_shared;
 	int			t = blockIdx.x;
 	const float *xr = x + (size_t) t * d;
+	const float *row = xr;
 	int			n8 = d & ~7;
 	float		inv;
 	float		amax = 0.0f;
@@ -48,12 +54,19 @@ rmsnorm_kernel(const float *__restrict__ x, const float *__restrict__ w, int d, 
 				qinv = 0.0f;
 	bool		nonzero;
 
+	if (staged)
+	{
+		for (int i = threadIdx.x; i < d; i += blockDim.x)
+			row_sh[i] = xr[i];
+		__syncthreads();
+		row = row_sh;
+	}
 	if (threadIdx.x < 8)
 	{
 		float		acc = 0.0f;
 
 		for (int i = threadIdx.x; i < n8; i += 8)
-			acc = __fadd_rn(acc, __fmul_rn(xr[i], xr[i]));
+			acc = __fadd_rn(acc, __fmul_rn(row[i], row[i]));
 		part[threadIdx.x] = acc;
 	}
 	else if (threadIdx.x == 8)
@@ -61,7 +74,7 @@ rmsnorm_kernel(const float *__restrict__ x, const float *__restrict__ w, int d, 
 		float		tail = 0.0f;
 
 		for (int i = n8; i < d; i++)
-			tail = __fadd_rn(tail, __fmul_rn(xr[i], xr[i]));
+			tail = __fadd_rn(tail, __fmul_rn(row[i], row[i]));
 		part[8] = tail;
 	}
 	__syncthreads();
@@ -76,7 +89,7 @@ rmsnorm_kernel(const float *__restrict__ x, const float *__restrict__ w, int d, 
 
 	for (int i = threadIdx.x; i < d; i += blockDim.x)
 	{
-		float		v = __fmul_rn(__fmul_rn(xr[i], inv), w[i]);
+		float		v = __fmul_rn(__fmul_rn(row[i], inv), w[i]);
 
 		if (y)
 			y[(size_t) t * d + i] = v;
@@ -90,19 +103,22 @@ rmsnorm_kernel(const float *__restrict__ x, const float *__restrict__ w, int d, 
 		s[t] = nonzero ? scale : 0.0f;
 	for (int i = threadIdx.x; i < d; i += blockDim.x)
 		q[(size_t) t * d + i] =
-			nonzero ? quant_one(__fmul_rn(__fmul_rn(xr[i], inv), w[i]), qinv) : 0;
+			nonzero ? quant_one(__fmul_rn(__fmul_rn(row[i], inv), w[i]), qinv) : 0;
 }
 
 extern "C" cai_status
 cai_cuda_rmsnorm(cai_cuda_ctx *ctx, const float *x_dev, const float *w_dev, int n_tok, int d,
 				 float eps, float *y_dev, int8_t *q_dev, float *s_dev, cai_error *err)
 {
+	size_t		stage_bytes = (size_t) d * sizeof(float);
+	bool		staged = stage_bytes <= RMSNORM_STAGE_MAX_BYTES;
+
 	if (n_tok <= 0)
 		return CAI_OK;
 	if (q_dev && !s_dev)
 		return cuda_fail(err, CAI_ERR_INVALID_ARGUMENT, "rmsnorm: q without s");
-	rmsnorm_kernel<<<n_tok, row_threads(d), 0, ctx->stream>>>(x_dev, w_dev, d, eps, y_dev, q_dev,
-															  s_dev);
+	rmsnorm_kernel<<<n_tok, row_threads(d), staged ? stage_bytes : 0, ctx->stream>>>(
+		x_dev, w_dev, d, eps, y_dev, q_dev, s_dev, staged);
 	CUDA_CHECK_LAUNCH(err, "the rmsnorm kernel");
 	return CAI_OK;
 }
