@@ -858,6 +858,12 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 		int			d = threadIdx.x % HD;
 		int			r0 = threadIdx.x / HD;
 
+		/*
+		 * Rows past the item's real query rows (a decode tile has a few of R) take no work: a
+		 * warp's threads share r0 (HD >= 32), so the test below is uniform across the warp.
+		 */
+		int			real_pairs = r0 < it.n_qrows ? (it.n_qrows - r0 + RSTEP - 1) / RSTEP : 0;
+
 #pragma unroll
 		for (int k = 0; k < PAIRS; k++)
 			acc[k] = 0.0f;
@@ -895,7 +901,8 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 
 #pragma unroll
 				for (int k = 0; k < PAIRS; k++)
-					acc[k] = __fadd_rn(acc[k], __fmul_rn(E[(r0 + k * RSTEP) * S::E_STRIDE + j], v));
+					if (k < real_pairs)
+						acc[k] = __fadd_rn(acc[k], __fmul_rn(E[(r0 + k * RSTEP) * S::E_STRIDE + j], v));
 			}
 			__syncthreads();
 		}
