@@ -5,6 +5,11 @@
  * Block layouts (ggml's block_* structs, packed, little-endian; "half" is IEEE fp16):
  *   Q4_0  32 elems, 18 bytes: half d; u8 qs[16].  x[j] = (lo(qs[j]) - 8) d, x[j+16] = (hi - 8) d
  *   Q4_1  32 elems, 20 bytes: half d, m; u8 qs[16].  x[j] = lo(qs[j]) d + m, x[j+16] = hi d + m
+ *   Q5_0  32 elems, 22 bytes: half d; u8 qh[4]; u8 qs[16].  As Q4_0 with a 5th bit per value
+ *        from the little-endian 32-bit qh (bit j for element j), centred on 16:
+ *        x[j] = (lo(qs[j]) | bit j << 4) - 16) d, x[j+16] = (hi | bit j+16 << 4) - 16) d
+ *   Q5_1  32 elems, 24 bytes: half d, m; u8 qh[4]; u8 qs[16].  The same 5-bit values, unsigned:
+ *        x = q d + m
  *   Q8_0  32 elems, 34 bytes: half d; i8 qs[32].  x[j] = qs[j] d
  *   Q4_K 256 elems, 144 bytes: half d, dmin; u8 scales[12]; u8 qs[128].  Eight sub-blocks of 32
  *        with 6-bit scale sc and min m each (packed in scales[12]); x = d sc q - dmin m.  Each 64
@@ -39,8 +44,8 @@ static const ggml_type_info type_table[] = {
 	{GGML_TYPE_F16, "f16", 1, 2, true},
 	{GGML_TYPE_Q4_0, "q4_0", QK, 2 + QK / 2, true},
 	{GGML_TYPE_Q4_1, "q4_1", QK, 4 + QK / 2, true},
-	{GGML_TYPE_Q5_0, "q5_0", QK, 2 + 4 + QK / 2, false},
-	{GGML_TYPE_Q5_1, "q5_1", QK, 4 + 4 + QK / 2, false},
+	{GGML_TYPE_Q5_0, "q5_0", QK, 2 + 4 + QK / 2, true},
+	{GGML_TYPE_Q5_1, "q5_1", QK, 4 + 4 + QK / 2, true},
 	{GGML_TYPE_Q8_0, "q8_0", QK, 2 + QK, true},
 	{GGML_TYPE_Q8_1, "q8_1", QK, 4 + QK, false},
 	{GGML_TYPE_Q2_K, "q2_k", QK_K, QK_K / 16 + QK_K / 4 + 4, false},
@@ -157,6 +162,49 @@ dequantize_q4_1(const uint8_t *src, float *dst, int64_t n_blocks)
 			dst[j] = (float) (qs[j] & 0x0f) * d + m;
 			dst[j + QK / 2] = (float) (qs[j] >> 4) * d + m;
 		}
+	}
+}
+
+/* The 5-bit values of a Q5_0/Q5_1 block: 4 low bits from qs, the 5th from qh. */
+static void
+q5_values(const uint8_t *qh_bytes, const uint8_t *qs, int *q)
+{
+	uint32_t	qh = (uint32_t) qh_bytes[0] | (uint32_t) qh_bytes[1] << 8 |
+		(uint32_t) qh_bytes[2] << 16 | (uint32_t) qh_bytes[3] << 24;
+
+	for (int j = 0; j < QK / 2; j++)
+	{
+		q[j] = (qs[j] & 0x0f) | (int) ((qh >> j) & 1u) << 4;
+		q[j + QK / 2] = (qs[j] >> 4) | (int) ((qh >> (j + QK / 2)) & 1u) << 4;
+	}
+}
+
+static void
+dequantize_q5_0(const uint8_t *src, float *dst, int64_t n_blocks)
+{
+	for (int64_t b = 0; b < n_blocks; b++, src += 22, dst += QK)
+	{
+		float		d = load_half(src);
+		int			q[QK];
+
+		q5_values(src + 2, src + 6, q);
+		for (int j = 0; j < QK; j++)
+			dst[j] = (float) (q[j] - 16) * d;
+	}
+}
+
+static void
+dequantize_q5_1(const uint8_t *src, float *dst, int64_t n_blocks)
+{
+	for (int64_t b = 0; b < n_blocks; b++, src += 24, dst += QK)
+	{
+		float		d = load_half(src);
+		float		m = load_half(src + 2);
+		int			q[QK];
+
+		q5_values(src + 4, src + 8, q);
+		for (int j = 0; j < QK; j++)
+			dst[j] = (float) q[j] * d + m;
 	}
 }
 
@@ -348,6 +396,12 @@ cai_dequantize_row(ggml_type type, const void *src, float *dst, int64_t n, cai_e
 			break;
 		case GGML_TYPE_Q4_1:
 			dequantize_q4_1(p, dst, n_blocks);
+			break;
+		case GGML_TYPE_Q5_0:
+			dequantize_q5_0(p, dst, n_blocks);
+			break;
+		case GGML_TYPE_Q5_1:
+			dequantize_q5_1(p, dst, n_blocks);
 			break;
 		case GGML_TYPE_Q8_0:
 			dequantize_q8_0(p, dst, n_blocks);

@@ -32,7 +32,7 @@ bool		ggml_row_bytes(ggml_type type, int64_t n, size_t *out);
 
 /*
  * Dequantizes n elements (a whole number of blocks) from src to dst.
- * Supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K.
+ * Supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K.
  */
 cai_status	cai_dequantize_row(ggml_type type, const void *src, float *dst, int64_t n,
 							   cai_error *err);

@@ -710,7 +710,7 @@ TEST(gguf_corrupt_tensor_infos)
 	put_u32(c, type0, 1000);
 	EXPECT_FAIL(c, size, CAI_ERR_UNSUPPORTED, "ggml type 1000");
 	RESET();
-	put_u32(c, type0, GGML_TYPE_Q5_0);		/* known but not dequantizable: parses */
+	put_u32(c, type0, GGML_TYPE_Q8_1);		/* known but not dequantizable: parses */
 	put_u64(c, nd0 + 4, 32);
 	put_u64(c, nd0 + 12, 1);
 	{

@@ -87,7 +87,9 @@ TEST(quant_block_sizes)
 	CHECK(strcmp(ggml_type_name(GGML_TYPE_BF16), "bf16") == 0);
 	CHECK(strcmp(ggml_type_name((ggml_type) 99), "unknown") == 0);
 	CHECK(ggml_type_can_dequantize(GGML_TYPE_Q5_K));
-	CHECK(!ggml_type_can_dequantize(GGML_TYPE_Q5_0));
+	CHECK(ggml_type_can_dequantize(GGML_TYPE_Q5_0));
+	CHECK(ggml_type_can_dequantize(GGML_TYPE_Q5_1));
+	CHECK(!ggml_type_can_dequantize(GGML_TYPE_Q8_1));
 	CHECK(!ggml_type_can_dequantize(GGML_TYPE_Q2_K));
 }
 
@@ -203,6 +205,73 @@ TEST(quant_dequant_q4_1)
 
 		CHECK_MSG(out[e] == 0.5f * (float) q0 - 3.25f, "block 0 element %d", e);
 		CHECK_MSG(out[32 + e] == -0.125f * (float) q1 + 100.0f, "block 1 element %d", e);
+	}
+}
+
+/*
+ * Q5_0 and Q5_1 blocks by hand: qh = 0x80000001 (little-endian bytes 01 00 00 80) sets the
+ * 5th bit of element 0 (low nibble of qs[0]) and element 31 (high nibble of qs[15]) only.
+ * qs[j] = j | (15 - j) << 4, so element e < 16 holds e and element e >= 16 holds 31 - e.
+ */
+static int
+q5_hand_value(int e)
+{
+	int			low4 = e < 16 ? e : 31 - e;
+
+	return low4 + ((e == 0 || e == 31) ? 16 : 0);
+}
+
+TEST(quant_dequant_q5_0)
+{
+	uint8_t		blocks[2 * 22] = {0};
+	float		out[64];
+	cai_error	err;
+
+	put_half(blocks, 0.5f);
+	blocks[2] = 0x01;
+	blocks[5] = 0x80;
+	for (int j = 0; j < 16; j++)
+		blocks[6 + j] = (uint8_t) (j | ((15 - j) << 4));
+	/* block 1: every 5th bit set, all nibbles 0xf: every value 31 - 16 = 15 */
+	put_half(blocks + 22, -2.0f);
+	memset(blocks + 24, 0xff, 4 + 16);
+	CHECK_EQ_INT(cai_dequantize_row(GGML_TYPE_Q5_0, blocks, out, 64, &err), CAI_OK);
+	/* a few values spelled out: element 0 = (0 | 16) - 16, element 1 = 1 - 16, 31 = 16 + 0 */
+	CHECK(out[0] == 0.0f);
+	CHECK(out[1] == -7.5f);
+	CHECK(out[16] == 0.5f * (15 - 16));
+	CHECK(out[31] == 0.0f);
+	for (int e = 0; e < 32; e++)
+	{
+		CHECK_MSG(out[e] == 0.5f * (float) (q5_hand_value(e) - 16), "block 0 element %d", e);
+		CHECK_MSG(out[32 + e] == -30.0f, "block 1 element %d", e);
+	}
+}
+
+TEST(quant_dequant_q5_1)
+{
+	uint8_t		blocks[2 * 24] = {0};
+	float		out[64];
+	cai_error	err;
+
+	put_half(blocks, 0.25f);
+	put_half(blocks + 2, -1.0f);
+	blocks[4] = 0x01;
+	blocks[7] = 0x80;
+	for (int j = 0; j < 16; j++)
+		blocks[8 + j] = (uint8_t) (j | ((15 - j) << 4));
+	/* block 1: qh bit 16 only (element 16 = high nibble of qs[0]), nibbles zero */
+	put_half(blocks + 24, 2.0f);
+	put_half(blocks + 26, 3.0f);
+	blocks[28 + 2] = 0x01;
+	CHECK_EQ_INT(cai_dequantize_row(GGML_TYPE_Q5_1, blocks, out, 64, &err), CAI_OK);
+	CHECK(out[0] == 3.0f);		/* 16 * 0.25 - 1 */
+	CHECK(out[31] == 3.0f);
+	CHECK(out[5] == 0.25f);		/* 5 * 0.25 - 1 */
+	for (int e = 0; e < 32; e++)
+	{
+		CHECK_MSG(out[e] == 0.25f * (float) q5_hand_value(e) - 1.0f, "block 0 element %d", e);
+		CHECK_MSG(out[32 + e] == (e == 16 ? 35.0f : 3.0f), "block 1 element %d", e);
 	}
 }
 
@@ -357,8 +426,8 @@ TEST(quant_dequant_errors)
 	float		out[256];
 	cai_error	err;
 
-	CHECK_EQ_INT(cai_dequantize_row(GGML_TYPE_Q5_0, block, out, 32, &err), CAI_ERR_UNSUPPORTED);
-	CHECK(strstr(err.message, "q5_0") != NULL);
+	CHECK_EQ_INT(cai_dequantize_row(GGML_TYPE_Q8_1, block, out, 32, &err), CAI_ERR_UNSUPPORTED);
+	CHECK(strstr(err.message, "q8_1") != NULL);
 	CHECK_EQ_INT(cai_dequantize_row(GGML_TYPE_Q3_K, block, out, 256, &err), CAI_ERR_UNSUPPORTED);
 	CHECK_EQ_INT(cai_dequantize_row((ggml_type) 77, block, out, 32, &err), CAI_ERR_UNSUPPORTED);
 	CHECK_EQ_INT(cai_dequantize_row(GGML_TYPE_Q4_0, block, out, 48, &err),
