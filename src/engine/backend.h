@@ -183,6 +183,24 @@ typedef struct cai_backend_ops
 								 int8_t *q, float *s);
 
 	/*
+	 * Operations only some architectures need (forward.c refuses a model that needs one its
+	 * backend lacks, NULL):
+	 *
+	 * geglu: swiglu with gelu (tanh approximation) in place of silu.
+	 * rmsnorm_heads: in place, each of n_heads vectors of head_dim at x[t * ldx + h * head_dim]
+	 *   becomes rmsnorm(vector) * w (w: [head_dim], one norm for every head).
+	 * rmsnorm_add: x[t, :] += rmsnorm(y[t, :]) * w (row stride d for both).
+	 * scale: x[t, :] *= s (row stride d).
+	 */
+	void		(*geglu) (cai_backend *be, const float *gate_up, int n_tok, int d_ff,
+						  float *out, const cai_then_rotate *then);
+	void		(*rmsnorm_heads) (cai_backend *be, float *x, int ldx, int n_tok, int n_heads,
+								  int head_dim, const float *w, float eps);
+	void		(*rmsnorm_add) (cai_backend *be, const float *y, const float *w, int n_tok, int d,
+								float eps, float *x);
+	void		(*scale) (cai_backend *be, float *x, int n_tok, int d, float s);
+
+	/*
 	 * Writes the new tokens' keys k[t * ld + h * head_dim] and values v[...] into their slots of
 	 * layer ap->kv_layer: int8 with a scale per (token, kv-head), and in float into shadow
 	 * when it is not NULL (the reference path).

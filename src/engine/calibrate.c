@@ -453,7 +453,6 @@ cai_convert_layers(cai_model *m, cai_threadpool *pool, cai_convert_plan *plan,
 	int			n_blocks;
 	cai_batch_seq seq;
 	cai_batch_layout batch;
-	cai_rope_params rope;
 	cai_activation_stats stats = {0};
 	float	   *s_attn = NULL,
 			   *s_ffn = NULL,
@@ -535,8 +534,6 @@ cai_convert_layers(cai_model *m, cai_threadpool *pool, cai_convert_plan *plan,
 		(st = cai_forward_shadow_prepare(ctx, kv, &seq, 1, true, err)) != CAI_OK)
 		goto done;
 	cai_forward_batch_from_ctx(ctx, T, 1, &batch);
-	cai_model_rope_params(m, &rope);
-	ctx->be->ops->rope_prepare(ctx->be, &rope, ctx->pos, T, ctx->rope_cs);
 	if (!ggml_row_bytes(t_embd->type, d, &row_bytes))
 	{
 		st = cai_fail(err, CAI_ERR_INTERNAL, "embedding row size");
@@ -547,6 +544,7 @@ cai_convert_layers(cai_model *m, cai_threadpool *pool, cai_convert_plan *plan,
 									 (size_t) ctx->ids[t] * row_bytes,
 									 ctx->x + (size_t) t * d, d, err)) != CAI_OK)
 			goto done;
+	cai_forward_prepare(m, ctx, T);
 
 	for (int l = 0; l < c->n_layers; l++)
 	{
@@ -584,7 +582,7 @@ cai_convert_layers(cai_model *m, cai_threadpool *pool, cai_convert_plan *plan,
 		memset(stats.attn_in, 0, (size_t) d * sizeof(float));
 		memset(stats.ffn_in, 0, (size_t) d * sizeof(float));
 		memset(stats.down_in, 0, (size_t) d_ff * sizeof(float));
-		cai_forward_layer(m, ctx, kv, &batch, &rope, l, true, &stats, NULL, 0);
+		cai_forward_layer(m, ctx, kv, &batch, l, true, &stats, NULL, 0);
 
 		/* smoothing factors and the int8 path's norms */
 		{

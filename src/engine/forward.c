@@ -3,11 +3,15 @@
  * llama2.c style, calling the backend table (backend.h) for every heavy operation (R: a
  * rotation, norms with the int8 path's smoothed weights; see calibrate.c's "rotations"):
  *
- *   x = embed(tokens)
- *   per layer:  xq = quant(R rmsnorm(x));  qkv = xq Wqkv (+b);  rope(q, k);  R q, R k;
- *               kv <- (k, v);  a = attention(q, kv);  x += quant(a) Wo
- *               xq = quant(R rmsnorm(x));  gu = xq Wgate_up;  x += quant(R silu(g) * u) Wdown
+ *   x = embed(tokens) (* sqrt(d) where the architecture scales embeddings)
+ *   per layer:  xq = quant(R rmsnorm(x));  qkv = xq Wqkv (+b);  [headnorm(q), headnorm(k)];
+ *               rope(q, k);  R q, R k;  kv <- (k, v);  a = attention(q, kv);
+ *               x += quant(a) Wo                        [sandwich: x += rmsnorm'(quant(a) Wo)]
+ *               xq = quant(R rmsnorm(x));  gu = xq Wgate_up;
+ *               x += quant(R act(g) * u) Wdown          [sandwich: x += rmsnorm'(...)]
  *   logits = quant(R rmsnorm(x[rows])) Wlm
+ *
+ * act is silu (SwiGLU) or gelu (GeGLU).  Windowed layers may rotate with their own RoPE base.
  *
  * The float reference path runs the same structure with float GEMMs over copies of the source
  * weights and no activation quantization; its attention reads a float shadow of the KV kept in
@@ -95,6 +99,29 @@ cai_forward_ctx_create_on(const cai_model *model, cai_backend_factory factory, v
 		free(ctx);
 		return st;
 	}
+	/* the operations only some architectures use */
+	{
+		const cai_backend_ops *op = ctx->be->ops;
+		const char *missing = NULL;
+
+		if (c->ffn_act == CAI_ACT_GEGLU && !op->geglu)
+			missing = "GeGLU";
+		else if (c->qk_norm && !op->rmsnorm_heads)
+			missing = "per-head q/k norms";
+		else if (c->sandwich_norm && !op->rmsnorm_add)
+			missing = "sublayer output norms";
+		else if (c->embed_scale != 1.0f && !op->scale)
+			missing = "embedding scaling";
+		if (missing)
+		{
+			st = cai_fail(err, CAI_ERR_UNSUPPORTED,
+						  "the %s backend lacks %s, which %s models need", op->name, missing,
+						  c->arch_name);
+			cai_backend_free(ctx->be);
+			free(ctx);
+			return st;
+		}
+	}
 
 	T = (size_t) max_tokens;
 	ctx->ids = malloc(T * sizeof(int32_t));
@@ -112,6 +139,13 @@ cai_forward_ctx_create_on(const cai_model *model, cai_backend_factory factory, v
 	ctx->att = ctx->be->ops->alloc(ctx->be, T * q_dim * sizeof(float));
 	ctx->gate_up = ctx->be->ops->alloc(ctx->be, T * 2 * c->d_ff * sizeof(float));
 	ctx->rope_cs = ctx->be->ops->alloc(ctx->be, T * c->n_rot * sizeof(float));
+	if (c->rope_base_windowed > 0.0f &&
+		!(ctx->rope_cs_windowed = ctx->be->ops->alloc(ctx->be, T * c->n_rot * sizeof(float))))
+	{
+		cai_forward_ctx_free(ctx);
+		return cai_fail(err, CAI_ERR_NO_MEMORY,
+						"out of memory allocating activations for %d tokens", max_tokens);
+	}
 	ctx->xg = ctx->be->ops->alloc(ctx->be, T * c->d_model * sizeof(float));
 	if (!ctx->ids || !ctx->pos || !ctx->seq || !ctx->logit_rows || !ctx->seq_start ||
 		!ctx->seq_len || !ctx->tables || !ctx->x || !ctx->xn || !ctx->xq || !ctx->xs ||
@@ -143,6 +177,8 @@ cai_forward_ctx_free(cai_forward_ctx *ctx)
 		ops->free(ctx->be, ctx->att);
 		ops->free(ctx->be, ctx->gate_up);
 		ops->free(ctx->be, ctx->rope_cs);
+		if (ctx->rope_cs_windowed)
+			ops->free(ctx->be, ctx->rope_cs_windowed);
 		ops->free(ctx->be, ctx->xg);
 		cai_backend_free(ctx->be);
 	}
@@ -310,15 +346,41 @@ cai_record_max_abs(const float *x, int n_tok, int width, float *max_abs)
 		}
 }
 
-/* The rotary embedding of this model. */
+/* The rotary embedding of this model's global layers or of its windowed ones. */
 void
-cai_model_rope_params(const cai_model *model, cai_rope_params *rope)
+cai_model_rope_params(const cai_model *model, bool windowed, cai_rope_params *rope)
 {
 	rope->n_rot = model->cfg.n_rot;
 	rope->base = model->cfg.rope_base;
 	rope->freq_scale = model->cfg.rope_freq_scale;
 	rope->neox = model->cfg.rope_neox;
 	rope->freq_factors = model->rope_freqs;
+	if (windowed && model->cfg.rope_base_windowed > 0.0f)
+	{
+		/* the windowed layers' own RoPE: its base, unscaled (arch.h's cai_arch_rope) */
+		rope->base = model->cfg.rope_base_windowed;
+		rope->freq_scale = 1.0f;
+		rope->freq_factors = NULL;
+	}
+}
+
+/* Scales the embeddings in ctx->x and fills the rotary tables for ctx->pos. */
+void
+cai_forward_prepare(const cai_model *model, cai_forward_ctx *ctx, int n_tok)
+{
+	const cai_config *c = &model->cfg;
+	cai_backend *be = ctx->be;
+	cai_rope_params rope;
+
+	if (c->embed_scale != 1.0f)
+		be->ops->scale(be, ctx->x, n_tok, c->d_model, c->embed_scale);
+	cai_model_rope_params(model, false, &rope);
+	be->ops->rope_prepare(be, &rope, ctx->pos, n_tok, ctx->rope_cs);
+	if (ctx->rope_cs_windowed)
+	{
+		cai_model_rope_params(model, true, &rope);
+		be->ops->rope_prepare(be, &rope, ctx->pos, n_tok, ctx->rope_cs_windowed);
+	}
 }
 
 /* The int8 path's rotation of a GEMM input of `width` per row, quantized into ctx->xq, xs. */
@@ -338,7 +400,7 @@ gemm_input_rotation(cai_forward_ctx *ctx, const cai_rotation *rot, int width)
  */
 void
 cai_forward_layer(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
-			  const cai_batch_layout *batch, const cai_rope_params *rope, int l, bool f,
+			  const cai_batch_layout *batch, int l, bool f,
 			  cai_activation_stats *stats, const int32_t *out_rows, int n_out_rows)
 {
 	const cai_config *c = &model->cfg;
@@ -360,6 +422,9 @@ cai_forward_layer(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 	float	   *att = ctx->att;
 	int			n = T;
 	const int	n_qk_heads = owns_kv ? c->n_heads + c->n_kv_heads : c->n_heads;
+	const bool	own_rope = c->attn_window[l] > 0 && ctx->rope_cs_windowed;
+	float	   *sub_out = ctx->gate_up;	/* a sandwiched sublayer's output, before its norm */
+	cai_rope_params rope;
 	cai_attn_params ap;
 
 	/*
@@ -402,11 +467,24 @@ cai_forward_layer(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 	}
 
 	/*
+	 * per-head norms of q and k before RoPE; the source rows of Wq and Wk are unrotated on
+	 * both paths, so these see the projections as the file defines them
+	 */
+	if (c->qk_norm)
+	{
+		op->rmsnorm_heads(be, q, qkv_w, T, c->n_heads, c->head_dim, w->q_norm, c->norm_eps);
+		if (owns_kv)
+			op->rmsnorm_heads(be, k, qkv_w, T, c->n_kv_heads, c->head_dim, w->k_norm,
+							  c->norm_eps);
+	}
+
+	/*
 	 * RoPE on q and k (adjacent in the row); on the int8 path every head of both also rotated
 	 * by rot_head, which leaves their dot products as they were (calibrate.c's "rotations")
 	 */
-	op->rope(be, rope, ctx->rope_cs, q, qkv_w, T, n_qk_heads, c->head_dim,
-			 f ? NULL : &to_heads);
+	cai_model_rope_params(model, own_rope, &rope);
+	op->rope(be, &rope, own_rope ? ctx->rope_cs_windowed : ctx->rope_cs, q, qkv_w, T,
+			 n_qk_heads, c->head_dim, f ? NULL : &to_heads);
 	if (owns_kv)
 		op->kv_write(be, &ap, batch, k, v, qkv_w, kv, shadow);
 	op->attention(be, &ap, batch, q, qkv_w, kv, shadow, ctx->att, q_dim);
@@ -423,26 +501,43 @@ cai_forward_layer(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 			return;
 	}
 
-	/* x += attention output projection */
+	/*
+	 * x += attention output projection; sandwiched, the projection goes to sub_out (ctx->gate_up,
+	 * free until the FFN) and is normed on its way into x
+	 */
 	if (!f)
 	{
 		op->quantize(be, att, n, q_dim, ctx->xq, ctx->xs);
-		op->gemm_i8(be, ctx->xq, ctx->xs, n, &w->wo, NULL, x, d, true);
+		if (c->sandwich_norm)
+			op->gemm_i8(be, ctx->xq, ctx->xs, n, &w->wo, NULL, sub_out, d, false);
+		else
+			op->gemm_i8(be, ctx->xq, ctx->xs, n, &w->wo, NULL, x, d, true);
 	}
 	else
 	{
 		if (stats && stats->wo_x)
 			memcpy(stats->wo_x, att, (size_t) n * q_dim * sizeof(float));
-		op->gemm_f32(be, att, n, q_dim, w->f_wo, d, NULL, x, d, true);
+		if (c->sandwich_norm)
+			op->gemm_f32(be, att, n, q_dim, w->f_wo, d, NULL, sub_out, d, false);
+		else
+			op->gemm_f32(be, att, n, q_dim, w->f_wo, d, NULL, x, d, true);
 	}
+	if (c->sandwich_norm)
+		op->rmsnorm_add(be, sub_out, w->attn_post_norm, n, d, c->norm_eps, x);
 
-	/* x += down(silu(gate(x)) * up(x)) */
+	/* x += down(act(gate(x)) * up(x)), the same way */
 	if (!f)
 	{
 		op->rmsnorm(be, x, w->ffn_norm_i8, n, d, c->norm_eps, ctx->xn, &to_model);
 		op->gemm_i8(be, ctx->xq, ctx->xs, n, &w->w_gate_up, NULL, ctx->gate_up, 2 * d_ff, false);
-		op->swiglu(be, ctx->gate_up, n, d_ff, ctx->xn, &to_ff);
-		op->gemm_i8(be, ctx->xq, ctx->xs, n, &w->w_down, NULL, x, d, true);
+		if (c->ffn_act == CAI_ACT_GEGLU)
+			op->geglu(be, ctx->gate_up, n, d_ff, ctx->xn, &to_ff);
+		else
+			op->swiglu(be, ctx->gate_up, n, d_ff, ctx->xn, &to_ff);
+		if (c->sandwich_norm)
+			op->gemm_i8(be, ctx->xq, ctx->xs, n, &w->w_down, NULL, sub_out, d, false);
+		else
+			op->gemm_i8(be, ctx->xq, ctx->xs, n, &w->w_down, NULL, x, d, true);
 	}
 	else
 	{
@@ -453,13 +548,21 @@ cai_forward_layer(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 			memcpy(stats->ffn_x, ctx->xn, (size_t) n * d * sizeof(float));
 		op->gemm_f32(be, ctx->xn, n, d, w->f_gate, d_ff, NULL, ctx->gate_up, 2 * d_ff, false);
 		op->gemm_f32(be, ctx->xn, n, d, w->f_up, d_ff, NULL, ctx->gate_up + d_ff, 2 * d_ff, false);
-		op->swiglu(be, ctx->gate_up, n, d_ff, ctx->xn, NULL);
+		if (c->ffn_act == CAI_ACT_GEGLU)
+			op->geglu(be, ctx->gate_up, n, d_ff, ctx->xn, NULL);
+		else
+			op->swiglu(be, ctx->gate_up, n, d_ff, ctx->xn, NULL);
 		if (stats)
 			cai_record_max_abs(ctx->xn, n < stats->max_rows ? n : stats->max_rows, d_ff, stats->down_in);
 		if (stats && stats->down_x)
 			memcpy(stats->down_x, ctx->xn, (size_t) n * d_ff * sizeof(float));
-		op->gemm_f32(be, ctx->xn, n, d_ff, w->f_down, d, NULL, x, d, true);
+		if (c->sandwich_norm)
+			op->gemm_f32(be, ctx->xn, n, d_ff, w->f_down, d, NULL, sub_out, d, false);
+		else
+			op->gemm_f32(be, ctx->xn, n, d_ff, w->f_down, d, NULL, x, d, true);
 	}
+	if (c->sandwich_norm)
+		op->rmsnorm_add(be, sub_out, w->ffn_post_norm, n, d, c->norm_eps, x);
 }
 
 /* Fills a batch layout from the context's per-token arrays (after cai_forward_layout_batch). */
@@ -492,7 +595,6 @@ cai_model_forward(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 	const bool	f = float_reference;
 	const int	d = c->d_model;
 	cai_batch_layout batch;
-	cai_rope_params rope;
 	int			T = 0,
 				R = 0;
 	cai_status	st;
@@ -513,18 +615,17 @@ cai_model_forward(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 	if ((st = cai_forward_shadow_prepare(ctx, kv, seqs, n_seqs, f, err)) != CAI_OK)
 		return st;
 	cai_forward_batch_from_ctx(ctx, T, n_seqs, &batch);
-	cai_model_rope_params(model, &rope);
 
 	/* x = embedding of each token; the rotary angles of each position */
 	if (f)
 		op->embed_f32(be, model->f_tok_embd, d, ctx->ids, T, ctx->x);
 	else
 		op->embed_i8(be, &model->tok_embd, ctx->ids, T, ctx->x);
-	op->rope_prepare(be, &rope, ctx->pos, T, ctx->rope_cs);
+	cai_forward_prepare(model, ctx, T);
 
 	/* the last layer finishes only the rows that need logits, in ctx->xg */
 	for (int l = 0; l < c->n_layers; l++)
-		cai_forward_layer(model, ctx, kv, &batch, &rope, l, f, NULL,
+		cai_forward_layer(model, ctx, kv, &batch, l, f, NULL,
 					  l == c->n_layers - 1 ? ctx->logit_rows : NULL, R);
 
 	/* logits of the rows that asked for them */

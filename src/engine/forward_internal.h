@@ -44,6 +44,7 @@ struct cai_forward_ctx
 	float	   *att;			/* [T, n_heads * head_dim] */
 	float	   *gate_up;		/* [T, 2 * d_ff] */
 	float	   *rope_cs;		/* [T, n_rot] cos/sin per token */
+	float	   *rope_cs_windowed;	/* the same for windowed layers with their own RoPE, or NULL */
 	float	   *xg;				/* [T, d_model] rows that need logits */
 
 	/* the float KV shadow (reference path only) */
@@ -79,8 +80,14 @@ cai_status	cai_forward_shadow_prepare(cai_forward_ctx *ctx, cai_kv_pool *kv,
 void		cai_forward_batch_from_ctx(cai_forward_ctx *ctx, int T, int n_seqs,
 									   cai_batch_layout *batch);
 
-/* The rotary embedding of this model. */
-void		cai_model_rope_params(const cai_model *model, cai_rope_params *rope);
+/* The rotary embedding of this model's global layers, or (windowed) of its windowed layers. */
+void		cai_model_rope_params(const cai_model *model, bool windowed, cai_rope_params *rope);
+
+/*
+ * Per forward, after ctx->pos and ctx->x hold the batch's positions and token embeddings:
+ * scales the embeddings as the architecture wants and fills the rotary angle tables.
+ */
+void		cai_forward_prepare(const cai_model *model, cai_forward_ctx *ctx, int n_tok);
 
 /* Per-channel maxima of |x| over n_tok rows of width values, merged into max_abs. */
 void		cai_record_max_abs(const float *x, int n_tok, int width, float *max_abs);
@@ -91,8 +98,7 @@ void		cai_record_max_abs(const float *x, int n_tok, int width, float *max_abs);
  * out_rows (the last layer): only those rows' outputs are wanted, in ctx->xg (forward.c).
  */
 void		cai_forward_layer(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
-							  const cai_batch_layout *batch, const cai_rope_params *rope, int l,
-							  bool f, cai_activation_stats *stats, const int32_t *out_rows,
+							  const cai_batch_layout *batch, int l, bool f, cai_activation_stats *stats, const int32_t *out_rows,
 							  int n_out_rows);
 
 #endif							/* CAI_FORWARD_INTERNAL_H */

@@ -172,10 +172,14 @@ cai_model_read_config(cai_model *m, const char *path, cai_error *err)
 		return cai_fail(err, CAI_ERR_UNSUPPORTED,
 						"unsupported model architecture '%s' (supported: %s)", arch, list);
 	}
-	if (a->norm != CAI_NORM_PRE || a->activation != CAI_ACT_SWIGLU)
+	if ((a->norm != CAI_NORM_PRE && a->norm != CAI_NORM_SANDWICH) ||
+		(a->activation != CAI_ACT_SWIGLU && a->activation != CAI_ACT_GEGLU))
 		return cai_fail(err, CAI_ERR_UNSUPPORTED,
 						"architecture '%s' needs a norm placement or activation the engine lacks", arch);
 	c->arch = a;
+	c->sandwich_norm = a->norm == CAI_NORM_SANDWICH;
+	c->ffn_act = a->activation;
+	c->rope_base_windowed = a->attention.window_period > 0 ? a->rope.base_windowed : 0.0f;
 	k = a->keys;
 
 	if (!gguf_get_cstr(f, "general.name", c->name, sizeof(c->name)) || c->name[0] == '\0')
@@ -243,6 +247,7 @@ cai_model_read_config(cai_model *m, const char *path, cai_error *err)
 							"key length %u differs from value length %u", head_dim, vlen);
 	}
 	c->head_dim = (int) head_dim;
+	c->embed_scale = a->embed_scale_sqrt_d ? sqrtf((float) c->d_model) : 1.0f;
 	if (c->head_dim % 8 != 0 || c->head_dim > 512)
 		return cai_fail(err, CAI_ERR_UNSUPPORTED,
 						"head size %d is not supported (a multiple of 8 up to 512)", c->head_dim);
@@ -290,6 +295,17 @@ cai_model_read_config(cai_model *m, const char *path, cai_error *err)
 
 		snprintf(name, sizeof(name), "blk.0.%s", a->tensors->attn_q_bias);
 		c->qkv_bias = gguf_find_tensor(f, name) != NULL;
+	}
+	/* per-head q/k norms when the file has both (layer 0 decides for every layer) */
+	c->qk_norm = false;
+	if (a->tensors->attn_q_norm && a->tensors->attn_k_norm)
+	{
+		char		qn[96],
+					kn[96];
+
+		snprintf(qn, sizeof(qn), "blk.0.%s", a->tensors->attn_q_norm);
+		snprintf(kn, sizeof(kn), "blk.0.%s", a->tensors->attn_k_norm);
+		c->qk_norm = gguf_find_tensor(f, qn) != NULL && gguf_find_tensor(f, kn) != NULL;
 	}
 	c->attn_window = cai_model_alloc(m, (size_t) c->n_layers * sizeof(int));
 	c->kv_source = cai_model_alloc(m, (size_t) c->n_layers * sizeof(int));

@@ -39,7 +39,7 @@ find_tensor(const gguf_file *f, const char *name, int64_t ne0, int64_t ne1, bool
 	if (!ggml_type_can_dequantize(t->type))
 		return cai_fail(err, CAI_ERR_UNSUPPORTED,
 						"tensor '%s' has type %s, which the engine cannot read "
-						"(supported: f32, f16, bf16, q8_0, q4_0, q4_1, q4_k, q5_k, q6_k)",
+						"(supported: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k)",
 						name, ggml_type_name(t->type));
 	if (t->ne[0] != ne0 || t->ne[1] != rows || t->ne[2] != 1 || t->ne[3] != 1)
 	{
@@ -95,6 +95,10 @@ find_layer_tensors(const gguf_file *f, const cai_config *c, int l, cai_layer_sou
 	FIND(bq, tn->attn_q_bias, q_dim, 0, bias);
 	FIND(bk, tn->attn_k_bias, kv_dim, 0, bias);
 	FIND(bv, tn->attn_v_bias, kv_dim, 0, bias);
+	FIND(q_norm, c->qk_norm ? tn->attn_q_norm : NULL, c->head_dim, 0, true);
+	FIND(k_norm, c->qk_norm ? tn->attn_k_norm : NULL, c->head_dim, 0, true);
+	FIND(attn_post_norm, c->sandwich_norm ? tn->attn_post_norm : NULL, c->d_model, 0, true);
+	FIND(ffn_post_norm, c->sandwich_norm ? tn->ffn_post_norm : NULL, c->d_model, 0, true);
 	FIND(ffn_norm, tn->ffn_norm, c->d_model, 0, true);
 	FIND(gate, tn->ffn_gate, c->d_model, c->d_ff, true);
 	FIND(up, tn->ffn_up, c->d_model, c->d_ff, true);
@@ -328,6 +332,26 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 		if ((st = load_vector(m, s->attn_norm, c->d_model, w->attn_norm, err)) != CAI_OK ||
 			(st = load_vector(m, s->ffn_norm, c->d_model, w->ffn_norm, err)) != CAI_OK)
 			goto done;
+		if (c->qk_norm)
+		{
+			if (!(w->q_norm = alloc_floats(m, c->head_dim)) ||
+				!(w->k_norm = alloc_floats(m, c->head_dim)))
+				OOM();
+			m->weight_bytes += (size_t) 2 * c->head_dim * sizeof(float);
+			if ((st = load_vector(m, s->q_norm, c->head_dim, w->q_norm, err)) != CAI_OK ||
+				(st = load_vector(m, s->k_norm, c->head_dim, w->k_norm, err)) != CAI_OK)
+				goto done;
+		}
+		if (c->sandwich_norm)
+		{
+			if (!(w->attn_post_norm = alloc_floats(m, c->d_model)) ||
+				!(w->ffn_post_norm = alloc_floats(m, c->d_model)))
+				OOM();
+			m->weight_bytes += (size_t) 2 * c->d_model * sizeof(float);
+			if ((st = load_vector(m, s->attn_post_norm, c->d_model, w->attn_post_norm, err)) != CAI_OK ||
+				(st = load_vector(m, s->ffn_post_norm, c->d_model, w->ffn_post_norm, err)) != CAI_OK)
+				goto done;
+		}
 		if (c->qkv_bias)
 		{
 			if (!(w->bqkv = alloc_floats(m, (size_t) q_dim + 2 * kv_dim)) ||

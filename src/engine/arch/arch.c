@@ -38,16 +38,21 @@ const cai_arch_tensors cai_arch_tensors_std = {
 	.attn_k_bias = "attn_k.bias",
 	.attn_v_bias = "attn_v.bias",
 	.attn_output_bias = "attn_output.bias",
+	.attn_q_norm = "attn_q_norm.weight",
+	.attn_k_norm = "attn_k_norm.weight",
+	.attn_post_norm = "post_attention_norm.weight",
 	.ffn_norm = "ffn_norm.weight",
 	.ffn_gate = "ffn_gate.weight",
 	.ffn_up = "ffn_up.weight",
 	.ffn_down = "ffn_down.weight",
+	.ffn_post_norm = "post_ffw_norm.weight",
 };
 
 /* In the order messages list them. */
 static const cai_arch_desc *const archs[] = {
 	&cai_arch_llama,
 	&cai_arch_qwen2,
+	&cai_arch_gemma3,
 };
 
 #define N_ARCHS ((int) (sizeof(archs) / sizeof(archs[0])))

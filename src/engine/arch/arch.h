@@ -2,7 +2,7 @@
  * arch.h — model architecture descriptions: what a GGUF architecture's file holds and how its
  * transformer differs from the generic one the engine runs.
  *
- * One short file per architecture (arch/llama.c, arch/qwen2.c) fills a cai_arch_desc; the
+ * One short file per architecture (arch/llama.c, arch/qwen2.c, arch/gemma3.c) fills a cai_arch_desc; the
  * loader (model_load.c) and the forward (forward.c) read the description instead of testing
  * the architecture's name.  A description is plain data: no code, no model internals.
  */
@@ -53,26 +53,32 @@ typedef struct cai_arch_tensors
 	const char *attn_k_bias;
 	const char *attn_v_bias;
 	const char *attn_output_bias;	/* not applied: a file that has it is refused */
+	const char *attn_q_norm;		/* per-head RMSNorm weights [head size] of queries and */
+	const char *attn_k_norm;		/* keys before RoPE: used when the file has both */
+	const char *attn_post_norm;		/* with CAI_NORM_SANDWICH: the attention output's norm */
 	const char *ffn_norm;
 	const char *ffn_gate;
 	const char *ffn_up;
 	const char *ffn_down;
+	const char *ffn_post_norm;		/* with CAI_NORM_SANDWICH: the FFN output's norm */
 } cai_arch_tensors;
 
 /* The keys and tensor names most GGUF architectures share (llama.cpp's LLM_KV / LLM_TENSOR). */
 extern const cai_arch_keys cai_arch_keys_std;
 extern const cai_arch_tensors cai_arch_tensors_std;
 
-/* Where the RMS norms sit: before attention and before the FFN, added back residually. */
+/* Where the RMS norms sit. */
 typedef enum cai_arch_norm
 {
-	CAI_NORM_PRE = 0
+	CAI_NORM_PRE = 0,			/* before attention and before the FFN: x += f(norm(x)) */
+	CAI_NORM_SANDWICH			/* also on each sublayer's output: x += norm'(f(norm(x))) */
 } cai_arch_norm;
 
 /* The FFN: down(act(gate(x)) * up(x)). */
 typedef enum cai_arch_activation
 {
-	CAI_ACT_SWIGLU = 0			/* act = silu */
+	CAI_ACT_SWIGLU = 0,			/* act = silu */
+	CAI_ACT_GEGLU				/* act = gelu, tanh approximation */
 } cai_arch_activation;
 
 /* Which dimensions RoPE rotates together. */
@@ -89,11 +95,16 @@ typedef enum cai_arch_qkv_bias
 	CAI_QKV_BIAS_REQUIRED
 } cai_arch_qkv_bias;
 
-/* RoPE: the same for every layer. */
+/*
+ * RoPE.  Every layer uses the file's base and scaling, unless base_windowed > 0: then the
+ * sliding-window layers rotate with that fixed base and no scaling (Gemma 3 trains its local
+ * layers at base 10000 and stretches only its global ones).
+ */
 typedef struct cai_arch_rope
 {
 	cai_arch_rope_style style;
 	float		base;			/* when the file gives no rope_freq_base */
+	float		base_windowed;	/* 0: windowed layers rotate like the others */
 } cai_arch_rope;
 
 /*
@@ -123,6 +134,7 @@ typedef struct cai_arch_desc
 	cai_arch_rope rope;
 	cai_arch_attention attention;
 	cai_arch_qkv_bias qkv_bias;
+	bool		embed_scale_sqrt_d;	/* token embeddings are multiplied by sqrt(d_model) */
 } cai_arch_desc;
 
 /* The architectures the engine runs, by general.architecture; NULL when unknown. */
@@ -133,5 +145,6 @@ void		cai_arch_list(char *buf, size_t size);
 
 extern const cai_arch_desc cai_arch_llama;
 extern const cai_arch_desc cai_arch_qwen2;
+extern const cai_arch_desc cai_arch_gemma3;
 
 #endif							/* CAI_ARCH_H */

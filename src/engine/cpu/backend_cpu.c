@@ -413,6 +413,94 @@ cpu_swiglu_quant(cai_backend *be, const float *gate_up, int n_tok, int d_ff, int
 	run_rows(a.cb, n_tok, (int64_t) d_ff * 5, swiglu_quant_rows, &a);
 }
 
+static void
+geglu_rows(void *arg, int t0, int t1, int thread)
+{
+	swiglu_args *a = arg;
+
+	for (int t = t0; t < t1; t++)
+	{
+		const float *g = a->gate_up + (size_t) t * 2 * a->d_ff;
+		float	   *out = a->out + (size_t) t * a->d_ff;
+
+		cai_op_geglu_row(g, g + a->d_ff, a->d_ff, out);
+		if (a->then)
+			then_rotate_row(a->then, out, t);
+	}
+}
+
+static void
+cpu_geglu(cai_backend *be, const float *gate_up, int n_tok, int d_ff, float *out,
+		  const cai_then_rotate *then)
+{
+	swiglu_args a = {.cb = cpu_of(be), .gate_up = gate_up, .d_ff = d_ff, .out = out,
+	.then = then};
+
+	run_rows(a.cb, n_tok, (int64_t) d_ff * 6 + then_work(then), geglu_rows, &a);
+}
+
+typedef struct heads_norm_args
+{
+	float	   *x;
+	int			ldx;
+	int			n_heads;
+	int			head_dim;
+	const float *w;
+	float		eps;
+} heads_norm_args;
+
+static void
+rmsnorm_heads_rows(void *arg, int t0, int t1, int thread)
+{
+	heads_norm_args *a = arg;
+
+	for (int t = t0; t < t1; t++)
+		for (int h = 0; h < a->n_heads; h++)
+		{
+			float	   *v = a->x + (size_t) t * a->ldx + (size_t) h * a->head_dim;
+
+			cai_op_rmsnorm_row(v, a->w, a->head_dim, a->eps, v);
+		}
+}
+
+static void
+cpu_rmsnorm_heads(cai_backend *be, float *x, int ldx, int n_tok, int n_heads, int head_dim,
+				  const float *w, float eps)
+{
+	heads_norm_args a = {.x = x, .ldx = ldx, .n_heads = n_heads, .head_dim = head_dim,
+	.w = w, .eps = eps};
+
+	run_rows(cpu_of(be), n_tok, (int64_t) n_heads * head_dim * 2, rmsnorm_heads_rows, &a);
+}
+
+static void
+rmsnorm_add_rows(void *arg, int t0, int t1, int thread)
+{
+	norm_args  *a = arg;
+
+	for (int t = t0; t < t1; t++)
+		cai_op_rmsnorm_add_row(a->x + (size_t) t * a->d, a->w, a->d, a->eps,
+							   a->out + (size_t) t * a->d);
+}
+
+static void
+cpu_rmsnorm_add(cai_backend *be, const float *y, const float *w, int n_tok, int d, float eps,
+				float *x)
+{
+	norm_args	a = {.cb = cpu_of(be), .x = y, .w = w, .d = d, .eps = eps, .out = x};
+
+	run_rows(a.cb, n_tok, (int64_t) d * 3, rmsnorm_add_rows, &a);
+}
+
+static void
+cpu_scale(cai_backend *be, float *x, int n_tok, int d, float s)
+{
+	size_t		n = (size_t) n_tok * d;
+
+	for (size_t i = 0; i < n; i++)
+		x[i] = x[i] * s;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Rotation
  * ------------------------------------------------------------------------------------------- */
@@ -627,6 +715,10 @@ static const cai_backend_ops cpu_ops = {
 	.rope = cpu_rope,
 	.swiglu = cpu_swiglu,
 	.swiglu_quant = cpu_swiglu_quant,
+	.geglu = cpu_geglu,
+	.rmsnorm_heads = cpu_rmsnorm_heads,
+	.rmsnorm_add = cpu_rmsnorm_add,
+	.scale = cpu_scale,
 	.kv_write = cpu_kv_write,
 	.attention = cpu_attention,
 	.rotate = cpu_rotate,

@@ -402,3 +402,62 @@ cai_op_quantize_vec_i8(const float *x, int n, int8_t *q, float *scale)
 		q[i] = (int8_t) (int) v;
 	}
 }
+
+/*
+ * GELU's tanh approximation, 0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))), written as
+ * g * sigmoid(z) with z = 2 sqrt(2/pi) (g + 0.044715 g^3) (the same function: 0.5 (1 + tanh(y))
+ * = sigmoid(2y)), so that it goes through SwiGLU's exp and division, vector for vector.
+ */
+#define GELU_C1 1.5957691216057308f		/* 2 sqrt(2/pi) */
+#define GELU_C3 0.07135481627159786f	/* 2 sqrt(2/pi) 0.044715 */
+
+/* Inlined into each clone of the row function; vectors pass by pointer, as cai_v8f_exp's do. */
+CAI_ALWAYS_INLINE cai_v8f
+geglu_v8(const cai_v8f *pg, const cai_v8f *pu)
+{
+	cai_v8f		g = *pg;
+	cai_v8f		nz = -(g * (cai_v8f_set1(GELU_C1) + cai_v8f_set1(GELU_C3) * (g * g)));
+	cai_v8f		e = cai_v8f_exp(&nz);
+
+	return g / (cai_v8f_set1(1.0f) + e) * *pu;
+}
+
+CAI_CLONES void
+cai_op_geglu_row(const float *gate, const float *up, int n, float *out)
+{
+	int			i;
+
+	for (i = 0; i + 8 <= n; i += 8)
+	{
+		cai_v8f		g = cai_v8f_load(gate + i),
+					u = cai_v8f_load(up + i);
+
+		cai_v8f_store(out + i, geglu_v8(&g, &u));
+	}
+	if (i < n)
+	{
+		/* the tail goes through the same vector code, padded with zeros */
+		float		gb[8] = {0},
+					ub[8] = {0},
+					ob[8];
+		cai_v8f		g,
+					u;
+
+		memcpy(gb, gate + i, (size_t) (n - i) * sizeof(float));
+		memcpy(ub, up + i, (size_t) (n - i) * sizeof(float));
+		g = cai_v8f_load(gb);
+		u = cai_v8f_load(ub);
+		cai_v8f_store(ob, geglu_v8(&g, &u));
+		memcpy(out + i, ob, (size_t) (n - i) * sizeof(float));
+	}
+}
+
+void
+cai_op_rmsnorm_add_row(const float *y, const float *w, int d, float eps, float *x)
+{
+	float		ms = sum_squares(y, d) / (float) d;
+	float		inv = 1.0f / sqrtf(ms + eps);
+
+	for (int i = 0; i < d; i++)
+		x[i] = x[i] + (y[i] * inv) * w[i];
+}

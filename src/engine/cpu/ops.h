@@ -129,6 +129,12 @@ void		cai_op_rmsnorm_row(const float *x, const float *w, int d, float eps, float
 /* out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)). */
 void		cai_op_swiglu_row(const float *gate, const float *up, int n, float *out);
 
+/* out[i] = gelu(gate[i]) * up[i], gelu's tanh approximation (exp-based, like silu's). */
+void		cai_op_geglu_row(const float *gate, const float *up, int n, float *out);
+
+/* x += y / sqrt(mean(y^2) + eps) * w: a sublayer's output normed, then added residually. */
+void		cai_op_rmsnorm_add_row(const float *y, const float *w, int d, float eps, float *x);
+
 /* cos/sin table of one position: cs[2i] = cos(theta_i), cs[2i+1] = sin(theta_i). */
 void		cai_op_rope_angles(const cai_rope_params *rp, int pos, float *cs);
 
