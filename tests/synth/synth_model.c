@@ -295,8 +295,9 @@ check_config(const synth_model_config *cfg, int *head_dim, cai_error *err)
 	bool		wt_ok = false;
 	bool		et_ok = false;
 
-	if (!cfg->arch || (strcmp(cfg->arch, "llama") != 0 && strcmp(cfg->arch, "qwen2") != 0))
-		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "synth: arch must be llama or qwen2");
+	if (!cfg->arch || (strcmp(cfg->arch, "llama") != 0 && strcmp(cfg->arch, "qwen2") != 0 &&
+					   strcmp(cfg->arch, "gemma3") != 0))
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "synth: arch must be llama, qwen2 or gemma3");
 	if (cfg->n_layers < 1 || cfg->d_model < 1 || cfg->n_heads < 1 || cfg->n_kv_heads < 1 ||
 		cfg->d_ff < 1 || cfg->context_length < 1 || cfg->head_dim < 0 ||
 		cfg->d_model > 65536 || cfg->d_ff > 262144 || cfg->n_layers > 1024)
@@ -387,6 +388,7 @@ build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 	int64_t		kv_dim;
 	cai_status	st;
 	bool		qwen2;
+	bool		gemma3;
 
 	st = check_config(cfg, &head_dim, err);
 	if (st != CAI_OK)
@@ -394,6 +396,7 @@ build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 	q_dim = (int64_t) cfg->n_heads * head_dim;
 	kv_dim = (int64_t) cfg->n_kv_heads * head_dim;
 	qwen2 = strcmp(a, "qwen2") == 0;
+	gemma3 = strcmp(a, "gemma3") == 0;
 
 #define ARCH_KEY(suffix) (snprintf(key, sizeof(key), "%s.%s", a, suffix), key)
 	gguf_writer_add_str(w, "general.architecture", a);
@@ -415,6 +418,14 @@ build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 		gguf_writer_add_u32(w, ARCH_KEY("attention.key_length"), (uint32_t) head_dim);
 		gguf_writer_add_u32(w, ARCH_KEY("attention.value_length"), (uint32_t) head_dim);
 	}
+	if (cfg->rope_scaling_factor > 0.0f)
+	{
+		gguf_writer_add_str(w, ARCH_KEY("rope.scaling.type"), "linear");
+		gguf_writer_add_f32(w, ARCH_KEY("rope.scaling.factor"), cfg->rope_scaling_factor);
+	}
+	if (gemma3)
+		gguf_writer_add_u32(w, ARCH_KEY("attention.sliding_window"),
+							(uint32_t) (cfg->sliding_window > 0 ? cfg->sliding_window : 8));
 #undef ARCH_KEY
 	st = add_tokenizer(w, cfg, err);
 	if (st != CAI_OK)
@@ -433,19 +444,24 @@ build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 			int64_t		ne1;
 			bool		is_norm;
 			bool		is_bias;
+			bool		gemma3_only;
 		}			parts[] = {
-			{"attn_norm.weight", d, 1, true, false},
-			{"attn_q.weight", d, q_dim, false, false},
-			{"attn_k.weight", d, kv_dim, false, false},
-			{"attn_v.weight", d, kv_dim, false, false},
-			{"attn_q.bias", q_dim, 1, false, true},
-			{"attn_k.bias", kv_dim, 1, false, true},
-			{"attn_v.bias", kv_dim, 1, false, true},
-			{"attn_output.weight", q_dim, d, false, false},
-			{"ffn_norm.weight", d, 1, true, false},
-			{"ffn_gate.weight", d, cfg->d_ff, false, false},
-			{"ffn_up.weight", d, cfg->d_ff, false, false},
-			{"ffn_down.weight", cfg->d_ff, d, false, false},
+			{"attn_norm.weight", d, 1, true, false, false},
+			{"attn_q.weight", d, q_dim, false, false, false},
+			{"attn_k.weight", d, kv_dim, false, false, false},
+			{"attn_v.weight", d, kv_dim, false, false, false},
+			{"attn_q.bias", q_dim, 1, false, true, false},
+			{"attn_k.bias", kv_dim, 1, false, true, false},
+			{"attn_v.bias", kv_dim, 1, false, true, false},
+			{"attn_q_norm.weight", head_dim, 1, true, false, true},
+			{"attn_k_norm.weight", head_dim, 1, true, false, true},
+			{"attn_output.weight", q_dim, d, false, false, false},
+			{"post_attention_norm.weight", d, 1, true, false, true},
+			{"ffn_norm.weight", d, 1, true, false, false},
+			{"ffn_gate.weight", d, cfg->d_ff, false, false, false},
+			{"ffn_up.weight", d, cfg->d_ff, false, false, false},
+			{"ffn_down.weight", cfg->d_ff, d, false, false, false},
+			{"post_ffw_norm.weight", d, 1, true, false, true},
 		};
 
 		for (size_t p = 0; p < sizeof(parts) / sizeof(parts[0]); p++)
@@ -453,7 +469,7 @@ build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 			char		name[96];
 			bool		ok;
 
-			if (parts[p].is_bias && !qwen2)
+			if ((parts[p].is_bias && !qwen2) || (parts[p].gemma3_only && !gemma3))
 				continue;
 			snprintf(name, sizeof(name), "blk.%d.%s", l, parts[p].suffix);
 			if (parts[p].is_norm)

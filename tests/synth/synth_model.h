@@ -31,7 +31,9 @@
 
 typedef struct synth_model_config
 {
-	const char *arch;			/* "llama" or "qwen2" (qwen2 adds q/k/v biases) */
+	const char *arch;			/* "llama", "qwen2" (adds q/k/v biases) or "gemma3" (adds
+								 * per-head q/k norms, post-attention and post-FFN norms and
+								 * the sliding window key) */
 	const char *name;			/* general.name */
 	int			n_layers;
 	int			d_model;
@@ -48,6 +50,8 @@ typedef struct synth_model_config
 	float		rms_eps;
 	const char *tokenizer_pre;	/* tokenizer.ggml.pre */
 	const char *chat_template;	/* NULL: SmolLM2's ChatML template */
+	int			sliding_window;	/* gemma3: {arch}.attention.sliding_window (default 8) */
+	float		rope_scaling_factor;	/* > 0: linear RoPE scaling by this factor */
 } synth_model_config;
 
 /*

@@ -34,14 +34,24 @@ TEST(arch_table)
 
 	CHECK(cai_arch_find("llama") == &cai_arch_llama);
 	CHECK(cai_arch_find("qwen2") == &cai_arch_qwen2);
+	CHECK(cai_arch_find("gemma3") == &cai_arch_gemma3);
 	CHECK(cai_arch_find("gpt9") == NULL);
 	cai_arch_list(list, sizeof(list));
-	CHECK(strcmp(list, "llama, qwen2") == 0);
+	CHECK(strcmp(list, "llama, qwen2, gemma3") == 0);
 	cai_arch_list(list, 8);
 	CHECK(strlen(list) == 7);
 	CHECK(cai_arch_llama.rope.style == CAI_ROPE_NORMAL);
 	CHECK(cai_arch_qwen2.rope.style == CAI_ROPE_NEOX);
 	CHECK(cai_arch_qwen2.qkv_bias == CAI_QKV_BIAS_REQUIRED);
+	/* Gemma 3: every difference from llama is in its description */
+	CHECK(cai_arch_gemma3.rope.style == CAI_ROPE_NEOX);
+	CHECK(cai_arch_gemma3.rope.base_windowed == 10000.0f);
+	CHECK(cai_arch_gemma3.norm == CAI_NORM_SANDWICH);
+	CHECK(cai_arch_gemma3.activation == CAI_ACT_GEGLU);
+	CHECK(cai_arch_gemma3.embed_scale_sqrt_d);
+	CHECK(cai_arch_gemma3.attention.window_period == 6);
+	CHECK(strcmp(cai_arch_gemma3.attention.window_key, "attention.sliding_window") == 0);
+	CHECK(cai_arch_llama.norm == CAI_NORM_PRE && !cai_arch_llama.embed_scale_sqrt_d);
 }
 
 TEST(arch_layer_attention_global)
