@@ -368,13 +368,41 @@ load_vocab(cai_tokenizer *tok, const gguf_file *file, cai_error *err)
 }
 
 /*
- * True for a user-defined token that reads as markup ("<start_of_turn>", "<tool_call>"): such
- * tokens act as control tokens, so that a user cannot type them into a prompt.
+ * True for a plain HTML tag, "<" optionally "/", a letter, then letters and digits, ">" ("<b>",
+ * "</td>", "<h1>").  Gemma's vocabulary has such tags as user-defined pieces so that HTML text
+ * tokenizes into them; they are text, not markup of the model's own.
+ */
+static bool
+is_html_tag(const char *s, uint32_t len)
+{
+	uint32_t	i = s[1] == '/' ? 2 : 1;
+
+	/*
+	 * except "</s>", SentencePiece's end-of-sequence text: llama.cpp makes a token spelled so
+	 * an end-of-generation control token whatever its type, and so does this engine
+	 */
+	if (len == 4 && memcmp(s, "</s>", 4) == 0)
+		return false;
+
+	if (i >= len - 1 || !((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z')))
+		return false;
+	for (; i < len - 1; i++)
+		if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= 'A' && s[i] <= 'Z') ||
+			  (s[i] >= '0' && s[i] <= '9')))
+			return false;
+	return true;
+}
+
+/*
+ * True for a user-defined token that reads as markup ("<start_of_turn>", "<tool_call>",
+ * "<start_of_image>"): such tokens act as control tokens, so that a user cannot type them into
+ * a prompt.  (llama.cpp matches every user-defined token in any text; this engine departs from
+ * it for these.)  HTML tags are ordinary text pieces.
  */
 static bool
 looks_like_markup(const char *s, uint32_t len)
 {
-	return len > 2 && s[0] == '<' && s[len - 1] == '>';
+	return len > 2 && s[0] == '<' && s[len - 1] == '>' && !is_html_tag(s, len);
 }
 
 /* Computes token flags and builds the text -> id index. */

@@ -474,10 +474,14 @@ TEST(tokenizer_special_tokens_only_when_asked)
 {
 	static const char *const controls[] = {"<|endoftext|>", "<|im_start|>", "<|im_end|>",
 	"<|im_start|>system"};
-	static const char *const user_defined[] = {"<tool_call>", "\n\n\n"};
-	cai_tokenizer *tok = fixture_bpe("smollm", controls, 4, NULL, 0, user_defined, 2, 1, 2, false);
+	static const char *const user_defined[] = {"<tool_call>", "\n\n\n", "<b>", "</td>", "<h1>",
+	"</s>"};
+	cai_tokenizer *tok = fixture_bpe("smollm", controls, 4, NULL, 0, user_defined, 6, 1, 2, false);
 	int32_t		tool_call = 4 + 256;
 	int32_t		newlines = 4 + 256 + 1;
+	int32_t		bold = 4 + 256 + 2;
+	int32_t		td_end = 4 + 256 + 3;
+	int32_t		h1 = 4 + 256 + 4;
 	cai_tokens	t;
 	cai_error	err;
 	char	   *text;
@@ -521,9 +525,24 @@ TEST(tokenizer_special_tokens_only_when_asked)
 	CHECK_EQ_INT(t.ids[0], tool_call);
 	CHECK(cai_tokenizer_is_special(tok, tool_call));
 	CHECK(!cai_tokenizer_is_special(tok, newlines));
+
 	text = fixture_detokenize(tok, t.ids, t.n);
 	CHECK(text && strcmp(text, "<tool_call>x\n\n\n") == 0);
 	free(text);
+
+	/* user-defined HTML tags are text pieces (Gemma's), matched in any text */
+	t.n = 0;
+	CHECK_EQ_INT(cai_tokenizer_encode(tok, "<b>x</td><h1>", 13, false, &t, &err), CAI_OK);
+	CHECK_EQ_INT(t.n, 4);
+	if (t.n == 4)
+	{
+		CHECK_EQ_INT(t.ids[0], bold);
+		CHECK_EQ_INT(t.ids[2], td_end);
+		CHECK_EQ_INT(t.ids[3], h1);
+	}
+	CHECK(!cai_tokenizer_is_special(tok, bold) && !cai_tokenizer_is_special(tok, td_end));
+	/* "</s>" has a tag's shape but is an end-of-sequence marker: special */
+	CHECK(cai_tokenizer_is_special(tok, 4 + 256 + 5));
 
 	CHECK_EQ_INT(cai_tokenizer_find(tok, "<|im_end|>"), 2);
 	CHECK_EQ_INT(cai_tokenizer_find(tok, "<|im_end"), -1);
