@@ -148,6 +148,14 @@ typedef struct cai_backend_ops
 	void		(*rmsnorm) (cai_backend *be, const float *x, const float *w, int n_tok, int d,
 							float eps, float *out, const cai_then_rotate *then);
 
+	/*
+	 * Per-head rmsnorm in place: each of n_heads heads of head_dim at x[t * ldx + h * head_dim]
+	 * becomes cai_op_rmsnorm_row(head, w, head_dim, eps), the same w [head_dim] for every head
+	 * (the query or key norm of Qwen3 and Gemma 3).
+	 */
+	void		(*head_rmsnorm) (cai_backend *be, float *x, int ldx, int n_tok, int n_heads,
+								 int head_dim, const float *w, float eps);
+
 	/* rmsnorm fused with per-token symmetric int8 quantization (cai_quantize_act_i8's rule). */
 	void		(*rmsnorm_quant) (cai_backend *be, const float *x, const float *w, int n_tok,
 								  int d, float eps, int8_t *q, float *s);

@@ -4,7 +4,8 @@
  * rotation, norms with the int8 path's smoothed weights; see calibrate.c's "rotations"):
  *
  *   x = embed(tokens)
- *   per layer:  xq = quant(R rmsnorm(x));  qkv = xq Wqkv (+b);  rope(q, k);  R q, R k;
+ *   per layer:  xq = quant(R rmsnorm(x));  qkv = xq Wqkv (+b);  [headnorm(q, k)];
+ *               rope(q, k);  R q, R k;
  *               kv <- (k, v);  a = attention(q, kv);  x += quant(a) Wo
  *               xq = quant(R rmsnorm(x));  gu = xq Wgate_up;  x += quant(R silu(g) * u) Wdown
  *   logits = quant(R rmsnorm(x[rows])) Wlm
@@ -86,11 +87,12 @@ cai_forward_ctx_create_on(const cai_model *model, cai_backend_factory factory, v
 		return st;
 	}
 	/* the int8 path rotates its GEMM inputs (calibrate.c's "rotations"): a backend must offer that */
-	if (!ctx->be->ops->rotate)
+	if (!ctx->be->ops->rotate || (c->qk_norm && !ctx->be->ops->head_rmsnorm))
 	{
 		st = cai_fail(err, CAI_ERR_UNSUPPORTED,
-					  "the %s backend cannot rotate activations, which the int8 path needs",
-					  ctx->be->ops->name);
+					  "the %s backend lacks an operation this model needs (%s)",
+					  ctx->be->ops->name,
+					  ctx->be->ops->rotate ? "per-head query/key norms" : "rotating activations");
 		cai_backend_free(ctx->be);
 		free(ctx);
 		return st;
@@ -399,6 +401,19 @@ cai_forward_layer(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 			op->gemm_f32(be, ctx->xn, T, d, w->f_wk, kv_dim, w->bk, k, qkv_w, false);
 			op->gemm_f32(be, ctx->xn, T, d, w->f_wv, kv_dim, w->bv, v, qkv_w, false);
 		}
+	}
+
+	/*
+	 * per-head query and key norms (Qwen3, Gemma 3), before RoPE.  On both paths q and k are
+	 * here in the source's basis: the int8 path's smoothing acts on the GEMM's input channels
+	 * and its head rotation comes after RoPE, so the source norm weights apply as they are.
+	 */
+	if (c->qk_norm)
+	{
+		op->head_rmsnorm(be, q, qkv_w, T, c->n_heads, c->head_dim, w->attn_q_norm, c->norm_eps);
+		if (owns_kv)
+			op->head_rmsnorm(be, k, qkv_w, T, c->n_kv_heads, c->head_dim, w->attn_k_norm,
+							 c->norm_eps);
 	}
 
 	/*

@@ -44,6 +44,7 @@ typedef struct cai_config
 	float		rope_freq_scale;	/* 1, or 1/factor with linear rope scaling */
 	bool		tied_embeddings;	/* LM head = token embedding */
 	bool		qkv_bias;		/* required by the description, or present in the file */
+	bool		qk_norm;		/* per-head RMSNorm of queries and keys before RoPE */
 	/* per layer, from the description (tests change them, then cai_config_update_kv_sharing) */
 	int		   *attn_window;	/* [n_layers] 0 = global, else a sliding window in tokens */
 	int		   *kv_source;		/* [n_layers] layer whose KV this layer reads (itself = owns) */
@@ -76,6 +77,8 @@ typedef struct cai_layer_weights
 	float	   *bqkv;			/* qwen2 biases [q + k + v widths] or NULL */
 	float	   *bq, *bk, *bv;	/* views of bqkv or NULL */
 	float	   *bqkv_i8;		/* the int8 path's: bqkv with the V part rotated, or NULL */
+	float	   *attn_q_norm;	/* [head_dim] per-head query norm weights (qk_norm) or NULL; */
+	float	   *attn_k_norm;	/* the key's: both paths apply them (q, k are unrotated there) */
 	float	   *ffn_norm;		/* [d_model] */
 	float	   *attn_norm_i8;	/* [d_model] the int8 path's norm weights: the source ones */
 	float	   *ffn_norm_i8;	/* divided by the smoothing factors folded into the GEMMs */

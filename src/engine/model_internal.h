@@ -42,6 +42,8 @@ typedef struct cai_layer_sources
 			   *bq,
 			   *bk,
 			   *bv,
+			   *q_norm,
+			   *k_norm,
 			   *ffn_norm,
 			   *gate,
 			   *up,

@@ -95,11 +95,19 @@ find_layer_tensors(const gguf_file *f, const cai_config *c, int l, cai_layer_sou
 	FIND(bq, tn->attn_q_bias, q_dim, 0, bias);
 	FIND(bk, tn->attn_k_bias, kv_dim, 0, bias);
 	FIND(bv, tn->attn_v_bias, kv_dim, 0, bias);
+	FIND(q_norm, tn->attn_q_norm, c->head_dim, 0, c->qk_norm);
+	FIND(k_norm, tn->attn_k_norm, c->head_dim, 0, c->qk_norm);
 	FIND(ffn_norm, tn->ffn_norm, c->d_model, 0, true);
 	FIND(gate, tn->ffn_gate, c->d_model, c->d_ff, true);
 	FIND(up, tn->ffn_up, c->d_model, c->d_ff, true);
 	FIND(down, tn->ffn_down, c->d_ff, c->d_model, true);
 #undef FIND
+
+	/* an architecture without q/k/v biases must not have them ignored */
+	if (c->arch->qkv_bias == CAI_QKV_BIAS_NONE && (ls->bq || ls->bk || ls->bv))
+		return cai_fail(err, CAI_ERR_UNSUPPORTED,
+						"layer %d has q/k/v biases, which architecture '%s' does not use", l,
+						c->arch_name);
 
 	/* q/k/v biases: all three or none, the same in every layer (layer 0 decides) */
 	if ((ls->bq != NULL) != (ls->bk != NULL) || (ls->bq != NULL) != (ls->bv != NULL) ||
@@ -328,6 +336,15 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 		if ((st = load_vector(m, s->attn_norm, c->d_model, w->attn_norm, err)) != CAI_OK ||
 			(st = load_vector(m, s->ffn_norm, c->d_model, w->ffn_norm, err)) != CAI_OK)
 			goto done;
+		if (c->qk_norm)
+		{
+			if (!(w->attn_q_norm = alloc_floats(m, c->head_dim)) ||
+				!(w->attn_k_norm = alloc_floats(m, c->head_dim)))
+				OOM();
+			if ((st = load_vector(m, s->q_norm, c->head_dim, w->attn_q_norm, err)) != CAI_OK ||
+				(st = load_vector(m, s->k_norm, c->head_dim, w->attn_k_norm, err)) != CAI_OK)
+				goto done;
+		}
 		if (c->qkv_bias)
 		{
 			if (!(w->bqkv = alloc_floats(m, (size_t) q_dim + 2 * kv_dim)) ||

@@ -295,8 +295,14 @@ check_config(const synth_model_config *cfg, int *head_dim, cai_error *err)
 	bool		wt_ok = false;
 	bool		et_ok = false;
 
-	if (!cfg->arch || (strcmp(cfg->arch, "llama") != 0 && strcmp(cfg->arch, "qwen2") != 0))
-		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "synth: arch must be llama or qwen2");
+	if (!cfg->arch || (strcmp(cfg->arch, "llama") != 0 && strcmp(cfg->arch, "qwen2") != 0 &&
+					   strcmp(cfg->arch, "qwen3") != 0))
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "synth: arch must be llama, qwen2 or qwen3");
+	if (cfg->llama3_factor > 0.0f &&
+		(cfg->llama3_original_context < 1 ||
+		 !(cfg->llama3_high_freq_factor > cfg->llama3_low_freq_factor) ||
+		 !(cfg->llama3_low_freq_factor > 0.0f)))
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "synth: llama3 rope scaling out of range");
 	if (cfg->n_layers < 1 || cfg->d_model < 1 || cfg->n_heads < 1 || cfg->n_kv_heads < 1 ||
 		cfg->d_ff < 1 || cfg->context_length < 1 || cfg->head_dim < 0 ||
 		cfg->d_model > 65536 || cfg->d_ff > 262144 || cfg->n_layers > 1024)
@@ -375,6 +381,39 @@ add_tokenizer(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 	return st;
 }
 
+/*
+ * The Llama 3 RoPE divisors (see synth_model.h).  The converter works in float32 tensors; this
+ * takes the frequency in float32 and the rest in double, which can differ in a factor's last bit
+ * (immaterial: both the engine and llama.cpp read the factors from the written file).
+ */
+void
+synth_model_llama3_rope_factors(const synth_model_config *cfg, int n_rot, float *out)
+{
+	double		factor = cfg->llama3_factor;
+	double		low = cfg->llama3_low_freq_factor;
+	double		high = cfg->llama3_high_freq_factor;
+	double		old_ctx = cfg->llama3_original_context;
+	double		low_wavelen = old_ctx / low;
+	double		high_wavelen = old_ctx / high;
+
+	for (int i = 0; i < n_rot / 2; i++)
+	{
+		float		freq = (float) (1.0 / pow((double) cfg->rope_base, (double) (2 * i) / n_rot));
+		double		wavelen = 2.0 * M_PI / (double) freq;
+
+		if (wavelen < high_wavelen)
+			out[i] = 1.0f;
+		else if (wavelen > low_wavelen)
+			out[i] = (float) factor;
+		else
+		{
+			double		smooth = (old_ctx / wavelen - low) / (high - low);
+
+			out[i] = (float) (1.0 / ((1.0 - smooth) / factor + smooth));
+		}
+	}
+}
+
 /* Builds the whole model into a writer. */
 static cai_status
 build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
@@ -387,6 +426,7 @@ build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 	int64_t		kv_dim;
 	cai_status	st;
 	bool		qwen2;
+	bool		qwen3;
 
 	st = check_config(cfg, &head_dim, err);
 	if (st != CAI_OK)
@@ -394,6 +434,7 @@ build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 	q_dim = (int64_t) cfg->n_heads * head_dim;
 	kv_dim = (int64_t) cfg->n_kv_heads * head_dim;
 	qwen2 = strcmp(a, "qwen2") == 0;
+	qwen3 = strcmp(a, "qwen3") == 0;
 
 #define ARCH_KEY(suffix) (snprintf(key, sizeof(key), "%s.%s", a, suffix), key)
 	gguf_writer_add_str(w, "general.architecture", a);
@@ -433,19 +474,22 @@ build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 			int64_t		ne1;
 			bool		is_norm;
 			bool		is_bias;
+			bool		is_qk_norm;
 		}			parts[] = {
-			{"attn_norm.weight", d, 1, true, false},
-			{"attn_q.weight", d, q_dim, false, false},
-			{"attn_k.weight", d, kv_dim, false, false},
-			{"attn_v.weight", d, kv_dim, false, false},
-			{"attn_q.bias", q_dim, 1, false, true},
-			{"attn_k.bias", kv_dim, 1, false, true},
-			{"attn_v.bias", kv_dim, 1, false, true},
-			{"attn_output.weight", q_dim, d, false, false},
-			{"ffn_norm.weight", d, 1, true, false},
-			{"ffn_gate.weight", d, cfg->d_ff, false, false},
-			{"ffn_up.weight", d, cfg->d_ff, false, false},
-			{"ffn_down.weight", cfg->d_ff, d, false, false},
+			{"attn_norm.weight", d, 1, true, false, false},
+			{"attn_q.weight", d, q_dim, false, false, false},
+			{"attn_k.weight", d, kv_dim, false, false, false},
+			{"attn_v.weight", d, kv_dim, false, false, false},
+			{"attn_q.bias", q_dim, 1, false, true, false},
+			{"attn_k.bias", kv_dim, 1, false, true, false},
+			{"attn_v.bias", kv_dim, 1, false, true, false},
+			{"attn_q_norm.weight", head_dim, 1, true, false, true},
+			{"attn_k_norm.weight", head_dim, 1, true, false, true},
+			{"attn_output.weight", q_dim, d, false, false, false},
+			{"ffn_norm.weight", d, 1, true, false, false},
+			{"ffn_gate.weight", d, cfg->d_ff, false, false, false},
+			{"ffn_up.weight", d, cfg->d_ff, false, false, false},
+			{"ffn_down.weight", cfg->d_ff, d, false, false, false},
 		};
 
 		for (size_t p = 0; p < sizeof(parts) / sizeof(parts[0]); p++)
@@ -453,7 +497,7 @@ build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 			char		name[96];
 			bool		ok;
 
-			if (parts[p].is_bias && !qwen2)
+			if ((parts[p].is_bias && !qwen2) || (parts[p].is_qk_norm && !qwen3))
 				continue;
 			snprintf(name, sizeof(name), "blk.%d.%s", l, parts[p].suffix);
 			if (parts[p].is_norm)
@@ -470,6 +514,16 @@ build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 	}
 	if (!add_random_tensor(w, cfg, "output_norm.weight", d, 1, GGML_TYPE_F32, 1.0, 0.1))
 		return cai_fail(err, CAI_ERR_NO_MEMORY, "synth: out of memory");
+	if (cfg->llama3_factor > 0.0f)
+	{
+		float		factors[512];
+		int64_t		ne[1] = {head_dim / 2};
+
+		if (head_dim > 1024)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "synth: head size too large");
+		synth_model_llama3_rope_factors(cfg, head_dim, factors);
+		gguf_writer_add_tensor_f32(w, "rope_freqs.weight", 1, ne, GGML_TYPE_F32, factors);
+	}
 	if (!cfg->tied_embeddings &&
 		!add_random_tensor(w, cfg, "output.weight", d, N_VOCAB, cfg->weight_type,
 						   0.0, 2.0 / sqrt((double) d)))

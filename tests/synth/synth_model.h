@@ -31,7 +31,8 @@
 
 typedef struct synth_model_config
 {
-	const char *arch;			/* "llama" or "qwen2" (qwen2 adds q/k/v biases) */
+	const char *arch;			/* "llama", "qwen2" (adds q/k/v biases) or "qwen3" (no biases,
+								 * per-head q/k norms attn_q_norm/attn_k_norm) */
 	const char *name;			/* general.name */
 	int			n_layers;
 	int			d_model;
@@ -48,6 +49,15 @@ typedef struct synth_model_config
 	float		rms_eps;
 	const char *tokenizer_pre;	/* tokenizer.ggml.pre */
 	const char *chat_template;	/* NULL: SmolLM2's ChatML template */
+
+	/*
+	 * Llama 3.1 RoPE scaling (llama3_factor > 0): writes rope_freqs.weight, the per-frequency
+	 * divisors llama.cpp's converter computes from these (synth_model_llama3_rope_factors).
+	 */
+	float		llama3_factor;	/* 8 (Llama 3.1) or 32 (Llama 3.2) */
+	float		llama3_low_freq_factor;	/* 1 */
+	float		llama3_high_freq_factor;	/* 4 */
+	int			llama3_original_context;	/* 8192 */
 } synth_model_config;
 
 /*
@@ -55,6 +65,15 @@ typedef struct synth_model_config
  * 256, F32 weights, tied embeddings, seed 1, rope base 10000, eps 1e-5, pre "smollm".
  */
 void		synth_model_default_config(synth_model_config *cfg);
+
+/*
+ * The Llama 3 per-frequency RoPE divisors for n_rot rotated dimensions (n_rot / 2 values), as
+ * llama.cpp's converter computes them: frequency i is base^(-2i / n_rot), its wavelength
+ * 2 pi / freq; wavelengths below original_context / high_freq_factor keep factor 1, those above
+ * original_context / low_freq_factor get factor, and the ones between blend smoothly:
+ * 1 / ((1 - s) / factor + s), s = (original_context / wavelength - low) / (high - low).
+ */
+void		synth_model_llama3_rope_factors(const synth_model_config *cfg, int n_rot, float *out);
 
 /* Number of tokens in the synthetic vocabulary (a multiple of 4). */
 int			synth_model_n_vocab(void);

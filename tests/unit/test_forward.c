@@ -183,14 +183,26 @@ naive_rmsnorm(const double *x, const float *w, int d, double eps, double *out)
 		out[i] = x[i] * ss * w[i];
 }
 
+/* A query or key head normalized in place (Qwen3's per-head norms). */
 static void
-naive_rope(double *v, int pos, const cai_config *c)
+naive_head_norm(double *v, const float *w, int hd, double eps)
 {
+	double		tmp[512];
+
+	naive_rmsnorm(v, w, hd, eps, tmp);
+	memcpy(v, tmp, (size_t) hd * sizeof(double));
+}
+
+static void
+naive_rope(double *v, int pos, const cai_model *m)
+{
+	const cai_config *c = &m->cfg;
 	int			half = c->n_rot / 2;
 
 	for (int i = 0; i < half; i++)
 	{
-		double		theta = pos * pow(c->rope_base, -2.0 * i / c->n_rot);
+		double		theta = pos * c->rope_freq_scale * pow(c->rope_base, -2.0 * i / c->n_rot) /
+			(m->rope_freqs ? m->rope_freqs[i] : 1.0);
 		double		cs = cos(theta),
 					sn = sin(theta);
 		int			a = c->rope_neox ? i : 2 * i;
@@ -235,7 +247,12 @@ naive_forward(const cai_model *m, const int32_t *tokens, int n, float *logits)
 			naive_rmsnorm(x + (size_t) t * d, w->attn_norm, d, c->norm_eps, xn);
 			naive_matvec(w->f_wq, w->bq, xn, q_dim, d, q + (size_t) t * q_dim);
 			for (int h = 0; h < c->n_heads; h++)
-				naive_rope(q + (size_t) t * q_dim + h * hd, t, c);
+			{
+				if (w->attn_q_norm)
+					naive_head_norm(q + (size_t) t * q_dim + h * hd, w->attn_q_norm, hd,
+									c->norm_eps);
+				naive_rope(q + (size_t) t * q_dim + h * hd, t, m);
+			}
 			if (src == l)
 			{
 				double	   *kt = K + ((size_t) l * n + t) * kv_dim;
@@ -243,7 +260,11 @@ naive_forward(const cai_model *m, const int32_t *tokens, int n, float *logits)
 				naive_matvec(w->f_wk, w->bk, xn, kv_dim, d, kt);
 				naive_matvec(w->f_wv, w->bv, xn, kv_dim, d, V + ((size_t) l * n + t) * kv_dim);
 				for (int h = 0; h < c->n_kv_heads; h++)
-					naive_rope(kt + h * hd, t, c);
+				{
+					if (w->attn_k_norm)
+						naive_head_norm(kt + h * hd, w->attn_k_norm, hd, c->norm_eps);
+					naive_rope(kt + h * hd, t, m);
+				}
 			}
 		}
 		for (int t = 0; t < n; t++)
@@ -925,6 +946,54 @@ TEST(forward_matches_naive_qwen2_biases)
 	CHECK(model->cfg.rope_neox);
 	CHECK(model->layers[0].bq != NULL && model->layers[2].bv != NULL);
 	check_against_naive(model, 37, "qwen2");
+	cai_model_free(model);
+}
+
+TEST(forward_matches_naive_qwen3_qk_norm)
+{
+	synth_model_config cfg;
+	cai_model  *model;
+
+	synth_config(&cfg, "qwen3", 16);
+	/* Qwen3's head size is its own key, wider than d_model / n_heads */
+	cfg.head_dim = 32;
+	model = load_synth(&cfg);
+	CHECK(model != NULL);
+	if (!model)
+		return;
+	CHECK(model->cfg.rope_neox);
+	CHECK(model->cfg.qk_norm);
+	CHECK(!model->cfg.qkv_bias && model->layers[0].bq == NULL);
+	CHECK(model->layers[0].attn_q_norm != NULL && model->layers[2].attn_k_norm != NULL);
+	CHECK(model->layers[1].attn_q_norm[3] != model->layers[1].attn_k_norm[3]);
+	check_against_naive(model, 37, "qwen3");
+	cai_model_free(model);
+}
+
+TEST(forward_matches_naive_llama3_rope_freqs)
+{
+	synth_model_config cfg;
+	cai_model  *model;
+
+	synth_config(&cfg, "llama", 18);
+	cfg.rope_base = 500000.0f;
+	cfg.llama3_factor = 32.0f;
+	cfg.llama3_low_freq_factor = 1.0f;
+	cfg.llama3_high_freq_factor = 4.0f;
+	/* a short original context puts every kind of frequency within reach of 37 positions */
+	cfg.llama3_original_context = 64;
+	model = load_synth(&cfg);
+	CHECK(model != NULL);
+	if (!model)
+		return;
+	CHECK(model->rope_freqs != NULL);
+	if (model->rope_freqs)
+	{
+		/* the fastest frequency is unscaled, the slowest divided by the full factor */
+		CHECK(model->rope_freqs[0] == 1.0f);
+		CHECK(model->rope_freqs[model->cfg.n_rot / 2 - 1] == 32.0f);
+	}
+	check_against_naive(model, 37, "llama3 rope");
 	cai_model_free(model);
 }
 

@@ -568,7 +568,7 @@ TEST(model_bad_files)
 	memcpy(copy, data, size);
 	CHECK(patch(copy, size, "llama", "mamba"));
 	CHECK(load_image(copy, size, false, &model, &err) == CAI_ERR_UNSUPPORTED);
-	CHECK_MSG(strstr(err.message, "unsupported model architecture 'mamba' (supported: llama, qwen2)") != NULL,
+	CHECK_MSG(strstr(err.message, "unsupported model architecture 'mamba' (supported: llama, qwen2, qwen3)") != NULL,
 			  "%s", err.message);
 
 	/* a missing hyperparameter */
