@@ -296,8 +296,11 @@ check_config(const synth_model_config *cfg, int *head_dim, cai_error *err)
 	bool		et_ok = false;
 
 	if (!cfg->arch || (strcmp(cfg->arch, "llama") != 0 && strcmp(cfg->arch, "qwen2") != 0 &&
-					   strcmp(cfg->arch, "qwen3") != 0))
-		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "synth: arch must be llama, qwen2 or qwen3");
+					   strcmp(cfg->arch, "qwen3") != 0 && strcmp(cfg->arch, "gemma3") != 0))
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"synth: arch must be llama, qwen2, qwen3 or gemma3");
+	if (strcmp(cfg->arch, "gemma3") == 0 && cfg->sliding_window < 1)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "synth: gemma3 needs a sliding window");
 	if (cfg->llama3_factor > 0.0f &&
 		(cfg->llama3_original_context < 1 ||
 		 !(cfg->llama3_high_freq_factor > cfg->llama3_low_freq_factor) ||
@@ -427,6 +430,7 @@ build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 	cai_status	st;
 	bool		qwen2;
 	bool		qwen3;
+	bool		gemma3;
 
 	st = check_config(cfg, &head_dim, err);
 	if (st != CAI_OK)
@@ -435,6 +439,7 @@ build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 	kv_dim = (int64_t) cfg->n_kv_heads * head_dim;
 	qwen2 = strcmp(a, "qwen2") == 0;
 	qwen3 = strcmp(a, "qwen3") == 0;
+	gemma3 = strcmp(a, "gemma3") == 0;
 
 #define ARCH_KEY(suffix) (snprintf(key, sizeof(key), "%s.%s", a, suffix), key)
 	gguf_writer_add_str(w, "general.architecture", a);
@@ -451,6 +456,8 @@ build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 	gguf_writer_add_u32(w, "general.file_type", file_type_of(cfg->weight_type));
 	gguf_writer_add_u32(w, ARCH_KEY("vocab_size"), (uint32_t) N_VOCAB);
 	gguf_writer_add_u32(w, ARCH_KEY("rope.dimension_count"), (uint32_t) head_dim);
+	if (gemma3)
+		gguf_writer_add_u32(w, ARCH_KEY("attention.sliding_window"), (uint32_t) cfg->sliding_window);
 	if (cfg->head_dim != 0)
 	{
 		gguf_writer_add_u32(w, ARCH_KEY("attention.key_length"), (uint32_t) head_dim);
@@ -474,22 +481,24 @@ build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 			int64_t		ne1;
 			bool		is_norm;
 			bool		is_bias;
-			bool		is_qk_norm;
+			bool		wanted;		/* by this architecture */
 		}			parts[] = {
-			{"attn_norm.weight", d, 1, true, false, false},
-			{"attn_q.weight", d, q_dim, false, false, false},
-			{"attn_k.weight", d, kv_dim, false, false, false},
-			{"attn_v.weight", d, kv_dim, false, false, false},
-			{"attn_q.bias", q_dim, 1, false, true, false},
-			{"attn_k.bias", kv_dim, 1, false, true, false},
-			{"attn_v.bias", kv_dim, 1, false, true, false},
-			{"attn_q_norm.weight", head_dim, 1, true, false, true},
-			{"attn_k_norm.weight", head_dim, 1, true, false, true},
-			{"attn_output.weight", q_dim, d, false, false, false},
-			{"ffn_norm.weight", d, 1, true, false, false},
-			{"ffn_gate.weight", d, cfg->d_ff, false, false, false},
-			{"ffn_up.weight", d, cfg->d_ff, false, false, false},
-			{"ffn_down.weight", cfg->d_ff, d, false, false, false},
+			{"attn_norm.weight", d, 1, true, false, true},
+			{"attn_q.weight", d, q_dim, false, false, true},
+			{"attn_k.weight", d, kv_dim, false, false, true},
+			{"attn_v.weight", d, kv_dim, false, false, true},
+			{"attn_q.bias", q_dim, 1, false, true, qwen2},
+			{"attn_k.bias", kv_dim, 1, false, true, qwen2},
+			{"attn_v.bias", kv_dim, 1, false, true, qwen2},
+			{"attn_q_norm.weight", head_dim, 1, true, false, qwen3 || gemma3},
+			{"attn_k_norm.weight", head_dim, 1, true, false, qwen3 || gemma3},
+			{"attn_output.weight", q_dim, d, false, false, true},
+			{"post_attention_norm.weight", d, 1, true, false, gemma3},
+			{"ffn_norm.weight", d, 1, true, false, true},
+			{"ffn_gate.weight", d, cfg->d_ff, false, false, true},
+			{"ffn_up.weight", d, cfg->d_ff, false, false, true},
+			{"ffn_down.weight", cfg->d_ff, d, false, false, true},
+			{"post_ffw_norm.weight", d, 1, true, false, gemma3},
 		};
 
 		for (size_t p = 0; p < sizeof(parts) / sizeof(parts[0]); p++)
@@ -497,7 +506,7 @@ build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 			char		name[96];
 			bool		ok;
 
-			if ((parts[p].is_bias && !qwen2) || (parts[p].is_qk_norm && !qwen3))
+			if (!parts[p].wanted)
 				continue;
 			snprintf(name, sizeof(name), "blk.%d.%s", l, parts[p].suffix);
 			if (parts[p].is_norm)

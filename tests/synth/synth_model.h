@@ -1,5 +1,5 @@
 /*
- * synth_model.h — writes tiny but complete model GGUFs (llama or qwen2 layout) with seeded
+ * synth_model.h — writes tiny but complete model GGUFs (llama, qwen2, qwen3 or gemma3 layout) with seeded
  * random weights and a small gpt2-style byte-level BPE vocabulary with ChatML special tokens,
  * so the suite can test loading, tokenization and inference on shapes no small real model has.
  *
@@ -31,8 +31,12 @@
 
 typedef struct synth_model_config
 {
-	const char *arch;			/* "llama", "qwen2" (adds q/k/v biases) or "qwen3" (no biases,
-								 * per-head q/k norms attn_q_norm/attn_k_norm) */
+	const char *arch;			/* "llama", "qwen2" (adds q/k/v biases), "qwen3" (no biases,
+								 * per-head q/k norms attn_q_norm/attn_k_norm) or "gemma3"
+								 * (q/k norms, post_attention_norm and post_ffw_norm in every
+								 * layer, {arch}.attention.sliding_window; llama.cpp makes every
+								 * 6th layer global) */
+	int			sliding_window;	/* gemma3: the local layers' window in tokens */
 	const char *name;			/* general.name */
 	int			n_layers;
 	int			d_model;

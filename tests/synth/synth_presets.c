@@ -10,7 +10,7 @@
 
 #include <string.h>
 
-static const char *const names[] = {"llama", "llama3", "qwen2", "qwen3"};
+static const char *const names[] = {"llama", "llama3", "qwen2", "qwen3", "gemma3"};
 
 #define N_PRESETS ((int) (sizeof(names) / sizeof(names[0])))
 
@@ -81,6 +81,24 @@ synth_preset_config(const char *name, synth_model_config *cfg)
 		cfg->rope_base = 1000000.0f;
 		cfg->rms_eps = 1e-6f;
 		cfg->tokenizer_pre = "qwen2";
+	}
+	else if (strcmp(name, "gemma3") == 0)
+	{
+		/*
+		 * Gemma 3's shape: multi-query attention, q/k norms, post-attention and post-FFN norms,
+		 * six layers so that five local ones (window 8, well inside the 48 tokens) precede the
+		 * global sixth; key length 32 of its own
+		 */
+		cfg->arch = "gemma3";
+		cfg->name = "golden-gemma3";
+		cfg->seed = 105;
+		cfg->n_layers = 6;
+		cfg->n_kv_heads = 1;
+		cfg->head_dim = 32;
+		cfg->sliding_window = 8;
+		cfg->rope_base = 1000000.0f;
+		cfg->rms_eps = 1e-6f;
+		cfg->tokenizer_pre = "default";
 	}
 	else
 		return false;

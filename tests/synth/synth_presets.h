@@ -11,7 +11,7 @@
 
 #include "synth_model.h"
 
-/* The preset's configuration by name ("llama", "llama3", "qwen2", "qwen3"); false if unknown. */
+/* The preset's configuration by name ("llama", "llama3", "qwen2", "qwen3", "gemma3"); false if unknown. */
 bool		synth_preset_config(const char *name, synth_model_config *cfg);
 
 /* The preset names, in order; NULL past the end. */
