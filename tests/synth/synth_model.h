@@ -37,6 +37,7 @@ typedef struct synth_model_config
 								 * layer, {arch}.attention.sliding_window; llama.cpp makes every
 								 * 6th layer global) */
 	int			sliding_window;	/* gemma3: the local layers' window in tokens */
+	bool		qkv_bias;		/* q/k/v biases whatever the architecture (qwen2 always) */
 	const char *name;			/* general.name */
 	int			n_layers;
 	int			d_model;

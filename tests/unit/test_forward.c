@@ -501,6 +501,36 @@ TEST(forward_batch_equals_alone_qwen2_window)
 	cai_model_free(model);
 }
 
+/* per-head q/k norms and Llama 3 frequency divisors keep a sequence's logits batch-invariant */
+TEST(forward_batch_equals_alone_qwen3_and_llama3_rope)
+{
+	synth_model_config cfg;
+	cai_model  *model;
+
+	synth_config(&cfg, "qwen3", 9);
+	cfg.head_dim = 32;
+	model = load_synth(&cfg);
+	CHECK(model != NULL);
+	if (!model)
+		return;
+	check_batch_equals_alone(model, false, 1, 2);
+	check_batch_equals_alone(model, true, 2, 1);
+	cai_model_free(model);
+
+	synth_config(&cfg, "llama", 10);
+	cfg.llama3_factor = 8.0f;
+	cfg.llama3_low_freq_factor = 1.0f;
+	cfg.llama3_high_freq_factor = 4.0f;
+	cfg.llama3_original_context = 64;
+	model = load_synth(&cfg);
+	CHECK(model != NULL);
+	if (!model)
+		return;
+	CHECK(model->rope_freqs != NULL);
+	check_batch_equals_alone(model, false, 2, 1);
+	cai_model_free(model);
+}
+
 TEST(forward_chunked_prefill_equals_one_shot)
 {
 	synth_model_config cfg;
