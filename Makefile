@@ -57,10 +57,11 @@ tests/unit/run_unit: $(UNIT_SRCS) $(wildcard tests/unit/*.h tests/synth/*.h) bui
 unit: tests/unit/run_unit
 	tests/unit/run_unit
 
-# writes synthetic GGUF models for the scenario tests (a second model to reload to, say)
+# writes synthetic GGUF models for the scenario tests (a second model to reload to, say) and the
+# architecture goldens' models (tests/bench/make_arch_goldens.py)
 $(SYNTH_TOOL): $(SYNTH_TOOL).c $(filter-out $(SYNTH_TOOL).c,$(wildcard tests/synth/*.c tests/synth/*.h)) build/libcai.a
 	$(CC) $(ENGINE_CFLAGS) -Itests/synth -o $@ $(SYNTH_TOOL).c tests/synth/synth_model.c \
-		tests/synth/gguf_writer.c build/libcai.a $(ENGINE_LIBS)
+		tests/synth/synth_presets.c tests/synth/gguf_writer.c build/libcai.a $(ENGINE_LIBS)
 
 include tests/fuzz/fuzz.mk
 

@@ -448,7 +448,11 @@ upload_model(cuda_backend *cb, const cai_model *m, cai_error *err)
 			(st = register_weight(cb, w->bqkv, (size_t) w->wqkv.n_out * fs, 0, "a bias",
 								  err)) != CAI_OK ||
 			(st = register_weight(cb, w->bqkv_i8, (size_t) w->wqkv.n_out * fs, 0, "a bias",
-								  err)) != CAI_OK)
+								  err)) != CAI_OK ||
+			(st = register_weight(cb, w->attn_q_norm, (size_t) c->head_dim * fs, 0,
+								  "a query norm", err)) != CAI_OK ||
+			(st = register_weight(cb, w->attn_k_norm, (size_t) c->head_dim * fs, 0,
+								  "a key norm", err)) != CAI_OK)
 			return st;
 		if (m->has_float_reference &&
 			((st = register_weight(cb, w->f_wq, q_dim * d * fs, 0, "a float weight", err)) != CAI_OK ||
@@ -637,6 +641,23 @@ cuda_rmsnorm(cai_backend *be, const float *x, const float *w, int n_tok, int d, 
 		return;
 	be_check(cb, cai_cuda_rmsnorm(cb->ctx, x, wd, n_tok, d, eps, out, NULL, NULL, &e), &e);
 	then_rotate(be, then, out, d, n_tok);
+}
+
+static void
+cuda_head_rmsnorm(cai_backend *be, float *x, int ldx, int n_tok, int n_heads, int head_dim,
+				  const float *w, float eps)
+{
+	cuda_backend *cb = cb_of(be);
+	const float *wd;
+	cai_error	e;
+
+	if (cb->failed)
+		return;
+	wd = weight_operand(cb, w, (size_t) head_dim * sizeof(float), "a query/key norm weight");
+	if (!wd || !output_ok(cb, x, "query/key norm rows"))
+		return;
+	be_check(cb, cai_cuda_head_rmsnorm(cb->ctx, x, ldx, n_tok, n_heads, head_dim, wd, eps, &e),
+			 &e);
 }
 
 static void
@@ -1222,6 +1243,7 @@ static const cai_backend_ops cuda_ops = {
 	.embed_f32 = cuda_embed_f32,
 	.gather_rows = cuda_gather_rows,
 	.rmsnorm = cuda_rmsnorm,
+	.head_rmsnorm = cuda_head_rmsnorm,
 	.rmsnorm_quant = cuda_rmsnorm_quant,
 	.quantize = cuda_quantize,
 	.gemm_i8 = cuda_gemm_i8,

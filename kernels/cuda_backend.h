@@ -245,6 +245,15 @@ CAI_CUDA_API cai_status cai_cuda_rmsnorm(cai_cuda_ctx *ctx, const float *x_dev, 
 										 int8_t *q_dev, float *s_dev, cai_error *err);
 
 /*
+ * cai_op_rmsnorm_row in place on each of n_heads heads of head_dim at x[t * ldx + h * head_dim],
+ * with the same weights w [head_dim] for every head (backend.h's head_rmsnorm); bit-identical to
+ * the CPU's.
+ */
+CAI_CUDA_API cai_status cai_cuda_head_rmsnorm(cai_cuda_ctx *ctx, float *x_dev, int ldx, int n_tok,
+											  int n_heads, int head_dim, const float *w_dev,
+											  float eps, cai_error *err);
+
+/*
  * Rotary angles: cs[t, 2i] = table[pos[t], 2i] (cos), cs[t, 2i + 1] (sin), i < n_rot / 2, from a
  * per-position table [n_pos, n_rot] the caller built with the CPU's own arithmetic
  * (cai_op_rope_angles); positions outside [0, n_pos) get the identity rotation.

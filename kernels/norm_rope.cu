@@ -123,6 +123,69 @@ cai_cuda_rmsnorm(cai_cuda_ctx *ctx, const float *x_dev, const float *w_dev, int 
 	return CAI_OK;
 }
 
+/*
+ * Per-head RMSNorm in place (the query and key norms of Qwen3 and Gemma 3): one warp per
+ * (token, head).  The sum of squares follows sum_squares like rmsnorm_kernel (lanes 0..7 the
+ * eight chains, lane 8 the tail, the fixed tree); every lane has read its part of the head
+ * before any lane writes, so normalizing in place is safe.
+ */
+static __global__ void
+head_rmsnorm_kernel(float *__restrict__ x, int ldx, int n_heads, int head_dim,
+					const float *__restrict__ w, float eps)
+{
+	__shared__ float part[9];
+	__shared__ float inv_shared;
+	int			t = blockIdx.x / n_heads;
+	int			h = blockIdx.x % n_heads;
+	float	   *row = x + (size_t) t * ldx + (size_t) h * head_dim;
+	int			n8 = head_dim & ~7;
+	float		inv;
+
+	if (threadIdx.x < 8)
+	{
+		float		acc = 0.0f;
+
+		for (int i = threadIdx.x; i < n8; i += 8)
+			acc = __fadd_rn(acc, __fmul_rn(row[i], row[i]));
+		part[threadIdx.x] = acc;
+	}
+	else if (threadIdx.x == 8)
+	{
+		float		tail = 0.0f;
+
+		for (int i = n8; i < head_dim; i++)
+			tail = __fadd_rn(tail, __fmul_rn(row[i], row[i]));
+		part[8] = tail;
+	}
+	__syncthreads();
+	if (threadIdx.x == 0)
+	{
+		float		ms = __fdiv_rn(__fadd_rn(tree8(part), part[8]), (float) head_dim);
+
+		inv_shared = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
+	}
+	__syncthreads();
+	inv = inv_shared;
+	for (int i = threadIdx.x; i < head_dim; i += blockDim.x)
+		row[i] = __fmul_rn(__fmul_rn(row[i], inv), w[i]);
+}
+
+extern "C" cai_status
+cai_cuda_head_rmsnorm(cai_cuda_ctx *ctx, float *x_dev, int ldx, int n_tok, int n_heads,
+					  int head_dim, const float *w_dev, float eps, cai_error *err)
+{
+	long		blocks = (long) n_tok * n_heads;
+
+	if (blocks <= 0)
+		return CAI_OK;
+	if (blocks > 0x7fffffffL)
+		return cuda_fail(err, CAI_ERR_INVALID_ARGUMENT, "head rmsnorm: too many heads");
+	head_rmsnorm_kernel<<<(unsigned) blocks, CUDA_WARP, 0, ctx->stream>>>(x_dev, ldx, n_heads,
+																		head_dim, w_dev, eps);
+	CUDA_CHECK_LAUNCH(err, "the head rmsnorm kernel");
+	return CAI_OK;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Rotary embeddings
  * ------------------------------------------------------------------------------------------- */

@@ -148,6 +148,14 @@ typedef struct cai_backend_ops
 	void		(*rmsnorm) (cai_backend *be, const float *x, const float *w, int n_tok, int d,
 							float eps, float *out, const cai_then_rotate *then);
 
+	/*
+	 * Per-head rmsnorm in place: each of n_heads heads of head_dim at x[t * ldx + h * head_dim]
+	 * becomes cai_op_rmsnorm_row(head, w, head_dim, eps), the same w [head_dim] for every head
+	 * (the query or key norm of Qwen3 and Gemma 3).
+	 */
+	void		(*head_rmsnorm) (cai_backend *be, float *x, int ldx, int n_tok, int n_heads,
+								 int head_dim, const float *w, float eps);
+
 	/* rmsnorm fused with per-token symmetric int8 quantization (cai_quantize_act_i8's rule). */
 	void		(*rmsnorm_quant) (cai_backend *be, const float *x, const float *w, int n_tok,
 								  int d, float eps, int8_t *q, float *s);
@@ -187,15 +195,11 @@ typedef struct cai_backend_ops
 	 * backend lacks, NULL):
 	 *
 	 * geglu: swiglu with gelu (tanh approximation) in place of silu.
-	 * rmsnorm_heads: in place, each of n_heads vectors of head_dim at x[t * ldx + h * head_dim]
-	 *   becomes rmsnorm(vector) * w (w: [head_dim], one norm for every head).
 	 * rmsnorm_add: x[t, :] += rmsnorm(y[t, :]) * w (row stride d for both).
 	 * scale: x[t, :] *= s (row stride d).
 	 */
 	void		(*geglu) (cai_backend *be, const float *gate_up, int n_tok, int d_ff,
 						  float *out, const cai_then_rotate *then);
-	void		(*rmsnorm_heads) (cai_backend *be, float *x, int ldx, int n_tok, int n_heads,
-								  int head_dim, const float *w, float eps);
 	void		(*rmsnorm_add) (cai_backend *be, const float *y, const float *w, int n_tok, int d,
 								float eps, float *x);
 	void		(*scale) (cai_backend *be, float *x, int n_tok, int d, float s);

@@ -90,11 +90,12 @@ cai_forward_ctx_create_on(const cai_model *model, cai_backend_factory factory, v
 		return st;
 	}
 	/* the int8 path rotates its GEMM inputs (calibrate.c's "rotations"): a backend must offer that */
-	if (!ctx->be->ops->rotate)
+	if (!ctx->be->ops->rotate || (c->qk_norm && !ctx->be->ops->head_rmsnorm))
 	{
 		st = cai_fail(err, CAI_ERR_UNSUPPORTED,
-					  "the %s backend cannot rotate activations, which the int8 path needs",
-					  ctx->be->ops->name);
+					  "the %s backend lacks an operation this model needs (%s)",
+					  ctx->be->ops->name,
+					  ctx->be->ops->rotate ? "per-head query/key norms" : "rotating activations");
 		cai_backend_free(ctx->be);
 		free(ctx);
 		return st;
@@ -106,8 +107,6 @@ cai_forward_ctx_create_on(const cai_model *model, cai_backend_factory factory, v
 
 		if (c->ffn_act == CAI_ACT_GEGLU && !op->geglu)
 			missing = "GeGLU";
-		else if (c->qk_norm && !op->rmsnorm_heads)
-			missing = "per-head q/k norms";
 		else if (c->sandwich_norm && !op->rmsnorm_add)
 			missing = "sublayer output norms";
 		else if (c->embed_scale != 1.0f && !op->scale)
@@ -467,15 +466,16 @@ cai_forward_layer(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 	}
 
 	/*
-	 * per-head norms of q and k before RoPE; the source rows of Wq and Wk are unrotated on
-	 * both paths, so these see the projections as the file defines them
+	 * per-head query and key norms (Qwen3, Gemma 3), before RoPE.  On both paths q and k are
+	 * here in the source's basis: the int8 path's smoothing acts on the GEMM's input channels
+	 * and its head rotation comes after RoPE, so the source norm weights apply as they are.
 	 */
 	if (c->qk_norm)
 	{
-		op->rmsnorm_heads(be, q, qkv_w, T, c->n_heads, c->head_dim, w->q_norm, c->norm_eps);
+		op->head_rmsnorm(be, q, qkv_w, T, c->n_heads, c->head_dim, w->attn_q_norm, c->norm_eps);
 		if (owns_kv)
-			op->rmsnorm_heads(be, k, qkv_w, T, c->n_kv_heads, c->head_dim, w->k_norm,
-							  c->norm_eps);
+			op->head_rmsnorm(be, k, qkv_w, T, c->n_kv_heads, c->head_dim, w->attn_k_norm,
+							 c->norm_eps);
 	}
 
 	/*

@@ -44,11 +44,11 @@ typedef struct cai_config
 	float		rope_freq_scale;	/* 1, or 1/factor with linear rope scaling */
 	float		rope_base_windowed;	/* > 0: windowed layers' own base (unscaled); 0: none */
 	float		embed_scale;	/* the token embedding's multiplier (1 or sqrt(d_model)) */
-	bool		qk_norm;		/* per-head RMSNorm of q and k before RoPE (file has them) */
 	bool		sandwich_norm;	/* each sublayer's output is RMSNormed before it is added */
 	cai_arch_activation ffn_act;	/* the FFN's gate activation */
 	bool		tied_embeddings;	/* LM head = token embedding */
 	bool		qkv_bias;		/* required by the description, or present in the file */
+	bool		qk_norm;		/* per-head RMSNorm of queries and keys before RoPE */
 	/* per layer, from the description (tests change them, then cai_config_update_kv_sharing) */
 	int		   *attn_window;	/* [n_layers] 0 = global, else a sliding window in tokens */
 	int		   *kv_source;		/* [n_layers] layer whose KV this layer reads (itself = owns) */
@@ -81,9 +81,9 @@ typedef struct cai_layer_weights
 	float	   *bqkv;			/* qwen2 biases [q + k + v widths] or NULL */
 	float	   *bq, *bk, *bv;	/* views of bqkv or NULL */
 	float	   *bqkv_i8;		/* the int8 path's: bqkv with the V part rotated, or NULL */
+	float	   *attn_q_norm;	/* [head_dim] per-head query norm weights (qk_norm) or NULL; */
+	float	   *attn_k_norm;	/* the key's: both paths apply them (q, k are unrotated there) */
 	float	   *ffn_norm;		/* [d_model] */
-	float	   *q_norm;			/* [head_dim] per-head query norm, or NULL (cfg.qk_norm) */
-	float	   *k_norm;			/* [head_dim] per-head key norm, or NULL */
 	float	   *attn_post_norm;	/* [d_model] norm of the attention output, or NULL */
 	float	   *ffn_post_norm;	/* [d_model] norm of the FFN output, or NULL */
 	float	   *attn_norm_i8;	/* [d_model] the int8 path's norm weights: the source ones */

@@ -289,24 +289,15 @@ cai_model_read_config(cai_model *m, const char *path, cai_error *err)
 
 	/* required biases, or optional ones the file has (layer 0 decides for every layer) */
 	c->qkv_bias = a->qkv_bias == CAI_QKV_BIAS_REQUIRED;
-	if (!c->qkv_bias && a->tensors->attn_q_bias)
+	if (a->qkv_bias == CAI_QKV_BIAS_OPTIONAL && a->tensors->attn_q_bias)
 	{
 		char		name[96];
 
 		snprintf(name, sizeof(name), "blk.0.%s", a->tensors->attn_q_bias);
 		c->qkv_bias = gguf_find_tensor(f, name) != NULL;
 	}
-	/* per-head q/k norms when the file has both (layer 0 decides for every layer) */
-	c->qk_norm = false;
-	if (a->tensors->attn_q_norm && a->tensors->attn_k_norm)
-	{
-		char		qn[96],
-					kn[96];
-
-		snprintf(qn, sizeof(qn), "blk.0.%s", a->tensors->attn_q_norm);
-		snprintf(kn, sizeof(kn), "blk.0.%s", a->tensors->attn_k_norm);
-		c->qk_norm = gguf_find_tensor(f, qn) != NULL && gguf_find_tensor(f, kn) != NULL;
-	}
+	/* per-head query/key norms: every layer has them when the architecture names them */
+	c->qk_norm = a->tensors->attn_q_norm != NULL && a->tensors->attn_k_norm != NULL;
 	c->attn_window = cai_model_alloc(m, (size_t) c->n_layers * sizeof(int));
 	c->kv_source = cai_model_alloc(m, (size_t) c->n_layers * sizeof(int));
 	c->kv_index = cai_model_alloc(m, (size_t) c->n_layers * sizeof(int));

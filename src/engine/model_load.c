@@ -95,8 +95,8 @@ find_layer_tensors(const gguf_file *f, const cai_config *c, int l, cai_layer_sou
 	FIND(bq, tn->attn_q_bias, q_dim, 0, bias);
 	FIND(bk, tn->attn_k_bias, kv_dim, 0, bias);
 	FIND(bv, tn->attn_v_bias, kv_dim, 0, bias);
-	FIND(q_norm, c->qk_norm ? tn->attn_q_norm : NULL, c->head_dim, 0, true);
-	FIND(k_norm, c->qk_norm ? tn->attn_k_norm : NULL, c->head_dim, 0, true);
+	FIND(q_norm, tn->attn_q_norm, c->head_dim, 0, c->qk_norm);
+	FIND(k_norm, tn->attn_k_norm, c->head_dim, 0, c->qk_norm);
 	FIND(attn_post_norm, c->sandwich_norm ? tn->attn_post_norm : NULL, c->d_model, 0, true);
 	FIND(ffn_post_norm, c->sandwich_norm ? tn->ffn_post_norm : NULL, c->d_model, 0, true);
 	FIND(ffn_norm, tn->ffn_norm, c->d_model, 0, true);
@@ -104,6 +104,12 @@ find_layer_tensors(const gguf_file *f, const cai_config *c, int l, cai_layer_sou
 	FIND(up, tn->ffn_up, c->d_model, c->d_ff, true);
 	FIND(down, tn->ffn_down, c->d_ff, c->d_model, true);
 #undef FIND
+
+	/* an architecture without q/k/v biases must not have them ignored */
+	if (c->arch->qkv_bias == CAI_QKV_BIAS_NONE && (ls->bq || ls->bk || ls->bv))
+		return cai_fail(err, CAI_ERR_UNSUPPORTED,
+						"layer %d has q/k/v biases, which architecture '%s' does not use", l,
+						c->arch_name);
 
 	/* q/k/v biases: all three or none, the same in every layer (layer 0 decides) */
 	if ((ls->bq != NULL) != (ls->bk != NULL) || (ls->bq != NULL) != (ls->bv != NULL) ||
@@ -334,12 +340,11 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 			goto done;
 		if (c->qk_norm)
 		{
-			if (!(w->q_norm = alloc_floats(m, c->head_dim)) ||
-				!(w->k_norm = alloc_floats(m, c->head_dim)))
+			if (!(w->attn_q_norm = alloc_floats(m, c->head_dim)) ||
+				!(w->attn_k_norm = alloc_floats(m, c->head_dim)))
 				OOM();
-			m->weight_bytes += (size_t) 2 * c->head_dim * sizeof(float);
-			if ((st = load_vector(m, s->q_norm, c->head_dim, w->q_norm, err)) != CAI_OK ||
-				(st = load_vector(m, s->k_norm, c->head_dim, w->k_norm, err)) != CAI_OK)
+			if ((st = load_vector(m, s->q_norm, c->head_dim, w->attn_q_norm, err)) != CAI_OK ||
+				(st = load_vector(m, s->k_norm, c->head_dim, w->attn_k_norm, err)) != CAI_OK)
 				goto done;
 		}
 		if (c->sandwich_norm)

@@ -151,9 +151,9 @@ cai_model_describe(const cai_model *model, char **text, cai_error *err)
 			  c->rope_neox ? "neox (halves)" : "normal (adjacent pairs)", c->n_rot, c->head_dim,
 			  (double) c->rope_base, c->rope_freq_scale != 1.0f ? ", linear scaling" : "",
 			  model->rope_freqs ? ", frequency factors" : "");
-	sb_printf(&sb, "embeddings: %s, q/k/v biases: %s\n",
+	sb_printf(&sb, "embeddings: %s, q/k/v biases: %s, per-head q/k norms: %s\n",
 			  c->tied_embeddings ? "tied (the head reuses token_embd)" : "separate output head",
-			  c->qkv_bias ? "yes" : "no");
+			  c->qkv_bias ? "yes" : "no", c->qk_norm ? "yes" : "no");
 	sb_printf(&sb, "chat template: %s\n", info.chat_template ? info.chat_template : "?");
 	sb_printf(&sb, "parameters: %lld, engine weights: %.1f MiB (int8 + scales), kv: %zu bytes per token\n",
 			  (long long) model->n_params, (double) model->weight_bytes / (1024.0 * 1024.0),

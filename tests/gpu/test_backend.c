@@ -2,7 +2,7 @@
  * test_backend.c — the CUDA backend table (kernels/backend_cuda.c) against the CPU backend
  * table, operation by operation, on a small synthetic model: the same sequence of calls the
  * forward makes (embedding, norms, the rotations of the GEMM inputs fused with their
- * quantization, the fused QKV GEMM with biases, RoPE and the rotation of q and k, KV write,
+ * quantization, the fused QKV GEMM with biases, per-head q/k norms, RoPE and the rotation of q and k, KV write,
  * attention, the output projection into the residual, SwiGLU, the LM head into host logits),
  * over two steps of a ragged batch (prefill, then a decode and a chunk), every intermediate
  * compared.
@@ -320,6 +320,10 @@ run_int8_step(const synth_model *s, side *cpu, side *gpu, cai_kv_pool *kv, const
 	float		clog[4 * SM_VOCAB],
 				glog[4 * SM_VOCAB];
 	side	   *sides[2] = {cpu, gpu};
+	static float qk_norm_w[2 * SM_HD];	/* query then key norm weights */
+
+	for (int j = 0; j < 2 * SM_HD; j++)
+		qk_norm_w[j] = 1.0f + 0.01f * (float) ((j * 37) % 23 - 11);
 
 	for (int i = 0; i < 2; i++)
 	{
@@ -343,6 +347,18 @@ run_int8_step(const synth_model *s, side *cpu, side *gpu, cai_kv_pool *kv, const
 	compare(cpu, gpu, cpu->xq, gpu->xq, (size_t) T * SM_D, false, "attention input (int8)");
 	compare(cpu, gpu, cpu->xs, gpu->xs, (size_t) T * 4, true, "attention input scales");
 	compare(cpu, gpu, cpu->qkv, gpu->qkv, (size_t) T * SM_QKV * 4, true, "qkv projection");
+
+	/* per-head query and key norms (qwen3, gemma3), in place on q and k, before RoPE */
+	for (int i = 0; i < 2; i++)
+	{
+		side	   *sd = sides[i];
+		const cai_backend_ops *op = sd->be->ops;
+
+		op->head_rmsnorm(sd->be, sd->qkv, SM_QKV, T, SM_HEADS, SM_HD, qk_norm_w, 1e-6f);
+		op->head_rmsnorm(sd->be, sd->qkv + SM_Q, SM_QKV, T, SM_KV_HEADS, SM_HD, qk_norm_w + SM_HD,
+						 1e-6f);
+	}
+	compare(cpu, gpu, cpu->qkv, gpu->qkv, (size_t) T * SM_QKV * 4, true, "per-head q/k norms");
 	for (int i = 0; i < 2; i++)
 	{
 		side	   *sd = sides[i];
@@ -721,6 +737,14 @@ forward_int8(model_side *sd, const cai_model *m, cai_kv_pool *kv, const step *st
 		op->rotate(be, &m->rot_model, sd->xn, d, T, d / m->rot_model.n, sd->xq, sd->xs);
 		op->gemm_i8(be, sd->xq, sd->xs, T, owns_kv ? &w->wqkv : &w->wq, w->bqkv_i8, sd->qkv,
 					qkv_w, false);
+		if (c->qk_norm)
+		{
+			op->head_rmsnorm(be, sd->qkv, qkv_w, T, c->n_heads, c->head_dim, w->attn_q_norm,
+							 c->norm_eps);
+			if (owns_kv)
+				op->head_rmsnorm(be, sd->qkv + q_dim, qkv_w, T, c->n_kv_heads, c->head_dim,
+								 w->attn_k_norm, c->norm_eps);
+		}
 		op->rope(be, &rope, sd->cs, sd->qkv, qkv_w, T, n_qk, c->head_dim, NULL);
 		op->rotate(be, &m->rot_head, sd->qkv, qkv_w, T, n_qk * c->head_dim / m->rot_head.n,
 				   NULL, NULL);

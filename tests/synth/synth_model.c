@@ -296,8 +296,16 @@ check_config(const synth_model_config *cfg, int *head_dim, cai_error *err)
 	bool		et_ok = false;
 
 	if (!cfg->arch || (strcmp(cfg->arch, "llama") != 0 && strcmp(cfg->arch, "qwen2") != 0 &&
-					   strcmp(cfg->arch, "gemma3") != 0))
-		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "synth: arch must be llama, qwen2 or gemma3");
+					   strcmp(cfg->arch, "qwen3") != 0 && strcmp(cfg->arch, "gemma3") != 0))
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"synth: arch must be llama, qwen2, qwen3 or gemma3");
+	if (strcmp(cfg->arch, "gemma3") == 0 && cfg->sliding_window < 1)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "synth: gemma3 needs a sliding window");
+	if (cfg->llama3_factor > 0.0f &&
+		(cfg->llama3_original_context < 1 ||
+		 !(cfg->llama3_high_freq_factor > cfg->llama3_low_freq_factor) ||
+		 !(cfg->llama3_low_freq_factor > 0.0f)))
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "synth: llama3 rope scaling out of range");
 	if (cfg->n_layers < 1 || cfg->d_model < 1 || cfg->n_heads < 1 || cfg->n_kv_heads < 1 ||
 		cfg->d_ff < 1 || cfg->context_length < 1 || cfg->head_dim < 0 ||
 		cfg->d_model > 65536 || cfg->d_ff > 262144 || cfg->n_layers > 1024)
@@ -376,6 +384,39 @@ add_tokenizer(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 	return st;
 }
 
+/*
+ * The Llama 3 RoPE divisors (see synth_model.h).  The converter works in float32 tensors; this
+ * takes the frequency in float32 and the rest in double, which can differ in a factor's last bit
+ * (immaterial: both the engine and llama.cpp read the factors from the written file).
+ */
+void
+synth_model_llama3_rope_factors(const synth_model_config *cfg, int n_rot, float *out)
+{
+	double		factor = cfg->llama3_factor;
+	double		low = cfg->llama3_low_freq_factor;
+	double		high = cfg->llama3_high_freq_factor;
+	double		old_ctx = cfg->llama3_original_context;
+	double		low_wavelen = old_ctx / low;
+	double		high_wavelen = old_ctx / high;
+
+	for (int i = 0; i < n_rot / 2; i++)
+	{
+		float		freq = (float) (1.0 / pow((double) cfg->rope_base, (double) (2 * i) / n_rot));
+		double		wavelen = 2.0 * M_PI / (double) freq;
+
+		if (wavelen < high_wavelen)
+			out[i] = 1.0f;
+		else if (wavelen > low_wavelen)
+			out[i] = (float) factor;
+		else
+		{
+			double		smooth = (old_ctx / wavelen - low) / (high - low);
+
+			out[i] = (float) (1.0 / ((1.0 - smooth) / factor + smooth));
+		}
+	}
+}
+
 /* Builds the whole model into a writer. */
 static cai_status
 build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
@@ -388,6 +429,7 @@ build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 	int64_t		kv_dim;
 	cai_status	st;
 	bool		qwen2;
+	bool		qwen3;
 	bool		gemma3;
 
 	st = check_config(cfg, &head_dim, err);
@@ -396,6 +438,7 @@ build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 	q_dim = (int64_t) cfg->n_heads * head_dim;
 	kv_dim = (int64_t) cfg->n_kv_heads * head_dim;
 	qwen2 = strcmp(a, "qwen2") == 0;
+	qwen3 = strcmp(a, "qwen3") == 0;
 	gemma3 = strcmp(a, "gemma3") == 0;
 
 #define ARCH_KEY(suffix) (snprintf(key, sizeof(key), "%s.%s", a, suffix), key)
@@ -413,6 +456,8 @@ build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 	gguf_writer_add_u32(w, "general.file_type", file_type_of(cfg->weight_type));
 	gguf_writer_add_u32(w, ARCH_KEY("vocab_size"), (uint32_t) N_VOCAB);
 	gguf_writer_add_u32(w, ARCH_KEY("rope.dimension_count"), (uint32_t) head_dim);
+	if (gemma3)
+		gguf_writer_add_u32(w, ARCH_KEY("attention.sliding_window"), (uint32_t) cfg->sliding_window);
 	if (cfg->head_dim != 0)
 	{
 		gguf_writer_add_u32(w, ARCH_KEY("attention.key_length"), (uint32_t) head_dim);
@@ -423,9 +468,6 @@ build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 		gguf_writer_add_str(w, ARCH_KEY("rope.scaling.type"), "linear");
 		gguf_writer_add_f32(w, ARCH_KEY("rope.scaling.factor"), cfg->rope_scaling_factor);
 	}
-	if (gemma3)
-		gguf_writer_add_u32(w, ARCH_KEY("attention.sliding_window"),
-							(uint32_t) (cfg->sliding_window > 0 ? cfg->sliding_window : 8));
 #undef ARCH_KEY
 	st = add_tokenizer(w, cfg, err);
 	if (st != CAI_OK)
@@ -444,24 +486,24 @@ build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 			int64_t		ne1;
 			bool		is_norm;
 			bool		is_bias;
-			bool		gemma3_only;
+			bool		wanted;		/* by this architecture */
 		}			parts[] = {
-			{"attn_norm.weight", d, 1, true, false, false},
-			{"attn_q.weight", d, q_dim, false, false, false},
-			{"attn_k.weight", d, kv_dim, false, false, false},
-			{"attn_v.weight", d, kv_dim, false, false, false},
-			{"attn_q.bias", q_dim, 1, false, true, false},
-			{"attn_k.bias", kv_dim, 1, false, true, false},
-			{"attn_v.bias", kv_dim, 1, false, true, false},
-			{"attn_q_norm.weight", head_dim, 1, true, false, true},
-			{"attn_k_norm.weight", head_dim, 1, true, false, true},
-			{"attn_output.weight", q_dim, d, false, false, false},
-			{"post_attention_norm.weight", d, 1, true, false, true},
-			{"ffn_norm.weight", d, 1, true, false, false},
-			{"ffn_gate.weight", d, cfg->d_ff, false, false, false},
-			{"ffn_up.weight", d, cfg->d_ff, false, false, false},
-			{"ffn_down.weight", cfg->d_ff, d, false, false, false},
-			{"post_ffw_norm.weight", d, 1, true, false, true},
+			{"attn_norm.weight", d, 1, true, false, true},
+			{"attn_q.weight", d, q_dim, false, false, true},
+			{"attn_k.weight", d, kv_dim, false, false, true},
+			{"attn_v.weight", d, kv_dim, false, false, true},
+			{"attn_q.bias", q_dim, 1, false, true, qwen2 || cfg->qkv_bias},
+			{"attn_k.bias", kv_dim, 1, false, true, qwen2 || cfg->qkv_bias},
+			{"attn_v.bias", kv_dim, 1, false, true, qwen2 || cfg->qkv_bias},
+			{"attn_q_norm.weight", head_dim, 1, true, false, qwen3 || gemma3},
+			{"attn_k_norm.weight", head_dim, 1, true, false, qwen3 || gemma3},
+			{"attn_output.weight", q_dim, d, false, false, true},
+			{"post_attention_norm.weight", d, 1, true, false, gemma3},
+			{"ffn_norm.weight", d, 1, true, false, true},
+			{"ffn_gate.weight", d, cfg->d_ff, false, false, true},
+			{"ffn_up.weight", d, cfg->d_ff, false, false, true},
+			{"ffn_down.weight", cfg->d_ff, d, false, false, true},
+			{"post_ffw_norm.weight", d, 1, true, false, gemma3},
 		};
 
 		for (size_t p = 0; p < sizeof(parts) / sizeof(parts[0]); p++)
@@ -469,7 +511,7 @@ build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 			char		name[96];
 			bool		ok;
 
-			if ((parts[p].is_bias && !qwen2) || (parts[p].gemma3_only && !gemma3))
+			if (!parts[p].wanted)
 				continue;
 			snprintf(name, sizeof(name), "blk.%d.%s", l, parts[p].suffix);
 			if (parts[p].is_norm)
@@ -486,6 +528,16 @@ build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 	}
 	if (!add_random_tensor(w, cfg, "output_norm.weight", d, 1, GGML_TYPE_F32, 1.0, 0.1))
 		return cai_fail(err, CAI_ERR_NO_MEMORY, "synth: out of memory");
+	if (cfg->llama3_factor > 0.0f)
+	{
+		float		factors[512];
+		int64_t		ne[1] = {head_dim / 2};
+
+		if (head_dim > 1024)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "synth: head size too large");
+		synth_model_llama3_rope_factors(cfg, head_dim, factors);
+		gguf_writer_add_tensor_f32(w, "rope_freqs.weight", 1, ne, GGML_TYPE_F32, factors);
+	}
 	if (!cfg->tied_embeddings &&
 		!add_random_tensor(w, cfg, "output.weight", d, N_VOCAB, cfg->weight_type,
 						   0.0, 2.0 / sqrt((double) d)))

@@ -1,5 +1,5 @@
 /*
- * synth_model.h — writes tiny but complete model GGUFs (llama or qwen2 layout) with seeded
+ * synth_model.h — writes tiny but complete model GGUFs (llama, qwen2, qwen3 or gemma3 layout) with seeded
  * random weights and a small gpt2-style byte-level BPE vocabulary with ChatML special tokens,
  * so the suite can test loading, tokenization and inference on shapes no small real model has.
  *
@@ -31,9 +31,13 @@
 
 typedef struct synth_model_config
 {
-	const char *arch;			/* "llama", "qwen2" (adds q/k/v biases) or "gemma3" (adds
-								 * per-head q/k norms, post-attention and post-FFN norms and
-								 * the sliding window key) */
+	const char *arch;			/* "llama", "qwen2" (adds q/k/v biases), "qwen3" (no biases,
+								 * per-head q/k norms attn_q_norm/attn_k_norm) or "gemma3"
+								 * (q/k norms, post_attention_norm and post_ffw_norm in every
+								 * layer, {arch}.attention.sliding_window; llama.cpp makes every
+								 * 6th layer global) */
+	int			sliding_window;	/* gemma3: the local layers' window in tokens */
+	bool		qkv_bias;		/* q/k/v biases whatever the architecture (qwen2 always) */
 	const char *name;			/* general.name */
 	int			n_layers;
 	int			d_model;
@@ -50,8 +54,16 @@ typedef struct synth_model_config
 	float		rms_eps;
 	const char *tokenizer_pre;	/* tokenizer.ggml.pre */
 	const char *chat_template;	/* NULL: SmolLM2's ChatML template */
-	int			sliding_window;	/* gemma3: {arch}.attention.sliding_window (default 8) */
 	float		rope_scaling_factor;	/* > 0: linear RoPE scaling by this factor */
+
+	/*
+	 * Llama 3.1 RoPE scaling (llama3_factor > 0): writes rope_freqs.weight, the per-frequency
+	 * divisors llama.cpp's converter computes from these (synth_model_llama3_rope_factors).
+	 */
+	float		llama3_factor;	/* 8 (Llama 3.1) or 32 (Llama 3.2) */
+	float		llama3_low_freq_factor;	/* 1 */
+	float		llama3_high_freq_factor;	/* 4 */
+	int			llama3_original_context;	/* 8192 */
 } synth_model_config;
 
 /*
@@ -59,6 +71,15 @@ typedef struct synth_model_config
  * 256, F32 weights, tied embeddings, seed 1, rope base 10000, eps 1e-5, pre "smollm".
  */
 void		synth_model_default_config(synth_model_config *cfg);
+
+/*
+ * The Llama 3 per-frequency RoPE divisors for n_rot rotated dimensions (n_rot / 2 values), as
+ * llama.cpp's converter computes them: frequency i is base^(-2i / n_rot), its wavelength
+ * 2 pi / freq; wavelengths below original_context / high_freq_factor keep factor 1, those above
+ * original_context / low_freq_factor get factor, and the ones between blend smoothly:
+ * 1 / ((1 - s) / factor + s), s = (original_context / wavelength - low) / (high - low).
+ */
+void		synth_model_llama3_rope_factors(const synth_model_config *cfg, int n_rot, float *out);
 
 /* Number of tokens in the synthetic vocabulary (a multiple of 4). */
 int			synth_model_n_vocab(void);

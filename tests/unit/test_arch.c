@@ -34,15 +34,23 @@ TEST(arch_table)
 
 	CHECK(cai_arch_find("llama") == &cai_arch_llama);
 	CHECK(cai_arch_find("qwen2") == &cai_arch_qwen2);
-	CHECK(cai_arch_find("gemma3") == &cai_arch_gemma3);
+	CHECK(cai_arch_find("qwen3") == &cai_arch_qwen3);
 	CHECK(cai_arch_find("gpt9") == NULL);
 	cai_arch_list(list, sizeof(list));
-	CHECK(strcmp(list, "llama, qwen2, gemma3") == 0);
+	CHECK(strcmp(list, "llama, qwen2, qwen3, gemma3") == 0);
+	CHECK(cai_arch_find("gemma3") == &cai_arch_gemma3);
 	cai_arch_list(list, 8);
 	CHECK(strlen(list) == 7);
 	CHECK(cai_arch_llama.rope.style == CAI_ROPE_NORMAL);
 	CHECK(cai_arch_qwen2.rope.style == CAI_ROPE_NEOX);
 	CHECK(cai_arch_qwen2.qkv_bias == CAI_QKV_BIAS_REQUIRED);
+	CHECK(cai_arch_qwen2.tensors->attn_q_norm == NULL);
+	/* qwen3: NeoX RoPE, no biases, per-head q/k norms */
+	CHECK(cai_arch_qwen3.rope.style == CAI_ROPE_NEOX);
+	CHECK(cai_arch_qwen3.qkv_bias == CAI_QKV_BIAS_NONE);
+	CHECK(strcmp(cai_arch_qwen3.tensors->attn_q_norm, "attn_q_norm.weight") == 0);
+	CHECK(strcmp(cai_arch_qwen3.tensors->attn_k_norm, "attn_k_norm.weight") == 0);
+	CHECK(cai_arch_llama.tensors->attn_q_norm == NULL);
 	/* Gemma 3: every difference from llama is in its description */
 	CHECK(cai_arch_gemma3.rope.style == CAI_ROPE_NEOX);
 	CHECK(cai_arch_gemma3.rope.base_windowed == 10000.0f);
@@ -52,6 +60,9 @@ TEST(arch_table)
 	CHECK(cai_arch_gemma3.attention.window_period == 6);
 	CHECK(strcmp(cai_arch_gemma3.attention.window_key, "attention.sliding_window") == 0);
 	CHECK(cai_arch_llama.norm == CAI_NORM_PRE && !cai_arch_llama.embed_scale_sqrt_d);
+	CHECK(strcmp(cai_arch_gemma3.tensors->attn_q_norm, "attn_q_norm.weight") == 0);
+	CHECK(strcmp(cai_arch_gemma3.tensors->ffn_post_norm, "post_ffw_norm.weight") == 0);
+	CHECK(cai_arch_qwen3.tensors->attn_post_norm == NULL);
 }
 
 TEST(arch_layer_attention_global)

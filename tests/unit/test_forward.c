@@ -183,18 +183,31 @@ naive_rmsnorm(const double *x, const float *w, int d, double eps, double *out)
 		out[i] = x[i] * ss * w[i];
 }
 
+/* A query or key head normalized in place (Qwen3's per-head norms). */
 static void
-naive_rope(double *v, int pos, const cai_config *c, bool windowed)
+naive_head_norm(double *v, const float *w, int hd, double eps)
 {
+	double		tmp[512];
+
+	naive_rmsnorm(v, w, hd, eps, tmp);
+	memcpy(v, tmp, (size_t) hd * sizeof(double));
+}
+
+static void
+naive_rope(double *v, int pos, const cai_model *m, bool windowed)
+{
+	const cai_config *c = &m->cfg;
 	int			half = c->n_rot / 2;
-	/* windowed layers with their own RoPE: that base, unscaled (arch.h) */
+	/* windowed layers with their own RoPE: that base, unscaled, no divisors (arch.h) */
 	bool		own = windowed && c->rope_base_windowed > 0.0f;
 	double		base = own ? c->rope_base_windowed : c->rope_base;
 	double		fscale = own ? 1.0 : c->rope_freq_scale;
+	const float *divisors = own ? NULL : m->rope_freqs;
 
 	for (int i = 0; i < half; i++)
 	{
-		double		theta = pos * fscale * pow(base, -2.0 * i / c->n_rot);
+		double		theta = pos * fscale * pow(base, -2.0 * i / c->n_rot) /
+			(divisors ? divisors[i] : 1.0);
 		double		cs = cos(theta),
 					sn = sin(theta);
 		int			a = c->rope_neox ? i : 2 * i;
@@ -242,11 +255,10 @@ naive_forward(const cai_model *m, const int32_t *tokens, int n, float *logits)
 			naive_matvec(w->f_wq, w->bq, xn, q_dim, d, q + (size_t) t * q_dim);
 			for (int h = 0; h < c->n_heads; h++)
 			{
-				double	   *qh = q + (size_t) t * q_dim + h * hd;
-
-				if (c->qk_norm)
-					naive_rmsnorm(qh, w->q_norm, hd, c->norm_eps, qh);
-				naive_rope(qh, t, c, windowed);
+				if (w->attn_q_norm)
+					naive_head_norm(q + (size_t) t * q_dim + h * hd, w->attn_q_norm, hd,
+									c->norm_eps);
+				naive_rope(q + (size_t) t * q_dim + h * hd, t, m, windowed);
 			}
 			if (src == l)
 			{
@@ -256,9 +268,9 @@ naive_forward(const cai_model *m, const int32_t *tokens, int n, float *logits)
 				naive_matvec(w->f_wv, w->bv, xn, kv_dim, d, V + ((size_t) l * n + t) * kv_dim);
 				for (int h = 0; h < c->n_kv_heads; h++)
 				{
-					if (c->qk_norm)
-						naive_rmsnorm(kt + h * hd, w->k_norm, hd, c->norm_eps, kt + h * hd);
-					naive_rope(kt + h * hd, t, c, windowed);
+					if (w->attn_k_norm)
+						naive_head_norm(kt + h * hd, w->attn_k_norm, hd, c->norm_eps);
+					naive_rope(kt + h * hd, t, m, windowed);
 				}
 			}
 		}
@@ -504,6 +516,36 @@ TEST(forward_batch_equals_alone_qwen2_window)
 	model->cfg.attn_window[1] = 6;
 	check_batch_equals_alone(model, false, 2, 2);
 	check_batch_equals_alone(model, true, 1, 2);
+	cai_model_free(model);
+}
+
+/* per-head q/k norms and Llama 3 frequency divisors keep a sequence's logits batch-invariant */
+TEST(forward_batch_equals_alone_qwen3_and_llama3_rope)
+{
+	synth_model_config cfg;
+	cai_model  *model;
+
+	synth_config(&cfg, "qwen3", 9);
+	cfg.head_dim = 32;
+	model = load_synth(&cfg);
+	CHECK(model != NULL);
+	if (!model)
+		return;
+	check_batch_equals_alone(model, false, 1, 2);
+	check_batch_equals_alone(model, true, 2, 1);
+	cai_model_free(model);
+
+	synth_config(&cfg, "llama", 10);
+	cfg.llama3_factor = 8.0f;
+	cfg.llama3_low_freq_factor = 1.0f;
+	cfg.llama3_high_freq_factor = 4.0f;
+	cfg.llama3_original_context = 64;
+	model = load_synth(&cfg);
+	CHECK(model != NULL);
+	if (!model)
+		return;
+	CHECK(model->rope_freqs != NULL);
+	check_batch_equals_alone(model, false, 2, 1);
 	cai_model_free(model);
 }
 
@@ -1041,6 +1083,54 @@ TEST(forward_matches_naive_qwen2_biases)
 	cai_model_free(model);
 }
 
+TEST(forward_matches_naive_qwen3_qk_norm)
+{
+	synth_model_config cfg;
+	cai_model  *model;
+
+	synth_config(&cfg, "qwen3", 16);
+	/* Qwen3's head size is its own key, wider than d_model / n_heads */
+	cfg.head_dim = 32;
+	model = load_synth(&cfg);
+	CHECK(model != NULL);
+	if (!model)
+		return;
+	CHECK(model->cfg.rope_neox);
+	CHECK(model->cfg.qk_norm);
+	CHECK(!model->cfg.qkv_bias && model->layers[0].bq == NULL);
+	CHECK(model->layers[0].attn_q_norm != NULL && model->layers[2].attn_k_norm != NULL);
+	CHECK(model->layers[1].attn_q_norm[3] != model->layers[1].attn_k_norm[3]);
+	check_against_naive(model, 37, "qwen3");
+	cai_model_free(model);
+}
+
+TEST(forward_matches_naive_llama3_rope_freqs)
+{
+	synth_model_config cfg;
+	cai_model  *model;
+
+	synth_config(&cfg, "llama", 18);
+	cfg.rope_base = 500000.0f;
+	cfg.llama3_factor = 32.0f;
+	cfg.llama3_low_freq_factor = 1.0f;
+	cfg.llama3_high_freq_factor = 4.0f;
+	/* a short original context puts every kind of frequency within reach of 37 positions */
+	cfg.llama3_original_context = 64;
+	model = load_synth(&cfg);
+	CHECK(model != NULL);
+	if (!model)
+		return;
+	CHECK(model->rope_freqs != NULL);
+	if (model->rope_freqs)
+	{
+		/* the fastest frequency is unscaled, the slowest divided by the full factor */
+		CHECK(model->rope_freqs[0] == 1.0f);
+		CHECK(model->rope_freqs[model->cfg.n_rot / 2 - 1] == 32.0f);
+	}
+	check_against_naive(model, 37, "llama3 rope");
+	cai_model_free(model);
+}
+
 /*
  * Gemma 3's block against the naive reference: embeddings scaled by sqrt(d), per-head q/k
  * norms, sandwich norms, GeGLU, windowed layers (0-4 of 6, window 8) on their own RoPE base
@@ -1054,6 +1144,7 @@ TEST(forward_matches_naive_gemma3)
 
 	synth_config(&cfg, "gemma3", 15);
 	cfg.n_layers = 6;
+	cfg.sliding_window = 8;
 	cfg.rope_base = 1000000.0f;
 	cfg.rope_scaling_factor = 4.0f;
 	model = load_synth(&cfg);
@@ -1067,7 +1158,8 @@ TEST(forward_matches_naive_gemma3)
 	CHECK(model->cfg.rope_freq_scale == 0.25f);
 	for (int l = 0; l < 6; l++)
 		CHECK_EQ_INT(model->cfg.attn_window[l], l == 5 ? 0 : 8);
-	CHECK(model->layers[3].q_norm && model->layers[3].k_norm && model->layers[3].ffn_post_norm);
+	CHECK(model->layers[3].attn_q_norm && model->layers[3].attn_k_norm &&
+		  model->layers[3].attn_post_norm && model->layers[3].ffn_post_norm);
 	/*
 	 * sandwich norms add each sublayer's output at unit scale instead of as a small change to
 	 * a large residual, so int8 error is not attenuated: measured 2.3% (2.8% unscaled) of the

@@ -405,6 +405,99 @@ TEST(model_load_synthetic_qwen2_untied)
 	cai_model_free(model);
 }
 
+static bool patch(uint8_t *data, size_t size, const char *from, const char *to);
+
+/* qwen3: its per-head q/k norms load as the file has them; missing ones and biases are refused. */
+TEST(model_load_synthetic_qwen3_and_its_errors)
+{
+	synth_model_config cfg;
+	cai_model  *model;
+	cai_error	err;
+	uint8_t    *data;
+	size_t		size;
+
+	synth_model_default_config(&cfg);
+	cfg.arch = "qwen3";
+	cfg.head_dim = 32;
+	CHECK(load_config(&cfg, false, &model, &err) == CAI_OK);
+	if (!model)
+		return;
+	CHECK(model->cfg.arch == &cai_arch_qwen3);
+	CHECK(model->cfg.rope_neox && model->cfg.qk_norm && !model->cfg.qkv_bias);
+	CHECK_EQ_INT(model->cfg.head_dim, 32);
+	for (int l = 0; l < model->cfg.n_layers; l++)
+	{
+		char		name[64];
+		const gguf_tensor *tq,
+				   *tk;
+
+		snprintf(name, sizeof(name), "blk.%d.attn_q_norm.weight", l);
+		tq = gguf_find_tensor(model->gguf, name);
+		snprintf(name, sizeof(name), "blk.%d.attn_k_norm.weight", l);
+		tk = gguf_find_tensor(model->gguf, name);
+		CHECK(tq && tk && tq->type == GGML_TYPE_F32 && tk->type == GGML_TYPE_F32);
+		if (tq && tk)
+		{
+			CHECK(memcmp(model->layers[l].attn_q_norm, tq->data, 32 * sizeof(float)) == 0);
+			CHECK(memcmp(model->layers[l].attn_k_norm, tk->data, 32 * sizeof(float)) == 0);
+		}
+	}
+	cai_model_free(model);
+
+	/* a layer without its key norm */
+	CHECK(synth_model_write_buffer(&cfg, &data, &size, &err) == CAI_OK);
+	if (!data)
+		return;
+	CHECK(patch(data, size, "blk.1.attn_k_norm", "blk.1.attn_k_norX"));
+	CHECK(load_image(data, size, false, &model, &err) == CAI_ERR_FORMAT);
+	CHECK_MSG(strstr(err.message, "missing tensor 'blk.1.attn_k_norm.weight'") != NULL, "%s",
+			  err.message);
+	free(data);
+
+	/* q/k/v biases, which qwen3 has none of, are refused rather than ignored */
+	cfg.qkv_bias = true;
+	CHECK(load_config(&cfg, false, &model, &err) == CAI_ERR_UNSUPPORTED);
+	CHECK_MSG(strstr(err.message, "which architecture 'qwen3' does not use") != NULL, "%s",
+			  err.message);
+}
+
+/* Llama 3's rope_freqs.weight becomes the rotary embedding's frequency divisors. */
+TEST(model_load_llama3_rope_freqs)
+{
+	synth_model_config cfg;
+	cai_model  *model;
+	cai_error	err;
+	float		want[8];
+
+	synth_model_default_config(&cfg);
+	cfg.rope_base = 500000.0f;
+	cfg.llama3_factor = 8.0f;
+	cfg.llama3_low_freq_factor = 1.0f;
+	cfg.llama3_high_freq_factor = 4.0f;
+	cfg.llama3_original_context = 64;
+	CHECK(load_config(&cfg, false, &model, &err) == CAI_OK);
+	if (!model)
+		return;
+	CHECK_EQ_INT(model->cfg.n_rot, 16);
+	synth_model_llama3_rope_factors(&cfg, 16, want);
+	CHECK(model->rope_freqs != NULL);
+	if (model->rope_freqs)
+		CHECK(memcmp(model->rope_freqs, want, sizeof(want)) == 0);
+	/* the three bands: unscaled, blended, divided by the factor */
+	CHECK(want[0] == 1.0f);
+	CHECK(want[1] > 1.0f && want[1] < 8.0f);
+	CHECK(want[7] == 8.0f);
+	cai_model_free(model);
+
+	/* without the tensor: no divisors */
+	cfg.llama3_factor = 0.0f;
+	CHECK(load_config(&cfg, false, &model, &err) == CAI_OK);
+	if (!model)
+		return;
+	CHECK(model->rope_freqs == NULL);
+	cai_model_free(model);
+}
+
 /* Every int8 matrix of a model's layers and head, for comparing two conversions. */
 static int
 model_matrices(const cai_model *m, const cai_qmatrix **out)
@@ -568,7 +661,7 @@ TEST(model_bad_files)
 	memcpy(copy, data, size);
 	CHECK(patch(copy, size, "llama", "mamba"));
 	CHECK(load_image(copy, size, false, &model, &err) == CAI_ERR_UNSUPPORTED);
-	CHECK_MSG(strstr(err.message, "unsupported model architecture 'mamba' (supported: llama, qwen2, gemma3)") != NULL,
+	CHECK_MSG(strstr(err.message, "unsupported model architecture 'mamba' (supported: llama, qwen2, qwen3, gemma3)") != NULL,
 			  "%s", err.message);
 
 	/* a missing hyperparameter */

@@ -24,27 +24,42 @@ const cai_arch_keys cai_arch_keys_std = {
 	.rope_scale_linear = "rope.scale_linear",
 };
 
+/* the names every table here shares */
+#define STD_TENSORS \
+	.token_embd = "token_embd.weight", \
+	.output = "output.weight", \
+	.output_norm = "output_norm.weight", \
+	.rope_freqs = "rope_freqs.weight", \
+	.attn_norm = "attn_norm.weight", \
+	.attn_q = "attn_q.weight", \
+	.attn_k = "attn_k.weight", \
+	.attn_v = "attn_v.weight", \
+	.attn_output = "attn_output.weight", \
+	.attn_q_bias = "attn_q.bias", \
+	.attn_k_bias = "attn_k.bias", \
+	.attn_v_bias = "attn_v.bias", \
+	.attn_output_bias = "attn_output.bias", \
+	.ffn_norm = "ffn_norm.weight", \
+	.ffn_gate = "ffn_gate.weight", \
+	.ffn_up = "ffn_up.weight", \
+	.ffn_down = "ffn_down.weight"
+
 const cai_arch_tensors cai_arch_tensors_std = {
-	.token_embd = "token_embd.weight",
-	.output = "output.weight",
-	.output_norm = "output_norm.weight",
-	.rope_freqs = "rope_freqs.weight",
-	.attn_norm = "attn_norm.weight",
-	.attn_q = "attn_q.weight",
-	.attn_k = "attn_k.weight",
-	.attn_v = "attn_v.weight",
-	.attn_output = "attn_output.weight",
-	.attn_q_bias = "attn_q.bias",
-	.attn_k_bias = "attn_k.bias",
-	.attn_v_bias = "attn_v.bias",
-	.attn_output_bias = "attn_output.bias",
+	STD_TENSORS,
+};
+
+const cai_arch_tensors cai_arch_tensors_qk_norm = {
+	STD_TENSORS,
+	.attn_q_norm = "attn_q_norm.weight",
+	.attn_k_norm = "attn_k_norm.weight",
+};
+
+/* Gemma 3: the q/k norms and the sandwich norms around both sublayers */
+const cai_arch_tensors cai_arch_tensors_gemma3 = {
+	STD_TENSORS,
 	.attn_q_norm = "attn_q_norm.weight",
 	.attn_k_norm = "attn_k_norm.weight",
 	.attn_post_norm = "post_attention_norm.weight",
-	.ffn_norm = "ffn_norm.weight",
-	.ffn_gate = "ffn_gate.weight",
-	.ffn_up = "ffn_up.weight",
-	.ffn_down = "ffn_down.weight",
 	.ffn_post_norm = "post_ffw_norm.weight",
 };
 
@@ -52,6 +67,7 @@ const cai_arch_tensors cai_arch_tensors_std = {
 static const cai_arch_desc *const archs[] = {
 	&cai_arch_llama,
 	&cai_arch_qwen2,
+	&cai_arch_qwen3,
 	&cai_arch_gemma3,
 };
 

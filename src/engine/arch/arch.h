@@ -2,9 +2,9 @@
  * arch.h — model architecture descriptions: what a GGUF architecture's file holds and how its
  * transformer differs from the generic one the engine runs.
  *
- * One short file per architecture (arch/llama.c, arch/qwen2.c, arch/gemma3.c) fills a cai_arch_desc; the
- * loader (model_load.c) and the forward (forward.c) read the description instead of testing
- * the architecture's name.  A description is plain data: no code, no model internals.
+ * One short file per architecture (arch/llama.c, arch/qwen2.c, arch/qwen3.c, arch/gemma3.c)
+ * fills a cai_arch_desc; the loader (model_load.c) and the forward (forward.c) read the
+ * description instead of testing the architecture's name.  A description is plain data: no code, no model internals.
  */
 #ifndef CAI_ARCH_H
 #define CAI_ARCH_H
@@ -53,8 +53,13 @@ typedef struct cai_arch_tensors
 	const char *attn_k_bias;
 	const char *attn_v_bias;
 	const char *attn_output_bias;	/* not applied: a file that has it is refused */
-	const char *attn_q_norm;		/* per-head RMSNorm weights [head size] of queries and */
-	const char *attn_k_norm;		/* keys before RoPE: used when the file has both */
+	/*
+	 * Per-head RMSNorm weights [head_dim] of the queries and keys, applied to every head after
+	 * the projection and before RoPE (Qwen3, Gemma 3).  An architecture that names them needs
+	 * them in every layer.
+	 */
+	const char *attn_q_norm;
+	const char *attn_k_norm;
 	const char *attn_post_norm;		/* with CAI_NORM_SANDWICH: the attention output's norm */
 	const char *ffn_norm;
 	const char *ffn_gate;
@@ -63,9 +68,15 @@ typedef struct cai_arch_tensors
 	const char *ffn_post_norm;		/* with CAI_NORM_SANDWICH: the FFN output's norm */
 } cai_arch_tensors;
 
-/* The keys and tensor names most GGUF architectures share (llama.cpp's LLM_KV / LLM_TENSOR). */
+/*
+ * The keys and tensor names most GGUF architectures share (llama.cpp's LLM_KV / LLM_TENSOR);
+ * _qk_norm: the same tensors plus the per-head query/key norms; _gemma3: those plus the
+ * post-attention and post-FFN norms.
+ */
 extern const cai_arch_keys cai_arch_keys_std;
 extern const cai_arch_tensors cai_arch_tensors_std;
+extern const cai_arch_tensors cai_arch_tensors_qk_norm;
+extern const cai_arch_tensors cai_arch_tensors_gemma3;
 
 /* Where the RMS norms sit. */
 typedef enum cai_arch_norm
@@ -92,7 +103,8 @@ typedef enum cai_arch_rope_style
 typedef enum cai_arch_qkv_bias
 {
 	CAI_QKV_BIAS_OPTIONAL = 0,	/* used when the file has them (all three, in every layer) */
-	CAI_QKV_BIAS_REQUIRED
+	CAI_QKV_BIAS_REQUIRED,
+	CAI_QKV_BIAS_NONE			/* never: a file that has them is refused */
 } cai_arch_qkv_bias;
 
 /*
@@ -145,6 +157,7 @@ void		cai_arch_list(char *buf, size_t size);
 
 extern const cai_arch_desc cai_arch_llama;
 extern const cai_arch_desc cai_arch_qwen2;
+extern const cai_arch_desc cai_arch_qwen3;
 extern const cai_arch_desc cai_arch_gemma3;
 
 #endif							/* CAI_ARCH_H */

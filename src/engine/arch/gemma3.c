@@ -18,7 +18,7 @@
 const cai_arch_desc cai_arch_gemma3 = {
 	.name = "gemma3",
 	.keys = &cai_arch_keys_std,
-	.tensors = &cai_arch_tensors_std,
+	.tensors = &cai_arch_tensors_gemma3,
 	.norm = CAI_NORM_SANDWICH,
 	.activation = CAI_ACT_GEGLU,
 	.rope = {.style = CAI_ROPE_NEOX, .base = 1000000.0f, .base_windowed = 10000.0f},

@@ -255,6 +255,41 @@ cpu_rmsnorm_quant(cai_backend *be, const float *x, const float *w, int n_tok, in
 	run_rows(a.cb, n_tok, 2 * d, rmsnorm_quant_rows, &a);
 }
 
+typedef struct head_norm_args
+{
+	float	   *x;
+	int			ldx;
+	int			n_heads;
+	int			head_dim;
+	const float *w;
+	float		eps;
+} head_norm_args;
+
+static void
+head_rmsnorm_rows(void *arg, int t0, int t1, int thread)
+{
+	head_norm_args *a = arg;
+
+	for (int t = t0; t < t1; t++)
+		for (int h = 0; h < a->n_heads; h++)
+		{
+			float	   *head = a->x + (size_t) t * a->ldx + (size_t) h * a->head_dim;
+
+			/* in place: the row kernel has summed the squares before it writes */
+			cai_op_rmsnorm_row(head, a->w, a->head_dim, a->eps, head);
+		}
+}
+
+static void
+cpu_head_rmsnorm(cai_backend *be, float *x, int ldx, int n_tok, int n_heads, int head_dim,
+				 const float *w, float eps)
+{
+	head_norm_args a = {.x = x, .ldx = ldx, .n_heads = n_heads, .head_dim = head_dim, .w = w,
+	.eps = eps};
+
+	run_rows(cpu_of(be), n_tok, (int64_t) n_heads * head_dim * 2, head_rmsnorm_rows, &a);
+}
+
 static void
 quantize_rows(void *arg, int t0, int t1, int thread)
 {
@@ -437,40 +472,6 @@ cpu_geglu(cai_backend *be, const float *gate_up, int n_tok, int d_ff, float *out
 	.then = then};
 
 	run_rows(a.cb, n_tok, (int64_t) d_ff * 6 + then_work(then), geglu_rows, &a);
-}
-
-typedef struct heads_norm_args
-{
-	float	   *x;
-	int			ldx;
-	int			n_heads;
-	int			head_dim;
-	const float *w;
-	float		eps;
-} heads_norm_args;
-
-static void
-rmsnorm_heads_rows(void *arg, int t0, int t1, int thread)
-{
-	heads_norm_args *a = arg;
-
-	for (int t = t0; t < t1; t++)
-		for (int h = 0; h < a->n_heads; h++)
-		{
-			float	   *v = a->x + (size_t) t * a->ldx + (size_t) h * a->head_dim;
-
-			cai_op_rmsnorm_row(v, a->w, a->head_dim, a->eps, v);
-		}
-}
-
-static void
-cpu_rmsnorm_heads(cai_backend *be, float *x, int ldx, int n_tok, int n_heads, int head_dim,
-				  const float *w, float eps)
-{
-	heads_norm_args a = {.x = x, .ldx = ldx, .n_heads = n_heads, .head_dim = head_dim,
-	.w = w, .eps = eps};
-
-	run_rows(cpu_of(be), n_tok, (int64_t) n_heads * head_dim * 2, rmsnorm_heads_rows, &a);
 }
 
 static void
@@ -707,6 +708,7 @@ static const cai_backend_ops cpu_ops = {
 	.embed_f32 = cpu_embed_f32,
 	.gather_rows = cpu_gather_rows,
 	.rmsnorm = cpu_rmsnorm,
+	.head_rmsnorm = cpu_head_rmsnorm,
 	.rmsnorm_quant = cpu_rmsnorm_quant,
 	.quantize = cpu_quantize,
 	.gemm_i8 = cpu_gemm_i8,
@@ -716,7 +718,6 @@ static const cai_backend_ops cpu_ops = {
 	.swiglu = cpu_swiglu,
 	.swiglu_quant = cpu_swiglu_quant,
 	.geglu = cpu_geglu,
-	.rmsnorm_heads = cpu_rmsnorm_heads,
 	.rmsnorm_add = cpu_rmsnorm_add,
 	.scale = cpu_scale,
 	.kv_write = cpu_kv_write,
