@@ -23,7 +23,13 @@ Everything is also written as JSON (--out).  A measurement, not a test: not run 
     make cai && /opt/benchenv/bin/python tests/bench/bench_fidelity.py
 
 The logits are kept in a temporary directory while it runs: 4 * n_vocab bytes per token and
-path (1.5 GB per path for the whole GPL-3 text with SmolLM2's 49152-token vocabulary).
+path (1.5 GB per path for the whole GPL-3 text with SmolLM2's 49152-token vocabulary; 7.9 GB
+per path with Gemma 3's 262144 tokens, where --max-tokens keeps it smaller).  Another model:
+
+    /opt/benchenv/bin/python tests/bench/bench_fidelity.py --model models/gemma-3-270m-q4_k_m.gguf
+
+Both engines score exactly the token ids `cai eval` wrote (BOS at the start of the text only, as
+`cai eval` tokenizes it), so a model's BOS conventions need nothing here.
 """
 
 import argparse
