@@ -151,6 +151,21 @@ cai_model_describe(const cai_model *model, char **text, cai_error *err)
 			  c->rope_neox ? "neox (halves)" : "normal (adjacent pairs)", c->n_rot, c->head_dim,
 			  (double) c->rope_base, c->rope_freq_scale != 1.0f ? ", linear scaling" : "",
 			  model->rope_freqs ? ", frequency factors" : "");
+	if (c->rope_base_windowed > 0.0f)
+		sb_printf(&sb, "windowed layers' rope: base %g, unscaled\n", (double) c->rope_base_windowed);
+	{
+		int			n_windowed = 0;
+
+		for (int l = 0; l < c->n_layers; l++)
+			n_windowed += c->attn_window[l] > 0;
+		if (n_windowed > 0)
+			sb_printf(&sb, "attention: %d sliding-window layers, %d global\n", n_windowed,
+					  c->n_layers - n_windowed);
+	}
+	sb_printf(&sb, "block: %s, %s FFN%s\n",
+			  c->sandwich_norm ? "norms before and after each sublayer" : "pre-norm",
+			  c->ffn_act == CAI_ACT_GEGLU ? "GeGLU" : "SwiGLU",
+			  c->embed_scale != 1.0f ? ", embeddings scaled by sqrt(d_model)" : "");
 	sb_printf(&sb, "embeddings: %s, q/k/v biases: %s, per-head q/k norms: %s\n",
 			  c->tied_embeddings ? "tied (the head reuses token_embd)" : "separate output head",
 			  c->qkv_bias ? "yes" : "no", c->qk_norm ? "yes" : "no");

@@ -408,6 +408,65 @@ TEST(model_load_synthetic_qwen2_untied)
 static bool patch(uint8_t *data, size_t size, const char *from, const char *to);
 
 /* qwen3: its per-head q/k norms load as the file has them; missing ones and biases are refused. */
+/*
+ * gemma3: the post-attention and post-FFN norms load exactly as the file has them, a missing one
+ * is refused, and the description names the block and the attention pattern.
+ */
+TEST(model_load_synthetic_gemma3_and_its_errors)
+{
+	synth_model_config cfg;
+	cai_model  *model;
+	cai_error	err;
+	uint8_t    *data;
+	size_t		size;
+	char	   *text = NULL;
+
+	synth_model_default_config(&cfg);
+	cfg.arch = "gemma3";
+	cfg.n_layers = 6;
+	cfg.sliding_window = 16;
+	CHECK(load_config(&cfg, false, &model, &err) == CAI_OK);
+	if (!model)
+		return;
+	CHECK(model->cfg.arch == &cai_arch_gemma3);
+	CHECK(model->cfg.sandwich_norm && model->cfg.qk_norm && model->cfg.ffn_act == CAI_ACT_GEGLU);
+	for (int l = 0; l < model->cfg.n_layers; l++)
+	{
+		static const char *const which[] = {"post_attention_norm.weight", "post_ffw_norm.weight"};
+
+		for (int k = 0; k < 2; k++)
+		{
+			char		name[64];
+			const gguf_tensor *t;
+			const float *w = k == 0 ? model->layers[l].attn_post_norm : model->layers[l].ffn_post_norm;
+
+			snprintf(name, sizeof(name), "blk.%d.%s", l, which[k]);
+			t = gguf_find_tensor(model->gguf, name);
+			CHECK(t && t->type == GGML_TYPE_F32 && w);
+			if (t && w)
+				CHECK(memcmp(t->data, w, sizeof(float) * model->cfg.d_model) == 0);
+		}
+		CHECK_EQ_INT(model->cfg.attn_window[l], l == 5 ? 0 : 16);
+	}
+	CHECK(cai_model_describe(model, &text, &err) == CAI_OK);
+	CHECK(text && strstr(text, "attention: 5 sliding-window layers, 1 global") != NULL);
+	CHECK(text && strstr(text, "windowed layers' rope: base 10000, unscaled") != NULL);
+	CHECK(text && strstr(text, "block: norms before and after each sublayer, GeGLU FFN, "
+						 "embeddings scaled by sqrt(d_model)") != NULL);
+	cai_free(text);
+	cai_model_free(model);
+
+	/* a missing post-FFN norm */
+	CHECK(synth_model_write_buffer(&cfg, &data, &size, &err) == CAI_OK);
+	if (!data)
+		return;
+	CHECK(patch(data, size, "blk.2.post_ffw_norm.weight", "blk.2.post_ffw_norm.weighX"));
+	CHECK(load_image(data, size, false, &model, &err) == CAI_ERR_FORMAT);
+	CHECK_MSG(strstr(err.message, "missing tensor 'blk.2.post_ffw_norm.weight'") != NULL, "%s",
+			  err.message);
+	free(data);
+}
+
 TEST(model_load_synthetic_qwen3_and_its_errors)
 {
 	synth_model_config cfg;
