@@ -394,6 +394,12 @@ TEST(engine_prefix_cache_reuses_to_the_token_across_turns)
 	cai_engine *off;
 	int			full_reuses = 0;
 
+	/*
+	 * Greedy, and seeded sampling at a high temperature: this small random model's greedy choice
+	 * barely depends on its KV, while a sampled draw moves with any change in the probabilities.
+	 */
+	const float temperature[N_CONV] = {0.0f, 2.0f, 3.0f};
+
 	if (!engine_test_model())
 	{
 		CHECK(0);
@@ -422,11 +428,11 @@ TEST(engine_prefix_cache_reuses_to_the_token_across_turns)
 			int			reply = 5 + (3 * t + c) % 7;
 			int			user = 3 + (5 * t + 2 * c) % 9;
 
-			req = request(conv[c], len[c], 0.0f, 0, reply);
+			req = request(conv[c], len[c], temperature[c], 31 + t, reply);
 			req.use_cache = true;
 			req.cache_salt = 1;
 			CHECK(run_batch(on, &req, 1, &on_r));
-			req = request(conv[c], len[c], 0.0f, 0, reply);
+			req = request(conv[c], len[c], temperature[c], 31 + t, reply);
 			CHECK(run_batch(off, &req, 1, &off_r));
 			CHECK(same_tokens(&on_r, &off_r));
 			CHECK_EQ_INT(off_r.usage.cached_tokens, 0);
