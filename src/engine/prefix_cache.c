@@ -4,8 +4,8 @@
  *
  * Partial tails.  A finished sequence's last, partly filled block is kept too, as a leaf after
  * the full block before it (its parent; none for a prompt shorter than a block) holding its 1..15
- * tokens.  All tails of one prefix are filed under one key, the hash of no tokens seeded with the
- * prefix's key, so the same chain (and with it the salt) names them; a lookup compares each
+ * tokens.  All tails of one prefix are filed under one key, the hash of a marker token seeded with
+ * the prefix's key, so the same chain (and with it the salt) names them; a lookup compares each
  * candidate's tokens with the prompt's and takes the longest common prefix.  A tail is never
  * written by the sequences that reuse it: the caller copies the matched rows into a block of its
  * own, since the rows after them are the new sequence's and would differ between continuations.
@@ -123,16 +123,17 @@ hash_find(const cai_prefix_cache *cache, uint64_t key)
 }
 
 /*
- * The key under which the partial tails following a prefix are filed: the hash of no tokens
- * seeded with the prefix's key.  All tails of one prefix share it (they differ in their tokens,
- * which the lookup compares), so their count does not depend on their contents.
+ * The key under which the partial tails following a prefix are filed: the hash of one marker
+ * token seeded with the prefix's key.  All tails of one prefix share it (they differ in their
+ * tokens, which the lookup compares).  Should it equal a full block's key, nothing mixes: full
+ * and partial nodes are told apart by their token count before anything else.
  */
 static uint64_t
 partial_key(const cai_prefix_cache *cache, uint64_t seed)
 {
-	static const int32_t none[1] = {0};
+	static const int32_t marker[1] = {INT32_MIN};
 
-	return cache->hash(none, 0, seed);
+	return cache->hash(marker, 1, seed);
 }
 
 static void
