@@ -474,6 +474,12 @@ TEST(engine_prefix_cache_reuses_to_the_token_across_turns)
 		CHECK(same_tokens(&on_r, &off_r));
 	}
 	CHECK(full_reuses > 0);
+	/* nothing runs now: every block is free or the cache's, and none once the cache is emptied */
+	cai_engine_get_stats(on, &stats);
+	CHECK_EQ_INT(stats.kv_blocks_free + (int) stats.cache_blocks, stats.kv_blocks_total);
+	cai_engine_cache_reset(on);
+	cai_engine_get_stats(on, &stats);
+	CHECK_EQ_INT(stats.kv_blocks_free, stats.kv_blocks_total);
 done:
 	cai_engine_free(on);
 	cai_engine_free(off);
