@@ -1162,6 +1162,49 @@ cuda_kv_write(cai_backend *be, const cai_attn_params *ap, const cai_batch_layout
 	be_check(cb, cai_cuda_kv_write(cb->ctx, &m->kv, ap->kv_layer, cb->meta, k, v, ld, sh, &e), &e);
 }
 
+/*
+ * The KV lives in the device mirror (block ids as on the host), so a cached tail's rows are
+ * copied there, on the compute stream: ordered after the writes that made them and before the
+ * forward that attends over the copy.  Each layer part keeps the host layout: keys, values,
+ * then their scales, each [16][...], so the first n_rows of each region are contiguous.
+ */
+static void
+cuda_kv_copy_rows(cai_backend *be, cai_kv_pool *kv, int32_t src, int32_t dst, int n_rows)
+{
+	cuda_backend *cb = cb_of(be);
+	const kv_mirror *m;
+	size_t		row_bytes;
+	size_t		scale_bytes;
+	size_t		offset[4];
+	size_t		bytes[4];
+	cai_error	e;
+
+	if (cb->failed || src == dst || n_rows <= 0)
+		return;
+	if (!(m = kv_mirror_for(cb, kv)))
+		return;
+	if (n_rows > CAI_KV_BLOCK_TOKENS)
+		n_rows = CAI_KV_BLOCK_TOKENS;
+	row_bytes = (size_t) m->kv.n_kv_heads * m->kv.head_dim;
+	scale_bytes = (size_t) m->kv.n_kv_heads * sizeof(float);
+	offset[0] = 0;
+	offset[1] = CAI_KV_BLOCK_TOKENS * row_bytes;
+	offset[2] = 2 * CAI_KV_BLOCK_TOKENS * row_bytes;
+	offset[3] = offset[2] + CAI_KV_BLOCK_TOKENS * scale_bytes;
+	bytes[0] = bytes[1] = (size_t) n_rows * row_bytes;
+	bytes[2] = bytes[3] = (size_t) n_rows * scale_bytes;
+	for (size_t part = 0; part + m->kv.layer_bytes <= m->kv.block_bytes; part += m->kv.layer_bytes)
+	{
+		uint8_t    *from = m->kv.pool_dev + (size_t) src * m->kv.block_bytes + part;
+		uint8_t    *to = m->kv.pool_dev + (size_t) dst * m->kv.block_bytes + part;
+
+		for (int r = 0; r < 4; r++)
+			if (!be_check(cb, cai_cuda_copy_device(cb->ctx, to + offset[r], from + offset[r],
+												   bytes[r], &e), &e))
+				return;
+	}
+}
+
 static void
 cuda_attention(cai_backend *be, const cai_attn_params *ap, const cai_batch_layout *batch,
 			   const float *q, int ldq, cai_kv_pool *kv, const cai_kv_shadow *shadow, float *out,
@@ -1253,6 +1296,7 @@ static const cai_backend_ops cuda_ops = {
 	.swiglu = cuda_swiglu,
 	.swiglu_quant = cuda_swiglu_quant,
 	.kv_write = cuda_kv_write,
+	.kv_copy_rows = cuda_kv_copy_rows,
 	.attention = cuda_attention,
 	.rotate = cuda_rotate,
 };

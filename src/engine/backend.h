@@ -214,6 +214,14 @@ typedef struct cai_backend_ops
 							 int ld, cai_kv_pool *kv, const cai_kv_shadow *shadow);
 
 	/*
+	 * Copies the first n_rows slots of block src into block dst, every KV-owning layer, where
+	 * this backend keeps the KV (NULL: the backend cannot, and partial cached blocks are not
+	 * reused on it).
+	 */
+	void		(*kv_copy_rows) (cai_backend *be, cai_kv_pool *kv, int32_t src, int32_t dst,
+								 int n_rows);
+
+	/*
 	 * Causal (window-limited) GQA attention of every token's query heads q[t * ldq + h * hd]
 	 * over positions of its own sequence, reading int8 KV (shadow == NULL) or the float shadow;
 	 * writes out[t * ldo + h * hd].

@@ -647,19 +647,30 @@ cai_engine_submit(cai_engine *engine, const cai_request_params *params,
 	return st;
 }
 
-/* Drops the request's block references; finished requests first offer full blocks to the cache. */
+/* Whether the backend can copy a cached partial block's rows, which reusing one needs. */
+static bool
+engine_reuses_partial_blocks(const cai_engine *engine)
+{
+	return cai_forward_ctx_backend(engine->forward)->ops->kv_copy_rows != NULL;
+}
+
+/*
+ * Drops the request's block references; finished requests first offer their computed positions
+ * to the cache: the full blocks, and the partly filled last one as a partial tail.
+ */
 static void
 request_release_blocks(cai_engine *engine, cai_request *req, bool offer_to_cache)
 {
-	if (offer_to_cache && req->use_cache)
+	if (offer_to_cache && req->use_cache && req->n_blocks > 0)
 	{
-		int			full = req->n_computed / CAI_KV_BLOCK_TOKENS;
+		int			n = req->n_computed;
 
-		if (full > req->n_blocks)
-			full = req->n_blocks;
-		if (full > 0)
-			cai_prefix_cache_insert(engine->cache, req->cache_salt, req->tokens.ids,
-									full * CAI_KV_BLOCK_TOKENS, req->block_table, full);
+		/* a tail no admission here could reuse would only take a full block's budget */
+		if (!engine_reuses_partial_blocks(engine))
+			n -= n % CAI_KV_BLOCK_TOKENS;
+		if (n > 0)
+			cai_prefix_cache_insert(engine->cache, req->cache_salt, req->tokens.ids, n,
+									req->block_table, req->n_blocks);
 	}
 	for (int i = 0; i < req->n_blocks; i++)
 		cai_kv_block_unref(engine->kv, req->block_table[i]);
@@ -669,12 +680,19 @@ request_release_blocks(cai_engine *engine, cai_request *req, bool offer_to_cache
 /*
  * Admits one waiting request: attaches its longest cached prefix and reserves the rest of its
  * blocks.  Returns false (and changes nothing) when the blocks are not available now.
+ *
+ * The prefix is reused to the token: full cached blocks are shared in place, and a cached
+ * partial tail that continues them is copied (its matched rows) into the request's own next
+ * block, which the request then fills on: the tail stays intact for the other continuations.
+ * Never all of the prompt is reused: the last prompt token must run to give the first logits.
  */
 static bool
 request_admit(cai_engine *engine, cai_request *req)
 {
 	int			need = request_blocks_needed(req);
 	int			matched = 0;
+	int			tail_tokens = 0;
+	cai_prefix_cache_tail tail = {.block = -1, .n_tokens = 0};
 	int			missing;
 
 	req->block_table = malloc((size_t) need * sizeof(int32_t));
@@ -683,13 +701,15 @@ request_admit(cai_engine *engine, cai_request *req)
 
 	if (req->use_cache)
 	{
-		/* whole blocks of the prompt only, and never all of it: the last prompt token must run */
-		int			max_blocks = (req->n_prompt - 1) / CAI_KV_BLOCK_TOKENS;
+		int			max_tokens = req->n_prompt - 1;
 
 		engine->stats.cache_lookups++;
 		engine->stats.cache_lookup_tokens += req->n_prompt;
-		matched = cai_prefix_cache_lookup(engine->cache, req->cache_salt, req->tokens.ids,
-										  req->n_prompt, req->block_table, max_blocks);
+		matched = cai_prefix_cache_lookup_tokens(engine->cache, req->cache_salt, req->tokens.ids,
+												 req->n_prompt, max_tokens, req->block_table,
+												 max_tokens / CAI_KV_BLOCK_TOKENS,
+												 engine_reuses_partial_blocks(engine) ? &tail
+												 : NULL);
 	}
 
 	missing = need - matched;
@@ -699,14 +719,26 @@ request_admit(cai_engine *engine, cai_request *req)
 	{
 		for (int i = 0; i < matched; i++)
 			cai_kv_block_unref(engine->kv, req->block_table[i]);
+		if (tail.block >= 0)
+			cai_kv_block_unref(engine->kv, tail.block);
 		free(req->block_table);
 		req->block_table = NULL;
 		return false;
 	}
 	for (int i = matched; i < need; i++)
 		req->block_table[i] = cai_kv_block_alloc(engine->kv);
+	if (tail.block >= 0)
+	{
+		cai_error	err;
+
+		/* matched * 16 + tail.n_tokens < n_prompt <= need * 16, so block matched is ours */
+		if (cai_forward_kv_copy_rows(engine->forward, engine->kv, tail.block,
+									 req->block_table[matched], tail.n_tokens, &err) == CAI_OK)
+			tail_tokens = tail.n_tokens;
+		cai_kv_block_unref(engine->kv, tail.block);
+	}
 	req->n_blocks = need;
-	req->n_computed = matched * CAI_KV_BLOCK_TOKENS;
+	req->n_computed = matched * CAI_KV_BLOCK_TOKENS + tail_tokens;
 	req->usage.cached_tokens = req->n_computed;
 	engine->stats.cache_hit_tokens += req->n_computed;
 	req->state = REQUEST_PREFILL;

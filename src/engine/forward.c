@@ -32,6 +32,19 @@ cai_forward_ctx_backend(const cai_forward_ctx *ctx)
 	return ctx->be;
 }
 
+cai_status
+cai_forward_kv_copy_rows(cai_forward_ctx *ctx, cai_kv_pool *kv, int32_t src, int32_t dst,
+						 int n_rows, cai_error *err)
+{
+	if (!ctx->be->ops->kv_copy_rows)
+		return cai_fail(err, CAI_ERR_UNSUPPORTED, "the %s backend cannot copy kv rows",
+						ctx->be->ops->name);
+	ctx->be->ops->kv_copy_rows(ctx->be, kv, src, dst, n_rows);
+	if (ctx->shadow_valid && dst < ctx->shadow.n_blocks)
+		memset(ctx->shadow_valid + (size_t) dst * CAI_KV_BLOCK_TOKENS, 0, CAI_KV_BLOCK_TOKENS);
+	return CAI_OK;
+}
+
 /* cai_backend_factory for the CPU backend: arg is the thread pool. */
 static cai_status
 forward_cpu_backend_factory(void *arg, const cai_backend_limits *limits, cai_backend **out,

@@ -121,3 +121,27 @@ cai_kv_block_layer(cai_kv_pool *pool, int32_t block, int kv_layer)
 	return pool->memory + (size_t) block * pool->layout.block_bytes
 		+ (size_t) kv_layer * pool->layout.layer_bytes;
 }
+
+void
+cai_kv_block_copy_rows(cai_kv_pool *pool, int32_t src, int32_t dst, int n_rows)
+{
+	const cai_kv_layout *L = &pool->layout;
+	size_t		row_values = (size_t) L->n_kv_heads * L->head_dim;
+
+	if (src == dst || n_rows <= 0)
+		return;
+	if (n_rows > CAI_KV_BLOCK_TOKENS)
+		n_rows = CAI_KV_BLOCK_TOKENS;
+	for (int l = 0; l < L->n_kv_layers; l++)
+	{
+		uint8_t    *from = cai_kv_block_layer(pool, src, l);
+		uint8_t    *to = cai_kv_block_layer(pool, dst, l);
+
+		memcpy(cai_kv_keys(L, to), cai_kv_keys(L, from), (size_t) n_rows * row_values);
+		memcpy(cai_kv_values(L, to), cai_kv_values(L, from), (size_t) n_rows * row_values);
+		memcpy(cai_kv_key_scales(L, to), cai_kv_key_scales(L, from),
+			   (size_t) n_rows * L->n_kv_heads * sizeof(float));
+		memcpy(cai_kv_value_scales(L, to), cai_kv_value_scales(L, from),
+			   (size_t) n_rows * L->n_kv_heads * sizeof(float));
+	}
+}

@@ -50,6 +50,13 @@ void		cai_kv_block_ref(cai_kv_pool *pool, int32_t block);
 void		cai_kv_block_unref(cai_kv_pool *pool, int32_t block);	/* frees at zero */
 int			cai_kv_block_refcount(const cai_kv_pool *pool, int32_t block);
 
+/*
+ * Copies the first n_rows token slots (keys, values and their scales, every KV-owning layer) of
+ * block src into block dst in host memory: how a sequence takes a private copy of the rows it
+ * reuses from a shared, partly filled cached block before writing the rows after them.
+ */
+void		cai_kv_block_copy_rows(cai_kv_pool *pool, int32_t src, int32_t dst, int n_rows);
+
 /* Host address of a block's part for KV-owning layer index kv_layer (0..n_kv_layers-1). */
 uint8_t    *cai_kv_block_layer(cai_kv_pool *pool, int32_t block, int kv_layer);
 

@@ -168,6 +168,14 @@ void		cai_forward_ctx_free(cai_forward_ctx *ctx);
 const struct cai_backend *cai_forward_ctx_backend(const cai_forward_ctx *ctx);
 
 /*
+ * Copies the first n_rows KV slots of block src into block dst where the context's backend keeps
+ * the KV, and forgets dst's float-shadow rows (the reference path recomputes from position 0).
+ * CAI_ERR_UNSUPPORTED when the backend cannot copy rows.
+ */
+cai_status	cai_forward_kv_copy_rows(cai_forward_ctx *ctx, cai_kv_pool *kv, int32_t src,
+									 int32_t dst, int n_rows, cai_error *err);
+
+/*
  * Runs the model over the batch, writing the new tokens' K/V into their blocks and the requested
  * logits into logits: rows in sequence order, one per LAST sequence and n_tokens per ALL sequence
  * ([rows, n_vocab]).  Sequences must be distinct, each with >= 1 token.

@@ -2,6 +2,15 @@
  * prefix_cache.c — the inter-turn prefix cache: a tree of full 16-token KV blocks, found by a
  * hash chain, verified token by token, evicted least-recently-used leaf first under a byte budget.
  *
+ * Partial tails.  A finished sequence's last, partly filled block is kept too, as a leaf after
+ * the full block before it (its parent; none for a prompt shorter than a block) holding its 1..15
+ * tokens.  All tails of one prefix are filed under one key, the hash of a marker token seeded with
+ * the prefix's key, so the same chain (and with it the salt) names them; a lookup compares each
+ * candidate's tokens with the prompt's and takes the longest common prefix.  A tail is never
+ * written by the sequences that reuse it: the caller copies the matched rows into a block of its
+ * own, since the rows after them are the new sequence's and would differ between continuations.
+ * A tail that a later insert covers (its tokens are a prefix of the new block or tail) is dropped.
+ *
  * Keys.  Block i's key is XXH3-64 of its 16 token ids (as int32 bytes) seeded with block i-1's
  * key; block 0's seed is XXH3-64 of (model fingerprint, salt).  One key therefore names a whole
  * prefix, and a lookup walks the chain from the root, one hash probe per block.
@@ -50,6 +59,7 @@ typedef struct cache_node
 	uint64_t	last_used;		/* tick of the call that last used this node */
 	int32_t		block;			/* KV pool block; the cache holds one reference on it */
 	int32_t		n_children;
+	int32_t		n_tokens;		/* CAI_KV_BLOCK_TOKENS, or 1..15 for a partial tail block */
 	int32_t		tokens[CAI_KV_BLOCK_TOKENS];
 } cache_node;
 
@@ -101,14 +111,29 @@ bucket_of(const cai_prefix_cache *cache, uint64_t key)
 	return (size_t) ((key * UINT64_C(0x9E3779B97F4A7C15)) >> (64 - cache->bucket_bits));
 }
 
+/* The full-block node with this key (keys of full blocks are unique; partial ones are not). */
 static cache_node *
 hash_find(const cai_prefix_cache *cache, uint64_t key)
 {
 	cache_node *node = cache->buckets[bucket_of(cache, key)];
 
-	while (node && node->key != key)
+	while (node && (node->key != key || node->n_tokens != CAI_KV_BLOCK_TOKENS))
 		node = node->hash_next;
 	return node;
+}
+
+/*
+ * The key under which the partial tails following a prefix are filed: the hash of one marker
+ * token seeded with the prefix's key.  All tails of one prefix share it (they differ in their
+ * tokens, which the lookup compares).  Should it equal a full block's key, nothing mixes: full
+ * and partial nodes are told apart by their token count before anything else.
+ */
+static uint64_t
+partial_key(const cai_prefix_cache *cache, uint64_t seed)
+{
+	static const int32_t marker[1] = {INT32_MIN};
+
+	return cache->hash(marker, 1, seed);
 }
 
 static void
@@ -197,8 +222,27 @@ static bool
 node_matches(const cache_node *node, const cache_node *parent, uint64_t salt,
 			 const int32_t *tokens)
 {
-	return node->parent == parent && node->salt == salt
+	return node->n_tokens == CAI_KV_BLOCK_TOKENS && node->parent == parent && node->salt == salt
 		&& memcmp(node->tokens, tokens, sizeof(node->tokens)) == 0;
+}
+
+/* Whether node is a partial tail that follows parent under salt (its tokens are compared apart). */
+static bool
+partial_follows(const cache_node *node, uint64_t key, const cache_node *parent, uint64_t salt)
+{
+	return node->key == key && node->n_tokens < CAI_KV_BLOCK_TOKENS && node->parent == parent
+		&& node->salt == salt;
+}
+
+/* Length of the common prefix of a[0..n) and b[0..n). */
+static int
+common_prefix(const int32_t *a, const int32_t *b, int n)
+{
+	int			i = 0;
+
+	while (i < n && a[i] == b[i])
+		i++;
+	return i;
 }
 
 /* Removes a leaf: unlinks it everywhere and drops the cache's reference on its block. */
@@ -315,26 +359,67 @@ cai_prefix_cache_free(cai_prefix_cache *cache)
 	free(cache);
 }
 
+/*
+ * The longest partial tail after parent whose tokens begin tokens[0..n): every tail of the prefix
+ * sits in one bucket under partial_key, and each candidate's own tokens are compared, so a hit is
+ * verified like a full block's.  Returns the tail (NULL if none shares a first token) and its
+ * matched length in *matched.
+ */
+static cache_node *
+best_partial(const cai_prefix_cache *cache, const cache_node *parent, uint64_t salt, uint64_t seed,
+			 const int32_t *tokens, int n, int *matched)
+{
+	uint64_t	key = partial_key(cache, seed);
+	cache_node *best = NULL;
+
+	*matched = 0;
+	for (cache_node *node = cache->buckets[bucket_of(cache, key)]; node; node = node->hash_next)
+	{
+		int			len;
+
+		if (!partial_follows(node, key, parent, salt))
+			continue;
+		len = common_prefix(node->tokens, tokens, node->n_tokens < n ? node->n_tokens : n);
+		if (len > *matched)
+		{
+			*matched = len;
+			best = node;
+		}
+	}
+	return best;
+}
+
 int
-cai_prefix_cache_lookup(cai_prefix_cache *cache, uint64_t salt, const int32_t *tokens, int n,
-						int32_t *blocks_out, int max_blocks)
+cai_prefix_cache_lookup_tokens(cai_prefix_cache *cache, uint64_t salt, const int32_t *tokens,
+							   int n, int max_tokens, int32_t *blocks_out, int max_blocks,
+							   cai_prefix_cache_tail *tail)
 {
 	cache_node *parent = NULL;
+	cache_node *last_used = NULL;
 	uint64_t	seed;
 	int			n_full;
 	int			matched = 0;
+	int			tail_tokens = 0;
 
+	if (tail)
+	{
+		tail->block = -1;
+		tail->n_tokens = 0;
+	}
 	cache->stats.lookups++;
 	if (n > 0)
 		cache->stats.lookup_tokens += (uint64_t) n;
-	if (cache->capacity == 0 || n < CAI_KV_BLOCK_TOKENS || max_blocks <= 0 || !tokens
-		|| !blocks_out)
+	if (max_tokens > n)
+		max_tokens = n;
+	if (cache->capacity == 0 || max_tokens <= 0 || !tokens)
 		return 0;
 
 	cache->tick++;
-	n_full = n / CAI_KV_BLOCK_TOKENS;
+	n_full = max_tokens / CAI_KV_BLOCK_TOKENS;
 	if (n_full > max_blocks)
 		n_full = max_blocks;
+	if (!blocks_out)
+		n_full = 0;
 	seed = root_seed(cache, salt);
 
 	while (matched < n_full)
@@ -355,11 +440,42 @@ cai_prefix_cache_lookup(cai_prefix_cache *cache, uint64_t salt, const int32_t *t
 		parent = node;
 		seed = key;
 	}
+	last_used = parent;
 
-	if (parent)
-		touch_path(cache, parent);
-	cache->stats.hit_tokens += (uint64_t) matched * CAI_KV_BLOCK_TOKENS;
+	/*
+	 * After the last full hit, the tokens up to the next block boundary may continue a cached
+	 * partial tail: the longest of them that agrees token by token is reused to the token.
+	 */
+	if (tail)
+	{
+		int			rest = max_tokens - matched * CAI_KV_BLOCK_TOKENS;
+		cache_node *node;
+
+		if (rest > CAI_KV_BLOCK_TOKENS - 1)
+			rest = CAI_KV_BLOCK_TOKENS - 1;
+		node = rest > 0 ? best_partial(cache, parent, salt, seed,
+									   tokens + (size_t) matched * CAI_KV_BLOCK_TOKENS, rest,
+									   &tail_tokens) : NULL;
+		if (node)
+		{
+			cai_kv_block_ref(cache->pool, node->block);
+			tail->block = node->block;
+			tail->n_tokens = tail_tokens;
+			last_used = node;
+		}
+	}
+
+	if (last_used)
+		touch_path(cache, last_used);
+	cache->stats.hit_tokens += (uint64_t) matched * CAI_KV_BLOCK_TOKENS + (uint64_t) tail_tokens;
 	return matched;
+}
+
+int
+cai_prefix_cache_lookup(cai_prefix_cache *cache, uint64_t salt, const int32_t *tokens, int n,
+						int32_t *blocks_out, int max_blocks)
+{
+	return cai_prefix_cache_lookup_tokens(cache, salt, tokens, n, n, blocks_out, max_blocks, NULL);
 }
 
 /*
@@ -399,26 +515,98 @@ new_node(cai_prefix_cache *cache, cache_node *parent)
 	return node;
 }
 
+/*
+ * Removes the partial tails after parent that tokens[0..n) now covers (their tokens are a prefix
+ * of it), so a conversation that grew past a tail does not keep the stale one: every lookup that
+ * would hit the tail hits at least as far on the longer entry.  A pinned tail stays.
+ */
+static void
+drop_covered_tails(cai_prefix_cache *cache, const cache_node *parent, uint64_t salt,
+				   uint64_t seed, const int32_t *tokens, int n, const cache_node *keep)
+{
+	uint64_t	key = partial_key(cache, seed);
+	cache_node *node = cache->buckets[bucket_of(cache, key)];
+
+	while (node)
+	{
+		cache_node *next = node->hash_next;
+
+		if (node != keep && partial_follows(node, key, parent, salt) && node->n_tokens <= n
+			&& common_prefix(node->tokens, tokens, node->n_tokens) == node->n_tokens
+			&& !block_pinned(cache, node))
+			remove_leaf(cache, node);
+		node = next;
+	}
+}
+
+/* Whether block is one the caller may share: a live block of the pool. */
+static bool
+block_held(const cai_prefix_cache *cache, int32_t block)
+{
+	return block >= 0 && block < cai_kv_pool_n_blocks(cache->pool)
+		&& cai_kv_block_refcount(cache->pool, block) > 0;
+}
+
+/*
+ * Caches tokens[0..n) (1..15 of them) held in the first rows of block as a partial tail after
+ * parent, unless a tail already there covers them.  Returns the node that now covers them, or
+ * NULL when none could be made (over budget with everything else pinned).
+ */
+static cache_node *
+insert_tail(cai_prefix_cache *cache, cache_node *parent, uint64_t salt, uint64_t seed,
+			const int32_t *tokens, int n, int32_t block)
+{
+	uint64_t	key = partial_key(cache, seed);
+	cache_node *node;
+
+	for (node = cache->buckets[bucket_of(cache, key)]; node; node = node->hash_next)
+	{
+		if (partial_follows(node, key, parent, salt) && node->n_tokens >= n
+			&& common_prefix(node->tokens, tokens, n) == n)
+			return node;
+	}
+	if (!block_held(cache, block))
+		return NULL;
+	node = new_node(cache, parent);
+	if (!node)
+		return NULL;
+	node->key = key;
+	node->salt = salt;
+	node->block = block;
+	node->n_tokens = n;
+	memset(node->tokens, 0, sizeof(node->tokens));
+	memcpy(node->tokens, tokens, (size_t) n * sizeof(int32_t));
+	hash_insert(cache, node);
+	cai_kv_block_ref(cache->pool, block);
+	cache->stats.inserted_blocks++;
+	drop_covered_tails(cache, parent, salt, seed, tokens, n, node);
+	return node;
+}
+
 void
 cai_prefix_cache_insert(cai_prefix_cache *cache, uint64_t salt, const int32_t *tokens,
 						int n_tokens, const int32_t *blocks, int n_blocks)
 {
 	cache_node *parent = NULL;
+	cache_node *last = NULL;
 	uint64_t	seed;
 	int			n_full;
-	int			pool_blocks = cai_kv_pool_n_blocks(cache->pool);
+	int			n_rest;
+	int			i;
 
-	if (cache->capacity == 0 || n_tokens < CAI_KV_BLOCK_TOKENS || n_blocks <= 0 || !tokens
-		|| !blocks)
+	if (cache->capacity == 0 || n_tokens <= 0 || n_blocks <= 0 || !tokens || !blocks)
 		return;
 
 	cache->tick++;
 	n_full = n_tokens / CAI_KV_BLOCK_TOKENS;
 	if (n_full > n_blocks)
 		n_full = n_blocks;
+	n_rest = n_tokens - n_full * CAI_KV_BLOCK_TOKENS;
+	if (n_rest >= CAI_KV_BLOCK_TOKENS || n_full >= n_blocks)
+		n_rest = 0;				/* the caller holds no block for the tail */
 	seed = root_seed(cache, salt);
 
-	for (int i = 0; i < n_full; i++)
+	for (i = 0; i < n_full; i++)
 	{
 		const int32_t *block_tokens = tokens + (size_t) i * CAI_KV_BLOCK_TOKENS;
 		uint64_t	key = cache->hash(block_tokens, CAI_KV_BLOCK_TOKENS, seed);
@@ -440,8 +628,7 @@ cai_prefix_cache_insert(cai_prefix_cache *cache, uint64_t salt, const int32_t *t
 		else
 		{
 			/* only a block the caller holds can be shared; a free one would be reused */
-			if (blocks[i] < 0 || blocks[i] >= pool_blocks
-				|| cai_kv_block_refcount(cache->pool, blocks[i]) <= 0)
+			if (!block_held(cache, blocks[i]))
 				break;
 			node = new_node(cache, parent);
 			if (!node)
@@ -449,17 +636,33 @@ cai_prefix_cache_insert(cai_prefix_cache *cache, uint64_t salt, const int32_t *t
 			node->key = key;
 			node->salt = salt;
 			node->block = blocks[i];
+			node->n_tokens = CAI_KV_BLOCK_TOKENS;
 			memcpy(node->tokens, block_tokens, sizeof(node->tokens));
 			hash_insert(cache, node);
 			cai_kv_block_ref(cache->pool, node->block);
 			cache->stats.inserted_blocks++;
+			/* a tail this block extends is now reached through it */
+			drop_covered_tails(cache, parent, salt, seed, block_tokens, CAI_KV_BLOCK_TOKENS,
+							   NULL);
 		}
 		parent = node;
+		last = node;
 		seed = key;
 	}
 
-	if (parent)
-		touch_path(cache, parent);
+	/* the tail, only after an unbroken chain: a node never lacks its parent */
+	if (i == n_full && n_rest > 0)
+	{
+		cache_node *tail = insert_tail(cache, parent, salt, seed,
+									   tokens + (size_t) n_full * CAI_KV_BLOCK_TOKENS, n_rest,
+									   blocks[n_full]);
+
+		if (tail)
+			last = tail;
+	}
+
+	if (last)
+		touch_path(cache, last);
 }
 
 void

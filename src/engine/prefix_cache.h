@@ -2,7 +2,8 @@
  * prefix_cache.h — the inter-turn KV cache: hash-chained token blocks in an LRU tree.
  *
  * Character.AI's stateful caching with Mooncake's hash chain: the key of a full 16-token block i
- * is XXH3-64(tokens of block i, seed = key of block i-1); block 0's seed mixes the model's
+ * is XXH3-64(tokens of block i, seed = key of block i-1); a finished sequence's partly filled
+ * last block is kept as a partial tail after its prefix and reused to the token (SGLang); block 0's seed mixes the model's
  * fingerprint with a server-side salt (a role or conversation id), so namespaces never meet.
  * Each node keeps its tokens, and a hit is verified against them (xxHash is not collision-proof).
  * Nodes form a tree by parent link.  The cache holds one KV-pool reference per node's block; a
@@ -47,10 +48,32 @@ void		cai_prefix_cache_free(cai_prefix_cache *cache);	/* drops all its reference
 int			cai_prefix_cache_lookup(cai_prefix_cache *cache, uint64_t salt, const int32_t *tokens,
 									int n, int32_t *blocks_out, int max_blocks);
 
+/* A partial block matched after the full ones (block -1 when none). */
+typedef struct cai_prefix_cache_tail
+{
+	int32_t		block;			/* cached block whose first n_tokens rows continue the prefix */
+	int			n_tokens;		/* 1..15 */
+} cai_prefix_cache_tail;
+
 /*
- * Offers a sequence's full blocks: blocks[i] holds tokens[16 i .. 16 i + 16).  Blocks already
- * cached under the same chain are skipped; new ones get a node and a cache reference.  Evicts to
- * stay within the budget; a block that cannot fit (everything else pinned) is not inserted.
+ * Like cai_prefix_cache_lookup, reusing to the token: matches at most max_tokens tokens, full
+ * blocks first (at most max_blocks), then the longest cached partial tail that continues them
+ * token by token.  The tail's block is shared by every sequence that matches it and must not be
+ * written: the caller copies its first tail->n_tokens rows into a block it owns.  The lookup
+ * takes one pool reference on the tail's block for the caller (drop it after the copy), so an
+ * eviction in between cannot free it.  Returns the full blocks matched.
+ */
+int			cai_prefix_cache_lookup_tokens(cai_prefix_cache *cache, uint64_t salt,
+										   const int32_t *tokens, int n, int max_tokens,
+										   int32_t *blocks_out, int max_blocks,
+										   cai_prefix_cache_tail *tail);
+
+/*
+ * Offers a sequence's blocks: blocks[i] holds tokens[16 i .. 16 i + 16); when n_tokens is not a
+ * multiple of 16 and blocks[n_tokens / 16] is given, its first n_tokens % 16 rows are cached as a
+ * partial tail.  Blocks already cached under the same chain are skipped; new ones get a node and
+ * a cache reference.  Evicts to stay within the budget; a block that cannot fit (everything else
+ * pinned) is not inserted.
  */
 void		cai_prefix_cache_insert(cai_prefix_cache *cache, uint64_t salt, const int32_t *tokens,
 									int n_tokens, const int32_t *blocks, int n_blocks);

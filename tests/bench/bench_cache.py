@@ -30,7 +30,7 @@ Time to first token is measured twice per turn:
            trip to the worker, prefill, and the first token's trip back.
 
 Reports, per run: the cache hit rate over follow-up turns' prompt tokens (and the ceiling: the
-share of those tokens that the previous turn had computed, in whole blocks), median and mean TTFT
+share of those tokens that the previous turn had computed, to the token), median and mean TTFT
 over turns 6..T, the off/on ratio, evictions.  Needs the Python standard library, psql, and
 pg_cai installed (make install); run as root or as the owner of the PostgreSQL installation:
 
@@ -251,9 +251,9 @@ def summarize(turns, args):
             prev = conv[t - 1]
             prompt += r["prompt_tokens"]
             cached += r["cached_tokens"]
-            # what the previous turn computed (its prompt and reply, less the last sampled
-            # token), in whole blocks: all a follow-up can reuse
-            reusable += (prev["prompt_tokens"] + prev["completion_tokens"] - 1) // 16 * 16
+            # what the previous turn computed (its prompt and reply, less the last sampled token,
+            # which never ran): all a follow-up can reuse, to the token
+            reusable += prev["prompt_tokens"] + prev["completion_tokens"] - 1
     late = [r for r in turns if r["turn"] >= args.late_from]
     eng = [r["engine_ttft_ms"] for r in late]
     sql = [r["sql_ttft_ms"] for r in late]

@@ -3,10 +3,12 @@
  *
  * The harness plays the engine: up to SEQS running sequences, each with its tokens (from a small
  * alphabet, so prefixes repeat) under a salt, and the pool blocks it holds a reference on.  A
- * sequence starts with a cache lookup, takes fresh blocks for the rest of its full blocks, and
- * writes into each fresh block a signature of (salt, every token up to the block's end), as a
- * forward pass writes KV that depends on the whole prefix.  Then it may be offered to the cache,
- * and released.  Other operations: extra references taken and dropped (pins), reclaim, reset, a
+ * sequence starts with a lookup to the token (full blocks, then a partial tail), copies the
+ * tail's matched rows into a fresh block of its own (the tail itself is never written), takes
+ * fresh blocks for the rest of its tokens, and writes into each row it computes a signature of
+ * (salt, every token up to and including that row's), as a forward pass writes KV that depends on
+ * the whole prefix.  Then it may be offered to the cache (its last block partly filled, or
+ * fewer blocks than tokens), and released.  Other operations: extra references taken and dropped (pins), reclaim, reset, a
  * weak hash that collides on purpose, and insert/lookup calls with bad arguments.
  *
  * Input: the pool size, the budget (in blocks), then one byte per operation followed by its
@@ -14,8 +16,10 @@
  *  - every block's reference count is the harness's references plus the cache's nodes on it,
  *    and the pool's free count is the number of blocks at zero;
  *  - the cache never holds more bytes than its budget;
- *  - every block a lookup hands out holds the signature of exactly the looked-up prefix (a hit
- *    is verified token for token: never another prefix's or another salt's KV);
+ *  - every row a lookup hands out (all 16 of a full block, the matched ones of a tail) holds the
+ *    signature of exactly the looked-up prefix (a hit is verified token for token: never another
+ *    prefix's or another salt's KV), and a tail matches no more than the tokens allowed; a tail
+ *    some sequence wrote into after reusing it would fail this check at its next hit;
  *  - after releasing everything and a reset, every block is free (no leak).
  */
 #include "fuzz_common.h"
@@ -33,8 +37,9 @@ typedef struct fuzz_seq
 	uint64_t	salt;
 	int32_t		tokens[MAX_TOKENS];
 	int			n_tokens;
-	int32_t		blocks[MAX_SEQ_BLOCKS];
+	int32_t		blocks[MAX_SEQ_BLOCKS + 1];
 	int			n_blocks;
+	int			n_computed;		/* tokens whose rows are written */
 } fuzz_seq;
 
 typedef struct harness
@@ -54,32 +59,48 @@ weak_hash(const int32_t *tokens, int n, uint64_t seed)
 	return (seed & 3) ^ (uint64_t) (tokens[0] & 1) ^ (uint64_t) (tokens[n - 1] & 2);
 }
 
-/* What a block holding tokens[0 .. end) under salt must contain. */
-static void
-signature(uint64_t salt, const int32_t *tokens, int end, uint64_t out[2])
+/* What row end-1 of a block must hold when it follows tokens[0 .. end) under salt. */
+static uint64_t
+signature(uint64_t salt, const int32_t *tokens, int end)
 {
-	out[0] = salt;
-	out[1] = 0x9E3779B97F4A7C15ULL;
+	uint64_t	sig = 0x9E3779B97F4A7C15ULL ^ (salt * 0xC2B2AE3D27D4EB4FULL);
+
 	for (int i = 0; i < end; i++)
-		out[1] = (out[1] ^ (uint64_t) (uint32_t) tokens[i]) * 0x100000001B3ULL + (uint64_t) i;
+		sig = (sig ^ (uint64_t) (uint32_t) tokens[i]) * 0x100000001B3ULL + (uint64_t) i;
+	return sig;
 }
 
-static void
-write_signature(harness *h, int32_t block, uint64_t salt, const int32_t *tokens, int end)
+/* Each row's 8 key bytes (one head of 8) hold its signature. */
+static uint8_t *
+row_of(harness *h, int32_t block, int row)
 {
-	uint64_t	sig[2];
+	return cai_kv_block_layer(h->pool, block, 0) + (size_t) row * 8;
+}
 
-	signature(salt, tokens, end, sig);
-	memcpy(cai_kv_block_layer(h->pool, block, 0), sig, sizeof(sig));
+/* Computes rows [from, to) of block index b of tokens: what a forward pass would write. */
+static void
+write_rows(harness *h, int32_t block, uint64_t salt, const int32_t *tokens, int b, int from,
+		   int to)
+{
+	for (int r = from; r < to; r++)
+	{
+		uint64_t	sig = signature(salt, tokens, b * CAI_KV_BLOCK_TOKENS + r + 1);
+
+		memcpy(row_of(h, block, r), &sig, sizeof(sig));
+	}
 }
 
 static bool
-has_signature(harness *h, int32_t block, uint64_t salt, const int32_t *tokens, int end)
+has_rows(harness *h, int32_t block, uint64_t salt, const int32_t *tokens, int b, int n_rows)
 {
-	uint64_t	sig[2];
+	for (int r = 0; r < n_rows; r++)
+	{
+		uint64_t	sig = signature(salt, tokens, b * CAI_KV_BLOCK_TOKENS + r + 1);
 
-	signature(salt, tokens, end, sig);
-	return memcmp(cai_kv_block_layer(h->pool, block, 0), sig, sizeof(sig)) == 0;
+		if (memcmp(row_of(h, block, r), &sig, sizeof(sig)) != 0)
+			return false;
+	}
+	return true;
 }
 
 static void
@@ -116,7 +137,23 @@ release_seq(harness *h, fuzz_seq *s)
 	s->live = false;
 }
 
-/* Starts sequence s: tokens from the input, a cache lookup, fresh blocks for the rest. */
+/* A fresh block, reclaiming cache blocks when the pool is dry; -1 when none can be had. */
+static int32_t
+fresh_block(harness *h)
+{
+	for (;;)
+	{
+		int32_t		block = cai_kv_block_alloc(h->pool);
+
+		if (block >= 0 || cai_prefix_cache_reclaim(h->cache, 1) <= 0)
+			return block;
+	}
+}
+
+/*
+ * Starts sequence s: tokens from the input, a lookup to the token, the tail's rows copied into a
+ * block of its own, fresh blocks for the rest.
+ */
 static void
 start_seq(harness *h, fuzz_seq *s, fuzz_input *in)
 {
@@ -124,6 +161,9 @@ start_seq(harness *h, fuzz_seq *s, fuzz_input *in)
 	int			hit;
 	int			max_blocks = fuzz_u8(in) % (MAX_SEQ_BLOCKS + 2);
 	uint8_t		alphabet = 1 + fuzz_u8(in) % 4;
+	uint8_t		mode = fuzz_u8(in);
+	int			max_tokens;
+	cai_prefix_cache_tail tail;
 
 	release_seq(h, s);
 	s->salt = fuzz_u8(in) % 3;
@@ -133,30 +173,75 @@ start_seq(harness *h, fuzz_seq *s, fuzz_input *in)
 	n_full = s->n_tokens / CAI_KV_BLOCK_TOKENS;
 	if (max_blocks > MAX_SEQ_BLOCKS)
 		max_blocks = MAX_SEQ_BLOCKS;
+	/* like the engine, sometimes keep the last tokens to run */
+	max_tokens = s->n_tokens - (mode & 3);
 
-	hit = cai_prefix_cache_lookup(h->cache, s->salt, s->tokens, s->n_tokens, s->blocks, max_blocks);
+	if (mode & 4)
+	{
+		hit = cai_prefix_cache_lookup(h->cache, s->salt, s->tokens, s->n_tokens, s->blocks,
+									  max_blocks);
+		tail.block = -1;
+		tail.n_tokens = 0;
+		max_tokens = s->n_tokens;
+	}
+	else
+		hit = cai_prefix_cache_lookup_tokens(h->cache, s->salt, s->tokens, s->n_tokens, max_tokens,
+											 s->blocks, max_blocks, &tail);
 	FUZZ_CHECK(hit >= 0 && hit <= n_full && hit <= max_blocks);
+	FUZZ_CHECK(hit * CAI_KV_BLOCK_TOKENS <= (max_tokens > 0 ? max_tokens : 0));
 	for (int b = 0; b < hit; b++)
 	{
 		FUZZ_CHECK(s->blocks[b] >= 0 && s->blocks[b] < h->n_pool);
 		FUZZ_CHECK(cai_kv_block_refcount(h->pool, s->blocks[b]) >= 2);
-		FUZZ_CHECK(has_signature(h, s->blocks[b], s->salt, s->tokens, (b + 1) * CAI_KV_BLOCK_TOKENS));
+		FUZZ_CHECK(has_rows(h, s->blocks[b], s->salt, s->tokens, b, CAI_KV_BLOCK_TOKENS));
 	}
 	s->n_blocks = hit;
+	s->n_computed = hit * CAI_KV_BLOCK_TOKENS;
 	s->live = true;
-	/* the forward pass: fresh blocks for the rest (reclaiming cache blocks when the pool is dry) */
-	while (s->n_blocks < n_full && s->n_blocks < MAX_SEQ_BLOCKS)
-	{
-		int32_t		block = cai_kv_block_alloc(h->pool);
 
-		if (block < 0)
+	if (tail.block >= 0)
+	{
+		int32_t		own;
+
+		FUZZ_CHECK(tail.n_tokens >= 1 && tail.n_tokens < CAI_KV_BLOCK_TOKENS);
+		FUZZ_CHECK(hit * CAI_KV_BLOCK_TOKENS + tail.n_tokens <= max_tokens);
+		FUZZ_CHECK(tail.block < h->n_pool);
+		/* the cache's reference and the one the lookup took for the copy */
+		FUZZ_CHECK(cai_kv_block_refcount(h->pool, tail.block) >= 2);
+		FUZZ_CHECK(has_rows(h, tail.block, s->salt, s->tokens, hit, tail.n_tokens));
+		own = hit < MAX_SEQ_BLOCKS + 1 ? fresh_block(h) : -1;
+		/* the held reference keeps the tail through the reclaim fresh_block may do */
+		FUZZ_CHECK(has_rows(h, tail.block, s->salt, s->tokens, hit, tail.n_tokens));
+		if (own >= 0)
 		{
-			if (cai_prefix_cache_reclaim(h->cache, 1) <= 0)
-				break;
-			continue;
+			cai_kv_block_copy_rows(h->pool, tail.block, own, tail.n_tokens);
+			s->blocks[s->n_blocks++] = own;
+			s->n_computed += tail.n_tokens;
 		}
-		write_signature(h, block, s->salt, s->tokens, (s->n_blocks + 1) * CAI_KV_BLOCK_TOKENS);
-		s->blocks[s->n_blocks++] = block;
+		cai_kv_block_unref(h->pool, tail.block);
+	}
+	else
+		FUZZ_CHECK(tail.n_tokens == 0);
+
+	/* the forward pass: rows for the rest of the tokens, in the tail's copy and fresh blocks */
+	while (s->n_computed < s->n_tokens)
+	{
+		int			b = s->n_computed / CAI_KV_BLOCK_TOKENS;
+		int			from = s->n_computed % CAI_KV_BLOCK_TOKENS;
+		int			to = s->n_tokens - b * CAI_KV_BLOCK_TOKENS;
+
+		if (to > CAI_KV_BLOCK_TOKENS)
+			to = CAI_KV_BLOCK_TOKENS;
+		if (b >= s->n_blocks)
+		{
+			int32_t		block = b < MAX_SEQ_BLOCKS + 1 ? fresh_block(h) : -1;
+
+			if (block < 0)
+				break;
+			s->blocks[s->n_blocks++] = block;
+		}
+		write_rows(h, s->blocks[b], s->salt, s->tokens, b, from, to);
+		s->n_computed = b * CAI_KV_BLOCK_TOKENS + to;
 	}
 }
 
@@ -164,14 +249,16 @@ static void
 insert_seq(harness *h, fuzz_seq *s, fuzz_input *in)
 {
 	int			n_blocks = s->n_blocks;
-	int			n_tokens = s->n_tokens;
+	int			n_tokens = s->n_computed;
 
 	if (!s->live)
 		return;
 	if (fuzz_u8(in) & 1)
 		n_blocks = fuzz_u8(in) % (s->n_blocks + 1);	/* offer fewer blocks than tokens */
-	if (n_tokens > n_blocks * CAI_KV_BLOCK_TOKENS + CAI_KV_BLOCK_TOKENS - 1)
+	if (n_tokens > n_blocks * CAI_KV_BLOCK_TOKENS)
 		n_tokens = n_blocks * CAI_KV_BLOCK_TOKENS;
+	if (fuzz_u8(in) & 1)
+		n_tokens -= fuzz_u8(in) % (n_tokens + 1);	/* offer fewer tokens: a shorter tail */
 	cai_prefix_cache_insert(h->cache, s->salt, s->tokens, n_tokens, s->blocks, n_blocks);
 }
 
@@ -199,6 +286,14 @@ bad_calls(harness *h, fuzz_input *in)
 	FUZZ_CHECK(cai_prefix_cache_lookup(h->cache, 7, NULL, 32, out, 2) == 0);
 	FUZZ_CHECK(cai_prefix_cache_lookup(h->cache, 7, tokens, 32, NULL, 2) == 0);
 	FUZZ_CHECK(cai_prefix_cache_lookup(h->cache, 7, tokens, 15, out, 2) == 0);
+	{
+		cai_prefix_cache_tail tail;
+
+		FUZZ_CHECK(cai_prefix_cache_lookup_tokens(h->cache, 7, tokens, 32, -3, out, 2, &tail) == 0);
+		FUZZ_CHECK(tail.block == -1 && tail.n_tokens == 0);
+		FUZZ_CHECK(cai_prefix_cache_lookup_tokens(h->cache, 7, NULL, 32, 32, out, 2, &tail) == 0);
+		FUZZ_CHECK(tail.block == -1);
+	}
 }
 
 int

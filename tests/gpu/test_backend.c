@@ -561,6 +561,51 @@ TEST(gpu_backend_table_int8_forward_bit_exact)
 	fixture_close(&f);
 }
 
+/*
+ * A cached partial block is reused by copying its first rows into a block of the new sequence's
+ * own (kv_copy_rows): after the copy, a step that goes on from those rows in the copies must
+ * attend exactly as the CPU does over its host copies.  Rows the GPU failed to copy would leave
+ * its mirror's copies empty and the attention (and all after it) different.
+ */
+TEST(gpu_backend_kv_copy_rows_then_continue)
+{
+	fixture		f;
+	int32_t		table0[4] = {7, 2, 9, 0},
+				table1[4] = {5, 11, 3, 1};
+	int32_t		copy0[4] = {4, 2, 9, 0},
+				copy1[4] = {6, 11, 3, 1};
+	const int32_t *tables[2] = {table0, table1};
+	const int32_t *copies[2] = {copy0, copy1};
+	gpu_rng		r;
+	step		st;
+
+	gpu_rng_seed(&r, 21);
+	if (fixture_open(&f))
+	{
+		int			first1[2] = {0, 0},
+					count1[2] = {5, 3};
+		/* all 5 rows of the first, 2 of the second's 3 (a tail matched part way) */
+		int			first2[2] = {5, 2},
+					count2[2] = {2, 4};
+		side	   *sides[2] = {&f.cpu, &f.gpu};
+
+		step_init(&st, 2, first1, count1, tables, &r);
+		run_int8_step(&f.model, &f.cpu, &f.gpu, f.kv, &st);
+		for (int i = 0; i < 2; i++)
+		{
+			CHECK(sides[i]->be->ops->kv_copy_rows != NULL);
+			if (!sides[i]->be->ops->kv_copy_rows)
+				goto done;
+			sides[i]->be->ops->kv_copy_rows(sides[i]->be, f.kv, 7, 4, 5);
+			sides[i]->be->ops->kv_copy_rows(sides[i]->be, f.kv, 5, 6, 2);
+		}
+		step_init(&st, 2, first2, count2, copies, &r);
+		run_int8_step(&f.model, &f.cpu, &f.gpu, f.kv, &st);
+	}
+done:
+	fixture_close(&f);
+}
+
 TEST(gpu_backend_table_float_path)
 {
 	fixture		f;

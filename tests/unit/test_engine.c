@@ -299,8 +299,11 @@ TEST(engine_prefix_cache_never_changes_tokens)
 	req = request(turn2, n2, 0.0f, 0, 20);
 	req.use_cache = true;
 	CHECK(run_batch(on, &req, 1, &hit));
-	/* turn 1 computed 70 + 19 positions (its last token never ran): 5 full blocks */
-	CHECK_EQ_INT(hit.usage.cached_tokens, 80);
+	/*
+	 * turn 1 computed 70 + 19 positions (its last sampled token never ran, so it has no KV):
+	 * 5 full blocks and a tail of 9, all reused
+	 */
+	CHECK_EQ_INT(hit.usage.cached_tokens, 89);
 	req = request(turn2, n2, 0.0f, 0, 20);
 	CHECK(run_batch(off, &req, 1, &miss));
 	CHECK_EQ_INT(miss.usage.cached_tokens, 0);
@@ -366,6 +369,120 @@ TEST(engine_prefix_cache_after_evictions)
 	CHECK(run_batch(engine, &req, 1, &again));
 	CHECK(same_tokens(&first, &again));
 	cai_engine_free(engine);
+}
+
+/*
+ * Multi-turn conversations whose turns end mid-block, run with the cache on (a budget so small
+ * that turns evict each other) and off: greedy replies must be identical, and each follow-up must
+ * reuse everything its previous turn computed, to the token, while that turn is still cached.
+ */
+TEST(engine_prefix_cache_reuses_to_the_token_across_turns)
+{
+	enum
+	{
+		N_CONV = 3, N_TURNS = 4, MAX_LEN = 240
+	};
+	int32_t		conv[N_CONV][MAX_LEN];
+	int			len[N_CONV];
+	int			computed[N_CONV];
+	cai_request_params req;
+	run_result	on_r,
+				off_r;
+	cai_engine_stats stats;
+	cai_model_info info;
+	cai_engine *on;
+	cai_engine *off;
+	int			full_reuses = 0;
+
+	/*
+	 * Greedy, and seeded sampling at a high temperature: this small random model's greedy choice
+	 * barely depends on its KV, while a sampled draw moves with any change in the probabilities.
+	 */
+	const float temperature[N_CONV] = {0.0f, 2.0f, 3.0f};
+
+	if (!engine_test_model())
+	{
+		CHECK(0);
+		return;
+	}
+	cai_model_get_info(engine_test_model(), &info);
+	/* 12 blocks: about one conversation's history, so the others' get evicted */
+	on = make_engine(2, 4, 64, 12 * 16 * info.kv_bytes_per_token, 8);
+	off = make_engine(2, 4, 64, 0, 8);
+	if (!on || !off)
+	{
+		CHECK(on && off);
+		goto done;
+	}
+	for (int c = 0; c < N_CONV; c++)
+	{
+		/* first prompts of 21, 37, 45 tokens: none a multiple of 16 */
+		len[c] = 21 + 16 * c - 8 * (c == 2);
+		make_prompt(conv[c], len[c], 700 + c);
+		computed[c] = 0;
+	}
+	for (int t = 0; t < N_TURNS; t++)
+	{
+		for (int c = 0; c < N_CONV; c++)
+		{
+			int			reply = 5 + (3 * t + c) % 7;
+			int			user = 3 + (5 * t + 2 * c) % 9;
+
+			req = request(conv[c], len[c], temperature[c], 31 + t, reply);
+			req.use_cache = true;
+			req.cache_salt = 1;
+			CHECK(run_batch(on, &req, 1, &on_r));
+			req = request(conv[c], len[c], temperature[c], 31 + t, reply);
+			CHECK(run_batch(off, &req, 1, &off_r));
+			CHECK(same_tokens(&on_r, &off_r));
+			CHECK_EQ_INT(off_r.usage.cached_tokens, 0);
+			/* never more than the previous turn computed, nor all of the prompt */
+			CHECK(on_r.usage.cached_tokens <= computed[c]);
+			CHECK(on_r.usage.cached_tokens < len[c]);
+			if (t > 0 && on_r.usage.cached_tokens == computed[c])
+				full_reuses++;
+			/* this turn computed its prompt and all but its last reply token */
+			computed[c] = len[c] + on_r.n_tokens - 1;
+			if (len[c] + on_r.n_tokens + user > MAX_LEN)
+				goto done;
+			memcpy(conv[c] + len[c], on_r.tokens, sizeof(int32_t) * on_r.n_tokens);
+			len[c] += on_r.n_tokens;
+			make_prompt(conv[c] + len[c], user, 900 + 10 * t + c);
+			len[c] += user;
+		}
+	}
+	cai_engine_get_stats(on, &stats);
+	CHECK(stats.cache_evictions > 0);
+	CHECK(stats.cache_bytes <= stats.cache_budget_bytes);
+
+	/* the last conversation's next turn, just after its previous one: reused to the token */
+	{
+		int			c = N_CONV - 1;
+
+		req = request(conv[c], len[c], 0.0f, 0, 4);
+		req.use_cache = true;
+		req.cache_salt = 1;
+		CHECK(run_batch(on, &req, 1, &on_r));
+		CHECK_EQ_INT(on_r.usage.cached_tokens, computed[c]);
+		CHECK(computed[c] % 16 != 0);
+		/* and another salt reuses nothing of it */
+		req = request(conv[c], len[c], 0.0f, 0, 4);
+		req.use_cache = true;
+		req.cache_salt = 2;
+		CHECK(run_batch(on, &req, 1, &off_r));
+		CHECK_EQ_INT(off_r.usage.cached_tokens, 0);
+		CHECK(same_tokens(&on_r, &off_r));
+	}
+	CHECK(full_reuses > 0);
+	/* nothing runs now: every block is free or the cache's, and none once the cache is emptied */
+	cai_engine_get_stats(on, &stats);
+	CHECK_EQ_INT(stats.kv_blocks_free + (int) stats.cache_blocks, stats.kv_blocks_total);
+	cai_engine_cache_reset(on);
+	cai_engine_get_stats(on, &stats);
+	CHECK_EQ_INT(stats.kv_blocks_free, stats.kv_blocks_total);
+done:
+	cai_engine_free(on);
+	cai_engine_free(off);
 }
 
 TEST(engine_stop_strings_cut_text)

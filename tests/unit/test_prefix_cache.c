@@ -6,6 +6,7 @@
  */
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kv.h"
 #include "prefix_cache.h"
@@ -120,15 +121,14 @@ TEST(prefix_cache_full_hit_and_partial_last_block)
 		return;
 	fill_tokens(tokens, 4 * BT + 5, 1);
 	CHECK(alloc_blocks(pool, blocks, 5));
-	/* five blocks offered, the fifth holds 5 tokens: only four are full */
+	/* five blocks offered, the fifth holds 5 tokens: four full blocks and a partial tail */
 	cai_prefix_cache_insert(cache, 7, tokens, 4 * BT + 5, blocks, 5);
 	s = stats_of(cache);
-	CHECK_EQ_INT(s.blocks, 4);
-	CHECK_EQ_INT(s.inserted_blocks, 4);
-	CHECK_EQ_INT(s.bytes, 4 * 256);
-	for (int i = 0; i < 4; i++)
+	CHECK_EQ_INT(s.blocks, 5);
+	CHECK_EQ_INT(s.inserted_blocks, 5);
+	CHECK_EQ_INT(s.bytes, 5 * 256);
+	for (int i = 0; i < 5; i++)
 		CHECK_EQ_INT(cai_kv_block_refcount(pool, blocks[i]), 2);
-	CHECK_EQ_INT(cai_kv_block_refcount(pool, blocks[4]), 1);
 
 	hit = cai_prefix_cache_lookup(cache, 7, tokens, 4 * BT + 5, found, 8);
 	CHECK_EQ_INT(hit, 4);
@@ -153,9 +153,9 @@ TEST(prefix_cache_full_hit_and_partial_last_block)
 
 	/* re-offering the same blocks adds nothing */
 	cai_prefix_cache_insert(cache, 7, tokens, 4 * BT + 5, blocks, 5);
-	CHECK_EQ_INT(stats_of(cache).blocks, 4);
-	CHECK_EQ_INT(stats_of(cache).inserted_blocks, 4);
-	for (int i = 0; i < 4; i++)
+	CHECK_EQ_INT(stats_of(cache).blocks, 5);
+	CHECK_EQ_INT(stats_of(cache).inserted_blocks, 5);
+	for (int i = 0; i < 5; i++)
 		CHECK_EQ_INT(cai_kv_block_refcount(pool, blocks[i]), 2);
 
 	unref_blocks(pool, blocks, 5);
@@ -164,27 +164,198 @@ TEST(prefix_cache_full_hit_and_partial_last_block)
 	cai_kv_pool_free(pool);
 }
 
-TEST(prefix_cache_partial_last_block_never_cached)
+/* Looks up to the token and releases every reference taken; returns full blocks, sets *tail. */
+static int
+probe_tokens(cai_prefix_cache *cache, cai_kv_pool *pool, uint64_t salt, const int32_t *tokens,
+			 int n, int max_tokens, cai_prefix_cache_tail *tail)
+{
+	int32_t		out[64];
+	int			hit = cai_prefix_cache_lookup_tokens(cache, salt, tokens, n, max_tokens, out, 64,
+													 tail);
+
+	unref_blocks(pool, out, hit);
+	if (tail->block >= 0)
+		cai_kv_block_unref(pool, tail->block);
+	return hit;
+}
+
+TEST(prefix_cache_partial_tail_reused_to_the_token)
 {
 	cai_kv_pool *pool = make_pool(16);
 	cai_prefix_cache *cache = make_cache(pool, 16);
-	int32_t		tokens[3 * BT];
+	int32_t		tokens[3 * BT + 8];
+	int32_t		prompt[3 * BT + 8];
 	int32_t		blocks[3];
+	int32_t		found[8];
+	cai_prefix_cache_tail tail;
+	int			hit;
 
 	if (!pool || !cache)
 	{
 		CHECK(false);
 		return;
 	}
-	fill_tokens(tokens, 3 * BT, 2);
-	/* 47 tokens: block 2 has 15 of its 16 */
+	fill_tokens(tokens, 3 * BT + 8, 2);
+	/* 47 tokens: two full blocks and a tail of 15 in the third */
 	insert_owned(cache, pool, 0, tokens, 3 * BT - 1, blocks);
-	CHECK_EQ_INT(stats_of(cache).blocks, 2);
-	CHECK_EQ_INT(cai_kv_block_refcount(pool, blocks[2]), 0);
-	/* a lookup whose first 47 tokens agree still gets only the two full blocks */
+	CHECK_EQ_INT(stats_of(cache).blocks, 3);
+	CHECK_EQ_INT(cai_kv_block_refcount(pool, blocks[2]), 1);
+
+	/* a longer prompt agreeing on all 47: two blocks and the 15 rows, the tail referenced */
+	hit = cai_prefix_cache_lookup_tokens(cache, 0, tokens, 3 * BT + 8, 3 * BT + 7, found, 8, &tail);
+	CHECK_EQ_INT(hit, 2);
+	CHECK_EQ_INT(tail.block, blocks[2]);
+	CHECK_EQ_INT(tail.n_tokens, BT - 1);
+	CHECK_EQ_INT(cai_kv_block_refcount(pool, blocks[2]), 2);
+	unref_blocks(pool, found, hit);
+	cai_kv_block_unref(pool, tail.block);
+	CHECK_EQ_INT(stats_of(cache).hit_tokens, 3 * BT - 1);
+
+	/* diverging at the tail's 8th token: 7 rows */
+	memcpy(prompt, tokens, sizeof(prompt));
+	prompt[2 * BT + 7] = -5;
+	CHECK_EQ_INT(probe_tokens(cache, pool, 0, prompt, 3 * BT + 8, 3 * BT + 8, &tail), 2);
+	CHECK_EQ_INT(tail.n_tokens, 7);
+	/* diverging at the tail's first token: no tail */
+	prompt[2 * BT] = -5;
+	CHECK_EQ_INT(probe_tokens(cache, pool, 0, prompt, 3 * BT + 8, 3 * BT + 8, &tail), 2);
+	CHECK_EQ_INT(tail.block, -1);
+	CHECK_EQ_INT(tail.n_tokens, 0);
+	/* max_tokens bounds the tail (the engine keeps the last prompt token to run) */
+	CHECK_EQ_INT(probe_tokens(cache, pool, 0, tokens, 3 * BT + 8, 2 * BT + 4, &tail), 2);
+	CHECK_EQ_INT(tail.n_tokens, 4);
+	/* another salt sees neither the blocks nor the tail */
+	CHECK_EQ_INT(probe_tokens(cache, pool, 1, tokens, 3 * BT + 8, 3 * BT + 8, &tail), 0);
+	CHECK_EQ_INT(tail.block, -1);
+	/* the plain lookup still answers in full blocks */
 	CHECK_EQ_INT(probe(cache, pool, 0, tokens, 3 * BT, NULL), 2);
+
+	/* a prompt shorter than a block: a tail at the root, under its salt only */
+	insert_owned(cache, pool, 3, tokens, 10, blocks);
+	CHECK_EQ_INT(probe_tokens(cache, pool, 3, tokens, 12, 12, &tail), 0);
+	CHECK_EQ_INT(tail.n_tokens, 10);
+	CHECK_EQ_INT(tail.block, blocks[0]);
+	CHECK_EQ_INT(probe_tokens(cache, pool, 4, tokens, 12, 12, &tail), 0);
+	CHECK_EQ_INT(tail.n_tokens, 0);
+
 	cai_prefix_cache_free(cache);
 	CHECK_EQ_INT(cai_kv_pool_n_free(pool), 16);
+	cai_kv_pool_free(pool);
+}
+
+TEST(prefix_cache_partial_tails_of_one_prefix)
+{
+	cai_kv_pool *pool = make_pool(16);
+	cai_prefix_cache *cache = make_cache(pool, 16);
+	int32_t		a[2 * BT];
+	int32_t		b[2 * BT];
+	int32_t		blocks[2];
+	int32_t		covered[2];
+	cai_prefix_cache_tail tail;
+
+	if (!pool || !cache)
+	{
+		CHECK(false);
+		return;
+	}
+	/* two continuations of one full block: a's tail of 9, b's of 12 diverging at its 4th */
+	fill_tokens(a, 2 * BT, 3);
+	memcpy(b, a, sizeof(b));
+	for (int i = BT + 3; i < 2 * BT; i++)
+		b[i] = -100 - i;
+	insert_owned(cache, pool, 0, a, BT + 9, blocks);
+	insert_owned(cache, pool, 0, b, BT + 12, blocks);
+	CHECK_EQ_INT(stats_of(cache).blocks, 3);
+	CHECK_EQ_INT(probe_tokens(cache, pool, 0, a, 2 * BT, 2 * BT, &tail), 1);
+	CHECK_EQ_INT(tail.n_tokens, 9);
+	CHECK_EQ_INT(probe_tokens(cache, pool, 0, b, 2 * BT, 2 * BT, &tail), 1);
+	CHECK_EQ_INT(tail.n_tokens, 12);
+	CHECK_EQ_INT(tail.block, blocks[1]);
+
+	/* a tail that an existing one covers adds nothing */
+	insert_owned(cache, pool, 0, a, BT + 5, covered);
+	CHECK_EQ_INT(stats_of(cache).blocks, 3);
+	CHECK_EQ_INT(cai_kv_pool_n_free(pool), 16 - 3);
+	/* a longer tail of a replaces the one it covers */
+	insert_owned(cache, pool, 0, a, BT + 14, covered);
+	CHECK_EQ_INT(stats_of(cache).blocks, 3);
+	CHECK_EQ_INT(probe_tokens(cache, pool, 0, a, 2 * BT, 2 * BT, &tail), 1);
+	CHECK_EQ_INT(tail.n_tokens, 14);
+	CHECK_EQ_INT(tail.block, covered[1]);
+	/* a full block over a's tokens covers a's tail; b's stays */
+	insert_owned(cache, pool, 0, a, 2 * BT, covered);
+	CHECK_EQ_INT(stats_of(cache).blocks, 3);
+	CHECK_EQ_INT(probe_tokens(cache, pool, 0, b, 2 * BT, 2 * BT, &tail), 1);
+	CHECK_EQ_INT(tail.n_tokens, 12);
+	CHECK_EQ_INT(cai_kv_pool_n_free(pool), 16 - 3);
+
+	cai_prefix_cache_free(cache);
+	CHECK_EQ_INT(cai_kv_pool_n_free(pool), 16);
+	cai_kv_pool_free(pool);
+}
+
+static uint64_t
+same_key_hash(const int32_t *tokens, int n, uint64_t seed)
+{
+	return 42;
+}
+
+TEST(prefix_cache_partial_tails_verified_and_evicted)
+{
+	cai_kv_pool *pool = make_pool(8);
+	cai_prefix_cache *cache = make_cache(pool, 3);
+	int32_t		a[BT];
+	int32_t		b[BT];
+	int32_t		blocks[2];
+	cai_prefix_cache_tail tail;
+	int32_t		found[4];
+
+	if (!pool || !cache)
+	{
+		CHECK(false);
+		return;
+	}
+	fill_tokens(a, BT, 4);
+	fill_tokens(b, BT, 5);
+	/* every key equal: the tokens alone decide */
+	cai_prefix_cache_set_hash_for_testing(cache, same_key_hash);
+	insert_owned(cache, pool, 0, a, 6, blocks);
+	CHECK_EQ_INT(probe_tokens(cache, pool, 0, b, BT, BT, &tail), 0);
+	CHECK_EQ_INT(tail.block, -1);
+	CHECK_EQ_INT(probe_tokens(cache, pool, 0, a, BT, BT, &tail), 0);
+	CHECK_EQ_INT(tail.n_tokens, 6);
+	CHECK_EQ_INT(probe_tokens(cache, pool, 9, a, BT, BT, &tail), 0);
+	CHECK_EQ_INT(tail.block, -1);
+	cai_prefix_cache_set_hash_for_testing(cache, NULL);
+
+	/* a tail a caller holds (between lookup and copy) survives reclaim; then it goes */
+	insert_owned(cache, pool, 0, a, 6, blocks);
+	CHECK_EQ_INT(cai_prefix_cache_lookup_tokens(cache, 0, a, BT, BT, found, 4, &tail), 0);
+	CHECK_EQ_INT(tail.block, blocks[0]);
+	CHECK_EQ_INT(cai_prefix_cache_reclaim(cache, 8), 0);
+	CHECK_EQ_INT(stats_of(cache).blocks, 1);
+	cai_kv_block_unref(pool, tail.block);
+	CHECK_EQ_INT(cai_prefix_cache_reclaim(cache, 8), 1);
+	CHECK_EQ_INT(stats_of(cache).blocks, 0);
+	CHECK_EQ_INT(cai_kv_pool_n_free(pool), 8);
+
+	/* within a budget of 3: the least recently used tails go first */
+	for (int i = 0; i < 4; i++)
+	{
+		fill_tokens(a, BT, 10 + i);
+		insert_owned(cache, pool, 0, a, 3 + i, blocks);
+		CHECK(stats_of(cache).blocks <= 3);
+	}
+	fill_tokens(a, BT, 10);
+	CHECK_EQ_INT(probe_tokens(cache, pool, 0, a, BT, BT, &tail), 0);
+	CHECK_EQ_INT(tail.block, -1);
+	fill_tokens(a, BT, 13);
+	CHECK_EQ_INT(probe_tokens(cache, pool, 0, a, BT, BT, &tail), 0);
+	CHECK_EQ_INT(tail.n_tokens, 6);
+	CHECK_EQ_INT(stats_of(cache).evictions, 2);	/* the reclaimed tail and the oldest */
+
+	cai_prefix_cache_free(cache);
+	CHECK_EQ_INT(cai_kv_pool_n_free(pool), 8);
 	cai_kv_pool_free(pool);
 }
 

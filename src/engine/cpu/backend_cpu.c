@@ -699,6 +699,14 @@ cpu_destroy(cai_backend *be)
 	free(be);
 }
 
+/* The CPU backend attends over the host pool itself, so the copy is the pool's. */
+static void
+cpu_kv_copy_rows(cai_backend *be, cai_kv_pool *kv, int32_t src, int32_t dst, int n_rows)
+{
+	(void) be;
+	cai_kv_block_copy_rows(kv, src, dst, n_rows);
+}
+
 static const cai_backend_ops cpu_ops = {
 	.name = "cpu",
 	.destroy = cpu_destroy,
@@ -721,6 +729,7 @@ static const cai_backend_ops cpu_ops = {
 	.rmsnorm_add = cpu_rmsnorm_add,
 	.scale = cpu_scale,
 	.kv_write = cpu_kv_write,
+	.kv_copy_rows = cpu_kv_copy_rows,
 	.attention = cpu_attention,
 	.rotate = cpu_rotate,
 };
