@@ -62,13 +62,13 @@ SELECT cache_play(ARRAY[:'t1', :'t2', :'t3', :'t4']) AS a \gset
 
 -- the prompt is the previous one plus the stored reply ids and the new user ids, nothing else
 -- (so it matches the cached sequence token for token); the hit is exactly what the previous
--- turn computed, in whole blocks, and at most one block short of the new user turn's start
+-- turn computed, to the token (its prompt and reply but the last sampled token, which never went
+-- through the model), and stops before the new user turn
 SELECT turn,
        cached_tokens > 0 AS hit,
        prompt_tokens = prev_prompt + prev_reply_len + array_length(user_ids, 1) + 11 AS prompt_from_ids,
-       cached_tokens = (prev_prompt + prev_completion - 1) / 16 * 16 AS hit_is_computed_history,
-       (prompt_tokens - array_length(user_ids, 1) - 6) / 16 * 16 - cached_tokens IN (0, 16)
-           AS within_a_block_of_user_turn
+       cached_tokens = prev_prompt + prev_completion - 1 AS hit_is_computed_history,
+       cached_tokens < prompt_tokens - array_length(user_ids, 1) AS stops_before_user_turn
 FROM cache_exchanges WHERE conversation_id = :a ORDER BY turn;
 
 -- pg_stat_cai counted these four lookups, their prompt tokens and their hits
@@ -79,8 +79,9 @@ SELECT s.cache_lookups - :lookups0 AS new_lookups,
        abs(s.cache_hit_rate - s.cache_hit_tokens::float8 / s.cache_lookup_tokens) < 1e-9 AS rate_is_ratio,
        s.cache_bytes <= s.cache_budget_bytes AS within_budget,
        s.cache_bytes = s.cache_blocks * 16 * (cai_model_info()->>'kv_bytes_per_token')::bigint AS bytes_are_blocks,
-       -- every turn's blocks are a prefix of the last turn's: one chain, nothing duplicated
-       s.cache_blocks = max((e.prompt_tokens + e.completion_tokens - 1) / 16) AS one_chain
+       -- every turn's blocks are a prefix of the last turn's: one chain of whole blocks and the
+       -- last turn's partly filled tail, nothing duplicated
+       s.cache_blocks = max((e.prompt_tokens + e.completion_tokens - 1 + 15) / 16) AS one_chain
 FROM pg_stat_cai s, cache_exchanges e
 WHERE e.conversation_id = :a
 GROUP BY s.cache_lookups, s.cache_lookup_tokens, s.cache_hit_tokens, s.cache_hit_rate,
@@ -93,7 +94,10 @@ SELECT cache_play(ARRAY[:'t1', :'t2', :'t3', :'t4'], cold => true) AS a_cold \gs
 SELECT cache_blocks AS blocks_cold FROM pg_stat_cai \gset
 SELECT cache_play(ARRAY[:'t1', :'t2', :'t3', :'t4']) AS a_warm \gset
 SELECT x.turn, c.cached_tokens AS cold_cached,
-       w.cached_tokens = (w.prompt_tokens - 1) / 16 * 16 AS warm_hit_all_it_can,
+       -- the last turn's own tail is cached (to the token); an earlier turn's prompt ends inside
+       -- a whole block of the later chain, which is reused up to that block only
+       w.cached_tokens = CASE WHEN x.turn = 4 THEN w.prompt_tokens - 1
+                              ELSE (w.prompt_tokens - 1) / 16 * 16 END AS warm_hit_all_it_can,
        x.reply = c.reply AND x.reply_ids = c.reply_ids AND x.user_ids = c.user_ids AS same_as_cold,
        x.reply = w.reply AND x.reply_ids = w.reply_ids AND x.user_ids = w.user_ids AS same_as_warm,
        x.prompt_tokens = c.prompt_tokens AND x.prompt_tokens = w.prompt_tokens AS same_prompts
@@ -101,19 +105,21 @@ FROM cache_exchanges x
 JOIN cache_exchanges c ON c.conversation_id = :a_cold AND c.turn = x.turn
 JOIN cache_exchanges w ON w.conversation_id = :a_warm AND w.turn = x.turn
 WHERE x.conversation_id = :a ORDER BY x.turn;
--- the cold run left only its last turn's chain; the warm replay added no block (same chain)
+-- the cold run left only its last turn's chain; the warm replay added no whole block (same
+-- chain), only the partly filled tails of its first three turns, one block each (a tail that
+-- ends inside a cached whole block is kept beside it)
 SELECT :blocks_cold = :blocks_a AS cold_left_one_chain,
-       cache_blocks = :blocks_a AS warm_added_nothing FROM pg_stat_cai;
+       cache_blocks - :blocks_a AS warm_added_tails FROM pg_stat_cai;
 
--- 3. a conversation that shares the first exchange, then diverges: its first turn hits all it
--- can, its second reuses the blocks up to the divergence (the start of its second user turn,
--- whose first token differs from the first conversation's), and it replies as a cold run does
+-- 3. a conversation that shares the first exchange, then diverges: its first turn hits the whole
+-- blocks it can, its second reuses its own first exchange to the token (the divergence from the
+-- first conversation is at its second user turn, after that), and it replies as a cold run does
 SELECT cache_play(ARRAY[:'t1', :'b2']) AS b \gset
 SELECT cache_play(ARRAY[:'t1', :'b2'], cold => true) AS b_cold \gset
 SELECT x.turn, x.cached_tokens > 0 AS hit,
        x.cached_tokens = CASE x.turn
            WHEN 1 THEN (x.prompt_tokens - 1) / 16 * 16
-           ELSE (x.prompt_tokens - array_length(x.user_ids, 1) - 6) / 16 * 16 END AS hit_as_expected,
+           ELSE x.prev_prompt + x.prev_completion - 1 END AS hit_as_expected,
        c.cached_tokens AS cold_cached,
        x.reply = c.reply AND x.reply_ids = c.reply_ids AS same_as_cold
 FROM cache_exchanges x
@@ -150,7 +156,7 @@ SET pg_cai.cache_isolation = conversation;
 SELECT cache_play(ARRAY[:'t1', :'t2']) AS d \gset
 SELECT cache_play(ARRAY[:'t1']) AS e \gset
 SELECT conversation_id = :d AS first_conversation, turn, cached_tokens > 0 AS hit,
-       cached_tokens = (prev_prompt + prev_completion - 1) / 16 * 16 AS hit_is_own_history
+       cached_tokens = prev_prompt + prev_completion - 1 AS hit_is_own_history
 FROM cache_exchanges WHERE conversation_id IN (:d, :e) ORDER BY conversation_id, turn;
 SELECT r->'usage'->'prompt_tokens_details'->'cached_tokens' AS cached_tokens,
        (r->'usage'->'prompt_tokens_details'->>'cached_tokens')::int =

@@ -20,7 +20,7 @@ SELECT role, tokens = cai_tokenize(content) AS tokens_match_content,
 FROM cai.messages WHERE conversation_id = :conv ORDER BY id;
 
 -- every follow-up prompt is longer and starts with the previous turns, whose KV comes from the
--- prefix cache (whole blocks of the previous prompt and reply)
+-- prefix cache (the previous prompt and reply, to the token)
 SELECT prompt_tokens, completion_tokens, cached_tokens,
        prompt_tokens > lag(prompt_tokens + completion_tokens) OVER (ORDER BY id) AS grows,
        cached_tokens <= lag(prompt_tokens + completion_tokens) OVER (ORDER BY id) AS hit_within_history

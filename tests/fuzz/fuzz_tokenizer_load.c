@@ -210,9 +210,20 @@ static bool
 never_from_plain_text(const vocab *v, int32_t id)
 {
 	int32_t		t = loaded_type(v, id);
+	const char *s = v->text[id];
+	int			n = (int) v->len[id];
+	bool		html = false;
 
-	return t == 3 || (t == 4 && v->len[id] > 2 && v->text[id][0] == '<' &&
-					  v->text[id][v->len[id] - 1] == '>');
+	/* a plain HTML tag ("<b>", "</td>") is a text piece, "</s>" excepted (tokenizer.c) */
+	if (n > 2 && !(n == 4 && memcmp(s, "</s>", 4) == 0))
+	{
+		int			i = s[1] == '/' ? 2 : 1;
+
+		html = i < n - 1 && ((s[i] | 0x20) >= 'a' && (s[i] | 0x20) <= 'z');
+		for (; html && i < n - 1; i++)
+			html = ((s[i] | 0x20) >= 'a' && (s[i] | 0x20) <= 'z') || (s[i] >= '0' && s[i] <= '9');
+	}
+	return t == 3 || (t == 4 && n > 2 && s[0] == '<' && s[n - 1] == '>' && !html);
 }
 
 /* Streams ids through a detokenizer with the documented buffer; output must be valid UTF-8. */
