@@ -27,40 +27,16 @@ row_threads(int n)
  * ------------------------------------------------------------------------------------------- */
 
 /*
- * One block per token.  The sum of squares follows ops.c's sum_squares exactly: lane j < 8 of the
- * first warp sums x[i]^2 for i = j, j + 8, ... below the last multiple of 8, in order; lane 8 sums
- * the tail in order; thread 0 combines them with the fixed tree.  Those eight chains are serial by
- * definition (a float sum's order is part of its value), so they must not wait on global memory:
- * the whole block first stages the row in shared memory with coalesced loads (when it fits, which
- * it does for every d up to 12288), and the chains and both later passes read it from there.
+ * 1 / sqrt(mean(row^2) + eps) for a block's row, the sum of squares as ops.c's sum_squares:
+ * threads 0..7 sum x[i]^2 for i = j, j + 8, ... below the last multiple of 8, in order; thread 8
+ * sums the tail in order; thread 0 combines them with the fixed tree.  Every thread of the block
+ * calls it and gets the value; part (9 floats) and inv are the caller's shared memory.
  */
-#define RMSNORM_STAGE_MAX_BYTES (48 * 1024)
-
-static __global__ void
-rmsnorm_kernel(const float *__restrict__ x, const float *__restrict__ w, int d, float eps,
-			   float *__restrict__ y, int8_t *__restrict__ q, float *__restrict__ s, bool staged)
+static __device__ float
+row_inv_rms(const float *row, int d, float eps, float *part, float *inv)
 {
-	extern __shared__ float row_sh[];
-	__shared__ float part[9];
-	__shared__ float red[ROW_THREADS_MAX / CUDA_WARP];
-	__shared__ float inv_shared;
-	int			t = blockIdx.x;
-	const float *xr = x + (size_t) t * d;
-	const float *row = xr;
 	int			n8 = d & ~7;
-	float		inv;
-	float		amax = 0.0f;
-	float		scale = 0.0f,
-				qinv = 0.0f;
-	bool		nonzero;
 
-	if (staged)
-	{
-		for (int i = threadIdx.x; i < d; i += blockDim.x)
-			row_sh[i] = xr[i];
-		__syncthreads();
-		row = row_sh;
-	}
 	if (threadIdx.x < 8)
 	{
 		float		acc = 0.0f;
@@ -82,10 +58,47 @@ rmsnorm_kernel(const float *__restrict__ x, const float *__restrict__ w, int d, 
 	{
 		float		ms = __fdiv_rn(__fadd_rn(tree8(part), part[8]), (float) d);
 
-		inv_shared = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
+		*inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
 	}
 	__syncthreads();
-	inv = inv_shared;
+	return *inv;
+}
+
+/*
+ * One block per token.  The sum of squares follows ops.c's sum_squares exactly: lane j < 8 of the
+ * first warp sums x[i]^2 for i = j, j + 8, ... below the last multiple of 8, in order; lane 8 sums
+ * the tail in order; thread 0 combines them with the fixed tree.  Those eight chains are serial by
+ * definition (a float sum's order is part of its value), so they must not wait on global memory:
+ * the whole block first stages the row in shared memory with coalesced loads (when it fits, which
+ * it does for every d up to 12288), and the chains and both later passes read it from there.
+ */
+#define RMSNORM_STAGE_MAX_BYTES (48 * 1024)
+
+static __global__ void
+rmsnorm_kernel(const float *__restrict__ x, const float *__restrict__ w, int d, float eps,
+			   float *__restrict__ y, int8_t *__restrict__ q, float *__restrict__ s, bool staged)
+{
+	extern __shared__ float row_sh[];
+	__shared__ float part[9];
+	__shared__ float red[ROW_THREADS_MAX / CUDA_WARP];
+	__shared__ float inv_shared;
+	int			t = blockIdx.x;
+	const float *xr = x + (size_t) t * d;
+	const float *row = xr;
+	float		inv;
+	float		amax = 0.0f;
+	float		scale = 0.0f,
+				qinv = 0.0f;
+	bool		nonzero;
+
+	if (staged)
+	{
+		for (int i = threadIdx.x; i < d; i += blockDim.x)
+			row_sh[i] = xr[i];
+		__syncthreads();
+		row = row_sh;
+	}
+	inv = row_inv_rms(row, d, eps, part, &inv_shared);
 
 	for (int i = threadIdx.x; i < d; i += blockDim.x)
 	{
@@ -138,34 +151,9 @@ head_rmsnorm_kernel(float *__restrict__ x, int ldx, int n_heads, int head_dim,
 	int			t = blockIdx.x / n_heads;
 	int			h = blockIdx.x % n_heads;
 	float	   *row = x + (size_t) t * ldx + (size_t) h * head_dim;
-	int			n8 = head_dim & ~7;
 	float		inv;
 
-	if (threadIdx.x < 8)
-	{
-		float		acc = 0.0f;
-
-		for (int i = threadIdx.x; i < n8; i += 8)
-			acc = __fadd_rn(acc, __fmul_rn(row[i], row[i]));
-		part[threadIdx.x] = acc;
-	}
-	else if (threadIdx.x == 8)
-	{
-		float		tail = 0.0f;
-
-		for (int i = n8; i < head_dim; i++)
-			tail = __fadd_rn(tail, __fmul_rn(row[i], row[i]));
-		part[8] = tail;
-	}
-	__syncthreads();
-	if (threadIdx.x == 0)
-	{
-		float		ms = __fdiv_rn(__fadd_rn(tree8(part), part[8]), (float) head_dim);
-
-		inv_shared = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(ms, eps)));
-	}
-	__syncthreads();
-	inv = inv_shared;
+	inv = row_inv_rms(row, head_dim, eps, part, &inv_shared);
 	for (int i = threadIdx.x; i < head_dim; i += blockDim.x)
 		row[i] = __fmul_rn(__fmul_rn(row[i], inv), w[i]);
 }
