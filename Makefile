@@ -92,6 +92,13 @@ install-engine: cai
 uninstall: uninstall-engine
 uninstall-engine:
 	rm -f '$(DESTDIR)$(bindir)/cai'
+
+# Gemma 3 270M through the worker, on a server that serves the Gemma file
+# (scripts/run-tests.sh starts one when models/ has it; results in build/regress_gemma)
+installcheck-gemma:
+	@mkdir -p build/regress_gemma
+	$(pg_regress_installcheck) --inputdir=tests/regress_gemma --outputdir=build/regress_gemma \
+		--load-extension=pg_cai cai_gemma
 endif
 
 model:

@@ -21,6 +21,17 @@ skipped=0
 
 say() { printf '%s\n' "$*" >&2; }
 
+# stops the current cluster; keeps its directory for inspection once anything has failed
+finish_cluster() {
+	cluster_stop
+	trap - EXIT
+	if [ $failed -eq 0 ]; then
+		rm -rf "$CLUSTER_DIR"
+	else
+		say "kept $CLUSTER_DIR for inspection (server log: $CLUSTER_LOG)"
+	fi
+}
+
 # ---- 1. engine unit tests ------------------------------------------------------------------
 say "== unit tests"
 unit_out=$(make -C "$ROOT" --no-print-directory unit 2>&1)
@@ -137,12 +148,30 @@ for scenario in "$ROOT"/tests/scenario/test_*.py; do
 	failed=$((failed + s_failed))
 done
 
-cluster_stop
-trap - EXIT
-if [ $failed -eq 0 ]; then
-	rm -rf "$CLUSTER_DIR"
+finish_cluster
+
+# ---- 5. Gemma 3 through the worker: pg_regress's cai_gemma on a cluster serving the Gemma file
+# (fetched by `scripts/fetch-model.sh gemma3-270m`, as CI does), context 4096 --------------------
+GEMMA=${CAI_GEMMA_MODEL:-$ROOT/models/gemma-3-270m-q4_k_m.gguf}
+if [ -f "$GEMMA" ]; then
+	say "== pg_regress on Gemma 3 ($GEMMA)"
+	trap cluster_stop EXIT
+	if cluster_create "$(realpath "$GEMMA")" pg_cai.context_length=4096 && cluster_start; then
+		cluster_env
+		gemma_out=$(make -C "$ROOT" --no-print-directory installcheck-gemma 2>&1)
+		printf '%s\n' "$gemma_out" >&2
+		if printf '%s\n' "$gemma_out" | grep -qE '^(test| )? *cai_gemma +\.\.\. ok'; then
+			passed=$((passed + 1))
+		else
+			failed=$((failed + 1))
+		fi
+	else
+		failed=$((failed + 1))
+	fi
+	finish_cluster
 else
-	say "kept $CLUSTER_DIR for inspection (server log: $CLUSTER_LOG)"
+	say "== pg_regress on Gemma 3: skipped ($GEMMA absent; scripts/fetch-model.sh gemma3-270m)"
+	skipped=$((skipped + 1))
 fi
 
 echo "$passed passed, $failed failed, $skipped skipped"

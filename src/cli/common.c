@@ -102,9 +102,9 @@ cli_load_grammar(const char *schema_file, bool json_object, cai_grammar **out)
 }
 
 /*
- * The public cai_model_info has the BOS id but not whether raw text should start with it
- * (SmolLM2 has a BOS id yet sets tokenizer.ggml.add_bos_token false), so this one fact is read
- * from the model's tokenizer directly.
+ * Whether raw text starts with the BOS token (tokenizer.ggml.add_bos_token): a BOS id alone does
+ * not say so (SmolLM2 has one and sets the flag false).  The engine's COMPLETE requests follow
+ * the same rule (request_decode.c).
  */
 bool
 cli_model_adds_bos(const cai_model *model)

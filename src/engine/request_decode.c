@@ -211,7 +211,12 @@ done:
 	return st;
 }
 
-/* The text of a COMPLETE payload, tokenized, the oldest part cut when it is too long. */
+/*
+ * The text of a COMPLETE payload, tokenized, the oldest part cut when it is too long.  Raw text
+ * starts with the BOS token where the model asks for it (tokenizer.ggml.add_bos_token: Gemma and
+ * Llama do, SmolLM2 does not), as llama.cpp and `cai run` do: without it a Gemma model continues
+ * text it has never seen start that way, and its output degenerates.
+ */
 static cai_status
 decode_complete(const cai_model *model, cai_reader *r, int context_length, int max_prompt,
 				bool truncate, cai_decoded_request *out, cai_error *err)
@@ -220,6 +225,8 @@ decode_complete(const cai_model *model, cai_reader *r, int context_length, int m
 	uint32_t	len;
 	int32_t    *ids = NULL;
 	int			n_ids = 0;
+	cai_model_info info;
+	int			n_bos;
 	cai_status	st;
 
 	if (!cai_get_text(r, &text, &len) || cai_reader_remaining(r) != 0)
@@ -232,18 +239,36 @@ decode_complete(const cai_model *model, cai_reader *r, int context_length, int m
 		cai_free(ids);
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "prompt has no tokens");
 	}
-	if (n_ids > max_prompt)
+	cai_model_get_info(model, &info);
+	n_bos = info.add_bos && info.bos_token >= 0 ? 1 : 0;
+	if (n_bos + n_ids > max_prompt)
 	{
-		if (!truncate)
+		if (!truncate || max_prompt <= n_bos)
 		{
 			cai_free(ids);
 			return cai_fail(err, CAI_ERR_CONTEXT_FULL,
 							"the prompt is %d tokens, more than the limit of %d (the context of %d tokens less %d kept for the reply)",
-							n_ids, max_prompt, context_length, context_length - max_prompt);
+							n_bos + n_ids, max_prompt, context_length, context_length - max_prompt);
 		}
-		/* keep the most recent text */
-		memmove(ids, ids + (n_ids - max_prompt), sizeof(int32_t) * (size_t) max_prompt);
-		n_ids = max_prompt;
+		/* keep the most recent text (after the BOS token) */
+		memmove(ids, ids + (n_ids - (max_prompt - n_bos)),
+				sizeof(int32_t) * (size_t) (max_prompt - n_bos));
+		n_ids = max_prompt - n_bos;
+	}
+	if (n_bos)
+	{
+		int32_t    *with_bos = malloc(sizeof(int32_t) * (size_t) (n_ids + 1));
+
+		if (!with_bos)
+		{
+			cai_free(ids);
+			return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory tokenizing the prompt");
+		}
+		with_bos[0] = info.bos_token;
+		memcpy(with_bos + 1, ids, sizeof(int32_t) * (size_t) n_ids);
+		cai_free(ids);
+		ids = with_bos;
+		n_ids++;
 	}
 	out->prompt = ids;
 	out->params.prompt = ids;

@@ -364,7 +364,7 @@ add_tokenizer(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 	if (st == CAI_OK)
 	{
 		gguf_writer_add_bool(w, "tokenizer.ggml.add_space_prefix", false);
-		gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", false);
+		gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", cfg->add_bos);
 		gguf_writer_add_str(w, "tokenizer.ggml.model", "gpt2");
 		gguf_writer_add_str(w, "tokenizer.ggml.pre",
 							cfg->tokenizer_pre ? cfg->tokenizer_pre : "smollm");

@@ -54,6 +54,7 @@ typedef struct synth_model_config
 	float		rms_eps;
 	const char *tokenizer_pre;	/* tokenizer.ggml.pre */
 	const char *chat_template;	/* NULL: SmolLM2's ChatML template */
+	bool		add_bos;		/* tokenizer.ggml.add_bos_token (SmolLM2: false; Gemma, Llama: true) */
 	float		rope_scaling_factor;	/* > 0: linear RoPE scaling by this factor */
 
 	/*
