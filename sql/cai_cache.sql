@@ -1,6 +1,6 @@
 --
 -- The prefix cache seen from SQL: follow-up turns reuse the attention KV of the stored history
--- (whole 16-token blocks, never the prompt's last token), greedy replies are the same with the
+-- (to the token, never the prompt's last token), greedy replies are the same with the
 -- cache and without it, namespaces (pg_cai.cache_isolation = role | conversation | none) keep
 -- prefixes apart, cai_cache_reset() empties the cache, and pg_stat_cai counts all of it.
 --
@@ -8,7 +8,8 @@
 -- is structure: equalities between runs and cached_tokens derived from the rules:
 --   * a finished turn caches the blocks of what it computed: its prompt and its reply less the
 --     last sampled token (never fed back), i.e. (prompt_tokens + completion_tokens - 1) / 16 blocks;
---   * a lookup matches whole blocks of the new prompt, at most (prompt_tokens - 1) / 16;
+--   * a lookup reuses, to the token, all that a cached sequence shares with the new prompt, at
+--     most prompt_tokens - 1 (the last prompt token is always run, to give the first reply token);
 --   * a follow-up prompt is the previous prompt, the stored reply ids, then the new user turn:
 --     ChatML adds 11 tokens per exchange (<|im_end|> \n <|im_start|> user \n before the user
 --     content, <|im_end|> \n <|im_start|> ass istant \n after it).
@@ -94,10 +95,8 @@ SELECT cache_play(ARRAY[:'t1', :'t2', :'t3', :'t4'], cold => true) AS a_cold \gs
 SELECT cache_blocks AS blocks_cold FROM pg_stat_cai \gset
 SELECT cache_play(ARRAY[:'t1', :'t2', :'t3', :'t4']) AS a_warm \gset
 SELECT x.turn, c.cached_tokens AS cold_cached,
-       -- the last turn's own tail is cached (to the token); an earlier turn's prompt ends inside
-       -- a whole block of the later chain, which is reused up to that block only
-       w.cached_tokens = CASE WHEN x.turn = 4 THEN w.prompt_tokens - 1
-                              ELSE (w.prompt_tokens - 1) / 16 * 16 END AS warm_hit_all_it_can,
+       -- every turn's prompt is a prefix of the cached chain: all of it but its last token
+       w.cached_tokens = w.prompt_tokens - 1 AS warm_hit_all_it_can,
        x.reply = c.reply AND x.reply_ids = c.reply_ids AND x.user_ids = c.user_ids AS same_as_cold,
        x.reply = w.reply AND x.reply_ids = w.reply_ids AND x.user_ids = w.user_ids AS same_as_warm,
        x.prompt_tokens = c.prompt_tokens AND x.prompt_tokens = w.prompt_tokens AS same_prompts
@@ -105,21 +104,22 @@ FROM cache_exchanges x
 JOIN cache_exchanges c ON c.conversation_id = :a_cold AND c.turn = x.turn
 JOIN cache_exchanges w ON w.conversation_id = :a_warm AND w.turn = x.turn
 WHERE x.conversation_id = :a ORDER BY x.turn;
--- the cold run left only its last turn's chain; the warm replay added no whole block (same
--- chain), only the partly filled tails of its first three turns, one block each (a tail that
--- ends inside a cached whole block is kept beside it)
+-- the cold run left only its last turn's chain, and the warm replay added nothing: each of its
+-- turns' blocks, and the partly filled last one, is already a block of that chain
 SELECT :blocks_cold = :blocks_a AS cold_left_one_chain,
-       cache_blocks - :blocks_a AS warm_added_tails FROM pg_stat_cai;
+       cache_blocks - :blocks_a AS warm_added_blocks FROM pg_stat_cai;
 
--- 3. a conversation that shares the first exchange, then diverges: its first turn hits the whole
--- blocks it can, its second reuses its own first exchange to the token (the divergence from the
--- first conversation is at its second user turn, after that), and it replies as a cold run does
+-- 3. a conversation that shares the first exchange, then diverges: its first turn hits all of its
+-- prompt but the last token; its second reuses its own first exchange (its prompt and reply less
+-- the last sampled token) and, from the first conversation's chain, the 5 template tokens that
+-- open the next user turn, up to the first token of the user's text, where the two differ; and
+-- it replies as a cold run does
 SELECT cache_play(ARRAY[:'t1', :'b2']) AS b \gset
 SELECT cache_play(ARRAY[:'t1', :'b2'], cold => true) AS b_cold \gset
 SELECT x.turn, x.cached_tokens > 0 AS hit,
        x.cached_tokens = CASE x.turn
-           WHEN 1 THEN (x.prompt_tokens - 1) / 16 * 16
-           ELSE x.prev_prompt + x.prev_completion - 1 END AS hit_as_expected,
+           WHEN 1 THEN x.prompt_tokens - 1
+           ELSE x.prev_prompt + x.prev_completion - 1 + 5 END AS hit_as_expected,
        c.cached_tokens AS cold_cached,
        x.reply = c.reply AND x.reply_ids = c.reply_ids AS same_as_cold
 FROM cache_exchanges x
@@ -139,7 +139,7 @@ SET ROLE regress_cai_cache_r1;
 SELECT cache_play(ARRAY[:'t1']) AS r1_second \gset
 RESET ROLE;
 SELECT e.conversation_id = :r1_first AS r1_first, e.conversation_id = :r2_first AS r2_first,
-       e.cached_tokens, e.cached_tokens = (e.prompt_tokens - 1) / 16 * 16 AS hit_all_it_can,
+       e.cached_tokens, e.cached_tokens = e.prompt_tokens - 1 AS hit_all_it_can,
        e.reply_ids = x.reply_ids AS same_reply
 FROM cache_exchanges e
 JOIN cache_exchanges x ON x.conversation_id = :a AND x.turn = 1
@@ -160,7 +160,7 @@ SELECT conversation_id = :d AS first_conversation, turn, cached_tokens > 0 AS hi
 FROM cache_exchanges WHERE conversation_id IN (:d, :e) ORDER BY conversation_id, turn;
 SELECT r->'usage'->'prompt_tokens_details'->'cached_tokens' AS cached_tokens,
        (r->'usage'->'prompt_tokens_details'->>'cached_tokens')::int =
-       ((r->'usage'->>'prompt_tokens')::int - 1) / 16 * 16 AS hit_from_role
+       (r->'usage'->>'prompt_tokens')::int - 1 AS hit_from_role
 FROM cai_chat_completion(jsonb_build_array(
          jsonb_build_object('role', 'system', 'content', :'sys'),
          jsonb_build_object('role', 'user', 'content', :'t1')),
@@ -175,7 +175,7 @@ SELECT cache_play(ARRAY[:'t4']) AS none_r2 \gset
 RESET ROLE;
 RESET pg_cai.cache_isolation;
 SELECT conversation_id = :none_r1 AS r1, cached_tokens > 0 AS hit,
-       cached_tokens = (prompt_tokens - 1) / 16 * 16 AS hit_all_it_can
+       cached_tokens = prompt_tokens - 1 AS hit_all_it_can
 FROM cache_exchanges WHERE conversation_id IN (:none_r1, :none_r2) ORDER BY conversation_id;
 
 -- 7. cai_cache_reset: not for cai_user; a superuser or a role granted EXECUTE empties the cache

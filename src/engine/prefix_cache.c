@@ -11,6 +11,15 @@
  * own, since the rows after them are the new sequence's and would differ between continuations.
  * A tail that a later insert covers (its tokens are a prefix of the new block or tail) is dropped.
  *
+ * Reuse inside a full block.  A prompt that leaves a cached chain in the middle of a full block
+ * (a new question after a shared system prompt, a regenerated reply) or ends inside one reuses
+ * that block's rows up to the last token it agrees on, the same way as a tail's: every full block
+ * is also filed, by a second link, under its prefix's tail key, so one bucket lists all the
+ * blocks and tails that may follow a prefix.  A tail whose tokens a full block after the same
+ * prefix already holds is not stored.  Each lookup compares at most MAX_FOLLOWERS candidates, so
+ * a prefix followed by thousands of blocks (every conversation's first question after one system
+ * prompt) costs a bounded scan; the most recently filed come first.
+ *
  * Keys.  Block i's key is XXH3-64 of its 16 token ids (as int32 bytes) seeded with block i-1's
  * key; block 0's seed is XXH3-64 of (model fingerprint, salt).  One key therefore names a whole
  * prefix, and a lookup walks the chain from the root, one hash probe per block.
@@ -54,6 +63,7 @@ typedef struct cache_node
 	uint64_t	salt;			/* namespace; verified at the root so salts never meet */
 	struct cache_node *parent;	/* NULL for a prefix's first block */
 	struct cache_node *hash_next;	/* bucket chain; free-list link while unused */
+	struct cache_node *follower_next;	/* full blocks: chain of followers_of(parent's key) */
 	struct cache_node *lru_older;
 	struct cache_node *lru_newer;
 	uint64_t	last_used;		/* tick of the call that last used this node */
@@ -75,6 +85,7 @@ struct cai_prefix_cache
 	int			n_nodes;
 
 	cache_node **buckets;		/* [n_buckets], chains linked by hash_next */
+	cache_node **follower_buckets;	/* [n_buckets]: full blocks by their prefix's tail key */
 	int			bucket_bits;
 
 	cache_node *lru_oldest;
@@ -136,6 +147,9 @@ partial_key(const cai_prefix_cache *cache, uint64_t seed)
 	return cache->hash(marker, 1, seed);
 }
 
+/* Candidates compared when a lookup reuses part of a block (see the file comment). */
+#define MAX_FOLLOWERS 256
+
 static void
 hash_insert(cai_prefix_cache *cache, cache_node *node)
 {
@@ -155,6 +169,28 @@ hash_remove(cai_prefix_cache *cache, cache_node *node)
 	if (*link)
 		*link = node->hash_next;
 	node->hash_next = NULL;
+}
+
+/* Files a full block under tail_key, the key of the tails that follow its prefix. */
+static void
+follower_insert(cai_prefix_cache *cache, cache_node *node, uint64_t tail_key)
+{
+	cache_node **head = &cache->follower_buckets[bucket_of(cache, tail_key)];
+
+	node->follower_next = *head;
+	*head = node;
+}
+
+static void
+follower_remove(cai_prefix_cache *cache, cache_node *node, uint64_t tail_key)
+{
+	cache_node **link = &cache->follower_buckets[bucket_of(cache, tail_key)];
+
+	while (*link && *link != node)
+		link = &(*link)->follower_next;
+	if (*link)
+		*link = node->follower_next;
+	node->follower_next = NULL;
 }
 
 static void
@@ -234,6 +270,20 @@ partial_follows(const cache_node *node, uint64_t key, const cache_node *parent, 
 		&& node->salt == salt;
 }
 
+/* Whether node is a full block filed under tail_key that follows parent under salt. */
+static bool
+full_follows(const cache_node *node, const cache_node *parent, uint64_t salt)
+{
+	return node->n_tokens == CAI_KV_BLOCK_TOKENS && node->parent == parent && node->salt == salt;
+}
+
+/* The key a full block is filed under as a follower: its prefix's tail key. */
+static uint64_t
+follower_key(const cai_prefix_cache *cache, const cache_node *node)
+{
+	return partial_key(cache, node->parent ? node->parent->key : root_seed(cache, node->salt));
+}
+
 /* Length of the common prefix of a[0..n) and b[0..n). */
 static int
 common_prefix(const int32_t *a, const int32_t *b, int n)
@@ -250,6 +300,8 @@ static void
 remove_leaf(cai_prefix_cache *cache, cache_node *node)
 {
 	hash_remove(cache, node);
+	if (node->n_tokens == CAI_KV_BLOCK_TOKENS)
+		follower_remove(cache, node, follower_key(cache, node));
 	lru_unlink(cache, node);
 	if (node->parent)
 		node->parent->n_children--;
@@ -332,7 +384,8 @@ cai_prefix_cache_create(cai_kv_pool *pool, size_t budget_bytes, uint64_t fingerp
 		cache->bucket_bits = bits;
 		cache->nodes = calloc(capacity, sizeof(cache_node));
 		cache->buckets = calloc((size_t) 1 << bits, sizeof(cache_node *));
-		if (!cache->nodes || !cache->buckets)
+		cache->follower_buckets = calloc((size_t) 1 << bits, sizeof(cache_node *));
+		if (!cache->nodes || !cache->buckets || !cache->follower_buckets)
 		{
 			cai_prefix_cache_free(cache);
 			return cai_fail(err, CAI_ERR_NO_MEMORY,
@@ -356,14 +409,17 @@ cai_prefix_cache_free(cai_prefix_cache *cache)
 	cai_prefix_cache_reset(cache);
 	free(cache->nodes);
 	free(cache->buckets);
+	free(cache->follower_buckets);
 	free(cache);
 }
 
 /*
- * The longest partial tail after parent whose tokens begin tokens[0..n): every tail of the prefix
- * sits in one bucket under partial_key, and each candidate's own tokens are compared, so a hit is
- * verified like a full block's.  Returns the tail (NULL if none shares a first token) and its
- * matched length in *matched.
+ * The block after parent that agrees longest with tokens[0..n) (n < 16): a partial tail, or a
+ * full block the prompt leaves or ends inside.  Tails sit in one bucket under partial_key and
+ * full blocks in the follower bucket under the same key; each candidate's own tokens are
+ * compared, so a hit is verified like a full block's.  At most MAX_FOLLOWERS candidates are
+ * compared.  Returns the node (NULL if none shares a first token) and the matched length in
+ * *matched.
  */
 static cache_node *
 best_partial(const cai_prefix_cache *cache, const cache_node *parent, uint64_t salt, uint64_t seed,
@@ -371,15 +427,33 @@ best_partial(const cai_prefix_cache *cache, const cache_node *parent, uint64_t s
 {
 	uint64_t	key = partial_key(cache, seed);
 	cache_node *best = NULL;
+	int			compared = 0;
 
 	*matched = 0;
-	for (cache_node *node = cache->buckets[bucket_of(cache, key)]; node; node = node->hash_next)
+	for (cache_node *node = cache->buckets[bucket_of(cache, key)];
+		 node && compared < MAX_FOLLOWERS; node = node->hash_next)
 	{
 		int			len;
 
 		if (!partial_follows(node, key, parent, salt))
 			continue;
+		compared++;
 		len = common_prefix(node->tokens, tokens, node->n_tokens < n ? node->n_tokens : n);
+		if (len > *matched)
+		{
+			*matched = len;
+			best = node;
+		}
+	}
+	for (cache_node *node = cache->follower_buckets[bucket_of(cache, key)];
+		 node && compared < MAX_FOLLOWERS && *matched < n; node = node->follower_next)
+	{
+		int			len;
+
+		if (!full_follows(node, parent, salt))
+			continue;
+		compared++;
+		len = common_prefix(node->tokens, tokens, n);
 		if (len > *matched)
 		{
 			*matched = len;
@@ -443,8 +517,8 @@ cai_prefix_cache_lookup_tokens(cai_prefix_cache *cache, uint64_t salt, const int
 	last_used = parent;
 
 	/*
-	 * After the last full hit, the tokens up to the next block boundary may continue a cached
-	 * partial tail: the longest of them that agrees token by token is reused to the token.
+	 * After the last full hit, the tokens up to the next block boundary may agree with the start
+	 * of a cached tail or full block after it: the longest agreement is reused to the token.
 	 */
 	if (tail)
 	{
@@ -549,7 +623,7 @@ block_held(const cai_prefix_cache *cache, int32_t block)
 
 /*
  * Caches tokens[0..n) (1..15 of them) held in the first rows of block as a partial tail after
- * parent, unless a tail already there covers them.  Returns the node that now covers them, or
+ * parent, unless a tail or full block already there covers them.  Returns the node that now covers them, or
  * NULL when none could be made (over budget with everything else pinned).
  */
 static cache_node *
@@ -563,6 +637,12 @@ insert_tail(cai_prefix_cache *cache, cache_node *parent, uint64_t salt, uint64_t
 	{
 		if (partial_follows(node, key, parent, salt) && node->n_tokens >= n
 			&& common_prefix(node->tokens, tokens, n) == n)
+			return node;
+	}
+	/* a full block after the same prefix that begins with these tokens serves them as well */
+	for (node = cache->follower_buckets[bucket_of(cache, key)]; node; node = node->follower_next)
+	{
+		if (full_follows(node, parent, salt) && common_prefix(node->tokens, tokens, n) == n)
 			return node;
 	}
 	if (!block_held(cache, block))
@@ -639,6 +719,7 @@ cai_prefix_cache_insert(cai_prefix_cache *cache, uint64_t salt, const int32_t *t
 			node->n_tokens = CAI_KV_BLOCK_TOKENS;
 			memcpy(node->tokens, block_tokens, sizeof(node->tokens));
 			hash_insert(cache, node);
+			follower_insert(cache, node, partial_key(cache, seed));
 			cai_kv_block_ref(cache->pool, node->block);
 			cache->stats.inserted_blocks++;
 			/* a tail this block extends is now reached through it */
@@ -679,10 +760,13 @@ cai_prefix_cache_reset(cai_prefix_cache *cache)
 		cai_kv_block_unref(cache->pool, node->block);
 	}
 	memset(cache->buckets, 0, ((size_t) 1 << cache->bucket_bits) * sizeof(cache_node *));
+	memset(cache->follower_buckets, 0,
+		   ((size_t) 1 << cache->bucket_bits) * sizeof(cache_node *));
 	cache->free_nodes = NULL;
 	for (int i = cache->capacity; i > 0; i--)
 	{
 		cache->nodes[i - 1].parent = NULL;
+		cache->nodes[i - 1].follower_next = NULL;
 		cache->nodes[i - 1].n_children = 0;
 		cache->nodes[i - 1].hash_next = cache->free_nodes;
 		cache->free_nodes = &cache->nodes[i - 1];

@@ -12,6 +12,11 @@
 #   prompt / cached       mean prompt tokens per request, and how many of them the prefix cache
 #                         served (the shared system prompt's whole 16-token blocks)
 #   speed-up              completion tokens/s relative to the first client count
+# then, for each client count, the same work given to the engine alone (closed_loop_engine.c,
+# linked with build/libcai.a: the same chats through the model's template, the same cache, batch
+# and step budget, each client submitting its next request the moment the last one finishes):
+#   engine/s              its completion tokens/s, and SQL/engine the share of it the SQL path
+#                         delivered (the server's engine is idle meanwhile)
 #
 #   tests/bench/bench_pgbench.sh [-c 1,4,16,32] [-T seconds] [-n max_tokens] [-m model]
 #
@@ -48,6 +53,9 @@ psql -qX -c "CREATE EXTENSION pg_cai"
 
 WORK=$(mktemp -d /tmp/cai_bench_pgbench.XXXX)
 chmod 777 "$WORK"
+make -C "$ROOT" --no-print-directory build/libcai.a >/dev/null
+cc -O2 -I"$ROOT/src/engine" -o "$WORK/closed_loop_engine" "$ROOT/tests/bench/closed_loop_engine.c" \
+	"$ROOT/build/libcai.a" -lxxhash -lpthread -lm -ldl
 cat >"$WORK/chat.sql" <<EOF
 \set n random(1, 1000000)
 SELECT cai_chat(cai_new_conversation('You are a helpful assistant.'),
@@ -56,13 +64,14 @@ SELECT cai_chat(cai_new_conversation('You are a helpful assistant.'),
 EOF
 
 stat() { psql -qXAt -c "SELECT $1 FROM pg_stat_cai"; }
+THREADS=$(stat "substring(device from ', ([0-9]+) thread')")
 
 # warm-up: the engine's buffers, the system prompt in the prefix cache
 "$CLUSTER_BINDIR/pgbench" -n -c 2 -j 1 -t 2 -f "$WORK/chat.sql" >/dev/null
 
 echo "pg_cai pgbench benchmark: $(stat "model || ' on ' || device"), max_tokens $MAX_TOKENS, ${DURATION}s per run, $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
-printf '%-8s %8s %10s %14s %10s %10s %10s %6s %15s %9s\n' clients txns 'txn/s' 'completion/s' 'p50 ms' 'p99 ms' \
-	'avg batch' 'busy' 'prompt/cached' 'speed-up'
+printf '%-8s %8s %10s %14s %10s %10s %10s %6s %15s %9s %10s %11s\n' clients txns 'txn/s' 'completion/s' 'p50 ms' 'p99 ms' \
+	'avg batch' 'busy' 'prompt/cached' 'speed-up' 'engine/s' 'SQL/engine'
 base=""
 for c in ${CLIENTS//,/ }; do
 	gen0=$(stat generated_tokens)
@@ -99,8 +108,11 @@ for c in ${CLIENTS//,/ }; do
 	busy=$(awk -v b0="$busy0" -v b1="$busy1" -v a="$t0" -v b="$t1" 'BEGIN {printf "%.0f%%", 100 * (b1 - b0) / (b - a)}')
 	[ -z "$base" ] && base=$rate
 	speedup=$(awk -v r="$rate" -v b="$base" 'BEGIN {printf "%.1fx", r / b}')
-	printf '%-8s %8s %10s %14s %10s %10s %10s %6s %15s %9s\n' "$c" "$n" "$tps" "$rate" "$p50" "$p99" "$batch" \
-		"$busy" "$prompts" "$speedup"
+	engine_rate=$("$WORK/closed_loop_engine" "$MODEL" "${THREADS:-0}" "$c" "$DURATION" "$MAX_TOKENS" 32 |
+		sed -n 's/.* completion\/s \([0-9.]*\) .*/\1/p')
+	share=$(awk -v r="$rate" -v e="$engine_rate" 'BEGIN {printf "%.0f%%", (e > 0 ? 100 * r / e : 0)}')
+	printf '%-8s %8s %10s %14s %10s %10s %10s %6s %15s %9s %10s %11s\n' "$c" "$n" "$tps" "$rate" "$p50" "$p99" "$batch" \
+		"$busy" "$prompts" "$speedup" "$engine_rate" "$share"
 done
 echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 rm -rf "$WORK"

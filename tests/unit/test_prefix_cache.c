@@ -423,6 +423,83 @@ TEST(prefix_cache_partial_hit_diverging_mid_block)
 	cai_kv_pool_free(pool);
 }
 
+/*
+ * A prompt that leaves a cached chain inside a full block, or ends inside one, reuses that
+ * block's rows to the token (the caller copies them), like a tail's; a tail that a full block
+ * after the same prefix already holds is not stored again; many blocks after one prefix (every
+ * conversation's first question after a shared system prompt) are still found.
+ */
+TEST(prefix_cache_reuses_full_blocks_to_the_token)
+{
+	enum
+	{
+		N_FOLLOWERS = 300
+	};
+	cai_kv_pool *pool = make_pool(2 * N_FOLLOWERS + 32);
+	cai_prefix_cache *cache = make_cache(pool, 2 * N_FOLLOWERS + 16);
+	int32_t		a[3 * BT];
+	int32_t		b[3 * BT];
+	int32_t		a_blocks[3];
+	int32_t		blocks[3];
+	cai_prefix_cache_tail tail;
+
+	if (!pool || !cache)
+	{
+		CHECK(false);
+		return;
+	}
+	fill_tokens(a, 3 * BT, 4);
+	insert_owned(cache, pool, 0, a, 3 * BT, a_blocks);
+	CHECK_EQ_INT(stats_of(cache).blocks, 3);
+
+	/* b leaves a's chain at block 1's 10th token: block 0 whole, then 9 rows of a's block 1 */
+	memcpy(b, a, sizeof(b));
+	b[BT + 9] = -7;
+	CHECK_EQ_INT(probe_tokens(cache, pool, 0, b, 3 * BT, 3 * BT - 1, &tail), 1);
+	CHECK_EQ_INT(tail.block, a_blocks[1]);
+	CHECK_EQ_INT(tail.n_tokens, 9);
+	/* the caller's reference on the block was taken and given back */
+	CHECK_EQ_INT(cai_kv_block_refcount(pool, a_blocks[1]), 1);
+
+	/* a prompt that ends inside a's block 2: the rows up to its last token but one */
+	CHECK_EQ_INT(probe_tokens(cache, pool, 0, a, 2 * BT + 6, 2 * BT + 5, &tail), 2);
+	CHECK_EQ_INT(tail.block, a_blocks[2]);
+	CHECK_EQ_INT(tail.n_tokens, 5);
+	/* inside the first block: a root follower */
+	CHECK_EQ_INT(probe_tokens(cache, pool, 0, a, 8, 7, &tail), 0);
+	CHECK_EQ_INT(tail.block, a_blocks[0]);
+	CHECK_EQ_INT(tail.n_tokens, 7);
+	/* another salt reuses nothing */
+	CHECK_EQ_INT(probe_tokens(cache, pool, 1, a, 8, 7, &tail), 0);
+	CHECK_EQ_INT(tail.block, -1);
+
+	/* a sequence that stops inside a's block 1: its tail is a's block 1 already, not stored */
+	insert_owned(cache, pool, 0, a, BT + 11, blocks);
+	CHECK_EQ_INT(stats_of(cache).blocks, 3);
+	CHECK_EQ_INT(cai_kv_block_refcount(pool, blocks[1]), 0);
+
+	/* many full blocks after a's block 0, each diverging at its 4th token; the latest wins */
+	for (int f = 0; f < N_FOLLOWERS; f++)
+	{
+		memcpy(b, a, sizeof(b));
+		for (int i = BT + 3; i < 2 * BT; i++)
+			b[i] = -1000 * (f + 1) - i;
+		insert_owned(cache, pool, 0, b, 2 * BT, blocks);
+	}
+	CHECK_EQ_INT(stats_of(cache).blocks, 3 + N_FOLLOWERS);
+	/* the last inserted agrees on 12 tokens of a prompt that follows it */
+	CHECK_EQ_INT(probe_tokens(cache, pool, 0, b, 2 * BT, BT + 12, &tail), 1);
+	CHECK_EQ_INT(tail.block, blocks[1]);
+	CHECK_EQ_INT(tail.n_tokens, 12);
+	/* a's own block 1, filed first, is past the bounded scan: 3 shared tokens from a follower */
+	CHECK_EQ_INT(probe_tokens(cache, pool, 0, a, 2 * BT, BT + 12, &tail), 1);
+	CHECK_EQ_INT(tail.n_tokens, 3);
+
+	cai_prefix_cache_free(cache);
+	CHECK_EQ_INT(cai_kv_pool_n_free(pool), 2 * N_FOLLOWERS + 32);
+	cai_kv_pool_free(pool);
+}
+
 TEST(prefix_cache_miss_after_eviction)
 {
 	cai_kv_pool *pool = make_pool(16);
