@@ -10,8 +10,9 @@ On the same GGUF file and the same CPU thread count it measures:
 
 each for: prefill of one --prompt-tokens prompt (batch 1; llama.cpp with n_batch = n_ubatch =
 512, so a longer prompt is cut into 512-token calls, like the engine's 512-token step budget), and
-aggregate greedy decode tokens/s at every --batches size (B sequences with 16-token prompts
-decoding together; only steps in which all B sequences decode are timed; llama.cpp gets one KV
+aggregate greedy decode tokens/s at every --batches size (B sequences decoding together, each
+after a prompt of --decode-prompt-tokens tokens, default 16, so a long one measures decode at a
+long context; only steps in which all B sequences decode are timed; llama.cpp gets one KV
 stream per sequence, kv_unified off, so its attention does not span other sequences' cells).
 Every figure is the median of --repeat runs after a warm-up, with the best run alongside (on a
 shared machine contention only slows runs down).  It prints tables, the ratios
@@ -64,7 +65,6 @@ BENCH_TEXT = (
     "cancellation, and errors that explain themselves. ")
 
 LLAMA_N_BATCH = 512
-DECODE_PROMPT_TOKENS = 16
 
 
 # ------------------------------------------------------------------------------------------------
@@ -76,7 +76,7 @@ def bench_ours(args):
     cmd = [args.cai, "bench", "-m", args.model, "--threads", str(args.threads),
            "--batches", ",".join(str(b) for b in args.batches),
            "--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens),
-           "--decode-prompt-tokens", str(DECODE_PROMPT_TOKENS),
+           "--decode-prompt-tokens", str(args.decode_prompt_tokens),
            "--repeat", str(args.repeat), "--json"]
     print("pg_cai:    " + " ".join(cmd), file=sys.stderr, flush=True)
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -190,12 +190,13 @@ class LlamaBench:
                 "best_tokens_per_second": n_tokens / min(times),
                 "runs_tokens_per_second": [n_tokens / t for t in times]}
 
-    def decode_batch(self, n_seq, gen_tokens, repeat):
-        """Aggregate greedy decode tokens/s of n_seq sequences decoding together."""
-        per_seq_ctx = DECODE_PROMPT_TOKENS + gen_tokens + 16
+    def decode_batch(self, n_seq, gen_tokens, repeat, prompt_tokens):
+        """Aggregate greedy decode tokens/s of n_seq sequences decoding together, each after a
+        prompt of prompt_tokens tokens (the context its attention spans)."""
+        per_seq_ctx = prompt_tokens + gen_tokens + 16
         ctx = self.context(per_seq_ctx * n_seq, n_seq)
         batch = llama_cpp.llama_batch_init(max(LLAMA_N_BATCH, n_seq), 0, 1)
-        prompts = [self.prompt(DECODE_PROMPT_TOKENS, 37 * s) for s in range(n_seq)]
+        prompts = [self.prompt(prompt_tokens, 37 * s) for s in range(n_seq)]
         rates = []
         steps = gen_tokens - 1
         try:
@@ -203,7 +204,7 @@ class LlamaBench:
                 llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
                 # prefill every prompt (untimed), in calls of at most n_batch tokens; each
                 # sequence's first token is the argmax of its last prompt position
-                entries = [(t, i, s, i == DECODE_PROMPT_TOKENS - 1)
+                entries = [(t, i, s, i == prompt_tokens - 1)
                            for s in range(n_seq) for i, t in enumerate(prompts[s])]
                 next_tokens = [0] * n_seq
                 for start in range(0, len(entries), LLAMA_N_BATCH):
@@ -218,7 +219,7 @@ class LlamaBench:
                             next_tokens[seq] = int(logits[row].argmax())
                 seconds = 0.0
                 for step in range(steps):
-                    pos = DECODE_PROMPT_TOKENS + step
+                    pos = prompt_tokens + step
                     self.fill(batch, [(next_tokens[s], pos, s, True) for s in range(n_seq)])
                     t0 = time.perf_counter()
                     self.decode(ctx, batch)
@@ -232,7 +233,7 @@ class LlamaBench:
             llama_cpp.llama_batch_free(batch)
             llama_cpp.llama_free(ctx)
         tps = statistics.median(rates)
-        return {"batch": n_seq, "prompt_tokens": DECODE_PROMPT_TOKENS, "gen_tokens": gen_tokens,
+        return {"batch": n_seq, "prompt_tokens": prompt_tokens, "gen_tokens": gen_tokens,
                 "timed_steps": steps, "ms_per_step": 1000.0 * n_seq / tps,
                 "tokens_per_second": tps, "tokens_per_second_per_sequence": tps / n_seq,
                 "best_tokens_per_second": max(rates), "runs_tokens_per_second": rates}
@@ -247,7 +248,7 @@ def bench_llama(path, args, label):
         print(f"  prefill {args.prompt_tokens}: "
               f"{result['prefill']['tokens_per_second']:.1f} tokens/s", file=sys.stderr)
         for b in args.batches:
-            d = bench.decode_batch(b, args.gen_tokens, args.repeat)
+            d = bench.decode_batch(b, args.gen_tokens, args.repeat, args.decode_prompt_tokens)
             result["decode"].append(d)
             print(f"  decode batch {b}: {d['tokens_per_second']:.1f} tokens/s", file=sys.stderr)
     finally:
@@ -340,7 +341,7 @@ def report(args, ours, llama_same, llama_q8):
     rows = [("pg_cai (int8)", ours), ("llama.cpp, same GGUF", llama_same),
             ("llama.cpp, Q8_0", llama_q8)]
     lines = [f"tokens/s, {args.threads} threads, {os.path.basename(args.model)}, "
-             f"median of {args.repeat} runs"]
+             f"median of {args.repeat} runs, decode after {args.decode_prompt_tokens}-token prompts"]
     lines += table(args, rows, "tokens_per_second", "median")
     lines.append("")
     lines += table(args, rows, "best_tokens_per_second", "best run")
@@ -391,6 +392,8 @@ def main():
     ap.add_argument("--batches", default="1,8,32", help="decode batch sizes (default 1,8,32)")
     ap.add_argument("--prompt-tokens", type=int, default=512, help="prefill prompt length")
     ap.add_argument("--gen-tokens", type=int, default=64, help="tokens per sequence in decode runs")
+    ap.add_argument("--decode-prompt-tokens", type=int, default=16,
+                    help="prompt of each decode sequence: the context decode attends over (default 16)")
     ap.add_argument("--repeat", type=int, default=3, help="runs per figure (median)")
     ap.add_argument("--out", help="write the JSON here (default: tests/bench/out/engine-TIME.json)")
     args = ap.parse_args()
@@ -415,7 +418,7 @@ def main():
         "command": " ".join([sys.executable] + sys.argv),
         "config": {"model": args.model, "threads": args.threads, "batches": args.batches,
                    "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
-                   "decode_prompt_tokens": DECODE_PROMPT_TOKENS, "repeat": args.repeat,
+                   "decode_prompt_tokens": args.decode_prompt_tokens, "repeat": args.repeat,
                    "llama_n_batch": LLAMA_N_BATCH,
                    "llama_cpp_version": getattr(llama_cpp, "__version__", "?"),
                    "llama_cpp_system_info": llama_cpp.llama_print_system_info().decode().strip(),
