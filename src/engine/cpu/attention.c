@@ -354,6 +354,7 @@ CAI_ALWAYS_INLINE void
 softmax_row(float *row, int n)
 {
 	float		m = row[0];
+	cai_v8f		mv8;
 	cai_v8f		acc = cai_v8f_set1(0.0f);
 	float		tail = 0.0f;
 	float		inv;
@@ -377,9 +378,10 @@ softmax_row(float *row, int n)
 		i = 1;
 	for (; i < n; i++)
 		m = row[i] > m ? row[i] : m;
+	mv8 = cai_v8f_set1(m);			/* (built once: GCC rebuilds it per iteration otherwise) */
 	for (i = 0; i + 8 <= n; i += 8)
 	{
-		cai_v8f		d = cai_v8f_load(row + i) - cai_v8f_set1(m);
+		cai_v8f		d = cai_v8f_load(row + i) - mv8;
 		cai_v8f		e = cai_v8f_exp(&d);
 
 		cai_v8f_store(row + i, e);
@@ -735,6 +737,14 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 				if (a > e)
 					continue;
 				memcpy(&di, s->dots + (size_t) r * BLOCK, sizeof(di));
+				/* a block inside the tile's span is stored whole: lanes outside the row's own
+				 * range are never read */
+				if (base >= jlo && base + BLOCK - 1 <= jhi)
+				{
+					cai_v16f_store(s->scores + (size_t) r * span + (base - jlo),
+								   __builtin_convertvector(di, cai_v16f) * (qs * ks));
+					continue;
+				}
 				cai_v16f_store(sc, __builtin_convertvector(di, cai_v16f) * (qs * ks));
 				memcpy(s->scores + (size_t) r * span + (a - jlo), sc + (a - base),
 					   (size_t) (e - a + 1) * sizeof(float));

@@ -1,0 +1,388 @@
+/*
+ * test_attention.c — the CPU attention kernel (cpu/attention.c) on its own, over a KV pool of
+ * random int8 keys and values: against exact attention in double precision, bit-identical on
+ * every instruction-set path, and invariant to thread counts, batch compositions and how a
+ * prefill is cut into steps, for head sizes that take each value-pass path (32: natural order;
+ * 64, 128, 256: the AVX-512 transposed order), contexts across many KV blocks, global and
+ * windowed.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "cpu/gemm.h"
+#include "cpu/threadpool.h"
+#include "kv.h"
+#include "test.h"
+
+#define N_HEADS 6
+#define N_KV 2
+#define GROUP (N_HEADS / N_KV)
+#define MAX_CONTEXT 1400
+#define MAX_STEP 256
+
+typedef struct fixture
+{
+	int			hd;
+	cai_kv_layout L;
+	cai_kv_pool *pool;
+	int			n_seqs;
+	int			blocks_per_seq;
+	int32_t    *tables;			/* [n_seqs][blocks_per_seq] */
+	float	   *q;				/* [n_seqs][MAX_CONTEXT][N_HEADS * hd]: a query per position */
+} fixture;
+
+static uint64_t
+next_u64(uint64_t *s)
+{
+	uint64_t	z = (*s += 0x9e3779b97f4a7c15ULL);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	return z ^ (z >> 31);
+}
+
+static float
+uniform(uint64_t *s, float lo, float hi)
+{
+	return lo + (hi - lo) * (float) ((next_u64(s) >> 40) * (1.0 / 16777216.0));
+}
+
+static bool
+fixture_open(fixture *f, int hd, int n_seqs)
+{
+	uint64_t	rng = 77 + (uint64_t) hd;
+	size_t		part = (size_t) CAI_KV_BLOCK_TOKENS * N_KV * (2 * (size_t) hd + 2 * sizeof(float));
+	cai_error	err;
+	size_t		qn;
+
+	memset(f, 0, sizeof(*f));
+	f->hd = hd;
+	f->L.n_kv_layers = 1;
+	f->L.n_kv_heads = N_KV;
+	f->L.head_dim = hd;
+	f->L.layer_bytes = (part + 63) & ~(size_t) 63;
+	f->L.block_bytes = f->L.layer_bytes;
+	f->n_seqs = n_seqs;
+	f->blocks_per_seq = (MAX_CONTEXT + CAI_KV_BLOCK_TOKENS - 1) / CAI_KV_BLOCK_TOKENS;
+	if (cai_kv_pool_create(&f->L, n_seqs * f->blocks_per_seq, &f->pool, &err) != CAI_OK)
+		return false;
+	f->tables = malloc(sizeof(int32_t) * n_seqs * f->blocks_per_seq);
+	qn = (size_t) n_seqs * MAX_CONTEXT * N_HEADS * hd;
+	f->q = malloc(qn * sizeof(float));
+	if (!f->tables || !f->q)
+		return false;
+	/* blocks interleaved across sequences, as a busy pool hands them out */
+	for (int b = 0; b < f->blocks_per_seq; b++)
+		for (int s = 0; s < n_seqs; s++)
+			f->tables[s * f->blocks_per_seq + b] = cai_kv_block_alloc(f->pool);
+	for (int blk = 0; blk < n_seqs * f->blocks_per_seq; blk++)
+	{
+		uint8_t    *p = cai_kv_block_layer(f->pool, blk, 0);
+		float	   *ks = cai_kv_key_scales(&f->L, p);
+		float	   *vs = cai_kv_value_scales(&f->L, p);
+
+		for (size_t i = 0; i < (size_t) 2 * CAI_KV_BLOCK_TOKENS * N_KV * hd; i++)
+			((int8_t *) p)[i] = (int8_t) ((int) (next_u64(&rng) % 255) - 127);
+		for (int i = 0; i < CAI_KV_BLOCK_TOKENS * N_KV; i++)
+		{
+			/* keys scaled so that the softmax is far from uniform, values per token */
+			ks[i] = uniform(&rng, 0.1f, 0.4f) / sqrtf((float) hd);
+			vs[i] = uniform(&rng, 0.005f, 0.02f);
+		}
+	}
+	for (size_t i = 0; i < qn; i++)
+		f->q[i] = uniform(&rng, -2.0f, 2.0f);
+	return true;
+}
+
+static void
+fixture_close(fixture *f)
+{
+	cai_kv_pool_free(f->pool);
+	free(f->tables);
+	free(f->q);
+}
+
+/* Exact attention in double of query head h of sequence s at pos over [lo, pos]. */
+static void
+exact_row(const fixture *f, int s, int pos, int h, int window, double scale, double *out)
+{
+	const int	hd = f->hd;
+	const int32_t *table = f->tables + (size_t) s * f->blocks_per_seq;
+	const float *qrow = f->q + ((size_t) s * MAX_CONTEXT + pos) * N_HEADS * hd + (size_t) h * hd;
+	int			kvh = h / GROUP;
+	int			lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+	double	   *score = malloc(sizeof(double) * (pos - lo + 1));
+	double		m = -INFINITY,
+				total = 0.0;
+
+	for (int j = lo; j <= pos; j++)
+	{
+		uint8_t    *p = cai_kv_block_layer(f->pool, table[j / CAI_KV_BLOCK_TOKENS], 0);
+		int			slot = j % CAI_KV_BLOCK_TOKENS;
+		const int8_t *k = cai_kv_keys(&f->L, p) + ((size_t) slot * N_KV + kvh) * hd;
+		double		ks = cai_kv_key_scales(&f->L, p)[slot * N_KV + kvh];
+		double		dot = 0.0;
+
+		for (int d = 0; d < hd; d++)
+			dot += (double) qrow[d] * k[d] * ks;
+		score[j - lo] = dot * scale;
+		m = score[j - lo] > m ? score[j - lo] : m;
+	}
+	for (int j = lo; j <= pos; j++)
+	{
+		score[j - lo] = exp(score[j - lo] - m);
+		total += score[j - lo];
+	}
+	for (int d = 0; d < hd; d++)
+		out[d] = 0.0;
+	for (int j = lo; j <= pos; j++)
+	{
+		uint8_t    *p = cai_kv_block_layer(f->pool, table[j / CAI_KV_BLOCK_TOKENS], 0);
+		int			slot = j % CAI_KV_BLOCK_TOKENS;
+		const int8_t *v = cai_kv_values(&f->L, p) + ((size_t) slot * N_KV + kvh) * hd;
+		double		c = score[j - lo] / total * cai_kv_value_scales(&f->L, p)[slot * N_KV + kvh];
+
+		for (int d = 0; d < hd; d++)
+			out[d] += c * v[d];
+	}
+	free(score);
+}
+
+/* A step: batch sequence i is fixture sequence seq[i] taking positions [first[i], +len[i]). */
+typedef struct step
+{
+	int			n_seqs;
+	int			seq[4];
+	int			first[4];
+	int			len[4];
+} step;
+
+/* Runs the step's attention on `threads` threads; out: [tokens][N_HEADS * hd]. */
+static bool
+run_step(const fixture *f, const step *st, int threads, int window, float *out, int *n_tokens)
+{
+	const int	hd = f->hd;
+	cai_threadpool *pool = cai_threadpool_create(threads);
+	cai_backend_limits limits = {.max_tokens = MAX_STEP, .max_context = MAX_CONTEXT,
+	.max_width = N_HEADS * hd, .n_heads = N_HEADS, .n_kv_heads = N_KV, .head_dim = hd};
+	cai_attn_params ap = {.n_heads = N_HEADS, .n_kv_heads = N_KV, .head_dim = hd,
+	.window = window, .kv_layer = 0, .scale = 1.0f / sqrtf((float) hd)};
+	cai_backend *be = NULL;
+	cai_error	err;
+	int32_t		pos[MAX_STEP],
+				tseq[MAX_STEP],
+				start[4],
+				len[4];
+	const int32_t *tables[4];
+	float	   *q;
+	int			T = 0;
+	cai_batch_layout bl;
+
+	if (!pool || cai_backend_cpu_create(pool, &limits, &be, &err) != CAI_OK)
+	{
+		cai_threadpool_free(pool);
+		return false;
+	}
+	for (int s = 0; s < st->n_seqs; s++)
+	{
+		start[s] = T;
+		len[s] = st->len[s];
+		tables[s] = f->tables + (size_t) st->seq[s] * f->blocks_per_seq;
+		for (int i = 0; i < st->len[s]; i++, T++)
+		{
+			pos[T] = st->first[s] + i;
+			tseq[T] = s;
+		}
+	}
+	q = malloc(sizeof(float) * T * N_HEADS * hd);
+	for (int t = 0; t < T; t++)
+		memcpy(q + (size_t) t * N_HEADS * hd,
+			   f->q + ((size_t) st->seq[tseq[t]] * MAX_CONTEXT + pos[t]) * N_HEADS * hd,
+			   sizeof(float) * N_HEADS * hd);
+	bl.n_tokens = T;
+	bl.n_seqs = st->n_seqs;
+	bl.token_pos = pos;
+	bl.token_seq = tseq;
+	bl.seq_start = start;
+	bl.seq_len = len;
+	bl.block_tables = tables;
+	memset(out, 0xff, sizeof(float) * T * N_HEADS * hd);	/* NaN: every element is written */
+	be->ops->attention(be, &ap, &bl, q, N_HEADS * hd, f->pool, NULL, out, N_HEADS * hd);
+	*n_tokens = T;
+	free(q);
+	cai_backend_free(be);
+	cai_threadpool_free(pool);
+	return true;
+}
+
+static const int head_sizes[] = {32, 64, 128, 256};
+static const int windows[] = {0, 100, 700};
+
+#define N_OF(a) ((int) (sizeof(a) / sizeof((a)[0])))
+
+/*
+ * Within a small error of exact attention: the int8 path quantizes each query and each block's
+ * probability weights to 8 bits, so errors are a fraction of a percent of the output's size;
+ * a value landing in the wrong dimension or block would be off by the output's whole size.
+ */
+TEST(attention_close_to_exact)
+{
+	for (int hi = 0; hi < N_OF(head_sizes); hi++)
+	{
+		fixture		f;
+		int			hd = head_sizes[hi];
+		float	   *out = malloc(sizeof(float) * MAX_STEP * N_HEADS * hd);
+		double	   *ref = malloc(sizeof(double) * hd);
+		double		worst = 0.0;
+
+		CHECK(fixture_open(&f, hd, 1));
+		for (int w = 0; w < N_OF(windows); w++)
+		{
+			/* a prefill chunk of 70 tokens deep in the context, then decodes */
+			step		chunk = {.n_seqs = 1, .seq = {0}, .first = {1100}, .len = {70}};
+			static const int decode_at[] = {0, 7, 15, 16, 333, 1399};
+			int			T;
+
+			CHECK(run_step(&f, &chunk, 2, windows[w], out, &T));
+			for (int t = 0; t < T; t += 23)
+				for (int h = 0; h < N_HEADS; h++)
+				{
+					double		norm = 0.0,
+								err = 0.0;
+
+					exact_row(&f, 0, 1100 + t, h, windows[w], 1.0 / sqrt((double) hd), ref);
+					for (int d = 0; d < hd; d++)
+					{
+						double		e = fabs(out[((size_t) t * N_HEADS + h) * hd + d] - ref[d]);
+
+						norm = fabs(ref[d]) > norm ? fabs(ref[d]) : norm;
+						err = e > err ? e : err;
+					}
+					worst = err / norm > worst ? err / norm : worst;
+				}
+			for (int i = 0; i < N_OF(decode_at); i++)
+			{
+				step		one = {.n_seqs = 1, .seq = {0}, .first = {decode_at[i]}, .len = {1}};
+
+				CHECK(run_step(&f, &one, 1, windows[w], out, &T));
+				for (int h = 0; h < N_HEADS; h++)
+				{
+					double		norm = 0.0,
+								err = 0.0;
+
+					exact_row(&f, 0, decode_at[i], h, windows[w], 1.0 / sqrt((double) hd), ref);
+					for (int d = 0; d < hd; d++)
+					{
+						double		e = fabs(out[(size_t) h * hd + d] - ref[d]);
+
+						norm = fabs(ref[d]) > norm ? fabs(ref[d]) : norm;
+						err = e > err ? e : err;
+					}
+					worst = err / norm > worst ? err / norm : worst;
+				}
+			}
+		}
+		CHECK_MSG(worst < 0.06, "head size %d: largest error %.4f of the output's size", hd,
+				  worst);
+		free(out);
+		free(ref);
+		fixture_close(&f);
+	}
+}
+
+/* The same bits on every instruction-set path the machine has (at least two run here). */
+TEST(attention_isa_paths_identical)
+{
+	static const char *const paths[] = {"avx512-vnni", "avx2", "generic"};
+	char		original[32];
+
+	snprintf(original, sizeof(original), "%s", cai_cpu_isa());
+	for (int hi = 0; hi < N_OF(head_sizes); hi++)
+	{
+		fixture		f;
+		int			hd = head_sizes[hi];
+		size_t		n = (size_t) MAX_STEP * N_HEADS * hd;
+		float	   *ref = malloc(sizeof(float) * n);
+		float	   *got = malloc(sizeof(float) * n);
+		step		st = {.n_seqs = 3, .seq = {0, 1, 0}, .first = {1300, 650, 17}, .len = {1, 90, 40}};
+
+		CHECK(fixture_open(&f, hd, 2));
+		for (int w = 0; w < N_OF(windows); w++)
+		{
+			int			tested = 0,
+						T;
+
+			for (int p = 0; p < N_OF(paths); p++)
+			{
+				if (!cai_cpu_force_isa(paths[p]))
+					continue;
+				CHECK(run_step(&f, &st, 2, windows[w], tested ? got : ref, &T));
+				if (tested)
+					CHECK_MSG(memcmp(ref, got, sizeof(float) * T * N_HEADS * hd) == 0,
+							  "head size %d window %d: the %s path differs", hd, windows[w],
+							  paths[p]);
+				tested++;
+			}
+			CHECK(tested >= 2);
+		}
+		cai_cpu_force_isa(original);
+		free(ref);
+		free(got);
+		fixture_close(&f);
+	}
+}
+
+/*
+ * A token's rows are the same bits whatever else runs: decode alone on 1-3 threads, decode in a
+ * batch of four, and the same position as the last row of a prefill chunk, or in the middle of
+ * a chunk cut elsewhere.
+ */
+TEST(attention_invariant_to_threads_batches_and_cuts)
+{
+	for (int hi = 0; hi < N_OF(head_sizes); hi++)
+	{
+		fixture		f;
+		int			hd = head_sizes[hi];
+		size_t		row = (size_t) N_HEADS * hd;
+		float	   *alone = malloc(sizeof(float) * MAX_STEP * row);
+		float	   *other = malloc(sizeof(float) * MAX_STEP * row);
+
+		CHECK(fixture_open(&f, hd, 4));
+		for (int w = 0; w < N_OF(windows); w++)
+		{
+			step		base = {.n_seqs = 1, .seq = {0}, .first = {1299}, .len = {1}};
+			step		batched = {.n_seqs = 4, .seq = {2, 0, 1, 3}, .first = {40, 1299, 900, 7},
+			.len = {1, 1, 3, 1}};
+			step		prefill = {.n_seqs = 1, .seq = {0}, .first = {1200}, .len = {100}};
+			step		cut = {.n_seqs = 2, .seq = {1, 0}, .first = {3, 1250}, .len = {60, 77}};
+			int			T;
+
+			CHECK(run_step(&f, &base, 1, windows[w], alone, &T));
+			for (int threads = 1; threads <= 3; threads++)
+			{
+				CHECK(run_step(&f, &base, threads, windows[w], other, &T));
+				CHECK_MSG(memcmp(alone, other, sizeof(float) * row) == 0,
+						  "hd %d window %d: decode alone on %d threads", hd, windows[w], threads);
+				CHECK(run_step(&f, &batched, threads, windows[w], other, &T));
+				CHECK_MSG(memcmp(alone, other + row, sizeof(float) * row) == 0,
+						  "hd %d window %d: decode in a batch on %d threads", hd, windows[w],
+						  threads);
+				CHECK(run_step(&f, &prefill, threads, windows[w], other, &T));
+				CHECK_MSG(memcmp(alone, other + 99 * row, sizeof(float) * row) == 0,
+						  "hd %d window %d: a prefill's last row on %d threads", hd, windows[w],
+						  threads);
+				CHECK(run_step(&f, &cut, threads, windows[w], other, &T));
+				CHECK_MSG(memcmp(alone, other + (60 + 49) * row, sizeof(float) * row) == 0,
+						  "hd %d window %d: a row inside another cut of the prefill, %d threads",
+						  hd, windows[w], threads);
+			}
+		}
+		free(alone);
+		free(other);
+		fixture_close(&f);
+	}
+}
