@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -68,6 +69,17 @@ typedef struct test_counts
 
 int			test_count_selected(const char *filter);
 void		test_run_selected(const char *filter, void (*after_each) (void), test_counts *counts);
+
+/* splitmix64: the tests' seeded generator, well mixed from any seed. */
+static inline uint64_t
+test_next_u64(uint64_t *state)
+{
+	uint64_t	z = (*state += 0x9e3779b97f4a7c15ULL);
+
+	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+	return z ^ (z >> 31);
+}
 
 /* Path of the default real model if present (models/...gguf or $CAI_TEST_MODEL), else NULL. */
 const char *test_real_model_path(void);

@@ -34,20 +34,10 @@ typedef struct fixture
 	float	   *q;				/* [n_seqs][MAX_CONTEXT][N_HEADS * hd]: a query per position */
 } fixture;
 
-static uint64_t
-next_u64(uint64_t *s)
-{
-	uint64_t	z = (*s += 0x9e3779b97f4a7c15ULL);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-	return z ^ (z >> 31);
-}
-
 static float
 uniform(uint64_t *s, float lo, float hi)
 {
-	return lo + (hi - lo) * (float) ((next_u64(s) >> 40) * (1.0 / 16777216.0));
+	return lo + (hi - lo) * (float) ((test_next_u64(s) >> 40) * (1.0 / 16777216.0));
 }
 
 static bool
@@ -85,7 +75,7 @@ fixture_open(fixture *f, int hd, int n_seqs)
 		float	   *vs = cai_kv_value_scales(&f->L, p);
 
 		for (size_t i = 0; i < (size_t) 2 * CAI_KV_BLOCK_TOKENS * N_KV * hd; i++)
-			((int8_t *) p)[i] = (int8_t) ((int) (next_u64(&rng) % 255) - 127);
+			((int8_t *) p)[i] = (int8_t) ((int) (test_next_u64(&rng) % 255) - 127);
 		for (int i = 0; i < CAI_KV_BLOCK_TOKENS * N_KV; i++)
 		{
 			/* keys scaled so that the softmax is far from uniform, values per token */
