@@ -22,22 +22,16 @@ PG_CONFIG ?= pg_config
 # ---- the engine: PostgreSQL-free, CUDA-free, built with its own flags -------------------------
 ENGINE_SRCS := $(wildcard src/engine/*.c src/engine/arch/*.c src/engine/cpu/*.c)
 ENGINE_OBJS := $(patsubst src/%.c,build/%.o,$(ENGINE_SRCS))
-# the CUDA backend's loader is plain C (dlopen only): it is part of the engine on every build
-ENGINE_OBJS += build/engine/cuda_loader.o
 # -ffp-contract=off: results are bit-identical across builds and backends only if no compiler
 # fuses a multiply and an add (GCC does by default where the target has FMA: aarch64, say; on
 # x86-64 the engine's code is the same either way)
 ENGINE_CFLAGS := -O3 -g -std=gnu11 -fPIC -pthread -fno-strict-aliasing -ffp-contract=off -Wall -Wextra \
-	-Wno-unused-parameter -Wno-sign-compare -Werror=vla -Isrc/engine -Ikernels -MMD -MP $(EXTRA_CFLAGS)
+	-Wno-unused-parameter -Wno-sign-compare -Werror=vla -Isrc/engine -MMD -MP $(EXTRA_CFLAGS)
 ENGINE_LIBS := $(EXTRA_LDFLAGS) -lxxhash -lpthread -lm -ldl
 
 build/%.o: src/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ENGINE_CFLAGS) -c $< -o $@
-
-build/engine/cuda_loader.o: kernels/cuda_loader.c
-	@mkdir -p $(dir $@)
-	$(CC) $(ENGINE_CFLAGS) -Ikernels -c $< -o $@
 
 build/libcai.a: $(ENGINE_OBJS)
 	@rm -f $@
@@ -176,7 +170,7 @@ build/libcai_cuda.so: $(CUDA_OBJS)
 GPU_TEST_SRCS := $(filter-out tests/gpu/e2e_greedy.c,$(wildcard tests/gpu/*.c))
 tests/gpu/run_gpu: $(GPU_TEST_SRCS) $(wildcard tests/gpu/*.h) tests/unit/test.h tests/unit/test_runner.c \
 		build/libcai_cuda.so build/libcai.a
-	$(CC) $(ENGINE_CFLAGS) -Itests/gpu -Itests/unit -o $@ $(GPU_TEST_SRCS) \
+	$(CC) $(ENGINE_CFLAGS) -Ikernels -Itests/gpu -Itests/unit -o $@ $(GPU_TEST_SRCS) \
 		tests/unit/test_runner.c build/libcai.a $(GPU_TEST_LIBS)
 
 tests/bench/bench_gpu: tests/bench/bench_gpu.c build/libcai_cuda.so build/libcai.a

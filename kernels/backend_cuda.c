@@ -5,14 +5,14 @@
  *
  * Every operation computes what the CPU backend computes, bit for bit, on the int8 path: the
  * kernels replay cpu/ops.c, cpu/gemm.c and cpu/attention.c operation for operation, and the
- * rotary table is built here on the host by the same double-precision code as
- * cai_op_rope_angles.  The float reference path's GEMMs run through cuBLASLt in fp32 and differ
- * from the CPU's by rounding.
+ * rotary table is built here on the host by rope.h's cai_rope_angles, the CPU's own code.  The
+ * float reference path's GEMMs run through cuBLASLt in fp32 and differ from the CPU's by rounding.
  *
  * C, compiled by the host compiler against the engine's headers; it calls only the C API of the
  * kernels and links nothing of libcai.
  */
 #include "backend_cuda.h"
+#include "rope.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -798,15 +798,13 @@ cuda_gemm_f32(cai_backend *be, const float *x, int n_tok, int k, const float *w,
  * ------------------------------------------------------------------------------------------- */
 
 /*
- * The rotary table of these parameters for every position below max_context, built with
- * cai_op_rope_angles's arithmetic (the same double-precision libm calls in the same order, so
- * the same floats) and uploaded once.
+ * The rotary table of these parameters for every position below max_context, built on the host by
+ * rope.h's cai_rope_angles, the CPU's own formula (so the same floats), and uploaded once.
  */
 static const rope_table *
 rope_table_for(cuda_backend *cb, const cai_rope_params *rp)
 {
 	int			n_pos = cb->params.limits.max_context;
-	int			half = rp->n_rot / 2;
 	rope_table *t;
 	float	   *host;
 	void	   *dev = NULL;
@@ -832,20 +830,7 @@ rope_table_for(cuda_backend *cb, const cai_rope_params *rp)
 		return NULL;
 	}
 	for (int pos = 0; pos < n_pos; pos++)
-	{
-		float	   *cs = host + (size_t) pos * rp->n_rot;
-
-		for (int i = 0; i < half; i++)
-		{
-			double		inv_freq = pow((double) rp->base, -2.0 * i / (double) rp->n_rot);
-			double		theta = (double) pos * (double) rp->freq_scale * inv_freq;
-
-			if (rp->freq_factors)
-				theta /= (double) rp->freq_factors[i];
-			cs[2 * i] = (float) cos(theta);
-			cs[2 * i + 1] = (float) sin(theta);
-		}
-	}
+		cai_rope_angles(rp, pos, host + (size_t) pos * rp->n_rot);
 	if (!be_check(cb, cai_cuda_malloc(cb->ctx, (size_t) n_pos * rp->n_rot * sizeof(float),
 									  "the rope table", &dev, &e), &e) ||
 		!be_check(cb, cai_cuda_upload_sync(cb->ctx, dev, host,

@@ -28,39 +28,18 @@
 #ifndef CAI_BACKEND_CUDA_H
 #define CAI_BACKEND_CUDA_H
 
-#include "backend.h"
+#include "backend_loader.h"
 #include "cuda_backend.h"
-#include "kv.h"
-#include "model.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-/* File name the engine passes to dlopen (next to the engine's own library, or on the path). */
-#define CAI_CUDA_LIBRARY_NAME "libcai_cuda.so"
-
-typedef struct cai_cuda_backend_params
-{
-	int			device;			/* CUDA device index */
-	const cai_model *model;		/* whose weights are uploaded; must outlive the backend */
-	cai_backend_limits limits;
-	/* kv.c's accessors: the shared object links nothing of libcai */
-	const cai_kv_layout *(*kv_pool_layout) (const cai_kv_pool *pool);
-	int			(*kv_pool_n_blocks) (const cai_kv_pool *pool);
-} cai_cuda_backend_params;
-
+/* The entry points of backend_loader.h's contract (their _fn types), exported by the library. */
 CAI_CUDA_API cai_status cai_cuda_backend_create(const cai_cuda_backend_params *params,
 												cai_backend **out, cai_error *err);
 CAI_CUDA_API cai_status cai_cuda_backend_status(cai_backend *be, cai_error *err);
 CAI_CUDA_API const char *cai_cuda_backend_device(const cai_backend *be);
-
-/* The same, as the types dlsym() results are cast to. */
-typedef int (*cai_cuda_device_count_fn) (char *why, size_t why_len);
-typedef cai_status (*cai_cuda_backend_create_fn) (const cai_cuda_backend_params *params,
-												  cai_backend **out, cai_error *err);
-typedef cai_status (*cai_cuda_backend_status_fn) (cai_backend *be, cai_error *err);
-typedef const char *(*cai_cuda_backend_device_fn) (const cai_backend *be);
 
 #ifdef __cplusplus
 }

@@ -24,7 +24,7 @@
 #include "backend.h"
 #include "cai.h"
 #include "cpu/gemm.h"
-#include "cuda_loader.h"
+#include "backend_loader.h"
 #include "cpu/threadpool.h"
 #include "grammar.h"
 #include "kv.h"

@@ -16,11 +16,11 @@ FUZZ_CC ?= clang
 FUZZ_SANITIZE := -fsanitize=address,undefined -fno-sanitize-recover=undefined
 FUZZ_CFLAGS := -g -O1 -std=gnu11 -pthread -fno-omit-frame-pointer -fno-strict-aliasing -ffp-contract=off \
 	$(FUZZ_SANITIZE) -fsanitize=fuzzer-no-link -Wall -Wextra -Wno-unused-parameter \
-	-Wno-sign-compare -Wno-unknown-pragmas -Isrc/engine -Ikernels -Itests/synth -Itests/unit -MMD -MP
+	-Wno-sign-compare -Wno-unknown-pragmas -Isrc/engine -Itests/synth -Itests/unit -MMD -MP
 FUZZ_LDFLAGS := $(FUZZ_SANITIZE) -fsanitize=fuzzer
 
 # the engine and the synthetic GGUF writer, compiled for fuzzing (never the gcc objects)
-FUZZ_ENGINE_OBJS := $(patsubst src/%.c,build/fuzz/%.o,$(ENGINE_SRCS)) build/fuzz/engine/cuda_loader.o
+FUZZ_ENGINE_OBJS := $(patsubst src/%.c,build/fuzz/%.o,$(ENGINE_SRCS))
 FUZZ_SYNTH_OBJS := $(patsubst tests/synth/%.c,build/fuzz/synth/%.o,$(filter-out $(SYNTH_TOOL).c,$(wildcard tests/synth/*.c)))
 FUZZ_TARGETS ?= $(sort $(basename $(notdir $(wildcard tests/fuzz/fuzz_*.c))))
 FUZZ_BINS := $(addprefix build/fuzz/,$(FUZZ_TARGETS))
@@ -33,10 +33,6 @@ FUZZ_MAX_LEN_fuzz_tokenizer_load ?= 65536
 FUZZ_MAX_LEN_fuzz_prefix_cache ?= 8192
 
 build/fuzz/%.o: src/%.c
-	@mkdir -p $(dir $@)
-	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
-
-build/fuzz/engine/cuda_loader.o: kernels/cuda_loader.c
 	@mkdir -p $(dir $@)
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
 

@@ -1,10 +1,11 @@
 /*
- * test_loader.c — the engine-side loader (kernels/cuda_loader.c) finds libcai_cuda.so, resolves
+ * test_loader.c — the engine-side loader (src/engine/backend_loader.c) finds libcai_cuda.so, resolves
  * every entry point, and the resolved functions are the ones this program links directly.
  */
 #include <string.h>
 
-#include "cuda_loader.h"
+#include "backend_cuda.h"
+#include "backend_loader.h"
 #include "gpu_util.h"
 #include "test.h"
 

@@ -9,6 +9,7 @@
 
 #include <math.h>
 
+#include "rope.h"
 #include "util.h"
 
 /* Rounds to nearest even for |v| < 2^22 with two float additions (vectorizes everywhere). */
@@ -86,19 +87,7 @@ cai_op_swiglu_row(const float *gate, const float *up, int n, float *out)
 void
 cai_op_rope_angles(const cai_rope_params *rp, int pos, float *cs)
 {
-	int			half = rp->n_rot / 2;
-
-	for (int i = 0; i < half; i++)
-	{
-		/* double precision: positions reach 1e5 and the angle must stay accurate */
-		double		inv_freq = pow((double) rp->base, -2.0 * i / (double) rp->n_rot);
-		double		theta = (double) pos * (double) rp->freq_scale * inv_freq;
-
-		if (rp->freq_factors)
-			theta /= (double) rp->freq_factors[i];
-		cs[2 * i] = (float) cos(theta);
-		cs[2 * i + 1] = (float) sin(theta);
-	}
+	cai_rope_angles(rp, pos, cs);
 }
 
 void

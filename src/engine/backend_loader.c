@@ -1,9 +1,9 @@
 /*
- * cuda_loader.c — finds and dlopen()s libcai_cuda.so and resolves its entry points (see
- * cuda_loader.h).
+ * backend_loader.c — finds and dlopen()s libcai_cuda.so and resolves its entry points (see
+ * backend_loader.h).
  */
 #define _GNU_SOURCE
-#include "cuda_loader.h"
+#include "backend_loader.h"
 
 #include <dlfcn.h>
 #include <stdio.h>
