@@ -225,12 +225,14 @@ class Server:
 
 
 def play(pairs, conversations, messages, args, label):
-    """Plays every turn, turn-major, alternating between the servers of each (server, run) pair."""
+    """Plays every turn, turn-major, alternating between the servers of each (server, run) pair;
+    the order of the servers rotates from turn to turn so that none always plays last."""
     results = {run: [] for _, run in pairs}
     ids = {run: server.new_conversations(conversations) for server, run in pairs}
     for t in range(args.turns):
         for c in range(conversations):
-            for server, run in pairs:
+            k = (t * conversations + c) % len(pairs)
+            for server, run in pairs[k:] + pairs[:k]:
                 r = server.turn(ids[run][c], messages[c][t], args.reply_tokens)
                 r.update({"conversation": c, "turn": t + 1})
                 results[run].append(r)

@@ -14,8 +14,10 @@ aggregate greedy decode tokens/s at every --batches size (B sequences decoding t
 after a prompt of --decode-prompt-tokens tokens, default 16, so a long one measures decode at a
 long context; only steps in which all B sequences decode are timed; llama.cpp gets one KV
 stream per sequence, kv_unified off, so its attention does not span other sequences' cells).
-Every figure is the median of --repeat runs after a warm-up, with the best run alongside (on a
-shared machine contention only slows runs down).  It prints tables, the ratios
+The engines run in --repeat rounds, one run each per round (after its own warm-up), the order
+rotated every round so that no engine always runs last, under the heaviest load; every figure is
+the median over the rounds, with the best round alongside (on a shared machine contention only
+slows runs down), all from the same rounds.  It prints tables, the ratios
 pg_cai / llama.cpp and pg_cai batch-max / batch-1, the project's goals, and writes everything as
 JSON (--out).
 
@@ -25,9 +27,9 @@ the machine and its load.  Run it on an otherwise idle machine:
     make cai && /opt/benchenv/bin/python tests/bench/bench_engine.py --threads 2
 
 llama.cpp's OpenMP threads spin while they wait, which collapses its figures when other processes
-compete for the cores; on a machine that cannot be made idle, OMP_WAIT_POLICY=PASSIVE in the
-environment gives it a fairer (though still unreliable) showing.  The JSON records the load
-average before and after, and the wait policy.
+compete for the cores.  Do not set OMP_WAIT_POLICY=PASSIVE to compensate: it slows llama.cpp's
+batch-1 decode several times over even on an idle machine and so overstates pg_cai's lead.  The
+report and the JSON state the wait policy the run had, and the load average before and after.
 
 It needs a Python with llama-cpp-python and numpy (pip install llama-cpp-python numpy).
 """
@@ -71,13 +73,13 @@ LLAMA_N_BATCH = 512
 # pg_cai
 
 
-def bench_ours(args):
-    """Runs `cai bench --json` and returns its parsed JSON."""
+def bench_ours(args, repeat):
+    """Runs `cai bench --json` (repeat timed runs) and returns its parsed JSON."""
     cmd = [args.cai, "bench", "-m", args.model, "--threads", str(args.threads),
            "--batches", ",".join(str(b) for b in args.batches),
            "--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens),
            "--decode-prompt-tokens", str(args.decode_prompt_tokens),
-           "--repeat", str(args.repeat), "--json"]
+           "--repeat", str(repeat), "--json"]
     print("pg_cai:    " + " ".join(cmd), file=sys.stderr, flush=True)
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
@@ -239,16 +241,16 @@ class LlamaBench:
                 "best_tokens_per_second": max(rates), "runs_tokens_per_second": rates}
 
 
-def bench_llama(path, args, label):
+def bench_llama(path, args, label, repeat):
     print(f"llama.cpp: {label}: {path}", file=sys.stderr, flush=True)
     bench = LlamaBench(path, args.threads)
     try:
         result = {"model": path, "label": label,
-                  "prefill": bench.prefill(args.prompt_tokens, args.repeat), "decode": []}
+                  "prefill": bench.prefill(args.prompt_tokens, repeat), "decode": []}
         print(f"  prefill {args.prompt_tokens}: "
               f"{result['prefill']['tokens_per_second']:.1f} tokens/s", file=sys.stderr)
         for b in args.batches:
-            d = bench.decode_batch(b, args.gen_tokens, args.repeat, args.decode_prompt_tokens)
+            d = bench.decode_batch(b, args.gen_tokens, repeat, args.decode_prompt_tokens)
             result["decode"].append(d)
             print(f"  decode batch {b}: {d['tokens_per_second']:.1f} tokens/s", file=sys.stderr)
     finally:
@@ -281,6 +283,46 @@ def requantized_path(args, ftype, label):
 def q8_0_path(args):
     """The cached Q8_0 requantization of --model."""
     return requantized_path(args, llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0, "Q8_0")
+
+
+# ------------------------------------------------------------------------------------------------
+# rounds
+
+
+def run_rounds(args, engines):
+    """Runs every engine (name -> function of repeat) once per round for args.repeat rounds,
+    rotating the order each round, and returns name -> that engine's rounds merged."""
+    names = list(engines)
+    rounds = {name: [] for name in names}
+    for r in range(args.repeat):
+        order = names[r % len(names):] + names[:r % len(names)]
+        print(f"round {r + 1}/{args.repeat}: {', '.join(order)}", file=sys.stderr, flush=True)
+        for name in order:
+            rounds[name].append(engines[name](1))
+    return {name: merge_rounds(runs) for name, runs in rounds.items()}
+
+
+def merge_figure(figures):
+    """One figure (prefill or one decode batch) over the rounds: the median and the best round's
+    tokens/s, each round's rate, and the other fields of the first round."""
+    rates = [f["tokens_per_second"] for f in figures]
+    merged = dict(figures[0])
+    merged["tokens_per_second"] = statistics.median(rates)
+    merged["best_tokens_per_second"] = max(rates)
+    merged["runs_tokens_per_second"] = rates
+    for key in ("seconds", "ms_per_step", "tokens_per_second_per_sequence"):
+        merged.pop(key, None)
+    return merged
+
+
+def merge_rounds(runs):
+    """An engine's result over the rounds, in the shape of one run's result."""
+    merged = dict(runs[0])
+    merged["prefill"] = merge_figure([r["prefill"] for r in runs])
+    merged["decode"] = [merge_figure([r["decode"][i] for r in runs])
+                        for i in range(len(runs[0]["decode"]))]
+    merged["rounds"] = runs
+    return merged
 
 
 # ------------------------------------------------------------------------------------------------
@@ -341,7 +383,8 @@ def report(args, ours, llama_same, llama_q8):
     rows = [("pg_cai (int8)", ours), ("llama.cpp, same GGUF", llama_same),
             ("llama.cpp, Q8_0", llama_q8)]
     lines = [f"tokens/s, {args.threads} threads, {os.path.basename(args.model)}, "
-             f"median of {args.repeat} runs, decode after {args.decode_prompt_tokens}-token prompts"]
+             f"median of {args.repeat} alternating rounds, decode after "
+             f"{args.decode_prompt_tokens}-token prompts, OMP_WAIT_POLICY={omp_wait_policy()}"]
     lines += table(args, rows, "tokens_per_second", "median")
     lines.append("")
     lines += table(args, rows, "best_tokens_per_second", "best run")
@@ -394,7 +437,8 @@ def main():
     ap.add_argument("--gen-tokens", type=int, default=64, help="tokens per sequence in decode runs")
     ap.add_argument("--decode-prompt-tokens", type=int, default=16,
                     help="prompt of each decode sequence: the context decode attends over (default 16)")
-    ap.add_argument("--repeat", type=int, default=3, help="runs per figure (median)")
+    ap.add_argument("--repeat", type=int, default=3,
+                    help="rounds; each engine runs once per round, order rotated (median)")
     ap.add_argument("--out", help="write the JSON here (default: tests/bench/out/engine-TIME.json)")
     args = ap.parse_args()
     args.batches = sorted({int(b) for b in args.batches.split(",")})
@@ -403,9 +447,13 @@ def main():
 
     started = datetime.datetime.now().astimezone()
     load_before = os.getloadavg()
-    ours = bench_ours(args)
-    llama_same = bench_llama(args.model, args, "same GGUF")
-    llama_q8 = bench_llama(q8, args, "Q8_0")
+    merged = run_rounds(args, {
+        "pg_cai": lambda repeat: bench_ours(args, repeat),
+        "llama.cpp same GGUF": lambda repeat: bench_llama(args.model, args, "same GGUF", repeat),
+        "llama.cpp Q8_0": lambda repeat: bench_llama(q8, args, "Q8_0", repeat)})
+    ours = merged["pg_cai"]
+    llama_same = merged["llama.cpp same GGUF"]
+    llama_q8 = merged["llama.cpp Q8_0"]
     load_after = os.getloadavg()
     text, summary = report(args, ours, llama_same, llama_q8)
     print(text)
@@ -422,7 +470,8 @@ def main():
                    "llama_n_batch": LLAMA_N_BATCH,
                    "llama_cpp_version": getattr(llama_cpp, "__version__", "?"),
                    "llama_cpp_system_info": llama_cpp.llama_print_system_info().decode().strip(),
-                   "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(default)"),
+                   "omp_wait_policy": omp_wait_policy(), "rounds": args.repeat,
+                   "order": "rotated each round",
                    "cpu": cpu_name(), "cpus": os.cpu_count(),
                    "load_average_before": load_before, "load_average_after": load_after},
         "pg_cai": ours,
@@ -438,6 +487,10 @@ def main():
     with open(out, "w") as f:
         json.dump(result, f, indent=2)
     print(f"\nJSON: {out}")
+
+
+def omp_wait_policy():
+    return os.environ.get("OMP_WAIT_POLICY", "unset (OpenMP default)")
 
 
 def cpu_name():
