@@ -63,7 +63,8 @@ typedef struct cache_node
 	uint64_t	salt;			/* namespace; verified at the root so salts never meet */
 	struct cache_node *parent;	/* NULL for a prefix's first block */
 	struct cache_node *hash_next;	/* bucket chain; free-list link while unused */
-	struct cache_node *follower_next;	/* full blocks: chain of followers_of(parent's key) */
+	struct cache_node *follower_next;	/* full blocks: the follower chain of their prefix's */
+	struct cache_node *follower_prev;	/* tail key (doubly linked: O(1) removal) */
 	struct cache_node *lru_older;
 	struct cache_node *lru_newer;
 	uint64_t	last_used;		/* tick of the call that last used this node */
@@ -171,26 +172,34 @@ hash_remove(cai_prefix_cache *cache, cache_node *node)
 	node->hash_next = NULL;
 }
 
-/* Files a full block under tail_key, the key of the tails that follow its prefix. */
+/*
+ * Files a full block under tail_key, the key of the tails that follow its prefix.  One prefix
+ * may have thousands of followers in one chain, so the chain is doubly linked: removing a block
+ * on eviction must not walk it.
+ */
 static void
 follower_insert(cai_prefix_cache *cache, cache_node *node, uint64_t tail_key)
 {
 	cache_node **head = &cache->follower_buckets[bucket_of(cache, tail_key)];
 
+	node->follower_prev = NULL;
 	node->follower_next = *head;
+	if (*head)
+		(*head)->follower_prev = node;
 	*head = node;
 }
 
 static void
 follower_remove(cai_prefix_cache *cache, cache_node *node, uint64_t tail_key)
 {
-	cache_node **link = &cache->follower_buckets[bucket_of(cache, tail_key)];
-
-	while (*link && *link != node)
-		link = &(*link)->follower_next;
-	if (*link)
-		*link = node->follower_next;
+	if (node->follower_prev)
+		node->follower_prev->follower_next = node->follower_next;
+	else
+		cache->follower_buckets[bucket_of(cache, tail_key)] = node->follower_next;
+	if (node->follower_next)
+		node->follower_next->follower_prev = node->follower_prev;
 	node->follower_next = NULL;
+	node->follower_prev = NULL;
 }
 
 static void
@@ -639,8 +648,10 @@ insert_tail(cai_prefix_cache *cache, cache_node *parent, uint64_t salt, uint64_t
 			&& common_prefix(node->tokens, tokens, n) == n)
 			return node;
 	}
-	/* a full block after the same prefix that begins with these tokens serves them as well */
-	for (node = cache->follower_buckets[bucket_of(cache, key)]; node; node = node->follower_next)
+	/* a full block after the same prefix that begins with these tokens serves them as well
+	 * (among the MAX_FOLLOWERS most recent: one further back is simply not found) */
+	node = cache->follower_buckets[bucket_of(cache, key)];
+	for (int seen = 0; node && seen < MAX_FOLLOWERS; node = node->follower_next, seen++)
 	{
 		if (full_follows(node, parent, salt) && common_prefix(node->tokens, tokens, n) == n)
 			return node;
@@ -767,6 +778,7 @@ cai_prefix_cache_reset(cai_prefix_cache *cache)
 	{
 		cache->nodes[i - 1].parent = NULL;
 		cache->nodes[i - 1].follower_next = NULL;
+		cache->nodes[i - 1].follower_prev = NULL;
 		cache->nodes[i - 1].n_children = 0;
 		cache->nodes[i - 1].hash_next = cache->free_nodes;
 		cache->free_nodes = &cache->nodes[i - 1];
