@@ -110,8 +110,7 @@ main(int argc, char **argv)
 	int			n_latency = 0,
 				cap_latency = 1024;
 	long		tokens = 0,
-				steps = 0,
-				step_rows = 0;
+				steps = 0;
 	uint64_t	rng = 1;
 	double		t0,
 				t_end;
@@ -190,10 +189,7 @@ main(int argc, char **argv)
 				return 1;
 			}
 			if (timed && events[i].token >= 0)
-			{
 				tokens++;
-				step_rows++;
-			}
 			if (events[i].finish == CAI_FINISH_NONE)
 				continue;
 			if (timed)
@@ -217,7 +213,7 @@ main(int argc, char **argv)
 		   n_clients, n_latency, n_latency / seconds, tokens / seconds,
 		   n_latency ? latency[(int) (n_latency * 0.50)] : 0.0,
 		   n_latency ? latency[(int) (n_latency * 0.99)] : 0.0,
-		   steps ? (double) step_rows / steps : 0.0);
+		   steps ? (double) tokens / steps : 0.0);
 	free(latency);
 	free(clients);
 	cai_engine_free(engine);
