@@ -97,6 +97,8 @@ typedef struct cai_model_info
 	int64_t		n_params;
 	size_t		weight_bytes;	/* engine-side int8 weights + scales */
 	size_t		kv_bytes_per_token; /* int8 KV + scales, all layers that own KV */
+	size_t		kv_window_bytes_per_token;	/* of which windowed layers', kept for kv_window */
+	int			kv_window;		/* positions the windowed layers look back (0: none) */
 	uint64_t	fingerprint;	/* identifies weights+tokenizer; seeds the prefix cache */
 	int32_t		bos_token;		/* -1 when the model has none */
 	bool		add_bos;		/* raw text prompts start with bos_token (tokenizer.ggml.add_bos_token) */
@@ -182,6 +184,8 @@ typedef struct cai_engine_params
 									 * 0 = no limit (Mooncake's early rejection) */
 	size_t		kv_cache_bytes; /* working KV for running sequences; 0 = sized from the above */
 	size_t		host_cache_bytes;	/* budget of the inter-turn prefix cache; 0 = off */
+	bool		whole_kv;		/* keep windowed layers' KV for every position (kv.h), as if
+								 * every layer were global: for comparisons */
 } cai_engine_params;
 
 void		cai_engine_params_default(cai_engine_params *params);
@@ -327,6 +331,9 @@ typedef struct cai_engine_stats
 	/* working KV */
 	int			kv_blocks_total;
 	int			kv_blocks_free;
+	size_t		kv_bytes_total; /* the pool's host memory (kv.h) */
+	size_t		kv_bytes_used;	/* of which in use: running sequences and the prefix cache */
+	uint64_t	kv_tokens_held; /* positions the running sequences hold KV for */
 } cai_engine_stats;
 
 void		cai_engine_get_stats(const cai_engine *engine, cai_engine_stats *stats);

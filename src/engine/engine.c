@@ -65,6 +65,15 @@ typedef struct cai_request
 	/* KV: block_table[i] holds positions [16 i, 16 i + 16) */
 	int32_t    *block_table;
 	int			n_blocks;		/* blocks held (cached prefix + reserved) */
+	int			n_shared_blocks;	/* the first ones, shared with the prefix cache */
+
+	/*
+	 * Window parts (kv.h) of a windowed model: the request's own blocks take theirs when it
+	 * reaches them and drop them once behind every window, holding at most window_quota at once.
+	 */
+	int			window_quota;
+	int			window_parts_held;
+	int			window_scan;	/* own blocks below it have dropped theirs */
 
 	/* sampling and text */
 	cai_rng		rng;
@@ -94,6 +103,8 @@ struct cai_engine
 	bool		use_cuda;
 	cai_forward_ctx *forward;
 	cai_kv_pool *kv;
+	int			kv_window;		/* window parts are dropped behind this window; 0: never */
+	int			window_quota_unused;	/* running requests' quotas less what they hold */
 	cai_prefix_cache *cache;
 	cai_sampler_scratch *samplers;	/* one per pool thread (see engine_sample_rows) */
 	cai_token_index *token_index;	/* the vocabulary indexed for grammars, made at first use */
@@ -122,6 +133,104 @@ struct cai_engine
 
 static void request_release_blocks(cai_engine *engine, cai_request *req, bool offer_to_cache);
 static void request_free(cai_request *req);
+
+/* ---------------------------------------------------------------------------------------------
+ * Window parts
+ *
+ * On a windowed model (kv.h) a token at position p reads the windowed layers' KV of positions
+ * [p - W + 1, p] only.  A request's own blocks take their window parts as it reaches them and
+ * drop them once the next token's window has passed, so a finished request offers the prefix
+ * cache its global KV for every position and its windowed KV for the window before its end:
+ * what the next turn, which resumes there, reads.  Earlier points of the sequence can be resumed
+ * from where an earlier turn ended, since the blocks it stored keep their window parts (blocks
+ * shared from the cache are never touched: they are the cache's).  A prompt that leaves the
+ * sequence anywhere else resumes from the last such point before it (request_admit).
+ *
+ * Quotas keep this from ever running short.  Admission reserves the most window parts the
+ * request can hold at once (the window before a step and the step's chunk) and admits only
+ * while the free window parts cover every running request's unused reservation plus the new one,
+ * so taking a part inside a quota cannot fail.
+ * ------------------------------------------------------------------------------------------- */
+
+static inline int
+block_of(int pos)
+{
+	return pos / CAI_KV_BLOCK_TOKENS;
+}
+
+/* The oldest position a token at pos reads in the windowed layers. */
+static inline int
+window_start(const cai_engine *engine, int pos)
+{
+	return pos - engine->kv_window + 1 > 0 ? pos - engine->kv_window + 1 : 0;
+}
+
+/* The most window parts a request with n_own blocks of its own holds at once. */
+static int
+engine_window_quota(const cai_engine *engine, int n_own)
+{
+	int			W = engine->kv_window;
+	int			chunk = engine->params.max_step_tokens;
+	/* a step over [pos, pos + n) reads blocks block_of(pos - W + 1) .. block_of(pos + n - 1) */
+	int			step_blocks = (W + chunk - 2) / CAI_KV_BLOCK_TOKENS + 2;
+
+	return step_blocks < n_own ? step_blocks : n_own;
+}
+
+/* Gives window parts to the request's blocks that positions [pos, pos + n) write. */
+static void
+request_take_windows(cai_engine *engine, cai_request *req, int pos, int n)
+{
+	int			first = block_of(pos);
+
+	if (engine->kv_window == 0)
+		return;
+	for (int b = first > req->n_shared_blocks ? first : req->n_shared_blocks;
+		 b <= block_of(pos + n - 1); b++)
+	{
+		if (cai_kv_block_has_window(engine->kv, req->block_table[b]) ||
+			!cai_kv_block_add_window(engine->kv, req->block_table[b]))
+			continue;		/* a shortfall is reported by the forward's check */
+		req->window_parts_held++;
+		engine->window_quota_unused--;
+	}
+}
+
+/* Drops the window parts of the request's blocks that no later token will read. */
+static void
+request_drop_windows(cai_engine *engine, cai_request *req)
+{
+	int			behind = block_of(window_start(engine, req->n_computed));
+	int			b = req->window_scan > req->n_shared_blocks ? req->window_scan : req->n_shared_blocks;
+
+	if (engine->kv_window == 0)
+		return;
+	for (; b < behind; b++)
+	{
+		if (!cai_kv_block_has_window(engine->kv, req->block_table[b]))
+			continue;
+		cai_kv_block_drop_window(engine->kv, req->block_table[b]);
+		req->window_parts_held--;
+		engine->window_quota_unused++;
+	}
+	if (behind > req->window_scan)
+		req->window_scan = behind;
+}
+
+/*
+ * Whether the windowed KV that resuming at position m reads, positions [m - W + 1, m), is all
+ * in the first n_table blocks of table (the positions past them are a copied tail's).
+ */
+static bool
+window_present(const cai_engine *engine, const int32_t *table, int n_table, int m)
+{
+	if (engine->kv_window == 0 || m == 0)
+		return true;
+	for (int b = block_of(window_start(engine, m)); b <= block_of(m - 1) && b < n_table; b++)
+		if (!cai_kv_block_has_window(engine->kv, table[b]))
+			return false;
+	return true;
+}
 
 /* ---------------------------------------------------------------------------------------------
  * Parameters
@@ -336,7 +445,26 @@ cai_engine_create(cai_model *model, const cai_engine_params *params_in,
 		cai_engine_free(engine);
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "kv cache size is too large");
 	}
-	st = cai_kv_pool_create(&layout, (int) n_blocks, &engine->kv, err);
+
+	/*
+	 * A windowed model's running sequences hold window parts for about a window each, so the
+	 * pool has fewer window parts than blocks: every running sequence's largest quota, plus one
+	 * for each block the prefix cache may keep.
+	 */
+	engine->kv_window = layout.n_windowed_layers > 0 && !params.whole_kv ? layout.window : 0;
+	if (engine->kv_window > 0)
+	{
+		size_t		n_window_parts = (size_t) params.max_running *
+			engine_window_quota(engine, blocks_per_seq) +
+			params.host_cache_bytes / layout.block_bytes;
+
+		if (n_window_parts > n_blocks)
+			n_window_parts = n_blocks;
+		st = cai_kv_pool_create_windowed(&layout, (int) n_blocks, (int) n_window_parts,
+										 &engine->kv, err);
+	}
+	else
+		st = cai_kv_pool_create(&layout, (int) n_blocks, &engine->kv, err);
 	if (st == CAI_OK)
 		st = cai_prefix_cache_create(engine->kv, params.host_cache_bytes, model->fingerprint,
 									 &engine->cache, err);
@@ -675,6 +803,18 @@ request_release_blocks(cai_engine *engine, cai_request *req, bool offer_to_cache
 	for (int i = 0; i < req->n_blocks; i++)
 		cai_kv_block_unref(engine->kv, req->block_table[i]);
 	req->n_blocks = 0;
+	/* the parts it held went with its blocks, to the cache or back to the pool */
+	engine->window_quota_unused -= req->window_quota - req->window_parts_held;
+	req->window_quota = 0;
+	req->window_parts_held = 0;
+}
+
+/* Whether the free window parts fall short of every running quota plus a new one of quota. */
+static bool
+window_parts_short(const cai_engine *engine, int quota)
+{
+	return engine->kv_window > 0 &&
+		cai_kv_pool_n_free_window_parts(engine->kv) - engine->window_quota_unused < quota;
 }
 
 /*
@@ -694,6 +834,7 @@ request_admit(cai_engine *engine, cai_request *req)
 	int			tail_tokens = 0;
 	cai_prefix_cache_tail tail = {.block = -1, .n_tokens = 0};
 	int			missing;
+	int			quota;
 
 	req->block_table = malloc((size_t) need * sizeof(int32_t));
 	if (!req->block_table)
@@ -712,10 +853,32 @@ request_admit(cai_engine *engine, cai_request *req)
 												 : NULL);
 	}
 
+	/* a windowed model resumes only where the windowed KV before that point is all kept */
+	while (matched > 0 || tail.block >= 0)
+	{
+		int			m = matched * CAI_KV_BLOCK_TOKENS + (tail.block >= 0 ? tail.n_tokens : 0);
+
+		if ((tail.block < 0 || cai_kv_block_has_window(engine->kv, tail.block)) &&
+			window_present(engine, req->block_table, matched, m))
+			break;
+		if (tail.block >= 0)
+		{
+			cai_kv_block_unref(engine->kv, tail.block);
+			tail.block = -1;
+		}
+		else
+			cai_kv_block_unref(engine->kv, req->block_table[--matched]);
+	}
+
 	missing = need - matched;
+	quota = engine->kv_window > 0 ? engine_window_quota(engine, missing) : 0;
 	if (cai_kv_pool_n_free(engine->kv) < missing)
 		cai_prefix_cache_reclaim(engine->cache, missing);
-	if (cai_kv_pool_n_free(engine->kv) < missing)
+	/* the cache's blocks may hold the window parts: evict until they cover every quota */
+	while (window_parts_short(engine, quota) &&
+		   cai_prefix_cache_reclaim(engine->cache, cai_kv_pool_n_free(engine->kv) + 1) > 0)
+		;
+	if (cai_kv_pool_n_free(engine->kv) < missing || window_parts_short(engine, quota))
 	{
 		for (int i = 0; i < matched; i++)
 			cai_kv_block_unref(engine->kv, req->block_table[i]);
@@ -726,18 +889,24 @@ request_admit(cai_engine *engine, cai_request *req)
 		return false;
 	}
 	for (int i = matched; i < need; i++)
-		req->block_table[i] = cai_kv_block_alloc(engine->kv);
+		req->block_table[i] = engine->kv_window > 0 ? cai_kv_block_alloc_without_window(engine->kv)
+			: cai_kv_block_alloc(engine->kv);
+	req->n_blocks = need;
+	req->n_shared_blocks = matched;
+	req->window_quota = quota;
+	req->window_scan = matched;
+	engine->window_quota_unused += quota;
 	if (tail.block >= 0)
 	{
 		cai_error	err;
 
 		/* matched * 16 + tail.n_tokens < n_prompt <= need * 16, so block matched is ours */
+		request_take_windows(engine, req, matched * CAI_KV_BLOCK_TOKENS, 1);
 		if (cai_forward_kv_copy_rows(engine->forward, engine->kv, tail.block,
 									 req->block_table[matched], tail.n_tokens, &err) == CAI_OK)
 			tail_tokens = tail.n_tokens;
 		cai_kv_block_unref(engine->kv, tail.block);
 	}
-	req->n_blocks = need;
 	req->n_computed = matched * CAI_KV_BLOCK_TOKENS + tail_tokens;
 	req->usage.cached_tokens = req->n_computed;
 	engine->stats.cache_hit_tokens += req->n_computed;
@@ -1031,6 +1200,7 @@ cai_engine_step(cai_engine *engine, const cai_event **events_out, int *n_events_
 		req = engine->running[i];
 		if (req->state != REQUEST_DECODE)
 			continue;
+		request_take_windows(engine, req, req->n_computed, 1);
 		engine->batch[n_batch] = (cai_batch_seq) {
 			.tokens = req->tokens.ids + req->n_computed,
 			.n_tokens = 1,
@@ -1056,6 +1226,7 @@ cai_engine_step(cai_engine *engine, const cai_event **events_out, int *n_events_
 		if (chunk > budget)
 			chunk = budget;
 		last = req->n_computed + chunk == req->n_prompt;
+		request_take_windows(engine, req, req->n_computed, chunk);
 		engine->batch[n_batch] = (cai_batch_seq) {
 			.tokens = req->tokens.ids + req->n_computed,
 			.n_tokens = chunk,
@@ -1120,6 +1291,7 @@ cai_engine_step(cai_engine *engine, const cai_event **events_out, int *n_events_
 
 		req = engine->batch_req[b];
 		req->n_computed += seq->n_tokens;
+		request_drop_windows(engine, req);
 		if (seq->logits == CAI_LOGITS_NONE)
 			continue;
 		req->state = REQUEST_DECODE;
@@ -1166,6 +1338,11 @@ cai_engine_get_stats(const cai_engine *engine, cai_engine_stats *stats)
 	stats->cache_budget_bytes = cs.budget_bytes;
 	stats->kv_blocks_total = cai_kv_pool_n_blocks(engine->kv);
 	stats->kv_blocks_free = cai_kv_pool_n_free(engine->kv);
+	stats->kv_bytes_total = cai_kv_pool_bytes(engine->kv);
+	stats->kv_bytes_used = cai_kv_pool_bytes_in_use(engine->kv);
+	stats->kv_tokens_held = 0;
+	for (int i = 0; i < engine->n_running; i++)
+		stats->kv_tokens_held += engine->running[i]->n_computed;
 }
 
 void
@@ -1181,6 +1358,8 @@ cai_engine_score(cai_engine *engine, const int32_t *tokens, int n, bool float_re
 	int			n_vocab = engine->model->cfg.n_vocab;
 	int			need = (n + CAI_KV_BLOCK_TOKENS - 1) / CAI_KV_BLOCK_TOKENS;
 	int			chunk_max = engine->params.max_step_tokens;
+	int			quota;
+	int			dropped = 0;
 	int32_t    *blocks;
 	cai_status	st = CAI_OK;
 
@@ -1201,15 +1380,21 @@ cai_engine_score(cai_engine *engine, const int32_t *tokens, int n, bool float_re
 	blocks = malloc((size_t) need * sizeof(int32_t));
 	if (!blocks)
 		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory scoring");
+	/* windowed KV is kept for a window behind each chunk, as a request's is */
+	quota = engine->kv_window > 0 ? engine_window_quota(engine, need) : 0;
 	if (cai_kv_pool_n_free(engine->kv) < need)
 		cai_prefix_cache_reclaim(engine->cache, need);
-	if (cai_kv_pool_n_free(engine->kv) < need)
+	while (window_parts_short(engine, quota) &&
+		   cai_prefix_cache_reclaim(engine->cache, cai_kv_pool_n_free(engine->kv) + 1) > 0)
+		;
+	if (cai_kv_pool_n_free(engine->kv) < need || window_parts_short(engine, quota))
 	{
 		free(blocks);
 		return cai_fail(err, CAI_ERR_NO_MEMORY, "not enough free KV blocks to score %d tokens", n);
 	}
 	for (int i = 0; i < need; i++)
-		blocks[i] = cai_kv_block_alloc(engine->kv);
+		blocks[i] = engine->kv_window > 0 ? cai_kv_block_alloc_without_window(engine->kv)
+			: cai_kv_block_alloc(engine->kv);
 
 	for (int pos = 0; pos < n && st == CAI_OK; pos += chunk_max)
 	{
@@ -1223,8 +1408,14 @@ cai_engine_score(cai_engine *engine, const int32_t *tokens, int n, bool float_re
 			.logits = CAI_LOGITS_ALL,
 		};
 
+		if (engine->kv_window > 0)
+			for (int b = block_of(pos); b <= block_of(pos + chunk - 1); b++)
+				cai_kv_block_add_window(engine->kv, blocks[b]);
 		st = cai_model_forward(engine->model, engine->forward, engine->kv, &seq, 1,
 							   logits + (size_t) pos * n_vocab, float_reference, err);
+		if (engine->kv_window > 0)
+			for (; dropped < block_of(window_start(engine, pos + chunk)); dropped++)
+				cai_kv_block_drop_window(engine->kv, blocks[dropped]);
 	}
 	for (int i = 0; i < need; i++)
 		cai_kv_block_unref(engine->kv, blocks[i]);

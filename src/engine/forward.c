@@ -244,6 +244,7 @@ cai_forward_layout_batch(const cai_model *model, cai_forward_ctx *ctx, cai_kv_po
 	int			T = 0;
 	int			R = 0;
 	int			pool_blocks = cai_kv_pool_n_blocks(kv);
+	const cai_kv_layout *L = cai_kv_pool_layout(kv);
 
 	if (n_seqs < 1 || !seqs)
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "a forward needs at least one sequence");
@@ -271,6 +272,17 @@ cai_forward_layout_batch(const cai_model *model, cai_forward_ctx *ctx, cai_kv_po
 				return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
 								"sequence %d uses kv block %d, outside the pool", s,
 								q->block_table[b]);
+		/* the windowed layers read back to window_lo and write to end - 1 */
+		if (L->n_windowed_layers > 0)
+		{
+			int			window_lo = q->pos - L->window + 1 > 0 ? q->pos - L->window + 1 : 0;
+
+			for (int b = window_lo / CAI_KV_BLOCK_TOKENS; b <= (end - 1) / CAI_KV_BLOCK_TOKENS; b++)
+				if (!cai_kv_block_has_window(kv, q->block_table[b]))
+					return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+									"sequence %d's kv block %d has no window part for position %d",
+									s, q->block_table[b], b * CAI_KV_BLOCK_TOKENS);
+		}
 		if (q->logits != CAI_LOGITS_NONE && q->logits != CAI_LOGITS_LAST && q->logits != CAI_LOGITS_ALL)
 			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "sequence %d has an unknown logits mode", s);
 
@@ -619,7 +631,8 @@ cai_model_forward(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 						"the float reference path needs the model loaded with load_float_reference");
 	cai_model_kv_layout(model, &want);
 	if (L->n_kv_layers != want.n_kv_layers || L->n_kv_heads != want.n_kv_heads ||
-		L->head_dim != want.head_dim || L->layer_bytes < want.layer_bytes)
+		L->head_dim != want.head_dim || L->layer_bytes < want.layer_bytes ||
+		L->n_windowed_layers != want.n_windowed_layers || L->window < want.window)
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "the kv pool's layout does not fit the model");
 	if ((st = cai_forward_layout_batch(model, ctx, kv, seqs, n_seqs, &T, &R, err)) != CAI_OK)
 		return st;

@@ -86,6 +86,8 @@ cai_model_kv_layout(const cai_model *model, cai_kv_layout *out)
 		(2 * (size_t) c->head_dim + 2 * sizeof(float));
 
 	out->n_kv_layers = c->n_kv_layers;
+	out->n_windowed_layers = c->n_windowed_kv_layers;
+	out->window = c->kv_window;
 	out->n_kv_heads = c->n_kv_heads;
 	out->head_dim = c->head_dim;
 	out->layer_bytes = (part + 63) & ~(size_t) 63;	/* each layer's part 64-byte aligned */
@@ -114,6 +116,9 @@ cai_model_get_info(const cai_model *model, cai_model_info *info)
 	info->weight_bytes = model->weight_bytes;
 	info->kv_bytes_per_token = (size_t) c->n_kv_layers * c->n_kv_heads *
 		(2 * (size_t) c->head_dim + 2 * sizeof(float));
+	info->kv_window_bytes_per_token = (size_t) c->n_windowed_kv_layers * c->n_kv_heads *
+		(2 * (size_t) c->head_dim + 2 * sizeof(float));
+	info->kv_window = c->kv_window;
 	info->fingerprint = model->fingerprint;
 	info->bos_token = cai_tokenizer_bos(model->tokenizer);
 	info->add_bos = info->bos_token >= 0 && cai_tokenizer_add_bos(model->tokenizer);

@@ -54,6 +54,8 @@ typedef struct cai_config
 	int		   *kv_source;		/* [n_layers] layer whose KV this layer reads (itself = owns) */
 	int		   *kv_index;		/* [n_layers] index among KV-owning layers of kv_source[l] */
 	int			n_kv_layers;
+	int			n_windowed_kv_layers;	/* the last of the KV indexes: read only through windows */
+	int			kv_window;		/* the widest window reading them; 0 when there are none */
 } cai_config;
 
 /*

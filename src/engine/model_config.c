@@ -64,12 +64,21 @@ read_arch_f32(const gguf_file *f, const char *arch, const char *suffix, bool req
 	return CAI_OK;
 }
 
-/* Sets each layer's KV index and the count of KV-owning layers from kv_source. */
+/*
+ * Sets each layer's KV index, the count of KV-owning layers and which of them are windowed, from
+ * kv_source and attn_window.  An owning layer's KV is windowed when every layer reading it
+ * attends through a window: then no position older than the widest of those windows is ever read
+ * again, and kv.h's pool may drop it.  Global owners take the first KV indexes and windowed
+ * owners the last n_windowed_kv_layers, so each kind's parts of a block are contiguous.
+ */
 cai_status
 cai_config_update_kv_sharing(cai_config *cfg, cai_error *err)
 {
-	int			n = 0;
+	int			n_global = 0;
+	int			n_windowed = 0;
+	int			window = 0;
 
+	/* first kv_index holds a flag per owner: 1 while its KV can still be windowed */
 	for (int l = 0; l < cfg->n_layers; l++)
 	{
 		int			src = cfg->kv_source[l];
@@ -84,12 +93,29 @@ cai_config_update_kv_sharing(cai_config *cfg, cai_error *err)
 		if (cfg->attn_window[l] < 0)
 			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
 							"layer %d has a negative attention window", l);
-		if (src == l)
-			cfg->kv_index[l] = n++;
-		else
-			cfg->kv_index[l] = cfg->kv_index[src];
+		cfg->kv_index[l] = src == l && cfg->attn_window[l] > 0;
+		if (cfg->attn_window[l] == 0)
+			cfg->kv_index[src] = 0;
 	}
-	cfg->n_kv_layers = n;
+	for (int l = 0; l < cfg->n_layers; l++)
+	{
+		if (cfg->kv_index[cfg->kv_source[l]] && cfg->attn_window[l] > window)
+			window = cfg->attn_window[l];
+		if (cfg->kv_source[l] == l && !cfg->kv_index[l])
+			n_global++;
+	}
+	for (int l = 0, g = 0; l < cfg->n_layers; l++)
+	{
+		if (cfg->kv_source[l] != l)
+			cfg->kv_index[l] = cfg->kv_index[cfg->kv_source[l]];
+		else if (cfg->kv_index[l])
+			cfg->kv_index[l] = n_global + n_windowed++;
+		else
+			cfg->kv_index[l] = g++;
+	}
+	cfg->n_kv_layers = n_global + n_windowed;
+	cfg->n_windowed_kv_layers = n_windowed;
+	cfg->kv_window = n_windowed > 0 ? window : 0;
 	return CAI_OK;
 }
 

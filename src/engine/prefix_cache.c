@@ -20,6 +20,11 @@
  * a prefix followed by thousands of blocks (every conversation's first question after one system
  * prompt) costs a bounded scan; the most recently filed come first.
  *
+ * Windowed models.  A block whose window part (kv.h) was dropped is cached all the same: its
+ * global KV serves every lookup that resumes later in the sequence.  Which points can be resumed
+ * from is the engine's check (engine.c's request_admit), since it depends on the window; the cache
+ * only prefers, between two copies of one block, the one that kept its window part.
+ *
  * Keys.  Block i's key is XXH3-64 of its 16 token ids (as int32 bytes) seeded with block i-1's
  * key; block 0's seed is XXH3-64 of (model fingerprint, salt).  One key therefore names a whole
  * prefix, and a lookup walks the chain from the root, one hash probe per block.
@@ -714,6 +719,17 @@ cai_prefix_cache_insert(cai_prefix_cache *cache, uint64_t salt, const int32_t *t
 			{
 				cache->stats.collisions++;
 				break;
+			}
+			/*
+			 * ... unless the cached copy has lost its window part (kv.h) and the caller's has
+			 * one: then the caller's copy can be resumed from and the cached one cannot.
+			 */
+			if (!cai_kv_block_has_window(cache->pool, node->block) && block_held(cache, blocks[i])
+				&& cai_kv_block_has_window(cache->pool, blocks[i]))
+			{
+				cai_kv_block_ref(cache->pool, blocks[i]);
+				cai_kv_block_unref(cache->pool, node->block);
+				node->block = blocks[i];
 			}
 		}
 		else

@@ -120,7 +120,7 @@ main(int argc, char **argv)
 	int			context = argc > 2 ? atoi(argv[2]) : 48;
 	int			batch = argc > 3 ? atoi(argv[3]) : 32;
 	int			blocks_per_seq = (context + CAI_KV_BLOCK_TOKENS - 1) / CAI_KV_BLOCK_TOKENS;
-	cai_kv_layout L;
+	cai_kv_layout L = {0};
 	size_t		part = (size_t) CAI_KV_BLOCK_TOKENS * N_KV * (2 * (size_t) HD + 2 * sizeof(float));
 	int			n_copies;
 	kv_copy    *copies;

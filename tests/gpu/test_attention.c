@@ -95,7 +95,7 @@ run_case(const attn_case *c)
 	int			qkv_w = q_dim + 2 * kv_dim;
 	int			n_blocks = 0,
 				max_ctx = 0;
-	cai_kv_layout L;
+	cai_kv_layout L = {0};
 	cai_kv_pool *pool = NULL;
 	cai_threadpool *tp = cai_threadpool_create(2);
 	cai_backend *cpu = NULL;

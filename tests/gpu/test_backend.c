@@ -488,7 +488,7 @@ fixture_open(fixture *f)
 {
 	cai_backend_limits lim = {16, SM_CTX, SM_FF, SM_HEADS, SM_KV_HEADS, SM_HD};
 	cai_cuda_backend_params p;
-	cai_kv_layout L;
+	cai_kv_layout L = {0};
 	cai_error	err;
 	size_t		part = (size_t) CAI_KV_BLOCK_TOKENS * SM_KV_HEADS * (2 * SM_HD + 2 * sizeof(float));
 
@@ -913,7 +913,7 @@ model_fixture_open(model_fixture *f, bool *absent)
 	static const char *prompts[2] = {"The capital of France is", "Write a haiku about databases:"};
 	const char *path = test_real_model_path();
 	cai_model_params mp;
-	cai_kv_layout L;
+	cai_kv_layout L = {0};
 	cai_error	err;
 
 	memset(f, 0, sizeof(*f));
