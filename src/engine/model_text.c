@@ -173,6 +173,12 @@ cai_model_describe(const cai_model *model, char **text, cai_error *err)
 	sb_printf(&sb, "parameters: %lld, engine weights: %.1f MiB (int8 + scales), kv: %zu bytes per token\n",
 			  (long long) model->n_params, (double) model->weight_bytes / (1024.0 * 1024.0),
 			  info.kv_bytes_per_token);
+	if (info.kv_window > 0)
+		sb_printf(&sb, "windowed kv: %zu of those bytes per token, kept for the last %d positions "
+				  "(%zu bytes per token at a %d-token context)\n", info.kv_window_bytes_per_token,
+				  info.kv_window, info.kv_bytes_per_token - info.kv_window_bytes_per_token +
+				  info.kv_window_bytes_per_token * (size_t) (info.kv_window < 4096 ? info.kv_window : 4096) / 4096,
+				  4096);
 	sb_printf(&sb, "tokens: bos %d, eos %d, end of turn %d\n", info.bos_token, info.eos_token,
 			  info.eot_token);
 	sb_printf(&sb, "fingerprint: %016llx\n", (unsigned long long) model->fingerprint);

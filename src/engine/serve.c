@@ -559,6 +559,8 @@ send_ready(server *s, double load_seconds)
 	m.n_params = s->info.n_params;
 	m.weight_bytes = s->info.weight_bytes;
 	m.kv_bytes_per_token = s->info.kv_bytes_per_token;
+	m.kv_window_bytes_per_token = s->info.kv_window_bytes_per_token;
+	m.kv_window = s->info.kv_window;
 	m.load_seconds = load_seconds;
 
 	frame = cai_frame_begin(&s->out, CAI_FRAME_READY, 0);

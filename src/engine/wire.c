@@ -363,6 +363,8 @@ cai_wire_put_model(cai_wbuf *w, const cai_wire_model *m)
 	cai_put_u64(w, (uint64_t) m->n_params);
 	cai_put_u64(w, m->weight_bytes);
 	cai_put_u64(w, m->kv_bytes_per_token);
+	cai_put_u64(w, m->kv_window_bytes_per_token);
+	cai_put_i32(w, m->kv_window);
 	cai_put_f64(w, m->load_seconds);
 }
 
@@ -388,6 +390,7 @@ cai_wire_get_model(cai_reader *r, cai_wire_model *m)
 		!cai_get_i32(r, &m->n_vocab) || !cai_get_i32(r, &m->trained_context) ||
 		!cai_get_i32(r, &m->context_length) || !cai_get_u64(r, &n_params) ||
 		!cai_get_u64(r, &m->weight_bytes) || !cai_get_u64(r, &m->kv_bytes_per_token) ||
+		!cai_get_u64(r, &m->kv_window_bytes_per_token) || !cai_get_i32(r, &m->kv_window) ||
 		!cai_get_f64(r, &m->load_seconds))
 		return false;
 	m->n_params = (int64_t) n_params;
@@ -419,7 +422,10 @@ cai_wire_get_model(cai_reader *r, cai_wire_model *m)
 	X(u64, uint64_t, cache_bytes) \
 	X(u64, uint64_t, cache_budget_bytes) \
 	X(i32, int32_t, kv_blocks_total) \
-	X(i32, int32_t, kv_blocks_free)
+	X(i32, int32_t, kv_blocks_free) \
+	X(u64, uint64_t, kv_bytes_total) \
+	X(u64, uint64_t, kv_bytes_used) \
+	X(u64, uint64_t, kv_tokens_held)
 
 void
 cai_wire_put_stats(cai_wbuf *w, const cai_engine_stats *s)

@@ -51,7 +51,7 @@
 
 #include "cai.h"
 
-#define CAI_WIRE_VERSION 2
+#define CAI_WIRE_VERSION 3
 
 /* The longest frame body either side accepts: a request with a whole long conversation fits. */
 #define CAI_FRAME_MAX_BODY (64u * 1024 * 1024)
@@ -268,6 +268,8 @@ typedef struct cai_wire_model
 	int64_t		n_params;
 	uint64_t	weight_bytes;
 	uint64_t	kv_bytes_per_token;
+	uint64_t	kv_window_bytes_per_token;	/* of which windowed layers' (kv.h) */
+	int32_t		kv_window;
 	double		load_seconds;
 } cai_wire_model;
 

@@ -102,6 +102,9 @@ pg_cai_model_info(PG_FUNCTION_ARGS)
 		json_key_int(&out, "params", model.info.n_params);
 		json_key_int(&out, "weight_bytes", (int64) model.info.weight_bytes);
 		json_key_int(&out, "kv_bytes_per_token", (int64) model.info.kv_bytes_per_token);
+		json_key_int(&out, "kv_window", model.info.kv_window);
+		json_key_int(&out, "kv_window_bytes_per_token",
+					 (int64) model.info.kv_window_bytes_per_token);
 		json_key_string(&out, "device", model.info.device, false);
 		json_key_string(&out, "device_reason", model.info.device_reason, false);
 		appendStringInfo(&out, ", \"load_seconds\": %.3f", model.info.load_seconds);
@@ -205,6 +208,9 @@ pg_cai_stats(PG_FUNCTION_ARGS)
 	values[i++] = Int64GetDatum((int64) es.cache_evictions);
 	values[i++] = Int32GetDatum(es.kv_blocks_total);
 	values[i++] = Int32GetDatum(es.kv_blocks_free);
+	values[i++] = Int64GetDatum((int64) es.kv_bytes_total);
+	values[i++] = Int64GetDatum((int64) es.kv_bytes_used);
+	values[i++] = Int64GetDatum((int64) es.kv_tokens_held);
 	values[i++] = Float8GetDatum(es.busy_seconds);
 	values[i] = TimestampTzGetDatum(started);
 	nulls[i++] = (started == 0);

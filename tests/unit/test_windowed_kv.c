@@ -444,3 +444,41 @@ done:
 	cai_model_free(model);
 	free(prompt);
 }
+
+/* Scoring (cai eval) keeps a window behind each chunk: the same logits as keeping everything. */
+TEST(engine_windowed_kv_scores_the_same)
+{
+	cai_model  *model = load_gemma_shape(6, 64, 2, 32, 40, 512, 45);
+	cai_engine *bounded = NULL;
+	cai_engine *whole = NULL;
+	int32_t		tokens[300];
+	float	   *lb = NULL;
+	float	   *lw = NULL;
+	int			V;
+	cai_error	err;
+
+	CHECK(model != NULL);
+	if (!model)
+		return;
+	V = model->cfg.n_vocab;
+	bounded = windowed_engine(model, false, 1, 24, 512, 0);
+	whole = windowed_engine(model, true, 1, 24, 512, 0);
+	lb = malloc(sizeof(float) * 300 * V);
+	lw = malloc(sizeof(float) * 300 * V);
+	CHECK(bounded && whole && lb && lw);
+	if (!bounded || !whole || !lb || !lw)
+		goto done;
+	random_tokens(tokens, 300, 61);
+	CHECK(cai_engine_score(bounded, tokens, 300, false, lb, &err) == CAI_OK);
+	CHECK(cai_engine_score(whole, tokens, 300, false, lw, &err) == CAI_OK);
+	CHECK(memcmp(lb, lw, sizeof(float) * 300 * V) == 0);
+	/* and again: every window part went back */
+	CHECK(cai_engine_score(bounded, tokens, 300, false, lw, &err) == CAI_OK);
+	CHECK(memcmp(lb, lw, sizeof(float) * 300 * V) == 0);
+done:
+	free(lb);
+	free(lw);
+	cai_engine_free(bounded);
+	cai_engine_free(whole);
+	cai_model_free(model);
+}
