@@ -437,7 +437,9 @@ cai_engine_create(cai_model *model, const cai_engine_params *params_in,
 		n_blocks = params.kv_cache_bytes / layout.block_bytes;
 	else
 		n_blocks = (size_t) params.max_running * blocks_per_seq;
-	n_blocks += params.host_cache_bytes / layout.block_bytes;
+	/* the cache's blocks cost their global parts, and their window parts where kept */
+	n_blocks += params.host_cache_bytes / (cai_kv_global_part_bytes(&layout) > 0 ?
+										   cai_kv_global_part_bytes(&layout) : layout.block_bytes);
 	if (n_blocks < (size_t) blocks_per_seq)
 		n_blocks = blocks_per_seq;
 	if (n_blocks > INT32_MAX / 2)
@@ -448,8 +450,8 @@ cai_engine_create(cai_model *model, const cai_engine_params *params_in,
 
 	/*
 	 * A windowed model's running sequences hold window parts for about a window each, so the
-	 * pool has fewer window parts than blocks: every running sequence's largest quota, plus one
-	 * for each block the prefix cache may keep.
+	 * pool has fewer window parts than blocks: every running sequence's largest quota, plus as
+	 * many as the prefix cache's budget holds in whole blocks.
 	 */
 	engine->kv_window = layout.n_windowed_layers > 0 && !params.whole_kv ? layout.window : 0;
 	if (engine->kv_window > 0)

@@ -35,9 +35,12 @@
  * deliberately bad hash in tests) can cost a miss but never hand out another prefix's KV.  Keys
  * are unique in the table: a colliding block simply is not cached.
  *
- * Memory.  The cache never holds more than budget_bytes / block_bytes nodes, nor more nodes than
- * the pool has blocks, so the nodes and the hash buckets are allocated once at creation and never
- * grow: no allocation happens on the lookup or insert path, and nothing there can fail for memory.
+ * Memory.  A node costs the bytes its block holds: the global part, plus the window part when it
+ * kept one (kv.h; a model without windowed layers has only global parts), and the nodes' bytes
+ * never exceed budget_bytes.  So the cache never holds more than budget_bytes / (global part)
+ * nodes, nor more nodes than the pool has blocks, and the nodes and the hash buckets are
+ * allocated once at creation and never grow: no allocation happens on the lookup or insert path,
+ * and nothing there can fail for memory.
  *
  * Recency.  All nodes sit on one LRU list ordered by last use, oldest first, kept so that every
  * node comes after all of its descendants: a use touches its whole path, moving the deepest node to
@@ -77,13 +80,17 @@ typedef struct cache_node
 	int32_t		n_children;
 	int32_t		n_tokens;		/* CAI_KV_BLOCK_TOKENS, or 1..15 for a partial tail block */
 	int32_t		tokens[CAI_KV_BLOCK_TOKENS];
+	size_t		bytes;			/* what its block holds (block_cost) */
 } cache_node;
 
 struct cai_prefix_cache
 {
 	cai_kv_pool *pool;
 	uint64_t	fingerprint;
-	size_t		block_bytes;
+	size_t		global_bytes;	/* a block's global part */
+	size_t		window_bytes;	/* and its window part, if it kept one */
+	size_t		budget_bytes;
+	size_t		bytes;			/* held by the nodes */
 	int			capacity;		/* most nodes the budget (and the pool) allow; 0 = disabled */
 
 	cache_node *nodes;			/* [capacity], allocated once */
@@ -324,6 +331,15 @@ remove_leaf(cai_prefix_cache *cache, cache_node *node)
 	node->hash_next = cache->free_nodes;
 	cache->free_nodes = node;
 	cache->n_nodes--;
+	cache->bytes -= node->bytes;
+}
+
+/* The bytes a cached block holds. */
+static size_t
+block_cost(const cai_prefix_cache *cache, int32_t block)
+{
+	return cache->global_bytes +
+		(cache->window_bytes > 0 && cai_kv_block_has_window(cache->pool, block) ? cache->window_bytes : 0);
 }
 
 /*
@@ -361,14 +377,14 @@ cai_prefix_cache_create(cai_kv_pool *pool, size_t budget_bytes, uint64_t fingerp
 						cai_prefix_cache **out, cai_error *err)
 {
 	cai_prefix_cache *cache;
-	size_t		block_bytes;
+	const cai_kv_layout *L;
 	size_t		capacity;
 
 	*out = NULL;
 	if (!pool)
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "prefix cache needs a kv pool");
-	block_bytes = cai_kv_pool_layout(pool)->block_bytes;
-	if (block_bytes == 0)
+	L = cai_kv_pool_layout(pool);
+	if (L->block_bytes == 0)
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "prefix cache needs a non-empty kv block");
 
 	cache = calloc(1, sizeof(*cache));
@@ -376,7 +392,9 @@ cai_prefix_cache_create(cai_kv_pool *pool, size_t budget_bytes, uint64_t fingerp
 		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory allocating the prefix cache");
 	cache->pool = pool;
 	cache->fingerprint = fingerprint;
-	cache->block_bytes = block_bytes;
+	cache->global_bytes = cai_kv_global_part_bytes(L);
+	cache->window_bytes = cai_kv_window_part_bytes(L);
+	cache->budget_bytes = budget_bytes;
 	cache->hash = xxh3_block_hash;
 	cache->stats.budget_bytes = budget_bytes;
 
@@ -384,7 +402,7 @@ cai_prefix_cache_create(cai_kv_pool *pool, size_t budget_bytes, uint64_t fingerp
 	 * Each sane node holds a distinct pool block, so the pool size caps the node count as well as
 	 * the budget does; a budget larger than the pool must not cost node memory for nothing.
 	 */
-	capacity = budget_bytes / block_bytes;
+	capacity = budget_bytes / (cache->global_bytes > 0 ? cache->global_bytes : 1);
 	if (capacity > (size_t) cai_kv_pool_n_blocks(pool))
 		capacity = (size_t) cai_kv_pool_n_blocks(pool);
 	cache->capacity = (int) capacity;
@@ -573,11 +591,14 @@ cai_prefix_cache_lookup(cai_prefix_cache *cache, uint64_t salt, const int32_t *t
  * until the insert touches the whole path.
  */
 static cache_node *
-new_node(cai_prefix_cache *cache, cache_node *parent)
+new_node(cai_prefix_cache *cache, cache_node *parent, size_t bytes)
 {
 	cache_node *node;
 
-	while (cache->n_nodes >= cache->capacity || !cache->free_nodes)
+	if (bytes > cache->budget_bytes)
+		return NULL;
+	while (cache->n_nodes >= cache->capacity || !cache->free_nodes ||
+		   cache->bytes + bytes > cache->budget_bytes)
 	{
 		if (!evict_one(cache, parent))
 			return NULL;
@@ -586,6 +607,8 @@ new_node(cai_prefix_cache *cache, cache_node *parent)
 	cache->free_nodes = node->hash_next;
 	node->hash_next = NULL;
 	cache->n_nodes++;
+	cache->bytes += bytes;
+	node->bytes = bytes;
 
 	node->parent = parent;
 	node->n_children = 0;
@@ -663,7 +686,7 @@ insert_tail(cai_prefix_cache *cache, cache_node *parent, uint64_t salt, uint64_t
 	}
 	if (!block_held(cache, block))
 		return NULL;
-	node = new_node(cache, parent);
+	node = new_node(cache, parent, block_cost(cache, block));
 	if (!node)
 		return NULL;
 	node->key = key;
@@ -725,11 +748,14 @@ cai_prefix_cache_insert(cai_prefix_cache *cache, uint64_t salt, const int32_t *t
 			 * one: then the caller's copy can be resumed from and the cached one cannot.
 			 */
 			if (!cai_kv_block_has_window(cache->pool, node->block) && block_held(cache, blocks[i])
-				&& cai_kv_block_has_window(cache->pool, blocks[i]))
+				&& cai_kv_block_has_window(cache->pool, blocks[i]) &&
+				cache->bytes + cache->window_bytes <= cache->budget_bytes)
 			{
 				cai_kv_block_ref(cache->pool, blocks[i]);
 				cai_kv_block_unref(cache->pool, node->block);
 				node->block = blocks[i];
+				cache->bytes += cache->window_bytes;
+				node->bytes += cache->window_bytes;
 			}
 		}
 		else
@@ -737,7 +763,7 @@ cai_prefix_cache_insert(cai_prefix_cache *cache, uint64_t salt, const int32_t *t
 			/* only a block the caller holds can be shared; a free one would be reused */
 			if (!block_held(cache, blocks[i]))
 				break;
-			node = new_node(cache, parent);
+			node = new_node(cache, parent, block_cost(cache, blocks[i]));
 			if (!node)
 				break;			/* over budget and everything else pinned */
 			node->key = key;
@@ -800,6 +826,7 @@ cai_prefix_cache_reset(cai_prefix_cache *cache)
 		cache->free_nodes = &cache->nodes[i - 1];
 	}
 	cache->n_nodes = 0;
+	cache->bytes = 0;
 }
 
 int
@@ -823,7 +850,7 @@ cai_prefix_cache_get_stats(const cai_prefix_cache *cache, cai_prefix_cache_stats
 {
 	*out = cache->stats;
 	out->blocks = (uint64_t) cache->n_nodes;
-	out->bytes = (size_t) cache->n_nodes * cache->block_bytes;
+	out->bytes = cache->bytes;
 }
 
 /*

@@ -31,7 +31,7 @@ typedef struct cai_prefix_cache_stats
 	uint64_t	evictions;
 	uint64_t	collisions;		/* key matched, tokens did not */
 	uint64_t	blocks;			/* nodes now */
-	size_t		bytes;			/* blocks * block_bytes */
+	size_t		bytes;			/* what the blocks hold (kv.h: global parts, and window parts kept) */
 	size_t		budget_bytes;
 } cai_prefix_cache_stats;
 
