@@ -352,6 +352,7 @@ evict_one(cai_prefix_cache *cache, const cache_node *protect)
 	for (;;)
 	{
 		cache_node *oldest = cache->lru_oldest;
+		cache_node *parent;
 
 		/* the list is ordered by tick: if the oldest was used in this call, all were */
 		if (!oldest || oldest->last_used == cache->tick)
@@ -366,8 +367,23 @@ evict_one(cai_prefix_cache *cache, const cache_node *protect)
 			touch_path(cache, oldest);
 			continue;
 		}
+		parent = oldest->parent;
 		remove_leaf(cache, oldest);
 		cache->stats.evictions++;
+
+		/*
+		 * A windowed model resumes only after a window of kept windowed KV (engine.c), so a
+		 * leaf whose block dropped its window part can serve no lookup: such ancestors go too.
+		 */
+		while (parent && parent != protect && parent->n_children == 0 &&
+			   !cai_kv_block_has_window(cache->pool, parent->block) && !block_pinned(cache, parent))
+		{
+			cache_node *up = parent->parent;
+
+			remove_leaf(cache, parent);
+			cache->stats.evictions++;
+			parent = up;
+		}
 		return true;
 	}
 }
