@@ -8,15 +8,16 @@
  * (one query head of one token) the CPU computes: the query quantized to int8 with its own scale;
  * exact int32 dot products with the int8 keys, times (q_scale * scale) * k_scale; the row maximum;
  * exp(score - max) by ops.h's polynomial; their total with the eight-partial-sum rule; and the
- * values accumulated in ascending position order, out[d] += (p_j * v_scale_j) * v_j[d].  The
- * order of the last two sums is part of their value, so they are not split across blocks
- * (flash-decoding's split-KV would change the order, and with it the last bits); instead a block
- * holds a tile of query rows — every query head of one KV head (GQA/MQA share each K/V load) for
- * consecutive tokens of one sequence — and makes three passes over the tile's positions in
+ * values accumulated in ascending position order, out[d] += (p_j * v_scale_j) * v_j[d], all of
+ * it per segment of 256 positions at fixed boundaries, a row spanning several segments folding
+ * them in order (cpu/attention.h's merge: the order is part of the value).  A block holds a tile
+ * of query rows — every query head of one KV head (GQA/MQA share each K/V load) for consecutive
+ * tokens of one sequence — and for each segment makes three passes over the tile's positions in
  * chunks of 32 keys:
  *   A  scores, then each row's maximum (exact in any order);
  *   B  the exponentials, summed per row into its eight partial sums and tail in position order;
- *   C  the probabilities times value scales, accumulated into registers in position order.
+ *   C  the probabilities times value scales, accumulated into registers in position order;
+ * then folds the segment's sums into each row's output registers.
  * Scores are recomputed in each pass from the int8 data (exact integers, so bit-identical) rather
  * than stored: a chunk's keys stay in shared memory and the tile's rows share them.
  *
@@ -30,6 +31,7 @@
 
 #define ATTN_THREADS 256
 #define ATTN_CHUNK 32			/* keys per chunk: two KV blocks */
+#define ATTN_SEGMENT 256		/* cpu/attention.h's CAI_ATTN_SEGMENT_TOKENS */
 
 /* Query rows per tile: 64 (head_dim <= 128) or 32 (head_dim 256), like the CPU's 64-row tiles. */
 static int
@@ -480,7 +482,12 @@ struct attn_smem
 	static constexpr size_t OFF_HI = OFF_LO + R * 4;
 	static constexpr size_t OFF_ROW = OFF_HI + R * 4;	/* activation row of each query row */
 	static constexpr size_t OFF_HEAD = OFF_ROW + R * 4; /* query head of each query row */
-	static constexpr size_t BYTES = OFF_HEAD + R * 4;
+	/* each row's running merge state across segments, and the current segment's weights */
+	static constexpr size_t OFF_RM = OFF_HEAD + R * 4;
+	static constexpr size_t OFF_RL = OFF_RM + R * 4;
+	static constexpr size_t OFF_WA = OFF_RL + R * 4;
+	static constexpr size_t OFF_WB = OFF_WA + R * 4;
+	static constexpr size_t BYTES = OFF_WB + R * 4;
 };
 
 /*
@@ -636,8 +643,12 @@ attn_score(const uint8_t *smem, int r, int j)
 	}
 }
 
+/*
+ * The int8 path runs two blocks per SM (at most 128 registers, no spills); the float reference
+ * path, whose key chunks take four times the registers, one block with everything in registers.
+ */
 template <int HD, int R, bool F>
-static __global__ void __launch_bounds__(ATTN_THREADS)
+static __global__ void __launch_bounds__(ATTN_THREADS, F ? 1 : 2)
 attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 				 const attn_seq_rec *__restrict__ seqs, const attn_item_rec *__restrict__ items,
 				 const int32_t *__restrict__ block_tables, const float *__restrict__ q, int ldq,
@@ -656,6 +667,10 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 	int		   *row_hi = (int *) (smem + S::OFF_HI);
 	int		   *row_act = (int *) (smem + S::OFF_ROW);
 	int		   *row_head = (int *) (smem + S::OFF_HEAD);
+	float	   *row_M = (float *) (smem + S::OFF_RM);
+	float	   *row_L = (float *) (smem + S::OFF_RL);
+	float	   *row_wa = (float *) (smem + S::OFF_WA);
+	float	   *row_wb = (float *) (smem + S::OFF_WB);
 	int			kvh = blockIdx.y;
 	int			warp = threadIdx.x / CUDA_WARP;
 	int			lane = threadIdx.x % CUDA_WARP;
@@ -737,122 +752,8 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 	}
 	jlo = row_lo[0];
 	jhi = row_hi[it.n_qrows - 1];
-	c_first = jlo / ATTN_CHUNK * ATTN_CHUNK;
 	__syncthreads();
 
-	/*
-	 * pass A: every row's maximum score.  Each pass walks the chunks with the next chunk's loads
-	 * issued before the current chunk's arithmetic.
-	 */
-	fetch_chunk<HD, R, F>(src, bt, kvh, c_first, jlo, jhi, false, cr);
-	for (int c0 = c_first; c0 <= jhi; c0 += ATTN_CHUNK)
-	{
-		commit_chunk<HD, R, F>(cr, false, smem);
-		__syncthreads();
-		if (c0 + ATTN_CHUNK <= jhi)
-			fetch_chunk<HD, R, F>(src, bt, kvh, c0 + ATTN_CHUNK, jlo, jhi, false, cr);
-#pragma unroll
-		for (int k = 0; k < SCORE_PAIRS; k++)
-		{
-			int			p = threadIdx.x + k * ATTN_THREADS;
-			int			r = p / ATTN_CHUNK;
-			int			j = p % ATTN_CHUNK;
-			int			pos = c0 + j;
-
-			if (pos >= row_lo[r] && pos <= row_hi[r])
-				E[r * S::E_STRIDE + j] = attn_score<HD, R, F>(smem, r, j);
-		}
-		__syncthreads();
-		for (int r = threadIdx.x; r < R; r += ATTN_THREADS)
-		{
-			float		m = row_m[r];
-
-			for (int j = 0; j < ATTN_CHUNK; j++)
-			{
-				int			pos = c0 + j;
-
-				if (pos >= row_lo[r] && pos <= row_hi[r])
-				{
-					float		s = E[r * S::E_STRIDE + j];
-
-					m = s > m ? s : m;
-				}
-			}
-			row_m[r] = m;
-		}
-		__syncthreads();
-	}
-
-	/* pass B: exponentials into each row's eight partial sums (i % 8, in order) and tail */
-	fetch_chunk<HD, R, F>(src, bt, kvh, c_first, jlo, jhi, false, cr);
-	for (int c0 = c_first; c0 <= jhi; c0 += ATTN_CHUNK)
-	{
-		commit_chunk<HD, R, F>(cr, false, smem);
-		__syncthreads();
-		if (c0 + ATTN_CHUNK <= jhi)
-			fetch_chunk<HD, R, F>(src, bt, kvh, c0 + ATTN_CHUNK, jlo, jhi, false, cr);
-#pragma unroll
-		for (int k = 0; k < SCORE_PAIRS; k++)
-		{
-			int			p = threadIdx.x + k * ATTN_THREADS;
-			int			r = p / ATTN_CHUNK;
-			int			j = p % ATTN_CHUNK;
-			int			pos = c0 + j;
-
-			if (pos >= row_lo[r] && pos <= row_hi[r])
-				E[r * S::E_STRIDE + j] =
-					exp_poly(__fsub_rn(attn_score<HD, R, F>(smem, r, j), row_m[r]));
-		}
-		__syncthreads();
-		for (int p = threadIdx.x; p < R * 8; p += ATTN_THREADS)
-		{
-			int			r = p / 8;
-			int			lane8 = p % 8;
-			int			lo = row_lo[r];
-			int			n8 = (row_hi[r] - lo + 1) & ~7;
-			float		sum = part[p];
-
-			for (int j = 0; j < ATTN_CHUNK; j++)
-			{
-				int			pos = c0 + j;
-				int			i = pos - lo;
-
-				if (pos < lo || pos > row_hi[r])
-					continue;
-				if (i < n8)
-				{
-					if (i % 8 == lane8)
-						sum = __fadd_rn(sum, E[r * S::E_STRIDE + j]);
-				}
-				else if (lane8 == 0)
-					tail[r * 8 + (i - n8)] = E[r * S::E_STRIDE + j];
-			}
-			part[p] = sum;
-		}
-		__syncthreads();
-	}
-	for (int r = threadIdx.x; r < R; r += ATTN_THREADS)
-	{
-		int			n = row_hi[r] - row_lo[r] + 1;
-		float		t = 0.0f;
-
-		if (n <= 0)
-		{
-			row_inv[r] = 0.0f;
-			continue;
-		}
-		for (int i = 0; i < n - (n & ~7); i++)
-			t = __fadd_rn(t, tail[r * 8 + i]);
-		row_inv[r] = __fdiv_rn(1.0f, __fadd_rn(tree8(part + r * 8), t));
-	}
-	__syncthreads();
-
-	/*
-	 * pass C: values, accumulated in ascending position order per (row, dim).  A thread owns one
-	 * dimension d of rows r0, r0 + RSTEP, ...; a position outside a row's range gets weight 0,
-	 * and adding 0 * v (v finite) leaves a sum that started at +0 unchanged, so the result is the
-	 * CPU's sum over the row's own positions.
-	 */
 	{
 		constexpr int RSTEP = ATTN_THREADS / HD;
 		int			d = threadIdx.x % HD;
@@ -863,46 +764,222 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 		 * warp's threads share r0 (HD >= 32), so the test below is uniform across the warp.
 		 */
 		int			real_pairs = r0 < it.n_qrows ? (it.n_qrows - r0 + RSTEP - 1) / RSTEP : 0;
+		float		out_acc[PAIRS];
 
 #pragma unroll
 		for (int k = 0; k < PAIRS; k++)
-			acc[k] = 0.0f;
-		fetch_chunk<HD, R, F>(src, bt, kvh, c_first, jlo, jhi, true, cr);
-		for (int c0 = c_first; c0 <= jhi; c0 += ATTN_CHUNK)
+			out_acc[k] = 0.0f;
+
+		for (int seg = jlo / ATTN_SEGMENT; seg <= jhi / ATTN_SEGMENT; seg++)
 		{
-			commit_chunk<HD, R, F>(cr, true, smem);
-			__syncthreads();
-			if (c0 + ATTN_CHUNK <= jhi)
-				fetch_chunk<HD, R, F>(src, bt, kvh, c0 + ATTN_CHUNK, jlo, jhi, true, cr);
-#pragma unroll
-			for (int k = 0; k < SCORE_PAIRS; k++)
+			int			seg_lo = seg * ATTN_SEGMENT > jlo ? seg * ATTN_SEGMENT : jlo;
+			int			seg_hi = seg * ATTN_SEGMENT + ATTN_SEGMENT - 1 < jhi ?
+				seg * ATTN_SEGMENT + ATTN_SEGMENT - 1 : jhi;
+
+			/* chunks never straddle a segment: 256 is a multiple of 32 */
+			c_first = seg_lo / ATTN_CHUNK * ATTN_CHUNK;
+			for (int r = threadIdx.x; r < R; r += ATTN_THREADS)
 			{
-				int			p = threadIdx.x + k * ATTN_THREADS;
-				int			r = p / ATTN_CHUNK;
-				int			j = p % ATTN_CHUNK;
-				int			pos = c0 + j;
-				float		w = 0.0f;
-
-				if (pos >= row_lo[r] && pos <= row_hi[r])
-				{
-					float		e = exp_poly(__fsub_rn(attn_score<HD, R, F>(smem, r, j), row_m[r]));
-					float		pr = __fmul_rn(e, row_inv[r]);
-
-					w = F ? __fmul_rn(pr, 1.0f)
-						: __fmul_rn(pr, ((const float *) (smem + S::OFF_VS))[j]);
-				}
-				E[r * S::E_STRIDE + j] = w;
+				row_m[r] = -INFINITY;
+#pragma unroll
+				for (int k = 0; k < 8; k++)
+					part[r * 8 + k] = 0.0f;
 			}
 			__syncthreads();
-			for (int j = 0; j < ATTN_CHUNK; j++)
+
+			/*
+			 * pass A: every row's maximum score in the segment.  Each pass walks the chunks with
+			 * the next chunk's loads issued before the current chunk's arithmetic.
+			 */
+			fetch_chunk<HD, R, F>(src, bt, kvh, c_first, seg_lo, seg_hi, false, cr);
+			for (int c0 = c_first; c0 <= seg_hi; c0 += ATTN_CHUNK)
 			{
-				float		v = F ? ((const float *) (smem + S::OFF_V))[j * HD + d]
-					: (float) ((const int8_t *) (smem + S::OFF_V))[j * HD + d];
+				commit_chunk<HD, R, F>(cr, false, smem);
+				__syncthreads();
+				if (c0 + ATTN_CHUNK <= seg_hi)
+					fetch_chunk<HD, R, F>(src, bt, kvh, c0 + ATTN_CHUNK, seg_lo, seg_hi, false, cr);
+#pragma unroll
+				for (int k = 0; k < SCORE_PAIRS; k++)
+				{
+					int			p = threadIdx.x + k * ATTN_THREADS;
+					int			r = p / ATTN_CHUNK;
+					int			j = p % ATTN_CHUNK;
+					int			pos = c0 + j;
+
+					if (pos >= seg_lo && pos <= seg_hi && pos >= row_lo[r] && pos <= row_hi[r])
+						E[r * S::E_STRIDE + j] = attn_score<HD, R, F>(smem, r, j);
+				}
+				__syncthreads();
+				for (int r = threadIdx.x; r < R; r += ATTN_THREADS)
+				{
+					float		m = row_m[r];
+
+					for (int j = 0; j < ATTN_CHUNK; j++)
+					{
+						int			pos = c0 + j;
+
+						if (pos >= seg_lo && pos <= seg_hi && pos >= row_lo[r] && pos <= row_hi[r])
+						{
+							float		sc = E[r * S::E_STRIDE + j];
+
+							m = sc > m ? sc : m;
+						}
+					}
+					row_m[r] = m;
+				}
+				__syncthreads();
+			}
+
+			/* pass B: exponentials into each row's eight partial sums (i % 8, in order) and tail */
+			fetch_chunk<HD, R, F>(src, bt, kvh, c_first, seg_lo, seg_hi, false, cr);
+			for (int c0 = c_first; c0 <= seg_hi; c0 += ATTN_CHUNK)
+			{
+				commit_chunk<HD, R, F>(cr, false, smem);
+				__syncthreads();
+				if (c0 + ATTN_CHUNK <= seg_hi)
+					fetch_chunk<HD, R, F>(src, bt, kvh, c0 + ATTN_CHUNK, seg_lo, seg_hi, false, cr);
+#pragma unroll
+				for (int k = 0; k < SCORE_PAIRS; k++)
+				{
+					int			p = threadIdx.x + k * ATTN_THREADS;
+					int			r = p / ATTN_CHUNK;
+					int			j = p % ATTN_CHUNK;
+					int			pos = c0 + j;
+
+					if (pos >= seg_lo && pos <= seg_hi && pos >= row_lo[r] && pos <= row_hi[r])
+						E[r * S::E_STRIDE + j] =
+							exp_poly(__fsub_rn(attn_score<HD, R, F>(smem, r, j), row_m[r]));
+				}
+				__syncthreads();
+				for (int p = threadIdx.x; p < R * 8; p += ATTN_THREADS)
+				{
+					int			r = p / 8;
+					int			lane8 = p % 8;
+					int			lo = row_lo[r] > seg_lo ? row_lo[r] : seg_lo;
+					int			hi = row_hi[r] < seg_hi ? row_hi[r] : seg_hi;
+					int			n8 = (hi - lo + 1) & ~7;
+					float		sum = part[p];
+
+					for (int j = 0; j < ATTN_CHUNK; j++)
+					{
+						int			pos = c0 + j;
+						int			i = pos - lo;
+
+						if (pos < lo || pos > hi)
+							continue;
+						if (i < n8)
+						{
+							if (i % 8 == lane8)
+								sum = __fadd_rn(sum, E[r * S::E_STRIDE + j]);
+						}
+						else if (lane8 == 0)
+							tail[r * 8 + (i - n8)] = E[r * S::E_STRIDE + j];
+					}
+					part[p] = sum;
+				}
+				__syncthreads();
+			}
+
+			/*
+			 * The segment's total, its normalizer, and the weights folding it into each row's
+			 * output (cpu/attention.c's fold_segment): a row's first segment starts its state.
+			 */
+			for (int r = threadIdx.x; r < R; r += ATTN_THREADS)
+			{
+				int			lo = row_lo[r] > seg_lo ? row_lo[r] : seg_lo;
+				int			hi = row_hi[r] < seg_hi ? row_hi[r] : seg_hi;
+				int			n = hi - lo + 1;
+				float		t = 0.0f;
+				float		l;
+
+				if (n <= 0)
+				{
+					row_inv[r] = 0.0f;
+					continue;
+				}
+				for (int i = 0; i < n - (n & ~7); i++)
+					t = __fadd_rn(t, tail[r * 8 + i]);
+				l = __fadd_rn(tree8(part + r * 8), t);
+				row_inv[r] = __fdiv_rn(1.0f, l);
+				if (lo == row_lo[r])
+				{
+					row_M[r] = row_m[r];
+					row_L[r] = l;
+					row_wa[r] = 0.0f;
+					row_wb[r] = 1.0f;
+				}
+				else
+				{
+					float		mn = row_m[r] > row_M[r] ? row_m[r] : row_M[r];
+					float		a = __fmul_rn(exp_poly(__fsub_rn(row_M[r], mn)), row_L[r]);
+					float		b = __fmul_rn(exp_poly(__fsub_rn(row_m[r], mn)), l);
+					float		ln = __fadd_rn(a, b);
+
+					row_wa[r] = __fdiv_rn(a, ln);
+					row_wb[r] = __fdiv_rn(b, ln);
+					row_M[r] = mn;
+					row_L[r] = ln;
+				}
+			}
+			__syncthreads();
+
+			/*
+			 * pass C: values, accumulated in ascending position order per (row, dim).  A thread
+			 * owns one dimension d of rows r0, r0 + RSTEP, ...; a position outside a row's range
+			 * gets weight 0, and adding 0 * v (v finite) leaves a sum that started at +0
+			 * unchanged, so the result is the CPU's sum over the row's own positions.
+			 */
+#pragma unroll
+			for (int k = 0; k < PAIRS; k++)
+				acc[k] = 0.0f;
+			fetch_chunk<HD, R, F>(src, bt, kvh, c_first, seg_lo, seg_hi, true, cr);
+			for (int c0 = c_first; c0 <= seg_hi; c0 += ATTN_CHUNK)
+			{
+				commit_chunk<HD, R, F>(cr, true, smem);
+				__syncthreads();
+				if (c0 + ATTN_CHUNK <= seg_hi)
+					fetch_chunk<HD, R, F>(src, bt, kvh, c0 + ATTN_CHUNK, seg_lo, seg_hi, true, cr);
+#pragma unroll
+				for (int k = 0; k < SCORE_PAIRS; k++)
+				{
+					int			p = threadIdx.x + k * ATTN_THREADS;
+					int			r = p / ATTN_CHUNK;
+					int			j = p % ATTN_CHUNK;
+					int			pos = c0 + j;
+					float		w = 0.0f;
+
+					if (pos >= seg_lo && pos <= seg_hi && pos >= row_lo[r] && pos <= row_hi[r])
+					{
+						float		e = exp_poly(__fsub_rn(attn_score<HD, R, F>(smem, r, j), row_m[r]));
+						float		pr = __fmul_rn(e, row_inv[r]);
+
+						w = F ? __fmul_rn(pr, 1.0f)
+							: __fmul_rn(pr, ((const float *) (smem + S::OFF_VS))[j]);
+					}
+					E[r * S::E_STRIDE + j] = w;
+				}
+				__syncthreads();
+				for (int j = 0; j < ATTN_CHUNK; j++)
+				{
+					float		v = F ? ((const float *) (smem + S::OFF_V))[j * HD + d]
+						: (float) ((const int8_t *) (smem + S::OFF_V))[j * HD + d];
 
 #pragma unroll
-				for (int k = 0; k < PAIRS; k++)
-					if (k < real_pairs)
-						acc[k] = __fadd_rn(acc[k], __fmul_rn(E[(r0 + k * RSTEP) * S::E_STRIDE + j], v));
+					for (int k = 0; k < PAIRS; k++)
+						if (k < real_pairs)
+							acc[k] = __fadd_rn(acc[k], __fmul_rn(E[(r0 + k * RSTEP) * S::E_STRIDE + j], v));
+				}
+				__syncthreads();
+			}
+
+			/* the segment folded into the rows that meet it */
+#pragma unroll
+			for (int k = 0; k < PAIRS; k++)
+			{
+				int			r = r0 + k * RSTEP;
+
+				if (k < real_pairs && row_lo[r] <= seg_hi && row_hi[r] >= seg_lo)
+					out_acc[k] = __fadd_rn(__fmul_rn(row_wa[r], out_acc[k]), __fmul_rn(row_wb[r], acc[k]));
 			}
 			__syncthreads();
 		}
@@ -912,7 +989,7 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 			int			r = r0 + k * RSTEP;
 
 			if (r < it.n_qrows)
-				out[(size_t) row_act[r] * ldo + (size_t) row_head[r] * HD + d] = acc[k];
+				out[(size_t) row_act[r] * ldo + (size_t) row_head[r] * HD + d] = out_acc[k];
 		}
 	}
 }

@@ -7,9 +7,14 @@
  *      (kt[g][slot][4] = k[slot][4g .. 4g+3]), so that one 4-byte dot-product instruction
  *      (AVX-512 VNNI vpdpbusd, or AVX2 vpmaddubsw + vpmaddwd) scores a query against all 16
  *      keys of the block at once; every tile row reuses the transposed block;
- *   2. softmax per row (max subtraction, fast exp, eight-partial-sum total, normalize);
- *   3. values: each block's values of the KV head are widened to float once and accumulated
- *      into every row that sees them, positions in ascending order.
+ *   2. softmax per row and segment (attention.h: max subtraction, fast exp, eight-partial-sum
+ *      total, normalize), then each row's merge weights;
+ *   3. values, segment by segment: each block's values of the KV head are widened to float once
+ *      and accumulated into every row that sees them, positions in ascending order, into the
+ *      segment's sums; then each row takes them as they are (one segment) or adds them, weighted,
+ *      to its output.
+ * A part of a split tile (cai_attention_tile_part) runs the same passes over its segments and
+ * leaves their sums, maxima and totals to cai_attention_merge.
  *
  * Paths.  The tile is compiled for AVX-512, AVX2 and baseline x86-64 and picked at run time the
  * way cpu/gemm.c picks its kernels (cai_cpu_isa(), so cai_cpu_force_isa switches both).  The
@@ -19,6 +24,7 @@
  */
 #include "attention.h"
 
+#include <limits.h>
 #include <string.h>
 
 #include "gemm.h"
@@ -81,12 +87,22 @@ tile_rows_padded(int n_group)
 	return (rows + ROW_GROUP - 1) / ROW_GROUP * ROW_GROUP;
 }
 
+int
+cai_attention_max_segments(int max_context)
+{
+	return (max_context - 1) / CAI_ATTN_SEGMENT_TOKENS + 1;
+}
+
 size_t
 cai_attention_scratch_bytes(int max_context, int n_group, int head_dim)
 {
 	size_t		rows = (size_t) tile_rows_padded(n_group);
+	size_t		segs = (size_t) cai_attention_max_segments(max_context);
 
 	return align64(rows * (size_t) max_context * sizeof(float))	/* scores */
+		+ align64(rows * (size_t) head_dim * sizeof(float))	/* seg_o */
+		+ 2 * align64(rows * segs * sizeof(float))	/* seg_m, seg_l */
+		+ align64((rows + 8) * 5 * sizeof(float))	/* fold */
 		+ align64(rows * (size_t) head_dim)	/* q_i8 */
 		+ align64(rows * (size_t) head_dim * sizeof(float))	/* q_f32 */
 		+ align64(rows * sizeof(float))	/* q_scale */
@@ -123,6 +139,14 @@ cai_attention_scratch_init(cai_attn_scratch *s, void *memory, int max_context, i
 	s->row_lo = (int32_t *) p;
 	p += align64(rows * sizeof(int32_t));
 	s->row_hi = (int32_t *) p;
+	p += align64(rows * sizeof(int32_t));
+	s->seg_o = (float *) p;
+	p += align64(rows * (size_t) head_dim * sizeof(float));
+	s->seg_m = (float *) p;
+	p += align64(rows * (size_t) cai_attention_max_segments(max_context) * sizeof(float));
+	s->seg_l = (float *) p;
+	p += align64(rows * (size_t) cai_attention_max_segments(max_context) * sizeof(float));
+	s->fold = (float *) p;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -347,11 +371,12 @@ dot_f32(const float *a, const float *b, int n)
 }
 
 /*
- * In place: row[0..n) = softmax(row[0..n)).  The exponentials' total uses partial sum i % 8
- * for element i, then the tree, then the tail in order; it depends only on n and the values.
+ * In place: row[0..n) = softmax(row[0..n)); *max_out and *total_out get the maximum and the
+ * exponentials' total, which uses partial sum i % 8 for element i, then the tree, then the tail
+ * in order: it depends only on n and the values.
  */
 CAI_ALWAYS_INLINE void
-softmax_row(float *row, int n)
+softmax_row(float *row, int n, float *max_out, float *total_out)
 {
 	float		m = row[0];
 	cai_v8f		mv8;
@@ -401,9 +426,40 @@ softmax_row(float *row, int n)
 			tail = tail + buf[k];
 		memcpy(row + i, buf, (size_t) (n - i) * sizeof(float));
 	}
-	inv = 1.0f / (cai_v8f_sum(&acc) + tail);
+	*max_out = m;
+	*total_out = cai_v8f_sum(&acc) + tail;
+	inv = 1.0f / *total_out;
 	for (i = 0; i < n; i++)
 		row[i] = row[i] * inv;
+}
+
+/* exp(x) by ops.h's polynomial, for one value (the same bits as in any lane of a vector). */
+static float
+exp_one(float x)
+{
+	cai_v8f		d = cai_v8f_set1(x);
+	cai_v8f		e = cai_v8f_exp(&d);
+
+	return e[0];
+}
+
+/*
+ * Folds a segment's total l and normalized value sums o into a row's running total *L and
+ * output out[0..hd) (attention.h's merge), given ea = exp(M - M') and eb = exp(m - M') for the
+ * row's running maximum M, the segment's m and their maximum M'.
+ */
+static void
+fold_segment(float *L, float *out, float ea, float eb, float l, const float *o, int hd)
+{
+	float		a = ea * *L;
+	float		b = eb * l;
+	float		Ln = a + b;
+	float		wa = a / Ln;
+	float		wb = b / Ln;
+
+	for (int d = 0; d < hd; d++)
+		out[d] = wa * out[d] + wb * o[d];
+	*L = Ln;
 }
 
 /*
@@ -603,10 +659,22 @@ prefetch_tile_start(const cai_attn_params *ap, const cai_batch_layout *batch, in
 	prefetch_scales(cai_kv_key_scales(L, first), ap->n_kv_heads);
 }
 
+/* The pointer to row r's output (tile rows are token-major: r = token * group + head). */
+CAI_ALWAYS_INLINE float *
+row_out(float *out, int ldo, int t0, int kv_head, int group, int hd, int r)
+{
+	return out + (size_t) (t0 + r / group) * ldo + (size_t) (kv_head * group + r % group) * hd;
+}
+
+/*
+ * The tile's passes over segments [seg_begin, seg_end) of its rows: into out (partials NULL,
+ * all of the rows' segments) or into a split tile's partials.
+ */
 CAI_ALWAYS_INLINE void
 attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, int seq,
 					int kv_head, int t0, int n_tok, const float *q, int ldq,
-					cai_kv_pool *kv, const cai_kv_shadow *shadow, float *out, int ldo,
+					cai_kv_pool *kv, const cai_kv_shadow *shadow, int seg_begin, int seg_end,
+					const cai_attn_partials *pt, float *out, int ldo,
 					cai_attn_scratch *s, attn_isa isa)
 {
 	const cai_kv_layout *L = cai_kv_pool_layout(kv);
@@ -616,13 +684,17 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 	const int	group = ap->n_heads / n_kv;
 	const int	rows = n_tok * group;
 	const int	rows_padded = (rows + ROW_GROUP - 1) / ROW_GROUP * ROW_GROUP;
+	const int	SEG = CAI_ATTN_SEGMENT_TOKENS;
 	int			jlo,
 				jhi,
-				span;
+				span,
+				s0,
+				n_segs,
+				max_segs;
 	float		vscale[BLOCK];
 
 	/* the first block's keys and scales, while the queries are prepared */
-	if (!shadow)
+	if (!shadow && !pt)
 		prefetch_tile_start(ap, batch, seq, kv_head, t0, kv);
 
 	/* each row's position range and its prepared query */
@@ -665,9 +737,31 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 		memset(s->q_i8 + (size_t) rows * hd, 0, (size_t) (rows_padded - rows) * hd);
 		memset(s->q_sum + rows, 0, (size_t) (rows_padded - rows) * sizeof(int32_t));
 	}
+
+	/*
+	 * The positions this call covers: the rows' ranges (their union is contiguous: each row
+	 * starts at most one past the previous row's end) within the segments asked for; from here
+	 * on row_lo and row_hi are clipped to them, and a row they miss has lo > hi.
+	 */
+	if (seg_begin < s->row_lo[0] / SEG)
+		seg_begin = s->row_lo[0] / SEG;
+	if (seg_end > s->row_hi[rows - 1] / SEG + 1)
+		seg_end = s->row_hi[rows - 1] / SEG + 1;
+	if (seg_begin >= seg_end)
+		return;
+	max_segs = s->row_hi[rows - 1] / SEG - s->row_lo[0] / SEG + 1;
+	for (int r = 0; r < rows; r++)
+	{
+		if (s->row_lo[r] < seg_begin * SEG)
+			s->row_lo[r] = seg_begin * SEG;
+		if (s->row_hi[r] > seg_end * SEG - 1)
+			s->row_hi[r] = seg_end * SEG - 1;
+	}
 	jlo = s->row_lo[0];
 	jhi = s->row_hi[rows - 1];
 	span = jhi - jlo + 1;
+	s0 = jlo / SEG;
+	n_segs = jhi / SEG - s0 + 1;
 
 	/* pass 1: scores */
 	for (int b = jlo / BLOCK; b <= jhi / BLOCK; b++)
@@ -768,116 +862,217 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 		}
 	}
 
-	/* pass 2: softmax of each row over its own range */
+	/* pass 2: softmax of each row over its own part of each segment */
 	for (int r = 0; r < rows; r++)
-		softmax_row(s->scores + (size_t) r * span + (s->row_lo[r] - jlo),
-					s->row_hi[r] - s->row_lo[r] + 1);
-
-	/* pass 3: weighted sum of values, positions in ascending order */
-	for (int r = 0; r < rows; r++)
-		memset(out + (size_t) (t0 + r / group) * ldo + (size_t) (kv_head * group + r % group) * hd,
-			   0, (size_t) hd * sizeof(float));
-	for (int b = jlo / BLOCK; b <= jhi / BLOCK; b++)
 	{
-		int			base = b * BLOCK;
-		int			j0 = base > jlo ? base : jlo;
-		int			j1 = base + BLOCK - 1 < jhi ? base + BLOCK - 1 : jhi;
-		uint8_t    *part = cai_kv_block_layer(kv, table[b], ap->kv_layer);
-		const int8_t *vq_head = NULL;	/* int8 values read in place (head sizes 64, 128) */
-
-		if (!shadow)
+		if (s->row_lo[r] > s->row_hi[r])
+			continue;
+		for (int sg = s->row_lo[r] / SEG; sg <= s->row_hi[r] / SEG; sg++)
 		{
-			const int8_t *vq = cai_kv_values(L, part);
-			const float *vs = cai_kv_value_scales(L, part);
+			int			a = sg * SEG > s->row_lo[r] ? sg * SEG : s->row_lo[r];
+			int			e = sg * SEG + SEG - 1 < s->row_hi[r] ? sg * SEG + SEG - 1 : s->row_hi[r];
 
-			for (int j = j0; j <= j1; j++)
-				vscale[j - base] = vs[(j - base) * n_kv + kv_head];
-			if (hd == 64 || hd == 128)
-				vq_head = vq + (size_t) kv_head * hd;
+			softmax_row(s->scores + (size_t) r * span + (a - jlo), e - a + 1,
+						&s->seg_m[(size_t) r * max_segs + (sg - s0)],
+						&s->seg_l[(size_t) r * max_segs + (sg - s0)]);
+		}
+	}
+
+	/* pass 3: weighted sums of values, segment by segment, positions in ascending order */
+	for (int sg = s0; sg < s0 + n_segs; sg++)
+	{
+		int			seg_lo = sg * SEG > jlo ? sg * SEG : jlo;
+		int			seg_hi = sg * SEG + SEG - 1 < jhi ? sg * SEG + SEG - 1 : jhi;
+
+		memset(s->seg_o, 0, (size_t) rows * hd * sizeof(float));
+		for (int b = seg_lo / BLOCK; b <= seg_hi / BLOCK; b++)
+		{
+			int			base = b * BLOCK;
+			int			j0 = base > jlo ? base : jlo;
+			int			j1 = base + BLOCK - 1 < jhi ? base + BLOCK - 1 : jhi;
+			uint8_t    *part = cai_kv_block_layer(kv, table[b], ap->kv_layer);
+			const int8_t *vq_head = NULL;	/* int8 values read in place (head sizes 64, 128) */
+
+			if (!shadow)
+			{
+				const int8_t *vq = cai_kv_values(L, part);
+				const float *vs = cai_kv_value_scales(L, part);
+
+				for (int j = j0; j <= j1; j++)
+					vscale[j - base] = vs[(j - base) * n_kv + kv_head];
+				if (hd == 64 || hd == 128)
+					vq_head = vq + (size_t) kv_head * hd;
+				else
+					for (int j = j0; j <= j1; j++)
+					{
+						int			slot = j - base;
+						const int8_t *vrow = vq + ((size_t) slot * n_kv + kv_head) * hd;
+						float	   *dst = s->values + (size_t) slot * hd;
+
+						for (int d = 0; d < hd; d++)
+							dst[d] = (float) vrow[d];
+					}
+			}
 			else
+			{
+				const float *vf = shadow->data + (size_t) table[b] * shadow->block_floats
+					+ (size_t) ap->kv_layer * shadow->layer_floats + (size_t) BLOCK * n_kv * hd;
+
 				for (int j = j0; j <= j1; j++)
 				{
 					int			slot = j - base;
-					const int8_t *vrow = vq + ((size_t) slot * n_kv + kv_head) * hd;
-					float	   *dst = s->values + (size_t) slot * hd;
 
-					for (int d = 0; d < hd; d++)
-						dst[d] = (float) vrow[d];
+					memcpy(s->values + (size_t) slot * hd, vf + ((size_t) slot * n_kv + kv_head) * hd,
+						   (size_t) hd * sizeof(float));
+					vscale[slot] = 1.0f;
 				}
-		}
-		else
-		{
-			const float *vf = shadow->data + (size_t) table[b] * shadow->block_floats
-				+ (size_t) ap->kv_layer * shadow->layer_floats + (size_t) BLOCK * n_kv * hd;
+			}
 
-			for (int j = j0; j <= j1; j++)
+			/* the query heads of a token share its range: their rows go together */
+			for (int ti = 0; ti < n_tok; ti++)
 			{
-				int			slot = j - base;
+				int			r0 = ti * group;
+				int			a = j0 > s->row_lo[r0] ? j0 : s->row_lo[r0];
+				int			e = j1 < s->row_hi[r0] ? j1 : s->row_hi[r0];
 
-				memcpy(s->values + (size_t) slot * hd, vf + ((size_t) slot * n_kv + kv_head) * hd,
-					   (size_t) hd * sizeof(float));
-				vscale[slot] = 1.0f;
+				if (a > e)
+					continue;
+				for (int g0 = 0; g0 < group; g0 += MAX_GROUP_ROWS)
+				{
+					int			nr = group - g0 < MAX_GROUP_ROWS ? group - g0 : MAX_GROUP_ROWS;
+					float	   *o[MAX_GROUP_ROWS];
+					const float *p[MAX_GROUP_ROWS];
+
+					for (int i = 0; i < nr; i++)
+					{
+						o[i] = s->seg_o + (size_t) (r0 + g0 + i) * hd;
+						p[i] = s->scores + (size_t) (r0 + g0 + i) * span;
+					}
+					accumulate_values(o, p, nr, base - jlo, vscale, s->values, vq_head,
+									  (size_t) n_kv * hd, a - base, e - base, hd, isa);
+				}
 			}
 		}
 
-		/* the query heads of a token share its range: their rows go together */
-		for (int ti = 0; ti < n_tok; ti++)
+		/* the segment's sums: to the split tile's partials, or to the output */
+		if (pt)
 		{
-			int			r0 = ti * group;
-			int			a = j0 > s->row_lo[r0] ? j0 : s->row_lo[r0];
-			int			e = j1 < s->row_hi[r0] ? j1 : s->row_hi[r0];
-
-			if (a > e)
-				continue;
-			for (int g0 = 0; g0 < group; g0 += MAX_GROUP_ROWS)
+			for (int r = 0; r < rows; r++)
 			{
-				int			nr = group - g0 < MAX_GROUP_ROWS ? group - g0 : MAX_GROUP_ROWS;
-				float	   *o[MAX_GROUP_ROWS];
-				const float *p[MAX_GROUP_ROWS];
+				int			k = sg - pt->seg0;
 
-				for (int i = 0; i < nr; i++)
+				if (s->row_lo[r] > seg_hi || s->row_hi[r] < seg_lo)
+					continue;
+				memcpy(pt->o + ((size_t) k * rows + r) * hd, s->seg_o + (size_t) r * hd,
+					   (size_t) hd * sizeof(float));
+				pt->m[(size_t) r * pt->n_segs + k] = s->seg_m[(size_t) r * max_segs + (sg - s0)];
+				pt->l[(size_t) r * pt->n_segs + k] = s->seg_l[(size_t) r * max_segs + (sg - s0)];
+			}
+			continue;
+		}
+		{
+			/*
+			 * A row's first segment starts its output and running state; a later one folds in,
+			 * the exponentials of all the rows at once (ops.h's exp is lane-wise)
+			 */
+			int			stride = (rows + 7) / 8 * 8;
+			float	   *run_m = s->fold;
+			float	   *run_l = run_m + stride;
+			float	   *new_m = run_l + stride;
+			float	   *ea = new_m + stride;
+			float	   *eb = ea + stride;
+
+			for (int r = 0; r < rows; r++)
+			{
+				float		m = s->seg_m[(size_t) r * max_segs + (sg - s0)];
+
+				ea[r] = eb[r] = 0.0f;
+				if (s->row_lo[r] > seg_hi || s->row_hi[r] < seg_lo)
+					continue;
+				if (sg == s->row_lo[r] / SEG)
 				{
-					o[i] = out + (size_t) (t0 + ti) * ldo + (size_t) (kv_head * group + g0 + i) * hd;
-					p[i] = s->scores + (size_t) (r0 + g0 + i) * span;
+					memcpy(row_out(out, ldo, t0, kv_head, group, hd, r), s->seg_o + (size_t) r * hd,
+						   (size_t) hd * sizeof(float));
+					run_m[r] = m;
+					run_l[r] = s->seg_l[(size_t) r * max_segs + (sg - s0)];
+					continue;
 				}
-				accumulate_values(o, p, nr, base - jlo, vscale, s->values, vq_head,
-								  (size_t) n_kv * hd, a - base, e - base, hd, isa);
+				new_m[r] = m > run_m[r] ? m : run_m[r];
+				ea[r] = run_m[r] - new_m[r];
+				eb[r] = m - new_m[r];
+			}
+			for (int r = rows; r < stride; r++)
+				ea[r] = eb[r] = 0.0f;
+			for (int r = 0; r < stride; r += 8)
+			{
+				cai_v8f		xa = cai_v8f_load(ea + r);
+				cai_v8f		xb = cai_v8f_load(eb + r);
+
+				cai_v8f_store(ea + r, cai_v8f_exp(&xa));
+				cai_v8f_store(eb + r, cai_v8f_exp(&xb));
+			}
+			for (int r = 0; r < rows; r++)
+			{
+				if (s->row_lo[r] > seg_hi || s->row_hi[r] < seg_lo || sg == s->row_lo[r] / SEG)
+					continue;
+				fold_segment(&run_l[r], row_out(out, ldo, t0, kv_head, group, hd, r), ea[r], eb[r],
+							 s->seg_l[(size_t) r * max_segs + (sg - s0)], s->seg_o + (size_t) r * hd,
+							 hd);
+				run_m[r] = new_m[r];
 			}
 		}
 	}
 }
 
+#define TILE_ARGS \
+	const cai_attn_params *ap, const cai_batch_layout *batch, int seq, int kv_head, int t0, \
+	int n_tok, const float *q, int ldq, cai_kv_pool *kv, const cai_kv_shadow *shadow, \
+	int seg_begin, int seg_end, const cai_attn_partials *pt, float *out, int ldo, \
+	cai_attn_scratch *s
+#define TILE_PASS ap, batch, seq, kv_head, t0, n_tok, q, ldq, kv, shadow, seg_begin, seg_end, pt, \
+	out, ldo, s
+
 static void
-attention_tile_generic(const cai_attn_params *ap, const cai_batch_layout *batch, int seq,
-					   int kv_head, int t0, int n_tok, const float *q, int ldq,
-					   cai_kv_pool *kv, const cai_kv_shadow *shadow, float *out, int ldo,
-					   cai_attn_scratch *s)
+attention_tile_generic(TILE_ARGS)
 {
-	attention_tile_body(ap, batch, seq, kv_head, t0, n_tok, q, ldq, kv, shadow, out, ldo, s,
-						ATTN_GENERIC);
+	attention_tile_body(TILE_PASS, ATTN_GENERIC);
 }
 
 #if defined(__x86_64__)
 TARGET_AVX2 static void
-attention_tile_avx2(const cai_attn_params *ap, const cai_batch_layout *batch, int seq,
-					int kv_head, int t0, int n_tok, const float *q, int ldq,
-					cai_kv_pool *kv, const cai_kv_shadow *shadow, float *out, int ldo,
-					cai_attn_scratch *s)
+attention_tile_avx2(TILE_ARGS)
 {
-	attention_tile_body(ap, batch, seq, kv_head, t0, n_tok, q, ldq, kv, shadow, out, ldo, s,
-						ATTN_AVX2);
+	attention_tile_body(TILE_PASS, ATTN_AVX2);
 }
 
 TARGET_AVX512 static void
-attention_tile_avx512(const cai_attn_params *ap, const cai_batch_layout *batch, int seq,
-					  int kv_head, int t0, int n_tok, const float *q, int ldq,
-					  cai_kv_pool *kv, const cai_kv_shadow *shadow, float *out, int ldo,
-					  cai_attn_scratch *s)
+attention_tile_avx512(TILE_ARGS)
 {
-	attention_tile_body(ap, batch, seq, kv_head, t0, n_tok, q, ldq, kv, shadow, out, ldo, s,
-						ATTN_AVX512);
+	attention_tile_body(TILE_PASS, ATTN_AVX512);
 }
 #endif
+
+static void
+attention_tile_dispatch(TILE_ARGS)
+{
+	switch (current_isa())
+	{
+#if defined(__x86_64__)
+		case ATTN_AVX512:
+			attention_tile_avx512(TILE_PASS);
+			return;
+		case ATTN_AVX2:
+			attention_tile_avx2(TILE_PASS);
+			return;
+#endif
+		default:
+			attention_tile_generic(TILE_PASS);
+			return;
+	}
+}
+
+#undef TILE_ARGS
+#undef TILE_PASS
 
 void
 cai_attention_tile(const cai_attn_params *ap, const cai_batch_layout *batch, int seq,
@@ -885,21 +1080,59 @@ cai_attention_tile(const cai_attn_params *ap, const cai_batch_layout *batch, int
 				   cai_kv_pool *kv, const cai_kv_shadow *shadow, float *out, int ldo,
 				   cai_attn_scratch *s)
 {
-	switch (current_isa())
+	attention_tile_dispatch(ap, batch, seq, kv_head, t0, n_tok, q, ldq, kv, shadow, 0, INT_MAX,
+							NULL, out, ldo, s);
+}
+
+void
+cai_attention_tile_segments(const cai_attn_params *ap, const cai_batch_layout *batch,
+							int t0, int n_tok, int *first, int *last)
+{
+	int			pos0 = batch->token_pos[t0];
+	int			lo = ap->window > 0 && pos0 - ap->window + 1 > 0 ? pos0 - ap->window + 1 : 0;
+
+	*first = lo / CAI_ATTN_SEGMENT_TOKENS;
+	*last = batch->token_pos[t0 + n_tok - 1] / CAI_ATTN_SEGMENT_TOKENS;
+}
+
+void
+cai_attention_tile_part(const cai_attn_params *ap, const cai_batch_layout *batch, int seq,
+						int kv_head, int t0, int n_tok, const float *q, int ldq,
+						cai_kv_pool *kv, const cai_kv_shadow *shadow, int seg_begin,
+						int seg_end, const cai_attn_partials *partials, cai_attn_scratch *s)
+{
+	attention_tile_dispatch(ap, batch, seq, kv_head, t0, n_tok, q, ldq, kv, shadow, seg_begin,
+							seg_end, partials, NULL, 0, s);
+}
+
+void
+cai_attention_merge(const cai_attn_params *ap, const cai_batch_layout *batch, int kv_head,
+					int t0, int n_tok, const cai_attn_partials *pt, float *out, int ldo)
+{
+	const int	hd = ap->head_dim;
+	const int	group = ap->n_heads / ap->n_kv_heads;
+	const int	rows = n_tok * group;
+	const int	SEG = CAI_ATTN_SEGMENT_TOKENS;
+
+	for (int r = 0; r < rows; r++)
 	{
-#if defined(__x86_64__)
-		case ATTN_AVX512:
-			attention_tile_avx512(ap, batch, seq, kv_head, t0, n_tok, q, ldq, kv, shadow, out,
-								  ldo, s);
-			return;
-		case ATTN_AVX2:
-			attention_tile_avx2(ap, batch, seq, kv_head, t0, n_tok, q, ldq, kv, shadow, out,
-								ldo, s);
-			return;
-#endif
-		default:
-			attention_tile_generic(ap, batch, seq, kv_head, t0, n_tok, q, ldq, kv, shadow, out,
-								   ldo, s);
-			return;
+		int			pos = batch->token_pos[t0 + r / group];
+		int			lo = ap->window > 0 && pos - ap->window + 1 > 0 ? pos - ap->window + 1 : 0;
+		int			first = lo / SEG - pt->seg0;
+		int			n = pos / SEG - lo / SEG + 1;
+		float	   *o = row_out(out, ldo, t0, kv_head, group, hd, r);
+		float		M = pt->m[(size_t) r * pt->n_segs + first];
+		float		L = pt->l[(size_t) r * pt->n_segs + first];
+
+		memcpy(o, pt->o + ((size_t) first * rows + r) * hd, (size_t) hd * sizeof(float));
+		for (int k = first + 1; k < first + n; k++)
+		{
+			float		m = pt->m[(size_t) r * pt->n_segs + k];
+			float		Mn = m > M ? m : M;
+
+			fold_segment(&L, o, exp_one(M - Mn), exp_one(m - Mn), pt->l[(size_t) r * pt->n_segs + k],
+						 pt->o + ((size_t) k * rows + r) * hd, hd);
+			M = Mn;
+		}
 	}
 }

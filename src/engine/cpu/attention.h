@@ -18,9 +18,23 @@
  * Float reference path (shadow KV): the same passes with float queries and keys, the dot product
  * summed with the eight-partial-sum rule of ops.h.
  *
+ * Segments: the reduction order along the context.  Positions are cut into segments of
+ * CAI_ATTN_SEGMENT_TOKENS at fixed absolute boundaries (a constant of the numerics, never of the
+ * thread count).  For a query row with positions [lo, pos], each segment s it meets gets the
+ * one-pass softmax above over its own part of the row: its maximum m_s, total l_s and normalized
+ * value sum o_s (from +0, positions ascending).  A row inside one segment takes o_s as it is, so
+ * short rows keep the single-pass arithmetic; a longer row folds its segments in order into a
+ * running state (M, L, out), starting from its first segment's (m, l, o):
+ *   M' = max(M, m_s);  a = exp(M - M') * L;  b = exp(m_s - M') * l_s  (ops.h's exp);
+ *   L' = a + b;  out = (a / L') * out + (b / L') * o_s, element by element.
+ * Segments are therefore independent until the merge, so a long row's segments may be computed
+ * by different threads (or GPU blocks) and merged later with the same bits: the CPU backend
+ * splits a tile's segments across its threads when a step has too few tiles for them (decode
+ * at long context), and kernels/attention.cu follows the same order.
+ *
  * Every score, softmax and output element of a query row is therefore a fixed function of that
- * row's query, its position range and its sequence's KV: the tile a token lands in, the batch
- * and the thread do not change a bit of it.
+ * row's query, its position range and its sequence's KV: the tile a token lands in, the batch,
+ * the split and the thread do not change a bit of it.
  */
 #ifndef CAI_CPU_ATTENTION_H
 #define CAI_CPU_ATTENTION_H
@@ -45,7 +59,50 @@ typedef struct cai_attn_scratch
 	float	   *values;			/* [16][head_dim] one block's values of one head, as float */
 	int32_t    *row_lo;			/* [rows] first position each row attends to */
 	int32_t    *row_hi;			/* [rows] last position (the token's own) */
+	float	   *seg_o;			/* [rows][head_dim] one segment's value sums */
+	float	   *seg_m;			/* [rows][max segments] each segment's maximum score */
+	float	   *seg_l;			/* [rows][max segments] and total of exponentials */
+	float	   *fold;			/* [5][rows + 8] rows' running merge state and exponentials */
 } cai_attn_scratch;
+
+/* Positions per segment of the reduction order (a multiple of the KV block). */
+#define CAI_ATTN_SEGMENT_TOKENS 256
+
+/* Segments a row of a context of max_context positions can meet. */
+int			cai_attention_max_segments(int max_context);
+
+/*
+ * A split tile's partial results: for each of its segments [seg0, seg0 + n_segs) and query row
+ * r (tile rows, token-major), the segment's value sums o[(s - seg0) * rows + r][head_dim] and
+ * its maximum and total m, l[r * n_segs + (s - seg0)] (rows that do not meet a segment leave
+ * theirs unwritten).
+ */
+typedef struct cai_attn_partials
+{
+	float	   *o;
+	float	   *m;
+	float	   *l;
+	int			seg0;
+	int			n_segs;
+} cai_attn_partials;
+
+/* The segments [first, last] the rows of a tile of n_tok tokens from t0 meet. */
+void		cai_attention_tile_segments(const cai_attn_params *ap, const cai_batch_layout *batch,
+										int t0, int n_tok, int *first, int *last);
+
+/*
+ * One part of a split tile: segments [seg_begin, seg_end) of the tile's rows into partials (the
+ * tile's own, shared by its parts), instead of out.  cai_attention_merge then writes the rows'
+ * outputs from all the parts: the same bits as cai_attention_tile.
+ */
+void		cai_attention_tile_part(const cai_attn_params *ap, const cai_batch_layout *batch,
+									int seq, int kv_head, int t0, int n_tok, const float *q,
+									int ldq, cai_kv_pool *kv, const cai_kv_shadow *shadow,
+									int seg_begin, int seg_end, const cai_attn_partials *partials,
+									cai_attn_scratch *s);
+void		cai_attention_merge(const cai_attn_params *ap, const cai_batch_layout *batch,
+								int kv_head, int t0, int n_tok, const cai_attn_partials *partials,
+								float *out, int ldo);
 
 /* Tokens per tile for a GQA group of n_group query heads per KV head. */
 int			cai_attention_tile_tokens(int n_group);

@@ -5,8 +5,10 @@
  * (inline on the caller when the work is small: a decode step runs about ten of them per
  * layer and a dispatch is not free); the GEMMs are cpu/gemm.c's; attention runs one task per
  * (sequence, KV head, tile of tokens), the most expensive tasks first because the pool hands
- * tasks out in index order.  None of this splitting changes a result: every kernel computes a
- * row from that row's inputs alone.
+ * tasks out in index order; when a step has too few tiles to keep the threads busy (decode at
+ * long context), each tile's segments (attention.h) are split over several tasks and merged by a
+ * second round.  None of this splitting changes a result: every kernel computes a row from that
+ * row's inputs alone, and attention's segments are merged in one fixed order.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +35,13 @@ typedef struct attn_task
 	int			t0;				/* first row */
 	int			n_tok;
 	int64_t		cost;			/* rows x positions: for ordering only */
+	int			seg_begin;		/* a split tile's part: its segments [seg_begin, seg_end) */
+	int			seg_end;
+	int			split;			/* the split tile's partials (cpu_backend.split), or -1 */
 } attn_task;
+
+/* Tiles split at most per step (a split happens only below 2 tiles per thread). */
+#define MAX_SPLIT_TILES(n_threads) (2 * (n_threads))
 
 typedef struct cpu_backend
 {
@@ -45,6 +53,11 @@ typedef struct cpu_backend
 	cai_attn_scratch *attn;		/* [n_threads] */
 	attn_task  *tasks;			/* [max_tasks] */
 	int			max_tasks;
+	/* split tiles: each one's partials, in split_memory, and the task that describes it */
+	cai_attn_partials *split;	/* [MAX_SPLIT_TILES] */
+	attn_task  *split_tile;		/* [MAX_SPLIT_TILES] */
+	float	   *split_memory;
+	size_t		split_floats;	/* per split tile */
 } cpu_backend;
 
 static cpu_backend *
@@ -617,11 +630,26 @@ attention_task(void *arg, int task, int thread)
 	attn_args  *a = arg;
 	const attn_task *t = &a->cb->tasks[task];
 
-	cai_attention_tile(a->ap, a->batch, t->seq, t->kv_head, t->t0, t->n_tok, a->q, a->ldq,
-					   a->kv, a->shadow, a->out, a->ldo, &a->cb->attn[thread]);
+	if (t->split < 0)
+		cai_attention_tile(a->ap, a->batch, t->seq, t->kv_head, t->t0, t->n_tok, a->q, a->ldq,
+						   a->kv, a->shadow, a->out, a->ldo, &a->cb->attn[thread]);
+	else
+		cai_attention_tile_part(a->ap, a->batch, t->seq, t->kv_head, t->t0, t->n_tok, a->q,
+								a->ldq, a->kv, a->shadow, t->seg_begin, t->seg_end,
+								&a->cb->split[t->split], &a->cb->attn[thread]);
 }
 
-/* Most expensive first; ties in (seq, row, head) order. */
+static void
+attention_merge_task(void *arg, int task, int thread)
+{
+	attn_args  *a = arg;
+	const attn_task *t = &a->cb->split_tile[task];
+
+	cai_attention_merge(a->ap, a->batch, t->kv_head, t->t0, t->n_tok, &a->cb->split[task],
+						a->out, a->ldo);
+}
+
+/* Most expensive first; ties in (seq, row, head, segment) order. */
 static int
 compare_tasks(const void *x, const void *y)
 {
@@ -632,7 +660,67 @@ compare_tasks(const void *x, const void *y)
 		return a->cost > b->cost ? -1 : 1;
 	if (a->t0 != b->t0)
 		return a->t0 < b->t0 ? -1 : 1;
-	return a->kv_head - b->kv_head;
+	if (a->kv_head != b->kv_head)
+		return a->kv_head - b->kv_head;
+	return a->seg_begin - b->seg_begin;
+}
+
+/*
+ * Splits the step's n_tiles tiles (tasks[0..n_tiles)) over their segments when there are too few
+ * of them for the threads: about four tasks per thread, each a run of consecutive segments.
+ * Returns the number of tasks; *n_split gets the number of split tiles.
+ */
+static int
+split_tiles(cpu_backend *cb, const cai_attn_params *ap, const cai_batch_layout *batch,
+			int n_tiles, int *n_split)
+{
+	int			n_tasks = n_tiles;
+	int			want = 4 * cb->n_threads;
+
+	*n_split = 0;
+	if (cb->n_threads < 2 || n_tiles >= 2 * cb->n_threads || !cb->split_memory)
+		return n_tiles;
+	for (int i = 0; i < n_tiles; i++)
+	{
+		attn_task	tile = cb->tasks[i];
+		int			first,
+					last,
+					n_segs,
+					k;
+
+		cai_attention_tile_segments(ap, batch, tile.t0, tile.n_tok, &first, &last);
+		n_segs = last - first + 1;
+		k = (want + n_tiles - 1) / n_tiles;
+		if (k > n_segs)
+			k = n_segs;
+		if (k < 2 || n_tasks + k - 1 > cb->max_tasks)
+			continue;
+		{
+			int			rows = tile.n_tok * (ap->n_heads / ap->n_kv_heads);
+			cai_attn_partials *pt = &cb->split[*n_split];
+			float	   *mem = cb->split_memory + (size_t) *n_split * cb->split_floats;
+
+			pt->seg0 = first;
+			pt->n_segs = n_segs;
+			pt->o = mem;
+			pt->m = mem + (size_t) n_segs * rows * ap->head_dim;
+			pt->l = pt->m + (size_t) rows * n_segs;
+		}
+		cb->split_tile[*n_split] = tile;
+		/* the tile's slot takes its first part; the others go to the end */
+		for (int p = 0; p < k; p++)
+		{
+			attn_task  *t = p == 0 ? &cb->tasks[i] : &cb->tasks[n_tasks++];
+
+			*t = tile;
+			t->seg_begin = first + (int) ((int64_t) n_segs * p / k);
+			t->seg_end = first + (int) ((int64_t) n_segs * (p + 1) / k);
+			t->cost = tile.cost / k;
+			t->split = *n_split;
+		}
+		(*n_split)++;
+	}
+	return n_tasks;
 }
 
 static void
@@ -644,6 +732,7 @@ cpu_attention(cai_backend *be, const cai_attn_params *ap, const cai_batch_layout
 	int			group = ap->n_heads / ap->n_kv_heads;
 	int			tile = cai_attention_tile_tokens(group);
 	int			n_tasks = 0;
+	int			n_split = 0;
 	attn_args	a = {.cb = cb, .ap = ap, .batch = batch, .q = q, .ldq = ldq, .kv = kv,
 	.shadow = shadow, .out = out, .ldo = ldo};
 
@@ -668,12 +757,18 @@ cpu_attention(cai_backend *be, const cai_attn_params *ap, const cai_batch_layout
 				t->t0 = start + off;
 				t->n_tok = n;
 				t->cost = span * n;
+				t->seg_begin = 0;
+				t->seg_end = 0;
+				t->split = -1;
 			}
 		}
 	}
+	n_tasks = split_tiles(cb, ap, batch, n_tasks, &n_split);
 	if (n_tasks > 1)
 		qsort(cb->tasks, n_tasks, sizeof(attn_task), compare_tasks);
 	cai_threadpool_run(cb->pool, attention_task, &a, n_tasks);
+	if (n_split > 0)
+		cai_threadpool_run(cb->pool, attention_merge_task, &a, n_split);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -694,6 +789,9 @@ cpu_destroy(cai_backend *be)
 		free(cb->attn_memory);
 		free(cb->attn);
 		free(cb->tasks);
+		free(cb->split);
+		free(cb->split_tile);
+		free(cb->split_memory);
 		free(cb);
 	}
 	free(be);
@@ -771,10 +869,26 @@ cai_backend_cpu_create(cai_threadpool *pool, const cai_backend_limits *limits,
 	cb->row_scratch = malloc((size_t) cb->n_threads * limits->max_width * sizeof(float));
 	cb->attn = calloc((size_t) cb->n_threads, sizeof(cai_attn_scratch));
 	cb->tasks = malloc((size_t) cb->max_tasks * sizeof(attn_task));
+
+	/*
+	 * Split tiles' partials: a tile's rows' sums for each segment, maxima and totals.  Without
+	 * this memory (a huge context) tiles are simply not split.
+	 */
+	{
+		size_t		rows = (size_t) cai_attention_tile_tokens(group) * group;
+		size_t		segs = (size_t) cai_attention_max_segments(limits->max_context);
+
+		cb->split_floats = segs * rows * (size_t) limits->head_dim + 2 * rows * segs;
+		cb->split = calloc(MAX_SPLIT_TILES(cb->n_threads), sizeof(cai_attn_partials));
+		cb->split_tile = calloc(MAX_SPLIT_TILES(cb->n_threads), sizeof(attn_task));
+		if (cb->n_threads > 1 && cb->split_floats < ((size_t) 1 << 28) / MAX_SPLIT_TILES(cb->n_threads))
+			cb->split_memory = malloc(cb->split_floats * MAX_SPLIT_TILES(cb->n_threads) * sizeof(float));
+	}
 	if (!cai_mul_size(scratch_bytes, (size_t) cb->n_threads, &total) ||
 		posix_memalign(&cb->attn_memory, 64, total) != 0)
 		cb->attn_memory = NULL;
-	if (!cb->row_scratch || !cb->attn || !cb->tasks || !cb->attn_memory)
+	if (!cb->row_scratch || !cb->attn || !cb->tasks || !cb->attn_memory || !cb->split ||
+		!cb->split_tile)
 	{
 		cpu_destroy(be);
 		return cai_fail(err, CAI_ERR_NO_MEMORY,
