@@ -1,8 +1,10 @@
 /*
  * test_prefix_cache.c — the inter-turn prefix cache over a tiny KV pool: hits and partial hits,
- * partial blocks, LRU eviction, verification against forced hash collisions, salt isolation,
- * pinning, reclaim, reset, and a long random churn that checks the byte budget, the pool's
- * reference counts and the content of every block handed out after every operation.
+ * partial blocks, eviction (stale blocks least recently used first, a stable subset under a
+ * cycle larger than the cache, the newest unreused blocks making room), verification against
+ * forced hash collisions, salt isolation, pinning, reclaim, reset, and a long random churn that
+ * checks the byte budget, the pool's reference counts and the content of every block handed out
+ * after every operation.
  */
 #include <stdint.h>
 #include <stdlib.h>
