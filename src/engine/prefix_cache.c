@@ -67,12 +67,12 @@
  * conversations, just served, are the last to come back.  When there is none, or it is pinned or
  * has children, the new block is not cached.  What has been reused stays: under a cycle the cache
  * keeps a stable set of conversations' prefixes and hits them every turn, rather than the most
- * recently used ones, which are the last to be asked again.  A conversation's latest turn is still cached
- * for an immediate follow-up (it evicts the turn before it), and content that stops coming back
- * turns stale and goes first, so a new set of conversations takes over after a few of its
- * intervals.  Reclaiming pool blocks for running sequences evicts least recently used leaves,
- * stale or not.  Cost: O(1) per eviction; a lookup adds one hash of its first block and takes
- * its path off the fresh list (each node leaves it once).
+ * recently used ones, which are the last to be asked again.  A conversation's latest turn is
+ * still cached for an immediate follow-up (it evicts the turn before it), and content that stops
+ * coming back turns stale and goes first, so a new set of conversations takes over after a few
+ * of its intervals.  Reclaiming pool blocks for running sequences evicts least recently used
+ * leaves, stale or not.  Cost: O(1) per eviction; a lookup adds one hash of its first block and
+ * takes its path off the fresh list (each node leaves it once).
  *
  * Not thread-safe: the engine's step loop owns the cache, like the KV pool.
  */
@@ -353,7 +353,6 @@ common_prefix(const int32_t *a, const int32_t *b, int n)
 	return i;
 }
 
-/* Removes a leaf: unlinks it everywhere and drops the cache's reference on its block. */
 static void
 fresh_unlink(cai_prefix_cache *cache, cache_node *node)
 {
@@ -398,6 +397,7 @@ mark_reused(cai_prefix_cache *cache, cache_node *node)
 		fresh_unlink(cache, node);
 }
 
+/* Removes a leaf: unlinks it everywhere and drops the cache's reference on its block. */
 static void
 remove_leaf(cai_prefix_cache *cache, cache_node *node)
 {

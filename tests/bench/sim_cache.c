@@ -24,11 +24,14 @@
  *
  * Build and run (from the repository root, after make):
  *
- *   cc -O2 -std=c11 -Isrc/engine -o /tmp/sim_cache tests/bench/sim_cache.c build/libcai.a -lm -lpthread
+ *   cc -O2 -std=gnu11 -Isrc/engine -o /tmp/sim_cache tests/bench/sim_cache.c build/libcai.a \
+ *       -lxxhash -lm -lpthread -ldl
  *   /tmp/sim_cache [conversations 8] [turns 12]
  *
  * Another eviction policy can be measured by naming its prefix_cache.c before the library:
  *   cc ... tests/bench/sim_cache.c OTHER/prefix_cache.c build/libcai.a ...
+ *
+ * Not a test: it passes or fails nothing.
  */
 #include <stdint.h>
 #include <stdio.h>
