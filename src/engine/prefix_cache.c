@@ -58,9 +58,9 @@
  * in a cycle longer than the cache holds (many users chatting at once).  Each conversation's
  * blocks are then the oldest exactly when it is asked next, and every lookup misses.  So an
  * insert evicts the oldest leaf only when it is stale: unused for more than one and a half times
- * the typical interval after which a prompt comes back, a moving average over lookups of the
- * ticks since the last lookup that began with the same first block (hits and misses alike, so a
- * cache thrashing from the start learns it too).  When the oldest leaf is not stale, every
+ * the typical interval after which a conversation comes back, a moving average over lookups of
+ * the ticks since the last lookup that shared the longest prefix with this one (note_request;
+ * hits and misses alike, so a cache thrashing from the start learns it too).  When the oldest leaf is not stale, every
  * cached block is in use at the pace prompts return, and the blocks that make room are the
  * newest that no lookup has reused yet (the fresh list, in the order nodes were made, leaving
  * it when a lookup reuses them), made by an earlier call: the previous turns' new blocks, whose
@@ -71,8 +71,8 @@
  * still cached for an immediate follow-up (it evicts the turn before it), and content that stops
  * coming back turns stale and goes first, so a new set of conversations takes over after a few
  * of its intervals.  Reclaiming pool blocks for running sequences evicts least recently used
- * leaves, stale or not.  Cost: O(1) per eviction; a lookup adds one hash of its first block and
- * takes its path off the fresh list (each node leaves it once).
+ * leaves, stale or not.  Cost: O(1) per eviction; a lookup adds one hash per full block of its
+ * prompt (note_request) and takes its path off the fresh list (each node leaves it once).
  *
  * Not thread-safe: the engine's step loop owns the cache, like the KV pool.
  */
@@ -86,7 +86,7 @@
 
 typedef uint64_t (*block_hash_fn) (const int32_t *tokens, int n, uint64_t seed);
 
-/* When a prompt starting with a given first block was last looked up. */
+/* When a prompt with the prefix of this key was last looked up. */
 typedef struct recent_root
 {
 	uint64_t	key;
@@ -140,7 +140,7 @@ struct cai_prefix_cache
 	cache_node *fresh_newest;
 	cache_node *fresh_cursor;	/* newest fresh node made before this call's first new node */
 	uint64_t	cursor_tick;	/* the call fresh_cursor was set in */
-	struct recent_root *recent;	/* [n_buckets]: last lookup tick by first-block key */
+	struct recent_root *recent;	/* [n_buckets]: last lookup tick by prefix key */
 
 	block_hash_fn hash;
 	cai_prefix_cache_stats stats;
@@ -425,23 +425,59 @@ block_cost(const cai_prefix_cache *cache, int32_t block)
 }
 
 /*
- * Records the interval since the last lookup of a prompt with the same first block (same salt),
- * hit or miss, in a moving average: the typical interval after which a conversation comes back.
- * Misses count too, so a cache that has thrashed from the start still learns it.  The table is
- * direct-mapped and sized with the buckets: a clash only loses one sample.  One sample may at
- * most double the average, so a conversation resumed after a long pause does not make
- * everything look fresh.
+ * The next block index after depth whose prefix key note_request records: two per octave
+ * (0, 1, 2, 3, 5, 7, 11, 15, 23, 31, ...), so a prompt records O(log n) keys.
+ */
+static int
+next_noted_depth(int depth)
+{
+	int			m = depth + 1;
+
+	if (m < 4)
+		return m;
+	if ((m & (m - 1)) == 0)
+		return m + m / 2 - 1;
+	return m / 3 * 4 - 1;
+}
+
+/*
+ * Records the interval since a prompt was last looked up, in a moving average: the typical
+ * interval after which a conversation comes back.  "The same prompt" is the longest prefix of
+ * this one, at the depths next_noted_depth lists, that an earlier lookup also had: a system
+ * prompt shared by every conversation recurs at every request, while the conversation's own
+ * blocks recur when it comes back.  Misses count as much as hits, so a cache that has thrashed
+ * from the start still learns the interval.  The table remembers keys, not blocks (it is sized
+ * with the buckets and direct-mapped: a clash only loses a sample).  One sample may at most
+ * double the average, so a conversation resumed after a long pause does not make everything
+ * look fresh.  Costs one hash per full block of the prompt.
  */
 static void
 note_request(cai_prefix_cache *cache, const int32_t *tokens, int n, uint64_t seed)
 {
-	uint64_t	key = cache->hash(tokens, n < CAI_KV_BLOCK_TOKENS ? n : CAI_KV_BLOCK_TOKENS, seed);
-	recent_root *slot = &cache->recent[bucket_of(cache, key)];
-	uint64_t	sample;
+	int			n_full = n / CAI_KV_BLOCK_TOKENS;
+	uint64_t	key = seed;
+	uint64_t	seen = 0;
+	int			depth = 0;
 
-	if (slot->key == key && slot->tick > 0)
+	for (int i = 0; i < (n_full > 0 ? n_full : 1); i++)
 	{
-		sample = (cache->tick - slot->tick) * 8;
+		recent_root *slot;
+
+		key = cache->hash(tokens + (size_t) i * CAI_KV_BLOCK_TOKENS,
+						  n_full > 0 ? CAI_KV_BLOCK_TOKENS : n, key);
+		if (i != depth)
+			continue;
+		depth = next_noted_depth(depth);
+		slot = &cache->recent[bucket_of(cache, key)];
+		if (slot->key == key && slot->tick > 0)
+			seen = slot->tick;
+		slot->key = key;
+		slot->tick = cache->tick;
+	}
+	if (seen > 0)
+	{
+		uint64_t	sample = (cache->tick - seen) * 8;
+
 		if (cache->reuse_ticks8 == 0)
 			cache->reuse_ticks8 = sample;
 		else
@@ -451,8 +487,6 @@ note_request(cai_prefix_cache *cache, const int32_t *tokens, int n, uint64_t see
 			cache->reuse_ticks8 = cache->reuse_ticks8 - cache->reuse_ticks8 / 8 + sample / 8;
 		}
 	}
-	slot->key = key;
-	slot->tick = cache->tick;
 }
 
 /*

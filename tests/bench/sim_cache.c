@@ -7,8 +7,9 @@
  * Each request does what the engine does for it: a lookup of prompt - 1 tokens reusing to the
  * token (full blocks plus a partial tail), blocks reserved for the rest (reclaiming from the
  * cache when the pool is short), then the prompt and reply but the last token offered back to
- * the cache, and the request's references dropped.  Token ids are random; each conversation has
- * its own salt, as cai_chat does.  The shapes follow bench_cache.py's defaults: a first prompt of
+ * the cache, and the request's references dropped.  Token ids are random; the conversations share
+ * one salt and an 88-token system prompt, as under pg_cai.cache_isolation = role (the default),
+ * or with "isolated" each has its own salt.  The shapes follow bench_cache.py's defaults: a first prompt of
  * ~530 tokens, follow-ups of 33..94 new tokens (user message and template markup), replies of
  * 64 tokens.
  *
@@ -26,7 +27,7 @@
  *
  *   cc -O2 -std=gnu11 -Isrc/engine -o /tmp/sim_cache tests/bench/sim_cache.c build/libcai.a \
  *       -lxxhash -lm -lpthread -ldl
- *   /tmp/sim_cache [conversations 8] [turns 12]
+ *   /tmp/sim_cache [conversations 8] [turns 12] [isolated]
  *
  * Another eviction policy can be measured by naming its prefix_cache.c before the library:
  *   cc ... tests/bench/sim_cache.c OTHER/prefix_cache.c build/libcai.a ...
@@ -116,12 +117,26 @@ make_cache(cai_kv_pool *pool, int budget_blocks)
 	return cache;
 }
 
+/*
+ * Shared: every conversation under one salt, starting with the same 88-token system prompt and
+ * template, as with pg_cai.cache_isolation = role (the default); else one salt per conversation
+ * (cache_isolation = conversation).
+ */
+static bool shared = true;
+
 static void
 conv_init(conv *c, int index)
 {
-	c->salt = UINT64_C(0x1000) + (uint64_t) index;
+	c->salt = shared ? 0 : UINT64_C(0x1000) + (uint64_t) index;
 	c->rng = UINT64_C(0x9E3779B97F4A7C15) * (uint64_t) (index + 1);
 	c->n = 0;
+	if (shared)
+	{
+		uint64_t	rng = UINT64_C(0x5DEECE66D);
+
+		for (int i = 0; i < 88; i++)
+			c->tokens[c->n++] = (int32_t) (next_rand(&rng) % 49000) + 1;
+	}
 }
 
 /*
@@ -133,8 +148,8 @@ play_turn(cai_prefix_cache *cache, cai_kv_pool *pool, conv *c, tally *t)
 {
 	static int32_t table[MAX_TOKENS / BT + 1];
 	cai_prefix_cache_tail tail = {.block = -1, .n_tokens = 0};
-	int			computed_before = c->n > 0 ? c->n - 1 : 0;
-	bool		follow_up = c->n > 0;
+	bool		follow_up = c->n > (shared ? 88 : 0);
+	int			computed_before = follow_up ? c->n - 1 : 0;
 	int			n_prompt;
 	int			n_total;
 	int			need;
@@ -142,7 +157,7 @@ play_turn(cai_prefix_cache *cache, cai_kv_pool *pool, conv *c, tally *t)
 	int			hit;
 
 	if (!follow_up)
-		append_random(c, rand_between(&c->rng, 500, 560));
+		append_random(c, rand_between(&c->rng, 500, 560) - c->n);
 	else
 		append_random(c, rand_between(&c->rng, 33, 94));
 	n_prompt = c->n;
@@ -301,11 +316,16 @@ main(int argc, char **argv)
 	int			turns = argc > 2 ? atoi(argv[2]) : 12;
 	int			full;
 
+	if (argc > 3 && strcmp(argv[3], "isolated") == 0)
+		shared = false;
 	if (n_conv < 1 || turns < 1 || turns * 160 + 600 > MAX_TOKENS)
 	{
-		fprintf(stderr, "usage: sim_cache [conversations] [turns]\n");
+		fprintf(stderr, "usage: sim_cache [conversations] [turns] [isolated]\n");
 		return 2;
 	}
+	printf("%d conversations x %d turns, %s\n", n_conv, turns,
+		   shared ? "one salt and a shared 88-token system prompt (cache_isolation = role)"
+		   : "a salt per conversation (cache_isolation = conversation)");
 	full = round_robin(n_conv, turns, 1 << 16, NULL, false);
 	round_robin(n_conv, turns, full, "full", false);
 	round_robin(n_conv, turns, full / 2, "half", false);

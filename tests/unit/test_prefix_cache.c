@@ -585,20 +585,27 @@ TEST(prefix_cache_lru_order)
 	cai_kv_pool_free(pool);
 }
 
+/* Whether play_turn's conversations share one salt and their first block (a system prompt). */
+static bool turn_shared_prefix = false;
+
 /*
- * One turn of conversation tag under salt: looks its prompt of n_blocks blocks up, then offers
- * the prompt back; returns the blocks the lookup hit.
+ * One turn of conversation tag: looks its prompt of n_blocks blocks up, then offers the prompt
+ * back; returns the blocks the lookup hit.  Each conversation has its own salt, or, with
+ * turn_shared_prefix, all have salt 0 and the same first block.
  */
 static int
 play_turn(cai_prefix_cache *cache, cai_kv_pool *pool, int tag, int n_blocks)
 {
 	int32_t		tokens[8 * BT];
 	int32_t		blocks[8];
+	uint64_t	salt = turn_shared_prefix ? 0 : (uint64_t) tag;
 	int			hit;
 
 	fill_tokens(tokens, n_blocks * BT, tag);
-	hit = probe(cache, pool, (uint64_t) tag, tokens, n_blocks * BT, NULL);
-	insert_owned(cache, pool, (uint64_t) tag, tokens, n_blocks * BT, blocks);
+	if (turn_shared_prefix)
+		fill_tokens(tokens, BT, 39);
+	hit = probe(cache, pool, salt, tokens, n_blocks * BT, NULL);
+	insert_owned(cache, pool, salt, tokens, n_blocks * BT, blocks);
 	return hit;
 }
 
@@ -607,12 +614,14 @@ play_turn(cai_prefix_cache *cache, cai_kv_pool *pool, int tag, int n_blocks)
  * eviction always drops the conversation asked next and nothing is ever hit.  The cache instead
  * keeps what it holds (every block in it is reused once a cycle) and hits it every turn.
  */
-TEST(prefix_cache_cycle_larger_than_the_cache_keeps_a_stable_subset)
+static void
+check_cycle_keeps_a_stable_subset(bool shared_prefix)
 {
 	cai_kv_pool *pool = make_pool(32);
 	cai_prefix_cache *cache = make_cache(pool, 8);
 	int			hits_late = 0;
 
+	turn_shared_prefix = shared_prefix;
 	if (!pool || !cache)
 	{
 		CHECK(false);
@@ -640,6 +649,22 @@ TEST(prefix_cache_cycle_larger_than_the_cache_keeps_a_stable_subset)
 	cai_prefix_cache_free(cache);
 	CHECK_EQ_INT(cai_kv_pool_n_free(pool), 32);
 	cai_kv_pool_free(pool);
+	turn_shared_prefix = false;
+}
+
+TEST(prefix_cache_cycle_larger_than_the_cache_keeps_a_stable_subset)
+{
+	check_cycle_keeps_a_stable_subset(false);
+}
+
+/*
+ * The same when every conversation starts with one system prompt under one salt: that prefix
+ * recurs at every request, the conversations' own blocks only once a cycle, and the latter is
+ * the interval that tells whether the oldest block is stale.
+ */
+TEST(prefix_cache_cycle_with_a_shared_system_prompt_keeps_a_stable_subset)
+{
+	check_cycle_keeps_a_stable_subset(true);
 }
 
 /*
