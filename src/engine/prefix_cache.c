@@ -55,24 +55,24 @@
  * sequences, so an eviction never scans the cache.
  *
  * Eviction.  Least recently used alone fails the commonest overload: conversations that come back
- * in a cycle longer than the cache holds (many users chatting at once).  Each conversation's
- * blocks are then the oldest exactly when it is asked next, and every lookup misses.  So an
- * insert evicts the oldest leaf only when it is stale: unused for more than one and a half times
- * the typical interval after which a conversation comes back, a moving average over lookups of
- * the ticks since the last lookup that shared the longest prefix with this one (note_request;
- * hits and misses alike, so a cache thrashing from the start learns it too).  When the oldest leaf is not stale, every
- * cached block is in use at the pace prompts return, and the blocks that make room are the
- * newest that no lookup has reused yet (the fresh list, in the order nodes were made, leaving
- * it when a lookup reuses them), made by an earlier call: the previous turns' new blocks, whose
+ * in a cycle longer than the cache holds (many users chatting at once).  Each conversation's blocks
+ * are then the oldest exactly when it is asked next, and every lookup misses.  So an insert evicts
+ * the oldest leaf only when it is stale: unused for more than one and a half times the typical
+ * interval after which a conversation comes back, a moving average over lookups of the ticks since
+ * the last lookup that shared the longest prefix with this one (note_request; hits and misses
+ * alike, so a cache thrashing from the start learns it too).  When the oldest leaf is not stale,
+ * every cached block is in use at the pace prompts return, and the blocks that make room are the
+ * newest that no lookup has reused yet (the fresh list, in the order nodes were made, leaving it
+ * when a lookup reuses them), made by an earlier call: the previous turns' new blocks, whose
  * conversations, just served, are the last to come back.  When there is none, or it is pinned or
  * has children, the new block is not cached.  What has been reused stays: under a cycle the cache
  * keeps a stable set of conversations' prefixes and hits them every turn, rather than the most
- * recently used ones, which are the last to be asked again.  A conversation's latest turn is
- * still cached for an immediate follow-up (it evicts the turn before it), and content that stops
- * coming back turns stale and goes first, so a new set of conversations takes over after a few
- * of its intervals.  Reclaiming pool blocks for running sequences evicts least recently used
- * leaves, stale or not.  Cost: O(1) per eviction; a lookup adds one hash per full block of its
- * prompt (note_request) and takes its path off the fresh list (each node leaves it once).
+ * recently used ones, which are the last to be asked again.  A conversation's latest turn is still
+ * cached for an immediate follow-up (it evicts the turn before it), and content that stops coming
+ * back turns stale and goes first, so a new set of conversations takes over after a few of its
+ * intervals.  Reclaiming pool blocks for running sequences evicts least recently used leaves, stale
+ * or not.  Cost: O(1) per eviction; a lookup adds one hash per full block of its prompt
+ * (note_request) and takes its path off the fresh list (each node leaves it once).
  *
  * Not thread-safe: the engine's step loop owns the cache, like the KV pool.
  */

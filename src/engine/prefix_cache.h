@@ -1,5 +1,5 @@
 /*
- * prefix_cache.h — the inter-turn KV cache: hash-chained token blocks in a tree, under a byte budget.
+ * prefix_cache.h — the inter-turn KV cache: hash-chained token blocks in a tree, in a byte budget.
  *
  * Character.AI's stateful caching with Mooncake's hash chain: the key of a full 16-token block i
  * is XXH3-64(tokens of block i, seed = key of block i-1); a finished sequence's partly filled

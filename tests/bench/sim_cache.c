@@ -4,14 +4,13 @@
  * the hit rate over follow-up prompt tokens, to compare eviction policies in seconds rather than
  * through bench_cache.py's clusters.
  *
- * Each request does what the engine does for it: a lookup of prompt - 1 tokens reusing to the
- * token (full blocks plus a partial tail), blocks reserved for the rest (reclaiming from the
- * cache when the pool is short), then the prompt and reply but the last token offered back to
- * the cache, and the request's references dropped.  Token ids are random; the conversations share
- * one salt and an 88-token system prompt, as under pg_cai.cache_isolation = role (the default),
- * or with "isolated" each has its own salt.  The shapes follow bench_cache.py's defaults: a first prompt of
- * ~530 tokens, follow-ups of 33..94 new tokens (user message and template markup), replies of
- * 64 tokens.
+ * Each request does what the engine does for it: a lookup of prompt - 1 tokens reusing to the token
+ * (full blocks plus a partial tail), blocks reserved for the rest (reclaiming from the cache when
+ * the pool is short), then the prompt and reply but the last token offered back to the cache, and
+ * the request's references dropped.  Token ids are random; the conversations share one salt and an
+ * 88-token system prompt, as under pg_cai.cache_isolation = role (the default), or with "isolated"
+ * each has its own salt.  The shapes follow bench_cache.py's defaults: a first prompt of ~530
+ * tokens, follow-ups of 33..94 new tokens (user message and template markup), replies of 64 tokens.
  *
  * Workloads:
  *   round-robin  C conversations x T turns, turn 1 of each, then turn 2 of each, ...; budget
