@@ -1,6 +1,7 @@
 /*
  * prefix_cache.c — the inter-turn prefix cache: a tree of full 16-token KV blocks, found by a
- * hash chain, verified token by token, evicted least-recently-used leaf first under a byte budget.
+ * hash chain, verified token by token, kept under a byte budget by evicting stale leaves least
+ * recently used first and otherwise protecting what has been reused.
  *
  * Partial tails.  A finished sequence's last, partly filled block is kept too, as a leaf after
  * the full block before it (its parent; none for a prompt shorter than a block) holding its 1..15
@@ -53,6 +54,26 @@
  * each pinned path is moved at most once per call; pinned leaves are bounded by the running
  * sequences, so an eviction never scans the cache.
  *
+ * Eviction.  Least recently used alone fails the commonest overload: conversations that come back
+ * in a cycle longer than the cache holds (many users chatting at once).  Each conversation's blocks
+ * are then the oldest exactly when it is asked next, and every lookup misses.  So an insert evicts
+ * the oldest leaf only when it is stale: unused for more than one and a half times the typical
+ * interval after which a conversation comes back, a moving average over lookups of the ticks since
+ * the last lookup that shared the longest prefix with this one (note_request; hits and misses
+ * alike, so a cache thrashing from the start learns it too).  When the oldest leaf is not stale,
+ * every cached block is in use at the pace prompts return, and the blocks that make room are the
+ * newest that no lookup has reused yet (the fresh list, in the order nodes were made, leaving it
+ * when a lookup reuses them), made by an earlier call: the previous turns' new blocks, whose
+ * conversations, just served, are the last to come back.  When there is none, or it is pinned or
+ * has children, the new block is not cached.  What has been reused stays: under a cycle the cache
+ * keeps a stable set of conversations' prefixes and hits them every turn, rather than the most
+ * recently used ones, which are the last to be asked again.  A conversation's latest turn is still
+ * cached for an immediate follow-up (it evicts the turn before it), and content that stops coming
+ * back turns stale and goes first, so a new set of conversations takes over after a few of its
+ * intervals.  Reclaiming pool blocks for running sequences evicts least recently used leaves, stale
+ * or not.  Cost: O(1) per eviction; a lookup adds one hash per full block of its prompt
+ * (note_request) and takes its path off the fresh list (each node leaves it once).
+ *
  * Not thread-safe: the engine's step loop owns the cache, like the KV pool.
  */
 #include "prefix_cache.h"
@@ -65,6 +86,13 @@
 
 typedef uint64_t (*block_hash_fn) (const int32_t *tokens, int n, uint64_t seed);
 
+/* When a prompt with the prefix of this key was last looked up. */
+typedef struct recent_root
+{
+	uint64_t	key;
+	uint64_t	tick;
+} recent_root;
+
 typedef struct cache_node
 {
 	uint64_t	key;			/* hash of tokens seeded with the parent's key (or the root seed) */
@@ -75,6 +103,9 @@ typedef struct cache_node
 	struct cache_node *follower_prev;	/* tail key (doubly linked: O(1) removal) */
 	struct cache_node *lru_older;
 	struct cache_node *lru_newer;
+	struct cache_node *fresh_older;	/* the fresh list: nodes no lookup has reused yet, */
+	struct cache_node *fresh_newer;	/* in the order they were made */
+	bool		fresh;
 	uint64_t	last_used;		/* tick of the call that last used this node */
 	int32_t		block;			/* KV pool block; the cache holds one reference on it */
 	int32_t		n_children;
@@ -104,6 +135,12 @@ struct cai_prefix_cache
 	cache_node *lru_oldest;
 	cache_node *lru_newest;
 	uint64_t	tick;			/* advanced once per public call */
+	uint64_t	reuse_ticks8;	/* typical interval between a prefix's lookups, in ticks x 8 */
+	cache_node *fresh_oldest;
+	cache_node *fresh_newest;
+	cache_node *fresh_cursor;	/* newest fresh node made before this call's first new node */
+	uint64_t	cursor_tick;	/* the call fresh_cursor was set in */
+	struct recent_root *recent;	/* [n_buckets]: last lookup tick by prefix key */
 
 	block_hash_fn hash;
 	cai_prefix_cache_stats stats;
@@ -316,10 +353,55 @@ common_prefix(const int32_t *a, const int32_t *b, int n)
 	return i;
 }
 
+static void
+fresh_unlink(cai_prefix_cache *cache, cache_node *node)
+{
+	if (!node->fresh)
+		return;
+	if (node == cache->fresh_cursor)
+		cache->fresh_cursor = node->fresh_older;
+	if (node->fresh_older)
+		node->fresh_older->fresh_newer = node->fresh_newer;
+	else
+		cache->fresh_oldest = node->fresh_newer;
+	if (node->fresh_newer)
+		node->fresh_newer->fresh_older = node->fresh_older;
+	else
+		cache->fresh_newest = node->fresh_older;
+	node->fresh_older = node->fresh_newer = NULL;
+	node->fresh = false;
+}
+
+static void
+fresh_append(cai_prefix_cache *cache, cache_node *node)
+{
+	node->fresh_older = cache->fresh_newest;
+	node->fresh_newer = NULL;
+	if (cache->fresh_newest)
+		cache->fresh_newest->fresh_newer = node;
+	else
+		cache->fresh_oldest = node;
+	cache->fresh_newest = node;
+	node->fresh = true;
+}
+
+/*
+ * A lookup reused node and its ancestors: none of them is fresh any more.  A fresh node's
+ * ancestors may be reused ones, never the other way round, so the walk stops at the first node
+ * that is not fresh.
+ */
+static void
+mark_reused(cai_prefix_cache *cache, cache_node *node)
+{
+	for (; node && node->fresh; node = node->parent)
+		fresh_unlink(cache, node);
+}
+
 /* Removes a leaf: unlinks it everywhere and drops the cache's reference on its block. */
 static void
 remove_leaf(cai_prefix_cache *cache, cache_node *node)
 {
+	fresh_unlink(cache, node);
 	hash_remove(cache, node);
 	if (node->n_tokens == CAI_KV_BLOCK_TOKENS)
 		follower_remove(cache, node, follower_key(cache, node));
@@ -343,11 +425,78 @@ block_cost(const cai_prefix_cache *cache, int32_t block)
 }
 
 /*
+ * The next block index after depth whose prefix key note_request records: two per octave
+ * (0, 1, 2, 3, 5, 7, 11, 15, 23, 31, ...), so a prompt records O(log n) keys.
+ */
+static int
+next_noted_depth(int depth)
+{
+	int			m = depth + 1;
+
+	if (m < 4)
+		return m;
+	if ((m & (m - 1)) == 0)
+		return m + m / 2 - 1;
+	return m / 3 * 4 - 1;
+}
+
+/*
+ * Records the interval since a prompt was last looked up, in a moving average: the typical
+ * interval after which a conversation comes back.  "The same prompt" is the longest prefix of
+ * this one, at the depths next_noted_depth lists, that an earlier lookup also had: a system
+ * prompt shared by every conversation recurs at every request, while the conversation's own
+ * blocks recur when it comes back.  Misses count as much as hits, so a cache that has thrashed
+ * from the start still learns the interval.  The table remembers keys, not blocks (it is sized
+ * with the buckets and direct-mapped: a clash only loses a sample).  One sample may at most
+ * double the average, so a conversation resumed after a long pause does not make everything
+ * look fresh.  Costs one hash per full block of the prompt.
+ */
+static void
+note_request(cai_prefix_cache *cache, const int32_t *tokens, int n, uint64_t seed)
+{
+	int			n_full = n / CAI_KV_BLOCK_TOKENS;
+	uint64_t	key = seed;
+	uint64_t	seen = 0;
+	int			depth = 0;
+
+	for (int i = 0; i < (n_full > 0 ? n_full : 1); i++)
+	{
+		recent_root *slot;
+
+		key = cache->hash(tokens + (size_t) i * CAI_KV_BLOCK_TOKENS,
+						  n_full > 0 ? CAI_KV_BLOCK_TOKENS : n, key);
+		if (i != depth)
+			continue;
+		depth = next_noted_depth(depth);
+		slot = &cache->recent[bucket_of(cache, key)];
+		if (slot->key == key && slot->tick > 0)
+			seen = slot->tick;
+		slot->key = key;
+		slot->tick = cache->tick;
+	}
+	if (seen > 0)
+	{
+		uint64_t	sample = (cache->tick - seen) * 8;
+
+		if (cache->reuse_ticks8 == 0)
+			cache->reuse_ticks8 = sample;
+		else
+		{
+			if (sample > 2 * cache->reuse_ticks8)
+				sample = 2 * cache->reuse_ticks8;
+			cache->reuse_ticks8 = cache->reuse_ticks8 - cache->reuse_ticks8 / 8 + sample / 8;
+		}
+	}
+}
+
+/*
  * Evicts the least recently used leaf that no sequence holds, other than protect (the node an
- * insert is about to extend).  Returns false when there is none.
+ * insert is about to extend).  Unless force, that leaf must be stale; when it is not, the newest
+ * fresh node from an earlier call goes instead, if it is an unpinned leaf.  Returns false when
+ * nothing may go: see the file comment.
  */
 static bool
-evict_one(cai_prefix_cache *cache, const cache_node *protect)
+evict_one(cai_prefix_cache *cache, const cache_node *protect, bool force)
 {
 	for (;;)
 	{
@@ -366,6 +515,18 @@ evict_one(cai_prefix_cache *cache, const cache_node *protect)
 		{
 			touch_path(cache, oldest);
 			continue;
+		}
+		/* stale: unused for over one and a half typical intervals */
+		if (!force && cache->reuse_ticks8 > 0
+			&& (cache->tick - oldest->last_used) * 8
+			<= cache->reuse_ticks8 + cache->reuse_ticks8 / 2)
+		{
+			cache_node *newest = cache->cursor_tick == cache->tick ? cache->fresh_cursor : NULL;
+
+			if (!newest || newest == protect || newest->n_children > 0
+				|| block_pinned(cache, newest))
+				return false;
+			oldest = newest;
 		}
 		parent = oldest->parent;
 		remove_leaf(cache, oldest);
@@ -433,7 +594,8 @@ cai_prefix_cache_create(cai_kv_pool *pool, size_t budget_bytes, uint64_t fingerp
 		cache->nodes = calloc(capacity, sizeof(cache_node));
 		cache->buckets = calloc((size_t) 1 << bits, sizeof(cache_node *));
 		cache->follower_buckets = calloc((size_t) 1 << bits, sizeof(cache_node *));
-		if (!cache->nodes || !cache->buckets || !cache->follower_buckets)
+		cache->recent = calloc((size_t) 1 << bits, sizeof(recent_root));
+		if (!cache->nodes || !cache->buckets || !cache->follower_buckets || !cache->recent)
 		{
 			cai_prefix_cache_free(cache);
 			return cai_fail(err, CAI_ERR_NO_MEMORY,
@@ -458,6 +620,7 @@ cai_prefix_cache_free(cai_prefix_cache *cache)
 	free(cache->nodes);
 	free(cache->buckets);
 	free(cache->follower_buckets);
+	free(cache->recent);
 	free(cache);
 }
 
@@ -543,6 +706,7 @@ cai_prefix_cache_lookup_tokens(cai_prefix_cache *cache, uint64_t salt, const int
 	if (!blocks_out)
 		n_full = 0;
 	seed = root_seed(cache, salt);
+	note_request(cache, tokens, n, seed);
 
 	while (matched < n_full)
 	{
@@ -587,6 +751,7 @@ cai_prefix_cache_lookup_tokens(cai_prefix_cache *cache, uint64_t salt, const int
 		}
 	}
 
+	mark_reused(cache, last_used);
 	if (last_used)
 		touch_path(cache, last_used);
 	cache->stats.hit_tokens += (uint64_t) matched * CAI_KV_BLOCK_TOKENS + (uint64_t) tail_tokens;
@@ -613,10 +778,16 @@ new_node(cai_prefix_cache *cache, cache_node *parent, size_t bytes)
 
 	if (bytes > cache->budget_bytes)
 		return NULL;
+	/* what was fresh before this call's first new node may make room for it */
+	if (cache->cursor_tick != cache->tick)
+	{
+		cache->fresh_cursor = cache->fresh_newest;
+		cache->cursor_tick = cache->tick;
+	}
 	while (cache->n_nodes >= cache->capacity || !cache->free_nodes ||
 		   cache->bytes + bytes > cache->budget_bytes)
 	{
-		if (!evict_one(cache, parent))
+		if (!evict_one(cache, parent, false))
 			return NULL;
 	}
 	node = cache->free_nodes;
@@ -628,6 +799,7 @@ new_node(cai_prefix_cache *cache, cache_node *parent, size_t bytes)
 
 	node->parent = parent;
 	node->n_children = 0;
+	fresh_append(cache, node);
 	if (parent)
 	{
 		parent->n_children++;
@@ -832,8 +1004,12 @@ cai_prefix_cache_reset(cai_prefix_cache *cache)
 	memset(cache->follower_buckets, 0,
 		   ((size_t) 1 << cache->bucket_bits) * sizeof(cache_node *));
 	cache->free_nodes = NULL;
+	cache->fresh_oldest = cache->fresh_newest = cache->fresh_cursor = NULL;
 	for (int i = cache->capacity; i > 0; i--)
 	{
+		cache->nodes[i - 1].fresh = false;
+		cache->nodes[i - 1].fresh_older = NULL;
+		cache->nodes[i - 1].fresh_newer = NULL;
 		cache->nodes[i - 1].parent = NULL;
 		cache->nodes[i - 1].follower_next = NULL;
 		cache->nodes[i - 1].follower_prev = NULL;
@@ -855,7 +1031,7 @@ cai_prefix_cache_reclaim(cai_prefix_cache *cache, int n_blocks_wanted)
 	cache->tick++;
 	while (cai_kv_pool_n_free(cache->pool) < n_blocks_wanted)
 	{
-		if (!evict_one(cache, NULL))
+		if (!evict_one(cache, NULL, true))
 			break;
 	}
 	return cai_kv_pool_n_free(cache->pool) - free_before;

@@ -1,5 +1,5 @@
 /*
- * prefix_cache.h — the inter-turn KV cache: hash-chained token blocks in an LRU tree.
+ * prefix_cache.h — the inter-turn KV cache: hash-chained token blocks in a tree, in a byte budget.
  *
  * Character.AI's stateful caching with Mooncake's hash chain: the key of a full 16-token block i
  * is XXH3-64(tokens of block i, seed = key of block i-1); a finished sequence's partly filled
@@ -7,8 +7,9 @@
  * fingerprint with a server-side salt (a role or conversation id), so namespaces never meet.
  * Each node keeps its tokens, and a hit is verified against them (xxHash is not collision-proof).
  * Nodes form a tree by parent link.  The cache holds one KV-pool reference per node's block; a
- * running sequence holds its own, so "pinned" = pool refcount > 1.  Eviction removes least
- * recently used leaves whose block is not pinned, until the byte budget holds.
+ * running sequence holds its own, so "pinned" = pool refcount > 1.  Eviction removes leaves whose
+ * block is not pinned, until the byte budget holds: stale ones least recently used first, else
+ * the newest that no lookup has reused; blocks in steady reuse stay (see prefix_cache.c).
  */
 #ifndef CAI_PREFIX_CACHE_H
 #define CAI_PREFIX_CACHE_H
@@ -73,7 +74,7 @@ int			cai_prefix_cache_lookup_tokens(cai_prefix_cache *cache, uint64_t salt,
  * multiple of 16 and blocks[n_tokens / 16] is given, its first n_tokens % 16 rows are cached as a
  * partial tail.  Blocks already cached under the same chain are skipped; new ones get a node and
  * a cache reference.  Evicts to stay within the budget; a block that cannot fit (everything else
- * pinned) is not inserted.
+ * pinned, or in steady reuse) is not inserted.
  */
 void		cai_prefix_cache_insert(cai_prefix_cache *cache, uint64_t salt, const int32_t *tokens,
 									int n_tokens, const int32_t *blocks, int n_blocks);

@@ -1,8 +1,10 @@
 /*
  * test_prefix_cache.c — the inter-turn prefix cache over a tiny KV pool: hits and partial hits,
- * partial blocks, LRU eviction, verification against forced hash collisions, salt isolation,
- * pinning, reclaim, reset, and a long random churn that checks the byte budget, the pool's
- * reference counts and the content of every block handed out after every operation.
+ * partial blocks, eviction (stale blocks least recently used first, a stable subset under a
+ * cycle larger than the cache, the newest unreused blocks making room), verification against
+ * forced hash collisions, salt isolation, pinning, reclaim, reset, and a long random churn that
+ * checks the byte budget, the pool's reference counts and the content of every block handed out
+ * after every operation.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -564,9 +566,15 @@ TEST(prefix_cache_lru_order)
 	CHECK_EQ_INT(probe(cache, pool, 0, a, 2 * BT, NULL), 2);
 	CHECK_EQ_INT(probe(cache, pool, 0, c, 2 * BT, NULL), 2);
 
-	/* using only a's first block protects it, not a's second block */
+	/*
+	 * Using only a's first block protects it, not a's second block, once that block has gone
+	 * unused for longer than these prefixes typically come back (two more lookups of c): stale
+	 * blocks go least recently used first.
+	 */
 	CHECK_EQ_INT(probe(cache, pool, 0, c, 2 * BT, NULL), 2);
 	CHECK_EQ_INT(probe(cache, pool, 0, a, BT, NULL), 1);
+	CHECK_EQ_INT(probe(cache, pool, 0, c, 2 * BT, NULL), 2);
+	CHECK_EQ_INT(probe(cache, pool, 0, c, 2 * BT, NULL), 2);
 	insert_owned(cache, pool, 0, b, BT, blocks);
 	CHECK_EQ_INT(probe(cache, pool, 0, a, 2 * BT, NULL), 1);
 	CHECK_EQ_INT(probe(cache, pool, 0, c, 2 * BT, NULL), 2);
@@ -574,6 +582,187 @@ TEST(prefix_cache_lru_order)
 
 	cai_prefix_cache_free(cache);
 	CHECK_EQ_INT(cai_kv_pool_n_free(pool), 16);
+	cai_kv_pool_free(pool);
+}
+
+/* Whether play_turn's conversations share one salt and their first block (a system prompt). */
+static bool turn_shared_prefix = false;
+
+/*
+ * One turn of conversation tag: looks its prompt of n_blocks blocks up, then offers the prompt
+ * back; returns the blocks the lookup hit.  Each conversation has its own salt, or, with
+ * turn_shared_prefix, all have salt 0 and the same first block.
+ */
+static int
+play_turn(cai_prefix_cache *cache, cai_kv_pool *pool, int tag, int n_blocks)
+{
+	int32_t		tokens[8 * BT];
+	int32_t		blocks[8];
+	uint64_t	salt = turn_shared_prefix ? 0 : (uint64_t) tag;
+	int			hit;
+
+	fill_tokens(tokens, n_blocks * BT, tag);
+	if (turn_shared_prefix)
+		fill_tokens(tokens, BT, 39);
+	hit = probe(cache, pool, salt, tokens, n_blocks * BT, NULL);
+	insert_owned(cache, pool, salt, tokens, n_blocks * BT, blocks);
+	return hit;
+}
+
+/*
+ * Conversations that come back in a cycle longer than the cache holds: least recently used
+ * eviction always drops the conversation asked next and nothing is ever hit.  The cache instead
+ * keeps what it holds (every block in it is reused once a cycle) and hits it every turn.
+ */
+static void
+check_cycle_keeps_a_stable_subset(bool shared_prefix)
+{
+	cai_kv_pool *pool = make_pool(32);
+	cai_prefix_cache *cache = make_cache(pool, 8);
+	int			hits_late = 0;
+
+	turn_shared_prefix = shared_prefix;
+	if (!pool || !cache)
+	{
+		CHECK(false);
+		return;
+	}
+	/* 4 conversations growing by a block a turn: 24 blocks by the end, 8 cached */
+	for (int turn = 0; turn < 6; turn++)
+	{
+		for (int c = 0; c < 4; c++)
+		{
+			int			hit = play_turn(cache, pool, 40 + c, turn + 1);
+
+			if (turn >= 3)
+				hits_late += hit;
+			CHECK(stats_of(cache).bytes <= stats_of(cache).budget_bytes);
+		}
+	}
+	/*
+	 * Most of the 8 cached blocks are hit on each of the last 3 turns (the blocks a turn adds
+	 * push out the previous turn's, which no lookup has reused yet)
+	 */
+	CHECK(hits_late >= 3 * 6);
+	CHECK_EQ_INT(stats_of(cache).blocks, 8);
+
+	cai_prefix_cache_free(cache);
+	CHECK_EQ_INT(cai_kv_pool_n_free(pool), 32);
+	cai_kv_pool_free(pool);
+	turn_shared_prefix = false;
+}
+
+TEST(prefix_cache_cycle_larger_than_the_cache_keeps_a_stable_subset)
+{
+	check_cycle_keeps_a_stable_subset(false);
+}
+
+/*
+ * The same when every conversation starts with one system prompt under one salt: that prefix
+ * recurs at every request, the conversations' own blocks only once a cycle, and the latter is
+ * the interval that tells whether the oldest block is stale.
+ */
+TEST(prefix_cache_cycle_with_a_shared_system_prompt_keeps_a_stable_subset)
+{
+	check_cycle_keeps_a_stable_subset(true);
+}
+
+/*
+ * Keeping what is cached must not shut new conversations out for good: blocks unused for longer
+ * than cached prefixes typically come back are stale and go least recently used first.
+ */
+TEST(prefix_cache_stale_blocks_make_room_for_active_conversations)
+{
+	cai_kv_pool *pool = make_pool(32);
+	cai_prefix_cache *cache = make_cache(pool, 8);
+
+	if (!pool || !cache)
+	{
+		CHECK(false);
+		return;
+	}
+	/* a cycle of 4 conversations of 2 blocks fills the cache, then stops */
+	for (int turn = 0; turn < 3; turn++)
+		for (int c = 0; c < 4; c++)
+			CHECK_EQ_INT(play_turn(cache, pool, 50 + c, 2), turn > 0 ? 2 : 0);
+	CHECK_EQ_INT(stats_of(cache).blocks, 8);
+
+	/*
+	 * Two new conversations take turns, growing to 3 blocks each (6 fit): soon each hits all of
+	 * its previous turn
+	 */
+	for (int turn = 0; turn < 6; turn++)
+		for (int c = 0; c < 2; c++)
+		{
+			int			hit = play_turn(cache, pool, 60 + c, turn < 3 ? turn + 1 : 3);
+
+			if (turn >= 2)
+				CHECK_EQ_INT(hit, turn < 3 ? turn : 3);
+		}
+	CHECK_EQ_INT(stats_of(cache).blocks, 8);
+
+	cai_prefix_cache_free(cache);
+	CHECK_EQ_INT(cai_kv_pool_n_free(pool), 32);
+	cai_kv_pool_free(pool);
+}
+
+/*
+ * When nothing is stale, the newest blocks no lookup has reused yet make room (so a
+ * conversation's latest turn is cached for its next one), unless a sequence holds them; the
+ * reused ones stay, and with no such room the new blocks are not cached.
+ */
+TEST(prefix_cache_newest_unreused_blocks_make_room_unless_pinned)
+{
+	cai_kv_pool *pool = make_pool(32);
+	cai_prefix_cache *cache = make_cache(pool, 8);
+	int32_t		r[2 * BT];
+	int32_t		s[2 * BT];
+	int32_t		r_blocks[2];
+	int32_t		s_blocks[2];
+
+	if (!pool || !cache)
+	{
+		CHECK(false);
+		return;
+	}
+	fill_tokens(r, 2 * BT, 74);
+	fill_tokens(s, 2 * BT, 75);
+	/* three conversations of 2 blocks, each reused every third lookup */
+	for (int turn = 0; turn < 4; turn++)
+		for (int c = 0; c < 3; c++)
+			play_turn(cache, pool, 70 + c, 2);
+	CHECK_EQ_INT(stats_of(cache).blocks, 6);
+
+	/* r fills the cache; s needs r's room while a sequence still holds r: not cached */
+	CHECK(alloc_blocks(pool, r_blocks, 2));
+	cai_prefix_cache_insert(cache, 74, r, 2 * BT, r_blocks, 2);
+	insert_owned(cache, pool, 75, s, 2 * BT, s_blocks);
+	CHECK_EQ_INT(stats_of(cache).evictions, 0);
+	CHECK_EQ_INT(stats_of(cache).blocks, 8);
+
+	/* r released: s takes its place, the reused conversations stay */
+	unref_blocks(pool, r_blocks, 2);
+	insert_owned(cache, pool, 75, s, 2 * BT, s_blocks);
+	CHECK_EQ_INT(stats_of(cache).evictions, 2);
+	CHECK_EQ_INT(probe(cache, pool, 75, s, 2 * BT, NULL), 2);
+	CHECK_EQ_INT(probe(cache, pool, 74, r, 2 * BT, NULL), 0);
+	for (int c = 0; c < 3; c++)
+	{
+		int32_t		tokens[2 * BT];
+
+		fill_tokens(tokens, 2 * BT, 70 + c);
+		CHECK_EQ_INT(probe(cache, pool, (uint64_t) (70 + c), tokens, 2 * BT, NULL), 2);
+	}
+
+	/* s has been reused and nothing is fresh or stale: a new conversation is not cached */
+	fill_tokens(r, 2 * BT, 76);
+	insert_owned(cache, pool, 76, r, 2 * BT, r_blocks);
+	CHECK_EQ_INT(stats_of(cache).evictions, 2);
+	CHECK_EQ_INT(probe(cache, pool, 76, r, 2 * BT, NULL), 0);
+	CHECK_EQ_INT(probe(cache, pool, 75, s, 2 * BT, NULL), 2);
+
+	cai_prefix_cache_free(cache);
+	CHECK_EQ_INT(cai_kv_pool_n_free(pool), 32);
 	cai_kv_pool_free(pool);
 }
 
