@@ -377,6 +377,26 @@ TEST(gpu_attention_long_context_decode)
 	run_case(&c);
 }
 
+/*
+ * Rows across several of the 256-position segments (cpu/attention.h), prefill chunks whose rows
+ * straddle a segment boundary, with a window, and on the float reference path: the same bits.
+ */
+TEST(gpu_attention_segments_prefill_and_window)
+{
+	attn_case	c = {"segments gqa 9/3 hd64 window 300", 9, 3, 64, 300, 1, 0, false, false, 2,
+		{700, 240}, {40, 30}};
+
+	run_case(&c);
+}
+
+TEST(gpu_attention_segments_float_reference_path)
+{
+	attn_case	c = {"segments shadow mqa 4/1 hd256", 4, 1, 256, 0, 1, 0, true, false, 1,
+		{600}, {3}};
+
+	run_case(&c);
+}
+
 TEST(gpu_attention_graph_plan_with_padding)
 {
 	attn_case	c = {"graph plan 9/3 hd64", 9, 3, 64, 0, 1, 0, false, true, 3, {16, 31, 5}, {1, 1, 1}};
