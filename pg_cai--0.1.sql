@@ -204,6 +204,7 @@ CREATE FUNCTION cai_stats(
 	OUT kv_bytes_total bigint,
 	OUT kv_bytes_used bigint,
 	OUT kv_tokens_held bigint,
+	OUT gemm_fallbacks bigint,
 	OUT busy_seconds float8,
 	OUT worker_started timestamptz,
 	OUT stats_updated timestamptz,

@@ -1254,6 +1254,12 @@ cuda_destroy(cai_backend *be)
 	free(be);
 }
 
+static uint64_t
+cuda_gemm_fallbacks(const cai_backend *be)
+{
+	return cai_cuda_gemm_fallback_count(((const cuda_backend *) be->impl)->ctx);
+}
+
 /* The forward's closing call (backend.h's sync): waits, and reports the first failure. */
 static cai_status
 cuda_sync_op(cai_backend *be, cai_error *err)
@@ -1284,6 +1290,7 @@ static const cai_backend_ops cuda_ops = {
 	.kv_copy_rows = cuda_kv_copy_rows,
 	.attention = cuda_attention,
 	.rotate = cuda_rotate,
+	.gemm_fallbacks = cuda_gemm_fallbacks,
 };
 
 cai_status

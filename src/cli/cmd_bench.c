@@ -461,7 +461,16 @@ cmd_bench(int argc, char **argv)
 			   decode_best[i].steps, 1000.0 * batch / decode_tps[i], decode_tps[i],
 			   decode_tps[i] / batch, decode_best[i].tokens / decode_best[i].seconds);
 	}
-	printf("\n  ]\n}\n");
+	{
+		cai_engine_stats es;
+
+		/* a GEMM on a slower fallback kernel (the GPU's dp4a path) would skew every figure */
+		cai_engine_get_stats(engine, &es);
+		printf("\n  ],\n  \"gemm_fallbacks\": %llu\n}\n", (unsigned long long) es.gemm_fallbacks);
+		if (progress && es.gemm_fallbacks > 0)
+			fprintf(stderr, "  warning: %llu int8 GEMMs ran on the fallback kernel\n",
+					(unsigned long long) es.gemm_fallbacks);
+	}
 	fflush(stdout);
 	rc = CLI_EXIT_OK;
 

@@ -238,6 +238,13 @@ typedef struct cai_backend_ops
 	 */
 	void		(*rotate) (cai_backend *be, const cai_rotation *rot, float *x, int ldx,
 						   int n_tok, int n_vec, int8_t *q, float *s);
+
+	/*
+	 * How many int8 GEMMs so far ran on a slower fallback kernel than the backend's own (the
+	 * CUDA backend's dp4a kernel, where cuBLASLt has no int8 kernel for the shape); NULL: the
+	 * backend has none.  Reported by pg_stat_cai and cai bench so a slow path is never silent.
+	 */
+	uint64_t	(*gemm_fallbacks) (const cai_backend *be);
 } cai_backend_ops;
 
 /* Sizes a backend instance prepares its scratch for. */

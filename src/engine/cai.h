@@ -334,6 +334,8 @@ typedef struct cai_engine_stats
 	size_t		kv_bytes_total; /* the pool's host memory (kv.h) */
 	size_t		kv_bytes_used;	/* of which in use: running sequences and the prefix cache */
 	uint64_t	kv_tokens_held; /* positions the running sequences hold KV for */
+	/* int8 GEMMs that ran on a fallback kernel (backend.h's gemm_fallbacks; 0 on the CPU) */
+	uint64_t	gemm_fallbacks;
 } cai_engine_stats;
 
 void		cai_engine_get_stats(const cai_engine *engine, cai_engine_stats *stats);

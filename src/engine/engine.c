@@ -1329,6 +1329,7 @@ void
 cai_engine_get_stats(const cai_engine *engine, cai_engine_stats *stats)
 {
 	cai_prefix_cache_stats cs;
+	const cai_backend *be = cai_forward_ctx_backend(engine->forward);
 
 	*stats = engine->stats;
 	stats->running = engine->n_running;
@@ -1342,6 +1343,7 @@ cai_engine_get_stats(const cai_engine *engine, cai_engine_stats *stats)
 	stats->kv_blocks_free = cai_kv_pool_n_free(engine->kv);
 	stats->kv_bytes_total = cai_kv_pool_bytes(engine->kv);
 	stats->kv_bytes_used = cai_kv_pool_bytes_in_use(engine->kv);
+	stats->gemm_fallbacks = be->ops->gemm_fallbacks ? be->ops->gemm_fallbacks(be) : 0;
 	stats->kv_tokens_held = 0;
 	for (int i = 0; i < engine->n_running; i++)
 		stats->kv_tokens_held += engine->running[i]->n_computed;

@@ -425,7 +425,8 @@ cai_wire_get_model(cai_reader *r, cai_wire_model *m)
 	X(i32, int32_t, kv_blocks_free) \
 	X(u64, uint64_t, kv_bytes_total) \
 	X(u64, uint64_t, kv_bytes_used) \
-	X(u64, uint64_t, kv_tokens_held)
+	X(u64, uint64_t, kv_tokens_held) \
+	X(u64, uint64_t, gemm_fallbacks)
 
 void
 cai_wire_put_stats(cai_wbuf *w, const cai_engine_stats *s)

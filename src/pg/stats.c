@@ -211,6 +211,7 @@ pg_cai_stats(PG_FUNCTION_ARGS)
 	values[i++] = Int64GetDatum((int64) es.kv_bytes_total);
 	values[i++] = Int64GetDatum((int64) es.kv_bytes_used);
 	values[i++] = Int64GetDatum((int64) es.kv_tokens_held);
+	values[i++] = Int64GetDatum((int64) es.gemm_fallbacks);
 	values[i++] = Float8GetDatum(es.busy_seconds);
 	values[i] = TimestampTzGetDatum(started);
 	nulls[i++] = (started == 0);
