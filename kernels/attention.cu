@@ -315,6 +315,10 @@ cai_cuda_step_plan(cai_cuda_ctx *ctx, const cai_cuda_seq_desc *seqs, int n_seqs,
 	ctx->meta.items_dev = ctx->meta_dev + o.items;
 	ctx->meta.counts_dev = (const int32_t *) (ctx->meta_dev + o.counts);
 	ctx->meta.grid_items = for_graph ? ctx->meta_cap_items : item;
+	ctx->meta.max_segments = 0;
+	for (int s = 0; !for_graph && s < n_seqs; s++)
+		if ((seqs[s].pos + seqs[s].n_new - 1) / ATTN_SEGMENT + 1 > ctx->meta.max_segments)
+			ctx->meta.max_segments = (seqs[s].pos + seqs[s].n_new - 1) / ATTN_SEGMENT + 1;
 	/* the block tables are addressed through the sequence records */
 	*meta = &ctx->meta;
 	return CAI_OK;
@@ -652,7 +656,8 @@ static __global__ void __launch_bounds__(ATTN_THREADS, F ? 1 : 2)
 attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 				 const attn_seq_rec *__restrict__ seqs, const attn_item_rec *__restrict__ items,
 				 const int32_t *__restrict__ block_tables, const float *__restrict__ q, int ldq,
-				 float *__restrict__ out, int ldo, int group, int window, float scale)
+				 float *__restrict__ out, int ldo, int group, int window, float scale,
+				 int split_segs, float *__restrict__ part_o, float *__restrict__ part_ml)
 {
 	typedef attn_smem<HD, R, F> S;
 	constexpr int PAIRS = R * HD / ATTN_THREADS;	/* (row, dim) outputs per thread */
@@ -765,12 +770,22 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 		 */
 		int			real_pairs = r0 < it.n_qrows ? (it.n_qrows - r0 + RSTEP - 1) / RSTEP : 0;
 		float		out_acc[PAIRS];
+		int			seg_first = jlo / ATTN_SEGMENT;
+		int			seg_last = jhi / ATTN_SEGMENT;
+		const int	n_heads = (int) gridDim.y * group;
 
+		/* split: this block's one segment, its sums left in the partials for the merge */
+		if (split_segs > 0)
+		{
+			if ((int) blockIdx.z < seg_first || (int) blockIdx.z > seg_last)
+				return;
+			seg_first = seg_last = (int) blockIdx.z;
+		}
 #pragma unroll
 		for (int k = 0; k < PAIRS; k++)
 			out_acc[k] = 0.0f;
 
-		for (int seg = jlo / ATTN_SEGMENT; seg <= jhi / ATTN_SEGMENT; seg++)
+		for (int seg = seg_first; seg <= seg_last; seg++)
 		{
 			int			seg_lo = seg * ATTN_SEGMENT > jlo ? seg * ATTN_SEGMENT : jlo;
 			int			seg_hi = seg * ATTN_SEGMENT + ATTN_SEGMENT - 1 < jhi ?
@@ -901,6 +916,13 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 					t = __fadd_rn(t, tail[r * 8 + i]);
 				l = __fadd_rn(tree8(part + r * 8), t);
 				row_inv[r] = __fdiv_rn(1.0f, l);
+				if (split_segs > 0 && r < it.n_qrows)
+				{
+					size_t		at = ((size_t) row_act[r] * n_heads + row_head[r]) * split_segs + seg;
+
+					part_ml[2 * at] = row_m[r];
+					part_ml[2 * at + 1] = l;
+				}
 				if (lo == row_lo[r])
 				{
 					row_M[r] = row_m[r];
@@ -972,17 +994,24 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 				__syncthreads();
 			}
 
-			/* the segment folded into the rows that meet it */
+			/* the segment folded into the rows that meet it, or left for the merge */
 #pragma unroll
 			for (int k = 0; k < PAIRS; k++)
 			{
 				int			r = r0 + k * RSTEP;
 
-				if (k < real_pairs && row_lo[r] <= seg_hi && row_hi[r] >= seg_lo)
+				if (k >= real_pairs || row_lo[r] > seg_hi || row_hi[r] < seg_lo)
+					continue;
+				if (split_segs > 0)
+					part_o[(((size_t) row_act[r] * n_heads + row_head[r]) * split_segs + seg) * HD + d] =
+						acc[k];
+				else
 					out_acc[k] = __fadd_rn(__fmul_rn(row_wa[r], out_acc[k]), __fmul_rn(row_wb[r], acc[k]));
 			}
 			__syncthreads();
 		}
+		if (split_segs > 0)
+			return;
 #pragma unroll
 		for (int k = 0; k < PAIRS; k++)
 		{
@@ -991,6 +1020,59 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 			if (r < it.n_qrows)
 				out[(size_t) row_act[r] * ldo + (size_t) row_head[r] * HD + d] = out_acc[k];
 		}
+	}
+}
+
+/*
+ * The merge of a split attention: each query row's segments folded in order from the partials
+ * (cpu/attention.c's cai_attention_merge, operation for operation).  One block per tile and KV
+ * head, like the attention kernel; a thread per (row, dimension), each following its row's fold.
+ */
+static __global__ void __launch_bounds__(ATTN_THREADS, 1)
+attention_merge_kernel(const int32_t *__restrict__ counts, const attn_seq_rec *__restrict__ seqs,
+					   const attn_item_rec *__restrict__ items, const float *__restrict__ part_o,
+					   const float *__restrict__ part_ml, int split_segs, float *__restrict__ out,
+					   int ldo, int group, int window, int hd)
+{
+	attn_item_rec it;
+	attn_seq_rec sq;
+	int			n_heads = (int) gridDim.y * group;
+
+	if ((int) blockIdx.x >= counts[2])
+		return;
+	it = items[blockIdx.x];
+	sq = seqs[it.seq];
+	for (int p = threadIdx.x; p < it.n_qrows * hd; p += blockDim.x)
+	{
+		int			r = p / hd;
+		int			d = p % hd;
+		int			qr = it.qrow0 + r;
+		int			tl = qr / group;
+		int			pos = sq.pos + tl;
+		int			lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+		int			act = sq.row0 + tl;
+		int			head = (int) blockIdx.y * group + qr % group;
+		size_t		base = ((size_t) act * n_heads + head) * split_segs;
+		int			first = lo / ATTN_SEGMENT;
+		float		o = part_o[(base + first) * hd + d];
+		float		M = part_ml[2 * (base + first)];
+		float		L = part_ml[2 * (base + first) + 1];
+
+		for (int sg = first + 1; sg <= pos / ATTN_SEGMENT; sg++)
+		{
+			float		m = part_ml[2 * (base + sg)];
+			float		l = part_ml[2 * (base + sg) + 1];
+			float		mn = m > M ? m : M;
+			float		a = __fmul_rn(exp_poly(__fsub_rn(M, mn)), L);
+			float		b = __fmul_rn(exp_poly(__fsub_rn(m, mn)), l);
+			float		ln = __fadd_rn(a, b);
+
+			o = __fadd_rn(__fmul_rn(__fdiv_rn(a, ln), o),
+						  __fmul_rn(__fdiv_rn(b, ln), part_o[(base + sg) * hd + d]));
+			M = mn;
+			L = ln;
+		}
+		out[(size_t) act * ldo + (size_t) head * hd + d] = o;
 	}
 }
 
@@ -1027,6 +1109,27 @@ cuda_attention_init(cai_cuda_ctx *ctx, cai_error *err)
 	return CAI_OK;
 }
 
+/*
+ * Whether to split a step's attention along the context: when its tiles leave most SMs idle
+ * (decode at long context) and the partials fit the scratch (grown on demand, within 256 MB).
+ * Splitting or not gives the same bits (cpu/attention.h's segments).
+ */
+static bool
+attention_split(cai_cuda_ctx *ctx, const cai_cuda_step_meta *meta, int n_kv, int head_dim)
+{
+	size_t		floats = (size_t) meta->n_tok * meta->group * n_kv * meta->max_segments *
+		(head_dim + 2);
+	const char *hook = getenv("CAI_CUDA_ATTENTION");	/* tests: "whole" never splits */
+	cai_error	e;
+
+	if ((hook && strcmp(hook, "whole") == 0) || meta->max_segments < 2 || ctx->capturing ||
+		(long) meta->grid_items * n_kv >= 2L * ctx->prop.multiProcessorCount ||
+		floats > ((size_t) 256 << 20) / sizeof(float))
+		return false;
+	return cuda_scratch_reserve(ctx, &ctx->attn_split, &ctx->attn_split_floats, floats,
+								sizeof(float), "split attention partials", &e) == CAI_OK;
+}
+
 template <int HD, int R, bool F>
 static cai_status
 launch_attention(cai_cuda_ctx *ctx, const attn_source &src, const cai_cuda_step_meta *meta,
@@ -1034,13 +1137,25 @@ launch_attention(cai_cuda_ctx *ctx, const attn_source &src, const cai_cuda_step_
 				 cai_error *err)
 {
 	typedef attn_smem<HD, R, F> S;
-	dim3		grid(meta->grid_items, n_kv);
+	bool		split = attention_split(ctx, meta, n_kv, HD);
+	int			segs = split ? meta->max_segments : 0;
+	float	   *part_o = split ? (float *) ctx->attn_split : NULL;
+	float	   *part_ml = split ? part_o + (size_t) meta->n_tok * meta->group * n_kv * segs * HD : NULL;
+	dim3		grid(meta->grid_items, n_kv, split ? segs : 1);
 
 	attention_kernel<HD, R, F><<<grid, ATTN_THREADS, S::BYTES, ctx->stream>>>(
 		src, meta->counts_dev, (const attn_seq_rec *) meta->seqs_dev,
 		(const attn_item_rec *) meta->items_dev, meta_block_tables(ctx), q, ldq, out, ldo,
-		meta->group, window, scale);
+		meta->group, window, scale, segs, part_o, part_ml);
 	CUDA_CHECK_LAUNCH(err, "the attention kernel");
+	if (split)
+	{
+		attention_merge_kernel<<<dim3(meta->grid_items, n_kv), ATTN_THREADS, 0, ctx->stream>>>(
+			meta->counts_dev, (const attn_seq_rec *) meta->seqs_dev,
+			(const attn_item_rec *) meta->items_dev, part_o, part_ml, segs, out, ldo, meta->group,
+			window, HD);
+		CUDA_CHECK_LAUNCH(err, "the attention merge kernel");
+	}
 	return CAI_OK;
 }
 

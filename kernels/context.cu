@@ -229,6 +229,7 @@ cai_cuda_ctx_free(cai_cuda_ctx *ctx)
 		cublasLtDestroy(ctx->lt);
 	cudaFree(ctx->lt_workspace);
 	cudaFree(ctx->acc);
+	cudaFree(ctx->attn_split);
 	cudaFree(ctx->meta_dev);
 	cudaFreeHost(ctx->meta_host);
 	for (int i = 0; i < CUDA_XFER_EVENTS; i++)

@@ -404,6 +404,8 @@ typedef struct cai_cuda_step_meta
 	const void *items_dev;		/* internal: attention tiles */
 	const int32_t *counts_dev;	/* internal: n_tok, n_seqs, n_items on the device */
 	int			grid_items;		/* grid size the attention kernel launches with */
+	int			max_segments;	/* segments (cpu/attention.h) the longest row reaches; 0 in a
+								 * plan for a graph (its attention is never split) */
 } cai_cuda_step_meta;
 
 /*

@@ -110,6 +110,10 @@ struct cai_cuda_ctx
 	int32_t    *acc;
 	size_t		acc_elems;
 
+	/* split attention's per-segment partial results (attention.cu) */
+	void	   *attn_split;
+	size_t		attn_split_floats;
+
 	/* step metadata: one device buffer and a pinned host staging copy of it */
 	uint8_t    *meta_dev;
 	uint8_t    *meta_host;

@@ -374,7 +374,12 @@ TEST(gpu_attention_long_context_decode)
 {
 	attn_case	c = {"long 2/1 hd128", 2, 1, 128, 0, 1, 0, false, false, 2, {1000, 333}, {1, 1}};
 
+	/* few tiles: split along the context and merged; then each block walking its segments */
 	run_case(&c);
+	setenv("CAI_CUDA_ATTENTION", "whole", 1);
+	c.name = "long 2/1 hd128, not split";
+	run_case(&c);
+	unsetenv("CAI_CUDA_ATTENTION");
 }
 
 /*
@@ -387,6 +392,10 @@ TEST(gpu_attention_segments_prefill_and_window)
 		{700, 240}, {40, 30}};
 
 	run_case(&c);
+	setenv("CAI_CUDA_ATTENTION", "whole", 1);
+	c.name = "segments gqa 9/3 hd64 window 300, not split";
+	run_case(&c);
+	unsetenv("CAI_CUDA_ATTENTION");
 }
 
 TEST(gpu_attention_segments_float_reference_path)
