@@ -2,17 +2,17 @@
  * attention.c — causal GQA attention over the paged int8 KV cache (see attention.h for the
  * arithmetic and why it is batch-independent).
  *
- * A tile runs three passes over its sequence's blocks [first row's lo, last row's pos]:
+ * For each segment (attention.h) in turn, a tile runs three passes over its blocks, so that a
+ * segment's scores (at most 256 per row) stay in the L1 and L2 caches between the passes:
  *   1. scores: each block's keys of the KV head are transposed once into groups of four bytes
  *      (kt[g][slot][4] = k[slot][4g .. 4g+3]), so that one 4-byte dot-product instruction
  *      (AVX-512 VNNI vpdpbusd, or AVX2 vpmaddubsw + vpmaddwd) scores a query against all 16
  *      keys of the block at once; every tile row reuses the transposed block;
- *   2. softmax per row and segment (attention.h: max subtraction, fast exp, eight-partial-sum
- *      total, normalize), then each row's merge weights;
- *   3. values, segment by segment: each block's values of the KV head are widened to float once
- *      and accumulated into every row that sees them, positions in ascending order, into the
- *      segment's sums; then each row takes them as they are (one segment) or adds them, weighted,
- *      to its output.
+ *   2. softmax of each row's part of the segment (attention.h: max subtraction, fast exp,
+ *      eight-partial-sum total, normalize);
+ *   3. values: each block's values of the KV head are widened to float once and accumulated into
+ *      every row that sees them, positions in ascending order, into the segment's sums; then each
+ *      row takes them as its output (its first segment) or folds them into it.
  * A part of a split tile (cai_attention_tile_part) runs the same passes over its segments and
  * leaves their sums, maxima and totals to cai_attention_merge.
  *
@@ -99,7 +99,7 @@ cai_attention_scratch_bytes(int max_context, int n_group, int head_dim)
 	size_t		rows = (size_t) tile_rows_padded(n_group);
 	size_t		segs = (size_t) cai_attention_max_segments(max_context);
 
-	return align64(rows * (size_t) max_context * sizeof(float))	/* scores */
+	return align64(rows * (size_t) CAI_ATTN_SEGMENT_TOKENS * sizeof(float))	/* scores */
 		+ align64(rows * (size_t) head_dim * sizeof(float))	/* seg_o */
 		+ 2 * align64(rows * segs * sizeof(float))	/* seg_m, seg_l */
 		+ align64((rows + 8) * 5 * sizeof(float))	/* fold */
@@ -121,7 +121,7 @@ cai_attention_scratch_init(cai_attn_scratch *s, void *memory, int max_context, i
 	uint8_t    *p = memory;
 
 	s->scores = (float *) p;
-	p += align64(rows * (size_t) max_context * sizeof(float));
+	p += align64(rows * (size_t) CAI_ATTN_SEGMENT_TOKENS * sizeof(float));
 	s->q_i8 = (int8_t *) p;
 	p += align64(rows * (size_t) head_dim);
 	s->q_f32 = (float *) p;
@@ -687,7 +687,6 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 	const int	SEG = CAI_ATTN_SEGMENT_TOKENS;
 	int			jlo,
 				jhi,
-				span,
 				s0,
 				n_segs,
 				max_segs;
@@ -759,131 +758,128 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 	}
 	jlo = s->row_lo[0];
 	jhi = s->row_hi[rows - 1];
-	span = jhi - jlo + 1;
 	s0 = jlo / SEG;
 	n_segs = jhi / SEG - s0 + 1;
 
-	/* pass 1: scores */
-	for (int b = jlo / BLOCK; b <= jhi / BLOCK; b++)
-	{
-		int			base = b * BLOCK;
-		int			j0 = base > jlo ? base : jlo;
-		int			j1 = base + BLOCK - 1 < jhi ? base + BLOCK - 1 : jhi;
-		uint8_t    *part = cai_kv_block_layer(kv, table[b], ap->kv_layer);
-
-		if (!shadow)
-		{
-			const int8_t *keys = cai_kv_keys(L, part);
-			const float *kscales = cai_kv_key_scales(L, part);
-			float		kscale[BLOCK];
-			cai_v16f	ks;
-
-			/*
-			 * Blocks lie far apart and a decode reads each once: ask for the next block's
-			 * keys and this block's values (pass 3) now, so that memory latency overlaps.
-			 */
-			prefetch_head_rows(cai_kv_values(L, part) + (size_t) kv_head * hd, n_kv, hd);
-			prefetch_scales(cai_kv_value_scales(L, part), n_kv);
-			if (b + 1 <= jhi / BLOCK)
-			{
-				uint8_t    *next = cai_kv_block_layer(kv, table[b + 1], ap->kv_layer);
-
-				prefetch_head_rows(cai_kv_keys(L, next) + (size_t) kv_head * hd, n_kv, hd);
-				prefetch_scales(cai_kv_key_scales(L, next), n_kv);
-			}
-
-			/* all 16 (slots outside [j0, j1] feed only lanes that are never stored) */
-			for (int slot = 0; slot < BLOCK; slot++)
-				kscale[slot] = kscales[slot * n_kv + kv_head];
-			memcpy(&ks, kscale, sizeof(ks));
-
-			/* the head's keys in four-byte groups */
-#if defined(__x86_64__)
-			if (isa == ATTN_AVX512 && hd % 64 == 0)
-				transpose_keys_avx512(keys + (size_t) kv_head * hd, (size_t) n_kv * hd, hd, s->k_t);
-			else
-#endif
-				transpose_keys_generic(keys + (size_t) kv_head * hd, (size_t) n_kv * hd, hd,
-									   j0 - base, j1 - base, s->k_t);
-			switch (isa)
-			{
-#if defined(__x86_64__)
-				case ATTN_AVX512:
-					qk_block_avx512(s->k_t, s->q_i8, s->q_sum, rows_padded, hd, s->dots);
-					break;
-				case ATTN_AVX2:
-					qk_block_avx2(s->k_t, s->q_i8, s->q_sum, rows_padded, hd, s->dots);
-					break;
-#endif
-				default:
-					qk_block_generic(s->k_t, s->q_i8, s->q_sum, rows_padded, hd, s->dots);
-					break;
-			}
-			/* score = dot * (q scale * k scale), the block's 16 slots at once */
-			for (int r = 0; r < rows; r++)
-			{
-				int			a = j0 > s->row_lo[r] ? j0 : s->row_lo[r];
-				int			e = j1 < s->row_hi[r] ? j1 : s->row_hi[r];
-				cai_v16i	di;
-				cai_v16f	qs = cai_v16f_set1(s->q_scale[r]);
-				float		sc[BLOCK];
-
-				if (a > e)
-					continue;
-				memcpy(&di, s->dots + (size_t) r * BLOCK, sizeof(di));
-				/* a block inside the tile's span is stored whole: lanes outside the row's own
-				 * range are never read */
-				if (base >= jlo && base + BLOCK - 1 <= jhi)
-				{
-					cai_v16f_store(s->scores + (size_t) r * span + (base - jlo),
-								   __builtin_convertvector(di, cai_v16f) * (qs * ks));
-					continue;
-				}
-				cai_v16f_store(sc, __builtin_convertvector(di, cai_v16f) * (qs * ks));
-				memcpy(s->scores + (size_t) r * span + (a - jlo), sc + (a - base),
-					   (size_t) (e - a + 1) * sizeof(float));
-			}
-		}
-		else
-		{
-			const float *keys = shadow->data + (size_t) table[b] * shadow->block_floats
-				+ (size_t) ap->kv_layer * shadow->layer_floats;
-
-			for (int r = 0; r < rows; r++)
-			{
-				int			a = j0 > s->row_lo[r] ? j0 : s->row_lo[r];
-				int			e = j1 < s->row_hi[r] ? j1 : s->row_hi[r];
-
-				for (int j = a; j <= e; j++)
-					s->scores[(size_t) r * span + (j - jlo)] =
-						dot_f32(s->q_f32 + (size_t) r * hd,
-								keys + ((size_t) (j - base) * n_kv + kv_head) * hd, hd);
-			}
-		}
-	}
-
-	/* pass 2: softmax of each row over its own part of each segment */
-	for (int r = 0; r < rows; r++)
-	{
-		if (s->row_lo[r] > s->row_hi[r])
-			continue;
-		for (int sg = s->row_lo[r] / SEG; sg <= s->row_hi[r] / SEG; sg++)
-		{
-			int			a = sg * SEG > s->row_lo[r] ? sg * SEG : s->row_lo[r];
-			int			e = sg * SEG + SEG - 1 < s->row_hi[r] ? sg * SEG + SEG - 1 : s->row_hi[r];
-
-			softmax_row(s->scores + (size_t) r * span + (a - jlo), e - a + 1,
-						&s->seg_m[(size_t) r * max_segs + (sg - s0)],
-						&s->seg_l[(size_t) r * max_segs + (sg - s0)]);
-		}
-	}
-
-	/* pass 3: weighted sums of values, segment by segment, positions in ascending order */
+	/* each segment in turn: scores, softmax, weighted sums of values */
 	for (int sg = s0; sg < s0 + n_segs; sg++)
 	{
 		int			seg_lo = sg * SEG > jlo ? sg * SEG : jlo;
 		int			seg_hi = sg * SEG + SEG - 1 < jhi ? sg * SEG + SEG - 1 : jhi;
 
+		/* pass 1: scores */
+		for (int b = seg_lo / BLOCK; b <= seg_hi / BLOCK; b++)
+		{
+			int			base = b * BLOCK;
+			int			j0 = base > seg_lo ? base : seg_lo;
+			int			j1 = base + BLOCK - 1 < seg_hi ? base + BLOCK - 1 : seg_hi;
+			uint8_t    *part = cai_kv_block_layer(kv, table[b], ap->kv_layer);
+
+			if (!shadow)
+			{
+				const int8_t *keys = cai_kv_keys(L, part);
+				const float *kscales = cai_kv_key_scales(L, part);
+				float		kscale[BLOCK];
+				cai_v16f	ks;
+
+				/*
+				 * Blocks lie far apart and a decode reads each once: ask for the next block's
+				 * keys and this block's values (pass 3) now, so that memory latency overlaps.
+				 */
+				prefetch_head_rows(cai_kv_values(L, part) + (size_t) kv_head * hd, n_kv, hd);
+				prefetch_scales(cai_kv_value_scales(L, part), n_kv);
+				if (b + 1 <= jhi / BLOCK)
+				{
+					uint8_t    *next = cai_kv_block_layer(kv, table[b + 1], ap->kv_layer);
+
+					prefetch_head_rows(cai_kv_keys(L, next) + (size_t) kv_head * hd, n_kv, hd);
+					prefetch_scales(cai_kv_key_scales(L, next), n_kv);
+				}
+
+				/* all 16 (slots outside [j0, j1] feed only lanes that are never stored) */
+				for (int slot = 0; slot < BLOCK; slot++)
+					kscale[slot] = kscales[slot * n_kv + kv_head];
+				memcpy(&ks, kscale, sizeof(ks));
+
+				/* the head's keys in four-byte groups */
+	#if defined(__x86_64__)
+				if (isa == ATTN_AVX512 && hd % 64 == 0)
+					transpose_keys_avx512(keys + (size_t) kv_head * hd, (size_t) n_kv * hd, hd, s->k_t);
+				else
+	#endif
+					transpose_keys_generic(keys + (size_t) kv_head * hd, (size_t) n_kv * hd, hd,
+										   j0 - base, j1 - base, s->k_t);
+				switch (isa)
+				{
+	#if defined(__x86_64__)
+					case ATTN_AVX512:
+						qk_block_avx512(s->k_t, s->q_i8, s->q_sum, rows_padded, hd, s->dots);
+						break;
+					case ATTN_AVX2:
+						qk_block_avx2(s->k_t, s->q_i8, s->q_sum, rows_padded, hd, s->dots);
+						break;
+	#endif
+					default:
+						qk_block_generic(s->k_t, s->q_i8, s->q_sum, rows_padded, hd, s->dots);
+						break;
+				}
+				/* score = dot * (q scale * k scale), the block's 16 slots at once */
+				for (int r = 0; r < rows; r++)
+				{
+					int			a = j0 > s->row_lo[r] ? j0 : s->row_lo[r];
+					int			e = j1 < s->row_hi[r] ? j1 : s->row_hi[r];
+					cai_v16i	di;
+					cai_v16f	qs = cai_v16f_set1(s->q_scale[r]);
+					float		sc[BLOCK];
+
+					if (a > e)
+						continue;
+					memcpy(&di, s->dots + (size_t) r * BLOCK, sizeof(di));
+					/* a block inside the segment's span is stored whole: lanes outside the row's
+					 * own range are never read */
+					if (base >= seg_lo && base + BLOCK - 1 <= seg_hi)
+					{
+						cai_v16f_store(s->scores + (size_t) r * SEG + (base - seg_lo),
+									   __builtin_convertvector(di, cai_v16f) * (qs * ks));
+						continue;
+					}
+					cai_v16f_store(sc, __builtin_convertvector(di, cai_v16f) * (qs * ks));
+					memcpy(s->scores + (size_t) r * SEG + (a - seg_lo), sc + (a - base),
+						   (size_t) (e - a + 1) * sizeof(float));
+				}
+			}
+			else
+			{
+				const float *keys = shadow->data + (size_t) table[b] * shadow->block_floats
+					+ (size_t) ap->kv_layer * shadow->layer_floats;
+
+				for (int r = 0; r < rows; r++)
+				{
+					int			a = j0 > s->row_lo[r] ? j0 : s->row_lo[r];
+					int			e = j1 < s->row_hi[r] ? j1 : s->row_hi[r];
+
+					for (int j = a; j <= e; j++)
+						s->scores[(size_t) r * SEG + (j - seg_lo)] =
+							dot_f32(s->q_f32 + (size_t) r * hd,
+									keys + ((size_t) (j - base) * n_kv + kv_head) * hd, hd);
+				}
+			}
+		}
+
+		/* pass 2: softmax of each row over its own part of the segment */
+		for (int r = 0; r < rows; r++)
+		{
+			int			a = seg_lo > s->row_lo[r] ? seg_lo : s->row_lo[r];
+			int			e = seg_hi < s->row_hi[r] ? seg_hi : s->row_hi[r];
+
+			if (a > e)
+				continue;
+			softmax_row(s->scores + (size_t) r * SEG + (a - seg_lo), e - a + 1,
+						&s->seg_m[(size_t) r * max_segs + (sg - s0)],
+						&s->seg_l[(size_t) r * max_segs + (sg - s0)]);
+		}
+
+		/* pass 3: weighted sums of values, positions in ascending order */
 		memset(s->seg_o, 0, (size_t) rows * hd * sizeof(float));
 		for (int b = seg_lo / BLOCK; b <= seg_hi / BLOCK; b++)
 		{
@@ -946,9 +942,9 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 					for (int i = 0; i < nr; i++)
 					{
 						o[i] = s->seg_o + (size_t) (r0 + g0 + i) * hd;
-						p[i] = s->scores + (size_t) (r0 + g0 + i) * span;
+						p[i] = s->scores + (size_t) (r0 + g0 + i) * SEG;
 					}
-					accumulate_values(o, p, nr, base - jlo, vscale, s->values, vq_head,
+					accumulate_values(o, p, nr, base - seg_lo, vscale, s->values, vq_head,
 									  (size_t) n_kv * hd, a - base, e - base, hd, isa);
 				}
 			}

@@ -49,7 +49,7 @@
 typedef struct cai_attn_scratch
 {
 	/* rows are padded to a multiple of 8 query rows */
-	float	   *scores;			/* [rows][span] scores, then probabilities */
+	float	   *scores;			/* [rows][256] one segment's scores, then probabilities */
 	int8_t	   *q_i8;			/* [rows][head_dim] quantized queries */
 	float	   *q_f32;			/* [rows][head_dim] scaled float queries (reference path) */
 	float	   *q_scale;		/* [rows] q_scale * scale */
