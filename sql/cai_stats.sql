@@ -20,6 +20,10 @@ SELECT requests_received > 0 AS received, requests_completed > 0 AS completed,
        cache_hit_rate > 0 AND cache_hit_rate <= 1 AS hit_rate, steps > 0 AS stepped,
        kv_blocks_total > 0 AS has_kv, cache_budget_bytes = 64 * 1024 * 1024 AS budget
 FROM pg_stat_cai;
+-- the KV pool's bytes (idle: only the prefix cache holds any), and no GEMM on a fallback kernel
+SELECT kv_bytes_total > 0 AS kv_bytes, kv_bytes_used = cache_bytes AS used_is_cache,
+       kv_tokens_held = 0 AS none_running, gemm_fallbacks = 0 AS no_fallbacks
+FROM pg_stat_cai;
 
 -- a request is counted
 SELECT requests_received AS before FROM pg_stat_cai \gset

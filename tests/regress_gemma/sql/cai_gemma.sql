@@ -11,6 +11,10 @@
 SELECT cai_model_info()->>'arch' AS arch, cai_model_info()->>'layers' AS layers,
        cai_model_info()->>'kv_heads' AS kv_heads, cai_model_info()->>'head_dim' AS head_dim,
        cai_model_info()->>'context_length' AS context_length;
+-- 15 of the 18 layers keep their KV for the last 512 positions only
+SELECT cai_model_info()->>'kv_window' AS kv_window,
+       cai_model_info()->>'kv_bytes_per_token' AS kv_bytes_per_token,
+       cai_model_info()->>'kv_window_bytes_per_token' AS windowed_bytes_per_token;
 
 -- raw text starts with the model's BOS token, as llama.cpp does
 SELECT cai_complete('The capital of France is', '{"max_tokens": 8, "temperature": 0}');
