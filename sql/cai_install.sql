@@ -53,3 +53,5 @@ SELECT m->>'status' AS status, m->>'arch' AS arch, m->>'chat_template' AS templa
        m->'context_length' AS context, length(m->>'device') > 0 AS has_device,
        length(m->>'device_reason') > 0 AS says_why
 FROM cai_model_info() AS m;
+-- the engine reports how it rounded the weights (pg_cai.weight_rounding)
+SELECT cai_model_info()->>'weight_rounding' AS weight_rounding, current_setting('pg_cai.weight_rounding') AS setting;

@@ -30,6 +30,7 @@ static struct
 	int			cache_mb;
 	int			max_queue;
 	int			max_queue_wait_ms;
+	bool		compensated_rounding;
 } serve_opts;
 
 static const cli_option serve_options[] = {
@@ -58,6 +59,7 @@ static const cli_option serve_options[] = {
 		.help = "auto, cpu or cuda (default auto)",
 	},
 	CLI_THREADS_OPTION(serve_opts),
+	CLI_ROUNDING_OPTION(serve_opts),
 	{
 		.name = "max-batch",
 		.kind = CLI_OPT_INT,
@@ -202,6 +204,7 @@ cmd_serve(int argc, char **argv)
 	cai_model_params_default(&config.model);
 	config.model.n_threads = serve_opts.threads;
 	config.model.chat_template = template_name;
+	config.model.compensated_rounding = serve_opts.compensated_rounding;
 	cai_engine_params_default(&config.engine);
 	config.engine.device = device ? device : "auto";
 	config.engine.n_threads = serve_opts.threads;

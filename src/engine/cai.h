@@ -99,6 +99,7 @@ typedef struct cai_model_info
 	size_t		kv_bytes_per_token; /* int8 KV + scales, all layers that own KV */
 	size_t		kv_window_bytes_per_token;	/* of which windowed layers', kept for kv_window */
 	int			kv_window;		/* positions the windowed layers look back (0: none) */
+	bool		compensated_rounding;	/* int8 weights rounded along the calibration inputs */
 	uint64_t	fingerprint;	/* identifies weights+tokenizer; seeds the prefix cache */
 	int32_t		bos_token;		/* -1 when the model has none */
 	bool		add_bos;		/* raw text prompts start with bos_token (tokenizer.ggml.add_bos_token) */

@@ -119,6 +119,7 @@ struct cai_model
 	size_t		weight_bytes;
 	uint64_t	fingerprint;
 	bool		has_float_reference;
+	bool		compensated_rounding;	/* its int8 weights were rounded along the inputs */
 	void	   *owned;			/* allocations to free (model.c's business) */
 };
 

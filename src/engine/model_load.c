@@ -430,6 +430,7 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 	if ((st = cai_convert_layers(m, pool, &plan, src, t_embd, t_out ? t_out : t_embd, head_wmax,
 							 fref, params->compensated_rounding, err)) != CAI_OK)
 		goto done;
+	m->compensated_rounding = params->compensated_rounding;
 
 	/*
 	 * the GEMM operands packed for the CPU kernels (the embedding is read by rows, and a GPU

@@ -21,6 +21,7 @@
 char	   *cai_model_path = NULL;
 char	   *cai_chat_template = NULL;
 int			cai_device = CAI_DEVICE_AUTO;
+int			cai_weight_rounding = CAI_ROUNDING_NEAREST;
 int			cai_threads = 0;
 int			cai_max_batch = 16;
 int			cai_max_step_tokens = 512;
@@ -38,6 +39,12 @@ static const struct config_enum_entry device_options[] = {
 	{"auto", CAI_DEVICE_AUTO, false},
 	{"cpu", CAI_DEVICE_CPU, false},
 	{"cuda", CAI_DEVICE_CUDA, false},
+	{NULL, 0, false}
+};
+
+static const struct config_enum_entry weight_rounding_options[] = {
+	{"nearest", CAI_ROUNDING_NEAREST, false},
+	{"compensated", CAI_ROUNDING_COMPENSATED, false},
 	{NULL, 0, false}
 };
 
@@ -99,6 +106,18 @@ CaiGucInit(void)
 							 &cai_device,
 							 CAI_DEVICE_AUTO,
 							 device_options,
+							 PGC_SIGHUP,
+							 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomEnumVariable("pg_cai.weight_rounding",
+							 "How the engine rounds the model's weights to int8 at load.",
+							 "nearest: to the nearest value; compensated: along the calibration "
+							 "inputs (GPTQ), closer to the float model at about four times the "
+							 "load time.",
+							 &cai_weight_rounding,
+							 CAI_ROUNDING_NEAREST,
+							 weight_rounding_options,
 							 PGC_SIGHUP,
 							 0,
 							 NULL, NULL, NULL);

@@ -16,6 +16,12 @@ typedef enum CaiDeviceSetting
 } CaiDeviceSetting;
 
 /* pg_cai.cache_isolation: which requests may share cached prompt prefixes */
+typedef enum CaiWeightRounding
+{
+	CAI_ROUNDING_NEAREST,		/* int8 weights rounded to nearest */
+	CAI_ROUNDING_COMPENSATED	/* along the calibration inputs (GPTQ): closer, slower load */
+} CaiWeightRounding;
+
 typedef enum CaiCacheIsolation
 {
 	CAI_ISOLATION_ROLE,			/* requests of the same role */
@@ -33,6 +39,7 @@ extern int	cai_job_workers;
 extern char *cai_model_path;
 extern char *cai_chat_template;
 extern int	cai_device;
+extern int	cai_weight_rounding;
 extern int	cai_threads;
 extern int	cai_max_step_tokens;
 extern int	cai_context_length;

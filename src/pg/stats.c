@@ -103,6 +103,8 @@ pg_cai_model_info(PG_FUNCTION_ARGS)
 		json_key_int(&out, "weight_bytes", (int64) model.info.weight_bytes);
 		json_key_int(&out, "kv_bytes_per_token", (int64) model.info.kv_bytes_per_token);
 		json_key_int(&out, "kv_window", model.info.kv_window);
+		json_key_string(&out, "weight_rounding",
+						model.info.compensated_rounding ? "compensated" : "nearest", false);
 		json_key_int(&out, "kv_window_bytes_per_token",
 					 (int64) model.info.kv_window_bytes_per_token);
 		json_key_string(&out, "device", model.info.device, false);

@@ -667,6 +667,8 @@ engine_arguments(StringInfo settings)
 		args[n++] = pstrdup("--template");
 		args[n++] = pstrdup(cai_chat_template);
 	}
+	if (cai_weight_rounding == CAI_ROUNDING_COMPENSATED)
+		args[n++] = pstrdup("--compensated-rounding");
 	resetStringInfo(settings);
 	for (int i = 0; i < n; i++)
 		appendStringInfo(settings, "%s%s", i > 0 ? " " : "", args[i]);

@@ -112,6 +112,18 @@ try:
             ready is not None and stat("cache_budget_bytes") == str(32 * 1024 * 1024),
             stat("status || ' ' || cache_budget_bytes"))
 
+    # ---- pg_cai.weight_rounding reaches the engine: it reloads with rounded weights ------------
+    reload_conf(("pg_cai.weight_rounding", "compensated"))
+    rounded = wait_for(lambda: stat("status") == "ready" and
+                       value("SELECT cai_model_info()->>'weight_rounding'") == "compensated", 120, 0.1)
+    r = psql("SELECT cai_complete('Hello', '{\"max_tokens\": 4, \"ignore_eos\": true}') IS NOT NULL")
+    c.check("pg_cai.weight_rounding = compensated: the engine reloads with its weights so rounded",
+            rounded is not None and r.rc == 0 and r.out == "t", repr(r))
+    reload_conf(("pg_cai.weight_rounding", None))
+    nearest = wait_for(lambda: stat("status") == "ready" and
+                       value("SELECT cai_model_info()->>'weight_rounding'") == "nearest", 120, 0.1)
+    c.check("and back to nearest", nearest is not None, "")
+
     # ---- a model that cannot be loaded, then fixed by the next reload --------------------
     reload_conf(("pg_cai.model", "/nonexistent/model.gguf"))
     failed = wait_for(lambda: stat("status") == "failed", 60, 0.1)
@@ -123,7 +135,8 @@ try:
     back = wait_for(lambda: stat("status") == "ready" and model_name() == real_name, 120, 0.1)
     c.check("the next reload with a good model serves again", back is not None, stat("status"))
 finally:
-    reload_conf(("pg_cai.model", None), ("pg_cai.reload_grace", None), ("pg_cai.host_cache_size", None))
+    reload_conf(("pg_cai.model", None), ("pg_cai.reload_grace", None), ("pg_cai.host_cache_size", None),
+                ("pg_cai.weight_rounding", None))
     wait_for(lambda: stat("status") == "ready" and model_name() == real_name and
              stat("cache_budget_bytes") == str(64 * 1024 * 1024), 120, 0.2)
     idle.close()
