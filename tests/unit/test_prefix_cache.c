@@ -1030,6 +1030,79 @@ TEST(prefix_cache_reclaim_frees_unpinned_leaves)
 	cai_kv_pool_free(pool);
 }
 
+/*
+ * A windowed model's blocks (kv.h): one global and two windowed layers of 256 bytes each.  A node
+ * costs what its block holds, so blocks that dropped their window part cost a third; between two
+ * copies of a block the cache keeps the one with its window part; and evicting a leaf takes the
+ * ancestors it leaves as leaves without windowed KV, which no lookup could resume from.
+ */
+TEST(prefix_cache_counts_window_parts_and_drops_windowless_leaves)
+{
+	cai_kv_layout layout = {0};
+	cai_kv_pool *pool = NULL;
+	cai_prefix_cache *cache = NULL;
+	cai_error	err;
+	int32_t		a[4 * BT];
+	int32_t		b[2 * BT];
+	int32_t		blocks[4];
+	int32_t		copy;
+	size_t		part;
+
+	layout.n_kv_layers = 3;
+	layout.n_windowed_layers = 2;
+	layout.window = BT;
+	layout.n_kv_heads = 1;
+	layout.head_dim = 4;
+	layout.layer_bytes = 2 * BT * 4 + 2 * BT * sizeof(float);
+	layout.block_bytes = 3 * layout.layer_bytes;
+	part = layout.layer_bytes;
+	CHECK(cai_kv_pool_create_windowed(&layout, 16, 8, &pool, &err) == CAI_OK);
+	/* a budget of 8 global parts, or 2 whole blocks and 2 global parts */
+	CHECK(pool && cai_prefix_cache_create(pool, 8 * part, UINT64_C(0x5eed), &cache, &err) == CAI_OK);
+	if (!pool || !cache)
+		goto done;
+
+	/* a's four blocks, only the last two with window parts: 1 + 1 + 3 + 3 parts */
+	fill_tokens(a, 4 * BT, 21);
+	for (int i = 0; i < 4; i++)
+		blocks[i] = i < 2 ? cai_kv_block_alloc_without_window(pool) : cai_kv_block_alloc(pool);
+	cai_prefix_cache_insert(cache, 0, a, 4 * BT, blocks, 4);
+	unref_blocks(pool, blocks, 4);
+	CHECK_EQ_INT((int) stats_of(cache).blocks, 4);
+	CHECK_EQ_INT((int) stats_of(cache).bytes, (int) (8 * part));
+
+	/*
+	 * b shares nothing with a and needs room: a's deepest block goes first, and with it its
+	 * ancestors up to the first one that keeps windowed KV (the third), not the first two.
+	 */
+	fill_tokens(b, 2 * BT, 22);
+	blocks[0] = cai_kv_block_alloc_without_window(pool);
+	blocks[1] = cai_kv_block_alloc_without_window(pool);
+	cai_prefix_cache_insert(cache, 0, b, 2 * BT, blocks, 2);
+	unref_blocks(pool, blocks, 2);
+	CHECK_EQ_INT(probe(cache, pool, 0, a, 4 * BT, NULL), 3);
+	CHECK_EQ_INT(probe(cache, pool, 0, b, 2 * BT, NULL), 2);
+	CHECK_EQ_INT((int) stats_of(cache).bytes, (int) (7 * part));
+
+	/* a's third block evicted next takes the two windowless ones before it along */
+	CHECK_EQ_INT(cai_prefix_cache_reclaim(cache, cai_kv_pool_n_free(pool) + 1), 3);
+	CHECK_EQ_INT(probe(cache, pool, 0, a, 4 * BT, NULL), 0);
+	CHECK_EQ_INT((int) stats_of(cache).bytes, (int) (2 * part));
+
+	/* offered a copy of b's first block that kept its window part, the cache takes it */
+	copy = cai_kv_block_alloc(pool);
+	blocks[0] = copy;
+	cai_prefix_cache_insert(cache, 0, b, BT, blocks, 1);
+	CHECK_EQ_INT(cai_kv_block_refcount(pool, copy), 2);
+	cai_kv_block_unref(pool, copy);
+	CHECK_EQ_INT(probe(cache, pool, 0, b, BT, blocks), 1);
+	CHECK_EQ_INT(blocks[0], copy);
+	CHECK_EQ_INT((int) stats_of(cache).bytes, (int) (4 * part));
+done:
+	cai_prefix_cache_free(cache);
+	cai_kv_pool_free(pool);
+}
+
 TEST(prefix_cache_reset_and_free_release_everything)
 {
 	cai_kv_pool *pool = make_pool(16);
