@@ -97,11 +97,10 @@ size_t
 cai_attention_scratch_bytes(int max_context, int n_group, int head_dim)
 {
 	size_t		rows = (size_t) tile_rows_padded(n_group);
-	size_t		segs = (size_t) cai_attention_max_segments(max_context);
 
 	return align64(rows * (size_t) CAI_ATTN_SEGMENT_TOKENS * sizeof(float))	/* scores */
 		+ align64(rows * (size_t) head_dim * sizeof(float))	/* seg_o */
-		+ 2 * align64(rows * segs * sizeof(float))	/* seg_m, seg_l */
+		+ 2 * align64(rows * sizeof(float))	/* seg_m, seg_l */
 		+ align64((rows + 8) * 5 * sizeof(float))	/* fold */
 		+ align64(rows * (size_t) head_dim)	/* q_i8 */
 		+ align64(rows * (size_t) head_dim * sizeof(float))	/* q_f32 */
@@ -143,9 +142,9 @@ cai_attention_scratch_init(cai_attn_scratch *s, void *memory, int max_context, i
 	s->seg_o = (float *) p;
 	p += align64(rows * (size_t) head_dim * sizeof(float));
 	s->seg_m = (float *) p;
-	p += align64(rows * (size_t) cai_attention_max_segments(max_context) * sizeof(float));
+	p += align64(rows * sizeof(float));
 	s->seg_l = (float *) p;
-	p += align64(rows * (size_t) cai_attention_max_segments(max_context) * sizeof(float));
+	p += align64(rows * sizeof(float));
 	s->fold = (float *) p;
 }
 
@@ -688,8 +687,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 	int			jlo,
 				jhi,
 				s0,
-				n_segs,
-				max_segs;
+				n_segs;
 	float		vscale[BLOCK];
 
 	/* the first block's keys and scales, while the queries are prepared */
@@ -748,7 +746,6 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 		seg_end = s->row_hi[rows - 1] / SEG + 1;
 	if (seg_begin >= seg_end)
 		return;
-	max_segs = s->row_hi[rows - 1] / SEG - s->row_lo[0] / SEG + 1;
 	for (int r = 0; r < rows; r++)
 	{
 		if (s->row_lo[r] < seg_begin * SEG)
@@ -875,8 +872,8 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 			if (a > e)
 				continue;
 			softmax_row(s->scores + (size_t) r * SEG + (a - seg_lo), e - a + 1,
-						&s->seg_m[(size_t) r * max_segs + (sg - s0)],
-						&s->seg_l[(size_t) r * max_segs + (sg - s0)]);
+						&s->seg_m[r],
+						&s->seg_l[r]);
 		}
 
 		/* pass 3: weighted sums of values, positions in ascending order */
@@ -961,8 +958,8 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 					continue;
 				memcpy(pt->o + ((size_t) k * rows + r) * hd, s->seg_o + (size_t) r * hd,
 					   (size_t) hd * sizeof(float));
-				pt->m[(size_t) r * pt->n_segs + k] = s->seg_m[(size_t) r * max_segs + (sg - s0)];
-				pt->l[(size_t) r * pt->n_segs + k] = s->seg_l[(size_t) r * max_segs + (sg - s0)];
+				pt->m[(size_t) r * pt->n_segs + k] = s->seg_m[r];
+				pt->l[(size_t) r * pt->n_segs + k] = s->seg_l[r];
 			}
 			continue;
 		}
@@ -980,7 +977,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 
 			for (int r = 0; r < rows; r++)
 			{
-				float		m = s->seg_m[(size_t) r * max_segs + (sg - s0)];
+				float		m = s->seg_m[r];
 
 				ea[r] = eb[r] = 0.0f;
 				if (s->row_lo[r] > seg_hi || s->row_hi[r] < seg_lo)
@@ -990,7 +987,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 					memcpy(row_out(out, ldo, t0, kv_head, group, hd, r), s->seg_o + (size_t) r * hd,
 						   (size_t) hd * sizeof(float));
 					run_m[r] = m;
-					run_l[r] = s->seg_l[(size_t) r * max_segs + (sg - s0)];
+					run_l[r] = s->seg_l[r];
 					continue;
 				}
 				new_m[r] = m > run_m[r] ? m : run_m[r];
@@ -1012,7 +1009,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 				if (s->row_lo[r] > seg_hi || s->row_hi[r] < seg_lo || sg == s->row_lo[r] / SEG)
 					continue;
 				fold_segment(&run_l[r], row_out(out, ldo, t0, kv_head, group, hd, r), ea[r], eb[r],
-							 s->seg_l[(size_t) r * max_segs + (sg - s0)], s->seg_o + (size_t) r * hd,
+							 s->seg_l[r], s->seg_o + (size_t) r * hd,
 							 hd);
 				run_m[r] = new_m[r];
 			}

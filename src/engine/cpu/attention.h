@@ -60,8 +60,8 @@ typedef struct cai_attn_scratch
 	int32_t    *row_lo;			/* [rows] first position each row attends to */
 	int32_t    *row_hi;			/* [rows] last position (the token's own) */
 	float	   *seg_o;			/* [rows][head_dim] one segment's value sums */
-	float	   *seg_m;			/* [rows][max segments] each segment's maximum score */
-	float	   *seg_l;			/* [rows][max segments] and total of exponentials */
+	float	   *seg_m;			/* [rows] the current segment's maximum score */
+	float	   *seg_l;			/* [rows] and total of exponentials */
 	float	   *fold;			/* [5][rows + 8] rows' running merge state and exponentials */
 } cai_attn_scratch;
 
