@@ -20,13 +20,19 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* One model weight array copied to the device. */
+/* One model weight array copied to the device (weight_data). */
 typedef struct weight_range
 {
 	const uint8_t *host;
 	size_t		bytes;
 	uint8_t    *dev;
 } weight_range;
+
+/* A GEMM operand (prepare_i8): the model's row-major matrix on the device. */
+struct cai_weight
+{
+	cai_cuda_qmatrix m;
+};
 
 /* One buffer handed out by ops->alloc. */
 typedef struct dev_buffer
@@ -61,11 +67,14 @@ typedef struct cuda_backend
 {
 	cai_cuda_ctx *ctx;
 	cai_cuda_backend_params params;
+	cai_cuda_device_info info;
 	char		device_desc[320];
 
-	weight_range *weights;		/* sorted by host address */
+	weight_range *weights;		/* the arrays weight_data copied */
 	int			n_weights;
 	int			cap_weights;
+	cai_weight **matrices;		/* the GEMM operands prepare_i8 made */
+	int			n_matrices;
 	size_t		weight_bytes;
 
 	dev_buffer *buffers;
@@ -177,45 +186,15 @@ is_device_buffer(const cuda_backend *cb, const void *p)
 	return false;
 }
 
-/* The device address of a host address inside a registered weight, or NULL. */
-static void *
-weight_dev(const cuda_backend *cb, const void *host)
-{
-	const uint8_t *p = host;
-	int			lo = 0,
-				hi = cb->n_weights - 1;
-
-	if (!p)
-		return NULL;
-	while (lo <= hi)
-	{
-		int			mid = (lo + hi) / 2;
-		const weight_range *w = &cb->weights[mid];
-
-		if (p < w->host)
-			hi = mid - 1;
-		else if (p >= w->host + w->bytes)
-			lo = mid + 1;
-		else
-			return w->dev + (p - w->host);
-	}
-	return NULL;
-}
-
-/* A read-only operand: a device buffer as is, a weight translated; else a recorded failure. */
+/* A read-only activation operand: a device buffer as is; else a recorded failure. */
 static const void *
 operand(cuda_backend *cb, const void *p, const char *what)
 {
-	void	   *d;
-
 	if (!p)
 		return NULL;
 	if (is_device_buffer(cb, p))
 		return p;
-	if ((d = weight_dev(cb, p)) != NULL)
-		return d;
-	be_recordf(cb, CAI_ERR_INTERNAL,
-			   "cuda backend: %s at %p is neither backend memory nor a model weight", what, p);
+	be_recordf(cb, CAI_ERR_INTERNAL, "cuda backend: %s at %p is not backend memory", what, p);
 	return NULL;
 }
 
@@ -229,242 +208,152 @@ output_ok(cuda_backend *cb, const void *p, const char *what)
 	return false;
 }
 
-static cai_status register_qmatrix(cuda_backend *cb, const cai_qmatrix *m, const char *what,
-								   cai_error *err);
-static cai_status register_weight(cuda_backend *cb, const void *host, size_t bytes,
-								  size_t tail_pad, const char *what, cai_error *err);
-static cai_status sort_weights(cuda_backend *cb, cai_error *err);
+/* ---------------------------------------------------------------------------------------------
+ * Weights: made the backend's when a forward context is made (backend.h's prepare_i8 and
+ * weight_data), so the operations receive device pointers and never look a host address up
+ * ------------------------------------------------------------------------------------------- */
+
+/* Bytes of page-locked memory the weights pass through on their way to the device. */
+#define UPLOAD_CHUNK (8u << 20)
 
 /*
- * The device view of a host cai_qmatrix.  Its arrays were uploaded at creation; one the table
- * has not seen (a matrix the model gained since this file was written) is uploaded now, once.
+ * Copies bytes of host memory to dev through a page-locked buffer: a copy from pageable memory
+ * would be staged by the driver anyway, one small piece at a time, and cannot overlap anything.
  */
-static bool
-qmatrix_of(cuda_backend *cb, const cai_qmatrix *w, cai_cuda_qmatrix *out)
+static cai_status
+upload_pinned(cuda_backend *cb, void *dev, const void *host, size_t bytes, cai_error *err)
 {
-	cai_error	e;
+	void	   *pinned = NULL;
+	size_t		chunk = bytes < UPLOAD_CHUNK ? bytes : UPLOAD_CHUNK;
+	cai_status	st;
 
-	if ((!weight_dev(cb, w->q) || !weight_dev(cb, w->scale)) &&
-		!(be_check(cb, register_qmatrix(cb, w, "a weight matrix", &e), &e) &&
-		  be_check(cb, sort_weights(cb, &e), &e)))
-		return false;
-	out->n_out = w->n_out;
-	out->n_out_padded = (w->n_out + 3) / 4 * 4;
-	out->k = w->k;
-	out->q_dev = weight_dev(cb, w->q);
-	out->scale_dev = weight_dev(cb, w->scale);
-	if (!out->q_dev || !out->scale_dev)
+	if (bytes == 0)
+		return CAI_OK;
+	if ((st = cai_cuda_host_alloc(cb->ctx, chunk, "a weight upload", &pinned, err)) != CAI_OK)
+		return st;
+	for (size_t off = 0; off < bytes && st == CAI_OK; off += chunk)
 	{
-		be_recordf(cb, CAI_ERR_INTERNAL,
-				   "cuda backend: a weight matrix [%d, %d] could not be found on the device",
-				   w->n_out, w->k);
-		return false;
+		size_t		n = bytes - off < chunk ? bytes - off : chunk;
+
+		memcpy(pinned, (const uint8_t *) host + off, n);
+		/* synchronous: the next piece reuses the page-locked buffer */
+		st = cai_cuda_upload_sync(cb->ctx, (uint8_t *) dev + off, pinned, n, err);
 	}
-	return true;
+	cai_cuda_host_free(cb->ctx, pinned);
+	return st;
+}
+
+/* A device copy of bytes at host with tail_pad zero bytes after it; NULL with err set. */
+static void *
+device_copy(cuda_backend *cb, const void *host, size_t bytes, size_t tail_pad, const char *what,
+			cai_error *err)
+{
+	void	   *dev = NULL;
+
+	if (cai_cuda_malloc(cb->ctx, bytes + tail_pad, what, &dev, err) != CAI_OK)
+		return NULL;
+	if (upload_pinned(cb, dev, host, bytes, err) != CAI_OK ||
+		(tail_pad > 0 &&
+		 cai_cuda_memset(cb->ctx, (uint8_t *) dev + bytes, 0, tail_pad, err) != CAI_OK))
+	{
+		cai_cuda_free(cb->ctx, dev);
+		return NULL;
+	}
+	cb->weight_bytes += bytes + tail_pad;
+	return dev;
 }
 
 /*
- * A weight operand (norm weights, biases, float weights, embedding tables: model memory, which
- * backend.h passes as the model holds it): its device copy, uploaded on first use when the model
- * gained an array that creation did not know; bytes is its size as the operation uses it.
+ * weight_data: the device copy of a model array, one per host array (tied embeddings, a bias
+ * and its views share it when the first copy covers them).
  */
 static const void *
-weight_operand(cuda_backend *cb, const void *host, size_t bytes, const char *what)
+cuda_weight_data(cai_backend *be, const void *host, size_t bytes, cai_error *err)
 {
-	const void *d;
-	cai_error	e;
+	cuda_backend *cb = cb_of(be);
+	weight_range *w;
+	void	   *dev;
 
 	if (!host)
 		return NULL;
-	if ((d = weight_dev(cb, host)) != NULL)
-		return d;
-	if (is_device_buffer(cb, host))
-		return host;
-	if (!be_check(cb, register_weight(cb, host, bytes, 0, what, &e), &e) ||
-		!be_check(cb, sort_weights(cb, &e), &e))
-		return NULL;
-	return weight_dev(cb, host);
-}
-
-/*
- * Copies a host array to the device once; tail_pad zero bytes after it (int8 GEMM row padding).
- * The device copy is found by the host address (weight_dev); src, when not NULL, is what to
- * upload in its place (a packed matrix's row-major bytes).
- */
-static cai_status
-register_weight_from(cuda_backend *cb, const void *host, const void *src, size_t bytes,
-					 size_t tail_pad, const char *what, cai_error *err)
-{
-	weight_range *w;
-	void	   *dev = NULL;
-	cai_status	st;
-
-	if (!host || bytes == 0)
-		return CAI_OK;
 	for (int i = 0; i < cb->n_weights; i++)
-		if (cb->weights[i].host == host)
-			return CAI_OK;		/* tied embeddings, shared arrays */
+		if ((const uint8_t *) host >= cb->weights[i].host &&
+			(const uint8_t *) host + bytes <= cb->weights[i].host + cb->weights[i].bytes)
+			return cb->weights[i].dev + ((const uint8_t *) host - cb->weights[i].host);
 	if (cb->n_weights == cb->cap_weights)
 	{
 		int			cap = cb->cap_weights ? cb->cap_weights * 2 : 64;
 		weight_range *n = realloc(cb->weights, (size_t) cap * sizeof(weight_range));
 
 		if (!n)
-			return be_fail(err, CAI_ERR_NO_MEMORY, "out of memory registering weights");
+		{
+			be_fail(err, CAI_ERR_NO_MEMORY, "out of memory recording weights");
+			return NULL;
+		}
 		cb->weights = n;
 		cb->cap_weights = cap;
 	}
-	if ((st = cai_cuda_malloc(cb->ctx, bytes + tail_pad, what, &dev, err)) != CAI_OK)
-		return st;
-	if ((st = cai_cuda_upload_sync(cb->ctx, dev, src ? src : host, bytes, err)) != CAI_OK ||
-		(tail_pad > 0 &&
-		 (st = cai_cuda_memset(cb->ctx, (uint8_t *) dev + bytes, 0, tail_pad, err)) != CAI_OK))
-	{
-		cai_cuda_free(cb->ctx, dev);
-		return st;
-	}
+	if (!(dev = device_copy(cb, host, bytes ? bytes : 1, 0, "a model weight", err)))
+		return NULL;
 	w = &cb->weights[cb->n_weights++];
 	w->host = host;
 	w->bytes = bytes;
 	w->dev = dev;
-	cb->weight_bytes += bytes + tail_pad;
-	return CAI_OK;
+	return dev;
 }
 
-static cai_status
-register_weight(cuda_backend *cb, const void *host, size_t bytes, size_t tail_pad,
-				const char *what, cai_error *err)
+static void
+free_matrix(cuda_backend *cb, cai_weight *w)
 {
-	return register_weight_from(cb, host, NULL, bytes, tail_pad, what, err);
-}
-
-/*
- * An int8 matrix: row-major on the device (cuBLASLt's TN layout) whatever its host layout; a
- * matrix the CPU kernels packed (gemm.h) is unpacked into a temporary row-major copy first.
- * Row views of it (wq, wk, ...) then resolve to their row-major place on the device.
- */
-static cai_status
-register_qmatrix(cuda_backend *cb, const cai_qmatrix *m, const char *what, cai_error *err)
-{
-	size_t		bytes = (size_t) m->n_out * m->k;
-	int8_t	   *rows = NULL;
-	cai_status	st;
-
-	if (!m->q)
-		return CAI_OK;
-	if (m->k % 4 != 0)
-		return be_fail(err, CAI_ERR_UNSUPPORTED,
-					   "the cuda backend needs weight rows of a multiple of 4 columns (%s has %d)",
-					   what, m->k);
-	for (int i = 0; i < cb->n_weights; i++)
-		if (cb->weights[i].host == (const uint8_t *) m->q)
-			return CAI_OK;		/* uploaded already (a tied head) */
-	if (m->packed)
-	{
-		if (!(rows = malloc(bytes)))
-			return be_fail(err, CAI_ERR_NO_MEMORY, "out of memory unpacking %s for upload", what);
-		cai_qmatrix_unpack(m, rows);
-	}
-	/* up to three zero rows past the end: a GEMM over n_out rounded up to 4 stays in bounds */
-	st = register_weight_from(cb, m->q, rows, bytes, (size_t) 3 * m->k, what, err);
-	free(rows);
-	if (st != CAI_OK)
-		return st;
-	return register_weight(cb, m->scale, (size_t) m->n_out * sizeof(float), 3 * sizeof(float),
-						   what, err);
-}
-
-/* A rotation's mix table (none to upload when it mixes a single chunk). */
-static cai_status
-register_rotation(cuda_backend *cb, const cai_rotation *rot, cai_error *err)
-{
-	if (rot->n_mix <= 1)
-		return CAI_OK;
-	return register_weight(cb, rot->mix, (size_t) rot->n_mix * rot->n_mix * sizeof(float), 0,
-						   "a rotation's mix table", err);
-}
-
-static int
-compare_weights(const void *a, const void *b)
-{
-	const uint8_t *x = ((const weight_range *) a)->host;
-	const uint8_t *y = ((const weight_range *) b)->host;
-
-	return x < y ? -1 : x > y;
-}
-
-/* Sorts the weight table for weight_dev's binary search; weights must not overlap. */
-static cai_status
-sort_weights(cuda_backend *cb, cai_error *err)
-{
-	qsort(cb->weights, (size_t) cb->n_weights, sizeof(weight_range), compare_weights);
-	for (int i = 1; i < cb->n_weights; i++)
-		if (cb->weights[i - 1].host + cb->weights[i - 1].bytes > cb->weights[i].host)
-			return be_fail(err, CAI_ERR_INTERNAL, "cuda backend: model weight arrays overlap");
-	return CAI_OK;
+	if (!w)
+		return;
+	cai_cuda_free(cb->ctx, w->m.q_dev);
+	cai_cuda_free(cb->ctx, w->m.scale_dev);
+	free(w);
 }
 
 /*
- * Uploads every weight the forward can touch (cai_cuda_backend_create).  A weight array the
- * model gains later is uploaded on first use instead (weight_operand, qmatrix_of).
+ * prepare_i8: each matrix uploaded as the model holds it, row-major (cuBLASLt's TN layout), with
+ * up to three zero rows past the end so that a GEMM over n_out rounded up to 4 stays in bounds.
  */
 static cai_status
-upload_model(cuda_backend *cb, const cai_model *m, cai_error *err)
+cuda_prepare_i8(cai_backend *be, const cai_qmatrix *const *src, int n, const cai_weight **out,
+				cai_error *err)
 {
-	const cai_config *c = &m->cfg;
-	size_t		d = (size_t) c->d_model;
-	size_t		q_dim = (size_t) c->n_heads * c->head_dim;
-	size_t		kv_dim = (size_t) c->n_kv_heads * c->head_dim;
-	size_t		d_ff = (size_t) c->d_ff;
-	size_t		fs = sizeof(float);
-	cai_status	st;
+	cuda_backend *cb = cb_of(be);
+	cai_weight **list = realloc(cb->matrices, (size_t) (cb->n_matrices + n) * sizeof(*list));
 
-	if ((st = register_qmatrix(cb, &m->tok_embd, "the token embedding", err)) != CAI_OK ||
-		(st = register_qmatrix(cb, &m->lm_head, "the lm head", err)) != CAI_OK ||
-		(st = register_weight(cb, m->out_norm, d * fs, 0, "the output norm", err)) != CAI_OK ||
-		(st = register_weight(cb, m->out_norm_i8, d * fs, 0, "the output norm", err)) != CAI_OK ||
-		(st = register_rotation(cb, &m->rot_model, err)) != CAI_OK ||
-		(st = register_rotation(cb, &m->rot_ff, err)) != CAI_OK ||
-		(st = register_rotation(cb, &m->rot_head, err)) != CAI_OK)
-		return st;
-	if (m->has_float_reference &&
-		((st = register_weight(cb, m->f_tok_embd, (size_t) c->n_vocab * d * fs, 0,
-							   "the float token embedding", err)) != CAI_OK ||
-		 (st = register_weight(cb, m->f_lm_head, (size_t) c->n_vocab * d * fs, 0,
-							   "the float lm head", err)) != CAI_OK))
-		return st;
-	for (int l = 0; l < c->n_layers; l++)
+	if (!list)
+		return be_fail(err, CAI_ERR_NO_MEMORY, "out of memory preparing the weights");
+	cb->matrices = list;
+	for (int i = 0; i < n; i++)
 	{
-		const cai_layer_weights *w = &m->layers[l];
+		const cai_qmatrix *m = src[i];
+		cai_weight *w;
 
-		if ((st = register_qmatrix(cb, &w->wqkv, "a qkv projection", err)) != CAI_OK ||
-			(st = register_qmatrix(cb, &w->wo, "an output projection", err)) != CAI_OK ||
-			(st = register_qmatrix(cb, &w->w_gate_up, "a gate/up projection", err)) != CAI_OK ||
-			(st = register_qmatrix(cb, &w->w_down, "a down projection", err)) != CAI_OK ||
-			(st = register_weight(cb, w->attn_norm, d * fs, 0, "a norm", err)) != CAI_OK ||
-			(st = register_weight(cb, w->ffn_norm, d * fs, 0, "a norm", err)) != CAI_OK ||
-			(st = register_weight(cb, w->attn_norm_i8, d * fs, 0, "a norm", err)) != CAI_OK ||
-			(st = register_weight(cb, w->ffn_norm_i8, d * fs, 0, "a norm", err)) != CAI_OK ||
-			(st = register_weight(cb, w->bqkv, (size_t) w->wqkv.n_out * fs, 0, "a bias",
-								  err)) != CAI_OK ||
-			(st = register_weight(cb, w->bqkv_i8, (size_t) w->wqkv.n_out * fs, 0, "a bias",
-								  err)) != CAI_OK ||
-			(st = register_weight(cb, w->attn_q_norm, (size_t) c->head_dim * fs, 0,
-								  "a query norm", err)) != CAI_OK ||
-			(st = register_weight(cb, w->attn_k_norm, (size_t) c->head_dim * fs, 0,
-								  "a key norm", err)) != CAI_OK)
-			return st;
-		if (m->has_float_reference &&
-			((st = register_weight(cb, w->f_wq, q_dim * d * fs, 0, "a float weight", err)) != CAI_OK ||
-			 (st = register_weight(cb, w->f_wk, kv_dim * d * fs, 0, "a float weight", err)) != CAI_OK ||
-			 (st = register_weight(cb, w->f_wv, kv_dim * d * fs, 0, "a float weight", err)) != CAI_OK ||
-			 (st = register_weight(cb, w->f_wo, d * q_dim * fs, 0, "a float weight", err)) != CAI_OK ||
-			 (st = register_weight(cb, w->f_gate, d_ff * d * fs, 0, "a float weight", err)) != CAI_OK ||
-			 (st = register_weight(cb, w->f_up, d_ff * d * fs, 0, "a float weight", err)) != CAI_OK ||
-			 (st = register_weight(cb, w->f_down, d * d_ff * fs, 0, "a float weight", err)) != CAI_OK))
-			return st;
+		if (m->k % 4 != 0)
+			return be_fail(err, CAI_ERR_UNSUPPORTED,
+						   "the cuda backend needs weight rows of a multiple of 4 columns (%d)",
+						   m->k);
+		if (!(w = calloc(1, sizeof(*w))))
+			return be_fail(err, CAI_ERR_NO_MEMORY, "out of memory preparing the weights");
+		w->m.n_out = m->n_out;
+		w->m.n_out_padded = (m->n_out + 3) / 4 * 4;
+		w->m.k = m->k;
+		w->m.q_dev = device_copy(cb, m->q, (size_t) m->n_out * m->k, (size_t) 3 * m->k,
+								 "a weight matrix", err);
+		w->m.scale_dev = w->m.q_dev ?
+			device_copy(cb, m->scale, (size_t) m->n_out * sizeof(float), 3 * sizeof(float),
+						"a weight matrix's scales", err) : NULL;
+		if (!w->m.q_dev || !w->m.scale_dev)
+		{
+			free_matrix(cb, w);
+			return CAI_ERR_NO_MEMORY;
+		}
+		cb->matrices[cb->n_matrices++] = w;
+		out[i] = w;
 	}
-	return sort_weights(cb, err);
+	return CAI_OK;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -572,11 +461,12 @@ static void
 cuda_embed_i8(cai_backend *be, const cai_qmatrix *table, const int32_t *ids, int n_tok, float *x)
 {
 	cuda_backend *cb = cb_of(be);
-	cai_cuda_qmatrix t;
+	cai_cuda_qmatrix t = {.n_out = table->n_out, .n_out_padded = table->n_out, .k = table->k,
+	.q_dev = (int8_t *) table->q, .scale_dev = (float *) table->scale};
 	cai_error	e;
 
-	if (cb->failed || !stage_begin_forward(cb) || !qmatrix_of(cb, table, &t) ||
-		!output_ok(cb, x, "embedding output") || !stage_ints(cb, ids, n_tok, cb->ids_dev))
+	if (cb->failed || !stage_begin_forward(cb) || !output_ok(cb, x, "embedding output") ||
+		!stage_ints(cb, ids, n_tok, cb->ids_dev))
 		return;
 	be_check(cb, cai_cuda_embed_i8(cb->ctx, &t, cb->ids_dev, n_tok, x, &e), &e);
 }
@@ -586,17 +476,13 @@ cuda_embed_f32(cai_backend *be, const float *table, int d, const int32_t *ids, i
 			   float *x)
 {
 	cuda_backend *cb = cb_of(be);
-	const float *t;
 	cai_error	e;
 
-	if (cb->failed || !stage_begin_forward(cb))
+	if (cb->failed || !stage_begin_forward(cb) || !output_ok(cb, x, "embedding output") ||
+		!stage_ints(cb, ids, n_tok, cb->ids_dev))
 		return;
-	t = weight_operand(cb, table, (size_t) cb->params.model->cfg.n_vocab * d * sizeof(float),
-					   "the float embedding table");
-	if (!t || !output_ok(cb, x, "embedding output") || !stage_ints(cb, ids, n_tok, cb->ids_dev))
-		return;
-	be_check(cb, cai_cuda_embed_f32(cb->ctx, t, cb->params.model->cfg.n_vocab, d, cb->ids_dev,
-									n_tok, x, &e), &e);
+	be_check(cb, cai_cuda_embed_f32(cb->ctx, table, cb->params.model->cfg.n_vocab, d,
+									cb->ids_dev, n_tok, x, &e), &e);
 }
 
 static void
@@ -631,15 +517,11 @@ cuda_rmsnorm(cai_backend *be, const float *x, const float *w, int n_tok, int d, 
 			 float *out, const cai_then_rotate *then)
 {
 	cuda_backend *cb = cb_of(be);
-	const float *wd;
 	cai_error	e;
 
-	if (cb->failed)
+	if (cb->failed || !operand(cb, x, "norm input") || !output_ok(cb, out, "norm output"))
 		return;
-	wd = weight_operand(cb, w, (size_t) d * sizeof(float), "a norm weight");
-	if (!wd || !operand(cb, x, "norm input") || !output_ok(cb, out, "norm output"))
-		return;
-	be_check(cb, cai_cuda_rmsnorm(cb->ctx, x, wd, n_tok, d, eps, out, NULL, NULL, &e), &e);
+	be_check(cb, cai_cuda_rmsnorm(cb->ctx, x, w, n_tok, d, eps, out, NULL, NULL, &e), &e);
 	then_rotate(be, then, out, d, n_tok);
 }
 
@@ -648,15 +530,11 @@ cuda_head_rmsnorm(cai_backend *be, float *x, int ldx, int n_tok, int n_heads, in
 				  const float *w, float eps)
 {
 	cuda_backend *cb = cb_of(be);
-	const float *wd;
 	cai_error	e;
 
-	if (cb->failed)
+	if (cb->failed || !output_ok(cb, x, "query/key norm rows"))
 		return;
-	wd = weight_operand(cb, w, (size_t) head_dim * sizeof(float), "a query/key norm weight");
-	if (!wd || !output_ok(cb, x, "query/key norm rows"))
-		return;
-	be_check(cb, cai_cuda_head_rmsnorm(cb->ctx, x, ldx, n_tok, n_heads, head_dim, wd, eps, &e),
+	be_check(cb, cai_cuda_head_rmsnorm(cb->ctx, x, ldx, n_tok, n_heads, head_dim, w, eps, &e),
 			 &e);
 }
 
@@ -665,16 +543,12 @@ cuda_rmsnorm_quant(cai_backend *be, const float *x, const float *w, int n_tok, i
 				   int8_t *q, float *s)
 {
 	cuda_backend *cb = cb_of(be);
-	const float *wd;
 	cai_error	e;
 
-	if (cb->failed)
-		return;
-	wd = weight_operand(cb, w, (size_t) d * sizeof(float), "a norm weight");
-	if (!wd || !operand(cb, x, "norm input") || !output_ok(cb, q, "norm output") ||
+	if (cb->failed || !operand(cb, x, "norm input") || !output_ok(cb, q, "norm output") ||
 		!output_ok(cb, s, "norm scales"))
 		return;
-	be_check(cb, cai_cuda_rmsnorm(cb->ctx, x, wd, n_tok, d, eps, NULL, q, s, &e), &e);
+	be_check(cb, cai_cuda_rmsnorm(cb->ctx, x, w, n_tok, d, eps, NULL, q, s, &e), &e);
 }
 
 static void
@@ -738,24 +612,25 @@ host_output_end(cuda_backend *cb, float *out, int n_tok, int ldo)
 }
 
 static void
-cuda_gemm_i8(cai_backend *be, const int8_t *xq, const float *xs, int n_tok, const cai_qmatrix *w,
-			 const float *bias, float *out, int ldo, bool accumulate)
+cuda_gemm_i8(cai_backend *be, const int8_t *xq, const float *xs, int n_tok, const cai_weight *w,
+			 int n_out, const float *bias, float *out, int ldo, bool accumulate)
 {
 	cuda_backend *cb = cb_of(be);
-	cai_cuda_qmatrix m;
+	cai_cuda_qmatrix m = w->m;
 	cai_cuda_epilogue epi;
 	bool		to_host;
 	float	   *dst = out;
 	cai_error	e;
 
-	if (cb->failed || n_tok <= 0 || !qmatrix_of(cb, w, &m) || !operand(cb, xq, "gemm input") ||
+	if (cb->failed || n_tok <= 0 || !operand(cb, xq, "gemm input") ||
 		!operand(cb, xs, "gemm input scales"))
 		return;
+	/* the first n_out rows: rows past them (or the zero padding) stay within the allocation */
+	m.n_out = n_out;
+	m.n_out_padded = (n_out + 3) / 4 * 4;
 	memset(&epi, 0, sizeof(epi));
 	epi.accumulate = accumulate;
-	if (bias && !(epi.bias_dev = weight_operand(cb, bias, (size_t) w->n_out * sizeof(float),
-												 "a bias")))
-		return;
+	epi.bias_dev = bias;
 	to_host = !is_device_buffer(cb, out);
 	if (to_host && !(dst = host_output_begin(cb, out, n_tok, ldo, accumulate)))
 		return;
@@ -770,24 +645,17 @@ cuda_gemm_f32(cai_backend *be, const float *x, int n_tok, int k, const float *w,
 			  const float *bias, float *out, int ldo, bool accumulate)
 {
 	cuda_backend *cb = cb_of(be);
-	const float *wd,
-			   *bd = NULL;
 	bool		to_host;
 	float	   *dst = out;
 	cai_error	e;
 
-	if (cb->failed || n_tok <= 0)
-		return;
-	wd = weight_operand(cb, w, (size_t) n_out * k * sizeof(float), "a float weight");
-	if (!wd || !operand(cb, x, "float gemm input"))
-		return;
-	if (bias && !(bd = weight_operand(cb, bias, (size_t) n_out * sizeof(float), "a bias")))
+	if (cb->failed || n_tok <= 0 || !operand(cb, x, "float gemm input"))
 		return;
 	to_host = !is_device_buffer(cb, out);
 	if (to_host && !(dst = host_output_begin(cb, out, n_tok, ldo, accumulate)))
 		return;
-	if (!be_check(cb, cai_cuda_gemm_f32(cb->ctx, x, n_tok, k, wd, n_out, bd, dst, ldo, accumulate,
-										&e), &e))
+	if (!be_check(cb, cai_cuda_gemm_f32(cb->ctx, x, n_tok, k, w, n_out, bias, dst, ldo,
+										accumulate, &e), &e))
 		return;
 	if (to_host)
 		host_output_end(cb, out, n_tok, ldo);
@@ -935,12 +803,7 @@ cuda_rotate(cai_backend *be, const cai_rotation *rot, float *x, int ldx, int n_t
 	r.n_pow2 = rot->n_pow2;
 	r.n_mix = rot->n_mix;
 	r.norm = rot->norm;
-	r.mix_dev = NULL;
-	if (rot->n_mix > 1 &&
-		!(r.mix_dev = weight_operand(cb, rot->mix,
-									 (size_t) rot->n_mix * rot->n_mix * sizeof(float),
-									 "a rotation's mix table")))
-		return;
+	r.mix_dev = rot->n_mix > 1 ? rot->mix : NULL;
 	be_check(cb, cai_cuda_rotate(cb->ctx, &r, x, ldx, n_tok, n_vec, q, s, &e), &e);
 }
 
@@ -1232,6 +1095,8 @@ cuda_destroy(cai_backend *be)
 			cai_cuda_sync(cb->ctx, &e);
 			for (int i = 0; i < cb->n_weights; i++)
 				cai_cuda_free(cb->ctx, cb->weights[i].dev);
+			for (int i = 0; i < cb->n_matrices; i++)
+				free_matrix(cb, cb->matrices[i]);
 			for (int i = 0; i < cb->n_buffers; i++)
 				cai_cuda_free(cb->ctx, cb->buffers[i].ptr);
 			for (int i = 0; i < cb->n_kv; i++)
@@ -1247,6 +1112,7 @@ cuda_destroy(cai_backend *be)
 			cai_cuda_ctx_free(cb->ctx);
 		}
 		free(cb->weights);
+		free(cb->matrices);
 		free(cb->buffers);
 		free(cb->plan_key);
 		free(cb);
@@ -1273,6 +1139,8 @@ static const cai_backend_ops cuda_ops = {
 	.sync = cuda_sync_op,
 	.alloc = cuda_alloc,
 	.free = cuda_free_buffer,
+	.prepare_i8 = cuda_prepare_i8,
+	.weight_data = cuda_weight_data,
 	.embed_i8 = cuda_embed_i8,
 	.embed_f32 = cuda_embed_f32,
 	.gather_rows = cuda_gather_rows,
@@ -1299,7 +1167,6 @@ cai_cuda_backend_create(const cai_cuda_backend_params *params, cai_backend **out
 	const cai_backend_limits *lim = &params->limits;
 	cai_backend *be;
 	cuda_backend *cb;
-	cai_cuda_device_info info;
 	size_t		max_tok;
 	cai_status	st;
 	char		why[256];
@@ -1353,14 +1220,8 @@ cai_cuda_backend_create(const cai_cuda_backend_params *params, cai_backend **out
 									(lim->max_context + CAI_KV_BLOCK_TOKENS - 1) / CAI_KV_BLOCK_TOKENS,
 									lim->n_heads, lim->n_kv_heads, lim->head_dim, err)) != CAI_OK)
 		goto fail;
-	if ((st = upload_model(cb, params->model, err)) != CAI_OK)
-		goto fail;
-
-	cai_cuda_get_device_info(cb->ctx, &info);
-	snprintf(cb->device_desc, sizeof(cb->device_desc),
-			 "cuda (%s, cc %d.%d, %d SMs, %.1f GiB; %.0f MiB of weights)", info.name, info.cc_major,
-			 info.cc_minor, info.sm_count, info.total_bytes / 1073741824.0,
-			 cb->weight_bytes / 1048576.0);
+	/* the weights come when a forward context prepares them (prepare_i8, weight_data) */
+	cai_cuda_get_device_info(cb->ctx, &cb->info);
 	*out = be;
 	return CAI_OK;
 
@@ -1388,5 +1249,13 @@ cai_cuda_backend_status(cai_backend *be, cai_error *err)
 const char *
 cai_cuda_backend_device(const cai_backend *be)
 {
-	return ((const cuda_backend *) be->impl)->device_desc;
+	cuda_backend *cb = be->impl;
+	const cai_cuda_device_info *info = &cb->info;
+
+	/* formatted when asked: the weights arrive after creation */
+	snprintf(cb->device_desc, sizeof(cb->device_desc),
+			 "cuda (%s, cc %d.%d, %d SMs, %.1f GiB; %.0f MiB of weights)", info->name,
+			 info->cc_major, info->cc_minor, info->sm_count, info->total_bytes / 1073741824.0,
+			 cb->weight_bytes / 1048576.0);
+	return cb->device_desc;
 }

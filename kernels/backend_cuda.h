@@ -6,15 +6,16 @@
  * server never loads libcudart) and resolves these symbols by name:
  *
  *   cai_cuda_device_count     (cuda_backend.h)  how many devices; 0 with the reason
- *   cai_cuda_backend_create   the table over one device, the model's weights uploaded
+ *   cai_cuda_backend_create   the table over one device
  *   cai_cuda_backend_status   waits for queued work; the first error since the last call
- *   cai_cuda_backend_device   "cuda (NVIDIA H100 80GB HBM3, cc 9.0, 132 SMs)"
+ *   cai_cuda_backend_device   "cuda (NVIDIA H100 80GB HBM3, cc 9.0, 132 SMs, ...; N MiB of weights)"
  *
  * What the table does with the pointers backend.h's operations receive:
  *   - buffers from ops->alloc are device memory (the forward's activations);
- *   - model weights (cai_qmatrix arrays, norm and bias vectors, the rotations' mix tables, float
- *     reference weights) are copied to the device at creation and found again by their host address (views such as
- *     wq inside wqkv resolve by offset);
+ *   - model weights are the table's own: a forward context has each int8 matrix uploaded
+ *     row-major by prepare_i8 and every other array (norms, biases, the rotations' mix tables,
+ *     the embedding, float reference weights) copied by weight_data, both through page-locked
+ *     memory when the context is made; the operations receive those device pointers;
  *   - index arrays (ids, pos, rows) and the batch layout are host memory, uploaded per call
  *     through page-locked staging;
  *   - a GEMM output that is not backend memory (the caller's logits) is computed on the device

@@ -256,6 +256,8 @@ cmd_chat(int argc, char **argv)
 		cli_report("could not create the engine", &err);
 		goto done;
 	}
+	/* the engine's backend holds its own copy of the int8 matrices now */
+	cai_model_release_gemm_sources(model);
 	if (!chat_opts.quiet)
 		fprintf(stderr, "cai chat: %s on %s; /quit or end of input ends, /reset forgets\n",
 				info.name, cai_engine_device(engine));

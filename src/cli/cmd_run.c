@@ -221,6 +221,8 @@ cmd_run(int argc, char **argv)
 		cli_report("could not create the engine", &err);
 		goto done;
 	}
+	/* the engine's backend holds its own copy of the int8 matrices now */
+	cai_model_release_gemm_sources(model);
 
 	memset(&rp, 0, sizeof(rp));
 	rp.prompt = ids.ids;

@@ -5,8 +5,10 @@
  * cai_backend; the CPU backend (cpu/backend_cpu.c) implements them with the thread pool and
  * SIMD kernels, a GPU backend implements the same table with its own kernels.  Pointers passed
  * to the operations are backend memory (host memory on the CPU backend): the forward allocates
- * its activations with ops->alloc.  Weights (cai_qmatrix, float vectors) and the KV pool are
- * passed as the model and kv.c hold them.
+ * its activations with ops->alloc.  Weights are the backend's too: a forward context has each
+ * GEMM operand prepared once in the backend's own layout (prepare_i8) and every other weight
+ * array copied where the backend reads it (weight_data), and passes only what those returned
+ * (forward_weights.c).  The KV pool is passed as kv.c holds it.
  *
  * Every operation must be deterministic per token: a token's outputs depend only on its own
  * inputs (and, for attention, on its own sequence's KV), never on which other tokens share the
@@ -22,8 +24,9 @@
 #include <stdint.h>
 
 #include "cai.h"
-#include "cpu/gemm.h"
+#include "cpu/threadpool.h"
 #include "kv.h"
+#include "weights.h"
 
 typedef struct cai_backend cai_backend;
 
@@ -134,7 +137,23 @@ typedef struct cai_backend_ops
 	void	   *(*alloc) (cai_backend *be, size_t bytes);
 	void		(*free) (cai_backend *be, void *ptr);
 
-	/* x[t, :] = table row ids[t], dequantized (int8 table) or copied (float table [n, d]). */
+	/*
+	 * Weights.  prepare_i8 makes the n row-major matrices src[i] GEMM operands out[i] in this
+	 * backend's own layout (the CPU packs panels, a GPU uploads); weight_data returns where this
+	 * backend reads the bytes of model memory at host (the CPU: host itself; a GPU: a device
+	 * copy made now, the same one for the same host array).  Both run when a forward context is
+	 * made, never per forward; what they return lives until the backend is destroyed, and the
+	 * model's arrays may be freed once they returned.  On failure they set err (and
+	 * weight_data returns NULL).
+	 */
+	cai_status	(*prepare_i8) (cai_backend *be, const cai_qmatrix *const *src, int n,
+							   const cai_weight **out, cai_error *err);
+	const void *(*weight_data) (cai_backend *be, const void *host, size_t bytes, cai_error *err);
+
+	/*
+	 * x[t, :] = table row ids[t], dequantized (int8 table: q and scale where weight_data put
+	 * them) or copied (float table [n, d]).
+	 */
 	void		(*embed_i8) (cai_backend *be, const cai_qmatrix *table, const int32_t *ids,
 							 int n_tok, float *x);
 	void		(*embed_f32) (cai_backend *be, const float *table, int d, const int32_t *ids,
@@ -164,10 +183,14 @@ typedef struct cai_backend_ops
 	void		(*quantize) (cai_backend *be, const float *x, int n_tok, int k, int8_t *q,
 							 float *s);
 
-	/* W8A8 GEMM with fused epilogue and its float reference (cpu/gemm.h semantics). */
+	/*
+	 * W8A8 GEMM with fused epilogue and its float reference (cpu/gemm.h semantics).  gemm_i8
+	 * computes the first n_out channels of the prepared w (all of them, or a multiple of 16:
+	 * the query rows of a fused QKV matrix).
+	 */
 	void		(*gemm_i8) (cai_backend *be, const int8_t *xq, const float *xs, int n_tok,
-							const cai_qmatrix *w, const float *bias, float *out, int ldo,
-							bool accumulate);
+							const cai_weight *w, int n_out, const float *bias, float *out,
+							int ldo, bool accumulate);
 	void		(*gemm_f32) (cai_backend *be, const float *x, int n_tok, int k, const float *w,
 							 int n_out, const float *bias, float *out, int ldo, bool accumulate);
 

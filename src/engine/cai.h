@@ -81,6 +81,13 @@ cai_status	cai_model_load(const char *path, const cai_model_params *params,
 						   cai_model **out, cai_error *err);
 void		cai_model_free(cai_model *model);
 
+/*
+ * Frees the model's row-major int8 GEMM matrices once the one engine that serves it has made
+ * its backend's copies (serve.c): host memory holds one copy of the weights, not two.  A forward
+ * context made on the model afterwards is refused.
+ */
+void		cai_model_release_gemm_sources(cai_model *model);
+
 typedef struct cai_model_info
 {
 	const char *arch;			/* "llama", "qwen2", ... */

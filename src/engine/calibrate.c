@@ -575,7 +575,8 @@ cai_convert_layers(cai_model *m, cai_threadpool *pool, cai_convert_plan *plan,
 			!cai_plan_rows(plan, ls->up, NULL, d, d_ff, NULL, NULL, w->f_up, NULL, NULL) ||
 			!cai_plan_rows(plan, ls->down, NULL, d_ff, d, NULL, NULL, w->f_down, NULL, NULL))
 			OOM();
-		if ((st = cai_run_plan(pool, plan, err)) != CAI_OK)
+		if ((st = cai_run_plan(pool, plan, err)) != CAI_OK ||
+			(st = cai_forward_bind_layer(ctx, l, err)) != CAI_OK)
 			goto done;
 
 		/* the layer in float over the calibration tokens, recording its GEMM inputs */

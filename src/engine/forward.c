@@ -75,6 +75,9 @@ cai_forward_ctx_create_on(const cai_model *model, cai_backend_factory factory, v
 	cai_status	st;
 
 	*out = NULL;
+	if (model->gemm_sources_released)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"the model's int8 weights were released to the backend that serves it");
 	if (max_tokens < 1 || max_context < 1 || max_tokens > (1 << 20) || max_context > (1 << 24))
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
 						"forward context needs 1..%d tokens and a positive context", 1 << 20);
@@ -113,6 +116,17 @@ cai_forward_ctx_create_on(const cai_model *model, cai_backend_factory factory, v
 		free(ctx);
 		return st;
 	}
+	/* a layer that reads another's KV multiplies by the query rows of its QKV matrix alone */
+	for (int l = 0; l < c->n_layers; l++)
+		if (c->kv_source[l] != l && q_dim % 16 != 0)
+		{
+			st = cai_fail(err, CAI_ERR_UNSUPPORTED,
+						  "layers that share KV need a query width that is a multiple of 16 (%d)",
+						  q_dim);
+			cai_backend_free(ctx->be);
+			free(ctx);
+			return st;
+		}
 	/* the operations only some architectures use */
 	{
 		const cai_backend_ops *op = ctx->be->ops;
@@ -167,6 +181,11 @@ cai_forward_ctx_create_on(const cai_model *model, cai_backend_factory factory, v
 		return cai_fail(err, CAI_ERR_NO_MEMORY,
 						"out of memory allocating activations for %d tokens", max_tokens);
 	}
+	if ((st = cai_forward_bind_weights(ctx, err)) != CAI_OK)
+	{
+		cai_forward_ctx_free(ctx);
+		return st;
+	}
 	*out = ctx;
 	return CAI_OK;
 }
@@ -194,6 +213,7 @@ cai_forward_ctx_free(cai_forward_ctx *ctx)
 		ops->free(ctx->be, ctx->xg);
 		cai_backend_free(ctx->be);
 	}
+	cai_forward_unbind_weights(ctx);
 	free(ctx->ids);
 	free(ctx->pos);
 	free(ctx->seq);
@@ -428,7 +448,7 @@ cai_forward_layer(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 			  cai_activation_stats *stats, const int32_t *out_rows, int n_out_rows)
 {
 	const cai_config *c = &model->cfg;
-	const cai_layer_weights *w = &model->layers[l];
+	const cai_layer_operands *w = &ctx->w.layers[l];
 	cai_backend *be = ctx->be;
 	const cai_backend_ops *op = be->ops;
 	const int	T = batch->n_tokens;
@@ -455,10 +475,10 @@ cai_forward_layer(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 	 * The int8 path's rotations (calibrate.c's "rotations"), done by the operation that writes
 	 * the rows: a GEMM input is rotated and quantized for its GEMM, q and k heads only rotated.
 	 */
-	const cai_then_rotate to_model = gemm_input_rotation(ctx, &model->rot_model, d);
-	const cai_then_rotate to_ff = gemm_input_rotation(ctx, &model->rot_ff, d_ff);
-	const cai_then_rotate to_heads = {.rot = &model->rot_head,
-	.n_vec = n_qk_heads * c->head_dim / model->rot_head.n};
+	const cai_then_rotate to_model = gemm_input_rotation(ctx, &ctx->w.rot_model, d);
+	const cai_then_rotate to_ff = gemm_input_rotation(ctx, &ctx->w.rot_ff, d_ff);
+	const cai_then_rotate to_heads = {.rot = &ctx->w.rot_head,
+	.n_vec = n_qk_heads * c->head_dim / ctx->w.rot_head.n};
 
 	ap.n_heads = c->n_heads;
 	ap.n_kv_heads = c->n_kv_heads;
@@ -472,8 +492,8 @@ cai_forward_layer(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 	if (!f)
 	{
 		op->rmsnorm(be, ctx->x, w->attn_norm_i8, T, d, c->norm_eps, ctx->xn, &to_model);
-		op->gemm_i8(be, ctx->xq, ctx->xs, T, owns_kv ? &w->wqkv : &w->wq, w->bqkv_i8, ctx->qkv,
-					qkv_w, false);
+		op->gemm_i8(be, ctx->xq, ctx->xs, T, w->wqkv, owns_kv ? qkv_w : q_dim, w->bqkv_i8,
+					ctx->qkv, qkv_w, false);
 	}
 	else
 	{
@@ -534,9 +554,9 @@ cai_forward_layer(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 	{
 		op->quantize(be, att, n, q_dim, ctx->xq, ctx->xs);
 		if (c->sandwich_norm)
-			op->gemm_i8(be, ctx->xq, ctx->xs, n, &w->wo, NULL, sub_out, d, false);
+			op->gemm_i8(be, ctx->xq, ctx->xs, n, w->wo, d, NULL, sub_out, d, false);
 		else
-			op->gemm_i8(be, ctx->xq, ctx->xs, n, &w->wo, NULL, x, d, true);
+			op->gemm_i8(be, ctx->xq, ctx->xs, n, w->wo, d, NULL, x, d, true);
 	}
 	else
 	{
@@ -554,15 +574,15 @@ cai_forward_layer(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 	if (!f)
 	{
 		op->rmsnorm(be, x, w->ffn_norm_i8, n, d, c->norm_eps, ctx->xn, &to_model);
-		op->gemm_i8(be, ctx->xq, ctx->xs, n, &w->w_gate_up, NULL, ctx->gate_up, 2 * d_ff, false);
+		op->gemm_i8(be, ctx->xq, ctx->xs, n, w->w_gate_up, 2 * d_ff, NULL, ctx->gate_up, 2 * d_ff, false);
 		if (c->ffn_act == CAI_ACT_GEGLU)
 			op->geglu(be, ctx->gate_up, n, d_ff, ctx->xn, &to_ff);
 		else
 			op->swiglu(be, ctx->gate_up, n, d_ff, ctx->xn, &to_ff);
 		if (c->sandwich_norm)
-			op->gemm_i8(be, ctx->xq, ctx->xs, n, &w->w_down, NULL, sub_out, d, false);
+			op->gemm_i8(be, ctx->xq, ctx->xs, n, w->w_down, d, NULL, sub_out, d, false);
 		else
-			op->gemm_i8(be, ctx->xq, ctx->xs, n, &w->w_down, NULL, x, d, true);
+			op->gemm_i8(be, ctx->xq, ctx->xs, n, w->w_down, d, NULL, x, d, true);
 	}
 	else
 	{
@@ -629,6 +649,9 @@ cai_model_forward(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 	if (f && !model->has_float_reference)
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
 						"the float reference path needs the model loaded with load_float_reference");
+	if (!f && !ctx->w.int8)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"the forward context was made before the model's int8 weights were complete");
 	cai_model_kv_layout(model, &want);
 	if (L->n_kv_layers != want.n_kv_layers || L->n_kv_heads != want.n_kv_heads ||
 		L->head_dim != want.head_dim || L->layer_bytes < want.layer_bytes ||
@@ -644,9 +667,9 @@ cai_model_forward(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 
 	/* x = embedding of each token; the rotary angles of each position */
 	if (f)
-		op->embed_f32(be, model->f_tok_embd, d, ctx->ids, T, ctx->x);
+		op->embed_f32(be, ctx->w.f_tok_embd, d, ctx->ids, T, ctx->x);
 	else
-		op->embed_i8(be, &model->tok_embd, ctx->ids, T, ctx->x);
+		op->embed_i8(be, &ctx->w.tok_embd, ctx->ids, T, ctx->x);
 	cai_forward_prepare(model, ctx, T);
 
 	/* the last layer finishes only the rows that need logits, in ctx->xg */
@@ -659,15 +682,16 @@ cai_model_forward(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 	{
 		if (!f)
 		{
-			const cai_then_rotate to_model = gemm_input_rotation(ctx, &model->rot_model, d);
+			const cai_then_rotate to_model = gemm_input_rotation(ctx, &ctx->w.rot_model, d);
 
-			op->rmsnorm(be, ctx->xg, model->out_norm_i8, R, d, c->norm_eps, ctx->xn, &to_model);
-			op->gemm_i8(be, ctx->xq, ctx->xs, R, &model->lm_head, NULL, logits, c->n_vocab, false);
+			op->rmsnorm(be, ctx->xg, ctx->w.out_norm_i8, R, d, c->norm_eps, ctx->xn, &to_model);
+			op->gemm_i8(be, ctx->xq, ctx->xs, R, ctx->w.lm_head, c->n_vocab, NULL, logits,
+						c->n_vocab, false);
 		}
 		else
 		{
-			op->rmsnorm(be, ctx->xg, model->out_norm, R, d, c->norm_eps, ctx->xn, NULL);
-			op->gemm_f32(be, ctx->xn, R, d, model->f_lm_head, c->n_vocab, NULL, logits,
+			op->rmsnorm(be, ctx->xg, ctx->w.out_norm, R, d, c->norm_eps, ctx->xn, NULL);
+			op->gemm_f32(be, ctx->xn, R, d, ctx->w.f_lm_head, c->n_vocab, NULL, logits,
 						 c->n_vocab, false);
 		}
 	}

@@ -17,10 +17,38 @@
  * they overwrite, and a reference forward refuses a sequence whose earlier positions were not
  * computed on the reference path (cai_engine_score always starts at position 0).
  */
+/*
+ * One layer's weights where the context's backend reads them (forward_weights.c): its prepared
+ * GEMM operands and its other arrays as weight_data gave them; NULL where the model has none.
+ */
+typedef struct cai_layer_operands
+{
+	const cai_weight *wqkv;		/* NULL until the model's int8 weights are complete */
+	const cai_weight *wo;
+	const cai_weight *w_gate_up;
+	const cai_weight *w_down;
+	const float *attn_norm, *attn_norm_i8, *ffn_norm, *ffn_norm_i8;
+	const float *attn_q_norm, *attn_k_norm, *attn_post_norm, *ffn_post_norm;
+	const float *bqkv_i8, *bq, *bk, *bv;
+	const float *f_wq, *f_wk, *f_wv, *f_wo, *f_gate, *f_up, *f_down;
+} cai_layer_operands;
+
+/* The whole model's weights where the context's backend reads them. */
+typedef struct cai_model_operands
+{
+	cai_layer_operands *layers;	/* [n_layers] */
+	bool		int8;			/* the int8 path's operands are prepared */
+	const cai_weight *lm_head;
+	cai_qmatrix tok_embd;		/* q and scale in backend memory */
+	const float *out_norm, *out_norm_i8, *f_tok_embd, *f_lm_head;
+	cai_rotation rot_model, rot_ff, rot_head;	/* mix in backend memory */
+} cai_model_operands;
+
 struct cai_forward_ctx
 {
 	const cai_model *model;
 	cai_backend *be;
+	cai_model_operands w;		/* the model's weights, the backend's copies */
 	int			max_tokens;
 	int			max_context;
 	int			width;			/* max(d_model, q width, d_ff) */
@@ -65,6 +93,21 @@ typedef struct cai_activation_stats
 	float	   *ffn_x;
 	float	   *down_x;
 } cai_activation_stats;
+
+/*
+ * Makes the model's weights the backend's (forward_weights.c): every array the model has now,
+ * and the int8 path's operands once the model's int8 weights are complete.
+ */
+cai_status	cai_forward_bind_weights(cai_forward_ctx *ctx, cai_error *err);
+
+/*
+ * Binds layer l's float arrays again after the model changed them (the calibration fills the
+ * float reference weights layer by layer, after its context was made).
+ */
+cai_status	cai_forward_bind_layer(cai_forward_ctx *ctx, int l, cai_error *err);
+
+/* Frees what cai_forward_bind_weights allocated on the host (the backend frees its copies). */
+void		cai_forward_unbind_weights(cai_forward_ctx *ctx);
 
 /* Checks the batch and lays it out per token; counts the rows that need logits. */
 cai_status	cai_forward_layout_batch(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,

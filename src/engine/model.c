@@ -56,6 +56,54 @@ cai_model_alloc(cai_model *m, size_t bytes)
 	return p;
 }
 
+/* Frees one allocation of cai_model_alloc before the model goes (NULL is fine). */
+static void
+model_free_one(cai_model *m, const void *p)
+{
+	model_owned *o = m->owned;
+
+	if (!p)
+		return;
+	for (int i = 0; i < o->n; i++)
+		if (o->ptrs[i] == p)
+		{
+			free(o->ptrs[i]);
+			o->ptrs[i] = o->ptrs[--o->n];
+			return;
+		}
+}
+
+static void
+release_qmatrix(cai_model *m, cai_qmatrix *q)
+{
+	model_free_one(m, q->q);
+	model_free_one(m, q->scale);
+	q->q = NULL;
+	q->scale = NULL;
+}
+
+/* Frees the row-major GEMM matrices, which the backend that serves has prepared its copy of. */
+void
+cai_model_release_gemm_sources(cai_model *m)
+{
+	if (!m->int8_complete)
+		return;
+	release_qmatrix(m, &m->lm_head);
+	for (int l = 0; l < m->cfg.n_layers; l++)
+	{
+		cai_layer_weights *w = &m->layers[l];
+
+		release_qmatrix(m, &w->wqkv);
+		release_qmatrix(m, &w->wo);
+		release_qmatrix(m, &w->w_gate_up);
+		release_qmatrix(m, &w->w_down);
+		w->wq = w->wk = w->wv = w->wqkv;
+		w->w_gate = w->w_up = w->w_gate_up;
+	}
+	m->int8_complete = false;
+	m->gemm_sources_released = true;
+}
+
 /* Frees everything the model owns (NULL is fine). */
 void
 cai_model_free(cai_model *model)

@@ -17,11 +17,11 @@
 #include "backend.h"
 #include "cai.h"
 #include "chat_template.h"
-#include "cpu/gemm.h"
 #include "cpu/threadpool.h"
 #include "gguf.h"
 #include "kv.h"
 #include "tokenizer.h"
+#include "weights.h"
 
 typedef struct cai_config
 {
@@ -59,8 +59,9 @@ typedef struct cai_config
 } cai_config;
 
 /*
- * One transformer layer's weights: int8 [out, in] with per-channel scales.  Q, K and V are one
- * matrix (one GEMM per layer) and wq, wk, wv are views of its row ranges; likewise gate and up.
+ * One transformer layer's weights: int8 [out, in] row-major with per-channel scales (weights.h;
+ * a backend prepares its own copy).  Q, K and V are one matrix (one GEMM per layer) and wq, wk,
+ * wv are views of its row ranges; likewise gate and up.
  *
  * The int8 matrices are smoothed and rotated (calibrate.c's "rotations"): activations at a GEMM's
  * input have outlier channels that per-token int8 quantization handles badly, so input channel j
@@ -120,6 +121,8 @@ struct cai_model
 	uint64_t	fingerprint;
 	bool		has_float_reference;
 	bool		compensated_rounding;	/* its int8 weights were rounded along the inputs */
+	bool		int8_complete;	/* the int8 weights are converted (a backend may prepare them) */
+	bool		gemm_sources_released;	/* cai_model_release_gemm_sources ran */
 	void	   *owned;			/* allocations to free (model.c's business) */
 };
 

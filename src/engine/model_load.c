@@ -127,23 +127,6 @@ find_layer_tensors(const gguf_file *f, const cai_config *c, int l, cai_layer_sou
 	return CAI_OK;
 }
 
-/* The GEMM operands to pack for the CPU kernels (gemm.h), one pool task each. */
-typedef struct pack_plan
-{
-	cai_qmatrix **mats;
-	int			n;
-	atomic_int	failed;
-} pack_plan;
-
-static void
-pack_task(void *arg, int task, int thread)
-{
-	pack_plan  *p = arg;
-
-	if (!cai_qmatrix_pack(p->mats[task]))
-		atomic_store(&p->failed, 1);
-}
-
 /* Allocates a row-major int8 matrix [n_out, k] with its scales. */
 static bool
 alloc_qmatrix(cai_model *m, int n_out, int k, cai_qmatrix *out)
@@ -157,42 +140,22 @@ alloc_qmatrix(cai_model *m, int n_out, int k, cai_qmatrix *out)
 	out->k = k;
 	out->q = q;
 	out->scale = scale;
-	out->packed = false;
 	m->weight_bytes += (size_t) n_out * k + (size_t) n_out * sizeof(float);
 	return true;
 }
 
-/*
- * Rows [row0, row0 + n) of a matrix as a matrix of their own (sharing memory).  Of a packed
- * matrix, only a view starting at a multiple of CAI_QMATRIX_PANEL is a CPU GEMM operand; the
- * others (wk, wv when q_dim is not such a multiple) serve their scales and, for a GPU backend,
- * their place in the row-major device copy.
- */
-static cai_qmatrix
-qmatrix_rows(const cai_qmatrix *m, int row0, int n)
-{
-	cai_qmatrix v;
-
-	v.n_out = n;
-	v.k = m->k;
-	v.q = m->q + (size_t) row0 * m->k;
-	v.scale = m->scale + row0;
-	v.packed = m->packed;
-	return v;
-}
-
-/* The layer's views of its fused matrices, made once they are packed (views copy the flag). */
+/* The layer's views of its fused matrices. */
 static void
 layer_views(cai_layer_weights *w, const cai_config *c)
 {
 	int			q_dim = c->n_heads * c->head_dim;
 	int			kv_dim = c->n_kv_heads * c->head_dim;
 
-	w->wq = qmatrix_rows(&w->wqkv, 0, q_dim);
-	w->wk = qmatrix_rows(&w->wqkv, q_dim, kv_dim);
-	w->wv = qmatrix_rows(&w->wqkv, q_dim + kv_dim, kv_dim);
-	w->w_gate = qmatrix_rows(&w->w_gate_up, 0, c->d_ff);
-	w->w_up = qmatrix_rows(&w->w_gate_up, c->d_ff, c->d_ff);
+	w->wq = cai_qmatrix_rows(&w->wqkv, 0, q_dim);
+	w->wk = cai_qmatrix_rows(&w->wqkv, q_dim, kv_dim);
+	w->wv = cai_qmatrix_rows(&w->wqkv, q_dim + kv_dim, kv_dim);
+	w->w_gate = cai_qmatrix_rows(&w->w_gate_up, 0, c->d_ff);
+	w->w_up = cai_qmatrix_rows(&w->w_gate_up, c->d_ff, c->d_ff);
 }
 
 /* Dequantizes a (validated) vector tensor of n values into float memory owned by the model. */
@@ -246,7 +209,6 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 	float	   *head_wmax = NULL;
 	cai_layer_sources *src = NULL;
 	cai_convert_plan plan;
-	pack_plan	pack = {0};
 	cai_threadpool *pool = NULL;
 	int			n_threads;
 	cai_status	st;
@@ -432,26 +394,10 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 		goto done;
 	m->compensated_rounding = params->compensated_rounding;
 
-	/*
-	 * the GEMM operands packed for the CPU kernels (the embedding is read by rows, and a GPU
-	 * backend unpacks its copy on upload)
-	 */
-	pack.mats = malloc(((size_t) c->n_layers * 4 + 1) * sizeof(cai_qmatrix *));
-	if (!pack.mats)
-		OOM();
-	pack.mats[pack.n++] = &m->lm_head;
-	for (int l = 0; l < c->n_layers; l++)
-	{
-		pack.mats[pack.n++] = &m->layers[l].wqkv;
-		pack.mats[pack.n++] = &m->layers[l].wo;
-		pack.mats[pack.n++] = &m->layers[l].w_gate_up;
-		pack.mats[pack.n++] = &m->layers[l].w_down;
-	}
-	cai_threadpool_run(pool, pack_task, &pack, pack.n);
-	if (atomic_load(&pack.failed))
-		OOM();
+	/* each backend prepares its own copy of the int8 weights (backend.h's prepare_i8) */
 	for (int l = 0; l < c->n_layers; l++)
 		layer_views(&m->layers[l], c);
+	m->int8_complete = true;
 
 	/* the tied head's float reference is the embedding */
 	if (!t_out)
@@ -467,7 +413,6 @@ done:
 	free(plan.block);
 	free(plan.col_max);
 	free(head_wmax);
-	free(pack.mats);
 	free(src);
 	return st;
 }

@@ -598,6 +598,8 @@ start_engine(server *s, const cai_serve_config *config)
 					"Check pg_cai.device, pg_cai.context_length and pg_cai.max_batch and the server log, then reload the configuration.");
 		return false;
 	}
+	/* the engine's backend holds its own copy of the int8 matrices now */
+	cai_model_release_gemm_sources(s->model);
 	s->context_length = cai_engine_context_length(s->engine);
 	send_ready(s, cai_now_seconds() - start);
 	return true;

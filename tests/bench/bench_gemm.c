@@ -91,7 +91,7 @@ xmalloc(size_t n)
 
 /* A weight matrix with random int8 values, scales and row sums. */
 static void
-make_matrix(cai_qmatrix *m, int n_out, int k)
+make_matrix(cai_cpu_qmatrix *m, int n_out, int k)
 {
 	int8_t	   *q = xmalloc((size_t) n_out * k);
 	float	   *s = xmalloc(sizeof(float) * n_out);
@@ -105,7 +105,7 @@ make_matrix(cai_qmatrix *m, int n_out, int k)
 	m->q = q;
 	m->scale = s;
 	m->packed = false;
-	if (!cai_qmatrix_pack(m))
+	if (!cai_cpu_qmatrix_pack(m))
 	{
 		fprintf(stderr, "out of memory\n");
 		exit(1);
@@ -113,7 +113,7 @@ make_matrix(cai_qmatrix *m, int n_out, int k)
 }
 
 static void
-free_matrix(cai_qmatrix *m)
+free_matrix(cai_cpu_qmatrix *m)
 {
 	free((void *) m->q);
 	free((void *) m->scale);
@@ -140,7 +140,7 @@ static const shape shapes[] = {
  */
 static double
 best_per_call(cai_threadpool *pool, const int8_t *xq, const float *xs, int n_tok,
-			  const cai_qmatrix *ms, int copies, float *out, int ldo, double seconds)
+			  const cai_cpu_qmatrix *ms, int copies, float *out, int ldo, double seconds)
 {
 	double		start = now();
 	double		best = 1e30;
@@ -177,7 +177,7 @@ bench_shape(cai_threadpool *pool, const shape *sh, int n_tok, double seconds)
 {
 	size_t		wbytes = (size_t) sh->k * sh->n_out;
 	int			copies = 1;
-	cai_qmatrix *ms;
+	cai_cpu_qmatrix *ms;
 	int8_t	   *xq = xmalloc((size_t) n_tok * sh->k);
 	float	   *xs = xmalloc(sizeof(float) * n_tok);
 	float	   *out = xmalloc(sizeof(float) * n_tok * sh->n_out);
@@ -191,7 +191,7 @@ bench_shape(cai_threadpool *pool, const shape *sh, int n_tok, double seconds)
 		if (copies < 2)
 			copies = 2;
 	}
-	ms = xmalloc(sizeof(cai_qmatrix) * copies);
+	ms = xmalloc(sizeof(cai_cpu_qmatrix) * copies);
 	for (int c = 0; c < copies; c++)
 		make_matrix(&ms[c], sh->n_out, sh->k);
 	for (size_t i = 0; i < (size_t) n_tok * sh->k; i++)
@@ -251,7 +251,7 @@ bench_decode_step(cai_threadpool *pool, int n_tok, double seconds)
 	enum {LAYERS = 30};
 	static const int lk[7] = {576, 576, 576, 576, 576, 576, 1536};
 	static const int lo[7] = {576, 192, 192, 576, 1536, 1536, 576};
-	cai_qmatrix *ms = xmalloc(sizeof(cai_qmatrix) * (LAYERS * 7 + 1));
+	cai_cpu_qmatrix *ms = xmalloc(sizeof(cai_cpu_qmatrix) * (LAYERS * 7 + 1));
 	int8_t	   *xq = xmalloc((size_t) n_tok * 1536);
 	float	   *xs = xmalloc(sizeof(float) * n_tok);
 	float	   *out = xmalloc(sizeof(float) * n_tok * 49152);

@@ -7,15 +7,15 @@
  * over two steps of a ragged batch (prefill, then a decode and a chunk), every intermediate
  * compared.
  *
- * This exercises what the kernels' own tests cannot: weights found by their host addresses
- * (views inside the fused matrices, an LM head whose rows are padded to a multiple of 4, the
- * rotations' mix tables), host index arrays, the device mirror of a host KV pool, host GEMM
- * outputs, and error reporting.  The int8 path must match bit for bit; the float reference
- * path's GEMMs within 1e-5 * sum |x_i w_i| + 1e-6.
+ * Each side is a forward context (forward.c) on its backend, so its weights are the ones the
+ * context had the backend prepare (forward_weights.c): the fused QKV matrix, an LM head whose
+ * rows the GPU pads to a multiple of 4, the rotations' mix tables.  This exercises what the
+ * kernels' own tests cannot: those weights, host index arrays, the device mirror of a host KV
+ * pool, host GEMM outputs, and error reporting.  The int8 path must match bit for bit; the
+ * float reference path's GEMMs within 1e-5 * sum |x_i w_i| + 1e-6.
  *
- * On the default model, forward_int8 drives a backend table with cai_model_forward's int8
- * calls; one test checks that on the CPU table it gives cai_model_forward's logits bit for bit
- * (so the driver is the forward), another that the CUDA table gives the CPU table's.
+ * On the default model, cai_model_forward runs on a CUDA forward context and on a CPU one: the
+ * same logits, the same greedy tokens.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -24,6 +24,7 @@
 #include "backend.h"
 #include "backend_cuda.h"
 #include "cpu/threadpool.h"
+#include "forward_internal.h"
 #include "gpu_util.h"
 #include "kv.h"
 #include "model.h"
@@ -74,25 +75,12 @@ synth_qmatrix(synth_model *s, gpu_rng *r, int n_out, int k, cai_qmatrix *m)
 	m->k = k;
 	m->q = synth_alloc(s, (size_t) n_out * k);
 	m->scale = synth_alloc(s, (size_t) n_out * sizeof(float));
-	m->packed = false;			/* row-major: the CPU side runs its portable kernel */
 	if (!m->q || !m->scale)
 		return false;
 	gpu_fill_i8(r, (int8_t *) m->q, (size_t) n_out * k);
 	gpu_fill_f32(r, (float *) m->scale, (size_t) n_out, 0.5f / (127.0f * sqrtf((float) k)),
 				 1.5f / (127.0f * sqrtf((float) k)));
 	return true;
-}
-
-/* A view of rows [row0, row0 + n) of m, like model_load.c's wq/wk/wv. */
-static cai_qmatrix
-synth_view(const cai_qmatrix *m, int row0, int n)
-{
-	cai_qmatrix v = *m;
-
-	v.n_out = n;
-	v.q = m->q + (size_t) row0 * m->k;
-	v.scale = m->scale + row0;
-	return v;
 }
 
 static float *
@@ -146,8 +134,10 @@ synth_build(synth_model *s, uint64_t seed)
 	c->kv_source = s->kv_source;
 	c->kv_index = s->kv_index;
 	c->n_kv_layers = 1;
+	c->embed_scale = 1.0f;
 	s->m.layers = w;
 	s->m.has_float_reference = true;
+	s->m.int8_complete = true;
 
 	if (!synth_qmatrix(s, &r, SM_VOCAB, SM_D, &s->m.tok_embd) ||
 		!synth_qmatrix(s, &r, SM_VOCAB, SM_D, &s->m.lm_head) ||
@@ -156,11 +146,11 @@ synth_build(synth_model *s, uint64_t seed)
 		!synth_qmatrix(s, &r, 2 * SM_FF, SM_D, &w->w_gate_up) ||
 		!synth_qmatrix(s, &r, SM_D, SM_FF, &w->w_down))
 		return false;
-	w->wq = synth_view(&w->wqkv, 0, SM_Q);
-	w->wk = synth_view(&w->wqkv, SM_Q, SM_KVD);
-	w->wv = synth_view(&w->wqkv, SM_Q + SM_KVD, SM_KVD);
-	w->w_gate = synth_view(&w->w_gate_up, 0, SM_FF);
-	w->w_up = synth_view(&w->w_gate_up, SM_FF, SM_FF);
+	w->wq = cai_qmatrix_rows(&w->wqkv, 0, SM_Q);
+	w->wk = cai_qmatrix_rows(&w->wqkv, SM_Q, SM_KVD);
+	w->wv = cai_qmatrix_rows(&w->wqkv, SM_Q + SM_KVD, SM_KVD);
+	w->w_gate = cai_qmatrix_rows(&w->w_gate_up, 0, SM_FF);
+	w->w_up = cai_qmatrix_rows(&w->w_gate_up, SM_FF, SM_FF);
 	w->attn_norm = synth_floats(s, &r, SM_D, 0.5f, 1.5f);
 	w->ffn_norm = synth_floats(s, &r, SM_D, 0.5f, 1.5f);
 	w->attn_norm_i8 = synth_floats(s, &r, SM_D, 0.5f, 1.5f);
@@ -200,10 +190,11 @@ synth_free(synth_model *s)
 	s->n_allocs = 0;
 }
 
-/* The activations of one backend. */
+/* One backend: its forward context (which made it and its weights) and activations. */
 typedef struct side
 {
-	cai_backend *be;
+	cai_forward_ctx *fc;
+	cai_backend *be;			/* fc->be */
 	bool		gpu;
 	float	   *x,
 			   *xn,
@@ -248,7 +239,7 @@ side_free(side *sd)
 	sd->be->ops->free(sd->be, sd->xg);
 	sd->be->ops->free(sd->be, sd->xq);
 	sd->be->ops->free(sd->be, sd->xs);
-	cai_backend_free(sd->be);
+	cai_forward_ctx_free(sd->fc);
 }
 
 /* Copies bytes of a backend buffer to host memory (the GPU's after its queued work). */
@@ -309,7 +300,6 @@ static void
 run_int8_step(const synth_model *s, side *cpu, side *gpu, cai_kv_pool *kv, const step *st)
 {
 	const cai_model *m = &s->m;
-	const cai_layer_weights *w = &s->layer;
 	int			T = st->T;
 	int			R = st->R;
 	int			nv_model = SM_D / m->rot_model.n;
@@ -328,8 +318,9 @@ run_int8_step(const synth_model *s, side *cpu, side *gpu, cai_kv_pool *kv, const
 	for (int i = 0; i < 2; i++)
 	{
 		side	   *sd = sides[i];
+		const cai_model_operands *W = &sd->fc->w;
 
-		sd->be->ops->embed_i8(sd->be, &m->tok_embd, st->ids, T, sd->x);
+		sd->be->ops->embed_i8(sd->be, &W->tok_embd, st->ids, T, sd->x);
 		sd->be->ops->rope_prepare(sd->be, &rp, st->pos, T, sd->cs);
 	}
 	compare(cpu, gpu, cpu->x, gpu->x, (size_t) T * SM_D * 4, true, "embedding");
@@ -337,16 +328,29 @@ run_int8_step(const synth_model *s, side *cpu, side *gpu, cai_kv_pool *kv, const
 	for (int i = 0; i < 2; i++)
 	{
 		side	   *sd = sides[i];
+		const cai_model_operands *W = &sd->fc->w;
+		const cai_layer_operands *w = &W->layers[0];
 		const cai_backend_ops *op = sd->be->ops;
 
 		op->rmsnorm(sd->be, sd->x, w->attn_norm_i8, T, SM_D, 1e-5f, sd->xn, NULL);
-		op->rotate(sd->be, &m->rot_model, sd->xn, SM_D, T, nv_model, sd->xq, sd->xs);
-		op->gemm_i8(sd->be, sd->xq, sd->xs, T, &w->wqkv, w->bqkv_i8, sd->qkv, SM_QKV, false);
+		op->rotate(sd->be, &W->rot_model, sd->xn, SM_D, T, nv_model, sd->xq, sd->xs);
+		op->gemm_i8(sd->be, sd->xq, sd->xs, T, w->wqkv, SM_QKV, w->bqkv_i8, sd->qkv,
+					SM_QKV, false);
 	}
 	compare(cpu, gpu, cpu->xn, gpu->xn, (size_t) T * SM_D * 4, true, "rotated attention input");
 	compare(cpu, gpu, cpu->xq, gpu->xq, (size_t) T * SM_D, false, "attention input (int8)");
 	compare(cpu, gpu, cpu->xs, gpu->xs, (size_t) T * 4, true, "attention input scales");
 	compare(cpu, gpu, cpu->qkv, gpu->qkv, (size_t) T * SM_QKV * 4, true, "qkv projection");
+	/* the query rows alone (a layer that reads another layer's KV), into the attention buffer */
+	for (int i = 0; i < 2; i++)
+	{
+		side	   *sd = sides[i];
+		const cai_layer_operands *w = &sd->fc->w.layers[0];
+
+		sd->be->ops->gemm_i8(sd->be, sd->xq, sd->xs, T, w->wqkv, SM_Q, w->bqkv_i8, sd->att, SM_Q,
+							 false);
+	}
+	compare(cpu, gpu, cpu->att, gpu->att, (size_t) T * SM_Q * 4, true, "q rows of the projection");
 
 	/* per-head query and key norms (qwen3, gemma3), in place on q and k, before RoPE */
 	for (int i = 0; i < 2; i++)
@@ -354,18 +358,28 @@ run_int8_step(const synth_model *s, side *cpu, side *gpu, cai_kv_pool *kv, const
 		side	   *sd = sides[i];
 		const cai_backend_ops *op = sd->be->ops;
 
-		op->head_rmsnorm(sd->be, sd->qkv, SM_QKV, T, SM_HEADS, SM_HD, qk_norm_w, 1e-6f);
-		op->head_rmsnorm(sd->be, sd->qkv + SM_Q, SM_QKV, T, SM_KV_HEADS, SM_HD, qk_norm_w + SM_HD,
+		cai_error	err;
+		/* weights are where the backend reads them (the GPU's copy) */
+		const float *qkn = op->weight_data(sd->be, qk_norm_w, sizeof(qk_norm_w), &err);
+
+		if (!qkn)
+		{
+			CHECK_MSG(false, "weight_data: %s", err.message);
+			return;
+		}
+		op->head_rmsnorm(sd->be, sd->qkv, SM_QKV, T, SM_HEADS, SM_HD, qkn, 1e-6f);
+		op->head_rmsnorm(sd->be, sd->qkv + SM_Q, SM_QKV, T, SM_KV_HEADS, SM_HD, qkn + SM_HD,
 						 1e-6f);
 	}
 	compare(cpu, gpu, cpu->qkv, gpu->qkv, (size_t) T * SM_QKV * 4, true, "per-head q/k norms");
 	for (int i = 0; i < 2; i++)
 	{
 		side	   *sd = sides[i];
+		const cai_model_operands *W = &sd->fc->w;
 		const cai_backend_ops *op = sd->be->ops;
 
 		op->rope(sd->be, &rp, sd->cs, sd->qkv, SM_QKV, T, SM_HEADS + SM_KV_HEADS, SM_HD, NULL);
-		op->rotate(sd->be, &m->rot_head, sd->qkv, SM_QKV, T, nv_head, NULL, NULL);
+		op->rotate(sd->be, &W->rot_head, sd->qkv, SM_QKV, T, nv_head, NULL, NULL);
 		op->kv_write(sd->be, &ap, &st->batch, sd->qkv + SM_Q, sd->qkv + SM_Q + SM_KVD, SM_QKV, kv,
 					 NULL);
 		op->attention(sd->be, &ap, &st->batch, sd->qkv, SM_QKV, kv, NULL, sd->att, SM_Q);
@@ -376,23 +390,27 @@ run_int8_step(const synth_model *s, side *cpu, side *gpu, cai_kv_pool *kv, const
 	for (int i = 0; i < 2; i++)
 	{
 		side	   *sd = sides[i];
+		const cai_model_operands *W = &sd->fc->w;
+		const cai_layer_operands *w = &W->layers[0];
 		const cai_backend_ops *op = sd->be->ops;
 
 		op->quantize(sd->be, sd->att, T, SM_Q, sd->xq, sd->xs);
-		op->gemm_i8(sd->be, sd->xq, sd->xs, T, &w->wo, NULL, sd->x, SM_D, true);
+		op->gemm_i8(sd->be, sd->xq, sd->xs, T, w->wo, SM_D, NULL, sd->x, SM_D, true);
 		op->rmsnorm(sd->be, sd->x, w->ffn_norm_i8, T, SM_D, 1e-5f, sd->xn, NULL);
-		op->rotate(sd->be, &m->rot_model, sd->xn, SM_D, T, nv_model, sd->xq, sd->xs);
-		op->gemm_i8(sd->be, sd->xq, sd->xs, T, &w->w_gate_up, NULL, sd->gate_up, 2 * SM_FF, false);
+		op->rotate(sd->be, &W->rot_model, sd->xn, SM_D, T, nv_model, sd->xq, sd->xs);
+		op->gemm_i8(sd->be, sd->xq, sd->xs, T, w->w_gate_up, 2 * SM_FF, NULL, sd->gate_up,
+					2 * SM_FF, false);
 	}
 	compare(cpu, gpu, cpu->xq, gpu->xq, (size_t) T * SM_D, false, "ffn input (int8)");
 	compare(cpu, gpu, cpu->gate_up, gpu->gate_up, (size_t) T * 2 * SM_FF * 4, true, "gate/up");
 	for (int i = 0; i < 2; i++)
 	{
 		side	   *sd = sides[i];
+		const cai_model_operands *W = &sd->fc->w;
 		const cai_backend_ops *op = sd->be->ops;
 
 		op->swiglu(sd->be, sd->gate_up, T, SM_FF, sd->xn, NULL);
-		op->rotate(sd->be, &m->rot_ff, sd->xn, SM_FF, T, nv_ff, sd->xq, sd->xs);
+		op->rotate(sd->be, &W->rot_ff, sd->xn, SM_FF, T, nv_ff, sd->xq, sd->xs);
 	}
 	compare(cpu, gpu, cpu->xn, gpu->xn, (size_t) T * SM_FF * 4, true, "rotated swiglu output");
 	compare(cpu, gpu, cpu->xq, gpu->xq, (size_t) T * SM_FF, false, "down input (int8)");
@@ -400,14 +418,16 @@ run_int8_step(const synth_model *s, side *cpu, side *gpu, cai_kv_pool *kv, const
 	for (int i = 0; i < 2; i++)
 	{
 		side	   *sd = sides[i];
+		const cai_model_operands *W = &sd->fc->w;
+		const cai_layer_operands *w = &W->layers[0];
 		const cai_backend_ops *op = sd->be->ops;
 
-		op->gemm_i8(sd->be, sd->xq, sd->xs, T, &w->w_down, NULL, sd->x, SM_D, true);
+		op->gemm_i8(sd->be, sd->xq, sd->xs, T, w->w_down, SM_D, NULL, sd->x, SM_D, true);
 		op->gather_rows(sd->be, sd->x, SM_D, st->logit_rows, R, sd->xg);
-		op->rmsnorm(sd->be, sd->xg, m->out_norm_i8, R, SM_D, 1e-5f, sd->xn, NULL);
-		op->rotate(sd->be, &m->rot_model, sd->xn, SM_D, R, nv_model, sd->xq, sd->xs);
+		op->rmsnorm(sd->be, sd->xg, W->out_norm_i8, R, SM_D, 1e-5f, sd->xn, NULL);
+		op->rotate(sd->be, &W->rot_model, sd->xn, SM_D, R, nv_model, sd->xq, sd->xs);
 		/* the caller's logits are host memory: the gpu computes them on the device, downloads */
-		op->gemm_i8(sd->be, sd->xq, sd->xs, R, &m->lm_head, NULL, i == 0 ? clog : glog,
+		op->gemm_i8(sd->be, sd->xq, sd->xs, R, W->lm_head, SM_VOCAB, NULL, i == 0 ? clog : glog,
 					SM_VOCAB, false);
 	}
 	compare(cpu, gpu, cpu->x, gpu->x, (size_t) T * SM_D * 4, true, "residual stream");
@@ -424,6 +444,8 @@ run_int8_step(const synth_model *s, side *cpu, side *gpu, cai_kv_pool *kv, const
 	for (int i = 0; i < 2; i++)
 	{
 		side	   *sd = sides[i];
+		const cai_model_operands *W = &sd->fc->w;
+		const cai_layer_operands *w = &W->layers[0];
 		const cai_backend_ops *op = sd->be->ops;
 
 		op->rmsnorm_quant(sd->be, sd->x, w->ffn_norm_i8, T, SM_D, 1e-5f, sd->xq, sd->xs);
@@ -483,10 +505,37 @@ typedef struct fixture
 	side		gpu;
 } fixture;
 
+/* cai_backend_factory of the CUDA sides: the backend with the parameters at arg. */
+static cai_status
+cuda_factory(void *arg, const cai_backend_limits *limits, cai_backend **out, cai_error *err)
+{
+	cai_cuda_backend_params p = *(const cai_cuda_backend_params *) arg;
+
+	p.limits = *limits;
+	return cai_cuda_backend_create(&p, out, err);
+}
+
+/* A forward context on the CPU (params NULL) or on the CUDA backend, as a side. */
+static bool
+side_open(side *sd, const cai_model *m, cai_threadpool *tp, const cai_cuda_backend_params *params,
+		  int max_tokens, int max_context)
+{
+	cai_error	err;
+	cai_status	st;
+
+	st = params ? cai_forward_ctx_create_on(m, cuda_factory, (void *) params, max_tokens,
+											max_context, &sd->fc, &err) :
+		cai_forward_ctx_create(m, tp, max_tokens, max_context, &sd->fc, &err);
+	if (!gpu_ok(st, &err, params ? "cuda forward context" : "cpu forward context"))
+		return false;
+	sd->be = sd->fc->be;
+	sd->gpu = params != NULL;
+	return true;
+}
+
 static bool
 fixture_open(fixture *f)
 {
-	cai_backend_limits lim = {16, SM_CTX, SM_FF, SM_HEADS, SM_KV_HEADS, SM_HD};
 	cai_cuda_backend_params p;
 	cai_kv_layout L = {0};
 	cai_error	err;
@@ -505,17 +554,15 @@ fixture_open(fixture *f)
 	L.layer_bytes = (part + 63) & ~(size_t) 63;
 	L.block_bytes = L.layer_bytes;
 	if (!gpu_ok(cai_kv_pool_create(&L, 12, &f->kv, &err), &err, "kv pool") ||
-		!gpu_ok(cai_backend_cpu_create(f->tp, &lim, &f->cpu.be, &err), &err, "cpu backend"))
+		!side_open(&f->cpu, &f->model.m, f->tp, NULL, 16, SM_CTX))
 		return false;
 	memset(&p, 0, sizeof(p));
 	p.device = 0;
 	p.model = &f->model.m;
-	p.limits = lim;
 	p.kv_pool_layout = cai_kv_pool_layout;
 	p.kv_pool_n_blocks = cai_kv_pool_n_blocks;
-	if (!gpu_ok(cai_cuda_backend_create(&p, &f->gpu.be, &err), &err, "cuda backend"))
+	if (!side_open(&f->gpu, &f->model.m, f->tp, &p, 16, SM_CTX))
 		return false;
-	f->gpu.gpu = true;
 	fprintf(stderr, "    %s\n", cai_cuda_backend_device(f->gpu.be));
 	if (!side_alloc(&f->cpu, 16) || !side_alloc(&f->gpu, 16))
 	{
@@ -621,7 +668,6 @@ TEST(gpu_backend_table_float_path)
 		ids[i] = gpu_rng_int(&r, 0, SM_VOCAB - 1);
 	if (fixture_open(&f))
 	{
-		const cai_layer_weights *w = &f.model.layer;
 		side	   *sides[2] = {&f.cpu, &f.gpu};
 		float		clog[6 * SM_VOCAB],
 					glog[6 * SM_VOCAB];
@@ -632,13 +678,15 @@ TEST(gpu_backend_table_float_path)
 		{
 			side	   *sd = sides[i];
 			const cai_backend_ops *op = sd->be->ops;
+			const cai_model_operands *W = &sd->fc->w;
+			const cai_layer_operands *w = &W->layers[0];
 
-			op->embed_f32(sd->be, f.model.m.f_tok_embd, SM_D, ids, 6, sd->x);
+			op->embed_f32(sd->be, W->f_tok_embd, SM_D, ids, 6, sd->x);
 			op->rmsnorm(sd->be, sd->x, w->attn_norm, 6, SM_D, 1e-5f, sd->xn, NULL);
 			op->gemm_f32(sd->be, sd->xn, 6, SM_D, w->f_wq, SM_Q, w->bq, sd->qkv, SM_QKV, false);
 			op->gemm_f32(sd->be, sd->xn, 6, SM_D, w->f_wk, SM_KVD, w->bk, sd->qkv + SM_Q, SM_QKV,
 						 false);
-			op->gemm_f32(sd->be, sd->xn, 6, SM_D, f.model.m.f_lm_head, SM_VOCAB, NULL,
+			op->gemm_f32(sd->be, sd->xn, 6, SM_D, W->f_lm_head, SM_VOCAB, NULL,
 						 i == 0 ? clog : glog, SM_VOCAB, false);
 			op->gemm_f32(sd->be, sd->xn, 6, SM_D, w->f_gate, SM_FF, NULL, sd->gate_up, 2 * SM_FF,
 						 false);
@@ -674,14 +722,14 @@ TEST(gpu_backend_reports_failures)
 		cai_status	st;
 
 		memset(not_backend_memory, 0, sizeof(not_backend_memory));
-		/* an input that is neither an allocation of the backend nor a model weight */
-		f.gpu.be->ops->rmsnorm(f.gpu.be, not_backend_memory, f.model.layer.attn_norm, 1, SM_D,
-							   1e-5f, f.gpu.xn, NULL);
+		/* an input that is not an allocation of the backend */
+		f.gpu.be->ops->rmsnorm(f.gpu.be, not_backend_memory, f.gpu.fc->w.layers[0].attn_norm, 1,
+							   SM_D, 1e-5f, f.gpu.xn, NULL);
 		/* later operations do nothing until the failure is collected */
 		f.gpu.be->ops->quantize(f.gpu.be, f.gpu.x, 1, SM_D, f.gpu.xq, f.gpu.xs);
 		st = cai_cuda_backend_status(f.gpu.be, &err);
 		CHECK(st != CAI_OK);
-		CHECK_MSG(strstr(err.message, "neither backend memory nor a model weight") != NULL,
+		CHECK_MSG(strstr(err.message, "is not backend memory") != NULL,
 				  "message: %s", err.message);
 		/* collected: the backend works again */
 		CHECK(cai_cuda_backend_status(f.gpu.be, &err) == CAI_OK);
@@ -692,137 +740,6 @@ TEST(gpu_backend_reports_failures)
 /* ---------------------------------------------------------------------------------------------
  * The default model end to end: greedy tokens of both backends
  * ------------------------------------------------------------------------------------------- */
-
-/* Activations sized for a real model. */
-typedef struct model_side
-{
-	cai_backend *be;
-	bool		gpu;
-	float	   *x,
-			   *xn,
-			   *qkv,
-			   *att,
-			   *gate_up,
-			   *cs,
-			   *xg;
-	int8_t	   *xq;
-	float	   *xs;
-} model_side;
-
-static bool
-model_side_alloc(model_side *sd, const cai_config *c, int T)
-{
-	const cai_backend_ops *op = sd->be->ops;
-	int			q_dim = c->n_heads * c->head_dim;
-	int			qkv_w = q_dim + 2 * c->n_kv_heads * c->head_dim;
-	int			width = c->d_model > q_dim ? c->d_model : q_dim;
-
-	if (c->d_ff > width)
-		width = c->d_ff;
-	sd->x = op->alloc(sd->be, (size_t) T * c->d_model * sizeof(float));
-	sd->xn = op->alloc(sd->be, (size_t) T * width * sizeof(float));
-	sd->qkv = op->alloc(sd->be, (size_t) T * qkv_w * sizeof(float));
-	sd->att = op->alloc(sd->be, (size_t) T * q_dim * sizeof(float));
-	sd->gate_up = op->alloc(sd->be, (size_t) T * 2 * c->d_ff * sizeof(float));
-	sd->cs = op->alloc(sd->be, (size_t) T * c->n_rot * sizeof(float));
-	sd->xg = op->alloc(sd->be, (size_t) T * c->d_model * sizeof(float));
-	sd->xq = op->alloc(sd->be, (size_t) T * width);
-	sd->xs = op->alloc(sd->be, (size_t) T * sizeof(float));
-	return sd->x && sd->xn && sd->qkv && sd->att && sd->gate_up && sd->cs && sd->xg && sd->xq &&
-		sd->xs;
-}
-
-static void
-model_side_free(model_side *sd)
-{
-	void	   *bufs[9] = {sd->x, sd->xn, sd->qkv, sd->att, sd->gate_up, sd->cs, sd->xg, sd->xq,
-	sd->xs};
-
-	if (!sd->be)
-		return;
-	for (int i = 0; i < 9; i++)
-		sd->be->ops->free(sd->be, bufs[i]);
-	cai_backend_free(sd->be);
-}
-
-/*
- * cai_model_forward's int8 path, call for call, on one backend table (forward.c creates its own
- * CPU backend, so the test drives both tables itself; keep this in step with forward.c's
- * cai_forward_layer and cai_model_forward, which gpu_backend_cpu_driver_matches_model_forward
- * checks).  The last layer finishes only the rows that want logits, gathered after attention.
- * Returns the table's sync status (the CUDA table's first failure).
- */
-static cai_status
-forward_int8(model_side *sd, const cai_model *m, cai_kv_pool *kv, const step *st, float *logits,
-			 cai_error *err)
-{
-	const cai_config *c = &m->cfg;
-	const cai_backend_ops *op = sd->be->ops;
-	cai_backend *be = sd->be;
-	int			T = st->T;
-	int			R = st->R;
-	int			d = c->d_model;
-	int			d_ff = c->d_ff;
-	int			q_dim = c->n_heads * c->head_dim;
-	int			kv_dim = c->n_kv_heads * c->head_dim;
-	int			qkv_w = q_dim + 2 * kv_dim;
-	cai_rope_params rope = {c->n_rot, c->rope_base, c->rope_freq_scale, c->rope_neox,
-	m->rope_freqs};
-
-	op->embed_i8(be, &m->tok_embd, st->ids, T, sd->x);
-	op->rope_prepare(be, &rope, st->pos, T, sd->cs);
-	for (int l = 0; l < c->n_layers; l++)
-	{
-		const cai_layer_weights *w = &m->layers[l];
-		bool		owns_kv = c->kv_source[l] == l;
-		int			n_qk = owns_kv ? c->n_heads + c->n_kv_heads : c->n_heads;
-		cai_attn_params ap = {c->n_heads, c->n_kv_heads, c->head_dim, c->attn_window[l],
-		c->kv_index[l], 1.0f / sqrtf((float) c->head_dim)};
-		float	   *x = sd->x;
-		float	   *att = sd->att;
-		int			n = T;
-
-		op->rmsnorm(be, sd->x, w->attn_norm_i8, T, d, c->norm_eps, sd->xn, NULL);
-		op->rotate(be, &m->rot_model, sd->xn, d, T, d / m->rot_model.n, sd->xq, sd->xs);
-		op->gemm_i8(be, sd->xq, sd->xs, T, owns_kv ? &w->wqkv : &w->wq, w->bqkv_i8, sd->qkv,
-					qkv_w, false);
-		if (c->qk_norm)
-		{
-			op->head_rmsnorm(be, sd->qkv, qkv_w, T, c->n_heads, c->head_dim, w->attn_q_norm,
-							 c->norm_eps);
-			if (owns_kv)
-				op->head_rmsnorm(be, sd->qkv + q_dim, qkv_w, T, c->n_kv_heads, c->head_dim,
-								 w->attn_k_norm, c->norm_eps);
-		}
-		op->rope(be, &rope, sd->cs, sd->qkv, qkv_w, T, n_qk, c->head_dim, NULL);
-		op->rotate(be, &m->rot_head, sd->qkv, qkv_w, T, n_qk * c->head_dim / m->rot_head.n,
-				   NULL, NULL);
-		if (owns_kv)
-			op->kv_write(be, &ap, &st->batch, sd->qkv + q_dim, sd->qkv + q_dim + kv_dim, qkv_w,
-						 kv, NULL);
-		op->attention(be, &ap, &st->batch, sd->qkv, qkv_w, kv, NULL, sd->att, q_dim);
-		if (l == c->n_layers - 1)
-		{
-			op->gather_rows(be, sd->x, d, st->logit_rows, R, sd->xg);
-			op->gather_rows(be, sd->att, q_dim, st->logit_rows, R, sd->qkv);
-			x = sd->xg;
-			att = sd->qkv;
-			n = R;
-		}
-		op->quantize(be, att, n, q_dim, sd->xq, sd->xs);
-		op->gemm_i8(be, sd->xq, sd->xs, n, &w->wo, NULL, x, d, true);
-		op->rmsnorm(be, x, w->ffn_norm_i8, n, d, c->norm_eps, sd->xn, NULL);
-		op->rotate(be, &m->rot_model, sd->xn, d, n, d / m->rot_model.n, sd->xq, sd->xs);
-		op->gemm_i8(be, sd->xq, sd->xs, n, &w->w_gate_up, NULL, sd->gate_up, 2 * d_ff, false);
-		op->swiglu(be, sd->gate_up, n, d_ff, sd->xn, NULL);
-		op->rotate(be, &m->rot_ff, sd->xn, d_ff, n, d_ff / m->rot_ff.n, sd->xq, sd->xs);
-		op->gemm_i8(be, sd->xq, sd->xs, n, &w->w_down, NULL, x, d, true);
-	}
-	op->rmsnorm(be, sd->xg, m->out_norm_i8, R, d, c->norm_eps, sd->xn, NULL);
-	op->rotate(be, &m->rot_model, sd->xn, d, R, d / m->rot_model.n, sd->xq, sd->xs);
-	op->gemm_i8(be, sd->xq, sd->xs, R, &m->lm_head, NULL, logits, c->n_vocab, false);
-	return op->sync ? op->sync(be, err) : CAI_OK;
-}
 
 /*
  * Step it of a greedy two-sequence run: both prompts from position 0 in one ragged step
@@ -863,22 +780,6 @@ greedy_step(step *st, int it, int32_t *const prompt_ids[2], const int n_prompt[2
 	st->batch.seq_start = st->start;
 	st->batch.seq_len = st->len;
 	st->batch.block_tables = st->tables;
-}
-
-/* The backend limits of the real-model tests: 16 rows, 64 positions. */
-static void
-model_limits(const cai_config *c, cai_backend_limits *lim)
-{
-	lim->max_tokens = 16;
-	lim->max_context = 64;
-	lim->max_width = c->n_heads * c->head_dim + 2 * c->n_kv_heads * c->head_dim;
-	if (c->d_ff > lim->max_width)
-		lim->max_width = c->d_ff;
-	if (c->d_model > lim->max_width)
-		lim->max_width = c->d_model;
-	lim->n_heads = c->n_heads;
-	lim->n_kv_heads = c->n_kv_heads;
-	lim->head_dim = c->head_dim;
 }
 
 static int32_t
@@ -970,98 +871,38 @@ model_fixture_close(model_fixture *f)
 	cai_model_free(f->model);
 }
 
-/*
- * The driver above on the CPU table against cai_model_forward itself, over a ragged prefill and
- * greedy decode steps: the logits must be identical, so that what the CUDA test compares with
- * is the engine's forward.  Needs no GPU (it runs wherever the GPU suite does; the helper that
- * changed the forward ran it on a CPU-only machine through a small driver of this file).
- */
-TEST(gpu_backend_cpu_driver_matches_model_forward)
+/* The forward of one greedy step (greedy_step's) on a side, logits of each sequence's last row. */
+static cai_status
+greedy_forward(side *sd, const cai_model *m, cai_kv_pool *kv, const step *st,
+			   int32_t (*tables)[4], float *logits, cai_error *err)
 {
-	const int	n_steps = MODEL_N_DECODE + 1;	/* the steps the CUDA test runs */
-	model_fixture f;
-	bool		absent;
-	cai_forward_ctx *fctx = NULL;
-	model_side	cpu = {0};
-	float	   *ref = NULL,
-			   *drv = NULL;
-	cai_backend_limits lim;
-	cai_error	err;
+	cai_batch_seq seqs[2];
 
-	if (!model_fixture_open(&f, &absent))
+	for (int s = 0; s < 2; s++)
 	{
-		model_fixture_close(&f);
-		if (absent)
-			SKIP("the default model is not in models/ (make model)");
-		return;
+		seqs[s].tokens = st->ids + st->start[s];
+		seqs[s].n_tokens = st->len[s];
+		seqs[s].pos = st->pos[st->start[s]];
+		seqs[s].block_table = tables[s];
+		seqs[s].n_blocks = 4;
+		seqs[s].logits = CAI_LOGITS_LAST;
 	}
-	model_limits(&f.model->cfg, &lim);
-	if (!gpu_ok(cai_forward_ctx_create(f.model, f.tp, lim.max_tokens, lim.max_context, &fctx,
-									   &err), &err, "forward context") ||
-		!gpu_ok(cai_backend_cpu_create(f.tp, &lim, &cpu.be, &err), &err, "cpu backend"))
-		goto done;
-	if (!model_side_alloc(&cpu, &f.model->cfg, lim.max_tokens))
-	{
-		CHECK_MSG(false, "activation allocation failed");
-		goto done;
-	}
-	ref = malloc((size_t) 2 * f.model->cfg.n_vocab * sizeof(float));
-	drv = malloc((size_t) 2 * f.model->cfg.n_vocab * sizeof(float));
-	if (!ref || !drv)
-		goto done;
-	{
-		int			pos[2] = {0, 0};
-		int32_t		next[2] = {0, 0};
-		static step st;
-
-		for (int it = 0; it < n_steps; it++)
-		{
-			cai_batch_seq seqs[2];
-
-			greedy_step(&st, it, f.prompt_ids, f.n_prompt, next, pos, f.table_ptrs);
-			for (int s = 0; s < 2; s++)
-			{
-				seqs[s].tokens = st.ids + st.start[s];
-				seqs[s].n_tokens = st.len[s];
-				seqs[s].pos = st.pos[st.start[s]];
-				seqs[s].block_table = f.tables[s];
-				seqs[s].n_blocks = 4;
-				seqs[s].logits = CAI_LOGITS_LAST;
-			}
-			if (!gpu_ok(cai_model_forward(f.model, fctx, f.kv[0], seqs, 2, ref, false, &err),
-						&err, "cai_model_forward") ||
-				!gpu_ok(forward_int8(&cpu, f.model, f.kv[1], &st, drv, &err), &err,
-						"the cpu table driver"))
-				break;
-			if (!gpu_same_f32(drv, ref, (size_t) 2 * f.model->cfg.n_vocab,
-							  "cpu table driver vs cai_model_forward logits"))
-			{
-				fprintf(stderr, "    (step %d)\n", it);
-				break;
-			}
-			for (int s = 0; s < 2; s++)
-				next[s] = argmax_row(ref + (size_t) s * f.model->cfg.n_vocab,
-									 f.model->cfg.n_vocab);
-		}
-	}
-done:
-	free(ref);
-	free(drv);
-	model_side_free(&cpu);
-	cai_forward_ctx_free(fctx);
-	model_fixture_close(&f);
+	return cai_model_forward(m, sd->fc, kv, seqs, 2, logits, false, err);
 }
 
-/* The CUDA table against the CPU table through the driver: identical logits, greedy tokens. */
+/*
+ * The engine's forward (cai_model_forward) on a CUDA forward context against a CPU one: a
+ * ragged prefill of two prompts, then greedy decoding of both together; identical logits and
+ * tokens at every step.
+ */
 TEST(gpu_backend_default_model_greedy_matches_cpu)
 {
 	model_fixture f;
 	bool		absent;
-	model_side	cpu = {0},
+	side		cpu = {0},
 				gpu = {0};
 	float	   *clog = NULL,
 			   *glog = NULL;
-	cai_backend_limits lim;
 	cai_cuda_backend_params p;
 	cai_error	err;
 
@@ -1072,24 +913,14 @@ TEST(gpu_backend_default_model_greedy_matches_cpu)
 			SKIP("the default model is not in models/ (make model)");
 		return;
 	}
-	model_limits(&f.model->cfg, &lim);
-	if (!gpu_ok(cai_backend_cpu_create(f.tp, &lim, &cpu.be, &err), &err, "cpu backend"))
-		goto done;
 	memset(&p, 0, sizeof(p));
 	p.device = 0;
 	p.model = f.model;
-	p.limits = lim;
 	p.kv_pool_layout = cai_kv_pool_layout;
 	p.kv_pool_n_blocks = cai_kv_pool_n_blocks;
-	if (!gpu_ok(cai_cuda_backend_create(&p, &gpu.be, &err), &err, "cuda backend"))
+	if (!side_open(&cpu, f.model, f.tp, NULL, 16, 64) ||
+		!side_open(&gpu, f.model, f.tp, &p, 16, 64))
 		goto done;
-	gpu.gpu = true;
-	if (!model_side_alloc(&cpu, &f.model->cfg, lim.max_tokens) ||
-		!model_side_alloc(&gpu, &f.model->cfg, lim.max_tokens))
-	{
-		CHECK_MSG(false, "activation allocation failed");
-		goto done;
-	}
 	clog = malloc((size_t) 2 * f.model->cfg.n_vocab * sizeof(float));
 	glog = malloc((size_t) 2 * f.model->cfg.n_vocab * sizeof(float));
 	if (!clog || !glog)
@@ -1104,9 +935,9 @@ TEST(gpu_backend_default_model_greedy_matches_cpu)
 		for (int it = 0; it <= MODEL_N_DECODE; it++)
 		{
 			greedy_step(&st, it, f.prompt_ids, f.n_prompt, next, pos, f.table_ptrs);
-			if (!gpu_ok(forward_int8(&cpu, f.model, f.kv[0], &st, clog, &err), &err,
+			if (!gpu_ok(greedy_forward(&cpu, f.model, f.kv[0], &st, f.tables, clog, &err), &err,
 						"cpu forward") ||
-				!gpu_ok(forward_int8(&gpu, f.model, f.kv[1], &st, glog, &err), &err,
+				!gpu_ok(greedy_forward(&gpu, f.model, f.kv[1], &st, f.tables, glog, &err), &err,
 						"cuda forward"))
 				break;
 			if (!gpu_same_f32(glog, clog, (size_t) 2 * f.model->cfg.n_vocab, "logits"))
@@ -1128,7 +959,7 @@ TEST(gpu_backend_default_model_greedy_matches_cpu)
 done:
 	free(clog);
 	free(glog);
-	model_side_free(&cpu);
-	model_side_free(&gpu);
+	side_free(&cpu);
+	side_free(&gpu);
 	model_fixture_close(&f);
 }

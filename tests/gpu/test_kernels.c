@@ -25,7 +25,7 @@
 /* A host int8 weight matrix with random values and positive per-row scales. */
 typedef struct host_qmatrix
 {
-	cai_qmatrix m;
+	cai_cpu_qmatrix m;		/* the CPU reference reads it row-major */
 	int8_t	   *q;
 	float	   *scale;
 } host_qmatrix;
@@ -43,7 +43,7 @@ host_qmatrix_make(gpu_rng *r, int n_out, int k, host_qmatrix *h)
 	h->m.k = k;
 	h->m.q = h->q;
 	h->m.scale = h->scale;
-	h->m.packed = false;		/* row-major, as uploaded; the CPU reference runs unpacked */
+	h->m.packed = false;		/* row-major, as uploaded */
 	return true;
 }
 

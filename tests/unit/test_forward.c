@@ -17,6 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cpu/gemm.h"
 #include "cpu/ops.h"
 #include "model.h"
 #include "synth_model.h"
@@ -839,6 +840,73 @@ TEST(forward_rotate_op_quantizes_rotated_rows)
  * accurate to about 2e-7 near 0, a few ulps more for the far negative tail), over a row with a vector tail, inputs from -12 to 12
  * (far tails: gelu(-12) ~ 0, gelu(12) = 12); the rmsnorm-and-add kernel against its formula.
  */
+/*
+ * The CPU backend's weights are its own: prepare_i8 packs a copy of the row-major matrix, so the
+ * GEMM through the handle equals the row-major kernel on the source, for all its rows and for
+ * the first 32 (the query rows of a fused QKV matrix), and stays the same after the source is
+ * overwritten or freed.
+ */
+TEST(forward_cpu_backend_prepares_its_own_weights)
+{
+	enum
+	{
+		N_OUT = 56, K = 64, T = 5
+	};
+	int8_t	   *src_q = malloc(N_OUT * K);
+	float	   *src_s = malloc(N_OUT * sizeof(float));
+	float		x[T * K],
+				xs[T],
+				want[T * N_OUT],
+				got[T * N_OUT],
+				bias[N_OUT];
+	int8_t		xq[T * K];
+	cai_qmatrix src = {N_OUT, K, src_q, src_s};
+	const cai_qmatrix *srcs[1] = {&src};
+	const cai_weight *w = NULL;
+	cai_cpu_qmatrix rows = {N_OUT, K, src_q, src_s, false};
+	cai_backend_limits lim = {T, 16, K, 1, 1, 64};
+	cai_threadpool *pool = cai_threadpool_create(2);
+	cai_backend *be = NULL;
+	cai_error	err;
+
+	CHECK(src_q && src_s && pool && cai_backend_cpu_create(pool, &lim, &be, &err) == CAI_OK);
+	if (!src_q || !src_s || !be)
+		goto done;
+	for (int i = 0; i < N_OUT * K; i++)
+		src_q[i] = (int8_t) ((i * 37 + 11) % 255 - 127);
+	for (int o = 0; o < N_OUT; o++)
+	{
+		src_s[o] = 0.001f * (float) (1 + o % 7);
+		bias[o] = 0.01f * (float) (o % 5);
+	}
+	for (int i = 0; i < T * K; i++)
+		x[i] = (float) sin(0.29 * i);
+	cai_quantize_act_i8(x, T, K, xq, xs);
+	CHECK(be->ops->prepare_i8(be, srcs, 1, &w, &err) == CAI_OK && w != NULL);
+	if (!w)
+		goto done;
+	for (int pass = 0; pass < 2; pass++)
+	{
+		/* all rows, then the first 32 */
+		int			n = pass == 0 ? N_OUT : 32;
+
+		rows.n_out = n;
+		cai_gemm_i8(NULL, xq, xs, T, &rows, bias, want, n, false);
+		be->ops->gemm_i8(be, xq, xs, T, w, n, bias, got, n, false);
+		CHECK(memcmp(want, got, sizeof(float) * T * n) == 0);
+	}
+	/* the source overwritten: the backend's copy is unchanged */
+	memset(src_q, 0, N_OUT * K);
+	memset(src_s, 0, N_OUT * sizeof(float));
+	be->ops->gemm_i8(be, xq, xs, T, w, 32, bias, got, 32, false);
+	CHECK(memcmp(want, got, sizeof(float) * T * 32) == 0);
+done:
+	cai_backend_free(be);
+	cai_threadpool_free(pool);
+	free(src_q);
+	free(src_s);
+}
+
 TEST(forward_geglu_and_rmsnorm_add_rows)
 {
 	enum
@@ -1271,11 +1339,20 @@ TEST(forward_shared_kv_layers)
 		((float *) w->wqkv.scale)[q_dim + i] = 1e3f;
 	for (int i = 0; i < 2 * kv_dim; i++)
 		w->bqkv[q_dim + i] = 1e3f;
+	/* (a context prepares its backend's copy of the weights when it is made: make a new one) */
+	free_blocks(&r, table, 2);
+	runner_free(&r);
+	CHECK(runner_init(&r, model, 2, 64, 4));
+	alloc_blocks(&r, table, 2);
 	CHECK(run_one(&r, tokens, n, 0, table, 2, CAI_LOGITS_ALL, false, after) == CAI_OK);
 	CHECK(memcmp(before, after, sizeof(float) * n * V) == 0);
 	/* and wrecking layer 0's (the source) does change the result */
 	memset((int8_t *) model->layers[0].wqkv.q + (size_t) q_dim * w->wqkv.k, 77,
 		   (size_t) kv_dim * w->wqkv.k);
+	free_blocks(&r, table, 2);
+	runner_free(&r);
+	CHECK(runner_init(&r, model, 2, 64, 4));
+	alloc_blocks(&r, table, 2);
 	CHECK(run_one(&r, tokens, n, 0, table, 2, CAI_LOGITS_ALL, false, after) == CAI_OK);
 	CHECK(memcmp(before, after, sizeof(float) * n * V) != 0);
 	free_blocks(&r, table, 2);

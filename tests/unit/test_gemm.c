@@ -87,7 +87,7 @@ typedef struct i8_problem
 	int8_t	   *wq;				/* the matrix's bytes (packed unless asked otherwise) */
 	float	   *ws;
 	float	   *bias;
-	cai_qmatrix m;
+	cai_cpu_qmatrix m;
 } i8_problem;
 
 /* A random problem; its matrix packed for the fast kernels unless row_major. */
@@ -119,8 +119,8 @@ i8_problem_make_layout(i8_problem *p, int n_tok, int k, int n_out, uint64_t seed
 		p->ws[o] = 1e-2f * (0.5f + rng_uniform(&seed));
 		p->bias[o] = rng_uniform(&seed) - 0.5f;
 	}
-	p->m = (cai_qmatrix) {n_out, k, p->wq, p->ws, false};
-	return row_major || cai_qmatrix_pack(&p->m);
+	p->m = (cai_cpu_qmatrix) {n_out, k, p->wq, p->ws, false};
+	return row_major || cai_cpu_qmatrix_pack(&p->m);
 }
 
 static bool
@@ -174,7 +174,7 @@ TEST(gemm_qmatrix_pack_layout_round_trip)
 				q[N * K],
 				row[K];
 	float		s[N];
-	cai_qmatrix m;
+	cai_cpu_qmatrix m;
 	uint64_t	seed = 3;
 
 	for (int i = 0; i < N * K; i++)
@@ -182,8 +182,8 @@ TEST(gemm_qmatrix_pack_layout_round_trip)
 	memcpy(q, orig, sizeof(q));
 	for (int o = 0; o < N; o++)
 		s[o] = 1.0f;
-	m = (cai_qmatrix) {N, K, q, s, false};
-	CHECK(cai_qmatrix_pack(&m) && m.packed);
+	m = (cai_cpu_qmatrix) {N, K, q, s, false};
+	CHECK(cai_cpu_qmatrix_pack(&m) && m.packed);
 	/* channel 3, inputs 4..7 (step 1) of panel 0: offset 1 * 64 + 3 * 4 */
 	for (int b = 0; b < 4; b++)
 		CHECK_EQ_INT((uint8_t) q[64 + 12 + b], (uint8_t) orig[3 * K + 4 + b] ^ 0x80);
@@ -193,18 +193,18 @@ TEST(gemm_qmatrix_pack_layout_round_trip)
 	CHECK_EQ_INT((uint8_t) q[0], 0x01);	/* -127 biased */
 	for (int o = 0; o < N; o++)
 	{
-		cai_qmatrix_row(&m, o, row);
+		cai_cpu_qmatrix_row(&m, o, row);
 		CHECK(memcmp(row, orig + o * K, K) == 0);
 	}
 	{
 		int8_t		all[N * K];
 
-		cai_qmatrix_unpack(&m, all);
+		cai_cpu_qmatrix_unpack(&m, all);
 		CHECK(memcmp(all, orig, sizeof(all)) == 0);
 	}
 	/* packing twice is a no-op */
-	CHECK(cai_qmatrix_pack(&m));
-	cai_qmatrix_row(&m, 36, row);
+	CHECK(cai_cpu_qmatrix_pack(&m));
+	cai_cpu_qmatrix_row(&m, 36, row);
 	CHECK(memcmp(row, orig + 36 * K, K) == 0);
 }
 
@@ -463,7 +463,7 @@ TEST(gemm_i8_close_to_f32)
 	float	   *yf = malloc(sizeof(float) * T * N);
 	float	   *yq = malloc(sizeof(float) * T * N);
 	uint64_t	seed = 2024;
-	cai_qmatrix m = {N, K, wq, ws, false};
+	cai_cpu_qmatrix m = {N, K, wq, ws, false};
 
 	CHECK(x && w && xq && wq && yf && yq);
 	for (int i = 0; i < T * K; i++)
@@ -472,7 +472,7 @@ TEST(gemm_i8_close_to_f32)
 		w[i] = 0.05f * rng_gauss(&seed);
 	/* weights quantized per channel the same way activations are per token */
 	cai_quantize_act_i8(w, N, K, wq, ws);
-	CHECK(cai_qmatrix_pack(&m));
+	CHECK(cai_cpu_qmatrix_pack(&m));
 	for (int isa = 0; isa < N_ISAS; isa++)
 	{
 		double		num = 0,

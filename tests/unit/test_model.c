@@ -110,7 +110,7 @@ qmatrix_matches_scaled(const cai_qmatrix *m, int row0, const float *f, int n_row
 	{
 		float		s = m->scale[row0 + r];
 
-		cai_qmatrix_row(m, row0 + r, q);
+		memcpy(q, m->q + (size_t) (row0 + r) * m->k, m->k);
 		for (int i = 0; i < m->k; i++)
 		{
 			float		deq = q[i] * s;
@@ -183,7 +183,7 @@ row_is(const cai_qmatrix *m, int r, const float *src, const float *col, float ro
 	for (int b = 0; b < m->k; b += rot->n)
 		cai_op_rotate_vec(rot, tmp + b);
 	cai_quantize_row_i8(tmp, m->k, q, &scale);
-	cai_qmatrix_row(m, r, have);
+	memcpy(have, m->q + (size_t) r * m->k, m->k);
 	*scale_out = scale;
 	return memcmp(q, have, m->k) == 0;
 }
@@ -617,9 +617,9 @@ TEST(model_compensated_rounding_keeps_levels)
 		CHECK(memcmp(mn[i]->scale, mc[i]->scale, (size_t) mn[i]->n_out * sizeof(float)) == 0);
 		for (int r = 0; r < mn[i]->n_out; r++)
 		{
-			cai_qmatrix_row(mn[i], r, a);
-			cai_qmatrix_row(mc[i], r, b);
-			cai_qmatrix_row(m1[i], r, c);
+			memcpy(a, mn[i]->q + (size_t) r * mn[i]->k, mn[i]->k);
+			memcpy(b, mc[i]->q + (size_t) r * mc[i]->k, mc[i]->k);
+			memcpy(c, m1[i]->q + (size_t) r * m1[i]->k, m1[i]->k);
 			CHECK(memcmp(b, c, mn[i]->k) == 0);
 			for (int j = 0; j < mn[i]->k; j++)
 			{

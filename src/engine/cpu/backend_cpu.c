@@ -10,6 +10,7 @@
  * second round.  None of this splitting changes a result: every kernel computes a row from that
  * row's inputs alone, and attention's segments are merged in one fixed order.
  */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,7 +59,16 @@ typedef struct cpu_backend
 	attn_task  *split_tile;		/* [MAX_SPLIT_TILES] */
 	float	   *split_memory;
 	size_t		split_floats;	/* per split tile */
+	/* the weights this backend prepared (freed with it) */
+	cai_weight **weights;
+	int			n_weights;
 } cpu_backend;
+
+/* A GEMM operand: the model's row-major matrix copied and packed into panels (gemm.h). */
+struct cai_weight
+{
+	cai_cpu_qmatrix m;
+};
 
 static cpu_backend *
 cpu_of(cai_backend *be)
@@ -325,10 +335,106 @@ cpu_quantize(cai_backend *be, const float *x, int n_tok, int k, int8_t *q, float
  * ------------------------------------------------------------------------------------------- */
 
 static void
-cpu_gemm_i8(cai_backend *be, const int8_t *xq, const float *xs, int n_tok, const cai_qmatrix *w,
-			const float *bias, float *out, int ldo, bool accumulate)
+cpu_gemm_i8(cai_backend *be, const int8_t *xq, const float *xs, int n_tok, const cai_weight *w,
+			int n_out, const float *bias, float *out, int ldo, bool accumulate)
 {
-	cai_gemm_i8(cpu_of(be)->pool, xq, xs, n_tok, w, bias, out, ldo, accumulate);
+	cai_cpu_qmatrix m = w->m;
+
+	/* the first n_out channels: whole panels of the packed layout (backend.h) */
+	m.n_out = n_out;
+	cai_gemm_i8(cpu_of(be)->pool, xq, xs, n_tok, &m, bias, out, ldo, accumulate);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Weights
+ * ------------------------------------------------------------------------------------------- */
+
+typedef struct prepare_job
+{
+	const cai_qmatrix *const *src;
+	cai_weight **out;
+	atomic_int	failed;
+} prepare_job;
+
+/* Copies one matrix and its scales into memory of the weight's own and packs it. */
+static void
+prepare_task(void *arg, int task, int thread)
+{
+	prepare_job *job = arg;
+	const cai_qmatrix *src = job->src[task];
+	size_t		bytes = (size_t) src->n_out * src->k;
+	cai_weight *w = calloc(1, sizeof(*w));
+	void	   *q = NULL;
+	float	   *scale = malloc((size_t) src->n_out * sizeof(float));
+
+	(void) thread;
+	if (!w || !scale || posix_memalign(&q, 64, bytes ? bytes : 64) != 0)
+	{
+		free(w);
+		free(scale);
+		atomic_store(&job->failed, 1);
+		return;
+	}
+	memcpy(q, src->q, bytes);
+	memcpy(scale, src->scale, (size_t) src->n_out * sizeof(float));
+	w->m = (cai_cpu_qmatrix) {.n_out = src->n_out, .k = src->k, .q = q, .scale = scale};
+	job->out[task] = w;
+	if (!cai_cpu_qmatrix_pack(&w->m))
+		atomic_store(&job->failed, 1);
+}
+
+static void
+free_weight(cai_weight *w)
+{
+	if (!w)
+		return;
+	free((void *) w->m.q);
+	free((void *) w->m.scale);
+	free(w);
+}
+
+static cai_status
+cpu_prepare_i8(cai_backend *be, const cai_qmatrix *const *src, int n, const cai_weight **out,
+			   cai_error *err)
+{
+	cpu_backend *cb = cpu_of(be);
+	cai_weight **made = calloc((size_t) (n > 0 ? n : 1), sizeof(*made));
+	cai_weight **list = realloc(cb->weights, (size_t) (cb->n_weights + n) * sizeof(*list));
+	prepare_job job = {.src = src, .out = made};
+
+	if (list)
+		cb->weights = list;
+	if (!made || !list)
+	{
+		free(made);
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory preparing the weights");
+	}
+	atomic_init(&job.failed, 0);
+	cai_threadpool_run(cb->pool, prepare_task, &job, n);
+	if (atomic_load(&job.failed))
+	{
+		for (int i = 0; i < n; i++)
+			free_weight(made[i]);
+		free(made);
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory preparing the weights");
+	}
+	for (int i = 0; i < n; i++)
+	{
+		cb->weights[cb->n_weights++] = made[i];
+		out[i] = made[i];
+	}
+	free(made);
+	return CAI_OK;
+}
+
+/* The CPU reads model memory where it is. */
+static const void *
+cpu_weight_data(cai_backend *be, const void *host, size_t bytes, cai_error *err)
+{
+	(void) be;
+	(void) bytes;
+	(void) err;
+	return host;
 }
 
 static void
@@ -792,6 +898,9 @@ cpu_destroy(cai_backend *be)
 		free(cb->split);
 		free(cb->split_tile);
 		free(cb->split_memory);
+		for (int i = 0; i < cb->n_weights; i++)
+			free_weight(cb->weights[i]);
+		free(cb->weights);
 		free(cb);
 	}
 	free(be);
@@ -817,6 +926,8 @@ static const cai_backend_ops cpu_ops = {
 	.head_rmsnorm = cpu_head_rmsnorm,
 	.rmsnorm_quant = cpu_rmsnorm_quant,
 	.quantize = cpu_quantize,
+	.prepare_i8 = cpu_prepare_i8,
+	.weight_data = cpu_weight_data,
 	.gemm_i8 = cpu_gemm_i8,
 	.gemm_f32 = cpu_gemm_f32,
 	.rope_prepare = cpu_rope_prepare,

@@ -201,7 +201,7 @@ cai_cpu_force_isa(const char *name)
  * bytes its rows did, so one panel of scratch suffices.
  */
 bool
-cai_qmatrix_pack(cai_qmatrix *m)
+cai_cpu_qmatrix_pack(cai_cpu_qmatrix *m)
 {
 	const int	k = m->k;
 	int8_t	   *rows;
@@ -213,7 +213,7 @@ cai_qmatrix_pack(cai_qmatrix *m)
 		return false;
 	for (int p = 0; p * CAI_QMATRIX_PANEL < m->n_out; p++)
 	{
-		int			r = cai_qmatrix_panel_width(m, p);
+		int			r = cai_cpu_qmatrix_panel_width(m, p);
 		uint8_t    *base = (uint8_t *) m->q + (size_t) p * CAI_QMATRIX_PANEL * k;
 
 		memcpy(rows, base, (size_t) r * k);
@@ -296,7 +296,7 @@ typedef struct gemm_i8_job
 	const int8_t *xq;
 	const float *xs;
 	int			n_tok;
-	const cai_qmatrix *w;
+	const cai_cpu_qmatrix *w;
 	const float *bias;
 	float	   *out;
 	int			ldo;
@@ -351,7 +351,7 @@ gemm_i8_generic(const gemm_i8_job *j, int t0, int t1, int o0, int o1)
 
 	for (int o = o0; o < o1; o += CAI_QMATRIX_PANEL)
 	{
-		int			r = cai_qmatrix_panel_width(j->w, o / CAI_QMATRIX_PANEL);
+		int			r = cai_cpu_qmatrix_panel_width(j->w, o / CAI_QMATRIX_PANEL);
 		const uint8_t *base = (const uint8_t *) j->w->q + (size_t) o * k;
 
 		for (int t = t0; t < t1; t++)
@@ -1211,7 +1211,7 @@ run_f32_task(void *arg, int task, int thread)
 /* W8A8 GEMM with the fused epilogue (gemm.h): picks the ISA's kernel and spreads tiles. */
 void
 cai_gemm_i8(cai_threadpool *pool, const int8_t *xq, const float *xs, int n_tok,
-			const cai_qmatrix *w, const float *bias, float *out, int ldo, bool accumulate)
+			const cai_cpu_qmatrix *w, const float *bias, float *out, int ldo, bool accumulate)
 {
 	gemm_i8_task gt;
 

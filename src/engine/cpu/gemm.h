@@ -4,14 +4,14 @@
  * portable C; every path gives bit-identical results (int32 accumulation is exact; the epilogue
  * is the same float expression per element).
  *
- * Layouts: activations row-major [n_tok, k]; outputs row-major [n_tok, ldo].  Weights are
- * quantized row-major [n_out, k] (one output channel per row, the layout cuBLASLt's TN int8
- * GEMM wants), then packed for the CPU kernels into panels of 16 channels: for every 4 inputs
- * the 16 channels' 4 bytes are adjacent, so one 64-byte load feeds a vpdpbusd that updates 16
- * channels' sums at once and no horizontal reduction is needed (gemm.c).  Packing permutes
- * the bytes of each 16-row panel in place, so a view of rows starting at a multiple of 16 is
- * still a valid matrix.  A matrix that is not packed runs a portable row-major kernel:
- * correct on every path, not fast (tests, and CUDA-only uses of the host copy).
+ * Layouts: activations row-major [n_tok, k]; outputs row-major [n_tok, ldo].  The model's
+ * weights come row-major (weights.h's cai_qmatrix); the CPU backend's prepare_i8 copies each
+ * into its own panels of 16 channels: for every 4 inputs the 16 channels' 4 bytes are
+ * adjacent, so one 64-byte load feeds a vpdpbusd that updates 16 channels' sums at once and no
+ * horizontal reduction is needed (gemm.c).  Packing permutes the bytes of each 16-row panel in
+ * place, so the first rows of a packed matrix, up to a multiple of 16, are still a valid
+ * matrix.  A matrix that is not packed runs a portable row-major kernel: correct on every
+ * path, not fast (tests).
  */
 #ifndef CAI_GEMM_H
 #define CAI_GEMM_H
@@ -25,32 +25,31 @@
 /* Channels per panel of the packed layout. */
 #define CAI_QMATRIX_PANEL 16
 
-/* An int8 weight matrix. */
-typedef struct cai_qmatrix
+/* An int8 weight matrix as the CPU kernels read it. */
+typedef struct cai_cpu_qmatrix
 {
 	int			n_out;			/* rows: output channels */
 	int			k;				/* columns: input features; a multiple of 4 */
 	const int8_t *q;			/* n_out * k bytes: row-major, or packed (below) */
 	const float *scale;			/* [n_out] per-channel scale */
 	bool		packed;			/* q is in the CPU's panel layout */
-} cai_qmatrix;
+} cai_cpu_qmatrix;
 
 /*
  * Packs a row-major matrix of values in [-127, 127] in place into the panel layout (a no-op
  * when already packed; a matrix whose k is not a multiple of 4 stays row-major).  Returns false
  * only when out of memory (the matrix is then unchanged).
  */
-bool		cai_qmatrix_pack(cai_qmatrix *m);
+bool		cai_cpu_qmatrix_pack(cai_cpu_qmatrix *m);
 
 /*
  * The panel layout.  Panel p holds channels [16p, 16p + r) (r = 16 but for a last partial
  * panel) in the n_out * k bytes their rows occupy row-major; within it, step g (inputs 4g to
  * 4g + 3) takes 4 * r bytes, channel c's 4 inputs at 4 * c, each stored biased (w ^ 0x80, the
- * unsigned operand of vpdpbusd).  The readers below are inline so that a GPU backend, a
- * separate shared object, shares this one definition without linking the engine.
+ * unsigned operand of vpdpbusd).
  */
 static inline int
-cai_qmatrix_panel_width(const cai_qmatrix *m, int p)
+cai_cpu_qmatrix_panel_width(const cai_cpu_qmatrix *m, int p)
 {
 	int			r = m->n_out - p * CAI_QMATRIX_PANEL;
 
@@ -59,7 +58,7 @@ cai_qmatrix_panel_width(const cai_qmatrix *m, int p)
 
 /* Row o of m as row-major int8 values (k bytes to dst), whatever the layout. */
 static inline void
-cai_qmatrix_row(const cai_qmatrix *m, int o, int8_t *dst)
+cai_cpu_qmatrix_row(const cai_cpu_qmatrix *m, int o, int8_t *dst)
 {
 	const int	k = m->k;
 
@@ -71,7 +70,7 @@ cai_qmatrix_row(const cai_qmatrix *m, int o, int8_t *dst)
 	else
 	{
 		int			p = o / CAI_QMATRIX_PANEL;
-		int			r = cai_qmatrix_panel_width(m, p);
+		int			r = cai_cpu_qmatrix_panel_width(m, p);
 		const uint8_t *base = (const uint8_t *) m->q + (size_t) p * CAI_QMATRIX_PANEL * k +
 			(size_t) 4 * (o % CAI_QMATRIX_PANEL);
 
@@ -81,12 +80,12 @@ cai_qmatrix_row(const cai_qmatrix *m, int o, int8_t *dst)
 	}
 }
 
-/* The whole of m row-major (n_out * k bytes to dst): what a GPU upload wants. */
+/* The whole of m row-major (n_out * k bytes to dst). */
 static inline void
-cai_qmatrix_unpack(const cai_qmatrix *m, int8_t *dst)
+cai_cpu_qmatrix_unpack(const cai_cpu_qmatrix *m, int8_t *dst)
 {
 	for (int o = 0; o < m->n_out; o++)
-		cai_qmatrix_row(m, o, dst + (size_t) o * m->k);
+		cai_cpu_qmatrix_row(m, o, dst + (size_t) o * m->k);
 }
 
 /*
@@ -100,7 +99,7 @@ void		cai_quantize_act_i8(const float *x, int n_tok, int k, int8_t *q, float *s)
  * accumulate: add into out (residual connections) instead of storing.
  */
 void		cai_gemm_i8(cai_threadpool *pool, const int8_t *xq, const float *xs, int n_tok,
-						const cai_qmatrix *w, const float *bias, float *out, int ldo,
+						const cai_cpu_qmatrix *w, const float *bias, float *out, int ldo,
 						bool accumulate);
 
 /*
