@@ -8,8 +8,8 @@
  * (one query head of one token) the CPU computes: the query quantized to int8 with its own scale;
  * exact int32 dot products with the int8 keys, times (q_scale * scale) * k_scale; the row maximum;
  * exp(score - max) by ops.h's polynomial; their total with the eight-partial-sum rule; and the
- * values accumulated in ascending position order, out[d] += (p_j * v_scale_j) * v_j[d], all of
- * it per segment of 256 positions at fixed boundaries, a row spanning several segments folding
+ * values accumulated in ascending position order, out[d] = fma(p_j * v_scale_j, v_j[d], out[d])
+ * (one rounding per term; the float path multiplies then adds), all of it per segment of 256 positions at fixed boundaries, a row spanning several segments folding
  * them in order (cpu/attention.h's merge: the order is part of the value).  A block holds a tile
  * of query rows — every query head of one KV head (GQA/MQA share each K/V load) for consecutive
  * tokens of one sequence — and for each segment makes three passes over the tile's positions in
@@ -989,7 +989,11 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 #pragma unroll
 					for (int k = 0; k < PAIRS; k++)
 						if (k < real_pairs)
-							acc[k] = __fadd_rn(acc[k], __fmul_rn(E[(r0 + k * RSTEP) * S::E_STRIDE + j], v));
+						{
+							float		w = E[(r0 + k * RSTEP) * S::E_STRIDE + j];
+
+							acc[k] = F ? __fadd_rn(acc[k], __fmul_rn(w, v)) : __fmaf_rn(w, v, acc[k]);
+						}
 				}
 				__syncthreads();
 			}

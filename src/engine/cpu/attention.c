@@ -10,17 +10,18 @@
  *      keys of the block at once; every tile row reuses the transposed block;
  *   2. softmax of each row's part of the segment (attention.h: max subtraction, fast exp,
  *      eight-partial-sum total, normalize);
- *   3. values: each block's values of the KV head are widened to float once and accumulated into
- *      every row that sees them, positions in ascending order, into the segment's sums; then each
- *      row takes them as its output (its first segment) or folds them into it.
+ *   3. values: each block's int8 values of the KV head are widened to float once per row group
+ *      and accumulated by fused multiply-adds into every row that sees them, positions in
+ *      ascending order, into the segment's sums; then each row takes them as its output (its
+ *      first segment) or folds them into it.
  * A part of a split tile (cai_attention_tile_part) runs the same passes over its segments and
  * leaves their sums, maxima and totals to cai_attention_merge.
  *
  * Paths.  The tile is compiled for AVX-512, AVX2 and baseline x86-64 and picked at run time the
  * way cpu/gemm.c picks its kernels (cai_cpu_isa(), so cai_cpu_force_isa switches both).  The
  * integer dot products are exact and every float operation is lane-wise, in the same order on
- * every path, with multiply-add contraction switched off for this file (below): all paths give
- * bit-identical results.
+ * every path, with multiply-add contraction switched off for this file (below) and the value
+ * pass's fused multiply-adds written out on every path: all paths give bit-identical results.
  */
 #include "attention.h"
 
@@ -201,7 +202,7 @@ qk_block_generic(const int8_t *kt, const int8_t *q, const int32_t *q_sum, int ro
 #if defined(__x86_64__)
 
 #define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
-#define TARGET_AVX2 __attribute__((target("avx2")))
+#define TARGET_AVX2 __attribute__((target("avx2,fma")))
 
 /*
  * The same transposition for head sizes that are a multiple of 64: each 64-byte chunk of the
@@ -462,16 +463,15 @@ fold_segment(float *L, float *out, float ea, float eb, float l, const float *o, 
 }
 
 /*
- * For each of NR rows i: o[i][0..HD) += (p[i][slot + p_off] * vscale[slot]) * values[slot][..]
- * for slots a..e of a block, in slot order.  The rows share their range (the query heads of one
- * token), so each value row is loaded once for all of them and the NR * HD/16 accumulators are
- * independent chains; NR and HD are compile-time constants (the accumulators stay in registers).
- * Each row gets exactly the operations it would get alone.
+ * Float reference path: for each of NR rows i, o[i][0..HD) += (p[i][slot + p_off] * 1) *
+ * values[slot][..] for slots a..e of a block, in slot order.  The rows share their range (the
+ * query heads of one token), so each value row is loaded once for all of them and the
+ * NR * HD/16 accumulators are independent chains; NR and HD are compile-time constants (the
+ * accumulators stay in registers).  Each row gets exactly the operations it would get alone.
  */
 CAI_ALWAYS_INLINE void
 accumulate_values_rows(float *const *o, const float *const *p, int p_off, const float *vscale,
-					   const float *values, const int8_t *vq, size_t vq_stride, int a, int e,
-					   int NR, int HD)
+					   const float *values, int a, int e, int NR, int HD)
 {
 	cai_v16f	acc[4][8];
 
@@ -482,21 +482,8 @@ accumulate_values_rows(float *const *o, const float *const *p, int p_off, const 
 	{
 		cai_v16f	v[8];
 
-		if (vq)
-		{
-			/* int8 values widened here, once for all the rows (exact conversion) */
-			/* (a plain loop: GCC 12 vectorizes it, unlike a vector conversion of bytes) */
-			const int8_t *src = vq + (size_t) j * vq_stride;
-			float		wide[128];
-
-			for (int k = 0; k < HD; k++)
-				wide[k] = (float) src[k];
-			for (int i = 0; i < HD / 16; i++)
-				memcpy(&v[i], wide + 16 * i, sizeof(cai_v16f));
-		}
-		else
-			for (int i = 0; i < HD / 16; i++)
-				memcpy(&v[i], values + (size_t) j * HD + 16 * i, sizeof(cai_v16f));
+		for (int i = 0; i < HD / 16; i++)
+			memcpy(&v[i], values + (size_t) j * HD + 16 * i, sizeof(cai_v16f));
 		for (int r = 0; r < NR; r++)
 		{
 			float		c = p[r][j + p_off] * vscale[j];
@@ -527,103 +514,201 @@ accumulate_values_any(float *o, const float *p, int p_off, const float *vscale,
 }
 
 /*
- * Runs CASE(N, HD) over rows [r, nr) in groups the register file holds: up to 4 rows of head size
- * 64, 2 of 128, each group in one pass (r is the caller's variable; other sizes run nothing).
+ * Float rows sharing a range: up to 4 rows of head size 64, 2 of 128 in one pass, other sizes a
+ * row at a time.
  */
-#define ROW_GROUPS(CASE) \
-	do { \
-		if (hd == 64) \
-			for (; r < nr; r += 4) \
-				switch (nr - r < 4 ? nr - r : 4) \
-				{ \
-					CASE(4, 64); CASE(3, 64); CASE(2, 64); CASE(1, 64); \
-				} \
-		else if (hd == 128) \
-			for (; r < nr; r += 2) \
-				switch (nr - r < 2 ? nr - r : 2) \
-				{ \
-					CASE(2, 128); CASE(1, 128); \
-				} \
-	} while (0)
+CAI_ALWAYS_INLINE void
+accumulate_values(float *const *o, const float *const *p, int nr, int p_off,
+				  const float *vscale, const float *values, int a, int e, int hd)
+{
+	int			r = 0;
+
+#define ROWS_CASE(N, HD) \
+	case N: \
+		accumulate_values_rows(o + r, p + r, p_off, vscale, values, a, e, N, HD); \
+		break
+	if (hd == 64)
+		for (; r < nr; r += 4)
+			switch (nr - r < 4 ? nr - r : 4)
+			{
+				ROWS_CASE(4, 64); ROWS_CASE(3, 64); ROWS_CASE(2, 64); ROWS_CASE(1, 64);
+			}
+	else if (hd == 128)
+		for (; r < nr; r += 2)
+			switch (nr - r < 2 ? nr - r : 2)
+			{
+				ROWS_CASE(2, 128); ROWS_CASE(1, 128);
+			}
+#undef ROWS_CASE
+	for (; r < nr; r++)
+		accumulate_values_any(o[r], p[r], p_off, vscale, values, a, e, hd);
+}
+
+/*
+ * The int8 path's value pass (attention.h) for nr rows sharing slots a..e of a block and the
+ * dimensions [d0, hd): o[r][d] = fma(w, (float) v[j][d], o[r][d]) with w = p[r][j + p_off] *
+ * vscale[j], slots in order.  A single rounding per step, so every path that fuses (the
+ * vector ones below, fmaf here, the GPU's __fmaf_rn) gives the same bits.
+ */
+CAI_ALWAYS_INLINE void
+accumulate_i8_scalar(float *const *o, const float *const *p, int nr, int p_off,
+					 const float *vscale, const int8_t *vq, size_t vq_stride, int a, int e,
+					 int d0, int hd)
+{
+	for (int r = 0; r < nr; r++)
+		for (int j = a; j <= e; j++)
+		{
+			float		w = p[r][j + p_off] * vscale[j];
+			const int8_t *src = vq + (size_t) j * vq_stride;
+
+			for (int d = d0; d < hd; d++)
+				o[r][d] = __builtin_fmaf(w, (float) src[d], o[r][d]);
+		}
+}
 
 #if defined(__x86_64__)
 /*
- * accumulate_values_rows for int8 values on AVX-512: each value row is widened straight from
- * memory (vpmovsxbd, vcvtdq2ps) and every row takes the same factor, multiply, then add, in the
- * same slot order as the portable code.
+ * accumulate_i8_scalar on AVX-512 for NR rows and NV vectors of 16 dimensions from d0: each
+ * value row is widened once for all the rows (vpmovsxbd, vcvtdq2ps; exact) and the NR * NV
+ * accumulators are independent chains held in registers.
  */
 TARGET_AVX512 CAI_ALWAYS_INLINE void
 accumulate_i8_rows_avx512(float *const *o, const float *const *p, int p_off, const float *vscale,
-						  const int8_t *vq, size_t vq_stride, int a, int e, int NR, int HD)
+						  const int8_t *vq, size_t vq_stride, int a, int e, int d0, int NR,
+						  int NV)
 {
-	__m512		acc[4][8];
+	__m512		acc[4][4];
 
 	for (int r = 0; r < NR; r++)
-		for (int i = 0; i < HD / 16; i++)
-			acc[r][i] = _mm512_loadu_ps(o[r] + 16 * i);
+		for (int k = 0; k < NV; k++)
+			acc[r][k] = _mm512_loadu_ps(o[r] + d0 + 16 * k);
 	for (int j = a; j <= e; j++)
 	{
-		const int8_t *src = vq + (size_t) j * vq_stride;
-		__m512		v[8];
+		const int8_t *src = vq + (size_t) j * vq_stride + d0;
+		__m512		v[4];
 
-		for (int i = 0; i < HD / 16; i++)
-			v[i] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *) (src + 16 * i))));
+		for (int k = 0; k < NV; k++)
+			v[k] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *) (src + 16 * k))));
 		for (int r = 0; r < NR; r++)
 		{
-			__m512		cv = _mm512_set1_ps(p[r][j + p_off] * vscale[j]);
+			__m512		w = _mm512_set1_ps(p[r][j + p_off] * vscale[j]);
 
-			for (int i = 0; i < HD / 16; i++)
-				acc[r][i] = _mm512_add_ps(acc[r][i], _mm512_mul_ps(cv, v[i]));
+			for (int k = 0; k < NV; k++)
+				acc[r][k] = _mm512_fmadd_ps(w, v[k], acc[r][k]);
 		}
 	}
 	for (int r = 0; r < NR; r++)
-		for (int i = 0; i < HD / 16; i++)
-			_mm512_storeu_ps(o[r] + 16 * i, acc[r][i]);
+		for (int k = 0; k < NV; k++)
+			_mm512_storeu_ps(o[r] + d0 + 16 * k, acc[r][k]);
 }
 
+/* The same on AVX2 with vectors of 8 dimensions. */
+TARGET_AVX2 CAI_ALWAYS_INLINE void
+accumulate_i8_rows_avx2(float *const *o, const float *const *p, int p_off, const float *vscale,
+						const int8_t *vq, size_t vq_stride, int a, int e, int d0, int NR, int NV)
+{
+	__m256		acc[2][4];
+
+	for (int r = 0; r < NR; r++)
+		for (int k = 0; k < NV; k++)
+			acc[r][k] = _mm256_loadu_ps(o[r] + d0 + 8 * k);
+	for (int j = a; j <= e; j++)
+	{
+		const int8_t *src = vq + (size_t) j * vq_stride + d0;
+		__m256		v[4];
+
+		for (int k = 0; k < NV; k++)
+			v[k] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) (src + 8 * k))));
+		for (int r = 0; r < NR; r++)
+		{
+			__m256		w = _mm256_set1_ps(p[r][j + p_off] * vscale[j]);
+
+			for (int k = 0; k < NV; k++)
+				acc[r][k] = _mm256_fmadd_ps(w, v[k], acc[r][k]);
+		}
+	}
+	for (int r = 0; r < NR; r++)
+		for (int k = 0; k < NV; k++)
+			_mm256_storeu_ps(o[r] + d0 + 8 * k, acc[r][k]);
+}
+
+/*
+ * Runs CASE(N, NV) over rows [0, nr) in groups of up to G rows, for each chunk of 4 vectors of
+ * W dimensions, then each single vector (d0, r: the caller's variables).
+ */
+#define I8_CHUNKS(CASE, G, W) \
+	do { \
+		for (; d0 + 4 * (W) <= hd; d0 += 4 * (W)) \
+			for (r = 0; r < nr; r += (G)) \
+				switch (nr - r < (G) ? nr - r : (G)) \
+				{ \
+					CASE(4, 4); CASE(3, 4); CASE(2, 4); CASE(1, 4); \
+				} \
+		for (; d0 + (W) <= hd; d0 += (W)) \
+			for (r = 0; r < nr; r += (G)) \
+				switch (nr - r < (G) ? nr - r : (G)) \
+				{ \
+					CASE(4, 1); CASE(3, 1); CASE(2, 1); CASE(1, 1); \
+				} \
+	} while (0)
+
+/* accumulate_i8_scalar's arithmetic on AVX-512: rows in fours, dimensions in 64s, then 16s. */
 TARGET_AVX512 static void
 accumulate_i8_avx512(float *const *o, const float *const *p, int nr, int p_off,
 					 const float *vscale, const int8_t *vq, size_t vq_stride, int a, int e, int hd)
 {
-	int			r = 0;
+	int			d0 = 0,
+				r;
 
-#define I8_ROWS_CASE(N, HD) \
+#define AVX512_CASE(N, NV) \
 	case N: \
-		accumulate_i8_rows_avx512(o + r, p + r, p_off, vscale, vq, vq_stride, a, e, N, HD); \
+		accumulate_i8_rows_avx512(o + r, p + r, p_off, vscale, vq, vq_stride, a, e, d0, N, NV); \
 		break
-	ROW_GROUPS(I8_ROWS_CASE);
-#undef I8_ROWS_CASE
+	I8_CHUNKS(AVX512_CASE, 4, 16);
+#undef AVX512_CASE
+	accumulate_i8_scalar(o, p, nr, p_off, vscale, vq, vq_stride, a, e, d0, hd);
+}
+
+/*
+ * The same on AVX2: rows in twos (16 registers hold 8 accumulators and 4 value vectors),
+ * dimensions in 32s, then 8s.
+ */
+TARGET_AVX2 static void
+accumulate_i8_avx2(float *const *o, const float *const *p, int nr, int p_off,
+				   const float *vscale, const int8_t *vq, size_t vq_stride, int a, int e, int hd)
+{
+	int			d0 = 0,
+				r;
+
+#define AVX2_CASE(N, NV) \
+	case N: \
+		if (N <= 2) \
+			accumulate_i8_rows_avx2(o + r, p + r, p_off, vscale, vq, vq_stride, a, e, d0, N, NV); \
+		break
+	I8_CHUNKS(AVX2_CASE, 2, 8);
+#undef AVX2_CASE
+	accumulate_i8_scalar(o, p, nr, p_off, vscale, vq, vq_stride, a, e, d0, hd);
 }
 #endif
 
-/*
- * Rows sharing a range, grouped by ROW_GROUPS.  Values come as int8 rows vq (vq_stride bytes
- * apart; head sizes 64 and 128, widened by the AVX-512 routine on that path) or as float rows
- * `values`.
- */
+/* The int8 value pass for rows sharing slots a..e of a block, on the tile's path. */
 CAI_ALWAYS_INLINE void
-accumulate_values(float *const *o, const float *const *p, int nr, int p_off,
-				  const float *vscale, const float *values, const int8_t *vq, size_t vq_stride,
-				  int a, int e, int hd, attn_isa isa)
+accumulate_i8(float *const *o, const float *const *p, int nr, int p_off, const float *vscale,
+			  const int8_t *vq, size_t vq_stride, int a, int e, int hd, attn_isa isa)
 {
-	int			r = 0;
-
 #if defined(__x86_64__)
-	if (isa == ATTN_AVX512 && vq)
+	if (isa == ATTN_AVX512)
 	{
 		accumulate_i8_avx512(o, p, nr, p_off, vscale, vq, vq_stride, a, e, hd);
 		return;
 	}
+	if (isa == ATTN_AVX2)
+	{
+		accumulate_i8_avx2(o, p, nr, p_off, vscale, vq, vq_stride, a, e, hd);
+		return;
+	}
 #endif
-#define ROWS_CASE(N, HD) \
-	case N: \
-		accumulate_values_rows(o + r, p + r, p_off, vscale, values, vq, vq_stride, a, e, N, HD); \
-		break
-	ROW_GROUPS(ROWS_CASE);
-#undef ROWS_CASE
-	if (hd != 64 && hd != 128)
-		for (; r < nr; r++)
-			accumulate_values_any(o[r], p[r], p_off, vscale, values, a, e, hd);
+	accumulate_i8_scalar(o, p, nr, p_off, vscale, vq, vq_stride, a, e, 0, hd);
 }
 
 /* Prefetches one head's 16 rows of a block's keys or values (rows n_kv * hd bytes apart). */
@@ -884,27 +969,15 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 			int			j0 = base > jlo ? base : jlo;
 			int			j1 = base + BLOCK - 1 < jhi ? base + BLOCK - 1 : jhi;
 			uint8_t    *part = cai_kv_block_layer(kv, table[b], ap->kv_layer);
-			const int8_t *vq_head = NULL;	/* int8 values read in place (head sizes 64, 128) */
+			const int8_t *vq_head = NULL;	/* int8 values, read in place */
 
 			if (!shadow)
 			{
-				const int8_t *vq = cai_kv_values(L, part);
 				const float *vs = cai_kv_value_scales(L, part);
 
 				for (int j = j0; j <= j1; j++)
 					vscale[j - base] = vs[(j - base) * n_kv + kv_head];
-				if (hd == 64 || hd == 128)
-					vq_head = vq + (size_t) kv_head * hd;
-				else
-					for (int j = j0; j <= j1; j++)
-					{
-						int			slot = j - base;
-						const int8_t *vrow = vq + ((size_t) slot * n_kv + kv_head) * hd;
-						float	   *dst = s->values + (size_t) slot * hd;
-
-						for (int d = 0; d < hd; d++)
-							dst[d] = (float) vrow[d];
-					}
+				vq_head = cai_kv_values(L, part) + (size_t) kv_head * hd;
 			}
 			else
 			{
@@ -941,8 +1014,12 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 						o[i] = s->seg_o + (size_t) (r0 + g0 + i) * hd;
 						p[i] = s->scores + (size_t) (r0 + g0 + i) * SEG;
 					}
-					accumulate_values(o, p, nr, base - seg_lo, vscale, s->values, vq_head,
-									  (size_t) n_kv * hd, a - base, e - base, hd, isa);
+					if (shadow)
+						accumulate_values(o, p, nr, base - seg_lo, vscale, s->values, a - base,
+										  e - base, hd);
+					else
+						accumulate_i8(o, p, nr, base - seg_lo, vscale, vq_head, (size_t) n_kv * hd,
+									  a - base, e - base, hd, isa);
 				}
 			}
 		}

@@ -12,11 +12,13 @@
  * rounding order, so the kernel may block and vectorize them freely (AVX-512 VNNI scores 16 keys
  * per instruction from a transposed copy of the block).  Softmax is fp32 with the row maximum
  * subtracted; the weighted sum of values runs over positions in ascending order, vectorized
- * across head dimensions: out[d] += (p_j * v_scale_j) * (float) v_j[d], the query heads of a
- * token sharing each value row load.  No fused multiply-add anywhere, so every ISA path gives
- * the same bits.
+ * across head dimensions, one fused multiply-add (a single rounding) per term:
+ * out[d] = fma(p_j * v_scale_j, (float) v_j[d], out[d]), the query heads of a token sharing each
+ * value row load.  Every path writes that fma out (AVX-512, AVX2 with FMA, fmaf in the portable
+ * code, __fmaf_rn on the GPU) and fuses nothing else, so every ISA path gives the same bits; the
+ * fused step halves the value pass's instructions, the bulk of attention at long context.
  * Float reference path (shadow KV): the same passes with float queries and keys, the dot product
- * summed with the eight-partial-sum rule of ops.h.
+ * summed with the eight-partial-sum rule of ops.h, and the values by a multiply then an add.
  *
  * Segments: the reduction order along the context.  Positions are cut into segments of
  * CAI_ATTN_SEGMENT_TOKENS at fixed absolute boundaries (a constant of the numerics, never of the
@@ -56,7 +58,7 @@ typedef struct cai_attn_scratch
 	int32_t    *q_sum;			/* [rows] sum of each quantized query (VNNI's offset) */
 	int8_t	   *k_t;			/* [head_dim/4][16][4] one block's keys of one head, transposed */
 	int32_t    *dots;			/* [rows][16] exact query-key dot products of one block */
-	float	   *values;			/* [16][head_dim] one block's values of one head, as float */
+	float	   *values;			/* [16][head_dim] one block's float values of one head (reference) */
 	int32_t    *row_lo;			/* [rows] first position each row attends to */
 	int32_t    *row_hi;			/* [rows] last position (the token's own) */
 	float	   *seg_o;			/* [rows][head_dim] one segment's value sums */
