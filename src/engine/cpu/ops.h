@@ -86,35 +86,46 @@ cai_v8f_sum(const cai_v8f *v)
  * exp(x) for x in [-87, 88] (clamped outside), relative error about 2e-7: x = n ln2 + r with
  * |r| <= ln2/2 (n rounded to nearest by the 1.5 * 2^23 trick), e^r by its degree-6 Taylor
  * polynomial, 2^n put into the exponent bits.  Pure lane-wise float arithmetic, so a value's
- * result never depends on its lane or its neighbours.
+ * result never depends on its lane or its neighbours, nor on the width of the vector:
+ * CAI_DEFINE_VEXP(name, VF, VI) defines `VF name(const VF *px)` for any float vector type VF
+ * with its int32 vector type VI (cai_v8f_exp below; cpu/attention.c adds a 16-lane one), and
+ * every width gives every lane the same bits.  The clamps select by comparison masks like
+ * cai_v8f_max/min (a NaN becomes -87).
  */
-CAI_ALWAYS_INLINE cai_v8f
-cai_v8f_exp(const cai_v8f *px)
-{
-	const cai_v8f magic = cai_v8f_set1(12582912.0f);
-	const cai_v8f lo = cai_v8f_set1(-87.0f);
-	const cai_v8f hi = cai_v8f_set1(88.0f);
-	cai_v8f		x,
-				n,
-				r,
-				p;
-	cai_v8i		bits;
-
-	x = cai_v8f_max(px, &lo);
-	x = cai_v8f_min(&x, &hi);
-	n = (x * cai_v8f_set1(1.44269504088896341f) + magic) - magic;
-	r = x - n * cai_v8f_set1(0.693145751953125f);	/* ln2 high part (exact product) */
-	r = r - n * cai_v8f_set1(1.428606765330187e-06f);	/* ln2 low part */
-	p = cai_v8f_set1(1.0f / 720.0f);
-	p = p * r + cai_v8f_set1(1.0f / 120.0f);
-	p = p * r + cai_v8f_set1(1.0f / 24.0f);
-	p = p * r + cai_v8f_set1(1.0f / 6.0f);
-	p = p * r + cai_v8f_set1(0.5f);
-	p = p * r + cai_v8f_set1(1.0f);
-	p = p * r + cai_v8f_set1(1.0f);
-	bits = (__builtin_convertvector(n, cai_v8i) + 127) << 23;
-	return p * (cai_v8f) bits;
+#define CAI_DEFINE_VEXP(NAME, VF, VI) \
+CAI_ALWAYS_INLINE VF \
+NAME(const VF *px) \
+{ \
+	const VF	zero = {0}; \
+	const VF	magic = zero + 12582912.0f; \
+	const VF	lo = zero - 87.0f; \
+	const VF	hi = zero + 88.0f; \
+	VF			x = *px, \
+				n, \
+				r, \
+				p; \
+	VI			m, \
+				bits; \
+\
+	m = x > lo; \
+	x = (VF) (((VI) x & m) | ((VI) lo & ~m)); \
+	m = x < hi; \
+	x = (VF) (((VI) x & m) | ((VI) hi & ~m)); \
+	n = (x * 1.44269504088896341f + magic) - magic; \
+	r = x - n * 0.693145751953125f;		/* ln2 high part (exact product) */ \
+	r = r - n * 1.428606765330187e-06f;	/* ln2 low part */ \
+	p = zero + 1.0f / 720.0f; \
+	p = p * r + 1.0f / 120.0f; \
+	p = p * r + 1.0f / 24.0f; \
+	p = p * r + 1.0f / 6.0f; \
+	p = p * r + 0.5f; \
+	p = p * r + 1.0f; \
+	p = p * r + 1.0f; \
+	bits = (__builtin_convertvector(n, VI) + 127) << 23; \
+	return p * (VF) bits; \
 }
+
+CAI_DEFINE_VEXP(cai_v8f_exp, cai_v8f, cai_v8i)
 
 /* ---------------------------------------------------------------------------------------------
  * Row kernels (one token row each unless stated)
