@@ -598,14 +598,14 @@ accumulate_i8_scalar(float *const *o, const float *const *p, int nr, int p_off,
 
 #if defined(__x86_64__)
 /*
- * accumulate_i8_scalar on AVX-512 for NR rows and NV vectors of 16 dimensions from d0: each
- * value row is widened once for all the rows (vpmovsxbd, vcvtdq2ps; exact) and the NR * NV
- * accumulators are independent chains held in registers.
+ * accumulate_i8_scalar on AVX-512 for NR rows and NV vectors of 16 dimensions from d0, given
+ * each row's weights w[r][j] = p * vscale of the block's slots: each value row is widened once
+ * for all the rows (vpmovsxbd, vcvtdq2ps; exact) and the NR * NV accumulators are independent
+ * chains held in registers.
  */
 TARGET_AVX512 CAI_ALWAYS_INLINE void
-accumulate_i8_rows_avx512(float *const *o, const float *const *p, int p_off, const float *vscale,
-						  const int8_t *vq, size_t vq_stride, int a, int e, int d0, int NR,
-						  int NV)
+accumulate_i8_rows_avx512(float *const *o, const float (*w)[BLOCK], const int8_t *vq,
+						  size_t vq_stride, int a, int e, int d0, int NR, int NV)
 {
 	__m512		acc[4][4];
 
@@ -621,10 +621,10 @@ accumulate_i8_rows_avx512(float *const *o, const float *const *p, int p_off, con
 			v[k] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *) (src + 16 * k))));
 		for (int r = 0; r < NR; r++)
 		{
-			__m512		w = _mm512_set1_ps(p[r][j + p_off] * vscale[j]);
+			__m512		wj = _mm512_set1_ps(w[r][j]);
 
 			for (int k = 0; k < NV; k++)
-				acc[r][k] = _mm512_fmadd_ps(w, v[k], acc[r][k]);
+				acc[r][k] = _mm512_fmadd_ps(wj, v[k], acc[r][k]);
 		}
 	}
 	for (int r = 0; r < NR; r++)
@@ -689,10 +689,17 @@ accumulate_i8_avx512(float *const *o, const float *const *p, int nr, int p_off,
 {
 	int			d0 = 0,
 				r;
+	float		w[MAX_GROUP_ROWS][BLOCK];
+	__mmask16	in_range = (__mmask16) (((1u << (e + 1)) - 1) & ~((1u << a) - 1));
+	__m512		vs = _mm512_maskz_loadu_ps(in_range, vscale);
 
+	/* the weights p * vscale of the rows' slots, 16 at a time (lanes outside [a, e]: unused) */
+	for (r = 0; r < nr; r++)
+		_mm512_storeu_ps(w[r], _mm512_mul_ps(_mm512_maskz_loadu_ps(in_range, p[r] + p_off), vs));
 #define AVX512_CASE(N, NV) \
 	case N: \
-		accumulate_i8_rows_avx512(o + r, p + r, p_off, vscale, vq, vq_stride, a, e, d0, N, NV); \
+		accumulate_i8_rows_avx512(o + r, (const float (*)[BLOCK]) w + r, vq, vq_stride, a, e, d0, \
+								  N, NV); \
 		break
 	I8_CHUNKS(AVX512_CASE, 4, 16);
 #undef AVX512_CASE
