@@ -53,12 +53,6 @@ typedef float cai_v16f __attribute__((vector_size(64)));
 typedef int32_t cai_v16i __attribute__((vector_size(64)));
 
 CAI_ALWAYS_INLINE cai_v16f
-cai_v16f_set1(float x)
-{
-	return (cai_v16f) {x, x, x, x, x, x, x, x, x, x, x, x, x, x, x, x};
-}
-
-CAI_ALWAYS_INLINE cai_v16f
 cai_v16f_load(const float *p)
 {
 	cai_v16f	v;
@@ -392,7 +386,6 @@ softmax_row(float *row, int n, float *max_out, float *total_out)
 {
 	float		m = row[0];
 	cai_v8f		mv8;
-	cai_v16f	mv16;
 	cai_v8f		acc = cai_v8f_set1(0.0f);
 	float		tail = 0.0f;
 	float		inv;
@@ -417,11 +410,10 @@ softmax_row(float *row, int n, float *max_out, float *total_out)
 	for (; i < n; i++)
 		m = row[i] > m ? row[i] : m;
 	mv8 = cai_v8f_set1(m);			/* (built once: GCC rebuilds it per iteration otherwise) */
-	mv16 = cai_v16f_set1(m);
 	/* sixteen at a time where they fit (the same lanes, folded into the partial sums in order) */
 	for (i = 0; i + 16 <= n; i += 16)
 	{
-		cai_v16f	d = cai_v16f_load(row + i) - mv16;
+		cai_v16f	d = cai_v16f_load(row + i) - m;	/* (vector - scalar: a plain broadcast) */
 		cai_v16f	e = cai_v16f_exp(&d);
 		cai_v8f		e_lo,
 					e_hi;
@@ -458,7 +450,7 @@ softmax_row(float *row, int n, float *max_out, float *total_out)
 	*total_out = cai_v8f_sum(&acc) + tail;
 	inv = 1.0f / *total_out;
 	for (i = 0; i + 16 <= n; i += 16)
-		cai_v16f_store(row + i, cai_v16f_load(row + i) * cai_v16f_set1(inv));
+		cai_v16f_store(row + i, cai_v16f_load(row + i) * inv);
 	for (; i < n; i++)
 		row[i] = row[i] * inv;
 }
@@ -948,7 +940,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 					int			a = j0 > s->row_lo[r] ? j0 : s->row_lo[r];
 					int			e = j1 < s->row_hi[r] ? j1 : s->row_hi[r];
 					cai_v16i	di;
-					cai_v16f	qs = cai_v16f_set1(s->q_scale[r]);
+					cai_v16f	qks = ks * s->q_scale[r];	/* q scale * k scale per slot */
 					float		sc[BLOCK];
 
 					if (a > e)
@@ -959,10 +951,10 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 					if (base >= seg_lo && base + BLOCK - 1 <= seg_hi)
 					{
 						cai_v16f_store(s->scores + (size_t) r * SEG + (base - seg_lo),
-									   __builtin_convertvector(di, cai_v16f) * (qs * ks));
+									   __builtin_convertvector(di, cai_v16f) * qks);
 						continue;
 					}
-					cai_v16f_store(sc, __builtin_convertvector(di, cai_v16f) * (qs * ks));
+					cai_v16f_store(sc, __builtin_convertvector(di, cai_v16f) * qks);
 					memcpy(s->scores + (size_t) r * SEG + (a - seg_lo), sc + (a - base),
 						   (size_t) (e - a + 1) * sizeof(float));
 				}
