@@ -485,15 +485,15 @@ fold_segment(float *L, float *out, float ea, float eb, float l, const float *o, 
 }
 
 /*
- * Float reference path: for each of NR rows i, o[i][0..HD) += (p[i][slot + p_off] * 1) *
- * values[slot][..] for slots a..e of a block, in slot order.  The rows share their range (the
+ * Float reference path: for each of NR rows i, o[i][0..HD) += p[i][slot + p_off] *
+ * values[slot][..] for slots a..e of a block, in slot order (the value scale is 1).  The rows share their range (the
  * query heads of one token), so each value row is loaded once for all of them and the
  * NR * HD/16 accumulators are independent chains; NR and HD are compile-time constants (the
  * accumulators stay in registers).  Each row gets exactly the operations it would get alone.
  */
 CAI_ALWAYS_INLINE void
-accumulate_values_rows(float *const *o, const float *const *p, int p_off, const float *vscale,
-					   const float *values, int a, int e, int NR, int HD)
+accumulate_values_rows(float *const *o, const float *const *p, int p_off, const float *values,
+					   int a, int e, int NR, int HD)
 {
 	cai_v16f	acc[4][8];
 
@@ -508,7 +508,7 @@ accumulate_values_rows(float *const *o, const float *const *p, int p_off, const 
 			memcpy(&v[i], values + (size_t) j * HD + 16 * i, sizeof(cai_v16f));
 		for (int r = 0; r < NR; r++)
 		{
-			float		c = p[r][j + p_off] * vscale[j];
+			float		c = p[r][j + p_off];
 			cai_v16f	cv = {c, c, c, c, c, c, c, c, c, c, c, c, c, c, c, c};
 
 			for (int i = 0; i < HD / 16; i++)
@@ -522,12 +522,12 @@ accumulate_values_rows(float *const *o, const float *const *p, int p_off, const 
 
 /* The same for any head size (a multiple of 8), one row at a time. */
 CAI_ALWAYS_INLINE void
-accumulate_values_any(float *o, const float *p, int p_off, const float *vscale,
-					  const float *values, int a, int e, int hd)
+accumulate_values_any(float *o, const float *p, int p_off, const float *values, int a, int e,
+					  int hd)
 {
 	for (int j = a; j <= e; j++)
 	{
-		cai_v8f		c = cai_v8f_set1(p[j + p_off] * vscale[j]);
+		cai_v8f		c = cai_v8f_set1(p[j + p_off]);
 		const float *vr = values + (size_t) j * hd;
 
 		for (int d = 0; d < hd; d += 8)
@@ -541,13 +541,13 @@ accumulate_values_any(float *o, const float *p, int p_off, const float *vscale,
  */
 CAI_ALWAYS_INLINE void
 accumulate_values(float *const *o, const float *const *p, int nr, int p_off,
-				  const float *vscale, const float *values, int a, int e, int hd)
+				  const float *values, int a, int e, int hd)
 {
 	int			r = 0;
 
 #define ROWS_CASE(N, HD) \
 	case N: \
-		accumulate_values_rows(o + r, p + r, p_off, vscale, values, a, e, N, HD); \
+		accumulate_values_rows(o + r, p + r, p_off, values, a, e, N, HD); \
 		break
 	if (hd == 64)
 		for (; r < nr; r += 4)
@@ -563,7 +563,7 @@ accumulate_values(float *const *o, const float *const *p, int nr, int p_off,
 			}
 #undef ROWS_CASE
 	for (; r < nr; r++)
-		accumulate_values_any(o[r], p[r], p_off, vscale, values, a, e, hd);
+		accumulate_values_any(o[r], p[r], p_off, values, a, e, hd);
 }
 
 /*
@@ -1019,7 +1019,6 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 
 					memcpy(s->values + (size_t) slot * hd, vf + ((size_t) slot * n_kv + kv_head) * hd,
 						   (size_t) hd * sizeof(float));
-					vscale[slot] = 1.0f;
 				}
 			}
 
@@ -1044,7 +1043,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 						p[i] = s->scores + (size_t) (r0 + g0 + i) * SEG;
 					}
 					if (shadow)
-						accumulate_values(o, p, nr, base - seg_lo, vscale, s->values, a - base,
+						accumulate_values(o, p, nr, base - seg_lo, s->values, a - base,
 										  e - base, hd);
 					else
 						accumulate_i8(o, p, nr, base - seg_lo, vscale, vq_head, (size_t) n_kv * hd,
