@@ -314,11 +314,34 @@ cai_cuda_step_plan(cai_cuda_ctx *ctx, const cai_cuda_seq_desc *seqs, int n_seqs,
 	ctx->meta.seqs_dev = ctx->meta_dev + o.seqs;
 	ctx->meta.items_dev = ctx->meta_dev + o.items;
 	ctx->meta.counts_dev = (const int32_t *) (ctx->meta_dev + o.counts);
-	ctx->meta.grid_items = for_graph ? ctx->meta_cap_items : item;
-	ctx->meta.max_segments = 0;
-	for (int s = 0; !for_graph && s < n_seqs; s++)
-		if ((seqs[s].pos + seqs[s].n_new - 1) / ATTN_SEGMENT + 1 > ctx->meta.max_segments)
-			ctx->meta.max_segments = (seqs[s].pos + seqs[s].n_new - 1) / ATTN_SEGMENT + 1;
+	ctx->meta.max_item_rows = 0;
+	for (int i = 0; i < item; i++)
+		if (irec[i].n_qrows > ctx->meta.max_item_rows)
+			ctx->meta.max_item_rows = irec[i].n_qrows;
+	ctx->meta.need_segments = 0;
+	for (int s = 0; s < n_seqs; s++)
+		if ((seqs[s].pos + seqs[s].n_new - 1) / ATTN_SEGMENT + 1 > ctx->meta.need_segments)
+			ctx->meta.need_segments = (seqs[s].pos + seqs[s].n_new - 1) / ATTN_SEGMENT + 1;
+	if (for_graph)
+	{
+		/*
+		 * A graph keeps the grid it was captured with, so the grid covers every plan of this
+		 * padded size: at most one tile per group of tile_rows rows plus one per sequence, and
+		 * sequences have a row each.  The segments round up to a power of two, so that a graph
+		 * captured at one context serves the following steps until the context doubles.
+		 */
+		int			bound = max_items_for(n_tok, n_tok, group, tile_rows);
+
+		ctx->meta.grid_items = bound < ctx->meta_cap_items ? bound : ctx->meta_cap_items;
+		ctx->meta.max_segments = 1;
+		while (ctx->meta.max_segments < ctx->meta.need_segments)
+			ctx->meta.max_segments *= 2;
+	}
+	else
+	{
+		ctx->meta.grid_items = item;
+		ctx->meta.max_segments = ctx->meta.need_segments;
+	}
 	/* the block tables are addressed through the sequence records */
 	*meta = &ctx->meta;
 	return CAI_OK;
@@ -416,6 +439,7 @@ cai_cuda_kv_write(cai_cuda_ctx *ctx, const cai_cuda_kv *kv, int kv_layer,
 
 	if (meta->n_tok <= 0)
 		return CAI_OK;
+	cuda_capture_note_plan(ctx, meta);
 	switch (kv->head_dim)
 	{
 		case 64:
@@ -825,22 +849,17 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 						E[r * S::E_STRIDE + j] = attn_score<HD, R, F>(smem, r, j);
 				}
 				__syncthreads();
-				for (int r = threadIdx.x; r < R; r += ATTN_THREADS)
+				/* a warp per real row, a lane per key: a maximum is the same in any order */
+				for (int r = warp; r < it.n_qrows; r += ATTN_THREADS / CUDA_WARP)
 				{
-					float		m = row_m[r];
+					int			pos = c0 + lane;
+					float		m = -INFINITY;
 
-					for (int j = 0; j < ATTN_CHUNK; j++)
-					{
-						int			pos = c0 + j;
-
-						if (pos >= seg_lo && pos <= seg_hi && pos >= row_lo[r] && pos <= row_hi[r])
-						{
-							float		sc = E[r * S::E_STRIDE + j];
-
-							m = sc > m ? sc : m;
-						}
-					}
-					row_m[r] = m;
+					if (pos >= seg_lo && pos <= seg_hi && pos >= row_lo[r] && pos <= row_hi[r])
+						m = E[r * S::E_STRIDE + lane];
+					m = warp_max(m);
+					if (lane == 0 && m > row_m[r])
+						row_m[r] = m;
 				}
 				__syncthreads();
 			}
@@ -866,31 +885,30 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 							exp_poly(__fsub_rn(attn_score<HD, R, F>(smem, r, j), row_m[r]));
 				}
 				__syncthreads();
-				for (int p = threadIdx.x; p < R * 8; p += ATTN_THREADS)
+				/*
+				 * Partial sum lane8 of a real row takes the row's positions i = pos - lo with
+				 * i % 8 == lane8 below n8, in order: at most four per chunk, visited directly.
+				 * The last (n - n8) positions go to the tail, one per lane8.
+				 */
+				for (int p = threadIdx.x; p < it.n_qrows * 8; p += ATTN_THREADS)
 				{
 					int			r = p / 8;
 					int			lane8 = p % 8;
 					int			lo = row_lo[r] > seg_lo ? row_lo[r] : seg_lo;
 					int			hi = row_hi[r] < seg_hi ? row_hi[r] : seg_hi;
 					int			n8 = (hi - lo + 1) & ~7;
+					int			c_lo = c0 > lo ? c0 : lo;
+					int			c_hi = c0 + ATTN_CHUNK - 1 < hi ? c0 + ATTN_CHUNK - 1 : hi;
+					int			body_hi = lo + n8 - 1 < c_hi ? lo + n8 - 1 : c_hi;
+					int			pos = c_lo + (((lane8 - (c_lo - lo)) % 8) + 8) % 8;
+					int			tail_pos = lo + n8 + lane8;
 					float		sum = part[p];
 
-					for (int j = 0; j < ATTN_CHUNK; j++)
-					{
-						int			pos = c0 + j;
-						int			i = pos - lo;
-
-						if (pos < lo || pos > hi)
-							continue;
-						if (i < n8)
-						{
-							if (i % 8 == lane8)
-								sum = __fadd_rn(sum, E[r * S::E_STRIDE + j]);
-						}
-						else if (lane8 == 0)
-							tail[r * 8 + (i - n8)] = E[r * S::E_STRIDE + j];
-					}
+					for (; pos <= body_hi; pos += 8)
+						sum = __fadd_rn(sum, E[r * S::E_STRIDE + (pos - c0)]);
 					part[p] = sum;
+					if (tail_pos >= c_lo && tail_pos <= c_hi)
+						tail[r * 8 + lane8] = E[r * S::E_STRIDE + (tail_pos - c0)];
 				}
 				__syncthreads();
 			}
@@ -1027,6 +1045,301 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 	}
 }
 
+
+/*
+ * The decode kernel: tiles of at most CUDA_DECODE_TILE_ROWS query rows (a decode step's token has `group`
+ * rows), one block per (tile, KV head, segment).  Where attention_kernel walks a segment in
+ * chunks of 32 keys, three times, with barriers and a global-load latency per chunk, this kernel
+ * loads the whole segment's keys, values and scales into shared memory at once, computes each
+ * score once, and leaves the segment's (max, sum) and value sums in the partials for
+ * attention_merge_kernel.  The operations and their order are attention_kernel's split path's
+ * (the same query quantization, score, exponential, eight partial sums and tail, weights, and
+ * value fmas in position order; positions outside a row's range, zero-weight no-ops there, are
+ * skipped), so the results are the same bits.
+ */
+
+template <int HD>
+struct decode_smem
+{
+	static constexpr int QWORDS = HD / 4;
+	static constexpr int KSTRIDE = HD / 4 + 1;	/* words per key row: conflict-free column reads */
+	static constexpr size_t OFF_K = 0;
+	static constexpr size_t OFF_V = OFF_K + (size_t) ATTN_SEGMENT * KSTRIDE * 4;
+	static constexpr size_t OFF_KS = OFF_V + (size_t) ATTN_SEGMENT * HD;
+	static constexpr size_t OFF_VS = OFF_KS + ATTN_SEGMENT * 4;
+	static constexpr size_t OFF_E = OFF_VS + ATTN_SEGMENT * 4;
+	static constexpr size_t OFF_Q = OFF_E + (size_t) CUDA_DECODE_TILE_ROWS * ATTN_SEGMENT * 4;
+	static constexpr size_t OFF_QS = OFF_Q + (size_t) CUDA_DECODE_TILE_ROWS * HD;
+	static constexpr size_t OFF_M = OFF_QS + CUDA_DECODE_TILE_ROWS * 4;
+	static constexpr size_t OFF_INV = OFF_M + CUDA_DECODE_TILE_ROWS * 4;
+	static constexpr size_t OFF_PART = OFF_INV + CUDA_DECODE_TILE_ROWS * 4;
+	static constexpr size_t OFF_TAIL = OFF_PART + CUDA_DECODE_TILE_ROWS * 8 * 4;
+	static constexpr size_t OFF_LO = OFF_TAIL + CUDA_DECODE_TILE_ROWS * 8 * 4;
+	static constexpr size_t OFF_HI = OFF_LO + CUDA_DECODE_TILE_ROWS * 4;
+	static constexpr size_t OFF_ROW = OFF_HI + CUDA_DECODE_TILE_ROWS * 4;
+	static constexpr size_t OFF_HEAD = OFF_ROW + CUDA_DECODE_TILE_ROWS * 4;
+	static constexpr size_t BYTES = OFF_HEAD + CUDA_DECODE_TILE_ROWS * 4;
+};
+
+template <int HD>
+static __global__ void __launch_bounds__(ATTN_THREADS, 1)
+attention_decode_kernel(attn_source src, const int32_t *__restrict__ counts,
+						const attn_seq_rec *__restrict__ seqs,
+						const attn_item_rec *__restrict__ items,
+						const int32_t *__restrict__ block_tables, const float *__restrict__ q,
+						int ldq, int group, int window, float scale, int split_segs,
+						float *__restrict__ part_o, float *__restrict__ part_ml)
+{
+	typedef decode_smem<HD> S;
+	constexpr int VPK = HD / 16;	/* 16-byte vectors per key or value row */
+	constexpr int NV = ATTN_SEGMENT * VPK / ATTN_THREADS;
+	extern __shared__ __align__(16) uint8_t smem[];
+	int		   *K = (int *) (smem + S::OFF_K);
+	int8_t	   *V = (int8_t *) (smem + S::OFF_V);
+	float	   *KS = (float *) (smem + S::OFF_KS);
+	float	   *VS = (float *) (smem + S::OFF_VS);
+	float	   *E = (float *) (smem + S::OFF_E);
+	float	   *QS = (float *) (smem + S::OFF_QS);
+	float	   *row_m = (float *) (smem + S::OFF_M);
+	float	   *row_inv = (float *) (smem + S::OFF_INV);
+	float	   *part = (float *) (smem + S::OFF_PART);
+	float	   *tail = (float *) (smem + S::OFF_TAIL);
+	int		   *row_lo = (int *) (smem + S::OFF_LO);
+	int		   *row_hi = (int *) (smem + S::OFF_HI);
+	int		   *row_act = (int *) (smem + S::OFF_ROW);
+	int		   *row_head = (int *) (smem + S::OFF_HEAD);
+	int			kvh = blockIdx.y;
+	int			seg = blockIdx.z;
+	int			seg_base = seg * ATTN_SEGMENT;
+	int			warp = threadIdx.x / CUDA_WARP;
+	int			lane = threadIdx.x % CUDA_WARP;
+	const int	n_heads = (int) gridDim.y * group;
+	attn_item_rec it;
+	attn_seq_rec sq;
+	const int32_t *bt;
+	int			n_rows,
+				seg_lo,
+				seg_hi;
+
+	if ((int) blockIdx.x >= counts[2])
+		return;
+	it = items[blockIdx.x];
+	sq = seqs[it.seq];
+	bt = block_tables + sq.bt_offset;
+	n_rows = it.n_qrows;
+
+	/* the tile's rows (attention_kernel's rule); the block's segment of the tile's range */
+	{
+		int			first_pos = sq.pos + it.qrow0 / group;
+		int			last_pos = sq.pos + (it.qrow0 + n_rows - 1) / group;
+		int			jlo = window > 0 && first_pos - window + 1 > 0 ? first_pos - window + 1 : 0;
+
+		if (seg < jlo / ATTN_SEGMENT || seg > last_pos / ATTN_SEGMENT)
+			return;
+		seg_lo = seg_base > jlo ? seg_base : jlo;
+		seg_hi = seg_base + ATTN_SEGMENT - 1 < last_pos ? seg_base + ATTN_SEGMENT - 1 : last_pos;
+	}
+	for (int r = threadIdx.x; r < n_rows; r += ATTN_THREADS)
+	{
+		int			qr = it.qrow0 + r;
+		int			tl = qr / group;
+		int			pos = sq.pos + tl;
+		int			lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
+
+		/* the row's positions within this segment (empty when it ends before or starts after) */
+		row_lo[r] = lo > seg_lo ? lo : seg_lo;
+		row_hi[r] = pos < seg_hi ? pos : seg_hi;
+		row_act[r] = sq.row0 + tl;
+		row_head[r] = kvh * group + qr % group;
+#pragma unroll
+		for (int k = 0; k < 8; k++)
+			part[r * 8 + k] = 0.0f;
+	}
+
+	/* the segment's keys, values and scales: every load issued before any store */
+	{
+		int4		kr[NV],
+					vr[NV];
+
+#pragma unroll
+		for (int n = 0; n < NV; n++)
+		{
+			int			i = threadIdx.x + n * ATTN_THREADS;
+			int			pos = seg_base + i / VPK;
+
+			kr[n] = make_int4(0, 0, 0, 0);
+			vr[n] = make_int4(0, 0, 0, 0);
+			if (pos >= seg_lo && pos <= seg_hi)
+			{
+				kr[n] = kv_row<HD, false>(src, bt, kvh, pos, false)[i % VPK];
+				vr[n] = kv_row<HD, false>(src, bt, kvh, pos, true)[i % VPK];
+			}
+		}
+		for (int j = threadIdx.x; j < ATTN_SEGMENT; j += ATTN_THREADS)
+		{
+			int			pos = seg_base + j;
+
+			if (pos >= seg_lo && pos <= seg_hi)
+			{
+				int			block = bt[pos / CAI_CUDA_KV_BLOCK_TOKENS];
+				int			slot = pos % CAI_CUDA_KV_BLOCK_TOKENS;
+				const float *scales = (const float *) (src.pool + (size_t) block * src.block_bytes +
+													   src.layer_off +
+													   (size_t) 2 * CAI_CUDA_KV_BLOCK_TOKENS * src.n_kv * HD);
+
+				KS[j] = scales[slot * src.n_kv + kvh];
+				VS[j] = scales[CAI_CUDA_KV_BLOCK_TOKENS * src.n_kv + slot * src.n_kv + kvh];
+			}
+		}
+#pragma unroll
+		for (int n = 0; n < NV; n++)
+		{
+			int			i = threadIdx.x + n * ATTN_THREADS;
+			int		   *kd = K + (size_t) (i / VPK) * S::KSTRIDE + (i % VPK) * 4;
+
+			kd[0] = kr[n].x;
+			kd[1] = kr[n].y;
+			kd[2] = kr[n].z;
+			kd[3] = kr[n].w;
+			((int4 *) V)[i] = vr[n];
+		}
+	}
+	__syncthreads();
+
+	/* queries: a warp per row, int8 per head with cai_op_quantize_vec_i8's rule */
+	for (int r = warp; r < n_rows; r += ATTN_THREADS / CUDA_WARP)
+	{
+		const float *qrow = q + (size_t) row_act[r] * ldq + (size_t) row_head[r] * HD;
+		int8_t	   *q8 = (int8_t *) (smem + S::OFF_Q) + (size_t) r * HD;
+		float		amax = 0.0f,
+					qs = 0.0f,
+					inv = 0.0f;
+		bool		nonzero;
+
+		for (int d = lane; d < HD; d += CUDA_WARP)
+			amax = fmaxf(amax, fabsf(qrow[d]));
+		amax = warp_max(amax);
+		nonzero = quant_row_scale(amax, &qs, &inv);
+		for (int d = lane; d < HD; d += CUDA_WARP)
+			q8[d] = nonzero ? quant_one(qrow[d], inv) : 0;
+		if (lane == 0)
+			QS[r] = __fmul_rn(nonzero ? qs : 0.0f, scale);
+	}
+	__syncthreads();
+
+	/* every score once: a thread per (row, key), keys along the warp */
+	for (int p = threadIdx.x; p < n_rows * ATTN_SEGMENT; p += ATTN_THREADS)
+	{
+		int			r = p / ATTN_SEGMENT;
+		int			j = p % ATTN_SEGMENT;
+		int			pos = seg_base + j;
+
+		if (pos >= row_lo[r] && pos <= row_hi[r])
+		{
+			const int  *qw = (const int *) (smem + S::OFF_Q) + (size_t) r * S::QWORDS;
+			const int  *kw = K + (size_t) j * S::KSTRIDE;
+			int			dot = 0;
+
+#pragma unroll 8
+			for (int w = 0; w < S::QWORDS; w++)
+				dot = __dp4a(qw[w], kw[w], dot);
+			E[r * ATTN_SEGMENT + j] = __fmul_rn(__int2float_rn(dot), __fmul_rn(QS[r], KS[j]));
+		}
+	}
+	__syncthreads();
+
+	/* each row's maximum: a warp per row (a maximum is the same in any order) */
+	for (int r = warp; r < n_rows; r += ATTN_THREADS / CUDA_WARP)
+	{
+		float		m = -INFINITY;
+
+		for (int pos = row_lo[r] + lane; pos <= row_hi[r]; pos += CUDA_WARP)
+			m = fmaxf(m, E[r * ATTN_SEGMENT + (pos - seg_base)]);
+		m = warp_max(m);
+		if (lane == 0)
+			row_m[r] = m;
+	}
+	__syncthreads();
+
+	/* the exponentials in place */
+	for (int p = threadIdx.x; p < n_rows * ATTN_SEGMENT; p += ATTN_THREADS)
+	{
+		int			r = p / ATTN_SEGMENT;
+		int			pos = seg_base + p % ATTN_SEGMENT;
+
+		if (pos >= row_lo[r] && pos <= row_hi[r])
+			E[p] = exp_poly(__fsub_rn(E[p], row_m[r]));
+	}
+	__syncthreads();
+
+	/* eight partial sums (i % 8, in order) and the tail, then the row's sum and normalizer */
+	for (int p = threadIdx.x; p < n_rows * 8; p += ATTN_THREADS)
+	{
+		int			r = p / 8;
+		int			lane8 = p % 8;
+		int			lo = row_lo[r];
+		int			n8 = (row_hi[r] - lo + 1) & ~7;
+		float		sum = 0.0f;
+
+		for (int i = lane8; i < n8; i += 8)
+			sum = __fadd_rn(sum, E[r * ATTN_SEGMENT + (lo + i - seg_base)]);
+		part[p] = sum;
+		if (lo + n8 + lane8 <= row_hi[r])
+			tail[p] = E[r * ATTN_SEGMENT + (lo + n8 + lane8 - seg_base)];
+	}
+	__syncthreads();
+	for (int r = threadIdx.x; r < n_rows; r += ATTN_THREADS)
+	{
+		int			n = row_hi[r] - row_lo[r] + 1;
+		float		t = 0.0f;
+		float		l;
+
+		if (n <= 0)
+			continue;
+		for (int i = 0; i < n - (n & ~7); i++)
+			t = __fadd_rn(t, tail[r * 8 + i]);
+		l = __fadd_rn(tree8(part + r * 8), t);
+		row_inv[r] = __fdiv_rn(1.0f, l);
+		{
+			size_t		at = ((size_t) row_act[r] * n_heads + row_head[r]) * split_segs + seg;
+
+			part_ml[2 * at] = row_m[r];
+			part_ml[2 * at + 1] = l;
+		}
+	}
+	__syncthreads();
+
+	/* the weights in place */
+	for (int p = threadIdx.x; p < n_rows * ATTN_SEGMENT; p += ATTN_THREADS)
+	{
+		int			r = p / ATTN_SEGMENT;
+		int			j = p % ATTN_SEGMENT;
+		int			pos = seg_base + j;
+
+		if (pos >= row_lo[r] && pos <= row_hi[r])
+			E[p] = __fmul_rn(__fmul_rn(E[p], row_inv[r]), VS[j]);
+	}
+	__syncthreads();
+
+	/* values: a thread per (row, dimension), one fused multiply-add per position, in order */
+	for (int p = threadIdx.x; p < n_rows * HD; p += ATTN_THREADS)
+	{
+		int			r = p / HD;
+		int			d = p % HD;
+		int			lo = row_lo[r] - seg_base;
+		int			hi = row_hi[r] - seg_base;
+		const float *w = E + r * ATTN_SEGMENT;
+		float		acc = 0.0f;
+
+		if (hi < lo)
+			continue;
+#pragma unroll 4
+		for (int j = lo; j <= hi; j++)
+			acc = __fmaf_rn(w[j], (float) V[j * HD + d], acc);
+		part_o[(((size_t) row_act[r] * n_heads + row_head[r]) * split_segs + seg) * HD + d] = acc;
+	}
+}
+
 /*
  * The merge of a split attention: each query row's segments folded in order from the partials
  * (cpu/attention.c's cai_attention_merge, operation for operation).  One block per tile and KV
@@ -1094,6 +1407,17 @@ attention_prepare_instance(cai_error *err)
 	return CAI_OK;
 }
 
+template <int HD>
+static cai_status
+decode_prepare_instance(cai_error *err)
+{
+	CUDA_CHECK(cudaFuncSetAttribute(attention_decode_kernel<HD>,
+									cudaFuncAttributeMaxDynamicSharedMemorySize,
+									(int) decode_smem<HD>::BYTES), err,
+			   "the decode attention kernel's shared memory");
+	return CAI_OK;
+}
+
 /*
  * Called once by cai_cuda_ctx_create: function attributes are set before any launch, never
  * while a graph is being captured.
@@ -1103,7 +1427,10 @@ cuda_attention_init(cai_cuda_ctx *ctx, cai_error *err)
 {
 	cai_status	st;
 
-	if ((st = attention_prepare_instance<64, 64, false>(err)) != CAI_OK ||
+	if ((st = decode_prepare_instance<64>(err)) != CAI_OK ||
+		(st = decode_prepare_instance<128>(err)) != CAI_OK ||
+		(st = decode_prepare_instance<256>(err)) != CAI_OK ||
+		(st = attention_prepare_instance<64, 64, false>(err)) != CAI_OK ||
 		(st = attention_prepare_instance<64, 64, true>(err)) != CAI_OK ||
 		(st = attention_prepare_instance<128, 64, false>(err)) != CAI_OK ||
 		(st = attention_prepare_instance<128, 64, true>(err)) != CAI_OK ||
@@ -1126,10 +1453,36 @@ attention_split(cai_cuda_ctx *ctx, const cai_cuda_step_meta *meta, int n_kv, int
 	const char *hook = getenv("CAI_CUDA_ATTENTION");	/* tests: "whole" never splits */
 	cai_error	e;
 
-	if ((hook && strcmp(hook, "whole") == 0) || meta->max_segments < 2 || ctx->capturing ||
+	if ((hook && strcmp(hook, "whole") == 0) || meta->max_segments < 2 ||
 		(long) meta->grid_items * n_kv >= 2L * ctx->prop.multiProcessorCount ||
 		floats > ((size_t) 256 << 20) / sizeof(float))
 		return false;
+	/* a capture cannot allocate: it splits only into partials reserved before (its warm-up) */
+	if (ctx->capturing)
+		return ctx->attn_split && ctx->attn_split_floats >= floats;
+	return cuda_scratch_reserve(ctx, &ctx->attn_split, &ctx->attn_split_floats, floats,
+								sizeof(float), "split attention partials", &e) == CAI_OK;
+}
+
+/*
+ * Whether a step's tiles go to the decode kernel: every tile has at most CUDA_DECODE_TILE_ROWS rows and
+ * the partials fit the scratch (grown on demand, within 256 MB; a capture only uses what its
+ * warm-up reserved).  The test hook CAI_CUDA_ATTENTION=tiled keeps them on attention_kernel.
+ */
+static bool
+decode_fits(cai_cuda_ctx *ctx, const cai_cuda_step_meta *meta, int n_kv, int head_dim)
+{
+	size_t		floats = (size_t) meta->n_tok * meta->group * n_kv * meta->max_segments *
+		(head_dim + 2);
+	const char *hook = getenv("CAI_CUDA_ATTENTION");
+	cai_error	e;
+
+	if ((hook && (strcmp(hook, "tiled") == 0 || strcmp(hook, "whole") == 0)) ||
+		meta->max_item_rows > CUDA_DECODE_TILE_ROWS || meta->max_segments < 1 ||
+		floats > ((size_t) 256 << 20) / sizeof(float))
+		return false;
+	if (ctx->capturing)
+		return ctx->attn_split && ctx->attn_split_floats >= floats;
 	return cuda_scratch_reserve(ctx, &ctx->attn_split, &ctx->attn_split_floats, floats,
 								sizeof(float), "split attention partials", &e) == CAI_OK;
 }
@@ -1141,12 +1494,37 @@ launch_attention(cai_cuda_ctx *ctx, const attn_source &src, const cai_cuda_step_
 				 cai_error *err)
 {
 	typedef attn_smem<HD, R, F> S;
-	bool		split = attention_split(ctx, meta, n_kv, HD);
+	bool		split;
+
+	if (!F && decode_fits(ctx, meta, n_kv, HD))
+	{
+		int			segs = meta->max_segments;
+		float	   *dpart_o = (float *) ctx->attn_split;
+		float	   *dpart_ml = dpart_o + (size_t) meta->n_tok * meta->group * n_kv * segs * HD;
+
+		cuda_capture_note_plan(ctx, meta);
+		if (ctx->capturing)
+			ctx->capture_decode_tiles = true;
+		attention_decode_kernel<HD><<<dim3(meta->grid_items, n_kv, segs), ATTN_THREADS,
+			decode_smem<HD>::BYTES, ctx->stream>>>(
+			src, meta->counts_dev, (const attn_seq_rec *) meta->seqs_dev,
+			(const attn_item_rec *) meta->items_dev, meta_block_tables(ctx), q, ldq, meta->group,
+			window, scale, segs, dpart_o, dpart_ml);
+		CUDA_CHECK_LAUNCH(err, "the decode attention kernel");
+		attention_merge_kernel<<<dim3(meta->grid_items, n_kv), ATTN_THREADS, 0, ctx->stream>>>(
+			meta->counts_dev, (const attn_seq_rec *) meta->seqs_dev,
+			(const attn_item_rec *) meta->items_dev, dpart_o, dpart_ml, segs, out, ldo,
+			meta->group, window, HD);
+		CUDA_CHECK_LAUNCH(err, "the attention merge kernel");
+		return CAI_OK;
+	}
+	split = attention_split(ctx, meta, n_kv, HD);
 	int			segs = split ? meta->max_segments : 0;
 	float	   *part_o = split ? (float *) ctx->attn_split : NULL;
 	float	   *part_ml = split ? part_o + (size_t) meta->n_tok * meta->group * n_kv * segs * HD : NULL;
 	dim3		grid(meta->grid_items, n_kv, split ? segs : 1);
 
+	cuda_capture_note_plan(ctx, meta);
 	attention_kernel<HD, R, F><<<grid, ATTN_THREADS, S::BYTES, ctx->stream>>>(
 		src, meta->counts_dev, (const attn_seq_rec *) meta->seqs_dev,
 		(const attn_item_rec *) meta->items_dev, meta_block_tables(ctx), q, ldq, out, ldo,

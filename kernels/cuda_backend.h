@@ -404,17 +404,21 @@ typedef struct cai_cuda_step_meta
 	const void *items_dev;		/* internal: attention tiles */
 	const int32_t *counts_dev;	/* internal: n_tok, n_seqs, n_items on the device */
 	int			grid_items;		/* grid size the attention kernel launches with */
-	int			max_segments;	/* segments (cpu/attention.h) the longest row reaches; 0 in a
-								 * plan for a graph (its attention is never split) */
+	int			max_item_rows;	/* query rows of the largest tile */
+	int			need_segments;	/* segments (cpu/attention.h) the longest row reaches */
+	int			max_segments;	/* segments a split attention launches: need_segments, or in a
+								 * plan for a graph that rounded up to a power of two */
 } cai_cuda_step_meta;
 
 /*
  * Plans a step: rows of sequence i follow those of sequence i - 1 in the activations (no padding
  * between them); n_tok_padded >= the sum of n_new adds padding rows at the end (a graph replays a
  * fixed batch-size bucket); tokens (host, one id per new token) may be NULL.  head_dim sizes the
- * tiles.  for_graph: the attention grid is the buffers' capacity (unchanged from step to step,
- * surplus blocks return at once) instead of the exact count, so that a captured graph stays
- * valid.  Fails if a block table does not cover its sequence.
+ * tiles.  for_graph: the attention grid is a bound for every plan of n_tok_padded rows (unchanged
+ * from step to step, surplus blocks return at once) instead of the exact count, and the split
+ * attention's segments round up to a power of two, so that a captured graph stays valid while
+ * the context grows (cai_cuda_graph_launch refuses a plan the graph does not cover).  Fails if a
+ * block table does not cover its sequence.
  */
 CAI_CUDA_API cai_status cai_cuda_step_plan(cai_cuda_ctx *ctx, const cai_cuda_seq_desc *seqs,
 										   int n_seqs, const int32_t *tokens, int n_tok_padded,
@@ -473,7 +477,7 @@ CAI_CUDA_API cai_status cai_cuda_graph_end(cai_cuda_ctx *ctx, int key, cai_error
 /* Abandons a capture after a failure (the stream is usable again). */
 CAI_CUDA_API void cai_cuda_graph_abort(cai_cuda_ctx *ctx);
 
-/* True when a graph is stored under key. */
+/* True when a graph is stored under key and can replay the current step plan. */
 CAI_CUDA_API bool cai_cuda_graph_has(cai_cuda_ctx *ctx, int key);
 
 /* Launches the graph stored under key on the compute stream. */

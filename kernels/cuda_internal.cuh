@@ -131,13 +131,47 @@ struct cai_cuda_ctx
 	int			graph_keys[CUDA_MAX_GRAPHS];
 	cudaGraphExec_t graph_exec[CUDA_MAX_GRAPHS];
 	int			n_graphs;
+
+	/*
+	 * The step plan a graph's kernels were captured with (rows 0: none read one): a replay must
+	 * come with a plan of as many rows whose split attention needs no more segments, and of
+	 * small tiles if the capture ran the decode attention kernel.
+	 */
+	int			capture_rows;
+	int			capture_segments;
+	bool		capture_decode_tiles;	/* the capture's attention assumed tiles of few rows */
+	int			graph_rows[CUDA_MAX_GRAPHS];
+	int			graph_segments[CUDA_MAX_GRAPHS];
+	bool		graph_decode_tiles[CUDA_MAX_GRAPHS];
 };
+
+/* Query rows a tile may have for the decode attention kernel (attention.cu). */
+#define CUDA_DECODE_TILE_ROWS 16
+
+/* Called by every kernel launch that reads the step plan: a capture under way remembers it. */
+static inline void
+cuda_capture_note_plan(cai_cuda_ctx *ctx, const cai_cuda_step_meta *meta)
+{
+	if (!ctx->capturing)
+		return;
+	ctx->capture_rows = meta->n_tok;
+	ctx->capture_segments = meta->max_segments;
+}
 
 /* Grows a device scratch buffer (refused while capturing); contents are not kept. */
 cai_status	cuda_scratch_reserve(cai_cuda_ctx *ctx, void **buf, size_t *have, size_t want,
 								 size_t elem_bytes, const char *what, cai_error *err);
 
 void		cuda_gemm_free_cache(cai_cuda_ctx *ctx);
+
+/* The decode-step int8 GEMM (gemv_i8.cu): up to this many tokens, k a multiple of 16. */
+#define CUDA_GEMV_MAX_TOKENS 8
+bool		cuda_gemv_i8_fits(const int8_t *xq_dev, int n_tok, const cai_cuda_qmatrix *w);
+
+/* With acc_dev: the int32 sums into acc (epi unused); else the epilogue into out. */
+cai_status	cuda_gemv_i8(cai_cuda_ctx *ctx, const int8_t *xq_dev, const float *xs_dev, int n_tok,
+						 const cai_cuda_qmatrix *w, const cai_cuda_epilogue *epi, float *out_dev,
+						 int ldo, int32_t *acc_dev, int ldacc, cai_error *err);
 
 /* Sets the attention kernels' function attributes (once, at context creation). */
 cai_status	cuda_attention_init(cai_cuda_ctx *ctx, cai_error *err);
@@ -260,6 +294,20 @@ apply_activation(float v, int act)
 	if (act == CAI_CUDA_ACT_SILU)
 		return act_silu(v);
 	return v;
+}
+
+/*
+ * The int8 GEMM epilogue's element: int32 sum -> float with both scales, bias, activation
+ * (cpu/gemm.c's sequence of correctly rounded operations).
+ */
+static __device__ __forceinline__ float
+epilogue_value(int32_t acc, float xs, float ws, const float *bias, int o, int act)
+{
+	float		v = __fmul_rn(__fmul_rn(__int2float_rn(acc), xs), ws);
+
+	if (bias)
+		v = __fadd_rn(v, bias[o]);
+	return apply_activation(v, act);
 }
 
 /* ops.h's cai_v8f_sum: the fixed tree over eight partial sums. */

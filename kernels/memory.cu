@@ -395,6 +395,9 @@ cai_cuda_graph_begin(cai_cuda_ctx *ctx, cai_error *err)
 	CUDA_CHECK(cudaStreamBeginCapture(ctx->stream, cudaStreamCaptureModeThreadLocal), err,
 			   "cudaStreamBeginCapture");
 	ctx->capturing = true;
+	ctx->capture_rows = 0;
+	ctx->capture_segments = 0;
+	ctx->capture_decode_tiles = false;
 	return CAI_OK;
 }
 
@@ -442,11 +445,34 @@ cai_cuda_graph_end(cai_cuda_ctx *ctx, int key, cai_error *err)
 		memmove(&ctx->graph_keys[0], &ctx->graph_keys[1], sizeof(int) * (CUDA_MAX_GRAPHS - 1));
 		memmove(&ctx->graph_exec[0], &ctx->graph_exec[1],
 				sizeof(cudaGraphExec_t) * (CUDA_MAX_GRAPHS - 1));
+		memmove(&ctx->graph_rows[0], &ctx->graph_rows[1], sizeof(int) * (CUDA_MAX_GRAPHS - 1));
+		memmove(&ctx->graph_segments[0], &ctx->graph_segments[1],
+				sizeof(int) * (CUDA_MAX_GRAPHS - 1));
+		memmove(&ctx->graph_decode_tiles[0], &ctx->graph_decode_tiles[1],
+				sizeof(bool) * (CUDA_MAX_GRAPHS - 1));
 		slot = CUDA_MAX_GRAPHS - 1;
 	}
 	ctx->graph_keys[slot] = key;
 	ctx->graph_exec[slot] = exec;
+	ctx->graph_rows[slot] = ctx->capture_rows;
+	ctx->graph_segments[slot] = ctx->capture_segments;
+	ctx->graph_decode_tiles[slot] = ctx->capture_decode_tiles;
 	return CAI_OK;
+}
+
+/*
+ * Whether the stored graph can replay the current step plan: the same rows (its grids were sized
+ * for them), and no more attention segments than its split attention was captured with (a row
+ * reaching past them would lose its last segments), and tiles the decode attention kernel takes if
+ * it ran that.  A graph that read no plan replays any.
+ */
+static bool
+graph_covers_plan(const cai_cuda_ctx *ctx, int slot)
+{
+	return ctx->graph_rows[slot] == 0 ||
+		(ctx->meta.n_tok == ctx->graph_rows[slot] &&
+		 ctx->meta.max_segments <= ctx->graph_segments[slot] &&
+		 (!ctx->graph_decode_tiles[slot] || ctx->meta.max_item_rows <= CUDA_DECODE_TILE_ROWS));
 }
 
 extern "C" void
@@ -465,7 +491,9 @@ cai_cuda_graph_abort(cai_cuda_ctx *ctx)
 extern "C" bool
 cai_cuda_graph_has(cai_cuda_ctx *ctx, int key)
 {
-	return graph_slot(ctx, key) >= 0;
+	int			slot = graph_slot(ctx, key);
+
+	return slot >= 0 && graph_covers_plan(ctx, slot);
 }
 
 extern "C" cai_status
@@ -475,6 +503,12 @@ cai_cuda_graph_launch(cai_cuda_ctx *ctx, int key, cai_error *err)
 
 	if (slot < 0)
 		return cuda_fail(err, CAI_ERR_NOT_FOUND, "no cuda graph for batch bucket %d", key);
+	if (!graph_covers_plan(ctx, slot))
+		return cuda_fail(err, CAI_ERR_NOT_FOUND,
+						 "the cuda graph for batch bucket %d was captured for a plan of %d rows and "
+						 "%d attention segments, not %d rows and %d: capture it again", key,
+						 ctx->graph_rows[slot], ctx->graph_segments[slot], ctx->meta.n_tok,
+						 ctx->meta.max_segments);
 	CUDA_CHECK(cudaGraphLaunch(ctx->graph_exec[slot], ctx->stream), err, "cudaGraphLaunch");
 	return CAI_OK;
 }

@@ -330,6 +330,18 @@ swiglu_kernel(const float *__restrict__ gate_up, int d_ff, float *__restrict__ h
 		q[(size_t) t * d_ff + i] = nonzero ? quant_one(swiglu_value(gr[i], ur[i]), inv) : 0;
 }
 
+/* Without quantization every element is independent: a 2-D grid, blockIdx.y the token. */
+static __global__ void
+swiglu_store_kernel(const float *__restrict__ gate_up, int d_ff, float *__restrict__ h)
+{
+	int			t = blockIdx.y;
+	int			i = blockIdx.x * blockDim.x + threadIdx.x;
+	const float *gr = gate_up + (size_t) t * 2 * d_ff;
+
+	if (i < d_ff)
+		h[(size_t) t * d_ff + i] = swiglu_value(gr[i], gr[d_ff + i]);
+}
+
 extern "C" cai_status
 cai_cuda_swiglu(cai_cuda_ctx *ctx, const float *gate_up_dev, int n_tok, int d_ff, float *h_dev,
 				int8_t *q_dev, float *s_dev, cai_error *err)
@@ -338,6 +350,14 @@ cai_cuda_swiglu(cai_cuda_ctx *ctx, const float *gate_up_dev, int n_tok, int d_ff
 		return CAI_OK;
 	if (q_dev && !s_dev)
 		return cuda_fail(err, CAI_ERR_INVALID_ARGUMENT, "swiglu: q without s");
+	if (!q_dev && n_tok <= 65535)
+	{
+		/* a decode step's few rows would leave all but a few SMs idle in one block per row */
+		swiglu_store_kernel<<<dim3(div_up(d_ff, 256), n_tok), 256, 0, ctx->stream>>>(
+			gate_up_dev, d_ff, h_dev);
+		CUDA_CHECK_LAUNCH(err, "the swiglu kernel");
+		return CAI_OK;
+	}
 	swiglu_kernel<<<n_tok, row_threads(d_ff), 0, ctx->stream>>>(gate_up_dev, d_ff, h_dev, q_dev,
 																s_dev);
 	CUDA_CHECK_LAUNCH(err, "the swiglu kernel");

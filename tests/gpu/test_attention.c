@@ -5,7 +5,8 @@
  *
  * Each case runs two steps on both sides: a history step (whole prompts from position 0, i.e.
  * ragged causal prefill) and a step of new tokens after that history (decodes and prefill
- * chunks mixed in one batch), over randomly permuted block tables.
+ * chunks mixed in one batch), over randomly permuted block tables.  A case may go on with decode
+ * steps replayed from a captured CUDA graph, captured again whenever the plan outgrows it.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -33,6 +34,8 @@ typedef struct attn_case
 	int			n_seqs;
 	int			hist[MAX_SEQS];	/* positions already in the cache */
 	int			n_new[MAX_SEQS];	/* new tokens of the second step */
+	int			graph_steps;	/* then decode steps (a token per sequence) from a cuda graph */
+	int			expect_captures;	/* captures those steps take */
 } attn_case;
 
 /* Host side of one step: the batch layout both backends read. */
@@ -87,6 +90,94 @@ step_layout(step_data *sd, const attn_case *c, const int *first, const int *n_ne
 	sd->batch.block_tables = sd->tables;
 }
 
+/* The fixed buffers a captured graph reads and writes, and how often it was captured. */
+typedef struct graph_state
+{
+	float	   *qkv;
+	float	   *out;
+	int			captures;
+} graph_state;
+
+#define GRAPH_KEY 7
+
+/* Enqueues one step's KV write and attention (directly, or into a capture). */
+static bool
+enqueue_step(const attn_case *c, const cai_cuda_step_meta *meta, const cai_cuda_kv *dkv,
+			 const cai_cuda_kv_shadow *dshadow, float scale, const float *dqkv, float *dout,
+			 cai_error *err)
+{
+	int			q_dim = c->n_heads * c->head_dim;
+	int			kv_dim = c->n_kv_heads * c->head_dim;
+	int			qkv_w = q_dim + 2 * kv_dim;
+
+	return cai_cuda_kv_write(gpu_ctx(), dkv, c->kv_layer, meta, dqkv + q_dim,
+							 dqkv + q_dim + kv_dim, qkv_w, dshadow, err) == CAI_OK &&
+		cai_cuda_attention(gpu_ctx(), dkv, c->kv_layer, meta, dqkv, qkv_w, dout, q_dim,
+						   c->n_heads, c->window, scale, dshadow, err) == CAI_OK;
+}
+
+/*
+ * A decode step through a graph: the plan for rows = T + padding, then a replay of the stored
+ * graph, or (when it does not cover this plan, which a replay must then refuse) a warm-up run
+ * that sizes the scratch, a capture and a replay.  gout receives the rows.
+ */
+static bool
+graph_step(const attn_case *c, const step_data *sd, int rows, const float *qkv,
+		   const cai_cuda_kv *dkv, const cai_cuda_kv_shadow *dshadow, float scale,
+		   graph_state *g, float *gout)
+{
+	int			q_dim = c->n_heads * c->head_dim;
+	int			qkv_w = q_dim + 2 * c->n_kv_heads * c->head_dim;
+	const cai_cuda_step_meta *meta;
+	cai_error	err;
+
+	if (!g->qkv)
+	{
+		int			max_blocks = 0;
+
+		for (int s = 0; s < c->n_seqs; s++)
+		{
+			int			nb = (c->hist[s] + c->n_new[s] + c->graph_steps + CAI_KV_BLOCK_TOKENS - 1) /
+				CAI_KV_BLOCK_TOKENS;
+
+			max_blocks = nb > max_blocks ? nb : max_blocks;
+		}
+		/* plan buffers that never move, or every growth would drop the graph */
+		if (!(g->qkv = gpu_alloc((size_t) rows * qkv_w * sizeof(float))) ||
+			!(g->out = gpu_alloc((size_t) rows * q_dim * sizeof(float))) ||
+			!gpu_ok(cai_cuda_step_reserve(gpu_ctx(), rows, c->n_seqs, max_blocks, c->n_heads,
+										  c->n_kv_heads, c->head_dim, &err), &err, "reserve"))
+			return false;
+	}
+	if (!gpu_ok(cai_cuda_upload_sync(gpu_ctx(), g->qkv, qkv, (size_t) rows * qkv_w * sizeof(float),
+									 &err), &err, "graph input") ||
+		!gpu_ok(cai_cuda_step_plan(gpu_ctx(), sd->descs, sd->n_seqs, NULL, rows, c->n_heads,
+								   c->n_kv_heads, c->head_dim, true, &meta, &err), &err, "plan"))
+		return false;
+	if (!cai_cuda_graph_has(gpu_ctx(), GRAPH_KEY))
+	{
+		if (g->captures > 0)
+			CHECK_MSG(cai_cuda_graph_launch(gpu_ctx(), GRAPH_KEY, &err) == CAI_ERR_NOT_FOUND,
+					  "a graph replayed a plan it does not cover");
+		if (!gpu_ok(enqueue_step(c, meta, dkv, dshadow, scale, g->qkv, g->out, &err) ? CAI_OK
+					: CAI_ERR_INTERNAL, &err, "warm-up") ||
+			!gpu_ok(cai_cuda_graph_begin(gpu_ctx(), &err), &err, "begin"))
+			return false;
+		if (!enqueue_step(c, meta, dkv, dshadow, scale, g->qkv, g->out, &err))
+		{
+			cai_cuda_graph_abort(gpu_ctx());
+			CHECK_MSG(false, "capture: %s", err.message);
+			return false;
+		}
+		if (!gpu_ok(cai_cuda_graph_end(gpu_ctx(), GRAPH_KEY, &err), &err, "end"))
+			return false;
+		g->captures++;
+		CHECK(cai_cuda_graph_has(gpu_ctx(), GRAPH_KEY));
+	}
+	return gpu_ok(cai_cuda_graph_launch(gpu_ctx(), GRAPH_KEY, &err), &err, "replay") &&
+		gpu_download(gout, g->out, (size_t) rows * q_dim * sizeof(float));
+}
+
 static void
 run_case(const attn_case *c)
 {
@@ -106,6 +197,7 @@ run_case(const attn_case *c)
 	cai_cuda_kv_shadow dshadow = {0};
 	int32_t    *tables[MAX_SEQS] = {0};
 	int32_t    *perm = NULL;
+	graph_state graph = {0};
 	float	   *qkv = NULL,
 			   *cout = NULL,
 			   *gout = NULL;
@@ -117,7 +209,7 @@ run_case(const attn_case *c)
 	gpu_rng_seed(&r, (uint64_t) c->n_heads * 1000 + c->head_dim + c->window);
 	for (int s = 0; s < c->n_seqs; s++)
 	{
-		int			end = c->hist[s] + c->n_new[s];
+		int			end = c->hist[s] + c->n_new[s] + c->graph_steps;
 
 		n_blocks += (end + CAI_KV_BLOCK_TOKENS - 1) / CAI_KV_BLOCK_TOKENS;
 		if (end > max_ctx)
@@ -169,7 +261,8 @@ run_case(const attn_case *c)
 
 		for (int s = 0; s < c->n_seqs; s++)
 		{
-			int			nb = (c->hist[s] + c->n_new[s] + CAI_KV_BLOCK_TOKENS - 1) / CAI_KV_BLOCK_TOKENS;
+			int			nb = (c->hist[s] + c->n_new[s] + c->graph_steps + CAI_KV_BLOCK_TOKENS - 1) /
+				CAI_KV_BLOCK_TOKENS;
 
 			tables[s] = perm + at;
 			at += nb;
@@ -214,7 +307,7 @@ run_case(const attn_case *c)
 	ap.kv_layer = c->kv_layer;
 	ap.scale = 1.0f / sqrtf((float) c->head_dim);
 
-	for (int step = 0; step < 2; step++)
+	for (int step = 0; step < 2 + c->graph_steps; step++)
 	{
 		static step_data sd;
 		int			first[MAX_SEQS],
@@ -227,8 +320,8 @@ run_case(const attn_case *c)
 
 		for (int s = 0; s < c->n_seqs; s++)
 		{
-			first[s] = step == 0 ? 0 : c->hist[s];
-			count[s] = step == 0 ? c->hist[s] : c->n_new[s];
+			first[s] = step == 0 ? 0 : step == 1 ? c->hist[s] : c->hist[s] + c->n_new[s] + step - 2;
+			count[s] = step == 0 ? c->hist[s] : step == 1 ? c->n_new[s] : 1;
 		}
 		step_layout(&sd, c, first, count, tables);
 		T = sd.T;
@@ -254,9 +347,14 @@ run_case(const attn_case *c)
 							cout, q_dim);
 
 		/* gpu */
-		dqkv = gpu_upload(qkv, (size_t) (T + pad) * qkv_w * sizeof(float));
-		dout = gpu_alloc((size_t) (T + pad) * q_dim * sizeof(float));
-		if (!dqkv || !dout ||
+		if (step >= 2)
+		{
+			if (!graph_step(c, &sd, T + pad, qkv, &dkv, c->shadow ? &dshadow : NULL, ap.scale,
+							&graph, gout))
+				goto done;
+		}
+		else if (!(dqkv = gpu_upload(qkv, (size_t) (T + pad) * qkv_w * sizeof(float))) ||
+			!(dout = gpu_alloc((size_t) (T + pad) * q_dim * sizeof(float))) ||
 			!gpu_ok(cai_cuda_step_plan(gpu_ctx(), sd.descs, sd.n_seqs, NULL, T + pad, c->n_heads,
 									   c->n_kv_heads, c->head_dim, c->graph_padding, &meta, &err),
 					&err, "plan") ||
@@ -319,7 +417,12 @@ run_case(const attn_case *c)
 		free(gout);
 		qkv = cout = gout = NULL;
 	}
+	if (c->graph_steps > 0)
+		CHECK_MSG(graph.captures == c->expect_captures,
+				  "%d graph captures for %d decode steps, expected %d", graph.captures,
+				  c->graph_steps, c->expect_captures);
 done:
+	cai_cuda_graph_reset(gpu_ctx());
 	free(qkv);
 	free(cout);
 	free(gout);
@@ -336,14 +439,14 @@ TEST(gpu_attention_gqa_ragged_batch)
 {
 	/* SmolLM2's geometry: 9 query heads over 3 KV heads; tiles of 64 rows cut tokens in thirds */
 	attn_case	c = {"gqa 9/3 hd64", 9, 3, 64, 0, 1, 0, false, false, 4,
-		{0, 50, 20, 130}, {37, 1, 13, 1}};
+		{0, 50, 20, 130}, {37, 1, 13, 1}, 0, 0};
 
 	run_case(&c);
 }
 
 TEST(gpu_attention_mha_head_dim_128)
 {
-	attn_case	c = {"mha 4/4 hd128", 4, 4, 128, 0, 2, 1, false, false, 2, {70, 33}, {1, 1}};
+	attn_case	c = {"mha 4/4 hd128", 4, 4, 128, 0, 2, 1, false, false, 2, {70, 33}, {1, 1}, 0, 0};
 
 	run_case(&c);
 }
@@ -351,30 +454,36 @@ TEST(gpu_attention_mha_head_dim_128)
 TEST(gpu_attention_mqa_sliding_window)
 {
 	attn_case	c = {"mqa 8/1 hd64 window 24", 8, 1, 64, 24, 1, 0, false, false, 3,
-		{40, 100, 7}, {9, 3, 30}};
+		{40, 100, 7}, {9, 3, 30}, 0, 0};
 
 	run_case(&c);
 }
 
 TEST(gpu_attention_head_dim_256)
 {
-	attn_case	c = {"gqa 4/2 hd256", 4, 2, 256, 0, 1, 0, false, false, 2, {20, 45}, {5, 1}};
+	attn_case	c = {"gqa 4/2 hd256", 4, 2, 256, 0, 1, 0, false, false, 2, {20, 45}, {5, 1}, 0, 0};
 
 	run_case(&c);
 }
 
 TEST(gpu_attention_float_reference_path)
 {
-	attn_case	c = {"shadow gqa 4/2 hd64", 4, 2, 64, 0, 2, 1, true, false, 2, {30, 17}, {2, 5}};
+	attn_case	c = {"shadow gqa 4/2 hd64", 4, 2, 64, 0, 2, 1, true, false, 2, {30, 17}, {2, 5}, 0, 0};
 
 	run_case(&c);
 }
 
 TEST(gpu_attention_long_context_decode)
 {
-	attn_case	c = {"long 2/1 hd128", 2, 1, 128, 0, 1, 0, false, false, 2, {1000, 333}, {1, 1}};
+	attn_case	c = {"long 2/1 hd128", 2, 1, 128, 0, 1, 0, false, false, 2, {1000, 333}, {1, 1}, 0, 0};
 
-	/* few tiles: split along the context and merged; then each block walking its segments */
+	/*
+	 * the decode kernel (a block per tile, KV head and segment); the tiled kernel split along
+	 * the context and merged; then each block of the tiled kernel walking its segments
+	 */
+	run_case(&c);
+	setenv("CAI_CUDA_ATTENTION", "tiled", 1);
+	c.name = "long 2/1 hd128, tiled";
 	run_case(&c);
 	setenv("CAI_CUDA_ATTENTION", "whole", 1);
 	c.name = "long 2/1 hd128, not split";
@@ -389,7 +498,7 @@ TEST(gpu_attention_long_context_decode)
 TEST(gpu_attention_segments_prefill_and_window)
 {
 	attn_case	c = {"segments gqa 9/3 hd64 window 300", 9, 3, 64, 300, 1, 0, false, false, 2,
-		{700, 240}, {40, 30}};
+		{700, 240}, {40, 30}, 0, 0};
 
 	run_case(&c);
 	setenv("CAI_CUDA_ATTENTION", "whole", 1);
@@ -401,14 +510,40 @@ TEST(gpu_attention_segments_prefill_and_window)
 TEST(gpu_attention_segments_float_reference_path)
 {
 	attn_case	c = {"segments shadow mqa 4/1 hd256", 4, 1, 256, 0, 1, 0, true, false, 1,
-		{600}, {3}};
+		{600}, {3}, 0, 0};
 
 	run_case(&c);
 }
 
 TEST(gpu_attention_graph_plan_with_padding)
 {
-	attn_case	c = {"graph plan 9/3 hd64", 9, 3, 64, 0, 1, 0, false, true, 3, {16, 31, 5}, {1, 1, 1}};
+	attn_case	c = {"graph plan 9/3 hd64", 9, 3, 64, 0, 1, 0, false, true, 3,
+		{16, 31, 5}, {1, 1, 1}, 0, 0};
+
+	run_case(&c);
+}
+
+/* The decode kernel with a window that starts in the segment before, and with head_dim 256. */
+TEST(gpu_attention_decode_kernel_window_and_head_dim_256)
+{
+	attn_case	w = {"decode mqa 8/1 hd64 window 24", 8, 1, 64, 24, 1, 0, false, false, 3,
+		{270, 40, 7}, {1, 1, 2}, 0, 0};
+	attn_case	h = {"decode gqa 4/2 hd256 long", 4, 2, 256, 0, 1, 0, false, false, 2,
+		{600, 257}, {3, 1}, 0, 0};
+
+	run_case(&w);
+	run_case(&h);
+}
+
+/*
+ * Decode steps replayed from a captured graph, its attention split along the context: the
+ * longest row crosses from two segments to three (rounded up: four), which the graph captured
+ * for two does not cover, so it is refused and captured again.  Every step equals the CPU.
+ */
+TEST(gpu_attention_graph_replays_split_decode)
+{
+	attn_case	c = {"graph decode 9/3 hd64", 9, 3, 64, 0, 1, 0, false, true, 3,
+		{500, 200, 40}, {1, 1, 1}, 14, 2};
 
 	run_case(&c);
 }

@@ -348,6 +348,9 @@ TEST(gpu_gemm_i8_epilogue_bit_exact)
 	check_gemm_epilogue(&r, pool, 1728, 576, 9, 1728, true, false, true, false);
 	check_gemm_epilogue(&r, pool, 576, 576, 17, 580, true, true, true, false);
 	check_gemm_epilogue(&r, pool, 1536, 576, 4, 1536, true, false, true, true);
+	/* decode sizes (the fused gemv): every token count to 8, padding rows, an odd ldo */
+	for (int n = 1; n <= 8; n++)
+		check_gemm_epilogue(&r, pool, 70, 1536, n, 75, n % 2 == 0, n % 3 != 0, n % 4 == 1, n % 2 == 1);
 	cai_threadpool_free(pool);
 }
 
