@@ -110,6 +110,10 @@ struct cai_cuda_ctx
 	int32_t    *acc;
 	size_t		acc_elems;
 
+	/* the row maxima of a rotation spread over several blocks per token (rotate.cu) */
+	void	   *rotate_amax;
+	size_t		rotate_amax_elems;
+
 	/* split attention's per-segment partial results (attention.cu) */
 	void	   *attn_split;
 	size_t		attn_split_floats;

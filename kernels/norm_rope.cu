@@ -41,6 +41,8 @@ row_inv_rms(const float *row, int d, float eps, float *part, float *inv)
 	{
 		float		acc = 0.0f;
 
+		/* unrolled so that the loads are issued ahead of the chain of additions */
+#pragma unroll 8
 		for (int i = threadIdx.x; i < n8; i += 8)
 			acc = __fadd_rn(acc, __fmul_rn(row[i], row[i]));
 		part[threadIdx.x] = acc;

@@ -851,6 +851,9 @@ TEST(gpu_rotate_bit_exact)
 		{64, 3, 2, 3, 0},
 		{16, 4, 2, 5, 7},
 		{1, 1, 5, 3, 0},		/* n = 1: the norm alone */
+		/* many tokens: a block per token takes all its vectors (fewer spread them over blocks) */
+		{512, 1, 3, 33, 0},
+		{64, 1, 9, 40, 0},
 	};
 	cai_backend_limits lim = {64, 16, 16384, 1, 1, 64};
 	cai_backend *cpu_be = NULL;
