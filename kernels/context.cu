@@ -231,6 +231,7 @@ cai_cuda_ctx_free(cai_cuda_ctx *ctx)
 	cudaFree(ctx->acc);
 	cudaFree(ctx->attn_split);
 	cudaFree(ctx->rotate_amax);
+	cudaFree(ctx->argmax_best);
 	cudaFree(ctx->meta_dev);
 	cudaFreeHost(ctx->meta_host);
 	for (int i = 0; i < CUDA_XFER_EVENTS; i++)

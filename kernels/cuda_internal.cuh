@@ -110,6 +110,10 @@ struct cai_cuda_ctx
 	int32_t    *acc;
 	size_t		acc_elems;
 
+	/* each row's best candidate key of a greedy argmax (sampling.cu) */
+	void	   *argmax_best;
+	size_t		argmax_best_elems;
+
 	/* the row maxima of a rotation spread over several blocks per token (rotate.cu) */
 	void	   *rotate_amax;
 	size_t		rotate_amax_elems;

@@ -3,7 +3,7 @@
  * logits per row so that the host's sampler works on a short candidate list.
  *
  * Both use the sampler's total order on candidates: logit descending, then id ascending (so the
- * lowest id wins ties); NaN logits are never chosen.
+ * lowest id wins ties); NaN logits are never chosen.  A row with no candidate (all NaN) gets -1.
  */
 #include "cuda_internal.cuh"
 
@@ -79,15 +79,63 @@ block_best_after(const float *row, int n, float after_v, int after_i, float *out
 	*out_i = bi;
 }
 
-static __global__ void
-argmax_kernel(const float *__restrict__ logits, int n_vocab, int ld, int32_t *__restrict__ ids)
+/*
+ * The sampler's order as one 64-bit key, larger first: the logit's bits made monotone (-0 taken
+ * as +0, which compares equal to it), then the id inverted, so that the lower id of equal logits
+ * has the larger key.  Every real key is above 0, which stands for "no candidate".
+ */
+static __device__ __forceinline__ unsigned long long
+rank_key(float v, int i)
 {
-	float		v;
-	int			i;
+	unsigned int u = v == 0.0f ? 0u : __float_as_uint(v);
 
-	block_best_after(logits + (size_t) blockIdx.x * ld, n_vocab, 0.0f, -1, &v, &i);
-	if (threadIdx.x == 0)
-		ids[blockIdx.x] = i < n_vocab ? i : -1;
+	u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+	return ((unsigned long long) u << 32) | (unsigned int) ~i;
+}
+
+#define ARGMAX_CHUNK 4096
+
+/*
+ * Greedy argmax over a grid of (chunk, row): each block's best key joins the row's by atomicMax,
+ * a maximum that is the same in any order, so a long vocabulary is read by many SMs at once.
+ */
+static __global__ void
+argmax_chunk_kernel(const float *__restrict__ logits, int n_vocab, int ld,
+					unsigned long long *__restrict__ best)
+{
+	const float *row = logits + (size_t) blockIdx.y * ld;
+	int			end = (blockIdx.x + 1) * ARGMAX_CHUNK < n_vocab ? (blockIdx.x + 1) * ARGMAX_CHUNK :
+		n_vocab;
+	unsigned long long key = 0;
+
+	for (int i = blockIdx.x * ARGMAX_CHUNK + threadIdx.x; i < end; i += blockDim.x)
+	{
+		float		v = row[i];
+		unsigned long long k;
+
+		if (v != v)
+			continue;			/* NaN */
+		k = rank_key(v, i);
+		key = k > key ? k : key;
+	}
+	for (int o = CUDA_WARP / 2; o > 0; o >>= 1)
+	{
+		unsigned long long k = __shfl_xor_sync(0xffffffffu, key, o);
+
+		key = k > key ? k : key;
+	}
+	if (threadIdx.x % CUDA_WARP == 0 && key != 0)
+		atomicMax(&best[blockIdx.y], key);
+}
+
+static __global__ void
+argmax_finish_kernel(const unsigned long long *__restrict__ best, int n_rows,
+					 int32_t *__restrict__ ids)
+{
+	int			r = blockIdx.x * blockDim.x + threadIdx.x;
+
+	if (r < n_rows)
+		ids[r] = best[r] == 0 ? -1 : (int32_t) ~(unsigned int) (best[r] & 0xffffffffu);
 }
 
 /* k rounds of "the best candidate after the last one taken": exact, and k is small. */
@@ -130,9 +178,23 @@ extern "C" cai_status
 cai_cuda_argmax(cai_cuda_ctx *ctx, const float *logits_dev, int n_rows, int n_vocab, int ld,
 				int32_t *ids_dev, cai_error *err)
 {
+	cai_status	st;
+
 	if (n_rows <= 0)
 		return CAI_OK;
-	argmax_kernel<<<n_rows, SAMPLE_THREADS, 0, ctx->stream>>>(logits_dev, n_vocab, ld, ids_dev);
+	if (n_rows > 65535)
+		return cuda_fail(err, CAI_ERR_INVALID_ARGUMENT, "argmax: too many rows (%d)", n_rows);
+	st = cuda_scratch_reserve(ctx, &ctx->argmax_best, &ctx->argmax_best_elems, (size_t) n_rows,
+							  sizeof(unsigned long long), "the argmax keys", err);
+	if (st != CAI_OK)
+		return st;
+	CUDA_CHECK(cudaMemsetAsync(ctx->argmax_best, 0, (size_t) n_rows * sizeof(unsigned long long),
+							   ctx->stream), err, "the argmax keys");
+	argmax_chunk_kernel<<<dim3(div_up(n_vocab, ARGMAX_CHUNK), n_rows), SAMPLE_THREADS, 0,
+		ctx->stream>>>(logits_dev, n_vocab, ld, (unsigned long long *) ctx->argmax_best);
+	CUDA_CHECK_LAUNCH(err, "the argmax kernel");
+	argmax_finish_kernel<<<div_up(n_rows, SAMPLE_THREADS), SAMPLE_THREADS, 0, ctx->stream>>>(
+		(const unsigned long long *) ctx->argmax_best, n_rows, ids_dev);
 	CUDA_CHECK_LAUNCH(err, "the argmax kernel");
 	return CAI_OK;
 }

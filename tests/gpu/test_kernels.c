@@ -1018,6 +1018,34 @@ TEST(gpu_argmax_and_topk_match_the_sampler_order)
 			}
 		}
 	}
+
+	/*
+	 * Rows the device argmax reads as many chunks: one all NaN (no candidate: -1), one where -0
+	 * at a lower id ties +0 at a higher one (equal logits: the lower id), one of -inf alone.
+	 */
+	{
+		const float minus_zero = -0.0f;
+		float	   *special = logits;
+		int32_t		am[3];
+
+		for (int i = 0; i < vocab; i++)
+		{
+			special[i] = NAN;
+			special[vocab + i] = -5.0f;
+			special[2 * (size_t) vocab + i] = -INFINITY;
+		}
+		special[vocab + 20] = minus_zero;
+		special[vocab + 9000] = 0.0f;
+		special[2 * (size_t) vocab + 40000] = NAN;
+		dl = gpu_upload(special, (size_t) 3 * vocab * sizeof(float));
+		if (dl && gpu_ok(cai_cuda_argmax(gpu_ctx(), dl, 3, vocab, vocab, dargmax, &err), &err,
+						 "argmax") && gpu_download(am, dargmax, sizeof(am)))
+		{
+			CHECK_EQ_INT(am[0], -1);
+			CHECK_EQ_INT(am[1], 20);
+			CHECK_EQ_INT(am[2], 0);
+		}
+	}
 done:
 	free(logits);
 	free(gids);
