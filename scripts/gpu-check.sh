@@ -11,6 +11,8 @@
 #   5. bench    tests/bench/bench_gpu: decode batch 1/16/64/256, prefill and the int8 GEMM of the
 #               three shapes, each beside its roofline from the copy bandwidth and int8 rate it
 #               measures first
+#   6. profile  ncu's time per kernel of the 8B shape's decode (informative: skipped, never
+#               failed, where ncu cannot run)
 # and writes OUT/gpu-check.md and OUT/gpu-check.json (the report), OUT/e2e.json,
 # OUT/bench_gpu.json and OUT/steps.log (every step's output).
 #
@@ -203,10 +205,65 @@ else
 	fi
 fi
 
+# ---- 6. where a decode step's time goes -----------------------------------------------------------
+# ncu's time per kernel over the first launches of the 8B shape's quick run: model creation and
+# the ceilings first, then the decode batch-1 warm-up and graph replays (clocks locked by ncu, so
+# slower than the bench).  Informative: a profile that cannot run is skipped, not a failure.
+NCU=$(command -v ncu || { [ -x /usr/local/cuda/bin/ncu ] && echo /usr/local/cuda/bin/ncu; } || true)
+if [ "$mode" = dry ]; then
+	record profile skipped 0 "$why_dry"
+elif [ -z "$NCU" ]; then
+	record profile skipped 0 "ncu not found"
+elif ! have tests/bench/bench_gpu; then
+	record profile skipped 0 "tests/bench/bench_gpu was not built"
+else
+	left=$((540 - ($(date +%s) - START)))
+	[ $left -gt 150 ] && left=150
+	if [ $left -lt 30 ]; then
+		record profile skipped 0 "no time left in the kit's bound"
+	else
+		run_step profile "$left" "$NCU" --metrics gpu__time_duration.sum,launch__grid_size,launch__block_size \
+			--print-summary per-kernel --launch-count 2500 "$ROOT/tests/bench/bench_gpu" --quick --model 8b
+		if [ $STEP_RC -eq 0 ]; then
+			record profile passed "$STEP_S" "ncu per-kernel times of bench_gpu --quick --model 8b in the report"
+		else
+			record profile skipped "$STEP_S" "ncu exited $STEP_RC (see steps.log)"
+		fi
+	fi
+fi
+
 # ---- the report --------------------------------------------------------------------------------
 python3 - "$OUT" "$STEPS" "$mode" "$why_dry" "$gpu_name" "$(($(date +%s) - START))" <<'PY'
-import json, os, sys, datetime
+import json, os, re, sys, datetime
 out, steps_path, mode, why_dry, gpu_name, total = sys.argv[1:]
+
+
+def profile_table(log_path):
+    """ncu's per-kernel summary in steps.log, as the kernels with the most total time."""
+    text = open(log_path, errors="replace").read()
+    start = text.find("== profile:")
+    if start < 0:
+        return []
+    rows = []
+    head = re.compile(r"^  (\S.*?)\((\d+), (\d+), (\d+)\)x\((\d+), (\d+), (\d+)\), Device \d+, CC [\d.]+, Invocations (\d+)", re.M)
+    for m in head.finditer(text, start):
+        d = re.search(r"gpu__time_duration\.sum\s+(\S+)\s+\S+\s+\S+\s+(\S+)", text[m.end():m.end() + 2000])
+        if not d:
+            continue
+        avg = float(d.group(2).replace(",", ""))
+        avg *= {"ms": 1000.0, "us": 1.0, "ns": 0.001}.get(d.group(1), 1.0)
+        calls = int(m.group(8))
+        name = re.sub(r"\(.*", "", m.group(1)).replace("void ", "").strip()
+        rows.append((calls * avg, calls, avg, name[:70], "%s,%s,%s" % m.group(2, 3, 4)))
+    if not rows:
+        return []
+    rows.sort(reverse=True)
+    md = ["", "Where the time goes (ncu, clocks locked; bench_gpu --quick --model 8b, first 2500 launches:",
+          "model creation and ceilings, then decode batch 1 warm-up and graph replays):", "",
+          "| kernel | grid | calls | mean µs | total µs |", "|---|---|---|---|---|"]
+    md += ["| %s | %s | %d | %.2f | %.0f |" % (r[3].replace("|", "/"), r[4], r[1], r[2], r[0]) for r in rows[:20]]
+    return md
+
 steps = []
 for line in open(steps_path):
     name, status, secs, detail = line.rstrip("\n").split("\t", 3)
@@ -248,6 +305,7 @@ if bench:
     md += ["", "| goal | target | measured | met |", "|---|---|---|---|"]
     md += ["| %s | %.0f%% | %s | %s |" % (g["goal"], 100 * g["target"], "%.0f%%" % (100 * g["ratio"]) if g["ratio"] is not None else "—",
                                          "yes" if g["met"] else "no") for g in goals]
+md += profile_table(os.path.join(out, "steps.log"))
 open(os.path.join(out, "gpu-check.md"), "w").write("\n".join(md) + "\n")
 PY
 
