@@ -552,6 +552,55 @@ kv_row(const attn_source &src, const int32_t *bt, int kvh, int pos, bool value)
 }
 
 /*
+ * A query row quantized per head with cai_op_quantize_vec_i8's rule, by one warp: q8 gets the
+ * int8 values; the result (the same in every lane) is the row's scale times the score scale.
+ */
+template <int HD>
+static __device__ __forceinline__ float
+quantize_query(const float *qrow, int8_t *q8, float scale, int lane)
+{
+	float		amax = 0.0f,
+				qs = 0.0f,
+				inv = 0.0f;
+	bool		nonzero;
+
+	for (int d = lane; d < HD; d += CUDA_WARP)
+		amax = fmaxf(amax, fabsf(qrow[d]));
+	amax = warp_max(amax);
+	nonzero = quant_row_scale(amax, &qs, &inv);
+	for (int d = lane; d < HD; d += CUDA_WARP)
+		q8[d] = nonzero ? quant_one(qrow[d], inv) : 0;
+	return __fmul_rn(nonzero ? qs : 0.0f, scale);
+}
+
+/* The key and value scales of a position in the int8 pool. */
+template <int HD>
+static __device__ __forceinline__ void
+kv_scales(const attn_source &src, const int32_t *bt, int kvh, int pos, float *ks, float *vs)
+{
+	int			block = bt[pos / CAI_CUDA_KV_BLOCK_TOKENS];
+	int			slot = pos % CAI_CUDA_KV_BLOCK_TOKENS;
+	const float *scales = (const float *) (src.pool + (size_t) block * src.block_bytes +
+										   src.layer_off +
+										   (size_t) 2 * CAI_CUDA_KV_BLOCK_TOKENS * src.n_kv * HD);
+
+	*ks = scales[slot * src.n_kv + kvh];
+	if (vs)
+		*vs = scales[CAI_CUDA_KV_BLOCK_TOKENS * src.n_kv + slot * src.n_kv + kvh];
+}
+
+/* A segment's softmax total for a row of n positions: the eight partial sums' tree plus the tail. */
+static __device__ __forceinline__ float
+segment_total(const float *part, const float *tail, int n)
+{
+	float		t = 0.0f;
+
+	for (int i = 0; i < n - (n & ~7); i++)
+		t = __fadd_rn(t, tail[i]);
+	return __fadd_rn(tree8(part), t);
+}
+
+/*
  * Issues the loads of chunk [c0, c0 + 32): keys, and with values the values and both scales.
  * Positions outside the tile's range [jlo, jhi] get zeros: pass C's zero-weight products must
  * stay zero (stale shared memory read as floats could be a NaN).
@@ -586,17 +635,7 @@ fetch_chunk(const attn_source &src, const int32_t *bt, int kvh, int c0, int jlo,
 		int			pos = c0 + threadIdx.x;
 
 		if (pos >= jlo && pos <= jhi)
-		{
-			int			block = bt[pos / CAI_CUDA_KV_BLOCK_TOKENS];
-			int			slot = pos % CAI_CUDA_KV_BLOCK_TOKENS;
-			const float *scales = (const float *) (src.pool + (size_t) block * src.block_bytes +
-												   src.layer_off +
-												   (size_t) 2 * CAI_CUDA_KV_BLOCK_TOKENS * src.n_kv * HD);
-
-			cr.ks = scales[slot * src.n_kv + kvh];
-			if (values)
-				cr.vs = scales[CAI_CUDA_KV_BLOCK_TOKENS * src.n_kv + slot * src.n_kv + kvh];
-		}
+			kv_scales<HD>(src, bt, kvh, pos, &cr.ks, values ? &cr.vs : NULL);
 	}
 }
 
@@ -763,20 +802,11 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 		}
 		else
 		{
-			int8_t	   *q8 = (int8_t *) (smem + S::OFF_Q) + (size_t) r * HD;
-			float		amax = 0.0f,
-						qs = 0.0f,
-						inv = 0.0f;
-			bool		nonzero;
+			float		qs = quantize_query<HD>(qrow, (int8_t *) (smem + S::OFF_Q) + (size_t) r * HD,
+												scale, lane);
 
-			for (int d = lane; d < HD; d += CUDA_WARP)
-				amax = fmaxf(amax, fabsf(qrow[d]));
-			amax = warp_max(amax);
-			nonzero = quant_row_scale(amax, &qs, &inv);
-			for (int d = lane; d < HD; d += CUDA_WARP)
-				q8[d] = nonzero ? quant_one(qrow[d], inv) : 0;
 			if (lane == 0)
-				((float *) (smem + S::OFF_QS))[r] = __fmul_rn(nonzero ? qs : 0.0f, scale);
+				((float *) (smem + S::OFF_QS))[r] = qs;
 		}
 	}
 	jlo = row_lo[0];
@@ -922,7 +952,6 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 				int			lo = row_lo[r] > seg_lo ? row_lo[r] : seg_lo;
 				int			hi = row_hi[r] < seg_hi ? row_hi[r] : seg_hi;
 				int			n = hi - lo + 1;
-				float		t = 0.0f;
 				float		l;
 
 				if (n <= 0)
@@ -930,9 +959,7 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 					row_inv[r] = 0.0f;
 					continue;
 				}
-				for (int i = 0; i < n - (n & ~7); i++)
-					t = __fadd_rn(t, tail[r * 8 + i]);
-				l = __fadd_rn(tree8(part + r * 8), t);
+				l = segment_total(part + r * 8, tail + r * 8, n);
 				row_inv[r] = __fdiv_rn(1.0f, l);
 				if (split_segs > 0 && r < it.n_qrows)
 				{
@@ -1180,16 +1207,7 @@ attention_decode_kernel(attn_source src, const int32_t *__restrict__ counts,
 			int			pos = seg_base + j;
 
 			if (pos >= seg_lo && pos <= seg_hi)
-			{
-				int			block = bt[pos / CAI_CUDA_KV_BLOCK_TOKENS];
-				int			slot = pos % CAI_CUDA_KV_BLOCK_TOKENS;
-				const float *scales = (const float *) (src.pool + (size_t) block * src.block_bytes +
-													   src.layer_off +
-													   (size_t) 2 * CAI_CUDA_KV_BLOCK_TOKENS * src.n_kv * HD);
-
-				KS[j] = scales[slot * src.n_kv + kvh];
-				VS[j] = scales[CAI_CUDA_KV_BLOCK_TOKENS * src.n_kv + slot * src.n_kv + kvh];
-			}
+				kv_scales<HD>(src, bt, kvh, pos, &KS[j], &VS[j]);
 		}
 #pragma unroll
 		for (int n = 0; n < NV; n++)
@@ -1210,20 +1228,11 @@ attention_decode_kernel(attn_source src, const int32_t *__restrict__ counts,
 	for (int r = warp; r < n_rows; r += ATTN_THREADS / CUDA_WARP)
 	{
 		const float *qrow = q + (size_t) row_act[r] * ldq + (size_t) row_head[r] * HD;
-		int8_t	   *q8 = (int8_t *) (smem + S::OFF_Q) + (size_t) r * HD;
-		float		amax = 0.0f,
-					qs = 0.0f,
-					inv = 0.0f;
-		bool		nonzero;
+		float		qs = quantize_query<HD>(qrow, (int8_t *) (smem + S::OFF_Q) + (size_t) r * HD,
+											scale, lane);
 
-		for (int d = lane; d < HD; d += CUDA_WARP)
-			amax = fmaxf(amax, fabsf(qrow[d]));
-		amax = warp_max(amax);
-		nonzero = quant_row_scale(amax, &qs, &inv);
-		for (int d = lane; d < HD; d += CUDA_WARP)
-			q8[d] = nonzero ? quant_one(qrow[d], inv) : 0;
 		if (lane == 0)
-			QS[r] = __fmul_rn(nonzero ? qs : 0.0f, scale);
+			QS[r] = qs;
 	}
 	__syncthreads();
 
@@ -1291,14 +1300,11 @@ attention_decode_kernel(attn_source src, const int32_t *__restrict__ counts,
 	for (int r = threadIdx.x; r < n_rows; r += ATTN_THREADS)
 	{
 		int			n = row_hi[r] - row_lo[r] + 1;
-		float		t = 0.0f;
 		float		l;
 
 		if (n <= 0)
 			continue;
-		for (int i = 0; i < n - (n & ~7); i++)
-			t = __fadd_rn(t, tail[r * 8 + i]);
-		l = __fadd_rn(tree8(part + r * 8), t);
+		l = segment_total(part + r * 8, tail + r * 8, n);
 		row_inv[r] = __fdiv_rn(1.0f, l);
 		{
 			size_t		at = ((size_t) row_act[r] * n_heads + row_head[r]) * split_segs + seg;
