@@ -1446,6 +1446,13 @@ cuda_attention_init(cai_cuda_ctx *ctx, cai_error *err)
 	return CAI_OK;
 }
 
+/* The floats of per-segment partials a split attention of this plan writes. */
+static size_t
+split_partials_floats(const cai_cuda_step_meta *meta, int n_kv, int head_dim)
+{
+	return (size_t) meta->n_tok * meta->group * n_kv * meta->max_segments * (head_dim + 2);
+}
+
 /*
  * Whether to split a step's attention along the context: when its tiles leave most SMs idle
  * (decode at long context) and the partials fit the scratch (grown on demand, within 256 MB).
@@ -1454,8 +1461,7 @@ cuda_attention_init(cai_cuda_ctx *ctx, cai_error *err)
 static bool
 attention_split(cai_cuda_ctx *ctx, const cai_cuda_step_meta *meta, int n_kv, int head_dim)
 {
-	size_t		floats = (size_t) meta->n_tok * meta->group * n_kv * meta->max_segments *
-		(head_dim + 2);
+	size_t		floats = split_partials_floats(meta, n_kv, head_dim);
 	const char *hook = getenv("CAI_CUDA_ATTENTION");	/* tests: "whole" never splits */
 	cai_error	e;
 
@@ -1470,6 +1476,18 @@ attention_split(cai_cuda_ctx *ctx, const cai_cuda_step_meta *meta, int n_kv, int
 								sizeof(float), "split attention partials", &e) == CAI_OK;
 }
 
+extern "C" cai_status
+cai_cuda_attention_reserve(cai_cuda_ctx *ctx, const cai_cuda_step_meta *meta, int n_kv_heads,
+						   int head_dim, cai_error *err)
+{
+	size_t		floats = split_partials_floats(meta, n_kv_heads, head_dim);
+
+	if (meta->max_segments < 1 || floats > ((size_t) 256 << 20) / sizeof(float))
+		return CAI_OK;			/* such a plan does not split */
+	return cuda_scratch_reserve(ctx, &ctx->attn_split, &ctx->attn_split_floats, floats,
+								sizeof(float), "split attention partials", err);
+}
+
 /*
  * Whether a step's tiles go to the decode kernel: every tile has at most CUDA_DECODE_TILE_ROWS rows and
  * the partials fit the scratch (grown on demand, within 256 MB; a capture only uses what its
@@ -1478,8 +1496,7 @@ attention_split(cai_cuda_ctx *ctx, const cai_cuda_step_meta *meta, int n_kv, int
 static bool
 decode_fits(cai_cuda_ctx *ctx, const cai_cuda_step_meta *meta, int n_kv, int head_dim)
 {
-	size_t		floats = (size_t) meta->n_tok * meta->group * n_kv * meta->max_segments *
-		(head_dim + 2);
+	size_t		floats = split_partials_floats(meta, n_kv, head_dim);
 	const char *hook = getenv("CAI_CUDA_ATTENTION");
 	cai_error	e;
 

@@ -63,6 +63,9 @@ typedef struct rope_table
 
 #define MAX_ROPE_TABLES 4
 
+/* Batch sizes recorded as graphs (larger decode steps run their operations). */
+#define CUDA_GRAPH_MAX_TOKENS 256
+
 typedef struct cuda_backend
 {
 	cai_cuda_ctx *ctx;
@@ -105,7 +108,25 @@ typedef struct cuda_backend
 	const cai_cuda_step_meta *meta;
 	int			plan_n_tokens;
 	int			plan_n_seqs;
+	bool		plan_for_graph; /* a plan a recorded step can replay (cai_cuda_step_plan) */
 	int32_t    *plan_key;		/* [4 * max_tokens]: start, len, pos, table pointer hash */
+
+	/*
+	 * Decode steps as CUDA graphs (step_graph_begin), one per batch size: a size is recorded at
+	 * its second step (the first, plain, sizes every scratch buffer), and replayed after.
+	 */
+	bool		graphs_enabled;	/* CAI_CUDA_GRAPHS=0 turns them off */
+	cai_step_graph graph_mode;	/* of the step under way */
+	int			graph_key;		/* its batch size */
+	const void *graph_owner;	/* the forward context the graphs were recorded with */
+	const cai_kv_pool *graph_kv;
+	bool		graph_warm[CUDA_GRAPH_MAX_TOKENS + 1];	/* a plain step of this size ran */
+	bool		graph_refused[CUDA_GRAPH_MAX_TOKENS + 1];	/* its recording failed */
+	float	   *graph_logits;	/* the step's host logits */
+	size_t		graph_logit_floats;
+	int32_t    *row_ids;		/* 0, 1, 2, ...: a decode step's rows that want logits */
+	uint64_t	graph_captures;
+	uint64_t	graph_replays;
 
 	/* the first failure since the last status call */
 	bool		failed;
@@ -405,6 +426,32 @@ stage_ints(cuda_backend *cb, const int32_t *host, int n, int32_t *dst)
 	return be_check(cb, cai_cuda_upload(cb->ctx, dst, slot, (size_t) n * sizeof(int32_t), &e), &e);
 }
 
+/*
+ * The token ids of a forward (its first operation): staged and uploaded, or, while a step is
+ * recorded, already uploaded by step_graph_begin (and the previous step already waited for).
+ */
+static bool
+step_inputs(cuda_backend *cb, const int32_t *ids, int n_tok)
+{
+	if (cb->graph_mode == CAI_STEP_CAPTURE)
+		return true;
+	return stage_begin_forward(cb) && stage_ints(cb, ids, n_tok, cb->ids_dev);
+}
+
+/* The rows a gather reads: staged, or while recording, the identity step_graph_begin uploaded. */
+static bool
+stage_rows(cuda_backend *cb, const int32_t *rows, int n_rows)
+{
+	if (cb->graph_mode != CAI_STEP_CAPTURE)
+		return stage_ints(cb, rows, n_rows, cb->rows_dev);
+	if (n_rows != cb->graph_key || memcmp(rows, cb->row_ids, (size_t) n_rows * sizeof(int32_t)) != 0)
+	{
+		be_recordf(cb, CAI_ERR_INTERNAL, "cuda backend: a recorded step gathers other rows");
+		return false;
+	}
+	return true;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Memory
  * ------------------------------------------------------------------------------------------- */
@@ -465,8 +512,7 @@ cuda_embed_i8(cai_backend *be, const cai_qmatrix *table, const int32_t *ids, int
 	.q_dev = (int8_t *) table->q, .scale_dev = (float *) table->scale};
 	cai_error	e;
 
-	if (cb->failed || !stage_begin_forward(cb) || !output_ok(cb, x, "embedding output") ||
-		!stage_ints(cb, ids, n_tok, cb->ids_dev))
+	if (cb->failed || !step_inputs(cb, ids, n_tok) || !output_ok(cb, x, "embedding output"))
 		return;
 	be_check(cb, cai_cuda_embed_i8(cb->ctx, &t, cb->ids_dev, n_tok, x, &e), &e);
 }
@@ -478,8 +524,7 @@ cuda_embed_f32(cai_backend *be, const float *table, int d, const int32_t *ids, i
 	cuda_backend *cb = cb_of(be);
 	cai_error	e;
 
-	if (cb->failed || !stage_begin_forward(cb) || !output_ok(cb, x, "embedding output") ||
-		!stage_ints(cb, ids, n_tok, cb->ids_dev))
+	if (cb->failed || !step_inputs(cb, ids, n_tok) || !output_ok(cb, x, "embedding output"))
 		return;
 	be_check(cb, cai_cuda_embed_f32(cb->ctx, table, cb->params.model->cfg.n_vocab, d,
 									cb->ids_dev, n_tok, x, &e), &e);
@@ -496,7 +541,7 @@ cuda_gather_rows(cai_backend *be, const float *src, int d, const int32_t *rows, 
 	if (cb->failed || n_rows <= 0)
 		return;
 	s = operand(cb, src, "gather source");
-	if (!s || !output_ok(cb, dst, "gather output") || !stage_ints(cb, rows, n_rows, cb->rows_dev))
+	if (!s || !output_ok(cb, dst, "gather output") || !stage_rows(cb, rows, n_rows))
 		return;
 	be_check(cb, cai_cuda_gather_rows(cb->ctx, s, d, cb->rows_dev, n_rows, dst, &e), &e);
 }
@@ -584,6 +629,8 @@ host_output_begin(cuda_backend *cb, float *out, int n_tok, int ldo, bool accumul
 
 		if (!be_check(cb, cai_cuda_sync(cb->ctx, &e), &e))
 			return NULL;
+		/* recorded steps write their logits into the old buffer */
+		cai_cuda_graph_reset(cb->ctx);
 		cai_cuda_free(cb->ctx, cb->hostout_dev);
 		cb->hostout_dev = NULL;
 		cb->hostout_floats = 0;
@@ -604,7 +651,8 @@ host_output_end(cuda_backend *cb, float *out, int n_tok, int ldo)
 {
 	cai_error	e;
 
-	if (cb->failed)
+	/* a recorded step's logits come down after it ran (step_graph_end) */
+	if (cb->failed || cb->graph_mode == CAI_STEP_CAPTURE)
 		return;
 	if (be_check(cb, cai_cuda_download(cb->ctx, out, cb->hostout_dev,
 									   (size_t) n_tok * ldo * sizeof(float), &e), &e))
@@ -736,8 +784,9 @@ cuda_rope_prepare(cai_backend *be, const cai_rope_params *rp, const int32_t *pos
 					   cb->params.limits.max_context);
 			return;
 		}
+	/* a recorded step's positions were uploaded before the recording began */
 	if (!(t = rope_table_for(cb, rp)) || !output_ok(cb, cs, "rope angles") ||
-		!stage_ints(cb, pos, n_tok, cb->pos_dev))
+		(cb->graph_mode != CAI_STEP_CAPTURE && !stage_ints(cb, pos, n_tok, cb->pos_dev)))
 		return;
 	be_check(cb, cai_cuda_rope_gather(cb->ctx, t->dev, cb->params.limits.max_context, rp->n_rot,
 									  cb->pos_dev, n_tok, cs, &e), &e);
@@ -832,9 +881,10 @@ kv_mirror_for(cuda_backend *cb, const cai_kv_pool *kv)
 			k->kv.layer_bytes == L->layer_bytes && k->kv.n_kv_heads == L->n_kv_heads &&
 			k->kv.head_dim == L->head_dim)
 			return k;
-		/* a new pool at a freed pool's address: replace the mirror */
+		/* a new pool at a freed pool's address: replace the mirror (recorded steps read the old) */
 		if (!be_check(cb, cai_cuda_sync(cb->ctx, &e), &e))
 			return NULL;
+		cai_cuda_graph_reset(cb->ctx);
 		cai_cuda_free(cb->ctx, k->kv.pool_dev);
 		m = k;
 		break;
@@ -922,11 +972,12 @@ shadow_for(cuda_backend *cb, const cai_kv_shadow *shadow)
  * plan stale), or again if the batch's shape differs from the planned one.
  */
 static bool
-plan_for(cuda_backend *cb, const cai_attn_params *ap, const cai_batch_layout *batch)
+plan_for(cuda_backend *cb, const cai_attn_params *ap, const cai_batch_layout *batch,
+		 bool for_graph)
 {
 	cai_cuda_seq_desc *descs;
 	bool		same = !cb->plan_stale && cb->meta && batch->n_tokens == cb->plan_n_tokens &&
-		batch->n_seqs == cb->plan_n_seqs;
+		batch->n_seqs == cb->plan_n_seqs && for_graph == cb->plan_for_graph;
 	cai_error	e;
 	cai_status	st;
 
@@ -971,7 +1022,7 @@ plan_for(cuda_backend *cb, const cai_attn_params *ap, const cai_batch_layout *ba
 			CAI_KV_BLOCK_TOKENS;
 	}
 	st = cai_cuda_step_plan(cb->ctx, descs, batch->n_seqs, NULL, batch->n_tokens, ap->n_heads,
-							ap->n_kv_heads, ap->head_dim, false, &cb->meta, &e);
+							ap->n_kv_heads, ap->head_dim, for_graph, &cb->meta, &e);
 	free(descs);
 	if (!be_check(cb, st, &e))
 		return false;
@@ -986,6 +1037,7 @@ plan_for(cuda_backend *cb, const cai_attn_params *ap, const cai_batch_layout *ba
 	}
 	cb->plan_n_tokens = batch->n_tokens;
 	cb->plan_n_seqs = batch->n_seqs;
+	cb->plan_for_graph = for_graph;
 	cb->plan_stale = false;
 	return true;
 }
@@ -1002,7 +1054,8 @@ cuda_kv_write(cai_backend *be, const cai_attn_params *ap, const cai_batch_layout
 
 	if (cb->failed || batch->n_tokens <= 0)
 		return;
-	if (!(m = kv_mirror_for(cb, kv)) || !plan_for(cb, ap, batch) ||
+	if (!(m = kv_mirror_for(cb, kv)) ||
+		!plan_for(cb, ap, batch, cb->graph_mode == CAI_STEP_CAPTURE) ||
 		!operand(cb, k, "keys") || !operand(cb, v, "values"))
 		return;
 	if (shadow && !(sh = shadow_for(cb, shadow)))
@@ -1065,7 +1118,8 @@ cuda_attention(cai_backend *be, const cai_attn_params *ap, const cai_batch_layou
 
 	if (cb->failed || batch->n_tokens <= 0)
 		return;
-	if (!(m = kv_mirror_for(cb, kv)) || !plan_for(cb, ap, batch) ||
+	if (!(m = kv_mirror_for(cb, kv)) ||
+		!plan_for(cb, ap, batch, cb->graph_mode == CAI_STEP_CAPTURE) ||
 		!operand(cb, q, "queries") || !output_ok(cb, out, "attention output"))
 		return;
 	if (shadow && !(sh = shadow_for(cb, shadow)))
@@ -1115,6 +1169,7 @@ cuda_destroy(cai_backend *be)
 		free(cb->matrices);
 		free(cb->buffers);
 		free(cb->plan_key);
+		free(cb->row_ids);
 		free(cb);
 	}
 	free(be);
@@ -1130,7 +1185,127 @@ cuda_gemm_fallbacks(const cai_backend *be)
 static cai_status
 cuda_sync_op(cai_backend *be, cai_error *err)
 {
+	cb_of(be)->graph_mode = CAI_STEP_PLAIN;
 	return cai_cuda_backend_status(be, err);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Decode steps as CUDA graphs
+ * ------------------------------------------------------------------------------------------- */
+
+/* Forgets every recorded step (another forward context or KV pool: other buffers). */
+static void
+graphs_forget(cuda_backend *cb, const void *owner, const cai_kv_pool *kv)
+{
+	cai_cuda_graph_reset(cb->ctx);
+	memset(cb->graph_warm, 0, sizeof(cb->graph_warm));
+	memset(cb->graph_refused, 0, sizeof(cb->graph_refused));
+	cb->graph_owner = owner;
+	cb->graph_kv = kv;
+}
+
+/*
+ * backend.h's step_graph_begin.  The step's inputs go up first, outside any recording: the token
+ * ids, the positions, the rows that want logits (all of them) and a step plan made for a graph,
+ * with the split attention's scratch reserved for it.  Then the graph of this batch size
+ * replays, if one covers the plan; or the operations that follow are recorded; or, the first
+ * time a size comes, they run plainly and size every buffer a recording will need.
+ */
+static cai_step_graph
+cuda_step_graph_begin(cai_backend *be, const void *owner, const cai_kv_pool *kv,
+					  const cai_batch_layout *batch, const int32_t *ids, float *logits,
+					  int n_vocab)
+{
+	cuda_backend *cb = cb_of(be);
+	const cai_config *c = &cb->params.model->cfg;
+	cai_attn_params ap = {0};
+	int			T = batch->n_tokens;
+	size_t		floats = (size_t) T * n_vocab;
+	cai_error	e;
+
+	if (cb->failed || !cb->graphs_enabled || T < 1 || T > CUDA_GRAPH_MAX_TOKENS ||
+		T > cb->params.limits.max_tokens)
+		return CAI_STEP_PLAIN;
+	if (owner != cb->graph_owner || kv != cb->graph_kv)
+		graphs_forget(cb, owner, kv);
+	if (cb->graph_refused[T])
+		return CAI_STEP_PLAIN;
+	if (!cb->graph_warm[T])
+	{
+		cb->graph_warm[T] = true;
+		return CAI_STEP_PLAIN;
+	}
+	for (int i = 0; i < T; i++)
+		if (batch->token_pos[i] < 0 || batch->token_pos[i] >= cb->params.limits.max_context)
+			return CAI_STEP_PLAIN;	/* the operations report it */
+	if (floats > cb->hostout_floats || cb->n_kv == 0)
+		return CAI_STEP_PLAIN;		/* a plain step allocates them */
+
+	ap.n_heads = c->n_heads;
+	ap.n_kv_heads = c->n_kv_heads;
+	ap.head_dim = c->head_dim;
+	if (!stage_begin_forward(cb) || !stage_ints(cb, ids, T, cb->ids_dev) ||
+		!stage_ints(cb, batch->token_pos, T, cb->pos_dev) ||
+		!stage_ints(cb, cb->row_ids, T, cb->rows_dev) || !plan_for(cb, &ap, batch, true) ||
+		!be_check(cb, cai_cuda_attention_reserve(cb->ctx, cb->meta, c->n_kv_heads, c->head_dim,
+												 &e), &e))
+		return CAI_STEP_PLAIN;	/* the operations meet the failure and skip; sync reports it */
+
+	cb->graph_key = T;
+	cb->graph_logits = logits;
+	cb->graph_logit_floats = floats;
+	if (cai_cuda_graph_has(cb->ctx, T))
+	{
+		if (!be_check(cb, cai_cuda_graph_launch(cb->ctx, T, &e), &e) ||
+			!be_check(cb, cai_cuda_download(cb->ctx, logits, cb->hostout_dev,
+											floats * sizeof(float), &e), &e))
+			return CAI_STEP_PLAIN;
+		cb->graph_replays++;
+		cb->graph_mode = CAI_STEP_REPLAYED;
+		return CAI_STEP_REPLAYED;
+	}
+	if (cai_cuda_graph_begin(cb->ctx, &e) != CAI_OK)
+		return CAI_STEP_PLAIN;
+	cb->graph_mode = CAI_STEP_CAPTURE;
+	return CAI_STEP_CAPTURE;
+}
+
+/*
+ * backend.h's step_graph_end: the recording made into this size's graph and run, and the
+ * logits on their way down.  A recording that failed (an operation refused inside it) is
+ * abandoned with its error, and this size is not recorded again: false, the step runs plainly.
+ */
+static bool
+cuda_step_graph_end(cai_backend *be)
+{
+	cuda_backend *cb = cb_of(be);
+	int			T = cb->graph_key;
+	cai_error	e;
+
+	if (cb->graph_mode != CAI_STEP_CAPTURE)
+		return true;
+	cb->graph_mode = CAI_STEP_PLAIN;
+	if (cb->failed || cai_cuda_graph_end(cb->ctx, T, &e) != CAI_OK ||
+		cai_cuda_graph_launch(cb->ctx, T, &e) != CAI_OK)
+	{
+		cai_cuda_graph_abort(cb->ctx);
+		cb->failed = false;
+		cb->graph_refused[T] = true;
+		return false;
+	}
+	cb->graph_captures++;
+	be_check(cb, cai_cuda_download(cb->ctx, cb->graph_logits, cb->hostout_dev,
+								   cb->graph_logit_floats * sizeof(float), &e), &e);
+	return true;
+}
+
+void
+cai_cuda_backend_graph_counts(const cai_backend *be, uint64_t *captures, uint64_t *replays)
+{
+	const cuda_backend *cb = be->impl;
+
+	*captures = cb->graph_captures;
+	*replays = cb->graph_replays;
 }
 
 static const cai_backend_ops cuda_ops = {
@@ -1159,6 +1334,8 @@ static const cai_backend_ops cuda_ops = {
 	.attention = cuda_attention,
 	.rotate = cuda_rotate,
 	.gemm_fallbacks = cuda_gemm_fallbacks,
+	.step_graph_begin = cuda_step_graph_begin,
+	.step_graph_end = cuda_step_graph_end,
 };
 
 cai_status
@@ -1201,7 +1378,8 @@ cai_cuda_backend_create(const cai_cuda_backend_params *params, cai_backend **out
 	if ((st = cai_cuda_ctx_create(params->device, &cb->ctx, err)) != CAI_OK)
 		goto fail;
 	cb->plan_key = malloc(4 * max_tok * sizeof(int32_t));
-	if (!cb->plan_key)
+	cb->row_ids = malloc(max_tok * sizeof(int32_t));
+	if (!cb->plan_key || !cb->row_ids)
 	{
 		st = be_fail(err, CAI_ERR_NO_MEMORY, "out of memory creating the cuda backend");
 		goto fail;
@@ -1220,6 +1398,13 @@ cai_cuda_backend_create(const cai_cuda_backend_params *params, cai_backend **out
 									(lim->max_context + CAI_KV_BLOCK_TOKENS - 1) / CAI_KV_BLOCK_TOKENS,
 									lim->n_heads, lim->n_kv_heads, lim->head_dim, err)) != CAI_OK)
 		goto fail;
+	for (size_t i = 0; i < max_tok; i++)
+		cb->row_ids[i] = (int32_t) i;
+	{
+		const char *g = getenv("CAI_CUDA_GRAPHS");
+
+		cb->graphs_enabled = !(g && strcmp(g, "0") == 0);
+	}
 	/* the weights come when a forward context prepares them (prepare_i8, weight_data) */
 	cai_cuda_get_device_info(cb->ctx, &cb->info);
 	*out = be;

@@ -42,6 +42,10 @@ CAI_CUDA_API cai_status cai_cuda_backend_create(const cai_cuda_backend_params *p
 CAI_CUDA_API cai_status cai_cuda_backend_status(cai_backend *be, cai_error *err);
 CAI_CUDA_API const char *cai_cuda_backend_device(const cai_backend *be);
 
+/* Decode steps recorded as CUDA graphs, and replayed, since the backend was made (tests, bench). */
+CAI_CUDA_API void cai_cuda_backend_graph_counts(const cai_backend *be, uint64_t *captures,
+												uint64_t *replays);
+
 #ifdef __cplusplus
 }
 #endif

@@ -461,6 +461,14 @@ CAI_CUDA_API cai_status cai_cuda_attention(cai_cuda_ctx *ctx, const cai_cuda_kv 
 										   int window, float scale,
 										   const cai_cuda_kv_shadow *shadow, cai_error *err);
 
+/*
+ * Reserves the scratch a split attention of this plan needs (its per-segment partials), so that
+ * a graph captured next can split: a capture cannot allocate.
+ */
+CAI_CUDA_API cai_status cai_cuda_attention_reserve(cai_cuda_ctx *ctx,
+												   const cai_cuda_step_meta *meta,
+												   int n_kv_heads, int head_dim, cai_error *err);
+
 /* ---------------------------------------------------------------------------------------------
  * CUDA graphs (the decode step per batch-size bucket)
  * ------------------------------------------------------------------------------------------- */

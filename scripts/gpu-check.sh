@@ -7,7 +7,8 @@
 #               8B-shaped models are bench_gpu's own, made on the device
 #   3. gpu      tests/gpu/run_gpu: every kernel and backend operation against the CPU
 #   4. e2e      greedy tokens of the whole engine, GPU against CPU, over 300 steps: one sequence
-#               alone and a ragged batch of 16 (tests/gpu/e2e_greedy.c); they must be equal
+#               alone and a ragged batch of 16 (tests/gpu/e2e_greedy.c); they must be equal.
+#               On a GPU twice: decode steps replayed as CUDA graphs, then without (e2e-plain)
 #   5. bench    tests/bench/bench_gpu: decode batch 1/16/64/256, prefill and the int8 GEMM of the
 #               three shapes, each beside its roofline from the copy bandwidth and int8 rate it
 #               measures first
@@ -149,12 +150,17 @@ else
 fi
 
 # ---- 4. GPU against CPU, end to end -------------------------------------------------------------
-if have tests/gpu/e2e_greedy && [ -f "$MODEL" ]; then
-	devices=cpu,cuda
+# e2e: the CUDA backend as the engine runs it, decode steps replayed as CUDA graphs; on a GPU also
+# e2e-plain: every step's operations launched one by one (CAI_CUDA_GRAPHS=0), which tells a graph
+# fault from a kernel one.
+# e2e_step NAME JSON [VAR=VALUE]: runs the comparison and records NAME
+e2e_step() {
+	local name=$1 json=$2 devices=cpu,cuda summary kind detail
+	shift 2
 	"$built_cuda" || devices=cpu
-	CAI_CUDA_LIBRARY=$ROOT/build/libcai_cuda.so \
-		run_step e2e 240 "$ROOT/tests/gpu/e2e_greedy" "$MODEL" "$OUT/e2e.json" --steps 300 --devices "$devices"
-	summary=$(python3 - "$OUT/e2e.json" <<'PY' 2>/dev/null
+	run_step "$name" 240 env CAI_CUDA_LIBRARY="$ROOT/build/libcai_cuda.so" "$@" \
+		"$ROOT/tests/gpu/e2e_greedy" "$MODEL" "$json" --steps 300 --devices "$devices"
+	summary=$(python3 - "$json" <<'PY' 2>/dev/null
 import json, sys
 r = json.load(open(sys.argv[1]))
 runs = {x["device"]: x for x in r["runs"]}
@@ -177,13 +183,19 @@ PY
 	kind=${summary%%$'\t'*}
 	detail=${summary#*$'\t'}
 	if [ $STEP_RC -ne 0 ] || [ -z "$summary" ]; then
-		record e2e failed "$STEP_S" "e2e_greedy exited $STEP_RC${detail:+: $detail}"
+		record "$name" failed "$STEP_S" "e2e_greedy exited $STEP_RC${detail:+: $detail}"
 	elif [ "$kind" = equal ]; then
-		record e2e passed "$STEP_S" "$detail"
+		record "$name" passed "$STEP_S" "$detail"
 	elif [ "$kind" = cpu-only ] && [ "$mode" = dry ]; then
-		record e2e passed "$STEP_S" "CPU half only: $detail"
+		record "$name" passed "$STEP_S" "CPU half only: $detail"
 	else
-		record e2e failed "$STEP_S" "$detail"
+		record "$name" failed "$STEP_S" "$detail"
+	fi
+}
+if have tests/gpu/e2e_greedy && [ -f "$MODEL" ]; then
+	e2e_step e2e "$OUT/e2e.json"
+	if [ "$mode" = gpu ]; then
+		e2e_step e2e-plain "$WORK/e2e-plain.json" CAI_CUDA_GRAPHS=0
 	fi
 else
 	record e2e skipped 0 "e2e_greedy or the model is missing"

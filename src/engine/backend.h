@@ -119,6 +119,14 @@ typedef struct cai_kv_shadow
 	size_t		block_floats;	/* layer_floats * n_kv_layers */
 } cai_kv_shadow;
 
+/* How a decode step runs on a backend that records steps as graphs (step_graph_begin). */
+typedef enum cai_step_graph
+{
+	CAI_STEP_PLAIN,				/* run the step's operations as usual */
+	CAI_STEP_CAPTURE,			/* run them: the backend records them, step_graph_end runs them */
+	CAI_STEP_REPLAYED			/* the backend ran the whole step: skip the operations */
+} cai_step_graph;
+
 typedef struct cai_backend_ops
 {
 	const char *name;
@@ -268,6 +276,20 @@ typedef struct cai_backend_ops
 	 * backend has none.  Reported by pg_stat_cai and cai bench so a slow path is never silent.
 	 */
 	uint64_t	(*gemm_fallbacks) (const cai_backend *be);
+
+	/*
+	 * Optional (NULL: every step runs its operations): a decode step (every sequence one new
+	 * token, every row's logits wanted, the int8 path) replayed as a recorded graph.  forward.c
+	 * calls it before the step's operations with an owner (the forward context: a recording is
+	 * valid for its buffers only), the KV pool, the layout, the token ids and the host logits
+	 * [n_tokens][n_vocab].  After CAI_STEP_CAPTURE it runs the operations, then step_graph_end,
+	 * which runs what was recorded; false there means the recording failed and nothing ran,
+	 * and forward.c runs the operations again, plainly.  sync reports failures as after any step.
+	 */
+	cai_step_graph (*step_graph_begin) (cai_backend *be, const void *owner, const cai_kv_pool *kv,
+										const cai_batch_layout *batch, const int32_t *ids,
+										float *logits, int n_vocab);
+	bool		(*step_graph_end) (cai_backend *be);
 } cai_backend_ops;
 
 /* Sizes a backend instance prepares its scratch for. */

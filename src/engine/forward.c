@@ -624,8 +624,50 @@ cai_forward_batch_from_ctx(cai_forward_ctx *ctx, int T, int n_seqs, cai_batch_la
 }
 
 /*
- * The forward over a ragged batch (model.h).  Checks the batch, lays it out per token, embeds,
- * runs the layers (the last one only for rows that need logits) and the LM head.
+ * A step's operations: the embeddings and rotary angles of its T tokens, the layers (the last
+ * one only for the R rows that need logits, in ctx->xg), and those rows' logits.
+ */
+static void
+forward_step(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
+			 const cai_batch_layout *batch, bool f, int R, float *logits)
+{
+	const cai_config *c = &model->cfg;
+	cai_backend *be = ctx->be;
+	const cai_backend_ops *op = be->ops;
+	const int	d = c->d_model;
+	const int	T = batch->n_tokens;
+
+	if (f)
+		op->embed_f32(be, ctx->w.f_tok_embd, d, ctx->ids, T, ctx->x);
+	else
+		op->embed_i8(be, &ctx->w.tok_embd, ctx->ids, T, ctx->x);
+	cai_forward_prepare(model, ctx, T);
+
+	for (int l = 0; l < c->n_layers; l++)
+		cai_forward_layer(model, ctx, kv, batch, l, f, NULL,
+						  l == c->n_layers - 1 ? ctx->logit_rows : NULL, R);
+
+	if (R <= 0)
+		return;
+	if (!f)
+	{
+		const cai_then_rotate to_model = gemm_input_rotation(ctx, &ctx->w.rot_model, d);
+
+		op->rmsnorm(be, ctx->xg, ctx->w.out_norm_i8, R, d, c->norm_eps, ctx->xn, &to_model);
+		op->gemm_i8(be, ctx->xq, ctx->xs, R, ctx->w.lm_head, c->n_vocab, NULL, logits,
+					c->n_vocab, false);
+	}
+	else
+	{
+		op->rmsnorm(be, ctx->xg, ctx->w.out_norm, R, d, c->norm_eps, ctx->xn, NULL);
+		op->gemm_f32(be, ctx->xn, R, d, ctx->w.f_lm_head, c->n_vocab, NULL, logits,
+					 c->n_vocab, false);
+	}
+}
+
+/*
+ * The forward over a ragged batch (model.h).  Checks the batch, lays it out per token and runs
+ * the step's operations (forward_step), or has the backend replay a recorded decode step.
  */
 cai_status
 cai_model_forward(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
@@ -638,8 +680,8 @@ cai_model_forward(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 	const cai_kv_layout *L = cai_kv_pool_layout(kv);
 	cai_kv_layout want;
 	const bool	f = float_reference;
-	const int	d = c->d_model;
 	cai_batch_layout batch;
+	cai_step_graph mode;
 	int			T = 0,
 				R = 0;
 	cai_status	st;
@@ -665,35 +707,19 @@ cai_model_forward(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 		return st;
 	cai_forward_batch_from_ctx(ctx, T, n_seqs, &batch);
 
-	/* x = embedding of each token; the rotary angles of each position */
-	if (f)
-		op->embed_f32(be, ctx->w.f_tok_embd, d, ctx->ids, T, ctx->x);
-	else
-		op->embed_i8(be, &ctx->w.tok_embd, ctx->ids, T, ctx->x);
-	cai_forward_prepare(model, ctx, T);
-
-	/* the last layer finishes only the rows that need logits, in ctx->xg */
-	for (int l = 0; l < c->n_layers; l++)
-		cai_forward_layer(model, ctx, kv, &batch, l, f, NULL,
-					  l == c->n_layers - 1 ? ctx->logit_rows : NULL, R);
-
-	/* logits of the rows that asked for them */
-	if (R > 0)
+	/*
+	 * A decode step (every sequence one new token, so every row wants logits) may be a graph
+	 * the backend recorded before: it then runs the whole step itself.
+	 */
+	mode = CAI_STEP_PLAIN;
+	if (!f && op->step_graph_begin && R == T && T == n_seqs)
+		mode = op->step_graph_begin(be, ctx, kv, &batch, ctx->ids, logits, c->n_vocab);
+	if (mode != CAI_STEP_REPLAYED)
 	{
-		if (!f)
-		{
-			const cai_then_rotate to_model = gemm_input_rotation(ctx, &ctx->w.rot_model, d);
-
-			op->rmsnorm(be, ctx->xg, ctx->w.out_norm_i8, R, d, c->norm_eps, ctx->xn, &to_model);
-			op->gemm_i8(be, ctx->xq, ctx->xs, R, ctx->w.lm_head, c->n_vocab, NULL, logits,
-						c->n_vocab, false);
-		}
-		else
-		{
-			op->rmsnorm(be, ctx->xg, ctx->w.out_norm, R, d, c->norm_eps, ctx->xn, NULL);
-			op->gemm_f32(be, ctx->xn, R, d, ctx->w.f_lm_head, c->n_vocab, NULL, logits,
-						 c->n_vocab, false);
-		}
+		forward_step(model, ctx, kv, &batch, f, R, logits);
+		/* a recording that failed ran nothing: the step again, as usual */
+		if (mode == CAI_STEP_CAPTURE && !op->step_graph_end(be))
+			forward_step(model, ctx, kv, &batch, f, R, logits);
 	}
 	/* an asynchronous backend reports its first failure here */
 	if (op->sync)

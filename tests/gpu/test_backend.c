@@ -893,9 +893,11 @@ greedy_forward(side *sd, const cai_model *m, cai_kv_pool *kv, const step *st,
 /*
  * The engine's forward (cai_model_forward) on a CUDA forward context against a CPU one: a
  * ragged prefill of two prompts, then greedy decoding of both together; identical logits and
- * tokens at every step.
+ * tokens at every step.  With graphs, the decode steps are recorded at the second and replayed
+ * after; without (CAI_CUDA_GRAPHS=0), every step runs its operations.
  */
-TEST(gpu_backend_default_model_greedy_matches_cpu)
+static void
+greedy_matches_cpu(bool graphs)
 {
 	model_fixture f;
 	bool		absent;
@@ -918,9 +920,12 @@ TEST(gpu_backend_default_model_greedy_matches_cpu)
 	p.model = f.model;
 	p.kv_pool_layout = cai_kv_pool_layout;
 	p.kv_pool_n_blocks = cai_kv_pool_n_blocks;
+	if (!graphs)
+		setenv("CAI_CUDA_GRAPHS", "0", 1);	/* read when the backend is made */
 	if (!side_open(&cpu, f.model, f.tp, NULL, 16, 64) ||
 		!side_open(&gpu, f.model, f.tp, &p, 16, 64))
 		goto done;
+	unsetenv("CAI_CUDA_GRAPHS");
 	clog = malloc((size_t) 2 * f.model->cfg.n_vocab * sizeof(float));
 	glog = malloc((size_t) 2 * f.model->cfg.n_vocab * sizeof(float));
 	if (!clog || !glog)
@@ -956,10 +961,30 @@ TEST(gpu_backend_default_model_greedy_matches_cpu)
 			}
 		}
 	}
+	{
+		uint64_t	captures,
+					replays;
+
+		/* step 0 prefills; step 1, the first decode of two, sizes the buffers; step 2 records */
+		cai_cuda_backend_graph_counts(gpu.be, &captures, &replays);
+		CHECK_EQ_INT((int) captures, graphs ? 1 : 0);
+		CHECK_EQ_INT((int) replays, graphs ? MODEL_N_DECODE - 2 : 0);
+	}
 done:
+	unsetenv("CAI_CUDA_GRAPHS");
 	free(clog);
 	free(glog);
 	side_free(&cpu);
 	side_free(&gpu);
 	model_fixture_close(&f);
+}
+
+TEST(gpu_backend_default_model_greedy_matches_cpu)
+{
+	greedy_matches_cpu(false);
+}
+
+TEST(gpu_backend_decode_steps_replayed_as_graphs)
+{
+	greedy_matches_cpu(true);
 }

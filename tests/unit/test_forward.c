@@ -1552,3 +1552,163 @@ TEST(forward_real_model)
 	cai_prompt_free(&prompt);
 	cai_model_free(model);
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * The step-graph hooks (backend.h's step_graph_begin / step_graph_end), on a scripted CPU backend
+ * ------------------------------------------------------------------------------------------- */
+
+/* What the scripted backend answers at each decode step, and what the forward asked of it. */
+typedef struct graph_script
+{
+	cai_step_graph mode[8];		/* step_graph_begin's answer, decode step by decode step */
+	bool		end_ok[8];		/* step_graph_end's */
+	const float *replay_logits[8];	/* what a "replayed" step writes */
+	int			n_begin;
+	int			n_end;
+	int			n_embed;		/* the steps whose operations ran */
+	cai_backend_ops ops;		/* the CPU backend's, with the hooks */
+	void		(*cpu_embed) (cai_backend *be, const cai_qmatrix *table, const int32_t *ids,
+							  int n_tok, float *x);
+	cai_threadpool *pool;
+	int			n_vocab;
+} graph_script;
+
+static graph_script *script;
+
+static cai_step_graph
+scripted_begin(cai_backend *be, const void *owner, const cai_kv_pool *kv,
+			   const cai_batch_layout *batch, const int32_t *ids, float *logits, int n_vocab)
+{
+	int			i = script->n_begin++;
+
+	if (script->mode[i] == CAI_STEP_REPLAYED)
+		memcpy(logits, script->replay_logits[i], (size_t) batch->n_tokens * n_vocab * sizeof(float));
+	return script->mode[i];
+}
+
+static bool
+scripted_end(cai_backend *be)
+{
+	return script->end_ok[script->n_end++];
+}
+
+static void
+scripted_embed(cai_backend *be, const cai_qmatrix *table, const int32_t *ids, int n_tok, float *x)
+{
+	script->n_embed++;
+	script->cpu_embed(be, table, ids, n_tok, x);
+}
+
+static cai_status
+scripted_factory(void *arg, const cai_backend_limits *limits, cai_backend **out, cai_error *err)
+{
+	graph_script *g = arg;
+	cai_status	st = cai_backend_cpu_create(g->pool, limits, out, err);
+
+	if (st != CAI_OK)
+		return st;
+	g->ops = *(*out)->ops;
+	g->cpu_embed = g->ops.embed_i8;
+	g->ops.embed_i8 = scripted_embed;
+	g->ops.step_graph_begin = scripted_begin;
+	g->ops.step_graph_end = scripted_end;
+	(*out)->ops = &g->ops;
+	return CAI_OK;
+}
+
+/*
+ * A prompt, then four decode steps on a backend that answers: plain; record (and the recording
+ * runs); record (and the recording fails: the step runs again); replayed (the backend's logits,
+ * no operation runs).  The logits equal a plain CPU forward's at every step.
+ */
+TEST(forward_step_graph_hooks)
+{
+	synth_model_config cfg;
+	cai_model  *model;
+	runner		plain;
+	runner		hooked;
+	graph_script g;
+	int32_t		prompt[6],
+				table_a[4],
+				table_b[4];
+	float	   *want[5] = {0},
+			   *got = NULL;
+	int32_t		next;
+	cai_error	err;
+	static const cai_step_graph modes[4] = {CAI_STEP_PLAIN, CAI_STEP_CAPTURE, CAI_STEP_CAPTURE,
+	CAI_STEP_REPLAYED};
+
+	synth_config(&cfg, "llama", 31);
+	model = load_synth(&cfg);
+	CHECK(model != NULL);
+	if (!model)
+		return;
+	memset(&g, 0, sizeof(g));
+	memcpy(g.mode, modes, sizeof(modes));
+	g.end_ok[0] = true;
+	g.end_ok[1] = false;
+	CHECK(runner_init(&plain, model, 2, 16, 8));
+	memset(&hooked, 0, sizeof(hooked));
+	hooked.model = model;
+	hooked.n_vocab = model->cfg.n_vocab;
+	hooked.pool = g.pool = cai_threadpool_create(2);
+	script = &g;
+	{
+		cai_kv_layout layout;
+
+		cai_model_kv_layout(model, &layout);
+		CHECK(cai_kv_pool_create(&layout, 8, &hooked.kv, &err) == CAI_OK &&
+			  cai_forward_ctx_create_on(model, scripted_factory, &g, 16, 1024, &hooked.ctx,
+										&err) == CAI_OK);
+	}
+	got = malloc((size_t) model->cfg.n_vocab * sizeof(float));
+	for (int i = 0; i < 5; i++)
+		want[i] = malloc((size_t) model->cfg.n_vocab * sizeof(float));
+	if (!hooked.ctx || !got || !want[4])
+		goto done;
+	alloc_blocks(&plain, table_a, 4);
+	alloc_blocks(&hooked, table_b, 4);
+	make_tokens(prompt, 6, model->cfg.n_vocab, 5);
+
+	/* the plain CPU forward's logits: the prompt, then four greedy steps */
+	CHECK(run_one(&plain, prompt, 6, 0, table_a, 4, CAI_LOGITS_LAST, false, want[0]) == CAI_OK);
+	for (int s = 1; s < 5; s++)
+	{
+		next = argmax(want[s - 1], model->cfg.n_vocab);
+		CHECK(run_one(&plain, &next, 1, 5 + s, table_a, 4, CAI_LOGITS_LAST, false, want[s]) ==
+			  CAI_OK);
+	}
+	for (int s = 1; s < 5; s++)
+		g.replay_logits[s - 1] = want[s];
+
+	/* the same through the hooks: the prompt is no decode step, so it does not ask */
+	CHECK(run_one(&hooked, prompt, 6, 0, table_b, 4, CAI_LOGITS_LAST, false, got) == CAI_OK);
+	CHECK(memcmp(got, want[0], (size_t) model->cfg.n_vocab * sizeof(float)) == 0);
+	CHECK_EQ_INT(g.n_begin, 0);
+	for (int s = 1; s < 5; s++)
+	{
+		next = argmax(want[s - 1], model->cfg.n_vocab);
+		CHECK(run_one(&hooked, &next, 1, 5 + s, table_b, 4, CAI_LOGITS_LAST, false, got) ==
+			  CAI_OK);
+		CHECK_MSG(memcmp(got, want[s], (size_t) model->cfg.n_vocab * sizeof(float)) == 0,
+				  "decode step %d differs", s);
+	}
+	CHECK_EQ_INT(g.n_begin, 4);
+	CHECK_EQ_INT(g.n_end, 2);
+	/* the prompt, the plain step, the recorded step, the failed recording twice; not the replay */
+	CHECK_EQ_INT(g.n_embed, 5);
+	/* the float reference path never asks, decode step or not */
+	CHECK(run_one(&hooked, prompt, 6, 0, table_b, 4, CAI_LOGITS_LAST, true, got) == CAI_OK);
+	CHECK(run_one(&hooked, &next, 1, 6, table_b, 4, CAI_LOGITS_LAST, true, got) == CAI_OK);
+	CHECK_EQ_INT(g.n_begin, 4);
+done:
+	script = NULL;
+	cai_forward_ctx_free(hooked.ctx);
+	cai_kv_pool_free(hooked.kv);
+	cai_threadpool_free(hooked.pool);
+	runner_free(&plain);
+	free(got);
+	for (int i = 0; i < 5; i++)
+		free(want[i]);
+	cai_model_free(model);
+}
