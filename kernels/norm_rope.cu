@@ -40,10 +40,24 @@ row_inv_rms(const float *row, int d, float eps, float *part, float *inv)
 	if (threadIdx.x < 8)
 	{
 		float		acc = 0.0f;
+		int			i = threadIdx.x;
 
-		/* unrolled so that the loads are issued ahead of the chain of additions */
-#pragma unroll 8
-		for (int i = threadIdx.x; i < n8; i += 8)
+		/*
+		 * Sixteen loads issued together, then their squares added in order: the chain waits on
+		 * one load latency per sixteen additions instead of one per addition.
+		 */
+		for (; i + 15 * 8 < n8; i += 16 * 8)
+		{
+			float		v[16];
+
+#pragma unroll
+			for (int k = 0; k < 16; k++)
+				v[k] = row[i + 8 * k];
+#pragma unroll
+			for (int k = 0; k < 16; k++)
+				acc = __fadd_rn(acc, __fmul_rn(v[k], v[k]));
+		}
+		for (; i < n8; i += 8)
 			acc = __fadd_rn(acc, __fmul_rn(row[i], row[i]));
 		part[threadIdx.x] = acc;
 	}
