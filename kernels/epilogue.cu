@@ -8,9 +8,6 @@
  * and quantization is the engine's rule (quant_row_scale/quant_one), whose max is exact in any
  * order.  So for identical int32 accumulators the floats, int8 values and scales are identical.
  */
-#include <stdlib.h>
-#include <string.h>
-
 #include "cuda_internal.cuh"
 
 /* Elements per thread of the plain epilogue: one 16-byte load of int32 accumulators. */
@@ -125,15 +122,6 @@ quantize_kernel(const float *__restrict__ x, int k, int ldx, int8_t *__restrict_
 		qr[i] = nonzero ? quant_one(xr[i], inv) : 0;
 }
 
-/* Test hook: CAI_CUDA_GEMM=cublaslt keeps small batches on cuBLASLt too (read once per call). */
-static bool
-force_cublaslt(void)
-{
-	const char *v = getenv("CAI_CUDA_GEMM");
-
-	return v && strcmp(v, "cublaslt") == 0;
-}
-
 /* Threads for a one-block-per-row kernel over rows of n elements: a multiple of 32, <= 512. */
 static int
 row_threads(int n)
@@ -175,18 +163,16 @@ cai_cuda_gemm_i8(cai_cuda_ctx *ctx, const int8_t *xq_dev, const float *xs_dev, i
 	if (out_dev && ldo < w->n_out)
 		return cuda_fail(err, CAI_ERR_INVALID_ARGUMENT, "int8 gemm: ldo %d < n_out %d", ldo,
 						 w->n_out);
+	/* a decode step's few tokens: one kernel, the epilogue fused unless it re-quantizes */
+	if (cuda_gemv_i8_fits(xq_dev, n_tok, w) && !epi->q_out_dev)
+		return cuda_gemv_i8(ctx, xq_dev, xs_dev, n_tok, w, epi, out_dev, ldo, NULL, 0, err);
 	st = cuda_scratch_reserve(ctx, (void **) &ctx->acc, &ctx->acc_elems,
 							  (size_t) n_tok * (size_t) ldacc, sizeof(int32_t),
 							  "the int32 gemm accumulator", err);
 	if (st != CAI_OK)
 		return st;
-	if (cuda_gemv_i8_fits(xq_dev, n_tok, w) && !force_cublaslt())
-	{
-		/* a decode step's few tokens: one kernel, the epilogue fused unless it re-quantizes */
-		if (!epi->q_out_dev)
-			return cuda_gemv_i8(ctx, xq_dev, xs_dev, n_tok, w, epi, out_dev, ldo, NULL, 0, err);
+	if (cuda_gemv_i8_fits(xq_dev, n_tok, w))
 		st = cuda_gemv_i8(ctx, xq_dev, xs_dev, n_tok, w, epi, NULL, 0, ctx->acc, ldacc, err);
-	}
 	else
 		st = cai_cuda_gemm_i8_acc(ctx, xq_dev, n_tok, w, ctx->acc, ldacc, err);
 	if (st != CAI_OK)

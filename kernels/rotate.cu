@@ -140,7 +140,10 @@ quantize_rotated_kernel(const float *__restrict__ x, int ldx, int width,
 		q[(size_t) t * width + i] = nonzero ? quant_one(x[(size_t) t * ldx + i], inv) : 0;
 }
 
-/* Vectors of n floats one block rotates at a time, so that they fill up to ROTATE_GROUP_FLOATS. */
+/*
+ * Vectors of n floats one block rotates at a time: up to ROTATE_GROUP_FLOATS, or for a step of
+ * few tokens up to ROTATE_FEW_TOKENS_FLOATS, so that a row's vectors spread over more blocks.
+ */
 static int
 rotate_group(int n, int n_vec, int n_tok)
 {
