@@ -10,8 +10,9 @@
  *      keys of the block at once; every tile row reuses the transposed block;
  *   2. softmax of each row's part of the segment (attention.h: max subtraction, fast exp,
  *      eight-partial-sum total, normalize);
- *   3. values: each block's int8 values of the KV head are widened to float once per row group
- *      and accumulated by fused multiply-adds into every row that sees them, positions in
+ *   3. values: each block's int8 values of the KV head are widened to float (once per tile on
+ *      AVX-512 when the tile has several tokens, else once per token's row group) and
+ *      accumulated by fused multiply-adds into every row that sees them, positions in
  *      ascending order, into the segment's sums; then each row takes them as its output (its
  *      first segment) or folds them into it.
  * A part of a split tile (cai_attention_tile_part) runs the same passes over its segments and
@@ -22,6 +23,8 @@
  * integer dot products are exact and every float operation is lane-wise, in the same order on
  * every path, with multiply-add contraction switched off for this file (below) and the value
  * pass's fused multiply-adds written out on every path: all paths give bit-identical results.
+ * The AVX-512 path's hot loops (scores, exponentials, values) are functions of their own:
+ * inlined into the tile, GCC 12 spills their accumulators to the stack.
  */
 #include "attention.h"
 
@@ -60,6 +63,15 @@ cai_v16f_load(const float *p)
 	memcpy(&v, p, sizeof(v));
 	return v;
 }
+
+/* Lane-wise a > b ? a : b, by comparison masks like ops.h's cai_v8f_max. */
+#define cai_v16f_max(a, b) \
+	({ \
+		cai_v16f	max_a_ = (a), \
+					max_b_ = (b); \
+		cai_v16i	max_m_ = max_a_ > max_b_; \
+		(cai_v16f) (((cai_v16i) max_a_ & max_m_) | ((cai_v16i) max_b_ & ~max_m_)); \
+	})
 
 /* ops.h's exp, sixteen lanes at a time (each lane the same bits as cai_v8f_exp's) */
 CAI_DEFINE_VEXP(cai_v16f_exp, cai_v16f, cai_v16i)
@@ -257,37 +269,78 @@ transpose_keys_avx512(const int8_t *keys, size_t stride, int hd, int8_t *kt)
 }
 
 /*
+ * acc += vpdpbusd(k, the four bytes at p broadcast to every lane).  Written out because GCC
+ * copies the accumulator around every vpdpbusd intrinsic; the broadcast rides on the load.
+ */
+typedef int32_t cai_i32_alias __attribute__((may_alias, aligned(1)));
+#define DPBUSD_BCAST(acc, k, p) \
+	__asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(k), "m"(*(const cai_i32_alias *) (p)))
+
+/*
  * vpdpbusd multiplies unsigned by signed bytes: the keys go in with their top bit flipped
  * (k ^ 0x80 == k + 128 as an unsigned byte), which adds 128 * sum(q) to each dot product;
- * q_sum removes it.
+ * q_sum removes it.  With scores given (a block wholly inside the segment's span), each row's
+ * scores go straight there instead, ld_scores floats apart: dot * (kscale[slot] * q_scale[r]),
+ * the operations the tile applies to dots.
  */
-TARGET_AVX512 static void
+TARGET_AVX512 __attribute__((noinline)) static void
 qk_block_avx512(const int8_t *kt, const int8_t *q, const int32_t *q_sum, int rows, int hd,
-				int32_t *dots)
+				int32_t *dots, const float *kscale, const float *q_scale, float *scores,
+				size_t ld_scores)
 {
 	const __m512i flip = _mm512_set1_epi8((char) 0x80);
+	const __m512 ks = _mm512_loadu_ps(kscale);
 
+	/*
+	 * Four rows, each with two sums (even and odd groups): eight independent chains of
+	 * vpdpbusd, enough to cover its latency.  Integer sums are exact in any order.
+	 */
 	for (int r = 0; r < rows; r += ROW_GROUP)
 	{
-		__m512i		acc[ROW_GROUP];
+		const int8_t *q0 = q + (size_t) r * hd;
+		const int8_t *q1 = q0 + hd;
+		const int8_t *q2 = q1 + hd;
+		const int8_t *q3 = q2 + hd;
+		__m512i		a0 = _mm512_setzero_si512(),
+					a1 = a0,
+					a2 = a0,
+					a3 = a0,
+					b0 = a0,
+					b1 = a0,
+					b2 = a0,
+					b3 = a0;
 
-		for (int i = 0; i < ROW_GROUP; i++)
-			acc[i] = _mm512_setzero_si512();
-		for (int g = 0; g < hd / 4; g++)
+		for (int g = 0; g < hd / 4; g += 2)
 		{
-			__m512i		kv = _mm512_xor_si512(_mm512_loadu_si512(kt + (size_t) g * 64), flip);
+			__m512i		ka = _mm512_xor_si512(_mm512_loadu_si512(kt + (size_t) g * 64), flip);
+			__m512i		kb = _mm512_xor_si512(_mm512_loadu_si512(kt + (size_t) g * 64 + 64), flip);
 
-			for (int i = 0; i < ROW_GROUP; i++)
-			{
-				int32_t		q4;
-
-				memcpy(&q4, q + (size_t) (r + i) * hd + 4 * g, 4);
-				acc[i] = _mm512_dpbusd_epi32(acc[i], kv, _mm512_set1_epi32(q4));
-			}
+			DPBUSD_BCAST(a0, ka, q0 + 4 * g);
+			DPBUSD_BCAST(a1, ka, q1 + 4 * g);
+			DPBUSD_BCAST(a2, ka, q2 + 4 * g);
+			DPBUSD_BCAST(a3, ka, q3 + 4 * g);
+			DPBUSD_BCAST(b0, kb, q0 + 4 * g + 4);
+			DPBUSD_BCAST(b1, kb, q1 + 4 * g + 4);
+			DPBUSD_BCAST(b2, kb, q2 + 4 * g + 4);
+			DPBUSD_BCAST(b3, kb, q3 + 4 * g + 4);
 		}
-		for (int i = 0; i < ROW_GROUP; i++)
-			_mm512_storeu_si512(dots + (size_t) (r + i) * BLOCK,
-								_mm512_sub_epi32(acc[i], _mm512_set1_epi32(q_sum[r + i] * 128)));
+#define STORE_DOTS(i, A, B) \
+		do { \
+			__m512i		dot_ = _mm512_sub_epi32(_mm512_add_epi32(A, B), \
+												_mm512_set1_epi32(q_sum[r + i] * 128)); \
+\
+			if (scores) \
+				_mm512_storeu_ps(scores + (size_t) (r + i) * ld_scores, \
+								 _mm512_mul_ps(_mm512_cvtepi32_ps(dot_), \
+											   _mm512_mul_ps(ks, _mm512_set1_ps(q_scale[r + i])))); \
+			else \
+				_mm512_storeu_si512(dots + (size_t) (r + i) * BLOCK, dot_); \
+		} while (0)
+		STORE_DOTS(0, a0, b0);
+		STORE_DOTS(1, a1, b1);
+		STORE_DOTS(2, a2, b2);
+		STORE_DOTS(3, a3, b3);
+#undef STORE_DOTS
 	}
 }
 
@@ -376,13 +429,59 @@ dot_f32(const float *a, const float *b, int n)
 	return cai_v8f_sum(&acc);
 }
 
+#if defined(__x86_64__)
+/*
+ * The softmax's sixteen-lane exponentials on AVX-512: row[i] = exp(row[i] - m) for i < n (a
+ * multiple of 16), each e[i] added into partial[i % 8] in order.  The same bits as ops.h's
+ * exp, in fewer instructions: the clamps are vmaxps/vminps (x > lo ? x : lo is their
+ * definition, NaN included), the rounding of x * log2(e) to the nearest integer is vrndscaleps
+ * (it may give -0 where the 1.5 * 2^23 trick gives +0, which changes no later bit), and 2^n
+ * multiplies by vscalefps (the same correctly rounded product as p * 2^n for n in [-126, 127]).
+ */
+TARGET_AVX512 __attribute__((noinline)) static void
+exp_minus_max_avx512(float *row, int n, float m, float *partial)
+{
+	const __m512 mv = _mm512_set1_ps(m);
+	const __m512 lo = _mm512_set1_ps(-87.0f);
+	const __m512 hi = _mm512_set1_ps(88.0f);
+	__m256		acc = _mm256_loadu_ps(partial);
+
+	for (int i = 0; i < n; i += 16)
+	{
+		__m512		x = _mm512_sub_ps(_mm512_loadu_ps(row + i), mv);
+		__m512		k,
+					r,
+					p,
+					e;
+
+		x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
+		k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+								 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+		r = _mm512_sub_ps(x, _mm512_mul_ps(k, _mm512_set1_ps(0.693145751953125f)));
+		r = _mm512_sub_ps(r, _mm512_mul_ps(k, _mm512_set1_ps(1.428606765330187e-06f)));
+		p = _mm512_set1_ps(1.0f / 720.0f);
+		p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f / 120.0f));
+		p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f / 24.0f));
+		p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f / 6.0f));
+		p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(0.5f));
+		p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f));
+		p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f));
+		e = _mm512_scalef_ps(p, k);
+		_mm512_storeu_ps(row + i, e);
+		acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
+		acc = _mm256_add_ps(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+	}
+	_mm256_storeu_ps(partial, acc);
+}
+#endif
+
 /*
  * In place: row[0..n) = softmax(row[0..n)); *max_out and *total_out get the maximum and the
  * exponentials' total, which uses partial sum i % 8 for element i, then the tree, then the tail
  * in order: it depends only on n and the values.
  */
 CAI_ALWAYS_INLINE void
-softmax_row(float *row, int n, float *max_out, float *total_out)
+softmax_row(float *row, int n, float *max_out, float *total_out, attn_isa isa)
 {
 	float		m = row[0];
 	cai_v8f		mv8;
@@ -391,27 +490,48 @@ softmax_row(float *row, int n, float *max_out, float *total_out)
 	float		inv;
 	int			i;
 
-	/* the maximum is exact whatever the order: eight lanes, then the rest */
-	if (n >= 8)
+	/*
+	 * The maximum: exact in any order for the finite scores a row holds (the GPU reduces it
+	 * as a tree), so four independent sixteen-lane chains, then the lanes, then the rest.
+	 */
+	i = 0;
+	if (n >= 64)
 	{
-		cai_v8f		mv = cai_v8f_load(row);
+		cai_v16f	m0 = cai_v16f_load(row),
+					m1 = cai_v16f_load(row + 16),
+					m2 = cai_v16f_load(row + 32),
+					m3 = cai_v16f_load(row + 48);
 
-		for (i = 8; i + 8 <= n; i += 8)
+		for (i = 64; i + 64 <= n; i += 64)
 		{
-			cai_v8f		x = cai_v8f_load(row + i);
-
-			mv = cai_v8f_max(&mv, &x);
+			m0 = cai_v16f_max(m0, cai_v16f_load(row + i));
+			m1 = cai_v16f_max(m1, cai_v16f_load(row + i + 16));
+			m2 = cai_v16f_max(m2, cai_v16f_load(row + i + 32));
+			m3 = cai_v16f_max(m3, cai_v16f_load(row + i + 48));
 		}
-		for (int k = 0; k < 8; k++)
-			m = mv[k] > m ? mv[k] : m;
+		for (; i + 16 <= n; i += 16)
+			m0 = cai_v16f_max(m0, cai_v16f_load(row + i));
+		m0 = cai_v16f_max(cai_v16f_max(m0, m1), cai_v16f_max(m2, m3));
+		for (int k = 0; k < 16; k++)
+			m = m0[k] > m ? m0[k] : m;
 	}
-	else
-		i = 1;
 	for (; i < n; i++)
 		m = row[i] > m ? row[i] : m;
 	mv8 = cai_v8f_set1(m);			/* (built once: GCC rebuilds it per iteration otherwise) */
 	/* sixteen at a time where they fit (the same lanes, folded into the partial sums in order) */
-	for (i = 0; i + 16 <= n; i += 16)
+	i = 0;
+#if defined(__x86_64__)
+	if (isa == ATTN_AVX512)
+	{
+		float		partial[8];
+
+		memcpy(partial, &acc, sizeof(partial));
+		i = n / 16 * 16;
+		exp_minus_max_avx512(row, i, m, partial);
+		memcpy(&acc, partial, sizeof(partial));
+	}
+#endif
+	for (; i + 16 <= n; i += 16)
 	{
 		cai_v16f	d = cai_v16f_load(row + i) - m;	/* (vector - scalar: a plain broadcast) */
 		cai_v16f	e = cai_v16f_exp(&d);
@@ -624,6 +744,60 @@ accumulate_i8_rows_avx512(float *const *o, const float (*w)[BLOCK], const int8_t
 			_mm512_storeu_ps(o[r] + d0 + 16 * k, acc[r][k]);
 }
 
+/*
+ * Widens slots a..e of a head's int8 value block to floats (vpmovsxbd, vcvtdq2ps; exact):
+ * vf[slot][0..hd), hd a multiple of 16.  A tile of several tokens widens each block once and
+ * every token's rows read the floats back.
+ */
+TARGET_AVX512 static void
+widen_values_avx512(const int8_t *vq, size_t vq_stride, int a, int e, int hd, float *vf)
+{
+	for (int j = a; j <= e; j++)
+		for (int d = 0; d < hd; d += 16)
+		{
+			__m128i		bytes = _mm_loadu_si128((const __m128i *) (vq + (size_t) j * vq_stride + d));
+
+			_mm512_storeu_ps(vf + (size_t) j * hd + d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)));
+		}
+}
+
+/*
+ * accumulate_i8_rows_avx512 with the block's values already widened (vf, rows hd floats
+ * apart): the same fused multiply-adds in the same order, and the same bits.
+ */
+TARGET_AVX512 CAI_ALWAYS_INLINE void
+accumulate_widened_rows_avx512(float *const *o, const float (*w)[BLOCK], const float *vf,
+							   int hd, int a, int e, int d0, int NR, int NV)
+{
+	__m512		acc[4][4];
+
+	for (int r = 0; r < NR; r++)
+		for (int k = 0; k < NV; k++)
+			acc[r][k] = _mm512_loadu_ps(o[r] + d0 + 16 * k);
+	for (int j = a; j <= e; j++)
+	{
+		const float *src = vf + (size_t) j * hd + d0;
+		__m512		v[4];
+
+		for (int k = 0; k < NV; k++)
+		{
+			v[k] = _mm512_loadu_ps(src + 16 * k);
+			/* in a register for all the rows (GCC would load it again into each row's FMA) */
+			__asm__("" : "+v"(v[k]));
+		}
+		for (int r = 0; r < NR; r++)
+		{
+			__m512		wj = _mm512_set1_ps(w[r][j]);
+
+			for (int k = 0; k < NV; k++)
+				acc[r][k] = _mm512_fmadd_ps(wj, v[k], acc[r][k]);
+		}
+	}
+	for (int r = 0; r < NR; r++)
+		for (int k = 0; k < NV; k++)
+			_mm512_storeu_ps(o[r] + d0 + 16 * k, acc[r][k]);
+}
+
 /* The same on AVX2 with vectors of 8 dimensions. */
 TARGET_AVX2 CAI_ALWAYS_INLINE void
 accumulate_i8_rows_avx2(float *const *o, const float *const *p, int p_off, const float *vscale,
@@ -696,6 +870,63 @@ accumulate_i8_avx512(float *const *o, const float *const *p, int nr, int p_off,
 	I8_CHUNKS(AVX512_CASE, 4, 16);
 #undef AVX512_CASE
 	accumulate_i8_scalar(o, p, nr, p_off, vscale, vq, vq_stride, a, e, d0, hd);
+}
+
+/* accumulate_i8_avx512 from values widened by widen_values_avx512. */
+TARGET_AVX512 CAI_ALWAYS_INLINE void
+accumulate_widened_avx512(float *const *o, const float *const *p, int nr, int p_off,
+						  const float *vscale, const float *vf, int a, int e, int hd)
+{
+	int			d0 = 0,
+				r;
+	float		w[MAX_GROUP_ROWS][BLOCK];
+	__mmask16	in_range = (__mmask16) (((1u << (e + 1)) - 1) & ~((1u << a) - 1));
+	__m512		vs = _mm512_maskz_loadu_ps(in_range, vscale);
+
+	for (r = 0; r < nr; r++)
+		_mm512_storeu_ps(w[r], _mm512_mul_ps(_mm512_maskz_loadu_ps(in_range, p[r] + p_off), vs));
+#define WIDENED_CASE(N, NV) \
+	case N: \
+		accumulate_widened_rows_avx512(o + r, (const float (*)[BLOCK]) w + r, vf, hd, a, e, d0, \
+									   N, NV); \
+		break
+	I8_CHUNKS(WIDENED_CASE, 4, 16);
+#undef WIDENED_CASE
+}
+
+/*
+ * The value pass of one block for all the tokens of a tile, from the block's widened values
+ * (s->values): each token's query heads share its range, clipped to positions [j0, j1] of the
+ * block at position base; p_off places the block in the segment's scores.  One call per block
+ * (a separate function: inlined into the tile, GCC spills the accumulators).
+ */
+TARGET_AVX512 __attribute__((noinline)) static void
+accumulate_block_widened_avx512(const cai_attn_scratch *s, int n_tok, int group, int hd,
+								int base, int p_off, int j0, int j1, const float *vscale)
+{
+	for (int ti = 0; ti < n_tok; ti++)
+	{
+		int			r0 = ti * group;
+		int			a = j0 > s->row_lo[r0] ? j0 : s->row_lo[r0];
+		int			e = j1 < s->row_hi[r0] ? j1 : s->row_hi[r0];
+
+		if (a > e)
+			continue;
+		for (int g0 = 0; g0 < group; g0 += MAX_GROUP_ROWS)
+		{
+			int			nr = group - g0 < MAX_GROUP_ROWS ? group - g0 : MAX_GROUP_ROWS;
+			float	   *o[MAX_GROUP_ROWS];
+			const float *p[MAX_GROUP_ROWS];
+
+			for (int i = 0; i < nr; i++)
+			{
+				o[i] = s->seg_o + (size_t) (r0 + g0 + i) * hd;
+				p[i] = s->scores + (size_t) (r0 + g0 + i) * CAI_ATTN_SEGMENT_TOKENS;
+			}
+			accumulate_widened_avx512(o, p, nr, p_off, vscale, s->values, a - base, e - base,
+									  hd);
+		}
+	}
 }
 
 /*
@@ -803,6 +1034,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 				s0,
 				n_segs;
 	float		vscale[BLOCK];
+	const bool	widen = isa == ATTN_AVX512 && !shadow && n_tok > 1 && hd % 64 == 0;
 
 	/* the first block's keys and scales, while the queries are prepared */
 	if (!shadow && !pt)
@@ -847,6 +1079,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 	{
 		memset(s->q_i8 + (size_t) rows * hd, 0, (size_t) (rows_padded - rows) * hd);
 		memset(s->q_sum + rows, 0, (size_t) (rows_padded - rows) * sizeof(int32_t));
+		memset(s->q_scale + rows, 0, (size_t) (rows_padded - rows) * sizeof(float));
 	}
 
 	/*
@@ -924,7 +1157,18 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 				{
 	#if defined(__x86_64__)
 					case ATTN_AVX512:
-						qk_block_avx512(s->k_t, s->q_i8, s->q_sum, rows_padded, hd, s->dots);
+						/*
+						 * a block inside the segment's span: every row's scores straight from
+						 * the sums (lanes outside a row's range are never read, as below)
+						 */
+						if (base >= seg_lo && base + BLOCK - 1 <= seg_hi)
+						{
+							qk_block_avx512(s->k_t, s->q_i8, s->q_sum, rows_padded, hd, NULL,
+											kscale, s->q_scale, s->scores + (base - seg_lo), SEG);
+							continue;
+						}
+						qk_block_avx512(s->k_t, s->q_i8, s->q_sum, rows_padded, hd, s->dots,
+										kscale, s->q_scale, NULL, 0);
 						break;
 					case ATTN_AVX2:
 						qk_block_avx2(s->k_t, s->q_i8, s->q_sum, rows_padded, hd, s->dots);
@@ -985,9 +1229,8 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 
 			if (a > e)
 				continue;
-			softmax_row(s->scores + (size_t) r * SEG + (a - seg_lo), e - a + 1,
-						&s->seg_m[r],
-						&s->seg_l[r]);
+			softmax_row(s->scores + (size_t) r * SEG + (a - seg_lo), e - a + 1, &s->seg_m[r],
+						&s->seg_l[r], isa);
 		}
 
 		/* pass 3: weighted sums of values, positions in ascending order */
@@ -1022,6 +1265,19 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 				}
 			}
 
+#if defined(__x86_64__)
+			if (widen)
+			{
+				if (j0 <= j1)
+				{
+					widen_values_avx512(vq_head, (size_t) n_kv * hd, j0 - base, j1 - base, hd,
+										s->values);
+					accumulate_block_widened_avx512(s, n_tok, group, hd, base, base - seg_lo, j0,
+													j1, vscale);
+				}
+				continue;
+			}
+#endif
 			/* the query heads of a token share its range: their rows go together */
 			for (int ti = 0; ti < n_tok; ti++)
 			{
