@@ -15,9 +15,10 @@
  * decoding together (default 32).  With `prefill` instead of a batch, it times instead the
  * attention of a whole prompt of `context` tokens over one layer, cut into tiles as the CPU
  * backend cuts a prefill chunk (best of 12, one thread).  On the Intel Xeon VM of 2026-11-27,
- * `avx512-vnni 4096 prefill`, the best of ten alternating runs: 247 ms before the AVX-512 path
+ * `avx512-vnni 4096 prefill`, the best of alternating runs: 247 ms before the AVX-512 path
  * widened each value block once per tile and moved its hot loops (scores, exponentials, values)
- * into functions of their own, 183 ms after.
+ * into functions of their own, 183 ms after, 172 ms with the value sums held in registers over
+ * chunks of eight blocks.
  *
  * One "step" is what a decode step of `batch` sequences asks of attention: for every layer,
  * every (sequence, KV head) tile, one thread, in the order the CPU backend runs them.  It is

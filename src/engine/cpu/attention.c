@@ -97,6 +97,18 @@ cai_attention_tile_tokens(int n_group)
 	return t < 1 ? 1 : t;
 }
 
+/* Widened values the AVX-512 value pass holds at once (32 KB: they stay in L1). */
+#define WIDE_VALUE_FLOATS 8192
+
+/* The values scratch: a block's float values (reference path), or a chunk's widened ones. */
+static size_t
+value_floats(int head_dim)
+{
+	size_t		block = (size_t) BLOCK * head_dim;
+
+	return block > WIDE_VALUE_FLOATS ? block : WIDE_VALUE_FLOATS;
+}
+
 /* Rows of a tile, rounded up to whole row groups. */
 static int
 tile_rows_padded(int n_group)
@@ -127,7 +139,7 @@ cai_attention_scratch_bytes(int max_context, int n_group, int head_dim)
 		+ align64(rows * sizeof(int32_t))	/* q_sum */
 		+ align64((size_t) BLOCK * head_dim)	/* k_t */
 		+ align64(rows * BLOCK * sizeof(int32_t))	/* dots */
-		+ align64((size_t) BLOCK * head_dim * sizeof(float))	/* values */
+		+ align64(value_floats(head_dim) * sizeof(float))	/* values */
 		+ 2 * align64(rows * sizeof(int32_t));	/* row_lo, row_hi */
 }
 
@@ -153,7 +165,7 @@ cai_attention_scratch_init(cai_attn_scratch *s, void *memory, int max_context, i
 	s->dots = (int32_t *) p;
 	p += align64(rows * BLOCK * sizeof(int32_t));
 	s->values = (float *) p;
-	p += align64((size_t) BLOCK * head_dim * sizeof(float));
+	p += align64(value_floats(head_dim) * sizeof(float));
 	s->row_lo = (int32_t *) p;
 	p += align64(rows * sizeof(int32_t));
 	s->row_hi = (int32_t *) p;
@@ -762,11 +774,12 @@ widen_values_avx512(const int8_t *vq, size_t vq_stride, int a, int e, int hd, fl
 }
 
 /*
- * accumulate_i8_rows_avx512 with the block's values already widened (vf, rows hd floats
- * apart): the same fused multiply-adds in the same order, and the same bits.
+ * accumulate_i8_rows_avx512 over values already widened (vf, positions hd floats apart) and
+ * weights w (rows ldw floats apart), positions a..e: the same fused multiply-adds in the same
+ * order, and the same bits.
  */
 TARGET_AVX512 CAI_ALWAYS_INLINE void
-accumulate_widened_rows_avx512(float *const *o, const float (*w)[BLOCK], const float *vf,
+accumulate_widened_rows_avx512(float *const *o, const float *w, int ldw, const float *vf,
 							   int hd, int a, int e, int d0, int NR, int NV)
 {
 	__m512		acc[4][4];
@@ -787,7 +800,7 @@ accumulate_widened_rows_avx512(float *const *o, const float (*w)[BLOCK], const f
 		}
 		for (int r = 0; r < NR; r++)
 		{
-			__m512		wj = _mm512_set1_ps(w[r][j]);
+			__m512		wj = _mm512_set1_ps(w[(size_t) r * ldw + j]);
 
 			for (int k = 0; k < NV; k++)
 				acc[r][k] = _mm512_fmadd_ps(wj, v[k], acc[r][k]);
@@ -872,59 +885,90 @@ accumulate_i8_avx512(float *const *o, const float *const *p, int nr, int p_off,
 	accumulate_i8_scalar(o, p, nr, p_off, vscale, vq, vq_stride, a, e, d0, hd);
 }
 
-/* accumulate_i8_avx512 from values widened by widen_values_avx512. */
-TARGET_AVX512 CAI_ALWAYS_INLINE void
-accumulate_widened_avx512(float *const *o, const float *const *p, int nr, int p_off,
-						  const float *vscale, const float *vf, int a, int e, int hd)
-{
-	int			d0 = 0,
-				r;
-	float		w[MAX_GROUP_ROWS][BLOCK];
-	__mmask16	in_range = (__mmask16) (((1u << (e + 1)) - 1) & ~((1u << a) - 1));
-	__m512		vs = _mm512_maskz_loadu_ps(in_range, vscale);
-
-	for (r = 0; r < nr; r++)
-		_mm512_storeu_ps(w[r], _mm512_mul_ps(_mm512_maskz_loadu_ps(in_range, p[r] + p_off), vs));
-#define WIDENED_CASE(N, NV) \
-	case N: \
-		accumulate_widened_rows_avx512(o + r, (const float (*)[BLOCK]) w + r, vf, hd, a, e, d0, \
-									   N, NV); \
-		break
-	I8_CHUNKS(WIDENED_CASE, 4, 16);
-#undef WIDENED_CASE
-}
-
 /*
- * The value pass of one block for all the tokens of a tile, from the block's widened values
- * (s->values): each token's query heads share its range, clipped to positions [j0, j1] of the
- * block at position base; p_off places the block in the segment's scores.  One call per block
- * (a separate function: inlined into the tile, GCC spills the accumulators).
+ * The value pass of a segment for all the tokens of a tile on AVX-512 (attention.h's int8
+ * value pass, the same bits as accumulate_i8): the segment's blocks go in chunks of up to
+ * WIDE_VALUE_FLOATS widened values (32 KB, in L1), and each token's query heads take a whole
+ * chunk with their sums in registers, positions in ascending order.  Widening a block once for
+ * the tile instead of once per token, and loading and storing the sums once per chunk instead
+ * of once per block, leaves the fused multiply-adds most of the work.  A function of its own:
+ * inlined into the tile, GCC spills the sums.
  */
 TARGET_AVX512 __attribute__((noinline)) static void
-accumulate_block_widened_avx512(const cai_attn_scratch *s, int n_tok, int group, int hd,
-								int base, int p_off, int j0, int j1, const float *vscale)
+value_pass_widened_avx512(const cai_attn_params *ap, cai_kv_pool *kv, const int32_t *table,
+						  cai_attn_scratch *s, int kv_head, int n_tok, int group, int seg_lo,
+						  int seg_hi)
 {
-	for (int ti = 0; ti < n_tok; ti++)
+	const cai_kv_layout *L = cai_kv_pool_layout(kv);
+	const int	hd = ap->head_dim;
+	const int	n_kv = ap->n_kv_heads;
+	const int	chunk_blocks = WIDE_VALUE_FLOATS / (BLOCK * hd);
+	float		vscale[WIDE_VALUE_FLOATS / 64];
+	float		w[MAX_GROUP_ROWS][WIDE_VALUE_FLOATS / 64];
+
+	for (int b0 = seg_lo / BLOCK; b0 <= seg_hi / BLOCK; b0 += chunk_blocks)
 	{
-		int			r0 = ti * group;
-		int			a = j0 > s->row_lo[r0] ? j0 : s->row_lo[r0];
-		int			e = j1 < s->row_hi[r0] ? j1 : s->row_hi[r0];
+		int			b1 = b0 + chunk_blocks - 1 < seg_hi / BLOCK ? b0 + chunk_blocks - 1 : seg_hi / BLOCK;
+		int			cbase = b0 * BLOCK;
+		int			c_lo = cbase > seg_lo ? cbase : seg_lo;
+		int			c_hi = b1 * BLOCK + BLOCK - 1 < seg_hi ? b1 * BLOCK + BLOCK - 1 : seg_hi;
 
-		if (a > e)
-			continue;
-		for (int g0 = 0; g0 < group; g0 += MAX_GROUP_ROWS)
+		/* the chunk's value scales and widened values, positions relative to cbase */
+		for (int b = b0; b <= b1; b++)
 		{
-			int			nr = group - g0 < MAX_GROUP_ROWS ? group - g0 : MAX_GROUP_ROWS;
-			float	   *o[MAX_GROUP_ROWS];
-			const float *p[MAX_GROUP_ROWS];
+			int			base = b * BLOCK;
+			int			j0 = base > c_lo ? base : c_lo;
+			int			j1 = base + BLOCK - 1 < c_hi ? base + BLOCK - 1 : c_hi;
+			uint8_t    *part = cai_kv_block_layer(kv, table[b], ap->kv_layer);
+			const float *vs = cai_kv_value_scales(L, part);
 
-			for (int i = 0; i < nr; i++)
+			for (int j = j0; j <= j1; j++)
+				vscale[j - cbase] = vs[(j - base) * n_kv + kv_head];
+			widen_values_avx512(cai_kv_values(L, part) + (size_t) kv_head * hd, (size_t) n_kv * hd,
+								j0 - base, j1 - base, hd, s->values + (size_t) (base - cbase) * hd);
+		}
+
+		/* the query heads of a token share its range: their rows go together */
+		for (int ti = 0; ti < n_tok; ti++)
+		{
+			int			r0 = ti * group;
+			int			a = c_lo > s->row_lo[r0] ? c_lo : s->row_lo[r0];
+			int			e = c_hi < s->row_hi[r0] ? c_hi : s->row_hi[r0];
+
+			if (a > e)
+				continue;
+			for (int g0 = 0; g0 < group; g0 += MAX_GROUP_ROWS)
 			{
-				o[i] = s->seg_o + (size_t) (r0 + g0 + i) * hd;
-				p[i] = s->scores + (size_t) (r0 + g0 + i) * CAI_ATTN_SEGMENT_TOKENS;
+				int			nr = group - g0 < MAX_GROUP_ROWS ? group - g0 : MAX_GROUP_ROWS;
+				float	   *o[MAX_GROUP_ROWS];
+				int			d0 = 0,
+							r;
+
+				/* each row's weights p * vscale over the token's part of the chunk */
+				for (int i = 0; i < nr; i++)
+				{
+					const float *p = s->scores + (size_t) (r0 + g0 + i) * CAI_ATTN_SEGMENT_TOKENS
+						+ (cbase - seg_lo);
+
+					o[i] = s->seg_o + (size_t) (r0 + g0 + i) * hd;
+					for (int j = a - cbase; j <= e - cbase; j += 16)
+					{
+						int			left = e - cbase - j + 1;
+						__mmask16	m = (__mmask16) (left >= 16 ? 0xffff : (1u << left) - 1);
+
+						_mm512_mask_storeu_ps(w[i] + j, m,
+											  _mm512_mul_ps(_mm512_maskz_loadu_ps(m, p + j),
+															_mm512_maskz_loadu_ps(m, vscale + j)));
+					}
+				}
+#define WIDENED_CASE(N, NV) \
+	case N: \
+		accumulate_widened_rows_avx512(o + r, w[r], WIDE_VALUE_FLOATS / 64, s->values, hd, \
+									   a - cbase, e - cbase, d0, N, NV); \
+		break
+				I8_CHUNKS(WIDENED_CASE, 4, 16);
+#undef WIDENED_CASE
 			}
-			accumulate_widened_avx512(o, p, nr, p_off, vscale, s->values, a - base, e - base,
-									  hd);
 		}
 	}
 }
@@ -1235,6 +1279,11 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 
 		/* pass 3: weighted sums of values, positions in ascending order */
 		memset(s->seg_o, 0, (size_t) rows * hd * sizeof(float));
+#if defined(__x86_64__)
+		if (widen)
+			value_pass_widened_avx512(ap, kv, table, s, kv_head, n_tok, group, seg_lo, seg_hi);
+		else
+#endif
 		for (int b = seg_lo / BLOCK; b <= seg_hi / BLOCK; b++)
 		{
 			int			base = b * BLOCK;
@@ -1265,19 +1314,6 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 				}
 			}
 
-#if defined(__x86_64__)
-			if (widen)
-			{
-				if (j0 <= j1)
-				{
-					widen_values_avx512(vq_head, (size_t) n_kv * hd, j0 - base, j1 - base, hd,
-										s->values);
-					accumulate_block_widened_avx512(s, n_tok, group, hd, base, base - seg_lo, j0,
-													j1, vscale);
-				}
-				continue;
-			}
-#endif
 			/* the query heads of a token share its range: their rows go together */
 			for (int ti = 0; ti < n_tok; ti++)
 			{

@@ -58,7 +58,8 @@ typedef struct cai_attn_scratch
 	int32_t    *q_sum;			/* [rows] sum of each quantized query (VNNI's offset) */
 	int8_t	   *k_t;			/* [head_dim/4][16][4] one block's keys of one head, transposed */
 	int32_t    *dots;			/* [rows][16] exact query-key dot products of one block */
-	float	   *values;			/* [16][head_dim] one block's float values of one head (reference) */
+	float	   *values;			/* one block's float values of one head (reference), or up to 32 KB of
+								 * a segment's int8 values widened (the AVX-512 value pass) */
 	int32_t    *row_lo;			/* [rows] first position each row attends to */
 	int32_t    *row_hi;			/* [rows] last position (the token's own) */
 	float	   *seg_o;			/* [rows][head_dim] one segment's value sums */
