@@ -328,8 +328,8 @@ TEST(attention_isa_paths_identical)
 
 /*
  * A token's rows are the same bits whatever else runs: decode alone on 1-3 threads, decode in a
- * batch of four, and the same position as the last row of a prefill chunk, or in the middle of
- * a chunk cut elsewhere.
+ * batch of four, and the same position as the last row of a prefill chunk, in the middle of a
+ * chunk cut elsewhere, or the last row of a five-token tile split over the threads.
  */
 TEST(attention_invariant_to_threads_batches_and_cuts)
 {
@@ -349,6 +349,8 @@ TEST(attention_invariant_to_threads_batches_and_cuts)
 			.len = {1, 1, 3, 1}};
 			step		prefill = {.n_seqs = 1, .seq = {0}, .first = {1200}, .len = {100}};
 			step		cut = {.n_seqs = 2, .seq = {1, 0}, .first = {3, 1250}, .len = {60, 77}};
+			/* a short follow-up: one tile per KV head, split over the threads' segments */
+			step		follow_up = {.n_seqs = 1, .seq = {0}, .first = {1295}, .len = {5}};
 			int			T;
 
 			CHECK(run_step(&f, &base, 1, windows[w], alone, &T));
@@ -368,6 +370,10 @@ TEST(attention_invariant_to_threads_batches_and_cuts)
 				CHECK(run_step(&f, &cut, threads, windows[w], other, &T));
 				CHECK_MSG(memcmp(alone, other + (60 + 49) * row, sizeof(float) * row) == 0,
 						  "hd %d window %d: a row inside another cut of the prefill, %d threads",
+						  hd, windows[w], threads);
+				CHECK(run_step(&f, &follow_up, threads, windows[w], other, &T));
+				CHECK_MSG(memcmp(alone, other + 4 * row, sizeof(float) * row) == 0,
+						  "hd %d window %d: the last row of a split five-token tile, %d threads",
 						  hd, windows[w], threads);
 			}
 		}
