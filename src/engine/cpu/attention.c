@@ -727,13 +727,15 @@ accumulate_i8_scalar(float *const *o, const float *const *p, int nr, int p_off,
 #if defined(__x86_64__)
 /*
  * accumulate_i8_scalar on AVX-512 for NR rows and NV vectors of 16 dimensions from d0, given
- * each row's weights w[r][j] = p * vscale of the block's slots: each value row is widened once
- * for all the rows (vpmovsxbd, vcvtdq2ps; exact) and the NR * NV accumulators are independent
- * chains held in registers.
+ * each row's weights w[r * ldw + j] = p * vscale: each value row is widened once for all the
+ * rows (vpmovsxbd, vcvtdq2ps; exact) from int8 values vq (rows vq_stride bytes apart), or read
+ * from values already widened, vf (rows hd floats apart; vq NULL), and the NR * NV
+ * accumulators are independent chains held in registers.
  */
 TARGET_AVX512 CAI_ALWAYS_INLINE void
-accumulate_i8_rows_avx512(float *const *o, const float (*w)[BLOCK], const int8_t *vq,
-						  size_t vq_stride, int a, int e, int d0, int NR, int NV)
+accumulate_i8_rows_avx512(float *const *o, const float *w, int ldw, const int8_t *vq,
+						  size_t vq_stride, const float *vf, int hd, int a, int e, int d0, int NR,
+						  int NV)
 {
 	__m512		acc[4][4];
 
@@ -742,14 +744,26 @@ accumulate_i8_rows_avx512(float *const *o, const float (*w)[BLOCK], const int8_t
 			acc[r][k] = _mm512_loadu_ps(o[r] + d0 + 16 * k);
 	for (int j = a; j <= e; j++)
 	{
-		const int8_t *src = vq + (size_t) j * vq_stride + d0;
 		__m512		v[4];
 
 		for (int k = 0; k < NV; k++)
-			v[k] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *) (src + 16 * k))));
+		{
+			if (vq)
+			{
+				const int8_t *src = vq + (size_t) j * vq_stride + d0 + 16 * k;
+
+				v[k] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *) src)));
+			}
+			else
+			{
+				v[k] = _mm512_loadu_ps(vf + (size_t) j * hd + d0 + 16 * k);
+				/* in a register for all the rows (GCC would load it again into each row's FMA) */
+				__asm__("" : "+v"(v[k]));
+			}
+		}
 		for (int r = 0; r < NR; r++)
 		{
-			__m512		wj = _mm512_set1_ps(w[r][j]);
+			__m512		wj = _mm512_set1_ps(w[(size_t) r * ldw + j]);
 
 			for (int k = 0; k < NV; k++)
 				acc[r][k] = _mm512_fmadd_ps(wj, v[k], acc[r][k]);
@@ -775,44 +789,6 @@ widen_values_avx512(const int8_t *vq, size_t vq_stride, int a, int e, int hd, fl
 
 			_mm512_storeu_ps(vf + (size_t) j * hd + d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)));
 		}
-}
-
-/*
- * accumulate_i8_rows_avx512 over values already widened (vf, positions hd floats apart) and
- * weights w (rows ldw floats apart), positions a..e: the same fused multiply-adds in the same
- * order, and the same bits.
- */
-TARGET_AVX512 CAI_ALWAYS_INLINE void
-accumulate_widened_rows_avx512(float *const *o, const float *w, int ldw, const float *vf,
-							   int hd, int a, int e, int d0, int NR, int NV)
-{
-	__m512		acc[4][4];
-
-	for (int r = 0; r < NR; r++)
-		for (int k = 0; k < NV; k++)
-			acc[r][k] = _mm512_loadu_ps(o[r] + d0 + 16 * k);
-	for (int j = a; j <= e; j++)
-	{
-		const float *src = vf + (size_t) j * hd + d0;
-		__m512		v[4];
-
-		for (int k = 0; k < NV; k++)
-		{
-			v[k] = _mm512_loadu_ps(src + 16 * k);
-			/* in a register for all the rows (GCC would load it again into each row's FMA) */
-			__asm__("" : "+v"(v[k]));
-		}
-		for (int r = 0; r < NR; r++)
-		{
-			__m512		wj = _mm512_set1_ps(w[(size_t) r * ldw + j]);
-
-			for (int k = 0; k < NV; k++)
-				acc[r][k] = _mm512_fmadd_ps(wj, v[k], acc[r][k]);
-		}
-	}
-	for (int r = 0; r < NR; r++)
-		for (int k = 0; k < NV; k++)
-			_mm512_storeu_ps(o[r] + d0 + 16 * k, acc[r][k]);
 }
 
 /* The same on AVX2 with vectors of 8 dimensions. */
@@ -881,8 +857,7 @@ accumulate_i8_avx512(float *const *o, const float *const *p, int nr, int p_off,
 		_mm512_storeu_ps(w[r], _mm512_mul_ps(_mm512_maskz_loadu_ps(in_range, p[r] + p_off), vs));
 #define AVX512_CASE(N, NV) \
 	case N: \
-		accumulate_i8_rows_avx512(o + r, (const float (*)[BLOCK]) w + r, vq, vq_stride, a, e, d0, \
-								  N, NV); \
+		accumulate_i8_rows_avx512(o + r, w[r], BLOCK, vq, vq_stride, NULL, hd, a, e, d0, N, NV); \
 		break
 	I8_CHUNKS(AVX512_CASE, 4, 16);
 #undef AVX512_CASE
@@ -967,8 +942,8 @@ value_pass_widened_avx512(const cai_attn_params *ap, cai_kv_pool *kv, const int3
 				}
 #define WIDENED_CASE(N, NV) \
 	case N: \
-		accumulate_widened_rows_avx512(o + r, w[r], WIDE_VALUE_FLOATS / 64, s->values, hd, \
-									   a - cbase, e - cbase, d0, N, NV); \
+		accumulate_i8_rows_avx512(o + r, w[r], WIDE_VALUE_FLOATS / 64, NULL, 0, s->values, hd, \
+								  a - cbase, e - cbase, d0, N, NV); \
 		break
 				I8_CHUNKS(WIDENED_CASE, 4, 16);
 #undef WIDENED_CASE
