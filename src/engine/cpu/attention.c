@@ -459,8 +459,8 @@ TARGET_AVX512 __attribute__((noinline)) static void
 exp_minus_max_avx512(float *row, int n, float m, float *partial)
 {
 	const __m512 mv = _mm512_set1_ps(m);
-	const __m512 lo = _mm512_set1_ps(-87.0f);
-	const __m512 hi = _mm512_set1_ps(88.0f);
+	const __m512 lo = _mm512_set1_ps(CAI_EXP_LO);
+	const __m512 hi = _mm512_set1_ps(CAI_EXP_HI);
 	__m256		acc = _mm256_loadu_ps(partial);
 
 	for (int i = 0; i < n; i += 16)
@@ -472,15 +472,15 @@ exp_minus_max_avx512(float *row, int n, float m, float *partial)
 					e;
 
 		x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
-		k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+		k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(CAI_EXP_LOG2E)),
 								 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-		r = _mm512_sub_ps(x, _mm512_mul_ps(k, _mm512_set1_ps(0.693145751953125f)));
-		r = _mm512_sub_ps(r, _mm512_mul_ps(k, _mm512_set1_ps(1.428606765330187e-06f)));
-		p = _mm512_set1_ps(1.0f / 720.0f);
-		p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f / 120.0f));
-		p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f / 24.0f));
-		p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f / 6.0f));
-		p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(0.5f));
+		r = _mm512_sub_ps(x, _mm512_mul_ps(k, _mm512_set1_ps(CAI_EXP_LN2_HI)));
+		r = _mm512_sub_ps(r, _mm512_mul_ps(k, _mm512_set1_ps(CAI_EXP_LN2_LO)));
+		p = _mm512_set1_ps(CAI_EXP_C6);
+		p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(CAI_EXP_C5));
+		p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(CAI_EXP_C4));
+		p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(CAI_EXP_C3));
+		p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(CAI_EXP_C2));
 		p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f));
 		p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f));
 		e = _mm512_scalef_ps(p, k);

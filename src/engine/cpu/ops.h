@@ -90,16 +90,28 @@ cai_v8f_sum(const cai_v8f *v)
  * CAI_DEFINE_VEXP(name, VF, VI) defines `VF name(const VF *px)` for any float vector type VF
  * with its int32 vector type VI (cai_v8f_exp below; cpu/attention.c adds a 16-lane one), and
  * every width gives every lane the same bits.  The clamps select by comparison masks like
- * cai_v8f_max/min (a NaN becomes -87).
+ * cai_v8f_max/min (a NaN becomes -87).  The constants are named for cpu/attention.c's AVX-512
+ * version, which must give the same bits.
  */
+#define CAI_EXP_LO (-87.0f)
+#define CAI_EXP_HI 88.0f
+#define CAI_EXP_LOG2E 1.44269504088896341f
+#define CAI_EXP_LN2_HI 0.693145751953125f	/* ln2's high part: n * it is exact */
+#define CAI_EXP_LN2_LO 1.428606765330187e-06f
+/* the Taylor coefficients, highest degree first */
+#define CAI_EXP_C6 (1.0f / 720.0f)
+#define CAI_EXP_C5 (1.0f / 120.0f)
+#define CAI_EXP_C4 (1.0f / 24.0f)
+#define CAI_EXP_C3 (1.0f / 6.0f)
+#define CAI_EXP_C2 0.5f
 #define CAI_DEFINE_VEXP(NAME, VF, VI) \
 CAI_ALWAYS_INLINE VF \
 NAME(const VF *px) \
 { \
 	const VF	zero = {0}; \
 	const VF	magic = zero + 12582912.0f; \
-	const VF	lo = zero - 87.0f; \
-	const VF	hi = zero + 88.0f; \
+	const VF	lo = zero + CAI_EXP_LO; \
+	const VF	hi = zero + CAI_EXP_HI; \
 	VF			x = *px, \
 				n, \
 				r, \
@@ -111,14 +123,14 @@ NAME(const VF *px) \
 	x = (VF) (((VI) x & m) | ((VI) lo & ~m)); \
 	m = x < hi; \
 	x = (VF) (((VI) x & m) | ((VI) hi & ~m)); \
-	n = (x * 1.44269504088896341f + magic) - magic; \
-	r = x - n * 0.693145751953125f;		/* ln2 high part (exact product) */ \
-	r = r - n * 1.428606765330187e-06f;	/* ln2 low part */ \
-	p = zero + 1.0f / 720.0f; \
-	p = p * r + 1.0f / 120.0f; \
-	p = p * r + 1.0f / 24.0f; \
-	p = p * r + 1.0f / 6.0f; \
-	p = p * r + 0.5f; \
+	n = (x * CAI_EXP_LOG2E + magic) - magic; \
+	r = x - n * CAI_EXP_LN2_HI; \
+	r = r - n * CAI_EXP_LN2_LO; \
+	p = zero + CAI_EXP_C6; \
+	p = p * r + CAI_EXP_C5; \
+	p = p * r + CAI_EXP_C4; \
+	p = p * r + CAI_EXP_C3; \
+	p = p * r + CAI_EXP_C2; \
 	p = p * r + 1.0f; \
 	p = p * r + 1.0f; \
 	bits = (__builtin_convertvector(n, VI) + 127) << 23; \
