@@ -10,9 +10,9 @@
  *   /tmp/bench_attention [isa [context [batch]]]
  *   /tmp/bench_attention isa context prefill
  *
- * isa: generic, avx2 or avx512-vnni (default: the best available); context: positions each
- * sequence attends to (default 48, the mean of `cai bench`'s decode runs); batch: sequences
- * decoding together (default 32).  With `prefill` instead of a batch, it times instead the
+ * isa: generic, avx2, avx512-vnni or avx512-amx (default: the best available); context:
+ * positions each sequence attends to (default 48, the mean of `cai bench`'s decode runs);
+ * batch: sequences decoding together (default 32).  With `prefill` instead of a batch, it times instead the
  * attention of a whole prompt of `context` tokens over one layer, cut into tiles as the CPU
  * backend cuts a prefill chunk (best of 12, one thread).  On the Intel Xeon VM of 2026-11-27,
  * `avx512-vnni 4096 prefill`, the best of alternating runs: 247 ms before the AVX-512 path

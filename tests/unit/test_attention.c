@@ -287,7 +287,7 @@ TEST(attention_close_to_exact)
 /* The same bits on every instruction-set path the machine has (at least two run here). */
 TEST(attention_isa_paths_identical)
 {
-	static const char *const paths[] = {"avx512-vnni", "avx2", "generic"};
+	static const char *const paths[] = {"avx512-amx", "avx512-vnni", "avx2", "generic"};
 	char		original[32];
 
 	snprintf(original, sizeof(original), "%s", cai_cpu_isa());

@@ -613,11 +613,14 @@ TEST(forward_chunked_prefill_equals_one_shot)
 	cai_model_free(model);
 }
 
-/* The AVX-512, AVX2 and generic kernels must give the same bits (gemm.c's switch drives both). */
+/*
+ * The AVX-512 (with and without AMX tiles), AVX2 and generic kernels must give the same bits
+ * (gemm.c's switch drives both).
+ */
 static void
 check_isa_paths_identical(int n_heads, int n_kv_heads, int head_dim)
 {
-	static const char *paths[] = {"avx512-vnni", "avx2", "generic"};
+	static const char *paths[] = {"avx512-amx", "avx512-vnni", "avx2", "generic"};
 	synth_model_config cfg;
 	cai_model  *model;
 	runner		r;
@@ -641,7 +644,7 @@ check_isa_paths_identical(int n_heads, int n_kv_heads, int head_dim)
 	CHECK(runner_init(&r, model, 2, 64, 8));
 	make_tokens(tokens, n, r.n_vocab, 5);
 	got = malloc(sizeof(float) * n * r.n_vocab);
-	for (int p = 0; p < 3; p++)
+	for (int p = 0; p < (int) (sizeof(paths) / sizeof(paths[0])); p++)
 	{
 		if (!cai_cpu_force_isa(paths[p]))
 			continue;

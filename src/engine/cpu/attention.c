@@ -7,9 +7,13 @@
  *   1. scores: each block's keys of the KV head are transposed once into groups of four bytes
  *      (kt[g][slot][4] = k[slot][4g .. 4g+3]), so that one 4-byte dot-product instruction
  *      (AVX-512 VNNI vpdpbusd, or AVX2 vpmaddubsw + vpmaddwd) scores a query against all 16
- *      keys of the block at once; every tile row reuses the transposed block;
+ *      keys of the block at once; every tile row reuses the transposed block.  On avx512-amx
+ *      a tile of 16 or more rows takes its scores from AMX int8 tiles instead: the transposed
+ *      block is already a tile's B operand, and the segment's blocks are transposed first,
+ *      then scored together;
  *   2. softmax of each row's part of the segment (attention.h: max subtraction, fast exp,
- *      eight-partial-sum total, normalize);
+ *      eight-partial-sum total, normalize; the AVX-512 value pass normalizes as it makes its
+ *      weights);
  *   3. values: each block's int8 values of the KV head are widened to float (once per tile on
  *      AVX-512 when the tile has several tokens, else once per token's row group) and
  *      accumulated by fused multiply-adds into every row that sees them, positions in
@@ -19,10 +23,11 @@
  * leaves their sums, maxima and totals to cai_attention_merge.
  *
  * Paths.  The tile is compiled for AVX-512, AVX2 and baseline x86-64 and picked at run time the
- * way cpu/gemm.c picks its kernels (cai_cpu_isa(), so cai_cpu_force_isa switches both).  The
- * integer dot products are exact and every float operation is lane-wise, in the same order on
- * every path, with multiply-add contraction switched off for this file (below) and the value
- * pass's fused multiply-adds written out on every path: all paths give bit-identical results.
+ * way cpu/gemm.c picks its kernels (cai_cpu_isa(), so cai_cpu_force_isa switches both;
+ * avx512-amx is the AVX-512 path with AMX scores).  The integer dot products are exact and
+ * every float operation is lane-wise, in the same order on every path, with multiply-add
+ * contraction switched off for this file (below) and the value pass's fused multiply-adds
+ * written out on every path: all paths give bit-identical results.
  * The AVX-512 path's hot loops (scores, exponentials, values) are functions of their own:
  * inlined into the tile, GCC 12 spills their accumulators to the stack.
  */
@@ -51,6 +56,9 @@
 
 /* Query rows are processed in groups of this many (buffers are padded to a multiple). */
 #define ROW_GROUP 4
+
+/* Query rows per AMX tile (a multiple of ROW_GROUP); the scratch holds whole tiles of rows. */
+#define AMX_ROWS 16
 
 #define BLOCK CAI_KV_BLOCK_TOKENS
 
@@ -114,13 +122,13 @@ value_floats(int head_dim)
 	return block > WIDE_VALUE_FLOATS ? block : WIDE_VALUE_FLOATS;
 }
 
-/* Rows of a tile, rounded up to whole row groups. */
+/* Rows of a tile the scratch holds, rounded up to whole AMX tiles (whole row groups too). */
 static int
 tile_rows_padded(int n_group)
 {
 	int			rows = cai_attention_tile_tokens(n_group) * n_group;
 
-	return (rows + ROW_GROUP - 1) / ROW_GROUP * ROW_GROUP;
+	return (rows + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS;
 }
 
 int
@@ -142,7 +150,8 @@ cai_attention_scratch_bytes(int max_context, int n_group, int head_dim)
 		+ align64(rows * (size_t) head_dim * sizeof(float))	/* q_f32 */
 		+ align64(rows * sizeof(float))	/* q_scale */
 		+ align64(rows * sizeof(int32_t))	/* q_sum */
-		+ align64((size_t) BLOCK * head_dim)	/* k_t */
+		+ align64((size_t) CAI_ATTN_SEGMENT_TOKENS * head_dim)	/* k_t */
+		+ align64(CAI_ATTN_SEGMENT_TOKENS * sizeof(float))	/* k_scales */
 		+ align64(rows * BLOCK * sizeof(int32_t))	/* dots */
 		+ align64(value_floats(head_dim) * sizeof(float))	/* values */
 		+ 2 * align64(rows * sizeof(int32_t));	/* row_lo, row_hi */
@@ -166,7 +175,9 @@ cai_attention_scratch_init(cai_attn_scratch *s, void *memory, int max_context, i
 	s->q_sum = (int32_t *) p;
 	p += align64(rows * sizeof(int32_t));
 	s->k_t = (int8_t *) p;
-	p += align64((size_t) BLOCK * head_dim);
+	p += align64((size_t) CAI_ATTN_SEGMENT_TOKENS * head_dim);
+	s->k_scales = (float *) p;
+	p += align64(CAI_ATTN_SEGMENT_TOKENS * sizeof(float));
 	s->dots = (int32_t *) p;
 	p += align64(rows * BLOCK * sizeof(int32_t));
 	s->values = (float *) p;
@@ -362,6 +373,143 @@ qk_block_avx512(const int8_t *kt, const int8_t *q, const int32_t *q_sum, int row
 }
 
 /*
+ * The same scores from AMX int8 tiles (the avx512-amx path): tdpbssd multiplies signed by signed
+ * bytes, so no offset is needed, and its int32 sums are the same integers.  The queries are the
+ * A tiles (16 rows of 64 bytes: 64 dimensions), the transposed block kt is already the B layout
+ * (row g: the 16 slots' dimensions 4g..4g+3), and each product is a 16 x 16 block of dots.
+ * Tiles 0-3 hold the dots of four 16-row chunks, 4 and 5 their queries in turn, 6 and 7 the
+ * keys (one 64-dimension step each).
+ */
+#define TARGET_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
+
+typedef struct amx_tile_config
+{
+	uint8_t		palette;
+	uint8_t		start_row;
+	uint8_t		reserved[14];
+	uint16_t	bytes_per_row[16];
+	uint8_t		rows[16];
+} amx_tile_config;
+
+/* Loads the tiles' shapes (this thread's tile state): eight tiles of 16 rows of 64 bytes. */
+TARGET_AMX __attribute__((noinline)) static void
+amx_configure(void)
+{
+	amx_tile_config cfg;
+
+	memset(&cfg, 0, sizeof(cfg));
+	cfg.palette = 1;
+	for (int t = 0; t < 8; t++)
+	{
+		cfg.rows[t] = AMX_ROWS;
+		cfg.bytes_per_row[t] = 64;
+	}
+	/* (not _tile_loadconfig: GCC 12 does not see that it reads the whole struct, and drops stores) */
+	__asm__ volatile("ldtilecfg %0" : : "m"(cfg));
+}
+
+/* Returns the tiles to their initial state (nothing for a context switch to save). */
+TARGET_AMX __attribute__((noinline)) static void
+amx_release(void)
+{
+	_tile_release();
+}
+
+/* Chunk I's query rows for step c into tile A; then its dots, tile C, += A x keys (tile B). */
+#define AMX_CHUNK_STEP(C, A, B, I) \
+	do { \
+		_tile_loadd(A, q + (size_t) (r + AMX_ROWS * (I)) * hd + 64 * c, hd); \
+		_tile_dpbssd(C, A, B); \
+	} while (0)
+
+/* Step c's keys into tile B, then up to four chunks' (n of them) products with them. */
+#define AMX_STEP(B) \
+	do { \
+		_tile_loadd(B, kt + (size_t) c * 16 * 64, 64); \
+		AMX_CHUNK_STEP(0, 4, B, 0); \
+		if (n > 1) \
+			AMX_CHUNK_STEP(1, 5, B, 1); \
+		if (n > 2) \
+			AMX_CHUNK_STEP(2, 4, B, 2); \
+		if (n > 3) \
+			AMX_CHUNK_STEP(3, 5, B, 3); \
+	} while (0)
+
+/*
+ * qk_block_avx512's results for n_blocks consecutive transposed blocks kt (BLOCK * hd bytes
+ * apart) and rows [0, rows) (rows a multiple of AMX_ROWS, hd of 64), with the tiles configured
+ * by amx_configure: the dots of one block (n_blocks 1), or every block's scores, block i at
+ * scores + i * BLOCK in each row (kscale: n_blocks * BLOCK scales).
+ *
+ * The work goes in units of a block and four chunks of rows.  A unit's dots are scaled into
+ * scores only after the next unit's products are under way, so that the tiles and the vector
+ * units do not wait for each other, and the keys come from blocks transposed beforehand: a
+ * tile read just after the vector stores that wrote it would wait for them.
+ */
+TARGET_AMX __attribute__((noinline)) static void
+qk_blocks_amx(const int8_t *kt_first, int n_blocks, const int8_t *q, int rows, int hd,
+			  int32_t *dots, const float *kscale, const float *q_scale, float *scores,
+			  size_t ld_scores)
+{
+	int32_t		unit_dots[2][4 * AMX_ROWS][BLOCK] __attribute__((aligned(64)));
+	int			units_per_block = (rows + 4 * AMX_ROWS - 1) / (4 * AMX_ROWS);
+	int			n_units = n_blocks * units_per_block;
+	int			prev_r = 0,
+				prev_rows = 0,
+				prev_block = 0;
+	int			key_tile = 0;
+
+	for (int u = 0; u <= n_units; u++)
+	{
+		int			block = u / units_per_block;
+		int			r = u % units_per_block * 4 * AMX_ROWS;
+		int			n = (rows - r) / AMX_ROWS < 4 ? (rows - r) / AMX_ROWS : 4;
+
+		if (u < n_units)
+		{
+			const int8_t *kt = kt_first + (size_t) block * BLOCK * hd;
+			int32_t    *out = scores ? unit_dots[u & 1][0] : dots + (size_t) r * BLOCK;
+
+			_tile_zero(0);
+			_tile_zero(1);
+			_tile_zero(2);
+			_tile_zero(3);
+			/* keys alternate between tiles 6 and 7: loading one does not wait for the other's reads */
+			for (int c = 0; c < hd / 64; c++, key_tile ^= 1)
+			{
+				if (key_tile == 0)
+					AMX_STEP(6);
+				else
+					AMX_STEP(7);
+			}
+			_tile_stored(0, out, BLOCK * sizeof(int32_t));
+			if (n > 1)
+				_tile_stored(1, out + 1 * AMX_ROWS * BLOCK, BLOCK * sizeof(int32_t));
+			if (n > 2)
+				_tile_stored(2, out + 2 * AMX_ROWS * BLOCK, BLOCK * sizeof(int32_t));
+			if (n > 3)
+				_tile_stored(3, out + 3 * AMX_ROWS * BLOCK, BLOCK * sizeof(int32_t));
+		}
+		/* the previous unit's scores: dot * (kscale[slot] * q_scale[r]), as the tile does */
+		if (scores && prev_rows > 0)
+		{
+			const __m512 ks = _mm512_loadu_ps(kscale + (size_t) prev_block * BLOCK);
+			float	   *dst = scores + (size_t) prev_block * BLOCK;
+
+			for (int i = 0; i < prev_rows; i++)
+				_mm512_storeu_ps(dst + (size_t) (prev_r + i) * ld_scores,
+								 _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(unit_dots[(u - 1) & 1][i])),
+											   _mm512_mul_ps(ks, _mm512_set1_ps(q_scale[prev_r + i]))));
+		}
+		prev_r = r;
+		prev_rows = n * AMX_ROWS;
+		prev_block = block;
+	}
+}
+#undef AMX_STEP
+#undef AMX_CHUNK_STEP
+
+/*
  * vpmaddubsw multiplies unsigned by signed bytes into saturating 16-bit pair sums: with |q| as
  * the unsigned side and k * sign(q) as the signed one every pair is at most 2 * 127 * 127, so
  * nothing saturates (quantized values never hold -128).
@@ -424,7 +572,7 @@ current_isa(void)
 {
 	const char *isa = cai_cpu_isa();
 
-	if (strcmp(isa, "avx512-vnni") == 0)
+	if (strcmp(isa, "avx512-vnni") == 0 || strcmp(isa, "avx512-amx") == 0)
 		return ATTN_AVX512;
 	if (strcmp(isa, "avx2") == 0)
 		return ATTN_AVX2;
@@ -449,18 +597,20 @@ dot_f32(const float *a, const float *b, int n)
 #if defined(__x86_64__)
 /*
  * The softmax's sixteen-lane exponentials on AVX-512: row[i] = exp(row[i] - m) for i < n (a
- * multiple of 16), each e[i] added into partial[i % 8] in order.  The same bits as ops.h's
- * exp, in fewer instructions: the clamps are vmaxps/vminps (x > lo ? x : lo is their
- * definition, NaN included), the rounding of x * log2(e) to the nearest integer is vrndscaleps
- * (it may give -0 where the 1.5 * 2^23 trick gives +0, which changes no later bit), and 2^n
- * multiplies by vscalefps (the same correctly rounded product as p * 2^n for n in [-126, 127]).
+ * multiple of 16), m the row's maximum, each e[i] added into partial[i % 8] in order.  The same
+ * bits as ops.h's exp, in fewer instructions: the low clamp is vmaxps (x > lo ? x : lo is its
+ * definition, NaN included), and the high one is left out (x <= 0 < hi: it never applies); the
+ * rounding of x * log2(e) to the nearest integer is vrndscaleps (it may give -0 where the
+ * 1.5 * 2^23 trick gives +0, which changes no later bit); x - n * ln2_hi is one fused
+ * multiply-add (n * ln2_hi is exact, so rounding once is rounding the difference, as before);
+ * and 2^n multiplies by vscalefps (the same correctly rounded product as p * 2^n for n in
+ * [-126, 127]).
  */
 TARGET_AVX512 __attribute__((noinline)) static void
 exp_minus_max_avx512(float *row, int n, float m, float *partial)
 {
 	const __m512 mv = _mm512_set1_ps(m);
 	const __m512 lo = _mm512_set1_ps(CAI_EXP_LO);
-	const __m512 hi = _mm512_set1_ps(CAI_EXP_HI);
 	__m256		acc = _mm256_loadu_ps(partial);
 
 	for (int i = 0; i < n; i += 16)
@@ -471,10 +621,10 @@ exp_minus_max_avx512(float *row, int n, float m, float *partial)
 					p,
 					e;
 
-		x = _mm512_min_ps(_mm512_max_ps(x, lo), hi);
+		x = _mm512_max_ps(x, lo);
 		k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(CAI_EXP_LOG2E)),
 								 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-		r = _mm512_sub_ps(x, _mm512_mul_ps(k, _mm512_set1_ps(CAI_EXP_LN2_HI)));
+		r = _mm512_fnmadd_ps(k, _mm512_set1_ps(CAI_EXP_LN2_HI), x);
 		r = _mm512_sub_ps(r, _mm512_mul_ps(k, _mm512_set1_ps(CAI_EXP_LN2_LO)));
 		p = _mm512_set1_ps(CAI_EXP_C6);
 		p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(CAI_EXP_C5));
@@ -495,10 +645,12 @@ exp_minus_max_avx512(float *row, int n, float m, float *partial)
 /*
  * In place: row[0..n) = softmax(row[0..n)); *max_out and *total_out get the maximum and the
  * exponentials' total, which uses partial sum i % 8 for element i, then the tree, then the tail
- * in order: it depends only on n and the values.
+ * in order: it depends only on n and the values.  With normalize false the row keeps the
+ * exponentials, and the caller multiplies them by 1 / total itself (the AVX-512 value pass,
+ * as it makes its weights).
  */
 CAI_ALWAYS_INLINE void
-softmax_row(float *row, int n, float *max_out, float *total_out, attn_isa isa)
+softmax_row(float *row, int n, float *max_out, float *total_out, bool normalize, attn_isa isa)
 {
 	float		m = row[0];
 	cai_v8f		mv8;
@@ -585,6 +737,8 @@ softmax_row(float *row, int n, float *max_out, float *total_out, attn_isa isa)
 	}
 	*max_out = m;
 	*total_out = cai_v8f_sum(&acc) + tail;
+	if (!normalize)
+		return;
 	inv = 1.0f / *total_out;
 	for (i = 0; i + 16 <= n; i += 16)
 		cai_v16f_store(row + i, cai_v16f_load(row + i) * inv);
@@ -924,10 +1078,14 @@ value_pass_widened_avx512(const cai_attn_params *ap, cai_kv_pool *kv, const int3
 				int			d0 = 0,
 							r;
 
-				/* each row's weights p * vscale over the token's part of the chunk */
+				/*
+				 * each row's weights p * vscale over the token's part of the chunk, its
+				 * probabilities p = e * (1 / total) made here (softmax_row left them out)
+				 */
 				for (int i = 0; i < nr; i++)
 				{
 					const float *p = s->scores + (size_t) (r0 + g0 + i) * CAI_ATTN_SEGMENT_TOKENS;
+					const __m512 inv = _mm512_set1_ps(1.0f / s->seg_l[r0 + g0 + i]);
 
 					o[i] = s->seg_o + (size_t) (r0 + g0 + i) * hd;
 					for (int j = a - cbase; j <= e - cbase; j += 16)
@@ -937,7 +1095,8 @@ value_pass_widened_avx512(const cai_attn_params *ap, cai_kv_pool *kv, const int3
 						__m512		pj = _mm512_maskz_loadu_ps(m, p + (j + cbase - seg_lo));
 
 						_mm512_mask_storeu_ps(w[i] + j, m,
-											  _mm512_mul_ps(pj, _mm512_maskz_loadu_ps(m, vscale + j)));
+											  _mm512_mul_ps(_mm512_mul_ps(pj, inv),
+															_mm512_maskz_loadu_ps(m, vscale + j)));
 					}
 				}
 #define WIDENED_CASE(N, NV) \
@@ -1058,6 +1217,10 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 				n_segs;
 	float		vscale[BLOCK];
 	const bool	widen = isa == ATTN_AVX512 && !shadow && n_tok > 1 && hd % 64 == 0;
+	/* scores from AMX tiles where the rows fill a tile (not for decode), rows padded to tiles */
+	const bool	amx = isa == ATTN_AVX512 && !shadow && rows_padded >= AMX_ROWS && hd % 64 == 0 &&
+		strcmp(cai_cpu_isa(), "avx512-amx") == 0;
+	const int	rows_qk = amx ? (rows + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS : rows_padded;
 
 	/* the first block's keys and scales, while the queries are prepared */
 	if (!shadow && !pt)
@@ -1098,11 +1261,11 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 			}
 		}
 	}
-	if (!shadow && rows_padded > rows)
+	if (!shadow && rows_qk > rows)
 	{
-		memset(s->q_i8 + (size_t) rows * hd, 0, (size_t) (rows_padded - rows) * hd);
-		memset(s->q_sum + rows, 0, (size_t) (rows_padded - rows) * sizeof(int32_t));
-		memset(s->q_scale + rows, 0, (size_t) (rows_padded - rows) * sizeof(float));
+		memset(s->q_i8 + (size_t) rows * hd, 0, (size_t) (rows_qk - rows) * hd);
+		memset(s->q_sum + rows, 0, (size_t) (rows_qk - rows) * sizeof(int32_t));
+		memset(s->q_scale + rows, 0, (size_t) (rows_qk - rows) * sizeof(float));
 	}
 
 	/*
@@ -1127,6 +1290,10 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 	jhi = s->row_hi[rows - 1];
 	s0 = jlo / SEG;
 	n_segs = jhi / SEG - s0 + 1;
+#if defined(__x86_64__)
+	if (amx)
+		amx_configure();
+#endif
 
 	/* each segment in turn: scores, softmax, weighted sums of values */
 	for (int sg = s0; sg < s0 + n_segs; sg++)
@@ -1146,7 +1313,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 			{
 				const int8_t *keys = cai_kv_keys(L, part);
 				const float *kscales = cai_kv_key_scales(L, part);
-				float		kscale[BLOCK];
+				float		kscale_block[BLOCK];
 				cai_v16f	ks;
 
 				/*
@@ -1163,6 +1330,11 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 					prefetch_scales(cai_kv_key_scales(L, next), n_kv);
 				}
 
+				/* with AMX, the segment's blocks are kept (below), one after another */
+				int8_t	   *kt = amx ? s->k_t + (size_t) (b - seg_lo / BLOCK) * BLOCK * hd : s->k_t;
+				float	   *kscale = amx ? s->k_scales + (b - seg_lo / BLOCK) * BLOCK : kscale_block;
+				bool		whole = base >= seg_lo && base + BLOCK - 1 <= seg_hi;
+
 				/* all 16 (slots outside [j0, j1] feed only lanes that are never stored) */
 				for (int slot = 0; slot < BLOCK; slot++)
 					kscale[slot] = kscales[slot * n_kv + kv_head];
@@ -1171,34 +1343,43 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 				/* the head's keys in four-byte groups */
 	#if defined(__x86_64__)
 				if (isa == ATTN_AVX512 && hd % 64 == 0)
-					transpose_keys_avx512(keys + (size_t) kv_head * hd, (size_t) n_kv * hd, hd, s->k_t);
+					transpose_keys_avx512(keys + (size_t) kv_head * hd, (size_t) n_kv * hd, hd, kt);
 				else
 	#endif
 					transpose_keys_generic(keys + (size_t) kv_head * hd, (size_t) n_kv * hd, hd,
-										   j0 - base, j1 - base, s->k_t);
+										   j0 - base, j1 - base, kt);
 				switch (isa)
 				{
 	#if defined(__x86_64__)
 					case ATTN_AVX512:
+						if (amx)
+						{
+							/* a whole block's scores come with the segment's others, below */
+							if (whole)
+								continue;
+							qk_blocks_amx(kt, 1, s->q_i8, rows_qk, hd, s->dots, kscale,
+										  s->q_scale, NULL, 0);
+							break;
+						}
 						/*
 						 * a block inside the segment's span: every row's scores straight from
 						 * the sums (lanes outside a row's range are never read, as below)
 						 */
-						if (base >= seg_lo && base + BLOCK - 1 <= seg_hi)
+						if (whole)
 						{
-							qk_block_avx512(s->k_t, s->q_i8, s->q_sum, rows_padded, hd, NULL,
+							qk_block_avx512(kt, s->q_i8, s->q_sum, rows_padded, hd, NULL,
 											kscale, s->q_scale, s->scores + (base - seg_lo), SEG);
 							continue;
 						}
-						qk_block_avx512(s->k_t, s->q_i8, s->q_sum, rows_padded, hd, s->dots,
+						qk_block_avx512(kt, s->q_i8, s->q_sum, rows_padded, hd, s->dots,
 										kscale, s->q_scale, NULL, 0);
 						break;
 					case ATTN_AVX2:
-						qk_block_avx2(s->k_t, s->q_i8, s->q_sum, rows_padded, hd, s->dots);
+						qk_block_avx2(kt, s->q_i8, s->q_sum, rows_padded, hd, s->dots);
 						break;
 	#endif
 					default:
-						qk_block_generic(s->k_t, s->q_i8, s->q_sum, rows_padded, hd, s->dots);
+						qk_block_generic(kt, s->q_i8, s->q_sum, rows_padded, hd, s->dots);
 						break;
 				}
 				/* score = dot * (q scale * k scale), the block's 16 slots at once */
@@ -1215,7 +1396,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 					memcpy(&di, s->dots + (size_t) r * BLOCK, sizeof(di));
 					/* a block inside the segment's span is stored whole: lanes outside the row's
 					 * own range are never read */
-					if (base >= seg_lo && base + BLOCK - 1 <= seg_hi)
+					if (whole)
 					{
 						cai_v16f_store(s->scores + (size_t) r * SEG + (base - seg_lo),
 									   __builtin_convertvector(di, cai_v16f) * qks);
@@ -1244,6 +1425,21 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 			}
 		}
 
+#if defined(__x86_64__)
+		/* with AMX, the scores of the segment's whole blocks, all at once */
+		if (amx)
+		{
+			int			first = (seg_lo + BLOCK - 1) / BLOCK;
+			int			last = (seg_hi + 1) / BLOCK - 1;
+
+			if (first <= last)
+				qk_blocks_amx(s->k_t + (size_t) (first - seg_lo / BLOCK) * BLOCK * hd,
+							  last - first + 1, s->q_i8, rows_qk, hd, NULL,
+							  s->k_scales + (first - seg_lo / BLOCK) * BLOCK, s->q_scale,
+							  s->scores + (first * BLOCK - seg_lo), SEG);
+		}
+#endif
+
 		/* pass 2: softmax of each row over its own part of the segment */
 		for (int r = 0; r < rows; r++)
 		{
@@ -1253,7 +1449,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 			if (a > e)
 				continue;
 			softmax_row(s->scores + (size_t) r * SEG + (a - seg_lo), e - a + 1, &s->seg_m[r],
-						&s->seg_l[r], isa);
+						&s->seg_l[r], !widen, isa);
 		}
 
 		/* pass 3: weighted sums of values, positions in ascending order */
@@ -1391,6 +1587,10 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 			}
 		}
 	}
+#if defined(__x86_64__)
+	if (amx)
+		amx_release();
+#endif
 }
 
 #define TILE_ARGS \

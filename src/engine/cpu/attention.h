@@ -50,13 +50,15 @@
 /* Per-thread scratch of the attention kernel. */
 typedef struct cai_attn_scratch
 {
-	/* rows are padded to a multiple of 8 query rows */
+	/* rows are padded to a multiple of 16 query rows */
 	float	   *scores;			/* [rows][256] one segment's scores, then probabilities */
 	int8_t	   *q_i8;			/* [rows][head_dim] quantized queries */
 	float	   *q_f32;			/* [rows][head_dim] scaled float queries (reference path) */
 	float	   *q_scale;		/* [rows] q_scale * scale */
 	int32_t    *q_sum;			/* [rows] sum of each quantized query (VNNI's offset) */
-	int8_t	   *k_t;			/* [head_dim/4][16][4] one block's keys of one head, transposed */
+	int8_t	   *k_t;			/* [blocks][head_dim/4][16][4] keys of one head, transposed: one
+								 * block's, or a segment's (AMX) */
+	float	   *k_scales;		/* [256] the segment's key scales of one head (AMX) */
 	int32_t    *dots;			/* [rows][16] exact query-key dot products of one block */
 	float	   *values;			/* one block's float values of one head (reference), or up to 32 KB of
 								 * a segment's int8 values widened (the AVX-512 value pass) */

@@ -27,6 +27,11 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
 /*
  * A barrier the compiler cannot see through: keeps a float (or a vector of floats) from being
@@ -96,12 +101,17 @@ gemm_f32_epilogue(float *dst, float dot, const float *bias, int o, bool accumula
  * ISA selection
  * --------------------------------------------------------------------------------------- */
 
+/*
+ * ISA_AVX512_AMX runs the GEMMs of ISA_AVX512_VNNI; the attention's score pass uses AMX int8
+ * tiles on it (the same integers).
+ */
 typedef enum gemm_isa
 {
 	ISA_UNSET = 0,
 	ISA_GENERIC,
 	ISA_AVX2,
 	ISA_AVX512_VNNI,
+	ISA_AVX512_AMX,
 } gemm_isa;
 
 /*
@@ -109,6 +119,37 @@ typedef enum gemm_isa
  * and is only changed by tests through cai_cpu_force_isa.
  */
 static _Atomic int selected_isa = ISA_UNSET;
+
+#if defined(__x86_64__) && defined(__linux__)
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+/*
+ * AMX int8 tiles: the CPU must have them (CPUID leaf 7: AMX-TILE and AMX-INT8), the OS must
+ * manage their state (XCR0 bits 17 and 18), and Linux lends the 8 KB of tile data only to a
+ * process that asks (arch_prctl ARCH_REQ_XCOMP_PERM; the grant covers all its threads).
+ * Anything missing leaves the process on avx512-vnni, which gives the same integers.
+ */
+static bool
+amx_int8_available(void)
+{
+	unsigned int a,
+				b,
+				c,
+				d;
+	uint32_t	xcr0_lo,
+				xcr0_hi;
+
+	if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_OSXSAVE))
+		return false;
+	if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(d & (1u << 24)) || !(d & (1u << 25)))
+		return false;
+	__asm__ volatile("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+	if ((xcr0_lo & (3u << 17)) != (3u << 17))
+		return false;
+	return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+}
+#endif
 
 static bool
 isa_available(gemm_isa isa)
@@ -126,6 +167,10 @@ isa_available(gemm_isa isa)
 			return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
 				__builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
 				__builtin_cpu_supports("fma");
+#if defined(__linux__)
+		case ISA_AVX512_AMX:
+			return isa_available(ISA_AVX512_VNNI) && amx_int8_available();
+#endif
 #endif
 		default:
 			return false;
@@ -139,7 +184,9 @@ current_isa(void)
 
 	if (isa == ISA_UNSET)
 	{
-		if (isa_available(ISA_AVX512_VNNI))
+		if (isa_available(ISA_AVX512_AMX))
+			isa = ISA_AVX512_AMX;
+		else if (isa_available(ISA_AVX512_VNNI))
 			isa = ISA_AVX512_VNNI;
 		else if (isa_available(ISA_AVX2))
 			isa = ISA_AVX2;
@@ -155,6 +202,8 @@ isa_name(gemm_isa isa)
 {
 	switch (isa)
 	{
+		case ISA_AVX512_AMX:
+			return "avx512-amx";
 		case ISA_AVX512_VNNI:
 			return "avx512-vnni";
 		case ISA_AVX2:
@@ -175,7 +224,7 @@ cai_cpu_isa(void)
 bool
 cai_cpu_force_isa(const char *name)
 {
-	static const gemm_isa all[] = {ISA_GENERIC, ISA_AVX2, ISA_AVX512_VNNI};
+	static const gemm_isa all[] = {ISA_GENERIC, ISA_AVX2, ISA_AVX512_VNNI, ISA_AVX512_AMX};
 
 	if (!name)
 		return false;
@@ -1225,6 +1274,7 @@ cai_gemm_i8(cai_threadpool *pool, const int8_t *xq, const float *xs, int n_tok,
 			break;
 #if defined(__x86_64__)
 		case ISA_AVX512_VNNI:
+		case ISA_AVX512_AMX:
 			gt.kernel = gemm_i8_avx512;
 			break;
 		case ISA_AVX2:
@@ -1254,6 +1304,7 @@ cai_gemm_f32(cai_threadpool *pool, const float *x, int n_tok, int k,
 	{
 #if defined(__x86_64__)
 		case ISA_AVX512_VNNI:
+		case ISA_AVX512_AMX:
 			gt.kernel = gemm_f32_avx512;
 			break;
 		case ISA_AVX2:
@@ -1278,6 +1329,7 @@ cai_quantize_act_i8(const float *x, int n_tok, int k, int8_t *q, float *s)
 	{
 #if defined(__x86_64__)
 		case ISA_AVX512_VNNI:
+		case ISA_AVX512_AMX:
 			row = quantize_row_avx512;
 			break;
 		case ISA_AVX2:

@@ -110,10 +110,13 @@ void		cai_gemm_f32(cai_threadpool *pool, const float *x, int n_tok, int k,
 						 const float *w, int n_out, const float *bias, float *out, int ldo,
 						 bool accumulate);
 
-/* "avx512-vnni", "avx2" or "generic": the int8 path this CPU runs. */
+/*
+ * "avx512-amx", "avx512-vnni", "avx2" or "generic": the int8 path this CPU runs.  avx512-amx is
+ * avx512-vnni with AMX int8 tiles (Linux granted) for the attention's scores: the same results.
+ */
 const char *cai_cpu_isa(void);
 
-/* Tests: force a path ("generic", "avx2", "avx512-vnni"); false if unavailable here. */
+/* Tests: force a path (one of those names); false if unavailable here. */
 bool		cai_cpu_force_isa(const char *name);
 
 #endif							/* CAI_GEMM_H */
