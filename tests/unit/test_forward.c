@@ -956,6 +956,53 @@ TEST(forward_geglu_and_rmsnorm_add_rows)
 }
 
 /*
+ * Per-vector int8 quantization: scale = max|x| / 127 and q = x * (127 / max|x|) clamped and
+ * rounded half to even, element by element for every length (whole vectors of 8 and a tail),
+ * each byte in its own place; an all-zero vector gets scale 0 and zeros.
+ */
+TEST(op_quantize_vec_i8_rounds_each_element)
+{
+	static const int lengths[] = {1, 7, 8, 9, 64, 67, 256};
+	float		x[256];
+	int8_t		q[256 + 1];
+	float		scale;
+
+	for (int li = 0; li < (int) (sizeof(lengths) / sizeof(lengths[0])); li++)
+	{
+		int			n = lengths[li];
+		float		amax = 0.0f,
+					inv;
+
+		for (int i = 0; i < n; i++)
+		{
+			/* distinct values of both signs, the largest at a varying place, and exact halves */
+			x[i] = (float) ((i * 37 + li * 11) % 255 - 127) * 0.5f;
+			amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+		}
+		q[n] = 0x55;
+		cai_op_quantize_vec_i8(x, n, q, &scale);
+		CHECK_MSG(scale == amax / 127.0f, "n %d: scale %g, want %g", n, scale, amax / 127.0f);
+		inv = 127.0f / amax;
+		for (int i = 0; i < n; i++)
+		{
+			float		v = x[i] * inv;
+
+			v = v > -127.0f ? v : -127.0f;
+			v = v < 127.0f ? v : 127.0f;
+			CHECK_MSG(q[i] == (int8_t) nearbyintf(v), "n %d element %d: %d, want %d", n, i, q[i],
+					  (int) nearbyintf(v));
+		}
+		CHECK_MSG(q[n] == 0x55, "n %d: a byte written past the vector", n);
+	}
+	memset(x, 0, sizeof(x));
+	memset(q, 1, sizeof(q));
+	cai_op_quantize_vec_i8(x, 67, q, &scale);
+	CHECK(scale == 0.0f);
+	for (int i = 0; i < 67; i++)
+		CHECK(q[i] == 0);
+}
+
+/*
  * A row operation's continuation (backend.h's cai_then_rotate): rmsnorm, RoPE and SwiGLU with
  * `then` give exactly the bytes of the operation followed by rotate() (float rows, int8 rows
  * and scales), with 1 and 3 threads and for batches that run inline and split.

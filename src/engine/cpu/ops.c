@@ -343,6 +343,7 @@ cai_op_quantize_vec_i8(const float *x, int n, int8_t *q, float *scale)
 	const cai_v8f hi = cai_v8f_set1(127.0f);
 	const cai_v8f magic = cai_v8f_set1(ROUND_MAGIC);
 	cai_v8f		vmax = cai_v8f_set1(0.0f);
+	cai_v8b		bytes;
 	float		amax = 0.0f;
 	float		inv;
 	int			i;
@@ -378,8 +379,9 @@ cai_op_quantize_vec_i8(const float *x, int n, int8_t *q, float *scale)
 		v = cai_v8f_min(&v, &hi);
 		v = (v + magic) - magic;
 		r = __builtin_convertvector(v, cai_v8i);
-		for (int k = 0; k < 8; k++)
-			q[i + k] = (int8_t) r[k];
+		/* each int's low byte (the value: it lies in [-127, 127]), gathered by one shuffle */
+		bytes = __builtin_shufflevector((cai_v32b) r, (cai_v32b) r, 0, 4, 8, 12, 16, 20, 24, 28);
+		memcpy(q + i, &bytes, sizeof(bytes));
 	}
 	for (; i < n; i++)
 	{

@@ -32,6 +32,8 @@
 
 typedef float cai_v8f __attribute__((vector_size(32)));
 typedef int32_t cai_v8i __attribute__((vector_size(32)));
+typedef int8_t cai_v8b __attribute__((vector_size(8)));
+typedef int8_t cai_v32b __attribute__((vector_size(32)));
 
 #define CAI_ALWAYS_INLINE static inline __attribute__((always_inline))
 
