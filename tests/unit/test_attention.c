@@ -1,8 +1,8 @@
 /*
  * test_attention.c — the CPU attention kernel (cpu/attention.c) on its own, over a KV pool of
  * random int8 keys and values: against exact attention in double precision, bit-identical on
- * every instruction-set path, and invariant to thread counts, batch compositions and how a
- * prefill is cut into steps, for head sizes that take each value-pass path (32: natural order;
+ * every instruction-set path, each segment's softmax maximum exactly the largest score, and
+ * invariant to thread counts, batch compositions and how a prefill is cut into steps, for head sizes that take each value-pass path (32: natural order;
  * 64, 128, 256: the AVX-512 transposed order), contexts across many KV blocks, global and
  * windowed.
  */
@@ -12,7 +12,9 @@
 #include <string.h>
 
 #include "backend.h"
+#include "cpu/attention.h"
 #include "cpu/gemm.h"
+#include "cpu/ops.h"
 #include "cpu/threadpool.h"
 #include "kv.h"
 #include "test.h"
@@ -379,6 +381,146 @@ TEST(attention_invariant_to_threads_batches_and_cuts)
 		}
 		free(alone);
 		free(other);
+		fixture_close(&f);
+	}
+}
+
+/*
+ * The largest score of KV head kvh's positions [a, e] for a query quantized to qq with scale qs
+ * (query scale times attention scale), with the kernel's arithmetic: the exact int8 dot, then
+ * dot * (key scale * qs).
+ */
+static float
+reference_max_score(const fixture *f, int kvh, const int8_t *qq, float qs, int a, int e)
+{
+	const int	hd = f->hd;
+	float		m = -INFINITY;
+
+	for (int j = a; j <= e; j++)
+	{
+		uint8_t    *blk = cai_kv_block_layer(f->pool, f->tables[j / CAI_KV_BLOCK_TOKENS], 0);
+		int			slot = j % CAI_KV_BLOCK_TOKENS;
+		const int8_t *k = cai_kv_keys(&f->L, blk) + ((size_t) slot * N_KV + kvh) * hd;
+		float		ks = cai_kv_key_scales(&f->L, blk)[slot * N_KV + kvh];
+		int32_t		dot = 0;
+		float		score;
+
+		for (int d = 0; d < hd; d++)
+			dot += (int32_t) qq[d] * k[d];
+		score = (float) dot * (ks * qs);
+		m = score > m ? score : m;
+	}
+	return m;
+}
+
+/*
+ * Segment maxima that differ from the reference over a tile of sequence 0's n_tok tokens from
+ * position t_first, all KV heads, on the current path (maxima: a part's partials over all the
+ * tile's segments).
+ */
+static int
+count_wrong_segment_maxima(const fixture *f, const cai_attn_params *ap, int t_first, int n_tok,
+						   cai_attn_scratch *s, float *po, float *pm, float *pl)
+{
+	const int	hd = f->hd;
+	const int	SEG = CAI_ATTN_SEGMENT_TOKENS;
+	int32_t		pos[MAX_STEP],
+				tseq[MAX_STEP],
+				start = 0,
+				len = n_tok;
+	const int32_t *tables[1] = {f->tables};
+	cai_batch_layout bl = {.n_tokens = n_tok, .n_seqs = 1, .token_pos = pos, .token_seq = tseq,
+	.seq_start = &start, .seq_len = &len, .block_tables = tables};
+	cai_attn_partials pt = {.o = po, .m = pm, .l = pl};
+	int8_t		qq[256];
+	int			last,
+				wrong = 0;
+
+	for (int t = 0; t < n_tok; t++)
+	{
+		pos[t] = t_first + t;
+		tseq[t] = 0;
+	}
+	cai_attention_tile_segments(ap, &bl, 0, n_tok, &pt.seg0, &last);
+	pt.n_segs = last - pt.seg0 + 1;
+	for (int kvh = 0; kvh < N_KV; kvh++)
+	{
+		cai_attention_tile_part(ap, &bl, 0, kvh, 0, n_tok, f->q + (size_t) t_first * N_HEADS * hd,
+								N_HEADS * hd, f->pool, NULL, pt.seg0, last + 1, &pt, s);
+		for (int r = 0; r < n_tok * GROUP; r++)
+		{
+			int			p = pos[r / GROUP];
+			int			h = kvh * GROUP + r % GROUP;
+			int			lo = ap->window > 0 && p - ap->window + 1 > 0 ? p - ap->window + 1 : 0;
+			float		qs;
+
+			cai_op_quantize_vec_i8(f->q + (size_t) p * N_HEADS * hd + (size_t) h * hd, hd, qq, &qs);
+			qs = qs * ap->scale;
+			for (int sg = lo / SEG; sg <= p / SEG; sg++)
+			{
+				int			a = sg * SEG > lo ? sg * SEG : lo;
+				int			e = sg * SEG + SEG - 1 < p ? sg * SEG + SEG - 1 : p;
+
+				if (pm[(size_t) r * pt.n_segs + (sg - pt.seg0)] !=
+					reference_max_score(f, kvh, qq, qs, a, e))
+					wrong++;
+			}
+		}
+	}
+	return wrong;
+}
+
+/*
+ * The softmax subtracts each segment's exact maximum score: a part of a split tile leaves it in
+ * its partials, and it must equal the reference's, on every path, for a decode-sized tile and a
+ * prefill-sized one.  Every path shares the maximum's code and the softmax does not depend on
+ * it mathematically, so only this shows a lane left out of it.
+ */
+TEST(attention_segment_maxima_exact)
+{
+	static const char *const paths[] = {"avx512-amx", "avx512-vnni", "avx2", "generic"};
+	const int	max_tok = cai_attention_tile_tokens(GROUP);
+	const int	max_rows = max_tok * GROUP;
+	const int	max_segs = cai_attention_max_segments(MAX_CONTEXT);
+	char		original[32];
+
+	snprintf(original, sizeof(original), "%s", cai_cpu_isa());
+	for (int hi = 0; hi < N_OF(head_sizes); hi++)
+	{
+		fixture		f;
+		int			hd = head_sizes[hi];
+		void	   *mem = malloc(cai_attention_scratch_bytes(MAX_CONTEXT, GROUP, hd));
+		float	   *po = malloc(sizeof(float) * max_segs * max_rows * hd);
+		float	   *pm = malloc(sizeof(float) * max_rows * max_segs);
+		float	   *pl = malloc(sizeof(float) * max_rows * max_segs);
+		cai_attn_scratch s;
+
+		CHECK(fixture_open(&f, hd, 1));
+		cai_attention_scratch_init(&s, mem, MAX_CONTEXT, GROUP, hd);
+		for (int w = 0; w < N_OF(windows); w++)
+		{
+			cai_attn_params ap = {.n_heads = N_HEADS, .n_kv_heads = N_KV, .head_dim = hd,
+			.window = windows[w], .kv_layer = 0, .scale = 1.0f / sqrtf((float) hd)};
+
+			for (int p = 0; p < N_OF(paths); p++)
+			{
+				if (!cai_cpu_force_isa(paths[p]))
+					continue;
+				for (int n_tok = 1; n_tok <= max_tok; n_tok += max_tok - 1)
+				{
+					int			wrong = count_wrong_segment_maxima(&f, &ap, 1300 - n_tok, n_tok,
+																   &s, po, pm, pl);
+
+					CHECK_MSG(wrong == 0, "hd %d window %d, %d-token tile, %s: %d segment maxima "
+							  "differ", hd, windows[w], n_tok, paths[p], wrong);
+				}
+			}
+		}
+		cai_cpu_force_isa(original);
+		free(mem);
+		free(po);
+		free(pm);
+		free(pl);
 		fixture_close(&f);
 	}
 }

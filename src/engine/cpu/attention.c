@@ -681,8 +681,16 @@ softmax_row(float *row, int n, float *max_out, float *total_out, bool normalize,
 		for (; i + 16 <= n; i += 16)
 			m0 = cai_v16f_max(m0, cai_v16f_load(row + i));
 		m0 = cai_v16f_max(cai_v16f_max(m0, m1), cai_v16f_max(m2, m3));
-		for (int k = 0; k < 16; k++)
-			m = m0[k] > m ? m0[k] : m;
+		/* the lanes by halves: four shuffles, not sixteen scalar compares */
+		m0 = cai_v16f_max(m0, __builtin_shufflevector(m0, m0, 8, 9, 10, 11, 12, 13, 14, 15,
+													  0, 1, 2, 3, 4, 5, 6, 7));
+		m0 = cai_v16f_max(m0, __builtin_shufflevector(m0, m0, 4, 5, 6, 7, 0, 1, 2, 3,
+													  12, 13, 14, 15, 8, 9, 10, 11));
+		m0 = cai_v16f_max(m0, __builtin_shufflevector(m0, m0, 2, 3, 0, 1, 6, 7, 4, 5,
+													  10, 11, 8, 9, 14, 15, 12, 13));
+		m0 = cai_v16f_max(m0, __builtin_shufflevector(m0, m0, 1, 0, 3, 2, 5, 4, 7, 6,
+													  9, 8, 11, 10, 13, 12, 15, 14));
+		m = m0[0] > m ? m0[0] : m;
 	}
 	for (; i < n; i++)
 		m = row[i] > m ? row[i] : m;
