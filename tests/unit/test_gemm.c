@@ -210,7 +210,7 @@ TEST(gemm_qmatrix_pack_layout_round_trip)
 
 /*
  * Every available path, odd shapes (k a multiple of 4 but not of 64, channels not a multiple of
- * any block), with and without bias, store and accumulate, padded output rows; must equal the
+ * any block) and k of one and of three 64-input AMX tiles, with and without bias, store and accumulate, padded output rows; must equal the
  * int64 reference exactly.  The "extreme" data (all +-127) drives the AVX2 sign trick and the
  * VNNI offset correction to their limits.  Some matrices stay row-major (the portable kernel
  * every path falls back to for them).
@@ -218,7 +218,7 @@ TEST(gemm_qmatrix_pack_layout_round_trip)
 TEST(gemm_i8_exact_every_isa)
 {
 	static const int toks[] = {1, 3, 17, 64, 70};
-	static const int ks[] = {36, 64, 580};
+	static const int ks[] = {36, 64, 192, 580};
 	static const int outs[] = {1, 7, 48, 130};
 	const char *orig = saved_isa();
 	cai_threadpool *pool = cai_threadpool_create(2);
@@ -232,7 +232,7 @@ TEST(gemm_i8_exact_every_isa)
 			continue;
 		tested_isas++;
 		for (int a = 0; a < 5; a++)
-			for (int b = 0; b < 3; b++)
+			for (int b = 0; b < 4; b++)
 				for (int c = 0; c < 4; c++)
 				{
 					i8_problem p;

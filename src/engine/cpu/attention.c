@@ -382,39 +382,6 @@ qk_block_avx512(const int8_t *kt, const int8_t *q, const int32_t *q_sum, int row
  */
 #define TARGET_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
 
-typedef struct amx_tile_config
-{
-	uint8_t		palette;
-	uint8_t		start_row;
-	uint8_t		reserved[14];
-	uint16_t	bytes_per_row[16];
-	uint8_t		rows[16];
-} amx_tile_config;
-
-/* Loads the tiles' shapes (this thread's tile state): eight tiles of 16 rows of 64 bytes. */
-TARGET_AMX __attribute__((noinline)) static void
-amx_configure(void)
-{
-	amx_tile_config cfg;
-
-	memset(&cfg, 0, sizeof(cfg));
-	cfg.palette = 1;
-	for (int t = 0; t < 8; t++)
-	{
-		cfg.rows[t] = AMX_ROWS;
-		cfg.bytes_per_row[t] = 64;
-	}
-	/* (not _tile_loadconfig: GCC 12 does not see that it reads the whole struct, and drops stores) */
-	__asm__ volatile("ldtilecfg %0" : : "m"(cfg));
-}
-
-/* Returns the tiles to their initial state (nothing for a context switch to save). */
-TARGET_AMX __attribute__((noinline)) static void
-amx_release(void)
-{
-	_tile_release();
-}
-
 /* Chunk I's query rows for step c into tile A; then its dots, tile C, += A x keys (tile B). */
 #define AMX_CHUNK_STEP(C, A, B, I) \
 	do { \
@@ -438,7 +405,7 @@ amx_release(void)
 /*
  * qk_block_avx512's results for n_blocks consecutive transposed blocks kt (BLOCK * hd bytes
  * apart) and rows [0, rows) (rows a multiple of AMX_ROWS, hd of 64), with the tiles configured
- * by amx_configure: the dots of one block (n_blocks 1), or every block's scores, block i at
+ * by cai_amx_configure: the dots of one block (n_blocks 1), or every block's scores, block i at
  * scores + i * BLOCK in each row (kscale: n_blocks * BLOCK scales).
  *
  * The work goes in units of a block and four chunks of rows.  A unit's dots are scaled into
@@ -1300,7 +1267,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 	n_segs = jhi / SEG - s0 + 1;
 #if defined(__x86_64__)
 	if (amx)
-		amx_configure();
+		cai_amx_configure();
 #endif
 
 	/* each segment in turn: scores, softmax, weighted sums of values */
@@ -1597,7 +1564,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 	}
 #if defined(__x86_64__)
 	if (amx)
-		amx_release();
+		cai_amx_release();
 #endif
 }
 

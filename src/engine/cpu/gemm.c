@@ -102,8 +102,8 @@ gemm_f32_epilogue(float *dst, float dot, const float *bias, int o, bool accumula
  * --------------------------------------------------------------------------------------- */
 
 /*
- * ISA_AVX512_AMX runs the GEMMs of ISA_AVX512_VNNI; the attention's score pass uses AMX int8
- * tiles on it (the same integers).
+ * ISA_AVX512_AMX is ISA_AVX512_VNNI with AMX int8 tiles for the int8 GEMM's whole tiles and
+ * the attention's scores (the same integers).
  */
 typedef enum gemm_isa
 {
@@ -727,6 +727,148 @@ gemm_i8_avx512(const gemm_i8_job *j, int t0, int t1, int o0, int o1)
 }
 
 /* ---------------------------------------------------------------------------------------
+ * AMX over the panel layout
+ *
+ * A full panel's 16 steps of 64 bytes for inputs [64c, 64c + 64) are exactly an AMX B tile (row
+ * g: the 16 channels' 4 biased bytes of step g), so tdpbsud (signed activations times unsigned
+ * weights) gives vpdpbusd's biased int32 sums for 16 tokens x 16 channels at once, and the
+ * VNNI epilogue finishes them: the same integers, the same bits.  Tiles 0-3 hold the sums of
+ * four panels for 16 tokens, tile 4 the tokens' 64 inputs, tiles 6 and 7 the panels' steps in
+ * turn.  Only where k is a multiple of 64 and for whole tiles of 16 tokens; the rest of a task
+ * goes to the AVX-512 kernel.
+ * --------------------------------------------------------------------------------------- */
+
+#define TARGET_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,amx-tile,amx-int8")))
+
+typedef struct amx_tile_config
+{
+	uint8_t		palette;
+	uint8_t		start_row;
+	uint8_t		reserved[14];
+	uint16_t	bytes_per_row[16];
+	uint8_t		rows[16];
+} amx_tile_config;
+
+TARGET_AMX void
+cai_amx_configure(void)
+{
+	amx_tile_config cfg;
+
+	memset(&cfg, 0, sizeof(cfg));
+	cfg.palette = 1;
+	for (int t = 0; t < 8; t++)
+	{
+		cfg.rows[t] = 16;
+		cfg.bytes_per_row[t] = 64;
+	}
+	/* (not _tile_loadconfig: GCC 12 does not see that it reads the whole struct, and drops stores) */
+	__asm__ volatile("ldtilecfg %0" : : "m"(cfg));
+}
+
+TARGET_AMX void
+cai_amx_release(void)
+{
+	_tile_release();
+}
+
+/* Panels per AMX group: four tiles of sums. */
+#define AMX_GROUP_PANELS 4
+
+/* Panel b's step-c tile into tile B, then tile C += tokens (tile 4) x it. */
+#define AMX_PANEL_STEP(C, B, b) \
+	do { \
+		_tile_loadd(B, w + (size_t) (b) * CAI_QMATRIX_PANEL * k + (size_t) c * 1024, 64); \
+		_tile_dpbsud(C, 4, B); \
+	} while (0)
+
+/* The epilogue of 16 tokens from t x nb panels from o, from their biased sums. */
+static inline __attribute__((always_inline)) TARGET_AMX void
+amx_epilogue(const gemm_i8_job *j, int t, int o, int nb, const int32_t *xsum,
+			 int32_t sums[16][AMX_GROUP_PANELS * CAI_QMATRIX_PANEL])
+{
+	for (int tt = 0; tt < 16; tt++)
+		for (int b = 0; b < nb; b++)
+			vnni_epilogue(j, t + tt, o + b * CAI_QMATRIX_PANEL,
+						  _mm512_load_si512(sums[tt] + b * CAI_QMATRIX_PANEL), xsum[tt],
+						  (__mmask16) 0xFFFF);
+}
+
+/*
+ * AMX kernel for one task's tile range (o0 is a panel boundary).  A group's sums go through the
+ * epilogue only after the next group's products are under way: vector loads right after the
+ * tile stores would wait for them.
+ */
+static TARGET_AMX void
+gemm_i8_amx(const gemm_i8_job *j, int t0, int t1, int o0, int o1)
+{
+	const int	k = j->w->k;
+	const int	full_end = o1 - (o1 - o0) % CAI_QMATRIX_PANEL;
+	const int	t_end = t0 + (t1 - t0) / 16 * 16;	/* past the whole tiles of tokens */
+	const int	group = AMX_GROUP_PANELS * CAI_QMATRIX_PANEL;
+	int32_t		xsum[2][16];
+	int32_t		sums[2][16][AMX_GROUP_PANELS * CAI_QMATRIX_PANEL] __attribute__((aligned(64)));
+	int			prev_t = 0,
+				prev_o = 0,
+				prev_nb = 0,
+				buf = 0;
+
+	if (k % 64 != 0 || t_end == t0 || full_end == o0)
+	{
+		gemm_i8_avx512(j, t0, t1, o0, o1);
+		return;
+	}
+	cai_amx_configure();
+	/* group after group, in buffers taken in turn (each with its tokens' activation sums) */
+	for (int t = t0; t < t_end; t += 16)
+	{
+		vnni_token_sums(j->xq + (size_t) t * k, k, 16, xsum[buf]);
+		for (int o = o0; o < full_end; o += group, buf ^= 1)
+		{
+			const uint8_t *w = (const uint8_t *) j->w->q + (size_t) o * k;
+			int			nb = (full_end - o) / CAI_QMATRIX_PANEL;
+
+			nb = nb < AMX_GROUP_PANELS ? nb : AMX_GROUP_PANELS;
+			if (o != o0)
+				memcpy(xsum[buf], xsum[buf ^ 1], sizeof(xsum[buf]));
+			_tile_zero(0);
+			_tile_zero(1);
+			_tile_zero(2);
+			_tile_zero(3);
+			for (int c = 0; c < k / 64; c++)
+			{
+				_tile_loadd(4, j->xq + (size_t) t * k + 64 * c, k);
+				AMX_PANEL_STEP(0, 6, 0);
+				if (nb > 1)
+					AMX_PANEL_STEP(1, 7, 1);
+				if (nb > 2)
+					AMX_PANEL_STEP(2, 6, 2);
+				if (nb > 3)
+					AMX_PANEL_STEP(3, 7, 3);
+			}
+			_tile_stored(0, sums[buf][0], sizeof(sums[buf][0]));
+			if (nb > 1)
+				_tile_stored(1, sums[buf][0] + CAI_QMATRIX_PANEL, sizeof(sums[buf][0]));
+			if (nb > 2)
+				_tile_stored(2, sums[buf][0] + 2 * CAI_QMATRIX_PANEL, sizeof(sums[buf][0]));
+			if (nb > 3)
+				_tile_stored(3, sums[buf][0] + 3 * CAI_QMATRIX_PANEL, sizeof(sums[buf][0]));
+			if (prev_nb > 0)
+				amx_epilogue(j, prev_t, prev_o, prev_nb, xsum[buf ^ 1], sums[buf ^ 1]);
+			prev_t = t;
+			prev_o = o;
+			prev_nb = nb;
+		}
+	}
+	amx_epilogue(j, prev_t, prev_o, prev_nb, xsum[buf ^ 1], sums[buf ^ 1]);
+	cai_amx_release();
+	if (full_end < o1)
+		gemm_i8_avx512(j, t0, t_end, full_end, o1);
+	if (t_end < t1)
+		gemm_i8_avx512(j, t_end, t1, o0, o1);
+}
+#undef AMX_PANEL_STEP
+
+/* ---------------------------------------------------------------------------------------
  * AVX2 over the panel layout
  *
  * No unsigned-by-signed dot product here beyond vpmaddubsw, whose int16 pair sums would
@@ -1274,8 +1416,10 @@ cai_gemm_i8(cai_threadpool *pool, const int8_t *xq, const float *xs, int n_tok,
 			break;
 #if defined(__x86_64__)
 		case ISA_AVX512_VNNI:
-		case ISA_AVX512_AMX:
 			gt.kernel = gemm_i8_avx512;
+			break;
+		case ISA_AVX512_AMX:
+			gt.kernel = gemm_i8_amx;
 			break;
 		case ISA_AVX2:
 			gt.kernel = gemm_i8_avx2;

@@ -112,11 +112,20 @@ void		cai_gemm_f32(cai_threadpool *pool, const float *x, int n_tok, int k,
 
 /*
  * "avx512-amx", "avx512-vnni", "avx2" or "generic": the int8 path this CPU runs.  avx512-amx is
- * avx512-vnni with AMX int8 tiles (Linux granted) for the attention's scores: the same results.
+ * avx512-vnni with AMX int8 tiles (Linux granted) for the int8 GEMM and the attention's scores:
+ * the same results.
  */
 const char *cai_cpu_isa(void);
 
 /* Tests: force a path (one of those names); false if unavailable here. */
 bool		cai_cpu_force_isa(const char *name);
+
+/*
+ * AMX tiles on the avx512-amx path: configure the calling thread's eight tiles as 16 rows of 64
+ * bytes (their contents start at zero), and release them when done (nothing then for a context
+ * switch to save).  The GEMM and the attention's scores use this one shape.
+ */
+void		cai_amx_configure(void);
+void		cai_amx_release(void);
 
 #endif							/* CAI_GEMM_H */
