@@ -1,14 +1,15 @@
 /*
  * gemm.h — the CPU's matrix kernels: W8A8 int8 GEMM with a fused epilogue, its float reference,
- * and per-token activation quantization.  Runtime ISA dispatch: AVX-512 VNNI, else AVX2, else
- * portable C; every path gives bit-identical results (int32 accumulation is exact; the epilogue
- * is the same float expression per element).
+ * and per-token activation quantization.  Runtime ISA dispatch: AVX-512 VNNI with AMX tiles,
+ * else AVX-512 VNNI, else AVX2, else portable C; every path gives bit-identical results (int32
+ * accumulation is exact; the epilogue is the same float expression per element).
  *
  * Layouts: activations row-major [n_tok, k]; outputs row-major [n_tok, ldo].  The model's
  * weights come row-major (weights.h's cai_qmatrix); the CPU backend's prepare_i8 copies each
  * into its own panels of 16 channels: for every 4 inputs the 16 channels' 4 bytes are
  * adjacent, so one 64-byte load feeds a vpdpbusd that updates 16 channels' sums at once and no
- * horizontal reduction is needed (gemm.c).  Packing permutes the bytes of each 16-row panel in
+ * horizontal reduction is needed, and a panel's 16 steps for 64 inputs are one AMX tile
+ * (gemm.c).  Packing permutes the bytes of each 16-row panel in
  * place, so the first rows of a packed matrix, up to a multiple of 16, are still a valid
  * matrix.  A matrix that is not packed runs a portable row-major kernel: correct on every
  * path, not fast (tests).
