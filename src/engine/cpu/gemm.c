@@ -805,8 +805,9 @@ gemm_i8_amx(const gemm_i8_job *j, int t0, int t1, int o0, int o1)
 	const int	full_end = o1 - (o1 - o0) % CAI_QMATRIX_PANEL;
 	const int	t_end = t0 + (t1 - t0) / 16 * 16;	/* past the whole tiles of tokens */
 	const int	group = AMX_GROUP_PANELS * CAI_QMATRIX_PANEL;
-	int32_t		xsum[2][16];
+	int32_t		xsum[2][16];	/* by token block, in turn */
 	int32_t		sums[2][16][AMX_GROUP_PANELS * CAI_QMATRIX_PANEL] __attribute__((aligned(64)));
+	const int32_t *prev_xsum = NULL;
 	int			prev_t = 0,
 				prev_o = 0,
 				prev_nb = 0,
@@ -818,18 +819,18 @@ gemm_i8_amx(const gemm_i8_job *j, int t0, int t1, int o0, int o1)
 		return;
 	}
 	cai_amx_configure();
-	/* group after group, in buffers taken in turn (each with its tokens' activation sums) */
+	/* group after group, their sums in buffers taken in turn */
 	for (int t = t0; t < t_end; t += 16)
 	{
-		vnni_token_sums(j->xq + (size_t) t * k, k, 16, xsum[buf]);
+		int32_t    *block_xsum = xsum[(t - t0) / 16 % 2];
+
+		vnni_token_sums(j->xq + (size_t) t * k, k, 16, block_xsum);
 		for (int o = o0; o < full_end; o += group, buf ^= 1)
 		{
 			const uint8_t *w = (const uint8_t *) j->w->q + (size_t) o * k;
 			int			nb = (full_end - o) / CAI_QMATRIX_PANEL;
 
 			nb = nb < AMX_GROUP_PANELS ? nb : AMX_GROUP_PANELS;
-			if (o != o0)
-				memcpy(xsum[buf], xsum[buf ^ 1], sizeof(xsum[buf]));
 			_tile_zero(0);
 			_tile_zero(1);
 			_tile_zero(2);
@@ -852,14 +853,15 @@ gemm_i8_amx(const gemm_i8_job *j, int t0, int t1, int o0, int o1)
 				_tile_stored(2, sums[buf][0] + 2 * CAI_QMATRIX_PANEL, sizeof(sums[buf][0]));
 			if (nb > 3)
 				_tile_stored(3, sums[buf][0] + 3 * CAI_QMATRIX_PANEL, sizeof(sums[buf][0]));
-			if (prev_nb > 0)
-				amx_epilogue(j, prev_t, prev_o, prev_nb, xsum[buf ^ 1], sums[buf ^ 1]);
+			if (prev_xsum)
+				amx_epilogue(j, prev_t, prev_o, prev_nb, prev_xsum, sums[buf ^ 1]);
+			prev_xsum = block_xsum;
 			prev_t = t;
 			prev_o = o;
 			prev_nb = nb;
 		}
 	}
-	amx_epilogue(j, prev_t, prev_o, prev_nb, xsum[buf ^ 1], sums[buf ^ 1]);
+	amx_epilogue(j, prev_t, prev_o, prev_nb, prev_xsum, sums[buf ^ 1]);
 	cai_amx_release();
 	if (full_end < o1)
 		gemm_i8_avx512(j, t0, t_end, full_end, o1);
