@@ -32,6 +32,8 @@
 #define ATTN_THREADS 256
 #define ATTN_CHUNK 32			/* keys per chunk: two KV blocks */
 #define ATTN_SEGMENT 256		/* cpu/attention.h's CAI_ATTN_SEGMENT_TOKENS */
+#define ATTN_WEIGHT_MAX 16383	/* cpu/attention_values.h's CAI_ATTN_WEIGHT_MAX */
+#define ATTN_VSCALE_MIN 5.421010862427522e-20f	/* 2^-64: cpu/attention.h's CAI_ATTN_VSCALE_MIN */
 
 /* Query rows per tile: 64 (head_dim <= 128) or 32 (head_dim 256), like the CPU's 64-row tiles. */
 static int
@@ -515,7 +517,11 @@ struct attn_smem
 	static constexpr size_t OFF_RL = OFF_RM + R * 4;
 	static constexpr size_t OFF_WA = OFF_RL + R * 4;
 	static constexpr size_t OFF_WB = OFF_WA + R * 4;
-	static constexpr size_t BYTES = OFF_WB + R * 4;
+	/* int8 path: the segment's value scales, and each row's weight scale and output factor */
+	static constexpr size_t OFF_VSEG = OFF_WB + R * 4;
+	static constexpr size_t OFF_QINV = OFF_VSEG + ATTN_SEGMENT * 4;
+	static constexpr size_t OFF_G = OFF_QINV + R * 4;
+	static constexpr size_t BYTES = OFF_G + R * 4;
 };
 
 /*
@@ -587,6 +593,49 @@ kv_scales(const attn_source &src, const int32_t *bt, int kvh, int pos, float *ks
 	*ks = scales[slot * src.n_kv + kvh];
 	if (vs)
 		*vs = scales[CAI_CUDA_KV_BLOCK_TOKENS * src.n_kv + slot * src.n_kv + kvh];
+}
+
+/*
+ * cpu/attention.h's cai_attention_exp, operation for operation: cuda_internal.cuh's exp_poly
+ * (ops.h's exp) with r = x - n ln2 in two fused steps and Horner's rule in six; each step
+ * rounds once, as vfmadd and fmaf do, so the result is the CPU's bit for bit.
+ */
+static __device__ __forceinline__ float
+attn_exp(float x)
+{
+	const float magic = 12582912.0f;
+	float		n,
+				r,
+				p;
+
+	x = x > -87.0f ? x : -87.0f;
+	x = x < 88.0f ? x : 88.0f;
+	n = __fsub_rn(__fadd_rn(__fmul_rn(x, 1.44269504088896341f), magic), magic);
+	r = __fmaf_rn(-n, 0.693145751953125f, x);
+	r = __fmaf_rn(-n, 1.428606765330187e-06f, r);
+	p = __fmaf_rn(__fdiv_rn(1.0f, 720.0f), r, __fdiv_rn(1.0f, 120.0f));
+	p = __fmaf_rn(p, r, __fdiv_rn(1.0f, 24.0f));
+	p = __fmaf_rn(p, r, __fdiv_rn(1.0f, 6.0f));
+	p = __fmaf_rn(p, r, 0.5f);
+	p = __fmaf_rn(p, r, 1.0f);
+	p = __fmaf_rn(p, r, 1.0f);
+	return __fmul_rn(p, __int_as_float(((int) n + 127) << 23));
+}
+
+/*
+ * The int8 path's value weights (cpu/attention.h): a row's weight scale 16383 / vmax for its
+ * largest value scale vmax, and a position's weight round((e * v_scale) * qinv), to nearest even.
+ */
+static __device__ __forceinline__ float
+weight_qinv(float vmax)
+{
+	return vmax >= ATTN_VSCALE_MIN ? __fdiv_rn((float) ATTN_WEIGHT_MAX, vmax) : 0.0f;
+}
+
+static __device__ __forceinline__ int
+quantize_weight(float e, float v_scale, float qinv)
+{
+	return __float2int_rn(__fmul_rn(__fmul_rn(e, v_scale), qinv));
 }
 
 /* A segment's softmax total for a row of n positions: the eight partial sums' tree plus the tail. */
@@ -739,6 +788,9 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 	float	   *row_L = (float *) (smem + S::OFF_RL);
 	float	   *row_wa = (float *) (smem + S::OFF_WA);
 	float	   *row_wb = (float *) (smem + S::OFF_WB);
+	float	   *vseg = (float *) (smem + S::OFF_VSEG);
+	float	   *row_qinv = (float *) (smem + S::OFF_QINV);
+	float	   *row_g = (float *) (smem + S::OFF_G);
 	int			kvh = blockIdx.y;
 	int			warp = threadIdx.x / CUDA_WARP;
 	int			lane = threadIdx.x % CUDA_WARP;
@@ -749,6 +801,7 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 				jhi,
 				c_first;
 	float		acc[PAIRS];
+	int			iacc[PAIRS];	/* the int8 path's exact value sums */
 	chunk_regs<HD, R, F> cr;
 
 	if ((int) blockIdx.x >= counts[2])
@@ -854,6 +907,15 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 				for (int k = 0; k < 8; k++)
 					part[r * 8 + k] = 0.0f;
 			}
+			if (!F)
+				for (int j = threadIdx.x; j < ATTN_SEGMENT; j += ATTN_THREADS)
+				{
+					int			pos = seg * ATTN_SEGMENT + j;
+					float		ks;
+
+					if (pos >= seg_lo && pos <= seg_hi)
+						kv_scales<HD>(src, bt, kvh, pos, &ks, &vseg[j]);
+				}
 			__syncthreads();
 
 			/*
@@ -912,7 +974,7 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 
 					if (pos >= seg_lo && pos <= seg_hi && pos >= row_lo[r] && pos <= row_hi[r])
 						E[r * S::E_STRIDE + j] =
-							exp_poly(__fsub_rn(attn_score<HD, R, F>(smem, r, j), row_m[r]));
+							attn_exp(__fsub_rn(attn_score<HD, R, F>(smem, r, j), row_m[r]));
 				}
 				__syncthreads();
 				/*
@@ -943,9 +1005,28 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 				__syncthreads();
 			}
 
+			/* int8 path: each real row's largest value scale over its range (a warp per row) */
+			if (!F)
+			{
+				for (int r = warp; r < it.n_qrows; r += ATTN_THREADS / CUDA_WARP)
+				{
+					int			lo = row_lo[r] > seg_lo ? row_lo[r] : seg_lo;
+					int			hi = row_hi[r] < seg_hi ? row_hi[r] : seg_hi;
+					float		vm = 0.0f;
+
+					for (int pos = lo + lane; pos <= hi; pos += CUDA_WARP)
+						vm = fmaxf(vm, vseg[pos - seg * ATTN_SEGMENT]);
+					vm = warp_max(vm);
+					if (lane == 0)
+						row_g[r] = vm;
+				}
+				__syncthreads();
+			}
+
 			/*
-			 * The segment's total, its normalizer, and the weights folding it into each row's
-			 * output (cpu/attention.c's fold_segment): a row's first segment starts its state.
+			 * The segment's total, its normalizer (the int8 path's weight scale and output
+			 * factor), and the weights folding it into each row's output
+			 * (cpu/attention.c's fold_segment): a row's first segment starts its state.
 			 */
 			for (int r = threadIdx.x; r < R; r += ATTN_THREADS)
 			{
@@ -961,6 +1042,13 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 				}
 				l = segment_total(part + r * 8, tail + r * 8, n);
 				row_inv[r] = __fdiv_rn(1.0f, l);
+				if (!F && r < it.n_qrows)
+				{
+					float		vmax = row_g[r];
+
+					row_qinv[r] = weight_qinv(vmax);
+					row_g[r] = __fdiv_rn(__fdiv_rn(vmax, (float) ATTN_WEIGHT_MAX), l);
+				}
 				if (split_segs > 0 && r < it.n_qrows)
 				{
 					size_t		at = ((size_t) row_act[r] * n_heads + row_head[r]) * split_segs + seg;
@@ -978,8 +1066,8 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 				else
 				{
 					float		mn = row_m[r] > row_M[r] ? row_m[r] : row_M[r];
-					float		a = __fmul_rn(exp_poly(__fsub_rn(row_M[r], mn)), row_L[r]);
-					float		b = __fmul_rn(exp_poly(__fsub_rn(row_m[r], mn)), l);
+					float		a = __fmul_rn(attn_exp(__fsub_rn(row_M[r], mn)), row_L[r]);
+					float		b = __fmul_rn(attn_exp(__fsub_rn(row_m[r], mn)), l);
 					float		ln = __fadd_rn(a, b);
 
 					row_wa[r] = __fdiv_rn(a, ln);
@@ -991,14 +1079,18 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 			__syncthreads();
 
 			/*
-			 * pass C: values, accumulated in ascending position order per (row, dim).  A thread
-			 * owns one dimension d of rows r0, r0 + RSTEP, ...; a position outside a row's range
-			 * gets weight 0, and adding 0 * v (v finite) leaves a sum that started at +0
-			 * unchanged, so the result is the CPU's sum over the row's own positions.
+			 * pass C: values.  A thread owns one dimension d of rows r0, r0 + RSTEP, ...; a
+			 * position outside a row's range gets weight 0.  The float path accumulates in
+			 * ascending position order (adding 0 * v, v finite, leaves a sum that started at +0
+			 * unchanged, so the result is the CPU's sum over the row's own positions); the int8
+			 * path sums its quantized weights times the values exactly (attention.h).
 			 */
 #pragma unroll
 			for (int k = 0; k < PAIRS; k++)
+			{
 				acc[k] = 0.0f;
+				iacc[k] = 0;
+			}
 			fetch_chunk<HD, R, F>(src, bt, kvh, c_first, seg_lo, seg_hi, true, cr);
 			for (int c0 = c_first; c0 <= seg_hi; c0 += ATTN_CHUNK)
 			{
@@ -1014,31 +1106,44 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 					int			j = p % ATTN_CHUNK;
 					int			pos = c0 + j;
 					float		w = 0.0f;
+					int			qw = 0;
 
 					if (pos >= seg_lo && pos <= seg_hi && pos >= row_lo[r] && pos <= row_hi[r])
 					{
-						float		e = exp_poly(__fsub_rn(attn_score<HD, R, F>(smem, r, j), row_m[r]));
-						float		pr = __fmul_rn(e, row_inv[r]);
+						float		e = attn_exp(__fsub_rn(attn_score<HD, R, F>(smem, r, j), row_m[r]));
 
-						w = F ? __fmul_rn(pr, 1.0f)
-							: __fmul_rn(pr, ((const float *) (smem + S::OFF_VS))[j]);
+						if (F)
+							w = __fmul_rn(e, row_inv[r]);
+						else
+							qw = quantize_weight(e, vseg[pos - seg * ATTN_SEGMENT], row_qinv[r]);
 					}
-					E[r * S::E_STRIDE + j] = w;
+					if (F)
+						E[r * S::E_STRIDE + j] = w;
+					else
+						((int *) E)[r * S::E_STRIDE + j] = qw;
 				}
 				__syncthreads();
 				for (int j = 0; j < ATTN_CHUNK; j++)
 				{
-					float		v = F ? ((const float *) (smem + S::OFF_V))[j * HD + d]
-						: (float) ((const int8_t *) (smem + S::OFF_V))[j * HD + d];
+					if (F)
+					{
+						float		v = ((const float *) (smem + S::OFF_V))[j * HD + d];
 
 #pragma unroll
-					for (int k = 0; k < PAIRS; k++)
-						if (k < real_pairs)
-						{
-							float		w = E[(r0 + k * RSTEP) * S::E_STRIDE + j];
+						for (int k = 0; k < PAIRS; k++)
+							if (k < real_pairs)
+								acc[k] = __fadd_rn(acc[k],
+												   __fmul_rn(E[(r0 + k * RSTEP) * S::E_STRIDE + j], v));
+					}
+					else
+					{
+						int			v = ((const int8_t *) (smem + S::OFF_V))[j * HD + d];
 
-							acc[k] = F ? __fadd_rn(acc[k], __fmul_rn(w, v)) : __fmaf_rn(w, v, acc[k]);
-						}
+#pragma unroll
+						for (int k = 0; k < PAIRS; k++)
+							if (k < real_pairs)
+								iacc[k] += ((const int *) E)[(r0 + k * RSTEP) * S::E_STRIDE + j] * v;
+					}
 				}
 				__syncthreads();
 			}
@@ -1051,6 +1156,8 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 
 				if (k >= real_pairs || row_lo[r] > seg_hi || row_hi[r] < seg_lo)
 					continue;
+				if (!F)
+					acc[k] = __fmul_rn(__int2float_rn(iacc[k]), row_g[r]);
 				if (split_segs > 0)
 					part_o[(((size_t) row_act[r] * n_heads + row_head[r]) * split_segs + seg) * HD + d] =
 						acc[k];
@@ -1080,9 +1187,9 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
  * loads the whole segment's keys, values and scales into shared memory at once, computes each
  * score once, and leaves the segment's (max, sum) and value sums in the partials for
  * attention_merge_kernel.  The operations and their order are attention_kernel's split path's
- * (the same query quantization, score, exponential, eight partial sums and tail, weights, and
- * value fmas in position order; positions outside a row's range, zero-weight no-ops there, are
- * skipped), so the results are the same bits.
+ * (the same query quantization, score, exponential, eight partial sums and tail, largest value
+ * scale, quantized weights and exact integer value sums; positions outside a row's range,
+ * zero-weight there, are skipped), so the results are the same bits.
  */
 
 template <int HD>
@@ -1105,7 +1212,8 @@ struct decode_smem
 	static constexpr size_t OFF_HI = OFF_LO + CUDA_DECODE_TILE_ROWS * 4;
 	static constexpr size_t OFF_ROW = OFF_HI + CUDA_DECODE_TILE_ROWS * 4;
 	static constexpr size_t OFF_HEAD = OFF_ROW + CUDA_DECODE_TILE_ROWS * 4;
-	static constexpr size_t BYTES = OFF_HEAD + CUDA_DECODE_TILE_ROWS * 4;
+	static constexpr size_t OFF_G = OFF_HEAD + CUDA_DECODE_TILE_ROWS * 4;
+	static constexpr size_t BYTES = OFF_G + CUDA_DECODE_TILE_ROWS * 4;
 };
 
 template <int HD>
@@ -1128,13 +1236,15 @@ attention_decode_kernel(attn_source src, const int32_t *__restrict__ counts,
 	float	   *E = (float *) (smem + S::OFF_E);
 	float	   *QS = (float *) (smem + S::OFF_QS);
 	float	   *row_m = (float *) (smem + S::OFF_M);
-	float	   *row_inv = (float *) (smem + S::OFF_INV);
+	float	   *row_qinv = (float *) (smem + S::OFF_INV);
 	float	   *part = (float *) (smem + S::OFF_PART);
 	float	   *tail = (float *) (smem + S::OFF_TAIL);
 	int		   *row_lo = (int *) (smem + S::OFF_LO);
 	int		   *row_hi = (int *) (smem + S::OFF_HI);
 	int		   *row_act = (int *) (smem + S::OFF_ROW);
 	int		   *row_head = (int *) (smem + S::OFF_HEAD);
+	float	   *row_g = (float *) (smem + S::OFF_G);
+	int		   *W = (int *) E;	/* the weights, in place of the exponentials */
 	int			kvh = blockIdx.y;
 	int			seg = blockIdx.z;
 	int			seg_base = seg * ATTN_SEGMENT;
@@ -1257,16 +1367,27 @@ attention_decode_kernel(attn_source src, const int32_t *__restrict__ counts,
 	}
 	__syncthreads();
 
-	/* each row's maximum: a warp per row (a maximum is the same in any order) */
+	/*
+	 * each row's maximum score and largest value scale: a warp per row (a maximum is the same
+	 * in any order)
+	 */
 	for (int r = warp; r < n_rows; r += ATTN_THREADS / CUDA_WARP)
 	{
 		float		m = -INFINITY;
+		float		vm = 0.0f;
 
 		for (int pos = row_lo[r] + lane; pos <= row_hi[r]; pos += CUDA_WARP)
+		{
 			m = fmaxf(m, E[r * ATTN_SEGMENT + (pos - seg_base)]);
+			vm = fmaxf(vm, VS[pos - seg_base]);
+		}
 		m = warp_max(m);
+		vm = warp_max(vm);
 		if (lane == 0)
+		{
 			row_m[r] = m;
+			row_g[r] = vm;
+		}
 	}
 	__syncthreads();
 
@@ -1277,7 +1398,7 @@ attention_decode_kernel(attn_source src, const int32_t *__restrict__ counts,
 		int			pos = seg_base + p % ATTN_SEGMENT;
 
 		if (pos >= row_lo[r] && pos <= row_hi[r])
-			E[p] = exp_poly(__fsub_rn(E[p], row_m[r]));
+			E[p] = attn_exp(__fsub_rn(E[p], row_m[r]));
 	}
 	__syncthreads();
 
@@ -1305,7 +1426,8 @@ attention_decode_kernel(attn_source src, const int32_t *__restrict__ counts,
 		if (n <= 0)
 			continue;
 		l = segment_total(part + r * 8, tail + r * 8, n);
-		row_inv[r] = __fdiv_rn(1.0f, l);
+		row_qinv[r] = weight_qinv(row_g[r]);
+		row_g[r] = __fdiv_rn(__fdiv_rn(row_g[r], (float) ATTN_WEIGHT_MAX), l);
 		{
 			size_t		at = ((size_t) row_act[r] * n_heads + row_head[r]) * split_segs + seg;
 
@@ -1315,7 +1437,7 @@ attention_decode_kernel(attn_source src, const int32_t *__restrict__ counts,
 	}
 	__syncthreads();
 
-	/* the weights in place */
+	/* the quantized weights in place (attention.h) */
 	for (int p = threadIdx.x; p < n_rows * ATTN_SEGMENT; p += ATTN_THREADS)
 	{
 		int			r = p / ATTN_SEGMENT;
@@ -1323,26 +1445,27 @@ attention_decode_kernel(attn_source src, const int32_t *__restrict__ counts,
 		int			pos = seg_base + j;
 
 		if (pos >= row_lo[r] && pos <= row_hi[r])
-			E[p] = __fmul_rn(__fmul_rn(E[p], row_inv[r]), VS[j]);
+			W[p] = quantize_weight(E[p], VS[j], row_qinv[r]);
 	}
 	__syncthreads();
 
-	/* values: a thread per (row, dimension), one fused multiply-add per position, in order */
+	/* values: a thread per (row, dimension), the exact integer sum, then its one scaling */
 	for (int p = threadIdx.x; p < n_rows * HD; p += ATTN_THREADS)
 	{
 		int			r = p / HD;
 		int			d = p % HD;
 		int			lo = row_lo[r] - seg_base;
 		int			hi = row_hi[r] - seg_base;
-		const float *w = E + r * ATTN_SEGMENT;
-		float		acc = 0.0f;
+		const int  *w = W + r * ATTN_SEGMENT;
+		int			acc = 0;
 
 		if (hi < lo)
 			continue;
 #pragma unroll 4
 		for (int j = lo; j <= hi; j++)
-			acc = __fmaf_rn(w[j], (float) V[j * HD + d], acc);
-		part_o[(((size_t) row_act[r] * n_heads + row_head[r]) * split_segs + seg) * HD + d] = acc;
+			acc += w[j] * (int) V[j * HD + d];
+		part_o[(((size_t) row_act[r] * n_heads + row_head[r]) * split_segs + seg) * HD + d] =
+			__fmul_rn(__int2float_rn(acc), row_g[r]);
 	}
 }
 
@@ -1386,8 +1509,8 @@ attention_merge_kernel(const int32_t *__restrict__ counts, const attn_seq_rec *_
 			float		m = part_ml[2 * (base + sg)];
 			float		l = part_ml[2 * (base + sg) + 1];
 			float		mn = m > M ? m : M;
-			float		a = __fmul_rn(exp_poly(__fsub_rn(M, mn)), L);
-			float		b = __fmul_rn(exp_poly(__fsub_rn(m, mn)), l);
+			float		a = __fmul_rn(attn_exp(__fsub_rn(M, mn)), L);
+			float		b = __fmul_rn(attn_exp(__fsub_rn(m, mn)), l);
 			float		ln = __fadd_rn(a, b);
 
 			o = __fadd_rn(__fmul_rn(__fdiv_rn(a, ln), o),

@@ -5,8 +5,9 @@
  * Not part of the Makefile; build and run by hand from the repository root:
  *
  *   gcc -O3 -std=gnu11 -pthread -Isrc/engine -o /tmp/bench_attention \
- *       tests/bench/bench_attention.c src/engine/cpu/attention.c src/engine/cpu/gemm.c \
- *       src/engine/cpu/ops.c src/engine/cpu/threadpool.c src/engine/kv.c src/engine/util.c -lm
+ *       tests/bench/bench_attention.c src/engine/cpu/attention.c \
+ *       src/engine/cpu/attention_values.c src/engine/cpu/gemm.c src/engine/cpu/ops.c \
+ *       src/engine/cpu/threadpool.c src/engine/kv.c src/engine/util.c -lm
  *   /tmp/bench_attention [isa [context [batch]]]
  *   /tmp/bench_attention isa context prefill
  *

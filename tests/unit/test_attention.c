@@ -1,10 +1,11 @@
 /*
  * test_attention.c — the CPU attention kernel (cpu/attention.c) on its own, over a KV pool of
  * random int8 keys and values: against exact attention in double precision, bit-identical on
- * every instruction-set path, each segment's softmax maximum exactly the largest score, and
- * invariant to thread counts, batch compositions and how a prefill is cut into steps, for head sizes that take each value-pass path (32: natural order;
- * 64, 128, 256: the AVX-512 transposed order), contexts across many KV blocks, global and
- * windowed.
+ * every instruction-set path, each segment's softmax maximum exactly the largest score and its
+ * value sums exactly the int8 value rule, and invariant to thread counts, batch compositions
+ * and how a prefill is cut into steps, for head sizes that take each value-pass path (32: no
+ * 64-dimension vectors and no AMX; 64, 128, 256: both), contexts across many KV blocks, global
+ * and windowed.
  */
 #include <math.h>
 #include <stdio.h>
@@ -217,8 +218,8 @@ static const int windows[] = {0, 100, 700};
 #define N_OF(a) ((int) (sizeof(a) / sizeof((a)[0])))
 
 /*
- * Within a small error of exact attention: the int8 path quantizes each query and each block's
- * probability weights to 8 bits, so errors are a fraction of a percent of the output's size;
+ * Within a small error of exact attention: the int8 path quantizes each query to 8 bits and
+ * each segment's weights to 14, so errors are a fraction of a percent of the output's size;
  * a value landing in the wrong dimension or block would be off by the output's whole size.
  */
 TEST(attention_close_to_exact)
@@ -386,41 +387,100 @@ TEST(attention_invariant_to_threads_batches_and_cuts)
 }
 
 /*
- * The largest score of KV head kvh's positions [a, e] for a query quantized to qq with scale qs
- * (query scale times attention scale), with the kernel's arithmetic: the exact int8 dot, then
+ * The score of KV head kvh's position j for a query quantized to qq with scale qs (query scale
+ * times attention scale), with the kernel's arithmetic: the exact int8 dot, then
  * dot * (key scale * qs).
  */
 static float
-reference_max_score(const fixture *f, int kvh, const int8_t *qq, float qs, int a, int e)
+reference_score(const fixture *f, int kvh, const int8_t *qq, float qs, int j)
 {
 	const int	hd = f->hd;
+	uint8_t    *blk = cai_kv_block_layer(f->pool, f->tables[j / CAI_KV_BLOCK_TOKENS], 0);
+	int			slot = j % CAI_KV_BLOCK_TOKENS;
+	const int8_t *k = cai_kv_keys(&f->L, blk) + ((size_t) slot * N_KV + kvh) * hd;
+	float		ks = cai_kv_key_scales(&f->L, blk)[slot * N_KV + kvh];
+	int32_t		dot = 0;
+
+	for (int d = 0; d < hd; d++)
+		dot += (int32_t) qq[d] * k[d];
+	return (float) dot * (ks * qs);
+}
+
+/* The largest of those scores over positions [a, e]. */
+static float
+reference_max_score(const fixture *f, int kvh, const int8_t *qq, float qs, int a, int e)
+{
 	float		m = -INFINITY;
 
 	for (int j = a; j <= e; j++)
 	{
-		uint8_t    *blk = cai_kv_block_layer(f->pool, f->tables[j / CAI_KV_BLOCK_TOKENS], 0);
-		int			slot = j % CAI_KV_BLOCK_TOKENS;
-		const int8_t *k = cai_kv_keys(&f->L, blk) + ((size_t) slot * N_KV + kvh) * hd;
-		float		ks = cai_kv_key_scales(&f->L, blk)[slot * N_KV + kvh];
-		int32_t		dot = 0;
-		float		score;
+		float		score = reference_score(f, kvh, qq, qs, j);
 
-		for (int d = 0; d < hd; d++)
-			dot += (int32_t) qq[d] * k[d];
-		score = (float) dot * (ks * qs);
 		m = score > m ? score : m;
 	}
 	return m;
 }
 
 /*
- * Segment maxima that differ from the reference over a tile of sequence 0's n_tok tokens from
- * position t_first, all KV heads, on the current path (maxima: a part's partials over all the
- * tile's segments).
+ * Whether o[0..hd) is attention.h's int8 value rule for positions [a, e] of KV head kvh, given
+ * the segment's maximum m and total l: e_j = cai_attention_exp(score_j - m), vmax the largest
+ * value scale, w_j = round((e_j * v_scale_j) * (16383 / vmax)), and
+ * o[d] = (float) (sum_j w_j * v_j[d]) * ((vmax / 16383) / l), written out here on its own.
  */
-static int
-count_wrong_segment_maxima(const fixture *f, const cai_attn_params *ap, int t_first, int n_tok,
-						   cai_attn_scratch *s, float *po, float *pm, float *pl)
+static bool
+value_rule_holds(const fixture *f, int kvh, const int8_t *qq, float qs, int a, int e, float m,
+				 float l, const float *o)
+{
+	const int	hd = f->hd;
+	int32_t		w[CAI_ATTN_SEGMENT_TOKENS];
+	float		vmax = 0.0f,
+				qinv,
+				g;
+
+	for (int j = a; j <= e; j++)
+	{
+		uint8_t    *blk = cai_kv_block_layer(f->pool, f->tables[j / CAI_KV_BLOCK_TOKENS], 0);
+		float		vs = cai_kv_value_scales(&f->L, blk)[j % CAI_KV_BLOCK_TOKENS * N_KV + kvh];
+
+		vmax = vs > vmax ? vs : vmax;
+	}
+	qinv = vmax >= CAI_ATTN_VSCALE_MIN ? 16383.0f / vmax : 0.0f;
+	for (int j = a; j <= e; j++)
+	{
+		uint8_t    *blk = cai_kv_block_layer(f->pool, f->tables[j / CAI_KV_BLOCK_TOKENS], 0);
+		float		vs = cai_kv_value_scales(&f->L, blk)[j % CAI_KV_BLOCK_TOKENS * N_KV + kvh];
+		float		prod = cai_attention_exp(reference_score(f, kvh, qq, qs, j) - m) * vs;
+
+		w[j - a] = (int32_t) rintf(prod * qinv);
+	}
+	g = (vmax / 16383.0f) / l;
+	for (int d = 0; d < hd; d++)
+	{
+		int32_t		sum = 0;
+
+		for (int j = a; j <= e; j++)
+		{
+			uint8_t    *blk = cai_kv_block_layer(f->pool, f->tables[j / CAI_KV_BLOCK_TOKENS], 0);
+			const int8_t *v = cai_kv_values(&f->L, blk) +
+				((size_t) (j % CAI_KV_BLOCK_TOKENS) * N_KV + kvh) * hd;
+
+			sum += w[j - a] * v[d];
+		}
+		if (o[d] != (float) sum * g)
+			return false;
+	}
+	return true;
+}
+
+/*
+ * The segments of a tile over sequence 0's n_tok tokens from position t_first, all KV heads, on
+ * the current path (a part's partials over all the tile's segments) whose maximum differs from
+ * the reference's (*wrong_max), or whose value sums break the int8 value rule (*wrong_values).
+ */
+static void
+count_wrong_segments(const fixture *f, const cai_attn_params *ap, int t_first, int n_tok,
+					 cai_attn_scratch *s, float *po, float *pm, float *pl, int *wrong_max,
+					 int *wrong_values)
 {
 	const int	hd = f->hd;
 	const int	SEG = CAI_ATTN_SEGMENT_TOKENS;
@@ -433,9 +493,9 @@ count_wrong_segment_maxima(const fixture *f, const cai_attn_params *ap, int t_fi
 	.seq_start = &start, .seq_len = &len, .block_tables = tables};
 	cai_attn_partials pt = {.o = po, .m = pm, .l = pl};
 	int8_t		qq[256];
-	int			last,
-				wrong = 0;
+	int			last;
 
+	*wrong_max = *wrong_values = 0;
 	for (int t = 0; t < n_tok; t++)
 	{
 		pos[t] = t_first + t;
@@ -460,23 +520,28 @@ count_wrong_segment_maxima(const fixture *f, const cai_attn_params *ap, int t_fi
 			{
 				int			a = sg * SEG > lo ? sg * SEG : lo;
 				int			e = sg * SEG + SEG - 1 < p ? sg * SEG + SEG - 1 : p;
+				int			k = sg - pt.seg0;
+				float		m = pm[(size_t) r * pt.n_segs + k];
 
-				if (pm[(size_t) r * pt.n_segs + (sg - pt.seg0)] !=
-					reference_max_score(f, kvh, qq, qs, a, e))
-					wrong++;
+				if (m != reference_max_score(f, kvh, qq, qs, a, e))
+					(*wrong_max)++;
+				if (!value_rule_holds(f, kvh, qq, qs, a, e, m, pl[(size_t) r * pt.n_segs + k],
+									  po + ((size_t) k * n_tok * GROUP + r) * hd))
+					(*wrong_values)++;
 			}
 		}
 	}
-	return wrong;
 }
 
 /*
- * The softmax subtracts each segment's exact maximum score: a part of a split tile leaves it in
- * its partials, and it must equal the reference's, on every path, for a decode-sized tile and a
- * prefill-sized one.  Every path shares the maximum's code and the softmax does not depend on
- * it mathematically, so only this shows a lane left out of it.
+ * A part of a split tile leaves each segment's maximum, total and value sums in its partials;
+ * on every path, for a decode-sized tile and a prefill-sized one:
+ * - the maximum is the exact largest score.  Every path shares the maximum's code and the
+ *   softmax does not depend on it mathematically, so only this shows a lane left out of it;
+ * - the value sums follow the int8 value rule (attention.h), computed here on its own: the
+ *   arithmetic the GPU reproduces, pinned down whatever the paths agree on among themselves.
  */
-TEST(attention_segment_maxima_exact)
+TEST(attention_segment_maxima_and_values_exact)
 {
 	static const char *const paths[] = {"avx512-amx", "avx512-vnni", "avx2", "generic"};
 	const int	max_tok = cai_attention_tile_tokens(GROUP);
@@ -508,11 +573,16 @@ TEST(attention_segment_maxima_exact)
 					continue;
 				for (int n_tok = 1; n_tok <= max_tok; n_tok += max_tok - 1)
 				{
-					int			wrong = count_wrong_segment_maxima(&f, &ap, 1300 - n_tok, n_tok,
-																   &s, po, pm, pl);
+					int			wrong_max,
+								wrong_values;
 
-					CHECK_MSG(wrong == 0, "hd %d window %d, %d-token tile, %s: %d segment maxima "
-							  "differ", hd, windows[w], n_tok, paths[p], wrong);
+					count_wrong_segments(&f, &ap, 1300 - n_tok, n_tok, &s, po, pm, pl, &wrong_max,
+										 &wrong_values);
+					CHECK_MSG(wrong_max == 0, "hd %d window %d, %d-token tile, %s: %d segment "
+							  "maxima differ", hd, windows[w], n_tok, paths[p], wrong_max);
+					CHECK_MSG(wrong_values == 0, "hd %d window %d, %d-token tile, %s: %d segments' "
+							  "value sums break the rule", hd, windows[w], n_tok, paths[p],
+							  wrong_values);
 				}
 			}
 		}

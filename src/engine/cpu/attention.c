@@ -11,24 +11,25 @@
  *      a tile of 16 or more rows takes its scores from AMX int8 tiles instead: the transposed
  *      block is already a tile's B operand, and the segment's blocks are transposed first,
  *      then scored together;
- *   2. softmax of each row's part of the segment (attention.h: max subtraction, fast exp,
- *      eight-partial-sum total, normalize; the AVX-512 value pass normalizes as it makes its
- *      weights);
- *   3. values: each block's int8 values of the KV head are widened to float (once per tile on
- *      AVX-512 when the tile has several tokens, else once per token's row group) and
- *      accumulated by fused multiply-adds into every row that sees them, positions in
- *      ascending order, into the segment's sums; then each row takes them as its output (its
- *      first segment) or folds them into it.
+ *   2. softmax of each row's part of the segment (attention.h: max subtraction, the
+ *      attention's exp, eight-partial-sum total); the int8 path then quantizes each row's
+ *      weights to 14 bits in two 7-bit planes (the float reference path normalizes instead);
+ *   3. values: the int8 path packs the segment's values of the KV head once for the tile, in
+ *      groups of four positions, and takes each row's exact integer sums of weights times
+ *      values from cpu/attention_values.c (AMX tiles, vpdpbusd, AVX2 or plain C), then scales
+ *      them once; the float path accumulates the shadow values positions in ascending order.
+ *      Each row then takes the segment's sums as its output (its first segment) or folds them
+ *      into it.
  * A part of a split tile (cai_attention_tile_part) runs the same passes over its segments and
  * leaves their sums, maxima and totals to cai_attention_merge.
  *
  * Paths.  The tile is compiled for AVX-512, AVX2 and baseline x86-64 and picked at run time the
  * way cpu/gemm.c picks its kernels (cai_cpu_isa(), so cai_cpu_force_isa switches both;
- * avx512-amx is the AVX-512 path with AMX scores).  The integer dot products are exact and
- * every float operation is lane-wise, in the same order on every path, with multiply-add
- * contraction switched off for this file (below) and the value pass's fused multiply-adds
- * written out on every path: all paths give bit-identical results.
- * The AVX-512 path's hot loops (scores, exponentials, values) are functions of their own:
+ * avx512-amx is the AVX-512 path with AMX scores and value sums).  The integer sums are exact
+ * and every float operation is lane-wise, in the same order on every path, with multiply-add
+ * contraction switched off for this file (below) and the exp's fused multiply-adds written out
+ * on every path: all paths give bit-identical results.
+ * The AVX-512 path's hot loops (scores, exponentials) are functions of their own:
  * inlined into the tile, GCC 12 spills their accumulators to the stack.
  */
 #include "attention.h"
@@ -36,6 +37,7 @@
 #include <limits.h>
 #include <string.h>
 
+#include "attention_values.h"
 #include "gemm.h"
 #include "ops.h"
 
@@ -86,8 +88,51 @@ cai_v16f_load(const float *p)
 		(cai_v16f) (((cai_v16i) max_a_ & max_m_) | ((cai_v16i) max_b_ & ~max_m_)); \
 	})
 
-/* ops.h's exp, sixteen lanes at a time (each lane the same bits as cai_v8f_exp's) */
-CAI_DEFINE_VEXP(cai_v16f_exp, cai_v16f, cai_v16i)
+/*
+ * The attention's exp (cai_attention_exp in attention.h): ops.h's clamps, range reduction and
+ * degree-6 Taylor polynomial with the multiply-adds fused, LANES lanes at a time.  A fused
+ * step rounds once on every path (vfmadd, fmaf, the GPU's __fmaf_rn), so every width gives
+ * every lane the same bits; GCC turns the lane loop into vector multiply-adds where the path
+ * has them.
+ */
+#define DEFINE_ATTN_EXP(NAME, VF, VI, LANES) \
+CAI_ALWAYS_INLINE VF \
+NAME(const VF *px) \
+{ \
+	const VF	zero = {0}; \
+	const VF	magic = zero + 12582912.0f; \
+	const VF	lo = zero + CAI_EXP_LO; \
+	const VF	hi = zero + CAI_EXP_HI; \
+	VF			x = *px, \
+				n, \
+				p; \
+	VI			m, \
+				bits; \
+\
+	m = x > lo; \
+	x = (VF) (((VI) x & m) | ((VI) lo & ~m)); \
+	m = x < hi; \
+	x = (VF) (((VI) x & m) | ((VI) hi & ~m)); \
+	n = (x * CAI_EXP_LOG2E + magic) - magic; \
+	for (int i_ = 0; i_ < (LANES); i_++) \
+	{ \
+		float		r_ = __builtin_fmaf(-n[i_], CAI_EXP_LN2_HI, x[i_]); \
+		float		p_; \
+\
+		r_ = __builtin_fmaf(-n[i_], CAI_EXP_LN2_LO, r_); \
+		p_ = __builtin_fmaf(CAI_EXP_C6, r_, CAI_EXP_C5); \
+		p_ = __builtin_fmaf(p_, r_, CAI_EXP_C4); \
+		p_ = __builtin_fmaf(p_, r_, CAI_EXP_C3); \
+		p_ = __builtin_fmaf(p_, r_, CAI_EXP_C2); \
+		p_ = __builtin_fmaf(p_, r_, 1.0f); \
+		p[i_] = __builtin_fmaf(p_, r_, 1.0f); \
+	} \
+	bits = (__builtin_convertvector(n, VI) + 127) << 23; \
+	return p * (VF) bits; \
+}
+
+DEFINE_ATTN_EXP(attn_exp16, cai_v16f, cai_v16i, 16)
+DEFINE_ATTN_EXP(attn_exp8, cai_v8f, cai_v8i, 8)
 
 /* (a macro: a 64-byte vector passed by value draws GCC's ABI note on non-AVX-512 builds) */
 #define cai_v16f_store(p, v) \
@@ -108,18 +153,6 @@ cai_attention_tile_tokens(int n_group)
 	int			t = TILE_ROWS / n_group;
 
 	return t < 1 ? 1 : t;
-}
-
-/* Widened values the AVX-512 value pass holds at once (32 KB: they stay in L1). */
-#define WIDE_VALUE_FLOATS 8192
-
-/* The values scratch: a block's float values (reference path), or a chunk's widened ones. */
-static size_t
-value_floats(int head_dim)
-{
-	size_t		block = (size_t) BLOCK * head_dim;
-
-	return block > WIDE_VALUE_FLOATS ? block : WIDE_VALUE_FLOATS;
 }
 
 /* Rows of a tile the scratch holds, rounded up to whole AMX tiles (whole row groups too). */
@@ -153,8 +186,14 @@ cai_attention_scratch_bytes(int max_context, int n_group, int head_dim)
 		+ align64((size_t) CAI_ATTN_SEGMENT_TOKENS * head_dim)	/* k_t */
 		+ align64(CAI_ATTN_SEGMENT_TOKENS * sizeof(float))	/* k_scales */
 		+ align64(rows * BLOCK * sizeof(int32_t))	/* dots */
-		+ align64(value_floats(head_dim) * sizeof(float))	/* values */
-		+ 2 * align64(rows * sizeof(int32_t));	/* row_lo, row_hi */
+		+ align64((size_t) BLOCK * head_dim * sizeof(float))	/* values */
+		+ 2 * align64(rows * sizeof(int32_t))	/* row_lo, row_hi */
+		+ 2 * align64(CAI_ATTN_SEGMENT_TOKENS * sizeof(float))	/* v_scales, v_scale_max */
+		+ 2 * align64(rows * (size_t) CAI_ATTN_SEGMENT_TOKENS)	/* w_lo, w_hi */
+		+ align64((size_t) CAI_ATTN_SEGMENT_TOKENS * head_dim)	/* v_quads */
+		+ align64(rows * 2 * (size_t) head_dim * sizeof(int32_t))	/* v_sums */
+		+ align64(rows * sizeof(int32_t))	/* row_quads */
+		+ align64(rows * sizeof(float));	/* row_g */
 }
 
 void
@@ -181,7 +220,23 @@ cai_attention_scratch_init(cai_attn_scratch *s, void *memory, int max_context, i
 	s->dots = (int32_t *) p;
 	p += align64(rows * BLOCK * sizeof(int32_t));
 	s->values = (float *) p;
-	p += align64(value_floats(head_dim) * sizeof(float));
+	p += align64((size_t) BLOCK * head_dim * sizeof(float));
+	s->v_scales = (float *) p;
+	p += align64(CAI_ATTN_SEGMENT_TOKENS * sizeof(float));
+	s->v_scale_max = (float *) p;
+	p += align64(CAI_ATTN_SEGMENT_TOKENS * sizeof(float));
+	s->w_lo = p;
+	p += align64(rows * (size_t) CAI_ATTN_SEGMENT_TOKENS);
+	s->w_hi = p;
+	p += align64(rows * (size_t) CAI_ATTN_SEGMENT_TOKENS);
+	s->v_quads = (int8_t *) p;
+	p += align64((size_t) CAI_ATTN_SEGMENT_TOKENS * head_dim);
+	s->v_sums = (int32_t *) p;
+	p += align64(rows * 2 * (size_t) head_dim * sizeof(int32_t));
+	s->row_quads = (int32_t *) p;
+	p += align64(rows * sizeof(int32_t));
+	s->row_g = (float *) p;
+	p += align64(rows * sizeof(float));
 	s->row_lo = (int32_t *) p;
 	p += align64(rows * sizeof(int32_t));
 	s->row_hi = (int32_t *) p;
@@ -565,59 +620,111 @@ dot_f32(const float *a, const float *b, int n)
 /*
  * The softmax's sixteen-lane exponentials on AVX-512: row[i] = exp(row[i] - m) for i < n (a
  * multiple of 16), m the row's maximum, each e[i] added into partial[i % 8] in order.  The same
- * bits as ops.h's exp, in fewer instructions: the low clamp is vmaxps (x > lo ? x : lo is its
- * definition, NaN included), and the high one is left out (x <= 0 < hi: it never applies); the
- * rounding of x * log2(e) to the nearest integer is vrndscaleps (it may give -0 where the
- * 1.5 * 2^23 trick gives +0, which changes no later bit); x - n * ln2_hi is one fused
- * multiply-add (n * ln2_hi is exact, so rounding once is rounding the difference, as before);
- * and 2^n multiplies by vscalefps (the same correctly rounded product as p * 2^n for n in
- * [-126, 127]).
+ * bits as the attention's exp, in fewer instructions: the low clamp is vmaxps (x > lo ? x : lo
+ * is its definition, NaN included), and the high one is left out (x <= 0 < hi: it never
+ * applies); the rounding of x * log2(e) to the nearest integer is vrndscaleps (it may give -0
+ * where the 1.5 * 2^23 trick gives +0, which changes no later bit); and 2^n multiplies by
+ * vscalefps (the same correctly rounded product as p * 2^n for n in [-126, 127]).
  */
+TARGET_AVX512 static inline __attribute__((always_inline)) __m512
+exp_minus_max16_avx512(__m512 s, __m512 mv)
+{
+	__m512		x = _mm512_max_ps(_mm512_sub_ps(s, mv), _mm512_set1_ps(CAI_EXP_LO));
+	__m512		k,
+				r,
+				p;
+
+	k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(CAI_EXP_LOG2E)),
+							 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	r = _mm512_fnmadd_ps(k, _mm512_set1_ps(CAI_EXP_LN2_HI), x);
+	r = _mm512_fnmadd_ps(k, _mm512_set1_ps(CAI_EXP_LN2_LO), r);
+	p = _mm512_fmadd_ps(_mm512_set1_ps(CAI_EXP_C6), r, _mm512_set1_ps(CAI_EXP_C5));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CAI_EXP_C4));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CAI_EXP_C3));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CAI_EXP_C2));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+	return _mm512_scalef_ps(p, k);
+}
+
+/* e into the eight partial sums: its low eight lanes, then its high eight. */
+#define ADD_PARTIALS_AVX512(acc, e) \
+	do { \
+		acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e)); \
+		acc = _mm256_add_ps(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))); \
+	} while (0)
+
 TARGET_AVX512 __attribute__((noinline)) static void
 exp_minus_max_avx512(float *row, int n, float m, float *partial)
 {
 	const __m512 mv = _mm512_set1_ps(m);
-	const __m512 lo = _mm512_set1_ps(CAI_EXP_LO);
 	__m256		acc = _mm256_loadu_ps(partial);
 
 	for (int i = 0; i < n; i += 16)
 	{
-		__m512		x = _mm512_sub_ps(_mm512_loadu_ps(row + i), mv);
-		__m512		k,
-					r,
-					p,
-					e;
+		__m512		e = exp_minus_max16_avx512(_mm512_loadu_ps(row + i), mv);
 
-		x = _mm512_max_ps(x, lo);
-		k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(CAI_EXP_LOG2E)),
-								 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-		r = _mm512_fnmadd_ps(k, _mm512_set1_ps(CAI_EXP_LN2_HI), x);
-		r = _mm512_sub_ps(r, _mm512_mul_ps(k, _mm512_set1_ps(CAI_EXP_LN2_LO)));
-		p = _mm512_set1_ps(CAI_EXP_C6);
-		p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(CAI_EXP_C5));
-		p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(CAI_EXP_C4));
-		p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(CAI_EXP_C3));
-		p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(CAI_EXP_C2));
-		p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f));
-		p = _mm512_add_ps(_mm512_mul_ps(p, r), _mm512_set1_ps(1.0f));
-		e = _mm512_scalef_ps(p, k);
 		_mm512_storeu_ps(row + i, e);
-		acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
-		acc = _mm256_add_ps(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
+		ADD_PARTIALS_AVX512(acc, e);
 	}
 	_mm256_storeu_ps(partial, acc);
 }
+
+#undef ADD_PARTIALS_AVX512
 #endif
+
+typedef int8_t cai_v16b __attribute__((vector_size(16)));
+
+/*
+ * Weights of n positions: q = round((p * vs) * qinv) to nearest, ties to even (adding and
+ * subtracting 1.5 * 2^23 rounds so for 0 <= x < 2^22), split into the planes lo = q & 127 and
+ * hi = q >> 7.
+ */
+#define WEIGHT_ROUNDER 12582912.0f
+CAI_ALWAYS_INLINE void
+quantize_weights(const float *p, const float *vs, int n, float qinv, uint8_t *lo, uint8_t *hi)
+{
+	int			i = 0;
+
+	for (; i + 16 <= n; i += 16)
+	{
+		cai_v16f	x = (cai_v16f_load(p + i) * cai_v16f_load(vs + i)) * qinv;
+		cai_v16i	qv = __builtin_convertvector((x + WEIGHT_ROUNDER) - WEIGHT_ROUNDER, cai_v16i);
+		cai_v16b	l = __builtin_convertvector(qv & 127, cai_v16b);
+		cai_v16b	h = __builtin_convertvector(qv >> 7, cai_v16b);
+
+		memcpy(lo + i, &l, sizeof(l));
+		memcpy(hi + i, &h, sizeof(h));
+	}
+	for (; i < n; i++)
+	{
+		float		x = (p[i] * vs[i]) * qinv;
+		int32_t		qi = (int32_t) ((x + WEIGHT_ROUNDER) - WEIGHT_ROUNDER);
+
+		lo[i] = (uint8_t) (qi & 127);
+		hi[i] = (uint8_t) (qi >> 7);
+	}
+}
+
+/* Where an int8 row's exponentials go on to (softmax_row): its weights' planes. */
+typedef struct row_weights
+{
+	const float *vs;			/* the value scales of the row's positions */
+	float		qinv;			/* 16383 / vmax */
+	uint8_t    *lo;				/* the planes, from the row's first position */
+	uint8_t    *hi;
+} row_weights;
 
 /*
  * In place: row[0..n) = softmax(row[0..n)); *max_out and *total_out get the maximum and the
  * exponentials' total, which uses partial sum i % 8 for element i, then the tree, then the tail
- * in order: it depends only on n and the values.  With normalize false the row keeps the
- * exponentials, and the caller multiplies them by 1 / total itself (the AVX-512 value pass,
- * as it makes its weights).
+ * in order: it depends only on n and the values.  With weights (the int8 path) the row is not
+ * normalized: it keeps the exponentials, and they become the quantized weights
+ * (quantize_weights; a pass of its own runs faster than one fused into the exponentials').
  */
 CAI_ALWAYS_INLINE void
-softmax_row(float *row, int n, float *max_out, float *total_out, bool normalize, attn_isa isa)
+softmax_row(float *row, int n, float *max_out, float *total_out, const row_weights *w,
+			attn_isa isa)
 {
 	float		m = row[0];
 	cai_v8f		mv8;
@@ -678,7 +785,7 @@ softmax_row(float *row, int n, float *max_out, float *total_out, bool normalize,
 	for (; i + 16 <= n; i += 16)
 	{
 		cai_v16f	d = cai_v16f_load(row + i) - m;	/* (vector - scalar: a plain broadcast) */
-		cai_v16f	e = cai_v16f_exp(&d);
+		cai_v16f	e = attn_exp16(&d);
 		cai_v8f		e_lo,
 					e_hi;
 
@@ -691,7 +798,7 @@ softmax_row(float *row, int n, float *max_out, float *total_out, bool normalize,
 	for (; i + 8 <= n; i += 8)
 	{
 		cai_v8f		d = cai_v8f_load(row + i) - mv8;
-		cai_v8f		e = cai_v8f_exp(&d);
+		cai_v8f		e = attn_exp8(&d);
 
 		cai_v8f_store(row + i, e);
 		acc = acc + e;
@@ -704,7 +811,7 @@ softmax_row(float *row, int n, float *max_out, float *total_out, bool normalize,
 
 		memcpy(buf, row + i, (size_t) (n - i) * sizeof(float));
 		d = cai_v8f_load(buf) - cai_v8f_set1(m);
-		e = cai_v8f_exp(&d);
+		e = attn_exp8(&d);
 		cai_v8f_store(buf, e);
 		for (int k = 0; k < n - i; k++)
 			tail = tail + buf[k];
@@ -712,8 +819,11 @@ softmax_row(float *row, int n, float *max_out, float *total_out, bool normalize,
 	}
 	*max_out = m;
 	*total_out = cai_v8f_sum(&acc) + tail;
-	if (!normalize)
+	if (w)
+	{
+		quantize_weights(row, w->vs, n, w->qinv, w->lo, w->hi);
 		return;
+	}
 	inv = 1.0f / *total_out;
 	for (i = 0; i + 16 <= n; i += 16)
 		cai_v16f_store(row + i, cai_v16f_load(row + i) * inv);
@@ -721,12 +831,12 @@ softmax_row(float *row, int n, float *max_out, float *total_out, bool normalize,
 		row[i] = row[i] * inv;
 }
 
-/* exp(x) by ops.h's polynomial, for one value (the same bits as in any lane of a vector). */
-static float
-exp_one(float x)
+/* The attention's exp of one value (the same bits as in any lane of a vector). */
+float
+cai_attention_exp(float x)
 {
 	cai_v8f		d = cai_v8f_set1(x);
-	cai_v8f		e = cai_v8f_exp(&d);
+	cai_v8f		e = attn_exp8(&d);
 
 	return e[0];
 }
@@ -833,216 +943,41 @@ accumulate_values(float *const *o, const float *const *p, int nr, int p_off,
 }
 
 /*
- * The int8 path's value pass (attention.h) for nr rows sharing slots a..e of a block and the
- * dimensions [d0, hd): o[r][d] = fma(w, (float) v[j][d], o[r][d]) with w = p[r][j + p_off] *
- * vscale[j], slots in order.  A single rounding per step, so every path that fuses (the
- * vector ones below, fmaf here, the GPU's __fmaf_rn) gives the same bits.
+ * The float reference path's value pass of segment [seg_lo, seg_hi]: positions in ascending
+ * order, one multiply and one add each, over the shadow KV's float values, into s->seg_o from
+ * the rows' probabilities in s->scores.
  */
 CAI_ALWAYS_INLINE void
-accumulate_i8_scalar(float *const *o, const float *const *p, int nr, int p_off,
-					 const float *vscale, const int8_t *vq, size_t vq_stride, int a, int e,
-					 int d0, int hd)
+value_pass_f32(const cai_attn_params *ap, const cai_kv_shadow *shadow, const int32_t *table,
+			   cai_attn_scratch *s, int kv_head, int n_tok, int group, int seg_lo, int seg_hi)
 {
-	for (int r = 0; r < nr; r++)
-		for (int j = a; j <= e; j++)
-		{
-			float		w = p[r][j + p_off] * vscale[j];
-			const int8_t *src = vq + (size_t) j * vq_stride;
-
-			for (int d = d0; d < hd; d++)
-				o[r][d] = __builtin_fmaf(w, (float) src[d], o[r][d]);
-		}
-}
-
-#if defined(__x86_64__)
-/*
- * accumulate_i8_scalar on AVX-512 for NR rows and NV vectors of 16 dimensions from d0, given
- * each row's weights w[r * ldw + j] = p * vscale: each value row is widened once for all the
- * rows (vpmovsxbd, vcvtdq2ps; exact) from int8 values vq (rows vq_stride bytes apart), or read
- * from values already widened, vf (rows hd floats apart; vq NULL), and the NR * NV
- * accumulators are independent chains held in registers.
- */
-TARGET_AVX512 CAI_ALWAYS_INLINE void
-accumulate_i8_rows_avx512(float *const *o, const float *w, int ldw, const int8_t *vq,
-						  size_t vq_stride, const float *vf, int hd, int a, int e, int d0, int NR,
-						  int NV)
-{
-	__m512		acc[4][4];
-
-	for (int r = 0; r < NR; r++)
-		for (int k = 0; k < NV; k++)
-			acc[r][k] = _mm512_loadu_ps(o[r] + d0 + 16 * k);
-	for (int j = a; j <= e; j++)
-	{
-		__m512		v[4];
-
-		for (int k = 0; k < NV; k++)
-		{
-			if (vq)
-			{
-				const int8_t *src = vq + (size_t) j * vq_stride + d0 + 16 * k;
-
-				v[k] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *) src)));
-			}
-			else
-			{
-				v[k] = _mm512_loadu_ps(vf + (size_t) j * hd + d0 + 16 * k);
-				/* in a register for all the rows (GCC would load it again into each row's FMA) */
-				__asm__("" : "+v"(v[k]));
-			}
-		}
-		for (int r = 0; r < NR; r++)
-		{
-			__m512		wj = _mm512_set1_ps(w[(size_t) r * ldw + j]);
-
-			for (int k = 0; k < NV; k++)
-				acc[r][k] = _mm512_fmadd_ps(wj, v[k], acc[r][k]);
-		}
-	}
-	for (int r = 0; r < NR; r++)
-		for (int k = 0; k < NV; k++)
-			_mm512_storeu_ps(o[r] + d0 + 16 * k, acc[r][k]);
-}
-
-/*
- * Widens slots a..e of a head's int8 value block to floats (vpmovsxbd, vcvtdq2ps; exact):
- * vf[slot][0..hd), hd a multiple of 16.  A tile of several tokens widens each block once and
- * every token's rows read the floats back.
- */
-TARGET_AVX512 static void
-widen_values_avx512(const int8_t *vq, size_t vq_stride, int a, int e, int hd, float *vf)
-{
-	for (int j = a; j <= e; j++)
-		for (int d = 0; d < hd; d += 16)
-		{
-			__m128i		bytes = _mm_loadu_si128((const __m128i *) (vq + (size_t) j * vq_stride + d));
-
-			_mm512_storeu_ps(vf + (size_t) j * hd + d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)));
-		}
-}
-
-/* The same on AVX2 with vectors of 8 dimensions. */
-TARGET_AVX2 CAI_ALWAYS_INLINE void
-accumulate_i8_rows_avx2(float *const *o, const float *const *p, int p_off, const float *vscale,
-						const int8_t *vq, size_t vq_stride, int a, int e, int d0, int NR, int NV)
-{
-	__m256		acc[2][4];
-
-	for (int r = 0; r < NR; r++)
-		for (int k = 0; k < NV; k++)
-			acc[r][k] = _mm256_loadu_ps(o[r] + d0 + 8 * k);
-	for (int j = a; j <= e; j++)
-	{
-		const int8_t *src = vq + (size_t) j * vq_stride + d0;
-		__m256		v[4];
-
-		for (int k = 0; k < NV; k++)
-			v[k] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) (src + 8 * k))));
-		for (int r = 0; r < NR; r++)
-		{
-			__m256		w = _mm256_set1_ps(p[r][j + p_off] * vscale[j]);
-
-			for (int k = 0; k < NV; k++)
-				acc[r][k] = _mm256_fmadd_ps(w, v[k], acc[r][k]);
-		}
-	}
-	for (int r = 0; r < NR; r++)
-		for (int k = 0; k < NV; k++)
-			_mm256_storeu_ps(o[r] + d0 + 8 * k, acc[r][k]);
-}
-
-/*
- * Runs CASE(N, NV) over rows [0, nr) in groups of up to G rows, for each chunk of 4 vectors of
- * W dimensions, then each single vector (d0, r: the caller's variables).
- */
-#define I8_CHUNKS(CASE, G, W) \
-	do { \
-		for (; d0 + 4 * (W) <= hd; d0 += 4 * (W)) \
-			for (r = 0; r < nr; r += (G)) \
-				switch (nr - r < (G) ? nr - r : (G)) \
-				{ \
-					CASE(4, 4); CASE(3, 4); CASE(2, 4); CASE(1, 4); \
-				} \
-		for (; d0 + (W) <= hd; d0 += (W)) \
-			for (r = 0; r < nr; r += (G)) \
-				switch (nr - r < (G) ? nr - r : (G)) \
-				{ \
-					CASE(4, 1); CASE(3, 1); CASE(2, 1); CASE(1, 1); \
-				} \
-	} while (0)
-
-/* accumulate_i8_scalar's arithmetic on AVX-512: rows in fours, dimensions in 64s, then 16s. */
-TARGET_AVX512 static void
-accumulate_i8_avx512(float *const *o, const float *const *p, int nr, int p_off,
-					 const float *vscale, const int8_t *vq, size_t vq_stride, int a, int e, int hd)
-{
-	int			d0 = 0,
-				r;
-	float		w[MAX_GROUP_ROWS][BLOCK];
-	__mmask16	in_range = (__mmask16) (((1u << (e + 1)) - 1) & ~((1u << a) - 1));
-	__m512		vs = _mm512_maskz_loadu_ps(in_range, vscale);
-
-	/* the weights p * vscale of the rows' slots, 16 at a time (lanes outside [a, e]: unused) */
-	for (r = 0; r < nr; r++)
-		_mm512_storeu_ps(w[r], _mm512_mul_ps(_mm512_maskz_loadu_ps(in_range, p[r] + p_off), vs));
-#define AVX512_CASE(N, NV) \
-	case N: \
-		accumulate_i8_rows_avx512(o + r, w[r], BLOCK, vq, vq_stride, NULL, hd, a, e, d0, N, NV); \
-		break
-	I8_CHUNKS(AVX512_CASE, 4, 16);
-#undef AVX512_CASE
-	accumulate_i8_scalar(o, p, nr, p_off, vscale, vq, vq_stride, a, e, d0, hd);
-}
-
-/*
- * The value pass of a segment for all the tokens of a tile on AVX-512 (attention.h's int8
- * value pass, the same bits as accumulate_i8): the segment's blocks go in chunks of up to
- * WIDE_VALUE_FLOATS widened values (32 KB, in L1), and each token's query heads take a whole
- * chunk with their sums in registers, positions in ascending order.  Widening a block once for
- * the tile instead of once per token, and loading and storing the sums once per chunk instead
- * of once per block, leaves the fused multiply-adds most of the work.  A function of its own:
- * inlined into the tile, GCC spills the sums.
- */
-TARGET_AVX512 __attribute__((noinline)) static void
-value_pass_widened_avx512(const cai_attn_params *ap, cai_kv_pool *kv, const int32_t *table,
-						  cai_attn_scratch *s, int kv_head, int n_tok, int group, int seg_lo,
-						  int seg_hi)
-{
-	const cai_kv_layout *L = cai_kv_pool_layout(kv);
 	const int	hd = ap->head_dim;
 	const int	n_kv = ap->n_kv_heads;
-	const int	chunk_blocks = WIDE_VALUE_FLOATS / (BLOCK * hd);
-	float		vscale[WIDE_VALUE_FLOATS / 64];
-	float		w[MAX_GROUP_ROWS][WIDE_VALUE_FLOATS / 64];
+	const int	SEG = CAI_ATTN_SEGMENT_TOKENS;
 
-	for (int b0 = seg_lo / BLOCK; b0 <= seg_hi / BLOCK; b0 += chunk_blocks)
+	memset(s->seg_o, 0, (size_t) n_tok * group * hd * sizeof(float));
+	for (int b = seg_lo / BLOCK; b <= seg_hi / BLOCK; b++)
 	{
-		int			b1 = b0 + chunk_blocks - 1 < seg_hi / BLOCK ? b0 + chunk_blocks - 1 : seg_hi / BLOCK;
-		int			cbase = b0 * BLOCK;
-		int			c_lo = cbase > seg_lo ? cbase : seg_lo;
-		int			c_hi = b1 * BLOCK + BLOCK - 1 < seg_hi ? b1 * BLOCK + BLOCK - 1 : seg_hi;
+		int			base = b * BLOCK;
+		int			j0 = base > seg_lo ? base : seg_lo;
+		int			j1 = base + BLOCK - 1 < seg_hi ? base + BLOCK - 1 : seg_hi;
+		const float *vf = shadow->data + (size_t) table[b] * shadow->block_floats
+			+ (size_t) ap->kv_layer * shadow->layer_floats + (size_t) BLOCK * n_kv * hd;
 
-		/* the chunk's value scales and widened values, positions relative to cbase */
-		for (int b = b0; b <= b1; b++)
+		for (int j = j0; j <= j1; j++)
 		{
-			int			base = b * BLOCK;
-			int			j0 = base > c_lo ? base : c_lo;
-			int			j1 = base + BLOCK - 1 < c_hi ? base + BLOCK - 1 : c_hi;
-			uint8_t    *part = cai_kv_block_layer(kv, table[b], ap->kv_layer);
-			const float *vs = cai_kv_value_scales(L, part);
+			int			slot = j - base;
 
-			for (int j = j0; j <= j1; j++)
-				vscale[j - cbase] = vs[(j - base) * n_kv + kv_head];
-			widen_values_avx512(cai_kv_values(L, part) + (size_t) kv_head * hd, (size_t) n_kv * hd,
-								j0 - base, j1 - base, hd, s->values + (size_t) (base - cbase) * hd);
+			memcpy(s->values + (size_t) slot * hd, vf + ((size_t) slot * n_kv + kv_head) * hd,
+				   (size_t) hd * sizeof(float));
 		}
 
 		/* the query heads of a token share its range: their rows go together */
 		for (int ti = 0; ti < n_tok; ti++)
 		{
 			int			r0 = ti * group;
-			int			a = c_lo > s->row_lo[r0] ? c_lo : s->row_lo[r0];
-			int			e = c_hi < s->row_hi[r0] ? c_hi : s->row_hi[r0];
+			int			a = j0 > s->row_lo[r0] ? j0 : s->row_lo[r0];
+			int			e = j1 < s->row_hi[r0] ? j1 : s->row_hi[r0];
 
 			if (a > e)
 				continue;
@@ -1050,82 +985,134 @@ value_pass_widened_avx512(const cai_attn_params *ap, cai_kv_pool *kv, const int3
 			{
 				int			nr = group - g0 < MAX_GROUP_ROWS ? group - g0 : MAX_GROUP_ROWS;
 				float	   *o[MAX_GROUP_ROWS];
-				int			d0 = 0,
-							r;
+				const float *p[MAX_GROUP_ROWS];
 
-				/*
-				 * each row's weights p * vscale over the token's part of the chunk, its
-				 * probabilities p = e * (1 / total) made here (softmax_row left them out)
-				 */
 				for (int i = 0; i < nr; i++)
 				{
-					const float *p = s->scores + (size_t) (r0 + g0 + i) * CAI_ATTN_SEGMENT_TOKENS;
-					const __m512 inv = _mm512_set1_ps(1.0f / s->seg_l[r0 + g0 + i]);
-
 					o[i] = s->seg_o + (size_t) (r0 + g0 + i) * hd;
-					for (int j = a - cbase; j <= e - cbase; j += 16)
-					{
-						int			left = e - cbase - j + 1;
-						__mmask16	m = (__mmask16) (left >= 16 ? 0xffff : (1u << left) - 1);
-						__m512		pj = _mm512_maskz_loadu_ps(m, p + (j + cbase - seg_lo));
-
-						_mm512_mask_storeu_ps(w[i] + j, m,
-											  _mm512_mul_ps(_mm512_mul_ps(pj, inv),
-															_mm512_maskz_loadu_ps(m, vscale + j)));
-					}
+					p[i] = s->scores + (size_t) (r0 + g0 + i) * SEG;
 				}
-#define WIDENED_CASE(N, NV) \
-	case N: \
-		accumulate_i8_rows_avx512(o + r, w[r], WIDE_VALUE_FLOATS / 64, NULL, 0, s->values, hd, \
-								  a - cbase, e - cbase, d0, N, NV); \
-		break
-				I8_CHUNKS(WIDENED_CASE, 4, 16);
-#undef WIDENED_CASE
+				accumulate_values(o, p, nr, base - seg_lo, s->values, a - base, e - base, hd);
 			}
 		}
 	}
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * The int8 value pass (attention.h): weights quantized to 14 bits, exact integer sums
+ * ------------------------------------------------------------------------------------------- */
+
 /*
- * The same on AVX2: rows in twos (16 registers hold 8 accumulators and 4 value vectors),
- * dimensions in 32s, then 8s.
+ * The int8 path's softmax and value pass of segment [seg_lo, seg_hi] for the tile's rows, their
+ * scores in s->scores (positions from seg_lo): each row's maximum and total into s->seg_m and
+ * s->seg_l, its normalized value sums into s->seg_o.  Positions are counted from the
+ * block-aligned seg_base, so that groups of four never straddle a block; rows_w >= rows rows
+ * get weight planes (AMX tiles take 16 at a time).
  */
-TARGET_AVX2 static void
-accumulate_i8_avx2(float *const *o, const float *const *p, int nr, int p_off,
-				   const float *vscale, const int8_t *vq, size_t vq_stride, int a, int e, int hd)
-{
-	int			d0 = 0,
-				r;
-
-#define AVX2_CASE(N, NV) \
-	case N: \
-		if (N <= 2) \
-			accumulate_i8_rows_avx2(o + r, p + r, p_off, vscale, vq, vq_stride, a, e, d0, N, NV); \
-		break
-	I8_CHUNKS(AVX2_CASE, 2, 8);
-#undef AVX2_CASE
-	accumulate_i8_scalar(o, p, nr, p_off, vscale, vq, vq_stride, a, e, d0, hd);
-}
-#endif
-
-/* The int8 value pass for rows sharing slots a..e of a block, on the tile's path. */
 CAI_ALWAYS_INLINE void
-accumulate_i8(float *const *o, const float *const *p, int nr, int p_off, const float *vscale,
-			  const int8_t *vq, size_t vq_stride, int a, int e, int hd, attn_isa isa)
+softmax_values_i8(const cai_attn_params *ap, cai_kv_pool *kv, const int32_t *table,
+				  cai_attn_scratch *s, int kv_head, int rows, int rows_w, int seg_lo, int seg_hi,
+				  attn_value_path path, attn_isa isa)
 {
-#if defined(__x86_64__)
-	if (isa == ATTN_AVX512)
+	row_weights w;
+	const cai_kv_layout *L = cai_kv_pool_layout(kv);
+	const int	hd = ap->head_dim;
+	const int	n_kv = ap->n_kv_heads;
+	const int	SEG = CAI_ATTN_SEGMENT_TOKENS;
+	const int	seg_base = seg_lo / BLOCK * BLOCK;
+	const int	n_pad = (seg_hi - seg_base + 64) / 64 * 64;	/* whole AMX steps */
+	const int	n_blocks = seg_hi / BLOCK - seg_base / BLOCK + 1;
+	const int8_t *blocks[CAI_ATTN_SEGMENT_TOKENS / BLOCK];
+
+	/* the segment's value rows and scales of the head */
+	for (int b = 0; b < n_blocks; b++)
 	{
-		accumulate_i8_avx512(o, p, nr, p_off, vscale, vq, vq_stride, a, e, hd);
-		return;
+		int			base = seg_base + b * BLOCK;
+		int			j0 = base > seg_lo ? base : seg_lo;
+		int			j1 = base + BLOCK - 1 < seg_hi ? base + BLOCK - 1 : seg_hi;
+		uint8_t    *part = cai_kv_block_layer(kv, table[base / BLOCK], ap->kv_layer);
+		const float *vs = cai_kv_value_scales(L, part);
+
+		blocks[b] = cai_kv_values(L, part) + (size_t) kv_head * hd;
+		for (int j = j0; j <= j1; j++)
+			s->v_scales[j - seg_base] = vs[(j - base) * n_kv + kv_head];
 	}
-	if (isa == ATTN_AVX2)
+	/* their running maximum from seg_lo: a row that starts there (most do) reads its vmax */
+	for (int j = seg_lo; j <= seg_hi; j++)
 	{
-		accumulate_i8_avx2(o, p, nr, p_off, vscale, vq, vq_stride, a, e, hd);
-		return;
+		float		v = s->v_scales[j - seg_base];
+
+		s->v_scale_max[j - seg_base] = j > seg_lo && s->v_scale_max[j - seg_base - 1] > v ?
+			s->v_scale_max[j - seg_base - 1] : v;
 	}
-#endif
-	accumulate_i8_scalar(o, p, nr, p_off, vscale, vq, vq_stride, a, e, 0, hd);
+
+	/* each row's softmax and weights over its range, weights zero elsewhere up to n_pad */
+	for (int r = 0; r < rows_w; r++)
+	{
+		uint8_t    *lo = s->w_lo + (size_t) r * SEG;
+		uint8_t    *hi = s->w_hi + (size_t) r * SEG;
+		int			a = r < rows && s->row_lo[r] > seg_lo ? s->row_lo[r] : seg_lo;
+		int			e = r < rows && s->row_hi[r] < seg_hi ? s->row_hi[r] : seg_hi;
+		float		vmax,
+					qinv;
+
+		if (r >= rows || a > e)
+		{
+			memset(lo, 0, (size_t) n_pad);
+			memset(hi, 0, (size_t) n_pad);
+			s->row_quads[r] = 0;
+			continue;
+		}
+		if (a == seg_lo)
+			vmax = s->v_scale_max[e - seg_base];
+		else
+		{
+			vmax = 0.0f;
+			for (int j = a; j <= e; j++)
+				vmax = s->v_scales[j - seg_base] > vmax ? s->v_scales[j - seg_base] : vmax;
+		}
+		qinv = vmax >= CAI_ATTN_VSCALE_MIN ? (float) CAI_ATTN_WEIGHT_MAX / vmax : 0.0f;
+		memset(lo, 0, (size_t) (a - seg_base));
+		memset(hi, 0, (size_t) (a - seg_base));
+		memset(lo + (e - seg_base + 1), 0, (size_t) (n_pad - (e - seg_base + 1)));
+		memset(hi + (e - seg_base + 1), 0, (size_t) (n_pad - (e - seg_base + 1)));
+		w.vs = s->v_scales + (a - seg_base);
+		w.qinv = qinv;
+		w.lo = lo + (a - seg_base);
+		w.hi = hi + (a - seg_base);
+		softmax_row(s->scores + (size_t) r * SEG + (a - seg_lo), e - a + 1, &s->seg_m[r],
+					&s->seg_l[r], &w, isa);
+		s->row_quads[r] = (e - seg_base) / 4 + 1;
+		s->row_g[r] = (vmax / (float) CAI_ATTN_WEIGHT_MAX) / s->seg_l[r];
+	}
+
+	attn_pack_values(path, blocks, n_blocks, (size_t) n_kv * hd, hd, n_pad / 4, s->v_quads);
+	attn_value_sums(path, s->w_lo, s->w_hi, SEG, s->v_quads, hd,
+					path == ATTN_VALUES_AMX ? rows_w : rows, s->row_quads, s->v_sums);
+
+	/* o = (float) (128 * hi sum + lo sum) * g */
+	for (int r = 0; r < rows; r++)
+	{
+		const int32_t *sums = s->v_sums + (size_t) r * 2 * hd;
+		float	   *o = s->seg_o + (size_t) r * hd;
+		float		g = s->row_g[r];
+
+		if (s->row_quads[r] == 0)
+			continue;
+		int			d = 0;
+
+		for (; d + 16 <= hd; d += 16)
+		{
+			cai_v16i	sl,
+						sh;
+
+			memcpy(&sl, sums + d, sizeof(sl));
+			memcpy(&sh, sums + hd + d, sizeof(sh));
+			cai_v16f_store(o + d, __builtin_convertvector(sh * 128 + sl, cai_v16f) * g);
+		}
+		for (; d < hd; d++)
+			o[d] = (float) (sums[hd + d] * 128 + sums[d]) * g;
+	}
 }
 
 /* Prefetches one head's 16 rows of a block's keys or values (rows n_kv * hd bytes apart). */
@@ -1190,12 +1177,13 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 				jhi,
 				s0,
 				n_segs;
-	float		vscale[BLOCK];
-	const bool	widen = isa == ATTN_AVX512 && !shadow && n_tok > 1 && hd % 64 == 0;
 	/* scores from AMX tiles where the rows fill a tile (not for decode), rows padded to tiles */
 	const bool	amx = isa == ATTN_AVX512 && !shadow && rows_padded >= AMX_ROWS && hd % 64 == 0 &&
 		strcmp(cai_cpu_isa(), "avx512-amx") == 0;
 	const int	rows_qk = amx ? (rows + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS : rows_padded;
+	const attn_value_path vpath = amx ? ATTN_VALUES_AMX
+		: isa == ATTN_AVX512 ? ATTN_VALUES_AVX512
+		: isa == ATTN_AVX2 ? ATTN_VALUES_AVX2 : ATTN_VALUES_GENERIC;
 
 	/* the first block's keys and scales, while the queries are prepared */
 	if (!shadow && !pt)
@@ -1415,84 +1403,24 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 		}
 #endif
 
-		/* pass 2: softmax of each row over its own part of the segment */
-		for (int r = 0; r < rows; r++)
+		/* pass 2, softmax of each row over its own part of the segment; pass 3, values */
+		if (shadow)
 		{
-			int			a = seg_lo > s->row_lo[r] ? seg_lo : s->row_lo[r];
-			int			e = seg_hi < s->row_hi[r] ? seg_hi : s->row_hi[r];
-
-			if (a > e)
-				continue;
-			softmax_row(s->scores + (size_t) r * SEG + (a - seg_lo), e - a + 1, &s->seg_m[r],
-						&s->seg_l[r], !widen, isa);
-		}
-
-		/* pass 3: weighted sums of values, positions in ascending order */
-		memset(s->seg_o, 0, (size_t) rows * hd * sizeof(float));
-#if defined(__x86_64__)
-		if (widen)
-			value_pass_widened_avx512(ap, kv, table, s, kv_head, n_tok, group, seg_lo, seg_hi);
-		else
-#endif
-		for (int b = seg_lo / BLOCK; b <= seg_hi / BLOCK; b++)
-		{
-			int			base = b * BLOCK;
-			int			j0 = base > jlo ? base : jlo;
-			int			j1 = base + BLOCK - 1 < jhi ? base + BLOCK - 1 : jhi;
-			uint8_t    *part = cai_kv_block_layer(kv, table[b], ap->kv_layer);
-			const int8_t *vq_head = NULL;	/* int8 values, read in place */
-
-			if (!shadow)
+			for (int r = 0; r < rows; r++)
 			{
-				const float *vs = cai_kv_value_scales(L, part);
-
-				for (int j = j0; j <= j1; j++)
-					vscale[j - base] = vs[(j - base) * n_kv + kv_head];
-				vq_head = cai_kv_values(L, part) + (size_t) kv_head * hd;
-			}
-			else
-			{
-				const float *vf = shadow->data + (size_t) table[b] * shadow->block_floats
-					+ (size_t) ap->kv_layer * shadow->layer_floats + (size_t) BLOCK * n_kv * hd;
-
-				for (int j = j0; j <= j1; j++)
-				{
-					int			slot = j - base;
-
-					memcpy(s->values + (size_t) slot * hd, vf + ((size_t) slot * n_kv + kv_head) * hd,
-						   (size_t) hd * sizeof(float));
-				}
-			}
-
-			/* the query heads of a token share its range: their rows go together */
-			for (int ti = 0; ti < n_tok; ti++)
-			{
-				int			r0 = ti * group;
-				int			a = j0 > s->row_lo[r0] ? j0 : s->row_lo[r0];
-				int			e = j1 < s->row_hi[r0] ? j1 : s->row_hi[r0];
+				int			a = seg_lo > s->row_lo[r] ? seg_lo : s->row_lo[r];
+				int			e = seg_hi < s->row_hi[r] ? seg_hi : s->row_hi[r];
 
 				if (a > e)
 					continue;
-				for (int g0 = 0; g0 < group; g0 += MAX_GROUP_ROWS)
-				{
-					int			nr = group - g0 < MAX_GROUP_ROWS ? group - g0 : MAX_GROUP_ROWS;
-					float	   *o[MAX_GROUP_ROWS];
-					const float *p[MAX_GROUP_ROWS];
-
-					for (int i = 0; i < nr; i++)
-					{
-						o[i] = s->seg_o + (size_t) (r0 + g0 + i) * hd;
-						p[i] = s->scores + (size_t) (r0 + g0 + i) * SEG;
-					}
-					if (shadow)
-						accumulate_values(o, p, nr, base - seg_lo, s->values, a - base,
-										  e - base, hd);
-					else
-						accumulate_i8(o, p, nr, base - seg_lo, vscale, vq_head, (size_t) n_kv * hd,
-									  a - base, e - base, hd, isa);
-				}
+				softmax_row(s->scores + (size_t) r * SEG + (a - seg_lo), e - a + 1, &s->seg_m[r],
+							&s->seg_l[r], NULL, isa);
 			}
+			value_pass_f32(ap, shadow, table, s, kv_head, n_tok, group, seg_lo, seg_hi);
 		}
+		else
+			softmax_values_i8(ap, kv, table, s, kv_head, rows, rows_qk, seg_lo, seg_hi, vpath,
+							  isa);
 
 		/* the segment's sums: to the split tile's partials, or to the output */
 		if (pt)
@@ -1513,7 +1441,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 		{
 			/*
 			 * A row's first segment starts its output and running state; a later one folds in,
-			 * the exponentials of all the rows at once (ops.h's exp is lane-wise)
+			 * the exponentials of all the rows at once (the attention's exp is lane-wise)
 			 */
 			int			stride = (rows + 7) / 8 * 8;
 			float	   *run_m = s->fold;
@@ -1548,8 +1476,8 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 				cai_v8f		xa = cai_v8f_load(ea + r);
 				cai_v8f		xb = cai_v8f_load(eb + r);
 
-				cai_v8f_store(ea + r, cai_v8f_exp(&xa));
-				cai_v8f_store(eb + r, cai_v8f_exp(&xb));
+				cai_v8f_store(ea + r, attn_exp8(&xa));
+				cai_v8f_store(eb + r, attn_exp8(&xb));
 			}
 			for (int r = 0; r < rows; r++)
 			{
@@ -1674,7 +1602,7 @@ cai_attention_merge(const cai_attn_params *ap, const cai_batch_layout *batch, in
 			float		m = pt->m[(size_t) r * pt->n_segs + k];
 			float		Mn = m > M ? m : M;
 
-			fold_segment(&L, o, exp_one(M - Mn), exp_one(m - Mn), pt->l[(size_t) r * pt->n_segs + k],
+			fold_segment(&L, o, cai_attention_exp(M - Mn), cai_attention_exp(m - Mn), pt->l[(size_t) r * pt->n_segs + k],
 						 pt->o + ((size_t) k * rows + r) * hd, hd);
 			M = Mn;
 		}

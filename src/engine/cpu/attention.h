@@ -10,13 +10,18 @@
  * activation rule of cpu/gemm.h) and scored against the int8 keys with an exact int32 dot
  * product: score = (float) dot * ((q_scale * scale) * k_scale).  Integer dot products have no
  * rounding order, so the kernel may block and vectorize them freely (AVX-512 VNNI scores 16 keys
- * per instruction from a transposed copy of the block).  Softmax is fp32 with the row maximum
- * subtracted; the weighted sum of values runs over positions in ascending order, vectorized
- * across head dimensions, one fused multiply-add (a single rounding) per term:
- * out[d] = fma(p_j * v_scale_j, (float) v_j[d], out[d]), the query heads of a token sharing each
- * value row load.  Every path writes that fma out (AVX-512, AVX2 with FMA, fmaf in the portable
- * code, __fmaf_rn on the GPU) and fuses nothing else, so every ISA path gives the same bits; the
- * fused step halves the value pass's instructions, the bulk of attention at long context.
+ * per instruction from a transposed copy of the block, AMX int8 tiles a 16-row tile at a time).
+ * Softmax is fp32 with the maximum m subtracted: e_j = exp(score_j - m) (the attention's exp,
+ * below) and the total l.  The values are weighted by integers, so that their sums are exact too: over the
+ * row's positions j of the segment (below), with v_scale_j the value row's scale and
+ * vmax = max v_scale_j,
+ *   qinv = 16383 / vmax (0 when vmax < CAI_ATTN_VSCALE_MIN);
+ *   w_j = round((e_j * v_scale_j) * qinv), to nearest, ties to even: 14 bits, 0 .. 16383;
+ *   o[d] = (float) (sum_j w_j * v_j[d]) * ((vmax / 16383) / l),
+ * each float operation rounded once, in that order.  The int32 sum is the same integer however
+ * it is blocked (cpu/attention_values.c: vpdpbusd, AMX tdpbusd, AVX2 or plain C; the GPU's
+ * integer multiply-adds), so every path gives the same bits, and the weights' quantization
+ * error (at most half a step of 1/16383 of the largest weight) is far below the int8 values'.
  * Float reference path (shadow KV): the same passes with float queries and keys, the dot product
  * summed with the eight-partial-sum rule of ops.h, and the values by a multiply then an add.
  *
@@ -24,10 +29,10 @@
  * CAI_ATTN_SEGMENT_TOKENS at fixed absolute boundaries (a constant of the numerics, never of the
  * thread count).  For a query row with positions [lo, pos], each segment s it meets gets the
  * one-pass softmax above over its own part of the row: its maximum m_s, total l_s and normalized
- * value sum o_s (from +0, positions ascending).  A row inside one segment takes o_s as it is, so
+ * value sum o_s.  A row inside one segment takes o_s as it is, so
  * short rows keep the single-pass arithmetic; a longer row folds its segments in order into a
  * running state (M, L, out), starting from its first segment's (m, l, o):
- *   M' = max(M, m_s);  a = exp(M - M') * L;  b = exp(m_s - M') * l_s  (ops.h's exp);
+ *   M' = max(M, m_s);  a = exp(M - M') * L;  b = exp(m_s - M') * l_s  (the attention's exp);
  *   L' = a + b;  out = (a / L') * out + (b / L') * o_s, element by element.
  * Segments are therefore independent until the merge, so a long row's segments may be computed
  * by different threads (or GPU blocks) and merged later with the same bits: the CPU backend
@@ -60,8 +65,15 @@ typedef struct cai_attn_scratch
 								 * block's, or a segment's (AMX) */
 	float	   *k_scales;		/* [256] the segment's key scales of one head (AMX) */
 	int32_t    *dots;			/* [rows][16] exact query-key dot products of one block */
-	float	   *values;			/* one block's float values of one head (reference), or up to 32 KB of
-								 * a segment's int8 values widened (the AVX-512 value pass) */
+	float	   *values;			/* one block's float values of one head (reference path) */
+	float	   *v_scales;		/* [256] the segment's value scales of one head */
+	float	   *v_scale_max;	/* [256] their running maximum */
+	uint8_t    *w_lo;			/* [rows][256] the rows' quantized weights, low 7 bits */
+	uint8_t    *w_hi;			/* [rows][256] and high 7 bits (attention_values.h) */
+	int8_t	   *v_quads;		/* [64][head_dim][4] the segment's values in groups of four */
+	int32_t    *v_sums;			/* [rows][2][head_dim] the rows' integer value sums */
+	int32_t    *row_quads;		/* [rows] groups of four positions each row's weights cover */
+	float	   *row_g;			/* [rows] (vmax / 16383) / l */
 	int32_t    *row_lo;			/* [rows] first position each row attends to */
 	int32_t    *row_hi;			/* [rows] last position (the token's own) */
 	float	   *seg_o;			/* [rows][head_dim] one segment's value sums */
@@ -72,6 +84,17 @@ typedef struct cai_attn_scratch
 
 /* Positions per segment of the reduction order (a multiple of the KV block). */
 #define CAI_ATTN_SEGMENT_TOKENS 256
+
+/* Below this largest value scale a segment's values weigh nothing (16383 / vmax stays finite). */
+#define CAI_ATTN_VSCALE_MIN 0x1p-64f
+
+/*
+ * The attention's exp: ops.h's (clamps, range reduction by n = round(x log2 e), degree-6 Taylor
+ * polynomial, times 2^n) with its multiply-adds fused, r = x - n ln2 in two fused steps and
+ * Horner's rule in six, each rounded once.  It takes six fewer instructions than ops.h's on the
+ * softmax's hottest loop; the GPU's attention computes the same with __fmaf_rn.
+ */
+float		cai_attention_exp(float x);
 
 /* Segments a row of a context of max_context positions can meet. */
 int			cai_attention_max_segments(int max_context);

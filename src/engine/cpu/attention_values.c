@@ -1,0 +1,374 @@
+/*
+ * attention_values.c — the int8 attention's value pass (attention_values.h): packing a
+ * segment's values into groups of four positions, and the integer sums of the weight planes
+ * times them on each path.  Integer sums have no rounding order: the paths may block, vectorize
+ * and tile them freely and still agree exactly.
+ */
+#include "attention_values.h"
+
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+/* Positions per KV block (kv.h's CAI_KV_BLOCK_TOKENS): four quads. */
+#define QUADS_PER_BLOCK 4
+
+/* ---------------------------------------------------------------------------------------------
+ * Packing
+ * ------------------------------------------------------------------------------------------- */
+
+/* vq's quads [q0, q1) for dimensions [d0, hd), one byte at a time. */
+static void
+pack_values_generic(const int8_t *const *blocks, int n_blocks, size_t stride, int hd,
+					int q0, int q1, int d0, int8_t *vq)
+{
+	for (int quad = q0; quad < q1; quad++)
+	{
+		int			b = quad / QUADS_PER_BLOCK;
+
+		for (int i = 0; i < 4; i++)
+		{
+			const int8_t *row = b < n_blocks ?
+				blocks[b] + (size_t) (quad % QUADS_PER_BLOCK * 4 + i) * stride : NULL;
+
+			for (int d = d0; d < hd; d++)
+				vq[((size_t) quad * hd + d) * 4 + i] = row ? row[d] : 0;
+		}
+	}
+}
+
+#if defined(__x86_64__)
+#define TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#define TARGET_AVX2 __attribute__((target("avx2")))
+#define TARGET_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
+
+/*
+ * 64 dimensions of a quad at a time: bytes of rows 0 and 1, and of 2 and 3, interleaved, then
+ * their 16-bit pairs, give in 128-bit lane L the dimensions 16L + 4k .. 16L + 4k + 3 of
+ * register k; a 4 x 4 transpose of the lanes puts dimensions 16c .. 16c + 15 in output c.
+ */
+TARGET_AVX512 static void
+pack_values_avx512(const int8_t *const *blocks, int n_blocks, size_t stride, int hd,
+				   int n_quads, int8_t *vq)
+{
+	int			d_vec = hd / 64 * 64;
+
+	for (int quad = 0; quad < n_quads; quad++)
+	{
+		int			b = quad / QUADS_PER_BLOCK;
+		int8_t	   *out = vq + (size_t) quad * hd * 4;
+
+		if (b >= n_blocks)
+		{
+			memset(out, 0, (size_t) hd * 4);
+			continue;
+		}
+		for (int d0 = 0; d0 < d_vec; d0 += 64)
+		{
+			const int8_t *row = blocks[b] + (size_t) (quad % QUADS_PER_BLOCK * 4) * stride + d0;
+			__m512i		r0 = _mm512_loadu_si512(row),
+						r1 = _mm512_loadu_si512(row + stride),
+						r2 = _mm512_loadu_si512(row + 2 * stride),
+						r3 = _mm512_loadu_si512(row + 3 * stride);
+			__m512i		a = _mm512_unpacklo_epi8(r0, r1),
+						bh = _mm512_unpackhi_epi8(r0, r1),
+						c = _mm512_unpacklo_epi8(r2, r3),
+						dh = _mm512_unpackhi_epi8(r2, r3);
+			__m512i		x0 = _mm512_unpacklo_epi16(a, c),
+						x1 = _mm512_unpackhi_epi16(a, c),
+						x2 = _mm512_unpacklo_epi16(bh, dh),
+						x3 = _mm512_unpackhi_epi16(bh, dh);
+			__m512i		t0 = _mm512_shuffle_i32x4(x0, x1, 0x44),
+						t1 = _mm512_shuffle_i32x4(x2, x3, 0x44),
+						t2 = _mm512_shuffle_i32x4(x0, x1, 0xEE),
+						t3 = _mm512_shuffle_i32x4(x2, x3, 0xEE);
+
+			_mm512_storeu_si512(out + (size_t) d0 * 4, _mm512_shuffle_i32x4(t0, t1, 0x88));
+			_mm512_storeu_si512(out + (size_t) d0 * 4 + 64, _mm512_shuffle_i32x4(t0, t1, 0xDD));
+			_mm512_storeu_si512(out + (size_t) d0 * 4 + 128, _mm512_shuffle_i32x4(t2, t3, 0x88));
+			_mm512_storeu_si512(out + (size_t) d0 * 4 + 192, _mm512_shuffle_i32x4(t2, t3, 0xDD));
+		}
+		if (d_vec < hd)
+			pack_values_generic(blocks, n_blocks, stride, hd, quad, quad + 1, d_vec, vq);
+	}
+}
+#endif
+
+void
+attn_pack_values(attn_value_path path, const int8_t *const *blocks, int n_blocks, size_t stride,
+				 int hd, int n_quads, int8_t *vq)
+{
+#if defined(__x86_64__)
+	if (path == ATTN_VALUES_AVX512 || path == ATTN_VALUES_AMX)
+	{
+		pack_values_avx512(blocks, n_blocks, stride, hd, n_quads, vq);
+		return;
+	}
+#endif
+	(void) path;
+	pack_values_generic(blocks, n_blocks, stride, hd, 0, n_quads, 0, vq);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Sums
+ * ------------------------------------------------------------------------------------------- */
+
+/* Row r's sums for dimensions [d0, hd), one product at a time. */
+static void
+value_sums_row_generic(const uint8_t *lo, const uint8_t *hi, const int8_t *vq, int hd,
+					   int n_quads, int d0, int32_t *sums)
+{
+	for (int d = d0; d < hd; d++)
+	{
+		int32_t		sl = 0,
+					sh = 0;
+
+		for (int quad = 0; quad < n_quads; quad++)
+			for (int i = 0; i < 4; i++)
+			{
+				int32_t		v = vq[((size_t) quad * hd + d) * 4 + i];
+
+				sl += lo[4 * quad + i] * v;
+				sh += hi[4 * quad + i] * v;
+			}
+		sums[d] = sl;
+		sums[hd + d] = sh;
+	}
+}
+
+#if defined(__x86_64__)
+/* The four plane bytes of a quad, broadcast. */
+#define PLANE_QUAD(p, quad) \
+	({ \
+		int32_t		quad_bytes_; \
+\
+		memcpy(&quad_bytes_, (p) + 4 * (quad), 4); \
+		quad_bytes_; \
+	})
+
+/*
+ * acc += vpdpbusd(w, the signed value bytes at p): w (the planes' unsigned bytes) in a register,
+ * the values straight from memory.  Written out because GCC copies the accumulator around
+ * every vpdpbusd intrinsic.
+ */
+typedef int8_t cai_v64b_alias __attribute__((vector_size(64), may_alias, aligned(1)));
+#define DPBUSD_MEM(acc, w, p) \
+	__asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const cai_v64b_alias *) (p)))
+
+/*
+ * NR rows (1 or 2) and NV vectors of 16 dimensions from d0: two sums per row and vector, held
+ * in registers over the quads.
+ */
+TARGET_AVX512 static inline __attribute__((always_inline)) void
+value_sums_rows_avx512(const uint8_t *w_lo, const uint8_t *w_hi, int ld_w, const int8_t *vq,
+					   int hd, int n_quads, int d0, int32_t *sums, int NR, int NV)
+{
+	__m512i		acc_lo[2][4],
+				acc_hi[2][4];
+
+	for (int r = 0; r < NR; r++)
+		for (int k = 0; k < NV; k++)
+		{
+			acc_lo[r][k] = _mm512_setzero_si512();
+			acc_hi[r][k] = _mm512_setzero_si512();
+		}
+	for (int quad = 0; quad < n_quads; quad++)
+	{
+		const int8_t *v = vq + ((size_t) quad * hd + d0) * 4;
+
+		for (int r = 0; r < NR; r++)
+		{
+			__m512i		bl = _mm512_set1_epi32(PLANE_QUAD(w_lo + (size_t) r * ld_w, quad));
+			__m512i		bh = _mm512_set1_epi32(PLANE_QUAD(w_hi + (size_t) r * ld_w, quad));
+
+			for (int k = 0; k < NV; k++)
+			{
+				DPBUSD_MEM(acc_lo[r][k], bl, v + 64 * k);
+				DPBUSD_MEM(acc_hi[r][k], bh, v + 64 * k);
+			}
+		}
+	}
+	for (int r = 0; r < NR; r++)
+		for (int k = 0; k < NV; k++)
+		{
+			_mm512_storeu_si512(sums + (size_t) r * 2 * hd + d0 + 16 * k, acc_lo[r][k]);
+			_mm512_storeu_si512(sums + (size_t) r * 2 * hd + hd + d0 + 16 * k, acc_hi[r][k]);
+		}
+}
+
+/* Rows in pairs (a pair takes the longer row's quads: planes are zero past a row's own). */
+TARGET_AVX512 static void
+value_sums_avx512(const uint8_t *w_lo, const uint8_t *w_hi, int ld_w, const int8_t *vq, int hd,
+				  int rows, const int *row_quads, int32_t *sums)
+{
+	int			d_vec = hd / 16 * 16;
+
+	for (int r = 0; r < rows; r += 2)
+	{
+		int			nr = rows - r < 2 ? rows - r : 2;
+		int			nq = row_quads[r];
+		int			d0 = 0;
+		const uint8_t *lo = w_lo + (size_t) r * ld_w;
+		const uint8_t *hi = w_hi + (size_t) r * ld_w;
+		int32_t    *out = sums + (size_t) r * 2 * hd;
+
+		if (nr == 2 && row_quads[r + 1] > nq)
+			nq = row_quads[r + 1];
+		if (nq == 0)
+			continue;
+		for (; d0 + 64 <= d_vec; d0 += 64)
+		{
+			if (nr == 2)
+				value_sums_rows_avx512(lo, hi, ld_w, vq, hd, nq, d0, out, 2, 4);
+			else
+				value_sums_rows_avx512(lo, hi, ld_w, vq, hd, nq, d0, out, 1, 4);
+		}
+		for (; d0 < d_vec; d0 += 16)
+		{
+			if (nr == 2)
+				value_sums_rows_avx512(lo, hi, ld_w, vq, hd, nq, d0, out, 2, 1);
+			else
+				value_sums_rows_avx512(lo, hi, ld_w, vq, hd, nq, d0, out, 1, 1);
+		}
+		for (int i = 0; i < nr && d_vec < hd; i++)
+			value_sums_row_generic(lo + (size_t) i * ld_w, hi + (size_t) i * ld_w, vq, hd, nq,
+								   d_vec, out + (size_t) i * 2 * hd);
+	}
+}
+
+/*
+ * The same on AVX2: vpmaddubsw's 16-bit pair sums (at most 2 * 127 * 128: no saturation), then
+ * vpmaddwd by ones to 32 bits; one row, 32 dimensions at a time.
+ */
+TARGET_AVX2 static void
+value_sums_avx2(const uint8_t *w_lo, const uint8_t *w_hi, int ld_w, const int8_t *vq, int hd,
+				int rows, const int *row_quads, int32_t *sums)
+{
+	const __m256i ones = _mm256_set1_epi16(1);
+	int			d_vec = hd / 8 * 8;
+
+	for (int r = 0; r < rows; r++)
+	{
+		const uint8_t *lo = w_lo + (size_t) r * ld_w;
+		const uint8_t *hi = w_hi + (size_t) r * ld_w;
+		int32_t    *out = sums + (size_t) r * 2 * hd;
+		int			nq = row_quads[r];
+
+		if (nq == 0)
+			continue;
+		for (int d0 = 0; d0 < d_vec; d0 += 32)
+		{
+			int			nv = (d_vec - d0) / 8 < 4 ? (d_vec - d0) / 8 : 4;
+			__m256i		acc_lo[4],
+						acc_hi[4];
+
+			for (int k = 0; k < 4; k++)
+				acc_lo[k] = acc_hi[k] = _mm256_setzero_si256();
+			for (int quad = 0; quad < nq; quad++)
+			{
+				const int8_t *v = vq + ((size_t) quad * hd + d0) * 4;
+				__m256i		bl = _mm256_set1_epi32(PLANE_QUAD(lo, quad));
+				__m256i		bh = _mm256_set1_epi32(PLANE_QUAD(hi, quad));
+
+				for (int k = 0; k < nv; k++)
+				{
+					__m256i		vk = _mm256_loadu_si256((const __m256i *) (v + 32 * k));
+
+					acc_lo[k] = _mm256_add_epi32(acc_lo[k],
+												 _mm256_madd_epi16(_mm256_maddubs_epi16(bl, vk), ones));
+					acc_hi[k] = _mm256_add_epi32(acc_hi[k],
+												 _mm256_madd_epi16(_mm256_maddubs_epi16(bh, vk), ones));
+				}
+			}
+			for (int k = 0; k < nv; k++)
+			{
+				_mm256_storeu_si256((__m256i *) (out + d0 + 8 * k), acc_lo[k]);
+				_mm256_storeu_si256((__m256i *) (out + hd + d0 + 8 * k), acc_hi[k]);
+			}
+		}
+		if (d_vec < hd)
+			value_sums_row_generic(lo, hi, vq, hd, nq, d_vec, out);
+	}
+}
+
+/*
+ * The same from AMX int8 tiles: a tile of 16 rows' plane bytes (64 positions) is an A operand
+ * as it lies, 16 quads of 16 dimensions of vq a B operand (rows hd * 4 bytes apart), and
+ * tdpbusd multiplies the unsigned planes by the signed values.  32 dimensions at a time:
+ * tiles 0-3 the lo and hi sums of two 16-dimension columns, 4 and 5 the planes, 6 and 7 the
+ * values.
+ */
+TARGET_AMX static void
+value_sums_amx(const uint8_t *w_lo, const uint8_t *w_hi, int ld_w, const int8_t *vq, int hd,
+			   int rows, const int *row_quads, int32_t *sums)
+{
+	const size_t ld_sums = (size_t) 2 * hd * sizeof(int32_t);
+
+	for (int r = 0; r < rows; r += 16)
+	{
+		int			nq = 0;
+		int			steps;
+
+		for (int i = 0; i < 16; i++)
+			nq = row_quads[r + i] > nq ? row_quads[r + i] : nq;
+		steps = (nq + 15) / 16;
+		if (steps == 0)
+			continue;
+		for (int h = 0; h < hd; h += 32)
+		{
+			int32_t    *out = sums + (size_t) r * 2 * hd + h;
+
+			_tile_zero(0);
+			_tile_zero(1);
+			_tile_zero(2);
+			_tile_zero(3);
+			for (int c = 0; c < steps; c++)
+			{
+				const int8_t *v = vq + ((size_t) 16 * c * hd + h) * 4;
+
+				_tile_loadd(4, w_lo + (size_t) r * ld_w + 64 * c, ld_w);
+				_tile_loadd(5, w_hi + (size_t) r * ld_w + 64 * c, ld_w);
+				_tile_loadd(6, v, hd * 4);
+				_tile_loadd(7, v + 64, hd * 4);
+				_tile_dpbusd(0, 4, 6);
+				_tile_dpbusd(1, 4, 7);
+				_tile_dpbusd(2, 5, 6);
+				_tile_dpbusd(3, 5, 7);
+			}
+			_tile_stored(0, out, ld_sums);
+			_tile_stored(1, out + 16, ld_sums);
+			_tile_stored(2, out + hd, ld_sums);
+			_tile_stored(3, out + hd + 16, ld_sums);
+		}
+	}
+}
+#endif
+
+void
+attn_value_sums(attn_value_path path, const uint8_t *w_lo, const uint8_t *w_hi, int ld_w,
+				const int8_t *vq, int hd, int rows, const int *row_quads, int32_t *sums)
+{
+#if defined(__x86_64__)
+	switch (path)
+	{
+		case ATTN_VALUES_AMX:
+			value_sums_amx(w_lo, w_hi, ld_w, vq, hd, rows, row_quads, sums);
+			return;
+		case ATTN_VALUES_AVX512:
+			value_sums_avx512(w_lo, w_hi, ld_w, vq, hd, rows, row_quads, sums);
+			return;
+		case ATTN_VALUES_AVX2:
+			value_sums_avx2(w_lo, w_hi, ld_w, vq, hd, rows, row_quads, sums);
+			return;
+		default:
+			break;
+	}
+#endif
+	(void) path;
+	for (int r = 0; r < rows; r++)
+		if (row_quads[r] > 0)
+			value_sums_row_generic(w_lo + (size_t) r * ld_w, w_hi + (size_t) r * ld_w, vq, hd,
+								   row_quads[r], 0, sums + (size_t) r * 2 * hd);
+}
