@@ -603,14 +603,10 @@ kv_scales(const attn_source &src, const int32_t *bt, int kvh, int pos, float *ks
 static __device__ __forceinline__ float
 attn_exp(float x)
 {
-	const float magic = 12582912.0f;
-	float		n,
+	float		n = exp_reduce(&x),
 				r,
 				p;
 
-	x = x > -87.0f ? x : -87.0f;
-	x = x < 88.0f ? x : 88.0f;
-	n = __fsub_rn(__fadd_rn(__fmul_rn(x, 1.44269504088896341f), magic), magic);
 	r = __fmaf_rn(-n, 0.693145751953125f, x);
 	r = __fmaf_rn(-n, 1.428606765330187e-06f, r);
 	p = __fmaf_rn(__fdiv_rn(1.0f, 720.0f), r, __fdiv_rn(1.0f, 120.0f));
@@ -619,7 +615,7 @@ attn_exp(float x)
 	p = __fmaf_rn(p, r, 0.5f);
 	p = __fmaf_rn(p, r, 1.0f);
 	p = __fmaf_rn(p, r, 1.0f);
-	return __fmul_rn(p, __int_as_float(((int) n + 127) << 23));
+	return exp_scale(p, n);
 }
 
 /*

@@ -260,6 +260,24 @@ quant_one(float x, float inv)
 	return (int8_t) (int) rintf(v);
 }
 
+/* The exp's frame: x clamped to [-87, 88] in place, and n = x log2(e) rounded to nearest. */
+static __device__ __forceinline__ float
+exp_reduce(float *x)
+{
+	const float magic = 12582912.0f;
+
+	*x = *x > -87.0f ? *x : -87.0f;
+	*x = *x < 88.0f ? *x : 88.0f;
+	return __fsub_rn(__fadd_rn(__fmul_rn(*x, 1.44269504088896341f), magic), magic);
+}
+
+/* p * 2^n, 2^n built in the exponent bits. */
+static __device__ __forceinline__ float
+exp_scale(float p, float n)
+{
+	return __fmul_rn(p, __int_as_float(((int) n + 127) << 23));
+}
+
 /*
  * ops.h's cai_v8f_exp for one lane, operation for operation: clamp to [-87, 88], n = x log2(e)
  * rounded to nearest by the 1.5 * 2^23 trick, r = x - n ln2 in two parts, the degree-6 Taylor
@@ -269,14 +287,10 @@ quant_one(float x, float inv)
 static __device__ __forceinline__ float
 exp_poly(float x)
 {
-	const float magic = 12582912.0f;
-	float		n,
+	float		n = exp_reduce(&x),
 				r,
 				p;
 
-	x = x > -87.0f ? x : -87.0f;
-	x = x < 88.0f ? x : 88.0f;
-	n = __fsub_rn(__fadd_rn(__fmul_rn(x, 1.44269504088896341f), magic), magic);
 	r = __fsub_rn(x, __fmul_rn(n, 0.693145751953125f));
 	r = __fsub_rn(r, __fmul_rn(n, 1.428606765330187e-06f));
 	p = __fdiv_rn(1.0f, 720.0f);
@@ -286,7 +300,7 @@ exp_poly(float x)
 	p = __fadd_rn(__fmul_rn(p, r), 0.5f);
 	p = __fadd_rn(__fmul_rn(p, r), 1.0f);
 	p = __fadd_rn(__fmul_rn(p, r), 1.0f);
-	return __fmul_rn(p, __int_as_float(((int) n + 127) << 23));
+	return exp_scale(p, n);
 }
 
 /* silu(g) = g / (1 + exp(-g)), as cai_op_swiglu_row computes it. */

@@ -90,31 +90,13 @@ cai_v16f_load(const float *p)
 
 /*
  * The attention's exp (cai_attention_exp in attention.h): ops.h's clamps, range reduction and
- * degree-6 Taylor polynomial with the multiply-adds fused, LANES lanes at a time.  A fused
+ * degree-6 Taylor polynomial with the multiply-adds fused, lane by lane.  A fused
  * step rounds once on every path (vfmadd, fmaf, the GPU's __fmaf_rn), so every width gives
  * every lane the same bits; GCC turns the lane loop into vector multiply-adds where the path
  * has them.
  */
-#define DEFINE_ATTN_EXP(NAME, VF, VI, LANES) \
-CAI_ALWAYS_INLINE VF \
-NAME(const VF *px) \
-{ \
-	const VF	zero = {0}; \
-	const VF	magic = zero + 12582912.0f; \
-	const VF	lo = zero + CAI_EXP_LO; \
-	const VF	hi = zero + CAI_EXP_HI; \
-	VF			x = *px, \
-				n, \
-				p; \
-	VI			m, \
-				bits; \
-\
-	m = x > lo; \
-	x = (VF) (((VI) x & m) | ((VI) lo & ~m)); \
-	m = x < hi; \
-	x = (VF) (((VI) x & m) | ((VI) hi & ~m)); \
-	n = (x * CAI_EXP_LOG2E + magic) - magic; \
-	for (int i_ = 0; i_ < (LANES); i_++) \
+#define ATTN_EXP_POLY(VF, x, n, p) \
+	for (int i_ = 0; i_ < (int) (sizeof(VF) / sizeof(float)); i_++) \
 	{ \
 		float		r_ = __builtin_fmaf(-n[i_], CAI_EXP_LN2_HI, x[i_]); \
 		float		p_; \
@@ -126,13 +108,10 @@ NAME(const VF *px) \
 		p_ = __builtin_fmaf(p_, r_, CAI_EXP_C2); \
 		p_ = __builtin_fmaf(p_, r_, 1.0f); \
 		p[i_] = __builtin_fmaf(p_, r_, 1.0f); \
-	} \
-	bits = (__builtin_convertvector(n, VI) + 127) << 23; \
-	return p * (VF) bits; \
-}
+	}
 
-DEFINE_ATTN_EXP(attn_exp16, cai_v16f, cai_v16i, 16)
-DEFINE_ATTN_EXP(attn_exp8, cai_v8f, cai_v8i, 8)
+CAI_DEFINE_VEXP_WITH(attn_exp16, cai_v16f, cai_v16i, ATTN_EXP_POLY)
+CAI_DEFINE_VEXP_WITH(attn_exp8, cai_v8f, cai_v8i, ATTN_EXP_POLY)
 
 /* (a macro: a 64-byte vector passed by value draws GCC's ABI note on non-AVX-512 builds) */
 #define cai_v16f_store(p, v) \

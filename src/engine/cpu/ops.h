@@ -90,8 +90,8 @@ cai_v8f_sum(const cai_v8f *v)
  * polynomial, 2^n put into the exponent bits.  Pure lane-wise float arithmetic, so a value's
  * result never depends on its lane or its neighbours, nor on the width of the vector:
  * CAI_DEFINE_VEXP(name, VF, VI) defines `VF name(const VF *px)` for any float vector type VF
- * with its int32 vector type VI (cai_v8f_exp below; cpu/attention.c adds a 16-lane one), and
- * every width gives every lane the same bits.  The clamps select by comparison masks like
+ * with its int32 vector type VI (cai_v8f_exp below), and every width gives every lane the same
+ * bits.  The clamps select by comparison masks like
  * cai_v8f_max/min (a NaN becomes -87).  The constants are named for cpu/attention.c's AVX-512
  * version, which must give the same bits.
  */
@@ -106,7 +106,12 @@ cai_v8f_sum(const cai_v8f *v)
 #define CAI_EXP_C4 (1.0f / 24.0f)
 #define CAI_EXP_C3 (1.0f / 6.0f)
 #define CAI_EXP_C2 0.5f
-#define CAI_DEFINE_VEXP(NAME, VF, VI) \
+/*
+ * The exp's frame for a polynomial step POLY(VF, x, n, p): clamp x, n = x log2(e) rounded, then
+ * POLY makes p = e^(x - n ln2) from x and n, and the result is p * 2^n.  ops.h's polynomial is
+ * CAI_VEXP_POLY (each multiply and add rounded); cpu/attention.c's exp plugs in a fused one.
+ */
+#define CAI_DEFINE_VEXP_WITH(NAME, VF, VI, POLY) \
 CAI_ALWAYS_INLINE VF \
 NAME(const VF *px) \
 { \
@@ -116,7 +121,6 @@ NAME(const VF *px) \
 	const VF	hi = zero + CAI_EXP_HI; \
 	VF			x = *px, \
 				n, \
-				r, \
 				p; \
 	VI			m, \
 				bits; \
@@ -126,18 +130,26 @@ NAME(const VF *px) \
 	m = x < hi; \
 	x = (VF) (((VI) x & m) | ((VI) hi & ~m)); \
 	n = (x * CAI_EXP_LOG2E + magic) - magic; \
-	r = x - n * CAI_EXP_LN2_HI; \
-	r = r - n * CAI_EXP_LN2_LO; \
-	p = zero + CAI_EXP_C6; \
-	p = p * r + CAI_EXP_C5; \
-	p = p * r + CAI_EXP_C4; \
-	p = p * r + CAI_EXP_C3; \
-	p = p * r + CAI_EXP_C2; \
-	p = p * r + 1.0f; \
-	p = p * r + 1.0f; \
+	POLY(VF, x, n, p); \
 	bits = (__builtin_convertvector(n, VI) + 127) << 23; \
 	return p * (VF) bits; \
 }
+
+#define CAI_VEXP_POLY(VF, x, n, p) \
+	do { \
+		VF			r_ = x - n * CAI_EXP_LN2_HI; \
+\
+		r_ = r_ - n * CAI_EXP_LN2_LO; \
+		p = zero + CAI_EXP_C6; \
+		p = p * r_ + CAI_EXP_C5; \
+		p = p * r_ + CAI_EXP_C4; \
+		p = p * r_ + CAI_EXP_C3; \
+		p = p * r_ + CAI_EXP_C2; \
+		p = p * r_ + 1.0f; \
+		p = p * r_ + 1.0f; \
+	} while (0)
+
+#define CAI_DEFINE_VEXP(NAME, VF, VI) CAI_DEFINE_VEXP_WITH(NAME, VF, VI, CAI_VEXP_POLY)
 
 CAI_DEFINE_VEXP(cai_v8f_exp, cai_v8f, cai_v8i)
 
