@@ -49,7 +49,7 @@
 #pragma GCC optimize("fp-contract=off")
 
 /*
- * Query rows per tile the kernel aims for (tile_tokens * n_group).  A larger tile widens and
+ * Query rows per tile the kernel aims for (tile_tokens * n_group).  A larger tile packs and
  * transposes each KV block for more rows, but holds more scores between the passes: 128 is
  * faster than 64 on long prompts and no slower on short ones, and 192 gains nothing more.
  * Results do not depend on it.
@@ -64,7 +64,7 @@
 
 #define BLOCK CAI_KV_BLOCK_TOKENS
 
-/* Query rows of one token handed to the value accumulation at once. */
+/* Query rows of one token handed to the float path's value accumulation at once. */
 #define MAX_GROUP_ROWS 16
 
 typedef float cai_v16f __attribute__((vector_size(64)));

@@ -94,6 +94,50 @@ pack_values_avx512(const int8_t *const *blocks, int n_blocks, size_t stride, int
 			pack_values_generic(blocks, n_blocks, stride, hd, quad, quad + 1, d_vec, vq);
 	}
 }
+
+/* The same on AVX2, 32 dimensions at a time (lane L of register k: dimensions 16L + 4k ..). */
+TARGET_AVX2 static void
+pack_values_avx2(const int8_t *const *blocks, int n_blocks, size_t stride, int hd, int n_quads,
+				 int8_t *vq)
+{
+	int			d_vec = hd / 32 * 32;
+
+	for (int quad = 0; quad < n_quads; quad++)
+	{
+		int			b = quad / QUADS_PER_BLOCK;
+		int8_t	   *out = vq + (size_t) quad * hd * 4;
+
+		if (b >= n_blocks)
+		{
+			memset(out, 0, (size_t) hd * 4);
+			continue;
+		}
+		for (int d0 = 0; d0 < d_vec; d0 += 32)
+		{
+			const int8_t *row = blocks[b] + (size_t) (quad % QUADS_PER_BLOCK * 4) * stride + d0;
+			__m256i		r0 = _mm256_loadu_si256((const __m256i *) row),
+						r1 = _mm256_loadu_si256((const __m256i *) (row + stride)),
+						r2 = _mm256_loadu_si256((const __m256i *) (row + 2 * stride)),
+						r3 = _mm256_loadu_si256((const __m256i *) (row + 3 * stride));
+			__m256i		a = _mm256_unpacklo_epi8(r0, r1),
+						bh = _mm256_unpackhi_epi8(r0, r1),
+						c = _mm256_unpacklo_epi8(r2, r3),
+						dh = _mm256_unpackhi_epi8(r2, r3);
+			__m256i		x0 = _mm256_unpacklo_epi16(a, c),
+						x1 = _mm256_unpackhi_epi16(a, c),
+						x2 = _mm256_unpacklo_epi16(bh, dh),
+						x3 = _mm256_unpackhi_epi16(bh, dh);
+			__m256i    *o = (__m256i *) (out + (size_t) d0 * 4);
+
+			_mm256_storeu_si256(o, _mm256_permute2x128_si256(x0, x1, 0x20));
+			_mm256_storeu_si256(o + 1, _mm256_permute2x128_si256(x2, x3, 0x20));
+			_mm256_storeu_si256(o + 2, _mm256_permute2x128_si256(x0, x1, 0x31));
+			_mm256_storeu_si256(o + 3, _mm256_permute2x128_si256(x2, x3, 0x31));
+		}
+		if (d_vec < hd)
+			pack_values_generic(blocks, n_blocks, stride, hd, quad, quad + 1, d_vec, vq);
+	}
+}
 #endif
 
 void
@@ -104,6 +148,11 @@ attn_pack_values(attn_value_path path, const int8_t *const *blocks, int n_blocks
 	if (path == ATTN_VALUES_AVX512 || path == ATTN_VALUES_AMX)
 	{
 		pack_values_avx512(blocks, n_blocks, stride, hd, n_quads, vq);
+		return;
+	}
+	if (path == ATTN_VALUES_AVX2)
+	{
+		pack_values_avx2(blocks, n_blocks, stride, hd, n_quads, vq);
 		return;
 	}
 #endif
