@@ -19,24 +19,13 @@
  * Packing
  * ------------------------------------------------------------------------------------------- */
 
-/* vq's quads [q0, q1) for dimensions [d0, hd), one byte at a time. */
+/* One quad's four value rows (stride bytes apart) into out[d][4], dimensions [d0, hd). */
 static void
-pack_values_generic(const int8_t *const *blocks, int n_blocks, size_t stride, int hd,
-					int q0, int q1, int d0, int8_t *vq)
+pack_quad_generic(const int8_t *row, size_t stride, int hd, int d0, int8_t *out)
 {
-	for (int quad = q0; quad < q1; quad++)
-	{
-		int			b = quad / QUADS_PER_BLOCK;
-
-		for (int i = 0; i < 4; i++)
-		{
-			const int8_t *row = b < n_blocks ?
-				blocks[b] + (size_t) (quad % QUADS_PER_BLOCK * 4 + i) * stride : NULL;
-
-			for (int d = d0; d < hd; d++)
-				vq[((size_t) quad * hd + d) * 4 + i] = row ? row[d] : 0;
-		}
-	}
+	for (int i = 0; i < 4; i++)
+		for (int d = d0; d < hd; d++)
+			out[(size_t) d * 4 + i] = row[(size_t) i * stride + d];
 }
 
 #if defined(__x86_64__)
@@ -45,98 +34,74 @@ pack_values_generic(const int8_t *const *blocks, int n_blocks, size_t stride, in
 #define TARGET_AMX __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
 
 /*
- * 64 dimensions of a quad at a time: bytes of rows 0 and 1, and of 2 and 3, interleaved, then
- * their 16-bit pairs, give in 128-bit lane L the dimensions 16L + 4k .. 16L + 4k + 3 of
- * register k; a 4 x 4 transpose of the lanes puts dimensions 16c .. 16c + 15 in output c.
+ * The same, 64 dimensions at a time (returns the dimensions done): bytes of rows 0 and 1, and
+ * of 2 and 3, interleaved, then their 16-bit pairs, give in 128-bit lane L the dimensions
+ * 16L + 4k .. 16L + 4k + 3 of register k; a 4 x 4 transpose of the lanes puts dimensions
+ * 16c .. 16c + 15 in output c.
  */
-TARGET_AVX512 static void
-pack_values_avx512(const int8_t *const *blocks, int n_blocks, size_t stride, int hd,
-				   int n_quads, int8_t *vq)
+TARGET_AVX512 static int
+pack_quad_avx512(const int8_t *row, size_t stride, int hd, int8_t *out)
 {
 	int			d_vec = hd / 64 * 64;
 
-	for (int quad = 0; quad < n_quads; quad++)
+	for (int d0 = 0; d0 < d_vec; d0 += 64)
 	{
-		int			b = quad / QUADS_PER_BLOCK;
-		int8_t	   *out = vq + (size_t) quad * hd * 4;
+		const int8_t *r = row + d0;
+		__m512i		r0 = _mm512_loadu_si512(r),
+					r1 = _mm512_loadu_si512(r + stride),
+					r2 = _mm512_loadu_si512(r + 2 * stride),
+					r3 = _mm512_loadu_si512(r + 3 * stride);
+		__m512i		a = _mm512_unpacklo_epi8(r0, r1),
+					bh = _mm512_unpackhi_epi8(r0, r1),
+					c = _mm512_unpacklo_epi8(r2, r3),
+					dh = _mm512_unpackhi_epi8(r2, r3);
+		__m512i		x0 = _mm512_unpacklo_epi16(a, c),
+					x1 = _mm512_unpackhi_epi16(a, c),
+					x2 = _mm512_unpacklo_epi16(bh, dh),
+					x3 = _mm512_unpackhi_epi16(bh, dh);
+		__m512i		t0 = _mm512_shuffle_i32x4(x0, x1, 0x44),
+					t1 = _mm512_shuffle_i32x4(x2, x3, 0x44),
+					t2 = _mm512_shuffle_i32x4(x0, x1, 0xEE),
+					t3 = _mm512_shuffle_i32x4(x2, x3, 0xEE);
+		int8_t	   *o = out + (size_t) d0 * 4;
 
-		if (b >= n_blocks)
-		{
-			memset(out, 0, (size_t) hd * 4);
-			continue;
-		}
-		for (int d0 = 0; d0 < d_vec; d0 += 64)
-		{
-			const int8_t *row = blocks[b] + (size_t) (quad % QUADS_PER_BLOCK * 4) * stride + d0;
-			__m512i		r0 = _mm512_loadu_si512(row),
-						r1 = _mm512_loadu_si512(row + stride),
-						r2 = _mm512_loadu_si512(row + 2 * stride),
-						r3 = _mm512_loadu_si512(row + 3 * stride);
-			__m512i		a = _mm512_unpacklo_epi8(r0, r1),
-						bh = _mm512_unpackhi_epi8(r0, r1),
-						c = _mm512_unpacklo_epi8(r2, r3),
-						dh = _mm512_unpackhi_epi8(r2, r3);
-			__m512i		x0 = _mm512_unpacklo_epi16(a, c),
-						x1 = _mm512_unpackhi_epi16(a, c),
-						x2 = _mm512_unpacklo_epi16(bh, dh),
-						x3 = _mm512_unpackhi_epi16(bh, dh);
-			__m512i		t0 = _mm512_shuffle_i32x4(x0, x1, 0x44),
-						t1 = _mm512_shuffle_i32x4(x2, x3, 0x44),
-						t2 = _mm512_shuffle_i32x4(x0, x1, 0xEE),
-						t3 = _mm512_shuffle_i32x4(x2, x3, 0xEE);
-
-			_mm512_storeu_si512(out + (size_t) d0 * 4, _mm512_shuffle_i32x4(t0, t1, 0x88));
-			_mm512_storeu_si512(out + (size_t) d0 * 4 + 64, _mm512_shuffle_i32x4(t0, t1, 0xDD));
-			_mm512_storeu_si512(out + (size_t) d0 * 4 + 128, _mm512_shuffle_i32x4(t2, t3, 0x88));
-			_mm512_storeu_si512(out + (size_t) d0 * 4 + 192, _mm512_shuffle_i32x4(t2, t3, 0xDD));
-		}
-		if (d_vec < hd)
-			pack_values_generic(blocks, n_blocks, stride, hd, quad, quad + 1, d_vec, vq);
+		_mm512_storeu_si512(o, _mm512_shuffle_i32x4(t0, t1, 0x88));
+		_mm512_storeu_si512(o + 64, _mm512_shuffle_i32x4(t0, t1, 0xDD));
+		_mm512_storeu_si512(o + 128, _mm512_shuffle_i32x4(t2, t3, 0x88));
+		_mm512_storeu_si512(o + 192, _mm512_shuffle_i32x4(t2, t3, 0xDD));
 	}
+	return d_vec;
 }
 
-/* The same on AVX2, 32 dimensions at a time (lane L of register k: dimensions 16L + 4k ..). */
-TARGET_AVX2 static void
-pack_values_avx2(const int8_t *const *blocks, int n_blocks, size_t stride, int hd, int n_quads,
-				 int8_t *vq)
+/* On AVX2, 32 dimensions at a time (lane L of register k: dimensions 16L + 4k ..). */
+TARGET_AVX2 static int
+pack_quad_avx2(const int8_t *row, size_t stride, int hd, int8_t *out)
 {
 	int			d_vec = hd / 32 * 32;
 
-	for (int quad = 0; quad < n_quads; quad++)
+	for (int d0 = 0; d0 < d_vec; d0 += 32)
 	{
-		int			b = quad / QUADS_PER_BLOCK;
-		int8_t	   *out = vq + (size_t) quad * hd * 4;
+		const int8_t *r = row + d0;
+		__m256i		r0 = _mm256_loadu_si256((const __m256i *) r),
+					r1 = _mm256_loadu_si256((const __m256i *) (r + stride)),
+					r2 = _mm256_loadu_si256((const __m256i *) (r + 2 * stride)),
+					r3 = _mm256_loadu_si256((const __m256i *) (r + 3 * stride));
+		__m256i		a = _mm256_unpacklo_epi8(r0, r1),
+					bh = _mm256_unpackhi_epi8(r0, r1),
+					c = _mm256_unpacklo_epi8(r2, r3),
+					dh = _mm256_unpackhi_epi8(r2, r3);
+		__m256i		x0 = _mm256_unpacklo_epi16(a, c),
+					x1 = _mm256_unpackhi_epi16(a, c),
+					x2 = _mm256_unpacklo_epi16(bh, dh),
+					x3 = _mm256_unpackhi_epi16(bh, dh);
+		__m256i    *o = (__m256i *) (out + (size_t) d0 * 4);
 
-		if (b >= n_blocks)
-		{
-			memset(out, 0, (size_t) hd * 4);
-			continue;
-		}
-		for (int d0 = 0; d0 < d_vec; d0 += 32)
-		{
-			const int8_t *row = blocks[b] + (size_t) (quad % QUADS_PER_BLOCK * 4) * stride + d0;
-			__m256i		r0 = _mm256_loadu_si256((const __m256i *) row),
-						r1 = _mm256_loadu_si256((const __m256i *) (row + stride)),
-						r2 = _mm256_loadu_si256((const __m256i *) (row + 2 * stride)),
-						r3 = _mm256_loadu_si256((const __m256i *) (row + 3 * stride));
-			__m256i		a = _mm256_unpacklo_epi8(r0, r1),
-						bh = _mm256_unpackhi_epi8(r0, r1),
-						c = _mm256_unpacklo_epi8(r2, r3),
-						dh = _mm256_unpackhi_epi8(r2, r3);
-			__m256i		x0 = _mm256_unpacklo_epi16(a, c),
-						x1 = _mm256_unpackhi_epi16(a, c),
-						x2 = _mm256_unpacklo_epi16(bh, dh),
-						x3 = _mm256_unpackhi_epi16(bh, dh);
-			__m256i    *o = (__m256i *) (out + (size_t) d0 * 4);
-
-			_mm256_storeu_si256(o, _mm256_permute2x128_si256(x0, x1, 0x20));
-			_mm256_storeu_si256(o + 1, _mm256_permute2x128_si256(x2, x3, 0x20));
-			_mm256_storeu_si256(o + 2, _mm256_permute2x128_si256(x0, x1, 0x31));
-			_mm256_storeu_si256(o + 3, _mm256_permute2x128_si256(x2, x3, 0x31));
-		}
-		if (d_vec < hd)
-			pack_values_generic(blocks, n_blocks, stride, hd, quad, quad + 1, d_vec, vq);
+		_mm256_storeu_si256(o, _mm256_permute2x128_si256(x0, x1, 0x20));
+		_mm256_storeu_si256(o + 1, _mm256_permute2x128_si256(x2, x3, 0x20));
+		_mm256_storeu_si256(o + 2, _mm256_permute2x128_si256(x0, x1, 0x31));
+		_mm256_storeu_si256(o + 3, _mm256_permute2x128_si256(x2, x3, 0x31));
 	}
+	return d_vec;
 }
 #endif
 
@@ -144,20 +109,28 @@ void
 attn_pack_values(attn_value_path path, const int8_t *const *blocks, int n_blocks, size_t stride,
 				 int hd, int n_quads, int8_t *vq)
 {
+	for (int quad = 0; quad < n_quads; quad++)
+	{
+		int			b = quad / QUADS_PER_BLOCK;
+		int8_t	   *out = vq + (size_t) quad * hd * 4;
+		const int8_t *row;
+		int			d0 = 0;
+
+		if (b >= n_blocks)
+		{
+			memset(out, 0, (size_t) hd * 4);
+			continue;
+		}
+		row = blocks[b] + (size_t) (quad % QUADS_PER_BLOCK * 4) * stride;
 #if defined(__x86_64__)
-	if (path == ATTN_VALUES_AVX512 || path == ATTN_VALUES_AMX)
-	{
-		pack_values_avx512(blocks, n_blocks, stride, hd, n_quads, vq);
-		return;
-	}
-	if (path == ATTN_VALUES_AVX2)
-	{
-		pack_values_avx2(blocks, n_blocks, stride, hd, n_quads, vq);
-		return;
-	}
+		if (path == ATTN_VALUES_AVX512 || path == ATTN_VALUES_AMX)
+			d0 = pack_quad_avx512(row, stride, hd, out);
+		else if (path == ATTN_VALUES_AVX2)
+			d0 = pack_quad_avx2(row, stride, hd, out);
 #endif
+		pack_quad_generic(row, stride, hd, d0, out);
+	}
 	(void) path;
-	pack_values_generic(blocks, n_blocks, stride, hd, 0, n_quads, 0, vq);
 }
 
 /* ---------------------------------------------------------------------------------------------
