@@ -1075,11 +1075,10 @@ softmax_values_i8(const cai_attn_params *ap, cai_kv_pool *kv, const int32_t *tab
 		const int32_t *sums = s->v_sums + (size_t) r * 2 * hd;
 		float	   *o = s->seg_o + (size_t) r * hd;
 		float		g = s->row_g[r];
+		int			d = 0;
 
 		if (s->row_quads[r] == 0)
 			continue;
-		int			d = 0;
-
 		for (; d + 16 <= hd; d += 16)
 		{
 			cai_v16i	sl,
