@@ -605,34 +605,6 @@ dot_f32(const float *a, const float *b, int n)
  * where the 1.5 * 2^23 trick gives +0, which changes no later bit); and 2^n multiplies by
  * vscalefps (the same correctly rounded product as p * 2^n for n in [-126, 127]).
  */
-TARGET_AVX512 static inline __attribute__((always_inline)) __m512
-exp_minus_max16_avx512(__m512 s, __m512 mv)
-{
-	__m512		x = _mm512_max_ps(_mm512_sub_ps(s, mv), _mm512_set1_ps(CAI_EXP_LO));
-	__m512		k,
-				r,
-				p;
-
-	k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(CAI_EXP_LOG2E)),
-							 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-	r = _mm512_fnmadd_ps(k, _mm512_set1_ps(CAI_EXP_LN2_HI), x);
-	r = _mm512_fnmadd_ps(k, _mm512_set1_ps(CAI_EXP_LN2_LO), r);
-	p = _mm512_fmadd_ps(_mm512_set1_ps(CAI_EXP_C6), r, _mm512_set1_ps(CAI_EXP_C5));
-	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CAI_EXP_C4));
-	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CAI_EXP_C3));
-	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CAI_EXP_C2));
-	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-	p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-	return _mm512_scalef_ps(p, k);
-}
-
-/* e into the eight partial sums: its low eight lanes, then its high eight. */
-#define ADD_PARTIALS_AVX512(acc, e) \
-	do { \
-		acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e)); \
-		acc = _mm256_add_ps(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))); \
-	} while (0)
-
 TARGET_AVX512 __attribute__((noinline)) static void
 exp_minus_max_avx512(float *row, int n, float m, float *partial)
 {
@@ -641,15 +613,31 @@ exp_minus_max_avx512(float *row, int n, float m, float *partial)
 
 	for (int i = 0; i < n; i += 16)
 	{
-		__m512		e = exp_minus_max16_avx512(_mm512_loadu_ps(row + i), mv);
+		__m512		x = _mm512_max_ps(_mm512_sub_ps(_mm512_loadu_ps(row + i), mv),
+									  _mm512_set1_ps(CAI_EXP_LO));
+		__m512		k,
+					r,
+					p,
+					e;
 
+		k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(CAI_EXP_LOG2E)),
+								 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+		r = _mm512_fnmadd_ps(k, _mm512_set1_ps(CAI_EXP_LN2_HI), x);
+		r = _mm512_fnmadd_ps(k, _mm512_set1_ps(CAI_EXP_LN2_LO), r);
+		p = _mm512_fmadd_ps(_mm512_set1_ps(CAI_EXP_C6), r, _mm512_set1_ps(CAI_EXP_C5));
+		p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CAI_EXP_C4));
+		p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CAI_EXP_C3));
+		p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CAI_EXP_C2));
+		p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+		p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+		e = _mm512_scalef_ps(p, k);
 		_mm512_storeu_ps(row + i, e);
-		ADD_PARTIALS_AVX512(acc, e);
+		/* the low eight lanes into the partial sums, then the high eight */
+		acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
+		acc = _mm256_add_ps(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
 	}
 	_mm256_storeu_ps(partial, acc);
 }
-
-#undef ADD_PARTIALS_AVX512
 #endif
 
 typedef int8_t cai_v16b __attribute__((vector_size(16)));
