@@ -638,6 +638,46 @@ exp_minus_max_avx512(float *row, int n, float m, float *partial)
 	}
 	_mm256_storeu_ps(partial, acc);
 }
+
+/*
+ * The same on AVX2, eight lanes at a time for i < n (a multiple of 8), with ops.h's steps: the
+ * low clamp as vmaxps, the high one left out (as above), the rounder, the fused polynomial, and
+ * 2^n built in the exponent bits.
+ */
+TARGET_AVX2 __attribute__((noinline)) static void
+exp_minus_max_avx2(float *row, int n, float m, float *partial)
+{
+	const __m256 mv = _mm256_set1_ps(m);
+	const __m256 magic = _mm256_set1_ps(12582912.0f);
+	__m256		acc = _mm256_loadu_ps(partial);
+
+	for (int i = 0; i < n; i += 8)
+	{
+		__m256		x = _mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(row + i), mv),
+									  _mm256_set1_ps(CAI_EXP_LO));
+		__m256		k,
+					r,
+					p,
+					e;
+		__m256i		bits;
+
+		k = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(CAI_EXP_LOG2E)), magic),
+						  magic);
+		r = _mm256_fnmadd_ps(k, _mm256_set1_ps(CAI_EXP_LN2_HI), x);
+		r = _mm256_fnmadd_ps(k, _mm256_set1_ps(CAI_EXP_LN2_LO), r);
+		p = _mm256_fmadd_ps(_mm256_set1_ps(CAI_EXP_C6), r, _mm256_set1_ps(CAI_EXP_C5));
+		p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CAI_EXP_C4));
+		p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CAI_EXP_C3));
+		p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CAI_EXP_C2));
+		p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+		p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+		bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(k), _mm256_set1_epi32(127)), 23);
+		e = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+		_mm256_storeu_ps(row + i, e);
+		acc = _mm256_add_ps(acc, e);
+	}
+	_mm256_storeu_ps(partial, acc);
+}
 #endif
 
 typedef int8_t cai_v16b __attribute__((vector_size(16)));
@@ -714,6 +754,70 @@ quantize_weights_avx512(const float *p, const float *vs, int n, float qinv, uint
 #undef WEIGHTS16
 	quantize_weights(p + i, vs + i, n - i, qinv, lo + i, hi + i);
 }
+
+/*
+ * The same on AVX2, 32 weights per step: vroundps to nearest even, then the packs and a dword
+ * permutation as above.
+ */
+TARGET_AVX2 __attribute__((noinline)) static void
+quantize_weights_avx2(const float *p, const float *vs, int n, float qinv, uint8_t *lo,
+					  uint8_t *hi)
+{
+	const __m256 qv = _mm256_set1_ps(qinv);
+	const __m256i low7 = _mm256_set1_epi16(127);
+	const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+	int			i = 0;
+
+#define WEIGHTS8(k) \
+	_mm256_cvttps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(p + i + 8 * (k)), \
+																	 _mm256_loadu_ps(vs + i + 8 * (k))), qv), \
+										_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
+	for (; i + 32 <= n; i += 32)
+	{
+		__m256i		a = _mm256_packus_epi32(WEIGHTS8(0), WEIGHTS8(1));
+		__m256i		b = _mm256_packus_epi32(WEIGHTS8(2), WEIGHTS8(3));
+		__m256i		l = _mm256_packus_epi16(_mm256_and_si256(a, low7), _mm256_and_si256(b, low7));
+		__m256i		h = _mm256_packus_epi16(_mm256_srli_epi16(a, 7), _mm256_srli_epi16(b, 7));
+
+		_mm256_storeu_si256((__m256i *) (lo + i), _mm256_permutevar8x32_epi32(l, order));
+		_mm256_storeu_si256((__m256i *) (hi + i), _mm256_permutevar8x32_epi32(h, order));
+	}
+#undef WEIGHTS8
+	quantize_weights(p + i, vs + i, n - i, qinv, lo + i, hi + i);
+}
+
+/*
+ * The maximum of row[0..n) on AVX2: vmaxps is a > b ? a : b, as cai_v16f_max, which GCC builds
+ * from compares and logic on AVX2; exact in any order for the finite scores a row holds.
+ */
+TARGET_AVX2 __attribute__((noinline)) static float
+row_max_avx2(const float *row, int n)
+{
+	__m256		m0 = _mm256_set1_ps(row[0]),
+				m1 = m0,
+				m2 = m0,
+				m3 = m0;
+	float		m;
+	int			i = 0;
+
+	for (; i + 32 <= n; i += 32)
+	{
+		m0 = _mm256_max_ps(m0, _mm256_loadu_ps(row + i));
+		m1 = _mm256_max_ps(m1, _mm256_loadu_ps(row + i + 8));
+		m2 = _mm256_max_ps(m2, _mm256_loadu_ps(row + i + 16));
+		m3 = _mm256_max_ps(m3, _mm256_loadu_ps(row + i + 24));
+	}
+	for (; i + 8 <= n; i += 8)
+		m0 = _mm256_max_ps(m0, _mm256_loadu_ps(row + i));
+	m0 = _mm256_max_ps(_mm256_max_ps(m0, m1), _mm256_max_ps(m2, m3));
+	m0 = _mm256_max_ps(m0, _mm256_permute2f128_ps(m0, m0, 1));
+	m0 = _mm256_max_ps(m0, _mm256_permute_ps(m0, 0x4E));
+	m0 = _mm256_max_ps(m0, _mm256_permute_ps(m0, 0xB1));
+	m = _mm256_cvtss_f32(m0);
+	for (; i < n; i++)
+		m = row[i] > m ? row[i] : m;
+	return m;
+}
 #endif
 
 /* Where an int8 row's exponentials go on to (softmax_row): its weights' planes. */
@@ -748,6 +852,14 @@ softmax_row(float *row, int n, float *max_out, float *total_out, const row_weigh
 	 * as a tree), so four independent sixteen-lane chains, then the lanes, then the rest.
 	 */
 	i = 0;
+#if defined(__x86_64__)
+	if (isa == ATTN_AVX2)
+	{
+		m = row_max_avx2(row, n);
+		i = n;
+	}
+	else
+#endif
 	if (n >= 64)
 	{
 		cai_v16f	m0 = cai_v16f_load(row),
@@ -789,6 +901,15 @@ softmax_row(float *row, int n, float *max_out, float *total_out, const row_weigh
 		memcpy(partial, &acc, sizeof(partial));
 		i = n / 16 * 16;
 		exp_minus_max_avx512(row, i, m, partial);
+		memcpy(&acc, partial, sizeof(partial));
+	}
+	else if (isa == ATTN_AVX2)
+	{
+		float		partial[8];
+
+		memcpy(partial, &acc, sizeof(partial));
+		i = n / 8 * 8;
+		exp_minus_max_avx2(row, i, m, partial);
 		memcpy(&acc, partial, sizeof(partial));
 	}
 #endif
@@ -834,6 +955,8 @@ softmax_row(float *row, int n, float *max_out, float *total_out, const row_weigh
 #if defined(__x86_64__)
 		if (isa == ATTN_AVX512)
 			quantize_weights_avx512(row, w->vs, n, w->qinv, w->lo, w->hi);
+		else if (isa == ATTN_AVX2)
+			quantize_weights_avx2(row, w->vs, n, w->qinv, w->lo, w->hi);
 		else
 #endif
 			quantize_weights(row, w->vs, n, w->qinv, w->lo, w->hi);
