@@ -196,6 +196,11 @@ extern char **cli_argv;
 		.name = "threads", .short_name = 'T', .kind = CLI_OPT_INT, .target = &(opts).threads, \
 		.metavar = "N", .help = "CPU threads; 0 = all cores", .min = 0, .max = 1024, \
 	}
+#define CLI_ISA_OPTION(opts) \
+	{ \
+		.name = "isa", .kind = CLI_OPT_STRING, .target = &(opts).isa, .metavar = "PATH", \
+		.help = "CPU kernels: avx512-amx, avx512-vnni, avx2 or generic (default: the best here)", \
+	}
 #define CLI_ROUNDING_OPTION(opts) \
 	{ \
 		.name = "compensated-rounding", .kind = CLI_OPT_FLAG, \

@@ -24,6 +24,7 @@ static struct
 {
 	const char *model;
 	int			threads;
+	const char *isa;
 	cli_int_list batches;
 	int			prompt_tokens;
 	int			gen_tokens;
@@ -42,6 +43,7 @@ static struct
 static const cli_option bench_options[] = {
 	CLI_MODEL_OPTION(bench_opts),
 	CLI_THREADS_OPTION(bench_opts),
+	CLI_ISA_OPTION(bench_opts),
 	{
 		.name = "batches",
 		.short_name = 'b',
@@ -361,6 +363,16 @@ cmd_bench(int argc, char **argv)
 	{
 		cli_error("out of memory");
 		goto done;
+	}
+	if (bench_opts.isa)
+	{
+		cai_error	err = {0};
+
+		if (cai_cpu_use_isa(bench_opts.isa, &err) != CAI_OK)
+		{
+			cli_report("could not pick the CPU kernels", &err);
+			goto done;
+		}
 	}
 	model = cli_load_model(bench_opts.model, bench_opts.threads, false, false);
 	if (!model)

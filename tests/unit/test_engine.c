@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "cai.h"
+#include "cpu/gemm.h"
 #include "json.h"
 #include "model.h"
 #include "synth_model.h"
@@ -213,6 +214,43 @@ TEST(engine_batch_invariance_seeded_and_greedy)
 	cai_engine_free(engine);
 	free(alone);
 	free(crowd);
+}
+
+/*
+ * cai_cpu_use_isa: an unknown path is refused with its name, and the generic path, picked
+ * over the best one here, gives an engine that says so and the same tokens.
+ */
+TEST(engine_cpu_path_choice)
+{
+	char		best[32];
+	int32_t		prompt[60];
+	cai_request_params req;
+	run_result *runs = calloc(2, sizeof(run_result));
+	cai_error	err = {0};
+	cai_engine *engine;
+
+	snprintf(best, sizeof(best), "%s", cai_cpu_isa());
+	CHECK_EQ_INT(cai_cpu_use_isa("avx1024", &err), CAI_ERR_INVALID_ARGUMENT);
+	CHECK(strstr(err.message, "avx1024") != NULL);
+	CHECK_EQ_INT(cai_cpu_use_isa(NULL, &err), CAI_ERR_INVALID_ARGUMENT);
+	CHECK(strcmp(cai_cpu_isa(), best) == 0);
+
+	make_prompt(prompt, 60, 7);
+	req = request(prompt, 60, 0.0f, 0, 16);
+	for (int i = 0; i < 2; i++)
+	{
+		CHECK_EQ_INT(cai_cpu_use_isa(i == 0 ? best : "generic", &err), CAI_OK);
+		engine = make_engine(2, 4, 96, 0, 8);
+		CHECK(engine != NULL);
+		if (!engine)
+			break;
+		CHECK(strstr(cai_engine_device(engine), i == 0 ? best : "generic") != NULL);
+		CHECK(run_batch(engine, &req, 1, &runs[i]));
+		cai_engine_free(engine);
+	}
+	CHECK(same_tokens(&runs[0], &runs[1]));
+	CHECK_EQ_INT(cai_cpu_use_isa(best, &err), CAI_OK);
+	free(runs);
 }
 
 /*
