@@ -597,6 +597,22 @@ dot_f32(const float *a, const float *b, int n)
 
 #if defined(__x86_64__)
 /*
+ * ATTN_EXP_POLY's range reduction and polynomial with the intrinsics of one vector width W
+ * (512 or 256): r and p from x and its rounded x * log2(e), k.
+ */
+#define ATTN_EXP_POLY_SIMD(W, x, k, r, p) \
+	do { \
+		r = _mm##W##_fnmadd_ps(k, _mm##W##_set1_ps(CAI_EXP_LN2_HI), x); \
+		r = _mm##W##_fnmadd_ps(k, _mm##W##_set1_ps(CAI_EXP_LN2_LO), r); \
+		p = _mm##W##_fmadd_ps(_mm##W##_set1_ps(CAI_EXP_C6), r, _mm##W##_set1_ps(CAI_EXP_C5)); \
+		p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(CAI_EXP_C4)); \
+		p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(CAI_EXP_C3)); \
+		p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(CAI_EXP_C2)); \
+		p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(1.0f)); \
+		p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(1.0f)); \
+	} while (0)
+
+/*
  * The softmax's sixteen-lane exponentials on AVX-512: row[i] = exp(row[i] - m) for i < n (a
  * multiple of 16), m the row's maximum, each e[i] added into partial[i % 8] in order.  The same
  * bits as the attention's exp, in fewer instructions: the low clamp is vmaxps (x > lo ? x : lo
@@ -622,14 +638,7 @@ exp_minus_max_avx512(float *row, int n, float m, float *partial)
 
 		k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(CAI_EXP_LOG2E)),
 								 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-		r = _mm512_fnmadd_ps(k, _mm512_set1_ps(CAI_EXP_LN2_HI), x);
-		r = _mm512_fnmadd_ps(k, _mm512_set1_ps(CAI_EXP_LN2_LO), r);
-		p = _mm512_fmadd_ps(_mm512_set1_ps(CAI_EXP_C6), r, _mm512_set1_ps(CAI_EXP_C5));
-		p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CAI_EXP_C4));
-		p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CAI_EXP_C3));
-		p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(CAI_EXP_C2));
-		p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-		p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+		ATTN_EXP_POLY_SIMD(512, x, k, r, p);
 		e = _mm512_scalef_ps(p, k);
 		_mm512_storeu_ps(row + i, e);
 		/* the low eight lanes into the partial sums, then the high eight */
@@ -663,14 +672,7 @@ exp_minus_max_avx2(float *row, int n, float m, float *partial)
 
 		k = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(CAI_EXP_LOG2E)), magic),
 						  magic);
-		r = _mm256_fnmadd_ps(k, _mm256_set1_ps(CAI_EXP_LN2_HI), x);
-		r = _mm256_fnmadd_ps(k, _mm256_set1_ps(CAI_EXP_LN2_LO), r);
-		p = _mm256_fmadd_ps(_mm256_set1_ps(CAI_EXP_C6), r, _mm256_set1_ps(CAI_EXP_C5));
-		p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CAI_EXP_C4));
-		p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CAI_EXP_C3));
-		p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CAI_EXP_C2));
-		p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-		p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+		ATTN_EXP_POLY_SIMD(256, x, k, r, p);
 		bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(k), _mm256_set1_epi32(127)), 23);
 		e = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 		_mm256_storeu_ps(row + i, e);
