@@ -571,16 +571,14 @@ cai_engine_device_reason(const cai_engine *engine)
 cai_status
 cai_cpu_use_isa(const char *name, cai_error *err)
 {
-	static const char *const known[] = {"avx512-amx", "avx512-vnni", "avx2", "generic"};
-
-	for (size_t i = 0; name && i < sizeof(known) / sizeof(known[0]); i++)
-		if (strcmp(name, known[i]) == 0)
-			return cai_cpu_force_isa(name) ? CAI_OK
-				: cai_fail(err, CAI_ERR_UNSUPPORTED, "this CPU cannot run the %s path (it runs %s)",
-						   name, cai_cpu_isa());
-	return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
-					"unknown CPU path \"%s\" (expected avx512-amx, avx512-vnni, avx2 or generic)",
-					name ? name : "(null)");
+	if (!cai_cpu_isa_known(name))
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"unknown CPU path \"%s\" (expected avx512-amx, avx512-vnni, avx2 or generic)",
+						name ? name : "(null)");
+	if (!cai_cpu_force_isa(name))
+		return cai_fail(err, CAI_ERR_UNSUPPORTED, "this CPU cannot run the %s path (it runs %s)",
+						name, cai_cpu_isa());
+	return CAI_OK;
 }
 
 /* ---------------------------------------------------------------------------------------------

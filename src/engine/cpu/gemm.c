@@ -220,21 +220,28 @@ cai_cpu_isa(void)
 	return isa_name(current_isa());
 }
 
-/* Tests: switches to the named path if this CPU has it. */
+static const gemm_isa all_isas[] = {ISA_GENERIC, ISA_AVX2, ISA_AVX512_VNNI, ISA_AVX512_AMX};
+
+bool
+cai_cpu_isa_known(const char *name)
+{
+	for (size_t i = 0; name && i < sizeof(all_isas) / sizeof(all_isas[0]); i++)
+		if (strcmp(name, isa_name(all_isas[i])) == 0)
+			return true;
+	return false;
+}
+
+/* Switches to the named path if this CPU has it. */
 bool
 cai_cpu_force_isa(const char *name)
 {
-	static const gemm_isa all[] = {ISA_GENERIC, ISA_AVX2, ISA_AVX512_VNNI, ISA_AVX512_AMX};
-
-	if (!name)
-		return false;
-	for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
+	for (size_t i = 0; name && i < sizeof(all_isas) / sizeof(all_isas[0]); i++)
 	{
-		if (strcmp(name, isa_name(all[i])) == 0)
+		if (strcmp(name, isa_name(all_isas[i])) == 0)
 		{
-			if (!isa_available(all[i]))
+			if (!isa_available(all_isas[i]))
 				return false;
-			atomic_store_explicit(&selected_isa, all[i], memory_order_relaxed);
+			atomic_store_explicit(&selected_isa, all_isas[i], memory_order_relaxed);
 			return true;
 		}
 	}

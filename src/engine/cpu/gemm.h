@@ -118,7 +118,10 @@ void		cai_gemm_f32(cai_threadpool *pool, const float *x, int n_tok, int k,
  */
 const char *cai_cpu_isa(void);
 
-/* Tests: force a path (one of those names); false if unavailable here. */
+/* Whether name is one of those paths' names. */
+bool		cai_cpu_isa_known(const char *name);
+
+/* Forces a path (one of those names: tests, cai_cpu_use_isa); false if unavailable here. */
 bool		cai_cpu_force_isa(const char *name);
 
 /*
