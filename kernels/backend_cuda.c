@@ -518,6 +518,20 @@ cuda_embed_i8(cai_backend *be, const cai_qmatrix *table, const int32_t *ids, int
 }
 
 static void
+cuda_embed_i8_add(cai_backend *be, const cai_qmatrix *table, const int32_t *ids, int n_tok,
+				  float *x)
+{
+	cuda_backend *cb = cb_of(be);
+	cai_cuda_qmatrix t = {.n_out = table->n_out, .n_out_padded = table->n_out, .k = table->k,
+	.q_dev = (int8_t *) table->q, .scale_dev = (float *) table->scale};
+	cai_error	e;
+
+	if (cb->failed || !step_inputs(cb, ids, n_tok) || !output_ok(cb, x, "embedding output"))
+		return;
+	be_check(cb, cai_cuda_embed_i8_add(cb->ctx, &t, cb->ids_dev, n_tok, x, &e), &e);
+}
+
+static void
 cuda_embed_f32(cai_backend *be, const float *table, int d, const int32_t *ids, int n_tok,
 			   float *x)
 {
@@ -606,6 +620,20 @@ cuda_quantize(cai_backend *be, const float *x, int n_tok, int k, int8_t *q, floa
 		!output_ok(cb, s, "quantize scales"))
 		return;
 	be_check(cb, cai_cuda_quantize_act(cb->ctx, x, n_tok, k, k, q, s, &e), &e);
+}
+
+static void
+cuda_quantize_residual(cai_backend *be, const float *x, int n_tok, int k, const int8_t *q,
+					   const float *s, int8_t *q2, float *s2)
+{
+	cuda_backend *cb = cb_of(be);
+	cai_error	e;
+
+	if (cb->failed || !operand(cb, x, "residual input") || !operand(cb, q, "first digit") ||
+		!operand(cb, s, "first digit's scales") || !output_ok(cb, q2, "second digit") ||
+		!output_ok(cb, s2, "second digit's scales"))
+		return;
+	be_check(cb, cai_cuda_quantize_residual(cb->ctx, x, n_tok, k, q, s, q2, s2, &e), &e);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1317,12 +1345,14 @@ static const cai_backend_ops cuda_ops = {
 	.prepare_i8 = cuda_prepare_i8,
 	.weight_data = cuda_weight_data,
 	.embed_i8 = cuda_embed_i8,
+	.embed_i8_add = cuda_embed_i8_add,
 	.embed_f32 = cuda_embed_f32,
 	.gather_rows = cuda_gather_rows,
 	.rmsnorm = cuda_rmsnorm,
 	.head_rmsnorm = cuda_head_rmsnorm,
 	.rmsnorm_quant = cuda_rmsnorm_quant,
 	.quantize = cuda_quantize,
+	.quantize_residual = cuda_quantize_residual,
 	.gemm_i8 = cuda_gemm_i8,
 	.gemm_f32 = cuda_gemm_f32,
 	.rope_prepare = cuda_rope_prepare,

@@ -234,6 +234,12 @@ CAI_CUDA_API cai_status cai_cuda_quantize_act(cai_cuda_ctx *ctx, const float *x_
 											  int k, int ldx, int8_t *q_dev, float *s_dev,
 											  cai_error *err);
 
+/* backend.h's quantize_residual on the device: x [n_tok, k] and its first digit q1, s1. */
+CAI_CUDA_API cai_status cai_cuda_quantize_residual(cai_cuda_ctx *ctx, const float *x_dev,
+												   int n_tok, int k, const int8_t *q1_dev,
+												   const float *s1_dev, int8_t *q_dev,
+												   float *s_dev, cai_error *err);
+
 /*
  * cai_op_rmsnorm_row per token: y = (x * inv) * w, inv = 1 / sqrt(sum(x^2) / d + eps), the sum of
  * squares taken with ops.h's eight-partial-sum rule (partial i % 8 in order, the fixed tree, then
@@ -317,6 +323,10 @@ CAI_CUDA_API cai_status cai_cuda_rotate(cai_cuda_ctx *ctx, const cai_cuda_rotati
 CAI_CUDA_API cai_status cai_cuda_embed_i8(cai_cuda_ctx *ctx, const cai_cuda_qmatrix *table,
 										  const int32_t *ids_dev, int n_tok, float *x_dev,
 										  cai_error *err);
+/* x[t, :] += the same (a two-digit table's second digits); ids outside the table add nothing. */
+CAI_CUDA_API cai_status cai_cuda_embed_i8_add(cai_cuda_ctx *ctx, const cai_cuda_qmatrix *table,
+											  const int32_t *ids_dev, int n_tok, float *x_dev,
+											  cai_error *err);
 
 /* x[t, :] = table[ids[t], :] for a float table [n_rows, d]. */
 CAI_CUDA_API cai_status cai_cuda_embed_f32(cai_cuda_ctx *ctx, const float *table_dev, int n_rows,

@@ -98,14 +98,29 @@ epilogue_quant_kernel(const int32_t *__restrict__ acc, int ldacc, const float *_
 	}
 }
 
-/* Per-token quantization of a float matrix: one block per token, max then quantize. */
+/*
+ * Element i of a row to quantize: x itself, or with a first digit (q1 != NULL, scale s1) its
+ * rounding error x - (float) q1 * s1, rounded as the CPU rounds it (a product, then a difference).
+ */
+static __device__ __forceinline__ float
+quantize_input(const float *xr, const int8_t *q1r, float s1, int i)
+{
+	return q1r ? __fsub_rn(xr[i], __fmul_rn((float) q1r[i], s1)) : xr[i];
+}
+
+/*
+ * Per-token quantization of a float matrix, or of its rounding error against the first digit
+ * q1, s1 (two-digit activations): one block per token, max then quantize.
+ */
 static __global__ void
-quantize_kernel(const float *__restrict__ x, int k, int ldx, int8_t *__restrict__ q,
-				float *__restrict__ s)
+quantize_kernel(const float *__restrict__ x, int k, int ldx, const int8_t *__restrict__ q1,
+				const float *__restrict__ s1, int8_t *__restrict__ q, float *__restrict__ s)
 {
 	__shared__ float red[QUANT_THREADS / CUDA_WARP];
 	int			t = blockIdx.x;
 	const float *xr = x + (size_t) t * ldx;
+	const int8_t *q1r = q1 ? q1 + (size_t) t * k : NULL;
+	float		s1t = q1 ? s1[t] : 0.0f;
 	int8_t	   *qr = q + (size_t) t * k;
 	float		amax = 0.0f;
 	float		scale = 0.0f,
@@ -113,13 +128,13 @@ quantize_kernel(const float *__restrict__ x, int k, int ldx, int8_t *__restrict_
 	bool		nonzero;
 
 	for (int i = threadIdx.x; i < k; i += blockDim.x)
-		amax = fmaxf(amax, fabsf(xr[i]));
+		amax = fmaxf(amax, fabsf(quantize_input(xr, q1r, s1t, i)));
 	amax = block_max(amax, red);
 	nonzero = quant_row_scale(amax, &scale, &inv);
 	if (threadIdx.x == 0)
 		s[t] = nonzero ? scale : 0.0f;
 	for (int i = threadIdx.x; i < k; i += blockDim.x)
-		qr[i] = nonzero ? quant_one(xr[i], inv) : 0;
+		qr[i] = nonzero ? quant_one(quantize_input(xr, q1r, s1t, i), inv) : 0;
 }
 
 /* Threads for a one-block-per-row kernel over rows of n elements: a multiple of 32, <= 512. */
@@ -137,8 +152,22 @@ cai_cuda_quantize_act(cai_cuda_ctx *ctx, const float *x_dev, int n_tok, int k, i
 {
 	if (n_tok <= 0)
 		return CAI_OK;
-	quantize_kernel<<<n_tok, row_threads(k), 0, ctx->stream>>>(x_dev, k, ldx, q_dev, s_dev);
+	quantize_kernel<<<n_tok, row_threads(k), 0, ctx->stream>>>(x_dev, k, ldx, NULL, NULL, q_dev,
+																 s_dev);
 	CUDA_CHECK_LAUNCH(err, "the quantize kernel");
+	return CAI_OK;
+}
+
+extern "C" cai_status
+cai_cuda_quantize_residual(cai_cuda_ctx *ctx, const float *x_dev, int n_tok, int k,
+						   const int8_t *q1_dev, const float *s1_dev, int8_t *q_dev,
+						   float *s_dev, cai_error *err)
+{
+	if (n_tok <= 0)
+		return CAI_OK;
+	quantize_kernel<<<n_tok, row_threads(k), 0, ctx->stream>>>(x_dev, k, k, q1_dev, s1_dev,
+																 q_dev, s_dev);
+	CUDA_CHECK_LAUNCH(err, "the residual quantize kernel");
 	return CAI_OK;
 }
 

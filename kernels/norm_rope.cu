@@ -384,9 +384,10 @@ cai_cuda_swiglu(cai_cuda_ctx *ctx, const float *gate_up_dev, int n_tok, int d_ff
  * Embedding and row gathers
  * ------------------------------------------------------------------------------------------- */
 
+/* x = the rows dequantized, or x + them (add: a two-digit table's second digits) */
 static __global__ void
 embed_i8_kernel(const int8_t *__restrict__ table, const float *__restrict__ scale, int n_vocab,
-				int d, const int32_t *__restrict__ ids, int n_tok, float *__restrict__ x)
+				int d, const int32_t *__restrict__ ids, int n_tok, float *__restrict__ x, bool add)
 {
 	long		idx = blockIdx.x * (long) blockDim.x + threadIdx.x;
 	int			t = (int) (idx / d);
@@ -397,14 +398,21 @@ embed_i8_kernel(const int8_t *__restrict__ table, const float *__restrict__ scal
 		return;
 	id = ids[t];
 	if (id < 0 || id >= n_vocab)
-		x[idx] = 0.0f;
+	{
+		if (!add)
+			x[idx] = 0.0f;
+	}
 	else
-		x[idx] = __fmul_rn((float) table[(size_t) id * d + i], scale[id]);
+	{
+		float		v = __fmul_rn((float) table[(size_t) id * d + i], scale[id]);
+
+		x[idx] = add ? __fadd_rn(x[idx], v) : v;
+	}
 }
 
-extern "C" cai_status
-cai_cuda_embed_i8(cai_cuda_ctx *ctx, const cai_cuda_qmatrix *table, const int32_t *ids_dev,
-				  int n_tok, float *x_dev, cai_error *err)
+static cai_status
+embed_i8(cai_cuda_ctx *ctx, const cai_cuda_qmatrix *table, const int32_t *ids_dev, int n_tok,
+		 float *x_dev, bool add, cai_error *err)
 {
 	long		n = (long) n_tok * table->k;
 
@@ -412,9 +420,23 @@ cai_cuda_embed_i8(cai_cuda_ctx *ctx, const cai_cuda_qmatrix *table, const int32_
 		return CAI_OK;
 	embed_i8_kernel<<<div_up(n, 256), 256, 0, ctx->stream>>>(table->q_dev, table->scale_dev,
 															 table->n_out, table->k, ids_dev,
-															 n_tok, x_dev);
+															 n_tok, x_dev, add);
 	CUDA_CHECK_LAUNCH(err, "the embedding kernel");
 	return CAI_OK;
+}
+
+extern "C" cai_status
+cai_cuda_embed_i8(cai_cuda_ctx *ctx, const cai_cuda_qmatrix *table, const int32_t *ids_dev,
+				  int n_tok, float *x_dev, cai_error *err)
+{
+	return embed_i8(ctx, table, ids_dev, n_tok, x_dev, false, err);
+}
+
+extern "C" cai_status
+cai_cuda_embed_i8_add(cai_cuda_ctx *ctx, const cai_cuda_qmatrix *table, const int32_t *ids_dev,
+					  int n_tok, float *x_dev, cai_error *err)
+{
+	return embed_i8(ctx, table, ids_dev, n_tok, x_dev, true, err);
 }
 
 /* dst[r, :] = src[rows[r], :] (rows NULL: the identity); out-of-range rows give zeros. */

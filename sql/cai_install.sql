@@ -55,3 +55,6 @@ SELECT m->>'status' AS status, m->>'arch' AS arch, m->>'chat_template' AS templa
 FROM cai_model_info() AS m;
 -- the engine reports how it rounded the weights (pg_cai.weight_rounding)
 SELECT cai_model_info()->>'weight_rounding' AS weight_rounding, current_setting('pg_cai.weight_rounding') AS setting;
+-- and how it quantizes its GEMMs' inputs (pg_cai.activation_precision)
+SELECT cai_model_info()->>'activation_precision' AS activation_precision,
+       current_setting('pg_cai.activation_precision') AS setting;

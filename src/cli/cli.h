@@ -99,9 +99,16 @@ int			cli_report(const char *what, const cai_error *err);
 /* Prints "cai: message" to stderr; returns CLI_EXIT_ERROR. */
 int			cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
-/* Loads a model (reporting any error); n_threads 0 = all cores. */
+/* The int8 path's numerics options of the commands that load a model (CLI_NUMERICS_OPTIONS). */
+typedef struct cli_numerics
+{
+	bool		compensated_rounding;
+	bool		two_digit_activations;
+} cli_numerics;
+
+/* Loads a model (reporting any error); n_threads 0 = all cores; numerics NULL = the defaults. */
 cai_model  *cli_load_model(const char *path, int n_threads, bool float_reference,
-							bool compensated_rounding);
+							const cli_numerics *numerics);
 
 /*
  * The grammar of --json-schema FILE or --json-object (*out stays NULL without either).  Reports
@@ -201,11 +208,16 @@ extern char **cli_argv;
 		.name = "isa", .kind = CLI_OPT_STRING, .target = &(opts).isa, .metavar = "PATH", \
 		.help = "CPU kernels: avx512-amx, avx512-vnni, avx2 or generic (default: the best here)", \
 	}
-#define CLI_ROUNDING_OPTION(opts) \
+#define CLI_NUMERICS_OPTIONS(opts) \
 	{ \
 		.name = "compensated-rounding", .kind = CLI_OPT_FLAG, \
-		.target = &(opts).compensated_rounding, \
+		.target = &(opts).numerics.compensated_rounding, \
 		.help = "round weights along the calibration inputs (GPTQ) instead of to nearest", \
+	}, \
+	{ \
+		.name = "two-digit-activations", .kind = CLI_OPT_FLAG, \
+		.target = &(opts).numerics.two_digit_activations, \
+		.help = "GEMM inputs as two int8 digits: closer to float, GEMMs twice the work", \
 	}
 
 /* --json-schema FILE and --json-object, over a struct with json_schema and json_object. */

@@ -25,6 +25,7 @@ static struct
 	const char *model;
 	int			threads;
 	const char *isa;
+	cli_numerics numerics;
 	cli_int_list batches;
 	int			prompt_tokens;
 	int			gen_tokens;
@@ -44,6 +45,7 @@ static const cli_option bench_options[] = {
 	CLI_MODEL_OPTION(bench_opts),
 	CLI_THREADS_OPTION(bench_opts),
 	CLI_ISA_OPTION(bench_opts),
+	CLI_NUMERICS_OPTIONS(bench_opts),
 	{
 		.name = "batches",
 		.short_name = 'b',
@@ -374,7 +376,7 @@ cmd_bench(int argc, char **argv)
 			goto done;
 		}
 	}
-	model = cli_load_model(bench_opts.model, bench_opts.threads, false, false);
+	model = cli_load_model(bench_opts.model, bench_opts.threads, false, &bench_opts.numerics);
 	if (!model)
 		goto done;
 	cai_model_get_info(model, &info);
@@ -453,6 +455,9 @@ cmd_bench(int argc, char **argv)
 	printf(",\n  \"device\": ");
 	json_write_string(stdout, cai_engine_device(engine));
 	printf(",\n  \"threads\": %d,\n  \"repeat\": %d,\n", bench_opts.threads, bench_opts.repeat);
+	printf("  \"weight_rounding\": \"%s\",\n  \"activation_precision\": \"%s\",\n",
+		   bench_opts.numerics.compensated_rounding ? "compensated" : "nearest",
+		   bench_opts.numerics.two_digit_activations ? "int8x2" : "int8");
 	printf("  \"sampling\": {\"temperature\": %g, \"top_p\": %g, \"top_k\": %d, \"seed\": %llu},\n",
 		   bench_opts.temperature, bench_opts.top_p, bench_opts.top_k,
 		   (unsigned long long) bench_opts.seed);

@@ -233,7 +233,7 @@ cmd_chat(int argc, char **argv)
 		return cli_usage_error(&cli_chat_command, "missing -m MODEL");
 
 	rc = CLI_EXIT_ERROR;
-	model = cli_load_model(chat_opts.model, chat_opts.threads, false, false);
+	model = cli_load_model(chat_opts.model, chat_opts.threads, false, NULL);
 	if (!model)
 		goto done;
 	cai_model_get_info(model, &info);

@@ -25,7 +25,7 @@ static struct
 	int			max_tokens;
 	int			threads;
 	bool		json_only;
-	bool		compensated_rounding;
+	cli_numerics numerics;
 	const char *logits_out;
 } eval_opts;
 
@@ -58,7 +58,7 @@ static const cli_option eval_options[] = {
 		.target = &eval_opts.json_only,
 		.help = "print only the JSON (no human line)",
 	},
-	CLI_ROUNDING_OPTION(eval_opts),
+	CLI_NUMERICS_OPTIONS(eval_opts),
 	{
 		.name = "logits-out",
 		.kind = CLI_OPT_STRING,
@@ -248,7 +248,7 @@ cmd_eval(int argc, char **argv)
 		cli_error("\"%s\" contains NUL bytes; eval expects a text file", positional[0]);
 		goto done;
 	}
-	model = cli_load_model(eval_opts.model, eval_opts.threads, true, eval_opts.compensated_rounding);
+	model = cli_load_model(eval_opts.model, eval_opts.threads, true, &eval_opts.numerics);
 	if (!model)
 		goto done;
 	cai_model_get_info(model, &info);

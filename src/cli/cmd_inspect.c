@@ -69,7 +69,7 @@ cmd_inspect(int argc, char **argv)
 	if (!path)
 		return cli_usage_error(&cli_inspect_command, "missing MODEL");
 
-	model = cli_load_model(path, inspect_opts.threads, false, false);
+	model = cli_load_model(path, inspect_opts.threads, false, NULL);
 	if (!model)
 		return CLI_EXIT_ERROR;
 	if (cai_model_describe(model, &text, &err) != CAI_OK)

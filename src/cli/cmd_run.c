@@ -25,7 +25,7 @@ static struct
 	int			ctx;
 	cli_string_list stop;
 	bool		ignore_eos;
-	bool		compensated_rounding;
+	cli_numerics numerics;
 	bool		verbose;
 	const char *json_schema;
 	bool		json_object;
@@ -90,7 +90,7 @@ static const cli_option run_options[] = {
 		.target = &run_opts.ignore_eos,
 		.help = "keep generating past end-of-turn, up to --max-tokens",
 	},
-	CLI_ROUNDING_OPTION(run_opts),
+	CLI_NUMERICS_OPTIONS(run_opts),
 	CLI_JSON_OPTIONS(run_opts),
 	{
 		.name = "verbose",
@@ -191,7 +191,7 @@ cmd_run(int argc, char **argv)
 
 	memset(&gen, 0, sizeof(gen));
 	rc = CLI_EXIT_ERROR;
-	model = cli_load_model(run_opts.model, run_opts.threads, false, run_opts.compensated_rounding);
+	model = cli_load_model(run_opts.model, run_opts.threads, false, &run_opts.numerics);
 	if (!model)
 		goto done;
 	if (!build_run_prompt(model, prompt, &ids))

@@ -30,7 +30,7 @@ static struct
 	int			cache_mb;
 	int			max_queue;
 	int			max_queue_wait_ms;
-	bool		compensated_rounding;
+	cli_numerics numerics;
 } serve_opts;
 
 static const cli_option serve_options[] = {
@@ -59,7 +59,7 @@ static const cli_option serve_options[] = {
 		.help = "auto, cpu or cuda (default auto)",
 	},
 	CLI_THREADS_OPTION(serve_opts),
-	CLI_ROUNDING_OPTION(serve_opts),
+	CLI_NUMERICS_OPTIONS(serve_opts),
 	{
 		.name = "max-batch",
 		.kind = CLI_OPT_INT,
@@ -204,7 +204,8 @@ cmd_serve(int argc, char **argv)
 	cai_model_params_default(&config.model);
 	config.model.n_threads = serve_opts.threads;
 	config.model.chat_template = template_name;
-	config.model.compensated_rounding = serve_opts.compensated_rounding;
+	config.model.compensated_rounding = serve_opts.numerics.compensated_rounding;
+	config.model.two_digit_activations = serve_opts.numerics.two_digit_activations;
 	cai_engine_params_default(&config.engine);
 	config.engine.device = device ? device : "auto";
 	config.engine.n_threads = serve_opts.threads;

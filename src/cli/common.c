@@ -50,7 +50,8 @@ cli_now(void)
  * ------------------------------------------------------------------------------------------- */
 
 cai_model  *
-cli_load_model(const char *path, int n_threads, bool float_reference, bool compensated_rounding)
+cli_load_model(const char *path, int n_threads, bool float_reference,
+			   const cli_numerics *numerics)
 {
 	cai_model_params params;
 	cai_model  *model = NULL;
@@ -60,7 +61,11 @@ cli_load_model(const char *path, int n_threads, bool float_reference, bool compe
 	cai_model_params_default(&params);
 	params.n_threads = n_threads;
 	params.load_float_reference = float_reference;
-	params.compensated_rounding = compensated_rounding;
+	if (numerics)
+	{
+		params.compensated_rounding = numerics->compensated_rounding;
+		params.two_digit_activations = numerics->two_digit_activations;
+	}
 	if (cai_model_load(path, &params, &model, &err) != CAI_OK)
 	{
 		snprintf(what, sizeof(what), "could not load model \"%s\"", path);

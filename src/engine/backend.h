@@ -164,6 +164,12 @@ typedef struct cai_backend_ops
 	 */
 	void		(*embed_i8) (cai_backend *be, const cai_qmatrix *table, const int32_t *ids,
 							 int n_tok, float *x);
+	/*
+	 * x[t, :] += table row ids[t] dequantized: the second digits of a two-digit table, each
+	 * element (float) q * scale added to the first's.  Optional (two-digit activations).
+	 */
+	void		(*embed_i8_add) (cai_backend *be, const cai_qmatrix *table, const int32_t *ids,
+								 int n_tok, float *x);
 	void		(*embed_f32) (cai_backend *be, const float *table, int d, const int32_t *ids,
 							  int n_tok, float *x);
 
@@ -190,6 +196,25 @@ typedef struct cai_backend_ops
 	/* Per-token int8 quantization of x [n_tok, k]. */
 	void		(*quantize) (cai_backend *be, const float *x, int n_tok, int k, int8_t *q,
 							 float *s);
+
+	/*
+	 * The second digit of x [n_tok, k] quantized to q, s: its rounding error r = x - (float) q
+	 * * s per element (a product rounded, then a difference: no fused multiply-add),
+	 * quantized per token to q2, s2 by cai_quantize_act_i8's rule.  Optional: a backend
+	 * without it cannot run models loaded with two-digit activations (forward.c).
+	 */
+	void		(*quantize_residual) (cai_backend *be, const float *x, int n_tok, int k,
+									  const int8_t *q, const float *s, int8_t *q2, float *s2);
+
+	/*
+	 * Two-digit activations' sum: y [2 * n_tok, n_out] holds gemm_i8's products (no bias, no
+	 * accumulation) of an input's first digit, rows [0, n_tok), then of its second; out[t, o] =
+	 * [out +] (y1 + bias), then + y2: the bits of the first digit's GEMM with the bias and the
+	 * accumulation followed by the second's accumulated, from one GEMM over both digits (the
+	 * weights read once).  Optional: without it the forward runs the GEMM once per digit.
+	 */
+	void		(*add_digits) (cai_backend *be, const float *y, int n_tok, int n_out,
+							   const float *bias, float *out, int ldo, bool accumulate);
 
 	/*
 	 * W8A8 GEMM with fused epilogue and its float reference (cpu/gemm.h semantics).  gemm_i8

@@ -72,6 +72,10 @@ typedef struct cai_model_params
 										 * inputs' second moment (GPTQ) instead of to the
 										 * nearest level: closer to float on average, loads
 										 * about 4x slower (calibrate.c, "compensated rounding") */
+	bool		two_digit_activations;	/* each int8 GEMM input also carries its rounding
+										 * error as a second int8 digit (about 15 bits in all)
+										 * and every int8 GEMM runs twice: closer to float,
+										 * slower (forward.c, "two-digit activations") */
 } cai_model_params;
 
 void		cai_model_params_default(cai_model_params *params);
@@ -107,6 +111,7 @@ typedef struct cai_model_info
 	size_t		kv_window_bytes_per_token;	/* of which windowed layers', kept for kv_window */
 	int			kv_window;		/* positions the windowed layers look back (0: none) */
 	bool		compensated_rounding;	/* int8 weights rounded along the calibration inputs */
+	bool		two_digit_activations;	/* GEMM inputs as two int8 digits */
 	uint64_t	fingerprint;	/* identifies weights+tokenizer; seeds the prefix cache */
 	int32_t		bos_token;		/* -1 when the model has none */
 	bool		add_bos;		/* raw text prompts start with bos_token (tokenizer.ggml.add_bos_token) */

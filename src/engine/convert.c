@@ -46,6 +46,8 @@ cai_plan_rows_compensated(cai_convert_plan *p, const gguf_tensor *src, const flo
 		j->row_scale = row_scale;
 		j->rot = rot;
 		j->rm = rm;
+		j->q2 = NULL;
+		j->scale2 = NULL;
 		j->track_col_max = track_col_max;
 	}
 	return true;
@@ -59,6 +61,24 @@ cai_plan_rows_rotated(cai_convert_plan *p, const gguf_tensor *src, const float *
 {
 	return cai_plan_rows_compensated(p, src, fsrc, k, rows, q, scale, f, col_scale, row_scale, rot,
 								 NULL, track_col_max);
+}
+
+/* Nearest rounding and each row's second digit (convert.h). */
+bool
+cai_plan_rows_two_digits(cai_convert_plan *p, const gguf_tensor *src, int k, int rows, int8_t *q,
+						 float *scale, int8_t *q2, float *scale2, float *f, bool track_col_max)
+{
+	int			first = p->n_jobs;
+
+	if (!cai_plan_rows_rotated(p, src, NULL, k, rows, q, scale, f, NULL, NULL, NULL,
+							   track_col_max))
+		return false;
+	for (int i = first; i < p->n_jobs; i++)
+	{
+		p->jobs[i].q2 = q2;
+		p->jobs[i].scale2 = scale2;
+	}
+	return true;
 }
 
 /* The same without rotation or column maxima. */
@@ -127,7 +147,18 @@ convert_task(void *arg, int task, int thread)
 		if (j->rm)
 			memcpy(block + (size_t) (r - j->row0) * j->k, row, (size_t) j->k * sizeof(float));
 		else
-			cai_quantize_row_i8(row, j->k, j->q + (size_t) r * j->k, &j->scale[r]);
+		{
+			int8_t	   *q = j->q + (size_t) r * j->k;
+
+			cai_quantize_row_i8(row, j->k, q, &j->scale[r]);
+			if (j->q2)
+			{
+				/* the second digit: the rounding error (a product, then a difference) */
+				for (int i = 0; i < j->k; i++)
+					scaled[i] = row[i] - (float) q[i] * j->scale[r];
+				cai_quantize_row_i8(scaled, j->k, j->q2 + (size_t) r * j->k, &j->scale2[r]);
+			}
+		}
 	}
 	if (j->rm)
 		cai_round_rows_i8(block, j->row1 - j->row0, j->k, j->rm, j->q + (size_t) j->row0 * j->k,

@@ -40,6 +40,9 @@ typedef struct cai_convert_job
 	const float *row_scale;		/* [rows] or NULL */
 	const cai_rotation *rot;	/* or NULL */
 	const cai_rounding_metric *rm;	/* error-compensating rounding along this metric, or NULL */
+	int8_t	   *q2;				/* with nearest rounding: each row's second digit (its
+								 * rounding error quantized the same way) from row 0, or NULL */
+	float	   *scale2;			/* their scales */
 	bool		track_col_max;
 } cai_convert_job;
 
@@ -65,6 +68,14 @@ bool		cai_plan_rows_compensated(cai_convert_plan *p, const gguf_tensor *src, con
 									  const float *col_scale, const float *row_scale,
 									  const cai_rotation *rot, const cai_rounding_metric *rm,
 									  bool track_col_max);
+
+/*
+ * Nearest rounding with a second int8 digit per row: q2, scale2 get the rounding error of each
+ * row's q, scale, quantized the same way (a table read as q * scale + q2 * scale2).
+ */
+bool		cai_plan_rows_two_digits(cai_convert_plan *p, const gguf_tensor *src, int k, int rows,
+									 int8_t *q, float *scale, int8_t *q2, float *scale2, float *f,
+									 bool track_col_max);
 
 /* The same with nearest rounding. */
 bool		cai_plan_rows_rotated(cai_convert_plan *p, const gguf_tensor *src, const float *fsrc,

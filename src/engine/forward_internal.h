@@ -40,6 +40,7 @@ typedef struct cai_model_operands
 	bool		int8;			/* the int8 path's operands are prepared */
 	const cai_weight *lm_head;
 	cai_qmatrix tok_embd;		/* q and scale in backend memory */
+	cai_qmatrix tok_embd_digit2;	/* its second digits, or q == NULL */
 	const float *out_norm, *out_norm_i8, *f_tok_embd, *f_lm_head;
 	cai_rotation rot_model, rot_ff, rot_head;	/* mix in backend memory */
 } cai_model_operands;
@@ -66,8 +67,12 @@ struct cai_forward_ctx
 	/* activations (backend memory) */
 	float	   *x;				/* [T, d_model] the residual stream */
 	float	   *xn;				/* [T, width] float activations (reference path) */
-	int8_t	   *xq;				/* [T, width] quantized activations */
-	float	   *xs;				/* [T] their scales */
+	int8_t	   *xq;				/* [T, width] quantized activations (two-digit activations:
+								 * [2T, width], an input's second digits after its first) */
+	float	   *xs;				/* [T] their scales ([2T]) */
+	bool		two_digits;		/* the model's two_digit_activations */
+	float	   *digit_out;		/* both digits' GEMM products (backend add_digits), or NULL */
+	size_t		digit_out_floats;	/* its size */
 	float	   *qkv;			/* [T, qkv_width] */
 	float	   *att;			/* [T, n_heads * head_dim] */
 	float	   *gate_up;		/* [T, 2 * d_ff] */

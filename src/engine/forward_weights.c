@@ -75,6 +75,23 @@ cai_forward_bind_layer(cai_forward_ctx *ctx, int l, cai_error *err)
 }
 
 /* The int8 path's operands: every GEMM matrix prepared in one call, the embedding as data. */
+
+/* An int8 table read by rows: its q and scales where the backend keeps them (weight_data). */
+static cai_status
+bind_table(cai_backend *be, const cai_qmatrix *m, cai_qmatrix *out, cai_error *err)
+{
+	const void *q = be->ops->weight_data(be, m->q, (size_t) m->n_out * m->k, err);
+	const void *scale = q ? be->ops->weight_data(be, m->scale, (size_t) m->n_out * sizeof(float),
+												err) : NULL;
+
+	if (!q || !scale)
+		return CAI_ERR_NO_MEMORY;
+	*out = *m;
+	out->q = q;
+	out->scale = scale;
+	return CAI_OK;
+}
+
 static cai_status
 bind_int8(cai_forward_ctx *ctx, cai_error *err)
 {
@@ -84,8 +101,6 @@ bind_int8(cai_forward_ctx *ctx, cai_error *err)
 	const int	n = 1 + 4 * c->n_layers;
 	const cai_qmatrix **src = malloc((size_t) n * sizeof(*src));
 	const cai_weight **out = calloc((size_t) n, sizeof(*out));
-	const void *q,
-			   *scale;
 	cai_status	st;
 
 	if (!src || !out)
@@ -119,17 +134,12 @@ bind_int8(cai_forward_ctx *ctx, cai_error *err)
 	if (st != CAI_OK)
 		return st;
 
-	/* the embedding is read by rows, as the model holds it */
-	q = be->ops->weight_data(be, m->tok_embd.q, (size_t) m->tok_embd.n_out * m->tok_embd.k, err);
-	if (!q)
-		return CAI_ERR_NO_MEMORY;
-	scale = be->ops->weight_data(be, m->tok_embd.scale, (size_t) m->tok_embd.n_out * sizeof(float),
-								 err);
-	if (!scale)
-		return CAI_ERR_NO_MEMORY;
-	ctx->w.tok_embd = m->tok_embd;
-	ctx->w.tok_embd.q = q;
-	ctx->w.tok_embd.scale = scale;
+	/* the embedding is read by rows, as the model holds it (and its second digits) */
+	if ((st = bind_table(be, &m->tok_embd, &ctx->w.tok_embd, err)) != CAI_OK)
+		return st;
+	if (m->tok_embd_digit2.q &&
+		(st = bind_table(be, &m->tok_embd_digit2, &ctx->w.tok_embd_digit2, err)) != CAI_OK)
+		return st;
 	ctx->w.int8 = true;
 	return CAI_OK;
 }

@@ -168,6 +168,7 @@ cai_model_get_info(const cai_model *model, cai_model_info *info)
 		(2 * (size_t) c->head_dim + 2 * sizeof(float));
 	info->kv_window = c->kv_window;
 	info->compensated_rounding = model->compensated_rounding;
+	info->two_digit_activations = model->two_digit_activations;
 	info->fingerprint = model->fingerprint;
 	info->bos_token = cai_tokenizer_bos(model->tokenizer);
 	info->add_bos = info->bos_token >= 0 && cai_tokenizer_add_bos(model->tokenizer);

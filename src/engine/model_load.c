@@ -190,6 +190,7 @@ cai_model_params_default(cai_model_params *params)
 	params->load_float_reference = false;
 	params->chat_template = NULL;
 	params->compensated_rounding = false;
+	params->two_digit_activations = false;
 }
 
 /* Validates every tensor, allocates the engine's weights and converts them on a pool. */
@@ -260,6 +261,9 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 	/* allocate everything; load the small vectors */
 #define OOM() do { st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory loading the model weights"); goto done; } while (0)
 	if (!alloc_qmatrix(m, c->n_vocab, c->d_model, &m->tok_embd))
+		OOM();
+	if (params->two_digit_activations &&
+		!alloc_qmatrix(m, c->n_vocab, c->d_model, &m->tok_embd_digit2))
 		OOM();
 	if (fref && !(m->f_tok_embd = alloc_floats(m, (size_t) c->n_vocab * c->d_model)))
 		OOM();
@@ -378,9 +382,18 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 	 * the embedding: plain requantization; the head's source (the embedding when tied) read for
 	 * its column maxima, which its smoothing needs (cai_convert_layers converts it)
 	 */
-	if (!cai_plan_rows_rotated(&plan, t_embd, NULL, c->d_model, c->n_vocab,
-							   (int8_t *) m->tok_embd.q, (float *) m->tok_embd.scale,
-							   m->f_tok_embd, NULL, NULL, NULL, !t_out))
+	if (m->tok_embd_digit2.q)
+	{
+		/* with two-digit activations the embedding's rows, the first of them, get two too */
+		if (!cai_plan_rows_two_digits(&plan, t_embd, c->d_model, c->n_vocab,
+									  (int8_t *) m->tok_embd.q, (float *) m->tok_embd.scale,
+									  (int8_t *) m->tok_embd_digit2.q,
+									  (float *) m->tok_embd_digit2.scale, m->f_tok_embd, !t_out))
+			OOM();
+	}
+	else if (!cai_plan_rows_rotated(&plan, t_embd, NULL, c->d_model, c->n_vocab,
+									(int8_t *) m->tok_embd.q, (float *) m->tok_embd.scale,
+									m->f_tok_embd, NULL, NULL, NULL, !t_out))
 		OOM();
 	if (t_out && !cai_plan_rows_rotated(&plan, t_out, NULL, c->d_model, c->n_vocab, NULL, NULL,
 										m->f_lm_head, NULL, NULL, NULL, true))
@@ -393,6 +406,8 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 							 fref, params->compensated_rounding, err)) != CAI_OK)
 		goto done;
 	m->compensated_rounding = params->compensated_rounding;
+	/* set after calibration, which reads one-digit inputs as the weights were rounded for them */
+	m->two_digit_activations = params->two_digit_activations;
 
 	/* each backend prepares its own copy of the int8 weights (backend.h's prepare_i8) */
 	for (int l = 0; l < c->n_layers; l++)

@@ -51,7 +51,7 @@
 
 #include "cai.h"
 
-#define CAI_WIRE_VERSION 3
+#define CAI_WIRE_VERSION 4
 
 /* The longest frame body either side accepts: a request with a whole long conversation fits. */
 #define CAI_FRAME_MAX_BODY (64u * 1024 * 1024)
@@ -271,6 +271,7 @@ typedef struct cai_wire_model
 	uint64_t	kv_window_bytes_per_token;	/* of which windowed layers' (kv.h) */
 	int32_t		kv_window;
 	uint32_t	compensated_rounding;	/* 0 or 1 */
+	uint32_t	two_digit_activations;	/* 0 or 1 */
 	double		load_seconds;
 } cai_wire_model;
 

@@ -22,6 +22,7 @@ char	   *cai_model_path = NULL;
 char	   *cai_chat_template = NULL;
 int			cai_device = CAI_DEVICE_AUTO;
 int			cai_weight_rounding = CAI_ROUNDING_NEAREST;
+int			cai_activation_precision = CAI_ACTIVATIONS_INT8;
 int			cai_threads = 0;
 int			cai_max_batch = 16;
 int			cai_max_step_tokens = 512;
@@ -45,6 +46,12 @@ static const struct config_enum_entry device_options[] = {
 static const struct config_enum_entry weight_rounding_options[] = {
 	{"nearest", CAI_ROUNDING_NEAREST, false},
 	{"compensated", CAI_ROUNDING_COMPENSATED, false},
+	{NULL, 0, false}
+};
+
+static const struct config_enum_entry activation_precision_options[] = {
+	{"int8", CAI_ACTIVATIONS_INT8, false},
+	{"int8x2", CAI_ACTIVATIONS_INT8X2, false},
 	{NULL, 0, false}
 };
 
@@ -118,6 +125,18 @@ CaiGucInit(void)
 							 &cai_weight_rounding,
 							 CAI_ROUNDING_NEAREST,
 							 weight_rounding_options,
+							 PGC_SIGHUP,
+							 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomEnumVariable("pg_cai.activation_precision",
+							 "How the engine quantizes the inputs of its int8 GEMMs.",
+							 "int8: one int8 digit per value; int8x2: two digits (the rounding "
+							 "error quantized again), closer to the float model with every int8 "
+							 "GEMM run twice.",
+							 &cai_activation_precision,
+							 CAI_ACTIVATIONS_INT8,
+							 activation_precision_options,
 							 PGC_SIGHUP,
 							 0,
 							 NULL, NULL, NULL);

@@ -15,13 +15,21 @@ typedef enum CaiDeviceSetting
 	CAI_DEVICE_CUDA
 } CaiDeviceSetting;
 
-/* pg_cai.cache_isolation: which requests may share cached prompt prefixes */
+/* pg_cai.weight_rounding: how the weights become int8 */
 typedef enum CaiWeightRounding
 {
 	CAI_ROUNDING_NEAREST,		/* int8 weights rounded to nearest */
 	CAI_ROUNDING_COMPENSATED	/* along the calibration inputs (GPTQ): closer, slower load */
 } CaiWeightRounding;
 
+/* pg_cai.activation_precision: how GEMM inputs become int8 */
+typedef enum CaiActivationPrecision
+{
+	CAI_ACTIVATIONS_INT8,		/* one int8 digit per token and channel */
+	CAI_ACTIVATIONS_INT8X2		/* two digits: about 15 bits, GEMMs twice the work */
+} CaiActivationPrecision;
+
+/* pg_cai.cache_isolation: which requests may share cached prompt prefixes */
 typedef enum CaiCacheIsolation
 {
 	CAI_ISOLATION_ROLE,			/* requests of the same role */
@@ -40,6 +48,7 @@ extern char *cai_model_path;
 extern char *cai_chat_template;
 extern int	cai_device;
 extern int	cai_weight_rounding;
+extern int	cai_activation_precision;
 extern int	cai_threads;
 extern int	cai_max_step_tokens;
 extern int	cai_context_length;

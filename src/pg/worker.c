@@ -669,6 +669,8 @@ engine_arguments(StringInfo settings)
 	}
 	if (cai_weight_rounding == CAI_ROUNDING_COMPENSATED)
 		args[n++] = pstrdup("--compensated-rounding");
+	if (cai_activation_precision == CAI_ACTIVATIONS_INT8X2)
+		args[n++] = pstrdup("--two-digit-activations");
 	resetStringInfo(settings);
 	for (int i = 0; i < n; i++)
 		appendStringInfo(settings, "%s%s", i > 0 ? " " : "", args[i]);

@@ -118,6 +118,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	/* (K-quant widths make compensated rounding take seconds under the sanitizers) */
 	params.compensated_rounding = (flags & 8) && unit < 256;
 	params.load_float_reference = flags & 16;
+	params.two_digit_activations = flags & 32;
 	st = fuzz_model_load(image, image_size, &params, &model, &err);
 	FUZZ_CHECK((st == CAI_OK) == (model != NULL));
 	if (getenv("FUZZ_VERBOSE"))

@@ -124,6 +124,18 @@ try:
                        value("SELECT cai_model_info()->>'weight_rounding'") == "nearest", 120, 0.1)
     c.check("and back to nearest", nearest is not None, "")
 
+    # ---- pg_cai.activation_precision reaches the engine: two-digit GEMM inputs -----------------
+    reload_conf(("pg_cai.activation_precision", "int8x2"))
+    two = wait_for(lambda: stat("status") == "ready" and
+                   value("SELECT cai_model_info()->>'activation_precision'") == "int8x2", 120, 0.1)
+    r = psql("SELECT cai_complete('Hello', '{\"max_tokens\": 4, \"ignore_eos\": true}') IS NOT NULL")
+    c.check("pg_cai.activation_precision = int8x2: the engine reloads with two-digit activations",
+            two is not None and r.rc == 0 and r.out == "t", repr(r))
+    reload_conf(("pg_cai.activation_precision", None))
+    one = wait_for(lambda: stat("status") == "ready" and
+                   value("SELECT cai_model_info()->>'activation_precision'") == "int8", 120, 0.1)
+    c.check("and back to int8", one is not None, "")
+
     # ---- a model that cannot be loaded, then fixed by the next reload --------------------
     reload_conf(("pg_cai.model", "/nonexistent/model.gguf"))
     failed = wait_for(lambda: stat("status") == "failed", 60, 0.1)
@@ -136,7 +148,7 @@ try:
     c.check("the next reload with a good model serves again", back is not None, stat("status"))
 finally:
     reload_conf(("pg_cai.model", None), ("pg_cai.reload_grace", None), ("pg_cai.host_cache_size", None),
-                ("pg_cai.weight_rounding", None))
+                ("pg_cai.weight_rounding", None), ("pg_cai.activation_precision", None))
     wait_for(lambda: stat("status") == "ready" and model_name() == real_name and
              stat("cache_budget_bytes") == str(64 * 1024 * 1024), 120, 0.2)
     idle.close()

@@ -181,6 +181,32 @@ cpu_embed_i8(cai_backend *be, const cai_qmatrix *table, const int32_t *ids, int 
 }
 
 static void
+embed_i8_add_rows(void *arg, int t0, int t1, int thread)
+{
+	embed_args *a = arg;
+	int			d = a->table_i8->k;
+
+	for (int t = t0; t < t1; t++)
+	{
+		const int8_t *q = a->table_i8->q + (size_t) a->ids[t] * d;
+		float		s = a->table_i8->scale[a->ids[t]];
+		float	   *x = a->x + (size_t) t * d;
+
+		for (int i = 0; i < d; i++)
+			x[i] = x[i] + (float) q[i] * s;
+	}
+}
+
+static void
+cpu_embed_i8_add(cai_backend *be, const cai_qmatrix *table, const int32_t *ids, int n_tok,
+				 float *x)
+{
+	embed_args	a = {.table_i8 = table, .ids = ids, .x = x};
+
+	run_rows(cpu_of(be), n_tok, 2 * table->k, embed_i8_add_rows, &a);
+}
+
+static void
 cpu_embed_f32(cai_backend *be, const float *table, int d, const int32_t *ids, int n_tok,
 			  float *x)
 {
@@ -328,6 +354,87 @@ cpu_quantize(cai_backend *be, const float *x, int n_tok, int k, int8_t *q, float
 	norm_args	a = {.cb = cpu_of(be), .x = x, .d = k, .q = q, .s = s};
 
 	run_rows(a.cb, n_tok, k, quantize_rows, &a);
+}
+
+typedef struct residual_args
+{
+	cpu_backend *cb;
+	const float *x;
+	int			k;
+	const int8_t *q;
+	const float *s;
+	int8_t	   *q2;
+	float	   *s2;
+} residual_args;
+
+static void
+quantize_residual_rows(void *arg, int t0, int t1, int thread)
+{
+	residual_args *a = arg;
+	float	   *r = a->cb->row_scratch + (size_t) thread * a->cb->limits.max_width;
+
+	for (int t = t0; t < t1; t++)
+	{
+		const float *x = a->x + (size_t) t * a->k;
+		const int8_t *q = a->q + (size_t) t * a->k;
+		const float s = a->s[t];
+
+		for (int i = 0; i < a->k; i++)
+			r[i] = x[i] - (float) q[i] * s;
+		cai_quantize_act_i8(r, 1, a->k, a->q2 + (size_t) t * a->k, a->s2 + t);
+	}
+}
+
+static void
+cpu_quantize_residual(cai_backend *be, const float *x, int n_tok, int k, const int8_t *q,
+					  const float *s, int8_t *q2, float *s2)
+{
+	residual_args a = {.cb = cpu_of(be), .x = x, .k = k, .q = q, .s = s, .q2 = q2, .s2 = s2};
+
+	run_rows(a.cb, n_tok, 2 * k, quantize_residual_rows, &a);
+}
+
+typedef struct digits_args
+{
+	const float *y;
+	int			n_tok;
+	int			n_out;
+	const float *bias;
+	float	   *out;
+	int			ldo;
+	bool		accumulate;
+} digits_args;
+
+static void
+add_digits_rows(void *arg, int t0, int t1, int thread)
+{
+	digits_args *a = arg;
+
+	for (int t = t0; t < t1; t++)
+	{
+		const float *y1 = a->y + (size_t) t * a->n_out;
+		const float *y2 = a->y + (size_t) (a->n_tok + t) * a->n_out;
+		float	   *out = a->out + (size_t) t * a->ldo;
+
+		for (int o = 0; o < a->n_out; o++)
+		{
+			float		v = a->bias ? y1[o] + a->bias[o] : y1[o];
+
+			if (a->accumulate)
+				v = out[o] + v;
+			out[o] = v + y2[o];
+		}
+	}
+}
+
+static void
+cpu_add_digits(cai_backend *be, const float *y, int n_tok, int n_out, const float *bias,
+			   float *out, int ldo, bool accumulate)
+{
+	digits_args a = {.y = y, .n_tok = n_tok, .n_out = n_out, .bias = bias, .out = out,
+	.ldo = ldo, .accumulate = accumulate};
+
+	run_rows(cpu_of(be), n_tok, (int64_t) n_out * 3, add_digits_rows, &a);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -920,12 +1027,15 @@ static const cai_backend_ops cpu_ops = {
 	.alloc = cpu_alloc,
 	.free = cpu_free,
 	.embed_i8 = cpu_embed_i8,
+	.embed_i8_add = cpu_embed_i8_add,
 	.embed_f32 = cpu_embed_f32,
 	.gather_rows = cpu_gather_rows,
 	.rmsnorm = cpu_rmsnorm,
 	.head_rmsnorm = cpu_head_rmsnorm,
 	.rmsnorm_quant = cpu_rmsnorm_quant,
 	.quantize = cpu_quantize,
+	.quantize_residual = cpu_quantize_residual,
+	.add_digits = cpu_add_digits,
 	.prepare_i8 = cpu_prepare_i8,
 	.weight_data = cpu_weight_data,
 	.gemm_i8 = cpu_gemm_i8,
