@@ -504,8 +504,10 @@ cuda_free_buffer(cai_backend *be, void *ptr)
  * Embedding, gathering, norms, quantization
  * ------------------------------------------------------------------------------------------- */
 
+/* x = the table's rows, or x + them (add: a two-digit table's second digits) */
 static void
-cuda_embed_i8(cai_backend *be, const cai_qmatrix *table, const int32_t *ids, int n_tok, float *x)
+embed_rows_i8(cai_backend *be, const cai_qmatrix *table, const int32_t *ids, int n_tok, float *x,
+			  bool add)
 {
 	cuda_backend *cb = cb_of(be);
 	cai_cuda_qmatrix t = {.n_out = table->n_out, .n_out_padded = table->n_out, .k = table->k,
@@ -514,21 +516,21 @@ cuda_embed_i8(cai_backend *be, const cai_qmatrix *table, const int32_t *ids, int
 
 	if (cb->failed || !step_inputs(cb, ids, n_tok) || !output_ok(cb, x, "embedding output"))
 		return;
-	be_check(cb, cai_cuda_embed_i8(cb->ctx, &t, cb->ids_dev, n_tok, x, &e), &e);
+	be_check(cb, add ? cai_cuda_embed_i8_add(cb->ctx, &t, cb->ids_dev, n_tok, x, &e)
+			 : cai_cuda_embed_i8(cb->ctx, &t, cb->ids_dev, n_tok, x, &e), &e);
+}
+
+static void
+cuda_embed_i8(cai_backend *be, const cai_qmatrix *table, const int32_t *ids, int n_tok, float *x)
+{
+	embed_rows_i8(be, table, ids, n_tok, x, false);
 }
 
 static void
 cuda_embed_i8_add(cai_backend *be, const cai_qmatrix *table, const int32_t *ids, int n_tok,
 				  float *x)
 {
-	cuda_backend *cb = cb_of(be);
-	cai_cuda_qmatrix t = {.n_out = table->n_out, .n_out_padded = table->n_out, .k = table->k,
-	.q_dev = (int8_t *) table->q, .scale_dev = (float *) table->scale};
-	cai_error	e;
-
-	if (cb->failed || !step_inputs(cb, ids, n_tok) || !output_ok(cb, x, "embedding output"))
-		return;
-	be_check(cb, cai_cuda_embed_i8_add(cb->ctx, &t, cb->ids_dev, n_tok, x, &e), &e);
+	embed_rows_i8(be, table, ids, n_tok, x, true);
 }
 
 static void

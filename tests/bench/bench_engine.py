@@ -79,7 +79,7 @@ def bench_ours(args, repeat):
            "--batches", ",".join(str(b) for b in args.batches),
            "--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens),
            "--decode-prompt-tokens", str(args.decode_prompt_tokens),
-           "--repeat", str(repeat), "--json"]
+           "--repeat", str(repeat), "--json"] + args.cai_flags.split()
     print("pg_cai:    " + " ".join(cmd), file=sys.stderr, flush=True)
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
@@ -440,6 +440,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=3,
                     help="rounds; each engine runs once per round, order rotated (median)")
     ap.add_argument("--out", help="write the JSON here (default: tests/bench/out/engine-TIME.json)")
+    ap.add_argument("--cai-flags", default="", metavar="FLAGS",
+                    help="cai bench numerics flags, e.g. --cai-flags=--two-digit-activations")
     args = ap.parse_args()
     args.batches = sorted({int(b) for b in args.batches.split(",")})
     check_and_start(args)
@@ -465,6 +467,7 @@ def main():
         "started": started.isoformat(timespec="seconds"),
         "command": " ".join([sys.executable] + sys.argv),
         "config": {"model": args.model, "threads": args.threads, "batches": args.batches,
+                   "cai_flags": args.cai_flags,
                    "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
                    "decode_prompt_tokens": args.decode_prompt_tokens, "repeat": args.repeat,
                    "llama_n_batch": LLAMA_N_BATCH,

@@ -426,6 +426,48 @@ TEST(gpu_gemm_f32_near_cpu)
 	cai_threadpool_free(pool);
 }
 
+/*
+ * cai_cuda_quantize_residual against the CPU backend's quantize_residual (x [n, k] and its first
+ * digit q1, s1): the second digit and its scales bit for bit.
+ */
+static bool
+gpu_residual_matches(const float *x, int n, int k, const int8_t *q1, const float *s1)
+{
+	size_t		nk = (size_t) n * k;
+	float	   *res = malloc((size_t) k * sizeof(float)),
+			   *cs = malloc((size_t) n * sizeof(float)),
+			   *gs = malloc((size_t) n * sizeof(float));
+	int8_t	   *cq = malloc(nk),
+			   *gq = malloc(nk),
+			   *dq = gpu_alloc(nk);
+	float	   *ds = gpu_alloc((size_t) n * sizeof(float));
+	cai_error	err;
+	bool		ok = res && cs && gs && cq && gq && dq && ds;
+
+	for (int t = 0; ok && t < n; t++)
+	{
+		for (int i = 0; i < k; i++)
+			res[i] = x[(size_t) t * k + i] - (float) q1[(size_t) t * k + i] * s1[t];
+		cai_quantize_act_i8(res, 1, k, cq + (size_t) t * k, cs + t);
+	}
+	ok = ok && gpu_ok(cai_cuda_quantize_residual(gpu_ctx(), gpu_upload(x, nk * sizeof(float)), n, k,
+											   gpu_upload(q1, nk),
+											   gpu_upload(s1, (size_t) n * sizeof(float)), dq, ds,
+											   &err), &err, "quantize residual") &&
+		gpu_download(gq, dq, nk) && gpu_download(gs, ds, (size_t) n * sizeof(float));
+	if (ok)
+	{
+		gpu_same_i8(gq, cq, nk, "second digit");
+		gpu_same_f32(gs, cs, (size_t) n, "second digit's scales");
+	}
+	free(res);
+	free(cs);
+	free(gs);
+	free(cq);
+	free(gq);
+	return ok;
+}
+
 TEST(gpu_quantize_bit_exact)
 {
 	static const int shapes[][3] = {{1, 64, 64}, {7, 576, 600}, {33, 100, 100}, {5, 1536, 1536}};
@@ -469,70 +511,13 @@ TEST(gpu_quantize_bit_exact)
 			gpu_same_i8(gq, cq, (size_t) n * k, "quantized");
 			gpu_same_f32(gs, cs, (size_t) n, "scales");
 		}
+		/* the second digit of two-digit activations: the rounding error quantized again */
+		if (!gpu_residual_matches(dense, n, k, cq, cs))
+			CHECK_MSG(false, "second digits of %d x %d", n, k);
 		free(x);
 		free(dense);
 		free(cq);
 		free(gq);
-		free(cs);
-		free(gs);
-	}
-}
-
-/* The second digit of two-digit activations: the CPU backend's quantize_residual, bit for bit. */
-TEST(gpu_quantize_residual_bit_exact)
-{
-	static const int shapes[][2] = {{1, 64}, {7, 576}, {33, 100}, {5, 1536}};
-	gpu_rng		r;
-
-	gpu_rng_seed(&r, 5);
-	for (size_t sh = 0; sh < sizeof(shapes) / sizeof(shapes[0]); sh++)
-	{
-		int			n = shapes[sh][0],
-					k = shapes[sh][1];
-		size_t		nk = (size_t) n * k;
-		float	   *x = malloc(nk * sizeof(float)),
-				   *res = malloc((size_t) k * sizeof(float));
-		int8_t	   *q1 = malloc(nk),
-				   *cq = malloc(nk),
-				   *gq = malloc(nk);
-		float	   *s1 = malloc((size_t) n * sizeof(float)),
-				   *cs = malloc((size_t) n * sizeof(float)),
-				   *gs = malloc((size_t) n * sizeof(float));
-		int8_t	   *dq = gpu_alloc(nk);
-		float	   *ds = gpu_alloc((size_t) n * sizeof(float));
-		cai_error	err;
-
-		if (!x || !res || !q1 || !cq || !gq || !s1 || !cs || !gs || !dq || !ds)
-		{
-			CHECK_MSG(false, "out of memory");
-			return;
-		}
-		gpu_fill_f32(&r, x, nk, -10.0f, 10.0f);
-		if (n > 2)
-			for (int i = 0; i < k; i++)	/* a row its first digit holds exactly */
-				x[k + i] = (float) ((i % 255) - 127) * 0.5f;
-		cai_quantize_act_i8(x, n, k, q1, s1);
-		for (int t = 0; t < n; t++)
-		{
-			for (int i = 0; i < k; i++)
-				res[i] = x[(size_t) t * k + i] - (float) q1[(size_t) t * k + i] * s1[t];
-			cai_quantize_act_i8(res, 1, k, cq + (size_t) t * k, cs + t);
-		}
-		if (gpu_ok(cai_cuda_quantize_residual(gpu_ctx(), gpu_upload(x, nk * sizeof(float)), n, k,
-											  gpu_upload(q1, nk),
-											  gpu_upload(s1, (size_t) n * sizeof(float)), dq, ds,
-											  &err), &err, "quantize residual") &&
-			gpu_download(gq, dq, nk) && gpu_download(gs, ds, (size_t) n * sizeof(float)))
-		{
-			gpu_same_i8(gq, cq, nk, "second digit");
-			gpu_same_f32(gs, cs, (size_t) n, "second digit's scales");
-		}
-		free(x);
-		free(res);
-		free(q1);
-		free(cq);
-		free(gq);
-		free(s1);
 		free(cs);
 		free(gs);
 	}

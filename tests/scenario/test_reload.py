@@ -112,29 +112,22 @@ try:
             ready is not None and stat("cache_budget_bytes") == str(32 * 1024 * 1024),
             stat("status || ' ' || cache_budget_bytes"))
 
-    # ---- pg_cai.weight_rounding reaches the engine: it reloads with rounded weights ------------
-    reload_conf(("pg_cai.weight_rounding", "compensated"))
-    rounded = wait_for(lambda: stat("status") == "ready" and
-                       value("SELECT cai_model_info()->>'weight_rounding'") == "compensated", 120, 0.1)
-    r = psql("SELECT cai_complete('Hello', '{\"max_tokens\": 4, \"ignore_eos\": true}') IS NOT NULL")
-    c.check("pg_cai.weight_rounding = compensated: the engine reloads with its weights so rounded",
-            rounded is not None and r.rc == 0 and r.out == "t", repr(r))
-    reload_conf(("pg_cai.weight_rounding", None))
-    nearest = wait_for(lambda: stat("status") == "ready" and
-                       value("SELECT cai_model_info()->>'weight_rounding'") == "nearest", 120, 0.1)
-    c.check("and back to nearest", nearest is not None, "")
-
-    # ---- pg_cai.activation_precision reaches the engine: two-digit GEMM inputs -----------------
-    reload_conf(("pg_cai.activation_precision", "int8x2"))
-    two = wait_for(lambda: stat("status") == "ready" and
-                   value("SELECT cai_model_info()->>'activation_precision'") == "int8x2", 120, 0.1)
-    r = psql("SELECT cai_complete('Hello', '{\"max_tokens\": 4, \"ignore_eos\": true}') IS NOT NULL")
-    c.check("pg_cai.activation_precision = int8x2: the engine reloads with two-digit activations",
-            two is not None and r.rc == 0 and r.out == "t", repr(r))
-    reload_conf(("pg_cai.activation_precision", None))
-    one = wait_for(lambda: stat("status") == "ready" and
-                   value("SELECT cai_model_info()->>'activation_precision'") == "int8", 120, 0.1)
-    c.check("and back to int8", one is not None, "")
+    # ---- the numerics settings reach the engine: it reloads with them, serves, and back -------
+    for setting, info_key, on, default, what in (
+            ("pg_cai.weight_rounding", "weight_rounding", "compensated", "nearest",
+             "its weights rounded along the calibration inputs"),
+            ("pg_cai.activation_precision", "activation_precision", "int8x2", "int8",
+             "two-digit GEMM inputs")):
+        reload_conf((setting, on))
+        reloaded = wait_for(lambda: stat("status") == "ready" and
+                            value("SELECT cai_model_info()->>'%s'" % info_key) == on, 120, 0.1)
+        r = psql("SELECT cai_complete('Hello', '{\"max_tokens\": 4, \"ignore_eos\": true}') IS NOT NULL")
+        c.check("%s = %s: the engine reloads with %s" % (setting, on, what),
+                reloaded is not None and r.rc == 0 and r.out == "t", repr(r))
+        reload_conf((setting, None))
+        back = wait_for(lambda: stat("status") == "ready" and
+                        value("SELECT cai_model_info()->>'%s'" % info_key) == default, 120, 0.1)
+        c.check("and back to %s" % default, back is not None, "")
 
     # ---- a model that cannot be loaded, then fixed by the next reload --------------------
     reload_conf(("pg_cai.model", "/nonexistent/model.gguf"))
