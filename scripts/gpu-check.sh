@@ -8,7 +8,8 @@
 #   3. gpu      tests/gpu/run_gpu: every kernel and backend operation against the CPU
 #   4. e2e      greedy tokens of the whole engine, GPU against CPU, over 300 steps: one sequence
 #               alone and a ragged batch of 16 (tests/gpu/e2e_greedy.c); they must be equal.
-#               On a GPU twice: decode steps replayed as CUDA graphs, then without (e2e-plain)
+#               On a GPU twice: decode steps replayed as CUDA graphs, then without (e2e-plain);
+#               then with two-digit activations (e2e-int8x2)
 #   5. bench    tests/bench/bench_gpu: decode batch 1/16/64/256, prefill and the int8 GEMM of the
 #               three shapes, each beside its roofline from the copy bandwidth and int8 rate it
 #               measures first
@@ -153,13 +154,17 @@ fi
 # e2e: the CUDA backend as the engine runs it, decode steps replayed as CUDA graphs; on a GPU also
 # e2e-plain: every step's operations launched one by one (CAI_CUDA_GRAPHS=0), which tells a graph
 # fault from a kernel one.
-# e2e_step NAME JSON [VAR=VALUE]: runs the comparison and records NAME
+# e2e_step NAME JSON [VAR=VALUE ...] [-- E2E_GREEDY_FLAGS ...]: runs the comparison and records NAME
 e2e_step() {
 	local name=$1 json=$2 devices=cpu,cuda summary kind detail
+	local -a vars=() flags=()
 	shift 2
+	while [ $# -gt 0 ] && [ "$1" != -- ]; do vars+=("$1"); shift; done
+	[ "${1:-}" = -- ] && shift
+	flags=("$@")
 	"$built_cuda" || devices=cpu
-	run_step "$name" 240 env CAI_CUDA_LIBRARY="$ROOT/build/libcai_cuda.so" "$@" \
-		"$ROOT/tests/gpu/e2e_greedy" "$MODEL" "$json" --steps 300 --devices "$devices"
+	run_step "$name" 240 env CAI_CUDA_LIBRARY="$ROOT/build/libcai_cuda.so" "${vars[@]}" \
+		"$ROOT/tests/gpu/e2e_greedy" "$MODEL" "$json" --steps 300 --devices "$devices" "${flags[@]}"
 	summary=$(python3 - "$json" <<'PY' 2>/dev/null
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -197,6 +202,9 @@ if have tests/gpu/e2e_greedy && [ -f "$MODEL" ]; then
 	if [ "$mode" = gpu ]; then
 		e2e_step e2e-plain "$WORK/e2e-plain.json" CAI_CUDA_GRAPHS=0
 	fi
+	# two-digit activations (pg_cai.activation_precision = int8x2): the residual quantization,
+	# the embedding's second digits and every GEMM run on both digits
+	e2e_step e2e-int8x2 "$WORK/e2e-int8x2.json" -- --two-digit-activations
 else
 	record e2e skipped 0 "e2e_greedy or the model is missing"
 fi

@@ -7,7 +7,9 @@
  * sampling and every backend operation are exercised exactly as the server runs them.
  *
  *   e2e_greedy --write-model PATH              writes the SmolLM2-shaped synthetic model
- *   e2e_greedy MODEL OUT.json [--steps N] [--devices cpu,cuda]
+ *   e2e_greedy MODEL OUT.json [--steps N] [--devices cpu,cuda] [--two-digit-activations]
+ *
+ * --two-digit-activations loads the model in that mode (pg_cai.activation_precision = int8x2).
  *
  * The int8 path is bit-identical across backends by design (kernels/README.md), so the tokens
  * must be equal, not merely close.  Without a CUDA device the CPU half still runs and the JSON
@@ -265,6 +267,7 @@ main(int argc, char **argv)
 			   *out_path;
 	const char *devices = "cpu,cuda";
 	int			steps = 300;
+	bool		two_digit_activations = false;
 	cai_model_params mp;
 	cai_model  *model;
 	cai_model_info info;
@@ -283,7 +286,8 @@ main(int argc, char **argv)
 	if (argc < 3)
 	{
 		fprintf(stderr, "usage: e2e_greedy --write-model PATH\n"
-				"       e2e_greedy MODEL OUT.json [--steps N] [--devices cpu,cuda]\n");
+				"       e2e_greedy MODEL OUT.json [--steps N] [--devices cpu,cuda] "
+				"[--two-digit-activations]\n");
 		return 2;
 	}
 	model_path = argv[1];
@@ -294,6 +298,8 @@ main(int argc, char **argv)
 			steps = atoi(argv[++i]);
 		else if (strcmp(argv[i], "--devices") == 0 && i + 1 < argc)
 			devices = argv[++i];
+		else if (strcmp(argv[i], "--two-digit-activations") == 0)
+			two_digit_activations = true;
 		else
 		{
 			fprintf(stderr, "e2e_greedy: unknown argument %s\n", argv[i]);
@@ -307,6 +313,7 @@ main(int argc, char **argv)
 	}
 
 	cai_model_params_default(&mp);
+	mp.two_digit_activations = two_digit_activations;
 	if (cai_model_load(model_path, &mp, &model, &err) != CAI_OK)
 	{
 		fprintf(stderr, "e2e_greedy: %s\n", err.message);
