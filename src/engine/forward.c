@@ -14,17 +14,16 @@
  * act is silu (SwiGLU) or gelu (GeGLU).  Windowed layers may rotate with their own RoPE base.
  *
  * Two-digit activations (cai_model_params.two_digit_activations): per-token int8 inputs lose
- * about as much to their rounding as the weights do (on SmolLM2-135M the int8 path's mean
- * KL against float falls from 0.0048 to 0.0029 without it, and to 0.0023 with compensated
- * weight rounding).  In this mode every int8 GEMM input x = q s also carries its rounding
- * error, quantized the same way: x ~ q s + q2 s2, about 15 bits; so do the embedding's rows,
- * where the residual stream starts (on Gemma 3 270M their rounding alone costs the int8 path a
- * KL of 0.0016, an eighth of its total).  The GEMM runs on each digit
- * with the same int8 weights and kernels, the second accumulated into the first's output
- * (out = [out +] (q W + b), then out + q2 W), so every backend computes it with the
- * operations it has, at twice the GEMM work.  Where the backend can add the digits' products
- * (add_digits), one GEMM takes both digits as twice the rows and reads the weights once; the
- * bits are the same either way.
+ * about as much to their rounding as the weights do.  In this mode every int8 GEMM input
+ * x = q s also carries its rounding error, quantized the same way: x ~ q s + q2 s2, about 15
+ * bits; so do the embedding's rows, where the residual stream starts (on Gemma 3 270M their
+ * rounding alone costs the int8 path a KL of 0.0016, an eighth of its total).  On
+ * SmolLM2-135M the int8 path's mean KL against float falls from 0.0048 to 0.0028 (0.0022 with
+ * compensated weight rounding).  The GEMM runs on each digit with the same int8 weights and
+ * kernels, the second accumulated into the first's output (out = [out +] (q W + b), then
+ * out + q2 W), so every backend computes it with the operations it has, at twice the GEMM
+ * work.  Where the backend can add the digits' products (add_digits), one GEMM takes both
+ * digits as twice the rows and reads the weights once; the bits are the same either way.
  *
  * The float reference path runs the same structure with float GEMMs over copies of the source
  * weights and no activation quantization; its attention reads a float shadow of the KV kept in
