@@ -171,10 +171,10 @@ cai_forward_ctx_create_on(const cai_model *model, cai_backend_factory factory, v
 	ctx->tables = malloc(T * sizeof(int32_t *));
 	ctx->x = ctx->be->ops->alloc(ctx->be, T * c->d_model * sizeof(float));
 	ctx->xn = ctx->be->ops->alloc(ctx->be, T * ctx->width * sizeof(float));
-	ctx->two_digits = model->two_digit_activations;
-	ctx->xq = ctx->be->ops->alloc(ctx->be, (ctx->two_digits ? 2 : 1) * T * ctx->width);
-	ctx->xs = ctx->be->ops->alloc(ctx->be, (ctx->two_digits ? 2 : 1) * T * sizeof(float));
-	if (ctx->two_digits)
+	ctx->xq = ctx->be->ops->alloc(ctx->be, (model->two_digit_activations ? 2 : 1) * T * ctx->width);
+	ctx->xs = ctx->be->ops->alloc(ctx->be,
+								  (model->two_digit_activations ? 2 : 1) * T * sizeof(float));
+	if (model->two_digit_activations)
 	{
 		size_t		widest = (size_t) 2 * c->d_ff > (size_t) ctx->qkv_width ?
 			(size_t) 2 * c->d_ff : (size_t) ctx->qkv_width;
@@ -480,7 +480,7 @@ gemm_input(cai_forward_ctx *ctx, const float *x, int n, int k, const cai_weight 
 	int8_t	   *q = ctx->xq;
 	float	   *s = ctx->xs;
 
-	if (!ctx->two_digits)
+	if (!ctx->model->two_digit_activations)
 	{
 		op->gemm_i8(be, q, s, n, w, n_out, bias, out, ldo, accumulate);
 		return;

@@ -70,7 +70,6 @@ struct cai_forward_ctx
 	int8_t	   *xq;				/* [T, width] quantized activations (two-digit activations:
 								 * [2T, width], an input's second digits after its first) */
 	float	   *xs;				/* [T] their scales ([2T]) */
-	bool		two_digits;		/* the model's two_digit_activations */
 	float	   *digit_out;		/* both digits' GEMM products (backend add_digits), or NULL */
 	size_t		digit_out_floats;	/* its size */
 	float	   *qkv;			/* [T, qkv_width] */
