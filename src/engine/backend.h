@@ -269,6 +269,9 @@ typedef struct cai_backend_ops
 							 const cai_batch_layout *batch, const float *k, const float *v,
 							 int ld, cai_kv_pool *kv, const cai_kv_shadow *shadow);
 
+	/* kv_write and attention take pools of two-digit keys (kv.h) too: two-digit activations */
+	bool		two_digit_keys;
+
 	/*
 	 * Copies the first n_rows slots of block src into block dst, every KV-owning layer, where
 	 * this backend keeps the KV (NULL: the backend cannot, and partial cached blocks are not

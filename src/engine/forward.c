@@ -17,13 +17,15 @@
  * about as much to their rounding as the weights do.  In this mode every int8 GEMM input
  * x = q s also carries its rounding error, quantized the same way: x ~ q s + q2 s2, about 15
  * bits; so do the embedding's rows, where the residual stream starts (on Gemma 3 270M their
- * rounding alone costs the int8 path a KL of 0.0016, an eighth of its total).  On
- * SmolLM2-135M the int8 path's mean KL against float falls from 0.0048 to 0.0028 (0.0022 with
- * compensated weight rounding).  The GEMM runs on each digit with the same int8 weights and
- * kernels, the second accumulated into the first's output (out = [out +] (q W + b), then
- * out + q2 W), so every backend computes it with the operations it has, at twice the GEMM
- * work.  Where the backend can add the digits' products (add_digits), one GEMM takes both
- * digits as twice the rows and reads the weights once; the bits are the same either way.
+ * rounding alone costs the int8 path a KL of 0.0016, an eighth of its total), and so do the
+ * cached keys (kv.h's two-digit keys): on Gemma 3 the keys' int8 rounding, over heads of 256,
+ * was 0.0029 of its 0.0096.  The mode's mean KL against float: SmolLM2-135M 0.0048 -> 0.0024,
+ * Gemma 3 270M 0.0123 -> 0.0048 (GPL-3, windows of 512).  The GEMM runs on each digit with
+ * the same int8 weights and kernels, the second accumulated into the first's output
+ * (out = [out +] (q W + b), then out + q2 W), so every backend computes it with the operations
+ * it has, at twice the GEMM work.  Where the backend can add the digits' products
+ * (add_digits), one GEMM takes both digits as twice the rows and reads the weights once; the
+ * bits are the same either way.  The keys cost a byte more per element of KV.
  *
  * The float reference path runs the same structure with float GEMMs over copies of the source
  * weights and no activation quantization; its attention reads a float shadow of the KV kept in
@@ -179,12 +181,14 @@ cai_forward_ctx_create_on(const cai_model *model, cai_backend_factory factory, v
 		size_t		widest = (size_t) 2 * c->d_ff > (size_t) ctx->qkv_width ?
 			(size_t) 2 * c->d_ff : (size_t) ctx->qkv_width;
 
-		if (!ctx->be->ops->quantize_residual || !ctx->be->ops->embed_i8_add)
+		const cai_backend_ops *ops = ctx->be->ops;	/* static: outlives the context */
+
+		if (!ops->quantize_residual || !ops->embed_i8_add || !ops->two_digit_keys)
 		{
 			cai_forward_ctx_free(ctx);
 			return cai_fail(err, CAI_ERR_UNSUPPORTED,
-							"the %s backend cannot run two-digit activations",
-							ctx->be->ops->name);
+							"the %s backend cannot run two-digit activations%s", ops->name,
+							ops->two_digit_keys ? "" : " (its attention has no two-digit keys)");
 		}
 		if (ctx->be->ops->add_digits)
 		{
@@ -772,7 +776,8 @@ cai_model_forward(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 	cai_model_kv_layout(model, &want);
 	if (L->n_kv_layers != want.n_kv_layers || L->n_kv_heads != want.n_kv_heads ||
 		L->head_dim != want.head_dim || L->layer_bytes < want.layer_bytes ||
-		L->n_windowed_layers != want.n_windowed_layers || L->window < want.window)
+		L->n_windowed_layers != want.n_windowed_layers || L->window < want.window ||
+		(L->key_digits == 2) != (want.key_digits == 2))
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "the kv pool's layout does not fit the model");
 	if ((st = cai_forward_layout_batch(model, ctx, kv, seqs, n_seqs, &T, &R, err)) != CAI_OK)
 		return st;

@@ -10,6 +10,14 @@
  *     v       int8  [16][n_kv_heads][head_dim]
  *     k_scale float [16][n_kv_heads]      symmetric int8 scale per (token, kv-head)
  *     v_scale float [16][n_kv_heads]
+ *     k2      int8  [16][n_kv_heads][head_dim]   only with two-digit keys (below)
+ *
+ * Two-digit keys (key_digits 2, the int8x2 activation mode): each key element also carries
+ * the rounding error of its int8 digit k, quantized to 1/254 of the step: x ~ s (k + k2 / 254)
+ * with s = max|x| / 127 and k2 in [-127, 127], and k_scale holds s / 254, so that a query's
+ * exact integer dot product with the key is q . (254 k + k2) (cpu/attention.h).  The k plane
+ * is the one-digit key exactly, and the second plane sits after the scales, so every other
+ * offset is the one-digit layout's.
  *
  * Blocks are reference-counted: a running sequence holds one reference on each of its blocks and
  * the prefix cache holds one on each block it keeps, so a cached block is shared in place (no copy)
@@ -37,6 +45,9 @@
 
 #define CAI_KV_BLOCK_TOKENS 16
 
+/* Two-digit keys: a key element is k_scale * (CAI_KV_KEY_DIGIT_BASE * k + k2). */
+#define CAI_KV_KEY_DIGIT_BASE 254
+
 typedef struct cai_kv_layout
 {
 	int			n_kv_layers;	/* layers that own KV */
@@ -44,6 +55,7 @@ typedef struct cai_kv_layout
 	int			window;			/* the widest window reading them (0 when there are none) */
 	int			n_kv_heads;
 	int			head_dim;
+	int			key_digits;		/* 2: two-digit keys (the k2 plane); 1 (or 0): int8 keys */
 	size_t		layer_bytes;	/* bytes of one layer's part of a block */
 	size_t		block_bytes;	/* all KV-owning layers: a whole block */
 } cai_kv_layout;
@@ -138,6 +150,20 @@ static inline float *
 cai_kv_value_scales(const cai_kv_layout *L, uint8_t *layer_part)
 {
 	return cai_kv_key_scales(L, layer_part) + CAI_KV_BLOCK_TOKENS * L->n_kv_heads;
+}
+
+/* The keys' second digits (two-digit keys only). */
+static inline int8_t *
+cai_kv_key_digits2(const cai_kv_layout *L, uint8_t *layer_part)
+{
+	return (int8_t *) (cai_kv_value_scales(L, layer_part) + CAI_KV_BLOCK_TOKENS * L->n_kv_heads);
+}
+
+/* Bytes one token's keys, values and scales take in one KV-owning layer. */
+static inline size_t
+cai_kv_token_layer_bytes(int n_kv_heads, int head_dim, int key_digits)
+{
+	return (size_t) n_kv_heads * ((key_digits == 2 ? 3 : 2) * (size_t) head_dim + 2 * sizeof(float));
 }
 
 #endif							/* CAI_KV_H */

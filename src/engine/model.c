@@ -130,14 +130,16 @@ void
 cai_model_kv_layout(const cai_model *model, cai_kv_layout *out)
 {
 	const cai_config *c = &model->cfg;
-	size_t		part = (size_t) CAI_KV_BLOCK_TOKENS * c->n_kv_heads *
-		(2 * (size_t) c->head_dim + 2 * sizeof(float));
+	int			key_digits = model->two_digit_activations ? 2 : 1;
+	size_t		part = (size_t) CAI_KV_BLOCK_TOKENS *
+		cai_kv_token_layer_bytes(c->n_kv_heads, c->head_dim, key_digits);
 
 	out->n_kv_layers = c->n_kv_layers;
 	out->n_windowed_layers = c->n_windowed_kv_layers;
 	out->window = c->kv_window;
 	out->n_kv_heads = c->n_kv_heads;
 	out->head_dim = c->head_dim;
+	out->key_digits = key_digits;
 	out->layer_bytes = (part + 63) & ~(size_t) 63;	/* each layer's part 64-byte aligned */
 	out->block_bytes = out->layer_bytes * (size_t) c->n_kv_layers;
 }
@@ -162,10 +164,10 @@ cai_model_get_info(const cai_model *model, cai_model_info *info)
 	info->context_length = c->context_length;
 	info->n_params = model->n_params;
 	info->weight_bytes = model->weight_bytes;
-	info->kv_bytes_per_token = (size_t) c->n_kv_layers * c->n_kv_heads *
-		(2 * (size_t) c->head_dim + 2 * sizeof(float));
-	info->kv_window_bytes_per_token = (size_t) c->n_windowed_kv_layers * c->n_kv_heads *
-		(2 * (size_t) c->head_dim + 2 * sizeof(float));
+	info->kv_bytes_per_token = (size_t) c->n_kv_layers *
+		cai_kv_token_layer_bytes(c->n_kv_heads, c->head_dim, model->two_digit_activations ? 2 : 1);
+	info->kv_window_bytes_per_token = (size_t) c->n_windowed_kv_layers *
+		cai_kv_token_layer_bytes(c->n_kv_heads, c->head_dim, model->two_digit_activations ? 2 : 1);
 	info->kv_window = c->kv_window;
 	info->compensated_rounding = model->compensated_rounding;
 	info->two_digit_activations = model->two_digit_activations;

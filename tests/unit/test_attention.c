@@ -5,7 +5,7 @@
  * value sums exactly the int8 value rule, and invariant to thread counts, batch compositions
  * and how a prefill is cut into steps, for head sizes that take each value-pass path (32: no
  * 64-dimension vectors and no AMX; 64, 128, 256: both), contexts across many KV blocks, global
- * and windowed.
+ * and windowed, with int8 keys and with two-digit keys (kv.h).
  */
 #include <math.h>
 #include <stdio.h>
@@ -44,10 +44,10 @@ uniform(uint64_t *s, float lo, float hi)
 }
 
 static bool
-fixture_open(fixture *f, int hd, int n_seqs)
+fixture_open(fixture *f, int hd, int n_seqs, int key_digits)
 {
 	uint64_t	rng = 77 + (uint64_t) hd;
-	size_t		part = (size_t) CAI_KV_BLOCK_TOKENS * N_KV * (2 * (size_t) hd + 2 * sizeof(float));
+	size_t		part = (size_t) CAI_KV_BLOCK_TOKENS * cai_kv_token_layer_bytes(N_KV, hd, key_digits);
 	cai_error	err;
 	size_t		qn;
 
@@ -56,6 +56,7 @@ fixture_open(fixture *f, int hd, int n_seqs)
 	f->L.n_kv_layers = 1;
 	f->L.n_kv_heads = N_KV;
 	f->L.head_dim = hd;
+	f->L.key_digits = key_digits;
 	f->L.layer_bytes = (part + 63) & ~(size_t) 63;
 	f->L.block_bytes = f->L.layer_bytes;
 	f->n_seqs = n_seqs;
@@ -79,10 +80,17 @@ fixture_open(fixture *f, int hd, int n_seqs)
 
 		for (size_t i = 0; i < (size_t) 2 * CAI_KV_BLOCK_TOKENS * N_KV * hd; i++)
 			((int8_t *) p)[i] = (int8_t) ((int) (test_next_u64(&rng) % 255) - 127);
+		if (key_digits == 2)
+			for (size_t i = 0; i < (size_t) CAI_KV_BLOCK_TOKENS * N_KV * hd; i++)
+				cai_kv_key_digits2(&f->L, p)[i] = (int8_t) ((int) (test_next_u64(&rng) % 255) - 127);
 		for (int i = 0; i < CAI_KV_BLOCK_TOKENS * N_KV; i++)
 		{
-			/* keys scaled so that the softmax is far from uniform, values per token */
-			ks[i] = uniform(&rng, 0.1f, 0.4f) / sqrtf((float) hd);
+			/*
+			 * keys scaled so that the softmax is far from uniform, values per token; a
+			 * two-digit key's scale is the unit of its second digit
+			 */
+			ks[i] = uniform(&rng, 0.1f, 0.4f) / sqrtf((float) hd)
+				/ (key_digits == 2 ? (float) CAI_KV_KEY_DIGIT_BASE : 1.0f);
 			vs[i] = uniform(&rng, 0.005f, 0.02f);
 		}
 	}
@@ -97,6 +105,18 @@ fixture_close(fixture *f)
 	cai_kv_pool_free(f->pool);
 	free(f->tables);
 	free(f->q);
+}
+
+/* Element d of KV head kvh's key in slot `slot` of layer part p, in units of its scale. */
+static int32_t
+key_digits_at(const fixture *f, uint8_t *p, int slot, int kvh, int d)
+{
+	size_t		at = ((size_t) slot * N_KV + kvh) * f->hd + d;
+	int32_t		k = cai_kv_keys(&f->L, p)[at];
+
+	if (f->L.key_digits == 2)
+		return CAI_KV_KEY_DIGIT_BASE * k + cai_kv_key_digits2(&f->L, p)[at];
+	return k;
 }
 
 /* Exact attention in double of query head h of sequence s at pos over [lo, pos]. */
@@ -116,12 +136,11 @@ exact_row(const fixture *f, int s, int pos, int h, int window, double scale, dou
 	{
 		uint8_t    *p = cai_kv_block_layer(f->pool, table[j / CAI_KV_BLOCK_TOKENS], 0);
 		int			slot = j % CAI_KV_BLOCK_TOKENS;
-		const int8_t *k = cai_kv_keys(&f->L, p) + ((size_t) slot * N_KV + kvh) * hd;
 		double		ks = cai_kv_key_scales(&f->L, p)[slot * N_KV + kvh];
 		double		dot = 0.0;
 
 		for (int d = 0; d < hd; d++)
-			dot += (double) qrow[d] * k[d] * ks;
+			dot += (double) qrow[d] * key_digits_at(f, p, slot, kvh, d) * ks;
 		score[j - lo] = dot * scale;
 		m = score[j - lo] > m ? score[j - lo] : m;
 	}
@@ -217,6 +236,15 @@ static const int windows[] = {0, 100, 700};
 
 #define N_OF(a) ((int) (sizeof(a) / sizeof((a)[0])))
 
+/* Each head size with int8 keys, then each with two-digit keys. */
+#define N_CONFIGS (2 * N_OF(head_sizes))
+
+static int
+config_key_digits(int c)
+{
+	return c < N_OF(head_sizes) ? 1 : 2;
+}
+
 /*
  * Within a small error of exact attention: the int8 path quantizes each query to 8 bits and
  * each segment's weights to 14, so errors are a fraction of a percent of the output's size;
@@ -224,15 +252,16 @@ static const int windows[] = {0, 100, 700};
  */
 TEST(attention_close_to_exact)
 {
-	for (int hi = 0; hi < N_OF(head_sizes); hi++)
+	for (int c = 0; c < N_CONFIGS; c++)
 	{
 		fixture		f;
-		int			hd = head_sizes[hi];
+		int			hd = head_sizes[c % N_OF(head_sizes)];
+		int			digits = config_key_digits(c);
 		float	   *out = malloc(sizeof(float) * MAX_STEP * N_HEADS * hd);
 		double	   *ref = malloc(sizeof(double) * hd);
 		double		worst = 0.0;
 
-		CHECK(fixture_open(&f, hd, 1));
+		CHECK(fixture_open(&f, hd, 1, digits));
 		for (int w = 0; w < N_OF(windows); w++)
 		{
 			/* a prefill chunk of 70 tokens deep in the context, then decodes */
@@ -279,8 +308,8 @@ TEST(attention_close_to_exact)
 				}
 			}
 		}
-		CHECK_MSG(worst < 0.06, "head size %d: largest error %.4f of the output's size", hd,
-				  worst);
+		CHECK_MSG(worst < 0.06, "head size %d, %d-digit keys: largest error %.4f of the output's "
+				  "size", hd, digits, worst);
 		free(out);
 		free(ref);
 		fixture_close(&f);
@@ -294,16 +323,17 @@ TEST(attention_isa_paths_identical)
 	char		original[32];
 
 	snprintf(original, sizeof(original), "%s", cai_cpu_isa());
-	for (int hi = 0; hi < N_OF(head_sizes); hi++)
+	for (int c = 0; c < N_CONFIGS; c++)
 	{
 		fixture		f;
-		int			hd = head_sizes[hi];
+		int			hd = head_sizes[c % N_OF(head_sizes)];
+		int			digits = config_key_digits(c);
 		size_t		n = (size_t) MAX_STEP * N_HEADS * hd;
 		float	   *ref = malloc(sizeof(float) * n);
 		float	   *got = malloc(sizeof(float) * n);
 		step		st = {.n_seqs = 3, .seq = {0, 1, 0}, .first = {1300, 650, 17}, .len = {1, 90, 40}};
 
-		CHECK(fixture_open(&f, hd, 2));
+		CHECK(fixture_open(&f, hd, 2, digits));
 		for (int w = 0; w < N_OF(windows); w++)
 		{
 			int			tested = 0,
@@ -336,15 +366,16 @@ TEST(attention_isa_paths_identical)
  */
 TEST(attention_invariant_to_threads_batches_and_cuts)
 {
-	for (int hi = 0; hi < N_OF(head_sizes); hi++)
+	for (int c = 0; c < N_CONFIGS; c++)
 	{
 		fixture		f;
-		int			hd = head_sizes[hi];
+		int			hd = head_sizes[c % N_OF(head_sizes)];
+		int			digits = config_key_digits(c);
 		size_t		row = (size_t) N_HEADS * hd;
 		float	   *alone = malloc(sizeof(float) * MAX_STEP * row);
 		float	   *other = malloc(sizeof(float) * MAX_STEP * row);
 
-		CHECK(fixture_open(&f, hd, 4));
+		CHECK(fixture_open(&f, hd, 4, digits));
 		for (int w = 0; w < N_OF(windows); w++)
 		{
 			step		base = {.n_seqs = 1, .seq = {0}, .first = {1299}, .len = {1}};
@@ -388,8 +419,8 @@ TEST(attention_invariant_to_threads_batches_and_cuts)
 
 /*
  * The score of KV head kvh's position j for a query quantized to qq with scale qs (query scale
- * times attention scale), with the kernel's arithmetic: the exact int8 dot, then
- * dot * (key scale * qs).
+ * times attention scale), with the kernel's arithmetic: the exact integer dot (with two-digit
+ * keys, of 254 k + k2), then dot * (key scale * qs).
  */
 static float
 reference_score(const fixture *f, int kvh, const int8_t *qq, float qs, int j)
@@ -397,12 +428,11 @@ reference_score(const fixture *f, int kvh, const int8_t *qq, float qs, int j)
 	const int	hd = f->hd;
 	uint8_t    *blk = cai_kv_block_layer(f->pool, f->tables[j / CAI_KV_BLOCK_TOKENS], 0);
 	int			slot = j % CAI_KV_BLOCK_TOKENS;
-	const int8_t *k = cai_kv_keys(&f->L, blk) + ((size_t) slot * N_KV + kvh) * hd;
 	float		ks = cai_kv_key_scales(&f->L, blk)[slot * N_KV + kvh];
 	int32_t		dot = 0;
 
 	for (int d = 0; d < hd; d++)
-		dot += (int32_t) qq[d] * k[d];
+		dot += (int32_t) qq[d] * key_digits_at(f, blk, slot, kvh, d);
 	return (float) dot * (ks * qs);
 }
 
@@ -550,17 +580,18 @@ TEST(attention_segment_maxima_and_values_exact)
 	char		original[32];
 
 	snprintf(original, sizeof(original), "%s", cai_cpu_isa());
-	for (int hi = 0; hi < N_OF(head_sizes); hi++)
+	for (int c = 0; c < N_CONFIGS; c++)
 	{
 		fixture		f;
-		int			hd = head_sizes[hi];
+		int			hd = head_sizes[c % N_OF(head_sizes)];
+		int			digits = config_key_digits(c);
 		void	   *mem = malloc(cai_attention_scratch_bytes(MAX_CONTEXT, GROUP, hd));
 		float	   *po = malloc(sizeof(float) * max_segs * max_rows * hd);
 		float	   *pm = malloc(sizeof(float) * max_rows * max_segs);
 		float	   *pl = malloc(sizeof(float) * max_rows * max_segs);
 		cai_attn_scratch s;
 
-		CHECK(fixture_open(&f, hd, 1));
+		CHECK(fixture_open(&f, hd, 1, digits));
 		cai_attention_scratch_init(&s, mem, MAX_CONTEXT, GROUP, hd);
 		for (int w = 0; w < N_OF(windows); w++)
 		{

@@ -916,6 +916,24 @@ TEST(forward_quantize_residual_op)
 	free(qw);
 }
 
+/* The CPU backend as one whose attention takes int8 keys only. */
+static cai_backend_ops cpu_ops_without_two_digit_keys;
+
+static cai_status
+cpu_backend_without_two_digit_keys(void *arg, const cai_backend_limits *limits, cai_backend **out,
+								   cai_error *err)
+{
+	cai_status	st = cai_backend_cpu_create((cai_threadpool *) arg, limits, out, err);
+
+	if (st == CAI_OK)
+	{
+		cpu_ops_without_two_digit_keys = *(*out)->ops;
+		cpu_ops_without_two_digit_keys.two_digit_keys = false;
+		(*out)->ops = &cpu_ops_without_two_digit_keys;
+	}
+	return st;
+}
+
 /*
  * A model loaded with two-digit activations: its int8 logits closer to the float path's than
  * the one-digit model's (the weights' rounding is the same in both), the float path
@@ -951,6 +969,28 @@ TEST(forward_two_digit_activations)
 	CHECK(!i1.two_digit_activations && i2.two_digit_activations);
 	CHECK(i1.fingerprint != i2.fingerprint);
 	V = one->cfg.n_vocab;
+	/* the KV holds two-digit keys: a second byte per key element */
+	{
+		cai_kv_layout k1,
+					k2;
+		cai_threadpool *pool = cai_threadpool_create(1);
+		cai_forward_ctx *ctx = NULL;
+		cai_error	err;
+
+		cai_model_kv_layout(one, &k1);
+		cai_model_kv_layout(two, &k2);
+		CHECK(k1.key_digits == 1 && k2.key_digits == 2 && k2.layer_bytes > k1.layer_bytes);
+		CHECK(i2.kv_bytes_per_token == i1.kv_bytes_per_token + (size_t) one->cfg.n_kv_layers *
+			  one->cfg.n_kv_heads * one->cfg.head_dim);
+		/* a backend whose attention has no two-digit keys cannot run the mode */
+		CHECK(pool);
+		CHECK(cai_forward_ctx_create_on(two, cpu_backend_without_two_digit_keys, pool, 32, 1024,
+										&ctx, &err) == CAI_ERR_UNSUPPORTED);
+		CHECK(cai_forward_ctx_create_on(one, cpu_backend_without_two_digit_keys, pool, 32, 1024,
+										&ctx, &err) == CAI_OK);
+		cai_forward_ctx_free(ctx);
+		cai_threadpool_free(pool);
+	}
 	/* the embedding's rows in two digits: each within half a second-digit step of the source */
 	CHECK(one->tok_embd_digit2.q == NULL && two->tok_embd_digit2.q != NULL);
 	CHECK(memcmp(one->tok_embd.q, two->tok_embd.q, (size_t) V * one->cfg.d_model) == 0);
@@ -1259,6 +1299,133 @@ TEST(op_quantize_vec_i8_rounds_each_element)
 	CHECK(scale == 0.0f);
 	for (int i = 0; i < 67; i++)
 		CHECK(q[i] == 0);
+}
+
+/*
+ * Two-digit keys' quantization (kv.h): the first digit is cai_op_quantize_vec_i8's, byte for
+ * byte; the second is the first's rounding error in 254ths of its step, so that
+ * scale * (254 q + q2) is within half a unit of x (the first digit alone is within 127 of them);
+ * an all-zero vector gets scale 0 and zeros.
+ */
+TEST(op_quantize_vec_two_digits_refines_the_int8_digit)
+{
+	static const int lengths[] = {1, 9, 64, 256};
+	uint64_t	rng = 5;
+	float		x[256];
+	int8_t		q[256],
+				q1[256],
+				q2[256];
+	float		scale,
+				scale1;
+
+	for (int li = 0; li < (int) (sizeof(lengths) / sizeof(lengths[0])); li++)
+	{
+		int			n = lengths[li];
+		double		worst = 0.0;
+
+		for (int i = 0; i < n; i++)
+			x[i] = (float) ((double) (test_next_u64(&rng) >> 11) / 9007199254740992.0 - 0.5) * 3.0f;
+		cai_op_quantize_vec_i8(x, n, q1, &scale1);
+		cai_op_quantize_vec_two_digits(x, n, q, q2, &scale);
+		CHECK_MSG(memcmp(q, q1, (size_t) n) == 0, "n %d: the first digit is not the int8 key", n);
+		CHECK_MSG(scale == scale1 / (float) CAI_KV_KEY_DIGIT_BASE, "n %d: scale %g, want %g", n,
+				  scale, scale1 / (float) CAI_KV_KEY_DIGIT_BASE);
+		for (int i = 0; i < n; i++)
+		{
+			double		e = fabs((double) x[i] -
+								 (double) scale * (CAI_KV_KEY_DIGIT_BASE * q[i] + q2[i]));
+
+			CHECK_MSG(q2[i] >= -127 && q2[i] <= 127, "n %d element %d: second digit %d", n, i,
+					  q2[i]);
+			worst = e > worst ? e : worst;
+		}
+		CHECK_MSG(worst <= 0.5001 * scale, "n %d: error %g, over half a unit %g", n, worst,
+				  0.5 * scale);
+	}
+	memset(x, 0, sizeof(x));
+	memset(q2, 1, sizeof(q2));
+	cai_op_quantize_vec_two_digits(x, 67, q, q2, &scale);
+	CHECK(scale == 0.0f);
+	for (int i = 0; i < 67; i++)
+		CHECK(q[i] == 0 && q2[i] == 0);
+}
+
+/*
+ * The CPU backend's kv_write into a pool of two-digit keys: each token's key heads in two digits
+ * and its value heads in one, at the slots of its positions, with 1 and 3 threads.
+ */
+TEST(kv_write_two_digit_keys)
+{
+	enum
+	{
+		N_KV = 2, HD = 64, T = 21
+	};
+	cai_kv_layout L = {.n_kv_layers = 2, .n_kv_heads = N_KV, .head_dim = HD, .key_digits = 2};
+	cai_attn_params ap = {.n_heads = 4, .n_kv_heads = N_KV, .head_dim = HD, .kv_layer = 1};
+	cai_backend_limits lim = {T, 64, 2 * N_KV * HD, 4, N_KV, HD};
+	uint64_t	rng = 9;
+	float	   *kv_rows = malloc(sizeof(float) * T * 2 * N_KV * HD);
+	int32_t		pos[T],
+				tseq[T],
+				start = 0,
+				len = T,
+				table[2];
+	const int32_t *tables[1] = {table};
+	cai_batch_layout bl = {.n_tokens = T, .n_seqs = 1, .token_pos = pos, .token_seq = tseq,
+	.seq_start = &start, .seq_len = &len, .block_tables = tables};
+
+	L.layer_bytes = (CAI_KV_BLOCK_TOKENS * cai_kv_token_layer_bytes(N_KV, HD, 2) + 63) & ~(size_t) 63;
+	L.block_bytes = 2 * L.layer_bytes;
+	for (int i = 0; i < T * 2 * N_KV * HD; i++)
+		kv_rows[i] = (float) ((double) (test_next_u64(&rng) >> 11) / 9007199254740992.0 - 0.5);
+	for (int t = 0; t < T; t++)
+	{
+		pos[t] = t + 5;
+		tseq[t] = 0;
+	}
+	for (int threads = 1; threads <= 3; threads += 2)
+	{
+		cai_threadpool *pool = cai_threadpool_create(threads);
+		cai_backend *be = NULL;
+		cai_kv_pool *kv = NULL;
+		cai_error	err;
+		int			wrong = 0;
+
+		CHECK(pool && cai_backend_cpu_create(pool, &lim, &be, &err) == CAI_OK);
+		CHECK(cai_kv_pool_create(&L, 2, &kv, &err) == CAI_OK);
+		if (!be || !kv)
+			break;
+		CHECK(be->ops->two_digit_keys);
+		table[0] = cai_kv_block_alloc(kv);
+		table[1] = cai_kv_block_alloc(kv);
+		be->ops->kv_write(be, &ap, &bl, kv_rows, kv_rows + N_KV * HD, 2 * N_KV * HD, kv, NULL);
+		for (int t = 0; t < T; t++)
+			for (int h = 0; h < N_KV; h++)
+			{
+				uint8_t    *part = cai_kv_block_layer(kv, table[pos[t] / CAI_KV_BLOCK_TOKENS], 1);
+				int			slot = pos[t] % CAI_KV_BLOCK_TOKENS;
+				size_t		at = ((size_t) slot * N_KV + h) * HD;
+				const float *k = kv_rows + (size_t) t * 2 * N_KV * HD + h * HD;
+				int8_t		q[HD],
+							q2[HD],
+							vq[HD];
+				float		ks,
+							vs;
+
+				cai_op_quantize_vec_two_digits(k, HD, q, q2, &ks);
+				cai_op_quantize_vec_i8(k + N_KV * HD, HD, vq, &vs);
+				wrong += memcmp(cai_kv_keys(&L, part) + at, q, HD) != 0;
+				wrong += memcmp(cai_kv_key_digits2(&L, part) + at, q2, HD) != 0;
+				wrong += memcmp(cai_kv_values(&L, part) + at, vq, HD) != 0;
+				wrong += cai_kv_key_scales(&L, part)[slot * N_KV + h] != ks;
+				wrong += cai_kv_value_scales(&L, part)[slot * N_KV + h] != vs;
+			}
+		CHECK_MSG(wrong == 0, "%d threads: %d key or value heads stored wrong", threads, wrong);
+		cai_kv_pool_free(kv);
+		cai_backend_free(be);
+		cai_threadpool_free(pool);
+	}
+	free(kv_rows);
 }
 
 /*

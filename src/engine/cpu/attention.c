@@ -165,6 +165,8 @@ cai_attention_scratch_bytes(int max_context, int n_group, int head_dim)
 		+ align64((size_t) CAI_ATTN_SEGMENT_TOKENS * head_dim)	/* k_t */
 		+ align64(CAI_ATTN_SEGMENT_TOKENS * sizeof(float))	/* k_scales */
 		+ align64(rows * BLOCK * sizeof(int32_t))	/* dots */
+		+ align64((size_t) BLOCK * head_dim)	/* k2_t */
+		+ align64(rows * BLOCK * sizeof(int32_t))	/* dots2 */
 		+ align64((size_t) BLOCK * head_dim * sizeof(float))	/* values */
 		+ 2 * align64(rows * sizeof(int32_t))	/* row_lo, row_hi */
 		+ 2 * align64(CAI_ATTN_SEGMENT_TOKENS * sizeof(float))	/* v_scales, v_scale_max */
@@ -197,6 +199,10 @@ cai_attention_scratch_init(cai_attn_scratch *s, void *memory, int max_context, i
 	s->k_scales = (float *) p;
 	p += align64(CAI_ATTN_SEGMENT_TOKENS * sizeof(float));
 	s->dots = (int32_t *) p;
+	p += align64(rows * BLOCK * sizeof(int32_t));
+	s->k2_t = (int8_t *) p;
+	p += align64((size_t) BLOCK * head_dim);
+	s->dots2 = (int32_t *) p;
 	p += align64(rows * BLOCK * sizeof(int32_t));
 	s->values = (float *) p;
 	p += align64((size_t) BLOCK * head_dim * sizeof(float));
@@ -1293,6 +1299,45 @@ row_out(float *out, int ldo, int t0, int kv_head, int group, int hd, int r)
 	return out + (size_t) (t0 + r / group) * ldo + (size_t) (kv_head * group + r % group) * hd;
 }
 
+/* A block's keys of one head (rows `stride` bytes apart) into four-byte groups kt[g][slot][4]. */
+CAI_ALWAYS_INLINE void
+transpose_keys(attn_isa isa, const int8_t *keys, size_t stride, int hd, int s0, int s1, int8_t *kt)
+{
+#if defined(__x86_64__)
+	if (isa == ATTN_AVX512 && hd % 64 == 0)
+	{
+		transpose_keys_avx512(keys, stride, hd, kt);
+		return;
+	}
+#endif
+	transpose_keys_generic(keys, stride, hd, s0, s1, kt);
+}
+
+/* The tile's rows' exact dot products with one transposed block kt, into dots[rows][16]. */
+CAI_ALWAYS_INLINE void
+block_dots(attn_isa isa, bool amx, const int8_t *kt, const cai_attn_scratch *s, int rows_qk,
+		   int rows_padded, int hd, const float *kscale, int32_t *dots)
+{
+	switch (isa)
+	{
+#if defined(__x86_64__)
+		case ATTN_AVX512:
+			if (amx)
+				qk_blocks_amx(kt, 1, s->q_i8, rows_qk, hd, dots, kscale, s->q_scale, NULL, 0);
+			else
+				qk_block_avx512(kt, s->q_i8, s->q_sum, rows_padded, hd, dots, kscale,
+								s->q_scale, NULL, 0);
+			break;
+		case ATTN_AVX2:
+			qk_block_avx2(kt, s->q_i8, s->q_sum, rows_padded, hd, dots);
+			break;
+#endif
+		default:
+			qk_block_generic(kt, s->q_i8, s->q_sum, rows_padded, hd, dots);
+			break;
+	}
+}
+
 /*
  * The tile's passes over segments [seg_begin, seg_end) of its rows: into out (partials NULL,
  * all of the rows' segments) or into a split tile's partials.
@@ -1320,6 +1365,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 	const bool	amx = isa == ATTN_AVX512 && !shadow && rows_padded >= AMX_ROWS && hd % 64 == 0 &&
 		strcmp(cai_cpu_isa(), "avx512-amx") == 0;
 	const int	rows_qk = amx ? (rows + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS : rows_padded;
+	const bool	two_digits = L->key_digits == 2 && !shadow;
 	const attn_value_path vpath = amx ? ATTN_VALUES_AMX
 		: isa == ATTN_AVX512 ? ATTN_VALUES_AVX512
 		: isa == ATTN_AVX2 ? ATTN_VALUES_AVX2 : ATTN_VALUES_GENERIC;
@@ -1437,52 +1483,42 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 				float	   *kscale = amx ? s->k_scales + (b - seg_lo / BLOCK) * BLOCK : kscale_block;
 				bool		whole = base >= seg_lo && base + BLOCK - 1 <= seg_hi;
 
+				/* two-digit keys: each block's dots for both digits, combined before scaling */
+				if (two_digits)
+					whole = false;
+
 				/* all 16 (slots outside [j0, j1] feed only lanes that are never stored) */
 				for (int slot = 0; slot < BLOCK; slot++)
 					kscale[slot] = kscales[slot * n_kv + kv_head];
 				memcpy(&ks, kscale, sizeof(ks));
 
 				/* the head's keys in four-byte groups */
+				transpose_keys(isa, keys + (size_t) kv_head * hd, (size_t) n_kv * hd, hd,
+							   j0 - base, j1 - base, kt);
 	#if defined(__x86_64__)
-				if (isa == ATTN_AVX512 && hd % 64 == 0)
-					transpose_keys_avx512(keys + (size_t) kv_head * hd, (size_t) n_kv * hd, hd, kt);
-				else
-	#endif
-					transpose_keys_generic(keys + (size_t) kv_head * hd, (size_t) n_kv * hd, hd,
-										   j0 - base, j1 - base, kt);
-				switch (isa)
+				if (whole && amx)
+					continue;	/* a whole block's scores come with the segment's others, below */
+				if (whole && isa == ATTN_AVX512)
 				{
-	#if defined(__x86_64__)
-					case ATTN_AVX512:
-						if (amx)
-						{
-							/* a whole block's scores come with the segment's others, below */
-							if (whole)
-								continue;
-							qk_blocks_amx(kt, 1, s->q_i8, rows_qk, hd, s->dots, kscale,
-										  s->q_scale, NULL, 0);
-							break;
-						}
-						/*
-						 * a block inside the segment's span: every row's scores straight from
-						 * the sums (lanes outside a row's range are never read, as below)
-						 */
-						if (whole)
-						{
-							qk_block_avx512(kt, s->q_i8, s->q_sum, rows_padded, hd, NULL,
-											kscale, s->q_scale, s->scores + (base - seg_lo), SEG);
-							continue;
-						}
-						qk_block_avx512(kt, s->q_i8, s->q_sum, rows_padded, hd, s->dots,
-										kscale, s->q_scale, NULL, 0);
-						break;
-					case ATTN_AVX2:
-						qk_block_avx2(kt, s->q_i8, s->q_sum, rows_padded, hd, s->dots);
-						break;
+					/*
+					 * a block inside the segment's span: every row's scores straight from the
+					 * sums (lanes outside a row's range are never read, as below)
+					 */
+					qk_block_avx512(kt, s->q_i8, s->q_sum, rows_padded, hd, NULL,
+									kscale, s->q_scale, s->scores + (base - seg_lo), SEG);
+					continue;
+				}
 	#endif
-					default:
-						qk_block_generic(kt, s->q_i8, s->q_sum, rows_padded, hd, s->dots);
-						break;
+				block_dots(isa, amx, kt, s, rows_qk, rows_padded, hd, kscale, s->dots);
+				if (two_digits)
+				{
+					const int8_t *keys2 = cai_kv_key_digits2(L, part);
+
+					transpose_keys(isa, keys2 + (size_t) kv_head * hd, (size_t) n_kv * hd, hd,
+								   j0 - base, j1 - base, s->k2_t);
+					block_dots(isa, amx, s->k2_t, s, rows_qk, rows_padded, hd, kscale, s->dots2);
+					for (int i = 0; i < rows * BLOCK; i++)
+						s->dots[i] = CAI_KV_KEY_DIGIT_BASE * s->dots[i] + s->dots2[i];
 				}
 				/* score = dot * (q scale * k scale), the block's 16 slots at once */
 				for (int r = 0; r < rows; r++)
@@ -1529,7 +1565,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 
 #if defined(__x86_64__)
 		/* with AMX, the scores of the segment's whole blocks, all at once */
-		if (amx)
+		if (amx && !two_digits)
 		{
 			int			first = (seg_lo + BLOCK - 1) / BLOCK;
 			int			last = (seg_hi + 1) / BLOCK - 1;

@@ -11,6 +11,9 @@
  * product: score = (float) dot * ((q_scale * scale) * k_scale).  Integer dot products have no
  * rounding order, so the kernel may block and vectorize them freely (AVX-512 VNNI scores 16 keys
  * per instruction from a transposed copy of the block, AMX int8 tiles a 16-row tile at a time).
+ * With two-digit keys (kv.h) dot = 254 (q . k) + q . k2, both products by the same kernels (a
+ * block at a time, so AMX does not batch a segment's blocks), still exact: at most
+ * 512 * 127 * (254 * 127 + 127) < 2^31 for the largest head size.
  * Softmax is fp32 with the maximum m subtracted: e_j = exp(score_j - m) (the attention's exp,
  * below) and the total l.  The values are weighted by integers, so that their sums are exact too: over the
  * row's positions j of the segment (below), with v_scale_j the value row's scale and
@@ -65,6 +68,8 @@ typedef struct cai_attn_scratch
 								 * block's, or a segment's (AMX) */
 	float	   *k_scales;		/* [256] the segment's key scales of one head (AMX) */
 	int32_t    *dots;			/* [rows][16] exact query-key dot products of one block */
+	int8_t	   *k2_t;			/* [head_dim/4][16][4] one block's second key digits, transposed */
+	int32_t    *dots2;			/* [rows][16] the rows' dot products with them */
 	float	   *values;			/* one block's float values of one head (reference path) */
 	float	   *v_scales;		/* [256] the segment's value scales of one head */
 	float	   *v_scale_max;	/* [256] their running maximum */

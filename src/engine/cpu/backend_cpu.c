@@ -797,7 +797,11 @@ kv_write_rows(void *arg, int t0, int t1, int thread)
 			const float *vr = a->v + (size_t) t * a->ld + (size_t) h * hd;
 			size_t		at = ((size_t) slot * n_kv + h) * hd;
 
-			cai_op_quantize_vec_i8(kr, hd, keys + at, &kscale[slot * n_kv + h]);
+			if (L->key_digits == 2)
+				cai_op_quantize_vec_two_digits(kr, hd, keys + at, cai_kv_key_digits2(L, part) + at,
+											   &kscale[slot * n_kv + h]);
+			else
+				cai_op_quantize_vec_i8(kr, hd, keys + at, &kscale[slot * n_kv + h]);
 			cai_op_quantize_vec_i8(vr, hd, values + at, &vscale[slot * n_kv + h]);
 			if (a->shadow)
 			{
@@ -1048,6 +1052,7 @@ static const cai_backend_ops cpu_ops = {
 	.rmsnorm_add = cpu_rmsnorm_add,
 	.scale = cpu_scale,
 	.kv_write = cpu_kv_write,
+	.two_digit_keys = true,
 	.kv_copy_rows = cpu_kv_copy_rows,
 	.attention = cpu_attention,
 	.rotate = cpu_rotate,

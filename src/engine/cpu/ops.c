@@ -9,6 +9,7 @@
 
 #include <math.h>
 
+#include "kv.h"
 #include "rope.h"
 #include "util.h"
 
@@ -391,6 +392,36 @@ cai_op_quantize_vec_i8(const float *x, int n, int8_t *q, float *scale)
 		v = v < 127.0f ? v : 127.0f;
 		v = (v + ROUND_MAGIC) - ROUND_MAGIC;
 		q[i] = (int8_t) (int) v;
+	}
+}
+
+void
+cai_op_quantize_vec_two_digits(const float *x, int n, int8_t *q, int8_t *q2, float *scale)
+{
+	float		amax = 0.0f;
+	float		inv;
+
+	for (int i = 0; i < n; i++)
+		amax = fabsf(x[i]) > amax ? fabsf(x[i]) : amax;
+	inv = 127.0f / amax;
+	if (!(amax > 0.0f) || isinf(inv))
+	{
+		*scale = 0.0f;
+		memset(q, 0, (size_t) n);
+		memset(q2, 0, (size_t) n);
+		return;
+	}
+	*scale = (amax / 127.0f) / (float) CAI_KV_KEY_DIGIT_BASE;
+	for (int i = 0; i < n; i++)
+	{
+		float		v = x[i] * inv;
+		float		r;
+
+		v = v > -127.0f ? v : -127.0f;
+		v = v < 127.0f ? v : 127.0f;
+		r = (v + ROUND_MAGIC) - ROUND_MAGIC;
+		q[i] = (int8_t) (int) r;
+		q2[i] = (int8_t) (int) (((v - r) * (float) CAI_KV_KEY_DIGIT_BASE + ROUND_MAGIC) - ROUND_MAGIC);
 	}
 }
 

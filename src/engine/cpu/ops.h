@@ -189,4 +189,13 @@ void		cai_op_rotate_vec(const cai_rotation *rot, float *x);
  */
 void		cai_op_quantize_vec_i8(const float *x, int n, int8_t *q, float *scale);
 
+/*
+ * Two-digit keys (kv.h): q as cai_op_quantize_vec_i8 gives it, and the second digit
+ * q2 = round-to-even((v - q) * 254) in [-127, 127], where v = x * (127 / max|x|) clamped as for q
+ * (v - q is exact: |v - q| <= 1/2 and q is v's nearest integer).  *scale = (max|x| / 127) / 254,
+ * the unit of 254 q + q2.  An all-zero (or subnormal) vector gives scale 0 and zeros.
+ */
+void		cai_op_quantize_vec_two_digits(const float *x, int n, int8_t *q, int8_t *q2,
+										   float *scale);
+
 #endif							/* CAI_CPU_OPS_H */
