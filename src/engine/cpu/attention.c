@@ -165,7 +165,7 @@ cai_attention_scratch_bytes(int max_context, int n_group, int head_dim)
 		+ align64((size_t) CAI_ATTN_SEGMENT_TOKENS * head_dim)	/* k_t */
 		+ align64(CAI_ATTN_SEGMENT_TOKENS * sizeof(float))	/* k_scales */
 		+ align64(rows * BLOCK * sizeof(int32_t))	/* dots */
-		+ align64((size_t) BLOCK * head_dim)	/* k2_t */
+		+ align64((size_t) CAI_ATTN_SEGMENT_TOKENS * head_dim)	/* k2_t */
 		+ align64(rows * BLOCK * sizeof(int32_t))	/* dots2 */
 		+ align64((size_t) BLOCK * head_dim * sizeof(float))	/* values */
 		+ 2 * align64(rows * sizeof(int32_t))	/* row_lo, row_hi */
@@ -201,7 +201,7 @@ cai_attention_scratch_init(cai_attn_scratch *s, void *memory, int max_context, i
 	s->dots = (int32_t *) p;
 	p += align64(rows * BLOCK * sizeof(int32_t));
 	s->k2_t = (int8_t *) p;
-	p += align64((size_t) BLOCK * head_dim);
+	p += align64((size_t) CAI_ATTN_SEGMENT_TOKENS * head_dim);
 	s->dots2 = (int32_t *) p;
 	p += align64(rows * BLOCK * sizeof(int32_t));
 	s->values = (float *) p;
@@ -349,19 +349,22 @@ typedef int32_t cai_i32_alias __attribute__((may_alias, aligned(1)));
  * (k ^ 0x80 == k + 128 as an unsigned byte), which adds 128 * sum(q) to each dot product;
  * q_sum removes it.  With scores given (a block wholly inside the segment's span), each row's
  * scores go straight there instead, ld_scores floats apart: dot * (kscale[slot] * q_scale[r]),
- * the operations the tile applies to dots.
+ * the operations the tile applies to dots.  With kt2 (two-digit keys: the second digits,
+ * transposed the same way) the dot is 254 (q . k) + q . k2.
  */
 TARGET_AVX512 __attribute__((noinline)) static void
-qk_block_avx512(const int8_t *kt, const int8_t *q, const int32_t *q_sum, int rows, int hd,
-				int32_t *dots, const float *kscale, const float *q_scale, float *scores,
-				size_t ld_scores)
+qk_block_avx512(const int8_t *kt, const int8_t *kt2, const int8_t *q, const int32_t *q_sum,
+				int rows, int hd, int32_t *dots, const float *kscale, const float *q_scale,
+				float *scores, size_t ld_scores)
 {
 	const __m512i flip = _mm512_set1_epi8((char) 0x80);
 	const __m512 ks = _mm512_loadu_ps(kscale);
+	const __m512i base = _mm512_set1_epi32(CAI_KV_KEY_DIGIT_BASE);
 
 	/*
-	 * Four rows, each with two sums (even and odd groups): eight independent chains of
-	 * vpdpbusd, enough to cover its latency.  Integer sums are exact in any order.
+	 * Four rows, each with two sums (even and odd groups, or the two digits): eight
+	 * independent chains of vpdpbusd, enough to cover its latency.  Integer sums are exact in
+	 * any order.
 	 */
 	for (int r = 0; r < rows; r += ROW_GROUP)
 	{
@@ -378,20 +381,46 @@ qk_block_avx512(const int8_t *kt, const int8_t *q, const int32_t *q_sum, int row
 					b2 = a0,
 					b3 = a0;
 
-		for (int g = 0; g < hd / 4; g += 2)
+		if (kt2)
 		{
-			__m512i		ka = _mm512_xor_si512(_mm512_loadu_si512(kt + (size_t) g * 64), flip);
-			__m512i		kb = _mm512_xor_si512(_mm512_loadu_si512(kt + (size_t) g * 64 + 64), flip);
+			for (int g = 0; g < hd / 4; g++)
+			{
+				__m512i		ka = _mm512_xor_si512(_mm512_loadu_si512(kt + (size_t) g * 64), flip);
+				__m512i		kb = _mm512_xor_si512(_mm512_loadu_si512(kt2 + (size_t) g * 64), flip);
 
-			DPBUSD_BCAST(a0, ka, q0 + 4 * g);
-			DPBUSD_BCAST(a1, ka, q1 + 4 * g);
-			DPBUSD_BCAST(a2, ka, q2 + 4 * g);
-			DPBUSD_BCAST(a3, ka, q3 + 4 * g);
-			DPBUSD_BCAST(b0, kb, q0 + 4 * g + 4);
-			DPBUSD_BCAST(b1, kb, q1 + 4 * g + 4);
-			DPBUSD_BCAST(b2, kb, q2 + 4 * g + 4);
-			DPBUSD_BCAST(b3, kb, q3 + 4 * g + 4);
+				DPBUSD_BCAST(a0, ka, q0 + 4 * g);
+				DPBUSD_BCAST(a1, ka, q1 + 4 * g);
+				DPBUSD_BCAST(a2, ka, q2 + 4 * g);
+				DPBUSD_BCAST(a3, ka, q3 + 4 * g);
+				DPBUSD_BCAST(b0, kb, q0 + 4 * g);
+				DPBUSD_BCAST(b1, kb, q1 + 4 * g);
+				DPBUSD_BCAST(b2, kb, q2 + 4 * g);
+				DPBUSD_BCAST(b3, kb, q3 + 4 * g);
+			}
+			/* a = 254 (a - 128 sum(q)) = 254 (q . k); b - 128 sum(q) = q . k2 below */
+#define FIRST_DIGIT(i, A) \
+			A = _mm512_mullo_epi32(_mm512_sub_epi32(A, _mm512_set1_epi32(q_sum[r + i] * 128)), base)
+			FIRST_DIGIT(0, a0);
+			FIRST_DIGIT(1, a1);
+			FIRST_DIGIT(2, a2);
+			FIRST_DIGIT(3, a3);
+#undef FIRST_DIGIT
 		}
+		else
+			for (int g = 0; g < hd / 4; g += 2)
+			{
+				__m512i		ka = _mm512_xor_si512(_mm512_loadu_si512(kt + (size_t) g * 64), flip);
+				__m512i		kb = _mm512_xor_si512(_mm512_loadu_si512(kt + (size_t) g * 64 + 64), flip);
+
+				DPBUSD_BCAST(a0, ka, q0 + 4 * g);
+				DPBUSD_BCAST(a1, ka, q1 + 4 * g);
+				DPBUSD_BCAST(a2, ka, q2 + 4 * g);
+				DPBUSD_BCAST(a3, ka, q3 + 4 * g);
+				DPBUSD_BCAST(b0, kb, q0 + 4 * g + 4);
+				DPBUSD_BCAST(b1, kb, q1 + 4 * g + 4);
+				DPBUSD_BCAST(b2, kb, q2 + 4 * g + 4);
+				DPBUSD_BCAST(b3, kb, q3 + 4 * g + 4);
+			}
 #define STORE_DOTS(i, A, B) \
 		do { \
 			__m512i		dot_ = _mm512_sub_epi32(_mm512_add_epi32(A, B), \
@@ -446,7 +475,8 @@ qk_block_avx512(const int8_t *kt, const int8_t *q, const int32_t *q_sum, int row
  * qk_block_avx512's results for n_blocks consecutive transposed blocks kt (BLOCK * hd bytes
  * apart) and rows [0, rows) (rows a multiple of AMX_ROWS, hd of 64), with the tiles configured
  * by cai_amx_configure: the dots of one block (n_blocks 1), or every block's scores, block i at
- * scores + i * BLOCK in each row (kscale: n_blocks * BLOCK scales).
+ * scores + i * BLOCK in each row (kscale: n_blocks * BLOCK scales).  With kt2_first (two-digit
+ * keys) each unit runs the tiles over both digits' blocks and takes 254 (q . k) + q . k2.
  *
  * The work goes in units of a block and four chunks of rows.  A unit's dots are scaled into
  * scores only after the next unit's products are under way, so that the tiles and the vector
@@ -454,13 +484,14 @@ qk_block_avx512(const int8_t *kt, const int8_t *q, const int32_t *q_sum, int row
  * tile read just after the vector stores that wrote it would wait for them.
  */
 TARGET_AMX __attribute__((noinline)) static void
-qk_blocks_amx(const int8_t *kt_first, int n_blocks, const int8_t *q, int rows, int hd,
-			  int32_t *dots, const float *kscale, const float *q_scale, float *scores,
-			  size_t ld_scores)
+qk_blocks_amx(const int8_t *kt_first, const int8_t *kt2_first, int n_blocks, const int8_t *q,
+			  int rows, int hd, int32_t *dots, const float *kscale, const float *q_scale,
+			  float *scores, size_t ld_scores)
 {
-	int32_t		unit_dots[2][4 * AMX_ROWS][BLOCK] __attribute__((aligned(64)));
+	int32_t		unit_dots[2][2][4 * AMX_ROWS][BLOCK] __attribute__((aligned(64)));
 	int			units_per_block = (rows + 4 * AMX_ROWS - 1) / (4 * AMX_ROWS);
 	int			n_units = n_blocks * units_per_block;
+	int			n_digits = kt2_first ? 2 : 1;
 	int			prev_r = 0,
 				prev_rows = 0,
 				prev_block = 0;
@@ -472,10 +503,12 @@ qk_blocks_amx(const int8_t *kt_first, int n_blocks, const int8_t *q, int rows, i
 		int			r = u % units_per_block * 4 * AMX_ROWS;
 		int			n = (rows - r) / AMX_ROWS < 4 ? (rows - r) / AMX_ROWS : 4;
 
-		if (u < n_units)
+		/* each digit's dots (with one digit and no scores, straight into dots) */
+		for (int digit = 0; u < n_units && digit < n_digits; digit++)
 		{
-			const int8_t *kt = kt_first + (size_t) block * BLOCK * hd;
-			int32_t    *out = scores ? unit_dots[u & 1][0] : dots + (size_t) r * BLOCK;
+			const int8_t *kt = (digit ? kt2_first : kt_first) + (size_t) block * BLOCK * hd;
+			int32_t    *out = scores || kt2_first ? unit_dots[u & 1][digit][0] :
+				dots + (size_t) r * BLOCK;
 
 			_tile_zero(0);
 			_tile_zero(1);
@@ -497,6 +530,19 @@ qk_blocks_amx(const int8_t *kt_first, int n_blocks, const int8_t *q, int rows, i
 			if (n > 3)
 				_tile_stored(3, out + 3 * AMX_ROWS * BLOCK, BLOCK * sizeof(int32_t));
 		}
+		/* two digits: the unit's dots 254 (q . k) + q . k2, into dots or scaled below */
+		if (kt2_first && u < n_units)
+			for (int i = 0; i < n * AMX_ROWS; i++)
+			{
+				__m512i		dot = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_load_si512(unit_dots[u & 1][0][i]),
+																	  _mm512_set1_epi32(CAI_KV_KEY_DIGIT_BASE)),
+												   _mm512_load_si512(unit_dots[u & 1][1][i]));
+
+				if (scores)
+					_mm512_store_si512(unit_dots[u & 1][0][i], dot);
+				else
+					_mm512_storeu_si512(dots + (size_t) (r + i) * BLOCK, dot);
+			}
 		/* the previous unit's scores: dot * (kscale[slot] * q_scale[r]), as the tile does */
 		if (scores && prev_rows > 0)
 		{
@@ -505,7 +551,7 @@ qk_blocks_amx(const int8_t *kt_first, int n_blocks, const int8_t *q, int rows, i
 
 			for (int i = 0; i < prev_rows; i++)
 				_mm512_storeu_ps(dst + (size_t) (prev_r + i) * ld_scores,
-								 _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(unit_dots[(u - 1) & 1][i])),
+								 _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(unit_dots[(u - 1) & 1][0][i])),
 											   _mm512_mul_ps(ks, _mm512_set1_ps(q_scale[prev_r + i]))));
 		}
 		prev_r = r;
@@ -1313,29 +1359,39 @@ transpose_keys(attn_isa isa, const int8_t *keys, size_t stride, int hd, int s0, 
 	transpose_keys_generic(keys, stride, hd, s0, s1, kt);
 }
 
-/* The tile's rows' exact dot products with one transposed block kt, into dots[rows][16]. */
+/*
+ * The tile's rows' exact dot products with one transposed block kt, into dots[rows][16]; with
+ * kt2 (two-digit keys), 254 (q . k) + q . k2.
+ */
 CAI_ALWAYS_INLINE void
-block_dots(attn_isa isa, bool amx, const int8_t *kt, const cai_attn_scratch *s, int rows_qk,
-		   int rows_padded, int hd, const float *kscale, int32_t *dots)
+block_dots(attn_isa isa, bool amx, const int8_t *kt, const int8_t *kt2, cai_attn_scratch *s,
+		   int rows_qk, int rows_padded, int hd, const float *kscale, int32_t *dots)
 {
 	switch (isa)
 	{
 #if defined(__x86_64__)
 		case ATTN_AVX512:
 			if (amx)
-				qk_blocks_amx(kt, 1, s->q_i8, rows_qk, hd, dots, kscale, s->q_scale, NULL, 0);
+				qk_blocks_amx(kt, kt2, 1, s->q_i8, rows_qk, hd, dots, kscale, s->q_scale, NULL, 0);
 			else
-				qk_block_avx512(kt, s->q_i8, s->q_sum, rows_padded, hd, dots, kscale,
+				qk_block_avx512(kt, kt2, s->q_i8, s->q_sum, rows_padded, hd, dots, kscale,
 								s->q_scale, NULL, 0);
-			break;
+			return;
 		case ATTN_AVX2:
 			qk_block_avx2(kt, s->q_i8, s->q_sum, rows_padded, hd, dots);
+			if (kt2)
+				qk_block_avx2(kt2, s->q_i8, s->q_sum, rows_padded, hd, s->dots2);
 			break;
 #endif
 		default:
 			qk_block_generic(kt, s->q_i8, s->q_sum, rows_padded, hd, dots);
+			if (kt2)
+				qk_block_generic(kt2, s->q_i8, s->q_sum, rows_padded, hd, s->dots2);
 			break;
 	}
+	if (kt2)
+		for (int i = 0; i < rows_padded * BLOCK; i++)
+			dots[i] = CAI_KV_KEY_DIGIT_BASE * dots[i] + s->dots2[i];
 }
 
 /*
@@ -1480,21 +1536,22 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 
 				/* with AMX, the segment's blocks are kept (below), one after another */
 				int8_t	   *kt = amx ? s->k_t + (size_t) (b - seg_lo / BLOCK) * BLOCK * hd : s->k_t;
+				int8_t	   *kt2 = !two_digits ? NULL :
+					amx ? s->k2_t + (size_t) (b - seg_lo / BLOCK) * BLOCK * hd : s->k2_t;
 				float	   *kscale = amx ? s->k_scales + (b - seg_lo / BLOCK) * BLOCK : kscale_block;
 				bool		whole = base >= seg_lo && base + BLOCK - 1 <= seg_hi;
-
-				/* two-digit keys: each block's dots for both digits, combined before scaling */
-				if (two_digits)
-					whole = false;
 
 				/* all 16 (slots outside [j0, j1] feed only lanes that are never stored) */
 				for (int slot = 0; slot < BLOCK; slot++)
 					kscale[slot] = kscales[slot * n_kv + kv_head];
 				memcpy(&ks, kscale, sizeof(ks));
 
-				/* the head's keys in four-byte groups */
+				/* the head's keys in four-byte groups (two-digit keys: both digits') */
 				transpose_keys(isa, keys + (size_t) kv_head * hd, (size_t) n_kv * hd, hd,
 							   j0 - base, j1 - base, kt);
+				if (kt2)
+					transpose_keys(isa, cai_kv_key_digits2(L, part) + (size_t) kv_head * hd,
+								   (size_t) n_kv * hd, hd, j0 - base, j1 - base, kt2);
 	#if defined(__x86_64__)
 				if (whole && amx)
 					continue;	/* a whole block's scores come with the segment's others, below */
@@ -1504,22 +1561,12 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 					 * a block inside the segment's span: every row's scores straight from the
 					 * sums (lanes outside a row's range are never read, as below)
 					 */
-					qk_block_avx512(kt, s->q_i8, s->q_sum, rows_padded, hd, NULL,
+					qk_block_avx512(kt, kt2, s->q_i8, s->q_sum, rows_padded, hd, NULL,
 									kscale, s->q_scale, s->scores + (base - seg_lo), SEG);
 					continue;
 				}
 	#endif
-				block_dots(isa, amx, kt, s, rows_qk, rows_padded, hd, kscale, s->dots);
-				if (two_digits)
-				{
-					const int8_t *keys2 = cai_kv_key_digits2(L, part);
-
-					transpose_keys(isa, keys2 + (size_t) kv_head * hd, (size_t) n_kv * hd, hd,
-								   j0 - base, j1 - base, s->k2_t);
-					block_dots(isa, amx, s->k2_t, s, rows_qk, rows_padded, hd, kscale, s->dots2);
-					for (int i = 0; i < rows * BLOCK; i++)
-						s->dots[i] = CAI_KV_KEY_DIGIT_BASE * s->dots[i] + s->dots2[i];
-				}
+				block_dots(isa, amx, kt, kt2, s, rows_qk, rows_padded, hd, kscale, s->dots);
 				/* score = dot * (q scale * k scale), the block's 16 slots at once */
 				for (int r = 0; r < rows; r++)
 				{
@@ -1565,13 +1612,14 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 
 #if defined(__x86_64__)
 		/* with AMX, the scores of the segment's whole blocks, all at once */
-		if (amx && !two_digits)
+		if (amx)
 		{
 			int			first = (seg_lo + BLOCK - 1) / BLOCK;
 			int			last = (seg_hi + 1) / BLOCK - 1;
 
 			if (first <= last)
 				qk_blocks_amx(s->k_t + (size_t) (first - seg_lo / BLOCK) * BLOCK * hd,
+							  two_digits ? s->k2_t + (size_t) (first - seg_lo / BLOCK) * BLOCK * hd : NULL,
 							  last - first + 1, s->q_i8, rows_qk, hd, NULL,
 							  s->k_scales + (first - seg_lo / BLOCK) * BLOCK, s->q_scale,
 							  s->scores + (first * BLOCK - seg_lo), SEG);
