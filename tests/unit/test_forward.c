@@ -916,20 +916,31 @@ TEST(forward_quantize_residual_op)
 	free(qw);
 }
 
-/* The CPU backend as one whose attention takes int8 keys only. */
-static cai_backend_ops cpu_ops_without_two_digit_keys;
+/* The CPU backend on pool, lacking what the flags say (as another backend might). */
+typedef struct cpu_lacking
+{
+	cai_threadpool *pool;
+	bool		no_add_digits;
+	bool		no_two_digit_keys;
+} cpu_lacking;
+
+static cai_backend_ops cpu_ops_lacking;
 
 static cai_status
-cpu_backend_without_two_digit_keys(void *arg, const cai_backend_limits *limits, cai_backend **out,
-								   cai_error *err)
+cpu_backend_lacking(void *arg, const cai_backend_limits *limits, cai_backend **out,
+					cai_error *err)
 {
-	cai_status	st = cai_backend_cpu_create((cai_threadpool *) arg, limits, out, err);
+	const cpu_lacking *lack = arg;
+	cai_status	st = cai_backend_cpu_create(lack->pool, limits, out, err);
 
 	if (st == CAI_OK)
 	{
-		cpu_ops_without_two_digit_keys = *(*out)->ops;
-		cpu_ops_without_two_digit_keys.two_digit_keys = false;
-		(*out)->ops = &cpu_ops_without_two_digit_keys;
+		cpu_ops_lacking = *(*out)->ops;
+		if (lack->no_add_digits)
+			cpu_ops_lacking.add_digits = NULL;
+		if (lack->no_two_digit_keys)
+			cpu_ops_lacking.two_digit_keys = false;
+		(*out)->ops = &cpu_ops_lacking;
 	}
 	return st;
 }
@@ -974,6 +985,7 @@ TEST(forward_two_digit_activations)
 		cai_kv_layout k1,
 					k2;
 		cai_threadpool *pool = cai_threadpool_create(1);
+		cpu_lacking lack = {.pool = pool, .no_two_digit_keys = true};
 		cai_forward_ctx *ctx = NULL;
 		cai_error	err;
 
@@ -984,10 +996,10 @@ TEST(forward_two_digit_activations)
 			  one->cfg.n_kv_heads * one->cfg.head_dim);
 		/* a backend whose attention has no two-digit keys cannot run the mode */
 		CHECK(pool);
-		CHECK(cai_forward_ctx_create_on(two, cpu_backend_without_two_digit_keys, pool, 32, 1024,
-										&ctx, &err) == CAI_ERR_UNSUPPORTED);
-		CHECK(cai_forward_ctx_create_on(one, cpu_backend_without_two_digit_keys, pool, 32, 1024,
-										&ctx, &err) == CAI_OK);
+		CHECK(cai_forward_ctx_create_on(two, cpu_backend_lacking, &lack, 32, 1024, &ctx, &err) ==
+			  CAI_ERR_UNSUPPORTED);
+		CHECK(cai_forward_ctx_create_on(one, cpu_backend_lacking, &lack, 32, 1024, &ctx, &err) ==
+			  CAI_OK);
 		cai_forward_ctx_free(ctx);
 		cai_threadpool_free(pool);
 	}
@@ -1047,24 +1059,6 @@ out_models:
 	cai_model_free(two);
 }
 
-/* The CPU backend without add_digits: the forward then runs each GEMM once per digit. */
-static cai_backend_ops cpu_ops_without_add_digits;
-
-static cai_status
-cpu_backend_without_add_digits(void *arg, const cai_backend_limits *limits, cai_backend **out,
-							   cai_error *err)
-{
-	cai_status	st = cai_backend_cpu_create((cai_threadpool *) arg, limits, out, err);
-
-	if (st == CAI_OK)
-	{
-		cpu_ops_without_add_digits = *(*out)->ops;
-		cpu_ops_without_add_digits.add_digits = NULL;
-		(*out)->ops = &cpu_ops_without_add_digits;
-	}
-	return st;
-}
-
 /*
  * Two-digit activations by one GEMM over both digits (add_digits) and by one GEMM per digit:
  * the same logits bit for bit, in a prefill and in the decode steps after it, with the fused
@@ -1110,11 +1104,12 @@ TEST(forward_two_digit_one_gemm_equals_two)
 		{
 			cai_kv_layout layout;
 			cai_error	err;
+			cpu_lacking lack = {.pool = r2.pool, .no_add_digits = true};
 
 			cai_model_kv_layout(model, &layout);
 			CHECK(cai_kv_pool_create(&layout, 16, &r2.kv, &err) == CAI_OK);
-			CHECK(cai_forward_ctx_create_on(model, cpu_backend_without_add_digits, r2.pool, 32,
-											1024, &r2.ctx, &err) == CAI_OK);
+			CHECK(cai_forward_ctx_create_on(model, cpu_backend_lacking, &lack, 32, 1024, &r2.ctx,
+											&err) == CAI_OK);
 		}
 		alloc_blocks(&r1, t1, 8);
 		alloc_blocks(&r2, t2, 8);
