@@ -365,14 +365,16 @@ meta_block_tables(const cai_cuda_ctx *ctx)
 
 /*
  * grid (n_tok, n_kv_heads), two warps: warp 0 quantizes the key head, warp 1 the value head, with
- * cai_op_quantize_vec_i8's rule (the max is exact in any order; the rest is per element).
+ * cai_op_quantize_vec_i8's rule (the max is exact in any order; the rest is per element).  With
+ * two-digit keys the key head takes cai_op_quantize_vec_two_digits' rule: the second digit
+ * round((v - q) * 254) in the k2 plane, and the scale (max / 127) / 254.
  */
 template <int HD>
 static __global__ void
 kv_write_kernel(uint8_t *pool, size_t block_bytes, size_t layer_off, int n_kv,
 				const int32_t *__restrict__ slots, const float *__restrict__ k,
 				const float *__restrict__ v, int ld, float *shadow, size_t sh_block_floats,
-				size_t sh_layer_off)
+				size_t sh_layer_off, bool two_digit_keys)
 {
 	constexpr int PER_LANE = HD / CUDA_WARP;
 	int			t = blockIdx.x;
@@ -412,11 +414,35 @@ kv_write_kernel(uint8_t *pool, size_t block_bytes, size_t layer_off, int n_kv,
 	}
 	amax = warp_max(amax);
 	nonzero = quant_row_scale(amax, &scale, &inv);
+	if (two_digit_keys && !is_v)
+	{
+		int8_t	   *dst2 = (int8_t *) (part + (size_t) 2 * CAI_CUDA_KV_BLOCK_TOKENS * n_kv * HD +
+									   (size_t) 2 * CAI_CUDA_KV_BLOCK_TOKENS * n_kv * sizeof(float)) + at;
+
 #pragma unroll
-	for (int i = 0; i < PER_LANE; i++)
-		dst[lane + i * CUDA_WARP] = nonzero ? quant_one(vals[i], inv) : 0;
-	if (lane == 0)
-		*scale_dst = nonzero ? scale : 0.0f;
+		for (int i = 0; i < PER_LANE; i++)
+		{
+			float		x = __fmul_rn(vals[i], inv);
+			float		r;
+
+			x = x > -127.0f ? x : -127.0f;
+			x = x < 127.0f ? x : 127.0f;
+			r = rintf(x);
+			dst[lane + i * CUDA_WARP] = nonzero ? (int8_t) (int) r : 0;
+			dst2[lane + i * CUDA_WARP] = nonzero ?
+				(int8_t) (int) rintf(__fmul_rn(__fsub_rn(x, r), (float) CAI_CUDA_KEY_DIGIT_BASE)) : 0;
+		}
+		if (lane == 0)
+			*scale_dst = nonzero ? __fdiv_rn(scale, (float) CAI_CUDA_KEY_DIGIT_BASE) : 0.0f;
+	}
+	else
+	{
+#pragma unroll
+		for (int i = 0; i < PER_LANE; i++)
+			dst[lane + i * CUDA_WARP] = nonzero ? quant_one(vals[i], inv) : 0;
+		if (lane == 0)
+			*scale_dst = nonzero ? scale : 0.0f;
+	}
 	if (shadow)
 	{
 		float	   *sh = shadow + (size_t) block * sh_block_floats + sh_layer_off +
@@ -447,17 +473,17 @@ cai_cuda_kv_write(cai_cuda_ctx *ctx, const cai_cuda_kv *kv, int kv_layer,
 		case 64:
 			kv_write_kernel<64><<<grid, 2 * CUDA_WARP, 0, ctx->stream>>>(
 				kv->pool_dev, kv->block_bytes, layer_off, kv->n_kv_heads, meta->slots_dev, k_dev,
-				v_dev, ld, sh, sh_block, sh_layer);
+				v_dev, ld, sh, sh_block, sh_layer, kv->key_digits == 2);
 			break;
 		case 128:
 			kv_write_kernel<128><<<grid, 2 * CUDA_WARP, 0, ctx->stream>>>(
 				kv->pool_dev, kv->block_bytes, layer_off, kv->n_kv_heads, meta->slots_dev, k_dev,
-				v_dev, ld, sh, sh_block, sh_layer);
+				v_dev, ld, sh, sh_block, sh_layer, kv->key_digits == 2);
 			break;
 		case 256:
 			kv_write_kernel<256><<<grid, 2 * CUDA_WARP, 0, ctx->stream>>>(
 				kv->pool_dev, kv->block_bytes, layer_off, kv->n_kv_heads, meta->slots_dev, k_dev,
-				v_dev, ld, sh, sh_block, sh_layer);
+				v_dev, ld, sh, sh_block, sh_layer, kv->key_digits == 2);
 			break;
 		default:
 			return cuda_fail(err, CAI_ERR_UNSUPPORTED, "kv write: unsupported head_dim %d",
@@ -481,6 +507,7 @@ typedef struct attn_source
 	size_t		sh_block_floats;
 	size_t		sh_layer_off;
 	int			n_kv;
+	bool		two_digit_keys;	/* the int8 pool's keys have their k2 plane (kv.h) */
 } attn_source;
 
 /*
@@ -522,6 +549,9 @@ struct attn_smem
 	static constexpr size_t OFF_QINV = OFF_VSEG + ATTN_SEGMENT * 4;
 	static constexpr size_t OFF_G = OFF_QINV + R * 4;
 	static constexpr size_t BYTES = OFF_G + R * 4;
+	/* two-digit keys: the chunk's second digits, laid out as the keys, past BYTES */
+	static constexpr size_t OFF_K2 = BYTES;
+	static constexpr size_t BYTES_K2 = BYTES + (F ? 0 : K_BYTES);
 };
 
 /*
@@ -555,6 +585,20 @@ kv_row(const attn_source &src, const int32_t *bt, int kvh, int pos, bool value)
 		return (const int4 *) (src.shadow + (size_t) block * src.sh_block_floats +
 							   src.sh_layer_off + elem);
 	return (const int4 *) (src.pool + (size_t) block * src.block_bytes + src.layer_off + elem);
+}
+
+/* Address of a position's second key digits (two-digit keys), after the layer part's scales. */
+template <int HD>
+static __device__ __forceinline__ const int4 *
+kv_key2_row(const attn_source &src, const int32_t *bt, int kvh, int pos)
+{
+	int			block = bt[pos / CAI_CUDA_KV_BLOCK_TOKENS];
+	int			slot = pos % CAI_CUDA_KV_BLOCK_TOKENS;
+	size_t		off = (size_t) 2 * CAI_CUDA_KV_BLOCK_TOKENS * src.n_kv * HD +
+		(size_t) 2 * CAI_CUDA_KV_BLOCK_TOKENS * src.n_kv * sizeof(float) +
+		((size_t) slot * src.n_kv + kvh) * HD;
+
+	return (const int4 *) (src.pool + (size_t) block * src.block_bytes + src.layer_off + off);
 }
 
 /*
@@ -684,13 +728,35 @@ fetch_chunk(const attn_source &src, const int32_t *bt, int kvh, int c0, int jlo,
 	}
 }
 
-/* Stores a fetched chunk into shared memory (keys word by word into their padded rows). */
+/*
+ * Stores a fetched chunk into shared memory (keys word by word into their padded rows).  With
+ * two-digit keys the chunk's second digits are loaded here too, straight into their rows (not a
+ * chunk ahead: their registers would not fit beside the rest).
+ */
 template <int HD, int R, bool F>
 static __device__ __forceinline__ void
-commit_chunk(const chunk_regs<HD, R, F> &cr, bool values, uint8_t *smem)
+commit_chunk(const chunk_regs<HD, R, F> &cr, bool values, uint8_t *smem, const attn_source &src,
+			 const int32_t *bt, int kvh, int c0, int jlo, int jhi)
 {
 	typedef attn_smem<HD, R, F> S;
 	typedef chunk_regs<HD, R, F> C;
+
+	if (!F && src.two_digit_keys)
+		for (int i = threadIdx.x; i < C::TOTAL; i += ATTN_THREADS)
+		{
+			int			j = i / C::VEC_PER_KEY;
+			int			vec = i % C::VEC_PER_KEY;
+			int			pos = c0 + j;
+			int4		k2 = make_int4(0, 0, 0, 0);
+			int		   *kd = (int *) (smem + S::OFF_K2) + (size_t) j * S::KSTRIDE + vec * 4;
+
+			if (pos >= jlo && pos <= jhi)
+				k2 = kv_key2_row<HD>(src, bt, kvh, pos)[vec];
+			kd[0] = k2.x;
+			kd[1] = k2.y;
+			kd[2] = k2.z;
+			kd[3] = k2.w;
+		}
 
 #pragma unroll
 	for (int n = 0; n < C::NV; n++)
@@ -718,10 +784,13 @@ commit_chunk(const chunk_regs<HD, R, F> &cr, bool values, uint8_t *smem)
 	}
 }
 
-/* The score of query row r against chunk key j, exactly as the CPU computes it. */
+/*
+ * The score of query row r against chunk key j, exactly as the CPU computes it (two-digit keys:
+ * the dot product 254 (q . k) + q . k2).
+ */
 template <int HD, int R, bool F>
 static __device__ __forceinline__ float
-attn_score(const uint8_t *smem, int r, int j)
+attn_score(const uint8_t *smem, int r, int j, bool two_digit_keys)
 {
 	typedef attn_smem<HD, R, F> S;
 
@@ -751,6 +820,16 @@ attn_score(const uint8_t *smem, int r, int j)
 #pragma unroll 8
 		for (int w = 0; w < S::QWORDS; w++)
 			dot = __dp4a(q[w], k[w], dot);
+		if (two_digit_keys)
+		{
+			const int  *k2 = (const int *) (smem + S::OFF_K2) + (size_t) j * S::KSTRIDE;
+			int			dot2 = 0;
+
+#pragma unroll 8
+			for (int w = 0; w < S::QWORDS; w++)
+				dot2 = __dp4a(q[w], k2[w], dot2);
+			dot = CAI_CUDA_KEY_DIGIT_BASE * dot + dot2;
+		}
 		return __fmul_rn(__int2float_rn(dot), __fmul_rn(qs[r], ks[j]));
 	}
 }
@@ -921,7 +1000,7 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 			fetch_chunk<HD, R, F>(src, bt, kvh, c_first, seg_lo, seg_hi, false, cr);
 			for (int c0 = c_first; c0 <= seg_hi; c0 += ATTN_CHUNK)
 			{
-				commit_chunk<HD, R, F>(cr, false, smem);
+				commit_chunk<HD, R, F>(cr, false, smem, src, bt, kvh, c0, seg_lo, seg_hi);
 				__syncthreads();
 				if (c0 + ATTN_CHUNK <= seg_hi)
 					fetch_chunk<HD, R, F>(src, bt, kvh, c0 + ATTN_CHUNK, seg_lo, seg_hi, false, cr);
@@ -934,7 +1013,7 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 					int			pos = c0 + j;
 
 					if (pos >= seg_lo && pos <= seg_hi && pos >= row_lo[r] && pos <= row_hi[r])
-						E[r * S::E_STRIDE + j] = attn_score<HD, R, F>(smem, r, j);
+						E[r * S::E_STRIDE + j] = attn_score<HD, R, F>(smem, r, j, src.two_digit_keys);
 				}
 				__syncthreads();
 				/* a warp per real row, a lane per key: a maximum is the same in any order */
@@ -956,7 +1035,7 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 			fetch_chunk<HD, R, F>(src, bt, kvh, c_first, seg_lo, seg_hi, false, cr);
 			for (int c0 = c_first; c0 <= seg_hi; c0 += ATTN_CHUNK)
 			{
-				commit_chunk<HD, R, F>(cr, false, smem);
+				commit_chunk<HD, R, F>(cr, false, smem, src, bt, kvh, c0, seg_lo, seg_hi);
 				__syncthreads();
 				if (c0 + ATTN_CHUNK <= seg_hi)
 					fetch_chunk<HD, R, F>(src, bt, kvh, c0 + ATTN_CHUNK, seg_lo, seg_hi, false, cr);
@@ -970,7 +1049,7 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 
 					if (pos >= seg_lo && pos <= seg_hi && pos >= row_lo[r] && pos <= row_hi[r])
 						E[r * S::E_STRIDE + j] =
-							attn_exp(__fsub_rn(attn_score<HD, R, F>(smem, r, j), row_m[r]));
+							attn_exp(__fsub_rn(attn_score<HD, R, F>(smem, r, j, src.two_digit_keys), row_m[r]));
 				}
 				__syncthreads();
 				/*
@@ -1090,7 +1169,7 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 			fetch_chunk<HD, R, F>(src, bt, kvh, c_first, seg_lo, seg_hi, true, cr);
 			for (int c0 = c_first; c0 <= seg_hi; c0 += ATTN_CHUNK)
 			{
-				commit_chunk<HD, R, F>(cr, true, smem);
+				commit_chunk<HD, R, F>(cr, true, smem, src, bt, kvh, c0, seg_lo, seg_hi);
 				__syncthreads();
 				if (c0 + ATTN_CHUNK <= seg_hi)
 					fetch_chunk<HD, R, F>(src, bt, kvh, c0 + ATTN_CHUNK, seg_lo, seg_hi, true, cr);
@@ -1106,7 +1185,7 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 
 					if (pos >= seg_lo && pos <= seg_hi && pos >= row_lo[r] && pos <= row_hi[r])
 					{
-						float		e = attn_exp(__fsub_rn(attn_score<HD, R, F>(smem, r, j), row_m[r]));
+						float		e = attn_exp(__fsub_rn(attn_score<HD, R, F>(smem, r, j, src.two_digit_keys), row_m[r]));
 
 						if (F)
 							w = __fmul_rn(e, row_inv[r]);
@@ -1210,6 +1289,9 @@ struct decode_smem
 	static constexpr size_t OFF_HEAD = OFF_ROW + CUDA_DECODE_TILE_ROWS * 4;
 	static constexpr size_t OFF_G = OFF_HEAD + CUDA_DECODE_TILE_ROWS * 4;
 	static constexpr size_t BYTES = OFF_G + CUDA_DECODE_TILE_ROWS * 4;
+	/* two-digit keys: the segment's second digits, laid out as the keys, past BYTES */
+	static constexpr size_t OFF_K2 = BYTES;
+	static constexpr size_t BYTES_K2 = BYTES + (size_t) ATTN_SEGMENT * KSTRIDE * 4;
 };
 
 template <int HD>
@@ -1328,6 +1410,22 @@ attention_decode_kernel(attn_source src, const int32_t *__restrict__ counts,
 			((int4 *) V)[i] = vr[n];
 		}
 	}
+	/* two-digit keys: the second digits, into their rows beside the keys' */
+	if (src.two_digit_keys)
+		for (int i = threadIdx.x; i < ATTN_SEGMENT * VPK; i += ATTN_THREADS)
+		{
+			int			pos = seg_base + i / VPK;
+			int4		k2 = make_int4(0, 0, 0, 0);
+			int		   *kd = (int *) (smem + S::OFF_K2) + (size_t) (i / VPK) * S::KSTRIDE +
+				(i % VPK) * 4;
+
+			if (pos >= seg_lo && pos <= seg_hi)
+				k2 = kv_key2_row<HD>(src, bt, kvh, pos)[i % VPK];
+			kd[0] = k2.x;
+			kd[1] = k2.y;
+			kd[2] = k2.z;
+			kd[3] = k2.w;
+		}
 	__syncthreads();
 
 	/* queries: a warp per row, int8 per head with cai_op_quantize_vec_i8's rule */
@@ -1358,6 +1456,16 @@ attention_decode_kernel(attn_source src, const int32_t *__restrict__ counts,
 #pragma unroll 8
 			for (int w = 0; w < S::QWORDS; w++)
 				dot = __dp4a(qw[w], kw[w], dot);
+			if (src.two_digit_keys)
+			{
+				const int  *k2 = (const int *) (smem + S::OFF_K2) + (size_t) j * S::KSTRIDE;
+				int			dot2 = 0;
+
+#pragma unroll 8
+				for (int w = 0; w < S::QWORDS; w++)
+					dot2 = __dp4a(qw[w], k2[w], dot2);
+				dot = CAI_CUDA_KEY_DIGIT_BASE * dot + dot2;
+			}
 			E[r * ATTN_SEGMENT + j] = __fmul_rn(__int2float_rn(dot), __fmul_rn(QS[r], KS[j]));
 		}
 	}
@@ -1519,26 +1627,35 @@ attention_merge_kernel(const int32_t *__restrict__ counts, const attn_seq_rec *_
 }
 
 /* Raises an instance's dynamic shared-memory limit when it needs more than the default 48 KB. */
+/*
+ * Raises an instance's dynamic shared-memory limit when it needs more than the default 48 KB: to
+ * what two-digit keys take (BYTES_K2) where the device has it (optin: its per-block maximum),
+ * else to BYTES, and cai_cuda_attention then refuses two-digit keys with that instance.
+ */
 template <int HD, int R, bool F>
 static cai_status
-attention_prepare_instance(cai_error *err)
+attention_prepare_instance(size_t optin, cai_error *err)
 {
 	typedef attn_smem<HD, R, F> S;
+	size_t		bytes = S::BYTES_K2 <= optin ? S::BYTES_K2 : S::BYTES;
 
-	if (S::BYTES > 48 * 1024)
+	if (bytes > 48 * 1024)
 		CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<HD, R, F>,
 										cudaFuncAttributeMaxDynamicSharedMemorySize,
-										(int) S::BYTES), err, "the attention kernel's shared memory");
+										(int) bytes), err, "the attention kernel's shared memory");
 	return CAI_OK;
 }
 
 template <int HD>
 static cai_status
-decode_prepare_instance(cai_error *err)
+decode_prepare_instance(size_t optin, cai_error *err)
 {
+	typedef decode_smem<HD> S;
+	size_t		bytes = S::BYTES_K2 <= optin ? S::BYTES_K2 : S::BYTES;
+
 	CUDA_CHECK(cudaFuncSetAttribute(attention_decode_kernel<HD>,
 									cudaFuncAttributeMaxDynamicSharedMemorySize,
-									(int) decode_smem<HD>::BYTES), err,
+									(int) bytes), err,
 			   "the decode attention kernel's shared memory");
 	return CAI_OK;
 }
@@ -1551,16 +1668,17 @@ cai_status
 cuda_attention_init(cai_cuda_ctx *ctx, cai_error *err)
 {
 	cai_status	st;
+	size_t		optin = ctx->prop.sharedMemPerBlockOptin;
 
-	if ((st = decode_prepare_instance<64>(err)) != CAI_OK ||
-		(st = decode_prepare_instance<128>(err)) != CAI_OK ||
-		(st = decode_prepare_instance<256>(err)) != CAI_OK ||
-		(st = attention_prepare_instance<64, 64, false>(err)) != CAI_OK ||
-		(st = attention_prepare_instance<64, 64, true>(err)) != CAI_OK ||
-		(st = attention_prepare_instance<128, 64, false>(err)) != CAI_OK ||
-		(st = attention_prepare_instance<128, 64, true>(err)) != CAI_OK ||
-		(st = attention_prepare_instance<256, 32, false>(err)) != CAI_OK ||
-		(st = attention_prepare_instance<256, 32, true>(err)) != CAI_OK)
+	if ((st = decode_prepare_instance<64>(optin, err)) != CAI_OK ||
+		(st = decode_prepare_instance<128>(optin, err)) != CAI_OK ||
+		(st = decode_prepare_instance<256>(optin, err)) != CAI_OK ||
+		(st = attention_prepare_instance<64, 64, false>(optin, err)) != CAI_OK ||
+		(st = attention_prepare_instance<64, 64, true>(optin, err)) != CAI_OK ||
+		(st = attention_prepare_instance<128, 64, false>(optin, err)) != CAI_OK ||
+		(st = attention_prepare_instance<128, 64, true>(optin, err)) != CAI_OK ||
+		(st = attention_prepare_instance<256, 32, false>(optin, err)) != CAI_OK ||
+		(st = attention_prepare_instance<256, 32, true>(optin, err)) != CAI_OK)
 		return st;
 	return CAI_OK;
 }
@@ -1638,6 +1756,12 @@ launch_attention(cai_cuda_ctx *ctx, const attn_source &src, const cai_cuda_step_
 	typedef attn_smem<HD, R, F> S;
 	bool		split;
 
+	if (src.two_digit_keys && (S::BYTES_K2 > ctx->prop.sharedMemPerBlockOptin ||
+							   decode_smem<HD>::BYTES_K2 > ctx->prop.sharedMemPerBlockOptin))
+		return cuda_fail(err, CAI_ERR_UNSUPPORTED,
+						 "attention: two-digit keys of head_dim %d need %zu bytes of shared "
+						 "memory per block; this device allows %zu", HD,
+						 decode_smem<HD>::BYTES_K2, (size_t) ctx->prop.sharedMemPerBlockOptin);
 	if (!F && decode_fits(ctx, meta, n_kv, HD))
 	{
 		int			segs = meta->max_segments;
@@ -1648,7 +1772,8 @@ launch_attention(cai_cuda_ctx *ctx, const attn_source &src, const cai_cuda_step_
 		if (ctx->capturing)
 			ctx->capture_decode_tiles = true;
 		attention_decode_kernel<HD><<<dim3(meta->grid_items, n_kv, segs), ATTN_THREADS,
-			decode_smem<HD>::BYTES, ctx->stream>>>(
+			src.two_digit_keys ? decode_smem<HD>::BYTES_K2 : decode_smem<HD>::BYTES,
+			ctx->stream>>>(
 			src, meta->counts_dev, (const attn_seq_rec *) meta->seqs_dev,
 			(const attn_item_rec *) meta->items_dev, meta_block_tables(ctx), q, ldq, meta->group,
 			window, scale, segs, dpart_o, dpart_ml);
@@ -1667,7 +1792,8 @@ launch_attention(cai_cuda_ctx *ctx, const attn_source &src, const cai_cuda_step_
 	dim3		grid(meta->grid_items, n_kv, split ? segs : 1);
 
 	cuda_capture_note_plan(ctx, meta);
-	attention_kernel<HD, R, F><<<grid, ATTN_THREADS, S::BYTES, ctx->stream>>>(
+	attention_kernel<HD, R, F><<<grid, ATTN_THREADS, src.two_digit_keys ? S::BYTES_K2 : S::BYTES,
+		ctx->stream>>>(
 		src, meta->counts_dev, (const attn_seq_rec *) meta->seqs_dev,
 		(const attn_item_rec *) meta->items_dev, meta_block_tables(ctx), q, ldq, out, ldo,
 		meta->group, window, scale, segs, part_o, part_ml);
@@ -1706,6 +1832,7 @@ cai_cuda_attention(cai_cuda_ctx *ctx, const cai_cuda_kv *kv, int kv_layer,
 	src.block_bytes = kv->block_bytes;
 	src.layer_off = (size_t) kv_layer * kv->layer_bytes;
 	src.n_kv = n_kv;
+	src.two_digit_keys = kv->key_digits == 2 && !shadow;
 	if (shadow)
 	{
 		src.shadow = shadow->data_dev;

@@ -909,7 +909,7 @@ kv_mirror_for(cuda_backend *cb, const cai_kv_pool *kv)
 			continue;
 		if (k->kv.n_blocks == n_blocks && k->kv.block_bytes == L->block_bytes &&
 			k->kv.layer_bytes == L->layer_bytes && k->kv.n_kv_heads == L->n_kv_heads &&
-			k->kv.head_dim == L->head_dim)
+			k->kv.head_dim == L->head_dim && k->kv.key_digits == (L->key_digits == 2 ? 2 : 1))
 			return k;
 		/* a new pool at a freed pool's address: replace the mirror (recorded steps read the old) */
 		if (!be_check(cb, cai_cuda_sync(cb->ctx, &e), &e))
@@ -951,6 +951,7 @@ kv_mirror_for(cuda_backend *cb, const cai_kv_pool *kv)
 	m->kv.layer_bytes = L->layer_bytes;
 	m->kv.n_kv_heads = L->n_kv_heads;
 	m->kv.head_dim = L->head_dim;
+	m->kv.key_digits = L->key_digits == 2 ? 2 : 1;
 	m->n_kv_layers = L->n_kv_layers;
 	return m;
 }
@@ -1097,7 +1098,8 @@ cuda_kv_write(cai_backend *be, const cai_attn_params *ap, const cai_batch_layout
  * The KV lives in the device mirror (block ids as on the host), so a cached tail's rows are
  * copied there, on the compute stream: ordered after the writes that made them and before the
  * forward that attends over the copy.  Each layer part keeps the host layout: keys, values,
- * then their scales, each [16][...], so the first n_rows of each region are contiguous.
+ * their scales, then (two-digit keys) the keys' second digits, each [16][...], so the first
+ * n_rows of each region are contiguous.
  */
 static void
 cuda_kv_copy_rows(cai_backend *be, cai_kv_pool *kv, int32_t src, int32_t dst, int n_rows)
@@ -1106,8 +1108,9 @@ cuda_kv_copy_rows(cai_backend *be, cai_kv_pool *kv, int32_t src, int32_t dst, in
 	const kv_mirror *m;
 	size_t		row_bytes;
 	size_t		scale_bytes;
-	size_t		offset[4];
-	size_t		bytes[4];
+	size_t		offset[5];
+	size_t		bytes[5];
+	int			regions;
 	cai_error	e;
 
 	if (cb->failed || src == dst || n_rows <= 0)
@@ -1122,14 +1125,16 @@ cuda_kv_copy_rows(cai_backend *be, cai_kv_pool *kv, int32_t src, int32_t dst, in
 	offset[1] = CAI_KV_BLOCK_TOKENS * row_bytes;
 	offset[2] = 2 * CAI_KV_BLOCK_TOKENS * row_bytes;
 	offset[3] = offset[2] + CAI_KV_BLOCK_TOKENS * scale_bytes;
-	bytes[0] = bytes[1] = (size_t) n_rows * row_bytes;
+	offset[4] = offset[3] + CAI_KV_BLOCK_TOKENS * scale_bytes;	/* two-digit keys' k2 plane */
+	bytes[0] = bytes[1] = bytes[4] = (size_t) n_rows * row_bytes;
 	bytes[2] = bytes[3] = (size_t) n_rows * scale_bytes;
+	regions = m->kv.key_digits == 2 ? 5 : 4;
 	for (size_t part = 0; part + m->kv.layer_bytes <= m->kv.block_bytes; part += m->kv.layer_bytes)
 	{
 		uint8_t    *from = m->kv.pool_dev + (size_t) src * m->kv.block_bytes + part;
 		uint8_t    *to = m->kv.pool_dev + (size_t) dst * m->kv.block_bytes + part;
 
-		for (int r = 0; r < 4; r++)
+		for (int r = 0; r < regions; r++)
 			if (!be_check(cb, cai_cuda_copy_device(cb->ctx, to + offset[r], from + offset[r],
 												   bytes[r], &e), &e))
 				return;
@@ -1363,6 +1368,7 @@ static const cai_backend_ops cuda_ops = {
 	.swiglu_quant = cuda_swiglu_quant,
 	.kv_write = cuda_kv_write,
 	.kv_copy_rows = cuda_kv_copy_rows,
+	.two_digit_keys = true,
 	.attention = cuda_attention,
 	.rotate = cuda_rotate,
 	.gemm_fallbacks = cuda_gemm_fallbacks,

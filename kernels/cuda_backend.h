@@ -356,6 +356,7 @@ CAI_CUDA_API cai_status cai_cuda_topk(cai_cuda_ctx *ctx, const float *logits_dev
  * ------------------------------------------------------------------------------------------- */
 
 #define CAI_CUDA_KV_BLOCK_TOKENS 16
+#define CAI_CUDA_KEY_DIGIT_BASE 254	/* kv.h's CAI_KV_KEY_DIGIT_BASE */
 
 /* The device KV pool; one block has kv.h's layout, layer part at kv_layer * layer_bytes. */
 typedef struct cai_cuda_kv
@@ -366,6 +367,7 @@ typedef struct cai_cuda_kv
 	size_t		layer_bytes;
 	int			n_kv_heads;
 	int			head_dim;		/* 64, 128 or 256 */
+	int			key_digits;		/* 2: kv.h's two-digit keys (the k2 plane after the scales) */
 } cai_cuda_kv;
 
 /*

@@ -8,9 +8,8 @@
 #   3. gpu      tests/gpu/run_gpu: every kernel and backend operation against the CPU
 #   4. e2e      greedy tokens of the whole engine, GPU against CPU, over 300 steps: one sequence
 #               alone and a ragged batch of 16 (tests/gpu/e2e_greedy.c); they must be equal.
-#               On a GPU twice: decode steps replayed as CUDA graphs, then without (e2e-plain).
-#               Two-digit activations are not compared: the CUDA attention has no two-digit
-#               keys yet, so the backend refuses the mode (kernels/README.md)
+#               On a GPU twice: decode steps replayed as CUDA graphs, then without (e2e-plain);
+#               then with two-digit activations and keys (e2e-int8x2)
 #   5. bench    tests/bench/bench_gpu: decode batch 1/16/64/256, prefill and the int8 GEMM of the
 #               three shapes, each beside its roofline from the copy bandwidth and int8 rate it
 #               measures first
@@ -203,6 +202,9 @@ if have tests/gpu/e2e_greedy && [ -f "$MODEL" ]; then
 	if [ "$mode" = gpu ]; then
 		e2e_step e2e-plain "$WORK/e2e-plain.json" CAI_CUDA_GRAPHS=0
 	fi
+	# two-digit activations (pg_cai.activation_precision = int8x2): the residual quantization,
+	# the embedding's second digits, every GEMM run on both digits, and two-digit keys
+	e2e_step e2e-int8x2 "$WORK/e2e-int8x2.json" -- --two-digit-activations
 else
 	record e2e skipped 0 "e2e_greedy or the model is missing"
 fi

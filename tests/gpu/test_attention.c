@@ -6,7 +6,8 @@
  * Each case runs two steps on both sides: a history step (whole prompts from position 0, i.e.
  * ragged causal prefill) and a step of new tokens after that history (decodes and prefill
  * chunks mixed in one batch), over randomly permuted block tables.  A case may go on with decode
- * steps replayed from a captured CUDA graph, captured again whenever the plan outgrows it.
+ * steps replayed from a captured CUDA graph, captured again whenever the plan outgrows it.  Its
+ * keys are int8, or two-digit keys (kv.h).
  */
 #include <math.h>
 #include <stdlib.h>
@@ -36,6 +37,7 @@ typedef struct attn_case
 	int			n_new[MAX_SEQS];	/* new tokens of the second step */
 	int			graph_steps;	/* then decode steps (a token per sequence) from a cuda graph */
 	int			expect_captures;	/* captures those steps take */
+	int			key_digits;		/* 2: two-digit keys (kv.h); 0 or 1: int8 keys */
 } attn_case;
 
 /* Host side of one step: the batch layout both backends read. */
@@ -217,10 +219,12 @@ run_case(const attn_case *c)
 	}
 	n_blocks += 3;				/* blocks no sequence uses */
 
-	part = (size_t) CAI_KV_BLOCK_TOKENS * c->n_kv_heads * (2 * (size_t) c->head_dim + 2 * sizeof(float));
+	part = (size_t) CAI_KV_BLOCK_TOKENS *
+		cai_kv_token_layer_bytes(c->n_kv_heads, c->head_dim, c->key_digits);
 	L.n_kv_layers = c->n_kv_layers;
 	L.n_kv_heads = c->n_kv_heads;
 	L.head_dim = c->head_dim;
+	L.key_digits = c->key_digits;
 	L.layer_bytes = (part + 63) & ~(size_t) 63;
 	L.block_bytes = L.layer_bytes * c->n_kv_layers;
 	if (cai_kv_pool_create(&L, n_blocks, &pool, &err) != CAI_OK)
@@ -280,6 +284,7 @@ run_case(const attn_case *c)
 	dkv.layer_bytes = L.layer_bytes;
 	dkv.n_kv_heads = c->n_kv_heads;
 	dkv.head_dim = c->head_dim;
+	dkv.key_digits = c->key_digits == 2 ? 2 : 1;
 	if (c->shadow)
 	{
 		shadow.n_blocks = n_blocks;
@@ -406,6 +411,12 @@ run_case(const attn_case *c)
 						bad += memcmp(gpart + s_off + 4 * (CAI_KV_BLOCK_TOKENS * c->n_kv_heads + si),
 									  cpart + s_off + 4 * (CAI_KV_BLOCK_TOKENS * c->n_kv_heads + si),
 									  4) != 0;
+						if (c->key_digits == 2)
+						{
+							size_t		k2_off = (size_t) ((uint8_t *) cai_kv_key_digits2(&L, cpart) - cpart);
+
+							bad += memcmp(gpart + k2_off + at, cpart + k2_off + at, c->head_dim) != 0;
+						}
 					}
 				}
 				CHECK_MSG(bad == 0, "%zu key/value heads or scales differ from the cpu's", bad);
@@ -439,14 +450,14 @@ TEST(gpu_attention_gqa_ragged_batch)
 {
 	/* SmolLM2's geometry: 9 query heads over 3 KV heads; tiles of 64 rows cut tokens in thirds */
 	attn_case	c = {"gqa 9/3 hd64", 9, 3, 64, 0, 1, 0, false, false, 4,
-		{0, 50, 20, 130}, {37, 1, 13, 1}, 0, 0};
+		{0, 50, 20, 130}, {37, 1, 13, 1}, 0, 0, 1};
 
 	run_case(&c);
 }
 
 TEST(gpu_attention_mha_head_dim_128)
 {
-	attn_case	c = {"mha 4/4 hd128", 4, 4, 128, 0, 2, 1, false, false, 2, {70, 33}, {1, 1}, 0, 0};
+	attn_case	c = {"mha 4/4 hd128", 4, 4, 128, 0, 2, 1, false, false, 2, {70, 33}, {1, 1}, 0, 0, 1};
 
 	run_case(&c);
 }
@@ -454,28 +465,28 @@ TEST(gpu_attention_mha_head_dim_128)
 TEST(gpu_attention_mqa_sliding_window)
 {
 	attn_case	c = {"mqa 8/1 hd64 window 24", 8, 1, 64, 24, 1, 0, false, false, 3,
-		{40, 100, 7}, {9, 3, 30}, 0, 0};
+		{40, 100, 7}, {9, 3, 30}, 0, 0, 1};
 
 	run_case(&c);
 }
 
 TEST(gpu_attention_head_dim_256)
 {
-	attn_case	c = {"gqa 4/2 hd256", 4, 2, 256, 0, 1, 0, false, false, 2, {20, 45}, {5, 1}, 0, 0};
+	attn_case	c = {"gqa 4/2 hd256", 4, 2, 256, 0, 1, 0, false, false, 2, {20, 45}, {5, 1}, 0, 0, 1};
 
 	run_case(&c);
 }
 
 TEST(gpu_attention_float_reference_path)
 {
-	attn_case	c = {"shadow gqa 4/2 hd64", 4, 2, 64, 0, 2, 1, true, false, 2, {30, 17}, {2, 5}, 0, 0};
+	attn_case	c = {"shadow gqa 4/2 hd64", 4, 2, 64, 0, 2, 1, true, false, 2, {30, 17}, {2, 5}, 0, 0, 1};
 
 	run_case(&c);
 }
 
 TEST(gpu_attention_long_context_decode)
 {
-	attn_case	c = {"long 2/1 hd128", 2, 1, 128, 0, 1, 0, false, false, 2, {1000, 333}, {1, 1}, 0, 0};
+	attn_case	c = {"long 2/1 hd128", 2, 1, 128, 0, 1, 0, false, false, 2, {1000, 333}, {1, 1}, 0, 0, 1};
 
 	/*
 	 * the decode kernel (a block per tile, KV head and segment); the tiled kernel split along
@@ -498,7 +509,7 @@ TEST(gpu_attention_long_context_decode)
 TEST(gpu_attention_segments_prefill_and_window)
 {
 	attn_case	c = {"segments gqa 9/3 hd64 window 300", 9, 3, 64, 300, 1, 0, false, false, 2,
-		{700, 240}, {40, 30}, 0, 0};
+		{700, 240}, {40, 30}, 0, 0, 1};
 
 	run_case(&c);
 	setenv("CAI_CUDA_ATTENTION", "whole", 1);
@@ -510,7 +521,7 @@ TEST(gpu_attention_segments_prefill_and_window)
 TEST(gpu_attention_segments_float_reference_path)
 {
 	attn_case	c = {"segments shadow mqa 4/1 hd256", 4, 1, 256, 0, 1, 0, true, false, 1,
-		{600}, {3}, 0, 0};
+		{600}, {3}, 0, 0, 1};
 
 	run_case(&c);
 }
@@ -518,7 +529,7 @@ TEST(gpu_attention_segments_float_reference_path)
 TEST(gpu_attention_graph_plan_with_padding)
 {
 	attn_case	c = {"graph plan 9/3 hd64", 9, 3, 64, 0, 1, 0, false, true, 3,
-		{16, 31, 5}, {1, 1, 1}, 0, 0};
+		{16, 31, 5}, {1, 1, 1}, 0, 0, 1};
 
 	run_case(&c);
 }
@@ -527,9 +538,9 @@ TEST(gpu_attention_graph_plan_with_padding)
 TEST(gpu_attention_decode_kernel_window_and_head_dim_256)
 {
 	attn_case	w = {"decode mqa 8/1 hd64 window 24", 8, 1, 64, 24, 1, 0, false, false, 3,
-		{270, 40, 7}, {1, 1, 2}, 0, 0};
+		{270, 40, 7}, {1, 1, 2}, 0, 0, 1};
 	attn_case	h = {"decode gqa 4/2 hd256 long", 4, 2, 256, 0, 1, 0, false, false, 2,
-		{600, 257}, {3, 1}, 0, 0};
+		{600, 257}, {3, 1}, 0, 0, 1};
 
 	run_case(&w);
 	run_case(&h);
@@ -543,7 +554,26 @@ TEST(gpu_attention_decode_kernel_window_and_head_dim_256)
 TEST(gpu_attention_graph_replays_split_decode)
 {
 	attn_case	c = {"graph decode 9/3 hd64", 9, 3, 64, 0, 1, 0, false, true, 3,
-		{500, 200, 40}, {1, 1, 1}, 14, 2};
+		{500, 200, 40}, {1, 1, 1}, 14, 2, 1};
 
 	run_case(&c);
+}
+
+/*
+ * Two-digit keys (the int8x2 mode): the second digits the KV write leaves and the scores
+ * 254 (q . k) + q . k2 of the tiled kernel (a prefill across segments, windowed), of the decode
+ * kernel at head size 256 (its largest shared memory), and of decode steps replayed as graphs.
+ */
+TEST(gpu_attention_two_digit_keys)
+{
+	attn_case	tiled = {"two-digit keys gqa 9/3 hd64 window 300", 9, 3, 64, 300, 1, 0, false,
+		false, 2, {700, 240}, {40, 30}, 0, 0, 2};
+	attn_case	decode = {"two-digit keys mqa 4/1 hd256 decode", 4, 1, 256, 0, 2, 1, false, false,
+		2, {600, 257}, {1, 3}, 0, 0, 2};
+	attn_case	graph = {"two-digit keys graph decode 9/3 hd64", 9, 3, 64, 0, 1, 0, false, true, 3,
+		{500, 200, 40}, {1, 1, 1}, 14, 2, 2};
+
+	run_case(&tiled);
+	run_case(&decode);
+	run_case(&graph);
 }
