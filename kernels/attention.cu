@@ -785,6 +785,22 @@ commit_chunk(const chunk_regs<HD, R, F> &cr, bool values, uint8_t *smem, const a
 }
 
 /*
+ * Two-digit keys: a query's dot with the keys' first digits, and k2 their second digits, into
+ * the exact 254 (q . k) + q . k2.
+ */
+template <int QWORDS>
+static __device__ __forceinline__ int
+with_second_digits(int dot, const int *q, const int *k2)
+{
+	int			dot2 = 0;
+
+#pragma unroll 8
+	for (int w = 0; w < QWORDS; w++)
+		dot2 = __dp4a(q[w], k2[w], dot2);
+	return CAI_CUDA_KEY_DIGIT_BASE * dot + dot2;
+}
+
+/*
  * The score of query row r against chunk key j, exactly as the CPU computes it (two-digit keys:
  * the dot product 254 (q . k) + q . k2).
  */
@@ -821,15 +837,8 @@ attn_score(const uint8_t *smem, int r, int j, bool two_digit_keys)
 		for (int w = 0; w < S::QWORDS; w++)
 			dot = __dp4a(q[w], k[w], dot);
 		if (two_digit_keys)
-		{
-			const int  *k2 = (const int *) (smem + S::OFF_K2) + (size_t) j * S::KSTRIDE;
-			int			dot2 = 0;
-
-#pragma unroll 8
-			for (int w = 0; w < S::QWORDS; w++)
-				dot2 = __dp4a(q[w], k2[w], dot2);
-			dot = CAI_CUDA_KEY_DIGIT_BASE * dot + dot2;
-		}
+			dot = with_second_digits<S::QWORDS>(dot, q, (const int *) (smem + S::OFF_K2) +
+												(size_t) j * S::KSTRIDE);
 		return __fmul_rn(__int2float_rn(dot), __fmul_rn(qs[r], ks[j]));
 	}
 }
@@ -1457,15 +1466,8 @@ attention_decode_kernel(attn_source src, const int32_t *__restrict__ counts,
 			for (int w = 0; w < S::QWORDS; w++)
 				dot = __dp4a(qw[w], kw[w], dot);
 			if (src.two_digit_keys)
-			{
-				const int  *k2 = (const int *) (smem + S::OFF_K2) + (size_t) j * S::KSTRIDE;
-				int			dot2 = 0;
-
-#pragma unroll 8
-				for (int w = 0; w < S::QWORDS; w++)
-					dot2 = __dp4a(qw[w], k2[w], dot2);
-				dot = CAI_CUDA_KEY_DIGIT_BASE * dot + dot2;
-			}
+				dot = with_second_digits<S::QWORDS>(dot, qw, (const int *) (smem + S::OFF_K2) +
+													(size_t) j * S::KSTRIDE);
 			E[r * ATTN_SEGMENT + j] = __fmul_rn(__int2float_rn(dot), __fmul_rn(QS[r], KS[j]));
 		}
 	}
