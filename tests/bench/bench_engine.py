@@ -341,11 +341,11 @@ def ratio(a, b):
 
 
 def table(args, rows, key, title):
-    head = f"{title:24} {'prefill ' + str(args.prompt_tokens):>12}" + "".join(
+    head = f"{title:28} {'prefill ' + str(args.prompt_tokens):>12}" + "".join(
         f"{'decode b' + str(b):>12}" for b in args.batches)
     lines = [head]
     for name, r in rows:
-        lines.append(f"{name:24} {r['prefill'][key]:12.1f}" + "".join(
+        lines.append(f"{name:28} {r['prefill'][key]:12.1f}" + "".join(
             f"{decode_at(r, b, key):12.1f}" for b in args.batches))
     return lines
 
@@ -380,7 +380,10 @@ def ratios_and_goals(args, ours, llama_same, llama_q8, key):
 
 def report(args, ours, llama_same, llama_q8):
     """The printed report (median and best-run tables, ratios, goals) and its JSON parts."""
-    rows = [("pg_cai (int8)", ours), ("llama.cpp, same GGUF", llama_same),
+    numerics = ours.get("activation_precision", "int8")
+    if ours.get("weight_rounding") == "compensated":
+        numerics += ", compensated"
+    rows = [(f"pg_cai ({numerics})", ours), ("llama.cpp, same GGUF", llama_same),
             ("llama.cpp, Q8_0", llama_q8)]
     lines = [f"tokens/s, {args.threads} threads, {os.path.basename(args.model)}, "
              f"median of {args.repeat} alternating rounds, decode after "
