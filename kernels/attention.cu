@@ -359,6 +359,14 @@ meta_block_tables(const cai_cuda_ctx *ctx)
 	return (const int32_t *) (ctx->meta_dev + o.block_tables);
 }
 
+/* Byte offset of the keys' second-digit plane in a layer part: after keys, values and scales. */
+static __device__ __forceinline__ size_t
+key2_plane_offset(int n_kv, int hd)
+{
+	return (size_t) 2 * CAI_CUDA_KV_BLOCK_TOKENS * n_kv * hd +
+		(size_t) 2 * CAI_CUDA_KV_BLOCK_TOKENS * n_kv * sizeof(float);
+}
+
 /* ---------------------------------------------------------------------------------------------
  * KV write
  * ------------------------------------------------------------------------------------------- */
@@ -416,8 +424,7 @@ kv_write_kernel(uint8_t *pool, size_t block_bytes, size_t layer_off, int n_kv,
 	nonzero = quant_row_scale(amax, &scale, &inv);
 	if (two_digit_keys && !is_v)
 	{
-		int8_t	   *dst2 = (int8_t *) (part + (size_t) 2 * CAI_CUDA_KV_BLOCK_TOKENS * n_kv * HD +
-									   (size_t) 2 * CAI_CUDA_KV_BLOCK_TOKENS * n_kv * sizeof(float)) + at;
+		int8_t	   *dst2 = (int8_t *) (part + key2_plane_offset(n_kv, HD)) + at;
 
 #pragma unroll
 		for (int i = 0; i < PER_LANE; i++)
@@ -594,9 +601,7 @@ kv_key2_row(const attn_source &src, const int32_t *bt, int kvh, int pos)
 {
 	int			block = bt[pos / CAI_CUDA_KV_BLOCK_TOKENS];
 	int			slot = pos % CAI_CUDA_KV_BLOCK_TOKENS;
-	size_t		off = (size_t) 2 * CAI_CUDA_KV_BLOCK_TOKENS * src.n_kv * HD +
-		(size_t) 2 * CAI_CUDA_KV_BLOCK_TOKENS * src.n_kv * sizeof(float) +
-		((size_t) slot * src.n_kv + kvh) * HD;
+	size_t		off = key2_plane_offset(src.n_kv, HD) + ((size_t) slot * src.n_kv + kvh) * HD;
 
 	return (const int4 *) (src.pool + (size_t) block * src.block_bytes + src.layer_off + off);
 }

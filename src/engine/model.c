@@ -149,6 +149,11 @@ void
 cai_model_get_info(const cai_model *model, cai_model_info *info)
 {
 	const cai_config *c = &model->cfg;
+	cai_kv_layout L;
+	size_t		token_layer_bytes;
+
+	cai_model_kv_layout(model, &L);
+	token_layer_bytes = cai_kv_token_layer_bytes(L.n_kv_heads, L.head_dim, L.key_digits);
 
 	memset(info, 0, sizeof(*info));
 	info->arch = c->arch_name;
@@ -164,10 +169,8 @@ cai_model_get_info(const cai_model *model, cai_model_info *info)
 	info->context_length = c->context_length;
 	info->n_params = model->n_params;
 	info->weight_bytes = model->weight_bytes;
-	info->kv_bytes_per_token = (size_t) c->n_kv_layers *
-		cai_kv_token_layer_bytes(c->n_kv_heads, c->head_dim, model->two_digit_activations ? 2 : 1);
-	info->kv_window_bytes_per_token = (size_t) c->n_windowed_kv_layers *
-		cai_kv_token_layer_bytes(c->n_kv_heads, c->head_dim, model->two_digit_activations ? 2 : 1);
+	info->kv_bytes_per_token = (size_t) c->n_kv_layers * token_layer_bytes;
+	info->kv_window_bytes_per_token = (size_t) c->n_windowed_kv_layers * token_layer_bytes;
 	info->kv_window = c->kv_window;
 	info->compensated_rounding = model->compensated_rounding;
 	info->two_digit_activations = model->two_digit_activations;
