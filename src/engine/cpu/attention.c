@@ -19,7 +19,8 @@
  *      values from cpu/attention_values.c (AMX tiles, vpdpbusd, AVX2 or plain C), then scales
  *      them once; the float path accumulates the shadow values positions in ascending order.
  *      Each row then takes the segment's sums as its output (its first segment) or folds them
- *      into it.
+ *      into it; the int8 path does so as it scales the sums, with the fold weights worked out
+ *      for all the rows after the softmax (so the sums make one trip through memory).
  * A part of a split tile (cai_attention_tile_part) runs the same passes over its segments and
  * leaves their sums, maxima and totals to cai_attention_merge.
  *
@@ -157,7 +158,7 @@ cai_attention_scratch_bytes(int max_context, int n_group, int head_dim)
 	return align64(rows * (size_t) CAI_ATTN_SEGMENT_TOKENS * sizeof(float))	/* scores */
 		+ align64(rows * (size_t) head_dim * sizeof(float))	/* seg_o */
 		+ 2 * align64(rows * sizeof(float))	/* seg_m, seg_l */
-		+ align64((rows + 8) * 5 * sizeof(float))	/* fold */
+		+ align64((rows + 8) * 7 * sizeof(float))	/* fold */
 		+ align64(rows * (size_t) head_dim)	/* q_i8 */
 		+ align64(rows * (size_t) head_dim * sizeof(float))	/* q_f32 */
 		+ align64(rows * sizeof(float))	/* q_scale */
@@ -884,35 +885,18 @@ typedef struct row_weights
 } row_weights;
 
 /*
- * In place: row[0..n) = softmax(row[0..n)); *max_out and *total_out get the maximum and the
- * exponentials' total, which uses partial sum i % 8 for element i, then the tree, then the tail
- * in order: it depends only on n and the values.  With weights (the int8 path) the row is not
- * normalized: it keeps the exponentials, and they become the quantized weights
- * (quantize_weights; a pass of its own runs faster than one fused into the exponentials').
+ * The maximum of row[0..n): exact in any order for the finite scores a row holds (the GPU
+ * reduces it as a tree), so four independent sixteen-lane chains, then the lanes, then the rest.
  */
-CAI_ALWAYS_INLINE void
-softmax_row(float *row, int n, float *max_out, float *total_out, const row_weights *w,
-			attn_isa isa)
+CAI_ALWAYS_INLINE float
+row_max(const float *row, int n, attn_isa isa)
 {
 	float		m = row[0];
-	cai_v8f		mv8;
-	cai_v8f		acc = cai_v8f_set1(0.0f);
-	float		tail = 0.0f;
-	float		inv;
-	int			i;
+	int			i = 0;
 
-	/*
-	 * The maximum: exact in any order for the finite scores a row holds (the GPU reduces it
-	 * as a tree), so four independent sixteen-lane chains, then the lanes, then the rest.
-	 */
-	i = 0;
 #if defined(__x86_64__)
 	if (isa == ATTN_AVX2)
-	{
-		m = row_max_avx2(row, n);
-		i = n;
-	}
-	else
+		return row_max_avx2(row, n);
 #endif
 	if (n >= 64)
 	{
@@ -944,6 +928,25 @@ softmax_row(float *row, int n, float *max_out, float *total_out, const row_weigh
 	}
 	for (; i < n; i++)
 		m = row[i] > m ? row[i] : m;
+	return m;
+}
+
+/*
+ * In place: row[0..n) = softmax(row[0..n)) given its maximum m (row_max); *total_out gets the
+ * exponentials' total, which uses partial sum i % 8 for element i, then the tree, then the tail
+ * in order: it depends only on n and the values.  With weights (the int8 path) the row is not
+ * normalized: it keeps the exponentials, and they become the quantized weights
+ * (quantize_weights; a pass of its own runs faster than one fused into the exponentials').
+ */
+CAI_ALWAYS_INLINE void
+softmax_row(float *row, int n, float m, float *total_out, const row_weights *w, attn_isa isa)
+{
+	cai_v8f		mv8;
+	cai_v8f		acc = cai_v8f_set1(0.0f);
+	float		tail = 0.0f;
+	float		inv;
+	int			i;
+
 	mv8 = cai_v8f_set1(m);			/* (built once: GCC rebuilds it per iteration otherwise) */
 	/* sixteen at a time where they fit (the same lanes, folded into the partial sums in order) */
 	i = 0;
@@ -1002,7 +1005,6 @@ softmax_row(float *row, int n, float *max_out, float *total_out, const row_weigh
 			tail = tail + buf[k];
 		memcpy(row + i, buf, (size_t) (n - i) * sizeof(float));
 	}
-	*max_out = m;
 	*total_out = cai_v8f_sum(&acc) + tail;
 	if (w)
 	{
@@ -1034,22 +1036,134 @@ cai_attention_exp(float x)
 }
 
 /*
- * Folds a segment's total l and normalized value sums o into a row's running total *L and
- * output out[0..hd) (attention.h's merge), given ea = exp(M - M') and eb = exp(m - M') for the
- * row's running maximum M, the segment's m and their maximum M'.
+ * The weights with which a segment's normalized value sums o (total l) fold into a row's
+ * running output (total *L): out = wa * out + wb * o (attention.h's merge), given ea = exp(M - M')
+ * and eb = exp(m - M') for the row's running maximum M, the segment's m and their maximum M'.
+ * *L becomes the merged total.
  */
-static void
-fold_segment(float *L, float *out, float ea, float eb, float l, const float *o, int hd)
+CAI_ALWAYS_INLINE void
+fold_weights(float *L, float ea, float eb, float l, float *wa, float *wb)
 {
 	float		a = ea * *L;
 	float		b = eb * l;
 	float		Ln = a + b;
-	float		wa = a / Ln;
-	float		wb = b / Ln;
 
+	*wa = a / Ln;
+	*wb = b / Ln;
+	*L = Ln;
+}
+
+/* Folds a segment's value sums o into a row's output with fold_weights' weights. */
+CAI_ALWAYS_INLINE void
+fold_row(float *out, const float *o, float wa, float wb, int hd)
+{
 	for (int d = 0; d < hd; d++)
 		out[d] = wa * out[d] + wb * o[d];
-	*L = Ln;
+}
+
+/* The pointer to row r's output (tile rows are token-major: r = token * group + head). */
+CAI_ALWAYS_INLINE float *
+row_out(float *out, int ldo, int t0, int kv_head, int group, int hd, int r)
+{
+	return out + (size_t) (t0 + r / group) * ldo + (size_t) (kv_head * group + r % group) * hd;
+}
+
+/* Where a tile's rows leave their outputs: rows [t0, ..) of out, query heads of kv_head. */
+typedef struct tile_out
+{
+	float	   *out;
+	int			ldo;
+	int			t0;
+	int			kv_head;
+	int			group;
+} tile_out;
+
+/*
+ * A tile's running merge state, in s->fold: each row's running maximum and total, and the
+ * current segment's maximum-to-be and fold weights (rows + 8 floats apart, whole vectors).
+ */
+typedef struct fold_state
+{
+	float	   *run_m;
+	float	   *run_l;
+	float	   *new_m;
+	float	   *ea;
+	float	   *eb;
+	float	   *wa;
+	float	   *wb;
+} fold_state;
+
+CAI_ALWAYS_INLINE fold_state
+fold_state_of(const cai_attn_scratch *s, int rows)
+{
+	int			stride = (rows + 7) / 8 * 8;
+	fold_state	f = {.run_m = s->fold};
+
+	f.run_l = f.run_m + stride;
+	f.new_m = f.run_l + stride;
+	f.ea = f.new_m + stride;
+	f.eb = f.ea + stride;
+	f.wa = f.eb + stride;
+	f.wb = f.wa + stride;
+	return f;
+}
+
+/* Whether row r meets segment sg = [seg_lo, seg_hi], and whether it is the row's first. */
+CAI_ALWAYS_INLINE bool
+row_meets(const cai_attn_scratch *s, int r, int seg_lo, int seg_hi)
+{
+	return s->row_lo[r] <= seg_hi && s->row_hi[r] >= seg_lo;
+}
+
+CAI_ALWAYS_INLINE bool
+row_starts(const cai_attn_scratch *s, int r, int sg)
+{
+	return sg == s->row_lo[r] / CAI_ATTN_SEGMENT_TOKENS;
+}
+
+/*
+ * The rows' merge state at segment sg, from its maxima and totals (s->seg_m, s->seg_l): a row's
+ * first segment starts its running maximum and total; at a later one the row gets fold_weights'
+ * weights, the exponentials of all the rows at once (the attention's exp is lane-wise).
+ */
+CAI_ALWAYS_INLINE void
+segment_fold_state(const cai_attn_scratch *s, int rows, int sg, int seg_lo, int seg_hi)
+{
+	fold_state	f = fold_state_of(s, rows);
+	int			stride = (rows + 7) / 8 * 8;
+
+	for (int r = 0; r < stride; r++)
+	{
+		float		m = r < rows ? s->seg_m[r] : 0.0f;
+
+		f.ea[r] = f.eb[r] = 0.0f;
+		if (r >= rows || !row_meets(s, r, seg_lo, seg_hi))
+			continue;
+		if (row_starts(s, r, sg))
+		{
+			f.run_m[r] = m;
+			f.run_l[r] = s->seg_l[r];
+			continue;
+		}
+		f.new_m[r] = m > f.run_m[r] ? m : f.run_m[r];
+		f.ea[r] = f.run_m[r] - f.new_m[r];
+		f.eb[r] = m - f.new_m[r];
+	}
+	for (int r = 0; r < stride; r += 8)
+	{
+		cai_v8f		xa = cai_v8f_load(f.ea + r);
+		cai_v8f		xb = cai_v8f_load(f.eb + r);
+
+		cai_v8f_store(f.ea + r, attn_exp8(&xa));
+		cai_v8f_store(f.eb + r, attn_exp8(&xb));
+	}
+	for (int r = 0; r < rows; r++)
+	{
+		if (!row_meets(s, r, seg_lo, seg_hi) || row_starts(s, r, sg))
+			continue;
+		fold_weights(&f.run_l[r], f.ea[r], f.eb[r], s->seg_l[r], &f.wa[r], &f.wb[r]);
+		f.run_m[r] = f.new_m[r];
+	}
 }
 
 /*
@@ -1203,8 +1317,8 @@ value_pass_f32(const cai_attn_params *ap, const cai_kv_shadow *shadow, const int
  */
 CAI_ALWAYS_INLINE void
 softmax_values_i8(const cai_attn_params *ap, cai_kv_pool *kv, const int32_t *table,
-				  cai_attn_scratch *s, int kv_head, int rows, int rows_w, int seg_lo, int seg_hi,
-				  attn_value_path path, attn_isa isa)
+				  cai_attn_scratch *s, int kv_head, int rows, int rows_w, int sg, int seg_lo,
+				  int seg_hi, const tile_out *dst, attn_value_path path, attn_isa isa)
 {
 	row_weights w;
 	const cai_kv_layout *L = cai_kv_pool_layout(kv);
@@ -1229,80 +1343,131 @@ softmax_values_i8(const cai_attn_params *ap, cai_kv_pool *kv, const int32_t *tab
 		for (int j = j0; j <= j1; j++)
 			s->v_scales[j - seg_base] = vs[(j - base) * n_kv + kv_head];
 	}
-	/* their running maximum from seg_lo: a row that starts there (most do) reads its vmax */
-	for (int j = seg_lo; j <= seg_hi; j++)
+	/*
+	 * their running maximum from seg_lo: a row that starts there (most do) reads its vmax (kept
+	 * in a register: through memory, each step would wait for the previous one's store)
+	 */
 	{
-		float		v = s->v_scales[j - seg_base];
+		float		run = s->v_scales[seg_lo - seg_base];
 
-		s->v_scale_max[j - seg_base] = j > seg_lo && s->v_scale_max[j - seg_base - 1] > v ?
-			s->v_scale_max[j - seg_base - 1] : v;
+		for (int j = seg_lo; j <= seg_hi; j++)
+		{
+			float		v = s->v_scales[j - seg_base];
+
+			run = run > v ? run : v;
+			s->v_scale_max[j - seg_base] = run;
+		}
 	}
 
-	/* each row's softmax and weights over its range, weights zero elsewhere up to n_pad */
-	for (int r = 0; r < rows_w; r++)
+	/*
+	 * each row's softmax and weights over its range, weights zero elsewhere up to n_pad; the
+	 * maxima of a group of rows first, so that their short dependent chains overlap
+	 */
+	for (int r0 = 0; r0 < rows_w; r0 += MAX_GROUP_ROWS)
 	{
-		uint8_t    *lo = s->w_lo + (size_t) r * SEG;
-		uint8_t    *hi = s->w_hi + (size_t) r * SEG;
-		int			a = r < rows && s->row_lo[r] > seg_lo ? s->row_lo[r] : seg_lo;
-		int			e = r < rows && s->row_hi[r] < seg_hi ? s->row_hi[r] : seg_hi;
-		float		vmax,
-					qinv;
+		int			r1 = r0 + MAX_GROUP_ROWS < rows_w ? r0 + MAX_GROUP_ROWS : rows_w;
 
-		if (r >= rows || a > e)
+		for (int r = r0; r < r1 && r < rows; r++)
 		{
-			memset(lo, 0, (size_t) n_pad);
-			memset(hi, 0, (size_t) n_pad);
-			s->row_quads[r] = 0;
-			continue;
+			int			a = s->row_lo[r] > seg_lo ? s->row_lo[r] : seg_lo;
+			int			e = s->row_hi[r] < seg_hi ? s->row_hi[r] : seg_hi;
+
+			if (a <= e)
+				s->seg_m[r] = row_max(s->scores + (size_t) r * SEG + (a - seg_lo), e - a + 1, isa);
 		}
-		if (a == seg_lo)
-			vmax = s->v_scale_max[e - seg_base];
-		else
+		for (int r = r0; r < r1; r++)
 		{
-			vmax = 0.0f;
-			for (int j = a; j <= e; j++)
-				vmax = s->v_scales[j - seg_base] > vmax ? s->v_scales[j - seg_base] : vmax;
+			uint8_t    *lo = s->w_lo + (size_t) r * SEG;
+			uint8_t    *hi = s->w_hi + (size_t) r * SEG;
+			int			a = r < rows && s->row_lo[r] > seg_lo ? s->row_lo[r] : seg_lo;
+			int			e = r < rows && s->row_hi[r] < seg_hi ? s->row_hi[r] : seg_hi;
+			float		vmax,
+						qinv;
+
+			if (r >= rows || a > e)
+			{
+				memset(lo, 0, (size_t) n_pad);
+				memset(hi, 0, (size_t) n_pad);
+				s->row_quads[r] = 0;
+				continue;
+			}
+			if (a == seg_lo)
+				vmax = s->v_scale_max[e - seg_base];
+			else
+			{
+				vmax = 0.0f;
+				for (int j = a; j <= e; j++)
+					vmax = s->v_scales[j - seg_base] > vmax ? s->v_scales[j - seg_base] : vmax;
+			}
+			qinv = vmax >= CAI_ATTN_VSCALE_MIN ? (float) CAI_ATTN_WEIGHT_MAX / vmax : 0.0f;
+			/* (most rows cover the whole segment: no call for nothing to clear) */
+			if (a > seg_base)
+			{
+				memset(lo, 0, (size_t) (a - seg_base));
+				memset(hi, 0, (size_t) (a - seg_base));
+			}
+			if (e - seg_base + 1 < n_pad)
+			{
+				memset(lo + (e - seg_base + 1), 0, (size_t) (n_pad - (e - seg_base + 1)));
+				memset(hi + (e - seg_base + 1), 0, (size_t) (n_pad - (e - seg_base + 1)));
+			}
+			w.vs = s->v_scales + (a - seg_base);
+			w.qinv = qinv;
+			w.lo = lo + (a - seg_base);
+			w.hi = hi + (a - seg_base);
+			softmax_row(s->scores + (size_t) r * SEG + (a - seg_lo), e - a + 1, s->seg_m[r],
+						&s->seg_l[r], &w, isa);
+			s->row_quads[r] = (e - seg_base) / 4 + 1;
+			s->row_g[r] = (vmax / (float) CAI_ATTN_WEIGHT_MAX) / s->seg_l[r];
 		}
-		qinv = vmax >= CAI_ATTN_VSCALE_MIN ? (float) CAI_ATTN_WEIGHT_MAX / vmax : 0.0f;
-		memset(lo, 0, (size_t) (a - seg_base));
-		memset(hi, 0, (size_t) (a - seg_base));
-		memset(lo + (e - seg_base + 1), 0, (size_t) (n_pad - (e - seg_base + 1)));
-		memset(hi + (e - seg_base + 1), 0, (size_t) (n_pad - (e - seg_base + 1)));
-		w.vs = s->v_scales + (a - seg_base);
-		w.qinv = qinv;
-		w.lo = lo + (a - seg_base);
-		w.hi = hi + (a - seg_base);
-		softmax_row(s->scores + (size_t) r * SEG + (a - seg_lo), e - a + 1, &s->seg_m[r],
-					&s->seg_l[r], &w, isa);
-		s->row_quads[r] = (e - seg_base) / 4 + 1;
-		s->row_g[r] = (vmax / (float) CAI_ATTN_WEIGHT_MAX) / s->seg_l[r];
 	}
 
+	if (dst)
+		segment_fold_state(s, rows, sg, seg_lo, seg_hi);
 	attn_pack_values(path, blocks, n_blocks, (size_t) n_kv * hd, hd, n_pad / 4, s->v_quads);
 	attn_value_sums(path, s->w_lo, s->w_hi, SEG, s->v_quads, hd,
 					path == ATTN_VALUES_AMX ? rows_w : rows, s->row_quads, s->v_sums);
 
-	/* o = (float) (128 * hi sum + lo sum) * g */
-	for (int r = 0; r < rows; r++)
+	/*
+	 * o = (float) (128 * hi sum + lo sum) * g: into s->seg_o, or straight into the row's output
+	 * (its first segment) or folded into it, the same operations as fold_row on s->seg_o
+	 */
 	{
-		const int32_t *sums = s->v_sums + (size_t) r * 2 * hd;
-		float	   *o = s->seg_o + (size_t) r * hd;
-		float		g = s->row_g[r];
-		int			d = 0;
+		fold_state	f = fold_state_of(s, rows);
 
-		if (s->row_quads[r] == 0)
-			continue;
-		for (; d + 16 <= hd; d += 16)
+		for (int r = 0; r < rows; r++)
 		{
-			cai_v16i	sl,
-						sh;
+			const int32_t *sums = s->v_sums + (size_t) r * 2 * hd;
+			float	   *o = dst ? row_out(dst->out, dst->ldo, dst->t0, dst->kv_head, dst->group, hd, r)
+				: s->seg_o + (size_t) r * hd;
+			bool		fold = dst && !row_starts(s, r, sg);
+			float		g = s->row_g[r];
+			float		wa = fold ? f.wa[r] : 0.0f;
+			float		wb = fold ? f.wb[r] : 0.0f;
+			int			d = 0;
 
-			memcpy(&sl, sums + d, sizeof(sl));
-			memcpy(&sh, sums + hd + d, sizeof(sh));
-			cai_v16f_store(o + d, __builtin_convertvector(sh * 128 + sl, cai_v16f) * g);
+			if (s->row_quads[r] == 0)
+				continue;
+			for (; d + 16 <= hd; d += 16)
+			{
+				cai_v16i	sl,
+							sh;
+				cai_v16f	od;
+
+				memcpy(&sl, sums + d, sizeof(sl));
+				memcpy(&sh, sums + hd + d, sizeof(sh));
+				od = __builtin_convertvector(sh * 128 + sl, cai_v16f) * g;
+				if (fold)
+					od = wa * cai_v16f_load(o + d) + wb * od;
+				cai_v16f_store(o + d, od);
+			}
+			for (; d < hd; d++)
+			{
+				float		od = (float) (sums[hd + d] * 128 + sums[d]) * g;
+
+				o[d] = fold ? wa * o[d] + wb * od : od;
+			}
 		}
-		for (; d < hd; d++)
-			o[d] = (float) (sums[hd + d] * 128 + sums[d]) * g;
 	}
 }
 
@@ -1336,13 +1501,6 @@ prefetch_tile_start(const cai_attn_params *ap, const cai_batch_layout *batch, in
 	prefetch_head_rows(cai_kv_keys(L, first) + (size_t) kv_head * ap->head_dim, ap->n_kv_heads,
 					   ap->head_dim);
 	prefetch_scales(cai_kv_key_scales(L, first), ap->n_kv_heads);
-}
-
-/* The pointer to row r's output (tile rows are token-major: r = token * group + head). */
-CAI_ALWAYS_INLINE float *
-row_out(float *out, int ldo, int t0, int kv_head, int group, int hd, int r)
-{
-	return out + (size_t) (t0 + r / group) * ldo + (size_t) (kv_head * group + r % group) * hd;
 }
 
 /* A block's keys of one head (rows `stride` bytes apart) into four-byte groups kt[g][slot][4]. */
@@ -1422,6 +1580,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 		strcmp(cai_cpu_isa(), "avx512-amx") == 0;
 	const int	rows_qk = amx ? (rows + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS : rows_padded;
 	const bool	two_digits = L->key_digits == 2 && !shadow;
+	const tile_out dst = {.out = out, .ldo = ldo, .t0 = t0, .kv_head = kv_head, .group = group};
 	const attn_value_path vpath = amx ? ATTN_VALUES_AMX
 		: isa == ATTN_AVX512 ? ATTN_VALUES_AVX512
 		: isa == ATTN_AVX2 ? ATTN_VALUES_AVX2 : ATTN_VALUES_GENERIC;
@@ -1636,80 +1795,47 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 
 				if (a > e)
 					continue;
-				softmax_row(s->scores + (size_t) r * SEG + (a - seg_lo), e - a + 1, &s->seg_m[r],
-							&s->seg_l[r], NULL, isa);
+				float	   *row = s->scores + (size_t) r * SEG + (a - seg_lo);
+
+				s->seg_m[r] = row_max(row, e - a + 1, isa);
+				softmax_row(row, e - a + 1, s->seg_m[r], &s->seg_l[r], NULL, isa);
 			}
 			value_pass_f32(ap, shadow, table, s, kv_head, n_tok, group, seg_lo, seg_hi);
 		}
 		else
-			softmax_values_i8(ap, kv, table, s, kv_head, rows, rows_qk, seg_lo, seg_hi, vpath,
-							  isa);
+			softmax_values_i8(ap, kv, table, s, kv_head, rows, rows_qk, sg, seg_lo, seg_hi,
+							  pt ? NULL : &dst, vpath, isa);
 
-		/* the segment's sums: to the split tile's partials, or to the output */
+		/* the segment's sums: to the split tile's partials, or (float path) to the output */
 		if (pt)
 		{
 			for (int r = 0; r < rows; r++)
 			{
 				int			k = sg - pt->seg0;
 
-				if (s->row_lo[r] > seg_hi || s->row_hi[r] < seg_lo)
+				if (!row_meets(s, r, seg_lo, seg_hi))
 					continue;
 				memcpy(pt->o + ((size_t) k * rows + r) * hd, s->seg_o + (size_t) r * hd,
 					   (size_t) hd * sizeof(float));
 				pt->m[(size_t) r * pt->n_segs + k] = s->seg_m[r];
 				pt->l[(size_t) r * pt->n_segs + k] = s->seg_l[r];
 			}
-			continue;
 		}
+		else if (shadow)
 		{
-			/*
-			 * A row's first segment starts its output and running state; a later one folds in,
-			 * the exponentials of all the rows at once (the attention's exp is lane-wise)
-			 */
-			int			stride = (rows + 7) / 8 * 8;
-			float	   *run_m = s->fold;
-			float	   *run_l = run_m + stride;
-			float	   *new_m = run_l + stride;
-			float	   *ea = new_m + stride;
-			float	   *eb = ea + stride;
+			fold_state	f = fold_state_of(s, rows);
 
+			segment_fold_state(s, rows, sg, seg_lo, seg_hi);
 			for (int r = 0; r < rows; r++)
 			{
-				float		m = s->seg_m[r];
+				float	   *o = row_out(out, ldo, t0, kv_head, group, hd, r);
 
-				ea[r] = eb[r] = 0.0f;
-				if (s->row_lo[r] > seg_hi || s->row_hi[r] < seg_lo)
+				if (!row_meets(s, r, seg_lo, seg_hi))
 					continue;
-				if (sg == s->row_lo[r] / SEG)
-				{
-					memcpy(row_out(out, ldo, t0, kv_head, group, hd, r), s->seg_o + (size_t) r * hd,
-						   (size_t) hd * sizeof(float));
-					run_m[r] = m;
-					run_l[r] = s->seg_l[r];
-					continue;
-				}
-				new_m[r] = m > run_m[r] ? m : run_m[r];
-				ea[r] = run_m[r] - new_m[r];
-				eb[r] = m - new_m[r];
-			}
-			for (int r = rows; r < stride; r++)
-				ea[r] = eb[r] = 0.0f;
-			for (int r = 0; r < stride; r += 8)
-			{
-				cai_v8f		xa = cai_v8f_load(ea + r);
-				cai_v8f		xb = cai_v8f_load(eb + r);
-
-				cai_v8f_store(ea + r, attn_exp8(&xa));
-				cai_v8f_store(eb + r, attn_exp8(&xb));
-			}
-			for (int r = 0; r < rows; r++)
-			{
-				if (s->row_lo[r] > seg_hi || s->row_hi[r] < seg_lo || sg == s->row_lo[r] / SEG)
-					continue;
-				fold_segment(&run_l[r], row_out(out, ldo, t0, kv_head, group, hd, r), ea[r], eb[r],
-							 s->seg_l[r], s->seg_o + (size_t) r * hd,
-							 hd);
-				run_m[r] = new_m[r];
+				if (row_starts(s, r, sg))
+					memcpy(o, s->seg_o + (size_t) r * hd, (size_t) hd * sizeof(float));
+				else
+					fold_row(o, s->seg_o + (size_t) r * hd, f.wa[r], f.wb[r], hd);
 			}
 		}
 	}
@@ -1825,8 +1951,12 @@ cai_attention_merge(const cai_attn_params *ap, const cai_batch_layout *batch, in
 			float		m = pt->m[(size_t) r * pt->n_segs + k];
 			float		Mn = m > M ? m : M;
 
-			fold_segment(&L, o, cai_attention_exp(M - Mn), cai_attention_exp(m - Mn), pt->l[(size_t) r * pt->n_segs + k],
-						 pt->o + ((size_t) k * rows + r) * hd, hd);
+			float		wa,
+						wb;
+
+			fold_weights(&L, cai_attention_exp(M - Mn), cai_attention_exp(m - Mn),
+						 pt->l[(size_t) r * pt->n_segs + k], &wa, &wb);
+			fold_row(o, pt->o + ((size_t) k * rows + r) * hd, wa, wb, hd);
 			M = Mn;
 		}
 	}

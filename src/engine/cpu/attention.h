@@ -84,7 +84,7 @@ typedef struct cai_attn_scratch
 	float	   *seg_o;			/* [rows][head_dim] one segment's value sums */
 	float	   *seg_m;			/* [rows] the current segment's maximum score */
 	float	   *seg_l;			/* [rows] and total of exponentials */
-	float	   *fold;			/* [5][rows + 8] rows' running merge state and exponentials */
+	float	   *fold;			/* [7][rows + 8] rows' running merge state and fold weights */
 } cai_attn_scratch;
 
 /* Positions per segment of the reduction order (a multiple of the KV block). */
