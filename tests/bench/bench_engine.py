@@ -9,7 +9,10 @@ On the same GGUF file and the same CPU thread count it measures:
      llama.cpp's own int8 format and the closest like-for-like baseline for an int8 engine;
 
 each for: prefill of one --prompt-tokens prompt (batch 1; llama.cpp with n_batch = n_ubatch =
-512, so a longer prompt is cut into 512-token calls, like the engine's 512-token step budget), and
+512, so a longer prompt is cut into 512-token calls, like the engine's 512-token step budget),
+prefill of one prompt of each --long-prompts length (the same way, in the same rounds: the table
+of rates by length gives each engine's rate at N tokens over its rate at --prompt-tokens, taken
+round by round, so that a slow minute weighs on both sides of a ratio alike), and
 aggregate greedy decode tokens/s at every --batches size (B sequences decoding together, each
 after a prompt of --decode-prompt-tokens tokens, default 16, so a long one measures decode at a
 long context; only steps in which all B sequences decode are timed; llama.cpp gets one KV
@@ -73,19 +76,31 @@ LLAMA_N_BATCH = 512
 # pg_cai
 
 
-def bench_ours(args, repeat):
-    """Runs `cai bench --json` (repeat timed runs) and returns its parsed JSON."""
-    cmd = [args.cai, "bench", "-m", args.model, "--threads", str(args.threads),
-           "--batches", ",".join(str(b) for b in args.batches),
-           "--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens),
-           "--decode-prompt-tokens", str(args.decode_prompt_tokens),
-           "--repeat", str(repeat), "--json"] + args.cai_flags.split()
+def run_cai_bench(args, options):
+    """Runs `cai bench --json` with the common and the given options; returns its parsed JSON."""
+    cmd = [args.cai, "bench", "-m", args.model, "--threads", str(args.threads)] + options + [
+        "--json"] + args.cai_flags.split()
     print("pg_cai:    " + " ".join(cmd), file=sys.stderr, flush=True)
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         sys.exit(f"cai bench failed ({done.returncode}):\n{done.stderr}")
     result = json.loads(done.stdout)
     result["command"] = " ".join(cmd)
+    return result
+
+
+def bench_ours(args, repeat):
+    """`cai bench` at --prompt-tokens and --batches (repeat timed runs), then the prefill of each
+    --long-prompts length (its decode part is a token of batch 1, ignored)."""
+    result = run_cai_bench(args, [
+        "--batches", ",".join(str(b) for b in args.batches),
+        "--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens),
+        "--decode-prompt-tokens", str(args.decode_prompt_tokens), "--repeat", str(repeat)])
+    result["long_prefill"] = {}
+    for n in args.long_prompts:
+        long = run_cai_bench(args, ["--batches", "1", "--gen-tokens", "2", "--prompt-tokens",
+                                    str(n), "--repeat", str(repeat)])
+        result["long_prefill"][str(n)] = long["prefill"]
     return result
 
 
@@ -249,6 +264,11 @@ def bench_llama(path, args, label, repeat):
                   "prefill": bench.prefill(args.prompt_tokens, repeat), "decode": []}
         print(f"  prefill {args.prompt_tokens}: "
               f"{result['prefill']['tokens_per_second']:.1f} tokens/s", file=sys.stderr)
+        result["long_prefill"] = {}
+        for n in args.long_prompts:
+            result["long_prefill"][str(n)] = bench.prefill(n, repeat)
+            print(f"  prefill {n}: {result['long_prefill'][str(n)]['tokens_per_second']:.1f} "
+                  "tokens/s", file=sys.stderr)
         for b in args.batches:
             d = bench.decode_batch(b, args.gen_tokens, repeat, args.decode_prompt_tokens)
             result["decode"].append(d)
@@ -321,6 +341,14 @@ def merge_rounds(runs):
     merged["prefill"] = merge_figure([r["prefill"] for r in runs])
     merged["decode"] = [merge_figure([r["decode"][i] for r in runs])
                         for i in range(len(runs[0]["decode"]))]
+    merged["long_prefill"] = {n: merge_figure([r["long_prefill"][n] for r in runs])
+                              for n in runs[0]["long_prefill"]}
+    # each round's rate at n over its rate at --prompt-tokens, and their median
+    for n, fig in merged["long_prefill"].items():
+        per_round = [r["long_prefill"][n]["tokens_per_second"] / r["prefill"]["tokens_per_second"]
+                     for r in runs]
+        fig["runs_over_short_prompt"] = per_round
+        fig["over_short_prompt"] = statistics.median(per_round)
     merged["rounds"] = runs
     return merged
 
@@ -408,7 +436,29 @@ def report(args, ours, llama_same, llama_q8):
             (f"{g['value']:8.2f}x" if g["value"] is not None else f"{'n/a':>9}")
             for g in cells) + "   " + " / ".join(
             "met" if g["met"] else "NOT met" for g in cells))
+    if args.long_prompts:
+        lines += long_prompt_table(args, rows)
     return "\n".join(lines), out
+
+
+def long_prompt_table(args, rows):
+    """Prefill rates by prompt length (medians over the rounds), each over the engine's rate at
+    --prompt-tokens (the median of the per-round ratios), and pg_cai over each llama.cpp."""
+    lengths = [str(n) for n in args.long_prompts]
+    lines = ["", f"prefill tokens/s by prompt length (median; in brackets, the median of each "
+             f"round's rate over its {args.prompt_tokens}-token rate)",
+             f"{'':28} {'prefill ' + str(args.prompt_tokens):>12}" + "".join(
+                 f"{'prefill ' + n:>20}" for n in lengths)]
+    for name, r in rows:
+        lines.append(f"{name:28} {r['prefill']['tokens_per_second']:12.1f}" + "".join(
+            f"{r['long_prefill'][n]['tokens_per_second']:11.1f} ({100 * r['long_prefill'][n]['over_short_prompt']:4.1f} %)"
+            for n in lengths))
+    ours = rows[0][1]
+    for name, r in rows[1:]:
+        lines.append(f"{'pg_cai / ' + name:28} {ratio(ours['prefill']['tokens_per_second'], r['prefill']['tokens_per_second']):11.2f}x" + "".join(
+            f"{ratio(ours['long_prefill'][n]['tokens_per_second'], r['long_prefill'][n]['tokens_per_second']):19.2f}x"
+            for n in lengths))
+    return lines
 
 
 def add_common_arguments(ap):
@@ -437,6 +487,9 @@ def main():
     add_common_arguments(ap)
     ap.add_argument("--batches", default="1,8,32", help="decode batch sizes (default 1,8,32)")
     ap.add_argument("--prompt-tokens", type=int, default=512, help="prefill prompt length")
+    ap.add_argument("--long-prompts", default="",
+                    help="more prefill prompt lengths, e.g. 2048,4096,8191 (a model's context "
+                    "holds its prompt and at least one generated token)")
     ap.add_argument("--gen-tokens", type=int, default=64, help="tokens per sequence in decode runs")
     ap.add_argument("--decode-prompt-tokens", type=int, default=16,
                     help="prompt of each decode sequence: the context decode attends over (default 16)")
@@ -447,6 +500,7 @@ def main():
                     help="cai bench numerics flags, e.g. --cai-flags=--two-digit-activations")
     args = ap.parse_args()
     args.batches = sorted({int(b) for b in args.batches.split(",")})
+    args.long_prompts = sorted({int(n) for n in args.long_prompts.split(",") if n})
     check_and_start(args)
     q8 = q8_0_path(args)
 
@@ -471,7 +525,8 @@ def main():
         "command": " ".join([sys.executable] + sys.argv),
         "config": {"model": args.model, "threads": args.threads, "batches": args.batches,
                    "cai_flags": args.cai_flags,
-                   "prompt_tokens": args.prompt_tokens, "gen_tokens": args.gen_tokens,
+                   "prompt_tokens": args.prompt_tokens, "long_prompts": args.long_prompts,
+                   "gen_tokens": args.gen_tokens,
                    "decode_prompt_tokens": args.decode_prompt_tokens, "repeat": args.repeat,
                    "llama_n_batch": LLAMA_N_BATCH,
                    "llama_cpp_version": getattr(llama_cpp, "__version__", "?"),
