@@ -587,6 +587,18 @@ cuda_rmsnorm(cai_backend *be, const float *x, const float *w, int n_tok, int d, 
 }
 
 static void
+cuda_rmsnorm_add(cai_backend *be, const float *y, const float *w, int n_tok, int d, float eps,
+				 float *x)
+{
+	cuda_backend *cb = cb_of(be);
+	cai_error	e;
+
+	if (cb->failed || !operand(cb, y, "sublayer output") || !output_ok(cb, x, "residual stream"))
+		return;
+	be_check(cb, cai_cuda_rmsnorm_add(cb->ctx, y, w, n_tok, d, eps, x, &e), &e);
+}
+
+static void
 cuda_head_rmsnorm(cai_backend *be, float *x, int ldx, int n_tok, int n_heads, int head_dim,
 				  const float *w, float eps)
 {
@@ -836,17 +848,27 @@ cuda_rope(cai_backend *be, const cai_rope_params *rp, const float *cs, float *x,
 	then_rotate(be, then, x, ldx, n_tok);
 }
 
+/* The gated FFN's activation (gelu: GeGLU, else SwiGLU) written as floats, then rotated. */
 static void
-cuda_swiglu(cai_backend *be, const float *gate_up, int n_tok, int d_ff, float *out,
-			const cai_then_rotate *then)
+glu_rows(cai_backend *be, bool gelu, const float *gate_up, int n_tok, int d_ff, float *out,
+		 const cai_then_rotate *then)
 {
 	cuda_backend *cb = cb_of(be);
 	cai_error	e;
 
-	if (cb->failed || !operand(cb, gate_up, "swiglu input") || !output_ok(cb, out, "swiglu output"))
+	if (cb->failed || !operand(cb, gate_up, gelu ? "geglu input" : "swiglu input") ||
+		!output_ok(cb, out, gelu ? "geglu output" : "swiglu output"))
 		return;
-	be_check(cb, cai_cuda_swiglu(cb->ctx, gate_up, n_tok, d_ff, out, NULL, NULL, &e), &e);
+	be_check(cb, (gelu ? cai_cuda_geglu : cai_cuda_swiglu)(cb->ctx, gate_up, n_tok, d_ff, out,
+															NULL, NULL, &e), &e);
 	then_rotate(be, then, out, d_ff, n_tok);
+}
+
+static void
+cuda_swiglu(cai_backend *be, const float *gate_up, int n_tok, int d_ff, float *out,
+			const cai_then_rotate *then)
+{
+	glu_rows(be, false, gate_up, n_tok, d_ff, out, then);
 }
 
 static void
@@ -859,6 +881,24 @@ cuda_swiglu_quant(cai_backend *be, const float *gate_up, int n_tok, int d_ff, in
 		!output_ok(cb, s, "swiglu scales"))
 		return;
 	be_check(cb, cai_cuda_swiglu(cb->ctx, gate_up, n_tok, d_ff, NULL, q, s, &e), &e);
+}
+
+static void
+cuda_geglu(cai_backend *be, const float *gate_up, int n_tok, int d_ff, float *out,
+		   const cai_then_rotate *then)
+{
+	glu_rows(be, true, gate_up, n_tok, d_ff, out, then);
+}
+
+static void
+cuda_scale(cai_backend *be, float *x, int n_tok, int d, float s)
+{
+	cuda_backend *cb = cb_of(be);
+	cai_error	e;
+
+	if (cb->failed || !output_ok(cb, x, "scaled rows"))
+		return;
+	be_check(cb, cai_cuda_scale(cb->ctx, x, n_tok, d, s, &e), &e);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1366,6 +1406,9 @@ static const cai_backend_ops cuda_ops = {
 	.rope = cuda_rope,
 	.swiglu = cuda_swiglu,
 	.swiglu_quant = cuda_swiglu_quant,
+	.geglu = cuda_geglu,
+	.rmsnorm_add = cuda_rmsnorm_add,
+	.scale = cuda_scale,
 	.kv_write = cuda_kv_write,
 	.kv_copy_rows = cuda_kv_copy_rows,
 	.two_digit_keys = true,

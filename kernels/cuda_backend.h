@@ -251,6 +251,15 @@ CAI_CUDA_API cai_status cai_cuda_rmsnorm(cai_cuda_ctx *ctx, const float *x_dev, 
 										 int8_t *q_dev, float *s_dev, cai_error *err);
 
 /*
+ * cai_op_rmsnorm_add_row per token (backend.h's rmsnorm_add, Gemma 3's sublayer output norms):
+ * x += (y * inv) * w, inv as cai_cuda_rmsnorm's, every operation rounded; bit-identical to the
+ * CPU's.  x_dev and y_dev [n_tok, d] must not overlap.
+ */
+CAI_CUDA_API cai_status cai_cuda_rmsnorm_add(cai_cuda_ctx *ctx, const float *y_dev,
+											 const float *w_dev, int n_tok, int d, float eps,
+											 float *x_dev, cai_error *err);
+
+/*
  * cai_op_rmsnorm_row in place on each of n_heads heads of head_dim at x[t * ldx + h * head_dim],
  * with the same weights w [head_dim] for every head (backend.h's head_rmsnorm); bit-identical to
  * the CPU's.
@@ -295,6 +304,14 @@ CAI_CUDA_API cai_status cai_cuda_swiglu(cai_cuda_ctx *ctx, const float *gate_up_
 										cai_error *err);
 
 /*
+ * GeGLU, the same way: h = gelu(g) * u with cai_op_geglu_row's arithmetic (gelu's tanh
+ * approximation as g * sigmoid(z), through the same polynomial exp).
+ */
+CAI_CUDA_API cai_status cai_cuda_geglu(cai_cuda_ctx *ctx, const float *gate_up_dev, int n_tok,
+									   int d_ff, float *h_dev, int8_t *q_dev, float *s_dev,
+									   cai_error *err);
+
+/*
  * backend.h's cai_rotation on the device: vectors of n = n_pow2 * n_mix floats, element
  * c * n_pow2 + j of a vector being (chunk c, j); mix_dev the [n_mix, n_mix] table (NULL when
  * n_mix == 1); norm = 1/sqrt(n).
@@ -327,6 +344,10 @@ CAI_CUDA_API cai_status cai_cuda_embed_i8(cai_cuda_ctx *ctx, const cai_cuda_qmat
 CAI_CUDA_API cai_status cai_cuda_embed_i8_add(cai_cuda_ctx *ctx, const cai_cuda_qmatrix *table,
 											  const int32_t *ids_dev, int n_tok, float *x_dev,
 											  cai_error *err);
+
+/* x[t, :] *= s, each product rounded as cpu_scale's (Gemma 3's embeddings times sqrt(d)). */
+CAI_CUDA_API cai_status cai_cuda_scale(cai_cuda_ctx *ctx, float *x_dev, int n_tok, int d, float s,
+									   cai_error *err);
 
 /* x[t, :] = table[ids[t], :] for a float table [n_rows, d]. */
 CAI_CUDA_API cai_status cai_cuda_embed_f32(cai_cuda_ctx *ctx, const float *table_dev, int n_rows,

@@ -1,6 +1,7 @@
 /*
- * norm_rope.cu — the per-token kernels between the GEMMs: RMSNorm fused with int8 quantization,
- * rotary embeddings, SwiGLU fused with quantization, the embedding lookups and row gathers.
+ * norm_rope.cu — the per-token kernels between the GEMMs: RMSNorm fused with int8 quantization
+ * or added into the residual stream, rotary embeddings, SwiGLU and GeGLU fused with quantization,
+ * the embedding lookups, their scaling and row gathers.
  * Each computes an element with the same sequence of correctly rounded float operations as
  * cpu/ops.c (the __f*_rn intrinsics forbid contraction), so results are the CPU's bit for bit.
  *
@@ -87,12 +88,15 @@ row_inv_rms(const float *row, int d, float eps, float *part, float *inv)
  * definition (a float sum's order is part of its value), so they must not wait on global memory:
  * the whole block first stages the row in shared memory with coalesced loads (when it fits, which
  * it does for every d up to 12288), and the chains and both later passes read it from there.
+ * With add, y is the residual stream the normed row is added to (cai_op_rmsnorm_add_row:
+ * y + (x * inv) * w, each operation rounded), as a sandwiched sublayer's output goes into it.
  */
 #define RMSNORM_STAGE_MAX_BYTES (48 * 1024)
 
 static __global__ void
 rmsnorm_kernel(const float *__restrict__ x, const float *__restrict__ w, int d, float eps,
-			   float *__restrict__ y, int8_t *__restrict__ q, float *__restrict__ s, bool staged)
+			   float *__restrict__ y, int8_t *__restrict__ q, float *__restrict__ s, bool staged,
+			   bool add)
 {
 	extern __shared__ float row_sh[];
 	__shared__ float part[9];
@@ -120,7 +124,9 @@ rmsnorm_kernel(const float *__restrict__ x, const float *__restrict__ w, int d, 
 	{
 		float		v = __fmul_rn(__fmul_rn(row[i], inv), w[i]);
 
-		if (y)
+		if (add)
+			y[(size_t) t * d + i] = __fadd_rn(y[(size_t) t * d + i], v);
+		else if (y)
 			y[(size_t) t * d + i] = v;
 		amax = fmaxf(amax, fabsf(v));
 	}
@@ -135,9 +141,9 @@ rmsnorm_kernel(const float *__restrict__ x, const float *__restrict__ w, int d, 
 			nonzero ? quant_one(__fmul_rn(__fmul_rn(row[i], inv), w[i]), qinv) : 0;
 }
 
-extern "C" cai_status
-cai_cuda_rmsnorm(cai_cuda_ctx *ctx, const float *x_dev, const float *w_dev, int n_tok, int d,
-				 float eps, float *y_dev, int8_t *q_dev, float *s_dev, cai_error *err)
+static cai_status
+rmsnorm(cai_cuda_ctx *ctx, const float *x_dev, const float *w_dev, int n_tok, int d, float eps,
+		float *y_dev, int8_t *q_dev, float *s_dev, bool add, cai_error *err)
 {
 	size_t		stage_bytes = (size_t) d * sizeof(float);
 	bool		staged = stage_bytes <= RMSNORM_STAGE_MAX_BYTES;
@@ -147,9 +153,25 @@ cai_cuda_rmsnorm(cai_cuda_ctx *ctx, const float *x_dev, const float *w_dev, int 
 	if (q_dev && !s_dev)
 		return cuda_fail(err, CAI_ERR_INVALID_ARGUMENT, "rmsnorm: q without s");
 	rmsnorm_kernel<<<n_tok, row_threads(d), staged ? stage_bytes : 0, ctx->stream>>>(
-		x_dev, w_dev, d, eps, y_dev, q_dev, s_dev, staged);
+		x_dev, w_dev, d, eps, y_dev, q_dev, s_dev, staged, add);
 	CUDA_CHECK_LAUNCH(err, "the rmsnorm kernel");
 	return CAI_OK;
+}
+
+extern "C" cai_status
+cai_cuda_rmsnorm(cai_cuda_ctx *ctx, const float *x_dev, const float *w_dev, int n_tok, int d,
+				 float eps, float *y_dev, int8_t *q_dev, float *s_dev, cai_error *err)
+{
+	return rmsnorm(ctx, x_dev, w_dev, n_tok, d, eps, y_dev, q_dev, s_dev, false, err);
+}
+
+extern "C" cai_status
+cai_cuda_rmsnorm_add(cai_cuda_ctx *ctx, const float *y_dev, const float *w_dev, int n_tok, int d,
+					 float eps, float *x_dev, cai_error *err)
+{
+	if (!x_dev)
+		return cuda_fail(err, CAI_ERR_INVALID_ARGUMENT, "rmsnorm_add: no residual to add to");
+	return rmsnorm(ctx, y_dev, w_dev, n_tok, d, eps, x_dev, NULL, NULL, true, err);
 }
 
 /*
@@ -305,19 +327,44 @@ cai_cuda_rope(cai_cuda_ctx *ctx, const float *cs_dev, float *x_dev, int ldx, int
 }
 
 /* ---------------------------------------------------------------------------------------------
- * SwiGLU
+ * SwiGLU, GeGLU
  * ------------------------------------------------------------------------------------------- */
 
-/* (g / (1 + exp(-g))) * u: cai_op_swiglu_row's expression. */
-static __device__ __forceinline__ float
-swiglu_value(float g, float u)
+/* The gated FFN's activation of the gate, a template argument: each kernel is built for one. */
+enum glu_act
 {
-	return __fmul_rn(act_silu(g), u);
+	GLU_SILU,
+	GLU_GELU
+};
+
+/* ops.c's GELU_C1 and GELU_C3: 2 sqrt(2/pi) and 2 sqrt(2/pi) 0.044715 */
+#define GELU_C1 1.5957691216057308f
+#define GELU_C3 0.07135481627159786f
+
+/*
+ * gelu's tanh approximation as cai_op_geglu_row computes it, g * sigmoid(z) with
+ * z = g (C1 + C3 g^2): the exp of -z and the division of silu's, every step rounded.
+ */
+static __device__ __forceinline__ float
+act_gelu(float g)
+{
+	float		z = __fmul_rn(g, __fadd_rn(GELU_C1, __fmul_rn(GELU_C3, __fmul_rn(g, g))));
+
+	return __fdiv_rn(g, __fadd_rn(1.0f, exp_poly(-z)));
 }
 
+/* act(g) * u: cai_op_swiglu_row's or cai_op_geglu_row's expression. */
+template <int ACT>
+static __device__ __forceinline__ float
+glu_value(float g, float u)
+{
+	return __fmul_rn(ACT == GLU_GELU ? act_gelu(g) : act_silu(g), u);
+}
+
+template <int ACT>
 static __global__ void
-swiglu_kernel(const float *__restrict__ gate_up, int d_ff, float *__restrict__ h,
-			  int8_t *__restrict__ q, float *__restrict__ s)
+glu_kernel(const float *__restrict__ gate_up, int d_ff, float *__restrict__ h,
+		   int8_t *__restrict__ q, float *__restrict__ s)
 {
 	__shared__ float red[ROW_THREADS_MAX / CUDA_WARP];
 	int			t = blockIdx.x;
@@ -330,7 +377,7 @@ swiglu_kernel(const float *__restrict__ gate_up, int d_ff, float *__restrict__ h
 
 	for (int i = threadIdx.x; i < d_ff; i += blockDim.x)
 	{
-		float		v = swiglu_value(gr[i], ur[i]);
+		float		v = glu_value<ACT>(gr[i], ur[i]);
 
 		if (h)
 			h[(size_t) t * d_ff + i] = v;
@@ -343,41 +390,56 @@ swiglu_kernel(const float *__restrict__ gate_up, int d_ff, float *__restrict__ h
 	if (threadIdx.x == 0)
 		s[t] = nonzero ? scale : 0.0f;
 	for (int i = threadIdx.x; i < d_ff; i += blockDim.x)
-		q[(size_t) t * d_ff + i] = nonzero ? quant_one(swiglu_value(gr[i], ur[i]), inv) : 0;
+		q[(size_t) t * d_ff + i] = nonzero ? quant_one(glu_value<ACT>(gr[i], ur[i]), inv) : 0;
 }
 
 /* Without quantization every element is independent: a 2-D grid, blockIdx.y the token. */
+template <int ACT>
 static __global__ void
-swiglu_store_kernel(const float *__restrict__ gate_up, int d_ff, float *__restrict__ h)
+glu_store_kernel(const float *__restrict__ gate_up, int d_ff, float *__restrict__ h)
 {
 	int			t = blockIdx.y;
 	int			i = blockIdx.x * blockDim.x + threadIdx.x;
 	const float *gr = gate_up + (size_t) t * 2 * d_ff;
 
 	if (i < d_ff)
-		h[(size_t) t * d_ff + i] = swiglu_value(gr[i], gr[d_ff + i]);
+		h[(size_t) t * d_ff + i] = glu_value<ACT>(gr[i], gr[d_ff + i]);
+}
+
+template <int ACT>
+static cai_status
+glu(cai_cuda_ctx *ctx, const float *gate_up_dev, int n_tok, int d_ff, float *h_dev,
+	int8_t *q_dev, float *s_dev, const char *what, cai_error *err)
+{
+	if (n_tok <= 0)
+		return CAI_OK;
+	if (q_dev && !s_dev)
+		return cuda_fail(err, CAI_ERR_INVALID_ARGUMENT, "%s: q without s", what);
+	if (!q_dev && n_tok <= 65535)
+	{
+		/* a decode step's few rows would leave all but a few SMs idle in one block per row */
+		glu_store_kernel<ACT><<<dim3(div_up(d_ff, 256), n_tok), 256, 0, ctx->stream>>>(
+			gate_up_dev, d_ff, h_dev);
+	}
+	else
+		glu_kernel<ACT><<<n_tok, row_threads(d_ff), 0, ctx->stream>>>(gate_up_dev, d_ff, h_dev,
+																	   q_dev, s_dev);
+	CUDA_CHECK_LAUNCH(err, ACT == GLU_GELU ? "the geglu kernel" : "the swiglu kernel");
+	return CAI_OK;
 }
 
 extern "C" cai_status
 cai_cuda_swiglu(cai_cuda_ctx *ctx, const float *gate_up_dev, int n_tok, int d_ff, float *h_dev,
 				int8_t *q_dev, float *s_dev, cai_error *err)
 {
-	if (n_tok <= 0)
-		return CAI_OK;
-	if (q_dev && !s_dev)
-		return cuda_fail(err, CAI_ERR_INVALID_ARGUMENT, "swiglu: q without s");
-	if (!q_dev && n_tok <= 65535)
-	{
-		/* a decode step's few rows would leave all but a few SMs idle in one block per row */
-		swiglu_store_kernel<<<dim3(div_up(d_ff, 256), n_tok), 256, 0, ctx->stream>>>(
-			gate_up_dev, d_ff, h_dev);
-		CUDA_CHECK_LAUNCH(err, "the swiglu kernel");
-		return CAI_OK;
-	}
-	swiglu_kernel<<<n_tok, row_threads(d_ff), 0, ctx->stream>>>(gate_up_dev, d_ff, h_dev, q_dev,
-																s_dev);
-	CUDA_CHECK_LAUNCH(err, "the swiglu kernel");
-	return CAI_OK;
+	return glu<GLU_SILU>(ctx, gate_up_dev, n_tok, d_ff, h_dev, q_dev, s_dev, "swiglu", err);
+}
+
+extern "C" cai_status
+cai_cuda_geglu(cai_cuda_ctx *ctx, const float *gate_up_dev, int n_tok, int d_ff, float *h_dev,
+			   int8_t *q_dev, float *s_dev, cai_error *err)
+{
+	return glu<GLU_GELU>(ctx, gate_up_dev, n_tok, d_ff, h_dev, q_dev, s_dev, "geglu", err);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -437,6 +499,28 @@ cai_cuda_embed_i8_add(cai_cuda_ctx *ctx, const cai_cuda_qmatrix *table, const in
 					  int n_tok, float *x_dev, cai_error *err)
 {
 	return embed_i8(ctx, table, ids_dev, n_tok, x_dev, true, err);
+}
+
+/* x *= s element by element, each product rounded as cpu_scale's (Gemma's embedding scale). */
+static __global__ void
+scale_kernel(float *__restrict__ x, long n, float s)
+{
+	long		i = blockIdx.x * (long) blockDim.x + threadIdx.x;
+
+	if (i < n)
+		x[i] = __fmul_rn(x[i], s);
+}
+
+extern "C" cai_status
+cai_cuda_scale(cai_cuda_ctx *ctx, float *x_dev, int n_tok, int d, float s, cai_error *err)
+{
+	long		n = (long) n_tok * d;
+
+	if (n <= 0)
+		return CAI_OK;
+	scale_kernel<<<div_up(n, 256), 256, 0, ctx->stream>>>(x_dev, n, s);
+	CUDA_CHECK_LAUNCH(err, "the scale kernel");
+	return CAI_OK;
 }
 
 /* dst[r, :] = src[rows[r], :] (rows NULL: the identity); out-of-range rows give zeros. */

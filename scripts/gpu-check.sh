@@ -3,13 +3,15 @@
 #
 #   1. build    the engine, the CLI, the CUDA backend (sm_90 on a Hopper device), tests/gpu,
 #               bench_gpu and the end-to-end comparison, with what .gpukit/ carries (make gpu-kit)
-#   2. model    writes the SmolLM2-135M-shaped synthetic model (seeded Q4_1 weights); the 1B- and
-#               8B-shaped models are bench_gpu's own, made on the device
+#   2. model    writes the SmolLM2-135M-shaped synthetic model (seeded Q4_1 weights), and
+#               model-gemma3 a six-layer one of Gemma 3 270M's layer shape; the 1B- and 8B-shaped
+#               models are bench_gpu's own, made on the device
 #   3. gpu      tests/gpu/run_gpu: every kernel and backend operation against the CPU
 #   4. e2e      greedy tokens of the whole engine, GPU against CPU, over 300 steps: one sequence
 #               alone and a ragged batch of 16 (tests/gpu/e2e_greedy.c); they must be equal.
 #               On a GPU twice: decode steps replayed as CUDA graphs, then without (e2e-plain);
-#               then with two-digit activations and keys (e2e-int8x2)
+#               then with two-digit activations and keys (e2e-int8x2), and on the Gemma-3-shaped
+#               model (e2e-gemma3: GeGLU, sandwich norms, the embedding scale, q/k norms, windows)
 #   5. bench    tests/bench/bench_gpu: decode batch 1/16/64/256, prefill and the int8 GEMM of the
 #               three shapes, each beside its roofline from the copy bandwidth and int8 rate it
 #               measures first
@@ -122,18 +124,24 @@ else
 fi
 have() { [ -x "$ROOT/$1" ]; }
 
-# ---- 2. the SmolLM2-shaped model -------------------------------------------------------------
+# ---- 2. the synthetic models ----------------------------------------------------------------
 MODEL=$WORK/smollm2-135m-shape.gguf
-if have tests/gpu/e2e_greedy; then
-	run_step model 120 "$ROOT/tests/gpu/e2e_greedy" --write-model "$MODEL"
-	if [ $STEP_RC -eq 0 ]; then
-		record model passed "$STEP_S" "$(basename "$MODEL"), $(du -m "$MODEL" | cut -f1) MB"
+GEMMA_MODEL=$WORK/gemma3-270m-shape.gguf
+# model_step NAME PATH [SHAPE]: writes a synthetic model with e2e_greedy and records NAME
+model_step() {
+	if have tests/gpu/e2e_greedy; then
+		run_step "$1" 120 "$ROOT/tests/gpu/e2e_greedy" --write-model "$2" ${3:+"$3"}
+		if [ $STEP_RC -eq 0 ]; then
+			record "$1" passed "$STEP_S" "$(basename "$2"), $(du -m "$2" | cut -f1) MB"
+		else
+			record "$1" failed "$STEP_S" "e2e_greedy --write-model exited $STEP_RC"
+		fi
 	else
-		record model failed "$STEP_S" "e2e_greedy --write-model exited $STEP_RC"
+		record "$1" skipped 0 "not built"
 	fi
-else
-	record model skipped 0 "not built"
-fi
+}
+model_step model "$MODEL"
+model_step model-gemma3 "$GEMMA_MODEL" gemma3
 
 # ---- 3. tests/gpu ------------------------------------------------------------------------------
 if [ "$mode" = dry ]; then
@@ -154,17 +162,18 @@ fi
 # e2e: the CUDA backend as the engine runs it, decode steps replayed as CUDA graphs; on a GPU also
 # e2e-plain: every step's operations launched one by one (CAI_CUDA_GRAPHS=0), which tells a graph
 # fault from a kernel one.
-# e2e_step NAME JSON [VAR=VALUE ...] [-- E2E_GREEDY_FLAGS ...]: runs the comparison and records NAME
+# e2e_step NAME JSON MODEL [VAR=VALUE ...] [-- E2E_GREEDY_FLAGS ...]: runs the comparison on
+# MODEL and records NAME
 e2e_step() {
-	local name=$1 json=$2 devices=cpu,cuda summary kind detail
+	local name=$1 json=$2 model=$3 devices=cpu,cuda summary kind detail
 	local -a vars=() flags=()
-	shift 2
+	shift 3
 	while [ $# -gt 0 ] && [ "$1" != -- ]; do vars+=("$1"); shift; done
 	[ "${1:-}" = -- ] && shift
 	flags=("$@")
 	"$built_cuda" || devices=cpu
 	run_step "$name" 240 env CAI_CUDA_LIBRARY="$ROOT/build/libcai_cuda.so" "${vars[@]}" \
-		"$ROOT/tests/gpu/e2e_greedy" "$MODEL" "$json" --steps 300 --devices "$devices" "${flags[@]}"
+		"$ROOT/tests/gpu/e2e_greedy" "$model" "$json" --steps 300 --devices "$devices" "${flags[@]}"
 	summary=$(python3 - "$json" <<'PY' 2>/dev/null
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -198,15 +207,22 @@ PY
 	fi
 }
 if have tests/gpu/e2e_greedy && [ -f "$MODEL" ]; then
-	e2e_step e2e "$OUT/e2e.json"
+	e2e_step e2e "$OUT/e2e.json" "$MODEL"
 	if [ "$mode" = gpu ]; then
-		e2e_step e2e-plain "$WORK/e2e-plain.json" CAI_CUDA_GRAPHS=0
+		e2e_step e2e-plain "$WORK/e2e-plain.json" "$MODEL" CAI_CUDA_GRAPHS=0
 	fi
 	# two-digit activations (pg_cai.activation_precision = int8x2): the residual quantization,
 	# the embedding's second digits, every GEMM run on both digits, and two-digit keys
-	e2e_step e2e-int8x2 "$WORK/e2e-int8x2.json" -- --two-digit-activations
+	e2e_step e2e-int8x2 "$WORK/e2e-int8x2.json" "$MODEL" -- --two-digit-activations
 else
 	record e2e skipped 0 "e2e_greedy or the model is missing"
+fi
+# the operations only Gemma 3 needs (GeGLU, sublayer output norms, the embedding scale), with its
+# q/k norms, head size 256 and sliding windows: a few seconds on either side
+if have tests/gpu/e2e_greedy && [ -f "$GEMMA_MODEL" ]; then
+	e2e_step e2e-gemma3 "$WORK/e2e-gemma3.json" "$GEMMA_MODEL"
+else
+	record e2e-gemma3 skipped 0 "e2e_greedy or the Gemma-3-shaped model is missing"
 fi
 
 # ---- 5. bench_gpu ------------------------------------------------------------------------------

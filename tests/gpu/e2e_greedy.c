@@ -6,7 +6,8 @@
  * engine API (cai_engine_submit / cai_engine_step), so scheduling, chunked prefill, the KV pool,
  * sampling and every backend operation are exercised exactly as the server runs them.
  *
- *   e2e_greedy --write-model PATH              writes the SmolLM2-shaped synthetic model
+ *   e2e_greedy --write-model PATH [gemma3]     writes the SmolLM2-shaped synthetic model, or
+ *                                              the Gemma-3-shaped one
  *   e2e_greedy MODEL OUT.json [--steps N] [--devices cpu,cuda] [--two-digit-activations]
  *
  * --two-digit-activations loads the model in that mode (pg_cai.activation_precision = int8x2).
@@ -233,30 +234,64 @@ first_difference(const device_run *a, const device_run *b, int *step)
 }
 
 static int
-write_model(const char *path)
+write_model(const char *path, const char *shape)
 {
 	synth_model_config cfg;
 	cai_error	err;
 
-	/* SmolLM2-135M's shape and weight type, over the synthetic vocabulary */
 	synth_model_default_config(&cfg);
-	cfg.name = "synthetic SmolLM2-135M shape";
-	cfg.n_layers = 30;
-	cfg.d_model = 576;
-	cfg.n_heads = 9;
-	cfg.n_kv_heads = 3;
-	cfg.d_ff = 1536;
-	cfg.context_length = 2048;
 	cfg.weight_type = GGML_TYPE_Q4_1;
 	cfg.embd_type = GGML_TYPE_Q8_0;
-	cfg.rope_base = 100000.0f;
-	cfg.seed = 135;
+	if (shape == NULL)
+	{
+		/* SmolLM2-135M's shape and weight type, over the synthetic vocabulary */
+		cfg.name = "synthetic SmolLM2-135M shape";
+		cfg.n_layers = 30;
+		cfg.d_model = 576;
+		cfg.n_heads = 9;
+		cfg.n_kv_heads = 3;
+		cfg.d_ff = 1536;
+		cfg.context_length = 2048;
+		cfg.rope_base = 100000.0f;
+		cfg.seed = 135;
+	}
+	else if (strcmp(shape, "gemma3") == 0)
+	{
+		/*
+		 * Gemma 3 270M's layer (width 640, four query heads of 256 on one KV head, GeGLU of
+		 * 2048, sandwich and q/k norms, embeddings scaled by sqrt(640)) in six layers: five
+		 * local ones, then a global one.  A window of 128, shorter than most prompts, so that
+		 * windows cut in at prefill and while decoding.  The head is untied: tied to these
+		 * random embeddings scaled up, it would make each token its own successor, and every
+		 * sequence would repeat one token whatever the layers computed.
+		 */
+		cfg.arch = "gemma3";
+		cfg.name = "synthetic Gemma-3-270M shape";
+		cfg.n_layers = 6;
+		cfg.d_model = 640;
+		cfg.n_heads = 4;
+		cfg.n_kv_heads = 1;
+		cfg.head_dim = 256;
+		cfg.d_ff = 2048;
+		cfg.sliding_window = 128;
+		cfg.context_length = 2048;
+		cfg.rope_base = 1000000.0f;
+		cfg.rms_eps = 1e-6f;
+		cfg.tokenizer_pre = "default";
+		cfg.seed = 270;
+		cfg.tied_embeddings = false;
+	}
+	else
+	{
+		fprintf(stderr, "e2e_greedy: unknown model shape %s (gemma3, or none: SmolLM2)\n", shape);
+		return 2;
+	}
 	if (synth_model_write(path, &cfg, &err) != CAI_OK)
 	{
 		fprintf(stderr, "e2e_greedy: %s\n", err.message);
 		return 1;
 	}
-	printf("e2e_greedy: wrote %s\n", path);
+	printf("e2e_greedy: wrote %s (%s)\n", path, cfg.name);
 	return 0;
 }
 
@@ -281,11 +316,11 @@ main(int argc, char **argv)
 				diff_step = 0;
 	bool		compared = false;
 
-	if (argc == 3 && strcmp(argv[1], "--write-model") == 0)
-		return write_model(argv[2]);
+	if ((argc == 3 || argc == 4) && strcmp(argv[1], "--write-model") == 0)
+		return write_model(argv[2], argc == 4 ? argv[3] : NULL);
 	if (argc < 3)
 	{
-		fprintf(stderr, "usage: e2e_greedy --write-model PATH\n"
+		fprintf(stderr, "usage: e2e_greedy --write-model PATH [gemma3]\n"
 				"       e2e_greedy MODEL OUT.json [--steps N] [--devices cpu,cuda] "
 				"[--two-digit-activations]\n");
 		return 2;

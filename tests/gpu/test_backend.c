@@ -3,9 +3,9 @@
  * table, operation by operation, on a small synthetic model: the same sequence of calls the
  * forward makes (embedding, norms, the rotations of the GEMM inputs fused with their
  * quantization, the fused QKV GEMM with biases, per-head q/k norms, RoPE and the rotation of q and k, KV write,
- * attention, the output projection into the residual, SwiGLU, the LM head into host logits),
- * over two steps of a ragged batch (prefill, then a decode and a chunk), every intermediate
- * compared.
+ * attention, the output projection into the residual, SwiGLU, the LM head into host logits;
+ * then Gemma 3's GeGLU, sublayer output norm and embedding scale), over two steps of a ragged
+ * batch (prefill, then a decode and a chunk), every intermediate compared.
  *
  * Each side is a forward context (forward.c) on its backend, so its weights are the ones the
  * context had the backend prepare (forward_weights.c): the fused QKV matrix, an LM head whose
@@ -461,6 +461,30 @@ run_int8_step(const synth_model *s, side *cpu, side *gpu, cai_kv_pool *kv, const
 	}
 	compare(cpu, gpu, cpu->xq, gpu->xq, (size_t) T * SM_FF, false, "swiglu_quant (int8)");
 	compare(cpu, gpu, cpu->xs, gpu->xs, (size_t) T * 4, true, "swiglu_quant scales");
+
+	/*
+	 * Gemma 3's operations on the same rows: GeGLU with its rotation and quantization for the
+	 * down GEMM, a sublayer's output (the first T rows of gate/up, width SM_D) normed into the
+	 * residual stream, and the embedding scale
+	 */
+	for (int i = 0; i < 2; i++)
+	{
+		side	   *sd = sides[i];
+		const cai_model_operands *W = &sd->fc->w;
+		const cai_layer_operands *w = &W->layers[0];
+		const cai_backend_ops *op = sd->be->ops;
+		const cai_then_rotate to_ff = {.rot = &W->rot_ff, .n_vec = nv_ff, .q = sd->xq,
+		.s = sd->xs};
+
+		op->geglu(sd->be, sd->gate_up, T, SM_FF, sd->xn, &to_ff);
+		op->rmsnorm_add(sd->be, sd->gate_up, w->ffn_norm_i8, T, SM_D, 1e-6f, sd->x);
+		op->scale(sd->be, sd->x, T, SM_D, sqrtf((float) SM_D));
+	}
+	compare(cpu, gpu, cpu->xn, gpu->xn, (size_t) T * SM_FF * 4, true, "rotated geglu output");
+	compare(cpu, gpu, cpu->xq, gpu->xq, (size_t) T * SM_FF, false, "geglu output (int8)");
+	compare(cpu, gpu, cpu->xs, gpu->xs, (size_t) T * 4, true, "geglu output scales");
+	compare(cpu, gpu, cpu->x, gpu->x, (size_t) T * SM_D * 4, true,
+			"residual stream after rmsnorm_add and scale");
 }
 
 static void

@@ -3,11 +3,12 @@
  * CPU backend's rotate, the sampler's ordering), element by element.
  *
  * Tolerances: the int8 GEMM's int32 accumulators are compared for equality, and every kernel
- * that replays a CPU kernel (epilogue, quantization, RMSNorm, RoPE, SwiGLU, rotation, embedding)
- * must give the CPU's floats bit for bit.  Only the float reference GEMM (cuBLASLt fp32, another
- * summation order) is compared with a tolerance: |gpu - cpu| <= 1e-5 * sum_i |x_i w_i| + 1e-6, a
- * few units of fp32 rounding on the magnitude of the terms; and the device-built rotary table
- * (double precision on both sides, CUDA's libdevice against glibc) within 2.5e-7.
+ * that replays a CPU kernel (epilogue, quantization, RMSNorm and its residual add, RoPE, SwiGLU,
+ * GeGLU, rotation, embedding and its scale) must give the CPU's floats bit for bit.  Only the
+ * float reference GEMM (cuBLASLt fp32, another summation order) is compared with a tolerance:
+ * |gpu - cpu| <= 1e-5 * sum_i |x_i w_i| + 1e-6, a few units of fp32 rounding on the magnitude of
+ * the terms; and the device-built rotary table (double precision on both sides, CUDA's libdevice
+ * against glibc) within 2.5e-7.
  */
 #include <math.h>
 #include <stdio.h>
@@ -583,6 +584,53 @@ TEST(gpu_rmsnorm_bit_exact)
 	}
 }
 
+/*
+ * A sandwiched sublayer's output normed into the residual stream (cai_op_rmsnorm_add_row):
+ * widths with a tail past the last multiple of 8, Gemma 3 270M's 640, and one too wide for
+ * the kernel to stage the row in shared memory.
+ */
+TEST(gpu_rmsnorm_add_bit_exact)
+{
+	static const int shapes[][2] = {{1, 640}, {9, 100}, {17, 7}, {40, 640}, {3, 4096}, {2, 13000}};
+	gpu_rng		r;
+
+	gpu_rng_seed(&r, 15);
+	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
+	{
+		int			n = shapes[s][0],
+					d = shapes[s][1];
+		size_t		nd = (size_t) n * d;
+		float	   *y = malloc(nd * sizeof(float)),
+				   *w = malloc((size_t) d * sizeof(float)),
+				   *cx = malloc(nd * sizeof(float)),
+				   *gx = malloc(nd * sizeof(float));
+		float	   *dx;
+		cai_error	err;
+
+		if (!y || !w || !cx || !gx)
+		{
+			CHECK_MSG(false, "out of memory");
+			return;
+		}
+		gpu_fill_f32(&r, y, nd, -40.0f, 40.0f);
+		gpu_fill_f32(&r, w, (size_t) d, -2.0f, 2.0f);
+		gpu_fill_f32(&r, cx, nd, -8.0f, 8.0f);
+		dx = gpu_upload(cx, nd * sizeof(float));
+		for (int t = 0; t < n; t++)
+			cai_op_rmsnorm_add_row(y + (size_t) t * d, w, d, 1e-6f, cx + (size_t) t * d);
+		if (gpu_ok(cai_cuda_rmsnorm_add(gpu_ctx(), gpu_upload(y, nd * sizeof(float)),
+										gpu_upload(w, (size_t) d * sizeof(float)), n, d, 1e-6f,
+										dx, &err), &err, "rmsnorm_add") &&
+			gpu_download(gx, dx, nd * sizeof(float)))
+			gpu_same_f32(gx, cx, nd, "rmsnorm_add");
+		free(y);
+		free(w);
+		free(cx);
+		free(gx);
+		gpu_free_all();
+	}
+}
+
 /* One rope configuration: gather + rotate against cai_op_rope_angles + cai_op_rope_row. */
 static void
 check_rope(gpu_rng *r, int n_tok, int n_heads, int head_dim, int n_rot, bool neox,
@@ -672,12 +720,19 @@ TEST(gpu_rope_bit_exact)
 	check_rope(&r, 7, 4, 128, 64, true, true, 2048);	/* partial rotation, frequency factors */
 }
 
-TEST(gpu_swiglu_bit_exact)
+/*
+ * The gated FFN's activation (gelu: GeGLU, else SwiGLU) against cai_op_geglu_row or
+ * cai_op_swiglu_row, as floats and fused with quantization, on widths with and without a tail
+ * past the CPU's last eight-lane vector; values from -12 to 12 and beyond, where the exp clamps.
+ */
+static void
+check_glu(bool gelu, uint64_t seed)
 {
-	static const int shapes[][2] = {{1, 1536}, {11, 100}, {40, 1536}};
+	static const int shapes[][2] = {{1, 1536}, {11, 100}, {40, 1536}, {3, 7}, {6, 2048}};
+	const char *name = gelu ? "geglu" : "swiglu";
 	gpu_rng		r;
 
-	gpu_rng_seed(&r, 7);
+	gpu_rng_seed(&r, seed);
 	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
 	{
 		int			n = shapes[s][0],
@@ -705,19 +760,26 @@ TEST(gpu_swiglu_bit_exact)
 		gu[0] = -100.0f;		/* exp clamps */
 		gu[1] = 100.0f;
 		for (int t = 0; t < n; t++)
-			cai_op_swiglu_row(gu + (size_t) t * 2 * d_ff, gu + (size_t) t * 2 * d_ff + d_ff, d_ff,
-							  ch + (size_t) t * d_ff);
+		{
+			const float *g = gu + (size_t) t * 2 * d_ff;
+
+			if (gelu)
+				cai_op_geglu_row(g, g + d_ff, d_ff, ch + (size_t) t * d_ff);
+			else
+				cai_op_swiglu_row(g, g + d_ff, d_ff, ch + (size_t) t * d_ff);
+		}
 		cai_quantize_act_i8(ch, n, d_ff, cq, cs);
 		dgu = gpu_upload(gu, 2 * nh * sizeof(float));
-		if (gpu_ok(cai_cuda_swiglu(gpu_ctx(), dgu, n, d_ff, dh, NULL, NULL, &err), &err, "swiglu") &&
+		if (gpu_ok((gelu ? cai_cuda_geglu : cai_cuda_swiglu)(gpu_ctx(), dgu, n, d_ff, dh, NULL,
+															 NULL, &err), &err, name) &&
 			gpu_download(gh, dh, nh * sizeof(float)))
-			gpu_same_f32(gh, ch, nh, "swiglu");
-		if (gpu_ok(cai_cuda_swiglu(gpu_ctx(), dgu, n, d_ff, NULL, dq, ds, &err), &err,
-				   "swiglu_quant") &&
+			gpu_same_f32(gh, ch, nh, name);
+		if (gpu_ok((gelu ? cai_cuda_geglu : cai_cuda_swiglu)(gpu_ctx(), dgu, n, d_ff, NULL, dq, ds,
+															 &err), &err, name) &&
 			gpu_download(gq, dq, nh) && gpu_download(gs, ds, (size_t) n * sizeof(float)))
 		{
-			gpu_same_i8(gq, cq, nh, "swiglu quantized");
-			gpu_same_f32(gs, cs, (size_t) n, "swiglu scales");
+			gpu_same_i8(gq, cq, nh, gelu ? "geglu quantized" : "swiglu quantized");
+			gpu_same_f32(gs, cs, (size_t) n, gelu ? "geglu scales" : "swiglu scales");
 		}
 		free(gu);
 		free(ch);
@@ -727,6 +789,16 @@ TEST(gpu_swiglu_bit_exact)
 		free(cs);
 		free(gs);
 	}
+}
+
+TEST(gpu_swiglu_bit_exact)
+{
+	check_glu(false, 7);
+}
+
+TEST(gpu_geglu_bit_exact)
+{
+	check_glu(true, 17);
 }
 
 /*
@@ -988,6 +1060,53 @@ done:
 	free(ids);
 	free(cpu);
 	free(got);
+}
+
+/*
+ * Gemma 3's embedding scale against the CPU backend's scale: widths with a tail, several
+ * tokens, factors sqrt(d) and others, values that overflow to infinity and subnormals.
+ */
+TEST(gpu_scale_bit_exact)
+{
+	static const int shapes[][2] = {{1, 640}, {7, 100}, {5, 7}, {33, 1152}};
+	cai_backend_limits lim = {64, 16, 2048, 1, 1, 64};
+	cai_backend *cpu_be = NULL;
+	cai_error	err;
+	gpu_rng		r;
+
+	if (!gpu_ok(cai_backend_cpu_create(NULL, &lim, &cpu_be, &err), &err, "cpu backend"))
+		return;
+	gpu_rng_seed(&r, 16);
+	for (size_t s = 0; s < sizeof(shapes) / sizeof(shapes[0]); s++)
+	{
+		int			n = shapes[s][0],
+					d = shapes[s][1];
+		size_t		nd = (size_t) n * d;
+		float		f = s % 2 == 0 ? sqrtf((float) d) : gpu_rng_float(&r, 0.1f, 40.0f);
+		float	   *x = malloc(nd * sizeof(float)),
+				   *got = malloc(nd * sizeof(float));
+		float	   *dx;
+
+		if (!x || !got)
+		{
+			CHECK_MSG(false, "out of memory");
+			free(x);
+			free(got);
+			break;
+		}
+		gpu_fill_f32(&r, x, nd, -3.0f, 3.0f);
+		x[0] = 3.0e38f;			/* overflows to infinity */
+		x[nd - 1] = -1.0e-40f;	/* subnormal */
+		dx = gpu_upload(x, nd * sizeof(float));
+		cpu_be->ops->scale(cpu_be, x, n, d, f);
+		if (gpu_ok(cai_cuda_scale(gpu_ctx(), dx, n, d, f, &err), &err, "scale") &&
+			gpu_download(got, dx, nd * sizeof(float)))
+			gpu_same_f32(got, x, nd, "scaled rows");
+		free(x);
+		free(got);
+		gpu_free_all();
+	}
+	cai_backend_free(cpu_be);
 }
 
 /* The sampler's order: larger logit first, lower id on ties; NaN never. */
