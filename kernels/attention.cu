@@ -6,8 +6,9 @@
  * Attention reproduces cpu/attention.c operation for operation, so that the GPU's output is the
  * CPU's bit for bit (and therefore independent of batching, like the CPU's).  Per query row
  * (one query head of one token) the CPU computes: the query quantized to int8 with its own scale;
- * exact int32 dot products with the int8 keys, times (q_scale * scale) * k_scale; the row maximum;
- * exp(score - max) by ops.h's polynomial; their total with the eight-partial-sum rule; and the
+ * exact int32 dot products with the int8 keys, times (q_scale * scale) * k_scale, scale being the
+ * base-2 score scale (backend.h's cai_attn_score_scale); the row maximum; exp2(score - max) by
+ * cpu/attention.h's polynomial; their total with the sixteen-partial-sum rule; and the
  * values accumulated in ascending position order, out[d] = fma(p_j * v_scale_j, v_j[d], out[d])
  * (one rounding per term; the float path multiplies then adds), all of it per segment of 256 positions at fixed boundaries, a row spanning several segments folding
  * them in order (cpu/attention.h's merge: the order is part of the value).  A block holds a tile
@@ -15,7 +16,7 @@
  * tokens of one sequence — and for each segment makes three passes over the tile's positions in
  * chunks of 32 keys:
  *   A  scores, then each row's maximum (exact in any order);
- *   B  the exponentials, summed per row into its eight partial sums and tail in position order;
+ *   B  the exponentials, summed per row into its sixteen partial sums in position order;
  *   C  the probabilities times value scales, accumulated into registers in position order;
  * then folds the segment's sums into each row's output registers.
  * Scores are recomputed in each pass from the int8 data (exact integers, so bit-identical) rather
@@ -541,8 +542,7 @@ struct attn_smem
 	static constexpr size_t OFF_M = OFF_E + (size_t) R * E_STRIDE * 4;
 	static constexpr size_t OFF_INV = OFF_M + R * 4;
 	static constexpr size_t OFF_PART = OFF_INV + R * 4;
-	static constexpr size_t OFF_TAIL = OFF_PART + (size_t) R * 8 * 4;
-	static constexpr size_t OFF_LO = OFF_TAIL + (size_t) R * 8 * 4;
+	static constexpr size_t OFF_LO = OFF_PART + (size_t) R * 16 * 4;
 	static constexpr size_t OFF_HI = OFF_LO + R * 4;
 	static constexpr size_t OFF_ROW = OFF_HI + R * 4;	/* activation row of each query row */
 	static constexpr size_t OFF_HEAD = OFF_ROW + R * 4; /* query head of each query row */
@@ -645,26 +645,30 @@ kv_scales(const attn_source &src, const int32_t *bt, int kvh, int pos, float *ks
 }
 
 /*
- * cpu/attention.h's cai_attention_exp, operation for operation: cuda_internal.cuh's exp_poly
- * (ops.h's exp) with r = x - n ln2 in two fused steps and Horner's rule in six; each step
- * rounds once, as vfmadd and fmaf do, so the result is the CPU's bit for bit.
+ * cpu/attention.h's cai_attention_exp2, operation for operation: x clamped to [-126, 127] (a NaN
+ * becomes -126, as the CPU's masks give), k = x rounded to nearest even by the 1.5 * 2^23 trick,
+ * r = x - k (exact), the degree-6 polynomial (CAI_ATTN_EXP2_C1..C6) by Horner's rule with each
+ * step fused and rounded once, as vfmadd and fmaf do, times 2^k: the CPU's result bit for bit.
  */
 static __device__ __forceinline__ float
-attn_exp(float x)
+attn_exp2(float x)
 {
-	float		n = exp_reduce(&x),
+	const float magic = 12582912.0f;
+	float		k,
 				r,
 				p;
 
-	r = __fmaf_rn(-n, 0.693145751953125f, x);
-	r = __fmaf_rn(-n, 1.428606765330187e-06f, r);
-	p = __fmaf_rn(__fdiv_rn(1.0f, 720.0f), r, __fdiv_rn(1.0f, 120.0f));
-	p = __fmaf_rn(p, r, __fdiv_rn(1.0f, 24.0f));
-	p = __fmaf_rn(p, r, __fdiv_rn(1.0f, 6.0f));
-	p = __fmaf_rn(p, r, 0.5f);
+	x = x > -126.0f ? x : -126.0f;
+	x = x < 127.0f ? x : 127.0f;
+	k = __fsub_rn(__fadd_rn(x, magic), magic);
+	r = __fsub_rn(x, k);
+	p = __fmaf_rn(0.0001534581242594868f, r, 0.0013399930903688073f);
+	p = __fmaf_rn(p, r, 0.009618489071726799f);
+	p = __fmaf_rn(p, r, 0.05550328642129898f);
+	p = __fmaf_rn(p, r, 0.24022646248340607f);
+	p = __fmaf_rn(p, r, 0.6931471824645996f);
 	p = __fmaf_rn(p, r, 1.0f);
-	p = __fmaf_rn(p, r, 1.0f);
-	return exp_scale(p, n);
+	return exp_scale(p, k);
 }
 
 /*
@@ -683,15 +687,19 @@ quantize_weight(float e, float v_scale, float qinv)
 	return __float2int_rn(__fmul_rn(__fmul_rn(e, v_scale), qinv));
 }
 
-/* A segment's softmax total for a row of n positions: the eight partial sums' tree plus the tail. */
+/*
+ * A segment's softmax total from a row's sixteen partial sums (position i in partial i % 16):
+ * cpu/attention.c's partials_total, pairs p[i] + p[i + 8], then the tree of eight.
+ */
 static __device__ __forceinline__ float
-segment_total(const float *part, const float *tail, int n)
+segment_total(const float *part)
 {
-	float		t = 0.0f;
+	float		pairs[8];
 
-	for (int i = 0; i < n - (n & ~7); i++)
-		t = __fadd_rn(t, tail[i]);
-	return __fadd_rn(tree8(part), t);
+#pragma unroll
+	for (int i = 0; i < 8; i++)
+		pairs[i] = __fadd_rn(part[i], part[i + 8]);
+	return tree8(pairs);
 }
 
 /*
@@ -868,7 +876,6 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 	float	   *row_m = (float *) (smem + S::OFF_M);
 	float	   *row_inv = (float *) (smem + S::OFF_INV);
 	float	   *part = (float *) (smem + S::OFF_PART);
-	float	   *tail = (float *) (smem + S::OFF_TAIL);
 	int		   *row_lo = (int *) (smem + S::OFF_LO);
 	int		   *row_hi = (int *) (smem + S::OFF_HI);
 	int		   *row_act = (int *) (smem + S::OFF_ROW);
@@ -925,8 +932,8 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 		}
 		row_m[r] = -INFINITY;
 #pragma unroll
-		for (int k = 0; k < 8; k++)
-			part[r * 8 + k] = 0.0f;
+		for (int k = 0; k < 16; k++)
+			part[r * 16 + k] = 0.0f;
 	}
 	__syncthreads();
 
@@ -993,8 +1000,8 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 			{
 				row_m[r] = -INFINITY;
 #pragma unroll
-				for (int k = 0; k < 8; k++)
-					part[r * 8 + k] = 0.0f;
+				for (int k = 0; k < 16; k++)
+					part[r * 16 + k] = 0.0f;
 			}
 			if (!F)
 				for (int j = threadIdx.x; j < ATTN_SEGMENT; j += ATTN_THREADS)
@@ -1045,7 +1052,7 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 				__syncthreads();
 			}
 
-			/* pass B: exponentials into each row's eight partial sums (i % 8, in order) and tail */
+			/* pass B: exponentials into each row's sixteen partial sums (i % 16, in order) */
 			fetch_chunk<HD, R, F>(src, bt, kvh, c_first, seg_lo, seg_hi, false, cr);
 			for (int c0 = c_first; c0 <= seg_hi; c0 += ATTN_CHUNK)
 			{
@@ -1063,33 +1070,27 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 
 					if (pos >= seg_lo && pos <= seg_hi && pos >= row_lo[r] && pos <= row_hi[r])
 						E[r * S::E_STRIDE + j] =
-							attn_exp(__fsub_rn(attn_score<HD, R, F>(smem, r, j, src.two_digit_keys), row_m[r]));
+							attn_exp2(__fsub_rn(attn_score<HD, R, F>(smem, r, j, src.two_digit_keys), row_m[r]));
 				}
 				__syncthreads();
 				/*
-				 * Partial sum lane8 of a real row takes the row's positions i = pos - lo with
-				 * i % 8 == lane8 below n8, in order: at most four per chunk, visited directly.
-				 * The last (n - n8) positions go to the tail, one per lane8.
+				 * Partial sum lane16 of a real row takes the row's positions i = pos - lo with
+				 * i % 16 == lane16, in order: at most two per chunk, visited directly.
 				 */
-				for (int p = threadIdx.x; p < it.n_qrows * 8; p += ATTN_THREADS)
+				for (int p = threadIdx.x; p < it.n_qrows * 16; p += ATTN_THREADS)
 				{
-					int			r = p / 8;
-					int			lane8 = p % 8;
+					int			r = p / 16;
+					int			lane16 = p % 16;
 					int			lo = row_lo[r] > seg_lo ? row_lo[r] : seg_lo;
 					int			hi = row_hi[r] < seg_hi ? row_hi[r] : seg_hi;
-					int			n8 = (hi - lo + 1) & ~7;
 					int			c_lo = c0 > lo ? c0 : lo;
 					int			c_hi = c0 + ATTN_CHUNK - 1 < hi ? c0 + ATTN_CHUNK - 1 : hi;
-					int			body_hi = lo + n8 - 1 < c_hi ? lo + n8 - 1 : c_hi;
-					int			pos = c_lo + (((lane8 - (c_lo - lo)) % 8) + 8) % 8;
-					int			tail_pos = lo + n8 + lane8;
+					int			pos = c_lo + (((lane16 - (c_lo - lo)) % 16) + 16) % 16;
 					float		sum = part[p];
 
-					for (; pos <= body_hi; pos += 8)
+					for (; pos <= c_hi; pos += 16)
 						sum = __fadd_rn(sum, E[r * S::E_STRIDE + (pos - c0)]);
 					part[p] = sum;
-					if (tail_pos >= c_lo && tail_pos <= c_hi)
-						tail[r * 8 + lane8] = E[r * S::E_STRIDE + (tail_pos - c0)];
 				}
 				__syncthreads();
 			}
@@ -1129,7 +1130,7 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 					row_inv[r] = 0.0f;
 					continue;
 				}
-				l = segment_total(part + r * 8, tail + r * 8, n);
+				l = segment_total(part + r * 16);
 				row_inv[r] = __fdiv_rn(1.0f, l);
 				if (!F && r < it.n_qrows)
 				{
@@ -1155,8 +1156,8 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 				else
 				{
 					float		mn = row_m[r] > row_M[r] ? row_m[r] : row_M[r];
-					float		a = __fmul_rn(attn_exp(__fsub_rn(row_M[r], mn)), row_L[r]);
-					float		b = __fmul_rn(attn_exp(__fsub_rn(row_m[r], mn)), l);
+					float		a = __fmul_rn(attn_exp2(__fsub_rn(row_M[r], mn)), row_L[r]);
+					float		b = __fmul_rn(attn_exp2(__fsub_rn(row_m[r], mn)), l);
 					float		ln = __fadd_rn(a, b);
 
 					row_wa[r] = __fdiv_rn(a, ln);
@@ -1199,7 +1200,7 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
 
 					if (pos >= seg_lo && pos <= seg_hi && pos >= row_lo[r] && pos <= row_hi[r])
 					{
-						float		e = attn_exp(__fsub_rn(attn_score<HD, R, F>(smem, r, j, src.two_digit_keys), row_m[r]));
+						float		e = attn_exp2(__fsub_rn(attn_score<HD, R, F>(smem, r, j, src.two_digit_keys), row_m[r]));
 
 						if (F)
 							w = __fmul_rn(e, row_inv[r]);
@@ -1276,7 +1277,7 @@ attention_kernel(attn_source src, const int32_t *__restrict__ counts,
  * loads the whole segment's keys, values and scales into shared memory at once, computes each
  * score once, and leaves the segment's (max, sum) and value sums in the partials for
  * attention_merge_kernel.  The operations and their order are attention_kernel's split path's
- * (the same query quantization, score, exponential, eight partial sums and tail, largest value
+ * (the same query quantization, score, exponential, sixteen partial sums, largest value
  * scale, quantized weights and exact integer value sums; positions outside a row's range,
  * zero-weight there, are skipped), so the results are the same bits.
  */
@@ -1296,8 +1297,7 @@ struct decode_smem
 	static constexpr size_t OFF_M = OFF_QS + CUDA_DECODE_TILE_ROWS * 4;
 	static constexpr size_t OFF_INV = OFF_M + CUDA_DECODE_TILE_ROWS * 4;
 	static constexpr size_t OFF_PART = OFF_INV + CUDA_DECODE_TILE_ROWS * 4;
-	static constexpr size_t OFF_TAIL = OFF_PART + CUDA_DECODE_TILE_ROWS * 8 * 4;
-	static constexpr size_t OFF_LO = OFF_TAIL + CUDA_DECODE_TILE_ROWS * 8 * 4;
+	static constexpr size_t OFF_LO = OFF_PART + CUDA_DECODE_TILE_ROWS * 16 * 4;
 	static constexpr size_t OFF_HI = OFF_LO + CUDA_DECODE_TILE_ROWS * 4;
 	static constexpr size_t OFF_ROW = OFF_HI + CUDA_DECODE_TILE_ROWS * 4;
 	static constexpr size_t OFF_HEAD = OFF_ROW + CUDA_DECODE_TILE_ROWS * 4;
@@ -1330,7 +1330,6 @@ attention_decode_kernel(attn_source src, const int32_t *__restrict__ counts,
 	float	   *row_m = (float *) (smem + S::OFF_M);
 	float	   *row_qinv = (float *) (smem + S::OFF_INV);
 	float	   *part = (float *) (smem + S::OFF_PART);
-	float	   *tail = (float *) (smem + S::OFF_TAIL);
 	int		   *row_lo = (int *) (smem + S::OFF_LO);
 	int		   *row_hi = (int *) (smem + S::OFF_HI);
 	int		   *row_act = (int *) (smem + S::OFF_ROW);
@@ -1381,8 +1380,8 @@ attention_decode_kernel(attn_source src, const int32_t *__restrict__ counts,
 		row_act[r] = sq.row0 + tl;
 		row_head[r] = kvh * group + qr % group;
 #pragma unroll
-		for (int k = 0; k < 8; k++)
-			part[r * 8 + k] = 0.0f;
+		for (int k = 0; k < 16; k++)
+			part[r * 16 + k] = 0.0f;
 	}
 
 	/* the segment's keys, values and scales: every load issued before any store */
@@ -1509,24 +1508,22 @@ attention_decode_kernel(attn_source src, const int32_t *__restrict__ counts,
 		int			pos = seg_base + p % ATTN_SEGMENT;
 
 		if (pos >= row_lo[r] && pos <= row_hi[r])
-			E[p] = attn_exp(__fsub_rn(E[p], row_m[r]));
+			E[p] = attn_exp2(__fsub_rn(E[p], row_m[r]));
 	}
 	__syncthreads();
 
-	/* eight partial sums (i % 8, in order) and the tail, then the row's sum and normalizer */
-	for (int p = threadIdx.x; p < n_rows * 8; p += ATTN_THREADS)
+	/* sixteen partial sums (i % 16, in order), then the row's sum and normalizer */
+	for (int p = threadIdx.x; p < n_rows * 16; p += ATTN_THREADS)
 	{
-		int			r = p / 8;
-		int			lane8 = p % 8;
+		int			r = p / 16;
+		int			lane16 = p % 16;
 		int			lo = row_lo[r];
-		int			n8 = (row_hi[r] - lo + 1) & ~7;
+		int			n = row_hi[r] - lo + 1;
 		float		sum = 0.0f;
 
-		for (int i = lane8; i < n8; i += 8)
+		for (int i = lane16; i < n; i += 16)
 			sum = __fadd_rn(sum, E[r * ATTN_SEGMENT + (lo + i - seg_base)]);
 		part[p] = sum;
-		if (lo + n8 + lane8 <= row_hi[r])
-			tail[p] = E[r * ATTN_SEGMENT + (lo + n8 + lane8 - seg_base)];
 	}
 	__syncthreads();
 	for (int r = threadIdx.x; r < n_rows; r += ATTN_THREADS)
@@ -1536,7 +1533,7 @@ attention_decode_kernel(attn_source src, const int32_t *__restrict__ counts,
 
 		if (n <= 0)
 			continue;
-		l = segment_total(part + r * 8, tail + r * 8, n);
+		l = segment_total(part + r * 16);
 		row_qinv[r] = weight_qinv(row_g[r]);
 		row_g[r] = __fdiv_rn(__fdiv_rn(row_g[r], (float) ATTN_WEIGHT_MAX), l);
 		{
@@ -1620,8 +1617,8 @@ attention_merge_kernel(const int32_t *__restrict__ counts, const attn_seq_rec *_
 			float		m = part_ml[2 * (base + sg)];
 			float		l = part_ml[2 * (base + sg) + 1];
 			float		mn = m > M ? m : M;
-			float		a = __fmul_rn(attn_exp(__fsub_rn(M, mn)), L);
-			float		b = __fmul_rn(attn_exp(__fsub_rn(m, mn)), l);
+			float		a = __fmul_rn(attn_exp2(__fsub_rn(M, mn)), L);
+			float		b = __fmul_rn(attn_exp2(__fsub_rn(m, mn)), l);
 			float		ln = __fadd_rn(a, b);
 
 			o = __fadd_rn(__fmul_rn(__fdiv_rn(a, ln), o),

@@ -1200,7 +1200,7 @@ cuda_attention(cai_backend *be, const cai_attn_params *ap, const cai_batch_layou
 	if (shadow && !(sh = shadow_for(cb, shadow)))
 		return;
 	be_check(cb, cai_cuda_attention(cb->ctx, &m->kv, ap->kv_layer, cb->meta, q, ldq, out, ldo,
-									ap->n_heads, ap->window, ap->scale, sh, &e), &e);
+									ap->n_heads, ap->window, cai_attn_score_scale(ap), sh, &e), &e);
 }
 
 /* ---------------------------------------------------------------------------------------------

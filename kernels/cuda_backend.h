@@ -482,9 +482,9 @@ CAI_CUDA_API cai_status cai_cuda_kv_write(cai_cuda_ctx *ctx, const cai_cuda_kv *
  * Causal attention of every new token over its own sequence's paged KV (its own K/V written
  * first), cpu/attention.c's arithmetic exactly: for query head h of a token at position p, the
  * positions lo = max(0, p - window + 1) (window 0: lo = 0) through p; the query quantized to int8
- * per head, exact int32 scores times (q_scale * scale * k_scale), the row maximum subtracted, the
- * polynomial exp, the eight-partial-sum total, and values accumulated in ascending position
- * order.  With shadow, the float reference path (float query times scale, eight-partial-sum dot
+ * per head, exact int32 scores times (q_scale * scale * k_scale), scale in base-2 units (backend.h's
+ * cai_attn_score_scale), the row maximum subtracted, the polynomial exp2, the
+ * sixteen-partial-sum total, and values accumulated in ascending position order.  With shadow, the float reference path (float query times scale, eight-partial-sum dot
  * products, float values).  q [n_tok, n_heads * head_dim] (row stride ldq), out likewise (ldo).
  * Every query head of one KV head is in one block, sharing each K/V load (GQA/MQA).
  */

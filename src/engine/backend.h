@@ -64,6 +64,18 @@ typedef struct cai_attn_params
 } cai_attn_params;
 
 /*
+ * Attention scores are kept in base-2 units, so that the softmax's exponential is a power of two
+ * (cpu/attention.h): every backend scales them by scale * log2(e), this float.
+ */
+#define CAI_ATTN_LOG2E 1.44269504088896341f
+
+static inline float
+cai_attn_score_scale(const cai_attn_params *ap)
+{
+	return ap->scale * CAI_ATTN_LOG2E;
+}
+
+/*
  * An orthogonal transform R of vectors of n floats, applied to activations before they are
  * quantized to int8 (calibrate.c's "rotations" say why).  n = n_pow2 * n_mix, and element i of a
  * vector is (c, j) with i = c * n_pow2 + j:

@@ -328,8 +328,10 @@ forward(bench_model *bm, const cai_cuda_step_meta *meta, int T, bool logits_all_
 		TRY(cai_cuda_rotate(ctx, &bm->rot_head, bm->qkv, qkv_w, T, nv_head, NULL, NULL, &err));
 		TRY(cai_cuda_kv_write(ctx, &bm->kv, l, meta, bm->qkv + q_dim, bm->qkv + q_dim + kv_dim,
 							  qkv_w, NULL, &err));
+		/* the score scale in base-2 units, 1/sqrt(head size) * log2(e) (backend.h) */
 		TRY(cai_cuda_attention(ctx, &bm->kv, l, meta, bm->qkv, qkv_w, bm->att, q_dim, s->n_heads,
-							   0, 1.0f / sqrtf((float) s->head_dim), NULL, &err));
+							   0, (1.0f / sqrtf((float) s->head_dim)) * 1.44269504088896341f, NULL,
+							   &err));
 		TRY(cai_cuda_quantize_act(ctx, bm->att, T, q_dim, q_dim, bm->xq, bm->xs, &err));
 		TRY(cai_cuda_gemm_i8(ctx, bm->xq, bm->xs, T, &L->wo, bm->x, s->d, &acc, &err));
 		TRY(cai_cuda_rmsnorm(ctx, bm->x, L->ffn_norm, T, s->d, 1e-5f, bm->xn, NULL, NULL, &err));

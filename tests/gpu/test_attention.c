@@ -354,7 +354,7 @@ run_case(const attn_case *c)
 		/* gpu */
 		if (step >= 2)
 		{
-			if (!graph_step(c, &sd, T + pad, qkv, &dkv, c->shadow ? &dshadow : NULL, ap.scale,
+			if (!graph_step(c, &sd, T + pad, qkv, &dkv, c->shadow ? &dshadow : NULL, cai_attn_score_scale(&ap),
 							&graph, gout))
 				goto done;
 		}
@@ -367,7 +367,7 @@ run_case(const attn_case *c)
 									  dqkv + q_dim + kv_dim, qkv_w, c->shadow ? &dshadow : NULL,
 									  &err), &err, "kv write") ||
 			!gpu_ok(cai_cuda_attention(gpu_ctx(), &dkv, c->kv_layer, meta, dqkv, qkv_w, dout, q_dim,
-									   c->n_heads, c->window, ap.scale,
+									   c->n_heads, c->window, cai_attn_score_scale(&ap),
 									   c->shadow ? &dshadow : NULL, &err), &err, "attention") ||
 			!gpu_download(gout, dout, (size_t) (T + pad) * q_dim * sizeof(float)))
 			goto done;

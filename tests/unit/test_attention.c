@@ -452,8 +452,26 @@ reference_max_score(const fixture *f, int kvh, const int8_t *qq, float qs, int a
 }
 
 /*
+ * attention.h's softmax total of positions [a, e] of KV head kvh given their maximum m, written
+ * out here on its own: e_j = cai_attention_exp2(score_j - m), position i = j - a added in order
+ * into partial sum i % 16, then the pairs p[i] + p[i + 8] and the tree of eight.
+ */
+static float
+reference_total(const fixture *f, int kvh, const int8_t *qq, float qs, int a, int e, float m)
+{
+	float		part[16] = {0};
+	float		pair[8];
+
+	for (int j = a; j <= e; j++)
+		part[(j - a) % 16] += cai_attention_exp2(reference_score(f, kvh, qq, qs, j) - m);
+	for (int i = 0; i < 8; i++)
+		pair[i] = part[i] + part[i + 8];
+	return ((pair[0] + pair[4]) + (pair[2] + pair[6])) + ((pair[1] + pair[5]) + (pair[3] + pair[7]));
+}
+
+/*
  * Whether o[0..hd) is attention.h's int8 value rule for positions [a, e] of KV head kvh, given
- * the segment's maximum m and total l: e_j = cai_attention_exp(score_j - m), vmax the largest
+ * the segment's maximum m and total l: e_j = cai_attention_exp2(score_j - m), vmax the largest
  * value scale, w_j = round((e_j * v_scale_j) * (16383 / vmax)), and
  * o[d] = (float) (sum_j w_j * v_j[d]) * ((vmax / 16383) / l), written out here on its own.
  */
@@ -479,7 +497,7 @@ value_rule_holds(const fixture *f, int kvh, const int8_t *qq, float qs, int a, i
 	{
 		uint8_t    *blk = cai_kv_block_layer(f->pool, f->tables[j / CAI_KV_BLOCK_TOKENS], 0);
 		float		vs = cai_kv_value_scales(&f->L, blk)[j % CAI_KV_BLOCK_TOKENS * N_KV + kvh];
-		float		prod = cai_attention_exp(reference_score(f, kvh, qq, qs, j) - m) * vs;
+		float		prod = cai_attention_exp2(reference_score(f, kvh, qq, qs, j) - m) * vs;
 
 		w[j - a] = (int32_t) rintf(prod * qinv);
 	}
@@ -510,7 +528,7 @@ value_rule_holds(const fixture *f, int kvh, const int8_t *qq, float qs, int a, i
 static void
 count_wrong_segments(const fixture *f, const cai_attn_params *ap, int t_first, int n_tok,
 					 cai_attn_scratch *s, float *po, float *pm, float *pl, int *wrong_max,
-					 int *wrong_values)
+					 int *wrong_total, int *wrong_values)
 {
 	const int	hd = f->hd;
 	const int	SEG = CAI_ATTN_SEGMENT_TOKENS;
@@ -525,7 +543,7 @@ count_wrong_segments(const fixture *f, const cai_attn_params *ap, int t_first, i
 	int8_t		qq[256];
 	int			last;
 
-	*wrong_max = *wrong_values = 0;
+	*wrong_max = *wrong_total = *wrong_values = 0;
 	for (int t = 0; t < n_tok; t++)
 	{
 		pos[t] = t_first + t;
@@ -545,7 +563,7 @@ count_wrong_segments(const fixture *f, const cai_attn_params *ap, int t_first, i
 			float		qs;
 
 			cai_op_quantize_vec_i8(f->q + (size_t) p * N_HEADS * hd + (size_t) h * hd, hd, qq, &qs);
-			qs = qs * ap->scale;
+			qs = qs * cai_attn_score_scale(ap);
 			for (int sg = lo / SEG; sg <= p / SEG; sg++)
 			{
 				int			a = sg * SEG > lo ? sg * SEG : lo;
@@ -555,6 +573,8 @@ count_wrong_segments(const fixture *f, const cai_attn_params *ap, int t_first, i
 
 				if (m != reference_max_score(f, kvh, qq, qs, a, e))
 					(*wrong_max)++;
+				if (pl[(size_t) r * pt.n_segs + k] != reference_total(f, kvh, qq, qs, a, e, m))
+					(*wrong_total)++;
 				if (!value_rule_holds(f, kvh, qq, qs, a, e, m, pl[(size_t) r * pt.n_segs + k],
 									  po + ((size_t) k * n_tok * GROUP + r) * hd))
 					(*wrong_values)++;
@@ -568,8 +588,9 @@ count_wrong_segments(const fixture *f, const cai_attn_params *ap, int t_first, i
  * on every path, for a decode-sized tile and a prefill-sized one:
  * - the maximum is the exact largest score.  Every path shares the maximum's code and the
  *   softmax does not depend on it mathematically, so only this shows a lane left out of it;
- * - the value sums follow the int8 value rule (attention.h), computed here on its own: the
- *   arithmetic the GPU reproduces, pinned down whatever the paths agree on among themselves.
+ * - the total follows the sixteen-partial-sum rule and the value sums the int8 value rule
+ *   (attention.h), both computed here on their own: the arithmetic the GPU reproduces, pinned
+ *   down whatever the paths agree on among themselves.
  */
 TEST(attention_segment_maxima_and_values_exact)
 {
@@ -605,12 +626,15 @@ TEST(attention_segment_maxima_and_values_exact)
 				for (int n_tok = 1; n_tok <= max_tok; n_tok += max_tok - 1)
 				{
 					int			wrong_max,
+								wrong_total,
 								wrong_values;
 
 					count_wrong_segments(&f, &ap, 1300 - n_tok, n_tok, &s, po, pm, pl, &wrong_max,
-										 &wrong_values);
+										 &wrong_total, &wrong_values);
 					CHECK_MSG(wrong_max == 0, "hd %d window %d, %d-token tile, %s: %d segment "
 							  "maxima differ", hd, windows[w], n_tok, paths[p], wrong_max);
+					CHECK_MSG(wrong_total == 0, "hd %d window %d, %d-token tile, %s: %d segment "
+							  "totals differ", hd, windows[w], n_tok, paths[p], wrong_total);
 					CHECK_MSG(wrong_values == 0, "hd %d window %d, %d-token tile, %s: %d segments' "
 							  "value sums break the rule", hd, windows[w], n_tok, paths[p],
 							  wrong_values);

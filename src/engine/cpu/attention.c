@@ -12,7 +12,7 @@
  *      block is already a tile's B operand, and the segment's blocks are transposed first,
  *      then scored together;
  *   2. softmax of each row's part of the segment (attention.h: max subtraction, the
- *      attention's exp, eight-partial-sum total); the int8 path then quantizes each row's
+ *      attention's exp2, sixteen-partial-sum total); the int8 path then quantizes each row's
  *      weights to 14 bits in two 7-bit planes (the float reference path normalizes instead);
  *   3. values: the int8 path packs the segment's values of the KV head once for the tile, in
  *      groups of four positions, and takes each row's exact integer sums of weights times
@@ -36,6 +36,7 @@
 #include "attention.h"
 
 #include <limits.h>
+#include <math.h>
 #include <string.h>
 
 #include "attention_values.h"
@@ -65,6 +66,13 @@
 
 #define BLOCK CAI_KV_BLOCK_TOKENS
 
+/*
+ * Floats between the starts of two rows' scores: a segment's 256 and one cache line more.  The
+ * AMX scores are written a block (one line) of 64 rows at a time, and rows 1 KB apart would all
+ * land in 4 of the L1 cache's 64 sets and evict each other.
+ */
+#define SCORES_LD (CAI_ATTN_SEGMENT_TOKENS + 16)
+
 /* Query rows of one token handed to the float path's value accumulation at once. */
 #define MAX_GROUP_ROWS 16
 
@@ -90,29 +98,45 @@ cai_v16f_load(const float *p)
 	})
 
 /*
- * The attention's exp (cai_attention_exp in attention.h): ops.h's clamps, range reduction and
- * degree-6 Taylor polynomial with the multiply-adds fused, lane by lane.  A fused
- * step rounds once on every path (vfmadd, fmaf, the GPU's __fmaf_rn), so every width gives
- * every lane the same bits; GCC turns the lane loop into vector multiply-adds where the path
- * has them.
+ * The attention's exp2 (cai_attention_exp2 in attention.h) lane by lane: x clamped to
+ * [CAI_ATTN_EXP2_LO, CAI_ATTN_EXP2_HI] (ops.h's CAI_VCLAMP: a NaN becomes the low end), k = x
+ * rounded to the nearest integer (ties to even, by the 1.5 * 2^23 trick), r = x - k (exact), the
+ * polynomial by Horner's rule with each step fused (one rounding, as vfmadd, fmaf and the GPU's
+ * __fmaf_rn give), times 2^k built in the exponent bits.  GCC turns the lane loop into vector
+ * multiply-adds where the path has them.
  */
-#define ATTN_EXP_POLY(VF, x, n, p) \
+#define ATTN_DEFINE_VEXP2(NAME, VF, VI) \
+CAI_ALWAYS_INLINE VF \
+NAME(const VF *px) \
+{ \
+	const VF	zero = {0}; \
+	const VF	magic = zero + 12582912.0f; \
+	const VF	lo = zero + CAI_ATTN_EXP2_LO; \
+	const VF	hi = zero + CAI_ATTN_EXP2_HI; \
+	VF			x = *px, \
+				k, \
+				p; \
+	VI			bits; \
+\
+	CAI_VCLAMP(VF, VI, x, lo, hi); \
+	k = (x + magic) - magic; \
 	for (int i_ = 0; i_ < (int) (sizeof(VF) / sizeof(float)); i_++) \
 	{ \
-		float		r_ = __builtin_fmaf(-n[i_], CAI_EXP_LN2_HI, x[i_]); \
-		float		p_; \
+		float		r_ = x[i_] - k[i_]; \
+		float		p_ = __builtin_fmaf(CAI_ATTN_EXP2_C6, r_, CAI_ATTN_EXP2_C5); \
 \
-		r_ = __builtin_fmaf(-n[i_], CAI_EXP_LN2_LO, r_); \
-		p_ = __builtin_fmaf(CAI_EXP_C6, r_, CAI_EXP_C5); \
-		p_ = __builtin_fmaf(p_, r_, CAI_EXP_C4); \
-		p_ = __builtin_fmaf(p_, r_, CAI_EXP_C3); \
-		p_ = __builtin_fmaf(p_, r_, CAI_EXP_C2); \
-		p_ = __builtin_fmaf(p_, r_, 1.0f); \
+		p_ = __builtin_fmaf(p_, r_, CAI_ATTN_EXP2_C4); \
+		p_ = __builtin_fmaf(p_, r_, CAI_ATTN_EXP2_C3); \
+		p_ = __builtin_fmaf(p_, r_, CAI_ATTN_EXP2_C2); \
+		p_ = __builtin_fmaf(p_, r_, CAI_ATTN_EXP2_C1); \
 		p[i_] = __builtin_fmaf(p_, r_, 1.0f); \
-	}
+	} \
+	bits = (__builtin_convertvector(k, VI) + 127) << 23; \
+	return p * (VF) bits; \
+}
 
-CAI_DEFINE_VEXP_WITH(attn_exp16, cai_v16f, cai_v16i, ATTN_EXP_POLY)
-CAI_DEFINE_VEXP_WITH(attn_exp8, cai_v8f, cai_v8i, ATTN_EXP_POLY)
+ATTN_DEFINE_VEXP2(attn_exp2_16, cai_v16f, cai_v16i)
+ATTN_DEFINE_VEXP2(attn_exp2_8, cai_v8f, cai_v8i)
 
 /* (a macro: a 64-byte vector passed by value draws GCC's ABI note on non-AVX-512 builds) */
 #define cai_v16f_store(p, v) \
@@ -155,7 +179,7 @@ cai_attention_scratch_bytes(int max_context, int n_group, int head_dim)
 {
 	size_t		rows = (size_t) tile_rows_padded(n_group);
 
-	return align64(rows * (size_t) CAI_ATTN_SEGMENT_TOKENS * sizeof(float))	/* scores */
+	return align64(rows * (size_t) SCORES_LD * sizeof(float))	/* scores */
 		+ align64(rows * (size_t) head_dim * sizeof(float))	/* seg_o */
 		+ 2 * align64(rows * sizeof(float))	/* seg_m, seg_l */
 		+ align64((rows + 8) * 7 * sizeof(float))	/* fold */
@@ -186,7 +210,7 @@ cai_attention_scratch_init(cai_attn_scratch *s, void *memory, int max_context, i
 	uint8_t    *p = memory;
 
 	s->scores = (float *) p;
-	p += align64(rows * (size_t) CAI_ATTN_SEGMENT_TOKENS * sizeof(float));
+	p += align64(rows * (size_t) SCORES_LD * sizeof(float));
 	s->q_i8 = (int8_t *) p;
 	p += align64(rows * (size_t) head_dim);
 	s->q_f32 = (float *) p;
@@ -650,88 +674,141 @@ dot_f32(const float *a, const float *b, int n)
 
 #if defined(__x86_64__)
 /*
- * ATTN_EXP_POLY's range reduction and polynomial with the intrinsics of one vector width W
- * (512 or 256): r and p from x and its rounded x * log2(e), k.
+ * ATTN_DEFINE_VEXP2's reduction and polynomial with the intrinsics of one vector width W (512
+ * or 256): r and p from x and its rounded k.
  */
-#define ATTN_EXP_POLY_SIMD(W, x, k, r, p) \
+#define ATTN_EXP2_POLY_SIMD(W, x, k, r, p) \
 	do { \
-		r = _mm##W##_fnmadd_ps(k, _mm##W##_set1_ps(CAI_EXP_LN2_HI), x); \
-		r = _mm##W##_fnmadd_ps(k, _mm##W##_set1_ps(CAI_EXP_LN2_LO), r); \
-		p = _mm##W##_fmadd_ps(_mm##W##_set1_ps(CAI_EXP_C6), r, _mm##W##_set1_ps(CAI_EXP_C5)); \
-		p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(CAI_EXP_C4)); \
-		p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(CAI_EXP_C3)); \
-		p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(CAI_EXP_C2)); \
-		p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(1.0f)); \
+		r = _mm##W##_sub_ps(x, k); \
+		p = _mm##W##_fmadd_ps(_mm##W##_set1_ps(CAI_ATTN_EXP2_C6), r, _mm##W##_set1_ps(CAI_ATTN_EXP2_C5)); \
+		p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(CAI_ATTN_EXP2_C4)); \
+		p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(CAI_ATTN_EXP2_C3)); \
+		p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(CAI_ATTN_EXP2_C2)); \
+		p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(CAI_ATTN_EXP2_C1)); \
 		p = _mm##W##_fmadd_ps(p, r, _mm##W##_set1_ps(1.0f)); \
 	} while (0)
 
 /*
- * The softmax's sixteen-lane exponentials on AVX-512: row[i] = exp(row[i] - m) for i < n (a
- * multiple of 16), m the row's maximum, each e[i] added into partial[i % 8] in order.  The same
- * bits as the attention's exp, in fewer instructions: the low clamp is vmaxps (x > lo ? x : lo
- * is its definition, NaN included), and the high one is left out (x <= 0 < hi: it never
- * applies); the rounding of x * log2(e) to the nearest integer is vrndscaleps (it may give -0
- * where the 1.5 * 2^23 trick gives +0, which changes no later bit); and 2^n multiplies by
- * vscalefps (the same correctly rounded product as p * 2^n for n in [-126, 127]).
+ * partials_total in registers, from partial sums 0-7 (lo) and 8-15 (hi): pairs, then the tree's
+ * halves ((0 + 4), (1 + 5), (2 + 6), (3 + 7)), then ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)).
+ * (Through memory, the partials' stores would stall the loads that read them back.)
  */
-TARGET_AVX512 __attribute__((noinline)) static void
-exp_minus_max_avx512(float *row, int n, float m, float *partial)
+__attribute__((target("avx"))) CAI_ALWAYS_INLINE float
+partials_total_avx(__m256 lo, __m256 hi)
 {
-	const __m512 mv = _mm512_set1_ps(m);
-	__m256		acc = _mm256_loadu_ps(partial);
+	__m256		pairs = _mm256_add_ps(lo, hi);
+	__m128		quad = _mm_add_ps(_mm256_castps256_ps128(pairs), _mm256_extractf128_ps(pairs, 1));
+	__m128		two = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
 
-	for (int i = 0; i < n; i += 16)
-	{
-		__m512		x = _mm512_max_ps(_mm512_sub_ps(_mm512_loadu_ps(row + i), mv),
-									  _mm512_set1_ps(CAI_EXP_LO));
-		__m512		k,
-					r,
-					p,
-					e;
-
-		k = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(CAI_EXP_LOG2E)),
-								 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-		ATTN_EXP_POLY_SIMD(512, x, k, r, p);
-		e = _mm512_scalef_ps(p, k);
-		_mm512_storeu_ps(row + i, e);
-		/* the low eight lanes into the partial sums, then the high eight */
-		acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
-		acc = _mm256_add_ps(acc, _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1)));
-	}
-	_mm256_storeu_ps(partial, acc);
+	return _mm_cvtss_f32(_mm_add_ss(two, _mm_movehdup_ps(two)));
 }
 
 /*
- * The same on AVX2, eight lanes at a time for i < n (a multiple of 8), with ops.h's steps: the
- * low clamp as vmaxps, the high one left out (as above), the rounder, the fused polynomial, and
- * 2^n built in the exponent bits.
+ * The softmax's exponentials on AVX-512: row[i] = exp2(row[i] - m) for i < n, each added into
+ * partial[i % 16] in order (the last vector's missing lanes are masked off: they add nothing).
+ * The same bits as the attention's exp2, in fewer instructions: the low clamp is vmaxps (x > lo ?
+ * x : lo is its definition, NaN included), and the high one is left out (x <= 0 < hi: it never
+ * applies); the rounding to the nearest integer is vrndscaleps (it may give -0 where the
+ * 1.5 * 2^23 trick gives +0, which changes no later bit); and 2^k multiplies by vscalefps (the
+ * same correctly rounded product as p * 2^k for k in [-126, 127]).  Returns their total
+ * (partials_total).
  */
-TARGET_AVX2 __attribute__((noinline)) static void
-exp_minus_max_avx2(float *row, int n, float m, float *partial)
+TARGET_AVX512 CAI_ALWAYS_INLINE __m512
+exp2_minus_max16(__m512 s, __m512 mv)
+{
+	__m512		x = _mm512_max_ps(_mm512_sub_ps(s, mv), _mm512_set1_ps(CAI_ATTN_EXP2_LO));
+	__m512		k,
+				r,
+				p;
+
+	k = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+	ATTN_EXP2_POLY_SIMD(512, x, k, r, p);
+	return _mm512_scalef_ps(p, k);
+}
+
+TARGET_AVX512 __attribute__((noinline)) static float
+exp_minus_max_avx512(float *row, int n, float m)
+{
+	const __m512 mv = _mm512_set1_ps(m);
+	__m512		acc = _mm512_setzero_ps();
+	int			i = 0;
+
+	for (; i + 16 <= n; i += 16)
+	{
+		__m512		e = exp2_minus_max16(_mm512_loadu_ps(row + i), mv);
+
+		_mm512_storeu_ps(row + i, e);
+		acc = _mm512_add_ps(acc, e);
+	}
+	if (i < n)
+	{
+		__mmask16	k = (__mmask16) ((1u << (n - i)) - 1);
+		__m512		e = exp2_minus_max16(_mm512_maskz_loadu_ps(k, row + i), mv);
+
+		_mm512_mask_storeu_ps(row + i, k, e);
+		acc = _mm512_mask_add_ps(acc, k, acc, e);
+	}
+	return partials_total_avx(_mm512_castps512_ps256(acc),
+							   _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1)));
+}
+
+/*
+ * The same on AVX2, sixteen positions as two halves (partials 0-7 and 8-15), with
+ * ATTN_DEFINE_VEXP2's steps: the low clamp as vmaxps, the high one left out (as above), the
+ * rounder, the fused polynomial, and 2^k built in the exponent bits.
+ */
+TARGET_AVX2 CAI_ALWAYS_INLINE __m256
+exp2_minus_max8(__m256 s, __m256 mv)
+{
+	const __m256 magic = _mm256_set1_ps(12582912.0f);
+	__m256		x = _mm256_max_ps(_mm256_sub_ps(s, mv), _mm256_set1_ps(CAI_ATTN_EXP2_LO));
+	__m256		k,
+				r,
+				p;
+	__m256i		bits;
+
+	k = _mm256_sub_ps(_mm256_add_ps(x, magic), magic);
+	ATTN_EXP2_POLY_SIMD(256, x, k, r, p);
+	bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(k), _mm256_set1_epi32(127)), 23);
+	return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+/* Positions [i, i + 8) of the row that are below n: exponentials stored, and their sum into acc. */
+TARGET_AVX2 CAI_ALWAYS_INLINE __m256
+exp2_minus_max8_part(float *row, int i, int n, __m256 mv, __m256 acc)
+{
+	__m256i		in = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - i),
+										_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+	__m256		e = exp2_minus_max8(_mm256_maskload_ps(row + i, in), mv);
+
+	e = _mm256_and_ps(e, _mm256_castsi256_ps(in));
+	_mm256_maskstore_ps(row + i, in, e);
+	return _mm256_add_ps(acc, e);
+}
+
+TARGET_AVX2 __attribute__((noinline)) static float
+exp_minus_max_avx2(float *row, int n, float m)
 {
 	const __m256 mv = _mm256_set1_ps(m);
-	const __m256 magic = _mm256_set1_ps(12582912.0f);
-	__m256		acc = _mm256_loadu_ps(partial);
+	__m256		acc_lo = _mm256_setzero_ps(),
+				acc_hi = _mm256_setzero_ps();
+	int			i = 0;
 
-	for (int i = 0; i < n; i += 8)
+	for (; i + 16 <= n; i += 16)
 	{
-		__m256		x = _mm256_max_ps(_mm256_sub_ps(_mm256_loadu_ps(row + i), mv),
-									  _mm256_set1_ps(CAI_EXP_LO));
-		__m256		k,
-					r,
-					p,
-					e;
-		__m256i		bits;
+		__m256		e_lo = exp2_minus_max8(_mm256_loadu_ps(row + i), mv);
+		__m256		e_hi = exp2_minus_max8(_mm256_loadu_ps(row + i + 8), mv);
 
-		k = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(CAI_EXP_LOG2E)), magic),
-						  magic);
-		ATTN_EXP_POLY_SIMD(256, x, k, r, p);
-		bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(k), _mm256_set1_epi32(127)), 23);
-		e = _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-		_mm256_storeu_ps(row + i, e);
-		acc = _mm256_add_ps(acc, e);
+		_mm256_storeu_ps(row + i, e_lo);
+		_mm256_storeu_ps(row + i + 8, e_hi);
+		acc_lo = _mm256_add_ps(acc_lo, e_lo);
+		acc_hi = _mm256_add_ps(acc_hi, e_hi);
 	}
-	_mm256_storeu_ps(partial, acc);
+	if (i < n)
+		acc_lo = exp2_minus_max8_part(row, i, n, mv, acc_lo);
+	if (i + 8 < n)
+		acc_hi = exp2_minus_max8_part(row, i + 8, n, mv, acc_hi);
+	return partials_total_avx(acc_lo, acc_hi);
 }
 #endif
 
@@ -932,80 +1009,67 @@ row_max(const float *row, int n, attn_isa isa)
 }
 
 /*
+ * The exponentials' total (attention.h): partial sums p[0..16) of positions i % 16, pairs
+ * p[i] + p[i + 8], then ops.h's tree of eight.
+ */
+CAI_ALWAYS_INLINE float
+partials_total(const float *p)
+{
+	cai_v8f		s = cai_v8f_load(p) + cai_v8f_load(p + 8);
+
+	return cai_v8f_sum(&s);
+}
+
+/*
  * In place: row[0..n) = softmax(row[0..n)) given its maximum m (row_max); *total_out gets the
- * exponentials' total, which uses partial sum i % 8 for element i, then the tree, then the tail
- * in order: it depends only on n and the values.  With weights (the int8 path) the row is not
+ * exponentials' total (partials_total).  With weights (the int8 path) the row is not
  * normalized: it keeps the exponentials, and they become the quantized weights
  * (quantize_weights; a pass of its own runs faster than one fused into the exponentials').
  */
 CAI_ALWAYS_INLINE void
 softmax_row(float *row, int n, float m, float *total_out, const row_weights *w, attn_isa isa)
 {
-	cai_v8f		mv8;
-	cai_v8f		acc = cai_v8f_set1(0.0f);
-	float		tail = 0.0f;
 	float		inv;
 	int			i;
 
-	mv8 = cai_v8f_set1(m);			/* (built once: GCC rebuilds it per iteration otherwise) */
-	/* sixteen at a time where they fit (the same lanes, folded into the partial sums in order) */
-	i = 0;
 #if defined(__x86_64__)
 	if (isa == ATTN_AVX512)
-	{
-		float		partial[8];
-
-		memcpy(partial, &acc, sizeof(partial));
-		i = n / 16 * 16;
-		exp_minus_max_avx512(row, i, m, partial);
-		memcpy(&acc, partial, sizeof(partial));
-	}
+		*total_out = exp_minus_max_avx512(row, n, m);
 	else if (isa == ATTN_AVX2)
-	{
-		float		partial[8];
-
-		memcpy(partial, &acc, sizeof(partial));
-		i = n / 8 * 8;
-		exp_minus_max_avx2(row, i, m, partial);
-		memcpy(&acc, partial, sizeof(partial));
-	}
+		*total_out = exp_minus_max_avx2(row, n, m);
+	else
 #endif
-	for (; i + 16 <= n; i += 16)
 	{
-		cai_v16f	d = cai_v16f_load(row + i) - m;	/* (vector - scalar: a plain broadcast) */
-		cai_v16f	e = attn_exp16(&d);
-		cai_v8f		e_lo,
-					e_hi;
+		float		partial[16];
+		cai_v16f	acc = {0};
 
-		cai_v16f_store(row + i, e);
-		memcpy(&e_lo, &e, sizeof(e_lo));
-		memcpy(&e_hi, (const float *) &e + 8, sizeof(e_hi));
-		acc = acc + e_lo;
-		acc = acc + e_hi;
-	}
-	for (; i + 8 <= n; i += 8)
-	{
-		cai_v8f		d = cai_v8f_load(row + i) - mv8;
-		cai_v8f		e = attn_exp8(&d);
+		for (i = 0; i + 16 <= n; i += 16)
+		{
+			cai_v16f	d = cai_v16f_load(row + i) - m;	/* (vector - scalar: a plain broadcast) */
+			cai_v16f	e = attn_exp2_16(&d);
 
-		cai_v8f_store(row + i, e);
-		acc = acc + e;
-	}
-	if (i < n)
-	{
-		float		buf[8] = {0};
-		cai_v8f		d,
-					e;
+			cai_v16f_store(row + i, e);
+			acc = acc + e;
+		}
+		if (i < n)
+		{
+			const cai_v16i lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+			float		buf[16] = {0};
+			cai_v16f	d,
+						e;
 
-		memcpy(buf, row + i, (size_t) (n - i) * sizeof(float));
-		d = cai_v8f_load(buf) - cai_v8f_set1(m);
-		e = attn_exp8(&d);
-		cai_v8f_store(buf, e);
-		for (int k = 0; k < n - i; k++)
-			tail = tail + buf[k];
-		memcpy(row + i, buf, (size_t) (n - i) * sizeof(float));
+			memcpy(buf, row + i, (size_t) (n - i) * sizeof(float));
+			d = cai_v16f_load(buf) - m;
+			e = attn_exp2_16(&d);
+			/* lanes past n add nothing */
+			e = (cai_v16f) ((cai_v16i) e & (lane < n - i));
+			cai_v16f_store(buf, e);
+			memcpy(row + i, buf, (size_t) (n - i) * sizeof(float));
+			acc = acc + e;
+		}
+		cai_v16f_store(partial, acc);
+		*total_out = partials_total(partial);
 	}
-	*total_out = cai_v8f_sum(&acc) + tail;
 	if (w)
 	{
 #if defined(__x86_64__)
@@ -1025,12 +1089,12 @@ softmax_row(float *row, int n, float m, float *total_out, const row_weights *w, 
 		row[i] = row[i] * inv;
 }
 
-/* The attention's exp of one value (the same bits as in any lane of a vector). */
+/* The attention's exp2 of one value (the same bits as in any lane of a vector). */
 float
-cai_attention_exp(float x)
+cai_attention_exp2(float x)
 {
 	cai_v8f		d = cai_v8f_set1(x);
-	cai_v8f		e = attn_exp8(&d);
+	cai_v8f		e = attn_exp2_8(&d);
 
 	return e[0];
 }
@@ -1154,8 +1218,8 @@ segment_fold_state(const cai_attn_scratch *s, int rows, int sg, int seg_lo, int 
 		cai_v8f		xa = cai_v8f_load(f.ea + r);
 		cai_v8f		xb = cai_v8f_load(f.eb + r);
 
-		cai_v8f_store(f.ea + r, attn_exp8(&xa));
-		cai_v8f_store(f.eb + r, attn_exp8(&xb));
+		cai_v8f_store(f.ea + r, attn_exp2_8(&xa));
+		cai_v8f_store(f.eb + r, attn_exp2_8(&xb));
 	}
 	for (int r = 0; r < rows; r++)
 	{
@@ -1259,7 +1323,6 @@ value_pass_f32(const cai_attn_params *ap, const cai_kv_shadow *shadow, const int
 {
 	const int	hd = ap->head_dim;
 	const int	n_kv = ap->n_kv_heads;
-	const int	SEG = CAI_ATTN_SEGMENT_TOKENS;
 
 	memset(s->seg_o, 0, (size_t) n_tok * group * hd * sizeof(float));
 	for (int b = seg_lo / BLOCK; b <= seg_hi / BLOCK; b++)
@@ -1296,7 +1359,7 @@ value_pass_f32(const cai_attn_params *ap, const cai_kv_shadow *shadow, const int
 				for (int i = 0; i < nr; i++)
 				{
 					o[i] = s->seg_o + (size_t) (r0 + g0 + i) * hd;
-					p[i] = s->scores + (size_t) (r0 + g0 + i) * SEG;
+					p[i] = s->scores + (size_t) (r0 + g0 + i) * SCORES_LD;
 				}
 				accumulate_values(o, p, nr, base - seg_lo, s->values, a - base, e - base, hd);
 			}
@@ -1373,7 +1436,7 @@ softmax_values_i8(const cai_attn_params *ap, cai_kv_pool *kv, const int32_t *tab
 			int			e = s->row_hi[r] < seg_hi ? s->row_hi[r] : seg_hi;
 
 			if (a <= e)
-				s->seg_m[r] = row_max(s->scores + (size_t) r * SEG + (a - seg_lo), e - a + 1, isa);
+				s->seg_m[r] = row_max(s->scores + (size_t) r * SCORES_LD + (a - seg_lo), e - a + 1, isa);
 		}
 		for (int r = r0; r < r1; r++)
 		{
@@ -1415,7 +1478,7 @@ softmax_values_i8(const cai_attn_params *ap, cai_kv_pool *kv, const int32_t *tab
 			w.qinv = qinv;
 			w.lo = lo + (a - seg_base);
 			w.hi = hi + (a - seg_base);
-			softmax_row(s->scores + (size_t) r * SEG + (a - seg_lo), e - a + 1, s->seg_m[r],
+			softmax_row(s->scores + (size_t) r * SCORES_LD + (a - seg_lo), e - a + 1, s->seg_m[r],
 						&s->seg_l[r], &w, isa);
 			s->row_quads[r] = (e - seg_base) / 4 + 1;
 			s->row_g[r] = (vmax / (float) CAI_ATTN_WEIGHT_MAX) / s->seg_l[r];
@@ -1503,6 +1566,67 @@ prefetch_tile_start(const cai_attn_params *ap, const cai_batch_layout *batch, in
 	prefetch_scales(cai_kv_key_scales(L, first), ap->n_kv_heads);
 }
 
+#if defined(__x86_64__)
+/*
+ * cai_op_quantize_vec_i8 of a query (n a multiple of 16) on AVX-512, the same bits: the largest
+ * |x| (exact in any order), scale = amax / 127, q = x * (127 / amax) clamped to +-127 by vmaxps and
+ * vminps (the comparisons cai_v8f_max and cai_v8f_min make) and rounded to nearest even by
+ * vcvtps2dq (as the 1.5 * 2^23 trick does), and the sum of the q.  The portable version, built
+ * for AVX2, takes about three times as long on the 64 floats of a head.
+ */
+TARGET_AVX512 __attribute__((noinline)) static void
+quantize_query_avx512(const float *x, int n, int8_t *q, float *scale, int32_t *sum)
+{
+	__m512		vmax = _mm512_setzero_ps();
+	__m512		inv;
+	__m512i		acc = _mm512_setzero_si512();
+	float		amax;
+
+	for (int i = 0; i < n; i += 16)
+		vmax = _mm512_max_ps(vmax, _mm512_abs_ps(_mm512_loadu_ps(x + i)));
+	amax = _mm512_reduce_max_ps(vmax);
+	if (!(amax > 0.0f) || isinf(127.0f / amax))
+	{
+		*scale = 0.0f;
+		*sum = 0;
+		memset(q, 0, (size_t) n);
+		return;
+	}
+	*scale = amax / 127.0f;
+	inv = _mm512_set1_ps(127.0f / amax);
+	for (int i = 0; i < n; i += 16)
+	{
+		__m512		v = _mm512_mul_ps(_mm512_loadu_ps(x + i), inv);
+		__m512i		qi;
+
+		v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-127.0f)), _mm512_set1_ps(127.0f));
+		qi = _mm512_cvtps_epi32(v);
+		_mm_storeu_si128((__m128i *) (q + i), _mm512_cvtepi32_epi8(qi));
+		acc = _mm512_add_epi32(acc, qi);
+	}
+	*sum = _mm512_reduce_add_epi32(acc);
+}
+#endif
+
+/* A query row quantized to int8 (cai_op_quantize_vec_i8's rule), with its scale and the sum of its q. */
+CAI_ALWAYS_INLINE void
+quantize_query(const float *x, int hd, int8_t *q, float *scale, int32_t *sum, attn_isa isa)
+{
+	int32_t		total = 0;
+
+#if defined(__x86_64__)
+	if (isa == ATTN_AVX512 && hd % 16 == 0)
+	{
+		quantize_query_avx512(x, hd, q, scale, sum);
+		return;
+	}
+#endif
+	cai_op_quantize_vec_i8(x, hd, q, scale);
+	for (int d = 0; d < hd; d++)
+		total += q[d];
+	*sum = total;
+}
+
 /* A block's keys of one head (rows `stride` bytes apart) into four-byte groups kt[g][slot][4]. */
 CAI_ALWAYS_INLINE void
 transpose_keys(attn_isa isa, const int8_t *keys, size_t stride, int hd, int s0, int s1, int8_t *kt)
@@ -1571,6 +1695,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 	const int	rows = n_tok * group;
 	const int	rows_padded = (rows + ROW_GROUP - 1) / ROW_GROUP * ROW_GROUP;
 	const int	SEG = CAI_ATTN_SEGMENT_TOKENS;
+	const float score_scale = cai_attn_score_scale(ap);
 	int			jlo,
 				jhi,
 				s0,
@@ -1607,20 +1732,15 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 			s->row_hi[r] = pos;
 			if (!shadow)
 			{
-				int8_t	   *qq = s->q_i8 + (size_t) r * hd;
 				float		qs;
-				int32_t		sum = 0;
 
-				cai_op_quantize_vec_i8(qrow, hd, qq, &qs);
-				for (int d = 0; d < hd; d++)
-					sum += qq[d];
-				s->q_sum[r] = sum;
-				s->q_scale[r] = qs * ap->scale;
+				quantize_query(qrow, hd, s->q_i8 + (size_t) r * hd, &qs, &s->q_sum[r], isa);
+				s->q_scale[r] = qs * score_scale;
 			}
 			else
 			{
 				for (int d = 0; d < hd; d++)
-					s->q_f32[(size_t) r * hd + d] = qrow[d] * ap->scale;
+					s->q_f32[(size_t) r * hd + d] = qrow[d] * score_scale;
 			}
 		}
 	}
@@ -1721,7 +1841,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 					 * sums (lanes outside a row's range are never read, as below)
 					 */
 					qk_block_avx512(kt, kt2, s->q_i8, s->q_sum, rows_padded, hd, NULL,
-									kscale, s->q_scale, s->scores + (base - seg_lo), SEG);
+									kscale, s->q_scale, s->scores + (base - seg_lo), SCORES_LD);
 					continue;
 				}
 	#endif
@@ -1742,12 +1862,12 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 					 * own range are never read */
 					if (whole)
 					{
-						cai_v16f_store(s->scores + (size_t) r * SEG + (base - seg_lo),
+						cai_v16f_store(s->scores + (size_t) r * SCORES_LD + (base - seg_lo),
 									   __builtin_convertvector(di, cai_v16f) * qks);
 						continue;
 					}
 					cai_v16f_store(sc, __builtin_convertvector(di, cai_v16f) * qks);
-					memcpy(s->scores + (size_t) r * SEG + (a - seg_lo), sc + (a - base),
+					memcpy(s->scores + (size_t) r * SCORES_LD + (a - seg_lo), sc + (a - base),
 						   (size_t) (e - a + 1) * sizeof(float));
 				}
 			}
@@ -1762,7 +1882,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 					int			e = j1 < s->row_hi[r] ? j1 : s->row_hi[r];
 
 					for (int j = a; j <= e; j++)
-						s->scores[(size_t) r * SEG + (j - seg_lo)] =
+						s->scores[(size_t) r * SCORES_LD + (j - seg_lo)] =
 							dot_f32(s->q_f32 + (size_t) r * hd,
 									keys + ((size_t) (j - base) * n_kv + kv_head) * hd, hd);
 				}
@@ -1781,7 +1901,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 							  two_digits ? s->k2_t + (size_t) (first - seg_lo / BLOCK) * BLOCK * hd : NULL,
 							  last - first + 1, s->q_i8, rows_qk, hd, NULL,
 							  s->k_scales + (first - seg_lo / BLOCK) * BLOCK, s->q_scale,
-							  s->scores + (first * BLOCK - seg_lo), SEG);
+							  s->scores + (first * BLOCK - seg_lo), SCORES_LD);
 		}
 #endif
 
@@ -1795,7 +1915,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 
 				if (a > e)
 					continue;
-				float	   *row = s->scores + (size_t) r * SEG + (a - seg_lo);
+				float	   *row = s->scores + (size_t) r * SCORES_LD + (a - seg_lo);
 
 				s->seg_m[r] = row_max(row, e - a + 1, isa);
 				softmax_row(row, e - a + 1, s->seg_m[r], &s->seg_l[r], NULL, isa);
@@ -1954,7 +2074,7 @@ cai_attention_merge(const cai_attn_params *ap, const cai_batch_layout *batch, in
 			float		wa,
 						wb;
 
-			fold_weights(&L, cai_attention_exp(M - Mn), cai_attention_exp(m - Mn),
+			fold_weights(&L, cai_attention_exp2(M - Mn), cai_attention_exp2(m - Mn),
 						 pt->l[(size_t) r * pt->n_segs + k], &wa, &wb);
 			fold_row(o, pt->o + ((size_t) k * rows + r) * hd, wa, wb, hd);
 			M = Mn;

@@ -8,16 +8,19 @@
  *
  * Arithmetic (int8 path).  Each query head is quantized to int8 with its own scale (the
  * activation rule of cpu/gemm.h) and scored against the int8 keys with an exact int32 dot
- * product: score = (float) dot * ((q_scale * scale) * k_scale).  Integer dot products have no
+ * product: score = (float) dot * ((q_scale * s2) * k_scale), with s2 = scale * log2(e)
+(cai_attn_score_scale): scores are in base-2 units, so the softmax's exponential is exp2.  Integer dot products have no
  * rounding order, so the kernel may block and vectorize them freely (AVX-512 VNNI scores 16 keys
  * per instruction from a transposed copy of the block, AMX int8 tiles a 16-row tile at a time).
  * With two-digit keys (kv.h) dot = 254 (q . k) + q . k2, both products by the same kernels (a
  * block at a time, so AMX does not batch a segment's blocks), still exact: at most
  * 512 * 127 * (254 * 127 + 127) < 2^31 for the largest head size.
- * Softmax is fp32 with the maximum m subtracted: e_j = exp(score_j - m) (the attention's exp,
- * below) and the total l.  The values are weighted by integers, so that their sums are exact too: over the
- * row's positions j of the segment (below), with v_scale_j the value row's scale and
- * vmax = max v_scale_j,
+ * Softmax is fp32 with the maximum m subtracted: e_j = exp2(score_j - m) (the attention's exp2,
+ * below) and the total l: position i of the row's part of the segment is added, in order, into
+ * partial sum i % 16, and l = tree(p[0] + p[8], ..., p[7] + p[15]) with ops.h's tree of eight.
+ * The values are weighted by integers, so that their sums are exact too: over the row's
+ * positions j of the segment (below), with v_scale_j the value row's scale and vmax = max
+ * v_scale_j,
  *   qinv = 16383 / vmax (0 when vmax < CAI_ATTN_VSCALE_MIN);
  *   w_j = round((e_j * v_scale_j) * qinv), to nearest, ties to even: 14 bits, 0 .. 16383;
  *   o[d] = (float) (sum_j w_j * v_j[d]) * ((vmax / 16383) / l),
@@ -25,8 +28,9 @@
  * it is blocked (cpu/attention_values.c: vpdpbusd, AMX tdpbusd, AVX2 or plain C; the GPU's
  * integer multiply-adds), so every path gives the same bits, and the weights' quantization
  * error (at most half a step of 1/16383 of the largest weight) is far below the int8 values'.
- * Float reference path (shadow KV): the same passes with float queries and keys, the dot product
- * summed with the eight-partial-sum rule of ops.h, and the values by a multiply then an add.
+ * Float reference path (shadow KV): the same passes with float queries (times s2) and keys, the
+ * dot product summed with the eight-partial-sum rule of ops.h, and the values by a multiply then
+ * an add.
  *
  * Segments: the reduction order along the context.  Positions are cut into segments of
  * CAI_ATTN_SEGMENT_TOKENS at fixed absolute boundaries (a constant of the numerics, never of the
@@ -35,7 +39,7 @@
  * value sum o_s.  A row inside one segment takes o_s as it is, so
  * short rows keep the single-pass arithmetic; a longer row folds its segments in order into a
  * running state (M, L, out), starting from its first segment's (m, l, o):
- *   M' = max(M, m_s);  a = exp(M - M') * L;  b = exp(m_s - M') * l_s  (the attention's exp);
+ *   M' = max(M, m_s);  a = exp2(M - M') * L;  b = exp2(m_s - M') * l_s  (the attention's exp2);
  *   L' = a + b;  out = (a / L') * out + (b / L') * o_s, element by element.
  * Segments are therefore independent until the merge, so a long row's segments may be computed
  * by different threads (or GPU blocks) and merged later with the same bits: the CPU backend
@@ -59,10 +63,10 @@
 typedef struct cai_attn_scratch
 {
 	/* rows are padded to a multiple of 16 query rows */
-	float	   *scores;			/* [rows][256] one segment's scores, then probabilities */
+	float	   *scores;			/* [rows][256 + 16] one segment's scores, then probabilities */
 	int8_t	   *q_i8;			/* [rows][head_dim] quantized queries */
-	float	   *q_f32;			/* [rows][head_dim] scaled float queries (reference path) */
-	float	   *q_scale;		/* [rows] q_scale * scale */
+	float	   *q_f32;			/* [rows][head_dim] queries times the score scale (reference path) */
+	float	   *q_scale;		/* [rows] q_scale * score scale (cai_attn_score_scale) */
 	int32_t    *q_sum;			/* [rows] sum of each quantized query (VNNI's offset) */
 	int8_t	   *k_t;			/* [blocks][head_dim/4][16][4] keys of one head, transposed: one
 								 * block's, or a segment's (AMX) */
@@ -94,12 +98,25 @@ typedef struct cai_attn_scratch
 #define CAI_ATTN_VSCALE_MIN 0x1p-64f
 
 /*
- * The attention's exp: ops.h's (clamps, range reduction by n = round(x log2 e), degree-6 Taylor
- * polynomial, times 2^n) with its multiply-adds fused, r = x - n ln2 in two fused steps and
- * Horner's rule in six, each rounded once.  It takes six fewer instructions than ops.h's on the
- * softmax's hottest loop; the GPU's attention computes the same with __fmaf_rn.
+ * The attention's exp2: x clamped to [CAI_ATTN_EXP2_LO, CAI_ATTN_EXP2_HI], k = x rounded to the
+ * nearest integer (ties to even), r = x - k (exact, |r| <= 1/2), 2^r by the degree-6 polynomial
+ * below (Horner's rule, each step a fused multiply-add rounded once), times 2^k.  Its
+ * coefficients are a minimax fit of 2^r on [-1/2, 1/2] (its constant rounds to 1, so exp2(0) = 1
+ * exactly): relative error 8e-8 in float, under the natural exp's 2e-7 that it replaced.  Scores
+ * in base 2 save the multiply by log2(e) and the two-part reduction of a natural exp: the
+ * softmax's hottest loop runs twelve vector instructions per sixteen scores instead of sixteen.
+ * The GPU's attention computes the same with __fmaf_rn.
  */
-float		cai_attention_exp(float x);
+#define CAI_ATTN_EXP2_LO (-126.0f)
+#define CAI_ATTN_EXP2_HI 127.0f
+#define CAI_ATTN_EXP2_C1 0.6931471824645996f
+#define CAI_ATTN_EXP2_C2 0.24022646248340607f
+#define CAI_ATTN_EXP2_C3 0.05550328642129898f
+#define CAI_ATTN_EXP2_C4 0.009618489071726799f
+#define CAI_ATTN_EXP2_C5 0.0013399930903688073f
+#define CAI_ATTN_EXP2_C6 0.0001534581242594868f
+
+float		cai_attention_exp2(float x);
 
 /* Segments a row of a context of max_context positions can meet. */
 int			cai_attention_max_segments(int max_context);

@@ -91,9 +91,8 @@ cai_v8f_sum(const cai_v8f *v)
  * result never depends on its lane or its neighbours, nor on the width of the vector:
  * CAI_DEFINE_VEXP(name, VF, VI) defines `VF name(const VF *px)` for any float vector type VF
  * with its int32 vector type VI (cai_v8f_exp below), and every width gives every lane the same
- * bits.  The clamps select by comparison masks like
- * cai_v8f_max/min (a NaN becomes -87).  The constants are named for cpu/attention.c's AVX-512
- * version, which must give the same bits.
+ * bits.  The clamps select by comparison masks like cai_v8f_max/min (a NaN becomes -87).
+ * (The attention's softmax has an exp2 of its own: cpu/attention.h.)
  */
 #define CAI_EXP_LO (-87.0f)
 #define CAI_EXP_HI 88.0f
@@ -107,11 +106,23 @@ cai_v8f_sum(const cai_v8f *v)
 #define CAI_EXP_C3 (1.0f / 6.0f)
 #define CAI_EXP_C2 0.5f
 /*
- * The exp's frame for a polynomial step POLY(VF, x, n, p): clamp x, n = x log2(e) rounded, then
- * POLY makes p = e^(x - n ln2) from x and n, and the result is p * 2^n.  ops.h's polynomial is
- * CAI_VEXP_POLY (each multiply and add rounded); cpu/attention.c's exp plugs in a fused one.
+ * x (a float vector VF, int vector VI) clamped to [lo, hi] lane by lane by comparison masks: a
+ * NaN becomes lo.
  */
-#define CAI_DEFINE_VEXP_WITH(NAME, VF, VI, POLY) \
+#define CAI_VCLAMP(VF, VI, x, lo, hi) \
+	do { \
+		VI			m_ = (x) > (lo); \
+\
+		(x) = (VF) (((VI) (x) & m_) | ((VI) (lo) & ~m_)); \
+		m_ = (x) < (hi); \
+		(x) = (VF) (((VI) (x) & m_) | ((VI) (hi) & ~m_)); \
+	} while (0)
+
+/*
+ * The exp's frame: clamp x, n = x log2(e) rounded, then CAI_VEXP_POLY makes p = e^(x - n ln2)
+ * from x and n (each multiply and add rounded), and the result is p * 2^n.
+ */
+#define CAI_DEFINE_VEXP(NAME, VF, VI) \
 CAI_ALWAYS_INLINE VF \
 NAME(const VF *px) \
 { \
@@ -122,15 +133,11 @@ NAME(const VF *px) \
 	VF			x = *px, \
 				n, \
 				p; \
-	VI			m, \
-				bits; \
+	VI			bits; \
 \
-	m = x > lo; \
-	x = (VF) (((VI) x & m) | ((VI) lo & ~m)); \
-	m = x < hi; \
-	x = (VF) (((VI) x & m) | ((VI) hi & ~m)); \
+	CAI_VCLAMP(VF, VI, x, lo, hi); \
 	n = (x * CAI_EXP_LOG2E + magic) - magic; \
-	POLY(VF, x, n, p); \
+	CAI_VEXP_POLY(VF, x, n, p); \
 	bits = (__builtin_convertvector(n, VI) + 127) << 23; \
 	return p * (VF) bits; \
 }
@@ -148,8 +155,6 @@ NAME(const VF *px) \
 		p = p * r_ + 1.0f; \
 		p = p * r_ + 1.0f; \
 	} while (0)
-
-#define CAI_DEFINE_VEXP(NAME, VF, VI) CAI_DEFINE_VEXP_WITH(NAME, VF, VI, CAI_VEXP_POLY)
 
 CAI_DEFINE_VEXP(cai_v8f_exp, cai_v8f, cai_v8i)
 
