@@ -10,6 +10,11 @@
  * run alongside (on a shared machine contention only ever slows a run down).  The prefix cache is
  * off, so nothing is reused between runs.  Tokens are greedy unless --temp is given (then each
  * decode sequence b draws with seed --seed + b, so that sampling's cost is in the figures).
+ * With --long-prompts N,N,... the prefill runs in rounds: the --prompt-tokens prompt, then each
+ * long prompt followed by the --prompt-tokens prompt again, so that every long run sits between
+ * two short ones; each long length's rate over the mean of its two neighbours' rates is taken
+ * per round and its median reported.  On a shared machine whose speed drifts from second to
+ * second, that ratio varies far less than one of rates measured in separate runs.
  * With --json-schema FILE (or --json-object) every request is constrained to it, so that the
  * grammar's masks are in the figures; pick a schema whose values run past --gen-tokens (a long
  * minLength, many minItems), since a constrained request ends where its value does.
@@ -28,6 +33,7 @@ static struct
 	cli_numerics numerics;
 	cli_int_list batches;
 	int			prompt_tokens;
+	cli_int_list long_prompts;
 	int			gen_tokens;
 	int			decode_prompt_tokens;
 	int			step_tokens;
@@ -63,6 +69,16 @@ static const cli_option bench_options[] = {
 		.target = &bench_opts.prompt_tokens,
 		.metavar = "N",
 		.help = "prefill prompt length (default 512)",
+		.min = 1,
+		.max = 1 << 20,
+	},
+	{
+		.name = "long-prompts",
+		.kind = CLI_OPT_INT_LIST,
+		.target = &bench_opts.long_prompts,
+		.metavar = "N,N,...",
+		.help = "also prefill these lengths, each between two --prompt-tokens runs, and report "
+		"each one's rate over theirs (file comment)",
 		.min = 1,
 		.max = 1 << 20,
 	},
@@ -332,6 +348,11 @@ cmd_bench(int argc, char **argv)
 	double		prefill_best;
 	double	   *decode_tps = NULL;
 	decode_result *decode_best = NULL;
+	int			n_long = 0;
+	cli_tokens	long_prompts[CLI_LIST_MAX] = {{0}};
+	double	   *long_seconds = NULL;	/* [long prompt][round] */
+	double	   *long_ratio = NULL;
+	int			longest;
 	bool		progress;
 
 	memset(&bench_opts, 0, sizeof(bench_opts));
@@ -357,11 +378,19 @@ cmd_bench(int argc, char **argv)
 		if (bench_opts.batches.items[i] > max_batch)
 			max_batch = bench_opts.batches.items[i];
 
+	n_long = bench_opts.long_prompts.n;
+	longest = bench_opts.prompt_tokens;
+	for (int i = 0; i < n_long; i++)
+		if (bench_opts.long_prompts.items[i] > longest)
+			longest = bench_opts.long_prompts.items[i];
+
 	rc = CLI_EXIT_ERROR;
 	samples = calloc((size_t) bench_opts.repeat, sizeof(double));
 	decode_tps = calloc((size_t) bench_opts.batches.n, sizeof(double));
 	decode_best = calloc((size_t) bench_opts.batches.n, sizeof(decode_result));
-	if (!samples || !decode_tps || !decode_best)
+	long_seconds = calloc((size_t) (n_long + 1) * bench_opts.repeat, sizeof(double));
+	long_ratio = calloc((size_t) (n_long + 1) * bench_opts.repeat, sizeof(double));
+	if (!samples || !decode_tps || !decode_best || !long_seconds || !long_ratio)
 	{
 		cli_error("out of memory");
 		goto done;
@@ -385,7 +414,7 @@ cmd_bench(int argc, char **argv)
 	ep.n_threads = bench_opts.threads;
 	ep.max_running = max_batch;
 	ep.max_step_tokens = bench_opts.step_tokens;
-	ep.context_length = bench_opts.prompt_tokens + 8;
+	ep.context_length = longest + 8;
 	if (ep.context_length < bench_opts.decode_prompt_tokens + bench_opts.gen_tokens + 8)
 		ep.context_length = bench_opts.decode_prompt_tokens + bench_opts.gen_tokens + 8;
 	ep.max_queue = max_batch + 8;
@@ -417,13 +446,38 @@ cmd_bench(int argc, char **argv)
 		cli_error("out of memory building the prompt");
 		goto done;
 	}
+	for (int i = 0; i < n_long; i++)
+		if (!make_prompt(model, &base, bench_opts.long_prompts.items[i], 0, &long_prompts[i]))
+		{
+			cli_error("out of memory building the prompts");
+			goto done;
+		}
 	for (int r = 0; r < bench_opts.repeat; r++)
 	{
-		if (run_prefill(engine, &prompt, &samples[r]) != CLI_EXIT_OK)
+		double		before;
+
+		if (run_prefill(engine, &prompt, &before) != CLI_EXIT_OK)
 			goto done;
+		samples[r] = before;
 		if (progress)
-			fprintf(stderr, "  prefill %d tokens: %.1f tokens/s\n", prompt.n,
-					prompt.n / samples[r]);
+			fprintf(stderr, "  prefill %d tokens: %.1f tokens/s\n", prompt.n, prompt.n / before);
+		for (int i = 0; i < n_long; i++)
+		{
+			double		t,
+						after;
+
+			if (run_prefill(engine, &long_prompts[i], &t) != CLI_EXIT_OK ||
+				run_prefill(engine, &prompt, &after) != CLI_EXIT_OK)
+				goto done;
+			long_seconds[i * bench_opts.repeat + r] = t;
+			long_ratio[i * bench_opts.repeat + r] =
+				(long_prompts[i].n / t) / (0.5 * (prompt.n / before + prompt.n / after));
+			if (progress)
+				fprintf(stderr, "  prefill %d tokens: %.1f tokens/s, %.1f %% of the %d-token rate "
+						"around it\n", long_prompts[i].n, long_prompts[i].n / t,
+						100.0 * long_ratio[i * bench_opts.repeat + r], prompt.n);
+			before = after;
+		}
 	}
 	prefill_median = median(samples, bench_opts.repeat);
 	prefill_best = samples[0];	/* median() sorted them: the shortest time is first */
@@ -466,6 +520,19 @@ cmd_bench(int argc, char **argv)
 		   prompt.n, bench_opts.step_tokens, prefill_median,
 		   prefill_median > 0 ? prompt.n / prefill_median : 0.0,
 		   prefill_best > 0 ? prompt.n / prefill_best : 0.0);
+	printf("  \"long_prefill\": [");
+	for (int i = 0; i < n_long; i++)
+	{
+		double	   *sec = long_seconds + (size_t) i * bench_opts.repeat;
+		double		t = median(sec, bench_opts.repeat);
+		double		ratio = median(long_ratio + (size_t) i * bench_opts.repeat, bench_opts.repeat);
+
+		printf("%s\n    {\"prompt_tokens\": %d, \"seconds\": %.6f, \"tokens_per_second\": %.2f, "
+			   "\"best_tokens_per_second\": %.2f, \"ratio_to_prompt_tokens\": %.4f}",
+			   i ? "," : "", long_prompts[i].n, t, long_prompts[i].n / t,
+			   long_prompts[i].n / sec[0], ratio);
+	}
+	printf("%s],\n", n_long ? "\n  " : "");
 	printf("  \"decode\": [");
 	for (int i = 0; i < bench_opts.batches.n; i++)
 	{
@@ -494,6 +561,10 @@ cmd_bench(int argc, char **argv)
 done:
 	cli_tokens_free(&base);
 	cli_tokens_free(&prompt);
+	for (int i = 0; i < n_long; i++)
+		cli_tokens_free(&long_prompts[i]);
+	free(long_seconds);
+	free(long_ratio);
 	free(samples);
 	free(decode_tps);
 	free(decode_best);

@@ -90,22 +90,28 @@ def run_cai_bench(args, options):
 
 
 def bench_ours(args, repeat):
-    """`cai bench` at --prompt-tokens and --batches (repeat timed runs), then the prefill of each
-    --long-prompts length (its decode part is a token of batch 1, ignored)."""
-    result = run_cai_bench(args, [
-        "--batches", ",".join(str(b) for b in args.batches),
-        "--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens),
-        "--decode-prompt-tokens", str(args.decode_prompt_tokens), "--repeat", str(repeat)])
-    result["long_prefill"] = {}
-    for n in args.long_prompts:
-        long = run_cai_bench(args, ["--batches", "1", "--gen-tokens", "2", "--prompt-tokens",
-                                    str(n), "--repeat", str(repeat)])
-        result["long_prefill"][str(n)] = long["prefill"]
+    """`cai bench` at --prompt-tokens and --batches (repeat timed runs), with each
+    --long-prompts length prefilled between two --prompt-tokens runs (cai bench's file comment)."""
+    options = ["--batches", ",".join(str(b) for b in args.batches),
+               "--prompt-tokens", str(args.prompt_tokens), "--gen-tokens", str(args.gen_tokens),
+               "--decode-prompt-tokens", str(args.decode_prompt_tokens), "--repeat", str(repeat)]
+    if args.long_prompts:
+        options += ["--long-prompts", ",".join(str(n) for n in args.long_prompts)]
+    result = run_cai_bench(args, options)
+    result["long_prefill"] = {str(f["prompt_tokens"]): f for f in result.get("long_prefill", [])}
     return result
 
 
 # ------------------------------------------------------------------------------------------------
 # llama.cpp through the low-level API
+
+
+def figure(n_tokens, times):
+    """A prefill figure from the timed runs' seconds, in `cai bench`'s shape."""
+    return {"prompt_tokens": n_tokens, "seconds": statistics.median(times),
+            "tokens_per_second": n_tokens / statistics.median(times),
+            "best_tokens_per_second": n_tokens / min(times),
+            "runs_tokens_per_second": [n_tokens / t for t in times]}
 
 
 @llama_cpp.llama_log_callback
@@ -180,32 +186,50 @@ class LlamaBench:
         if rc != 0:
             raise RuntimeError(f"llama_decode failed ({rc})")
 
-    def prefill(self, n_tokens, repeat):
-        """Median seconds to prefill one n_tokens prompt (512-token calls), after a warm-up."""
-        ctx = self.context(n_tokens + 64, 1)
+    def prefill_once(self, ctx, batch, tokens):
+        """Seconds to prefill `tokens` into an emptied ctx (512-token calls)."""
+        llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
+        t0 = time.perf_counter()
+        for start in range(0, len(tokens), LLAMA_N_BATCH):
+            chunk = tokens[start:start + LLAMA_N_BATCH]
+            last = start + len(chunk) == len(tokens)
+            self.fill(batch, [(t, start + i, 0, last and i == len(chunk) - 1)
+                              for i, t in enumerate(chunk)])
+            self.decode(ctx, batch)
+        return time.perf_counter() - t0
+
+    def prefill(self, n_tokens, repeat, long_prompts=()):
+        """Median seconds to prefill one n_tokens prompt, after a warm-up.  With long_prompts,
+        `cai bench --long-prompts`' rounds: each long prompt between two n_tokens runs, and its
+        rate over the mean of theirs per round (returned under "long_prefill")."""
+        longest = max([n_tokens] + list(long_prompts))
+        ctx = self.context(longest + 64, 1)
         batch = llama_cpp.llama_batch_init(LLAMA_N_BATCH, 0, 1)
         tokens = self.prompt(n_tokens)
+        long_tokens = {n: self.prompt(n) for n in long_prompts}
         times = []
+        long_times = {n: [] for n in long_prompts}
+        long_ratios = {n: [] for n in long_prompts}
         try:
             for rep in range(repeat + 1):
-                llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
-                t0 = time.perf_counter()
-                for start in range(0, n_tokens, LLAMA_N_BATCH):
-                    chunk = tokens[start:start + LLAMA_N_BATCH]
-                    last = start + len(chunk) == n_tokens
-                    self.fill(batch, [(t, start + i, 0, last and i == len(chunk) - 1)
-                                      for i, t in enumerate(chunk)])
-                    self.decode(ctx, batch)
-                elapsed = time.perf_counter() - t0
+                before = self.prefill_once(ctx, batch, tokens)
                 if rep > 0:
-                    times.append(elapsed)
+                    times.append(before)
+                for n in long_prompts:
+                    t = self.prefill_once(ctx, batch, long_tokens[n])
+                    after = self.prefill_once(ctx, batch, tokens)
+                    if rep > 0:
+                        long_times[n].append(t)
+                        long_ratios[n].append((n / t) / (0.5 * (n_tokens / before + n_tokens / after)))
+                    before = after
         finally:
             llama_cpp.llama_batch_free(batch)
             llama_cpp.llama_free(ctx)
-        return {"prompt_tokens": n_tokens, "seconds": statistics.median(times),
-                "tokens_per_second": n_tokens / statistics.median(times),
-                "best_tokens_per_second": n_tokens / min(times),
-                "runs_tokens_per_second": [n_tokens / t for t in times]}
+        result = figure(n_tokens, times)
+        result["long_prefill"] = {str(n): dict(figure(n, long_times[n]),
+                                               ratio_to_prompt_tokens=statistics.median(long_ratios[n]))
+                                  for n in long_prompts}
+        return result
 
     def decode_batch(self, n_seq, gen_tokens, repeat, prompt_tokens):
         """Aggregate greedy decode tokens/s of n_seq sequences decoding together, each after a
@@ -260,15 +284,15 @@ def bench_llama(path, args, label, repeat):
     print(f"llama.cpp: {label}: {path}", file=sys.stderr, flush=True)
     bench = LlamaBench(path, args.threads)
     try:
-        result = {"model": path, "label": label,
-                  "prefill": bench.prefill(args.prompt_tokens, repeat), "decode": []}
+        prefill = bench.prefill(args.prompt_tokens, repeat, args.long_prompts)
+        result = {"model": path, "label": label, "long_prefill": prefill.pop("long_prefill"),
+                  "prefill": prefill, "decode": []}
         print(f"  prefill {args.prompt_tokens}: "
               f"{result['prefill']['tokens_per_second']:.1f} tokens/s", file=sys.stderr)
-        result["long_prefill"] = {}
-        for n in args.long_prompts:
-            result["long_prefill"][str(n)] = bench.prefill(n, repeat)
-            print(f"  prefill {n}: {result['long_prefill'][str(n)]['tokens_per_second']:.1f} "
-                  "tokens/s", file=sys.stderr)
+        for n, fig in result["long_prefill"].items():
+            print(f"  prefill {n}: {fig['tokens_per_second']:.1f} tokens/s, "
+                  f"{100 * fig['ratio_to_prompt_tokens']:.1f} % of the {args.prompt_tokens}-token "
+                  "rate around it", file=sys.stderr)
         for b in args.batches:
             d = bench.decode_batch(b, args.gen_tokens, repeat, args.decode_prompt_tokens)
             result["decode"].append(d)
@@ -330,7 +354,7 @@ def merge_figure(figures):
     merged["tokens_per_second"] = statistics.median(rates)
     merged["best_tokens_per_second"] = max(rates)
     merged["runs_tokens_per_second"] = rates
-    for key in ("seconds", "ms_per_step", "tokens_per_second_per_sequence"):
+    for key in ("seconds", "ms_per_step", "tokens_per_second_per_sequence", "ratio_to_prompt_tokens"):
         merged.pop(key, None)
     return merged
 
@@ -343,10 +367,9 @@ def merge_rounds(runs):
                         for i in range(len(runs[0]["decode"]))]
     merged["long_prefill"] = {n: merge_figure([r["long_prefill"][n] for r in runs])
                               for n in runs[0]["long_prefill"]}
-    # each round's rate at n over its rate at --prompt-tokens, and their median
+    # each round's rate at n over the --prompt-tokens rate around it, and their median
     for n, fig in merged["long_prefill"].items():
-        per_round = [r["long_prefill"][n]["tokens_per_second"] / r["prefill"]["tokens_per_second"]
-                     for r in runs]
+        per_round = [r["long_prefill"][n]["ratio_to_prompt_tokens"] for r in runs]
         fig["runs_over_short_prompt"] = per_round
         fig["over_short_prompt"] = statistics.median(per_round)
     merged["rounds"] = runs
@@ -445,8 +468,9 @@ def long_prompt_table(args, rows):
     """Prefill rates by prompt length (medians over the rounds), each over the engine's rate at
     --prompt-tokens (the median of the per-round ratios), and pg_cai over each llama.cpp."""
     lengths = [str(n) for n in args.long_prompts]
-    lines = ["", f"prefill tokens/s by prompt length (median; in brackets, the median of each "
-             f"round's rate over its {args.prompt_tokens}-token rate)",
+    lines = ["", f"prefill tokens/s by prompt length (median; in brackets, the median over the "
+             f"rounds of the rate over the mean of the {args.prompt_tokens}-token runs just "
+             "before and after it)",
              f"{'':28} {'prefill ' + str(args.prompt_tokens):>12}" + "".join(
                  f"{'prefill ' + n:>20}" for n in lengths)]
     for name, r in rows:
