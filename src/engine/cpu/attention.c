@@ -1568,8 +1568,9 @@ prefetch_tile_start(const cai_attn_params *ap, const cai_batch_layout *batch, in
 
 #if defined(__x86_64__)
 /*
- * cai_op_quantize_vec_i8 of a query (n a multiple of 16) on AVX-512, the same bits: the largest
- * |x| (exact in any order), scale = amax / 127, q = x * (127 / amax) clamped to +-127 by vmaxps and
+ * cai_op_quantize_vec_i8 of a query (n a multiple of 16) on AVX-512, the same bits for finite
+ * x (a NaN may land in another lane's maximum, as it may on the GPU): the largest |x| (exact in
+ * any order), scale = amax / 127, q = x * (127 / amax) clamped to +-127 by vmaxps and
  * vminps (the comparisons cai_v8f_max and cai_v8f_min make) and rounded to nearest even by
  * vcvtps2dq (as the 1.5 * 2^23 trick does), and the sum of the q.  The portable version, built
  * for AVX2, takes about three times as long on the 64 floats of a head.
