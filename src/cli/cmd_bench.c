@@ -34,6 +34,7 @@ static struct
 	cli_int_list batches;
 	int			prompt_tokens;
 	cli_int_list long_prompts;
+	int			follow_up;
 	int			gen_tokens;
 	int			decode_prompt_tokens;
 	int			step_tokens;
@@ -79,6 +80,16 @@ static const cli_option bench_options[] = {
 		.metavar = "N,N,...",
 		.help = "also prefill these lengths, each between two --prompt-tokens runs, and report "
 		"each one's rate over theirs (file comment)",
+		.min = 1,
+		.max = 1 << 20,
+	},
+	{
+		.name = "follow-up",
+		.kind = CLI_OPT_INT,
+		.target = &bench_opts.follow_up,
+		.metavar = "N",
+		.help = "also time N new tokens after each prompt length cached, against the same "
+		"tokens cold (file comment)",
 		.min = 1,
 		.max = 1 << 20,
 	},
@@ -216,9 +227,14 @@ bench_request(cai_request_params *rp, const cli_tokens *prompt, int max_tokens, 
 	return cli_load_grammar(bench_opts.json_schema, bench_opts.json_object, &rp->grammar);
 }
 
-/* One prefill run: seconds from submit to the first token. */
+/*
+ * One prefill run: seconds from submit to the first token.  cache_salt 0 leaves the prefix cache
+ * alone; another looks up and inserts in that namespace, and *cached_tokens (when given) says
+ * how much of the prompt it reused.
+ */
 static int
-run_prefill(cai_engine *engine, const cli_tokens *prompt, double *seconds)
+run_prefill_cached(cai_engine *engine, const cli_tokens *prompt, uint64_t cache_salt,
+				   double *seconds, int *cached_tokens)
 {
 	cai_request_params rp;
 	cli_generation gen;
@@ -227,11 +243,69 @@ run_prefill(cai_engine *engine, const cli_tokens *prompt, double *seconds)
 
 	if (!bench_request(&rp, prompt, 1, 0))
 		return CLI_EXIT_ERROR;
+	rp.use_cache = cache_salt != 0;
+	rp.cache_salt = cache_salt;
 	memset(&gen, 0, sizeof(gen));
 	t0 = cli_now();
 	rc = cli_generate(engine, &rp, NULL, &gen);
 	*seconds = cli_now() - t0;
+	if (cached_tokens)
+		*cached_tokens = gen.usage.cached_tokens;
 	cli_tokens_free(&gen.tokens);
+	return rc;
+}
+
+static int
+run_prefill(cai_engine *engine, const cli_tokens *prompt, double *seconds)
+{
+	return run_prefill_cached(engine, prompt, 0, seconds, NULL);
+}
+
+typedef struct follow_up_result
+{
+	double	   *seconds;		/* [round] the follow-up's time, prefix cached */
+	double	   *cold_seconds;	/* [round] the same tokens without the cache */
+	double	   *ratio;			/* [round] cold / follow-up */
+	int			cached_tokens;	/* what the last round's follow-up reused */
+} follow_up_result;
+
+/*
+ * One round of --follow-up for `prompt` (P tokens): caches it in namespace `salt`, then times
+ * the prompt extended by n_new tokens from the cache and cold.  The extension is cut from the
+ * bench text at another offset, so it is not a repeat of the prompt's own opening.
+ */
+static int
+run_follow_up(cai_engine *engine, const cai_model *model, const cli_tokens *base,
+			  const cli_tokens *prompt, int n_new, uint64_t salt, follow_up_result *res, int round)
+{
+	cli_tokens	longer = {0};
+	cli_tokens	tail = {0};
+	double		prime;
+	int			cached = 0;
+	int			rc = CLI_EXIT_ERROR;
+
+	if (!make_prompt(model, base, n_new, 53, &tail) ||
+		!cli_tokens_append(&longer, prompt->ids, prompt->n) ||
+		!cli_tokens_append(&longer, tail.ids + (tail.n - n_new), n_new))
+	{
+		cli_error("out of memory building the follow-up prompt");
+		goto done;
+	}
+	if (run_prefill_cached(engine, prompt, salt, &prime, NULL) != CLI_EXIT_OK ||
+		run_prefill_cached(engine, &longer, salt, &res->seconds[round], &cached) != CLI_EXIT_OK ||
+		run_prefill(engine, &longer, &res->cold_seconds[round]) != CLI_EXIT_OK)
+		goto done;
+	if (cached < prompt->n - 1)
+	{
+		cli_error("the follow-up reused %d of the %d cached tokens", cached, prompt->n);
+		goto done;
+	}
+	res->cached_tokens = cached;
+	res->ratio[round] = res->cold_seconds[round] / res->seconds[round];
+	rc = CLI_EXIT_OK;
+done:
+	cli_tokens_free(&longer);
+	cli_tokens_free(&tail);
 	return rc;
 }
 
@@ -352,6 +426,7 @@ cmd_bench(int argc, char **argv)
 	cli_tokens	long_prompts[CLI_LIST_MAX] = {{0}};
 	double	   *long_seconds = NULL;	/* [long prompt][round] */
 	double	   *long_ratio = NULL;
+	follow_up_result follow_ups[CLI_LIST_MAX + 1] = {{0}};	/* the prompt, then each long one */
 	int			longest;
 	bool		progress;
 
@@ -395,6 +470,17 @@ cmd_bench(int argc, char **argv)
 		cli_error("out of memory");
 		goto done;
 	}
+	for (int i = 0; bench_opts.follow_up > 0 && i <= n_long; i++)
+	{
+		follow_ups[i].seconds = calloc((size_t) bench_opts.repeat, sizeof(double));
+		follow_ups[i].cold_seconds = calloc((size_t) bench_opts.repeat, sizeof(double));
+		follow_ups[i].ratio = calloc((size_t) bench_opts.repeat, sizeof(double));
+		if (!follow_ups[i].seconds || !follow_ups[i].cold_seconds || !follow_ups[i].ratio)
+		{
+			cli_error("out of memory");
+			goto done;
+		}
+	}
 	if (bench_opts.isa)
 	{
 		cai_error	err = {0};
@@ -414,11 +500,12 @@ cmd_bench(int argc, char **argv)
 	ep.n_threads = bench_opts.threads;
 	ep.max_running = max_batch;
 	ep.max_step_tokens = bench_opts.step_tokens;
-	ep.context_length = longest + 8;
+	ep.context_length = longest + bench_opts.follow_up + 8;
 	if (ep.context_length < bench_opts.decode_prompt_tokens + bench_opts.gen_tokens + 8)
 		ep.context_length = bench_opts.decode_prompt_tokens + bench_opts.gen_tokens + 8;
 	ep.max_queue = max_batch + 8;
-	ep.host_cache_bytes = 0;
+	/* emptied before every follow-up round, so it only ever holds one prompt's blocks */
+	ep.host_cache_bytes = bench_opts.follow_up > 0 ? (size_t) 1 << 30 : 0;
 	if (cai_engine_create(model, &ep, &engine, &err) != CAI_OK)
 	{
 		cli_report("could not create the engine", &err);
@@ -482,6 +569,22 @@ cmd_bench(int argc, char **argv)
 	prefill_median = median(samples, bench_opts.repeat);
 	prefill_best = samples[0];	/* median() sorted them: the shortest time is first */
 
+	for (int r = 0; bench_opts.follow_up > 0 && r < bench_opts.repeat; r++)
+		for (int i = 0; i <= n_long; i++)
+		{
+			const cli_tokens *p = i == 0 ? &prompt : &long_prompts[i - 1];
+			follow_up_result *f = &follow_ups[i];
+
+			cai_engine_cache_reset(engine);
+			if (run_follow_up(engine, model, &base, p, bench_opts.follow_up,
+							  (uint64_t) r + 1, f, r) != CLI_EXIT_OK)
+				goto done;
+			if (progress)
+				fprintf(stderr, "  follow-up of %d tokens after %d cached: %.1f ms, cold %.1f ms "
+						"(%.1fx)\n", bench_opts.follow_up, f->cached_tokens,
+						1000.0 * f->seconds[r], 1000.0 * f->cold_seconds[r], f->ratio[r]);
+		}
+
 	for (int i = 0; i < bench_opts.batches.n; i++)
 	{
 		int			batch = bench_opts.batches.items[i];
@@ -533,6 +636,18 @@ cmd_bench(int argc, char **argv)
 			   long_prompts[i].n / sec[0], ratio);
 	}
 	printf("%s],\n", n_long ? "\n  " : "");
+	printf("  \"follow_up\": [");
+	for (int i = 0; bench_opts.follow_up > 0 && i <= n_long; i++)
+	{
+		const follow_up_result *f = &follow_ups[i];
+
+		printf("%s\n    {\"cached_tokens\": %d, \"new_tokens\": %d, \"seconds\": %.6f, "
+			   "\"cold_seconds\": %.6f, \"cold_over_follow_up\": %.3f}",
+			   i ? "," : "", f->cached_tokens, bench_opts.follow_up,
+			   median(f->seconds, bench_opts.repeat), median(f->cold_seconds, bench_opts.repeat),
+			   median(f->ratio, bench_opts.repeat));
+	}
+	printf("%s],\n", bench_opts.follow_up > 0 ? "\n  " : "");
 	printf("  \"decode\": [");
 	for (int i = 0; i < bench_opts.batches.n; i++)
 	{
@@ -565,6 +680,12 @@ done:
 		cli_tokens_free(&long_prompts[i]);
 	free(long_seconds);
 	free(long_ratio);
+	for (int i = 0; i <= n_long; i++)
+	{
+		free(follow_ups[i].seconds);
+		free(follow_ups[i].cold_seconds);
+		free(follow_ups[i].ratio);
+	}
 	free(samples);
 	free(decode_tps);
 	free(decode_best);

@@ -1,7 +1,8 @@
 """The `cai` command line on the real model: a greedy chat reply is the same for every thread
 count (issue 2's first "must show"), and `cai eval --logits-out` writes exactly the logits its
 own figures were computed from (the files tests/bench/bench_fidelity.py compares llama.cpp
-against), or fails clearly.  Needs no server; uses the repository's ./cai and
+against), or fails clearly; `cai bench --follow-up` times each prompt as a cached conversation's
+next turn, and that turn really reuses the whole prompt.  Needs no server; uses the repository's ./cai and
 $PG_CAI_TEST_MODEL."""
 import array
 import json
@@ -103,4 +104,20 @@ r = cai("eval", "-m", MODEL, "-n", "8", "--logits-out", "/nonexistent/pg_cai_log
 c.check("--logits-out into a missing directory fails clearly",
         r.returncode != 0 and 'could not create "/nonexistent/pg_cai_logits/tokens.i32"' in r.stderr,
         repr(r))
+
+r = cai("bench", "-m", MODEL, "-p", "40", "--long-prompts", "72", "--follow-up", "9", "-r", "1",
+        "-b", "1", "-g", "2", "--json")
+c.check("cai bench --follow-up exits 0", r.returncode == 0, repr(r.stderr[-300:]))
+if r.returncode == 0:
+    follow_up = json.loads(r.stdout)["follow_up"]
+    c.check("one follow-up figure per prompt length, each after its whole prompt cached",
+            [(f["cached_tokens"], f["new_tokens"]) for f in follow_up] == [(40, 9), (72, 9)],
+            repr(follow_up))
+    c.check("each follow-up and its cold run took time, and the ratio is theirs",
+            all(f["seconds"] > 0 and f["cold_seconds"] > 0 and
+                abs(f["cold_over_follow_up"] - f["cold_seconds"] / f["seconds"]) < 1e-3 *
+                f["cold_over_follow_up"] + 1e-3 for f in follow_up), repr(follow_up))
+r = cai("bench", "-m", MODEL, "-p", "40", "-r", "1", "-b", "1", "-g", "2", "--json")
+c.check("without --follow-up the report's follow_up list is empty",
+        r.returncode == 0 and json.loads(r.stdout)["follow_up"] == [], repr(r.stderr[-300:]))
 c.done()
