@@ -7,10 +7,11 @@
  *   1. scores: each block's keys of the KV head are transposed once into groups of four bytes
  *      (kt[g][slot][4] = k[slot][4g .. 4g+3]), so that one 4-byte dot-product instruction
  *      (AVX-512 VNNI vpdpbusd, or AVX2 vpmaddubsw + vpmaddwd) scores a query against all 16
- *      keys of the block at once; every tile row reuses the transposed block.  On avx512-amx
- *      a tile of 16 or more rows takes its scores from AMX int8 tiles instead: the transposed
- *      block is already a tile's B operand, and the segment's blocks are transposed first,
- *      then scored together;
+ *      keys of the block at once; every tile row reuses the transposed block.  On avx512-vnni
+ *      the segment's blocks are transposed first and its whole blocks then scored two at a
+ *      time, each query broadcast feeding both.  On avx512-amx a tile of 16 or more rows
+ *      takes its scores from AMX int8 tiles instead: the transposed block is already a tile's
+ *      B operand, and the segment's blocks are transposed first, then scored together;
  *   2. softmax of each row's part of the segment (attention.h: max subtraction, the
  *      attention's exp2, sixteen-partial-sum total); the int8 path then quantizes each row's
  *      weights to 14 bits in two 7-bit planes (the float reference path normalizes instead);
@@ -322,8 +323,10 @@ qk_block_generic(const int8_t *kt, const int8_t *q, const int32_t *q_sum, int ro
  * reaches dot products that are never read (VNNI arithmetic has no lane crossing).
  */
 TARGET_AVX512 static void
-transpose_keys_avx512(const int8_t *keys, size_t stride, int hd, int8_t *kt)
+transpose_keys_avx512(const int8_t *keys, size_t stride, int hd, bool flip, int8_t *kt)
 {
+	const __m512i flip_bits = _mm512_set1_epi8(flip ? (char) 0x80 : 0);
+
 	for (int c = 0; c < hd / 64; c++)
 	{
 		__m512i		r[16],
@@ -353,10 +356,14 @@ transpose_keys_avx512(const int8_t *keys, size_t stride, int hd, int8_t *kt)
 			__m512i		d1 = _mm512_shuffle_i32x4(b[8 + k], b[12 + k], 0xEE);
 			int8_t	   *out = kt + (size_t) (16 * c) * 64;
 
-			_mm512_storeu_si512(out + (size_t) (0 + k) * 64, _mm512_shuffle_i32x4(c0, d0, 0x88));
-			_mm512_storeu_si512(out + (size_t) (4 + k) * 64, _mm512_shuffle_i32x4(c0, d0, 0xDD));
-			_mm512_storeu_si512(out + (size_t) (8 + k) * 64, _mm512_shuffle_i32x4(c1, d1, 0x88));
-			_mm512_storeu_si512(out + (size_t) (12 + k) * 64, _mm512_shuffle_i32x4(c1, d1, 0xDD));
+			_mm512_storeu_si512(out + (size_t) (0 + k) * 64,
+								_mm512_xor_si512(_mm512_shuffle_i32x4(c0, d0, 0x88), flip_bits));
+			_mm512_storeu_si512(out + (size_t) (4 + k) * 64,
+								_mm512_xor_si512(_mm512_shuffle_i32x4(c0, d0, 0xDD), flip_bits));
+			_mm512_storeu_si512(out + (size_t) (8 + k) * 64,
+								_mm512_xor_si512(_mm512_shuffle_i32x4(c1, d1, 0x88), flip_bits));
+			_mm512_storeu_si512(out + (size_t) (12 + k) * 64,
+								_mm512_xor_si512(_mm512_shuffle_i32x4(c1, d1, 0xDD), flip_bits));
 		}
 	}
 }
@@ -370,9 +377,9 @@ typedef int32_t cai_i32_alias __attribute__((may_alias, aligned(1)));
 	__asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(k), "m"(*(const cai_i32_alias *) (p)))
 
 /*
- * vpdpbusd multiplies unsigned by signed bytes: the keys go in with their top bit flipped
- * (k ^ 0x80 == k + 128 as an unsigned byte), which adds 128 * sum(q) to each dot product;
- * q_sum removes it.  With scores given (a block wholly inside the segment's span), each row's
+ * vpdpbusd multiplies unsigned by signed bytes: the keys come transposed with their top bit
+ * flipped (k ^ 0x80 == k + 128 as an unsigned byte), which adds 128 * sum(q) to each dot
+ * product; q_sum removes it.  With scores given (a block wholly inside the segment's span), each row's
  * scores go straight there instead, ld_scores floats apart: dot * (kscale[slot] * q_scale[r]),
  * the operations the tile applies to dots.  With kt2 (two-digit keys: the second digits,
  * transposed the same way) the dot is 254 (q . k) + q . k2.
@@ -382,7 +389,6 @@ qk_block_avx512(const int8_t *kt, const int8_t *kt2, const int8_t *q, const int3
 				int rows, int hd, int32_t *dots, const float *kscale, const float *q_scale,
 				float *scores, size_t ld_scores)
 {
-	const __m512i flip = _mm512_set1_epi8((char) 0x80);
 	const __m512 ks = _mm512_loadu_ps(kscale);
 	const __m512i base = _mm512_set1_epi32(CAI_KV_KEY_DIGIT_BASE);
 
@@ -410,8 +416,8 @@ qk_block_avx512(const int8_t *kt, const int8_t *kt2, const int8_t *q, const int3
 		{
 			for (int g = 0; g < hd / 4; g++)
 			{
-				__m512i		ka = _mm512_xor_si512(_mm512_loadu_si512(kt + (size_t) g * 64), flip);
-				__m512i		kb = _mm512_xor_si512(_mm512_loadu_si512(kt2 + (size_t) g * 64), flip);
+				__m512i		ka = _mm512_loadu_si512(kt + (size_t) g * 64);
+				__m512i		kb = _mm512_loadu_si512(kt2 + (size_t) g * 64);
 
 				DPBUSD_BCAST(a0, ka, q0 + 4 * g);
 				DPBUSD_BCAST(a1, ka, q1 + 4 * g);
@@ -434,8 +440,8 @@ qk_block_avx512(const int8_t *kt, const int8_t *kt2, const int8_t *q, const int3
 		else
 			for (int g = 0; g < hd / 4; g += 2)
 			{
-				__m512i		ka = _mm512_xor_si512(_mm512_loadu_si512(kt + (size_t) g * 64), flip);
-				__m512i		kb = _mm512_xor_si512(_mm512_loadu_si512(kt + (size_t) g * 64 + 64), flip);
+				__m512i		ka = _mm512_loadu_si512(kt + (size_t) g * 64);
+				__m512i		kb = _mm512_loadu_si512(kt + (size_t) g * 64 + 64);
 
 				DPBUSD_BCAST(a0, ka, q0 + 4 * g);
 				DPBUSD_BCAST(a1, ka, q1 + 4 * g);
@@ -463,6 +469,74 @@ qk_block_avx512(const int8_t *kt, const int8_t *kt2, const int8_t *q, const int3
 		STORE_DOTS(2, a2, b2);
 		STORE_DOTS(3, a3, b3);
 #undef STORE_DOTS
+	}
+}
+
+/*
+ * The scores of two consecutive whole blocks (kt: the first's transposed, flipped keys, the
+ * second's right after), for every row, as qk_block_avx512 makes each: each query broadcast
+ * feeds both blocks, so a step issues six loads for eight vpdpbusd instead of ten (on cores
+ * with two vector multiply ports the loads, not the multiplies, bound qk_block_avx512).
+ * Single-digit keys; kscale holds the two blocks' 32 key scales.
+ */
+TARGET_AVX512 __attribute__((noinline)) static void
+qk_block_pair_avx512(const int8_t *kt, const int8_t *q, const int32_t *q_sum, int rows, int hd,
+					 const float *kscale, const float *q_scale, float *scores, size_t ld_scores)
+{
+	const int8_t *kt_b = kt + (size_t) BLOCK * hd;
+	const __m512 ks_a = _mm512_loadu_ps(kscale);
+	const __m512 ks_b = _mm512_loadu_ps(kscale + BLOCK);
+
+	for (int r = 0; r < rows; r += ROW_GROUP)
+	{
+		const int8_t *q0 = q + (size_t) r * hd;
+		const int8_t *q1 = q0 + hd;
+		const int8_t *q2 = q1 + hd;
+		const int8_t *q3 = q2 + hd;
+		__m512i		a0 = _mm512_setzero_si512(),
+					a1 = a0,
+					a2 = a0,
+					a3 = a0,
+					b0 = a0,
+					b1 = a0,
+					b2 = a0,
+					b3 = a0;
+
+		for (int g = 0; g < hd / 4; g++)
+		{
+			__m512i		ka = _mm512_loadu_si512(kt + (size_t) g * 64);
+			__m512i		kb = _mm512_loadu_si512(kt_b + (size_t) g * 64);
+			__m512i		x;
+
+#define BOTH_BLOCKS(A, B, qr) \
+			do { \
+				x = _mm512_set1_epi32(*(const cai_i32_alias *) ((qr) + 4 * g)); \
+				__asm__("vpdpbusd %2, %1, %0" : "+v"(A) : "v"(ka), "v"(x)); \
+				__asm__("vpdpbusd %2, %1, %0" : "+v"(B) : "v"(kb), "v"(x)); \
+			} while (0)
+			BOTH_BLOCKS(a0, b0, q0);
+			BOTH_BLOCKS(a1, b1, q1);
+			BOTH_BLOCKS(a2, b2, q2);
+			BOTH_BLOCKS(a3, b3, q3);
+#undef BOTH_BLOCKS
+		}
+#define STORE_SCORES(i, A, B) \
+		do { \
+			__m512i		bias_ = _mm512_set1_epi32(q_sum[r + i] * 128); \
+			__m512		qs_ = _mm512_set1_ps(q_scale[r + i]); \
+			float	   *row_ = scores + (size_t) (r + i) * ld_scores; \
+\
+			_mm512_storeu_ps(row_, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(A, bias_)), \
+												 _mm512_mul_ps(ks_a, qs_))); \
+			_mm512_storeu_ps(row_ + BLOCK, \
+							 _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(B, bias_)), \
+										   _mm512_mul_ps(ks_b, qs_))); \
+		} while (0)
+		STORE_SCORES(0, a0, b0);
+		STORE_SCORES(1, a1, b1);
+		STORE_SCORES(2, a2, b2);
+		STORE_SCORES(3, a3, b3);
+#undef STORE_SCORES
 	}
 }
 
@@ -1628,18 +1702,24 @@ quantize_query(const float *x, int hd, int8_t *q, float *scale, int32_t *sum, at
 	*sum = total;
 }
 
-/* A block's keys of one head (rows `stride` bytes apart) into four-byte groups kt[g][slot][4]. */
+/*
+ * A block's keys of one head (rows `stride` bytes apart) into four-byte groups kt[g][slot][4],
+ * with their top bits flipped for vpdpbusd when flip is set (qk_block_avx512).
+ */
 CAI_ALWAYS_INLINE void
-transpose_keys(attn_isa isa, const int8_t *keys, size_t stride, int hd, int s0, int s1, int8_t *kt)
+transpose_keys(attn_isa isa, const int8_t *keys, size_t stride, int hd, int s0, int s1, bool flip,
+			   int8_t *kt)
 {
 #if defined(__x86_64__)
 	if (isa == ATTN_AVX512 && hd % 64 == 0)
 	{
-		transpose_keys_avx512(keys, stride, hd, kt);
+		transpose_keys_avx512(keys, stride, hd, flip, kt);
 		return;
 	}
 #endif
 	transpose_keys_generic(keys, stride, hd, s0, s1, kt);
+	for (int i = 0; flip && i < BLOCK * hd; i++)
+		kt[i] ^= (int8_t) 0x80;
 }
 
 /*
@@ -1706,6 +1786,10 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 		strcmp(cai_cpu_isa(), "avx512-amx") == 0;
 	const int	rows_qk = amx ? (rows + AMX_ROWS - 1) / AMX_ROWS * AMX_ROWS : rows_padded;
 	const bool	two_digits = L->key_digits == 2 && !shadow;
+	/* AVX-512 without AMX: a segment's whole blocks are scored two at a time (single digits) */
+	const bool	block_pairs = isa == ATTN_AVX512 && !amx && !shadow && !two_digits;
+	/* the segment's transposed blocks and key scales kept until its whole blocks are scored */
+	const bool	keep_segment_keys = amx || block_pairs;
 	const tile_out dst = {.out = out, .ldo = ldo, .t0 = t0, .kv_head = kv_head, .group = group};
 	const attn_value_path vpath = amx ? ATTN_VALUES_AMX
 		: isa == ATTN_AVX512 ? ATTN_VALUES_AVX512
@@ -1814,11 +1898,14 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 					prefetch_scales(cai_kv_key_scales(L, next), n_kv);
 				}
 
-				/* with AMX, the segment's blocks are kept (below), one after another */
-				int8_t	   *kt = amx ? s->k_t + (size_t) (b - seg_lo / BLOCK) * BLOCK * hd : s->k_t;
+				/* kept: the segment's blocks one after another (scored below) */
+				int8_t	   *kt = keep_segment_keys ?
+					s->k_t + (size_t) (b - seg_lo / BLOCK) * BLOCK * hd : s->k_t;
 				int8_t	   *kt2 = !two_digits ? NULL :
 					amx ? s->k2_t + (size_t) (b - seg_lo / BLOCK) * BLOCK * hd : s->k2_t;
-				float	   *kscale = amx ? s->k_scales + (b - seg_lo / BLOCK) * BLOCK : kscale_block;
+				float	   *kscale = keep_segment_keys ?
+					s->k_scales + (b - seg_lo / BLOCK) * BLOCK : kscale_block;
+				bool		flip = isa == ATTN_AVX512 && !amx;
 				bool		whole = base >= seg_lo && base + BLOCK - 1 <= seg_hi;
 
 				/* all 16 (slots outside [j0, j1] feed only lanes that are never stored) */
@@ -1828,12 +1915,12 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 
 				/* the head's keys in four-byte groups (two-digit keys: both digits') */
 				transpose_keys(isa, keys + (size_t) kv_head * hd, (size_t) n_kv * hd, hd,
-							   j0 - base, j1 - base, kt);
+							   j0 - base, j1 - base, flip, kt);
 				if (kt2)
 					transpose_keys(isa, cai_kv_key_digits2(L, part) + (size_t) kv_head * hd,
-								   (size_t) n_kv * hd, hd, j0 - base, j1 - base, kt2);
+								   (size_t) n_kv * hd, hd, j0 - base, j1 - base, flip, kt2);
 	#if defined(__x86_64__)
-				if (whole && amx)
+				if (whole && keep_segment_keys)
 					continue;	/* a whole block's scores come with the segment's others, below */
 				if (whole && isa == ATTN_AVX512)
 				{
@@ -1903,6 +1990,25 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 							  last - first + 1, s->q_i8, rows_qk, hd, NULL,
 							  s->k_scales + (first - seg_lo / BLOCK) * BLOCK, s->q_scale,
 							  s->scores + (first * BLOCK - seg_lo), SCORES_LD);
+		}
+		else if (block_pairs)
+		{
+			int			b = (seg_lo + BLOCK - 1) / BLOCK;
+			int			last = (seg_hi + 1) / BLOCK - 1;
+
+			for (; b <= last; b += 2)
+			{
+				const int8_t *kt = s->k_t + (size_t) (b - seg_lo / BLOCK) * BLOCK * hd;
+				const float *kscale = s->k_scales + (b - seg_lo / BLOCK) * BLOCK;
+				float	   *scores = s->scores + (b * BLOCK - seg_lo);
+
+				if (b < last)
+					qk_block_pair_avx512(kt, s->q_i8, s->q_sum, rows_padded, hd, kscale,
+										 s->q_scale, scores, SCORES_LD);
+				else
+					qk_block_avx512(kt, NULL, s->q_i8, s->q_sum, rows_padded, hd, NULL, kscale,
+									s->q_scale, scores, SCORES_LD);
+			}
 		}
 #endif
 

@@ -41,7 +41,9 @@ void		attn_pack_values(attn_value_path path, const int8_t *const *blocks, int n_
  * row_quads[r] quads (rows with none are left unwritten).  The AMX path takes rows in tiles of
  * 16 (rows a multiple of 16, every row's planes zero past its quads up to the tile's longest,
  * rounded up to 64 positions, and sums room for all of them); hd is a multiple of 32 there, of
- * 8 elsewhere.
+ * 8 elsewhere.  The AVX-512 path takes rows in pairs and reads the high planes in whole 64-byte
+ * vectors, to skip their zero quads: every row's planes zero past its quads up to its pair's
+ * longest, rounded up to 64 positions.
  */
 void		attn_value_sums(attn_value_path path, const uint8_t *w_lo, const uint8_t *w_hi,
 							int ld_w, const int8_t *vq, int hd, int rows, const int *row_quads,
