@@ -379,10 +379,11 @@ typedef int32_t cai_i32_alias __attribute__((may_alias, aligned(1)));
 /*
  * vpdpbusd multiplies unsigned by signed bytes: the keys come transposed with their top bit
  * flipped (k ^ 0x80 == k + 128 as an unsigned byte), which adds 128 * sum(q) to each dot
- * product; q_sum removes it.  With scores given (a block wholly inside the segment's span), each row's
- * scores go straight there instead, ld_scores floats apart: dot * (kscale[slot] * q_scale[r]),
- * the operations the tile applies to dots.  With kt2 (two-digit keys: the second digits,
- * transposed the same way) the dot is 254 (q . k) + q . k2.
+ * product; q_sum removes it.  With scores given (a block wholly inside the segment's span),
+ * each row's scores go straight there instead, ld_scores floats apart:
+ * dot * (kscale[slot] * q_scale[r]), the operations the tile applies to dots.  With kt2
+ * (two-digit keys: the second digits, transposed the same way) the dot is
+ * 254 (q . k) + q . k2.
  */
 TARGET_AVX512 __attribute__((noinline)) static void
 qk_block_avx512(const int8_t *kt, const int8_t *kt2, const int8_t *q, const int32_t *q_sum,
