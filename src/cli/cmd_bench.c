@@ -7,9 +7,10 @@
  * ignore_eos to --gen-tokens each; only steps in which all B sequences decode are timed (prefill
  * steps and a ragged tail are left out), and throughput is the tokens those steps produced over
  * their wall time.  Each figure is the median of --repeat runs, after one warm-up, with the best
- * run alongside (on a shared machine contention only ever slows a run down).  The prefix cache is
- * off, so nothing is reused between runs.  Tokens are greedy unless --temp is given (then each
- * decode sequence b draws with seed --seed + b, so that sampling's cost is in the figures).
+ * run alongside (on a shared machine contention only ever slows a run down).  Only --follow-up
+ * (below) uses the prefix cache, so nothing else is reused between runs.  Tokens are greedy
+ * unless --temp is given (then each decode sequence b draws with seed --seed + b, so that
+ * sampling's cost is in the figures).
  * With --long-prompts N,N,... the prefill runs in rounds: the --prompt-tokens prompt, then each
  * long prompt followed by the --prompt-tokens prompt again, so that every long run sits between
  * two short ones; each long length's rate over the mean of its two neighbours' rates is taken
@@ -295,7 +296,7 @@ run_follow_up(cai_engine *engine, const cai_model *model, const cli_tokens *base
 		run_prefill_cached(engine, &longer, salt, &res->seconds[round], &cached) != CLI_EXIT_OK ||
 		run_prefill(engine, &longer, &res->cold_seconds[round]) != CLI_EXIT_OK)
 		goto done;
-	if (cached < prompt->n - 1)
+	if (cached < prompt->n)
 	{
 		cli_error("the follow-up reused %d of the %d cached tokens", cached, prompt->n);
 		goto done;
