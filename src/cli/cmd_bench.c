@@ -16,6 +16,12 @@
  * two short ones; each long length's rate over the mean of its two neighbours' rates is taken
  * per round and its median reported.  On a shared machine whose speed drifts from second to
  * second, that ratio varies far less than one of rates measured in separate runs.
+ * With --follow-up N every prompt length P above is also measured as a conversation's next turn:
+ * per round, with the prefix cache emptied, the prompt of P tokens runs once with the cache,
+ * then the same prompt with N more tokens, whose first P come from the cache; the report gives
+ * that follow-up's time and the cold time of the same P + N tokens without the cache, timed
+ * right after it, and the median per-round ratio cold / follow-up (what bench_cache.py's TTFT
+ * on/off ratio is, without PostgreSQL).
  * With --json-schema FILE (or --json-object) every request is constrained to it, so that the
  * grammar's masks are in the figures; pick a schema whose values run past --gen-tokens (a long
  * minLength, many minItems), since a constrained request ends where its value does.
@@ -270,14 +276,17 @@ typedef struct follow_up_result
 	int			cached_tokens;	/* what the last round's follow-up reused */
 } follow_up_result;
 
+/* The prefix-cache namespace of --follow-up's runs (any but 0, which means no cache). */
+#define FOLLOW_UP_SALT 1
+
 /*
- * One round of --follow-up for `prompt` (P tokens): caches it in namespace `salt`, then times
+ * One round of --follow-up for `prompt` (P tokens), the cache emptied: caches it, then times
  * the prompt extended by n_new tokens from the cache and cold.  The extension is cut from the
  * bench text at another offset, so it is not a repeat of the prompt's own opening.
  */
 static int
 run_follow_up(cai_engine *engine, const cai_model *model, const cli_tokens *base,
-			  const cli_tokens *prompt, int n_new, uint64_t salt, follow_up_result *res, int round)
+			  const cli_tokens *prompt, int n_new, follow_up_result *res, int round)
 {
 	cli_tokens	longer = {0};
 	cli_tokens	tail = {0};
@@ -292,8 +301,9 @@ run_follow_up(cai_engine *engine, const cai_model *model, const cli_tokens *base
 		cli_error("out of memory building the follow-up prompt");
 		goto done;
 	}
-	if (run_prefill_cached(engine, prompt, salt, &prime, NULL) != CLI_EXIT_OK ||
-		run_prefill_cached(engine, &longer, salt, &res->seconds[round], &cached) != CLI_EXIT_OK ||
+	if (run_prefill_cached(engine, prompt, FOLLOW_UP_SALT, &prime, NULL) != CLI_EXIT_OK ||
+		run_prefill_cached(engine, &longer, FOLLOW_UP_SALT, &res->seconds[round],
+						   &cached) != CLI_EXIT_OK ||
 		run_prefill(engine, &longer, &res->cold_seconds[round]) != CLI_EXIT_OK)
 		goto done;
 	if (cached < prompt->n)
@@ -577,8 +587,7 @@ cmd_bench(int argc, char **argv)
 			follow_up_result *f = &follow_ups[i];
 
 			cai_engine_cache_reset(engine);
-			if (run_follow_up(engine, model, &base, p, bench_opts.follow_up,
-							  (uint64_t) r + 1, f, r) != CLI_EXIT_OK)
+			if (run_follow_up(engine, model, &base, p, bench_opts.follow_up, f, r) != CLI_EXIT_OK)
 				goto done;
 			if (progress)
 				fprintf(stderr, "  follow-up of %d tokens after %d cached: %.1f ms, cold %.1f ms "
