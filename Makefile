@@ -16,7 +16,8 @@
 .DEFAULT_GOAL := all
 
 EXTENSION = pg_cai
-DATA = pg_cai--0.1.sql router/pg_cai_router.control router/pg_cai_router--0.1.sql
+# install scripts are frozen once released; each later version is an upgrade script from the last
+DATA = $(wildcard pg_cai--*.sql) router/pg_cai_router.control $(wildcard router/pg_cai_router--*.sql)
 PG_CONFIG ?= pg_config
 
 # ---- the engine: PostgreSQL-free, CUDA-free, built with its own flags -------------------------
