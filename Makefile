@@ -6,6 +6,7 @@
 #   make model        fetch the default model into models/ (scripts/fetch-model.sh)
 #   make unit         build and run the engine's unit tests
 #   make test         the whole suite: unit, pg_regress on a throwaway cluster, scenarios
+#   make check-versions  build and test against PostgreSQL 15, 16, 17 and 18 (one line each)
 #   make setup        fresh machine: apt packages, build, install, model, cluster, first chat
 #   make gpu-check    the GPU kit: build, GPU tests, GPU-vs-CPU tokens, bench_gpu (dry without a
 #                     GPU); make gpu-kit prepares what a bare GPU machine lacks (scripts/gpu-check.sh)
@@ -64,6 +65,9 @@ include tests/fuzz/fuzz.mk
 MODULE_big = pg_cai
 OBJS = pg_cai.o $(patsubst %.c,%.o,$(wildcard src/pg/*.c))
 PG_CPPFLAGS = -Isrc/engine -Isrc/pg
+# A server API whose signature changed between major versions shows first as one of these; as a
+# warning it once built a worker that crashed on the first request, so they are errors.
+PG_CFLAGS = -Werror=incompatible-pointer-types -Werror=implicit-function-declaration -Werror=int-conversion
 SHLIB_LINK = build/libcai.a $(ENGINE_LIBS)
 REGRESS = $(patsubst sql/%.sql,%,$(sort $(wildcard sql/*.sql)))
 REGRESS_OPTS = --inputdir=. --load-extension=pg_cai
@@ -109,6 +113,11 @@ cluster: all install
 cluster-stop:
 	scripts/scale-out.sh stop
 
+# the PostgreSQL version matrix: build, install and test against 15, 16, 17 and 18, one line
+# each (scripts/check-versions.sh; VERSIONS="16 18" for a subset)
+check-versions: all
+	scripts/check-versions.sh $(VERSIONS)
+
 setup:
 	scripts/setup.sh
 
@@ -130,7 +139,7 @@ tests/gpu/e2e_greedy: tests/gpu/e2e_greedy.c tests/synth/synth_model.c tests/syn
 	$(CC) $(ENGINE_CFLAGS) -Itests/synth -o $@ tests/gpu/e2e_greedy.c tests/synth/synth_model.c \
 		tests/synth/gguf_writer.c build/libcai.a $(ENGINE_LIBS)
 
-.PHONY: unit model test cluster cluster-stop setup clean-engine install-engine uninstall-engine \
+.PHONY: unit model test cluster cluster-stop check-versions setup clean-engine install-engine uninstall-engine \
 	gpu-kit gpu-check
 
 # ==== BEGIN CUDA backend (kernels/, tests/gpu, tests/bench/bench_gpu) =============================

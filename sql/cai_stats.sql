@@ -43,3 +43,23 @@ SELECT c.id = :conv2 AS second, m.cached_tokens > 0 AS cache_hit
 FROM cai.messages m JOIN cai.conversations c ON c.id = m.conversation_id
 WHERE c.id IN (:conv2, :conv3) AND m.role = 'assistant' ORDER BY c.id;
 SELECT running, waiting, queued FROM pg_stat_cai;
+
+-- cai_stat_reset zeroes the counters, keeps the gauges (the cache still holds blocks) and says
+-- when; pg_stat_cai counts again from there
+SELECT cache_blocks AS blocks_before FROM pg_stat_cai \gset
+SELECT cai_stat_reset() AS reset_at \gset
+SELECT stats_reset = :'reset_at' AS reset_shown, requests_received, requests_completed,
+       steps, prompt_tokens, generated_tokens, cache_lookups, cache_hit_tokens,
+       busy_seconds = 0 AS not_busy, cache_blocks = :blocks_before AS cache_kept
+FROM pg_stat_cai;
+SELECT length(cai_complete('One, two,', '{"max_tokens": 2}')) > 0 AS completed;
+SELECT requests_received, requests_completed, generated_tokens > 0 AS generated,
+       stats_reset = :'reset_at' AS same_reset
+FROM pg_stat_cai;
+-- only superusers may reset
+SELECT has_function_privilege('cai_user', 'cai_stat_reset()', 'EXECUTE') AS cai_user_may_reset;
+CREATE ROLE regress_cai_stats_user IN ROLE cai_user;
+SET ROLE regress_cai_stats_user;
+SELECT cai_stat_reset();
+RESET ROLE;
+DROP ROLE regress_cai_stats_user;

@@ -17,6 +17,7 @@
 #include "storage/dsm.h"
 #include "storage/shm_mq.h"
 
+#include "pg_compat.h"
 #include "protocol.h"
 
 typedef struct CaiChannel
@@ -32,7 +33,7 @@ extern void CaiCheckWorkerReady(void);
 extern CaiChannel *CaiChannelOpen(cai_request_kind kind, const cai_wbuf *payload);
 extern void CaiChannelReceive(CaiChannel *channel, char **data, Size *len);
 extern void CaiChannelClose(CaiChannel *channel);
-extern void CaiRaiseWorkerError(const char *body, Size len) pg_attribute_noreturn();
+pg_noreturn extern void CaiRaiseWorkerError(const char *body, Size len);
 
 typedef struct CaiGeneration
 {

@@ -74,6 +74,17 @@ typedef struct CaiSharedState
 	TimestampTz stats_updated;
 	double		recent_tokens_per_second;	/* generated tokens per second, ~last 10 s */
 
+	/*
+	 * cai_stat_reset(): the counters as they were at the last reset, which pg_stat_cai subtracts.
+	 * The base belongs to one worker and one engine process: counters start again from zero when
+	 * either is replaced, so a base of an earlier one no longer applies (stats.c).
+	 */
+	TimestampTz stats_reset;	/* 0 until the first reset */
+	uint64		reset_worker_generation;
+	uint64		reset_engine_starts;
+	cai_engine_stats engine_stats_base;
+	CaiWorkerCounters counters_base;
+
 	/* intake ring of request segments, oldest at ring_head */
 	int			ring_capacity;
 	int			ring_head;

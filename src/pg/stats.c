@@ -1,6 +1,6 @@
 /*
  * stats.c — what SQL can see of the engine: cai_model_info(), the pg_stat_cai view's function
- * cai_stats(), and cai_cache_reset().
+ * cai_stats(), cai_stat_reset() and cai_cache_reset().
  *
  * The worker publishes a summary of its model and its statistics in shared memory, so reading
  * them costs no round trip and works while the worker is busy.
@@ -21,6 +21,7 @@
 PG_FUNCTION_INFO_V1(pg_cai_model_info);
 PG_FUNCTION_INFO_V1(pg_cai_stats);
 PG_FUNCTION_INFO_V1(pg_cai_cache_reset);
+PG_FUNCTION_INFO_V1(pg_cai_stat_reset);
 
 static const char *
 state_name(CaiWorkerState state)
@@ -123,6 +124,36 @@ pg_cai_model_info(PG_FUNCTION_ARGS)
 	PG_RETURN_DATUM(DirectFunctionCall1(jsonb_in, CStringGetDatum(out.data)));
 }
 
+/* counters minus their values at the last reset: what accumulated since */
+static void
+subtract_worker_counters(CaiWorkerCounters *counters, const CaiWorkerCounters *base)
+{
+	counters->requests_received -= base->requests_received;
+	counters->requests_completed -= base->requests_completed;
+	counters->requests_failed -= base->requests_failed;
+	counters->requests_abandoned -= base->requests_abandoned;
+}
+
+/* the engine's cumulative counters since the last reset; its gauges (running, KV and cache in use) stay */
+static void
+subtract_engine_counters(cai_engine_stats *es, const cai_engine_stats *base)
+{
+	es->steps -= base->steps;
+	es->step_sequences -= base->step_sequences;
+	es->prompt_tokens -= base->prompt_tokens;
+	es->prefill_tokens -= base->prefill_tokens;
+	es->generated_tokens -= base->generated_tokens;
+	es->requests_finished -= base->requests_finished;
+	es->requests_cancelled -= base->requests_cancelled;
+	es->requests_rejected -= base->requests_rejected;
+	es->busy_seconds -= base->busy_seconds;
+	es->cache_lookups -= base->cache_lookups;
+	es->cache_lookup_tokens -= base->cache_lookup_tokens;
+	es->cache_hit_tokens -= base->cache_hit_tokens;
+	es->cache_evictions -= base->cache_evictions;
+	es->gemm_fallbacks -= base->gemm_fallbacks;
+}
+
 /*
  * cai_stats() -> record
  *		One row of counters for pg_stat_cai.  Takes the pg_cai lock in shared mode.
@@ -132,8 +163,8 @@ pg_cai_stats(PG_FUNCTION_ARGS)
 {
 	CaiSharedState *shared = CaiSharedStateOrError();
 	TupleDesc	tupdesc;
-	Datum		values[40];
-	bool		nulls[40];
+	Datum		values[41];
+	bool		nulls[41];
 	int			i = 0;
 	int			pid;
 	CaiWorkerState state;
@@ -149,6 +180,7 @@ pg_cai_stats(PG_FUNCTION_ARGS)
 	TimestampTz started;
 	TimestampTz updated;
 	double		recent_rate;
+	TimestampTz stats_reset;
 
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "return type must be a row type");
@@ -168,6 +200,14 @@ pg_cai_stats(PG_FUNCTION_ARGS)
 	started = shared->worker_started;
 	updated = shared->stats_updated;
 	recent_rate = shared->recent_tokens_per_second;
+	stats_reset = shared->stats_reset;
+	if (stats_reset != 0 &&
+		shared->reset_worker_generation == pg_atomic_read_u64(&shared->generation))
+	{
+		subtract_worker_counters(&counters, &shared->counters_base);
+		if (shared->reset_engine_starts == engine_starts)
+			subtract_engine_counters(&es, &shared->engine_stats_base);
+	}
 	LWLockRelease(shared->lock);
 
 	memset(nulls, 0, sizeof(nulls));
@@ -222,6 +262,12 @@ pg_cai_stats(PG_FUNCTION_ARGS)
 	values[i] = TimestampTzGetDatum(updated);
 	nulls[i++] = (updated == 0);
 	values[i++] = Float8GetDatum(recent_rate);
+	/* pg_stat_cai of 0.1 (before ALTER EXTENSION pg_cai UPDATE) has no stats_reset column */
+	if (tupdesc->natts > i)
+	{
+		values[i] = TimestampTzGetDatum(stats_reset);
+		nulls[i++] = (stats_reset == 0);
+	}
 
 	Assert(i == tupdesc->natts);
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
@@ -254,4 +300,28 @@ pg_cai_cache_reset(PG_FUNCTION_ARGS)
 	}
 	CaiChannelClose(channel);
 	PG_RETURN_VOID();
+}
+
+/*
+ * cai_stat_reset() -> timestamptz
+ *		Zeroes pg_stat_cai's counters (requests, steps, tokens, cache lookups and hits, busy time)
+ *		by remembering their current values, and returns the reset time, which pg_stat_cai shows
+ *		as stats_reset.  Gauges (queued, running, cache and KV in use) and engine_starts are not
+ *		counters and stay.  Takes the pg_cai lock exclusively; execution is granted to no one
+ *		but superusers by the install script.
+ */
+Datum
+pg_cai_stat_reset(PG_FUNCTION_ARGS)
+{
+	CaiSharedState *shared = CaiSharedStateOrError();
+	TimestampTz now = GetCurrentTimestamp();
+
+	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
+	shared->stats_reset = now;
+	shared->reset_worker_generation = pg_atomic_read_u64(&shared->generation);
+	shared->reset_engine_starts = shared->engine_starts;
+	shared->engine_stats_base = shared->engine_stats;
+	shared->counters_base = shared->counters;
+	LWLockRelease(shared->lock);
+	PG_RETURN_TIMESTAMPTZ(now);
 }

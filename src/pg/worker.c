@@ -61,6 +61,7 @@
 #include "cai.h"
 #include "engine_process.h"
 #include "guc.h"
+#include "pg_compat.h"
 #include "protocol.h"
 #include "shmem.h"
 #include "worker.h"
@@ -270,7 +271,7 @@ CaiWorkerMain(Datum main_arg)
 
 		if (wait_set == NULL)
 		{
-			wait_set = CreateWaitEventSet(worker_context, 3);
+			wait_set = CaiCreateWaitEventSet(worker_context, 3);
 			AddWaitEventToSet(wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
 			AddWaitEventToSet(wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
 			socket_event = -1;

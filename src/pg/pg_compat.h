@@ -1,0 +1,43 @@
+/*
+ * pg_compat.h — the few PostgreSQL APIs that differ between the versions pg_cai supports (15 to
+ * 18), behind one name each, so that no other file carries a PG_VERSION_NUM guard.
+ *
+ * Include after postgres.h.  A new major version's changes belong here: an API that changed its
+ * signature must get a wrapper even when the compiler only warns, since a pointer of the wrong
+ * type passed to the server crashes the worker (the Makefile makes those warnings errors).
+ */
+#ifndef PG_CAI_PG_COMPAT_H
+#define PG_CAI_PG_COMPAT_H
+
+#include "storage/latch.h"
+#include "utils/memutils.h"
+
+/*
+ * A function that never returns: 18 replaced the trailing pg_attribute_noreturn() with a
+ * leading pg_noreturn.
+ */
+#if PG_VERSION_NUM < 180000 && !defined(pg_noreturn)
+#if defined(__GNUC__) || defined(__clang__)
+#define pg_noreturn __attribute__((noreturn))
+#else
+#define pg_noreturn
+#endif
+#endif
+
+/*
+ * A wait event set that lives as long as the caller keeps it and is freed by FreeWaitEventSet.
+ * Up to 16 the set is allocated in the given memory context; from 17 on it lives in
+ * TopMemoryContext and may be tracked by a resource owner instead: none here, since the
+ * background worker frees its set itself and runs without a resource owner.
+ */
+static inline WaitEventSet *
+CaiCreateWaitEventSet(MemoryContext context, int nevents)
+{
+#if PG_VERSION_NUM >= 170000
+	return CreateWaitEventSet(NULL, nevents);
+#else
+	return CreateWaitEventSet(context, nevents);
+#endif
+}
+
+#endif							/* PG_CAI_PG_COMPAT_H */
