@@ -100,8 +100,9 @@ installcheck-gemma:
 		--load-extension=pg_cai cai_gemma
 endif
 
+# MODEL=hf:OWNER/REPO/FILE.gguf or an https URL (with SHA256=...) fetches another model
 model:
-	scripts/fetch-model.sh
+	scripts/fetch-model.sh $(MODEL) $(SHA256)
 
 test: all install $(SYNTH_TOOL)
 	scripts/run-tests.sh

