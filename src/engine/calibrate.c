@@ -99,7 +99,7 @@ cai_model_make_rotation(cai_model *m, int n, cai_rotation *r)
  * whole text KL 0.0325 -> 0.0048, 89.7% -> 95.8%, +2.6% -> +0.55%.  The weights' part is about
  * half of what is left and does not shrink with finer activation scales: per-channel int8
  * requantization of the Q4_1 weights alone, everything else float, agrees on 96.8% over the
- * whole text (KL 0.0023; per matrix kind, per-group scales and 9-bit ablations in the README's
+ * whole text (KL 0.0023; per matrix kind, per-group scales and 9-bit ablations in docs/numerics.md,
  * "int8 fidelity"), and the activations alone on 97.05%.
  */
 
