@@ -612,19 +612,6 @@ cuda_head_rmsnorm(cai_backend *be, float *x, int ldx, int n_tok, int n_heads, in
 }
 
 static void
-cuda_rmsnorm_quant(cai_backend *be, const float *x, const float *w, int n_tok, int d, float eps,
-				   int8_t *q, float *s)
-{
-	cuda_backend *cb = cb_of(be);
-	cai_error	e;
-
-	if (cb->failed || !operand(cb, x, "norm input") || !output_ok(cb, q, "norm output") ||
-		!output_ok(cb, s, "norm scales"))
-		return;
-	be_check(cb, cai_cuda_rmsnorm(cb->ctx, x, w, n_tok, d, eps, NULL, q, s, &e), &e);
-}
-
-static void
 cuda_quantize(cai_backend *be, const float *x, int n_tok, int k, int8_t *q, float *s)
 {
 	cuda_backend *cb = cb_of(be);
@@ -869,18 +856,6 @@ cuda_swiglu(cai_backend *be, const float *gate_up, int n_tok, int d_ff, float *o
 			const cai_then_rotate *then)
 {
 	glu_rows(be, false, gate_up, n_tok, d_ff, out, then);
-}
-
-static void
-cuda_swiglu_quant(cai_backend *be, const float *gate_up, int n_tok, int d_ff, int8_t *q, float *s)
-{
-	cuda_backend *cb = cb_of(be);
-	cai_error	e;
-
-	if (cb->failed || !operand(cb, gate_up, "swiglu input") || !output_ok(cb, q, "swiglu output") ||
-		!output_ok(cb, s, "swiglu scales"))
-		return;
-	be_check(cb, cai_cuda_swiglu(cb->ctx, gate_up, n_tok, d_ff, NULL, q, s, &e), &e);
 }
 
 static void
@@ -1397,7 +1372,6 @@ static const cai_backend_ops cuda_ops = {
 	.gather_rows = cuda_gather_rows,
 	.rmsnorm = cuda_rmsnorm,
 	.head_rmsnorm = cuda_head_rmsnorm,
-	.rmsnorm_quant = cuda_rmsnorm_quant,
 	.quantize = cuda_quantize,
 	.quantize_residual = cuda_quantize_residual,
 	.gemm_i8 = cuda_gemm_i8,
@@ -1405,7 +1379,6 @@ static const cai_backend_ops cuda_ops = {
 	.rope_prepare = cuda_rope_prepare,
 	.rope = cuda_rope,
 	.swiglu = cuda_swiglu,
-	.swiglu_quant = cuda_swiglu_quant,
 	.geglu = cuda_geglu,
 	.rmsnorm_add = cuda_rmsnorm_add,
 	.scale = cuda_scale,

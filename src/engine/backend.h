@@ -24,7 +24,6 @@
 #include <stdint.h>
 
 #include "cai.h"
-#include "cpu/threadpool.h"
 #include "kv.h"
 #include "weights.h"
 
@@ -201,10 +200,6 @@ typedef struct cai_backend_ops
 	void		(*head_rmsnorm) (cai_backend *be, float *x, int ldx, int n_tok, int n_heads,
 								 int head_dim, const float *w, float eps);
 
-	/* rmsnorm fused with per-token symmetric int8 quantization (cai_quantize_act_i8's rule). */
-	void		(*rmsnorm_quant) (cai_backend *be, const float *x, const float *w, int n_tok,
-								  int d, float eps, int8_t *q, float *s);
-
 	/* Per-token int8 quantization of x [n_tok, k]. */
 	void		(*quantize) (cai_backend *be, const float *x, int n_tok, int k, int8_t *q,
 							 float *s);
@@ -249,14 +244,11 @@ typedef struct cai_backend_ops
 						 const cai_then_rotate *then);
 
 	/*
-	 * gate_up [n_tok, 2 * d_ff] holds gate then up of each token:
-	 * h = silu(gate) * up, written as float (swiglu; then, row stride d_ff) or quantized per
-	 * token (swiglu_quant).
+	 * gate_up [n_tok, 2 * d_ff] holds gate then up of each token: h = silu(gate) * up, written
+	 * as float (then: rotated and quantized for the down projection; row stride d_ff).
 	 */
 	void		(*swiglu) (cai_backend *be, const float *gate_up, int n_tok, int d_ff,
 						   float *out, const cai_then_rotate *then);
-	void		(*swiglu_quant) (cai_backend *be, const float *gate_up, int n_tok, int d_ff,
-								 int8_t *q, float *s);
 
 	/*
 	 * Operations only some architectures need (forward.c refuses a model that needs one its
@@ -353,7 +345,8 @@ struct cai_backend
 typedef cai_status (*cai_backend_factory) (void *arg, const cai_backend_limits *limits,
 										   cai_backend **out, cai_error *err);
 
-/* The CPU backend over a thread pool (NULL = run on the caller alone). */
+/* The CPU backend over a thread pool (cpu/threadpool.h; NULL = run on the caller alone). */
+typedef struct cai_threadpool cai_threadpool;
 cai_status	cai_backend_cpu_create(cai_threadpool *pool, const cai_backend_limits *limits,
 								   cai_backend **out, cai_error *err);
 void		cai_backend_free(cai_backend *be);

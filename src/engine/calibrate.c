@@ -426,6 +426,69 @@ site_metric(cai_forward_ctx *ctx, cai_threadpool *pool, site_metrics *sm, gemm_s
 	return rm;
 }
 
+/* Per-channel maxima of |activation| at the inputs of the int8 GEMMs, and the inputs themselves */
+typedef struct cai_activation_stats
+{
+	float	   *attn_in;		/* [d_model] the attention norm's output (QKV input) */
+	float	   *ffn_in;			/* [d_model] the FFN norm's output (gate/up input) */
+	float	   *down_in;		/* [d_ff] the activation's output (down input) */
+	int			max_rows;		/* the maxima cover the first max_rows rows */
+	/* copies of the GEMM inputs themselves (all rows), [T][width] each, or NULL */
+	float	   *attn_x;
+	float	   *wo_x;
+	float	   *ffn_x;
+	float	   *down_x;
+} cai_activation_stats;
+
+/* Per-channel maxima of |x| over n_tok rows of width values, merged into max_abs. */
+static void
+record_max_abs(const float *x, int n_tok, int width, float *max_abs)
+{
+	for (int t = 0; t < n_tok; t++)
+		for (int j = 0; j < width; j++)
+		{
+			float		a = fabsf(x[(size_t) t * width + j]);
+
+			max_abs[j] = a > max_abs[j] ? a : max_abs[j];
+		}
+}
+
+/*
+ * The float layer's observer (cai_forward_observer): records each GEMM input's per-channel
+ * maxima over its first max_rows rows (the output projection's input has no smoothing, so no
+ * maxima) and copies the whole input where a copy is kept.
+ */
+static void
+record_gemm_input(void *arg, cai_forward_tap tap, const float *x, int n, int width)
+{
+	cai_activation_stats *stats = arg;
+	float	   *max_abs = NULL;
+	float	   *copy = NULL;
+
+	switch (tap)
+	{
+		case CAI_TAP_ATTN_IN:
+			max_abs = stats->attn_in;
+			copy = stats->attn_x;
+			break;
+		case CAI_TAP_WO_IN:
+			copy = stats->wo_x;
+			break;
+		case CAI_TAP_FFN_IN:
+			max_abs = stats->ffn_in;
+			copy = stats->ffn_x;
+			break;
+		case CAI_TAP_DOWN_IN:
+			max_abs = stats->down_in;
+			copy = stats->down_x;
+			break;
+	}
+	if (max_abs)
+		record_max_abs(x, n < stats->max_rows ? n : stats->max_rows, width, max_abs);
+	if (copy)
+		memcpy(copy, x, (size_t) n * width * sizeof(float));
+}
+
 /*
  * Converts every layer: dequantizes its matrices to float, runs the layer on the float path
  * over the calibration tokens (the float output of the previous layers) to record the maxima
@@ -454,6 +517,7 @@ cai_convert_layers(cai_model *m, cai_threadpool *pool, cai_convert_plan *plan,
 	cai_batch_seq seq;
 	cai_batch_layout batch;
 	cai_activation_stats stats = {0};
+	const cai_forward_observer observer = {.tap = record_gemm_input, .arg = &stats};
 	float	   *s_attn = NULL,
 			   *s_ffn = NULL,
 			   *s_down = NULL,
@@ -583,7 +647,7 @@ cai_convert_layers(cai_model *m, cai_threadpool *pool, cai_convert_plan *plan,
 		memset(stats.attn_in, 0, (size_t) d * sizeof(float));
 		memset(stats.ffn_in, 0, (size_t) d * sizeof(float));
 		memset(stats.down_in, 0, (size_t) d_ff * sizeof(float));
-		cai_forward_layer(m, ctx, kv, &batch, l, true, &stats, NULL, 0);
+		cai_forward_layer_float(m, ctx, kv, &batch, l, &observer, NULL, 0);
 
 		/* smoothing factors and the int8 path's norms */
 		{
@@ -667,7 +731,7 @@ cai_convert_layers(cai_model *m, cai_threadpool *pool, cai_convert_plan *plan,
 	 */
 	ctx->be->ops->rmsnorm(ctx->be, ctx->x, m->out_norm, T, d, c->norm_eps, ctx->xn, NULL);
 	memset(stats.attn_in, 0, (size_t) d * sizeof(float));
-	cai_record_max_abs(ctx->xn, T < stats.max_rows ? T : stats.max_rows, d, stats.attn_in);
+	record_max_abs(ctx->xn, T < stats.max_rows ? T : stats.max_rows, d, stats.attn_in);
 	smoothing_factors_wmax(stats.attn_in, d, head_wmax, s_head);
 	for (int j = 0; j < d; j++)
 		m->out_norm_i8[j] = m->out_norm[j] / s_head[j];

@@ -29,8 +29,10 @@
  *
  * The float reference path runs the same structure with float GEMMs over copies of the source
  * weights and no activation quantization; its attention reads a float shadow of the KV kept in
- * the forward context (forward_internal.h).  The calibration (calibrate.c) runs single layers
- * of the float path through cai_forward_layer.
+ * the forward context (forward_internal.h).  Each path has its own layer function, read top to
+ * bottom (cai_forward_layer_int8, cai_forward_layer_float); what they share is the attention
+ * between the projections.  The calibration (calibrate.c) runs single layers of the float path,
+ * watching their GEMM inputs through an observer (cai_forward_observer).
  */
 #include "forward_internal.h"
 
@@ -421,18 +423,6 @@ cai_forward_shadow_prepare(cai_forward_ctx *ctx, cai_kv_pool *kv, const cai_batc
 	return CAI_OK;
 }
 
-void
-cai_record_max_abs(const float *x, int n_tok, int width, float *max_abs)
-{
-	for (int t = 0; t < n_tok; t++)
-		for (int j = 0; j < width; j++)
-		{
-			float		a = fabsf(x[(size_t) t * width + j]);
-
-			max_abs[j] = a > max_abs[j] ? a : max_abs[j];
-		}
-}
-
 /* The rotary embedding of this model's global layers or of its windowed ones. */
 void
 cai_model_rope_params(const cai_model *model, bool windowed, cai_rope_params *rope)
@@ -508,18 +498,171 @@ gemm_input_rotation(cai_forward_ctx *ctx, const cai_rotation *rot, int width)
 	return (cai_then_rotate) {.rot = rot, .n_vec = width / rot->n, .q = ctx->xq, .s = ctx->xs};
 }
 
+/* The attention parameters of layer l. */
+static cai_attn_params
+layer_attn_params(const cai_config *c, int l)
+{
+	cai_attn_params ap;
+
+	ap.n_heads = c->n_heads;
+	ap.n_kv_heads = c->n_kv_heads;
+	ap.head_dim = c->head_dim;
+	ap.window = c->attn_window[l];
+	ap.kv_layer = c->kv_index[l];
+	ap.scale = c->arch->attention.scale > 0.0f ? c->arch->attention.scale :
+		1.0f / sqrtf((float) c->head_dim);
+	return ap;
+}
+
 /*
- * One transformer layer over the batch's T rows of ctx->x (in place), on the int8 path or the
- * float path (f).  stats, float path only: records the GEMM inputs' per-channel maxima.
+ * The part of a layer both paths share, from the projected q, k, v rows in ctx->qkv to the
+ * attention output in ctx->att: per-head query and key norms (Qwen3, Gemma 3), RoPE, the KV
+ * write (a layer reading another's KV writes none) and attention.  to_heads (the int8 path)
+ * also rotates every q and k head after RoPE, which leaves their dot products as they were
+ * (calibrate.c's "rotations"); shadow (the float path) is the float copy of the KV it reads.
  *
- * out_rows (the last layer): only those rows' outputs are wanted.  Every row still writes its
- * K/V and attends, but the output projection and the FFN run on the n_out_rows rows alone,
- * gathered into ctx->xg, which then holds the layer's output for them (row i = out_rows[i]).
+ * On both paths q and k arrive here in the source's basis: the int8 path's smoothing acts on
+ * the GEMM's input channels and its head rotation comes after RoPE, so the source norm weights
+ * apply as they are.
+ */
+static void
+layer_attention(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
+				const cai_batch_layout *batch, int l, const cai_then_rotate *to_heads,
+				const cai_kv_shadow *shadow)
+{
+	const cai_config *c = &model->cfg;
+	const cai_layer_operands *w = &ctx->w.layers[l];
+	cai_backend *be = ctx->be;
+	const cai_backend_ops *op = be->ops;
+	const int	T = batch->n_tokens;
+	const int	q_dim = c->n_heads * c->head_dim;
+	const int	kv_dim = c->n_kv_heads * c->head_dim;
+	const int	qkv_w = ctx->qkv_width;
+	const bool	owns_kv = c->kv_source[l] == l;
+	const int	n_qk_heads = owns_kv ? c->n_heads + c->n_kv_heads : c->n_heads;
+	const bool	own_rope = c->attn_window[l] > 0 && ctx->rope_cs_windowed;
+	float	   *q = ctx->qkv;
+	float	   *k = ctx->qkv + q_dim;
+	float	   *v = ctx->qkv + q_dim + kv_dim;
+	cai_attn_params ap = layer_attn_params(c, l);
+	cai_rope_params rope;
+
+	if (c->qk_norm)
+	{
+		op->head_rmsnorm(be, q, qkv_w, T, c->n_heads, c->head_dim, w->attn_q_norm, c->norm_eps);
+		if (owns_kv)
+			op->head_rmsnorm(be, k, qkv_w, T, c->n_kv_heads, c->head_dim, w->attn_k_norm,
+							 c->norm_eps);
+	}
+	cai_model_rope_params(model, own_rope, &rope);
+	op->rope(be, &rope, own_rope ? ctx->rope_cs_windowed : ctx->rope_cs, q, qkv_w, T,
+			 n_qk_heads, c->head_dim, to_heads);
+	if (owns_kv)
+		op->kv_write(be, &ap, batch, k, v, qkv_w, kv, shadow);
+	op->attention(be, &ap, batch, q, qkv_w, kv, shadow, ctx->att, q_dim);
+}
+
+/*
+ * The rows the rest of a layer works on.  In the last layer (out_rows) only those rows'
+ * outputs are wanted: every row has written its K/V and attended, but the output projection and
+ * the FFN run on the n_out_rows rows alone, gathered with their attention outputs into ctx->xg
+ * and ctx->qkv (free again).  Returns the number of rows: T, or n_out_rows.
+ */
+static int
+layer_output_rows(cai_forward_ctx *ctx, const cai_config *c, int T, const int32_t *out_rows,
+				  int n_out_rows, float **x, float **att)
+{
+	cai_backend *be = ctx->be;
+
+	*x = ctx->x;
+	*att = ctx->att;
+	if (!out_rows)
+		return T;
+	be->ops->gather_rows(be, ctx->x, c->d_model, out_rows, n_out_rows, ctx->xg);
+	be->ops->gather_rows(be, ctx->att, c->n_heads * c->head_dim, out_rows, n_out_rows, ctx->qkv);
+	*x = ctx->xg;
+	*att = ctx->qkv;
+	return n_out_rows;
+}
+
+/*
+ * One transformer layer on the int8 path over the batch's T rows of ctx->x (in place): every
+ * GEMM input is normed or activated, rotated and quantized by the operation that writes it,
+ * and the GEMMs run on int8.  A sandwiched sublayer (Gemma 3) writes its output to ctx->gate_up
+ * (free until the FFN) and norms it on its way into x.  out_rows: layer_output_rows.
  */
 void
-cai_forward_layer(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
-			  const cai_batch_layout *batch, int l, bool f,
-			  cai_activation_stats *stats, const int32_t *out_rows, int n_out_rows)
+cai_forward_layer_int8(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
+					   const cai_batch_layout *batch, int l, const int32_t *out_rows,
+					   int n_out_rows)
+{
+	const cai_config *c = &model->cfg;
+	const cai_layer_operands *w = &ctx->w.layers[l];
+	cai_backend *be = ctx->be;
+	const cai_backend_ops *op = be->ops;
+	const int	T = batch->n_tokens;
+	const int	d = c->d_model;
+	const int	q_dim = c->n_heads * c->head_dim;
+	const int	d_ff = c->d_ff;
+	const bool	owns_kv = c->kv_source[l] == l;
+	const int	n_qk_heads = owns_kv ? c->n_heads + c->n_kv_heads : c->n_heads;
+	float	   *sub_out = ctx->gate_up;
+	float	   *x,
+			   *att;
+	int			n;
+
+	/* the rotations of calibrate.c, done by the operation that writes the rows */
+	const cai_then_rotate to_model = gemm_input_rotation(ctx, &ctx->w.rot_model, d);
+	const cai_then_rotate to_ff = gemm_input_rotation(ctx, &ctx->w.rot_ff, d_ff);
+	const cai_then_rotate to_heads = {.rot = &ctx->w.rot_head,
+	.n_vec = n_qk_heads * c->head_dim / ctx->w.rot_head.n};
+
+	/* attention: the q, k, v projections (a layer reading another's KV computes q only) */
+	op->rmsnorm(be, ctx->x, w->attn_norm_i8, T, d, c->norm_eps, ctx->xn, &to_model);
+	gemm_input(ctx, ctx->xn, T, d, w->wqkv, owns_kv ? ctx->qkv_width : q_dim, w->bqkv_i8,
+			   ctx->qkv, ctx->qkv_width, false);
+	layer_attention(model, ctx, kv, batch, l, &to_heads, NULL);
+	if ((n = layer_output_rows(ctx, c, T, out_rows, n_out_rows, &x, &att)) == 0)
+		return;
+
+	/* x += the attention output projection */
+	op->quantize(be, att, n, q_dim, ctx->xq, ctx->xs);
+	gemm_input(ctx, att, n, q_dim, w->wo, d, NULL, c->sandwich_norm ? sub_out : x, d,
+			   !c->sandwich_norm);
+	if (c->sandwich_norm)
+		op->rmsnorm_add(be, sub_out, w->attn_post_norm, n, d, c->norm_eps, x);
+
+	/* x += down(act(gate(x)) * up(x)) */
+	op->rmsnorm(be, x, w->ffn_norm_i8, n, d, c->norm_eps, ctx->xn, &to_model);
+	gemm_input(ctx, ctx->xn, n, d, w->w_gate_up, 2 * d_ff, NULL, ctx->gate_up, 2 * d_ff, false);
+	if (c->ffn_act == CAI_ACT_GEGLU)
+		op->geglu(be, ctx->gate_up, n, d_ff, ctx->xn, &to_ff);
+	else
+		op->swiglu(be, ctx->gate_up, n, d_ff, ctx->xn, &to_ff);
+	gemm_input(ctx, ctx->xn, n, d_ff, w->w_down, d, NULL, c->sandwich_norm ? sub_out : x, d,
+			   !c->sandwich_norm);
+	if (c->sandwich_norm)
+		op->rmsnorm_add(be, sub_out, w->ffn_post_norm, n, d, c->norm_eps, x);
+}
+
+/* Shows a GEMM input of the float path to its observer, if any. */
+static inline void
+observe(const cai_forward_observer *obs, cai_forward_tap tap, const float *x, int n, int width)
+{
+	if (obs)
+		obs->tap(obs->arg, tap, x, n, width);
+}
+
+/*
+ * One transformer layer on the float reference path over the batch's T rows of ctx->x (in
+ * place), in the source's basis with float GEMMs and the float shadow of the KV.  obs, if not
+ * NULL, sees each GEMM's input as it is computed (the calibration's inputs: calibrate.c).
+ * Sandwiched sublayers and out_rows as cai_forward_layer_int8.
+ */
+void
+cai_forward_layer_float(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
+						const cai_batch_layout *batch, int l, const cai_forward_observer *obs,
+						const int32_t *out_rows, int n_out_rows)
 {
 	const cai_config *c = &model->cfg;
 	const cai_layer_operands *w = &ctx->w.layers[l];
@@ -531,156 +674,44 @@ cai_forward_layer(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 	const int	kv_dim = c->n_kv_heads * c->head_dim;
 	const int	qkv_w = ctx->qkv_width;
 	const int	d_ff = c->d_ff;
-	const bool	owns_kv = c->kv_source[l] == l;
-	const cai_kv_shadow *shadow = f ? &ctx->shadow : NULL;
-	float	   *q = ctx->qkv;
-	float	   *k = ctx->qkv + q_dim;
-	float	   *v = ctx->qkv + q_dim + kv_dim;
-	float	   *x = ctx->x;		/* the rows the rest of the layer works on */
-	float	   *att = ctx->att;
-	int			n = T;
-	const int	n_qk_heads = owns_kv ? c->n_heads + c->n_kv_heads : c->n_heads;
-	const bool	own_rope = c->attn_window[l] > 0 && ctx->rope_cs_windowed;
-	float	   *sub_out = ctx->gate_up;	/* a sandwiched sublayer's output, before its norm */
-	cai_rope_params rope;
-	cai_attn_params ap;
+	float	   *sub_out = ctx->gate_up;
+	float	   *x,
+			   *att;
+	int			n;
 
-	/*
-	 * The int8 path's rotations (calibrate.c's "rotations"), done by the operation that writes
-	 * the rows: a GEMM input is rotated and quantized for its GEMM, q and k heads only rotated.
-	 */
-	const cai_then_rotate to_model = gemm_input_rotation(ctx, &ctx->w.rot_model, d);
-	const cai_then_rotate to_ff = gemm_input_rotation(ctx, &ctx->w.rot_ff, d_ff);
-	const cai_then_rotate to_heads = {.rot = &ctx->w.rot_head,
-	.n_vec = n_qk_heads * c->head_dim / ctx->w.rot_head.n};
-
-	ap.n_heads = c->n_heads;
-	ap.n_kv_heads = c->n_kv_heads;
-	ap.head_dim = c->head_dim;
-	ap.window = c->attn_window[l];
-	ap.kv_layer = c->kv_index[l];
-	ap.scale = c->arch->attention.scale > 0.0f ? c->arch->attention.scale :
-		1.0f / sqrtf((float) c->head_dim);
-
-	/* attention: q, k, v projections (a layer reading another's KV computes q only) */
-	if (!f)
+	/* attention: the q, k, v projections (a layer reading another's KV computes q only) */
+	op->rmsnorm(be, ctx->x, w->attn_norm, T, d, c->norm_eps, ctx->xn, NULL);
+	observe(obs, CAI_TAP_ATTN_IN, ctx->xn, T, d);
+	op->gemm_f32(be, ctx->xn, T, d, w->f_wq, q_dim, w->bq, ctx->qkv, qkv_w, false);
+	if (c->kv_source[l] == l)
 	{
-		op->rmsnorm(be, ctx->x, w->attn_norm_i8, T, d, c->norm_eps, ctx->xn, &to_model);
-		gemm_input(ctx, ctx->xn, T, d, w->wqkv, owns_kv ? qkv_w : q_dim, w->bqkv_i8, ctx->qkv,
-				   qkv_w, false);
+		op->gemm_f32(be, ctx->xn, T, d, w->f_wk, kv_dim, w->bk, ctx->qkv + q_dim, qkv_w, false);
+		op->gemm_f32(be, ctx->xn, T, d, w->f_wv, kv_dim, w->bv, ctx->qkv + q_dim + kv_dim, qkv_w,
+					 false);
 	}
-	else
-	{
-		op->rmsnorm(be, ctx->x, w->attn_norm, T, d, c->norm_eps, ctx->xn, NULL);
-		if (stats)
-			cai_record_max_abs(ctx->xn, T < stats->max_rows ? T : stats->max_rows, d, stats->attn_in);
-		if (stats && stats->attn_x)
-			memcpy(stats->attn_x, ctx->xn, (size_t) T * d * sizeof(float));
-		op->gemm_f32(be, ctx->xn, T, d, w->f_wq, q_dim, w->bq, q, qkv_w, false);
-		if (owns_kv)
-		{
-			op->gemm_f32(be, ctx->xn, T, d, w->f_wk, kv_dim, w->bk, k, qkv_w, false);
-			op->gemm_f32(be, ctx->xn, T, d, w->f_wv, kv_dim, w->bv, v, qkv_w, false);
-		}
-	}
+	layer_attention(model, ctx, kv, batch, l, NULL, &ctx->shadow);
+	if ((n = layer_output_rows(ctx, c, T, out_rows, n_out_rows, &x, &att)) == 0)
+		return;
 
-	/*
-	 * per-head query and key norms (Qwen3, Gemma 3), before RoPE.  On both paths q and k are
-	 * here in the source's basis: the int8 path's smoothing acts on the GEMM's input channels
-	 * and its head rotation comes after RoPE, so the source norm weights apply as they are.
-	 */
-	if (c->qk_norm)
-	{
-		op->head_rmsnorm(be, q, qkv_w, T, c->n_heads, c->head_dim, w->attn_q_norm, c->norm_eps);
-		if (owns_kv)
-			op->head_rmsnorm(be, k, qkv_w, T, c->n_kv_heads, c->head_dim, w->attn_k_norm,
-							 c->norm_eps);
-	}
-
-	/*
-	 * RoPE on q and k (adjacent in the row); on the int8 path every head of both also rotated
-	 * by rot_head, which leaves their dot products as they were (calibrate.c's "rotations")
-	 */
-	cai_model_rope_params(model, own_rope, &rope);
-	op->rope(be, &rope, own_rope ? ctx->rope_cs_windowed : ctx->rope_cs, q, qkv_w, T,
-			 n_qk_heads, c->head_dim, f ? NULL : &to_heads);
-	if (owns_kv)
-		op->kv_write(be, &ap, batch, k, v, qkv_w, kv, shadow);
-	op->attention(be, &ap, batch, q, qkv_w, kv, shadow, ctx->att, q_dim);
-
-	/* the last layer: continue with the wanted rows only (ctx->qkv is free again) */
-	if (out_rows)
-	{
-		op->gather_rows(be, ctx->x, d, out_rows, n_out_rows, ctx->xg);
-		op->gather_rows(be, ctx->att, q_dim, out_rows, n_out_rows, ctx->qkv);
-		x = ctx->xg;
-		att = ctx->qkv;
-		n = n_out_rows;
-		if (n == 0)
-			return;
-	}
-
-	/*
-	 * x += attention output projection; sandwiched, the projection goes to sub_out (ctx->gate_up,
-	 * free until the FFN) and is normed on its way into x
-	 */
-	if (!f)
-	{
-		op->quantize(be, att, n, q_dim, ctx->xq, ctx->xs);
-		if (c->sandwich_norm)
-			gemm_input(ctx, att, n, q_dim, w->wo, d, NULL, sub_out, d, false);
-		else
-			gemm_input(ctx, att, n, q_dim, w->wo, d, NULL, x, d, true);
-	}
-	else
-	{
-		if (stats && stats->wo_x)
-			memcpy(stats->wo_x, att, (size_t) n * q_dim * sizeof(float));
-		if (c->sandwich_norm)
-			op->gemm_f32(be, att, n, q_dim, w->f_wo, d, NULL, sub_out, d, false);
-		else
-			op->gemm_f32(be, att, n, q_dim, w->f_wo, d, NULL, x, d, true);
-	}
+	/* x += the attention output projection */
+	observe(obs, CAI_TAP_WO_IN, att, n, q_dim);
+	op->gemm_f32(be, att, n, q_dim, w->f_wo, d, NULL, c->sandwich_norm ? sub_out : x, d,
+				 !c->sandwich_norm);
 	if (c->sandwich_norm)
 		op->rmsnorm_add(be, sub_out, w->attn_post_norm, n, d, c->norm_eps, x);
 
-	/* x += down(act(gate(x)) * up(x)), the same way */
-	if (!f)
-	{
-		op->rmsnorm(be, x, w->ffn_norm_i8, n, d, c->norm_eps, ctx->xn, &to_model);
-		gemm_input(ctx, ctx->xn, n, d, w->w_gate_up, 2 * d_ff, NULL, ctx->gate_up, 2 * d_ff,
-				   false);
-		if (c->ffn_act == CAI_ACT_GEGLU)
-			op->geglu(be, ctx->gate_up, n, d_ff, ctx->xn, &to_ff);
-		else
-			op->swiglu(be, ctx->gate_up, n, d_ff, ctx->xn, &to_ff);
-		if (c->sandwich_norm)
-			gemm_input(ctx, ctx->xn, n, d_ff, w->w_down, d, NULL, sub_out, d, false);
-		else
-			gemm_input(ctx, ctx->xn, n, d_ff, w->w_down, d, NULL, x, d, true);
-	}
+	/* x += down(act(gate(x)) * up(x)) */
+	op->rmsnorm(be, x, w->ffn_norm, n, d, c->norm_eps, ctx->xn, NULL);
+	observe(obs, CAI_TAP_FFN_IN, ctx->xn, n, d);
+	op->gemm_f32(be, ctx->xn, n, d, w->f_gate, d_ff, NULL, ctx->gate_up, 2 * d_ff, false);
+	op->gemm_f32(be, ctx->xn, n, d, w->f_up, d_ff, NULL, ctx->gate_up + d_ff, 2 * d_ff, false);
+	if (c->ffn_act == CAI_ACT_GEGLU)
+		op->geglu(be, ctx->gate_up, n, d_ff, ctx->xn, NULL);
 	else
-	{
-		op->rmsnorm(be, x, w->ffn_norm, n, d, c->norm_eps, ctx->xn, NULL);
-		if (stats)
-			cai_record_max_abs(ctx->xn, n < stats->max_rows ? n : stats->max_rows, d, stats->ffn_in);
-		if (stats && stats->ffn_x)
-			memcpy(stats->ffn_x, ctx->xn, (size_t) n * d * sizeof(float));
-		op->gemm_f32(be, ctx->xn, n, d, w->f_gate, d_ff, NULL, ctx->gate_up, 2 * d_ff, false);
-		op->gemm_f32(be, ctx->xn, n, d, w->f_up, d_ff, NULL, ctx->gate_up + d_ff, 2 * d_ff, false);
-		if (c->ffn_act == CAI_ACT_GEGLU)
-			op->geglu(be, ctx->gate_up, n, d_ff, ctx->xn, NULL);
-		else
-			op->swiglu(be, ctx->gate_up, n, d_ff, ctx->xn, NULL);
-		if (stats)
-			cai_record_max_abs(ctx->xn, n < stats->max_rows ? n : stats->max_rows, d_ff, stats->down_in);
-		if (stats && stats->down_x)
-			memcpy(stats->down_x, ctx->xn, (size_t) n * d_ff * sizeof(float));
-		if (c->sandwich_norm)
-			op->gemm_f32(be, ctx->xn, n, d_ff, w->f_down, d, NULL, sub_out, d, false);
-		else
-			op->gemm_f32(be, ctx->xn, n, d_ff, w->f_down, d, NULL, x, d, true);
-	}
+		op->swiglu(be, ctx->gate_up, n, d_ff, ctx->xn, NULL);
+	observe(obs, CAI_TAP_DOWN_IN, ctx->xn, n, d_ff);
+	op->gemm_f32(be, ctx->xn, n, d_ff, w->f_down, d, NULL, c->sandwich_norm ? sub_out : x, d,
+				 !c->sandwich_norm);
 	if (c->sandwich_norm)
 		op->rmsnorm_add(be, sub_out, w->ffn_post_norm, n, d, c->norm_eps, x);
 }
@@ -698,50 +729,71 @@ cai_forward_batch_from_ctx(cai_forward_ctx *ctx, int T, int n_seqs, cai_batch_la
 	batch->block_tables = ctx->tables;
 }
 
+/* The embeddings of the T tokens into ctx->x, on either path. */
+static void
+embed_tokens(cai_forward_ctx *ctx, int d, int T, bool f)
+{
+	cai_backend *be = ctx->be;
+
+	if (f)
+	{
+		be->ops->embed_f32(be, ctx->w.f_tok_embd, d, ctx->ids, T, ctx->x);
+		return;
+	}
+	be->ops->embed_i8(be, &ctx->w.tok_embd, ctx->ids, T, ctx->x);
+	if (ctx->w.tok_embd_digit2.q)
+		be->ops->embed_i8_add(be, &ctx->w.tok_embd_digit2, ctx->ids, T, ctx->x);
+}
+
+/* The logits of the R rows in ctx->xg (the last layer's output rows), on either path. */
+static void
+output_logits(const cai_model *model, cai_forward_ctx *ctx, int R, bool f, float *logits)
+{
+	const cai_config *c = &model->cfg;
+	cai_backend *be = ctx->be;
+	const int	d = c->d_model;
+
+	if (f)
+	{
+		be->ops->rmsnorm(be, ctx->xg, ctx->w.out_norm, R, d, c->norm_eps, ctx->xn, NULL);
+		be->ops->gemm_f32(be, ctx->xn, R, d, ctx->w.f_lm_head, c->n_vocab, NULL, logits,
+						  c->n_vocab, false);
+	}
+	else
+	{
+		const cai_then_rotate to_model = gemm_input_rotation(ctx, &ctx->w.rot_model, d);
+
+		be->ops->rmsnorm(be, ctx->xg, ctx->w.out_norm_i8, R, d, c->norm_eps, ctx->xn, &to_model);
+		gemm_input(ctx, ctx->xn, R, d, ctx->w.lm_head, c->n_vocab, NULL, logits, c->n_vocab,
+				   false);
+	}
+}
+
 /*
- * A step's operations: the embeddings and rotary angles of its T tokens, the layers (the last
- * one only for the R rows that need logits, in ctx->xg), and those rows' logits.
+ * A step's operations on the int8 path or the float reference path (f): the embeddings and
+ * rotary angles of its T tokens, the layers (the last one only for the R rows that need logits,
+ * in ctx->xg), and those rows' logits.
  */
 static void
 forward_step(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 			 const cai_batch_layout *batch, bool f, int R, float *logits)
 {
 	const cai_config *c = &model->cfg;
-	cai_backend *be = ctx->be;
-	const cai_backend_ops *op = be->ops;
-	const int	d = c->d_model;
 	const int	T = batch->n_tokens;
 
-	if (f)
-		op->embed_f32(be, ctx->w.f_tok_embd, d, ctx->ids, T, ctx->x);
-	else
-	{
-		op->embed_i8(be, &ctx->w.tok_embd, ctx->ids, T, ctx->x);
-		if (ctx->w.tok_embd_digit2.q)
-			op->embed_i8_add(be, &ctx->w.tok_embd_digit2, ctx->ids, T, ctx->x);
-	}
+	embed_tokens(ctx, c->d_model, T, f);
 	cai_forward_prepare(model, ctx, T);
-
 	for (int l = 0; l < c->n_layers; l++)
-		cai_forward_layer(model, ctx, kv, batch, l, f, NULL,
-						  l == c->n_layers - 1 ? ctx->logit_rows : NULL, R);
-
-	if (R <= 0)
-		return;
-	if (!f)
 	{
-		const cai_then_rotate to_model = gemm_input_rotation(ctx, &ctx->w.rot_model, d);
+		const int32_t *out_rows = l == c->n_layers - 1 ? ctx->logit_rows : NULL;
 
-		op->rmsnorm(be, ctx->xg, ctx->w.out_norm_i8, R, d, c->norm_eps, ctx->xn, &to_model);
-		gemm_input(ctx, ctx->xn, R, d, ctx->w.lm_head, c->n_vocab, NULL, logits, c->n_vocab,
-				   false);
+		if (f)
+			cai_forward_layer_float(model, ctx, kv, batch, l, NULL, out_rows, R);
+		else
+			cai_forward_layer_int8(model, ctx, kv, batch, l, out_rows, R);
 	}
-	else
-	{
-		op->rmsnorm(be, ctx->xg, ctx->w.out_norm, R, d, c->norm_eps, ctx->xn, NULL);
-		op->gemm_f32(be, ctx->xn, R, d, ctx->w.f_lm_head, c->n_vocab, NULL, logits,
-					 c->n_vocab, false);
-	}
+	if (R > 0)
+		output_logits(model, ctx, R, f, logits);
 }
 
 /*

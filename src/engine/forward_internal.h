@@ -84,19 +84,25 @@ struct cai_forward_ctx
 	uint8_t    *shadow_valid;	/* [shadow.n_blocks * 16] */
 };
 
-/* Per-channel maxima of |activation| at the inputs of the int8 GEMMs (calibration). */
-typedef struct cai_activation_stats
+/*
+ * The float path's taps: where it shows an observer each GEMM's input, the rows it has just
+ * computed (the attention norm's output, the attention output, the FFN norm's output, the
+ * activation's output).
+ */
+typedef enum cai_forward_tap
 {
-	float	   *attn_in;		/* [d_model] the attention norm's output (QKV input) */
-	float	   *ffn_in;			/* [d_model] the FFN norm's output (gate/up input) */
-	float	   *down_in;		/* [d_ff] the SwiGLU output (down input) */
-	int			max_rows;		/* the maxima cover the first max_rows rows */
-	/* copies of the GEMM inputs themselves (all rows), [T][width] each, or NULL */
-	float	   *attn_x;
-	float	   *wo_x;
-	float	   *ffn_x;
-	float	   *down_x;
-} cai_activation_stats;
+	CAI_TAP_ATTN_IN,			/* [n][d_model] the QKV projections' input */
+	CAI_TAP_WO_IN,				/* [n][n_heads * head_dim] the output projection's input */
+	CAI_TAP_FFN_IN,				/* [n][d_model] the gate and up projections' input */
+	CAI_TAP_DOWN_IN				/* [n][d_ff] the down projection's input */
+} cai_forward_tap;
+
+/* Watches the float path's GEMM inputs (the calibration: calibrate.c); tap may not change x. */
+typedef struct cai_forward_observer
+{
+	void		(*tap) (void *arg, cai_forward_tap tap, const float *x, int n_rows, int width);
+	void	   *arg;
+} cai_forward_observer;
 
 /*
  * Makes the model's weights the backend's (forward_weights.c): every array the model has now,
@@ -136,16 +142,17 @@ void		cai_model_rope_params(const cai_model *model, bool windowed, cai_rope_para
  */
 void		cai_forward_prepare(const cai_model *model, cai_forward_ctx *ctx, int n_tok);
 
-/* Per-channel maxima of |x| over n_tok rows of width values, merged into max_abs. */
-void		cai_record_max_abs(const float *x, int n_tok, int width, float *max_abs);
-
 /*
  * One transformer layer over the batch's T rows of ctx->x (in place), on the int8 path or the
- * float path (f).  stats, float path only: records the GEMM inputs' per-channel maxima.
- * out_rows (the last layer): only those rows' outputs are wanted, in ctx->xg (forward.c).
+ * float reference path.  out_rows (the last layer): only those rows' outputs are wanted, in
+ * ctx->xg.  obs (float path, may be NULL) sees each GEMM's input (forward.c).
  */
-void		cai_forward_layer(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
-							  const cai_batch_layout *batch, int l, bool f, cai_activation_stats *stats, const int32_t *out_rows,
-							  int n_out_rows);
+void		cai_forward_layer_int8(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
+								   const cai_batch_layout *batch, int l, const int32_t *out_rows,
+								   int n_out_rows);
+void		cai_forward_layer_float(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
+									const cai_batch_layout *batch, int l,
+									const cai_forward_observer *obs, const int32_t *out_rows,
+									int n_out_rows);
 
 #endif							/* CAI_FORWARD_INTERNAL_H */

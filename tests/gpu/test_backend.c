@@ -440,28 +440,6 @@ run_int8_step(const synth_model *s, side *cpu, side *gpu, cai_kv_pool *kv, const
 			gpu_same_f32(glog, clog, (size_t) R * SM_VOCAB, "logits");
 	}
 
-	/* the table's fused norm and SwiGLU quantizations, which this forward no longer calls */
-	for (int i = 0; i < 2; i++)
-	{
-		side	   *sd = sides[i];
-		const cai_model_operands *W = &sd->fc->w;
-		const cai_layer_operands *w = &W->layers[0];
-		const cai_backend_ops *op = sd->be->ops;
-
-		op->rmsnorm_quant(sd->be, sd->x, w->ffn_norm_i8, T, SM_D, 1e-5f, sd->xq, sd->xs);
-	}
-	compare(cpu, gpu, cpu->xq, gpu->xq, (size_t) T * SM_D, false, "rmsnorm_quant (int8)");
-	compare(cpu, gpu, cpu->xs, gpu->xs, (size_t) T * 4, true, "rmsnorm_quant scales");
-	for (int i = 0; i < 2; i++)
-	{
-		side	   *sd = sides[i];
-		const cai_backend_ops *op = sd->be->ops;
-
-		op->swiglu_quant(sd->be, sd->gate_up, T, SM_FF, sd->xq, sd->xs);
-	}
-	compare(cpu, gpu, cpu->xq, gpu->xq, (size_t) T * SM_FF, false, "swiglu_quant (int8)");
-	compare(cpu, gpu, cpu->xs, gpu->xs, (size_t) T * 4, true, "swiglu_quant scales");
-
 	/*
 	 * Gemma 3's operations on the same rows: GeGLU with its rotation and quantization for the
 	 * down GEMM, a sublayer's output (the first T rows of gate/up, width SM_D) normed into the

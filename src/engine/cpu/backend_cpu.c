@@ -273,19 +273,6 @@ rmsnorm_rows(void *arg, int t0, int t1, int thread)
 }
 
 static void
-rmsnorm_quant_rows(void *arg, int t0, int t1, int thread)
-{
-	norm_args  *a = arg;
-	float	   *tmp = a->cb->row_scratch + (size_t) thread * a->cb->limits.max_width;
-
-	for (int t = t0; t < t1; t++)
-	{
-		cai_op_rmsnorm_row(a->x + (size_t) t * a->d, a->w, a->d, a->eps, tmp);
-		cai_quantize_act_i8(tmp, 1, a->d, a->q + (size_t) t * a->d, a->s + t);
-	}
-}
-
-static void
 cpu_rmsnorm(cai_backend *be, const float *x, const float *w, int n_tok, int d, float eps,
 			float *out, const cai_then_rotate *then)
 {
@@ -293,15 +280,6 @@ cpu_rmsnorm(cai_backend *be, const float *x, const float *w, int n_tok, int d, f
 	.then = then};
 
 	run_rows(a.cb, n_tok, d + then_work(then), rmsnorm_rows, &a);
-}
-
-static void
-cpu_rmsnorm_quant(cai_backend *be, const float *x, const float *w, int n_tok, int d, float eps,
-				  int8_t *q, float *s)
-{
-	norm_args	a = {.cb = cpu_of(be), .x = x, .w = w, .d = d, .eps = eps, .q = q, .s = s};
-
-	run_rows(a.cb, n_tok, 2 * d, rmsnorm_quant_rows, &a);
 }
 
 typedef struct head_norm_args
@@ -619,8 +597,6 @@ typedef struct swiglu_args
 	const float *gate_up;
 	int			d_ff;
 	float	   *out;
-	int8_t	   *q;
-	float	   *s;
 	const cai_then_rotate *then;
 } swiglu_args;
 
@@ -641,21 +617,6 @@ swiglu_rows(void *arg, int t0, int t1, int thread)
 }
 
 static void
-swiglu_quant_rows(void *arg, int t0, int t1, int thread)
-{
-	swiglu_args *a = arg;
-	float	   *tmp = a->cb->row_scratch + (size_t) thread * a->cb->limits.max_width;
-
-	for (int t = t0; t < t1; t++)
-	{
-		const float *g = a->gate_up + (size_t) t * 2 * a->d_ff;
-
-		cai_op_swiglu_row(g, g + a->d_ff, a->d_ff, tmp);
-		cai_quantize_act_i8(tmp, 1, a->d_ff, a->q + (size_t) t * a->d_ff, a->s + t);
-	}
-}
-
-static void
 cpu_swiglu(cai_backend *be, const float *gate_up, int n_tok, int d_ff, float *out,
 		   const cai_then_rotate *then)
 {
@@ -663,15 +624,6 @@ cpu_swiglu(cai_backend *be, const float *gate_up, int n_tok, int d_ff, float *ou
 	.then = then};
 
 	run_rows(a.cb, n_tok, (int64_t) d_ff * 4 + then_work(then), swiglu_rows, &a);
-}
-
-static void
-cpu_swiglu_quant(cai_backend *be, const float *gate_up, int n_tok, int d_ff, int8_t *q,
-				 float *s)
-{
-	swiglu_args a = {.cb = cpu_of(be), .gate_up = gate_up, .d_ff = d_ff, .q = q, .s = s};
-
-	run_rows(a.cb, n_tok, (int64_t) d_ff * 5, swiglu_quant_rows, &a);
 }
 
 static void
@@ -1036,7 +988,6 @@ static const cai_backend_ops cpu_ops = {
 	.gather_rows = cpu_gather_rows,
 	.rmsnorm = cpu_rmsnorm,
 	.head_rmsnorm = cpu_head_rmsnorm,
-	.rmsnorm_quant = cpu_rmsnorm_quant,
 	.quantize = cpu_quantize,
 	.quantize_residual = cpu_quantize_residual,
 	.add_digits = cpu_add_digits,
@@ -1047,7 +998,6 @@ static const cai_backend_ops cpu_ops = {
 	.rope_prepare = cpu_rope_prepare,
 	.rope = cpu_rope,
 	.swiglu = cpu_swiglu,
-	.swiglu_quant = cpu_swiglu_quant,
 	.geglu = cpu_geglu,
 	.rmsnorm_add = cpu_rmsnorm_add,
 	.scale = cpu_scale,
