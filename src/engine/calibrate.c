@@ -490,6 +490,323 @@ record_gemm_input(void *arg, cai_forward_tap tap, const float *x, int n, int wid
 }
 
 /*
+ * A conversion's state: the calibration tokens and their one-sequence float forward, what the
+ * float layer's observer records, the smoothing factors and the scratch of one layer.
+ */
+typedef struct calibration
+{
+	cai_model  *m;
+	cai_threadpool *pool;
+	cai_convert_plan *plan;
+	bool		fref;			/* the float reference is kept: convert from its copies */
+	bool		compensated;	/* round along the inputs' metrics */
+	int			T;				/* calibration tokens the forward runs over */
+	cai_tokens	tokens;
+	cai_forward_ctx *ctx;
+	cai_kv_pool *kv;
+	int32_t		table[(CALIBRATION_TOKENS + CAI_KV_BLOCK_TOKENS - 1) / CAI_KV_BLOCK_TOKENS];
+	cai_batch_layout batch;
+	cai_activation_stats stats;
+	float	   *s_attn,			/* [d_model] smoothing factors of each GEMM site's input */
+			   *s_ffn,
+			   *s_down,			/* [d_ff] */
+			   *inv_down,		/* [d_ff] 1 / s_down */
+			   *s_head,			/* [d_model] the LM head's */
+			   *wmax;			/* column maxima scratch */
+	float	   *tmp;			/* one layer's float weights when no reference is kept */
+	float	   *wv_rot;			/* the V rows of a layer, rotated per head */
+	float	   *col;			/* one head's column */
+	site_metrics sm;
+} calibration;
+
+#define CALIBRATION_OOM(err) cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory calibrating the model")
+
+/* The calibration tokens (in range of the vocabulary, at least 8) and every buffer. */
+static cai_status
+calibration_begin(calibration *cb, cai_error *err)
+{
+	const cai_config *c = &cb->m->cfg;
+	const int	d = c->d_model;
+	const int	q_dim = c->n_heads * c->head_dim;
+	const int	kv_dim = c->n_kv_heads * c->head_dim;
+	const int	d_ff = c->d_ff;
+	cai_activation_stats *stats = &cb->stats;
+	size_t		tmp_floats = (size_t) (q_dim + 2 * kv_dim) * d + (size_t) d * q_dim + (size_t) 3 * d_ff * d;
+	cai_status	st;
+
+	if ((st = cai_tokenizer_encode(cb->m->tokenizer, calibration_text, strlen(calibration_text),
+								   false, &cb->tokens, err)) != CAI_OK)
+		return st;
+	for (int i = 0; i < cb->tokens.n; i++)
+		if (cb->tokens.ids[i] < 0 || cb->tokens.ids[i] >= c->n_vocab)
+			cb->tokens.ids[i] = 0;
+	while (cb->tokens.n < 8)	/* a vocabulary that makes few tokens: any ids do */
+		if (!cai_tokens_push(&cb->tokens, cb->tokens.n % c->n_vocab))
+			break;
+	cb->T = cb->compensated ? CALIBRATION_TOKENS : SMOOTHING_TOKENS;
+	cb->T = cb->tokens.n < cb->T ? cb->tokens.n : cb->T;
+	stats->max_rows = SMOOTHING_TOKENS;
+
+	stats->attn_in = malloc((size_t) d * sizeof(float));
+	stats->ffn_in = malloc((size_t) d * sizeof(float));
+	stats->down_in = malloc((size_t) d_ff * sizeof(float));
+	cb->s_attn = malloc((size_t) d * sizeof(float));
+	cb->s_ffn = malloc((size_t) d * sizeof(float));
+	cb->s_down = malloc((size_t) d_ff * sizeof(float));
+	cb->inv_down = malloc((size_t) d_ff * sizeof(float));
+	cb->s_head = malloc((size_t) d * sizeof(float));
+	cb->wmax = malloc((size_t) (d > d_ff ? d : d_ff) * sizeof(float));
+	cb->wv_rot = malloc((size_t) kv_dim * d * sizeof(float));
+	cb->col = malloc((size_t) c->head_dim * sizeof(float));
+	if (!cb->fref)
+		cb->tmp = malloc(tmp_floats * sizeof(float));
+	if (!stats->attn_in || !stats->ffn_in || !stats->down_in || !cb->s_attn || !cb->s_ffn ||
+		!cb->s_down || !cb->inv_down || !cb->s_head || !cb->wmax || !cb->wv_rot || !cb->col ||
+		(!cb->fref && !cb->tmp))
+		return CALIBRATION_OOM(err);
+	if (cb->compensated)
+	{
+		const int	site_k[N_SITES] = {[SITE_ATTN] = d, [SITE_WO] = q_dim, [SITE_FFN] = d,
+		[SITE_DOWN] = d_ff};
+		const int	T = cb->T;
+
+		stats->attn_x = malloc((size_t) T * d * sizeof(float));
+		stats->wo_x = malloc((size_t) T * q_dim * sizeof(float));
+		stats->ffn_x = malloc((size_t) T * d * sizeof(float));
+		stats->down_x = malloc((size_t) T * d_ff * sizeof(float));
+		if (!stats->attn_x || !stats->wo_x || !stats->ffn_x || !stats->down_x ||
+			!site_metrics_alloc(&cb->sm, site_k, T))
+			return CALIBRATION_OOM(err);
+	}
+	return CAI_OK;
+}
+
+/* A one-sequence float forward over the calibration tokens, up to the first layer's input. */
+static cai_status
+calibration_forward_begin(calibration *cb, const gguf_tensor *t_embd, cai_error *err)
+{
+	const cai_model *m = cb->m;
+	const int	d = m->cfg.d_model;
+	cai_kv_layout layout;
+	cai_batch_seq seq;
+	size_t		row_bytes;
+	int			n_blocks,
+				R;
+	cai_status	st;
+
+	if ((st = cai_forward_ctx_create(m, cb->pool, cb->T, cb->T, &cb->ctx, err)) != CAI_OK)
+		return st;
+	cai_model_kv_layout(m, &layout);
+	n_blocks = (cb->T + CAI_KV_BLOCK_TOKENS - 1) / CAI_KV_BLOCK_TOKENS;
+	if ((st = cai_kv_pool_create(&layout, n_blocks, &cb->kv, err)) != CAI_OK)
+		return st;
+	for (int b = 0; b < n_blocks; b++)
+		cb->table[b] = cai_kv_block_alloc(cb->kv);
+	seq = (cai_batch_seq) {cb->tokens.ids, cb->T, 0, cb->table, n_blocks, CAI_LOGITS_NONE};
+	if ((st = cai_forward_layout_batch(m, cb->ctx, cb->kv, &seq, 1, &cb->T, &R, err)) != CAI_OK ||
+		(st = cai_forward_shadow_prepare(cb->ctx, cb->kv, &seq, 1, true, err)) != CAI_OK)
+		return st;
+	cai_forward_batch_from_ctx(cb->ctx, cb->T, 1, &cb->batch);
+	if (!ggml_row_bytes(t_embd->type, d, &row_bytes))
+		return cai_fail(err, CAI_ERR_INTERNAL, "embedding row size");
+	for (int t = 0; t < cb->T; t++)
+		if ((st = cai_dequantize_row(t_embd->type, (const uint8_t *) t_embd->data +
+									 (size_t) cb->ctx->ids[t] * row_bytes,
+									 cb->ctx->x + (size_t) t * d, d, err)) != CAI_OK)
+			return st;
+	cai_forward_prepare(m, cb->ctx, cb->T);
+	return CAI_OK;
+}
+
+/* Layer l's float weights: dequantized into the reference copies, or into the scratch. */
+static cai_status
+layer_float_weights(calibration *cb, int l, const cai_layer_sources *ls, cai_error *err)
+{
+	const cai_config *c = &cb->m->cfg;
+	const int	d = c->d_model;
+	const int	q_dim = c->n_heads * c->head_dim;
+	const int	kv_dim = c->n_kv_heads * c->head_dim;
+	const int	d_ff = c->d_ff;
+	cai_layer_weights *w = &cb->m->layers[l];
+	cai_convert_plan *plan = cb->plan;
+
+	if (!cb->fref)
+	{
+		w->f_wq = cb->tmp;
+		w->f_wk = w->f_wq + (size_t) q_dim * d;
+		w->f_wv = w->f_wk + (size_t) kv_dim * d;
+		w->f_wo = w->f_wv + (size_t) kv_dim * d;
+		w->f_gate = w->f_wo + (size_t) d * q_dim;
+		w->f_up = w->f_gate + (size_t) d_ff * d;
+		w->f_down = w->f_up + (size_t) d_ff * d;
+	}
+	if (!cai_plan_rows(plan, ls->wq, NULL, d, q_dim, NULL, NULL, w->f_wq, NULL, NULL) ||
+		!cai_plan_rows(plan, ls->wk, NULL, d, kv_dim, NULL, NULL, w->f_wk, NULL, NULL) ||
+		!cai_plan_rows(plan, ls->wv, NULL, d, kv_dim, NULL, NULL, w->f_wv, NULL, NULL) ||
+		!cai_plan_rows(plan, ls->wo, NULL, q_dim, d, NULL, NULL, w->f_wo, NULL, NULL) ||
+		!cai_plan_rows(plan, ls->gate, NULL, d, d_ff, NULL, NULL, w->f_gate, NULL, NULL) ||
+		!cai_plan_rows(plan, ls->up, NULL, d, d_ff, NULL, NULL, w->f_up, NULL, NULL) ||
+		!cai_plan_rows(plan, ls->down, NULL, d_ff, d, NULL, NULL, w->f_down, NULL, NULL))
+		return CALIBRATION_OOM(err);
+	return cai_run_plan(cb->pool, plan, err);
+}
+
+/*
+ * Layer l's smoothing factors from the maxima the float layer recorded, its int8 path's norms,
+ * and (compensated) the rounding metrics of its four GEMM sites, in rm[SITE_*].
+ */
+static void
+layer_smoothing(calibration *cb, int l, const cai_rounding_metric *rm[N_SITES])
+{
+	const cai_model *m = cb->m;
+	const cai_config *c = &m->cfg;
+	const int	d = c->d_model;
+	const int	q_dim = c->n_heads * c->head_dim;
+	const int	kv_dim = c->n_kv_heads * c->head_dim;
+	const int	d_ff = c->d_ff;
+	cai_layer_weights *w = &cb->m->layers[l];
+	const cai_activation_stats *stats = &cb->stats;
+	const float *wa[3] = {w->f_wq, w->f_wk, w->f_wv};
+	const int	ra[3] = {q_dim, kv_dim, kv_dim};
+	const float *wb[2] = {w->f_gate, w->f_up};
+	const int	rb[2] = {d_ff, d_ff};
+	const float *wc[1] = {w->f_down};
+	const int	rc[1] = {d};
+	const int	T = cb->T;
+
+	smoothing_factors(stats->attn_in, d, wa, ra, c->kv_source[l] == l ? 3 : 1, cb->wmax, cb->s_attn);
+	smoothing_factors(stats->ffn_in, d, wb, rb, 2, cb->wmax, cb->s_ffn);
+	smoothing_factors(stats->down_in, d_ff, wc, rc, 1, cb->wmax, cb->s_down);
+	for (int j = 0; j < d; j++)
+	{
+		w->attn_norm_i8[j] = w->attn_norm[j] / cb->s_attn[j];
+		w->ffn_norm_i8[j] = w->ffn_norm[j] / cb->s_ffn[j];
+	}
+	for (int j = 0; j < d_ff; j++)
+		cb->inv_down[j] = 1.0f / cb->s_down[j];
+	if (!cb->compensated)
+		return;
+	rm[SITE_ATTN] = site_metric(cb->ctx, cb->pool, &cb->sm, SITE_ATTN, stats->attn_x, T, d,
+								cb->s_attn, &m->rot_model);
+	rm[SITE_WO] = site_metric(cb->ctx, cb->pool, &cb->sm, SITE_WO, stats->wo_x, T, q_dim, NULL,
+							  &m->rot_head);
+	rm[SITE_FFN] = site_metric(cb->ctx, cb->pool, &cb->sm, SITE_FFN, stats->ffn_x, T, d,
+							   cb->s_ffn, &m->rot_model);
+	rm[SITE_DOWN] = site_metric(cb->ctx, cb->pool, &cb->sm, SITE_DOWN, stats->down_x, T, d_ff,
+								cb->s_down, &m->rot_ff);
+}
+
+/*
+ * Layer l's int8 matrices: columns times their input's smoothing factor, then rotated as the
+ * input is at run time; up rows divided by the down input's factor.  The V rows (and their
+ * biases) are rotated per head first, so that every head's attention output arrives rotated
+ * (attention is linear in V) and the output projection's columns are rotated to match.
+ */
+static cai_status
+layer_quantize(calibration *cb, int l, const cai_rounding_metric *const rm[N_SITES],
+			   cai_error *err)
+{
+	const cai_model *m = cb->m;
+	const cai_config *c = &m->cfg;
+	const int	d = c->d_model;
+	const int	q_dim = c->n_heads * c->head_dim;
+	const int	kv_dim = c->n_kv_heads * c->head_dim;
+	const int	d_ff = c->d_ff;
+	cai_layer_weights *w = &cb->m->layers[l];
+	cai_convert_plan *plan = cb->plan;
+	int8_t	   *qkv = (int8_t *) w->wqkv.q;
+	float	   *qkv_scale = (float *) w->wqkv.scale;
+	int8_t	   *gu = (int8_t *) w->w_gate_up.q;
+	float	   *gu_scale = (float *) w->w_gate_up.scale;
+
+	memcpy(cb->wv_rot, w->f_wv, (size_t) kv_dim * d * sizeof(float));
+	rotate_head_rows(cb->wv_rot, c->n_kv_heads, c->head_dim, d, &m->rot_head, cb->col);
+	if (w->bqkv)
+	{
+		memcpy(w->bqkv_i8, w->bqkv, (size_t) (q_dim + 2 * kv_dim) * sizeof(float));
+		rotate_head_rows(w->bqkv_i8 + q_dim + kv_dim, c->n_kv_heads, c->head_dim, 1,
+						 &m->rot_head, cb->col);
+	}
+	if (!cai_plan_rows_compensated(plan, NULL, w->f_wq, d, q_dim, qkv, qkv_scale, NULL,
+								   cb->s_attn, NULL, &m->rot_model, rm[SITE_ATTN], false) ||
+		!cai_plan_rows_compensated(plan, NULL, w->f_wk, d, kv_dim, qkv + (size_t) q_dim * d,
+								   qkv_scale + q_dim, NULL, cb->s_attn, NULL, &m->rot_model,
+								   rm[SITE_ATTN], false) ||
+		!cai_plan_rows_compensated(plan, NULL, cb->wv_rot, d, kv_dim,
+								   qkv + (size_t) (q_dim + kv_dim) * d,
+								   qkv_scale + q_dim + kv_dim, NULL, cb->s_attn, NULL,
+								   &m->rot_model, rm[SITE_ATTN], false) ||
+		!cai_plan_rows_compensated(plan, NULL, w->f_wo, q_dim, d, (int8_t *) w->wo.q,
+								   (float *) w->wo.scale, NULL, NULL, NULL, &m->rot_head,
+								   rm[SITE_WO], false) ||
+		!cai_plan_rows_compensated(plan, NULL, w->f_gate, d, d_ff, gu, gu_scale, NULL, cb->s_ffn,
+								   NULL, &m->rot_model, rm[SITE_FFN], false) ||
+		!cai_plan_rows_compensated(plan, NULL, w->f_up, d, d_ff, gu + (size_t) d_ff * d,
+								   gu_scale + d_ff, NULL, cb->s_ffn, cb->inv_down, &m->rot_model,
+								   rm[SITE_FFN], false) ||
+		!cai_plan_rows_compensated(plan, NULL, w->f_down, d_ff, d, (int8_t *) w->w_down.q,
+								   (float *) w->w_down.scale, NULL, cb->s_down, NULL, &m->rot_ff,
+								   rm[SITE_DOWN], false))
+		return CALIBRATION_OOM(err);
+	return cai_run_plan(cb->pool, plan, err);
+}
+
+/*
+ * The LM head: its input is the final norm's output, smoothed against the head's columns and
+ * rotated like the layers' inputs; the head (the embedding when tied) gets its own int8 copy.
+ */
+static cai_status
+head_quantize(calibration *cb, const gguf_tensor *t_head, const float *head_wmax, cai_error *err)
+{
+	cai_model  *m = cb->m;
+	const cai_config *c = &m->cfg;
+	const int	d = c->d_model;
+	cai_forward_ctx *ctx = cb->ctx;
+	const cai_rounding_metric *rm = NULL;
+
+	ctx->be->ops->rmsnorm(ctx->be, ctx->x, m->out_norm, cb->T, d, c->norm_eps, ctx->xn, NULL);
+	memset(cb->stats.attn_in, 0, (size_t) d * sizeof(float));
+	record_max_abs(ctx->xn, cb->T < cb->stats.max_rows ? cb->T : cb->stats.max_rows, d,
+				   cb->stats.attn_in);
+	smoothing_factors_wmax(cb->stats.attn_in, d, head_wmax, cb->s_head);
+	for (int j = 0; j < d; j++)
+		m->out_norm_i8[j] = m->out_norm[j] / cb->s_head[j];
+	if (cb->compensated)
+		rm = site_metric(ctx, cb->pool, &cb->sm, SITE_ATTN, ctx->xn, cb->T, d, cb->s_head,
+						 &m->rot_model);
+	if (!cai_plan_rows_compensated(cb->plan, t_head, NULL, d, c->n_vocab, (int8_t *) m->lm_head.q,
+								   (float *) m->lm_head.scale, NULL, cb->s_head, NULL,
+								   &m->rot_model, rm, false))
+		return CALIBRATION_OOM(err);
+	return cai_run_plan(cb->pool, cb->plan, err);
+}
+
+static void
+calibration_end(calibration *cb)
+{
+	cai_kv_pool_free(cb->kv);
+	cai_forward_ctx_free(cb->ctx);
+	cai_tokens_free(&cb->tokens);
+	free(cb->stats.attn_in);
+	free(cb->stats.ffn_in);
+	free(cb->stats.down_in);
+	free(cb->stats.attn_x);
+	free(cb->stats.wo_x);
+	free(cb->stats.ffn_x);
+	free(cb->stats.down_x);
+	free(cb->s_attn);
+	free(cb->s_ffn);
+	free(cb->s_down);
+	free(cb->inv_down);
+	free(cb->s_head);
+	free(cb->wmax);
+	free(cb->wv_rot);
+	free(cb->col);
+	free(cb->tmp);
+	site_metrics_free(&cb->sm);
+}
+
+/*
  * Converts every layer: dequantizes its matrices to float, runs the layer on the float path
  * over the calibration tokens (the float output of the previous layers) to record the maxima
  * of its GEMM inputs (and the inputs themselves, for the rounding metrics), derives the
@@ -503,275 +820,45 @@ cai_convert_layers(cai_model *m, cai_threadpool *pool, cai_convert_plan *plan,
 				   const gguf_tensor *t_head, const float *head_wmax, bool fref, bool compensated,
 				   cai_error *err)
 {
-	const cai_config *c = &m->cfg;
-	const int	d = c->d_model;
-	const int	q_dim = c->n_heads * c->head_dim;
-	const int	kv_dim = c->n_kv_heads * c->head_dim;
-	const int	d_ff = c->d_ff;
-	cai_tokens	cal;
-	cai_forward_ctx *ctx = NULL;
-	cai_kv_pool *kv = NULL;
-	cai_kv_layout layout;
-	int32_t		table[(CALIBRATION_TOKENS + CAI_KV_BLOCK_TOKENS - 1) / CAI_KV_BLOCK_TOKENS];
-	int			n_blocks;
-	cai_batch_seq seq;
-	cai_batch_layout batch;
-	cai_activation_stats stats = {0};
-	const cai_forward_observer observer = {.tap = record_gemm_input, .arg = &stats};
-	float	   *s_attn = NULL,
-			   *s_ffn = NULL,
-			   *s_down = NULL,
-			   *inv_down = NULL,
-			   *s_head = NULL,
-			   *wmax = NULL;	/* column maxima scratch */
-	float	   *tmp = NULL;		/* one layer's float weights when no reference is kept */
-	float	   *wv_rot = NULL;	/* the V rows of a layer, rotated per head */
-	float	   *col = NULL;		/* one head's column */
-	site_metrics sm = {0};
-	const cai_rounding_metric *rm_attn = NULL,
-			   *rm_wo = NULL,
-			   *rm_ffn = NULL,
-			   *rm_down = NULL;
-	size_t		tmp_floats = (size_t) (q_dim + 2 * kv_dim) * d + (size_t) d * q_dim + (size_t) 3 * d_ff * d;
-	size_t		row_bytes;
-	int			T,
-				R;
-	cai_status	st = CAI_OK;
+	calibration cb = {.m = m, .pool = pool, .plan = plan, .fref = fref,
+	.compensated = compensated};
+	const cai_forward_observer observer = {.tap = record_gemm_input, .arg = &cb.stats};
+	const int	d = m->cfg.d_model;
+	cai_status	st;
 
-	/* the calibration tokens */
-	cai_tokens_init(&cal);
-	if ((st = cai_tokenizer_encode(m->tokenizer, calibration_text, strlen(calibration_text), false,
-								   &cal, err)) != CAI_OK)
+	cai_tokens_init(&cb.tokens);
+	if ((st = calibration_begin(&cb, err)) != CAI_OK ||
+		(st = calibration_forward_begin(&cb, t_embd, err)) != CAI_OK)
 		goto done;
-	for (int i = 0; i < cal.n; i++)
-		if (cal.ids[i] < 0 || cal.ids[i] >= c->n_vocab)
-			cal.ids[i] = 0;
-	while (cal.n < 8)			/* a vocabulary that makes few tokens: any ids do */
-		if (!cai_tokens_push(&cal, cal.n % c->n_vocab))
-			break;
-	T = compensated ? CALIBRATION_TOKENS : SMOOTHING_TOKENS;
-	T = cal.n < T ? cal.n : T;
-	stats.max_rows = SMOOTHING_TOKENS;
-
-#define OOM() do { st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory calibrating the model"); goto done; } while (0)
-	stats.attn_in = malloc((size_t) d * sizeof(float));
-	stats.ffn_in = malloc((size_t) d * sizeof(float));
-	stats.down_in = malloc((size_t) d_ff * sizeof(float));
-	s_attn = malloc((size_t) d * sizeof(float));
-	s_ffn = malloc((size_t) d * sizeof(float));
-	s_down = malloc((size_t) d_ff * sizeof(float));
-	inv_down = malloc((size_t) d_ff * sizeof(float));
-	s_head = malloc((size_t) d * sizeof(float));
-	wmax = malloc((size_t) (d > d_ff ? d : d_ff) * sizeof(float));
-	wv_rot = malloc((size_t) kv_dim * d * sizeof(float));
-	col = malloc((size_t) c->head_dim * sizeof(float));
-	if (!fref)
-		tmp = malloc(tmp_floats * sizeof(float));
-	if (!stats.attn_in || !stats.ffn_in || !stats.down_in || !s_attn || !s_ffn || !s_down ||
-		!inv_down || !s_head || !wmax || !wv_rot || !col || (!fref && !tmp))
-		OOM();
-	if (compensated)
-	{
-		const int	site_k[N_SITES] = {[SITE_ATTN] = d, [SITE_WO] = q_dim, [SITE_FFN] = d,
-		[SITE_DOWN] = d_ff};
-
-		stats.attn_x = malloc((size_t) T * d * sizeof(float));
-		stats.wo_x = malloc((size_t) T * q_dim * sizeof(float));
-		stats.ffn_x = malloc((size_t) T * d * sizeof(float));
-		stats.down_x = malloc((size_t) T * d_ff * sizeof(float));
-		if (!stats.attn_x || !stats.wo_x || !stats.ffn_x || !stats.down_x ||
-			!site_metrics_alloc(&sm, site_k, T))
-			OOM();
-	}
-
-	/* a one-sequence float forward over the calibration tokens */
-	if ((st = cai_forward_ctx_create(m, pool, T, T, &ctx, err)) != CAI_OK)
-		goto done;
-	cai_model_kv_layout(m, &layout);
-	n_blocks = (T + CAI_KV_BLOCK_TOKENS - 1) / CAI_KV_BLOCK_TOKENS;
-	if ((st = cai_kv_pool_create(&layout, n_blocks, &kv, err)) != CAI_OK)
-		goto done;
-	for (int b = 0; b < n_blocks; b++)
-		table[b] = cai_kv_block_alloc(kv);
-	seq = (cai_batch_seq) {cal.ids, T, 0, table, n_blocks, CAI_LOGITS_NONE};
-	if ((st = cai_forward_layout_batch(m, ctx, kv, &seq, 1, &T, &R, err)) != CAI_OK ||
-		(st = cai_forward_shadow_prepare(ctx, kv, &seq, 1, true, err)) != CAI_OK)
-		goto done;
-	cai_forward_batch_from_ctx(ctx, T, 1, &batch);
-	if (!ggml_row_bytes(t_embd->type, d, &row_bytes))
-	{
-		st = cai_fail(err, CAI_ERR_INTERNAL, "embedding row size");
-		goto done;
-	}
-	for (int t = 0; t < T; t++)
-		if ((st = cai_dequantize_row(t_embd->type, (const uint8_t *) t_embd->data +
-									 (size_t) ctx->ids[t] * row_bytes,
-									 ctx->x + (size_t) t * d, d, err)) != CAI_OK)
-			goto done;
-	cai_forward_prepare(m, ctx, T);
-
-	for (int l = 0; l < c->n_layers; l++)
+	for (int l = 0; l < m->cfg.n_layers; l++)
 	{
 		cai_layer_weights *w = &m->layers[l];
-		const cai_layer_sources *ls = &src[l];
-		int8_t	   *qkv = (int8_t *) w->wqkv.q;
-		float	   *qkv_scale = (float *) w->wqkv.scale;
-		int8_t	   *gu = (int8_t *) w->w_gate_up.q;
-		float	   *gu_scale = (float *) w->w_gate_up.scale;
-		bool		owns_kv = c->kv_source[l] == l;
+		const cai_rounding_metric *rm[N_SITES] = {NULL};
 
-		/* float weights of the layer: the reference copies, or the scratch */
-		if (!fref)
-		{
-			w->f_wq = tmp;
-			w->f_wk = w->f_wq + (size_t) q_dim * d;
-			w->f_wv = w->f_wk + (size_t) kv_dim * d;
-			w->f_wo = w->f_wv + (size_t) kv_dim * d;
-			w->f_gate = w->f_wo + (size_t) d * q_dim;
-			w->f_up = w->f_gate + (size_t) d_ff * d;
-			w->f_down = w->f_up + (size_t) d_ff * d;
-		}
-		if (!cai_plan_rows(plan, ls->wq, NULL, d, q_dim, NULL, NULL, w->f_wq, NULL, NULL) ||
-			!cai_plan_rows(plan, ls->wk, NULL, d, kv_dim, NULL, NULL, w->f_wk, NULL, NULL) ||
-			!cai_plan_rows(plan, ls->wv, NULL, d, kv_dim, NULL, NULL, w->f_wv, NULL, NULL) ||
-			!cai_plan_rows(plan, ls->wo, NULL, q_dim, d, NULL, NULL, w->f_wo, NULL, NULL) ||
-			!cai_plan_rows(plan, ls->gate, NULL, d, d_ff, NULL, NULL, w->f_gate, NULL, NULL) ||
-			!cai_plan_rows(plan, ls->up, NULL, d, d_ff, NULL, NULL, w->f_up, NULL, NULL) ||
-			!cai_plan_rows(plan, ls->down, NULL, d_ff, d, NULL, NULL, w->f_down, NULL, NULL))
-			OOM();
-		if ((st = cai_run_plan(pool, plan, err)) != CAI_OK ||
-			(st = cai_forward_bind_layer(ctx, l, err)) != CAI_OK)
+		if ((st = layer_float_weights(&cb, l, &src[l], err)) != CAI_OK ||
+			(st = cai_forward_bind_layer(cb.ctx, l, err)) != CAI_OK)
 			goto done;
-
 		/* the layer in float over the calibration tokens, recording its GEMM inputs */
-		memset(stats.attn_in, 0, (size_t) d * sizeof(float));
-		memset(stats.ffn_in, 0, (size_t) d * sizeof(float));
-		memset(stats.down_in, 0, (size_t) d_ff * sizeof(float));
-		cai_forward_layer_float(m, ctx, kv, &batch, l, &observer, NULL, 0);
-
-		/* smoothing factors and the int8 path's norms */
-		{
-			const float *wa[3] = {w->f_wq, w->f_wk, w->f_wv};
-			const int	ra[3] = {q_dim, kv_dim, kv_dim};
-			const float *wb[2] = {w->f_gate, w->f_up};
-			const int	rb[2] = {d_ff, d_ff};
-			const float *wc[1] = {w->f_down};
-			const int	rc[1] = {d};
-
-			smoothing_factors(stats.attn_in, d, wa, ra, owns_kv ? 3 : 1, wmax, s_attn);
-			smoothing_factors(stats.ffn_in, d, wb, rb, 2, wmax, s_ffn);
-			smoothing_factors(stats.down_in, d_ff, wc, rc, 1, wmax, s_down);
-		}
-		for (int j = 0; j < d; j++)
-		{
-			w->attn_norm_i8[j] = w->attn_norm[j] / s_attn[j];
-			w->ffn_norm_i8[j] = w->ffn_norm[j] / s_ffn[j];
-		}
-		for (int j = 0; j < d_ff; j++)
-			inv_down[j] = 1.0f / s_down[j];
-		if (compensated)
-		{
-			rm_attn = site_metric(ctx, pool, &sm, SITE_ATTN, stats.attn_x, T, d, s_attn,
-								  &m->rot_model);
-			rm_wo = site_metric(ctx, pool, &sm, SITE_WO, stats.wo_x, T, q_dim, NULL, &m->rot_head);
-			rm_ffn = site_metric(ctx, pool, &sm, SITE_FFN, stats.ffn_x, T, d, s_ffn, &m->rot_model);
-			rm_down = site_metric(ctx, pool, &sm, SITE_DOWN, stats.down_x, T, d_ff, s_down,
-								  &m->rot_ff);
-		}
-
-		/*
-		 * V rows (and their biases) rotated per head, so that the attention output of every
-		 * head arrives rotated (attention is linear in V) and the output projection's columns
-		 * are rotated to match
-		 */
-		memcpy(wv_rot, w->f_wv, (size_t) kv_dim * d * sizeof(float));
-		rotate_head_rows(wv_rot, c->n_kv_heads, c->head_dim, d, &m->rot_head, col);
-		if (w->bqkv)
-		{
-			memcpy(w->bqkv_i8, w->bqkv, (size_t) (q_dim + 2 * kv_dim) * sizeof(float));
-			rotate_head_rows(w->bqkv_i8 + q_dim + kv_dim, c->n_kv_heads, c->head_dim, 1,
-							 &m->rot_head, col);
-		}
-
-		/*
-		 * quantize: columns times their input's factor, then rotated as the input is at run
-		 * time; up rows divided by the down input's factor
-		 */
-		if (!cai_plan_rows_compensated(plan, NULL, w->f_wq, d, q_dim, qkv, qkv_scale, NULL,
-									   s_attn, NULL, &m->rot_model, rm_attn, false) ||
-			!cai_plan_rows_compensated(plan, NULL, w->f_wk, d, kv_dim, qkv + (size_t) q_dim * d,
-									   qkv_scale + q_dim, NULL, s_attn, NULL, &m->rot_model,
-									   rm_attn, false) ||
-			!cai_plan_rows_compensated(plan, NULL, wv_rot, d, kv_dim,
-									   qkv + (size_t) (q_dim + kv_dim) * d,
-									   qkv_scale + q_dim + kv_dim, NULL, s_attn, NULL,
-									   &m->rot_model, rm_attn, false) ||
-			!cai_plan_rows_compensated(plan, NULL, w->f_wo, q_dim, d, (int8_t *) w->wo.q,
-									   (float *) w->wo.scale, NULL, NULL, NULL, &m->rot_head,
-									   rm_wo, false) ||
-			!cai_plan_rows_compensated(plan, NULL, w->f_gate, d, d_ff, gu, gu_scale, NULL, s_ffn,
-									   NULL, &m->rot_model, rm_ffn, false) ||
-			!cai_plan_rows_compensated(plan, NULL, w->f_up, d, d_ff, gu + (size_t) d_ff * d,
-									   gu_scale + d_ff, NULL, s_ffn, inv_down, &m->rot_model,
-									   rm_ffn, false) ||
-			!cai_plan_rows_compensated(plan, NULL, w->f_down, d_ff, d, (int8_t *) w->w_down.q,
-									   (float *) w->w_down.scale, NULL, s_down, NULL, &m->rot_ff,
-									   rm_down, false))
-			OOM();
-		if ((st = cai_run_plan(pool, plan, err)) != CAI_OK)
+		memset(cb.stats.attn_in, 0, (size_t) d * sizeof(float));
+		memset(cb.stats.ffn_in, 0, (size_t) d * sizeof(float));
+		memset(cb.stats.down_in, 0, (size_t) m->cfg.d_ff * sizeof(float));
+		cai_forward_layer_float(m, cb.ctx, cb.kv, &cb.batch, l, &observer, NULL, 0);
+		layer_smoothing(&cb, l, rm);
+		if ((st = layer_quantize(&cb, l, rm, err)) != CAI_OK)
 			goto done;
 		if (!fref)
 			w->f_wq = w->f_wk = w->f_wv = w->f_wo = w->f_gate = w->f_up = w->f_down = NULL;
 	}
-
-	/*
-	 * The LM head: its input is the final norm's output, smoothed against the head's columns
-	 * and rotated like the layers' inputs; the head (the embedding when tied) gets its own
-	 * int8 copy
-	 */
-	ctx->be->ops->rmsnorm(ctx->be, ctx->x, m->out_norm, T, d, c->norm_eps, ctx->xn, NULL);
-	memset(stats.attn_in, 0, (size_t) d * sizeof(float));
-	record_max_abs(ctx->xn, T < stats.max_rows ? T : stats.max_rows, d, stats.attn_in);
-	smoothing_factors_wmax(stats.attn_in, d, head_wmax, s_head);
-	for (int j = 0; j < d; j++)
-		m->out_norm_i8[j] = m->out_norm[j] / s_head[j];
-	if (compensated)
-		rm_attn = site_metric(ctx, pool, &sm, SITE_ATTN, ctx->xn, T, d, s_head, &m->rot_model);
-	if (!cai_plan_rows_compensated(plan, t_head, NULL, d, c->n_vocab, (int8_t *) m->lm_head.q,
-								   (float *) m->lm_head.scale, NULL, s_head, NULL, &m->rot_model,
-								   rm_attn, false))
-		OOM();
-	if ((st = cai_run_plan(pool, plan, err)) != CAI_OK)
-		goto done;
-#undef OOM
+	st = head_quantize(&cb, t_head, head_wmax, err);
 
 done:
 	if (st != CAI_OK && !fref)
-		for (int l = 0; l < c->n_layers; l++)
+		for (int l = 0; l < m->cfg.n_layers; l++)
 		{
 			cai_layer_weights *w = &m->layers[l];
 
 			w->f_wq = w->f_wk = w->f_wv = w->f_wo = w->f_gate = w->f_up = w->f_down = NULL;
 		}
-	cai_kv_pool_free(kv);
-	cai_forward_ctx_free(ctx);
-	cai_tokens_free(&cal);
-	free(stats.attn_in);
-	free(stats.ffn_in);
-	free(stats.down_in);
-	free(s_attn);
-	free(s_ffn);
-	free(s_down);
-	free(inv_down);
-	free(s_head);
-	free(wmax);
-	free(wv_rot);
-	free(col);
-	free(tmp);
-	free(stats.attn_x);
-	free(stats.wo_x);
-	free(stats.ffn_x);
-	free(stats.down_x);
-	site_metrics_free(&sm);
+	calibration_end(&cb);
 	return st;
 }
