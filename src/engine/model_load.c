@@ -193,6 +193,131 @@ cai_model_params_default(cai_model_params *params)
 	params->two_digit_activations = false;
 }
 
+static cai_status
+oom(cai_error *err)
+{
+	return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory loading the model weights");
+}
+
+/*
+ * A layer's arrays: its int8 matrices (converted later), its float reference copies when kept,
+ * and its norms and biases, loaded now.
+ */
+static cai_status
+load_layer_arrays(cai_model *m, const cai_layer_sources *s, cai_layer_weights *w, bool fref,
+				  cai_error *err)
+{
+	const cai_config *c = &m->cfg;
+	const int	q_dim = c->n_heads * c->head_dim;
+	const int	kv_dim = c->n_kv_heads * c->head_dim;
+	cai_status	st;
+
+	if (!alloc_qmatrix(m, q_dim + 2 * kv_dim, c->d_model, &w->wqkv) ||
+		!alloc_qmatrix(m, c->d_model, q_dim, &w->wo) ||
+		!alloc_qmatrix(m, 2 * c->d_ff, c->d_model, &w->w_gate_up) ||
+		!alloc_qmatrix(m, c->d_model, c->d_ff, &w->w_down))
+		return oom(err);
+	if (fref)
+	{
+		if (!(w->f_wq = alloc_floats(m, (size_t) q_dim * c->d_model)) ||
+			!(w->f_wk = alloc_floats(m, (size_t) kv_dim * c->d_model)) ||
+			!(w->f_wv = alloc_floats(m, (size_t) kv_dim * c->d_model)) ||
+			!(w->f_wo = alloc_floats(m, (size_t) c->d_model * q_dim)) ||
+			!(w->f_gate = alloc_floats(m, (size_t) c->d_ff * c->d_model)) ||
+			!(w->f_up = alloc_floats(m, (size_t) c->d_ff * c->d_model)) ||
+			!(w->f_down = alloc_floats(m, (size_t) c->d_model * c->d_ff)))
+			return oom(err);
+	}
+	if (!(w->attn_norm = alloc_floats(m, c->d_model)) ||
+		!(w->ffn_norm = alloc_floats(m, c->d_model)) ||
+		!(w->attn_norm_i8 = alloc_floats(m, c->d_model)) ||
+		!(w->ffn_norm_i8 = alloc_floats(m, c->d_model)))
+		return oom(err);
+	m->weight_bytes += (size_t) 2 * c->d_model * sizeof(float);
+	if ((st = load_vector(m, s->attn_norm, c->d_model, w->attn_norm, err)) != CAI_OK ||
+		(st = load_vector(m, s->ffn_norm, c->d_model, w->ffn_norm, err)) != CAI_OK)
+		return st;
+	if (c->qk_norm)
+	{
+		if (!(w->attn_q_norm = alloc_floats(m, c->head_dim)) ||
+			!(w->attn_k_norm = alloc_floats(m, c->head_dim)))
+			return oom(err);
+		if ((st = load_vector(m, s->q_norm, c->head_dim, w->attn_q_norm, err)) != CAI_OK ||
+			(st = load_vector(m, s->k_norm, c->head_dim, w->attn_k_norm, err)) != CAI_OK)
+			return st;
+	}
+	if (c->sandwich_norm)
+	{
+		if (!(w->attn_post_norm = alloc_floats(m, c->d_model)) ||
+			!(w->ffn_post_norm = alloc_floats(m, c->d_model)))
+			return oom(err);
+		m->weight_bytes += (size_t) 2 * c->d_model * sizeof(float);
+		if ((st = load_vector(m, s->attn_post_norm, c->d_model, w->attn_post_norm, err)) != CAI_OK ||
+			(st = load_vector(m, s->ffn_post_norm, c->d_model, w->ffn_post_norm, err)) != CAI_OK)
+			return st;
+	}
+	if (c->qkv_bias)
+	{
+		if (!(w->bqkv = alloc_floats(m, (size_t) q_dim + 2 * kv_dim)) ||
+			!(w->bqkv_i8 = alloc_floats(m, (size_t) q_dim + 2 * kv_dim)))
+			return oom(err);
+		w->bq = w->bqkv;
+		w->bk = w->bqkv + q_dim;
+		w->bv = w->bqkv + q_dim + kv_dim;
+		if ((st = load_vector(m, s->bq, q_dim, w->bq, err)) != CAI_OK ||
+			(st = load_vector(m, s->bk, kv_dim, w->bk, err)) != CAI_OK ||
+			(st = load_vector(m, s->bv, kv_dim, w->bv, err)) != CAI_OK)
+			return st;
+	}
+	return CAI_OK;
+}
+
+/* The final norm, and the RoPE frequency factors where the file has them (Llama 3.x). */
+static cai_status
+load_output_vectors(cai_model *m, const gguf_tensor *t_out_norm, const gguf_tensor *t_rope_freqs,
+					cai_error *err)
+{
+	const cai_config *c = &m->cfg;
+	cai_status	st;
+
+	if (!(m->out_norm = alloc_floats(m, c->d_model)) ||
+		!(m->out_norm_i8 = alloc_floats(m, c->d_model)))
+		return oom(err);
+	if ((st = load_vector(m, t_out_norm, c->d_model, m->out_norm, err)) != CAI_OK)
+		return st;
+	if (t_rope_freqs)
+	{
+		if (!(m->rope_freqs = alloc_floats(m, c->n_rot / 2)))
+			return oom(err);
+		if ((st = load_vector(m, t_rope_freqs, c->n_rot / 2, m->rope_freqs, err)) != CAI_OK)
+			return st;
+		for (int i = 0; i < c->n_rot / 2; i++)
+			if (!(m->rope_freqs[i] > 0.0f) || !isfinite(m->rope_freqs[i]))
+				return cai_fail(err, CAI_ERR_FORMAT, "tensor '%s' holds a non-positive factor",
+								c->arch->tensors->rope_freqs);
+	}
+	return CAI_OK;
+}
+
+/* A conversion plan's per-thread scratch: rows as long as any matrix row. */
+static bool
+conversion_plan_init(cai_convert_plan *plan, const cai_config *c, int n_threads)
+{
+	const int	q_dim = c->n_heads * c->head_dim;
+
+	plan->max_k = c->d_model;
+	if (q_dim > plan->max_k)
+		plan->max_k = q_dim;
+	if (c->d_ff > plan->max_k)
+		plan->max_k = c->d_ff;
+	plan->n_threads = n_threads;
+	plan->scratch = malloc((size_t) n_threads * 2 * plan->max_k * sizeof(float));
+	plan->col_max = malloc((size_t) n_threads * plan->max_k * sizeof(float));
+	plan->block_floats = (size_t) 2 * CONVERT_CHUNK_ROWS * plan->max_k;
+	plan->block = malloc((size_t) n_threads * plan->block_floats * sizeof(float));
+	return plan->scratch && plan->col_max && plan->block;
+}
+
 /* Validates every tensor, allocates the engine's weights and converts them on a pool. */
 static cai_status
 load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
@@ -201,8 +326,6 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 	cai_config *c = &m->cfg;
 	const cai_arch_tensors *tn = c->arch->tensors;
 	bool		fref = params->load_float_reference;
-	int			q_dim = c->n_heads * c->head_dim;
-	int			kv_dim = c->n_kv_heads * c->head_dim;
 	const gguf_tensor *t_embd,
 			   *t_out,
 			   *t_out_norm,
@@ -275,107 +398,18 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 		!cai_model_make_rotation(m, c->head_dim, &m->rot_head))
 		OOM();
 	for (int l = 0; l < c->n_layers; l++)
-	{
-		cai_layer_weights *w = &m->layers[l];
-		cai_layer_sources *s = &src[l];
-
-		if (!alloc_qmatrix(m, q_dim + 2 * kv_dim, c->d_model, &w->wqkv) ||
-			!alloc_qmatrix(m, c->d_model, q_dim, &w->wo) ||
-			!alloc_qmatrix(m, 2 * c->d_ff, c->d_model, &w->w_gate_up) ||
-			!alloc_qmatrix(m, c->d_model, c->d_ff, &w->w_down))
-			OOM();
-		if (fref)
-		{
-			if (!(w->f_wq = alloc_floats(m, (size_t) q_dim * c->d_model)) ||
-				!(w->f_wk = alloc_floats(m, (size_t) kv_dim * c->d_model)) ||
-				!(w->f_wv = alloc_floats(m, (size_t) kv_dim * c->d_model)) ||
-				!(w->f_wo = alloc_floats(m, (size_t) c->d_model * q_dim)) ||
-				!(w->f_gate = alloc_floats(m, (size_t) c->d_ff * c->d_model)) ||
-				!(w->f_up = alloc_floats(m, (size_t) c->d_ff * c->d_model)) ||
-				!(w->f_down = alloc_floats(m, (size_t) c->d_model * c->d_ff)))
-				OOM();
-		}
-		if (!(w->attn_norm = alloc_floats(m, c->d_model)) ||
-			!(w->ffn_norm = alloc_floats(m, c->d_model)) ||
-			!(w->attn_norm_i8 = alloc_floats(m, c->d_model)) ||
-			!(w->ffn_norm_i8 = alloc_floats(m, c->d_model)))
-			OOM();
-		m->weight_bytes += (size_t) 2 * c->d_model * sizeof(float);
-		if ((st = load_vector(m, s->attn_norm, c->d_model, w->attn_norm, err)) != CAI_OK ||
-			(st = load_vector(m, s->ffn_norm, c->d_model, w->ffn_norm, err)) != CAI_OK)
+		if ((st = load_layer_arrays(m, &src[l], &m->layers[l], fref, err)) != CAI_OK)
 			goto done;
-		if (c->qk_norm)
-		{
-			if (!(w->attn_q_norm = alloc_floats(m, c->head_dim)) ||
-				!(w->attn_k_norm = alloc_floats(m, c->head_dim)))
-				OOM();
-			if ((st = load_vector(m, s->q_norm, c->head_dim, w->attn_q_norm, err)) != CAI_OK ||
-				(st = load_vector(m, s->k_norm, c->head_dim, w->attn_k_norm, err)) != CAI_OK)
-				goto done;
-		}
-		if (c->sandwich_norm)
-		{
-			if (!(w->attn_post_norm = alloc_floats(m, c->d_model)) ||
-				!(w->ffn_post_norm = alloc_floats(m, c->d_model)))
-				OOM();
-			m->weight_bytes += (size_t) 2 * c->d_model * sizeof(float);
-			if ((st = load_vector(m, s->attn_post_norm, c->d_model, w->attn_post_norm, err)) != CAI_OK ||
-				(st = load_vector(m, s->ffn_post_norm, c->d_model, w->ffn_post_norm, err)) != CAI_OK)
-				goto done;
-		}
-		if (c->qkv_bias)
-		{
-			if (!(w->bqkv = alloc_floats(m, (size_t) q_dim + 2 * kv_dim)) ||
-				!(w->bqkv_i8 = alloc_floats(m, (size_t) q_dim + 2 * kv_dim)))
-				OOM();
-			w->bq = w->bqkv;
-			w->bk = w->bqkv + q_dim;
-			w->bv = w->bqkv + q_dim + kv_dim;
-			if ((st = load_vector(m, s->bq, q_dim, w->bq, err)) != CAI_OK ||
-				(st = load_vector(m, s->bk, kv_dim, w->bk, err)) != CAI_OK ||
-				(st = load_vector(m, s->bv, kv_dim, w->bv, err)) != CAI_OK)
-				goto done;
-		}
-	}
-	if (!(m->out_norm = alloc_floats(m, c->d_model)) ||
-		!(m->out_norm_i8 = alloc_floats(m, c->d_model)))
-		OOM();
-	if ((st = load_vector(m, t_out_norm, c->d_model, m->out_norm, err)) != CAI_OK)
+	if ((st = load_output_vectors(m, t_out_norm, t_rope_freqs, err)) != CAI_OK)
 		goto done;
-	if (t_rope_freqs)
-	{
-		if (!(m->rope_freqs = alloc_floats(m, c->n_rot / 2)))
-			OOM();
-		if ((st = load_vector(m, t_rope_freqs, c->n_rot / 2, m->rope_freqs, err)) != CAI_OK)
-			goto done;
-		for (int i = 0; i < c->n_rot / 2; i++)
-			if (!(m->rope_freqs[i] > 0.0f) || !isfinite(m->rope_freqs[i]))
-			{
-				st = cai_fail(err, CAI_ERR_FORMAT, "tensor '%s' holds a non-positive factor",
-							  tn->rope_freqs);
-				goto done;
-			}
-	}
 
-	/* a pool for the conversion; scratch rows as long as any matrix row */
+	/* a pool for the conversion */
 	n_threads = params->n_threads > 0 ? params->n_threads : cai_cpu_count();
 	if (n_threads > 64)
 		n_threads = 64;
 	pool = cai_threadpool_create(n_threads);
-	if (!pool)
-		OOM();
-	plan.max_k = c->d_model;
-	if (q_dim > plan.max_k)
-		plan.max_k = q_dim;
-	if (c->d_ff > plan.max_k)
-		plan.max_k = c->d_ff;
-	plan.n_threads = n_threads;
-	plan.scratch = malloc((size_t) n_threads * 2 * plan.max_k * sizeof(float));
-	plan.col_max = malloc((size_t) n_threads * plan.max_k * sizeof(float));
-	plan.block_floats = (size_t) 2 * CONVERT_CHUNK_ROWS * plan.max_k;
-	plan.block = malloc((size_t) n_threads * plan.block_floats * sizeof(float));
 	head_wmax = malloc((size_t) c->d_model * sizeof(float));
-	if (!plan.scratch || !plan.col_max || !plan.block || !head_wmax)
+	if (!pool || !head_wmax || !conversion_plan_init(&plan, c, n_threads))
 		OOM();
 
 	/*
