@@ -78,6 +78,37 @@ cai_forward_ctx_create(const cai_model *model, cai_threadpool *pool, int max_tok
 									 max_context, out, err);
 }
 
+/* Refuses a backend that lacks an operation the model's architecture needs. */
+static cai_status
+backend_runs_model(const cai_backend_ops *op, const cai_config *c, cai_error *err)
+{
+	const int	q_dim = c->n_heads * c->head_dim;
+	const char *missing = NULL;
+
+	/* the int8 path rotates its GEMM inputs (calibrate.c's "rotations"): a backend must offer that */
+	if (!op->rotate || (c->qk_norm && !op->head_rmsnorm))
+		return cai_fail(err, CAI_ERR_UNSUPPORTED,
+						"the %s backend lacks an operation this model needs (%s)", op->name,
+						op->rotate ? "per-head query/key norms" : "rotating activations");
+	/* a layer that reads another's KV multiplies by the query rows of its QKV matrix alone */
+	for (int l = 0; l < c->n_layers; l++)
+		if (c->kv_source[l] != l && q_dim % 16 != 0)
+			return cai_fail(err, CAI_ERR_UNSUPPORTED,
+							"layers that share KV need a query width that is a multiple of 16 (%d)",
+							q_dim);
+	/* the operations only some architectures use */
+	if (c->ffn_act == CAI_ACT_GEGLU && !op->geglu)
+		missing = "GeGLU";
+	else if (c->sandwich_norm && !op->rmsnorm_add)
+		missing = "sublayer output norms";
+	else if (c->embed_scale != 1.0f && !op->scale)
+		missing = "embedding scaling";
+	if (missing)
+		return cai_fail(err, CAI_ERR_UNSUPPORTED, "the %s backend lacks %s, which %s models need",
+						op->name, missing, c->arch_name);
+	return CAI_OK;
+}
+
 /* Allocates the context on the backend factory(arg, ...) makes; the context owns it. */
 cai_status
 cai_forward_ctx_create_on(const cai_model *model, cai_backend_factory factory, void *arg,
@@ -121,48 +152,11 @@ cai_forward_ctx_create_on(const cai_model *model, cai_backend_factory factory, v
 		free(ctx);
 		return st;
 	}
-	/* the int8 path rotates its GEMM inputs (calibrate.c's "rotations"): a backend must offer that */
-	if (!ctx->be->ops->rotate || (c->qk_norm && !ctx->be->ops->head_rmsnorm))
+	if ((st = backend_runs_model(ctx->be->ops, c, err)) != CAI_OK)
 	{
-		st = cai_fail(err, CAI_ERR_UNSUPPORTED,
-					  "the %s backend lacks an operation this model needs (%s)",
-					  ctx->be->ops->name,
-					  ctx->be->ops->rotate ? "per-head query/key norms" : "rotating activations");
 		cai_backend_free(ctx->be);
 		free(ctx);
 		return st;
-	}
-	/* a layer that reads another's KV multiplies by the query rows of its QKV matrix alone */
-	for (int l = 0; l < c->n_layers; l++)
-		if (c->kv_source[l] != l && q_dim % 16 != 0)
-		{
-			st = cai_fail(err, CAI_ERR_UNSUPPORTED,
-						  "layers that share KV need a query width that is a multiple of 16 (%d)",
-						  q_dim);
-			cai_backend_free(ctx->be);
-			free(ctx);
-			return st;
-		}
-	/* the operations only some architectures use */
-	{
-		const cai_backend_ops *op = ctx->be->ops;
-		const char *missing = NULL;
-
-		if (c->ffn_act == CAI_ACT_GEGLU && !op->geglu)
-			missing = "GeGLU";
-		else if (c->sandwich_norm && !op->rmsnorm_add)
-			missing = "sublayer output norms";
-		else if (c->embed_scale != 1.0f && !op->scale)
-			missing = "embedding scaling";
-		if (missing)
-		{
-			st = cai_fail(err, CAI_ERR_UNSUPPORTED,
-						  "the %s backend lacks %s, which %s models need", op->name, missing,
-						  c->arch_name);
-			cai_backend_free(ctx->be);
-			free(ctx);
-			return st;
-		}
 	}
 
 	T = (size_t) max_tokens;
