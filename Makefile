@@ -35,6 +35,22 @@ build/%.o: src/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ENGINE_CFLAGS) -c $< -o $@
 
+# The engine loads the CUDA library by absolute path only: the installed engine from where
+# install-cuda puts it, so the directories pg_config names are compiled into the loader (and a
+# change of pg_config rebuilds it).  Without pg_config there is none, and only a build tree's
+# library or an explicit path is tried.
+CAI_INSTALL_BINDIR := $(shell $(PG_CONFIG) --bindir 2>/dev/null)
+CAI_INSTALL_PKGLIBDIR := $(shell $(PG_CONFIG) --pkglibdir 2>/dev/null)
+build/engine/backend_loader.o: ENGINE_CFLAGS += \
+	$(if $(CAI_INSTALL_BINDIR),-DCAI_INSTALL_BINDIR='"$(CAI_INSTALL_BINDIR)"') \
+	$(if $(CAI_INSTALL_PKGLIBDIR),-DCAI_INSTALL_PKGLIBDIR='"$(CAI_INSTALL_PKGLIBDIR)"')
+build/engine/backend_loader.o: build/install-dirs
+build/install-dirs: install-dirs-check
+	@mkdir -p build
+	@echo '$(CAI_INSTALL_BINDIR) $(CAI_INSTALL_PKGLIBDIR)' | cmp -s - $@ || \
+		echo '$(CAI_INSTALL_BINDIR) $(CAI_INSTALL_PKGLIBDIR)' > $@
+.PHONY: install-dirs-check
+
 build/libcai.a: $(ENGINE_OBJS)
 	@rm -f $@
 	$(AR) rcs $@ $^

@@ -23,6 +23,7 @@ static struct
 	const char *model;
 	const char *template_name;
 	const char *device;
+	const char *cuda_library;
 	int			threads;
 	int			max_batch;
 	int			max_step_tokens;
@@ -57,6 +58,13 @@ static const cli_option serve_options[] = {
 		.target = &serve_opts.device,
 		.metavar = "DEV",
 		.help = "auto, cpu or cuda (default auto)",
+	},
+	{
+		.name = "cuda-library",
+		.kind = CLI_OPT_STRING,
+		.target = &serve_opts.cuda_library,
+		.metavar = "PATH",
+		.help = "the CUDA backend library, an absolute path (default: the installed one)",
 	},
 	CLI_THREADS_OPTION(serve_opts),
 	CLI_NUMERICS_OPTIONS(serve_opts),
@@ -170,6 +178,7 @@ cmd_serve(int argc, char **argv)
 	char	   *model_path;
 	char	   *template_name;
 	char	   *device;
+	char	   *cuda_library;
 	char	   *positional[1];
 	int			n_positional;
 
@@ -194,8 +203,9 @@ cmd_serve(int argc, char **argv)
 	model_path = copy_option(serve_opts.model);
 	template_name = copy_option(serve_opts.template_name);
 	device = copy_option(serve_opts.device);
+	cuda_library = copy_option(serve_opts.cuda_library);
 	if (!model_path || (serve_opts.template_name && !template_name) ||
-		(serve_opts.device && !device))
+		(serve_opts.device && !device) || (serve_opts.cuda_library && !cuda_library))
 		return cli_error("serve: out of memory");
 	set_process_title(model_path);
 
@@ -208,6 +218,7 @@ cmd_serve(int argc, char **argv)
 	config.model.two_digit_activations = serve_opts.numerics.two_digit_activations;
 	cai_engine_params_default(&config.engine);
 	config.engine.device = device ? device : "auto";
+	config.engine.cuda_library = cuda_library;
 	config.engine.n_threads = serve_opts.threads;
 	config.engine.max_running = serve_opts.max_batch;
 	config.engine.max_step_tokens = serve_opts.max_step_tokens;
@@ -220,5 +231,6 @@ cmd_serve(int argc, char **argv)
 	free(model_path);
 	free(template_name);
 	free(device);
+	free(cuda_library);
 	return rc;
 }

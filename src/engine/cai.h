@@ -188,6 +188,8 @@ typedef struct cai_engine cai_engine;
 typedef struct cai_engine_params
 {
 	const char *device;			/* "auto" | "cpu" | "cuda" */
+	const char *cuda_library;	/* the CUDA backend library, an absolute path; NULL = the
+								 * installed one (or $CAI_CUDA_LIBRARY) */
 	int			n_threads;		/* CPU threads; 0 = all online cores */
 	int			max_running;	/* sequences in one batch */
 	int			max_step_tokens;	/* token budget of one step (decodes + prefill chunks) */

@@ -41,10 +41,156 @@ render_kept(const cai_model *model, const cai_chat_message *msgs, int n, int fir
 }
 
 /*
+ * Truncation with hysteresis.  Dropping just enough of the oldest turns to fit would drop one
+ * more every turn once a conversation is past the context: every prompt would start differently
+ * from the last one, and the prefix cache would serve only the system prompt.  Instead, when the
+ * history overflows, turns are dropped until what is kept takes at most half the budget, and that
+ * cut stays while the history grows, until it overflows again.
+ *
+ * The cut is not remembered anywhere (the engine restarts; a conversation's turns may go to
+ * another node): it is derived from the history alone, by replaying the requests that built it.
+ * Each earlier request was the messages up to one of its user messages (a checkpoint); starting
+ * with nothing cut, the cut moves only at a checkpoint whose prompt from the current cut overflows,
+ * and then to the first turn from which that prompt takes at most half the budget.  The same
+ * history thus always gives the same cut, and consecutive turns share it until it must move.
+ */
+typedef struct history_fit
+{
+	const cai_model *model;
+	const cai_chat_message *msgs;
+	int			n;
+	bool		add_generation_prompt;
+	cai_chat_message *kept;		/* scratch for render_kept */
+	int32_t   (*spans)[2];
+	cai_tokens *scratch;
+	int		   *candidates;		/* scratch: message indices */
+	cai_error  *err;
+} history_fit;
+
+/* Prompt tokens of the request ending at message last with the history cut at first. */
+static cai_status
+kept_length(history_fit *f, int first, int last, int *length)
+{
+	int			n_kept;
+	cai_status	st = render_kept(f->model, f->msgs, last + 1, first, f->add_generation_prompt,
+								 f->kept, f->spans, &n_kept, f->scratch, f->err);
+
+	*length = f->scratch->n;
+	return st;
+}
+
+/*
+ * The new cut for the request ending at message last, whose prompt from cut overflows budget:
+ * the first turn after cut from which the prompt takes at most half the budget, else at most
+ * the budget, else last itself (nothing fits: that request failed, or this one will).  A kept
+ * history starts with a user turn (or the last message), never an orphaned reply.  The prompt
+ * only shrinks as the cut moves later, so the first fitting turn is found by bisection.
+ */
+static cai_status
+next_cut(history_fit *f, int cut, int last, int budget, int *out)
+{
+	int			n_candidates = 0;
+	int			limits[2] = {budget / 2, budget};
+
+	for (int k = cut + 1; k <= last; k++)
+		if (k == last || f->msgs[k].role == CAI_ROLE_USER)
+			f->candidates[n_candidates++] = k;
+	*out = last;
+	for (int l = 0; l < 2; l++)
+	{
+		int			lo = 0,
+					hi = n_candidates - 1,
+					length;
+		cai_status	st;
+
+		/* the last candidate is the last message: when even it is over the limit, none fits */
+		if ((st = kept_length(f, f->candidates[hi], last, &length)) != CAI_OK)
+			return st;
+		if (length > limits[l])
+			continue;
+		while (lo < hi)
+		{
+			int			mid = lo + (hi - lo) / 2;
+
+			if ((st = kept_length(f, f->candidates[mid], last, &length)) != CAI_OK)
+				return st;
+			if (length <= limits[l])
+				hi = mid;
+			else
+				lo = mid + 1;
+		}
+		*out = f->candidates[lo];
+		return CAI_OK;
+	}
+	return CAI_OK;
+}
+
+/*
+ * The cut for the whole history (the current request is its last message), which overflows
+ * budget uncut: the replay described above.  Checkpoints are the user messages and the last
+ * message; the prompt grows with the checkpoint, so each overflow is found by bisection.
+ */
+static cai_status
+choose_cut(history_fit *f, int budget, int *cut_out)
+{
+	int		   *checkpoints;
+	int			n_checkpoints = 0;
+	int			cut = 0;
+	int			from = 0;
+	cai_status	st = CAI_OK;
+
+	checkpoints = malloc((size_t) f->n * sizeof(int));
+	if (!checkpoints)
+		return cai_fail(f->err, CAI_ERR_NO_MEMORY, "out of memory building the prompt");
+	while (cut < f->n - 1 && f->msgs[cut].role == CAI_ROLE_SYSTEM)
+		cut++;
+	for (int i = cut; i < f->n; i++)
+		if (i == f->n - 1 || f->msgs[i].role == CAI_ROLE_USER)
+			checkpoints[n_checkpoints++] = i;
+
+	while (from < n_checkpoints)
+	{
+		int			lo = from,
+					hi = n_checkpoints - 1,
+					length;
+
+		/* the first checkpoint from here whose prompt overflows (the last one does, at first) */
+		if ((st = kept_length(f, cut, checkpoints[hi], &length)) != CAI_OK)
+			break;
+		if (length <= budget)
+			break;
+		while (lo < hi)
+		{
+			int			mid = lo + (hi - lo) / 2;
+
+			if ((st = kept_length(f, cut, checkpoints[mid], &length)) != CAI_OK)
+				goto done;
+			if (length > budget)
+				hi = mid;
+			else
+				lo = mid + 1;
+		}
+		if (checkpoints[lo] == cut)
+			from = lo + 1;		/* that request's only turn did not fit: it failed */
+		else
+		{
+			if ((st = next_cut(f, cut, checkpoints[lo], budget, &cut)) != CAI_OK)
+				break;
+			from = lo + 1;
+		}
+	}
+done:
+	free(checkpoints);
+	*cut_out = cut;
+	return st;
+}
+
+/*
  * Renders the conversation with the model's template.  Contents are tokenized once (plain text,
  * no special tokens) and spliced as ids, like stored turns.  Over max_prompt_tokens, the oldest
  * non-system messages are dropped (never the last one, and never leaving an assistant reply
- * first) until it fits; first_message is then the first message kept besides system ones.
+ * first) with hysteresis (choose_cut); first_message is then the first message kept besides
+ * system ones.
  */
 cai_status
 cai_chat_build_prompt(const cai_model *model, const cai_chat_message *messages, int n_messages,
@@ -118,16 +264,15 @@ cai_chat_build_prompt(const cai_model *model, const cai_chat_message *messages, 
 		}
 	}
 
-	/* render; while too long, drop the oldest non-system message (never the last) */
-	for (;;)
+	/* render everything; when too long, cut the history (choose_cut) and render what is kept */
+	if ((st = render_kept(model, msgs, n_messages, first, params->add_generation_prompt, kept,
+						  spans, &n_kept, &rendered, err)) != CAI_OK)
+		goto done;
+	if (params->max_prompt_tokens > 0 && rendered.n > params->max_prompt_tokens)
 	{
-		int			next;
+		history_fit fit = {model, msgs, n_messages, params->add_generation_prompt, kept, spans,
+		&rendered, NULL, err};
 
-		if ((st = render_kept(model, msgs, n_messages, first, params->add_generation_prompt, kept,
-							  spans, &n_kept, &rendered, err)) != CAI_OK)
-			goto done;
-		if (params->max_prompt_tokens == 0 || rendered.n <= params->max_prompt_tokens)
-			break;
 		if (!params->truncate)
 		{
 			st = cai_fail(err, CAI_ERR_CONTEXT_FULL,
@@ -135,11 +280,19 @@ cai_chat_build_prompt(const cai_model *model, const cai_chat_message *messages, 
 						  params->max_prompt_tokens);
 			goto done;
 		}
-		/* the oldest kept non-system message before the last one */
-		next = first;
-		while (next < n_messages - 1 && msgs[next].role == CAI_ROLE_SYSTEM)
-			next++;
-		if (next >= n_messages - 1)
+		fit.candidates = malloc((size_t) n_messages * sizeof(int));
+		if (!fit.candidates)
+		{
+			st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory building the prompt");
+			goto done;
+		}
+		st = choose_cut(&fit, params->max_prompt_tokens, &first);
+		free(fit.candidates);
+		if (st != CAI_OK ||
+			(st = render_kept(model, msgs, n_messages, first, params->add_generation_prompt,
+							  kept, spans, &n_kept, &rendered, err)) != CAI_OK)
+			goto done;
+		if (rendered.n > params->max_prompt_tokens)
 		{
 			st = cai_fail(err, CAI_ERR_CONTEXT_FULL,
 						  "the last message needs %d prompt tokens (with the system prompt and "
@@ -147,10 +300,6 @@ cai_chat_build_prompt(const cai_model *model, const cai_chat_message *messages, 
 						  params->max_prompt_tokens);
 			goto done;
 		}
-		first = next + 1;
-		/* a kept history should start with a user turn, not an orphaned reply */
-		while (first < n_messages - 1 && msgs[first].role == CAI_ROLE_ASSISTANT)
-			first++;
 	}
 
 	/* messages [first, n) are all kept; earlier ones only when they are system messages */

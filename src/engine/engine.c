@@ -290,32 +290,38 @@ engine_choose_device(cai_engine *engine, const char *device, cai_error *err)
 		return CAI_OK;
 	}
 
+	/* the reasons name the library's absolute path: which file was tried, or loaded */
 	insist = strcmp(device, "cuda") == 0;
-	if (!cai_cuda_loader_open(NULL, &engine->cuda, why, sizeof(why)))
+	if (!cai_cuda_loader_open(engine->params.cuda_library, &engine->cuda, why, sizeof(why)))
 	{
 		if (insist)
 			return cai_fail(err, CAI_ERR_UNSUPPORTED,
 							"device \"cuda\" requested but the CUDA backend could not be loaded: %s",
 							why);
 		snprintf(engine->device_reason, sizeof(engine->device_reason),
-				 "auto: no CUDA backend library (%.200s), so the CPU serves", why);
+				 "auto: no CUDA backend library (%.300s), so the CPU serves", why);
 		return CAI_OK;
 	}
 	n_devices = engine->cuda.device_count(why, sizeof(why));
 	if (n_devices <= 0)
 	{
+		char		library[sizeof(engine->cuda.path)];
+
+		memcpy(library, engine->cuda.path, sizeof(library));
 		cai_cuda_loader_close(&engine->cuda);
 		if (insist)
 			return cai_fail(err, CAI_ERR_UNSUPPORTED,
-							"device \"cuda\" requested but no CUDA device is usable: %s", why);
+							"device \"cuda\" requested but no CUDA device is usable (%s loaded): %s",
+							library, why);
 		snprintf(engine->device_reason, sizeof(engine->device_reason),
-				 "auto: no usable CUDA device (%.200s), so the CPU serves", why);
+				 "auto: %.200s loaded, but no usable CUDA device (%.150s), so the CPU serves",
+				 library, why);
 		return CAI_OK;
 	}
 	engine->use_cuda = true;
 	snprintf(engine->device_reason, sizeof(engine->device_reason),
-			 "%s: %d CUDA device(s), using device 0", insist ? "device = cuda" : "auto",
-			 n_devices);
+			 "%s: %.300s loaded, %d CUDA device(s), using device 0",
+			 insist ? "device = cuda" : "auto", engine->cuda.path, n_devices);
 	return CAI_OK;
 }
 

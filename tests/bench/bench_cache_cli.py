@@ -10,6 +10,10 @@ timings they can be compared between builds on a loaded machine:
     python3 tests/bench/bench_cache_cli.py --cai ./cai                  # default workload
     python3 tests/bench/bench_cache_cli.py --first-words 900 --user-words 14
 
+The table also gives the median over follow-up turns of each turn's cached / prompt tokens
+("median turn"), the figure that shows what truncation does to the cache in a conversation longer
+than --ctx (a turn that moves the cut reuses little; the others should reuse nearly all).
+
 `--compare OTHER_CAI` plays the same conversations on a second build and `--off` on the same
 build with the cache off; each says whether its replies equal the first run's.  Differences from bench_cache.py: `cai chat` cannot ignore the end of
 turn token, so a reply may stop before --reply-tokens (equally on every build), and each
@@ -20,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 
@@ -57,8 +62,11 @@ def figures(cai, model, all_messages, args):
             if t > 0:
                 prompt += p
                 cached += c
+    rates = [t["cached"] / t["prompt"] for t in per_turn if t["turn"] > 1 and t["prompt"] > 0]
     return {"cai": cai, "follow_up_prompt_tokens": prompt, "follow_up_cached_tokens": cached,
-            "hit_rate": cached / prompt if prompt else 0.0, "turns": per_turn}, replies
+            "hit_rate": cached / prompt if prompt else 0.0,
+            "median_turn_hit_rate": statistics.median(rates) if rates else 0.0,
+            "turns": per_turn}, replies
 
 
 def main():
@@ -95,11 +103,12 @@ def main():
         off["cai"] += " (cache off)"
         off["same_replies"] = off_replies == base_replies
         runs.append(off)
-    print("%-40s %12s %12s %9s %s" % ("build", "prompt", "cached", "hit rate", "same replies"))
+    print("%-40s %12s %12s %9s %11s %s" % ("build", "prompt", "cached", "hit rate",
+                                           "median turn", "same replies"))
     for r in runs:
-        print("%-40s %12d %12d %8.1f%% %s" % (r["cai"], r["follow_up_prompt_tokens"],
-                                             r["follow_up_cached_tokens"], 100.0 * r["hit_rate"],
-                                             r.get("same_replies", "")))
+        print("%-40s %12d %12d %8.1f%% %10.1f%% %s" % (
+            r["cai"], r["follow_up_prompt_tokens"], r["follow_up_cached_tokens"],
+            100.0 * r["hit_rate"], 100.0 * r["median_turn_hit_rate"], r.get("same_replies", "")))
     json.dump({"args": vars(args), "runs": runs}, sys.stdout)
     print()
 

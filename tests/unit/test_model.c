@@ -862,11 +862,14 @@ TEST(model_tokens_and_prompt_truncation)
 	CHECK_EQ_INT(full.n_last_content_ids, n_last);
 	CHECK(memcmp(full.last_content_ids, last, sizeof(int32_t) * n_last) == 0);
 
-	/* a limit a bit below the full size: the oldest turn pair goes, the system prompt stays */
+	/*
+	 * a limit a bit below the full size: the oldest turns go until what is kept takes at most
+	 * half the limit (truncation with hysteresis); the system prompt stays
+	 */
 	pp.max_prompt_tokens = full.n_ids - 3;
 	CHECK(cai_chat_build_prompt(model, msgs, 7, &pp, &cut, &err) == CAI_OK);
-	CHECK(cut.n_ids <= pp.max_prompt_tokens);
-	CHECK_EQ_INT(cut.first_message, 3);
+	CHECK(cut.n_ids <= pp.max_prompt_tokens / 2);
+	CHECK_EQ_INT(cut.first_message, 5);
 	/* the system turn opens both prompts identically */
 	CHECK(cut.n_ids > 8 && memcmp(cut.ids, full.ids, sizeof(int32_t) * 8) == 0);
 	/* and the kept tail is the same tokens */
@@ -901,6 +904,206 @@ TEST(model_tokens_and_prompt_truncation)
 
 	cai_free(last);
 	cai_prompt_free(&full);
+	cai_model_free(model);
+}
+
+/*
+ * Truncation with hysteresis: a long conversation played turn by turn, each request the whole
+ * history so far (as cai_chat sends it), under a small budget.
+ */
+#define HYST_TURNS 60
+#define HYST_BUDGET 1200
+
+/* Message i of the long conversation: a system prompt, then user and assistant turns. */
+static void
+hysteresis_message(int i, char *buf, size_t size, cai_chat_message *m)
+{
+	int			words = 1 + (i * 7) % 5;
+	size_t		used;
+
+	memset(m, 0, sizeof(*m));
+	if (i == 0)
+	{
+		m->role = CAI_ROLE_SYSTEM;
+		m->content = "You are a patient assistant who plans projects.";
+		return;
+	}
+	m->role = i % 2 == 1 ? CAI_ROLE_USER : CAI_ROLE_ASSISTANT;
+	used = (size_t) snprintf(buf, size, "%s %d:", m->role == CAI_ROLE_USER ? "question" : "answer",
+							 i);
+	for (int w = 0; w < words && used + 16 < size; w++)
+		used += (size_t) snprintf(buf + used, size - used, " word%d", (i + w) % 17);
+	m->content = buf;
+}
+
+/* The prompt of the request ending at message last (a user message) under budget. */
+static cai_status
+hysteresis_prompt(const cai_model *model, cai_chat_message *msgs, int last, int budget,
+				  cai_prompt *out, cai_error *err)
+{
+	cai_prompt_params pp = {true, budget, true};
+
+	return cai_chat_build_prompt(model, msgs, last + 1, &pp, out, err);
+}
+
+/* Prompt tokens of the system prompt and msgs[first..last], untruncated. */
+static int
+hysteresis_length(const cai_model *model, cai_chat_message *msgs, int first, int last)
+{
+	cai_chat_message kept[2 * HYST_TURNS + 1];
+	cai_prompt	p;
+	cai_error	err;
+	int			n = 0,
+				length;
+
+	kept[n++] = msgs[0];
+	for (int i = first; i <= last; i++)
+		kept[n++] = msgs[i];
+	if (cai_chat_build_prompt(model, kept, n, NULL, &p, &err) != CAI_OK)
+		return -1;
+	length = p.n_ids;
+	cai_prompt_free(&p);
+	return length;
+}
+
+TEST(chat_truncation_keeps_its_cut_until_the_history_overflows)
+{
+	synth_model_config cfg;
+	cai_model  *model;
+	cai_error	err;
+	static char texts[2 * HYST_TURNS + 1][256];
+	cai_chat_message msgs[2 * HYST_TURNS + 1];
+	cai_prompt	prev = {0};
+	cai_prompt	system_only;
+	cai_prompt_params no_gen = {false, 0, true};
+	int			truncated = 0,
+				cuts = 0,
+				prefix_kept = 0;
+
+	synth_model_default_config(&cfg);
+	CHECK(load_config(&cfg, false, &model, &err) == CAI_OK);
+	if (!model)
+		return;
+	for (int i = 0; i <= 2 * HYST_TURNS; i++)
+		hysteresis_message(i, texts[i], sizeof(texts[i]), &msgs[i]);
+	CHECK(cai_chat_build_prompt(model, msgs, 1, &no_gen, &system_only, &err) == CAI_OK);
+
+	for (int turn = 1; turn <= HYST_TURNS; turn++)
+	{
+		int			last = 2 * turn - 1;
+		cai_prompt	p;
+
+		if (hysteresis_prompt(model, msgs, last, HYST_BUDGET, &p, &err) != CAI_OK)
+		{
+			CHECK_MSG(false, "turn %d: %s", turn, err.message);
+			break;
+		}
+		/* never over the budget, and the system prompt opens every prompt */
+		CHECK_MSG(p.n_ids <= HYST_BUDGET, "turn %d: %d tokens", turn, p.n_ids);
+		CHECK(p.n_ids > system_only.n_ids &&
+			  memcmp(p.ids, system_only.ids, sizeof(int32_t) * system_only.n_ids) == 0);
+		/* a kept history starts with a user turn */
+		CHECK(p.first_message == 0 || msgs[p.first_message].role == CAI_ROLE_USER);
+		if (p.first_message > 1)
+			truncated++;
+		if (turn > 1)
+		{
+			CHECK(p.first_message >= prev.first_message);
+			if (p.first_message == prev.first_message)
+			{
+				/* the same cut: the last prompt is this one's prefix, as the cache needs */
+				CHECK_MSG(prev.n_ids < p.n_ids &&
+						  memcmp(prev.ids, p.ids, sizeof(int32_t) * prev.n_ids) == 0,
+						  "turn %d: the prompt's prefix changed", turn);
+				prefix_kept += p.first_message > 1;
+			}
+			else
+			{
+				int			from = prev.first_message > 1 ? prev.first_message : 1;
+
+				/* it moved only because the last cut overflowed, and to half the budget */
+				cuts++;
+				CHECK_MSG(hysteresis_length(model, msgs, from, last) > HYST_BUDGET,
+						  "turn %d: the cut moved from %d to %d without an overflow", turn,
+						  prev.first_message, p.first_message);
+				CHECK_MSG(p.n_ids <= HYST_BUDGET / 2, "turn %d: %d tokens after a cut", turn,
+						  p.n_ids);
+				/* and no further than needed: one turn fewer dropped would be over half */
+				CHECK(hysteresis_length(model, msgs, p.first_message - 2, last) > HYST_BUDGET / 2);
+			}
+		}
+		cai_prompt_free(&prev);
+		prev = p;
+	}
+	/* the conversation went well past the budget, and most truncated turns kept their prefix */
+	CHECK_MSG(truncated >= HYST_TURNS / 2, "%d truncated turns", truncated);
+	CHECK_MSG(cuts >= 3 && prefix_kept >= 3 * cuts, "%d cuts, %d turns kept the prefix", cuts,
+			  prefix_kept);
+
+	/* stateless: the same history gives the same cut, asked for again or on its own */
+	{
+		cai_prompt	again;
+
+		CHECK(hysteresis_prompt(model, msgs, 2 * HYST_TURNS - 1, HYST_BUDGET, &again, &err) == CAI_OK);
+		CHECK_EQ_INT(again.first_message, prev.first_message);
+		CHECK(again.n_ids == prev.n_ids &&
+			  memcmp(again.ids, prev.ids, sizeof(int32_t) * prev.n_ids) == 0);
+		cai_prompt_free(&again);
+	}
+	cai_prompt_free(&prev);
+	cai_prompt_free(&system_only);
+	cai_model_free(model);
+}
+
+TEST(chat_truncation_of_huge_turns)
+{
+	synth_model_config cfg;
+	cai_model  *model;
+	cai_error	err;
+	static char texts[2 * HYST_TURNS + 1][256];
+	static char huge[16384];
+	cai_chat_message msgs[2 * HYST_TURNS + 1];
+	cai_prompt	p;
+	size_t		used = 0;
+
+	synth_model_default_config(&cfg);
+	CHECK(load_config(&cfg, false, &model, &err) == CAI_OK);
+	if (!model)
+		return;
+	for (int i = 0; i <= 2 * HYST_TURNS; i++)
+		hysteresis_message(i, texts[i], sizeof(texts[i]), &msgs[i]);
+	while (used + 16 < sizeof(huge))
+		used += (size_t) snprintf(huge + used, sizeof(huge) - used, " word%d", (int) (used % 13));
+
+	/* a last message that does not fit alone is refused, as before */
+	msgs[21].content = huge;
+	CHECK(hysteresis_prompt(model, msgs, 21, HYST_BUDGET, &p, &err) == CAI_ERR_CONTEXT_FULL);
+	CHECK_MSG(strstr(err.message, "last message") != NULL, "%s", err.message);
+
+	/* later turns cut past it (its request failed, and so would every one that kept it) */
+	msgs[22].content = "an answer";
+	CHECK(hysteresis_prompt(model, msgs, 23, HYST_BUDGET, &p, &err) == CAI_OK);
+	CHECK_EQ_INT(p.first_message, 23);
+	cai_prompt_free(&p);
+	CHECK(hysteresis_prompt(model, msgs, 29, HYST_BUDGET, &p, &err) == CAI_OK);
+	CHECK(p.first_message == 23 && p.n_ids <= HYST_BUDGET);
+	cai_prompt_free(&p);
+
+	/* a huge reply in the history: the next turn cuts past it too */
+	msgs[21].content = texts[21];
+	msgs[40].content = huge;
+	CHECK(hysteresis_prompt(model, msgs, 41, HYST_BUDGET, &p, &err) == CAI_OK);
+	CHECK_EQ_INT(p.first_message, 41);
+	CHECK(p.n_ids <= HYST_BUDGET);
+	cai_prompt_free(&p);
+
+	/* refusing to truncate refuses, however the history would be cut */
+	{
+		cai_prompt_params pp = {true, HYST_BUDGET, false};
+
+		CHECK(cai_chat_build_prompt(model, msgs, 42, &pp, &p, &err) == CAI_ERR_CONTEXT_FULL);
+		CHECK_MSG(strstr(err.message, "more than the limit") != NULL, "%s", err.message);
+	}
 	cai_model_free(model);
 }
 
