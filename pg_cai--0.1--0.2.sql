@@ -89,3 +89,112 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER;
 COMMENT ON FUNCTION cai_stat_reset() IS
 'zeroes pg_stat_cai''s counters (requests, steps, tokens, cache lookups and hits, busy time) and returns the reset time, shown as stats_reset; superusers only';
 REVOKE ALL ON FUNCTION cai_stat_reset() FROM PUBLIC;
+
+--
+-- Typed replies: schemas as JSON text, and stored options validated when they are written.
+--
+-- cai_chat_json and cai_complete_json also take their schema as text or json: the engine reads
+-- it as written, so properties come out in the text's order (jsonb sorts an object's keys,
+-- shortest first).  A string literal resolves to the text overload (PostgreSQL prefers the
+-- string category for an unknown-type argument), so a call with a literal schema stays
+-- unambiguous and keeps the order it was written in; a jsonb value still calls the jsonb one.
+CREATE FUNCTION cai_chat_json(conversation_id bigint, message text, schema text,
+							  options jsonb DEFAULT '{}')
+RETURNS jsonb
+AS 'MODULE_PATHNAME', 'pg_cai_chat_json_text'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER;
+COMMENT ON FUNCTION cai_chat_json(bigint, text, text, jsonb) IS
+'like cai_chat_json(bigint, text, jsonb, jsonb), the schema given as JSON text: properties are generated in the order the text has them';
+
+CREATE FUNCTION cai_chat_json(conversation_id bigint, message text, schema json,
+							  options jsonb DEFAULT '{}')
+RETURNS jsonb
+AS 'MODULE_PATHNAME', 'pg_cai_chat_json_text'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER;
+COMMENT ON FUNCTION cai_chat_json(bigint, text, json, jsonb) IS
+'like cai_chat_json(bigint, text, jsonb, jsonb), the schema given as json: properties are generated in the order the text has them';
+
+CREATE FUNCTION cai_complete_json(prompt text, schema text, options jsonb DEFAULT '{}')
+RETURNS jsonb
+AS 'MODULE_PATHNAME', 'pg_cai_complete_json_text'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER;
+COMMENT ON FUNCTION cai_complete_json(text, text, jsonb) IS
+'like cai_complete_json(text, jsonb, jsonb), the schema given as JSON text: properties are generated in the order the text has them';
+
+CREATE FUNCTION cai_complete_json(prompt text, schema json, options jsonb DEFAULT '{}')
+RETURNS jsonb
+AS 'MODULE_PATHNAME', 'pg_cai_complete_json_text'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER;
+COMMENT ON FUNCTION cai_complete_json(text, json, jsonb) IS
+'like cai_complete_json(text, jsonb, jsonb), the schema given as json: properties are generated in the order the text has them';
+
+-- Options that are stored (a conversation's defaults, a job's, a reply trigger's argument) are
+-- validated when they are written, their schema compiled by the engine's compiler, so that a
+-- bad schema fails the statement that stores it instead of every later turn or job.  Rows
+-- stored before this version are not revisited.
+CREATE FUNCTION cai_validate_options(options jsonb)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'pg_cai_validate_options'
+LANGUAGE C VOLATILE PARALLEL SAFE SECURITY INVOKER;
+COMMENT ON FUNCTION cai_validate_options(jsonb) IS
+'true when the options are valid on their own (every key, and a response_format schema compiled); otherwise the error a call with them raises';
+
+CREATE FUNCTION cai_check_options()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'pg_cai_check_options'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER;
+COMMENT ON FUNCTION cai_check_options() IS
+'BEFORE INSERT OR UPDATE OF options FOR EACH ROW trigger: validates the row''s options column (cai.conversations, cai.jobs)';
+
+CREATE TRIGGER options_valid BEFORE INSERT OR UPDATE OF options ON cai.conversations
+	FOR EACH ROW EXECUTE FUNCTION cai_check_options();
+CREATE TRIGGER options_valid BEFORE INSERT OR UPDATE OF options ON cai.jobs
+	FOR EACH ROW EXECUTE FUNCTION cai_check_options();
+
+-- A reply trigger's argument is checked by CREATE TRIGGER itself (an event trigger at the end
+-- of the command), not first when a user turn arrives.  A trigger created while event
+-- triggers are off (session_replication_role = replica) is still checked when it fires.
+CREATE FUNCTION cai_check_reply_trigger_options()
+RETURNS event_trigger
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	created record;
+	options text;
+BEGIN
+	FOR created IN
+		SELECT t.tgargs
+		FROM pg_event_trigger_ddl_commands() c
+		JOIN pg_trigger t ON t.oid = c.objid
+		WHERE c.classid = 'pg_trigger'::regclass AND t.tgnargs > 0
+		  AND t.tgfoid IN ('@extschema@.cai_reply_trigger()'::regprocedure,
+						   '@extschema@.cai_enqueue_reply_trigger()'::regprocedure)
+	LOOP
+		-- the first argument, NUL-terminated in tgargs, is the options' JSON text
+		options := convert_from(substring(created.tgargs
+										  FOR position('\x00'::bytea IN created.tgargs) - 1),
+								getdatabaseencoding());
+		PERFORM @extschema@.cai_validate_options(options::jsonb);
+	END LOOP;
+END
+$$;
+COMMENT ON FUNCTION cai_check_reply_trigger_options() IS
+'event trigger at the end of CREATE TRIGGER: validates the options argument of cai_reply_trigger and cai_enqueue_reply_trigger';
+
+CREATE EVENT TRIGGER cai_reply_trigger_options ON ddl_command_end
+	WHEN TAG IN ('CREATE TRIGGER')
+	EXECUTE FUNCTION cai_check_reply_trigger_options();
+
+REVOKE ALL ON FUNCTION cai_chat_json(bigint, text, text, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION cai_chat_json(bigint, text, json, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION cai_complete_json(text, text, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION cai_complete_json(text, json, jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION cai_validate_options(jsonb) FROM PUBLIC;
+REVOKE ALL ON FUNCTION cai_check_options() FROM PUBLIC;
+REVOKE ALL ON FUNCTION cai_check_reply_trigger_options() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION cai_chat_json(bigint, text, text, jsonb) TO cai_user;
+GRANT EXECUTE ON FUNCTION cai_chat_json(bigint, text, json, jsonb) TO cai_user;
+GRANT EXECUTE ON FUNCTION cai_complete_json(text, text, jsonb) TO cai_user;
+GRANT EXECUTE ON FUNCTION cai_complete_json(text, json, jsonb) TO cai_user;
+GRANT EXECUTE ON FUNCTION cai_validate_options(jsonb) TO cai_user;

@@ -41,8 +41,14 @@ WHERE j.conversation_id = :conv3;
 -- bad input fails the insert
 INSERT INTO cai.messages (conversation_id, role, content) VALUES (:conv, 'user', '');
 DROP TRIGGER reply_later ON cai.messages;
+-- bad options are refused by CREATE TRIGGER; a trigger that escaped that check (created with
+-- event triggers off) still fails the insert
 CREATE TRIGGER reply_later AFTER INSERT ON cai.messages
 FOR EACH ROW EXECUTE FUNCTION cai_enqueue_reply_trigger('{"max_tokens": 0}');
+SET session_replication_role = replica;
+CREATE TRIGGER reply_later AFTER INSERT ON cai.messages
+FOR EACH ROW EXECUTE FUNCTION cai_enqueue_reply_trigger('{"max_tokens": 0}');
+RESET session_replication_role;
 INSERT INTO cai.messages (conversation_id, role, content) VALUES (:conv, 'user', 'Hello');
 DROP TRIGGER reply_later ON cai.messages;
 CREATE TABLE not_messages (id bigint, conversation_id bigint, role text, content text);

@@ -114,7 +114,8 @@ cai_model  *cli_load_model(const char *path, int n_threads, bool float_reference
  * The grammar of --json-schema FILE or --json-object (*out stays NULL without either).  Reports
  * errors (an unsupported keyword, say); false on failure.
  */
-bool		cli_load_grammar(const char *schema_file, bool json_object, cai_grammar **out);
+bool		cli_load_grammar(const char *schema_file, bool json_object, bool free_whitespace,
+							 cai_grammar **out);
 
 /* Whether the model's tokenizer asks for BOS before raw text (tokenizer.ggml.add_bos_token). */
 bool		cli_model_adds_bos(const cai_model *model);
@@ -229,6 +230,10 @@ extern char **cli_argv;
 	{ \
 		.name = "json-object", .kind = CLI_OPT_FLAG, .target = &(opts).json_object, \
 		.help = "the reply is a JSON object", \
+	}, \
+	{ \
+		.name = "json-free-whitespace", .kind = CLI_OPT_FLAG, .target = &(opts).json_free_ws, \
+		.help = "a JSON reply may put whitespace runs between its tokens (default: one space at most, after ':' or ',')", \
 	}
 
 /*

@@ -53,6 +53,7 @@ static struct
 	uint64_t	seed;
 	const char *json_schema;
 	bool		json_object;
+	bool		json_free_ws;
 } bench_opts;
 
 static const cli_option bench_options[] = {
@@ -231,7 +232,8 @@ bench_request(cai_request_params *rp, const cli_tokens *prompt, int max_tokens, 
 	rp->sampling.max_tokens = max_tokens;
 	rp->sampling.ignore_eos = true;
 	rp->use_cache = false;
-	return cli_load_grammar(bench_opts.json_schema, bench_opts.json_object, &rp->grammar);
+	return cli_load_grammar(bench_opts.json_schema, bench_opts.json_object, bench_opts.json_free_ws,
+							&rp->grammar);
 }
 
 /*

@@ -29,6 +29,7 @@ static struct
 	bool		verbose;
 	const char *json_schema;
 	bool		json_object;
+	bool		json_free_ws;
 } run_opts;
 
 static const cli_option run_options[] = {
@@ -238,7 +239,8 @@ cmd_run(int argc, char **argv)
 	for (int i = 0; i < run_opts.stop.n; i++)
 		rp.sampling.stop[i] = run_opts.stop.items[i];
 	rp.use_cache = false;
-	if (!cli_load_grammar(run_opts.json_schema, run_opts.json_object, &rp.grammar))
+	if (!cli_load_grammar(run_opts.json_schema, run_opts.json_object, run_opts.json_free_ws,
+						  &rp.grammar))
 		goto done;
 
 	cli_install_interrupt_handler();

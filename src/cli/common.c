@@ -76,8 +76,11 @@ cli_load_model(const char *path, int n_threads, bool float_reference,
 }
 
 bool
-cli_load_grammar(const char *schema_file, bool json_object, cai_grammar **out)
+cli_load_grammar(const char *schema_file, bool json_object, bool free_whitespace,
+				 cai_grammar **out)
 {
+	cai_json_whitespace ws = free_whitespace ? CAI_JSON_WS_FREE : CAI_JSON_WS_COMPACT;
+
 	cai_error	err = {0};
 	char		what[600];
 	char	   *text;
@@ -87,7 +90,10 @@ cli_load_grammar(const char *schema_file, bool json_object, cai_grammar **out)
 	if (json_object)
 	{
 		if (cai_grammar_any_object(out, &err) == CAI_OK)
+		{
+			cai_grammar_set_whitespace(*out, ws);
 			return true;
+		}
 		cli_report("could not make the JSON object grammar", &err);
 		return false;
 	}
@@ -102,6 +108,8 @@ cli_load_grammar(const char *schema_file, bool json_object, cai_grammar **out)
 		cli_report(what, &err);
 		*out = NULL;
 	}
+	else
+		cai_grammar_set_whitespace(*out, ws);
 	free(text);
 	return *out != NULL;
 }

@@ -256,6 +256,24 @@ cai_status	cai_grammar_from_schema(const char *schema, size_t len, cai_grammar *
 /* Any JSON object (OpenAI's {"type": "json_object"}). */
 cai_status	cai_grammar_any_object(cai_grammar **out, cai_error *err);
 
+/*
+ * Where a reply may put whitespace outside strings.  FREE: runs of up to 16 bytes between any
+ * two tokens and before the value (room to indent, and room that greedy decoding of a small
+ * model fills with newlines).  COMPACT: at most one space, and only after a ':' or a ','
+ * (`{"a": 1, "b": [1, 2]}` or `{"a":1,"b":[1,2]}`), nothing before the value.
+ */
+typedef enum cai_json_whitespace
+{
+	CAI_JSON_WS_FREE = 0,
+	CAI_JSON_WS_COMPACT
+} cai_json_whitespace;
+
+/*
+ * Sets a grammar's whitespace (a new grammar's is FREE).  Call it before any state uses the
+ * grammar: a grammar is read-only once in use.
+ */
+void		cai_grammar_set_whitespace(cai_grammar *grammar, cai_json_whitespace ws);
+
 void		cai_grammar_free(cai_grammar *grammar);
 
 typedef struct cai_request_params

@@ -17,7 +17,8 @@
  * does).  The state must see every token of the reply, from its first.
  *
  * What the reply can be: one JSON value valid under the schema, with at most 16 whitespace
- * bytes in a row between its tokens, no whitespace before it beyond 16 bytes, none after it,
+ * bytes in a row between its tokens and before it, none after it (a compact grammar,
+ * cai_grammar_set_whitespace(): one space at most, only after a ':' or a ','),
  * strings of valid UTF-8 whose escapes never make U+0000 or an unpaired surrogate (PostgreSQL's
  * jsonb accepts every such reply), numbers of at most 19 integer digits, 16 fraction digits and
  * 3 exponent digits (no exponent when the schema bounds the number; enum and const values are
@@ -56,7 +57,9 @@ typedef struct cai_grammar_state cai_grammar_state;
  *
  * Supported: type (a name or an array of names: object, array, string, number, integer,
  * boolean, null), properties, required, additionalProperties (false, true or {}: either way
- * only the declared properties are generated), items (a schema), minItems, maxItems, enum,
+ * only the declared properties are generated), propertyOrdering (Gemini's: an array of
+ * property names generated first, in its order, the others after them in the schema's; for a
+ * schema that went through jsonb, which sorts keys), items (a schema), minItems, maxItems, enum,
  * const (any JSON values, generated as their compact serialization: no whitespace, members in
  * the schema's order, numbers as the schema writes them), anyOf, minLength and maxLength
  * (code points after unescaping), minimum, maximum, exclusiveMinimum, exclusiveMaximum (numbers,
@@ -73,7 +76,8 @@ typedef struct cai_grammar_state cai_grammar_state;
  *    generated accepts their serialization.
  *
  * Errors (CAI_ERR_INVALID_ARGUMENT), each saying where as a JSON pointer: text that is not
- * JSON (with the byte offset), any other keyword ("unsupported JSON Schema keyword \"pattern\"
+ * JSON (with the byte offset), JSON nested deeper than 64 arrays and objects (said as such,
+ * with the byte offset), any other keyword ("unsupported JSON Schema keyword \"pattern\"
  * at /properties/email"), a keyword of the wrong type or range, minLength > maxLength and the
  * like, "required" naming an undeclared property, a $ref that does not resolve or is part of a
  * cycle, anyOf or $ref beside other constraints, \u0000 in a const, enum or property name, a

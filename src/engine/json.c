@@ -485,7 +485,14 @@ parse_value(parser *p, json_value *v, int depth)
 		case '{':
 		case '[':
 			if (depth >= JSON_MAX_DEPTH)
-				return fail_at(p, p->pos, "nested more than 64 arrays and objects deep");
+			{
+				/* a limit of the parser's, not a fault of the text's */
+				if (p->status == CAI_OK)
+					p->status = cai_fail(p->err, CAI_ERR_UNSUPPORTED,
+										 "nests deeper than %d arrays and objects at byte %zu",
+										 JSON_MAX_DEPTH, p->pos);
+				return false;
+			}
 			return parse_container(p, v, depth);
 		case '"':
 			v->type = JSON_STRING;

@@ -101,7 +101,11 @@ json_hex_value(unsigned char c)
 /* json_parse flags */
 #define JSON_DUPLICATE_KEYS 0x1 /* accept repeated keys (RFC 8259 only says they SHOULD NOT be) */
 
-/* Parses text[0..len).  On failure *out is NULL and err says what and at which byte. */
+/*
+ * Parses text[0..len).  On failure *out is NULL and err says what and at which byte: the
+ * status is CAI_ERR_INVALID_ARGUMENT for text that is not JSON, CAI_ERR_UNSUPPORTED for JSON
+ * that nests deeper than JSON_MAX_DEPTH (the message "nests deeper than ... at byte N").
+ */
 cai_status	json_parse(const char *text, size_t len, unsigned flags, json_doc **out,
 					   cai_error *err);
 const json_value *json_doc_root(const json_doc *doc);

@@ -113,11 +113,19 @@ push(const cai_grammar *g, gm_thread *t, gm_frame_kind kind, uint32_t node)
 	return true;
 }
 
-/* Whitespace between tokens, at most GM_MAX_WS bytes in a row. */
+/*
+ * Whitespace between tokens: at most GM_MAX_WS bytes in a row, or in a compact grammar one
+ * space where spaced JSON has one (after_separator: right after a ':' or a ',').
+ */
 static step_result
-take_ws(gm_thread *t)
+take_ws(const cai_grammar *g, gm_thread *t, uint8_t b, bool after_separator)
 {
-	if (t->ws >= GM_MAX_WS)
+	if (g->whitespace == CAI_JSON_WS_COMPACT)
+	{
+		if (b != ' ' || !after_separator || t->ws > 0)
+			return STEP_DEAD;
+	}
+	else if (t->ws >= GM_MAX_WS)
 		return STEP_DEAD;
 	t->ws++;
 	return STEP_OK;
@@ -656,7 +664,7 @@ step_object(const cai_grammar *g, gm_thread *t, gm_frame *f, uint8_t b, uint32_t
 	if (f->phase == CT_KEY)
 		return step_key(g, f, props, b);
 	if (json_is_ws(b))
-		return take_ws(t);
+		return take_ws(g, t, b, f->phase == CT_BEFORE_VALUE || f->phase == CT_AFTER_COMMA);
 	switch (f->phase)
 	{
 		case CT_OPEN:
@@ -705,8 +713,9 @@ step_array(const cai_grammar *g, gm_thread *t, gm_frame *f, uint8_t b, uint32_t 
 {
 	const gm_node *n = &g->nodes[f->node];
 
+	/* an array is before a value only after a comma */
 	if (json_is_ws(b))
-		return take_ws(t);
+		return take_ws(g, t, b, f->phase == CT_BEFORE_VALUE);
 	switch (f->phase)
 	{
 		case CT_OPEN:
@@ -743,7 +752,7 @@ step_any_container(const cai_grammar *g, gm_thread *t, gm_frame *f, uint8_t b)
 	uint8_t		close = object ? '}' : ']';
 
 	if (json_is_ws(b))
-		return take_ws(t);
+		return take_ws(g, t, b, f->phase == CT_BEFORE_VALUE || f->phase == CT_AFTER_COMMA);
 	switch (f->phase)
 	{
 		case CT_OPEN:
@@ -799,7 +808,7 @@ step(const cai_grammar *g, gm_thread *t, uint8_t b, uint32_t *fork)
 			if (f->phase != DOC_BEFORE)
 				return STEP_DEAD;
 			if (json_is_ws(b))
-				return take_ws(t);
+				return take_ws(g, t, b, false);
 			f->phase = DOC_IN;
 			return begin(g, t, f->node, b, fork);
 		case FR_STRING:
@@ -1128,6 +1137,12 @@ gm_grammar_new(void)
 	}
 	g->nodes[g->any_word].count = 3;
 	return g;
+}
+
+void
+cai_grammar_set_whitespace(cai_grammar *g, cai_json_whitespace ws)
+{
+	g->whitespace = (uint8_t) ws;
 }
 
 void

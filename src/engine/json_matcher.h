@@ -106,6 +106,7 @@ struct cai_grammar
 	uint32_t	max_frames;		/* deepest stack, the document frame included */
 	uint32_t	max_threads;	/* most live threads */
 	uint32_t	max_alts;		/* widest choice */
+	uint8_t		whitespace;		/* cai_json_whitespace */
 };
 
 /* ---------------------------------------------------------------------------------------------

@@ -289,6 +289,7 @@ static const struct
 }			keywords[] = {
 	{"type", NULL}, {"enum", NULL}, {"const", NULL}, {"anyOf", NULL}, {"$ref", NULL},
 	{"properties", "object"}, {"required", "object"}, {"additionalProperties", "object"},
+	{"propertyOrdering", "object"},
 	{"items", "array"}, {"minItems", "array"}, {"maxItems", "array"},
 	{"minLength", "string"}, {"maxLength", "string"},
 	{"minimum", "number"}, {"maximum", "number"}, {"exclusiveMinimum", "number"},
@@ -712,6 +713,57 @@ names_member(const json_value *arr, const char *name, size_t len)
 	return false;
 }
 
+/*
+ * The order in which an object's properties are generated, as indexes into props: the names of
+ * "propertyOrdering" first (Gemini's keyword: a schema that went through jsonb has lost its
+ * text's order), then the properties it leaves out, in the schema's order.  NULL after an
+ * error.
+ */
+static size_t *
+property_order(compiler *c, const json_value *props, const json_value *ordering)
+{
+	size_t		n = props->u.object.n;
+	size_t	   *order = calloc(n ? n : 1, sizeof(size_t));
+	bool	   *placed = calloc(n ? n : 1, sizeof(bool));
+	size_t		k = 0;
+
+	if (!order || !placed)
+	{
+		free(order);
+		free(placed);
+		fail_oom(c);
+		return NULL;
+	}
+	for (size_t i = 0; ordering && i < ordering->u.array.n; i++)
+	{
+		const json_value *name = ordering->u.array.items[i];
+		size_t		j;
+
+		for (j = 0; j < n; j++)
+			if (props->u.object.members[j].key_len == name->u.string.len &&
+				memcmp(props->u.object.members[j].key, name->u.string.bytes, name->u.string.len) == 0)
+				break;
+		if (j == n || placed[j])
+		{
+			if (j == n)
+				fail(c, "\"propertyOrdering\" names \"%s\", which is not in \"properties\"",
+					 name->u.string.bytes);
+			else
+				fail(c, "\"propertyOrdering\" names \"%s\" twice", name->u.string.bytes);
+			free(order);
+			free(placed);
+			return NULL;
+		}
+		placed[j] = true;
+		order[k++] = j;
+	}
+	for (size_t j = 0; j < n; j++)
+		if (!placed[j])
+			order[k++] = j;
+	free(placed);
+	return order;
+}
+
 static uint32_t
 compile_object(compiler *c, const schema_keys *k)
 {
@@ -720,10 +772,13 @@ compile_object(compiler *c, const schema_keys *k)
 	const json_value *additional = key(k, "additionalProperties");
 	cai_grammar *g = c->g;
 	gm_prop    *list = NULL;
+	size_t	   *order;
 	size_t		n = 0;
 	cai_buf	buf = {0};
 	uint32_t	node;
 
+	if (key(k, "propertyOrdering") && !props)
+		return fail(c, "\"propertyOrdering\" without \"properties\"");
 	for (size_t i = 0; required && i < required->u.array.n; i++)
 	{
 		const json_value *r = required->u.array.items[i];
@@ -744,12 +799,18 @@ compile_object(compiler *c, const schema_keys *k)
 		return node;
 	}
 
+	order = property_order(c, props, key(k, "propertyOrdering"));
+	if (!order)
+		return NODE_ERROR;
 	list = calloc(props->u.object.n ? props->u.object.n : 1, sizeof(gm_prop));
 	if (!list)
+	{
+		free(order);
 		return fail_oom(c);
+	}
 	for (size_t i = 0; i < props->u.object.n; i++)
 	{
-		const json_member *m = &props->u.object.members[i];
+		const json_member *m = &props->u.object.members[order[i]];
 		bool		req = names_member(required, m->key, m->key_len);
 		size_t		old = path_push(c, "properties", 10);
 		uint32_t	value;
@@ -797,10 +858,12 @@ compile_object(compiler *c, const schema_keys *k)
 			fail_oom(c);
 			goto error;
 		}
+	free(order);
 	free(list);
 	cai_buf_free(&buf);
 	return node;
 error:
+	free(order);
 	free(list);
 	cai_buf_free(&buf);
 	return NODE_ERROR;
@@ -842,6 +905,19 @@ check_keyword_values(compiler *c, const schema_keys *k)
 		if (!ok)
 		{
 			fail(c, "\"required\" must be an array of strings");
+			return false;
+		}
+	}
+	if ((v = key(k, "propertyOrdering")))
+	{
+		bool		ok = v->type == JSON_ARRAY;
+
+		for (size_t i = 0; ok && i < v->u.array.n; i++)
+			ok = v->u.array.items[i]->type == JSON_STRING &&
+				strlen(v->u.array.items[i]->u.string.bytes) == v->u.array.items[i]->u.string.len;
+		if (!ok)
+		{
+			fail(c, "\"propertyOrdering\" must be an array of property names");
 			return false;
 		}
 	}
@@ -1242,14 +1318,17 @@ cai_grammar_from_schema(const char *schema, size_t len, cai_grammar **out, cai_e
 	st = json_parse(schema, len, 0, &doc, err);
 	if (st != CAI_OK)
 	{
-		if (st == CAI_ERR_INVALID_ARGUMENT && err)
+		if ((st == CAI_ERR_INVALID_ARGUMENT || st == CAI_ERR_UNSUPPORTED) && err)
 		{
 			char		msg[CAI_ERROR_MESSAGE_SIZE];
 
 			snprintf(msg, sizeof(msg), "%s", err->message);
-			cai_fail(err, st, "the JSON schema is not valid JSON: %s", msg);
+			if (st == CAI_ERR_UNSUPPORTED)
+				cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "the JSON schema %s", msg);
+			else
+				cai_fail(err, st, "the JSON schema is not valid JSON: %s", msg);
 		}
-		return st;
+		return st == CAI_ERR_UNSUPPORTED ? CAI_ERR_INVALID_ARGUMENT : st;
 	}
 	memset(&c, 0, sizeof(c));
 	c.doc = json_doc_root(doc);

@@ -29,6 +29,7 @@ static cai_status
 decode_sampling(const cai_wire_generation *g, cai_decoded_request *out, cai_error *err)
 {
 	cai_sampling_params *sp = &out->params.sampling;
+	cai_status	st;
 
 	if (!(isfinite(g->temperature) && g->temperature >= 0.0f && g->temperature <= MAX_TEMPERATURE))
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
@@ -72,11 +73,14 @@ decode_sampling(const cai_wire_generation *g, cai_decoded_request *out, cai_erro
 	if (g->response_format != CAI_RESPONSE_TEXT && g->n_stop > 0)
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
 						"stop strings cannot be combined with a JSON response_format");
-	if (g->response_format == CAI_RESPONSE_JSON_OBJECT)
-		return cai_grammar_any_object(&out->params.grammar, err);
-	if (g->response_format == CAI_RESPONSE_JSON_SCHEMA)
-		return cai_grammar_from_schema(g->schema, g->schema_len, &out->params.grammar, err);
-	return CAI_OK;
+	if (g->response_format == CAI_RESPONSE_TEXT)
+		return CAI_OK;
+	st = g->response_format == CAI_RESPONSE_JSON_OBJECT ?
+		cai_grammar_any_object(&out->params.grammar, err) :
+		cai_grammar_from_schema(g->schema, g->schema_len, &out->params.grammar, err);
+	if (st == CAI_OK)
+		cai_grammar_set_whitespace(out->params.grammar, g->json_whitespace);
+	return st;
 }
 
 /* A C string copy of payload text (a NUL byte inside ends it early; nothing else changes). */

@@ -197,6 +197,7 @@ cai_wire_put_generation(cai_wbuf *w, const cai_wire_generation *g)
 		cai_put_text(w, g->schema, strlen(g->schema));
 	else
 		cai_put_text(w, "", 0);
+	cai_put_u8(w, g->json_whitespace);
 }
 
 bool
@@ -215,7 +216,8 @@ cai_wire_get_generation(cai_reader *r, cai_wire_generation *g)
 		if (!cai_get_text(r, &g->stop[i], &g->stop_len[i]))
 			return false;
 	if (!cai_get_u8(r, &g->response_format) || g->response_format > CAI_RESPONSE_JSON_SCHEMA ||
-		!cai_get_text(r, &g->schema, &g->schema_len))
+		!cai_get_text(r, &g->schema, &g->schema_len) ||
+		!cai_get_u8(r, &g->json_whitespace) || g->json_whitespace > CAI_JSON_WS_COMPACT)
 		return false;
 	return true;
 }

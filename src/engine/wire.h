@@ -25,7 +25,7 @@
  *   generation = f32 temperature, f32 top_p, i32 top_k, u64 seed, i32 max_tokens, u8 truncate,
  *                u8 ignore_eos, u8 use_cache, u64 cache_salt, i32 n_stop, n_stop × text,
  *                u8 response_format (cai_response_format), text JSON schema (empty unless
- *                CAI_RESPONSE_JSON_SCHEMA)
+ *                CAI_RESPONSE_JSON_SCHEMA), u8 json_whitespace (cai_json_whitespace)
  *   turn       = i32 role (cai_role), text content, i32 n_tokens (-1: tokenize the content),
  *                n_tokens × i32 id
  *
@@ -184,12 +184,13 @@ typedef struct cai_wire_generation
 	const char *schema;			/* JSON_SCHEMA: the schema's JSON text (writing: NUL-terminated;
 								 * reading: points into the payload, schema_len bytes) */
 	uint32_t	schema_len;
+	uint8_t		json_whitespace;	/* cai_json_whitespace of a JSON reply */
 } cai_wire_generation;
 
 void		cai_wire_put_generation(cai_wbuf *w, const cai_wire_generation *g);
 /*
  * Reads the block; false for a short or ill-formed one (n_stop out of range, a flag not 0/1, an
- * unknown response format).
+ * unknown response format or whitespace).
  */
 bool		cai_wire_get_generation(cai_reader *r, cai_wire_generation *g);
 

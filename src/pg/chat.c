@@ -43,6 +43,8 @@ PG_FUNCTION_INFO_V1(pg_cai_complete);
 PG_FUNCTION_INFO_V1(pg_cai_chat_completion);
 PG_FUNCTION_INFO_V1(pg_cai_chat_json);
 PG_FUNCTION_INFO_V1(pg_cai_complete_json);
+PG_FUNCTION_INFO_V1(pg_cai_chat_json_text);
+PG_FUNCTION_INFO_V1(pg_cai_complete_json_text);
 PG_FUNCTION_INFO_V1(pg_cai_reply_trigger);
 
 /*
@@ -101,15 +103,37 @@ put_turn(cai_wbuf *buf, int role, const char *content, const int32 *tokens, int 
 }
 
 /*
+ * A typed reply's schema argument: jsonb (keys in jsonb's order), or JSON text (text and json
+ * overloads: keys in the text's order).  NULL for an untyped call.
+ */
+typedef struct CaiSchemaArg
+{
+	Jsonb	   *jsonb;
+	char	   *text;
+} CaiSchemaArg;
+
+static void
+apply_schema(CaiOptions *options, const CaiSchemaArg *schema)
+{
+	if (schema == NULL)
+		return;
+	if (schema->jsonb)
+		CaiOptionsSetSchema(options, schema->jsonb);
+	else
+		CaiOptionsSetSchemaText(options, schema->text);
+}
+
+/*
  * start_conversation_turn
  *		Reads the conversation, merges its options under the call's, and posts a CHAT request
  *		with the system prompt, the stored turns (up to up_to_message when not 0) and, when
  *		message is not NULL, the new user turn.  A schema (the typed replies' argument), when
- *		given, constrains the reply over any response_format of the options.
+ *		given, constrains the reply over any response_format of the options.  *effective gets
+ *		the options the request runs with.
  */
 static CaiGeneration *
 start_conversation_turn(int64 conversation_id, const char *message, Jsonb *call_options,
-						int64 up_to_message, Jsonb *schema)
+						int64 up_to_message, const CaiSchemaArg *schema, CaiOptions *effective)
 {
 	CaiConversation *conv;
 	CaiOptions	options;
@@ -125,8 +149,8 @@ start_conversation_turn(int64 conversation_id, const char *message, Jsonb *call_
 	CaiOptionsInit(&options);
 	CaiOptionsApply(&options, conv->options);
 	CaiOptionsApply(&options, call_options);
-	if (schema)
-		CaiOptionsSetSchema(&options, schema);
+	apply_schema(&options, schema);
+	*effective = options;
 
 	n_messages = list_length(conv->turns) + (conv->system_prompt ? 1 : 0) + (message ? 1 : 0);
 	if (n_messages == 0)
@@ -150,6 +174,26 @@ start_conversation_turn(int64 conversation_id, const char *message, Jsonb *call_
 		put_turn(&payload, CAI_ROLE_USER, message, NULL, -1);
 
 	return CaiGenerationStart(CAI_REQUEST_CHAT, &payload);
+}
+
+/*
+ * refuse_cut_json
+ *		A reply under a JSON response_format that max_tokens cut is not JSON: an error (nothing
+ *		is stored, the caller's transaction fails) unless the options allow partial output.
+ *		The end of a constrained reply is allowed only where its value is complete, so any
+ *		finish but STOP means a cut value.
+ */
+static void
+refuse_cut_json(const CaiGeneration *gen, const CaiOptions *options)
+{
+	if (options->response_format == CAI_RESPONSE_TEXT || options->allow_partial ||
+		gen->final.finish == CAI_FINISH_STOP)
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+			 errmsg("the reply was cut after %d tokens, before its JSON value was complete",
+					gen->final.completion_tokens),
+			 errhint("Raise max_tokens, ask for a smaller value, or pass {\"allow_partial\": true} to take the cut text.")));
 }
 
 /* The reply's usage, as stored with the assistant turn. */
@@ -199,9 +243,11 @@ int64
 CaiReplyToMessage(int64 conversation_id, int64 message_id, Jsonb *options)
 {
 	CaiGeneration *gen;
+	CaiOptions	effective;
 
-	gen = start_conversation_turn(conversation_id, NULL, options, message_id, NULL);
+	gen = start_conversation_turn(conversation_id, NULL, options, message_id, NULL, &effective);
 	CaiGenerationFinish(gen);
+	refuse_cut_json(gen, &effective);
 
 	if (gen->final.n_user_tokens > 0)
 		CaiMessageSetTokens(message_id, gen->user_tokens, gen->final.n_user_tokens);
@@ -299,11 +345,13 @@ pg_cai_chat(PG_FUNCTION_ARGS)
 	char	   *message;
 	Jsonb	   *options;
 	CaiGeneration *gen;
+	CaiOptions	effective;
 
 	chat_arguments(fcinfo, 2, &conversation_id, &message, &options);
 
-	gen = start_conversation_turn(conversation_id, message, options, 0, NULL);
+	gen = start_conversation_turn(conversation_id, message, options, 0, NULL, &effective);
 	CaiGenerationFinish(gen);
+	refuse_cut_json(gen, &effective);
 	store_exchange(conversation_id, message, gen);
 
 	PG_RETURN_TEXT_P(text_from_utf8(gen->text.data, gen->text.len));
@@ -326,16 +374,44 @@ reply_as_jsonb(const CaiGeneration *gen)
 	return DirectFunctionCall1(jsonb_in, CStringGetDatum(reply_text(gen)));
 }
 
-/* The schema argument of a typed reply: required. */
-static Jsonb *
-schema_argument(FunctionCallInfo fcinfo, int argno)
+/* The schema argument of a typed reply, jsonb or JSON text (text, json): required. */
+static CaiSchemaArg
+schema_argument(FunctionCallInfo fcinfo, int argno, bool as_text)
 {
+	CaiSchemaArg schema = {NULL, NULL};
+
 	if (PG_ARGISNULL(argno))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("schema must not be null"),
 				 errhint("Pass a JSON Schema, or '{\"type\": \"object\"}' for any object.")));
-	return PG_GETARG_JSONB_P(argno);
+	if (as_text)
+		schema.text = text_to_cstring(PG_GETARG_TEXT_PP(argno));
+	else
+		schema.jsonb = PG_GETARG_JSONB_P(argno);
+	return schema;
+}
+
+/* cai_chat_json with its schema as jsonb or as JSON text. */
+static Datum
+chat_json(FunctionCallInfo fcinfo, bool schema_as_text)
+{
+	int64		conversation_id;
+	char	   *message;
+	Jsonb	   *options;
+	CaiSchemaArg schema;
+	CaiGeneration *gen;
+	CaiOptions	effective;
+	Datum		result;
+
+	chat_arguments(fcinfo, 3, &conversation_id, &message, &options);
+	schema = schema_argument(fcinfo, 2, schema_as_text);
+
+	gen = start_conversation_turn(conversation_id, message, options, 0, &schema, &effective);
+	CaiGenerationFinish(gen);
+	result = reply_as_jsonb(gen);
+	store_exchange(conversation_id, message, gen);
+	PG_RETURN_DATUM(result);
 }
 
 /*
@@ -346,21 +422,19 @@ schema_argument(FunctionCallInfo fcinfo, int argno)
 Datum
 pg_cai_chat_json(PG_FUNCTION_ARGS)
 {
-	int64		conversation_id;
-	char	   *message;
-	Jsonb	   *options;
-	Jsonb	   *schema;
-	CaiGeneration *gen;
-	Datum		result;
+	return chat_json(fcinfo, false);
+}
 
-	chat_arguments(fcinfo, 3, &conversation_id, &message, &options);
-	schema = schema_argument(fcinfo, 2);
-
-	gen = start_conversation_turn(conversation_id, message, options, 0, schema);
-	CaiGenerationFinish(gen);
-	result = reply_as_jsonb(gen);
-	store_exchange(conversation_id, message, gen);
-	PG_RETURN_DATUM(result);
+/*
+ * cai_chat_json(conversation_id bigint, message text, schema text | json, options jsonb)
+ *		-> jsonb
+ *		The same with the schema as JSON text, read as written: properties are generated in
+ *		the text's order (jsonb sorts keys).  A string literal resolves to the text overload.
+ */
+Datum
+pg_cai_chat_json_text(PG_FUNCTION_ARGS)
+{
+	return chat_json(fcinfo, true);
 }
 
 /* cai_chat_stream's state across calls */
@@ -368,6 +442,7 @@ typedef struct StreamState
 {
 	int64		conversation_id;
 	char	   *message;
+	CaiOptions	options;		/* the request's, merged */
 	CaiGeneration *gen;
 	ExprContext *econtext;
 } StreamState;
@@ -416,7 +491,8 @@ pg_cai_chat_stream(PG_FUNCTION_ARGS)
 		state = palloc0(sizeof(StreamState));
 		state->conversation_id = conversation_id;
 		state->message = message;
-		state->gen = start_conversation_turn(conversation_id, message, options, 0, NULL);
+		state->gen = start_conversation_turn(conversation_id, message, options, 0, NULL,
+											 &state->options);
 		state->econtext = rsinfo->econtext;
 		RegisterExprContextCallback(rsinfo->econtext, stream_shutdown, PointerGetDatum(state));
 		funcctx->user_fctx = state;
@@ -441,6 +517,8 @@ pg_cai_chat_stream(PG_FUNCTION_ARGS)
 			SRF_RETURN_NEXT(funcctx, PointerGetDatum(text_from_utf8(piece, len)));
 	}
 
+	/* the pieces are out already, but a cut JSON reply is not stored */
+	refuse_cut_json(state->gen, &state->options);
 	store_exchange(state->conversation_id, state->message, state->gen);
 	UnregisterExprContextCallback(state->econtext, stream_shutdown, PointerGetDatum(state));
 	SRF_RETURN_DONE(funcctx);
@@ -449,10 +527,11 @@ pg_cai_chat_stream(PG_FUNCTION_ARGS)
 /*
  * start_completion
  *		Posts a COMPLETE request for the prompt argument (argument 0) with options (argument
- *		optarg), constrained to schema when one is given.
+ *		optarg), constrained to schema when one is given; *effective gets the options.
  */
 static CaiGeneration *
-start_completion(FunctionCallInfo fcinfo, int optarg, Jsonb *schema)
+start_completion(FunctionCallInfo fcinfo, int optarg, const CaiSchemaArg *schema,
+				 CaiOptions *effective)
 {
 	char	   *prompt;
 	int			len;
@@ -470,8 +549,8 @@ start_completion(FunctionCallInfo fcinfo, int optarg, Jsonb *schema)
 	CaiOptionsInit(&options);
 	if (!PG_ARGISNULL(optarg))
 		CaiOptionsApply(&options, PG_GETARG_JSONB_P(optarg));
-	if (schema)
-		CaiOptionsSetSchema(&options, schema);
+	apply_schema(&options, schema);
+	*effective = options;
 
 	len = strlen(prompt);
 	prompt = to_utf8(prompt, &len);
@@ -490,9 +569,11 @@ start_completion(FunctionCallInfo fcinfo, int optarg, Jsonb *schema)
 Datum
 pg_cai_complete(PG_FUNCTION_ARGS)
 {
-	CaiGeneration *gen = start_completion(fcinfo, 1, NULL);
+	CaiOptions	effective;
+	CaiGeneration *gen = start_completion(fcinfo, 1, NULL, &effective);
 
 	CaiGenerationFinish(gen);
+	refuse_cut_json(gen, &effective);
 	PG_RETURN_TEXT_P(text_from_utf8(gen->text.data, gen->text.len));
 }
 
@@ -503,7 +584,24 @@ pg_cai_complete(PG_FUNCTION_ARGS)
 Datum
 pg_cai_complete_json(PG_FUNCTION_ARGS)
 {
-	CaiGeneration *gen = start_completion(fcinfo, 2, schema_argument(fcinfo, 1));
+	CaiSchemaArg schema = schema_argument(fcinfo, 1, false);
+	CaiOptions	effective;
+	CaiGeneration *gen = start_completion(fcinfo, 2, &schema, &effective);
+
+	CaiGenerationFinish(gen);
+	PG_RETURN_DATUM(reply_as_jsonb(gen));
+}
+
+/*
+ * cai_complete_json(prompt text, schema text | json, options jsonb) -> jsonb
+ *		The same with the schema as JSON text, its properties generated in the text's order.
+ */
+Datum
+pg_cai_complete_json_text(PG_FUNCTION_ARGS)
+{
+	CaiSchemaArg schema = schema_argument(fcinfo, 1, true);
+	CaiOptions	effective;
+	CaiGeneration *gen = start_completion(fcinfo, 2, &schema, &effective);
 
 	CaiGenerationFinish(gen);
 	PG_RETURN_DATUM(reply_as_jsonb(gen));

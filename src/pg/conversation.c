@@ -8,14 +8,20 @@
 #include "postgres.h"
 
 #include "catalog/pg_type.h"
+#include "commands/trigger.h"
 #include "executor/spi.h"
+#include "fmgr.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/jsonb.h"
 #include "utils/lsyscache.h"
 
 #include "conversation.h"
+#include "options.h"
 #include "protocol.h"
+
+PG_FUNCTION_INFO_V1(pg_cai_validate_options);
+PG_FUNCTION_INFO_V1(pg_cai_check_options);
 
 bool		cai_replying_in_function = false;
 
@@ -289,4 +295,56 @@ CaiMessageSetTokens(int64 message_id, const int32 *tokens, int n_tokens)
 	if (ret != SPI_OK_UPDATE)
 		elog(ERROR, "could not update message: %s", SPI_result_code_string(ret));
 	SPI_finish();
+}
+
+/*
+ * cai_validate_options(options jsonb) -> boolean
+ *		True when options are valid on their own, schema included (compiled by the engine's
+ *		compiler in this backend); otherwise the error a call with them would raise.  The
+ *		reply triggers' event trigger checks their argument with it at CREATE TRIGGER.
+ */
+Datum
+pg_cai_validate_options(PG_FUNCTION_ARGS)
+{
+	if (PG_ARGISNULL(0))
+		PG_RETURN_BOOL(true);
+	CaiOptionsValidate(PG_GETARG_JSONB_P(0));
+	PG_RETURN_BOOL(true);
+}
+
+/*
+ * cai_check_options() -> trigger
+ *		BEFORE INSERT OR UPDATE OF options FOR EACH ROW on cai.conversations and cai.jobs:
+ *		validates the row's stored options as they are written, however they are written
+ *		(cai_new_conversation, the enqueue trigger, or a direct INSERT/UPDATE), so that bad
+ *		options fail once, here, rather than every later turn or job.
+ */
+Datum
+pg_cai_check_options(PG_FUNCTION_ARGS)
+{
+	TriggerData *trigdata = (TriggerData *) fcinfo->context;
+	HeapTuple	tuple;
+	TupleDesc	desc;
+	int			attno;
+	Datum		options;
+	bool		isnull;
+
+	if (!CALLED_AS_TRIGGER(fcinfo) || !TRIGGER_FIRED_BEFORE(trigdata->tg_event) ||
+		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ||
+		TRIGGER_FIRED_BY_DELETE(trigdata->tg_event))
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("cai_check_options must be fired BEFORE INSERT OR UPDATE FOR EACH ROW")));
+	tuple = TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) ? trigdata->tg_newtuple :
+		trigdata->tg_trigtuple;
+	desc = RelationGetDescr(trigdata->tg_relation);
+	attno = SPI_fnumber(desc, "options");
+	if (attno <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
+				 errmsg("cai_check_options must be attached to a table with an \"options\" column")));
+	options = heap_getattr(tuple, attno, desc, &isnull);
+	if (!isnull)
+		CaiOptionsValidate(DatumGetJsonbP(options));
+	return PointerGetDatum(tuple);
 }

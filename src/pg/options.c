@@ -20,7 +20,7 @@
 #define CAI_MAX_TOKENS_LIMIT	1048576
 #define CAI_TOP_K_LIMIT			1000000
 #define CAI_STOP_MAX_BYTES		256
-#define CAI_VALID_OPTIONS		"max_tokens, temperature, top_p, top_k, seed, stop, truncate, ignore_eos, response_format"
+#define CAI_VALID_OPTIONS		"max_tokens, temperature, top_p, top_k, seed, stop, truncate, ignore_eos, response_format, json_whitespace, allow_partial"
 
 /*
  * CaiOptionsInit
@@ -38,6 +38,8 @@ CaiOptionsInit(CaiOptions *options)
 	options->seed = 0;
 	options->n_stop = 0;
 	options->truncate = true;
+	options->json_whitespace = CAI_JSON_WS_COMPACT;
+	options->allow_partial = false;
 }
 
 static const char *
@@ -336,6 +338,55 @@ CaiOptionsSetSchema(CaiOptions *options, Jsonb *schema)
 }
 
 /*
+ * CaiOptionsSetSchemaText
+ *		Constrains the reply to a JSON Schema given as JSON text (the typed-reply functions'
+ *		text and json overloads): the engine reads it as written, so its properties keep the
+ *		text's order, which jsonb would have sorted.
+ */
+void
+CaiOptionsSetSchemaText(CaiOptions *options, const char *schema)
+{
+	options->json_schema = pstrdup(schema);
+	options->response_format = CAI_RESPONSE_JSON_SCHEMA;
+}
+
+/*
+ * CaiOptionsCheck
+ *		Raises the error the engine would raise for these options as a whole: a schema it cannot
+ *		compile (compiled here with the engine's own compiler, then freed), stop strings beside
+ *		a JSON format.  So options that are stored (a conversation's defaults, a reply
+ *		trigger's argument) are refused when stored, not by every later call.
+ */
+void
+CaiOptionsCheck(const CaiOptions *options)
+{
+	if (options->response_format != CAI_RESPONSE_TEXT && options->n_stop > 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("stop strings cannot be combined with a JSON response_format")));
+	if (options->response_format == CAI_RESPONSE_JSON_SCHEMA && options->json_schema)
+	{
+		char	   *utf8 = pg_server_to_any(options->json_schema, strlen(options->json_schema),
+											PG_UTF8);
+		cai_grammar *grammar = NULL;
+		cai_error	err;
+		cai_status	status;
+
+		memset(&err, 0, sizeof(err));
+		status = cai_grammar_from_schema(utf8, strlen(utf8), &grammar, &err);
+		cai_grammar_free(grammar);
+		if (status == CAI_ERR_NO_MEMORY)
+			ereport(ERROR,
+					(errcode(ERRCODE_OUT_OF_MEMORY),
+					 errmsg("%s", err.message)));
+		if (status != CAI_OK)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("%s", err.message)));
+	}
+}
+
+/*
  * apply_key
  *		Applies one option; a JSON null restores the key's default.
  */
@@ -406,6 +457,33 @@ apply_key(CaiOptions *options, const char *key, const JsonbValue *value)
 		else
 			options->ignore_eos = value->val.boolean;
 	}
+	else if (strcmp(key, "allow_partial") == 0)
+	{
+		if (value->type == jbvNull)
+			options->allow_partial = defaults.allow_partial;
+		else if (value->type != jbvBool)
+			wrong_type(key, "a boolean", value);
+		else
+			options->allow_partial = value->val.boolean;
+	}
+	else if (strcmp(key, "json_whitespace") == 0)
+	{
+		if (value->type == jbvNull)
+			options->json_whitespace = defaults.json_whitespace;
+		else if (value->type == jbvString && value->val.string.len == 7 &&
+				 memcmp(value->val.string.val, "compact", 7) == 0)
+			options->json_whitespace = CAI_JSON_WS_COMPACT;
+		else if (value->type == jbvString && value->val.string.len == 4 &&
+				 memcmp(value->val.string.val, "free", 4) == 0)
+			options->json_whitespace = CAI_JSON_WS_FREE;
+		else
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("option \"json_whitespace\" must be \"compact\" or \"free\""),
+					 value->type == jbvString ?
+					 errdetail("Got \"%s\".", pnstrdup(value->val.string.val, value->val.string.len)) :
+					 errdetail("Got a JSON %s.", jsonb_type_name(value))));
+	}
 	else if (strcmp(key, "response_format") == 0)
 	{
 		if (value->type == jbvNull)
@@ -459,7 +537,7 @@ CaiOptionsApply(CaiOptions *options, Jsonb *json)
 
 /*
  * CaiOptionsValidate
- *		Raises the error an options object would raise when used.
+ *		Raises the error an options object would raise when used alone, its schema compiled.
  */
 void
 CaiOptionsValidate(Jsonb *json)
@@ -468,6 +546,7 @@ CaiOptionsValidate(Jsonb *json)
 
 	CaiOptionsInit(&options);
 	CaiOptionsApply(&options, json);
+	CaiOptionsCheck(&options);
 }
 
 /*
@@ -497,5 +576,6 @@ CaiOptionsWriteGeneration(cai_wbuf *buf, const CaiOptions *options, uint64 cache
 	g.response_format = (uint8_t) options->response_format;
 	if (options->json_schema)
 		g.schema = pg_server_to_any(options->json_schema, strlen(options->json_schema), PG_UTF8);
+	g.json_whitespace = (uint8_t) options->json_whitespace;
 	cai_wire_put_generation(buf, &g);
 }

@@ -27,12 +27,16 @@ typedef struct CaiOptions
 	bool		ignore_eos;		/* run to max_tokens (benchmarks, tests) */
 	cai_response_format response_format;
 	char	   *json_schema;	/* CAI_RESPONSE_JSON_SCHEMA: the schema as JSON text */
+	cai_json_whitespace json_whitespace;	/* of a JSON reply */
+	bool		allow_partial;	/* a JSON reply cut by max_tokens is returned, not an error */
 } CaiOptions;
 
 extern void CaiOptionsInit(CaiOptions *options);
 extern void CaiOptionsApply(CaiOptions *options, Jsonb *json);
 extern void CaiOptionsValidate(Jsonb *json);
 extern void CaiOptionsSetSchema(CaiOptions *options, Jsonb *schema);
+extern void CaiOptionsSetSchemaText(CaiOptions *options, const char *schema);
+extern void CaiOptionsCheck(const CaiOptions *options);
 extern void CaiOptionsWriteGeneration(cai_wbuf *buf, const CaiOptions *options,
 									  uint64 cache_salt);
 

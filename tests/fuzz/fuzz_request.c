@@ -111,6 +111,7 @@ build_generation(fuzz_input *in, cai_wbuf *w)
 		g.response_format = CAI_RESPONSE_JSON_SCHEMA;
 		g.schema = schema;
 	}
+	g.json_whitespace = fuzz_bool(in) ? CAI_JSON_WS_COMPACT : CAI_JSON_WS_FREE;
 	cai_wire_put_generation(w, &g);
 	for (int i = 0; i < g.n_stop; i++)
 		free(stops[i]);

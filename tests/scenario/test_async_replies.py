@@ -64,7 +64,11 @@ try:
 
     # ---- a failing job is marked failed; the next one is answered -----------------------------
     bad = value("SELECT cai_new_conversation('You are a helpful assistant.')")
-    value("UPDATE cai.conversations SET options = '{\"temperature\": \"hot\"}' WHERE id = %s" % bad)
+    # stored options are checked as they are written (cai_check_options); a row that got around
+    # the check (written in replica mode, or before pg_cai 0.2) still fails only its own job
+    value("SET session_replication_role = replica; "
+          "UPDATE cai.conversations SET options = '{\"temperature\": \"hot\"}' WHERE id = %s; "
+          "RESET session_replication_role" % bad)
     good = value("SELECT cai_new_conversation('You are a helpful assistant.')")
     value("BEGIN; INSERT INTO cai.messages (conversation_id, role, content) VALUES (%s, 'user', 'Hello'); "
           "INSERT INTO cai.messages (conversation_id, role, content) VALUES (%s, 'user', 'Hello'); COMMIT;"

@@ -17,7 +17,7 @@ except ImportError:                                 # Debian's package, for anot
     sys.path.append("/usr/lib/python3/dist-packages")
     import jsonschema
 
-from pgtest import Checks, ensure_database, value, wait_for
+from pgtest import Checks, ensure_database, psql, value, wait_for
 from pqlib import Conn, PqError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -133,4 +133,31 @@ try:
             done is not None and why is None, "%s: %s" % (why, reply))
 finally:
     value("DROP TRIGGER IF EXISTS json_reply_later ON cai.messages")
+
+# a JSON reply that max_tokens cuts is never stored as a turn: cai_chat fails and stores
+# neither turn, and a reply job fails with the same error and stores no reply
+LONG_STORY = json.dumps({"max_tokens": 8, "response_format": {"type": "json_schema", "json_schema": {
+    "name": "s", "schema": {"type": "object", "properties": {"story": {"type": "string", "minLength": 200}},
+                            "required": ["story"]}}}})
+conv = value("SELECT cai_new_conversation('You answer with JSON only.')")
+r = psql("SELECT cai_chat(%s, 'Write a long story.', %s)" % (conv, quote(LONG_STORY)))
+c.check("cai_chat refuses a JSON reply cut by max_tokens and stores nothing",
+        r.rc != 0 and "cut after 8 tokens" in r.err and
+        value("SELECT count(*) FROM cai.messages WHERE conversation_id = %s" % conv) == "0", repr(r))
+value("DROP TRIGGER IF EXISTS json_cut_later ON cai.messages")
+value("CREATE TRIGGER json_cut_later AFTER INSERT ON cai.messages FOR EACH ROW "
+      "EXECUTE FUNCTION cai_enqueue_reply_trigger(%s)" % quote(LONG_STORY))
+try:
+    conv = value("SELECT cai_new_conversation('You answer with JSON only.')")
+    value("INSERT INTO cai.messages (conversation_id, role, content) VALUES (%s, 'user', 'Write a long story.')"
+          % conv)
+    failed = wait_for(lambda: value("SELECT status FROM cai.jobs WHERE conversation_id = %s" % conv) == "failed",
+                      120, 0.2)
+    error = value("SELECT error FROM cai.jobs WHERE conversation_id = %s" % conv)
+    replies = value("SELECT count(*) FROM cai.messages WHERE conversation_id = %s AND role = 'assistant'" % conv)
+    c.check("a reply job whose JSON reply is cut by max_tokens fails and stores no reply",
+            failed is not None and "cut after 8 tokens" in error and replies == "0",
+            "error %r, %s replies" % (error, replies))
+finally:
+    value("DROP TRIGGER IF EXISTS json_cut_later ON cai.messages")
 c.done()

@@ -380,6 +380,31 @@ jv_jsonb_ok(const json_value *v)
 }
 
 /*
+ * Whether text keeps a compact grammar's whitespace (CAI_JSON_WS_COMPACT): outside strings,
+ * nothing but single spaces, each right after a ':' or a ','.
+ */
+static inline bool
+jv_compact_ws(const char *s, size_t len)
+{
+	for (size_t i = 0; i < len; i++)
+	{
+		char		c = s[i];
+
+		if (c == '"')
+		{
+			for (i++; i < len && s[i] != '"'; i++)
+				if (s[i] == '\\')
+					i++;
+			continue;
+		}
+		if ((c == ' ' || c == '\t' || c == '\n' || c == '\r') &&
+			(c != ' ' || i == 0 || (s[i - 1] != ':' && s[i - 1] != ',')))
+			return false;
+	}
+	return true;
+}
+
+/*
  * The raw text's limits outside strings: at most 16 whitespace bytes in a row, numbers of at
  * most 19 integer, 16 fraction and 3 exponent digits unless the number is written as such in
  * `literals` (the schema's text: enum and const values are generated as written).  Inside

@@ -383,6 +383,86 @@ TEST(grammar_whitespace_is_bounded)
 	expect(s, "[1]\n", false);
 }
 
+/* Whether the matcher of schema (NULL: any object) with whitespace ws takes text as one value. */
+static void
+expect_ws(const char *schema, cai_json_whitespace ws, const char *text, bool want)
+{
+	cai_grammar *g = NULL;
+	cai_error	err;
+	int			got;
+
+	CHECK(schema ? cai_grammar_from_schema(schema, strlen(schema), &g, &err) == CAI_OK :
+		  cai_grammar_any_object(&g, &err) == CAI_OK);
+	if (!g)
+		return;
+	cai_grammar_set_whitespace(g, ws);
+	got = gm_accepts(g, g->root, text, strlen(text));
+	CHECK_MSG(got == want, "%s: %s %s", schema ? schema : "any object", want ? "refused" : "took",
+			  text);
+	cai_grammar_free(g);
+}
+
+TEST(grammar_compact_whitespace)
+{
+	const char *s = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"},"
+		"\"b\":{\"type\":\"array\",\"items\":{\"type\":\"string\"}}},\"required\":[\"a\",\"b\"]}";
+	static const char *const yes[] = {
+		"{\"a\":1,\"b\":[\"x\",\"y\"]}", "{\"a\": 1, \"b\": [\"x\", \"y\"]}",
+		"{\"a\": 1,\"b\":[\"x y\", \"  \"]}", NULL
+	};
+	static const char *const no[] = {
+		" {\"a\":1,\"b\":[]}", "{ \"a\":1,\"b\":[]}", "{\"a\" :1,\"b\":[]}",
+		"{\"a\":  1,\"b\":[]}", "{\"a\":\n1,\"b\":[]}", "{\"a\":\t1,\"b\":[]}",
+		"{\"a\":1 ,\"b\":[]}", "{\"a\":1,\"b\":[ ]}", "{\"a\":1,\"b\":[\"x\" ]}",
+		"{\"a\":1,\"b\":[] }", "{\"a\":1,\n\"b\":[]}", NULL
+	};
+
+	for (int i = 0; yes[i]; i++)
+	{
+		expect_ws(s, CAI_JSON_WS_COMPACT, yes[i], true);
+		expect_ws(s, CAI_JSON_WS_FREE, yes[i], true);
+	}
+	for (int i = 0; no[i]; i++)
+	{
+		expect_ws(s, CAI_JSON_WS_COMPACT, no[i], false);
+		expect_ws(s, CAI_JSON_WS_FREE, no[i], true);	/* free whitespace takes them all */
+	}
+	/* any JSON inside, and the any-object grammar, alike */
+	expect_ws("{\"type\":\"object\"}", CAI_JSON_WS_COMPACT, "{\"k\": [1, {\"j\": null}], \"m\":2}", true);
+	expect_ws(NULL, CAI_JSON_WS_COMPACT, "{\"k\": [1, {\"j\": null}]}", true);
+	expect_ws(NULL, CAI_JSON_WS_COMPACT, "{\"k\": [1, {\"j\" : null}]}", false);
+	expect_ws(NULL, CAI_JSON_WS_COMPACT, "{\"k\": [1,\n{\"j\": null}]}", false);
+	expect_ws(NULL, CAI_JSON_WS_COMPACT, "{\"k\": [1, {\"j\": null} ]}", false);
+	expect_ws(NULL, CAI_JSON_WS_FREE, "{\n  \"k\": [1, {\"j\" : null} ]\n}", true);
+}
+
+TEST(grammar_property_ordering)
+{
+	/* jsonb stores keys shortest first: "propertyOrdering" keeps the order the schema wants */
+	const char *s = "{\"type\":\"object\",\"properties\":{\"answer\":{\"type\":\"string\"},"
+		"\"reasoning\":{\"type\":\"string\"},\"id\":{\"type\":\"integer\"}},"
+		"\"propertyOrdering\":[\"reasoning\",\"answer\"],\"required\":[\"answer\",\"reasoning\",\"id\"]}";
+
+	expect(s, "{\"reasoning\":\"r\",\"answer\":\"a\",\"id\":1}", true);
+	expect(s, "{\"answer\":\"a\",\"reasoning\":\"r\",\"id\":1}", false);
+	expect(s, "{\"id\":1,\"reasoning\":\"r\",\"answer\":\"a\"}", false);
+	/* without it, the schema's text order */
+	expect("{\"properties\":{\"reasoning\":{\"type\":\"string\"},\"answer\":{\"type\":\"string\"}},"
+		   "\"required\":[\"reasoning\",\"answer\"]}", "{\"reasoning\":\"r\",\"answer\":\"a\"}", true);
+	expect("{\"properties\":{\"reasoning\":{\"type\":\"string\"},\"answer\":{\"type\":\"string\"}},"
+		   "\"required\":[\"reasoning\",\"answer\"]}", "{\"answer\":\"a\",\"reasoning\":\"r\"}", false);
+	compile_fails("{\"properties\":{\"a\":{}},\"propertyOrdering\":[\"a\",\"b\"]}",
+				  "\"propertyOrdering\" names \"b\", which is not in \"properties\" at the root");
+	compile_fails("{\"properties\":{\"a\":{}},\"propertyOrdering\":[\"a\",\"a\"]}",
+				  "\"propertyOrdering\" names \"a\" twice at the root");
+	compile_fails("{\"properties\":{\"a\":{}},\"propertyOrdering\":\"a\"}",
+				  "\"propertyOrdering\" must be an array of property names at the root");
+	compile_fails("{\"type\":\"object\",\"propertyOrdering\":[]}",
+				  "\"propertyOrdering\" without \"properties\" at the root");
+	compile_fails("{\"properties\":{\"x\":{\"properties\":{\"a\":{}},\"propertyOrdering\":[1]}}}",
+				  "\"propertyOrdering\" must be an array of property names at /properties/x");
+}
+
 TEST(grammar_unsupported_keywords_are_errors)
 {
 	static const char *const names[] = {
@@ -482,5 +562,15 @@ TEST(grammar_nesting_limits)
 		n += sprintf(s + n, "%s\"d%d\":{\"type\":\"array\",\"items\":{\"$ref\":\"#/$defs/d%d\"}}", i ? "," : "", i, i + 1);
 	n += sprintf(s + n, ",\"d200\":{\"type\":\"null\"}},\"$ref\":\"#/$defs/d0\"}");
 	compile_fails(s, "schemas nested more than 128 deep (counting $refs) at /$defs/d63/items");
+
+	/* valid JSON nested deeper than the parser goes: said as such, not "not valid JSON" */
+	n = 0;
+	for (int i = 0; i < 70; i++)
+		n += sprintf(s + n, "{\"items\":");
+	n += sprintf(s + n, "{}");
+	for (int i = 0; i < 70; i++)
+		s[n++] = '}';
+	s[n] = '\0';
+	compile_fails(s, "the JSON schema nests deeper than 64 arrays and objects at byte 576");
 	free(s);
 }
