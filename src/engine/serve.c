@@ -1,5 +1,12 @@
 /*
  * serve.c — the engine process's loop: frames in, engine steps, frames out (see serve.h).
+ *
+ * Heartbeats prove that this loop turns, so they come from the loop itself, between steps and
+ * while idle, never from a thread of their own: a stopped process, a deadlocked or endless step
+ * and a stuck device all silence them, and the worker kills an engine silent for longer than
+ * pg_cai.engine_hang_timeout.  The price is that one step is one unit: the timeout must exceed
+ * the longest step.  Each heartbeat carries the longest step so far, which the worker compares
+ * with the timeout.
  */
 #include <errno.h>
 #include <poll.h>
@@ -52,6 +59,8 @@ typedef struct server
 
 	serve_request *requests;
 	double		last_stats;
+	double		last_heartbeat;
+	double		longest_step;	/* seconds */
 	bool		stats_due;		/* the statistics changed outside a step (cancel, refusal) */
 } server;
 
@@ -138,6 +147,31 @@ send_stats(server *s)
 	cai_wire_put_stats(&s->out, &stats);
 	cai_frame_end(&s->out, frame);
 	s->last_stats = cai_now_seconds();
+}
+
+/* Says the loop is alive, when the last heartbeat is CAI_HEARTBEAT_INTERVAL_MS old. */
+static void
+send_heartbeat_if_due(server *s)
+{
+	double		now = cai_now_seconds();
+	size_t		frame;
+
+	if ((now - s->last_heartbeat) * 1000.0 < CAI_HEARTBEAT_INTERVAL_MS)
+		return;
+	frame = cai_frame_begin(&s->out, CAI_FRAME_HEARTBEAT, 0);
+	cai_put_f64(&s->out, s->longest_step);
+	cai_frame_end(&s->out, frame);
+	s->last_heartbeat = now;
+}
+
+/* How long the idle loop may wait for the worker before the next heartbeat is due. */
+static int
+idle_wait_ms(const server *s)
+{
+	double		due = s->last_heartbeat + CAI_HEARTBEAT_INTERVAL_MS / 1000.0;
+	double		ms = (due - cai_now_seconds()) * 1000.0;
+
+	return ms < 1.0 ? 1 : (int) ms + 1;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -375,9 +409,12 @@ run_step(server *s)
 	bool		finished = false;
 	cai_error	err;
 	cai_status	st;
+	double		start = cai_now_seconds();
 
 	cai_wbuf_reset(&s->step_out);
 	st = cai_engine_step(s->engine, &events, &n_events, &err);
+	if (cai_now_seconds() - start > s->longest_step)
+		s->longest_step = cai_now_seconds() - start;
 	if (st != CAI_OK)
 	{
 		send_log(s, "engine step failed: %s", err.message);
@@ -623,13 +660,14 @@ cai_serve(int fd, const cai_serve_config *config)
 	{
 		bool		busy = cai_engine_has_work(s.engine);
 
-		/* between steps only look; when idle, sleep until the worker writes */
-		read_input(&s, busy ? 0 : 1000);
+		/* between steps only look; when idle, sleep until the worker writes or a heartbeat is due */
+		read_input(&s, busy ? 0 : idle_wait_ms(&s));
 		if (!s.closed && !s.broken && cai_engine_has_work(s.engine))
 			run_step(&s);
 		else if (s.stats_due)
 			send_stats(&s);
 		s.stats_due = false;
+		send_heartbeat_if_due(&s);
 		flush_output(&s);
 	}
 	if (s.broken)

@@ -40,7 +40,9 @@
  * Frames: a 16-byte header (u32 body length, u8 type, 3 zero bytes, u64 request id), then the
  * body.  Worker → engine: REQUEST (u32 kind, payload), CANCEL, LIMITS (i32 max_queue, f64
  * max_queue_wait_ms).  Engine → worker: READY (model summary), FAILED (text reason, text hint),
- * MESSAGE (a response message), STATS (engine statistics), LOG (text).
+ * MESSAGE (a response message), STATS (engine statistics), LOG (text), HEARTBEAT (f64 the
+ * longest step so far in seconds; sent by the step loop between steps and while idle, at least
+ * every CAI_HEARTBEAT_INTERVAL_MS once READY is sent, so that silence means the loop is stuck).
  */
 #ifndef CAI_WIRE_H
 #define CAI_WIRE_H
@@ -51,11 +53,14 @@
 
 #include "cai.h"
 
-#define CAI_WIRE_VERSION 4
+#define CAI_WIRE_VERSION 5
 
 /* The longest frame body either side accepts: a request with a whole long conversation fits. */
 #define CAI_FRAME_MAX_BODY (64u * 1024 * 1024)
 #define CAI_FRAME_HEADER_SIZE 16
+
+/* The engine's step loop sends a HEARTBEAT at least this often, step length permitting */
+#define CAI_HEARTBEAT_INTERVAL_MS 250
 
 /* What a request asks for */
 typedef enum cai_request_kind
@@ -89,11 +94,13 @@ typedef enum cai_message_type
 /*
  * Statuses of ERROR messages that the engine worker sends itself, beside the engine's cai_status
  * values: no model; the engine process died with the request; the engine was stopped to apply a
- * configuration change before the request finished.
+ * configuration change before the request finished; the engine stopped responding and was killed.
  */
 #define CAI_WIRE_STATUS_MODEL_UNAVAILABLE 1000
 #define CAI_WIRE_STATUS_ENGINE_CRASHED 1001
 #define CAI_WIRE_STATUS_ENGINE_RESTARTED 1002
+/* the engine process sent nothing for pg_cai.engine_hang_timeout and was killed */
+#define CAI_WIRE_STATUS_ENGINE_HUNG 1003
 
 /* Frame types */
 typedef enum cai_frame_type
@@ -105,7 +112,8 @@ typedef enum cai_frame_type
 	CAI_FRAME_FAILED = 'N',
 	CAI_FRAME_MESSAGE = 'M',
 	CAI_FRAME_STATS = 'S',
-	CAI_FRAME_LOG = 'G'
+	CAI_FRAME_LOG = 'G',
+	CAI_FRAME_HEARTBEAT = 'H'
 } cai_frame_type;
 
 /* ---------------------------------------------------------------------------------------------

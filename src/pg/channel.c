@@ -278,6 +278,14 @@ CaiRaiseWorkerError(const char *body, Size len)
 					 errdetail("%s", message),
 					 errhint("The engine restarts by itself and other sessions are not affected; the request was not retried.")));
 			break;
+		case CAI_WIRE_STATUS_ENGINE_HUNG:
+			/* like a crash: the request may be what hung the engine */
+			ereport(ERROR,
+					(errcode(ERRCODE_SYSTEM_ERROR),
+					 errmsg("pg_cai engine process stopped responding while running this request"),
+					 errdetail("%s", message),
+					 errhint("The engine was killed and restarts by itself, and other sessions are not affected; the request was not retried.")));
+			break;
 		case CAI_WIRE_STATUS_ENGINE_RESTARTED:
 			ereport(ERROR,
 					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),

@@ -33,6 +33,7 @@ char	   *cai_job_databases = NULL;
 int			cai_job_workers = 2;
 int			cai_max_queue_wait_ms = 0;
 int			cai_reload_grace_ms = 30000;
+int			cai_engine_hang_timeout_ms = 30000;
 int			cai_cache_isolation = CAI_ISOLATION_ROLE;
 int			cai_default_max_tokens = 256;
 
@@ -210,6 +211,17 @@ CaiGucInit(void)
 							"After a reload that changes the engine's settings, requests in flight may "
 							"finish for this long; those still running then fail and may be retried.",
 							&cai_reload_grace_ms,
+							30000, 0, INT_MAX,
+							PGC_SIGHUP,
+							GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("pg_cai.engine_hang_timeout",
+							"How long the engine process may stay silent before it is killed and restarted.",
+							"A healthy engine says it is alive between its steps and while idle, several "
+							"times a second, so this must exceed the engine's longest step. Requests in "
+							"flight in a killed engine fail. 0 turns the check off.",
+							&cai_engine_hang_timeout_ms,
 							30000, 0, INT_MAX,
 							PGC_SIGHUP,
 							GUC_UNIT_MS,

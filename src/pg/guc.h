@@ -57,6 +57,7 @@ extern int	cai_host_cache_size_mb;
 /* reloadable: applied to the running engine */
 extern int	cai_max_queue_wait_ms;
 extern int	cai_reload_grace_ms;
+extern int	cai_engine_hang_timeout_ms;
 
 /* superuser-settable */
 extern int	cai_cache_isolation;

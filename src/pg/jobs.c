@@ -97,6 +97,8 @@ PG_FUNCTION_INFO_V1(pg_cai_enqueue_reply_trigger);
 #define CAI_JOB_POLL_MS 5000
 /* a runner waits this long after a transient error (the engine is full or restarting) */
 #define CAI_JOB_RETRY_DELAY_MS 1000
+/* a runner logs a retry for the same error again only after this (DEBUG1 meanwhile) */
+#define CAI_JOB_RETRY_LOG_MS 60000
 /* the launcher looks for listed databases that do not exist yet this often */
 #define CAI_JOB_LAUNCHER_CHECK_MS 10000
 /* a stopped runner is started again after this, doubled while runners keep failing at once */
@@ -747,6 +749,11 @@ typedef struct JobClaim
 static int	runner_slot = -1;
 static MemoryContext runner_context = NULL;
 
+/* The last retry this runner logged, and the retries with the same error it did not log since */
+static char *retry_logged_reason = NULL;
+static TimestampTz retry_logged_at = 0;
+static int	retries_not_logged = 0;
+
 static void
 runner_shutdown(int code, Datum arg)
 {
@@ -1102,6 +1109,44 @@ is_transient(int sqlerrcode)
 }
 
 /*
+ * log_failure
+ *		Logs a job's failure, or that it will be retried.  Jobs wait out a missing model or an
+ *		engine restart by retrying every CAI_JOB_RETRY_DELAY_MS, so a retry with the error this
+ *		runner logged last is logged again only after CAI_JOB_RETRY_LOG_MS, with the count of
+ *		the retries in between (each of those at DEBUG1).
+ */
+static void
+log_failure(const JobClaim *claim, bool retry, const char *reason)
+{
+	TimestampTz now = GetCurrentTimestamp();
+
+	if (retry && retry_logged_reason != NULL && strcmp(reason, retry_logged_reason) == 0 &&
+		!TimestampDifferenceExceeds(retry_logged_at, now, CAI_JOB_RETRY_LOG_MS))
+	{
+		retries_not_logged++;
+		ereport(DEBUG1,
+				(errmsg("pg_cai job " INT64_FORMAT " (conversation " INT64_FORMAT ", attempt %d) will be retried: %s",
+						claim->id, claim->conversation_id, claim->attempts, reason)));
+		return;
+	}
+	ereport(LOG,
+			(errmsg("pg_cai job " INT64_FORMAT " (conversation " INT64_FORMAT ", attempt %d) %s: %s",
+					claim->id, claim->conversation_id, claim->attempts,
+					retry ? "will be retried" : "failed", reason),
+			 retry && retries_not_logged > 0 ?
+			 errdetail("Since its last such line, this runner retried jobs %d more time(s) after the error logged there.",
+					   retries_not_logged) : 0));
+	if (retry)
+	{
+		if (retry_logged_reason != NULL)
+			pfree(retry_logged_reason);
+		retry_logged_reason = MemoryContextStrdup(TopMemoryContext, reason);
+		retry_logged_at = now;
+		retries_not_logged = 0;
+	}
+}
+
+/*
  * record_failure
  *		In a fresh transaction: puts a job that hit a transient error back to pending, without
  *		counting the attempt (a job waits out an overload however long it lasts; attempts limits
@@ -1120,10 +1165,7 @@ record_failure(const JobClaim *claim, ErrorData *edata)
 	/* an engine crash says which signal in its detail: keep that with the job */
 	if (edata->sqlerrcode == ERRCODE_SYSTEM_ERROR && edata->detail)
 		reason = psprintf("%s: %s", reason, edata->detail);
-	ereport(LOG,
-			(errmsg("pg_cai job " INT64_FORMAT " (conversation " INT64_FORMAT ", attempt %d) %s: %s",
-					claim->id, claim->conversation_id, claim->attempts,
-					retry ? "will be retried" : "failed", reason)));
+	log_failure(claim, retry, reason);
 
 	runner_begin("recording a failed pg_cai reply job");
 	values[0] = Int64GetDatum(claim->id);

@@ -25,7 +25,9 @@ typedef enum CaiWorkerState
 	CAI_WORKER_LOADING,			/* an engine process is starting and loading the model */
 	CAI_WORKER_READY,			/* serving */
 	CAI_WORKER_FAILED,			/* up, but without a model: requests get the reason */
-	CAI_WORKER_RESTARTING		/* the engine process died; another starts after a backoff */
+	CAI_WORKER_RESTARTING,		/* the engine process died; another starts after a backoff and
+								 * loads the model */
+	CAI_WORKER_UNRESPONSIVE		/* the engine has been silent for half its hang timeout */
 } CaiWorkerState;
 
 #define CAI_EXIT_TEXT_SIZE 128

@@ -38,6 +38,8 @@ state_name(CaiWorkerState state)
 			return "failed";
 		case CAI_WORKER_RESTARTING:
 			return "restarting";
+		case CAI_WORKER_UNRESPONSIVE:
+			return "unresponsive";
 	}
 	return "unknown";
 }

@@ -11,9 +11,20 @@
  * process, which attaches nothing of PostgreSQL's shared memory: when it dies, by any signal or
  * exit, this worker fails the requests that were in flight with a clear error, logs why, and
  * starts another after a backoff; no PostgreSQL session is dropped.  The requests still in the
- * intake ring wait for the new engine.  A crash while the model loads puts the worker in the
- * failed state (calls fail at once with the reason) until a retry loads it.  An engine that
- * says it cannot load the model is not retried until the configuration changes.
+ * intake ring wait for the new engine, and pg_stat_cai says "restarting" until it has loaded the
+ * model.  The backoff grows with crashes in a row and starts over once an engine has served
+ * for STABLE_PERIOD_MS.  A crash while the model loads puts the worker in the failed state
+ * (calls fail at once with the reason) until a retry loads it, unless an engine with the same
+ * settings has served before and the crashes in a row are few: then it is a restart like
+ * another.  An engine that says it cannot load the model is not retried until the
+ * configuration changes.
+ *
+ * A hung engine is treated as a crashed one.  Once it is ready, the engine's step loop sends
+ * a heartbeat several times a second between its steps and while idle (src/engine/serve.c);
+ * an engine silent for half of pg_cai.engine_hang_timeout shows as "unresponsive" (new requests
+ * wait in the ring), and one silent for the whole timeout is killed with SIGKILL, its requests
+ * in flight fail, and it is restarted.  A step is one unit to the heartbeat, so the timeout
+ * must exceed the engine's longest step; the worker warns when a step takes half of it.
  *
  * A configuration reload that changes the engine's settings (pg_cai.model, device, threads,
  * context, cache size, ...) starts a new engine once the requests in flight have finished, or
@@ -97,11 +108,13 @@ typedef struct WorkerRequest
 	OutboxMessage *outbox_tail;
 } WorkerRequest;
 
-/* An engine process that crashed this soon after its start counts toward the backoff */
-#define CRASH_WINDOW_MS 60000
-/* Restart delays after consecutive quick crashes: none, then 0.5 s doubling up to 30 s */
+/* An engine that has served this long has proved its settings: the backoff starts over */
+#define STABLE_PERIOD_MS 10000
+/* Restart delays after crashes in a row: none, then 0.5 s doubling up to 10 s */
 #define RESTART_DELAY_FIRST_MS 500
-#define RESTART_DELAY_MAX_MS 30000
+#define RESTART_DELAY_MAX_MS 10000
+/* Crashes in a row while loading a model that loaded before, before the worker gives up */
+#define LOAD_CRASHES_TOLERATED 5
 
 /* The worker is one process: its state is plain statics. */
 static MemoryContext worker_context = NULL;
@@ -124,8 +137,16 @@ static bool engine_ready = false;	/* it sent READY */
 static bool engine_stopping = false;	/* the worker ends it: its exit is no crash */
 static bool engine_reported_failure = false;	/* it sent FAILED: no restart until a reload */
 static TimestampTz engine_start_time = 0;
+static TimestampTz engine_ready_time = 0;
 static TimestampTz next_start_time = 0; /* when to start one; 0: none planned */
 static int	consecutive_crashes = 0;
+static bool settings_served = false;	/* an engine with the current settings became ready */
+
+/* Hang supervision of a ready engine */
+static TimestampTz engine_last_heard = 0;	/* the last frame of any kind */
+static bool engine_unresponsive = false;	/* silent for half of the hang timeout */
+static bool engine_hung = false;	/* killed for its silence: its exit is no plain crash */
+static bool engine_step_warned = false; /* logged that a step took half of the timeout */
 static StringInfoData engine_settings;	/* the settings the last engine was started with */
 static bool restart_pending = false;	/* a reload changed them: restart once drained */
 static TimestampTz restart_deadline = 0;
@@ -135,6 +156,7 @@ static void worker_reload(void);
 static void engine_start(void);
 static void engine_receive(void);
 static void engine_supervise(void);
+static void engine_watch(TimestampTz now);
 static void engine_send(void);
 static void worker_intake(void);
 static void worker_check_abandoned(void);
@@ -179,7 +201,8 @@ set_state(CaiWorkerState state)
 	worker_state = state;
 	LWLockAcquire(cai_shared->lock, LW_EXCLUSIVE);
 	cai_shared->state = state;
-	if (state != CAI_WORKER_READY)
+	/* an unresponsive engine still holds its model: it may answer again */
+	if (state != CAI_WORKER_READY && state != CAI_WORKER_UNRESPONSIVE)
 		memset(&cai_shared->model, 0, sizeof(cai_shared->model));
 	LWLockRelease(cai_shared->lock);
 }
@@ -293,9 +316,10 @@ CaiWorkerMain(Datum main_arg)
 
 /*
  * worker_timeout_ms
- *		How long the worker may sleep: until a planned engine start, a reload's deadline, or a
- *		backend reading its outbox (a backend that reads sets the latch; the timeout only bounds
- *		a missed wake-up); otherwise a second, which bounds how stale the statistics get.
+ *		How long the worker may sleep: until a planned engine start, a reload's deadline, the
+ *		engine's silence crossing a threshold of its hang timeout, or a backend reading its
+ *		outbox (a backend that reads sets the latch; the timeout only bounds a missed wake-up);
+ *		otherwise a second, which bounds how stale the statistics get.
  */
 static long
 worker_timeout_ms(void)
@@ -313,6 +337,19 @@ worker_timeout_ms(void)
 	}
 	if (restart_pending)
 		timeout = Min(timeout, 100);
+	if (engine_ready && cai_engine_hang_timeout_ms > 0)
+	{
+		/* wake for the next threshold of the engine's silence: half the timeout, then all */
+		int			threshold = engine_unresponsive ? cai_engine_hang_timeout_ms :
+			cai_engine_hang_timeout_ms / 2;
+		long		secs;
+		int			usecs;
+
+		TimestampDifference(GetCurrentTimestamp(),
+							TimestampTzPlusMilliseconds(engine_last_heard, threshold),
+							&secs, &usecs);
+		timeout = Min(timeout, secs * 1000 + usecs / 1000 + 1);
+	}
 	dlist_foreach(iter, &worker_requests)
 	{
 		WorkerRequest *req = dlist_container(WorkerRequest, node, iter.cur);
@@ -513,15 +550,16 @@ header_is_valid(dsm_segment *seg, const CaiRequestHeader *header)
 
 /*
  * worker_takes_requests
- *		Requests leave the ring while an engine serves (and no restart is pending), or while
- *		the worker has no model, to hear why.  Otherwise they wait there for the engine.
+ *		Requests leave the ring while an engine serves (and no restart is pending, and it is not
+ *		silent), or while the worker has no model, to hear why.  Otherwise they wait there for
+ *		the engine, or for the one that replaces it.
  */
 static bool
 worker_takes_requests(void)
 {
 	if (worker_state == CAI_WORKER_FAILED)
 		return true;
-	return engine_ready && !restart_pending && !engine.closed;
+	return engine_ready && !engine_unresponsive && !restart_pending && !engine.closed;
 }
 
 /*
@@ -709,6 +747,9 @@ engine_start(void)
 	engine_ready = false;
 	engine_stopping = false;
 	engine_reported_failure = false;
+	engine_unresponsive = false;
+	engine_hung = false;
+	engine_step_warned = false;
 
 	if (cai_model_path == NULL || cai_model_path[0] == '\0')
 	{
@@ -734,7 +775,9 @@ engine_start(void)
 	cai_shared->engine_starts++;
 	cai_shared->engine_started = engine_start_time;
 	LWLockRelease(cai_shared->lock);
-	set_state(CAI_WORKER_LOADING);
+	/* after a crash the state says "restarting" until the new engine is ready */
+	if (worker_state != CAI_WORKER_RESTARTING)
+		set_state(CAI_WORKER_LOADING);
 
 	ereport(LOG,
 			(errmsg("pg_cai engine worker started engine process %d: %s", (int) engine.pid,
@@ -756,10 +799,10 @@ restart_delay_ms(int crashes)
 
 /*
  * engine_exited
- *		The engine process closed its socket, broke the protocol, or is being replaced: reaps
- *		it and decides what comes next.  A crash fails the requests in flight (a request that
- *		was running is never retried blindly: it may be what crashed the engine) and plans a
- *		restart after a backoff.
+ *		The engine process closed its socket, broke the protocol, was killed for its silence,
+ *		or is being replaced: reaps it and decides what comes next.  A crash fails the requests
+ *		in flight (a request that was running is never retried blindly: it may be what crashed
+ *		the engine) and plans a restart after a backoff.
  */
 static void
 engine_exited(void)
@@ -769,6 +812,8 @@ engine_exited(void)
 	int			pid = (int) engine.pid;
 	bool		was_ready = engine_ready;
 	bool		broken = engine.broken;
+	bool		hung = engine_hung;
+	const char *cause;
 	TimestampTz now = GetCurrentTimestamp();
 	int			n_failed;
 	int			delay;
@@ -776,6 +821,8 @@ engine_exited(void)
 	(void) CaiEngineProcessStop(&engine, broken || engine_stopping, exit_text, sizeof(exit_text));
 	forget_wait_set();
 	engine_ready = false;
+	engine_unresponsive = false;
+	engine_hung = false;
 	memset(&engine_stats, 0, sizeof(engine_stats));
 	stats_received = true;
 	LWLockAcquire(cai_shared->lock, LW_EXCLUSIVE);
@@ -794,22 +841,32 @@ engine_exited(void)
 	if (engine_reported_failure)
 		return;					/* it said why; the worker stays failed until a reload */
 
-	snprintf(message, sizeof(message), "The engine process (PID %d) %s%s.", pid, exit_text,
-			 broken ? " after sending a malformed message" : "");
-	n_failed = fail_in_flight(CAI_WIRE_STATUS_ENGINE_CRASHED, message);
-	if (TimestampDifferenceExceeds(engine_start_time, now, CRASH_WINDOW_MS))
-		consecutive_crashes = 1;
+	cause = hung ? " after it stopped responding" :
+		broken ? " after sending a malformed message" : "";
+	if (hung)
+		snprintf(message, sizeof(message),
+				 "The engine process (PID %d) sent nothing for pg_cai.engine_hang_timeout (%d ms) and was killed (%s).",
+				 pid, cai_engine_hang_timeout_ms, exit_text);
 	else
-		consecutive_crashes++;
+		snprintf(message, sizeof(message), "The engine process (PID %d) %s%s.", pid, exit_text,
+				 cause);
+	n_failed = fail_in_flight(hung ? CAI_WIRE_STATUS_ENGINE_HUNG : CAI_WIRE_STATUS_ENGINE_CRASHED,
+							  message);
+	consecutive_crashes++;
 	delay = restart_delay_ms(consecutive_crashes);
 	next_start_time = TimestampTzPlusMilliseconds(now, delay);
 
 	ereport(LOG,
-			(errmsg("pg_cai engine process %d %s%s", pid, exit_text,
-					broken ? " after sending a malformed message" : ""),
+			(errmsg("pg_cai engine process %d %s%s", pid, exit_text, cause),
 			 errdetail("%d request(s) in flight failed; no PostgreSQL session was affected. The engine restarts in %d ms (crash %d in a row).",
 					   n_failed, delay, consecutive_crashes)));
-	if (was_ready)
+
+	/*
+	 * A crash while loading a model that an engine with these settings has served is a
+	 * restart like another (the new engine died young, say under memory pressure), until it
+	 * happens too often in a row: then calls should fail with the reason instead of waiting.
+	 */
+	if (was_ready || (settings_served && consecutive_crashes <= LOAD_CRASHES_TOLERATED))
 		set_state(CAI_WORKER_RESTARTING);
 	else
 	{
@@ -819,6 +876,89 @@ engine_exited(void)
 				 "the engine process crashed while loading the model (%s)", exit_text);
 		set_failed(reason,
 				   "See the server log; the engine is started again with a growing delay, or at once after a configuration reload.");
+	}
+}
+
+/*
+ * engine_watch
+ *		Supervises a ready engine's heartbeat (any frame counts): silent for half of
+ *		pg_cai.engine_hang_timeout, it is marked unresponsive; for all of it, it is killed, and
+ *		engine_exited fails its requests and plans its restart.  The socket is read before this
+ *		runs, so a worker that was itself held up does not blame the engine.
+ */
+static void
+engine_watch(TimestampTz now)
+{
+	long		silent_ms;
+
+	if (engine.pid == 0 || !engine_ready || cai_engine_hang_timeout_ms <= 0)
+		return;
+	silent_ms = (long) ((now - engine_last_heard) / 1000);
+	if (silent_ms >= cai_engine_hang_timeout_ms)
+	{
+		ereport(LOG,
+				(errmsg("pg_cai engine process %d stopped responding: nothing received for %ld ms, over pg_cai.engine_hang_timeout (%d ms); killing it",
+						(int) engine.pid, silent_ms, cai_engine_hang_timeout_ms),
+				 errdetail("Its %d request(s) in flight fail, and the engine is restarted.",
+						   count_in_flight())));
+		(void) kill(engine.pid, SIGKILL);
+		engine_hung = true;
+		engine_exited();
+	}
+	else if (!engine_unresponsive && silent_ms >= cai_engine_hang_timeout_ms / 2)
+	{
+		engine_unresponsive = true;
+		set_state(CAI_WORKER_UNRESPONSIVE);
+		ereport(LOG,
+				(errmsg("pg_cai engine process %d is unresponsive: nothing received for %ld ms; it is killed at %d ms (pg_cai.engine_hang_timeout)",
+						(int) engine.pid, silent_ms, cai_engine_hang_timeout_ms)));
+	}
+}
+
+/*
+ * engine_heard
+ *		The engine sent something: it is alive.  An engine that was unresponsive serves again,
+ *		and one that has served for STABLE_PERIOD_MS starts the crash backoff over.
+ */
+static void
+engine_heard(TimestampTz now)
+{
+	engine_last_heard = now;
+	if (engine_unresponsive && engine_ready)
+	{
+		engine_unresponsive = false;
+		set_state(CAI_WORKER_READY);
+		ereport(LOG,
+				(errmsg("pg_cai engine process %d responds again", (int) engine.pid)));
+	}
+	if (engine_ready && consecutive_crashes > 0 &&
+		TimestampDifferenceExceeds(engine_ready_time, now, STABLE_PERIOD_MS))
+		consecutive_crashes = 0;
+}
+
+/*
+ * engine_heartbeat_frame
+ *		A heartbeat carries the engine's longest step so far: warn once per engine when one took
+ *		half of the hang timeout, before a longer one gets the engine killed.
+ */
+static void
+engine_heartbeat_frame(cai_reader *reader)
+{
+	double		longest_step;
+
+	if (!cai_get_f64(reader, &longest_step))
+	{
+		engine.broken = true;
+		return;
+	}
+	if (!engine_step_warned && cai_engine_hang_timeout_ms > 0 &&
+		longest_step * 1000.0 >= cai_engine_hang_timeout_ms / 2.0)
+	{
+		engine_step_warned = true;
+		ereport(WARNING,
+				(errmsg("pg_cai engine process %d took %.1f s for one step, over half of pg_cai.engine_hang_timeout (%d ms)",
+						(int) engine.pid, longest_step, cai_engine_hang_timeout_ms),
+				 errhint("Raise pg_cai.engine_hang_timeout above the longest step, or lower pg_cai.max_step_tokens: an engine silent for the whole timeout is killed.")));
 	}
 }
 
@@ -859,6 +999,8 @@ engine_ready_frame(const char *body, uint32 len)
 	cai_shared->hint[0] = '\0';
 	LWLockRelease(cai_shared->lock);
 	engine_ready = true;
+	engine_ready_time = engine_last_heard = GetCurrentTimestamp();
+	settings_served = true;
 	set_state(CAI_WORKER_READY);
 
 	ereport(LOG,
@@ -934,6 +1076,10 @@ engine_frame(const cai_frame_header *h, const char *body)
 				break;
 			}
 
+		case CAI_FRAME_HEARTBEAT:
+			engine_heartbeat_frame(&reader);
+			break;
+
 		case CAI_FRAME_STATS:
 			if (!cai_wire_get_stats(&reader, &engine_stats))
 				engine.broken = true;
@@ -968,26 +1114,34 @@ engine_receive(void)
 {
 	cai_frame_header h;
 	const char *body;
+	bool		heard = false;
 
 	if (engine.pid == 0)
 		return;
 	CaiEngineProcessRead(&engine);
 	while (!engine.broken && CaiEngineProcessNextFrame(&engine, &h, &body))
+	{
 		engine_frame(&h, body);
+		heard = true;
+	}
 	if (engine.closed || engine.broken)
 		engine_exited();
+	else if (heard)
+		engine_heard(GetCurrentTimestamp());
 }
 
 /*
  * engine_supervise
- *		Starts an engine when one is due, and replaces the running one when a reload changed its
- *		settings and its requests are done (or the grace is over).
+ *		Kills an engine that stopped responding, starts an engine when one is due, and replaces
+ *		the running one when a reload changed its settings and its requests are done (or the
+ *		grace is over).
  */
 static void
 engine_supervise(void)
 {
 	TimestampTz now = GetCurrentTimestamp();
 
+	engine_watch(now);
 	if (restart_pending && engine.pid != 0 &&
 		(count_in_flight() == 0 || now >= restart_deadline))
 	{
@@ -1053,6 +1207,7 @@ worker_reload(void)
 	MemoryContextSwitchTo(old);
 	if (strcmp(settings.data, engine_settings.data) == 0)
 		return;
+	settings_served = false;
 
 	if (engine.pid == 0)
 	{

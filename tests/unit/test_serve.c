@@ -2,14 +2,16 @@
  * test_serve.c — the engine process's loop (src/engine/serve.c) over a socket pair, on a
  * synthetic model, speaking the frames of wire.h as the engine worker does: READY first, then
  * tokenize, detokenize, completions and chats streamed as TOKEN messages ending in FINAL, cache
- * reset, cancel, requests it must refuse with a clear error, and the ends of the loop (the
- * worker closing its end; a frame no worker sends; a model that does not load).
+ * reset, cancel, requests it must refuse with a clear error, heartbeats while idle and between
+ * the steps of a long generation, and the ends of the loop (the worker closing its end; a frame
+ * no worker sends; a model that does not load).
  */
 #define _GNU_SOURCE				/* memmem */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include "serve.h"
@@ -515,6 +517,66 @@ TEST(serve_cancel_drops_the_request)
 	send_request(&s, 3, CAI_REQUEST_COMPLETE, &p);
 	read_generation(&s, 3, &g);
 	CHECK(g.have_final);
+
+	cai_wbuf_free(&p);
+	CHECK_EQ_INT(serve_stop(&s), 0);
+}
+
+/*
+ * Heartbeats come from the step loop: while idle, and between the steps of a generation that
+ * streams for longer than the heartbeat interval (the large model takes about a millisecond a
+ * token, so 2000 tokens take seconds).  Reads give up after 10 s instead of hanging.
+ */
+TEST(serve_sends_heartbeats_while_idle_and_busy)
+{
+	served		s;
+	cai_wbuf	p;
+	cai_frame_header h;
+	char	   *body;
+	struct timeval limit = {.tv_sec = 10};
+	int			idle_beats = 0;
+	int			busy_beats = 0;
+	bool		final = false;
+
+	CHECK(serve_start_model(&s, NULL, true));
+	CHECK(setsockopt(s.fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit)) == 0);
+	expect_ready(&s);
+	while (idle_beats < 3 && next_frame(&s, &h, &body))
+	{
+		if (h.type == CAI_FRAME_HEARTBEAT)
+		{
+			cai_reader	r;
+			double		longest;
+
+			cai_reader_init(&r, body, h.body_len);
+			CHECK(cai_get_f64(&r, &longest) && longest >= 0.0);
+			idle_beats++;
+		}
+		free(body);
+	}
+	CHECK_EQ_INT(idle_beats, 3);
+
+	cai_wbuf_init(&p, NULL);
+	put_generation(&p, 2000, 0.0f, true);
+	cai_put_text(&p, "count", 5);
+	send_request(&s, 1, CAI_REQUEST_COMPLETE, &p);
+	while (!final && next_frame(&s, &h, &body))
+	{
+		if (h.type == CAI_FRAME_HEARTBEAT)
+		{
+			cai_reader	r;
+			double		longest;
+
+			cai_reader_init(&r, body, h.body_len);
+			CHECK(cai_get_f64(&r, &longest) && longest > 0.0);
+			busy_beats++;
+		}
+		else if (h.type == CAI_FRAME_MESSAGE)
+			final = body[0] != CAI_MSG_TOKEN;
+		free(body);
+	}
+	CHECK(final);
+	CHECK_MSG(busy_beats > 0, "no heartbeat during a generation of 2000 tokens");
 
 	cai_wbuf_free(&p);
 	CHECK_EQ_INT(serve_stop(&s), 0);
