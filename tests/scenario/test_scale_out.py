@@ -6,6 +6,14 @@ a single node gives on the same conversations (the cache affinity holds), a seco
 nothing of the first's through the router, and with one node stopped mid-run only that node's
 conversations fail, at once, with an error naming it; once it is back every conversation
 continues and no committed turn is lost.  Greedy, so both runs compute the same prompts.
+
+Then the router's one way to run a call on the nodes as somebody else, a user mapping on its
+PL/Proxy server that names another role: a cai_user cannot create one (CREATE USER MAPPING FOR
+CURRENT_USER SERVER cai OPTIONS (user 'alice') or (user 'postgres')), nor drop or alter one, and
+a mapping planted anyway (by a superuser with the event triggers off, like one left from before
+0.2) makes the affected role's routed calls fail with 42501 before PL/Proxy connects.  Once on
+the cluster above, whose nodes trust the router, and once on a second one whose nodes ask for
+SCRAM passwords that the router finds in its password file (the README's .pgpass setup).
 """
 import os
 import queue
@@ -111,6 +119,102 @@ def conn_broken(conn):
         return False
     except PqError:
         return True
+
+
+def sqlstate_of(conn, sql):
+    """None when sql runs, else the error's SQLSTATE."""
+    try:
+        conn.exec(sql)
+        return None
+    except PqError as e:
+        return e.sqlstate
+
+
+def try_impersonation(label, router, victim, attacker, victim_id):
+    """attacker (a cai_user) tries to run calls on the nodes as victim, or as postgres, through a
+    user mapping on the router's server cai; victim_id is one of victim's conversations.
+    router(user) connects to the router."""
+    admin = router("postgres")
+    att = router(attacker)
+
+    def reach():
+        """what the attacker reaches of the victim's conversation: (history rows, chat ok)"""
+        try:
+            rows = int(att.value("SELECT count(*) FROM cai_history(%s)" % victim_id))
+        except PqError:
+            rows = 0
+        chat = sqlstate_of(att, "SELECT cai_chat(%s, 'Tell me her secrets.', '{\"max_tokens\": 1}')"
+                           % victim_id) is None
+        return rows, chat
+
+    for target in (victim, "postgres"):
+        state = sqlstate_of(att, "CREATE USER MAPPING FOR CURRENT_USER SERVER cai OPTIONS (user %s)"
+                            % quote(target))
+        got = reach()
+        admin.exec("DROP USER MAPPING IF EXISTS FOR %s SERVER cai" % attacker)
+        c.check("%s: %s cannot map itself to %s on the router (42501) and reaches nothing of %s's"
+                % (label, attacker, target, victim), state == "42501" and got == (0, False), (state, got))
+    states = [sqlstate_of(att, sql) for sql in (
+        "ALTER USER MAPPING FOR PUBLIC SERVER cai OPTIONS (ADD user %s)" % quote(victim),
+        "DROP USER MAPPING FOR PUBLIC SERVER cai",
+        "ALTER SERVER cai OPTIONS (SET p0 'host=127.0.0.1 user=postgres')")]
+    c.check("%s: %s can neither alter nor drop the PUBLIC mapping, nor alter the server (42501)"
+            % (label, attacker), states == ["42501"] * 3, states)
+
+    # a DBA's mistake is refused too
+    state = sqlstate_of(admin, "CREATE USER MAPPING FOR %s SERVER cai OPTIONS (user %s)"
+                        % (attacker, quote(victim)))
+    admin.exec("DROP USER MAPPING IF EXISTS FOR %s SERVER cai" % attacker)
+    c.check("%s: a superuser's mapping for %s naming %s is refused (42501)" % (label, attacker, victim),
+            state == "42501", state)
+
+    # planted past the event triggers: the attacker's routed calls refuse to run
+    admin.exec("SET session_replication_role = replica")
+    admin.exec("CREATE USER MAPPING FOR %s SERVER cai OPTIONS (user %s)" % (attacker, quote(victim)))
+    admin.exec("RESET session_replication_role")
+    # a new session: PL/Proxy keeps a session's user mapping until the one it uses changes
+    att.close()
+    att = router(attacker)
+    calls = ["SELECT count(*) FROM cai_history(%s)" % victim_id,
+             "SELECT cai_chat(%s, 'hello', '{\"max_tokens\": 1}')" % victim_id,
+             "SELECT count(*) FROM cai_conversations()",
+             "SELECT cai_new_conversation()",
+             "SELECT cai_complete('hello', '{\"max_tokens\": 1}')",
+             "SELECT count(*) FROM cai_cluster_stats()",
+             # the PL/Proxy functions themselves, which cai_user may call directly
+             "SELECT count(*) FROM cai_router.cai_history(%s)" % victim_id,
+             "SELECT count(*) FROM cai_router.cai_conversations()"]
+    states = [sqlstate_of(att, sql) for sql in calls]
+    c.check("%s: with a planted mapping for %s naming %s, its routed calls fail with 42501"
+            % (label, attacker, victim), states == ["42501"] * len(calls), list(zip(states, calls)))
+    state = sqlstate_of(att, "DROP USER MAPPING FOR CURRENT_USER SERVER cai")
+    c.check("%s: %s cannot drop that mapping either (42501)" % (label, attacker), state == "42501", state)
+    admin.exec("DROP USER MAPPING IF EXISTS FOR %s SERVER cai" % attacker)
+    admin.exec("SET session_replication_role = replica")
+    admin.exec("ALTER USER MAPPING FOR PUBLIC SERVER cai OPTIONS (ADD user %s)" % quote(victim))
+    admin.exec("RESET session_replication_role")
+    att.close()
+    att = router(attacker)
+    state = sqlstate_of(att, "SELECT count(*) FROM cai_conversations()")
+    admin.exec("ALTER USER MAPPING FOR PUBLIC SERVER cai OPTIONS (DROP user)")
+    c.check("%s: with the PUBLIC mapping naming %s, %s's routed calls fail with 42501"
+            % (label, victim, attacker), state == "42501", state)
+
+    # what stays allowed: a superuser's mapping that names its own role; the victim's calls work
+    state = sqlstate_of(admin, "CREATE USER MAPPING FOR %s SERVER cai OPTIONS (user %s)"
+                        % (victim, quote(victim)))
+    own = router(victim)
+    try:
+        rows = int(own.value("SELECT count(*) FROM cai_history(%s)" % victim_id))
+    except PqError as e:
+        rows = str(e)
+    own.close()
+    admin.exec("DROP USER MAPPING IF EXISTS FOR %s SERVER cai" % victim)
+    c.check("%s: a mapping for %s naming itself is accepted, and %s reads its conversation (%s rows)"
+            % (label, victim, victim, rows), state is None and isinstance(rows, int) and rows > 0,
+            (state, rows))
+    att.close()
+    admin.close()
 
 
 def follow_up_hit_rate(rows):
@@ -313,9 +417,52 @@ try:
             lost.append((cid, stored))
     alice.close()
     c.check("0 committed turns lost: every conversation has its %d replies" % (TURNS + 1), not lost, lost[:3])
+
+    # ---- bob tries to become alice, or postgres, on the nodes (they trust the router)
+    try_impersonation("trust", router, "alice", "bob", ids[0])
 finally:
     subprocess.run([script, "stop"], env=env, capture_output=True)
     if single:
         single.stop()
         single.remove()
+
+# ---- the same on nodes that ask for SCRAM passwords, which the router finds in its password file
+pg_dir = tempfile.mkdtemp(prefix="pg_cai_scale.")
+os.rmdir(pg_dir)
+pg_base = free_port_base(3)
+pg_env = dict(env, CAI_CLUSTER_DIR=pg_dir, CAI_CLUSTER_PORT=str(pg_base), CAI_CLUSTER_AUTH="scram")
+try:
+    r = subprocess.run([script, "start", "2"], env=pg_env, capture_output=True, text=True, timeout=600)
+    c.check("router and 2 nodes start with SCRAM between them", r.returncode == 0, r.stderr[-2000:])
+    if r.returncode != 0:
+        sys.exit(c.done())
+    for role, password in (("ra", "ra's secret"), ("rb", "rb:pw\\2")):
+        r = subprocess.run([script, "add-role", role, password], env=pg_env, capture_output=True,
+                           text=True, timeout=60)
+        c.check("scale-out.sh add-role %s" % role, r.returncode == 0, r.stderr[-500:])
+    admin = Conn("cai", env={"PGHOST": "127.0.0.1", "PGPORT": str(pg_base), "PGUSER": "postgres"})
+    admin.exec("CREATE ROLE rc LOGIN IN ROLE cai_user")
+    admin.close()
+
+    def pg_router(user):
+        return Conn("cai", app="cai_scale_%s" % user,
+                    env={"PGHOST": "127.0.0.1", "PGPORT": str(pg_base), "PGUSER": user})
+
+    # rc exists on the router only; without a password line it cannot reach the nodes
+    rc_conn = pg_router("rc")
+    try:
+        rc_conn.value("SELECT cai_new_conversation()")
+        why = "it connected"
+    except PqError as e:
+        why = str(e)
+    rc_conn.close()
+    c.check("the nodes ask the router for passwords (a role without a line is refused)",
+            "password" in why, why[:300])
+    ra = pg_router("ra")
+    victim_id = ra.value("SELECT cai_new_conversation('You are terse.')")
+    ra.value("SELECT cai_chat(%s, 'My secret is 42.', '{\"max_tokens\": 4}')" % victim_id)
+    ra.close()
+    try_impersonation(".pgpass", pg_router, "ra", "rb", victim_id)
+finally:
+    subprocess.run([script, "stop"], env=pg_env, capture_output=True)
 sys.exit(c.done())
