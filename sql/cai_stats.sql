@@ -12,6 +12,10 @@ FROM pg_stat_cai;
 -- the worker shows in pg_stat_activity (with no database), the engine process does not
 SELECT a.backend_type, a.datname, a.wait_event_type
 FROM pg_stat_activity a, pg_stat_cai s WHERE a.pid = s.worker_pid;
+-- its waits have a name from PostgreSQL 17 on (custom wait events), the generic one before
+SELECT a.wait_event = CASE WHEN current_setting('server_version_num')::int >= 170000
+                           THEN 'PgCaiEngineWorker' ELSE 'Extension' END AS wait_event_named
+FROM pg_stat_activity a, pg_stat_cai s WHERE a.pid = s.worker_pid;
 SELECT count(*) AS engine_in_pg_stat_activity
 FROM pg_stat_activity a, pg_stat_cai s WHERE a.pid = s.engine_pid;
 SELECT requests_received > 0 AS received, requests_completed > 0 AS completed,

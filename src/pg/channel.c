@@ -21,6 +21,9 @@
 #include "channel.h"
 #include "shmem.h"
 
+/* PgCaiReply: a backend waiting for its request's next message (pg_compat.h) */
+static uint32 reply_wait_event = 0;
+
 /*
  * A request whose worker stays away this long fails instead of waiting on.  The postmaster
  * restarts the worker a second after it exits, but under load it has been seen to take ten; a
@@ -210,7 +213,7 @@ CaiChannelReceive(CaiChannel *channel, char **data, Size *len)
 		(void) WaitLatch(MyLatch,
 						 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 						 1000L,
-						 PG_WAIT_EXTENSION);
+						 CaiWaitEvent("PgCaiReply", &reply_wait_event));
 		ResetLatch(MyLatch);
 		CHECK_FOR_INTERRUPTS();
 	}

@@ -87,7 +87,12 @@
 #include "guc.h"
 #include "jobs.h"
 #include "options.h"
+#include "pg_compat.h"
 #include "shmem.h"
+
+/* PgCaiJobLauncher, PgCaiJobRunner: their idle waits (pg_compat.h) */
+static uint32 launcher_wait_event = 0;
+static uint32 runner_wait_event = 0;
 
 PG_FUNCTION_INFO_V1(pg_cai_enqueue_reply_trigger);
 
@@ -713,7 +718,7 @@ CaiJobLauncherMain(Datum main_arg)
 		(void) WaitLatch(MyLatch,
 						 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 						 Max(timeout, 1L),
-						 PG_WAIT_EXTENSION);
+						 CaiWaitEvent("PgCaiJobLauncher", &launcher_wait_event));
 	}
 }
 
@@ -1318,6 +1323,6 @@ CaiJobRunnerMain(Datum main_arg)
 		(void) WaitLatch(MyLatch,
 						 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
 						 wait_ms,
-						 PG_WAIT_EXTENSION);
+						 CaiWaitEvent("PgCaiJobRunner", &runner_wait_event));
 	}
 }

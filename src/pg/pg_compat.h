@@ -11,6 +11,7 @@
 
 #include "storage/latch.h"
 #include "utils/memutils.h"
+#include "utils/wait_event.h"
 
 /*
  * A function that never returns: 18 replaced the trailing pg_attribute_noreturn() with a
@@ -37,6 +38,26 @@ CaiCreateWaitEventSet(MemoryContext context, int nevents)
 	return CreateWaitEventSet(NULL, nevents);
 #else
 	return CreateWaitEventSet(context, nevents);
+#endif
+}
+
+/*
+ * The wait event a pg_cai process waits under, as pg_stat_activity shows it: from 17 on a named
+ * custom event of type Extension (wait_event = name), before that the generic PG_WAIT_EXTENSION
+ * (wait_event "Extension").  *id caches the event per process: WaitEventExtensionNew takes a lock
+ * and gives every process the same id for the same name.
+ */
+static inline uint32
+CaiWaitEvent(const char *name, uint32 *id)
+{
+#if PG_VERSION_NUM >= 170000
+	if (*id == 0)
+		*id = WaitEventExtensionNew(name);
+	return *id;
+#else
+	(void) name;
+	(void) id;
+	return PG_WAIT_EXTENSION;
 #endif
 }
 

@@ -42,7 +42,7 @@
  * The worker never blocks on a backend or on the engine: sends are non-blocking, what does not
  * fit a response queue waits in the request's outbox, and what does not fit the socket waits in
  * the engine's output buffer.  It waits on its latch and the engine's socket with
- * PG_WAIT_EXTENSION (PostgreSQL 15 has no named custom wait events), and shows in
+ * the wait event PgCaiEngineWorker (PostgreSQL 17 on; "Extension" before), and shows in
  * pg_stat_activity with backend_type "pg_cai engine worker".
  */
 #include "postgres.h"
@@ -76,6 +76,9 @@
 #include "protocol.h"
 #include "shmem.h"
 #include "worker.h"
+
+/* PgCaiEngineWorker: the worker waiting for its latch or the engine (pg_compat.h) */
+static uint32 worker_wait_event = 0;
 
 typedef enum WorkerRequestState
 {
@@ -310,7 +313,8 @@ CaiWorkerMain(Datum main_arg)
 							WL_SOCKET_READABLE | (socket_wants_write ? WL_SOCKET_WRITEABLE : 0),
 							NULL);
 		}
-		(void) WaitEventSetWait(wait_set, worker_timeout_ms(), &event, 1, PG_WAIT_EXTENSION);
+		(void) WaitEventSetWait(wait_set, worker_timeout_ms(), &event, 1,
+								CaiWaitEvent("PgCaiEngineWorker", &worker_wait_event));
 	}
 }
 

@@ -96,6 +96,17 @@ def worker_ready(db=DB):
     return r.rc == 0 and r.out == "ready"
 
 
+def stat(column, db=DB):
+    """One column of pg_stat_cai, as text."""
+    return value("SELECT %s FROM pg_stat_cai" % column, db=db)
+
+
+def log_text():
+    """The test cluster's server log so far ($PG_CAI_TEST_LOG, set by scripts/run-tests.sh)."""
+    with open(os.environ["PG_CAI_TEST_LOG"], errors="replace") as f:
+        return f.read()
+
+
 def ensure_database(db=DB):
     """Creates the scenario database with pg_cai in it, once."""
     exists = value("SELECT count(*) FROM pg_database WHERE datname = '%s'" % db, db="postgres")

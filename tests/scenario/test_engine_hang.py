@@ -9,22 +9,12 @@ import signal
 import threading
 import time
 
-from pgtest import Checks, ensure_database, psql, value, wait_for
+from pgtest import Checks, ensure_database, log_text, psql, stat, value, wait_for
 from pqlib import Conn, PqError
 
 HANG_TIMEOUT = "3s"
 c = Checks()
 ensure_database()
-log_path = os.environ["PG_CAI_TEST_LOG"]
-
-
-def stat(column):
-    return value("SELECT %s FROM pg_stat_cai" % column)
-
-
-def log_text():
-    with open(log_path, errors="replace") as f:
-        return f.read()
 
 
 def alive(pid):

@@ -9,18 +9,12 @@ import signal
 import threading
 import time
 
-from pgtest import Checks, ensure_database, value, wait_for
+from pgtest import Checks, ensure_database, log_text, value, wait_for
 from pqlib import Conn, PqError
 
 STABLE_PERIOD_S = 10
 c = Checks()
 ensure_database()
-log_path = os.environ["PG_CAI_TEST_LOG"]
-
-
-def log_text():
-    with open(log_path, errors="replace") as f:
-        return f.read()
 
 
 monitor = Conn("cai_scenario", "cai_restart_monitor")

@@ -9,7 +9,7 @@ import subprocess
 import threading
 import time
 
-from pgtest import Checks, ensure_database, psql, value, wait_for
+from pgtest import Checks, ensure_database, psql, stat, value, wait_for
 from pqlib import Conn, PqError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -17,10 +17,6 @@ SYNTH = os.path.join(ROOT, "tests", "synth", "write_synth_model")
 SYNTH_NAME = "pg_cai reload test"
 c = Checks()
 ensure_database()
-
-
-def stat(column):
-    return value("SELECT %s FROM pg_stat_cai" % column)
 
 
 def model_name():
