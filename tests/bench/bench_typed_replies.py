@@ -32,28 +32,11 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "tests", "scenario"))
-try:
-    import jsonschema
-except ImportError:                                 # Debian's package, for another interpreter
-    sys.path.append("/usr/lib/python3/dist-packages")
-    import jsonschema
-
 from pgtest import ensure_database                  # noqa: E402
 from pqlib import Conn, PqError                     # noqa: E402
+from schema_cases import CASES, MODES, quote, validate  # noqa: E402
 
-MODES = [("greedy", {"temperature": 0}), ("seed 1", {"temperature": 0.8, "seed": 1}),
-         ("seed 2", {"temperature": 0.8, "seed": 2})]
 CLASSES = ["valid", "cut", "cut_but_stored", "stored_unparsable", "stored_invalid", "error"]
-
-
-def quote(text):
-    return "'" + text.replace("'", "''") + "'"
-
-
-def validate(schema, instance):
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    errors = sorted(cls(schema).iter_errors(instance), key=str)
-    return str(errors[0].message) if errors else None
 
 
 def one_reply(conn, case, opts, max_tokens, extra):
@@ -87,8 +70,7 @@ def main():
     ap.add_argument("--show", type=int, default=3, help="replies to print per class")
     args = ap.parse_args()
     extra = json.loads(args.options)
-    cases = json.load(open(os.path.join(ROOT, "tests", "json_schema", "cases.json")))
-    jobs = [(case, mode, opts) for case in cases for mode, opts in MODES]
+    jobs = [(case, mode, opts) for case in CASES for mode, opts in MODES]
     results = []
     lock = threading.Lock()
     ensure_database()
@@ -117,7 +99,7 @@ def main():
     valid_tokens = [r[3] for r in results if r[2] == "valid"]
     all_tokens = [r[3] for r in results if r[2] != "error"]
     print("%s: %d schemas x %d modes = %d replies in %.0f s, max_tokens %d, options %s" % (
-        model, len(cases), len(MODES), len(results), elapsed, args.max_tokens, json.dumps(extra)))
+        model, len(CASES), len(MODES), len(results), elapsed, args.max_tokens, json.dumps(extra)))
     for k in CLASSES:
         print("  %-18s %d" % (k, counts[k]))
         for name, mode, _, tokens, content in [r for r in results if r[2] == k][:args.show]:

@@ -6,37 +6,15 @@ must parse and validate against its schema (python3-jsonschema, Debian's package
 by max_tokens are counted and reported.  A few cases go through cai_chat_json and the
 asynchronous reply trigger too."""
 import json
-import os
-import sys
 import threading
 import time
 
-try:
-    import jsonschema
-except ImportError:                                 # Debian's package, for another interpreter
-    sys.path.append("/usr/lib/python3/dist-packages")
-    import jsonschema
-
 from pgtest import Checks, ensure_database, psql, value, wait_for
 from pqlib import Conn, PqError
+from schema_cases import CASES, MODES, quote, validate
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CASES = json.load(open(os.path.join(ROOT, "tests", "json_schema", "cases.json")))
-MODES = [("greedy", {"temperature": 0}), ("seed 1", {"temperature": 0.8, "seed": 1}),
-         ("seed 2", {"temperature": 0.8, "seed": 2})]
 MAX_TOKENS = 160
 SESSIONS = 4
-
-
-def quote(text):
-    return "'" + text.replace("'", "''") + "'"
-
-
-def validate(schema, instance):
-    """None when instance is valid, else why not."""
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-    errors = sorted(cls(schema).iter_errors(instance), key=str)
-    return str(errors[0].message) if errors else None
 
 
 c = Checks()
