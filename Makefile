@@ -22,13 +22,18 @@ DATA = $(wildcard pg_cai--*.sql) router/pg_cai_router.control $(wildcard router/
 PG_CONFIG ?= pg_config
 
 # ---- the engine: PostgreSQL-free, CUDA-free, built with its own flags -------------------------
-ENGINE_SRCS := $(wildcard src/engine/*.c src/engine/arch/*.c src/engine/cpu/*.c)
+# the library: the engine, the wire format both programs share, the backends' host side (the CPU
+# backend; the CUDA backend is its own shared object below) and the engine process's serving loop
+SERVE_MAIN := src/serve/cmd_serve.c
+ENGINE_SRCS := $(wildcard src/engine/*.c src/engine/arch/*.c src/common/*.c src/backend/cpu/*.c) \
+	$(filter-out $(SERVE_MAIN),$(wildcard src/serve/*.c))
+ENGINE_INCLUDES := -Isrc/engine -Isrc/common -Isrc/backend -Isrc/serve
 ENGINE_OBJS := $(patsubst src/%.c,build/%.o,$(ENGINE_SRCS))
 # -ffp-contract=off: results are bit-identical across builds and backends only if no compiler
 # fuses a multiply and an add (GCC does by default where the target has FMA: aarch64, say; on
 # x86-64 the engine's code is the same either way)
 ENGINE_CFLAGS := -O3 -g -std=gnu11 -fPIC -pthread -fno-strict-aliasing -ffp-contract=off -Wall -Wextra \
-	-Wno-unused-parameter -Wno-sign-compare -Werror=vla -Isrc/engine -MMD -MP $(EXTRA_CFLAGS)
+	-Wno-unused-parameter -Wno-sign-compare -Werror=vla $(ENGINE_INCLUDES) -MMD -MP $(EXTRA_CFLAGS)
 ENGINE_LIBS := $(EXTRA_LDFLAGS) -lxxhash -lpthread -lm -ldl
 
 build/%.o: src/%.c
@@ -56,9 +61,10 @@ build/libcai.a: $(ENGINE_OBJS)
 	$(AR) rcs $@ $^
 
 # ---- the CLI ----------------------------------------------------------------------------------
-CLI_SRCS := $(wildcard src/cli/*.c)
+# the `cai` program: the CLI's commands, `cai serve` (the engine process) among them
+CLI_SRCS := $(wildcard src/cli/*.c) $(SERVE_MAIN)
 cai: $(CLI_SRCS) build/libcai.a
-	$(CC) $(ENGINE_CFLAGS) -o $@ $(CLI_SRCS) build/libcai.a $(ENGINE_LIBS)
+	$(CC) $(ENGINE_CFLAGS) -Isrc/cli -o $@ $(CLI_SRCS) build/libcai.a $(ENGINE_LIBS)
 
 # ---- unit tests -------------------------------------------------------------------------------
 SYNTH_TOOL := tests/synth/write_synth_model
@@ -80,7 +86,7 @@ include tests/fuzz/fuzz.mk
 # ---- the extension (PGXS) ---------------------------------------------------------------------
 MODULE_big = pg_cai
 OBJS = pg_cai.o $(patsubst %.c,%.o,$(wildcard src/pg/*.c))
-PG_CPPFLAGS = -Isrc/engine -Isrc/pg
+PG_CPPFLAGS = -Isrc/engine -Isrc/common -Isrc/pg
 # A server API whose signature changed between major versions shows first as one of these; as a
 # warning it once built a worker that crashed on the first request, so they are errors.
 PG_CFLAGS = -Werror=incompatible-pointer-types -Werror=implicit-function-declaration -Werror=int-conversion
@@ -159,7 +165,7 @@ tests/gpu/e2e_greedy: tests/gpu/e2e_greedy.c tests/synth/synth_model.c tests/syn
 .PHONY: unit model test cluster cluster-stop check-versions setup clean-engine install-engine uninstall-engine \
 	gpu-kit gpu-check
 
-# ==== BEGIN CUDA backend (kernels/, tests/gpu, tests/bench/bench_gpu) =============================
+# ==== BEGIN CUDA backend (src/backend/cuda/, tests/gpu, tests/bench/bench_gpu) =============================
 # Built only where nvcc is found.  build/libcai_cuda.so is a separate shared object that the engine
 # dlopen()s when pg_cai.device is auto or cuda, so a CPU-only server never loads libcudart; the
 # extension and the CLI do not link it.  tests/gpu/run_gpu compares every kernel and every backend
@@ -177,19 +183,19 @@ CUDA_WERROR ?= -Werror all-warnings
 BACKEND_WERROR ?= -Werror
 NVCC_FLAGS := -O3 -std=c++17 $(CUDA_GENCODE) $(CUDA_WERROR) \
 	-Xcompiler -fPIC,-fvisibility=hidden,-Wall,-Wextra,-Wno-unused-parameter \
-	-Isrc/engine -Ikernels -MMD -MP
-CUDA_SRCS := $(wildcard kernels/*.cu)
-CUDA_OBJS := $(patsubst kernels/%.cu,build/kernels/%.o,$(CUDA_SRCS)) build/kernels/backend_cuda.o
+	$(ENGINE_INCLUDES) -Isrc/backend/cuda -MMD -MP
+CUDA_SRCS := $(wildcard src/backend/cuda/*.cu)
+CUDA_OBJS := $(patsubst src/backend/cuda/%.cu,build/backend/cuda/%.o,$(CUDA_SRCS)) build/backend/cuda/backend_cuda.o
 CUDA_LINK := -cudart shared -lcublasLt $(if $(CUDA_LIBDIR),-L$(CUDA_LIBDIR) -Xlinker -rpath=$(CUDA_LIBDIR))
 GPU_TEST_LIBS := -Lbuild -lcai_cuda -Wl,-rpath,'$$ORIGIN/../../build' $(ENGINE_LIBS)
 
-build/kernels/%.o: kernels/%.cu
+build/backend/cuda/%.o: src/backend/cuda/%.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
 
-build/kernels/backend_cuda.o: kernels/backend_cuda.c
+build/backend/cuda/backend_cuda.o: src/backend/cuda/backend_cuda.c
 	@mkdir -p $(dir $@)
-	$(CC) $(ENGINE_CFLAGS) $(BACKEND_WERROR) -fvisibility=hidden -Ikernels -c $< -o $@
+	$(CC) $(ENGINE_CFLAGS) $(BACKEND_WERROR) -fvisibility=hidden -Isrc/backend/cuda -c $< -o $@
 
 build/libcai_cuda.so: $(CUDA_OBJS)
 	$(NVCC) -shared $(CUDA_GENCODE) -o $@ $(CUDA_OBJS) $(CUDA_LINK)
@@ -197,11 +203,11 @@ build/libcai_cuda.so: $(CUDA_OBJS)
 GPU_TEST_SRCS := $(filter-out tests/gpu/e2e_greedy.c,$(wildcard tests/gpu/*.c))
 tests/gpu/run_gpu: $(GPU_TEST_SRCS) $(wildcard tests/gpu/*.h) tests/unit/test.h tests/unit/test_runner.c \
 		build/libcai_cuda.so build/libcai.a
-	$(CC) $(ENGINE_CFLAGS) -Ikernels -Itests/gpu -Itests/unit -o $@ $(GPU_TEST_SRCS) \
+	$(CC) $(ENGINE_CFLAGS) -Isrc/backend/cuda -Itests/gpu -Itests/unit -o $@ $(GPU_TEST_SRCS) \
 		tests/unit/test_runner.c build/libcai.a $(GPU_TEST_LIBS)
 
 tests/bench/bench_gpu: tests/bench/bench_gpu.c build/libcai_cuda.so build/libcai.a
-	$(CC) $(ENGINE_CFLAGS) -Ikernels -o $@ tests/bench/bench_gpu.c build/libcai.a $(GPU_TEST_LIBS)
+	$(CC) $(ENGINE_CFLAGS) -Isrc/backend/cuda -o $@ tests/bench/bench_gpu.c build/libcai.a $(GPU_TEST_LIBS)
 
 cuda: build/libcai_cuda.so tests/gpu/run_gpu tests/bench/bench_gpu
 gpu-test: tests/gpu/run_gpu

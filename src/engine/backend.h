@@ -345,7 +345,7 @@ struct cai_backend
 typedef cai_status (*cai_backend_factory) (void *arg, const cai_backend_limits *limits,
 										   cai_backend **out, cai_error *err);
 
-/* The CPU backend over a thread pool (cpu/threadpool.h; NULL = run on the caller alone). */
+/* The CPU backend over a thread pool (threadpool.h; NULL = run on the caller alone). */
 typedef struct cai_threadpool cai_threadpool;
 cai_status	cai_backend_cpu_create(cai_threadpool *pool, const cai_backend_limits *limits,
 								   cai_backend **out, cai_error *err);

@@ -1,9 +1,9 @@
 /*
  * backend_loader.h — the engine's side of the CUDA backend: the entry points build/libcai_cuda.so
- * exports (kernels/backend_cuda.h implements them), and the loader that finds the library by
+ * exports (src/backend/cuda/backend_cuda.h implements them), and the loader that finds the library by
  * absolute path (the installed copy, or a build tree's), dlopen()s it and resolves them.  CUDA-free and PostgreSQL-free C, part of
  * libcai (it needs only -ldl), so that the engine loads libcudart only when pg_cai.device is auto
- * or cuda and a CPU-only server never does.  The engine side owns this contract: kernels/ includes
+ * or cuda and a CPU-only server never does.  The engine side owns this contract: src/backend/cuda/ includes
  * this header, never the other way round.
  */
 #ifndef CAI_BACKEND_LOADER_H

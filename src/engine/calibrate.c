@@ -293,7 +293,7 @@ rotate_head_rows(float *w, int n_heads, int hd, int k, const cai_rotation *rot, 
 
 /*
  * Compensated rounding.  Every matrix of the layers and the head is rounded to int8 along the
- * second moment H of the inputs it meets (cpu/rounding.h, GPTQ), measured over the calibration
+ * second moment H of the inputs it meets (rounding.h, GPTQ), measured over the calibration
  * tokens as the int8 path sees them (smoothed and rotated).  Measured on SmolLM2-135M-Instruct
  * over the whole GPL-3 text, against nearest rounding: KL(float || int8) 0.00478 -> 0.00426,
  * top-1 agreement 95.80% -> 96.27%, perplexity +0.55% -> +0.14%; load time on two cores

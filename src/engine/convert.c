@@ -1,7 +1,7 @@
 /*
  * convert.c — weight conversion, parallel over a thread pool: each job dequantizes rows of a
  * GGUF tensor (or takes float rows), optionally scales and rotates them, and requantizes them
- * to int8 per row, to the nearest level or along a rounding metric (cpu/rounding.h).
+ * to int8 per row, to the nearest level or along a rounding metric (rounding.h).
  */
 #include "convert.h"
 

@@ -11,8 +11,8 @@
 
 #include "backend.h"
 #include "cai.h"
-#include "cpu/rounding.h"
-#include "cpu/threadpool.h"
+#include "rounding.h"
+#include "threadpool.h"
 #include "gguf.h"
 
 /* Rows of a weight matrix converted per load task. */
@@ -23,7 +23,7 @@
  * (dequantized; also stored to f when it is not NULL) or float rows fsrc.  When q is not NULL
  * each row, multiplied element-wise by col_scale and by row_scale[r] (both optional), then
  * rotated block by block (each rot->n values, when rot is not NULL), is quantized to int8: to
- * the nearest level, or, with rm, the job's rows together along that metric (cpu/rounding.h).
+ * the nearest level, or, with rm, the job's rows together along that metric (rounding.h).
  * track_col_max: the source rows' per-column maxima of |value| go to the plan's col_max.
  */
 typedef struct cai_convert_job

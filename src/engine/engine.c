@@ -25,7 +25,7 @@
 #include "cai.h"
 #include "cpu/gemm.h"
 #include "backend_loader.h"
-#include "cpu/threadpool.h"
+#include "threadpool.h"
 #include "grammar.h"
 #include "kv.h"
 #include "model.h"

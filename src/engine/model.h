@@ -17,7 +17,7 @@
 #include "backend.h"
 #include "cai.h"
 #include "chat_template.h"
-#include "cpu/threadpool.h"
+#include "threadpool.h"
 #include "gguf.h"
 #include "kv.h"
 #include "tokenizer.h"

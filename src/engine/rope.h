@@ -1,7 +1,7 @@
 /*
  * rope.h — the rotary angles of cai_rope_params (backend.h), written once for every backend: the
  * CPU computes them per token (cpu/ops.c), the CUDA backend precomputes its device table from them
- * on the host (kernels/backend_cuda.c).  Both must produce the same floats, so both call this.
+ * on the host (src/backend/cuda/backend_cuda.c).  Both must produce the same floats, so both call this.
  *
  * theta_i(pos) = pos * freq_scale * base^(-2i/n_rot) / factor_i, i < n_rot/2, where base is the
  * layer's base (a windowed layer's own), freq_scale the linear scaling (1/factor, else 1) and

@@ -39,7 +39,7 @@ cai_qmatrix_rows(const cai_qmatrix *m, int row0, int n)
 
 /*
  * A GEMM operand as one backend holds it; each backend defines the struct (cpu/backend_cpu.c,
- * kernels/backend_cuda.c) and frees its weights with itself.
+ * src/backend/cuda/backend_cuda.c) and frees its weights with itself.
  */
 typedef struct cai_weight cai_weight;
 

@@ -1,5 +1,5 @@
 /*
- * protocol.c — wire buffers for backends: the formats of src/engine/wire.h written into memory
+ * protocol.c — wire buffers for backends: the formats of src/common/wire.h written into memory
  * that palloc gives, so that an error raised while a request is built frees it.
  */
 #include "postgres.h"

@@ -9,7 +9,7 @@
  * request needs no queue of its own: the worker reads it in place and relays the payload to the
  * engine process unread.  The response queue carries the engine's response messages, relayed by
  * the worker, plus the errors the worker answers itself.  The payload and the messages are in
- * the formats of src/engine/wire.h.
+ * the formats of src/common/wire.h.
  */
 #ifndef PG_CAI_PROTOCOL_H
 #define PG_CAI_PROTOCOL_H

@@ -20,7 +20,7 @@
  * configuration changes.
  *
  * A hung engine is treated as a crashed one.  Once it is ready, the engine's step loop sends
- * a heartbeat several times a second between its steps and while idle (src/engine/serve.c);
+ * a heartbeat several times a second between its steps and while idle (src/serve/serve.c);
  * an engine silent for half of pg_cai.engine_hang_timeout shows as "unresponsive" (new requests
  * wait in the ring), and one silent for the whole timeout is killed with SIGKILL, its requests
  * in flight fail, and it is restarted.  A step is one unit to the heartbeat, so the timeout

@@ -3,8 +3,8 @@
  *
  * Not part of the Makefile; build and run by hand from the repository root:
  *
- *   gcc -O3 -std=gnu11 -pthread -Isrc/engine -o /tmp/bench_gemm tests/bench/bench_gemm.c \
- *       src/engine/cpu/gemm.c src/engine/cpu/threadpool.c -lm
+ *   gcc -O3 -std=gnu11 -pthread -Isrc/engine -Isrc/backend -o /tmp/bench_gemm tests/bench/bench_gemm.c \
+ *       src/backend/cpu/gemm.c src/engine/threadpool.c -lm
  *   /tmp/bench_gemm [isa [seconds-per-case [section]]]
  *
  * isa: generic, avx2 or avx512-vnni (default: the best available); section: shapes, decode,

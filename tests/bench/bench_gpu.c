@@ -34,7 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_backend.h"
+#include "cuda_kernels.h"
 
 typedef struct shape
 {

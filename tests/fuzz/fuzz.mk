@@ -16,7 +16,7 @@ FUZZ_CC ?= clang
 FUZZ_SANITIZE := -fsanitize=address,undefined -fno-sanitize-recover=undefined
 FUZZ_CFLAGS := -g -O1 -std=gnu11 -pthread -fno-omit-frame-pointer -fno-strict-aliasing -ffp-contract=off \
 	$(FUZZ_SANITIZE) -fsanitize=fuzzer-no-link -Wall -Wextra -Wno-unused-parameter \
-	-Wno-sign-compare -Wno-unknown-pragmas -Isrc/engine -Itests/synth -Itests/unit -MMD -MP
+	-Wno-sign-compare -Wno-unknown-pragmas $(ENGINE_INCLUDES) -Itests/synth -Itests/unit -MMD -MP
 FUZZ_LDFLAGS := $(FUZZ_SANITIZE) -fsanitize=fuzzer
 
 # the engine and the synthetic GGUF writer, compiled for fuzzing (never the gcc objects)

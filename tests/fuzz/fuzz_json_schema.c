@@ -16,7 +16,7 @@
  * Built by tests/fuzz/fuzz.mk like every tests/fuzz/fuzz_*.c; by hand from the repository root:
  *
  *   clang -g -O1 -std=gnu11 -pthread -fsanitize=fuzzer,address,undefined \
- *       -fno-sanitize-recover=undefined -Isrc/engine -Ikernels -Itests/synth -Itests/unit \
+ *       -fno-sanitize-recover=undefined -Isrc/engine -Isrc/backend -Isrc/backend/cuda -Itests/synth -Itests/unit \
  *       -Itests/fuzz -o build/fuzz/fuzz_json_schema tests/fuzz/fuzz_json_schema.c \
  *       src/engine/json.c src/engine/json_matcher.c src/engine/json_schema.c \
  *       src/engine/token_mask.c src/engine/tokenizer.c src/engine/gguf.c src/engine/quant.c \

@@ -1,6 +1,6 @@
 /*
- * fuzz_request.c — what the engine process does with a request payload (src/engine/wire.h):
- * decoding and validation (src/engine/request_decode.c), then, for a generation, the engine's
+ * fuzz_request.c — what the engine process does with a request payload (src/common/wire.h):
+ * decoding and validation (src/serve/request_decode.c), then, for a generation, the engine's
  * own checks at submit and a few steps, on a small synthetic model.
  *
  * Input: a mode byte.  Even: the rest is a raw payload, after a kind byte and a context-length

@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "cuda_backend.h"
+#include "cuda_kernels.h"
 
 /* The context every test uses (created by main before the tests run). */
 cai_cuda_ctx *gpu_ctx(void);

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "backend.h"
-#include "cpu/threadpool.h"
+#include "threadpool.h"
 #include "gpu_util.h"
 #include "kv.h"
 #include "test.h"

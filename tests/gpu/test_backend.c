@@ -1,5 +1,5 @@
 /*
- * test_backend.c — the CUDA backend table (kernels/backend_cuda.c) against the CPU backend
+ * test_backend.c — the CUDA backend table (src/backend/cuda/backend_cuda.c) against the CPU backend
  * table, operation by operation, on a small synthetic model: the same sequence of calls the
  * forward makes (embedding, norms, the rotations of the GEMM inputs fused with their
  * quantization, the fused QKV GEMM with biases, per-head q/k norms, RoPE and the rotation of q and k, KV write,
@@ -23,7 +23,7 @@
 
 #include "backend.h"
 #include "backend_cuda.h"
-#include "cpu/threadpool.h"
+#include "threadpool.h"
 #include "forward_internal.h"
 #include "gpu_util.h"
 #include "kv.h"

@@ -17,7 +17,7 @@
 
 #include "cpu/gemm.h"
 #include "cpu/ops.h"
-#include "cpu/threadpool.h"
+#include "threadpool.h"
 #include "backend.h"
 #include "gpu_util.h"
 #include "quant.h"

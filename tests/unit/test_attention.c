@@ -16,7 +16,7 @@
 #include "cpu/attention.h"
 #include "cpu/gemm.h"
 #include "cpu/ops.h"
-#include "cpu/threadpool.h"
+#include "threadpool.h"
 #include "kv.h"
 #include "test.h"
 

@@ -1,5 +1,5 @@
 /*
- * test_rounding.c — error-compensating int8 rounding of weight rows (cpu/rounding.h).
+ * test_rounding.c — error-compensating int8 rounding of weight rows (rounding.h).
  *
  * The factor must reconstruct the damped metric and not depend on the thread count; the
  * rounding must keep cai_quantize_row_i8's levels and scales, reduce to nearest rounding when
@@ -11,8 +11,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu/rounding.h"
-#include "cpu/threadpool.h"
+#include "rounding.h"
+#include "threadpool.h"
 #include "quant.h"
 #include "test.h"
 

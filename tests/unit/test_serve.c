@@ -1,5 +1,5 @@
 /*
- * test_serve.c — the engine process's loop (src/engine/serve.c) over a socket pair, on a
+ * test_serve.c — the engine process's loop (src/serve/serve.c) over a socket pair, on a
  * synthetic model, speaking the frames of wire.h as the engine worker does: READY first, then
  * tokenize, detokenize, completions and chats streamed as TOKEN messages ending in FINAL, cache
  * reset, cancel, requests it must refuse with a clear error, heartbeats while idle and between

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "cpu/threadpool.h"
+#include "threadpool.h"
 #include "test.h"
 
 typedef struct count_arg

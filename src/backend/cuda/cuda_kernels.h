@@ -1,5 +1,5 @@
 /*
- * cuda_backend.h — pg_cai's CUDA kernels behind a plain C API (build/libcai_cuda.so).
+ * cuda_kernels.h — pg_cai's CUDA kernels behind a plain C API (build/libcai_cuda.so).
  *
  * This header is C, includes no CUDA header and no PostgreSQL header, so the engine, the GPU
  * tests and the benchmark (all compiled by gcc) can call it.  The shared object is dlopen()ed by

@@ -1,6 +1,6 @@
 /*
  * backend_cuda.c — the CUDA instance of the backend table: backend.h's operations on the
- * device, through the kernels of cuda_backend.h (see backend_cuda.h for what happens to each
+ * device, through the kernels of cuda_kernels.h (see backend_cuda.h for what happens to each
  * kind of pointer an operation receives).
  *
  * Every operation computes what the CPU backend computes, bit for bit, on the int8 path: the

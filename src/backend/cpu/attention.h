@@ -44,7 +44,7 @@
  * Segments are therefore independent until the merge, so a long row's segments may be computed
  * by different threads (or GPU blocks) and merged later with the same bits: the CPU backend
  * splits a tile's segments across its threads when a step has too few tiles for them (decode
- * at long context), and kernels/attention.cu follows the same order.
+ * at long context), and src/backend/cuda/attention.cu follows the same order.
  *
  * Every score, softmax and output element of a query row is therefore a fixed function of that
  * row's query, its position range and its sequence's KV: the tile a token lands in, the batch,
@@ -56,8 +56,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../backend.h"
-#include "../kv.h"
+#include "backend.h"
+#include "kv.h"
 
 /* Per-thread scratch of the attention kernel. */
 typedef struct cai_attn_scratch

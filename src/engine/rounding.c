@@ -13,7 +13,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "ops.h"
+#include "cpu/ops.h"
 #include "quant.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)

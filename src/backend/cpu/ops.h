@@ -16,7 +16,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "../backend.h"
+#include "backend.h"
 
 /* ---------------------------------------------------------------------------------------------
  * Eight-lane float vectors (GNU C vector extensions: two SSE or one AVX register)

@@ -12,7 +12,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "cuda_backend.h"
+#include "cuda_kernels.h"
 
 /* ---------------------------------------------------------------------------------------------
  * Errors

@@ -6,7 +6,7 @@
  * process that is not a child of the postmaster and attaches nothing of PostgreSQL's shared
  * memory: a fault in the engine costs only the requests in flight.  The worker has already set
  * the parent-death signal and closed every other descriptor before the exec; this file names the
- * process and hands the socket to cai_serve() (src/engine/serve.c).
+ * process and hands the socket to cai_serve() (src/serve/serve.c).
  */
 #include <signal.h>
 #include <stdlib.h>
@@ -130,7 +130,7 @@ const cli_command cli_serve_command = {
 	.synopsis = "--fd FD -m MODEL [options]",
 	.summary = "serve pg_cai's engine worker over a socket (started by PostgreSQL)",
 	.description =
-	"Loads MODEL and serves requests in pg_cai's wire format (src/engine/wire.h) on the\n"
+	"Loads MODEL and serves requests in pg_cai's wire format (src/common/wire.h) on the\n"
 	"connected socket FD until the other end closes it.  PostgreSQL's engine worker starts it;\n"
 	"it is not meant to be run by hand.",
 	.options = serve_options,

@@ -1,7 +1,7 @@
 /*
  * serve.h — the engine process: one model and one engine serving requests over a socket.
  *
- * PostgreSQL's engine worker starts `cai serve --fd N` (src/cli/cmd_serve.c), a process of its
+ * PostgreSQL's engine worker starts `cai serve --fd N` (src/serve/cmd_serve.c), a process of its
  * own that attaches nothing of PostgreSQL's, and talks to it over a connected stream socket in
  * the frames of wire.h.  cai_serve() loads the model, says READY (the model it serves) or FAILED
  * (why not), then runs requests until the worker closes its end:

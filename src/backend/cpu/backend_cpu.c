@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../backend.h"
-#include "../util.h"
+#include "backend.h"
+#include "util.h"
 #include "attention.h"
 #include "gemm.h"
 #include "ops.h"

@@ -5,7 +5,7 @@
  * The engine dlopen()s the shared object only when pg_cai.device is auto or cuda (so a CPU-only
  * server never loads libcudart) and resolves these symbols by name:
  *
- *   cai_cuda_device_count     (cuda_backend.h)  how many devices; 0 with the reason
+ *   cai_cuda_device_count     (cuda_kernels.h)  how many devices; 0 with the reason
  *   cai_cuda_backend_create   the table over one device
  *   cai_cuda_backend_status   waits for queued work; the first error since the last call
  *   cai_cuda_backend_device   "cuda (NVIDIA H100 80GB HBM3, cc 9.0, 132 SMs, ...; N MiB of weights)"
@@ -30,7 +30,7 @@
 #define CAI_BACKEND_CUDA_H
 
 #include "backend_loader.h"
-#include "cuda_backend.h"
+#include "cuda_kernels.h"
 
 #ifdef __cplusplus
 extern "C" {
