@@ -454,3 +454,165 @@ cai_quantize_row_i8(const float *x, int64_t n, int8_t *q, float *scale)
 		q[i] = (int8_t) cai_i8_level_clamp(roundf(x[i] * inv));
 	}
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * Integer levels (quant.h's cai_block_levels)
+ * ------------------------------------------------------------------------------------------- */
+
+static inline uint16_t
+half_bits(const uint8_t *p)
+{
+	uint16_t	h;
+
+	memcpy(&h, p, sizeof(h));
+	return h;
+}
+
+bool
+ggml_type_has_levels(ggml_type type)
+{
+	switch (type)
+	{
+		case GGML_TYPE_Q4_0:
+		case GGML_TYPE_Q4_1:
+		case GGML_TYPE_Q5_0:
+		case GGML_TYPE_Q5_1:
+		case GGML_TYPE_Q8_0:
+		case GGML_TYPE_Q4_K:
+		case GGML_TYPE_Q5_K:
+		case GGML_TYPE_Q6_K:
+			return true;
+		default:
+			return false;
+	}
+}
+
+/* The K-quants' eight 6-bit scales and (negated) mins. */
+static void
+k_levels_scales(const uint8_t *scales, cai_block_levels *out)
+{
+	for (int j = 0; j < 8; j++)
+	{
+		uint8_t		sc,
+					m;
+
+		k_scale_min(j, scales, &sc, &m);
+		out->sc[j] = (int8_t) sc;
+		out->m[j] = (int8_t) -(int) m;
+	}
+}
+
+void
+cai_block_levels_decode(ggml_type type, const void *block, cai_block_levels *out)
+{
+	const uint8_t *src = block;
+	int			q5[QK];
+
+	memset(out, 0, sizeof(*out));
+	out->n = QK;
+	switch (type)
+	{
+		case GGML_TYPE_Q4_0:
+			out->d = half_bits(src);
+			out->zero = -8;
+			for (int j = 0; j < QK / 2; j++)
+			{
+				out->q[j] = (int8_t) (src[2 + j] & 0x0f);
+				out->q[j + QK / 2] = (int8_t) (src[2 + j] >> 4);
+			}
+			break;
+		case GGML_TYPE_Q4_1:
+			out->d = half_bits(src);
+			out->dmin = half_bits(src + 2);
+			out->has_min = true;
+			for (int j = 0; j < QK / 2; j++)
+			{
+				out->q[j] = (int8_t) (src[4 + j] & 0x0f);
+				out->q[j + QK / 2] = (int8_t) (src[4 + j] >> 4);
+			}
+			break;
+		case GGML_TYPE_Q5_0:
+			out->d = half_bits(src);
+			q5_values(src + 2, src + 6, q5);
+			for (int j = 0; j < QK; j++)
+				out->q[j] = (int8_t) (q5[j] - 16);
+			break;
+		case GGML_TYPE_Q5_1:
+			out->d = half_bits(src);
+			out->dmin = half_bits(src + 2);
+			out->has_min = true;
+			q5_values(src + 4, src + 8, q5);
+			for (int j = 0; j < QK; j++)
+				out->q[j] = (int8_t) q5[j];
+			break;
+		case GGML_TYPE_Q8_0:
+			out->d = half_bits(src);
+			memcpy(out->q, src + 2, QK);
+			break;
+		case GGML_TYPE_Q4_K:
+			out->n = QK_K;
+			out->k_quant = out->has_min = true;
+			out->d = half_bits(src);
+			out->dmin = half_bits(src + 2);
+			k_levels_scales(src + 4, out);
+			/* each 64 elements: two sub-blocks sharing 32 bytes (low nibbles, then high) */
+			for (int j = 0; j < QK_K / 64; j++)
+				for (int l = 0; l < 32; l++)
+				{
+					out->q[64 * j + l] = (int8_t) (src[16 + 32 * j + l] & 0x0f);
+					out->q[64 * j + 32 + l] = (int8_t) (src[16 + 32 * j + l] >> 4);
+				}
+			break;
+		case GGML_TYPE_Q5_K:
+			out->n = QK_K;
+			out->k_quant = out->has_min = true;
+			out->d = half_bits(src);
+			out->dmin = half_bits(src + 2);
+			k_levels_scales(src + 4, out);
+			for (int j = 0; j < QK_K / 64; j++)
+				for (int l = 0; l < 32; l++)
+				{
+					const uint8_t qs = src[48 + 32 * j + l];
+					const uint8_t qh = src[16 + l];
+
+					out->q[64 * j + l] = (int8_t) ((qs & 0x0f) | (((qh >> (2 * j)) & 1) << 4));
+					out->q[64 * j + 32 + l] = (int8_t) ((qs >> 4) | (((qh >> (2 * j + 1)) & 1) << 4));
+				}
+			break;
+		case GGML_TYPE_Q6_K:
+			out->n = QK_K;
+			out->k_quant = out->split16 = true;
+			out->d = half_bits(src + 208);
+			memcpy(out->sc, src + 192, 16);
+			for (int half = 0; half < 2; half++)
+			{
+				const uint8_t *ql = src + 64 * half;
+				const uint8_t *qh = src + 128 + 32 * half;
+				int8_t	   *q = out->q + 128 * half;
+
+				for (int l = 0; l < 32; l++)
+				{
+					q[l] = (int8_t) (((ql[l] & 0x0f) | (((qh[l] >> 0) & 3) << 4)) - 32);
+					q[l + 32] = (int8_t) (((ql[l + 32] & 0x0f) | (((qh[l] >> 2) & 3) << 4)) - 32);
+					q[l + 64] = (int8_t) (((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+					q[l + 96] = (int8_t) (((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+				}
+			}
+			break;
+		default:
+			break;
+	}
+}
+
+float
+cai_block_levels_weight(const cai_block_levels *b, int i)
+{
+	const float d = cai_fp16_to_fp32(b->d);
+	const int	j = i / 32;
+
+	if (!b->k_quant)
+		return d * (float) b->q[i] + (b->has_min ? cai_fp16_to_fp32(b->dmin) : d * (float) b->zero);
+	if (b->split16)
+		return (d * (float) b->sc[i / 16]) * (float) b->q[i];
+	return (d * (float) b->sc[j]) * (float) b->q[i] + cai_fp16_to_fp32(b->dmin) * (float) b->m[j];
+}

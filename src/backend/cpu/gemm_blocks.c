@@ -1,0 +1,655 @@
+/*
+ * gemm_blocks.c — the block-weight GEMM (gemm_blocks.h): repacking a GGUF tensor's levels into
+ * groups of 8 rows, per-block activation quantization, and the portable and AVX2 kernels.
+ */
+#include "gemm_blocks.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "gemm.h"
+#include "quant.h"
+#include "util.h"
+
+/* Rows of a group and the token tile the AVX2 kernel reads a group's weights once for. */
+#define GROUP CAI_BLOCK_ROWS
+#define TOKEN_TILE 4
+
+/* ---------------------------------------------------------------------------------------
+ * Formats
+ * --------------------------------------------------------------------------------------- */
+
+typedef struct bformat
+{
+	ggml_type	type;
+	bool		nibble;
+	bool		k_quant;
+	bool		has_min;
+	bool		split16;
+	int8_t		zero;
+} bformat;
+
+/* quant.h's cai_block_levels, per type */
+static const bformat formats[] = {
+	{GGML_TYPE_Q4_0, true, false, false, false, -8},
+	{GGML_TYPE_Q4_1, true, false, true, false, 0},
+	{GGML_TYPE_Q4_K, true, true, true, false, 0},
+	{GGML_TYPE_Q5_0, false, false, false, false, 0},
+	{GGML_TYPE_Q5_1, false, false, true, false, 0},
+	{GGML_TYPE_Q5_K, false, true, true, false, 0},
+	{GGML_TYPE_Q6_K, false, true, false, true, 0},
+	{GGML_TYPE_Q8_0, false, false, false, false, 0},
+};
+
+static const bformat *
+format_of(ggml_type type)
+{
+	for (size_t i = 0; i < sizeof(formats) / sizeof(formats[0]); i++)
+		if (formats[i].type == type)
+			return &formats[i];
+	return NULL;
+}
+
+bool
+cai_cpu_bmatrix_supports(ggml_type type)
+{
+	return format_of(type) != NULL;
+}
+
+static inline int
+block_bytes_of(const cai_cpu_bmatrix *m)
+{
+	return m->nibble ? 16 * GROUP : 32 * GROUP;
+}
+
+/* Index of the d (dmin) entries of group g and block b. */
+static inline size_t
+scale_index(const cai_cpu_bmatrix *m, int g, int b)
+{
+	const int	nb = m->k / CAI_BLOCK_ELEMS;
+
+	if (m->k_quant)
+		return ((size_t) g * (m->k / 256) + b / 8) * GROUP;
+	return ((size_t) g * nb + b) * GROUP;
+}
+
+/* Index of the sub-block scales (mins) of group g and block b (k_quant). */
+static inline size_t
+sub_index(const cai_cpu_bmatrix *m, int g, int b)
+{
+	const int	nb = m->k / CAI_BLOCK_ELEMS;
+
+	return ((size_t) g * nb + b) * GROUP * (m->split16 ? 2 : 1);
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Repacking
+ * --------------------------------------------------------------------------------------- */
+
+static size_t
+align64(size_t n)
+{
+	return (n + 63) & ~(size_t) 63;
+}
+
+/* Sizes every array of m (n_out, k and the format flags set) and allocates them as one. */
+static bool
+bmatrix_alloc(cai_cpu_bmatrix *m)
+{
+	const size_t nb = (size_t) m->k / CAI_BLOCK_ELEMS;
+	const size_t g = (size_t) m->n_groups;
+	const size_t n_scales = g * (m->k_quant ? (size_t) m->k / 256 : nb) * GROUP;
+	const size_t q_bytes = align64(g * nb * block_bytes_of(m));
+	const size_t d_bytes = align64(n_scales * sizeof(uint16_t));
+	const size_t dmin_bytes = m->has_min ? d_bytes : 0;
+	const size_t sc_bytes = m->k_quant ? align64(g * nb * GROUP * (m->split16 ? 2 : 1)) : 0;
+	const size_t m_bytes = m->k_quant && m->has_min ? align64(g * nb * GROUP) : 0;
+	uint8_t    *p;
+
+	m->bytes = q_bytes + d_bytes + dmin_bytes + sc_bytes + m_bytes;
+	if (posix_memalign(&m->mem, 64, m->bytes ? m->bytes : 64) != 0)
+	{
+		m->mem = NULL;
+		return false;
+	}
+	memset(m->mem, 0, m->bytes);
+	p = m->mem;
+	m->q = p;
+	m->d = (const uint16_t *) (p + q_bytes);
+	m->dmin = m->has_min ? (const uint16_t *) (p + q_bytes + d_bytes) : NULL;
+	m->sc = m->k_quant ? (const int8_t *) (p + q_bytes + d_bytes + dmin_bytes) : NULL;
+	m->m = m_bytes ? (const int8_t *) (p + q_bytes + d_bytes + dmin_bytes + sc_bytes) : NULL;
+	return true;
+}
+
+/* Places the levels of block b (32 of them) of row lane in group g. */
+static void
+place_levels(cai_cpu_bmatrix *m, int g, int b, int lane, const int8_t *lv)
+{
+	const int	nb = m->k / CAI_BLOCK_ELEMS;
+	uint8_t    *dst = (uint8_t *) m->q + ((size_t) g * nb + b) * block_bytes_of(m);
+
+	for (int e = 0; e < CAI_BLOCK_ELEMS; e++)
+	{
+		if (m->nibble)
+		{
+			int			within = e % 8;
+			int			at = 32 * (e / 8) + 4 * lane + within % 4;
+
+			dst[at] |= (uint8_t) ((lv[e] & 0x0f) << (within >= 4 ? 4 : 0));
+		}
+		else
+			dst[32 * (e / 4) + 4 * lane + e % 4] = (uint8_t) lv[e];
+	}
+}
+
+/* Places one decoded source block of row r. */
+static void
+place_block(cai_cpu_bmatrix *m, int r, int src_block, const cai_block_levels *lv)
+{
+	const int	g = r / GROUP;
+	const int	lane = r % GROUP;
+	const int	subs = lv->n / CAI_BLOCK_ELEMS;
+	uint16_t   *d = (uint16_t *) m->d;
+	uint16_t   *dmin = (uint16_t *) m->dmin;
+
+	for (int j = 0; j < subs; j++)
+	{
+		const int	b = src_block * subs + j;
+
+		place_levels(m, g, b, lane, lv->q + CAI_BLOCK_ELEMS * j);
+		if (!m->k_quant)
+		{
+			d[scale_index(m, g, b) + lane] = lv->d;
+			if (dmin)
+				dmin[scale_index(m, g, b) + lane] = lv->dmin;
+			continue;
+		}
+		if (m->split16)
+		{
+			((int8_t *) m->sc)[sub_index(m, g, b) + lane] = lv->sc[2 * j];
+			((int8_t *) m->sc)[sub_index(m, g, b) + GROUP + lane] = lv->sc[2 * j + 1];
+		}
+		else
+			((int8_t *) m->sc)[sub_index(m, g, b) + lane] = lv->sc[j];
+		if (m->m)
+			((int8_t *) m->m)[sub_index(m, g, b) + lane] = lv->m[j];
+	}
+	if (m->k_quant)
+	{
+		d[scale_index(m, g, src_block * subs) + lane] = lv->d;
+		if (dmin)
+			dmin[scale_index(m, g, src_block * subs) + lane] = lv->dmin;
+	}
+}
+
+cai_status
+cai_cpu_bmatrix_pack(ggml_type type, const void *data, int rows, int k, cai_cpu_bmatrix *out,
+					 cai_error *err)
+{
+	const bformat *f = format_of(type);
+	const int64_t per_block = ggml_type_block_elems(type);
+	const size_t src_block_bytes = ggml_type_block_bytes(type);
+	size_t		row_bytes;
+	cai_cpu_bmatrix m;
+
+	memset(out, 0, sizeof(*out));
+	if (!f)
+		return cai_fail(err, CAI_ERR_UNSUPPORTED, "the cpu has no block kernel for %s weights",
+						ggml_type_name(type));
+	if (rows < 1 || k < 1 || k % per_block != 0 || !ggml_row_bytes(type, k, &row_bytes))
+		return cai_fail(err, CAI_ERR_FORMAT,
+						"a %s matrix of %d rows of %d inputs is not whole blocks of %lld",
+						ggml_type_name(type), rows, k, (long long) per_block);
+	memset(&m, 0, sizeof(m));
+	m.n_out = rows;
+	m.k = k;
+	m.n_groups = (rows + GROUP - 1) / GROUP;
+	m.type = type;
+	m.nibble = f->nibble;
+	m.k_quant = f->k_quant;
+	m.has_min = f->has_min;
+	m.split16 = f->split16;
+	m.zero = f->zero;
+	if (!bmatrix_alloc(&m))
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory repacking a %s matrix",
+						ggml_type_name(type));
+	for (int r = 0; r < rows; r++)
+	{
+		const uint8_t *row = (const uint8_t *) data + (size_t) r * row_bytes;
+
+		for (int sb = 0; sb < k / per_block; sb++)
+		{
+			cai_block_levels lv;
+
+			cai_block_levels_decode(type, row + (size_t) sb * src_block_bytes, &lv);
+			if (!isfinite(cai_fp16_to_fp32(lv.d)) ||
+				(lv.has_min && !isfinite(cai_fp16_to_fp32(lv.dmin))))
+			{
+				free(m.mem);
+				return cai_fail(err, CAI_ERR_FORMAT,
+								"a %s matrix has a scale that is not a finite number (row %d, block %d)",
+								ggml_type_name(type), r, sb);
+			}
+			place_block(&m, r, sb, &lv);
+		}
+	}
+	*out = m;
+	return CAI_OK;
+}
+
+void
+cai_cpu_bmatrix_free(cai_cpu_bmatrix *m)
+{
+	if (!m)
+		return;
+	free(m->mem);
+	memset(m, 0, sizeof(*m));
+}
+
+/* ---------------------------------------------------------------------------------------
+ * The scales of a block, as both kernels compute them
+ * --------------------------------------------------------------------------------------- */
+
+/* Row lane's level e of block b in group g. */
+static inline int
+level_at(const cai_cpu_bmatrix *m, int g, int b, int lane, int e)
+{
+	const int	nb = m->k / CAI_BLOCK_ELEMS;
+	const uint8_t *src = m->q + ((size_t) g * nb + b) * block_bytes_of(m);
+
+	if (m->nibble)
+	{
+		int			within = e % 8;
+		uint8_t		byte = src[32 * (e / 8) + 4 * lane + within % 4];
+
+		return within >= 4 ? byte >> 4 : byte & 0x0f;
+	}
+	return (int8_t) src[32 * (e / 4) + 4 * lane + e % 4];
+}
+
+/* ws (half h of a split block: ws of inputs 16 h ..) of row lane, block b of group g. */
+static inline float
+weight_scale(const cai_cpu_bmatrix *m, int g, int b, int lane, int h)
+{
+	const float d = cai_fp16_to_fp32(m->d[scale_index(m, g, b) + lane]);
+
+	if (!m->k_quant)
+		return d;
+	return d * (float) m->sc[sub_index(m, g, b) + (m->split16 ? h * GROUP : 0) + lane];
+}
+
+/* wm of row lane, block b of group g (has_min or zero != 0); ws is weight_scale's. */
+static inline float
+weight_min(const cai_cpu_bmatrix *m, int g, int b, int lane, float ws)
+{
+	if (!m->has_min)
+		return ws * (float) m->zero;
+	if (!m->k_quant)
+		return cai_fp16_to_fp32(m->dmin[scale_index(m, g, b) + lane]);
+	return cai_fp16_to_fp32(m->dmin[scale_index(m, g, b) + lane]) *
+		(float) m->m[sub_index(m, g, b) + lane];
+}
+
+static inline bool
+has_min_term(const cai_cpu_bmatrix *m)
+{
+	return m->has_min || m->zero != 0;
+}
+
+void
+cai_cpu_bmatrix_row(const cai_cpu_bmatrix *m, int o, float *dst)
+{
+	const int	g = o / GROUP;
+	const int	lane = o % GROUP;
+
+	for (int b = 0; b < m->k / CAI_BLOCK_ELEMS; b++)
+		for (int e = 0; e < CAI_BLOCK_ELEMS; e++)
+		{
+			float		ws = weight_scale(m, g, b, lane, e / 16);
+			float		x = ws * (float) level_at(m, g, b, lane, e);
+
+			if (has_min_term(m))
+				x = x + weight_min(m, g, b, lane, weight_scale(m, g, b, lane, 0));
+			dst[(size_t) b * CAI_BLOCK_ELEMS + e] = x;
+		}
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Activations
+ * --------------------------------------------------------------------------------------- */
+
+void
+cai_quantize_act_blocks(const float *x, int n_tok, int k, int8_t *q, float *s, int16_t *sum)
+{
+	const int	nb = k / CAI_BLOCK_ELEMS;
+
+	for (int t = 0; t < n_tok; t++)
+		for (int b = 0; b < nb; b++)
+		{
+			const float *xb = x + (size_t) t * k + (size_t) b * CAI_BLOCK_ELEMS;
+			int8_t	   *qb = q + (size_t) t * k + (size_t) b * CAI_BLOCK_ELEMS;
+			float		amax = 0.0f;
+			float		inv;
+			int			total = 0;
+
+			for (int i = 0; i < CAI_BLOCK_ELEMS; i++)
+			{
+				float		a = fabsf(xb[i]);
+
+				amax = a > amax ? a : amax;
+			}
+			inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+			if (!(amax > 0.0f) || isinf(inv))
+			{
+				memset(qb, 0, CAI_BLOCK_ELEMS);
+				s[(size_t) t * nb + b] = 0.0f;
+				sum[(size_t) t * nb + b] = 0;
+				continue;
+			}
+			for (int i = 0; i < CAI_BLOCK_ELEMS; i++)
+			{
+				float		v = xb[i] * inv;
+
+				v = v > -127.0f ? v : -127.0f;
+				v = v < 127.0f ? v : 127.0f;
+				qb[i] = (int8_t) (int) rintf(v);
+				total += qb[i];
+			}
+			s[(size_t) t * nb + b] = amax / 127.0f;
+			sum[(size_t) t * nb + b] = (int16_t) total;
+		}
+}
+
+/* ---------------------------------------------------------------------------------------
+ * Kernels
+ * --------------------------------------------------------------------------------------- */
+
+/* What one GEMM call's tasks share. */
+typedef struct bgemm_job
+{
+	const int8_t *xq;
+	const float *xs;
+	const int16_t *xsum;
+	int			n_tok;
+	const cai_cpu_bmatrix *w;
+	int			n_out;
+	const float *bias;
+	float	   *out;
+	int			ldo;
+	bool		accumulate;
+	int			groups_per_task;
+} bgemm_job;
+
+/* The epilogue of both kernels: the row's sum, the bias and the accumulation. */
+static inline void
+store_result(const bgemm_job *j, int t, int o, float acc)
+{
+	float	   *dst = j->out + (size_t) t * j->ldo + o;
+	float		v = acc;
+
+	if (j->bias)
+		v = v + j->bias[o];
+	*dst = j->accumulate ? *dst + v : v;
+}
+
+/* Portable: row by row, block by block, in the order every path follows. */
+static void
+group_portable(const bgemm_job *j, int g)
+{
+	const cai_cpu_bmatrix *m = j->w;
+	const int	k = m->k;
+	const int	nb = k / CAI_BLOCK_ELEMS;
+
+	for (int lane = 0; lane < GROUP && g * GROUP + lane < j->n_out; lane++)
+		for (int t = 0; t < j->n_tok; t++)
+		{
+			const int8_t *a = j->xq + (size_t) t * k;
+			float		acc = 0.0f;
+
+			for (int b = 0; b < nb; b++)
+			{
+				int32_t		isum[2] = {0, 0};
+				float		term;
+
+				for (int e = 0; e < CAI_BLOCK_ELEMS; e++)
+					isum[e / 16] += level_at(m, g, b, lane, e) * a[b * CAI_BLOCK_ELEMS + e];
+				if (m->split16)
+					term = weight_scale(m, g, b, lane, 0) * (float) isum[0] +
+						weight_scale(m, g, b, lane, 1) * (float) isum[1];
+				else
+					term = weight_scale(m, g, b, lane, 0) * (float) (isum[0] + isum[1]);
+				if (has_min_term(m))
+					term = term + weight_min(m, g, b, lane, weight_scale(m, g, b, lane, 0)) *
+						(float) j->xsum[(size_t) t * nb + b];
+				acc = acc + j->xs[(size_t) t * nb + b] * term;
+			}
+			store_result(j, t, g * GROUP + lane, acc);
+		}
+}
+
+#if defined(__x86_64__)
+#define TARGET_AVX2_F16C __attribute__((target("avx2,fma,f16c")))
+
+/* ws (half h) of the 8 rows of group g, block b: weight_scale's operations, lane-wise. */
+TARGET_AVX2_F16C static inline __m256
+scales8(const cai_cpu_bmatrix *m, int g, int b, int h)
+{
+	__m256		d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (m->d + scale_index(m, g, b))));
+	__m128i		sc;
+
+	if (!m->k_quant)
+		return d;
+	sc = _mm_loadl_epi64((const __m128i *) (m->sc + sub_index(m, g, b) + (m->split16 ? h * GROUP : 0)));
+	return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+}
+
+/* wm of the 8 rows: weight_min's operations, lane-wise. */
+TARGET_AVX2_F16C static inline __m256
+mins8(const cai_cpu_bmatrix *m, int g, int b, __m256 ws)
+{
+	__m256		dmin;
+
+	if (!m->has_min)
+		return _mm256_mul_ps(ws, _mm256_set1_ps((float) m->zero));
+	dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (m->dmin + scale_index(m, g, b))));
+	if (!m->k_quant)
+		return dmin;
+	return _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+								_mm_loadl_epi64((const __m128i *) (m->m + sub_index(m, g, b))))));
+}
+
+static inline int32_t
+load_i32(const int8_t *p)
+{
+	int32_t		v;
+
+	memcpy(&v, p, sizeof(v));
+	return v;
+}
+
+/* The 8 rows' integer sums of a nibble block against one token's 32 levels at a. */
+TARGET_AVX2_F16C static inline __m256i
+nibble_sums(const __m256i *lo, const __m256i *hi, const int8_t *a)
+{
+	__m256i		s16 = _mm256_setzero_si256();
+
+	for (int p = 0; p < 4; p++)
+	{
+		s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo[p], _mm256_set1_epi32(load_i32(a + 8 * p))));
+		s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[p], _mm256_set1_epi32(load_i32(a + 8 * p + 4))));
+	}
+	return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+}
+
+/* The same for a byte block, steps [s0, s0 + n): |w| times a with w's sign. */
+TARGET_AVX2_F16C static inline __m256i
+byte_sums(const __m256i *w, const __m256i *wabs, const int8_t *a, int s0, int n)
+{
+	__m256i		s32 = _mm256_setzero_si256();
+
+	for (int s = s0; s < s0 + n; s++)
+	{
+		__m256i		signed_a = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(a + 4 * s)), w[s]);
+
+		s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[s], signed_a),
+													  _mm256_set1_epi16(1)));
+	}
+	return s32;
+}
+
+/* Group g for tokens [t0, t0 + nt), nt <= TOKEN_TILE: the weights of a block read once. */
+TARGET_AVX2_F16C static void
+group_tile_avx2(const bgemm_job *j, int g, int t0, int nt)
+{
+	const cai_cpu_bmatrix *m = j->w;
+	const int	k = m->k;
+	const int	nb = k / CAI_BLOCK_ELEMS;
+	const bool	min_term = has_min_term(m);
+	__m256		acc[TOKEN_TILE];
+
+	for (int t = 0; t < nt; t++)
+		acc[t] = _mm256_setzero_ps();
+	for (int b = 0; b < nb; b++)
+	{
+		const uint8_t *qb = m->q + ((size_t) g * nb + b) * block_bytes_of(m);
+		__m256i		v[8],
+					u[8];
+		__m256		ws = scales8(m, g, b, 0);
+		__m256		ws_hi = m->split16 ? scales8(m, g, b, 1) : ws;
+		__m256		wm = min_term ? mins8(m, g, b, ws) : _mm256_setzero_ps();
+
+		if (m->nibble)
+			for (int p = 0; p < 4; p++)
+			{
+				__m256i		raw = _mm256_loadu_si256((const __m256i *) (qb + 32 * p));
+
+				v[p] = _mm256_and_si256(raw, _mm256_set1_epi8(0x0f));
+				u[p] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0f));
+			}
+		else
+			for (int s = 0; s < 8; s++)
+			{
+				v[s] = _mm256_loadu_si256((const __m256i *) (qb + 32 * s));
+				u[s] = _mm256_sign_epi8(v[s], v[s]);
+			}
+		for (int t = 0; t < nt; t++)
+		{
+			const size_t tb = (size_t) (t0 + t) * nb + b;
+			const int8_t *a = j->xq + (size_t) (t0 + t) * k + (size_t) b * CAI_BLOCK_ELEMS;
+			__m256		term;
+
+			if (m->nibble)
+				term = _mm256_mul_ps(ws, _mm256_cvtepi32_ps(nibble_sums(v, u, a)));
+			else if (m->split16)
+				term = _mm256_add_ps(_mm256_mul_ps(ws, _mm256_cvtepi32_ps(byte_sums(v, u, a, 0, 4))),
+									 _mm256_mul_ps(ws_hi, _mm256_cvtepi32_ps(byte_sums(v, u, a, 4, 4))));
+			else
+				term = _mm256_mul_ps(ws, _mm256_cvtepi32_ps(byte_sums(v, u, a, 0, 8)));
+			if (min_term)
+				term = _mm256_add_ps(term, _mm256_mul_ps(wm, _mm256_set1_ps((float) j->xsum[tb])));
+			acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_set1_ps(j->xs[tb]), term));
+		}
+	}
+	for (int t = 0; t < nt; t++)
+	{
+		float		lanes[GROUP];
+
+		_mm256_storeu_ps(lanes, acc[t]);
+		for (int lane = 0; lane < GROUP && g * GROUP + lane < j->n_out; lane++)
+			store_result(j, t0 + t, g * GROUP + lane, lanes[lane]);
+	}
+}
+
+static void
+group_avx2(const bgemm_job *j, int g)
+{
+	for (int t0 = 0; t0 < j->n_tok; t0 += TOKEN_TILE)
+		group_tile_avx2(j, g, t0, j->n_tok - t0 < TOKEN_TILE ? j->n_tok - t0 : TOKEN_TILE);
+}
+
+static bool
+avx2_f16c_available(void)
+{
+	__builtin_cpu_init();
+	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+		__builtin_cpu_supports("f16c");
+}
+#endif
+
+typedef void (*group_fn) (const bgemm_job *j, int g);
+
+/* The kernel of the path gemm.h's ISA selection names (generic: the portable one). */
+static group_fn
+select_kernel(void)
+{
+#if defined(__x86_64__)
+	if (strcmp(cai_cpu_isa(), "generic") != 0 && avx2_f16c_available())
+		return group_avx2;
+#endif
+	return group_portable;
+}
+
+typedef struct bgemm_task
+{
+	const bgemm_job *job;
+	group_fn	fn;
+} bgemm_task;
+
+static void
+run_task(void *arg, int task, int thread)
+{
+	const bgemm_task *bt = arg;
+	const bgemm_job *j = bt->job;
+	const int	n_groups = (j->n_out + GROUP - 1) / GROUP;
+	const int	g1 = (task + 1) * j->groups_per_task;
+
+	(void) thread;
+	for (int g = task * j->groups_per_task; g < g1 && g < n_groups; g++)
+		bt->fn(j, g);
+}
+
+static void
+gemm_blocks_with(cai_threadpool *pool, group_fn fn, const int8_t *xq, const float *xs,
+				 const int16_t *xsum, int n_tok, const cai_cpu_bmatrix *w, int n_out,
+				 const float *bias, float *out, int ldo, bool accumulate)
+{
+	const int	n_groups = (n_out + GROUP - 1) / GROUP;
+	const int	threads = pool ? cai_threadpool_size(pool) : 1;
+	int			n_tasks = threads * 8 < n_groups ? threads * 8 : n_groups;
+	bgemm_job	job = {xq, xs, xsum, n_tok, w, n_out, bias, out, ldo, accumulate, 1};
+	bgemm_task	task = {&job, fn};
+
+	if (n_tok < 1 || n_groups < 1)
+		return;
+	job.groups_per_task = (n_groups + n_tasks - 1) / n_tasks;
+	n_tasks = (n_groups + job.groups_per_task - 1) / job.groups_per_task;
+	if (pool && n_tasks > 1)
+		cai_threadpool_run(pool, run_task, &task, n_tasks);
+	else
+		for (int t = 0; t < n_tasks; t++)
+			run_task(&task, t, 0);
+}
+
+void
+cai_gemm_blocks(cai_threadpool *pool, const int8_t *xq, const float *xs, const int16_t *xsum,
+				int n_tok, const cai_cpu_bmatrix *w, int n_out, const float *bias, float *out,
+				int ldo, bool accumulate)
+{
+	gemm_blocks_with(pool, select_kernel(), xq, xs, xsum, n_tok, w, n_out, bias, out, ldo,
+					 accumulate);
+}
+
+void
+cai_gemm_blocks_portable(const int8_t *xq, const float *xs, const int16_t *xsum, int n_tok,
+						 const cai_cpu_bmatrix *w, int n_out, const float *bias, float *out,
+						 int ldo, bool accumulate)
+{
+	gemm_blocks_with(NULL, group_portable, xq, xs, xsum, n_tok, w, n_out, bias, out, ldo,
+					 accumulate);
+}

@@ -1,0 +1,106 @@
+/*
+ * gemm_blocks.h — GEMMs over the file's own block-quantized weights (Q4_0, Q4_1, Q4_K, Q5_0,
+ * Q5_1, Q5_K, Q6_K, Q8_0) with int8 activations quantized per block of 32.
+ *
+ * The int8 path (gemm.h) requantizes every weight to int8 per output channel.  A 4-bit GGUF
+ * holds about half those bytes, and decoding one token is bound by how fast the weights stream
+ * from memory, so this path keeps each weight's own level and scales (quant.h's
+ * cai_block_levels) and multiplies them with activations quantized like llama.cpp's Q8_0: an
+ * int8 level per element and a float scale per 32 (its K-quant dot products use one per 256,
+ * coarser).  Per block of 32 a row's weight is x = ws q + wm, so
+ *
+ *   sum_i x_i a_i = sa * (ws * sum_i q_i qa_i + wm * sum_i qa_i)
+ *
+ * with an exact int32 dot product and the activations' block sums computed once per token.
+ *
+ * Layout.  Rows go in groups of 8 (one lane each of an AVX2 vector: eight rows' sums come out
+ * of one instruction sequence and no horizontal reduction is needed).  For group g and block b
+ * of 32 inputs:
+ *   - nibble formats (levels 0..15: Q4_0, Q4_1, Q4_K): 128 bytes; byte 32 p + 4 r + i holds
+ *     row r's element 8 p + i in its low nibble and element 8 p + 4 + i in its high nibble;
+ *   - byte formats (Q5_0, Q5_1, Q5_K, Q6_K, Q8_0): 256 bytes; byte 32 s + 4 r + i is row r's
+ *     element 4 s + i (a signed level);
+ *   - scales as the file has them: an fp16 d (and dmin) per row and block, or for K-quants per
+ *     row and super-block of 256 with an int8 sub-block scale (and min) per row and block
+ *     (Q6_K: two, one per 16).  Memory per weight: Q4_0 4.5 bits (the file's), Q4_1 5, Q4_K
+ *     4.625, Q8_0 8.5; the 5- and 6-bit formats take a byte per level.
+ *
+ * Results are the same bits on every path: per row and token, blocks are accumulated in order
+ * as acc = acc + sa * term, term = ws * (float) isum [+ wm * (float) asum], each operation a
+ * rounded float multiply or add (no fused multiply-add), the same on the portable and the AVX2
+ * kernels.  (The AVX-512 paths run the AVX2 kernel.)
+ */
+#ifndef CAI_GEMM_BLOCKS_H
+#define CAI_GEMM_BLOCKS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cai.h"
+#include "gguf.h"
+#include "threadpool.h"
+
+#define CAI_BLOCK_ROWS 8		/* rows per group */
+#define CAI_BLOCK_ELEMS 32		/* inputs per block; activation scales are per block too */
+
+typedef struct cai_cpu_bmatrix
+{
+	int			n_out;			/* rows: output channels */
+	int			k;				/* inputs: a multiple of 32 (of 256 for K-quants) */
+	int			n_groups;		/* ceil(n_out / 8); a last partial group is zero-padded */
+	ggml_type	type;			/* the source format */
+	bool		nibble;			/* 4-bit levels, two per byte */
+	bool		k_quant;		/* super-block scales d * sc */
+	bool		has_min;		/* a min per row and block (dmin, or dmin * m) */
+	bool		split16;		/* a scale per 16 inputs (Q6_K) */
+	int8_t		zero;			/* without a min: min = d * zero (Q4_0: -8) */
+	const uint8_t *q;			/* [n_groups][k / 32][128 or 256] */
+	const uint16_t *d;			/* fp16: [n_groups][k / 32 or k / 256][8] */
+	const uint16_t *dmin;		/* fp16, same shape (has_min), else NULL */
+	const int8_t *sc;			/* k_quant: [n_groups][k / 32][8] (split16: [.][.][2][8]) */
+	const int8_t *m;			/* k_quant with has_min: [n_groups][k / 32][8] */
+	void	   *mem;			/* the one allocation holding all of the above */
+	size_t		bytes;
+} cai_cpu_bmatrix;
+
+/* Whether the CPU multiplies this type's levels directly (quant.h's ggml_type_has_levels). */
+bool		cai_cpu_bmatrix_supports(ggml_type type);
+
+/*
+ * Repacks rows [0, rows) of a tensor of type (each row k elements, ggml_row_bytes apart,
+ * starting at data) into out.  A scale that is not a finite number is refused (CAI_ERR_FORMAT,
+ * naming the row), as is a k that is not a whole number of the type's blocks.
+ */
+cai_status	cai_cpu_bmatrix_pack(ggml_type type, const void *data, int rows, int k,
+								 cai_cpu_bmatrix *out, cai_error *err);
+void		cai_cpu_bmatrix_free(cai_cpu_bmatrix *m);
+
+/*
+ * Row o of m as float weights (k to dst): the weights the GEMM multiplies, for tests and the
+ * embedding of a model whose head shares it.
+ */
+void		cai_cpu_bmatrix_row(const cai_cpu_bmatrix *m, int o, float *dst);
+
+/*
+ * Per-block symmetric int8 quantization of x [n_tok, k] (k a multiple of 32): for each block
+ * of 32, s = max|x| / 127, q = rint(x * 127 / max) clamped to +-127 (a block of zeros: s = 0,
+ * q = 0), and sum = the sum of its q.  s and sum are [n_tok][k / 32].
+ */
+void		cai_quantize_act_blocks(const float *x, int n_tok, int k, int8_t *q, float *s,
+									int16_t *sum);
+
+/*
+ * out[t, o] (=|+=) sum over blocks (see above) (+ bias[o]) for the first n_out rows of w
+ * (n_out <= w->n_out) and the n_tok quantized rows xq [n_tok, k], xs and xsum [n_tok, k / 32].
+ */
+void		cai_gemm_blocks(cai_threadpool *pool, const int8_t *xq, const float *xs,
+							const int16_t *xsum, int n_tok, const cai_cpu_bmatrix *w, int n_out,
+							const float *bias, float *out, int ldo, bool accumulate);
+
+/* The portable kernel alone, whatever the CPU (tests compare the paths with it). */
+void		cai_gemm_blocks_portable(const int8_t *xq, const float *xs, const int16_t *xsum,
+									 int n_tok, const cai_cpu_bmatrix *w, int n_out,
+									 const float *bias, float *out, int ldo, bool accumulate);
+
+#endif							/* CAI_GEMM_BLOCKS_H */
