@@ -104,7 +104,11 @@ typedef struct cli_numerics
 {
 	bool		compensated_rounding;
 	bool		two_digit_activations;
+	const char *weights;		/* --weights: "auto", "file" or "int8" (NULL: auto) */
 } cli_numerics;
+
+/* Sets params' numerics from the options; false (reported) for an unknown --weights mode. */
+bool		cli_numerics_apply(const cli_numerics *numerics, cai_model_params *params);
 
 /* Loads a model (reporting any error); n_threads 0 = all cores; numerics NULL = the defaults. */
 cai_model  *cli_load_model(const char *path, int n_threads, bool float_reference,
@@ -210,6 +214,11 @@ extern char **cli_argv;
 		.help = "CPU kernels: avx512-amx, avx512-vnni, avx2 or generic (default: the best here)", \
 	}
 #define CLI_NUMERICS_OPTIONS(opts) \
+	{ \
+		.name = "weights", .kind = CLI_OPT_STRING, .target = &(opts).numerics.weights, \
+		.metavar = "MODE", \
+		.help = "file: the GGUF's own 4-8 bit formats; int8: requantized; auto (default): file where every matrix has one", \
+	}, \
 	{ \
 		.name = "compensated-rounding", .kind = CLI_OPT_FLAG, \
 		.target = &(opts).numerics.compensated_rounding, \

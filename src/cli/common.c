@@ -45,6 +45,19 @@ cli_now(void)
 	return (double) ts.tv_sec + (double) ts.tv_nsec * 1e-9;
 }
 
+bool
+cli_numerics_apply(const cli_numerics *numerics, cai_model_params *params)
+{
+	params->compensated_rounding = numerics->compensated_rounding;
+	params->two_digit_activations = numerics->two_digit_activations;
+	if (numerics->weights && !cai_weights_mode_parse(numerics->weights, &params->weights))
+	{
+		cli_error("unknown --weights mode \"%s\" (auto, file or int8)", numerics->weights);
+		return false;
+	}
+	return true;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Models and tokens
  * ------------------------------------------------------------------------------------------- */
@@ -61,11 +74,8 @@ cli_load_model(const char *path, int n_threads, bool float_reference,
 	cai_model_params_default(&params);
 	params.n_threads = n_threads;
 	params.load_float_reference = float_reference;
-	if (numerics)
-	{
-		params.compensated_rounding = numerics->compensated_rounding;
-		params.two_digit_activations = numerics->two_digit_activations;
-	}
+	if (numerics && !cli_numerics_apply(numerics, &params))
+		return NULL;
 	if (cai_model_load(path, &params, &model, &err) != CAI_OK)
 	{
 		snprintf(what, sizeof(what), "could not load model \"%s\"", path);

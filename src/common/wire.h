@@ -53,7 +53,7 @@
 
 #include "cai.h"
 
-#define CAI_WIRE_VERSION 5
+#define CAI_WIRE_VERSION 6
 
 /* The longest frame body either side accepts: a request with a whole long conversation fits. */
 #define CAI_FRAME_MAX_BODY (64u * 1024 * 1024)
@@ -281,6 +281,7 @@ typedef struct cai_wire_model
 	int32_t		kv_window;
 	uint32_t	compensated_rounding;	/* 0 or 1 */
 	uint32_t	two_digit_activations;	/* 0 or 1 */
+	uint32_t	file_weights;	/* 0 or 1: the GEMMs read the file's own formats */
 	double		load_seconds;
 } cai_wire_model;
 

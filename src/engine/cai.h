@@ -63,6 +63,22 @@ void		cai_free(void *ptr);
 
 typedef struct cai_model cai_model;
 
+/* Where the GEMMs' weights come from (cai_model_params.weights). */
+typedef enum cai_weights_mode
+{
+	CAI_WEIGHTS_AUTO = 0,		/* the file's own formats when every matrix is in one the engine
+								 * multiplies directly (Q4_0 .. Q8_0, K-quants), else int8 */
+	CAI_WEIGHTS_FILE,			/* the file's own formats; a file without them is refused */
+	CAI_WEIGHTS_INT8			/* requantized to int8 per output channel at load (calibrated,
+								 * rotated: the int8 path, and the only one a GPU runs) */
+} cai_weights_mode;
+
+/* "auto", "file", "int8"; NULL for an unknown mode. */
+const char *cai_weights_mode_name(cai_weights_mode mode);
+
+/* The mode named name; false for an unknown name. */
+bool		cai_weights_mode_parse(const char *name, cai_weights_mode *mode);
+
 typedef struct cai_model_params
 {
 	int			n_threads;		/* threads for requantization at load; 0 = all online cores */
@@ -76,6 +92,7 @@ typedef struct cai_model_params
 										 * error as a second int8 digit (about 15 bits in all)
 										 * and every int8 GEMM runs twice: closer to float,
 										 * slower (forward.c, "two-digit activations") */
+	cai_weights_mode weights;	/* the file's own formats or int8 (default auto) */
 } cai_model_params;
 
 void		cai_model_params_default(cai_model_params *params);
@@ -117,6 +134,7 @@ typedef struct cai_model_info
 	bool		add_bos;		/* raw text prompts start with bos_token (tokenizer.ggml.add_bos_token) */
 	int32_t		eos_token;
 	int32_t		eot_token;		/* the chat template's end-of-turn token */
+	bool		file_weights;	/* the GEMMs read the file's own block formats */
 } cai_model_info;
 
 void		cai_model_get_info(const cai_model *model, cai_model_info *info);

@@ -80,11 +80,18 @@ cai_forward_ctx_create(const cai_model *model, cai_threadpool *pool, int max_tok
 
 /* Refuses a backend that lacks an operation the model's architecture needs. */
 static cai_status
-backend_runs_model(const cai_backend_ops *op, const cai_config *c, cai_error *err)
+backend_runs_model(const cai_backend_ops *op, const cai_config *c, bool file_weights,
+				   cai_error *err)
 {
 	const int	q_dim = c->n_heads * c->head_dim;
 	const char *missing = NULL;
 
+	/* the file path's four operations, all or none */
+	if (file_weights && !(op->prepare_blocks && op->quantize_blocks && op->gemm_blocks &&
+						  op->embed_blocks))
+		return cai_fail(err, CAI_ERR_UNSUPPORTED,
+						"the %s backend cannot multiply the file's own weight formats; load the "
+						"model with weights 'int8'", op->name);
 	/* the int8 path rotates its GEMM inputs (calibrate.c's "rotations"): a backend must offer that */
 	if (!op->rotate || (c->qk_norm && !op->head_rmsnorm))
 		return cai_fail(err, CAI_ERR_UNSUPPORTED,
@@ -152,7 +159,7 @@ cai_forward_ctx_create_on(const cai_model *model, cai_backend_factory factory, v
 		free(ctx);
 		return st;
 	}
-	if ((st = backend_runs_model(ctx->be->ops, c, err)) != CAI_OK)
+	if ((st = backend_runs_model(ctx->be->ops, c, model->file_weights, err)) != CAI_OK)
 	{
 		cai_backend_free(ctx->be);
 		free(ctx);
@@ -170,8 +177,21 @@ cai_forward_ctx_create_on(const cai_model *model, cai_backend_factory factory, v
 	ctx->x = ctx->be->ops->alloc(ctx->be, T * c->d_model * sizeof(float));
 	ctx->xn = ctx->be->ops->alloc(ctx->be, T * ctx->width * sizeof(float));
 	ctx->xq = ctx->be->ops->alloc(ctx->be, (model->two_digit_activations ? 2 : 1) * T * ctx->width);
-	ctx->xs = ctx->be->ops->alloc(ctx->be,
-								  (model->two_digit_activations ? 2 : 1) * T * sizeof(float));
+	if (model->file_weights)
+	{
+		/* a scale and a sum per block of 32 (the file path's activations) */
+		ctx->xs = ctx->be->ops->alloc(ctx->be, T * (ctx->width / 32) * sizeof(float));
+		ctx->xsum = ctx->be->ops->alloc(ctx->be, T * (ctx->width / 32) * sizeof(int16_t));
+		if (!ctx->xsum)
+		{
+			cai_forward_ctx_free(ctx);
+			return cai_fail(err, CAI_ERR_NO_MEMORY,
+							"out of memory allocating activations for %d tokens", max_tokens);
+		}
+	}
+	else
+		ctx->xs = ctx->be->ops->alloc(ctx->be,
+									  (model->two_digit_activations ? 2 : 1) * T * sizeof(float));
 	if (model->two_digit_activations)
 	{
 		size_t		widest = (size_t) 2 * c->d_ff > (size_t) ctx->qkv_width ?
@@ -241,6 +261,8 @@ cai_forward_ctx_free(cai_forward_ctx *ctx)
 		ops->free(ctx->be, ctx->xn);
 		ops->free(ctx->be, ctx->xq);
 		ops->free(ctx->be, ctx->xs);
+		if (ctx->xsum)
+			ops->free(ctx->be, ctx->xsum);
 		if (ctx->digit_out)
 			ops->free(ctx->be, ctx->digit_out);
 		ops->free(ctx->be, ctx->qkv);
@@ -639,6 +661,73 @@ cai_forward_layer_int8(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool
 		op->rmsnorm_add(be, sub_out, w->ffn_post_norm, n, d, c->norm_eps, x);
 }
 
+/* out = [out +] x W (+ bias) on the file path: x [n, k] quantized per block, then the GEMM. */
+static void
+file_gemm(cai_forward_ctx *ctx, const float *x, int n, int k, const cai_weight *w, int n_out,
+		  const float *bias, float *out, int ldo, bool accumulate)
+{
+	cai_backend *be = ctx->be;
+
+	be->ops->quantize_blocks(be, x, n, k, ctx->xq, ctx->xs, ctx->xsum);
+	be->ops->gemm_blocks(be, ctx->xq, ctx->xs, ctx->xsum, n, w, n_out, bias, out, ldo, accumulate);
+}
+
+/*
+ * One transformer layer on the file path over the batch's T rows of ctx->x (in place): the
+ * GEMMs multiply the file's own weight levels by activations quantized per block of 32, so the
+ * norms, biases and projections are the source's (no smoothing, no rotation of the inputs);
+ * only the query and key heads are rotated after RoPE, for the int8 KV (a rotation both share
+ * leaves their dot products as they were).  Otherwise the int8 layer's structure.
+ */
+void
+cai_forward_layer_file(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
+					   const cai_batch_layout *batch, int l, const int32_t *out_rows,
+					   int n_out_rows)
+{
+	const cai_config *c = &model->cfg;
+	const cai_layer_operands *w = &ctx->w.layers[l];
+	cai_backend *be = ctx->be;
+	const cai_backend_ops *op = be->ops;
+	const int	T = batch->n_tokens;
+	const int	d = c->d_model;
+	const int	q_dim = c->n_heads * c->head_dim;
+	const int	d_ff = c->d_ff;
+	const bool	owns_kv = c->kv_source[l] == l;
+	const int	n_qk_heads = owns_kv ? c->n_heads + c->n_kv_heads : c->n_heads;
+	const cai_then_rotate to_heads = {.rot = &ctx->w.rot_head,
+	.n_vec = n_qk_heads * c->head_dim / ctx->w.rot_head.n};
+	float	   *sub_out = ctx->gate_up;
+	float	   *x,
+			   *att;
+	int			n;
+
+	/* attention: the q, k, v projections (a layer reading another's KV computes q only) */
+	op->rmsnorm(be, ctx->x, w->attn_norm, T, d, c->norm_eps, ctx->xn, NULL);
+	file_gemm(ctx, ctx->xn, T, d, w->wqkv, owns_kv ? ctx->qkv_width : q_dim, w->bqkv, ctx->qkv,
+			  ctx->qkv_width, false);
+	layer_attention(model, ctx, kv, batch, l, &to_heads, NULL);
+	if ((n = layer_output_rows(ctx, c, T, out_rows, n_out_rows, &x, &att)) == 0)
+		return;
+
+	/* x += the attention output projection */
+	file_gemm(ctx, att, n, q_dim, w->wo, d, NULL, c->sandwich_norm ? sub_out : x, d,
+			  !c->sandwich_norm);
+	if (c->sandwich_norm)
+		op->rmsnorm_add(be, sub_out, w->attn_post_norm, n, d, c->norm_eps, x);
+
+	/* x += down(act(gate(x)) * up(x)) */
+	op->rmsnorm(be, x, w->ffn_norm, n, d, c->norm_eps, ctx->xn, NULL);
+	file_gemm(ctx, ctx->xn, n, d, w->w_gate_up, 2 * d_ff, NULL, ctx->gate_up, 2 * d_ff, false);
+	if (c->ffn_act == CAI_ACT_GEGLU)
+		op->geglu(be, ctx->gate_up, n, d_ff, ctx->xn, NULL);
+	else
+		op->swiglu(be, ctx->gate_up, n, d_ff, ctx->xn, NULL);
+	file_gemm(ctx, ctx->xn, n, d_ff, w->w_down, d, NULL, c->sandwich_norm ? sub_out : x, d,
+			  !c->sandwich_norm);
+	if (c->sandwich_norm)
+		op->rmsnorm_add(be, sub_out, w->ffn_post_norm, n, d, c->norm_eps, x);
+}
+
 /* Shows a GEMM input of the float path to its observer, if any. */
 static inline void
 observe(const cai_forward_observer *obs, cai_forward_tap tap, const float *x, int n, int width)
@@ -734,6 +823,11 @@ embed_tokens(cai_forward_ctx *ctx, int d, int T, bool f)
 		be->ops->embed_f32(be, ctx->w.f_tok_embd, d, ctx->ids, T, ctx->x);
 		return;
 	}
+	if (ctx->w.file)
+	{
+		be->ops->embed_blocks(be, ctx->w.file_embd, ctx->ids, T, ctx->x);
+		return;
+	}
 	be->ops->embed_i8(be, &ctx->w.tok_embd, ctx->ids, T, ctx->x);
 	if (ctx->w.tok_embd_digit2.q)
 		be->ops->embed_i8_add(be, &ctx->w.tok_embd_digit2, ctx->ids, T, ctx->x);
@@ -752,6 +846,11 @@ output_logits(const cai_model *model, cai_forward_ctx *ctx, int R, bool f, float
 		be->ops->rmsnorm(be, ctx->xg, ctx->w.out_norm, R, d, c->norm_eps, ctx->xn, NULL);
 		be->ops->gemm_f32(be, ctx->xn, R, d, ctx->w.f_lm_head, c->n_vocab, NULL, logits,
 						  c->n_vocab, false);
+	}
+	else if (ctx->w.file)
+	{
+		be->ops->rmsnorm(be, ctx->xg, ctx->w.out_norm, R, d, c->norm_eps, ctx->xn, NULL);
+		file_gemm(ctx, ctx->xn, R, d, ctx->w.lm_head, c->n_vocab, NULL, logits, c->n_vocab, false);
 	}
 	else
 	{
@@ -783,6 +882,8 @@ forward_step(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 
 		if (f)
 			cai_forward_layer_float(model, ctx, kv, batch, l, NULL, out_rows, R);
+		else if (ctx->w.file)
+			cai_forward_layer_file(model, ctx, kv, batch, l, out_rows, R);
 		else
 			cai_forward_layer_int8(model, ctx, kv, batch, l, out_rows, R);
 	}
@@ -816,7 +917,7 @@ cai_model_forward(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 	if (f && !model->has_float_reference)
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
 						"the float reference path needs the model loaded with load_float_reference");
-	if (!f && !ctx->w.int8)
+	if (!f && !ctx->w.int8 && !ctx->w.file)
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
 						"the forward context was made before the model's int8 weights were complete");
 	cai_model_kv_layout(model, &want);

@@ -23,13 +23,14 @@
  */
 typedef struct cai_layer_operands
 {
-	const cai_weight *wqkv;		/* NULL until the model's int8 weights are complete */
+	const cai_weight *wqkv;		/* int8 or the file's formats (the model's file_weights); NULL
+								 * until the model's int8 weights are complete */
 	const cai_weight *wo;
 	const cai_weight *w_gate_up;
 	const cai_weight *w_down;
 	const float *attn_norm, *attn_norm_i8, *ffn_norm, *ffn_norm_i8;
 	const float *attn_q_norm, *attn_k_norm, *attn_post_norm, *ffn_post_norm;
-	const float *bqkv_i8, *bq, *bk, *bv;
+	const float *bqkv, *bqkv_i8, *bq, *bk, *bv;
 	const float *f_wq, *f_wk, *f_wv, *f_wo, *f_gate, *f_up, *f_down;
 } cai_layer_operands;
 
@@ -38,6 +39,8 @@ typedef struct cai_model_operands
 {
 	cai_layer_operands *layers;	/* [n_layers] */
 	bool		int8;			/* the int8 path's operands are prepared */
+	bool		file;			/* the file path's (gemm_blocks) are */
+	const cai_bmatrix *file_embd;	/* the embedding table as the model holds it */
 	const cai_weight *lm_head;
 	cai_qmatrix tok_embd;		/* q and scale in backend memory */
 	cai_qmatrix tok_embd_digit2;	/* its second digits, or q == NULL */
@@ -69,7 +72,8 @@ struct cai_forward_ctx
 	float	   *xn;				/* [T, width] float activations (reference path) */
 	int8_t	   *xq;				/* [T, width] quantized activations (two-digit activations:
 								 * [2T, width], an input's second digits after its first) */
-	float	   *xs;				/* [T] their scales ([2T]) */
+	float	   *xs;				/* [T] their scales ([2T]); the file path: [T, width / 32] */
+	int16_t    *xsum;			/* the file path: [T, width / 32] sums of each block's levels */
 	float	   *digit_out;		/* both digits' GEMM products (backend add_digits), or NULL */
 	size_t		digit_out_floats;	/* its size */
 	float	   *qkv;			/* [T, qkv_width] */
@@ -148,6 +152,9 @@ void		cai_forward_prepare(const cai_model *model, cai_forward_ctx *ctx, int n_to
  * ctx->xg.  obs (float path, may be NULL) sees each GEMM's input (forward.c).
  */
 void		cai_forward_layer_int8(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
+								   const cai_batch_layout *batch, int l, const int32_t *out_rows,
+								   int n_out_rows);
+void		cai_forward_layer_file(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 								   const cai_batch_layout *batch, int l, const int32_t *out_rows,
 								   int n_out_rows);
 void		cai_forward_layer_float(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,

@@ -59,6 +59,7 @@ cai_forward_bind_layer(cai_forward_ctx *ctx, int l, cai_error *err)
 		(st = bind_floats(be, w->attn_k_norm, hd, &o->attn_k_norm, err)) != CAI_OK ||
 		(st = bind_floats(be, w->attn_post_norm, d, &o->attn_post_norm, err)) != CAI_OK ||
 		(st = bind_floats(be, w->ffn_post_norm, d, &o->ffn_post_norm, err)) != CAI_OK ||
+		(st = bind_floats(be, w->bqkv, qkv, &o->bqkv, err)) != CAI_OK ||
 		(st = bind_floats(be, w->bqkv_i8, qkv, &o->bqkv_i8, err)) != CAI_OK ||
 		(st = bind_floats(be, w->bq, q_dim, &o->bq, err)) != CAI_OK ||
 		(st = bind_floats(be, w->bk, kv_dim, &o->bk, err)) != CAI_OK ||
@@ -144,6 +145,51 @@ bind_int8(cai_forward_ctx *ctx, cai_error *err)
 	return CAI_OK;
 }
 
+/* The file path's operands: every block matrix repacked by the backend in one call. */
+static cai_status
+bind_file(cai_forward_ctx *ctx, cai_error *err)
+{
+	const cai_model *m = ctx->model;
+	const cai_config *c = &m->cfg;
+	cai_backend *be = ctx->be;
+	const int	n = 1 + 4 * c->n_layers;
+	const cai_bmatrix **src = malloc((size_t) n * sizeof(*src));
+	const cai_weight **out = calloc((size_t) n, sizeof(*out));
+	cai_status	st;
+
+	if (!src || !out)
+	{
+		free(src);
+		free(out);
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory preparing the weights");
+	}
+	src[0] = &m->file_head;
+	for (int l = 0; l < c->n_layers; l++)
+	{
+		src[1 + 4 * l] = &m->layers[l].file_qkv;
+		src[2 + 4 * l] = &m->layers[l].file_o;
+		src[3 + 4 * l] = &m->layers[l].file_gate_up;
+		src[4 + 4 * l] = &m->layers[l].file_down;
+	}
+	st = be->ops->prepare_blocks(be, src, n, out, err);
+	if (st == CAI_OK)
+	{
+		ctx->w.lm_head = out[0];
+		for (int l = 0; l < c->n_layers; l++)
+		{
+			ctx->w.layers[l].wqkv = out[1 + 4 * l];
+			ctx->w.layers[l].wo = out[2 + 4 * l];
+			ctx->w.layers[l].w_gate_up = out[3 + 4 * l];
+			ctx->w.layers[l].w_down = out[4 + 4 * l];
+		}
+		ctx->w.file_embd = &m->file_embd;
+		ctx->w.file = true;
+	}
+	free(src);
+	free(out);
+	return st;
+}
+
 cai_status
 cai_forward_bind_weights(cai_forward_ctx *ctx, cai_error *err)
 {
@@ -171,6 +217,8 @@ cai_forward_bind_weights(cai_forward_ctx *ctx, cai_error *err)
 		(st = bind_rotation(be, &m->rot_ff, &ctx->w.rot_ff, err)) != CAI_OK ||
 		(st = bind_rotation(be, &m->rot_head, &ctx->w.rot_head, err)) != CAI_OK)
 		return st;
+	if (m->file_weights)
+		return bind_file(ctx, err);
 	return m->int8_complete ? bind_int8(ctx, err) : CAI_OK;
 }
 

@@ -95,6 +95,8 @@ typedef struct cai_layer_weights
 	cai_qmatrix w_gate;			/* [d_ff, d_model]		rows of w_gate_up */
 	cai_qmatrix w_up;			/* [d_ff, d_model]		rows of w_gate_up */
 	cai_qmatrix w_down;			/* [d_model, d_ff] */
+	/* the file's own matrices (the model's file_weights): Q, K, V stacked, gate and up stacked */
+	cai_bmatrix file_qkv, file_o, file_gate_up, file_down;
 	/* float reference copies of the source weights (NULL unless load_float_reference) */
 	float	   *f_wq, *f_wk, *f_wv, *f_wo, *f_gate, *f_up, *f_down;
 } cai_layer_weights;
@@ -125,6 +127,10 @@ struct cai_model
 	bool		compensated_rounding;	/* its int8 weights were rounded along the inputs */
 	bool		two_digit_activations;	/* the forward's GEMM inputs carry a second digit */
 	bool		int8_complete;	/* the int8 weights are converted (a backend may prepare them) */
+	bool		file_weights;	/* the GEMMs read the file's own formats (file_* below), and
+								 * the int8 matrices are not made */
+	cai_bmatrix file_embd;		/* the embedding as the file holds it (file_weights) */
+	cai_bmatrix file_head;		/* the LM head (the embedding when tied) */
 	bool		gemm_sources_released;	/* cai_model_release_gemm_sources ran */
 	void	   *owned;			/* allocations to free (model.c's business) */
 };

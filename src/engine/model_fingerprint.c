@@ -124,6 +124,9 @@ cai_model_fingerprint(cai_model *m, cai_error *err)
 
 		XXH3_64bits_update(state, numerics, sizeof(numerics));
 	}
+	/* the file's own formats multiply other numbers than the int8 path */
+	if (m->file_weights)
+		XXH3_64bits_update(state, "file-weights", 12);
 	m->fingerprint = XXH3_64bits_digest(state);
 	XXH3_freeState(state);
 	return CAI_OK;

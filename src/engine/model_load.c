@@ -191,6 +191,27 @@ cai_model_params_default(cai_model_params *params)
 	params->chat_template = NULL;
 	params->compensated_rounding = false;
 	params->two_digit_activations = false;
+	params->weights = CAI_WEIGHTS_AUTO;
+}
+
+static const char *const weights_mode_names[] = {"auto", "file", "int8"};
+
+const char *
+cai_weights_mode_name(cai_weights_mode mode)
+{
+	return (int) mode >= 0 && (int) mode < 3 ? weights_mode_names[mode] : NULL;
+}
+
+bool
+cai_weights_mode_parse(const char *name, cai_weights_mode *mode)
+{
+	for (int i = 0; name && i < 3; i++)
+		if (strcmp(name, weights_mode_names[i]) == 0)
+		{
+			*mode = (cai_weights_mode) i;
+			return true;
+		}
+	return false;
 }
 
 static cai_status
@@ -205,17 +226,18 @@ oom(cai_error *err)
  */
 static cai_status
 load_layer_arrays(cai_model *m, const cai_layer_sources *s, cai_layer_weights *w, bool fref,
-				  cai_error *err)
+				  bool int8, cai_error *err)
 {
 	const cai_config *c = &m->cfg;
 	const int	q_dim = c->n_heads * c->head_dim;
 	const int	kv_dim = c->n_kv_heads * c->head_dim;
 	cai_status	st;
 
-	if (!alloc_qmatrix(m, q_dim + 2 * kv_dim, c->d_model, &w->wqkv) ||
-		!alloc_qmatrix(m, c->d_model, q_dim, &w->wo) ||
-		!alloc_qmatrix(m, 2 * c->d_ff, c->d_model, &w->w_gate_up) ||
-		!alloc_qmatrix(m, c->d_model, c->d_ff, &w->w_down))
+	if (int8 &&
+		(!alloc_qmatrix(m, q_dim + 2 * kv_dim, c->d_model, &w->wqkv) ||
+		 !alloc_qmatrix(m, c->d_model, q_dim, &w->wo) ||
+		 !alloc_qmatrix(m, 2 * c->d_ff, c->d_model, &w->w_gate_up) ||
+		 !alloc_qmatrix(m, c->d_model, c->d_ff, &w->w_down)))
 		return oom(err);
 	if (fref)
 	{
@@ -230,8 +252,8 @@ load_layer_arrays(cai_model *m, const cai_layer_sources *s, cai_layer_weights *w
 	}
 	if (!(w->attn_norm = alloc_floats(m, c->d_model)) ||
 		!(w->ffn_norm = alloc_floats(m, c->d_model)) ||
-		!(w->attn_norm_i8 = alloc_floats(m, c->d_model)) ||
-		!(w->ffn_norm_i8 = alloc_floats(m, c->d_model)))
+		(int8 && !(w->attn_norm_i8 = alloc_floats(m, c->d_model))) ||
+		(int8 && !(w->ffn_norm_i8 = alloc_floats(m, c->d_model))))
 		return oom(err);
 	m->weight_bytes += (size_t) 2 * c->d_model * sizeof(float);
 	if ((st = load_vector(m, s->attn_norm, c->d_model, w->attn_norm, err)) != CAI_OK ||
@@ -259,7 +281,7 @@ load_layer_arrays(cai_model *m, const cai_layer_sources *s, cai_layer_weights *w
 	if (c->qkv_bias)
 	{
 		if (!(w->bqkv = alloc_floats(m, (size_t) q_dim + 2 * kv_dim)) ||
-			!(w->bqkv_i8 = alloc_floats(m, (size_t) q_dim + 2 * kv_dim)))
+			(int8 && !(w->bqkv_i8 = alloc_floats(m, (size_t) q_dim + 2 * kv_dim))))
 			return oom(err);
 		w->bq = w->bqkv;
 		w->bk = w->bqkv + q_dim;
@@ -299,6 +321,138 @@ load_output_vectors(cai_model *m, const gguf_tensor *t_out_norm, const gguf_tens
 	return CAI_OK;
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * The file's own formats
+ * ------------------------------------------------------------------------------------------- */
+
+/* Whether the GEMMs can multiply tensor t's levels as they are (quant.h's cai_block_levels). */
+static bool
+has_file_format(const gguf_tensor *t)
+{
+	return ggml_type_has_levels(t->type) && t->ne[0] % 32 == 0;
+}
+
+/*
+ * Decides cai_model_params.weights for this file: *file when every GEMM matrix (the head, or
+ * the embedding when tied, and each layer's seven) is in a format with levels.
+ */
+static cai_status
+choose_weights(const cai_model_params *params, const cai_config *c, const cai_layer_sources *src,
+			   const gguf_tensor *t_head, bool *file, cai_error *err)
+{
+	const gguf_tensor *other = has_file_format(t_head) ? NULL : t_head;
+
+	for (int l = 0; l < c->n_layers && !other; l++)
+	{
+		const gguf_tensor *const mats[] = {src[l].wq, src[l].wk, src[l].wv, src[l].wo,
+		src[l].gate, src[l].up, src[l].down};
+
+		for (int i = 0; i < 7 && !other; i++)
+			if (!has_file_format(mats[i]))
+				other = mats[i];
+	}
+	*file = params->weights != CAI_WEIGHTS_INT8 && !other;
+	if (params->weights == CAI_WEIGHTS_FILE && other)
+		return cai_fail(err, CAI_ERR_UNSUPPORTED,
+						"weights 'file' needs every matrix in a block format the engine multiplies "
+						"directly (q4_0, q4_1, q5_0, q5_1, q8_0, q4_k, q5_k, q6_k), but tensor "
+						"'%.*s' is %s; use weights 'int8' or 'auto'",
+						(int) other->name.len, other->name.ptr, ggml_type_name(other->type));
+	return CAI_OK;
+}
+
+/* b = the tensors parts[0, n) stacked by rows (each validated: rows of k). */
+static void
+bmatrix_of(cai_bmatrix *b, int k, const gguf_tensor *const *parts, int n)
+{
+	memset(b, 0, sizeof(*b));
+	b->k = k;
+	b->n_parts = n;
+	for (int i = 0; i < n; i++)
+	{
+		b->part[i].type = parts[i]->type;
+		b->part[i].rows = (int) parts[i]->ne[1];
+		b->part[i].data = parts[i]->data;
+		b->n_out += b->part[i].rows;
+	}
+}
+
+/* A float reference copy of a validated tensor (cai eval's float path). */
+static cai_status
+load_float_copy(cai_model *m, const gguf_tensor *t, float **out, cai_error *err)
+{
+	if (!(*out = alloc_floats(m, (size_t) t->n_elements)))
+		return oom(err);
+	return cai_dequantize_row(t->type, t->data, *out, t->n_elements, err);
+}
+
+/*
+ * The file's own formats: no conversion at all.  The matrices stay in the model's mapping of
+ * the file (each backend repacks them when a forward context is made); the small vectors are
+ * loaded as for the int8 path; the float reference, when asked for, is dequantized directly.
+ */
+static cai_status
+load_file_weights(cai_model *m, const cai_layer_sources *src, const gguf_tensor *t_embd,
+				  const gguf_tensor *t_out, const gguf_tensor *t_out_norm,
+				  const gguf_tensor *t_rope_freqs, bool fref, bool two_digit_keys, cai_error *err)
+{
+	const cai_config *c = &m->cfg;
+	const int	q_dim = c->n_heads * c->head_dim;
+	cai_status	st;
+
+	/* the file path rotates only the query and key heads (forward.c): the others stay unused */
+	if (!cai_model_make_rotation(m, c->d_model, &m->rot_model) ||
+		!cai_model_make_rotation(m, c->d_ff, &m->rot_ff) ||
+		!cai_model_make_rotation(m, c->head_dim, &m->rot_head))
+		return oom(err);
+	for (int l = 0; l < c->n_layers; l++)
+	{
+		const cai_layer_sources *s = &src[l];
+		cai_layer_weights *w = &m->layers[l];
+		const gguf_tensor *qkv[] = {s->wq, s->wk, s->wv};
+		const gguf_tensor *gate_up[] = {s->gate, s->up};
+		const gguf_tensor *const mats[] = {s->wq, s->wk, s->wv, s->wo, s->gate, s->up, s->down};
+		float	  **const fcopy[] = {&w->f_wq, &w->f_wk, &w->f_wv, &w->f_wo, &w->f_gate, &w->f_up,
+		&w->f_down};
+
+		if ((st = load_layer_arrays(m, s, w, fref, false, err)) != CAI_OK)
+			return st;
+		bmatrix_of(&w->file_qkv, c->d_model, qkv, 3);
+		bmatrix_of(&w->file_o, q_dim, &s->wo, 1);
+		bmatrix_of(&w->file_gate_up, c->d_model, gate_up, 2);
+		bmatrix_of(&w->file_down, c->d_ff, &s->down, 1);
+		for (int i = 0; i < 7; i++)
+		{
+			m->weight_bytes += mats[i]->nbytes;
+			if (fref && (st = cai_dequantize_row(mats[i]->type, mats[i]->data, *fcopy[i],
+												 mats[i]->n_elements, err)) != CAI_OK)
+				return st;
+		}
+	}
+	if ((st = load_output_vectors(m, t_out_norm, t_rope_freqs, err)) != CAI_OK)
+		return st;
+	bmatrix_of(&m->file_embd, c->d_model, &t_embd, 1);
+	bmatrix_of(&m->file_head, c->d_model, t_out ? &t_out : &t_embd, 1);
+	m->weight_bytes += t_embd->nbytes + (t_out ? t_out->nbytes : 0);
+	if (fref)
+	{
+		if ((st = load_float_copy(m, t_embd, &m->f_tok_embd, err)) != CAI_OK)
+			return st;
+		if (!t_out)
+			m->f_lm_head = m->f_tok_embd;
+		else if ((st = load_float_copy(m, t_out, &m->f_lm_head, err)) != CAI_OK)
+			return st;
+	}
+	m->has_float_reference = fref;
+	m->file_weights = true;
+	/*
+	 * What stays int8 on this path is the KV; two-digit activations give its keys a second
+	 * digit (kv.h), the GEMMs' inputs being finer already (a scale per 32)
+	 */
+	m->two_digit_activations = two_digit_keys;
+	return CAI_OK;
+}
+
 /* A conversion plan's per-thread scratch: rows as long as any matrix row. */
 static bool
 conversion_plan_init(cai_convert_plan *plan, const cai_config *c, int n_threads)
@@ -335,6 +489,7 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 	cai_convert_plan plan;
 	cai_threadpool *pool = NULL;
 	int			n_threads;
+	bool		file;
 	cai_status	st;
 
 	memset(&plan, 0, sizeof(plan));
@@ -381,6 +536,19 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 	for (uint64_t i = 0; i < f->n_tensors; i++)
 		m->n_params += f->tensors[i].n_elements;
 
+	if ((st = choose_weights(params, c, src, t_out ? t_out : t_embd, &file, err)) != CAI_OK)
+	{
+		free(src);
+		return st;
+	}
+	if (file)
+	{
+		st = load_file_weights(m, src, t_embd, t_out, t_out_norm, t_rope_freqs, fref,
+							   params->two_digit_activations, err);
+		free(src);
+		return st;
+	}
+
 	/* allocate everything; load the small vectors */
 #define OOM() do { st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory loading the model weights"); goto done; } while (0)
 	if (!alloc_qmatrix(m, c->n_vocab, c->d_model, &m->tok_embd))
@@ -398,7 +566,7 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 		!cai_model_make_rotation(m, c->head_dim, &m->rot_head))
 		OOM();
 	for (int l = 0; l < c->n_layers; l++)
-		if ((st = load_layer_arrays(m, &src[l], &m->layers[l], fref, err)) != CAI_OK)
+		if ((st = load_layer_arrays(m, &src[l], &m->layers[l], fref, true, err)) != CAI_OK)
 			goto done;
 	if ((st = load_output_vectors(m, t_out_norm, t_rope_freqs, err)) != CAI_OK)
 		goto done;

@@ -204,6 +204,18 @@ cai_alloc_large(size_t bytes)
 	return p;
 }
 
+void
+cai_unmap_pages(const void *p, size_t bytes)
+{
+	const uintptr_t page = (uintptr_t) sysconf(_SC_PAGESIZE);
+	uintptr_t	lo = ((uintptr_t) p + page - 1) & ~(page - 1);
+	uintptr_t	hi = ((uintptr_t) p + bytes) & ~(page - 1);
+
+	/* only the whole pages inside the range: its neighbours may still be read */
+	if (hi > lo)
+		(void) madvise((void *) lo, hi - lo, MADV_DONTNEED);
+}
+
 int
 cai_cpu_count(void)
 {

@@ -85,6 +85,12 @@ double		cai_now_seconds(void);
  */
 void	   *cai_alloc_large(size_t bytes);
 
+/*
+ * Drops the whole pages of [p, p + bytes) of a read-only file mapping from resident memory
+ * (they are read again from the page cache if touched).
+ */
+void		cai_unmap_pages(const void *p, size_t bytes);
+
 /* Number of online CPUs (at least 1). */
 int			cai_cpu_count(void);
 

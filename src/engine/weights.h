@@ -15,6 +15,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gguf.h"
+
 /* An int8 matrix [n_out, k], row-major, values in [-127, 127], a scale per row. */
 typedef struct cai_qmatrix
 {
@@ -36,6 +38,29 @@ cai_qmatrix_rows(const cai_qmatrix *m, int row0, int n)
 	v.scale = m->scale + row0;
 	return v;
 }
+
+/*
+ * A matrix kept in the file's own block format (Q4_K, Q6_K, Q8_0, ...: quant.h's
+ * cai_block_levels): up to three source tensors stacked by rows (Q, K and V of one layer, say,
+ * which a Q4_K_M file may hold in different formats), their bytes in the model's mapping of the
+ * file.  Backends repack it once (backend.h's prepare_blocks); nothing is requantized.
+ */
+#define CAI_BMATRIX_MAX_PARTS 3
+
+typedef struct cai_bmatrix_part
+{
+	ggml_type	type;
+	int			rows;
+	const void *data;			/* rows * ggml_row_bytes(type, k) bytes */
+} cai_bmatrix_part;
+
+typedef struct cai_bmatrix
+{
+	int			n_out;			/* the parts' rows together */
+	int			k;
+	int			n_parts;
+	cai_bmatrix_part part[CAI_BMATRIX_MAX_PARTS];
+} cai_bmatrix;
 
 /*
  * A GEMM operand as one backend holds it; each backend defines the struct (cpu/backend_cpu.c,

@@ -15,6 +15,7 @@
 
 #include "utils/guc.h"
 
+#include "cai.h"
 #include "guc.h"
 #include "jobs.h"
 
@@ -22,6 +23,7 @@ char	   *cai_model_path = NULL;
 char	   *cai_chat_template = NULL;
 int			cai_device = CAI_DEVICE_AUTO;
 int			cai_weight_rounding = CAI_ROUNDING_NEAREST;
+int			cai_weights = CAI_WEIGHTS_AUTO;
 int			cai_activation_precision = CAI_ACTIVATIONS_INT8;
 int			cai_threads = 0;
 int			cai_max_batch = 16;
@@ -47,6 +49,13 @@ static const struct config_enum_entry device_options[] = {
 static const struct config_enum_entry weight_rounding_options[] = {
 	{"nearest", CAI_ROUNDING_NEAREST, false},
 	{"compensated", CAI_ROUNDING_COMPENSATED, false},
+	{NULL, 0, false}
+};
+
+static const struct config_enum_entry weights_options[] = {
+	{"auto", CAI_WEIGHTS_AUTO, false},
+	{"file", CAI_WEIGHTS_FILE, false},
+	{"int8", CAI_WEIGHTS_INT8, false},
 	{NULL, 0, false}
 };
 
@@ -114,6 +123,20 @@ CaiGucInit(void)
 							 &cai_device,
 							 CAI_DEVICE_AUTO,
 							 device_options,
+							 PGC_SIGHUP,
+							 0,
+							 NULL, NULL, NULL);
+
+	DefineCustomEnumVariable("pg_cai.weights",
+							 "Which weights the engine's matrix products read.",
+							 "file: the model file's own 4- to 8-bit formats, as they are (small, "
+							 "fast to load); int8: every weight requantized to int8 at load (the "
+							 "path a GPU runs, where pg_cai.weight_rounding and "
+							 "pg_cai.activation_precision apply); auto: file where every matrix "
+							 "of the model has such a format, else int8.",
+							 &cai_weights,
+							 CAI_WEIGHTS_AUTO,
+							 weights_options,
 							 PGC_SIGHUP,
 							 0,
 							 NULL, NULL, NULL);

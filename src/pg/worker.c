@@ -681,7 +681,7 @@ static char **
 engine_arguments(StringInfo settings)
 {
 	char		model[MAXPGPATH];
-	char	  **args = palloc0(sizeof(char *) * 32);
+	char	  **args = palloc0(sizeof(char *) * 40);
 	int			n = 0;
 
 	model_file_path(model);
@@ -710,6 +710,8 @@ engine_arguments(StringInfo settings)
 		args[n++] = pstrdup("--template");
 		args[n++] = pstrdup(cai_chat_template);
 	}
+	args[n++] = pstrdup("--weights");
+	args[n++] = pstrdup(cai_weights_mode_name((cai_weights_mode) cai_weights));
 	if (cai_weight_rounding == CAI_ROUNDING_COMPENSATED)
 		args[n++] = pstrdup("--compensated-rounding");
 	if (cai_activation_precision == CAI_ACTIVATIONS_INT8X2)

@@ -600,6 +600,7 @@ send_ready(server *s, double load_seconds)
 	m.kv_window = s->info.kv_window;
 	m.compensated_rounding = s->info.compensated_rounding;
 	m.two_digit_activations = s->info.two_digit_activations;
+	m.file_weights = s->info.file_weights;
 	m.load_seconds = load_seconds;
 
 	frame = cai_frame_begin(&s->out, CAI_FRAME_READY, 0);

@@ -19,6 +19,7 @@
 
 #include "cpu/gemm.h"
 #include "cpu/ops.h"
+#include "quant.h"
 #include "model.h"
 #include "synth_model.h"
 #include "test.h"
@@ -2182,4 +2183,241 @@ done:
 	for (int i = 0; i < 5; i++)
 		free(want[i]);
 	cai_model_free(model);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The file's own weight formats (forward.c's file path)
+ * ------------------------------------------------------------------------------------------- */
+
+/* A synthetic model whose matrices are of type (the embedding embd), loaded as weights says. */
+static cai_model *
+load_synth_weights(synth_model_config *cfg, ggml_type type, ggml_type embd,
+				   cai_weights_mode weights, cai_error *err)
+{
+	char		path[128];
+	cai_model  *model = NULL;
+	cai_model_params params;
+
+	cfg->weight_type = type;
+	cfg->embd_type = embd;
+	snprintf(path, sizeof(path), "/tmp/cai_test_forward_file_%d.gguf", (int) getpid());
+	if (synth_model_write(path, cfg, err) != CAI_OK)
+	{
+		fprintf(stderr, "    synth: %s\n", err->message);
+		return NULL;
+	}
+	cai_model_params_default(&params);
+	params.load_float_reference = true;
+	params.n_threads = 2;
+	params.weights = weights;
+	cai_model_load(path, &params, &model, err);
+	unlink(path);
+	return model;
+}
+
+/* Shapes whose rows are whole blocks of 32 (simple formats) or 256 (K-quants). */
+static void
+synth_file_config(synth_model_config *cfg, const char *arch, bool k_quants, uint64_t seed)
+{
+	synth_config(cfg, arch, seed);
+	if (k_quants)
+	{
+		cfg->d_model = 256;
+		cfg->n_heads = 4;
+		cfg->n_kv_heads = 2;
+		cfg->head_dim = 64;
+		cfg->d_ff = 512;
+	}
+}
+
+/*
+ * The file path against the float reference path of the same weights (the file's, dequantized):
+ * the only differences are the activations' int8 blocks and the int8 KV, so the next-token
+ * choice agrees on nearly every position and the logits stay close.
+ */
+static void
+check_file_path_close_to_float(const char *arch, ggml_type type, ggml_type embd, bool k_quants)
+{
+	synth_model_config cfg;
+	cai_error	err;
+	cai_model  *model;
+	runner		r;
+	enum { N = 40 };
+	int32_t		tokens[N],
+				table[3];
+	float	   *file,
+			   *ref;
+	int			agree = 0;
+	double		err2 = 0.0,
+				ref2 = 0.0;
+
+	synth_file_config(&cfg, arch, k_quants, 31);
+	/* a head of its own where the embedding has no levels (tied, it would be int8) */
+	cfg.tied_embeddings = ggml_type_has_levels(embd);
+	model = load_synth_weights(&cfg, type, embd, CAI_WEIGHTS_AUTO, &err);
+	CHECK_MSG(model != NULL, "%s: %s", ggml_type_name(type), err.message);
+	if (!model)
+		return;
+	CHECK_MSG(model->file_weights, "%s", ggml_type_name(type));
+	CHECK(runner_init(&r, model, 2, 64, 8));
+	make_tokens(tokens, N, r.n_vocab, 3);
+	file = malloc(sizeof(float) * N * r.n_vocab);
+	ref = malloc(sizeof(float) * N * r.n_vocab);
+	alloc_blocks(&r, table, 3);
+	CHECK(run_one(&r, tokens, N, 0, table, 3, CAI_LOGITS_ALL, false, file) == CAI_OK);
+	CHECK(run_one(&r, tokens, N, 0, table, 3, CAI_LOGITS_ALL, true, ref) == CAI_OK);
+	free_blocks(&r, table, 3);
+	for (int t = 0; t < N; t++)
+	{
+		agree += argmax(file + (size_t) t * r.n_vocab, r.n_vocab) ==
+			argmax(ref + (size_t) t * r.n_vocab, r.n_vocab);
+		for (int v = 0; v < r.n_vocab; v++)
+		{
+			double		d = file[(size_t) t * r.n_vocab + v] - ref[(size_t) t * r.n_vocab + v];
+
+			err2 += d * d;
+			ref2 += (double) ref[(size_t) t * r.n_vocab + v] * ref[(size_t) t * r.n_vocab + v];
+		}
+	}
+	CHECK_MSG(agree >= N * 9 / 10, "%s %s: the top token agrees on %d of %d positions", arch,
+			  ggml_type_name(type), agree, N);
+	CHECK_MSG(sqrt(err2 / ref2) < 0.05, "%s %s: relative logit error %.4f", arch,
+			  ggml_type_name(type), sqrt(err2 / ref2));
+	free(file);
+	free(ref);
+	runner_free(&r);
+	cai_model_free(model);
+}
+
+TEST(forward_file_weights_close_to_float)
+{
+	check_file_path_close_to_float("llama", GGML_TYPE_Q4_0, GGML_TYPE_Q4_0, false);
+	check_file_path_close_to_float("llama", GGML_TYPE_Q4_1, GGML_TYPE_Q8_0, false);
+	check_file_path_close_to_float("qwen2", GGML_TYPE_Q8_0, GGML_TYPE_F16, false);
+	check_file_path_close_to_float("llama", GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, true);
+	check_file_path_close_to_float("qwen3", GGML_TYPE_Q6_K, GGML_TYPE_Q4_K, true);
+	check_file_path_close_to_float("qwen2", GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, true);
+}
+
+/* Batched, chunked and threaded differently, a sequence's logits keep their bits on the file path. */
+TEST(forward_file_weights_batch_equals_alone)
+{
+	synth_model_config cfg;
+	cai_error	err;
+	cai_model  *model;
+
+	synth_file_config(&cfg, "llama", true, 33);
+	model = load_synth_weights(&cfg, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, CAI_WEIGHTS_FILE, &err);
+	CHECK_MSG(model != NULL, "%s", err.message);
+	if (!model)
+		return;
+	check_batch_equals_alone(model, false, 1, 2);
+	check_batch_equals_alone(model, false, 2, 1);
+	cai_model_free(model);
+
+	synth_file_config(&cfg, "gemma3", false, 34);
+	cfg.n_layers = 6;
+	cfg.sliding_window = 6;
+	model = load_synth_weights(&cfg, GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, CAI_WEIGHTS_FILE, &err);
+	CHECK_MSG(model != NULL, "%s", err.message);
+	if (!model)
+		return;
+	check_batch_equals_alone(model, false, 2, 1);
+	cai_model_free(model);
+}
+
+/* Every CPU path gives the file path's logits the same bits. */
+TEST(forward_file_weights_isa_paths_identical)
+{
+	static const char *const paths[] = {"avx512-amx", "avx512-vnni", "avx2", "generic"};
+	synth_model_config cfg;
+	cai_error	err;
+	cai_model  *model;
+	runner		r;
+	char		original[32];
+	enum { N = 24 };
+	int32_t		tokens[N],
+				table[2];
+	float	   *ref = NULL,
+			   *got;
+	int			tested = 0;
+
+	synth_file_config(&cfg, "qwen3", true, 35);
+	model = load_synth_weights(&cfg, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, CAI_WEIGHTS_AUTO, &err);
+	CHECK_MSG(model != NULL, "%s", err.message);
+	if (!model)
+		return;
+	snprintf(original, sizeof(original), "%s", cai_cpu_isa());
+	CHECK(runner_init(&r, model, 2, 64, 8));
+	make_tokens(tokens, N, r.n_vocab, 9);
+	got = malloc(sizeof(float) * N * r.n_vocab);
+	for (int p = 0; p < (int) (sizeof(paths) / sizeof(paths[0])); p++)
+	{
+		if (!cai_cpu_force_isa(paths[p]))
+			continue;
+		alloc_blocks(&r, table, 2);
+		CHECK(run_one(&r, tokens, N, 0, table, 2, CAI_LOGITS_ALL, false, got) == CAI_OK);
+		free_blocks(&r, table, 2);
+		if (!ref)
+		{
+			ref = got;
+			got = malloc(sizeof(float) * N * r.n_vocab);
+		}
+		else
+			CHECK_MSG(memcmp(ref, got, sizeof(float) * N * r.n_vocab) == 0,
+					  "the %s path differs from the first path tested", paths[p]);
+		tested++;
+	}
+	cai_cpu_force_isa(original);
+	CHECK(tested >= 2);
+	free(ref);
+	free(got);
+	runner_free(&r);
+	cai_model_free(model);
+}
+
+/* auto picks the file's formats only where every matrix has one; file refuses the others. */
+TEST(forward_file_weights_mode_choice)
+{
+	synth_model_config cfg;
+	cai_error	err;
+	cai_model  *model;
+
+	synth_file_config(&cfg, "llama", false, 36);
+	model = load_synth_weights(&cfg, GGML_TYPE_F16, GGML_TYPE_Q8_0, CAI_WEIGHTS_AUTO, &err);
+	CHECK(model != NULL && !model->file_weights && model->int8_complete);
+	cai_model_free(model);
+
+	model = load_synth_weights(&cfg, GGML_TYPE_F16, GGML_TYPE_Q8_0, CAI_WEIGHTS_FILE, &err);
+	CHECK(model == NULL);
+	CHECK(err.status == CAI_ERR_UNSUPPORTED);
+	CHECK(strstr(err.message, "is f16") != NULL);
+
+	model = load_synth_weights(&cfg, GGML_TYPE_Q4_0, GGML_TYPE_F32, CAI_WEIGHTS_INT8, &err);
+	CHECK(model != NULL && !model->file_weights && model->int8_complete);
+	cai_model_free(model);
+
+	/* an F32 embedding is dequantized for lookups; the tied head must then be int8 */
+	model = load_synth_weights(&cfg, GGML_TYPE_Q4_0, GGML_TYPE_F32, CAI_WEIGHTS_AUTO, &err);
+	CHECK(model != NULL && !model->file_weights);
+	cai_model_free(model);
+	cfg.tied_embeddings = false;
+	model = load_synth_weights(&cfg, GGML_TYPE_Q4_0, GGML_TYPE_F32, CAI_WEIGHTS_AUTO, &err);
+	CHECK(model != NULL);
+	if (model)
+	{
+		cai_model_info info;
+
+		cai_model_get_info(model, &info);
+		CHECK(info.file_weights);
+	}
+	cai_model_free(model);
+
+	{
+		cai_weights_mode mode;
+
+		CHECK(cai_weights_mode_parse("file", &mode) && mode == CAI_WEIGHTS_FILE);
+		CHECK(!cai_weights_mode_parse("int4", &mode));
+		CHECK(strcmp(cai_weights_mode_name(CAI_WEIGHTS_INT8), "int8") == 0);
+	}
 }

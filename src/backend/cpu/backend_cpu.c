@@ -18,7 +18,9 @@
 #include "util.h"
 #include "attention.h"
 #include "gemm.h"
+#include "gemm_blocks.h"
 #include "ops.h"
+#include "quant.h"
 #include "threadpool.h"
 
 /*
@@ -64,10 +66,15 @@ typedef struct cpu_backend
 	int			n_weights;
 } cpu_backend;
 
-/* A GEMM operand: the model's row-major matrix copied and packed into panels (gemm.h). */
+/*
+ * A GEMM operand: the model's row-major int8 matrix copied and packed into panels (gemm.h), or
+ * a block matrix's parts repacked (gemm_blocks.h), stacked by rows.
+ */
 struct cai_weight
 {
 	cai_cpu_qmatrix m;
+	int			n_parts;
+	cai_cpu_bmatrix parts[CAI_BMATRIX_MAX_PARTS];
 };
 
 static cpu_backend *
@@ -475,6 +482,8 @@ free_weight(cai_weight *w)
 		return;
 	free((void *) w->m.q);
 	free((void *) w->m.scale);
+	for (int i = 0; i < w->n_parts; i++)
+		cai_cpu_bmatrix_free(&w->parts[i]);
 	free(w);
 }
 
@@ -510,6 +519,150 @@ cpu_prepare_i8(cai_backend *be, const cai_qmatrix *const *src, int n, const cai_
 	}
 	free(made);
 	return CAI_OK;
+}
+
+/* Keeps made[0, n) in the backend's list (freed with it), or frees them all when list is NULL. */
+static cai_status
+keep_weights(cpu_backend *cb, cai_weight **made, int n, const cai_weight **out, cai_error *err)
+{
+	cai_weight **list = realloc(cb->weights, (size_t) (cb->n_weights + n) * sizeof(*list));
+
+	if (!list)
+	{
+		for (int i = 0; i < n; i++)
+			free_weight(made[i]);
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory preparing the weights");
+	}
+	cb->weights = list;
+	for (int i = 0; i < n; i++)
+	{
+		cb->weights[cb->n_weights++] = made[i];
+		out[i] = made[i];
+	}
+	return CAI_OK;
+}
+
+typedef struct prepare_blocks_job
+{
+	const cai_bmatrix *const *src;
+	cai_weight **out;
+	cai_error  *errs;			/* one per matrix */
+} prepare_blocks_job;
+
+/* Repacks every part of one block matrix (a task per matrix: each is packed by one thread). */
+static void
+prepare_blocks_task(void *arg, int task, int thread)
+{
+	prepare_blocks_job *job = arg;
+	const cai_bmatrix *src = job->src[task];
+	cai_weight *w = calloc(1, sizeof(*w));
+
+	(void) thread;
+	job->errs[task].status = CAI_OK;
+	if (!w)
+	{
+		cai_fail(&job->errs[task], CAI_ERR_NO_MEMORY, "out of memory preparing the weights");
+		return;
+	}
+	job->out[task] = w;
+	for (int i = 0; i < src->n_parts; i++)
+	{
+		const cai_bmatrix_part *p = &src->part[i];
+
+		if (cai_cpu_bmatrix_pack(p->type, p->data, p->rows, src->k, &w->parts[i],
+								 &job->errs[task]) != CAI_OK)
+			return;
+		w->n_parts = i + 1;
+	}
+}
+
+static cai_status
+cpu_prepare_blocks(cai_backend *be, const cai_bmatrix *const *src, int n, const cai_weight **out,
+				   cai_error *err)
+{
+	cpu_backend *cb = cpu_of(be);
+	cai_weight **made = calloc((size_t) (n > 0 ? n : 1), sizeof(*made));
+	cai_error  *errs = calloc((size_t) (n > 0 ? n : 1), sizeof(*errs));
+	prepare_blocks_job job = {.src = src, .out = made, .errs = errs};
+	cai_status	st = CAI_OK;
+
+	if (!made || !errs)
+	{
+		free(made);
+		free(errs);
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory preparing the weights");
+	}
+	cai_threadpool_run(cb->pool, prepare_blocks_task, &job, n);
+	for (int i = 0; i < n && st == CAI_OK; i++)
+		if (errs[i].status != CAI_OK)
+		{
+			st = errs[i].status;
+			if (err)
+				*err = errs[i];
+		}
+	if (st != CAI_OK)
+		for (int i = 0; i < n; i++)
+			free_weight(made[i]);
+	else
+		st = keep_weights(cb, made, n, out, err);
+	free(made);
+	free(errs);
+	return st;
+}
+
+static void
+cpu_quantize_blocks(cai_backend *be, const float *x, int n_tok, int k, int8_t *q, float *s,
+					int16_t *sum)
+{
+	(void) be;
+	cai_quantize_act_blocks(x, n_tok, k, q, s, sum);
+}
+
+/* Each part's rows in turn: part i covers rows [row0, row0 + its rows) of the stacked matrix. */
+static void
+cpu_gemm_blocks(cai_backend *be, const int8_t *xq, const float *xs, const int16_t *xsum,
+				int n_tok, const cai_weight *w, int n_out, const float *bias, float *out, int ldo,
+				bool accumulate)
+{
+	int			row0 = 0;
+
+	for (int i = 0; i < w->n_parts && row0 < n_out; i++)
+	{
+		const cai_cpu_bmatrix *p = &w->parts[i];
+		int			rows = n_out - row0 < p->n_out ? n_out - row0 : p->n_out;
+
+		cai_gemm_blocks(cpu_of(be)->pool, xq, xs, xsum, n_tok, p, rows, bias ? bias + row0 : NULL,
+						out + row0, ldo, accumulate);
+		row0 += p->n_out;
+	}
+}
+
+/* Rows of a block table dequantized from the model's mapping of the file. */
+static void
+cpu_embed_blocks(cai_backend *be, const cai_bmatrix *table, const int32_t *ids, int n_tok,
+				 float *x)
+{
+	(void) be;
+	for (int t = 0; t < n_tok; t++)
+	{
+		int			row = ids[t];
+
+		for (int i = 0; i < table->n_parts; i++)
+		{
+			const cai_bmatrix_part *p = &table->part[i];
+			size_t		row_bytes = 0;
+
+			if (row >= p->rows)
+			{
+				row -= p->rows;
+				continue;
+			}
+			ggml_row_bytes(p->type, table->k, &row_bytes);
+			cai_dequantize_row(p->type, (const uint8_t *) p->data + (size_t) row * row_bytes,
+							   x + (size_t) t * table->k, table->k, NULL);
+			break;
+		}
+	}
 }
 
 /* The CPU reads model memory where it is. */
@@ -995,6 +1148,10 @@ static const cai_backend_ops cpu_ops = {
 	.weight_data = cpu_weight_data,
 	.gemm_i8 = cpu_gemm_i8,
 	.gemm_f32 = cpu_gemm_f32,
+	.prepare_blocks = cpu_prepare_blocks,
+	.quantize_blocks = cpu_quantize_blocks,
+	.gemm_blocks = cpu_gemm_blocks,
+	.embed_blocks = cpu_embed_blocks,
 	.rope_prepare = cpu_rope_prepare,
 	.rope = cpu_rope,
 	.swiglu = cpu_swiglu,
