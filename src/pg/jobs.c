@@ -148,47 +148,6 @@ static bool xact_callback_registered = false;
  * ------------------------------------------------------------------------------------------- */
 
 /*
- * CaiJobDatabasesCheck
- *		Check hook of pg_cai.job_databases: a list of distinct database names.
- */
-bool
-CaiJobDatabasesCheck(char **newval, void **extra, GucSource source)
-{
-	char	   *raw;
-	List	   *names;
-	ListCell   *a;
-	bool		ok = true;
-
-	if (*newval == NULL)
-		return true;
-	raw = pstrdup(*newval);
-	if (!SplitIdentifierString(raw, ',', &names))
-	{
-		GUC_check_errdetail("List syntax is invalid.");
-		ok = false;
-	}
-	else
-	{
-		foreach(a, names)
-		{
-			ListCell   *b;
-
-			for_each_cell(b, names, lnext(names, a))
-			{
-				if (strcmp((char *) lfirst(a), (char *) lfirst(b)) == 0)
-				{
-					GUC_check_errdetail("Database \"%s\" is listed twice.", (char *) lfirst(a));
-					ok = false;
-				}
-			}
-		}
-	}
-	list_free(names);
-	pfree(raw);
-	return ok;
-}
-
-/*
  * CaiJobsInit
  *		Parses pg_cai.job_databases and, when it lists any database, registers the job launcher.
  *		Called from _PG_init in the postmaster, after the settings are defined.

@@ -6,10 +6,6 @@
 #define PG_CAI_JOBS_H
 
 #include "commands/trigger.h"
-#include "utils/guc.h"
-
-/* check hook of pg_cai.job_databases */
-extern bool CaiJobDatabasesCheck(char **newval, void **extra, GucSource source);
 
 /* _PG_init: parses pg_cai.job_databases and registers the launcher */
 extern void CaiJobsInit(void);
