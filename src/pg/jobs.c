@@ -89,6 +89,7 @@
 #include "options.h"
 #include "pg_compat.h"
 #include "shmem.h"
+#include "spi_plan.h"
 
 /* PgCaiJobLauncher, PgCaiJobRunner: their idle waits (pg_compat.h) */
 static uint32 launcher_wait_event = 0;
