@@ -3,7 +3,8 @@
 
 A module is a file stem of src/pg (channel.c and channel.h are the module "channel"; pg_cai.c, the
 module entry at the top, is one too).  `#include "y.h"` in either file of module x, for a y.h
-that src/pg has, makes x depend on y.  A module that depends on itself through others cannot be
+that src/pg has, makes x depend on y (`#include "utils/guc.h"` names the server's header, not
+src/pg/guc.h).  A module that depends on itself through others cannot be
 understood, tested or changed on its own, so any cycle fails this check (exit status 1).
 
   scripts/check-include-graph.py          the graph, one module a line, then the verdict
@@ -37,8 +38,10 @@ def graph(mods):
         for path in paths:
             with open(path, encoding="utf-8") as f:
                 for inc in INCLUDE.findall(f.read()):
-                    dep = os.path.splitext(os.path.basename(inc))[0]
-                    if inc.endswith(".h") and dep in headers and dep != stem:
+                    # "utils/guc.h" is the server's header, not src/pg/guc.h: only a bare
+                    # name can be one of src/pg's
+                    dep = os.path.splitext(inc)[0]
+                    if "/" not in inc and inc.endswith(".h") and dep in headers and dep != stem:
                         deps.add(dep)
         edges[stem] = sorted(deps)
     return edges
