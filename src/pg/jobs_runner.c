@@ -34,6 +34,9 @@
  * (SetUserIdAndSecContext, as REFRESH MATERIALIZED VIEW does for a view's owner), so row-level
  * security, grants and the prefix-cache salt are the owner's, and an owner who may not execute
  * cai_chat gets no reply.
+ *
+ * The runner's statements are prepared once and kept (spi_plan.c), like every SPI statement of
+ * pg_cai: a runner runs the same few again and again for as long as the server runs.
  */
 #include "postgres.h"
 
@@ -62,6 +65,7 @@
 #include "jobs_runner.h"
 #include "jobs_shmem.h"
 #include "pg_compat.h"
+#include "spi_plan.h"
 
 /* a job claimed this many times without an answer fails */
 #define CAI_JOB_MAX_ATTEMPTS 5
@@ -112,6 +116,15 @@ static MemoryContext runner_context = NULL;
 static char *retry_logged_reason = NULL;
 static TimestampTz retry_logged_at = 0;
 static int	retries_not_logged = 0;
+
+/* The runner's statements, prepared once (spi_plan.c) */
+static SPIPlanPtr extension_plan = NULL;
+static SPIPlanPtr running_jobs_plan = NULL;
+static SPIPlanPtr reset_orphans_plan = NULL;
+static SPIPlanPtr claim_plan = NULL;
+static SPIPlanPtr load_job_plan = NULL;
+static SPIPlanPtr job_done_plan = NULL;
+static SPIPlanPtr job_failed_plan = NULL;
 
 static void
 runner_shutdown(int code, Datum arg)
@@ -182,7 +195,10 @@ reset_orphaned_jobs(void)
 	uint64		i;
 	int			ret;
 
-	ret = SPI_execute("SELECT id FROM cai.jobs WHERE status = 'running'", true, 0);
+	ret = SPI_execute_plan(CaiKeepPlan(&running_jobs_plan,
+									 "SELECT id FROM cai.jobs WHERE status = 'running'",
+									 0, NULL),
+						   NULL, NULL, true, 0);
 	if (ret != SPI_OK_SELECT)
 		elog(ERROR, "could not look for orphaned jobs: %s", SPI_result_code_string(ret));
 	if (SPI_processed == 0)
@@ -207,9 +223,11 @@ reset_orphaned_jobs(void)
 
 		values[0] = PointerGetDatum(construct_array(orphans, n_orphans, INT8OID, sizeof(int64),
 													FLOAT8PASSBYVAL, TYPALIGN_DOUBLE));
-		ret = SPI_execute_with_args("UPDATE cai.jobs SET status = 'pending', started_at = NULL "
-									"WHERE id = ANY ($1) AND status = 'running'",
-									1, argtypes, values, NULL, false, 0);
+		ret = SPI_execute_plan(CaiKeepPlan(&reset_orphans_plan,
+										 "UPDATE cai.jobs SET status = 'pending', started_at = NULL "
+										 "WHERE id = ANY ($1) AND status = 'running'",
+										 1, argtypes),
+							   values, NULL, false, 0);
 		if (ret != SPI_OK_UPDATE)
 			elog(ERROR, "could not reset orphaned jobs: %s", SPI_result_code_string(ret));
 		if (SPI_processed > 0)
@@ -237,7 +255,10 @@ claim_next_job(JobClaim *claim)
 
 	runner_begin("claiming a pg_cai reply job");
 
-	ret = SPI_execute("SELECT pg_catalog.to_regclass('cai.jobs') IS NOT NULL", true, 1);
+	ret = SPI_execute_plan(CaiKeepPlan(&extension_plan,
+									 "SELECT pg_catalog.to_regclass('cai.jobs') IS NOT NULL",
+									 0, NULL),
+						   NULL, NULL, true, 1);
 	if (ret != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "could not look for cai.jobs: %s", SPI_result_code_string(ret));
 	if (!DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1, &isnull)))
@@ -248,22 +269,23 @@ claim_next_job(JobClaim *claim)
 
 	reset_orphaned_jobs();
 
-	ret = SPI_execute_with_args(
-								"UPDATE cai.jobs j SET "
-								"  status = CASE WHEN j.attempts >= $1 THEN 'failed' ELSE 'running' END, "
-								"  attempts = CASE WHEN j.attempts >= $1 THEN j.attempts ELSE j.attempts + 1 END, "
-								"  started_at = CASE WHEN j.attempts >= $1 THEN j.started_at ELSE clock_timestamp() END, "
-								"  finished_at = CASE WHEN j.attempts >= $1 THEN clock_timestamp() END, "
-								"  error = CASE WHEN j.attempts >= $1 "
-								"    THEN 'gave up after ' || j.attempts || ' attempts' || coalesce(': ' || j.error, '') "
-								"    ELSE j.error END "
-								"WHERE j.id = (SELECT p.id FROM cai.jobs p "
-								"  WHERE p.status = 'pending' AND NOT EXISTS ("
-								"    SELECT FROM cai.jobs e WHERE e.conversation_id = p.conversation_id "
-								"    AND e.id < p.id AND e.status IN ('pending', 'running')) "
-								"  ORDER BY p.id LIMIT 1 FOR UPDATE SKIP LOCKED) "
-								"RETURNING j.id, j.conversation_id, j.attempts, j.status = 'running'",
-								1, argtypes, &max_attempts, NULL, false, 1);
+	ret = SPI_execute_plan(CaiKeepPlan(&claim_plan,
+									 "UPDATE cai.jobs j SET "
+									 "  status = CASE WHEN j.attempts >= $1 THEN 'failed' ELSE 'running' END, "
+									 "  attempts = CASE WHEN j.attempts >= $1 THEN j.attempts ELSE j.attempts + 1 END, "
+									 "  started_at = CASE WHEN j.attempts >= $1 THEN j.started_at ELSE clock_timestamp() END, "
+									 "  finished_at = CASE WHEN j.attempts >= $1 THEN clock_timestamp() END, "
+									 "  error = CASE WHEN j.attempts >= $1 "
+									 "    THEN 'gave up after ' || j.attempts || ' attempts' || coalesce(': ' || j.error, '') "
+									 "    ELSE j.error END "
+									 "WHERE j.id = (SELECT p.id FROM cai.jobs p "
+									 "  WHERE p.status = 'pending' AND NOT EXISTS ("
+									 "    SELECT FROM cai.jobs e WHERE e.conversation_id = p.conversation_id "
+									 "    AND e.id < p.id AND e.status IN ('pending', 'running')) "
+									 "  ORDER BY p.id LIMIT 1 FOR UPDATE SKIP LOCKED) "
+									 "RETURNING j.id, j.conversation_id, j.attempts, j.status = 'running'",
+									 1, argtypes),
+						   &max_attempts, NULL, false, 1);
 	if (ret != SPI_OK_UPDATE_RETURNING)
 		elog(ERROR, "could not claim a job: %s", SPI_result_code_string(ret));
 
@@ -343,22 +365,23 @@ answer_job(const JobClaim *claim)
 	SPI_connect();
 	load_values[0] = Int64GetDatum(claim->id);
 	load_values[1] = Int32GetDatum(claim->attempts);
-	ret = SPI_execute_with_args(
-								"SELECT j.message_id, m.role, m.conversation_id = j.conversation_id, j.options, "
-								"  c.owner, r.oid, r.oid IS NULL, "
-								"  coalesce((SELECT pg_catalog.bool_and(pg_catalog.has_function_privilege(r.oid, p.oid, 'EXECUTE')) "
-								"    FROM pg_catalog.pg_proc p "
-								"    JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass "
-								"      AND d.objid = p.oid AND d.deptype = 'e' "
-								"    JOIN pg_catalog.pg_extension x ON x.oid = d.refobjid AND x.extname = 'pg_cai' "
-								"    WHERE p.proname = 'cai_chat'), false) "
-								"FROM cai.jobs j "
-								"JOIN cai.messages m ON m.id = j.message_id "
-								"JOIN cai.conversations c ON c.id = j.conversation_id "
-								"LEFT JOIN pg_catalog.pg_roles r ON r.rolname = c.owner "
-								"WHERE j.id = $1 AND j.status = 'running' AND j.attempts = $2 "
-								"FOR UPDATE OF j",
-								2, load_types, load_values, NULL, false, 1);
+	ret = SPI_execute_plan(CaiKeepPlan(&load_job_plan,
+									 "SELECT j.message_id, m.role, m.conversation_id = j.conversation_id, j.options, "
+									 "  c.owner, r.oid, r.oid IS NULL, "
+									 "  coalesce((SELECT pg_catalog.bool_and(pg_catalog.has_function_privilege(r.oid, p.oid, 'EXECUTE')) "
+									 "    FROM pg_catalog.pg_proc p "
+									 "    JOIN pg_catalog.pg_depend d ON d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass "
+									 "      AND d.objid = p.oid AND d.deptype = 'e' "
+									 "    JOIN pg_catalog.pg_extension x ON x.oid = d.refobjid AND x.extname = 'pg_cai' "
+									 "    WHERE p.proname = 'cai_chat'), false) "
+									 "FROM cai.jobs j "
+									 "JOIN cai.messages m ON m.id = j.message_id "
+									 "JOIN cai.conversations c ON c.id = j.conversation_id "
+									 "LEFT JOIN pg_catalog.pg_roles r ON r.rolname = c.owner "
+									 "WHERE j.id = $1 AND j.status = 'running' AND j.attempts = $2 "
+									 "FOR UPDATE OF j",
+									 2, load_types),
+						   load_values, NULL, false, 1);
 	if (ret != SPI_OK_SELECT)
 		elog(ERROR, "could not read job " INT64_FORMAT ": %s", claim->id,
 			 SPI_result_code_string(ret));
@@ -418,9 +441,11 @@ answer_job(const JobClaim *claim)
 	SPI_connect();
 	done_values[0] = Int64GetDatum(claim->id);
 	done_values[1] = Int64GetDatum(reply_id);
-	ret = SPI_execute_with_args("UPDATE cai.jobs SET status = 'done', error = NULL, reply_id = $2, "
-								"finished_at = clock_timestamp() WHERE id = $1",
-								2, done_types, done_values, NULL, false, 0);
+	ret = SPI_execute_plan(CaiKeepPlan(&job_done_plan,
+									 "UPDATE cai.jobs SET status = 'done', error = NULL, reply_id = $2, "
+									 "finished_at = clock_timestamp() WHERE id = $1",
+									 2, done_types),
+						   done_values, NULL, false, 0);
 	if (ret != SPI_OK_UPDATE || SPI_processed != 1)
 		elog(ERROR, "could not mark job " INT64_FORMAT " done: %s", claim->id,
 			 SPI_result_code_string(ret));
@@ -517,13 +542,15 @@ record_failure(const JobClaim *claim, ErrorData *edata)
 	values[1] = Int32GetDatum(claim->attempts);
 	values[2] = CStringGetTextDatum(reason);
 	values[3] = BoolGetDatum(retry);
-	ret = SPI_execute_with_args("UPDATE cai.jobs SET error = $3, "
-								"status = CASE WHEN $4 THEN 'pending' ELSE 'failed' END, "
-								"attempts = CASE WHEN $4 THEN attempts - 1 ELSE attempts END, "
-								"started_at = CASE WHEN $4 THEN NULL ELSE started_at END, "
-								"finished_at = CASE WHEN $4 THEN NULL ELSE clock_timestamp() END "
-								"WHERE id = $1 AND status = 'running' AND attempts = $2",
-								4, argtypes, values, NULL, false, 0);
+	ret = SPI_execute_plan(CaiKeepPlan(&job_failed_plan,
+									 "UPDATE cai.jobs SET error = $3, "
+									 "status = CASE WHEN $4 THEN 'pending' ELSE 'failed' END, "
+									 "attempts = CASE WHEN $4 THEN attempts - 1 ELSE attempts END, "
+									 "started_at = CASE WHEN $4 THEN NULL ELSE started_at END, "
+									 "finished_at = CASE WHEN $4 THEN NULL ELSE clock_timestamp() END "
+									 "WHERE id = $1 AND status = 'running' AND attempts = $2",
+									 4, argtypes),
+						   values, NULL, false, 0);
 	if (ret != SPI_OK_UPDATE)
 		elog(ERROR, "could not record the failure of job " INT64_FORMAT ": %s", claim->id,
 			 SPI_result_code_string(ret));
