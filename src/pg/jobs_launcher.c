@@ -40,9 +40,23 @@
 /* a stopped runner is started again after this, doubled while runners keep failing at once */
 #define CAI_JOB_RESTART_MS 1000
 #define CAI_JOB_RESTART_MAX_MS 60000
+/* a runner that stopped within this of its start counts as failing at once */
+#define CAI_JOB_QUICK_EXIT_MS 30000
+/* the backoff doubles at most this many times */
+#define CAI_JOB_MAX_DOUBLINGS 6
 
 /* PgCaiJobLauncher: its idle wait (pg_compat.h) */
 static uint32 launcher_wait_event = 0;
+
+/* What the launcher knows of each runner slot (CaiJobSlotCount()) and each listed database */
+typedef struct LauncherState
+{
+	BackgroundWorkerHandle **handles;	/* per slot: its runner, NULL while none runs */
+	TimestampTz *next_start;	/* per slot: not started again before this */
+	TimestampTz *started_at;	/* per slot: when its runner was last started */
+	int		   *quick_exits;	/* per slot: runners in a row that stopped at once */
+	bool	   *reported;		/* per database: its absence is logged already */
+} LauncherState;
 
 /*
  * CaiJobLauncherRegister
@@ -146,6 +160,128 @@ start_runner(int slot, Oid database, const char *dbname)
 }
 
 /*
+ * runner_is_running
+ *		True while the slot's runner runs.  When it has stopped, forgets it and schedules its
+ *		restart: after CAI_JOB_RESTART_MS, doubled for each runner in a row that stopped soon
+ *		after its start, so that runners that cannot work do not spin.  Exits when the
+ *		postmaster is gone.
+ */
+static bool
+runner_is_running(LauncherState *ls, int slot, TimestampTz now)
+{
+	pid_t		pid;
+	BgwHandleStatus status;
+
+	if (ls->handles[slot] == NULL)
+		return false;
+	status = GetBackgroundWorkerPid(ls->handles[slot], &pid);
+	if (status == BGWH_POSTMASTER_DIED)
+		proc_exit(1);
+	if (status != BGWH_STOPPED)
+		return true;
+
+	pfree(ls->handles[slot]);
+	ls->handles[slot] = NULL;
+	if (TimestampDifferenceExceeds(ls->started_at[slot], now, CAI_JOB_QUICK_EXIT_MS))
+		ls->quick_exits[slot] = 0;
+	else
+		ls->quick_exits[slot] = Min(ls->quick_exits[slot] + 1, CAI_JOB_MAX_DOUBLINGS);
+	ls->next_start[slot] =
+		TimestampTzPlusMilliseconds(now, Min(CAI_JOB_RESTART_MS << ls->quick_exits[slot],
+											 CAI_JOB_RESTART_MAX_MS));
+	return false;
+}
+
+/*
+ * database_to_serve
+ *		The oid of listed database d when runners can connect to it; otherwise InvalidOid, logged
+ *		once until the database appears (runners wait for it quietly after that).
+ */
+static Oid
+database_to_serve(LauncherState *ls, int d)
+{
+	const char *dbname = CaiJobDatabaseName(d);
+	Oid			database = lookup_database(dbname);
+
+	if (!OidIsValid(database) && !ls->reported[d])
+		ereport(LOG,
+				(errmsg("pg_cai job runners wait for database \"%s\", listed in pg_cai.job_databases, to exist and accept connections",
+						dbname)));
+	ls->reported[d] = !OidIsValid(database);
+	return database;
+}
+
+/*
+ * tend_database
+ *		Starts the runners of listed database d that are due: not running, and past their
+ *		restart time.  The database is looked up at most once, and only when a runner is due,
+ *		since that takes a transaction.  Returns timeout, lowered to the next restart time of a
+ *		runner that is not due yet.
+ */
+static long
+tend_database(LauncherState *ls, int d, TimestampTz now, long timeout)
+{
+	const char *dbname = CaiJobDatabaseName(d);
+	Oid			database = InvalidOid;
+	bool		looked_up = false;
+	int			w;
+
+	for (w = 0; w < cai_job_workers; w++)
+	{
+		int			slot = d * cai_job_workers + w;
+
+		if (runner_is_running(ls, slot, now))
+			continue;
+
+		if (now < ls->next_start[slot])
+		{
+			long		secs;
+			int			usecs;
+
+			TimestampDifference(now, ls->next_start[slot], &secs, &usecs);
+			timeout = Min(timeout, secs * 1000 + usecs / 1000 + 1);
+			continue;
+		}
+
+		if (!looked_up)
+		{
+			database = database_to_serve(ls, d);
+			looked_up = true;
+		}
+		if (!OidIsValid(database))
+			break;
+
+		ls->handles[slot] = start_runner(slot, database, dbname);
+		ls->started_at[slot] = now;
+		if (ls->handles[slot] == NULL)
+		{
+			ereport(LOG,
+					(errmsg("could not start a pg_cai job runner for database \"%s\": no background worker slot is free",
+							dbname),
+					 errhint("Raise max_worker_processes, or lower pg_cai.job_workers.")));
+			ls->next_start[slot] = TimestampTzPlusMilliseconds(now, CAI_JOB_LAUNCHER_CHECK_MS);
+		}
+	}
+	return timeout;
+}
+
+/* The launcher's bookkeeping, zeroed, for the life of the process. */
+static LauncherState *
+launcher_state_create(void)
+{
+	int			n_slots = CaiJobSlotCount();
+	LauncherState *ls = MemoryContextAllocZero(TopMemoryContext, sizeof(LauncherState));
+
+	ls->handles = MemoryContextAllocZero(TopMemoryContext, sizeof(*ls->handles) * n_slots);
+	ls->next_start = MemoryContextAllocZero(TopMemoryContext, sizeof(*ls->next_start) * n_slots);
+	ls->started_at = MemoryContextAllocZero(TopMemoryContext, sizeof(*ls->started_at) * n_slots);
+	ls->quick_exits = MemoryContextAllocZero(TopMemoryContext, sizeof(*ls->quick_exits) * n_slots);
+	ls->reported = MemoryContextAllocZero(TopMemoryContext,
+										  sizeof(*ls->reported) * CaiJobDatabaseCount());
+	return ls;
+}
+
+/*
  * CaiJobLauncherMain
  *		Entry point of the job launcher: keeps pg_cai.job_workers runners going for every database
  *		in pg_cai.job_databases that exists.  The postmaster tells it (SIGUSR1, which sets its
@@ -154,23 +290,14 @@ start_runner(int slot, Oid database, const char *dbname)
 void
 CaiJobLauncherMain(Datum main_arg)
 {
-	int			n_slots = CaiJobSlotCount();
-	BackgroundWorkerHandle **handles;
-	TimestampTz *next_start;
-	TimestampTz *started_at;
-	int		   *quick_exits;
-	bool	   *reported;
+	LauncherState *ls;
 
 	pqsignal(SIGTERM, die);
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
 	BackgroundWorkerUnblockSignals();
 	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
 
-	handles = MemoryContextAllocZero(TopMemoryContext, sizeof(*handles) * n_slots);
-	next_start = MemoryContextAllocZero(TopMemoryContext, sizeof(*next_start) * n_slots);
-	started_at = MemoryContextAllocZero(TopMemoryContext, sizeof(*started_at) * n_slots);
-	quick_exits = MemoryContextAllocZero(TopMemoryContext, sizeof(*quick_exits) * n_slots);
-	reported = MemoryContextAllocZero(TopMemoryContext, sizeof(*reported) * CaiJobDatabaseCount());
+	ls = launcher_state_create();
 
 	CaiJobsSetLauncher(MyProc);
 	before_shmem_exit(launcher_shutdown, (Datum) 0);
@@ -195,73 +322,7 @@ CaiJobLauncherMain(Datum main_arg)
 
 		now = GetCurrentTimestamp();
 		for (d = 0; d < CaiJobDatabaseCount(); d++)
-		{
-			const char *dbname = CaiJobDatabaseName(d);
-			Oid			database = InvalidOid;
-			bool		looked_up = false;
-			int			w;
-
-			for (w = 0; w < cai_job_workers; w++)
-			{
-				int			slot = d * cai_job_workers + w;
-
-				if (handles[slot] != NULL)
-				{
-					pid_t		pid;
-					BgwHandleStatus status = GetBackgroundWorkerPid(handles[slot], &pid);
-
-					if (status == BGWH_POSTMASTER_DIED)
-						proc_exit(1);
-					if (status != BGWH_STOPPED)
-						continue;
-
-					/* it stopped: start it again, later when runners keep dying at once */
-					pfree(handles[slot]);
-					handles[slot] = NULL;
-					if (TimestampDifferenceExceeds(started_at[slot], now, 30000))
-						quick_exits[slot] = 0;
-					else
-						quick_exits[slot] = Min(quick_exits[slot] + 1, 6);
-					next_start[slot] =
-						TimestampTzPlusMilliseconds(now, Min(CAI_JOB_RESTART_MS << quick_exits[slot],
-															 CAI_JOB_RESTART_MAX_MS));
-				}
-
-				if (now < next_start[slot])
-				{
-					long		secs;
-					int			usecs;
-
-					TimestampDifference(now, next_start[slot], &secs, &usecs);
-					timeout = Min(timeout, secs * 1000 + usecs / 1000 + 1);
-					continue;
-				}
-
-				if (!looked_up)
-				{
-					database = lookup_database(dbname);
-					looked_up = true;
-					if (!OidIsValid(database) && !reported[d])
-						ereport(LOG,
-								(errmsg("pg_cai job runners wait for database \"%s\", listed in pg_cai.job_databases, to exist and accept connections",
-										dbname)));
-					reported[d] = !OidIsValid(database);
-				}
-				if (!OidIsValid(database))
-					break;
-
-				handles[slot] = start_runner(slot, database, dbname);
-				started_at[slot] = now;
-				if (handles[slot] == NULL)
-				{
-					ereport(LOG,
-							(errmsg("could not start a pg_cai job runner for database \"%s\": no background worker slot is free",
-									dbname),
-							 errhint("Raise max_worker_processes, or lower pg_cai.job_workers.")));
-					next_start[slot] = TimestampTzPlusMilliseconds(now, CAI_JOB_LAUNCHER_CHECK_MS);
-				}
-			}
-		}
+			timeout = tend_database(ls, d, now, timeout);
 
 		(void) WaitLatch(MyLatch,
 						 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
