@@ -2,9 +2,9 @@
  * pg_cai.c — module entry of pg_cai, chat completion inside PostgreSQL.
  *
  * _PG_init only wires subsystems together: settings (src/pg/guc.c), shared memory
- * (src/pg/shmem.c), the engine worker (src/pg/worker.c) and the job launcher of asynchronous
- * replies (src/pg/jobs.c).  It never touches the model or a
- * GPU: those belong to the worker process alone.  pg_cai must be loaded through
+ * (src/pg/shmem.c), the asynchronous reply jobs' own shared memory (src/pg/jobs_shmem.c), the
+ * engine worker (src/pg/worker.c) and the job launcher (src/pg/jobs_launcher.c).  It never touches
+ * the model or a GPU: those belong to the worker process alone.  pg_cai must be loaded through
  * shared_preload_libraries; loaded any other way it defines nothing and its SQL functions say so.
  */
 #include "postgres.h"
@@ -13,7 +13,8 @@
 #include "miscadmin.h"
 
 #include "guc.h"
-#include "jobs.h"
+#include "jobs_launcher.h"
+#include "jobs_shmem.h"
 #include "shmem.h"
 #include "worker.h"
 
@@ -29,6 +30,7 @@ _PG_init(void)
 
 	CaiGucInit();
 	CaiShmemInit();
+	CaiJobsShmemInit();
 	CaiWorkerInit();
-	CaiJobsInit();
+	CaiJobLauncherRegister();
 }

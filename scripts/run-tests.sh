@@ -1,8 +1,8 @@
 #!/bin/bash
 # scripts/run-tests.sh — pg_cai's whole test suite: the engine's unit tests, a smoke run of each
-# fuzz target, pg_regress on a throwaway cluster, then the scenario tests (cancel, timeout,
-# worker restart, rollback, concurrency, no model).  Ends with one line "N passed, N failed"
-# over all of them and exits non-zero when anything failed.
+# fuzz target, the src/pg include-graph check, pg_regress on a throwaway cluster, then the
+# scenario tests (cancel, timeout, worker restart, rollback, concurrency, no model).  Ends with one
+# line "N passed, N failed" over all of them and exits non-zero when anything failed.
 #
 # Run as root (the server runs as the postgres OS user) or as the user that owns PostgreSQL,
 # after `make install`.  The model is $CAI_MODEL, or models/SmolLM2-135M-Instruct.Q4_1.gguf.
@@ -94,6 +94,15 @@ if [ -n "$kit_line" ]; then
 	skipped=$((skipped + $(echo "$kit_line" | awk '{print $5}')))
 else
 	say "the GPU kit did not report a result"
+	failed=$((failed + 1))
+fi
+
+# ---- 1d. src/pg's modules include each other without a circle (scripts/check-include-graph.py);
+# one count ---------------------------------------------------------------------------------------
+say "== src/pg include graph"
+if python3 "$ROOT/scripts/check-include-graph.py" --quiet >&2; then
+	passed=$((passed + 1))
+else
 	failed=$((failed + 1))
 fi
 

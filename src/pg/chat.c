@@ -1,7 +1,8 @@
 /*
  * chat.c — the SQL functions that generate: cai_new_conversation, cai_chat, cai_chat_stream,
  * cai_complete, cai_chat_completion, the typed replies cai_chat_json and cai_complete_json, and
- * the trigger cai_reply_trigger.
+ * CaiReplyToMessage, which the reply triggers (reply_trigger.c) and the job runners
+ * (jobs_runner.c) answer a stored user turn with.
  *
  * All run in the caller's backend as the caller: they read the conversation (its stored token
  * ids included) with SPI, send the turns to the engine worker, wait for the reply, and store the
@@ -9,15 +10,10 @@
  * before a row is written, so a failed call leaves no half-written turn.
  *
  * A user turn gets exactly one reply: cai_chat inserts its user row with
- * cai_replying_in_function set, and cai_reply_trigger (like the asynchronous
- * cai_enqueue_reply_trigger of src/pg/jobs.c) leaves such rows alone; the two triggers refuse to
- * work while both are attached.
+ * cai_replying_in_function set, and the reply triggers (reply_trigger.c) leave such rows alone.
  */
 #include "postgres.h"
 
-#include "catalog/namespace.h"
-#include "commands/trigger.h"
-#include "executor/spi.h"
 #include "funcapi.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
@@ -31,7 +27,6 @@
 #include "chat.h"
 #include "conversation.h"
 #include "guc.h"
-#include "jobs.h"
 #include "options.h"
 #include "protocol.h"
 #include "shmem.h"
@@ -45,7 +40,6 @@ PG_FUNCTION_INFO_V1(pg_cai_chat_json);
 PG_FUNCTION_INFO_V1(pg_cai_complete_json);
 PG_FUNCTION_INFO_V1(pg_cai_chat_json_text);
 PG_FUNCTION_INFO_V1(pg_cai_complete_json_text);
-PG_FUNCTION_INFO_V1(pg_cai_reply_trigger);
 
 /*
  * cache_salt
@@ -237,7 +231,7 @@ insert_assistant_turn(int64 conversation_id, const CaiGeneration *gen)
  *		the reply, and returns the reply's id.  Runs as the current user (row-level security,
  *		grants and the prefix-cache salt are that role's) and locks the conversation row until
  *		the end of the transaction, like cai_chat.  Shared by cai_reply_trigger and the job
- *		runner (src/pg/jobs.c), so that a reply is produced the same way whoever asks.
+ *		runner (jobs_runner.c), so that a reply is produced the same way whoever asks.
  */
 int64
 CaiReplyToMessage(int64 conversation_id, int64 message_id, Jsonb *options)
@@ -739,97 +733,4 @@ pg_cai_chat_completion(PG_FUNCTION_ARGS)
 					 gen->final.cached_tokens);
 
 	PG_RETURN_DATUM(DirectFunctionCall1(jsonb_in, CStringGetDatum(out.data)));
-}
-
-
-/* A column of the trigger's row by name; errors when the table lacks it. */
-static Datum
-trigger_column(TriggerData *trigdata, const char *trigger_name, const char *name, bool *isnull)
-{
-	TupleDesc	desc = RelationGetDescr(trigdata->tg_relation);
-	int			attno = SPI_fnumber(desc, name);
-
-	if (attno <= 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("%s must be attached to cai.messages", trigger_name),
-				 errdetail("Table \"%s\" has no column \"%s\".",
-						   RelationGetRelationName(trigdata->tg_relation), name)));
-	return heap_getattr(trigdata->tg_trigtuple, attno, desc, isnull);
-}
-
-/*
- * CaiReadTriggeredTurn
- *		The shared prologue of the reply triggers (cai_reply_trigger, cai_enqueue_reply_trigger):
- *		checks that fcinfo is an AFTER INSERT FOR EACH ROW trigger on cai.messages (trigger_name
- *		names it in errors) and reads the inserted row.  Returns false for a row not to answer:
- *		not a user turn, or one that cai_chat inserted and answers itself.  An empty message is
- *		an error; the trigger's optional argument is validated as options ('{}' when absent).
- */
-bool
-CaiReadTriggeredTurn(FunctionCallInfo fcinfo, const char *trigger_name, CaiTriggeredTurn *turn)
-{
-	TriggerData *trigdata = (TriggerData *) fcinfo->context;
-	Relation	rel;
-	Datum		d;
-	bool		isnull;
-	char	   *content;
-
-	if (!CALLED_AS_TRIGGER(fcinfo))
-		ereport(ERROR,
-				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("%s must be called as a trigger", trigger_name)));
-	if (!TRIGGER_FIRED_AFTER(trigdata->tg_event) ||
-		!TRIGGER_FIRED_FOR_ROW(trigdata->tg_event) ||
-		!TRIGGER_FIRED_BY_INSERT(trigdata->tg_event))
-		ereport(ERROR,
-				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("%s must be fired AFTER INSERT FOR EACH ROW", trigger_name)));
-	rel = trigdata->tg_relation;
-	if (RelationGetNamespace(rel) != get_namespace_oid("cai", true) ||
-		strcmp(RelationGetRelationName(rel), "messages") != 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
-				 errmsg("%s must be attached to cai.messages", trigger_name)));
-	(void) CaiSharedStateOrError();
-
-	d = trigger_column(trigdata, trigger_name, "role", &isnull);
-	if (isnull || strcmp(TextDatumGetCString(d), "user") != 0 || cai_replying_in_function)
-		return false;
-	CaiCheckOneReplyTrigger(trigdata);
-
-	d = trigger_column(trigdata, trigger_name, "content", &isnull);
-	content = isnull ? "" : TextDatumGetCString(d);
-	if (content[0] == '\0')
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("message must not be empty")));
-	turn->message_id = DatumGetInt64(trigger_column(trigdata, trigger_name, "id", &isnull));
-	turn->conversation_id = DatumGetInt64(trigger_column(trigdata, trigger_name,
-														 "conversation_id", &isnull));
-	turn->options = DatumGetJsonbP(DirectFunctionCall1(jsonb_in,
-													   CStringGetDatum(trigdata->tg_trigger->tgnargs > 0
-																	   ? trigdata->tg_trigger->tgargs[0]
-																	   : "{}")));
-	CaiOptionsValidate(turn->options);
-	return true;
-}
-
-/*
- * cai_reply_trigger() -> trigger
- *		AFTER INSERT FOR EACH ROW on cai.messages: answers each inserted user turn
- *		synchronously, in the inserting transaction, and stores the reply.  An optional trigger
- *		argument holds options as JSON text.  Rows that cai_chat inserts are left alone: it
- *		answers them itself.
- */
-Datum
-pg_cai_reply_trigger(PG_FUNCTION_ARGS)
-{
-	CaiTriggeredTurn turn;
-
-	if (!CaiReadTriggeredTurn(fcinfo, "cai_reply_trigger", &turn))
-		return PointerGetDatum(NULL);
-	(void) CaiReplyToMessage(turn.conversation_id, turn.message_id, turn.options);
-
-	return PointerGetDatum(NULL);
 }

@@ -1,7 +1,7 @@
 /*
  * conversation.c — reads and writes conversations and their turns with SPI, as the caller.
  *
- * Plans are prepared once per backend and kept (SPI_keepplan).  The plan cache replans them
+ * Plans are prepared once per backend and kept (spi_plan.c).  The plan cache replans them
  * when the calling role changes, so row-level security is applied for whoever calls.  Results
  * are copied into the caller's memory context before SPI_finish.
  */
@@ -19,6 +19,7 @@
 #include "conversation.h"
 #include "options.h"
 #include "protocol.h"
+#include "spi_plan.h"
 
 PG_FUNCTION_INFO_V1(pg_cai_validate_options);
 PG_FUNCTION_INFO_V1(pg_cai_check_options);
@@ -30,28 +31,6 @@ static SPIPlanPtr lock_plan = NULL;
 static SPIPlanPtr turns_plan = NULL;
 static SPIPlanPtr insert_plan = NULL;
 static SPIPlanPtr set_tokens_plan = NULL;
-
-/*
- * CaiKeepPlan
- *		Prepares a statement once per backend (kept with SPI_keepplan) and caches it in *cache.
- *		Requires an SPI connection.
- */
-SPIPlanPtr
-CaiKeepPlan(SPIPlanPtr *cache, const char *query, int nargs, Oid *argtypes)
-{
-	if (*cache == NULL)
-	{
-		SPIPlanPtr	plan = SPI_prepare(query, nargs, argtypes);
-
-		if (plan == NULL)
-			elog(ERROR, "SPI_prepare failed for \"%s\": %s", query,
-				 SPI_result_code_string(SPI_result));
-		if (SPI_keepplan(plan) != 0)
-			elog(ERROR, "SPI_keepplan failed");
-		*cache = plan;
-	}
-	return *cache;
-}
 
 /* An int4[] datum built from ids (n >= 0). */
 static Datum

@@ -8,7 +8,6 @@
 #ifndef PG_CAI_CONVERSATION_H
 #define PG_CAI_CONVERSATION_H
 
-#include "executor/spi.h"
 #include "nodes/pg_list.h"
 #include "utils/jsonb.h"
 
@@ -45,7 +44,5 @@ extern CaiConversation *CaiConversationLoad(int64 id, int64 up_to_message);
 extern int64 CaiMessageInsert(int64 conversation_id, const char *role, const char *content,
 							  const int32 *tokens, int n_tokens, const CaiStoredUsage *usage);
 extern void CaiMessageSetTokens(int64 message_id, const int32 *tokens, int n_tokens);
-
-extern SPIPlanPtr CaiKeepPlan(SPIPlanPtr *cache, const char *query, int nargs, Oid *argtypes);
 
 #endif							/* PG_CAI_CONVERSATION_H */

@@ -14,10 +14,10 @@
 #include <limits.h>
 
 #include "utils/guc.h"
+#include "utils/varlena.h"
 
 #include "cai.h"
 #include "guc.h"
-#include "jobs.h"
 
 char	   *cai_model_path = NULL;
 char	   *cai_chat_template = NULL;
@@ -90,12 +90,101 @@ CaiDeviceSettingName(int device)
 }
 
 /*
- * CaiGucInit
- *		Defines every pg_cai.* setting and reserves the prefix.  Called from _PG_init while
- *		shared_preload_libraries is processed.
+ * check_job_databases
+ *		Check hook of pg_cai.job_databases: a list of distinct database names.  The jobs' code
+ *		parses the list again in the postmaster, trusting this check.
  */
-void
-CaiGucInit(void)
+static bool
+check_job_databases(char **newval, void **extra, GucSource source)
+{
+	char	   *raw;
+	List	   *names;
+	ListCell   *a;
+	bool		ok = true;
+
+	if (*newval == NULL)
+		return true;
+	raw = pstrdup(*newval);
+	if (!SplitIdentifierString(raw, ',', &names))
+	{
+		GUC_check_errdetail("List syntax is invalid.");
+		ok = false;
+	}
+	else
+	{
+		foreach(a, names)
+		{
+			ListCell   *b;
+
+			for_each_cell(b, names, lnext(names, a))
+			{
+				if (strcmp((char *) lfirst(a), (char *) lfirst(b)) == 0)
+				{
+					GUC_check_errdetail("Database \"%s\" is listed twice.", (char *) lfirst(a));
+					ok = false;
+				}
+			}
+		}
+	}
+	list_free(names);
+	pfree(raw);
+	return ok;
+}
+
+/*
+ * define_postmaster_settings
+ *		The settings that size shared memory (the intake ring, the job runners' slots) or the set of
+ *		background workers: fixed while the server runs.
+ */
+static void
+define_postmaster_settings(void)
+{
+	DefineCustomIntVariable("pg_cai.max_batch",
+							"Sequences the engine runs together in one batch.",
+							NULL,
+							&cai_max_batch,
+							16, 1, 1024,
+							PGC_POSTMASTER,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("pg_cai.max_queue",
+							"Requests that may wait for the engine before new ones are refused.",
+							NULL,
+							&cai_max_queue,
+							64, 1, 65536,
+							PGC_POSTMASTER,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomStringVariable("pg_cai.job_databases",
+							   "Databases whose asynchronous reply jobs (cai.jobs) are run.",
+							   "A comma-separated list of database names. Each listed database that "
+							   "exists gets pg_cai.job_workers job runners; empty means none.",
+							   &cai_job_databases,
+							   "",
+							   PGC_POSTMASTER,
+							   GUC_LIST_INPUT,
+							   check_job_databases, NULL, NULL);
+
+	DefineCustomIntVariable("pg_cai.job_workers",
+							"Job runners per database of pg_cai.job_databases.",
+							"Each runner answers one message at a time; the engine batches "
+							"the runners' generations with everyone else's.",
+							&cai_job_workers,
+							2, 1, 64,
+							PGC_POSTMASTER,
+							0,
+							NULL, NULL, NULL);
+}
+
+/*
+ * define_engine_process_settings
+ *		The settings of the engine process: a reload that changes one starts a new engine with it,
+ *		so they are PGC_SIGHUP and set only in the configuration files or by ALTER SYSTEM.
+ */
+static void
+define_engine_process_settings(void)
 {
 	DefineCustomStringVariable("pg_cai.model",
 							   "Path of the GGUF model file the engine worker loads.",
@@ -174,15 +263,6 @@ CaiGucInit(void)
 							0,
 							NULL, NULL, NULL);
 
-	DefineCustomIntVariable("pg_cai.max_batch",
-							"Sequences the engine runs together in one batch.",
-							NULL,
-							&cai_max_batch,
-							16, 1, 1024,
-							PGC_POSTMASTER,
-							0,
-							NULL, NULL, NULL);
-
 	DefineCustomIntVariable("pg_cai.max_step_tokens",
 							"Token budget of one engine step (decodes plus prefill chunks).",
 							NULL,
@@ -209,16 +289,15 @@ CaiGucInit(void)
 							PGC_SIGHUP,
 							GUC_UNIT_MB,
 							NULL, NULL, NULL);
+}
 
-	DefineCustomIntVariable("pg_cai.max_queue",
-							"Requests that may wait for the engine before new ones are refused.",
-							NULL,
-							&cai_max_queue,
-							64, 1, 65536,
-							PGC_POSTMASTER,
-							0,
-							NULL, NULL, NULL);
-
+/*
+ * define_running_engine_settings
+ *		Reloadable settings the worker applies to the running engine, without a restart.
+ */
+static void
+define_running_engine_settings(void)
+{
 	DefineCustomIntVariable("pg_cai.max_queue_wait",
 							"Refuse a request at once when its estimated wait for the engine is longer.",
 							"The estimate is the requests ahead of it times the recent service time. "
@@ -249,27 +328,16 @@ CaiGucInit(void)
 							PGC_SIGHUP,
 							GUC_UNIT_MS,
 							NULL, NULL, NULL);
+}
 
-	DefineCustomStringVariable("pg_cai.job_databases",
-							   "Databases whose asynchronous reply jobs (cai.jobs) are run.",
-							   "A comma-separated list of database names. Each listed database that "
-							   "exists gets pg_cai.job_workers job runners; empty means none.",
-							   &cai_job_databases,
-							   "",
-							   PGC_POSTMASTER,
-							   GUC_LIST_INPUT,
-							   CaiJobDatabasesCheck, NULL, NULL);
-
-	DefineCustomIntVariable("pg_cai.job_workers",
-							"Job runners per database of pg_cai.job_databases.",
-							"Each runner answers one message at a time; the engine batches "
-							"the runners' generations with everyone else's.",
-							&cai_job_workers,
-							2, 1, 64,
-							PGC_POSTMASTER,
-							0,
-							NULL, NULL, NULL);
-
+/*
+ * define_session_settings
+ *		cache_isolation decides who may share cached prompt prefixes, a security property, so only a
+ *		superuser sets it; max_tokens is an ordinary per-session default.
+ */
+static void
+define_session_settings(void)
+{
 	DefineCustomEnumVariable("pg_cai.cache_isolation",
 							 "Which requests may share cached prompt prefixes.",
 							 "role: requests of the same role; conversation: turns of the same "
@@ -289,6 +357,20 @@ CaiGucInit(void)
 							PGC_USERSET,
 							0,
 							NULL, NULL, NULL);
+}
+
+/*
+ * CaiGucInit
+ *		Defines every pg_cai.* setting and reserves the prefix.  Called from _PG_init while
+ *		shared_preload_libraries is processed.
+ */
+void
+CaiGucInit(void)
+{
+	define_postmaster_settings();
+	define_engine_process_settings();
+	define_running_engine_settings();
+	define_session_settings();
 
 	MarkGUCPrefixReserved("pg_cai");
 }

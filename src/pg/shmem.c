@@ -13,7 +13,6 @@
 #include "storage/shmem.h"
 
 #include "guc.h"
-#include "jobs.h"
 #include "shmem.h"
 
 CaiSharedState *cai_shared = NULL;
@@ -52,7 +51,6 @@ cai_shmem_request(void)
 		prev_shmem_request_hook();
 
 	RequestAddinShmemSpace(pg_cai_shmem_size());
-	RequestAddinShmemSpace(CaiJobsShmemSize());
 	RequestNamedLWLockTranche("pg_cai", 1);
 }
 
@@ -80,7 +78,6 @@ cai_shmem_startup(void)
 		cai_shared->state = CAI_WORKER_NOT_RUNNING;
 		cai_shared->ring_capacity = ring_capacity();
 	}
-	CaiJobsShmemStartup();
 
 	LWLockRelease(AddinShmemInitLock);
 }
