@@ -204,6 +204,7 @@ cmd_serve(int argc, char **argv)
 	template_name = copy_option(serve_opts.template_name);
 	device = copy_option(serve_opts.device);
 	cuda_library = copy_option(serve_opts.cuda_library);
+	serve_opts.numerics.weights = copy_option(serve_opts.numerics.weights);
 	if (!model_path || (serve_opts.template_name && !template_name) ||
 		(serve_opts.device && !device) || (serve_opts.cuda_library && !cuda_library))
 		return cli_error("serve: out of memory");

@@ -80,8 +80,8 @@ load_config(const synth_model_config *cfg, bool fref, cai_model **model, cai_err
 }
 
 /*
- * With the float reference and nearest rounding (the default, said explicitly): the
- * conversion's structure (smoothing, rotations, fused rows) can then be checked element by
+ * With the float reference, int8 weights and nearest rounding (the default, said explicitly):
+ * the conversion's structure (smoothing, rotations, fused rows) can then be checked element by
  * element against cai_quantize_row_i8.
  */
 static cai_status
@@ -91,6 +91,7 @@ load_config_nearest(const synth_model_config *cfg, cai_model **model, cai_error 
 
 	cai_model_params_default(&params);
 	params.load_float_reference = true;
+	params.weights = CAI_WEIGHTS_INT8;
 	params.compensated_rounding = false;
 	return load_config_with(cfg, &params, model, err);
 }

@@ -134,18 +134,15 @@ place_levels(cai_cpu_bmatrix *m, int g, int b, int lane, const int8_t *lv)
 	const int	nb = m->k / CAI_BLOCK_ELEMS;
 	uint8_t    *dst = (uint8_t *) m->q + ((size_t) g * nb + b) * block_bytes_of(m);
 
-	for (int e = 0; e < CAI_BLOCK_ELEMS; e++)
-	{
-		if (m->nibble)
-		{
-			int			within = e % 8;
-			int			at = 32 * (e / 8) + 4 * lane + within % 4;
-
-			dst[at] |= (uint8_t) ((lv[e] & 0x0f) << (within >= 4 ? 4 : 0));
-		}
-		else
-			dst[32 * (e / 4) + 4 * lane + e % 4] = (uint8_t) lv[e];
-	}
+	if (m->nibble)
+		for (int p = 0; p < 4; p++)
+			for (int i = 0; i < 4; i++)
+				dst[32 * p + 4 * lane + i] = (uint8_t) ((lv[8 * p + i] & 0x0f) |
+														((lv[8 * p + 4 + i] & 0x0f) << 4));
+	else
+		for (int s = 0; s < 8; s++)
+			for (int i = 0; i < 4; i++)
+				dst[32 * s + 4 * lane + i] = (uint8_t) lv[4 * s + i];
 }
 
 /* Places one decoded source block of row r. */
