@@ -9,6 +9,7 @@
 #include <string.h>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -573,9 +574,15 @@ group_avx2(const bgemm_job *j, int g)
 static bool
 avx2_f16c_available(void)
 {
+	unsigned int a,
+				b,
+				c,
+				d;
+
+	/* F16C from CPUID itself: not every compiler's __builtin_cpu_supports knows its name */
 	__builtin_cpu_init();
 	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-		__builtin_cpu_supports("f16c");
+		__get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C) != 0;
 }
 #endif
 
