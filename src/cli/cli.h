@@ -50,6 +50,7 @@ typedef struct cli_int_list
 typedef struct cli_option
 {
 	const char *name;			/* long name without dashes: "max-tokens" */
+	const char *alias;			/* an old long name still accepted (not in --help), or NULL */
 	char		short_name;		/* 'm', or 0 */
 	cli_option_kind kind;
 	void	   *target;			/* where the value goes (type per kind) */
@@ -102,7 +103,7 @@ int			cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The int8 path's numerics options of the commands that load a model (CLI_NUMERICS_OPTIONS). */
 typedef struct cli_numerics
 {
-	bool		compensated_rounding;
+	bool		gptq_rounding;
 	bool		two_digit_activations;
 } cli_numerics;
 
@@ -211,9 +212,9 @@ extern char **cli_argv;
 	}
 #define CLI_NUMERICS_OPTIONS(opts) \
 	{ \
-		.name = "compensated-rounding", .kind = CLI_OPT_FLAG, \
-		.target = &(opts).numerics.compensated_rounding, \
-		.help = "round weights along the calibration inputs (GPTQ) instead of to nearest", \
+		.name = "gptq-rounding", .alias = "compensated-rounding", .kind = CLI_OPT_FLAG, \
+		.target = &(opts).numerics.gptq_rounding, \
+		.help = "round weights by GPTQ along the calibration inputs instead of to nearest", \
 	}, \
 	{ \
 		.name = "two-digit-activations", .kind = CLI_OPT_FLAG, \

@@ -30,7 +30,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "json.h"
+#include "json_string.h"
 
 static struct
 {
@@ -625,8 +625,8 @@ cmd_bench(int argc, char **argv)
 	json_write_string(stdout, cai_engine_device(engine));
 	printf(",\n  \"threads\": %d,\n  \"repeat\": %d,\n", bench_opts.threads, bench_opts.repeat);
 	printf("  \"weight_rounding\": \"%s\",\n  \"activation_precision\": \"%s\",\n",
-		   bench_opts.numerics.compensated_rounding ? "compensated" : "nearest",
-		   bench_opts.numerics.two_digit_activations ? "int8x2" : "int8");
+		   bench_opts.numerics.gptq_rounding ? "gptq" : "nearest",
+		   bench_opts.numerics.two_digit_activations ? "two_digit" : "int8");
 	printf("  \"sampling\": {\"temperature\": %g, \"top_p\": %g, \"top_k\": %d, \"seed\": %llu},\n",
 		   bench_opts.temperature, bench_opts.top_p, bench_opts.top_k,
 		   (unsigned long long) bench_opts.seed);

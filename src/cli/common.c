@@ -63,7 +63,7 @@ cli_load_model(const char *path, int n_threads, bool float_reference,
 	params.load_float_reference = float_reference;
 	if (numerics)
 	{
-		params.compensated_rounding = numerics->compensated_rounding;
+		params.gptq_rounding = numerics->gptq_rounding;
 		params.two_digit_activations = numerics->two_digit_activations;
 	}
 	if (cai_model_load(path, &params, &model, &err) != CAI_OK)

@@ -55,8 +55,13 @@ static const cli_option *
 find_long(const cli_command *cmd, const char *name, size_t len)
 {
 	for (int i = 0; i < cmd->n_options; i++)
-		if (strlen(cmd->options[i].name) == len && strncmp(cmd->options[i].name, name, len) == 0)
+	{
+		const char *alias = cmd->options[i].alias;
+
+		if ((strlen(cmd->options[i].name) == len && strncmp(cmd->options[i].name, name, len) == 0) ||
+			(alias && strlen(alias) == len && strncmp(alias, name, len) == 0))
 			return &cmd->options[i];
+	}
 	return NULL;
 }
 

@@ -68,10 +68,10 @@ typedef struct cai_model_params
 	int			n_threads;		/* threads for requantization at load; 0 = all online cores */
 	bool		load_float_reference;	/* also keep fp32 weights (cai eval, fidelity tests) */
 	const char *chat_template;	/* "chatml", "llama3", "gemma", "llama2"; NULL = detect from GGUF */
-	bool		compensated_rounding;	/* round weights to int8 along the calibration
-										 * inputs' second moment (GPTQ) instead of to the
-										 * nearest level: closer to float on average, loads
-										 * about 4x slower (calibrate.c, "compensated rounding") */
+	bool		gptq_rounding;	/* round weights to int8 by GPTQ, along the
+								 * calibration inputs' second moment, instead of to the
+								 * nearest level: closer to float on average, loads
+								 * about 4x slower (calibrate.c, "GPTQ rounding") */
 	bool		two_digit_activations;	/* each int8 GEMM input also carries its rounding
 										 * error as a second int8 digit (about 15 bits in all)
 										 * and every int8 GEMM runs twice: closer to float,
@@ -110,7 +110,7 @@ typedef struct cai_model_info
 	size_t		kv_bytes_per_token; /* int8 KV + scales, all layers that own KV */
 	size_t		kv_window_bytes_per_token;	/* of which windowed layers', kept for kv_window */
 	int			kv_window;		/* positions the windowed layers look back (0: none) */
-	bool		compensated_rounding;	/* int8 weights rounded along the calibration inputs */
+	bool		gptq_rounding;	/* int8 weights rounded along the calibration inputs */
 	bool		two_digit_activations;	/* GEMM inputs as two int8 digits */
 	uint64_t	fingerprint;	/* identifies weights+tokenizer; seeds the prefix cache */
 	int32_t		bos_token;		/* -1 when the model has none */

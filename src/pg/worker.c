@@ -710,9 +710,9 @@ engine_arguments(StringInfo settings)
 		args[n++] = pstrdup("--template");
 		args[n++] = pstrdup(cai_chat_template);
 	}
-	if (cai_weight_rounding == CAI_ROUNDING_COMPENSATED)
-		args[n++] = pstrdup("--compensated-rounding");
-	if (cai_activation_precision == CAI_ACTIVATIONS_INT8X2)
+	if (cai_weight_rounding == CAI_ROUNDING_GPTQ)
+		args[n++] = pstrdup("--gptq-rounding");
+	if (cai_activation_precision == CAI_ACTIVATIONS_TWO_DIGIT)
 		args[n++] = pstrdup("--two-digit-activations");
 	resetStringInfo(settings);
 	for (int i = 0; i < n; i++)

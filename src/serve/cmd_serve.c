@@ -214,7 +214,7 @@ cmd_serve(int argc, char **argv)
 	cai_model_params_default(&config.model);
 	config.model.n_threads = serve_opts.threads;
 	config.model.chat_template = template_name;
-	config.model.compensated_rounding = serve_opts.numerics.compensated_rounding;
+	config.model.gptq_rounding = serve_opts.numerics.gptq_rounding;
 	config.model.two_digit_activations = serve_opts.numerics.two_digit_activations;
 	cai_engine_params_default(&config.engine);
 	config.engine.device = device ? device : "auto";

@@ -79,6 +79,10 @@ r = cai(*prompt, "--stop", "ital of Fr")
 c.check("a stop string split across tokens cuts the reply before it",
         r.returncode == 0 and r.stdout.strip() == "The cap", repr(r.stdout))
 
+r = cai("run", "-m", MODEL, "-p", "Hi", "--max-tokens", "2", "--compensated-rounding")
+c.check("cai run takes --compensated-rounding, the old name of --gptq-rounding", r.returncode == 0,
+        repr(r.stderr[-300:]))
+
 with tempfile.TemporaryDirectory() as out:
     r = cai("eval", "-m", MODEL, "-n", str(EVAL_TOKENS), "-c", str(EVAL_CTX), "--json",
             "--logits-out", out, TEXT)
