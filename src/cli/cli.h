@@ -58,7 +58,9 @@ typedef struct cli_option
 	const char *help;
 	double		min;			/* numeric range (ignored unless min < max) */
 	double		max;
+	bool		min_exclusive;	/* the range excludes min itself (top-p: above 0) */
 	int			max_items;		/* list kinds: at most this many (0 = CLI_LIST_MAX) */
+	int			max_len;		/* CLI_OPT_STRING_LIST: bytes per item at most (0 = any) */
 } cli_option;
 
 typedef struct cli_command
@@ -239,21 +241,22 @@ extern char **cli_argv;
 
 /*
  * The sampling options that `run` and `chat` share, as cli_option entries over a struct with
- * the fields temperature, top_p, top_k and seed.
+ * the fields temperature, top_p, top_k and seed.  Their ranges are cai.h's request limits.
  */
 #define CLI_SAMPLING_OPTIONS(opts) \
 	{ \
 		.name = "temp", .short_name = 't', .kind = CLI_OPT_FLOAT, .target = &(opts).temperature, \
 		.metavar = "T", .help = "sampling temperature; 0 = greedy (default 0)", \
-		.min = 0, .max = 100, \
+		.min = 0, .max = CAI_TEMPERATURE_MAX, \
 	}, \
 	{ \
 		.name = "top-p", .kind = CLI_OPT_FLOAT, .target = &(opts).top_p, .metavar = "P", \
 		.help = "nucleus sampling mass; 1 = off (default 1)", .min = 0, .max = 1, \
+		.min_exclusive = true, \
 	}, \
 	{ \
 		.name = "top-k", .kind = CLI_OPT_INT, .target = &(opts).top_k, .metavar = "K", \
-		.help = "sample among the K best tokens; 0 = off", .min = 0, .max = 10000000, \
+		.help = "sample among the K best tokens; 0 = off", .min = 0, .max = CAI_TOP_K_MAX, \
 	}, \
 	{ \
 		.name = "seed", .short_name = 's', .kind = CLI_OPT_U64, .target = &(opts).seed, \

@@ -45,7 +45,7 @@ static const cli_option chat_options[] = {
 		.metavar = "N",
 		.help = "reply tokens at most per turn (default 256)",
 		.min = 1,
-		.max = 1000000,
+		.max = CAI_MAX_TOKENS_MAX,
 	},
 	CLI_SAMPLING_OPTIONS(chat_opts),
 	CLI_THREADS_OPTION(chat_opts),

@@ -261,6 +261,42 @@ cai_sampling_params_default(cai_sampling_params *params)
 	params->max_tokens = 256;
 }
 
+/* See cai.h; the negated comparisons refuse NaN too. */
+cai_status
+cai_sampling_params_check(const cai_sampling_params *sp, cai_error *err)
+{
+	if (!(sp->temperature >= 0.0f && sp->temperature <= CAI_TEMPERATURE_MAX))
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"temperature must be between 0 and %g (got %.9g)", CAI_TEMPERATURE_MAX,
+						(double) sp->temperature);
+	if (!(sp->top_p > 0.0f && sp->top_p <= 1.0f))
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"top_p must be greater than 0 and at most 1 (got %.9g)",
+						(double) sp->top_p);
+	if (sp->top_k < 0 || sp->top_k > CAI_TOP_K_MAX)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"top_k must be between 0 and %d (got %d)", CAI_TOP_K_MAX, sp->top_k);
+	if (sp->max_tokens < 1 || sp->max_tokens > CAI_MAX_TOKENS_MAX)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"max_tokens must be between 1 and %d (got %d)", CAI_MAX_TOKENS_MAX,
+						sp->max_tokens);
+	if (sp->n_stop < 0 || sp->n_stop > CAI_MAX_STOP_STRINGS)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"stop takes at most %d strings (got %d)", CAI_MAX_STOP_STRINGS, sp->n_stop);
+	for (int i = 0; i < sp->n_stop; i++)
+	{
+		size_t		len = sp->stop[i] ? strlen(sp->stop[i]) : 0;
+
+		if (len == 0)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "stop must not contain an empty string");
+		if (len > CAI_STOP_MAX_BYTES)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+							"stop takes strings of at most %d bytes (got one of %zu)",
+							CAI_STOP_MAX_BYTES, len);
+	}
+	return CAI_OK;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Creation
  * ------------------------------------------------------------------------------------------- */
@@ -671,17 +707,8 @@ engine_submit(cai_engine *engine, const cai_request_params *params, uint64_t *re
 			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
 							"prompt token %d at position %d is outside the vocabulary (0..%d)",
 							params->prompt[i], i, n_vocab - 1);
-	if (sp->max_tokens < 1)
-		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "max_tokens must be at least 1");
-	if (!(sp->temperature >= 0.0f) || !(sp->top_p > 0.0f && sp->top_p <= 1.0f) || sp->top_k < 0)
-		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
-						"sampling parameters out of range (temperature >= 0, 0 < top_p <= 1, top_k >= 0)");
-	if (sp->n_stop < 0 || sp->n_stop > CAI_MAX_STOP_STRINGS)
-		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "at most %d stop strings are allowed",
-						CAI_MAX_STOP_STRINGS);
-	for (int i = 0; i < sp->n_stop; i++)
-		if (sp->stop[i] == NULL || sp->stop[i][0] == '\0')
-			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "stop strings must not be empty");
+	if ((st = cai_sampling_params_check(sp, err)) != CAI_OK)
+		return st;
 	/* a stop string would cut a constrained value wherever it matched */
 	if (params->grammar && sp->n_stop > 0)
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
