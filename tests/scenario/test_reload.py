@@ -119,7 +119,7 @@ try:
         reloaded = wait_for(lambda: stat("status") == "ready" and
                             value("SELECT cai_model_info()->>'%s'" % info_key) == on, 120, 0.1)
         r = psql("SELECT cai_complete('Hello', '{\"max_tokens\": 4, \"ignore_eos\": true}') IS NOT NULL")
-        c.check("%s = %s: the engine reloads with %s" % (setting, on, what),
+        c.check("%s = %s: the engine reloads with %s, reported as %s" % (setting, set_to, what, on),
                 reloaded is not None and r.rc == 0 and r.out == "t", repr(r))
         reload_conf((setting, None))
         back = wait_for(lambda: stat("status") == "ready" and
