@@ -10,7 +10,7 @@
 #   4. e2e      greedy tokens of the whole engine, GPU against CPU, over 300 steps: one sequence
 #               alone and a ragged batch of 16 (tests/gpu/e2e_greedy.c); they must be equal.
 #               On a GPU twice: decode steps replayed as CUDA graphs, then without (e2e-plain);
-#               then with two-digit activations and keys (e2e-int8x2), and on the Gemma-3-shaped
+#               then with two-digit activations and keys (e2e-two-digit), and on the Gemma-3-shaped
 #               model (e2e-gemma3: GeGLU, sandwich norms, the embedding scale, q/k norms, windows)
 #   5. bench    tests/bench/bench_gpu: decode batch 1/16/64/256, prefill and the int8 GEMM of the
 #               three shapes, each beside its roofline from the copy bandwidth and int8 rate it
@@ -211,9 +211,9 @@ if have tests/gpu/e2e_greedy && [ -f "$MODEL" ]; then
 	if [ "$mode" = gpu ]; then
 		e2e_step e2e-plain "$WORK/e2e-plain.json" "$MODEL" CAI_CUDA_GRAPHS=0
 	fi
-	# two-digit activations (pg_cai.activation_precision = int8x2): the residual quantization,
+	# two-digit activations (pg_cai.activation_precision = two_digit): the second digits' quantization,
 	# the embedding's second digits, every GEMM run on both digits, and two-digit keys
-	e2e_step e2e-int8x2 "$WORK/e2e-int8x2.json" "$MODEL" -- --two-digit-activations
+	e2e_step e2e-two-digit "$WORK/e2e-two-digit.json" "$MODEL" -- --two-digit-activations
 else
 	record e2e skipped 0 "e2e_greedy or the model is missing"
 fi

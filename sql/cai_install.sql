@@ -53,6 +53,15 @@ SELECT m->>'status' AS status, m->>'arch' AS arch, m->>'chat_template' AS templa
        m->'context_length' AS context, length(m->>'device') > 0 AS has_device,
        length(m->>'device_reason') > 0 AS says_why
 FROM cai_model_info() AS m;
+-- the numerics settings' values; their old names ('compensated', 'int8x2') are still accepted
+-- for one release but not listed
+SELECT name, enumvals FROM pg_settings
+WHERE name IN ('pg_cai.weight_rounding', 'pg_cai.activation_precision') ORDER BY name;
+ALTER SYSTEM SET pg_cai.weight_rounding = 'compensated';
+ALTER SYSTEM SET pg_cai.activation_precision = 'int8x2';
+ALTER SYSTEM SET pg_cai.activation_precision = 'int8x3';
+ALTER SYSTEM RESET pg_cai.weight_rounding;
+ALTER SYSTEM RESET pg_cai.activation_precision;
 -- the engine reports how it rounded the weights (pg_cai.weight_rounding)
 SELECT cai_model_info()->>'weight_rounding' AS weight_rounding, current_setting('pg_cai.weight_rounding') AS setting;
 -- and how it quantizes its GEMMs' inputs (pg_cai.activation_precision)

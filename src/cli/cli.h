@@ -50,6 +50,7 @@ typedef struct cli_int_list
 typedef struct cli_option
 {
 	const char *name;			/* long name without dashes: "max-tokens" */
+	const char *alias;			/* an old long name still accepted (not in --help), or NULL */
 	char		short_name;		/* 'm', or 0 */
 	cli_option_kind kind;
 	void	   *target;			/* where the value goes (type per kind) */
@@ -57,7 +58,9 @@ typedef struct cli_option
 	const char *help;
 	double		min;			/* numeric range (ignored unless min < max) */
 	double		max;
+	bool		min_exclusive;	/* the range excludes min itself (top-p: above 0) */
 	int			max_items;		/* list kinds: at most this many (0 = CLI_LIST_MAX) */
+	int			max_len;		/* CLI_OPT_STRING_LIST: bytes per item at most (0 = any) */
 } cli_option;
 
 typedef struct cli_command
@@ -102,7 +105,7 @@ int			cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The int8 path's numerics options of the commands that load a model (CLI_NUMERICS_OPTIONS). */
 typedef struct cli_numerics
 {
-	bool		compensated_rounding;
+	bool		gptq_rounding;
 	bool		two_digit_activations;
 	const char *weights;		/* --weights: "auto", "file" or "int8" (NULL: auto) */
 } cli_numerics;
@@ -220,9 +223,9 @@ extern char **cli_argv;
 		.help = "file: the GGUF's own 4-8 bit formats; int8: requantized; auto (default): file where every matrix has one", \
 	}, \
 	{ \
-		.name = "compensated-rounding", .kind = CLI_OPT_FLAG, \
-		.target = &(opts).numerics.compensated_rounding, \
-		.help = "round weights along the calibration inputs (GPTQ) instead of to nearest", \
+		.name = "gptq-rounding", .alias = "compensated-rounding", .kind = CLI_OPT_FLAG, \
+		.target = &(opts).numerics.gptq_rounding, \
+		.help = "round weights by GPTQ along the calibration inputs instead of to nearest", \
 	}, \
 	{ \
 		.name = "two-digit-activations", .kind = CLI_OPT_FLAG, \
@@ -247,21 +250,22 @@ extern char **cli_argv;
 
 /*
  * The sampling options that `run` and `chat` share, as cli_option entries over a struct with
- * the fields temperature, top_p, top_k and seed.
+ * the fields temperature, top_p, top_k and seed.  Their ranges are cai.h's request limits.
  */
 #define CLI_SAMPLING_OPTIONS(opts) \
 	{ \
 		.name = "temp", .short_name = 't', .kind = CLI_OPT_FLOAT, .target = &(opts).temperature, \
 		.metavar = "T", .help = "sampling temperature; 0 = greedy (default 0)", \
-		.min = 0, .max = 100, \
+		.min = 0, .max = CAI_TEMPERATURE_MAX, \
 	}, \
 	{ \
 		.name = "top-p", .kind = CLI_OPT_FLOAT, .target = &(opts).top_p, .metavar = "P", \
 		.help = "nucleus sampling mass; 1 = off (default 1)", .min = 0, .max = 1, \
+		.min_exclusive = true, \
 	}, \
 	{ \
 		.name = "top-k", .kind = CLI_OPT_INT, .target = &(opts).top_k, .metavar = "K", \
-		.help = "sample among the K best tokens; 0 = off", .min = 0, .max = 10000000, \
+		.help = "sample among the K best tokens; 0 = off", .min = 0, .max = CAI_TOP_K_MAX, \
 	}, \
 	{ \
 		.name = "seed", .short_name = 's', .kind = CLI_OPT_U64, .target = &(opts).seed, \

@@ -30,7 +30,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "json.h"
+#include "json_string.h"
 
 static struct
 {
@@ -416,33 +416,318 @@ run_decode(cai_engine *engine, const cai_model *model, const cli_tokens *base, i
 	return rc;
 }
 
+/*
+ * What the runs measure and what they run on, from the allocations to the report: one struct,
+ * so that each phase of cmd_bench is a function of it and one function frees it all.
+ */
+typedef struct bench_run
+{
+	cai_model  *model;
+	cai_engine *engine;
+	cai_model_info info;
+	cli_tokens	base;			/* the benchmark text without BOS: prompts are cut from it */
+	cli_tokens	prompt;			/* --prompt-tokens */
+	int			n_long;
+	cli_tokens	long_prompts[CLI_LIST_MAX];
+	double	   *samples;		/* [round], reused by each phase */
+	double		prefill_median;
+	double		prefill_best;
+	double	   *long_seconds;	/* [long prompt][round] */
+	double	   *long_ratio;
+	follow_up_result follow_ups[CLI_LIST_MAX + 1];	/* the prompt, then each long one */
+	double	   *decode_tps;		/* [batch size] */
+	decode_result *decode_best;
+} bench_run;
+
+/* The per-round and per-batch arrays; false (reported) when out of memory. */
+static bool
+bench_alloc(bench_run *run)
+{
+	int			rounds = bench_opts.repeat;
+
+	run->samples = calloc((size_t) rounds, sizeof(double));
+	run->decode_tps = calloc((size_t) bench_opts.batches.n, sizeof(double));
+	run->decode_best = calloc((size_t) bench_opts.batches.n, sizeof(decode_result));
+	run->long_seconds = calloc((size_t) (run->n_long + 1) * rounds, sizeof(double));
+	run->long_ratio = calloc((size_t) (run->n_long + 1) * rounds, sizeof(double));
+	if (!run->samples || !run->decode_tps || !run->decode_best || !run->long_seconds ||
+		!run->long_ratio)
+		return cli_error("out of memory"), false;
+	for (int i = 0; bench_opts.follow_up > 0 && i <= run->n_long; i++)
+	{
+		follow_up_result *f = &run->follow_ups[i];
+
+		f->seconds = calloc((size_t) rounds, sizeof(double));
+		f->cold_seconds = calloc((size_t) rounds, sizeof(double));
+		f->ratio = calloc((size_t) rounds, sizeof(double));
+		if (!f->seconds || !f->cold_seconds || !f->ratio)
+			return cli_error("out of memory"), false;
+	}
+	return true;
+}
+
+static void
+bench_free(bench_run *run)
+{
+	cli_tokens_free(&run->base);
+	cli_tokens_free(&run->prompt);
+	for (int i = 0; i < run->n_long; i++)
+		cli_tokens_free(&run->long_prompts[i]);
+	free(run->long_seconds);
+	free(run->long_ratio);
+	for (int i = 0; i <= run->n_long; i++)
+	{
+		free(run->follow_ups[i].seconds);
+		free(run->follow_ups[i].cold_seconds);
+		free(run->follow_ups[i].ratio);
+	}
+	free(run->samples);
+	free(run->decode_tps);
+	free(run->decode_best);
+	if (run->engine)
+		cai_engine_free(run->engine);
+	if (run->model)
+		cai_model_free(run->model);
+}
+
+/*
+ * The model and an engine sized for every phase: the largest batch, and a context that holds
+ * the longest prompt with its follow-up as well as a decode sequence.  Then the text prompts
+ * are cut from.  False (reported) on failure.
+ */
+static bool
+bench_setup(bench_run *run, int max_batch, int longest)
+{
+	cai_engine_params ep;
+	cai_error	err = {0};
+
+	if (bench_opts.isa && cai_cpu_use_isa(bench_opts.isa, &err) != CAI_OK)
+		return cli_report("could not pick the CPU kernels", &err), false;
+	run->model = cli_load_model(bench_opts.model, bench_opts.threads, false, &bench_opts.numerics);
+	if (!run->model)
+		return false;
+	cai_model_get_info(run->model, &run->info);
+
+	cai_engine_params_default(&ep);
+	ep.n_threads = bench_opts.threads;
+	ep.max_running = max_batch;
+	ep.max_step_tokens = bench_opts.step_tokens;
+	ep.context_length = longest + bench_opts.follow_up + 8;
+	if (ep.context_length < bench_opts.decode_prompt_tokens + bench_opts.gen_tokens + 8)
+		ep.context_length = bench_opts.decode_prompt_tokens + bench_opts.gen_tokens + 8;
+	ep.max_queue = max_batch + 8;
+	/* emptied before every follow-up round, so it only ever holds one prompt's blocks */
+	ep.host_cache_bytes = bench_opts.follow_up > 0 ? (size_t) 1 << 30 : 0;
+	if (cai_engine_create(run->model, &ep, &run->engine, &err) != CAI_OK)
+		return cli_report("could not create the engine", &err), false;
+	if (!cli_tokenize_raw(run->model, bench_text, &run->base) || run->base.n < 2)
+		return false;
+	/* the text without its BOS is what prompts are cut from */
+	if (cli_model_adds_bos(run->model))
+	{
+		memmove(run->base.ids, run->base.ids + 1, sizeof(int32_t) * (size_t) (run->base.n - 1));
+		run->base.n--;
+	}
+	return true;
+}
+
+/*
+ * Prefill: a warm-up (page the weights in, start the threads), then each round times the
+ * prompt and each long prompt, the latter against the mean rate of the prompt runs around it,
+ * so that a machine whose speed drifts does not bias the ratio.
+ */
+static int
+bench_prefill(bench_run *run, bool progress)
+{
+	cli_tokens *prompt = &run->prompt;
+	int			rounds = bench_opts.repeat;
+
+	if (!make_prompt(run->model, &run->base,
+					 bench_opts.prompt_tokens < 64 ? bench_opts.prompt_tokens : 64, 0, prompt) ||
+		run_prefill(run->engine, prompt, &run->samples[0]) != CLI_EXIT_OK)
+		return CLI_EXIT_ERROR;
+
+	if (!make_prompt(run->model, &run->base, bench_opts.prompt_tokens, 0, prompt))
+		return cli_error("out of memory building the prompt");
+	for (int i = 0; i < run->n_long; i++)
+		if (!make_prompt(run->model, &run->base, bench_opts.long_prompts.items[i], 0,
+						 &run->long_prompts[i]))
+			return cli_error("out of memory building the prompts");
+	for (int r = 0; r < rounds; r++)
+	{
+		double		before;
+
+		if (run_prefill(run->engine, prompt, &before) != CLI_EXIT_OK)
+			return CLI_EXIT_ERROR;
+		run->samples[r] = before;
+		if (progress)
+			fprintf(stderr, "  prefill %d tokens: %.1f tokens/s\n", prompt->n, prompt->n / before);
+		for (int i = 0; i < run->n_long; i++)
+		{
+			const cli_tokens *lp = &run->long_prompts[i];
+			double		t,
+						after;
+
+			if (run_prefill(run->engine, lp, &t) != CLI_EXIT_OK ||
+				run_prefill(run->engine, prompt, &after) != CLI_EXIT_OK)
+				return CLI_EXIT_ERROR;
+			run->long_seconds[i * rounds + r] = t;
+			run->long_ratio[i * rounds + r] =
+				(lp->n / t) / (0.5 * (prompt->n / before + prompt->n / after));
+			if (progress)
+				fprintf(stderr, "  prefill %d tokens: %.1f tokens/s, %.1f %% of the %d-token rate "
+						"around it\n", lp->n, lp->n / t,
+						100.0 * run->long_ratio[i * rounds + r], prompt->n);
+			before = after;
+		}
+	}
+	run->prefill_median = median(run->samples, rounds);
+	run->prefill_best = run->samples[0];	/* median() sorted them: the shortest time is first */
+	return CLI_EXIT_OK;
+}
+
+/*
+ * --follow-up: each prompt as a cached conversation's next turn, against the same turn cold.
+ * The cache is emptied first, so that each measures its own prompt's blocks only.
+ */
+static int
+bench_follow_ups(bench_run *run, bool progress)
+{
+	for (int r = 0; bench_opts.follow_up > 0 && r < bench_opts.repeat; r++)
+		for (int i = 0; i <= run->n_long; i++)
+		{
+			const cli_tokens *p = i == 0 ? &run->prompt : &run->long_prompts[i - 1];
+			follow_up_result *f = &run->follow_ups[i];
+
+			cai_engine_cache_reset(run->engine);
+			if (run_follow_up(run->engine, run->model, &run->base, p, bench_opts.follow_up, f,
+							  r) != CLI_EXIT_OK)
+				return CLI_EXIT_ERROR;
+			if (progress)
+				fprintf(stderr, "  follow-up of %d tokens after %d cached: %.1f ms, cold %.1f ms "
+						"(%.1fx)\n", bench_opts.follow_up, f->cached_tokens,
+						1000.0 * f->seconds[r], 1000.0 * f->cold_seconds[r], f->ratio[r]);
+		}
+	return CLI_EXIT_OK;
+}
+
+/* Decode at each batch size: the median rate over the rounds, and the best round. */
+static int
+bench_decode(bench_run *run, bool progress)
+{
+	for (int i = 0; i < bench_opts.batches.n; i++)
+	{
+		int			batch = bench_opts.batches.items[i];
+
+		for (int r = 0; r < bench_opts.repeat; r++)
+		{
+			decode_result res;
+
+			if (run_decode(run->engine, run->model, &run->base, batch, &res) != CLI_EXIT_OK)
+				return CLI_EXIT_ERROR;
+			run->samples[r] = res.tokens / res.seconds;
+			if (r == 0 || run->samples[r] > run->decode_best[i].tokens / run->decode_best[i].seconds)
+				run->decode_best[i] = res;
+			if (progress)
+				fprintf(stderr, "  decode batch %d: %.1f tokens/s (%d steps, %.1f ms/step)\n",
+						batch, run->samples[r], res.steps, 1000.0 * res.seconds / res.steps);
+		}
+		run->decode_tps[i] = median(run->samples, bench_opts.repeat);
+	}
+	return CLI_EXIT_OK;
+}
+
+/* The report's header: what ran, on what, with which numerics and sampling. */
+static void
+bench_print_header(const bench_run *run)
+{
+	printf("{\n  \"engine\": \"pg_cai\",\n  \"model\": ");
+	json_write_string(stdout, bench_opts.model);
+	printf(",\n  \"model_name\": ");
+	json_write_string(stdout, run->info.name);
+	printf(",\n  \"device\": ");
+	json_write_string(stdout, cai_engine_device(run->engine));
+	printf(",\n  \"threads\": %d,\n  \"repeat\": %d,\n", bench_opts.threads, bench_opts.repeat);
+	printf("  \"weight_rounding\": \"%s\",\n  \"activation_precision\": \"%s\",\n",
+		   bench_opts.numerics.gptq_rounding ? "gptq" : "nearest",
+		   bench_opts.numerics.two_digit_activations ? "two_digit" : "int8");
+	printf("  \"sampling\": {\"temperature\": %g, \"top_p\": %g, \"top_k\": %d, \"seed\": %llu},\n",
+		   bench_opts.temperature, bench_opts.top_p, bench_opts.top_k,
+		   (unsigned long long) bench_opts.seed);
+}
+
+/* The report on stdout, one JSON object (tests/bench/bench_engine.py reads it). */
+static void
+bench_print_json(const bench_run *run, bool progress)
+{
+	int			rounds = bench_opts.repeat;
+	cai_engine_stats es;
+
+	bench_print_header(run);
+	printf("  \"prefill\": {\"prompt_tokens\": %d, \"step_tokens\": %d, \"seconds\": %.6f, "
+		   "\"tokens_per_second\": %.2f, \"best_tokens_per_second\": %.2f},\n",
+		   run->prompt.n, bench_opts.step_tokens, run->prefill_median,
+		   run->prefill_median > 0 ? run->prompt.n / run->prefill_median : 0.0,
+		   run->prefill_best > 0 ? run->prompt.n / run->prefill_best : 0.0);
+	printf("  \"long_prefill\": [");
+	for (int i = 0; i < run->n_long; i++)
+	{
+		double	   *sec = run->long_seconds + (size_t) i * rounds;
+		double		t = median(sec, rounds);
+		double		ratio = median(run->long_ratio + (size_t) i * rounds, rounds);
+		int			n = run->long_prompts[i].n;
+
+		printf("%s\n    {\"prompt_tokens\": %d, \"seconds\": %.6f, \"tokens_per_second\": %.2f, "
+			   "\"best_tokens_per_second\": %.2f, \"ratio_to_prompt_tokens\": %.4f}",
+			   i ? "," : "", n, t, n / t, n / sec[0], ratio);
+	}
+	printf("%s],\n", run->n_long ? "\n  " : "");
+	printf("  \"follow_up\": [");
+	for (int i = 0; bench_opts.follow_up > 0 && i <= run->n_long; i++)
+	{
+		const follow_up_result *f = &run->follow_ups[i];
+
+		printf("%s\n    {\"cached_tokens\": %d, \"new_tokens\": %d, \"seconds\": %.6f, "
+			   "\"cold_seconds\": %.6f, \"cold_over_follow_up\": %.3f}",
+			   i ? "," : "", f->cached_tokens, bench_opts.follow_up,
+			   median(f->seconds, rounds), median(f->cold_seconds, rounds),
+			   median(f->ratio, rounds));
+	}
+	printf("%s],\n", bench_opts.follow_up > 0 ? "\n  " : "");
+	printf("  \"decode\": [");
+	for (int i = 0; i < bench_opts.batches.n; i++)
+	{
+		int			batch = bench_opts.batches.items[i];
+		const decode_result *best = &run->decode_best[i];
+
+		printf("%s\n    {\"batch\": %d, \"prompt_tokens\": %d, \"gen_tokens\": %d, "
+			   "\"timed_steps\": %d, \"ms_per_step\": %.3f, \"tokens_per_second\": %.2f, "
+			   "\"tokens_per_second_per_sequence\": %.2f, \"best_tokens_per_second\": %.2f}",
+			   i ? "," : "", batch, bench_opts.decode_prompt_tokens, bench_opts.gen_tokens,
+			   best->steps, 1000.0 * batch / run->decode_tps[i], run->decode_tps[i],
+			   run->decode_tps[i] / batch, best->tokens / best->seconds);
+	}
+	/* a GEMM on a slower fallback kernel (the GPU's dp4a path) would skew every figure */
+	cai_engine_get_stats(run->engine, &es);
+	printf("\n  ],\n  \"gemm_fallbacks\": %llu\n}\n", (unsigned long long) es.gemm_fallbacks);
+	if (progress && es.gemm_fallbacks > 0)
+		fprintf(stderr, "  warning: %llu int8 GEMMs ran on the fallback kernel\n",
+				(unsigned long long) es.gemm_fallbacks);
+	fflush(stdout);
+}
+
 int
 cmd_bench(int argc, char **argv)
 {
 	char	   *positional[1];
 	int			n_positional;
 	int			rc;
-	cai_model  *model = NULL;
-	cai_engine *engine = NULL;
-	cai_model_info info;
-	cai_engine_params ep;
-	cai_error	err = {0};
-	cli_tokens	base = {0};
-	cli_tokens	prompt = {0};
 	int			max_batch = 1;
-	double	   *samples = NULL;
-	double		prefill_median;
-	double		prefill_best;
-	double	   *decode_tps = NULL;
-	decode_result *decode_best = NULL;
-	int			n_long = 0;
-	cli_tokens	long_prompts[CLI_LIST_MAX] = {{0}};
-	double	   *long_seconds = NULL;	/* [long prompt][round] */
-	double	   *long_ratio = NULL;
-	follow_up_result follow_ups[CLI_LIST_MAX + 1] = {{0}};	/* the prompt, then each long one */
 	int			longest;
 	bool		progress;
+	bench_run	run;
 
+	memset(&run, 0, sizeof(run));
 	memset(&bench_opts, 0, sizeof(bench_opts));
 	bench_opts.batches.items[0] = 1;
 	bench_opts.batches.items[1] = 8;
@@ -466,244 +751,25 @@ cmd_bench(int argc, char **argv)
 		if (bench_opts.batches.items[i] > max_batch)
 			max_batch = bench_opts.batches.items[i];
 
-	n_long = bench_opts.long_prompts.n;
+	run.n_long = bench_opts.long_prompts.n;
 	longest = bench_opts.prompt_tokens;
-	for (int i = 0; i < n_long; i++)
+	for (int i = 0; i < run.n_long; i++)
 		if (bench_opts.long_prompts.items[i] > longest)
 			longest = bench_opts.long_prompts.items[i];
 
 	rc = CLI_EXIT_ERROR;
-	samples = calloc((size_t) bench_opts.repeat, sizeof(double));
-	decode_tps = calloc((size_t) bench_opts.batches.n, sizeof(double));
-	decode_best = calloc((size_t) bench_opts.batches.n, sizeof(decode_result));
-	long_seconds = calloc((size_t) (n_long + 1) * bench_opts.repeat, sizeof(double));
-	long_ratio = calloc((size_t) (n_long + 1) * bench_opts.repeat, sizeof(double));
-	if (!samples || !decode_tps || !decode_best || !long_seconds || !long_ratio)
-	{
-		cli_error("out of memory");
+	if (!bench_alloc(&run) || !bench_setup(&run, max_batch, longest))
 		goto done;
-	}
-	for (int i = 0; bench_opts.follow_up > 0 && i <= n_long; i++)
-	{
-		follow_ups[i].seconds = calloc((size_t) bench_opts.repeat, sizeof(double));
-		follow_ups[i].cold_seconds = calloc((size_t) bench_opts.repeat, sizeof(double));
-		follow_ups[i].ratio = calloc((size_t) bench_opts.repeat, sizeof(double));
-		if (!follow_ups[i].seconds || !follow_ups[i].cold_seconds || !follow_ups[i].ratio)
-		{
-			cli_error("out of memory");
-			goto done;
-		}
-	}
-	if (bench_opts.isa)
-	{
-		cai_error	err = {0};
-
-		if (cai_cpu_use_isa(bench_opts.isa, &err) != CAI_OK)
-		{
-			cli_report("could not pick the CPU kernels", &err);
-			goto done;
-		}
-	}
-	model = cli_load_model(bench_opts.model, bench_opts.threads, false, &bench_opts.numerics);
-	if (!model)
-		goto done;
-	cai_model_get_info(model, &info);
-
-	cai_engine_params_default(&ep);
-	ep.n_threads = bench_opts.threads;
-	ep.max_running = max_batch;
-	ep.max_step_tokens = bench_opts.step_tokens;
-	ep.context_length = longest + bench_opts.follow_up + 8;
-	if (ep.context_length < bench_opts.decode_prompt_tokens + bench_opts.gen_tokens + 8)
-		ep.context_length = bench_opts.decode_prompt_tokens + bench_opts.gen_tokens + 8;
-	ep.max_queue = max_batch + 8;
-	/* emptied before every follow-up round, so it only ever holds one prompt's blocks */
-	ep.host_cache_bytes = bench_opts.follow_up > 0 ? (size_t) 1 << 30 : 0;
-	if (cai_engine_create(model, &ep, &engine, &err) != CAI_OK)
-	{
-		cli_report("could not create the engine", &err);
-		goto done;
-	}
-	if (!cli_tokenize_raw(model, bench_text, &base) || base.n < 2)
-		goto done;
-	/* the text without its BOS is what prompts are cut from */
-	if (cli_model_adds_bos(model))
-	{
-		memmove(base.ids, base.ids + 1, sizeof(int32_t) * (size_t) (base.n - 1));
-		base.n--;
-	}
 	if (progress)
-		fprintf(stderr, "cai bench: %s on %s\n", info.name, cai_engine_device(engine));
-
-	/* warm-up: page the weights in, start the threads */
-	if (!make_prompt(model, &base, bench_opts.prompt_tokens < 64 ? bench_opts.prompt_tokens : 64,
-					 0, &prompt) ||
-		run_prefill(engine, &prompt, &samples[0]) != CLI_EXIT_OK)
+		fprintf(stderr, "cai bench: %s on %s\n", run.info.name, cai_engine_device(run.engine));
+	if (bench_prefill(&run, progress) != CLI_EXIT_OK ||
+		bench_follow_ups(&run, progress) != CLI_EXIT_OK ||
+		bench_decode(&run, progress) != CLI_EXIT_OK)
 		goto done;
-
-	if (!make_prompt(model, &base, bench_opts.prompt_tokens, 0, &prompt))
-	{
-		cli_error("out of memory building the prompt");
-		goto done;
-	}
-	for (int i = 0; i < n_long; i++)
-		if (!make_prompt(model, &base, bench_opts.long_prompts.items[i], 0, &long_prompts[i]))
-		{
-			cli_error("out of memory building the prompts");
-			goto done;
-		}
-	for (int r = 0; r < bench_opts.repeat; r++)
-	{
-		double		before;
-
-		if (run_prefill(engine, &prompt, &before) != CLI_EXIT_OK)
-			goto done;
-		samples[r] = before;
-		if (progress)
-			fprintf(stderr, "  prefill %d tokens: %.1f tokens/s\n", prompt.n, prompt.n / before);
-		for (int i = 0; i < n_long; i++)
-		{
-			double		t,
-						after;
-
-			if (run_prefill(engine, &long_prompts[i], &t) != CLI_EXIT_OK ||
-				run_prefill(engine, &prompt, &after) != CLI_EXIT_OK)
-				goto done;
-			long_seconds[i * bench_opts.repeat + r] = t;
-			long_ratio[i * bench_opts.repeat + r] =
-				(long_prompts[i].n / t) / (0.5 * (prompt.n / before + prompt.n / after));
-			if (progress)
-				fprintf(stderr, "  prefill %d tokens: %.1f tokens/s, %.1f %% of the %d-token rate "
-						"around it\n", long_prompts[i].n, long_prompts[i].n / t,
-						100.0 * long_ratio[i * bench_opts.repeat + r], prompt.n);
-			before = after;
-		}
-	}
-	prefill_median = median(samples, bench_opts.repeat);
-	prefill_best = samples[0];	/* median() sorted them: the shortest time is first */
-
-	for (int r = 0; bench_opts.follow_up > 0 && r < bench_opts.repeat; r++)
-		for (int i = 0; i <= n_long; i++)
-		{
-			const cli_tokens *p = i == 0 ? &prompt : &long_prompts[i - 1];
-			follow_up_result *f = &follow_ups[i];
-
-			cai_engine_cache_reset(engine);
-			if (run_follow_up(engine, model, &base, p, bench_opts.follow_up, f, r) != CLI_EXIT_OK)
-				goto done;
-			if (progress)
-				fprintf(stderr, "  follow-up of %d tokens after %d cached: %.1f ms, cold %.1f ms "
-						"(%.1fx)\n", bench_opts.follow_up, f->cached_tokens,
-						1000.0 * f->seconds[r], 1000.0 * f->cold_seconds[r], f->ratio[r]);
-		}
-
-	for (int i = 0; i < bench_opts.batches.n; i++)
-	{
-		int			batch = bench_opts.batches.items[i];
-
-		for (int r = 0; r < bench_opts.repeat; r++)
-		{
-			decode_result res;
-
-			if (run_decode(engine, model, &base, batch, &res) != CLI_EXIT_OK)
-				goto done;
-			samples[r] = res.tokens / res.seconds;
-			if (r == 0 || samples[r] > decode_best[i].tokens / decode_best[i].seconds)
-				decode_best[i] = res;
-			if (progress)
-				fprintf(stderr, "  decode batch %d: %.1f tokens/s (%d steps, %.1f ms/step)\n",
-						batch, samples[r], res.steps, 1000.0 * res.seconds / res.steps);
-		}
-		decode_tps[i] = median(samples, bench_opts.repeat);
-	}
-
-	printf("{\n  \"engine\": \"pg_cai\",\n  \"model\": ");
-	json_write_string(stdout, bench_opts.model);
-	printf(",\n  \"model_name\": ");
-	json_write_string(stdout, info.name);
-	printf(",\n  \"device\": ");
-	json_write_string(stdout, cai_engine_device(engine));
-	printf(",\n  \"threads\": %d,\n  \"repeat\": %d,\n", bench_opts.threads, bench_opts.repeat);
-	printf("  \"weight_rounding\": \"%s\",\n  \"activation_precision\": \"%s\",\n",
-		   bench_opts.numerics.compensated_rounding ? "compensated" : "nearest",
-		   bench_opts.numerics.two_digit_activations ? "int8x2" : "int8");
-	printf("  \"sampling\": {\"temperature\": %g, \"top_p\": %g, \"top_k\": %d, \"seed\": %llu},\n",
-		   bench_opts.temperature, bench_opts.top_p, bench_opts.top_k,
-		   (unsigned long long) bench_opts.seed);
-	printf("  \"prefill\": {\"prompt_tokens\": %d, \"step_tokens\": %d, \"seconds\": %.6f, "
-		   "\"tokens_per_second\": %.2f, \"best_tokens_per_second\": %.2f},\n",
-		   prompt.n, bench_opts.step_tokens, prefill_median,
-		   prefill_median > 0 ? prompt.n / prefill_median : 0.0,
-		   prefill_best > 0 ? prompt.n / prefill_best : 0.0);
-	printf("  \"long_prefill\": [");
-	for (int i = 0; i < n_long; i++)
-	{
-		double	   *sec = long_seconds + (size_t) i * bench_opts.repeat;
-		double		t = median(sec, bench_opts.repeat);
-		double		ratio = median(long_ratio + (size_t) i * bench_opts.repeat, bench_opts.repeat);
-
-		printf("%s\n    {\"prompt_tokens\": %d, \"seconds\": %.6f, \"tokens_per_second\": %.2f, "
-			   "\"best_tokens_per_second\": %.2f, \"ratio_to_prompt_tokens\": %.4f}",
-			   i ? "," : "", long_prompts[i].n, t, long_prompts[i].n / t,
-			   long_prompts[i].n / sec[0], ratio);
-	}
-	printf("%s],\n", n_long ? "\n  " : "");
-	printf("  \"follow_up\": [");
-	for (int i = 0; bench_opts.follow_up > 0 && i <= n_long; i++)
-	{
-		const follow_up_result *f = &follow_ups[i];
-
-		printf("%s\n    {\"cached_tokens\": %d, \"new_tokens\": %d, \"seconds\": %.6f, "
-			   "\"cold_seconds\": %.6f, \"cold_over_follow_up\": %.3f}",
-			   i ? "," : "", f->cached_tokens, bench_opts.follow_up,
-			   median(f->seconds, bench_opts.repeat), median(f->cold_seconds, bench_opts.repeat),
-			   median(f->ratio, bench_opts.repeat));
-	}
-	printf("%s],\n", bench_opts.follow_up > 0 ? "\n  " : "");
-	printf("  \"decode\": [");
-	for (int i = 0; i < bench_opts.batches.n; i++)
-	{
-		int			batch = bench_opts.batches.items[i];
-
-		printf("%s\n    {\"batch\": %d, \"prompt_tokens\": %d, \"gen_tokens\": %d, "
-			   "\"timed_steps\": %d, \"ms_per_step\": %.3f, \"tokens_per_second\": %.2f, "
-			   "\"tokens_per_second_per_sequence\": %.2f, \"best_tokens_per_second\": %.2f}",
-			   i ? "," : "", batch, bench_opts.decode_prompt_tokens, bench_opts.gen_tokens,
-			   decode_best[i].steps, 1000.0 * batch / decode_tps[i], decode_tps[i],
-			   decode_tps[i] / batch, decode_best[i].tokens / decode_best[i].seconds);
-	}
-	{
-		cai_engine_stats es;
-
-		/* a GEMM on a slower fallback kernel (the GPU's dp4a path) would skew every figure */
-		cai_engine_get_stats(engine, &es);
-		printf("\n  ],\n  \"gemm_fallbacks\": %llu\n}\n", (unsigned long long) es.gemm_fallbacks);
-		if (progress && es.gemm_fallbacks > 0)
-			fprintf(stderr, "  warning: %llu int8 GEMMs ran on the fallback kernel\n",
-					(unsigned long long) es.gemm_fallbacks);
-	}
-	fflush(stdout);
+	bench_print_json(&run, progress);
 	rc = CLI_EXIT_OK;
 
 done:
-	cli_tokens_free(&base);
-	cli_tokens_free(&prompt);
-	for (int i = 0; i < n_long; i++)
-		cli_tokens_free(&long_prompts[i]);
-	free(long_seconds);
-	free(long_ratio);
-	for (int i = 0; i <= n_long; i++)
-	{
-		free(follow_ups[i].seconds);
-		free(follow_ups[i].cold_seconds);
-		free(follow_ups[i].ratio);
-	}
-	free(samples);
-	free(decode_tps);
-	free(decode_best);
-	if (engine)
-		cai_engine_free(engine);
-	if (model)
-		cai_model_free(model);
+	bench_free(&run);
 	return rc;
 }

@@ -45,7 +45,7 @@ static const cli_option chat_options[] = {
 		.metavar = "N",
 		.help = "reply tokens at most per turn (default 256)",
 		.min = 1,
-		.max = 1000000,
+		.max = CAI_MAX_TOKENS_MAX,
 	},
 	CLI_SAMPLING_OPTIONS(chat_opts),
 	CLI_THREADS_OPTION(chat_opts),
@@ -203,6 +203,168 @@ chomp(char *line)
 		line[--n] = '\0';
 }
 
+/*
+ * The sampling request of one turn.  The seed moves on with each completed turn, so that a
+ * sampled conversation does not repeat its draws turn after turn.
+ */
+static void
+chat_request(cai_request_params *rp, const cai_prompt *prompt, int turn_index)
+{
+	memset(rp, 0, sizeof(*rp));
+	rp->prompt = prompt->ids;
+	rp->n_prompt = prompt->n_ids;
+	cai_sampling_params_default(&rp->sampling);
+	rp->sampling.temperature = chat_opts.temperature;
+	rp->sampling.top_p = chat_opts.top_p;
+	rp->sampling.top_k = chat_opts.top_k;
+	rp->sampling.seed = chat_opts.seed + (uint64_t) turn_index;
+	rp->sampling.max_tokens = chat_opts.max_tokens;
+	rp->use_cache = chat_opts.cache_mb > 0;
+	rp->cache_salt = 0;
+}
+
+/*
+ * Appends the reply as an assistant turn.  Its ids are kept without the end-of-turn token that
+ * ended it: the template writes the turn's end itself when the conversation is rendered again.
+ * False when out of memory.
+ */
+static bool
+chat_store_reply(conversation *conv, const cli_generation *gen, const cai_model_info *info)
+{
+	int			n_reply = gen->tokens.n;
+	chat_turn  *reply;
+
+	if (n_reply > 0 && gen->finish == CAI_FINISH_STOP &&
+		(gen->tokens.ids[n_reply - 1] == info->eot_token ||
+		 gen->tokens.ids[n_reply - 1] == info->eos_token))
+		n_reply--;
+	reply = conversation_push(conv, CAI_ROLE_ASSISTANT);
+	if (!reply)
+		return false;
+	reply->tokens = copy_ids(gen->tokens.ids, n_reply);
+	reply->n_tokens = reply->tokens ? n_reply : 0;
+	if (n_reply > 0 && !reply->tokens)
+		return false;
+	if (n_reply == 0)
+		reply->content = strdup("");
+	return true;
+}
+
+/*
+ * One user turn: the line as the user's message, the reply streamed to stdout and kept in the
+ * conversation.  A turn that does not complete (interrupted, or refused) is forgotten, as a
+ * failed cai_chat() stores nothing, and the chat goes on.  CLI_EXIT_ERROR only when out of
+ * memory, which ends the chat.
+ */
+static int
+chat_one_turn(const cai_model *model, cai_engine *engine, const cai_model_info *info,
+			  conversation *conv, int ctx, const char *line, int *turn_index)
+{
+	chat_turn  *user;
+	cai_prompt	prompt;
+	cai_request_params rp;
+	cli_generation gen;
+	int			turn_rc;
+	bool		stored;
+
+	user = conversation_push(conv, CAI_ROLE_USER);
+	if (!user || !(user->content = strdup(line)))
+	{
+		cli_error("out of memory");
+		return CLI_EXIT_ERROR;
+	}
+	if (!build_chat_prompt(model, conv, ctx - chat_opts.max_tokens, &prompt))
+	{
+		conversation_truncate(conv, conv->n - 1);
+		return CLI_EXIT_OK;
+	}
+	/* keep the user turn's ids, as pg_cai stores them with the row */
+	user->tokens = copy_ids(prompt.last_content_ids, prompt.n_last_content_ids);
+	user->n_tokens = user->tokens ? prompt.n_last_content_ids : 0;
+
+	chat_request(&rp, &prompt, *turn_index);
+	memset(&gen, 0, sizeof(gen));
+	turn_rc = cli_generate(engine, &rp, stdout, &gen);
+	cai_prompt_free(&prompt);
+	if (gen.text_bytes == 0 || !gen.ends_with_newline)
+		fputc('\n', stdout);
+	fflush(stdout);
+	if (turn_rc != CLI_EXIT_OK || gen.cancelled)
+	{
+		if (gen.cancelled)
+			fprintf(stderr, "(interrupted)\n");
+		conversation_truncate(conv, conv->n - 1);
+		cli_tokens_free(&gen.tokens);
+		cli_clear_interrupt();
+		return CLI_EXIT_OK;
+	}
+
+	stored = chat_store_reply(conv, &gen, info);
+	cli_tokens_free(&gen.tokens);
+	if (!stored)
+	{
+		cli_error("out of memory");
+		return CLI_EXIT_ERROR;
+	}
+	(*turn_index)++;
+
+	if (!chat_opts.quiet)
+	{
+		int			n = gen.usage.completion_tokens;
+
+		fprintf(stderr, "[prompt %d tokens (%d cached), completion %d, first token %.0f ms, "
+				"%.1f tokens/s]\n", gen.usage.prompt_tokens, gen.usage.cached_tokens, n,
+				gen.usage.ttft_ms,
+				n > 1 && gen.decode_seconds > 0 ? (n - 1) / gen.decode_seconds : 0.0);
+	}
+	return CLI_EXIT_OK;
+}
+
+typedef enum chat_line_kind
+{
+	CHAT_LINE_END,				/* end of input, or /quit */
+	CHAT_LINE_DONE,				/* empty, or a command already carried out */
+	CHAT_LINE_MESSAGE			/* a message for the model */
+} chat_line_kind;
+
+/*
+ * Reads the next line (prompting when interactive) and carries out the commands: /quit and
+ * /exit end the chat, /reset forgets all but the first n_fixed turns.
+ */
+static chat_line_kind
+chat_read_line(char **line, size_t *line_cap, bool interactive, conversation *conv, int n_fixed)
+{
+	if (interactive)
+	{
+		fprintf(stderr, "> ");
+		fflush(stderr);
+	}
+	errno = 0;
+	if (getline(line, line_cap, stdin) < 0)
+	{
+		if (interactive)
+			fputc('\n', stderr);
+		return CHAT_LINE_END;	/* end of input, or Ctrl-C at the prompt */
+	}
+	chomp(*line);
+	if ((*line)[0] == '\0')
+		return CHAT_LINE_DONE;
+	if (strcmp(*line, "/quit") == 0 || strcmp(*line, "/exit") == 0)
+		return CHAT_LINE_END;
+	if (strcmp(*line, "/reset") == 0)
+	{
+		conversation_truncate(conv, n_fixed);
+		fprintf(stderr, "(conversation forgotten)\n");
+		return CHAT_LINE_DONE;
+	}
+	if ((*line)[0] == '/')
+	{
+		fprintf(stderr, "commands: /reset, /quit\n");
+		return CHAT_LINE_DONE;
+	}
+	return CHAT_LINE_MESSAGE;
+}
+
 int
 cmd_chat(int argc, char **argv)
 {
@@ -221,6 +383,7 @@ cmd_chat(int argc, char **argv)
 	size_t		line_cap = 0;
 	bool		interactive = isatty(STDIN_FILENO);
 	int			turn_index = 0;
+	chat_line_kind kind;
 
 	memset(&chat_opts, 0, sizeof(chat_opts));
 	chat_opts.max_tokens = 256;
@@ -275,129 +438,11 @@ cmd_chat(int argc, char **argv)
 	n_fixed = conv.n;
 	cli_install_interrupt_handler();
 
-	for (;;)
+	while ((kind = chat_read_line(&line, &line_cap, interactive, &conv, n_fixed)) != CHAT_LINE_END)
 	{
-		ssize_t		got;
-		chat_turn  *user;
-		chat_turn  *reply;
-		cai_prompt	prompt;
-		cai_request_params rp;
-		cli_generation gen;
-		int			turn_rc;
-		int			n_reply;
-
-		if (interactive)
-		{
-			fprintf(stderr, "> ");
-			fflush(stderr);
-		}
-		errno = 0;
-		got = getline(&line, &line_cap, stdin);
-		if (got < 0)
-		{
-			if (interactive)
-				fputc('\n', stderr);
-			break;				/* end of input, or Ctrl-C at the prompt */
-		}
-		chomp(line);
-		if (line[0] == '\0')
-			continue;
-		if (strcmp(line, "/quit") == 0 || strcmp(line, "/exit") == 0)
-			break;
-		if (strcmp(line, "/reset") == 0)
-		{
-			conversation_truncate(&conv, n_fixed);
-			fprintf(stderr, "(conversation forgotten)\n");
-			continue;
-		}
-		if (line[0] == '/')
-		{
-			fprintf(stderr, "commands: /reset, /quit\n");
-			continue;
-		}
-
-		user = conversation_push(&conv, CAI_ROLE_USER);
-		if (!user || !(user->content = strdup(line)))
-		{
-			cli_error("out of memory");
+		if (kind == CHAT_LINE_MESSAGE &&
+			chat_one_turn(model, engine, &info, &conv, ctx, line, &turn_index) != CLI_EXIT_OK)
 			goto done;
-		}
-		if (!build_chat_prompt(model, &conv, ctx - chat_opts.max_tokens, &prompt))
-		{
-			conversation_truncate(&conv, conv.n - 1);
-			continue;
-		}
-		/* keep the user turn's ids, as pg_cai stores them with the row */
-		user->tokens = copy_ids(prompt.last_content_ids, prompt.n_last_content_ids);
-		user->n_tokens = user->tokens ? prompt.n_last_content_ids : 0;
-
-		memset(&rp, 0, sizeof(rp));
-		rp.prompt = prompt.ids;
-		rp.n_prompt = prompt.n_ids;
-		cai_sampling_params_default(&rp.sampling);
-		rp.sampling.temperature = chat_opts.temperature;
-		rp.sampling.top_p = chat_opts.top_p;
-		rp.sampling.top_k = chat_opts.top_k;
-		rp.sampling.seed = chat_opts.seed + (uint64_t) turn_index;
-		rp.sampling.max_tokens = chat_opts.max_tokens;
-		rp.use_cache = chat_opts.cache_mb > 0;
-		rp.cache_salt = 0;
-
-		memset(&gen, 0, sizeof(gen));
-		turn_rc = cli_generate(engine, &rp, stdout, &gen);
-		cai_prompt_free(&prompt);
-		if (gen.text_bytes == 0 || !gen.ends_with_newline)
-			fputc('\n', stdout);
-		fflush(stdout);
-		if (turn_rc != CLI_EXIT_OK || gen.cancelled)
-		{
-			/* the turn did not complete: forget it, as a failed cai_chat() stores nothing */
-			if (gen.cancelled)
-				fprintf(stderr, "(interrupted)\n");
-			conversation_truncate(&conv, conv.n - 1);
-			cli_tokens_free(&gen.tokens);
-			cli_clear_interrupt();
-			continue;
-		}
-
-		/*
-		 * The reply's ids, without the end-of-turn token that ended it: the template writes the
-		 * turn's end itself when the conversation is rendered again.
-		 */
-		n_reply = gen.tokens.n;
-		if (n_reply > 0 && gen.finish == CAI_FINISH_STOP &&
-			(gen.tokens.ids[n_reply - 1] == info.eot_token ||
-			 gen.tokens.ids[n_reply - 1] == info.eos_token))
-			n_reply--;
-		reply = conversation_push(&conv, CAI_ROLE_ASSISTANT);
-		if (!reply)
-		{
-			cli_tokens_free(&gen.tokens);
-			cli_error("out of memory");
-			goto done;
-		}
-		reply->tokens = copy_ids(gen.tokens.ids, n_reply);
-		reply->n_tokens = reply->tokens ? n_reply : 0;
-		if (n_reply > 0 && !reply->tokens)
-		{
-			cli_tokens_free(&gen.tokens);
-			cli_error("out of memory");
-			goto done;
-		}
-		if (n_reply == 0)
-			reply->content = strdup("");
-		cli_tokens_free(&gen.tokens);
-		turn_index++;
-
-		if (!chat_opts.quiet)
-		{
-			int			n = gen.usage.completion_tokens;
-
-			fprintf(stderr, "[prompt %d tokens (%d cached), completion %d, first token %.0f ms, "
-					"%.1f tokens/s]\n", gen.usage.prompt_tokens, gen.usage.cached_tokens, n,
-					gen.usage.ttft_ms,
-					n > 1 && gen.decode_seconds > 0 ? (n - 1) / gen.decode_seconds : 0.0);
-		}
 	}
 	rc = CLI_EXIT_OK;
 

@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "cli.h"
-#include "json.h"
+#include "json_string.h"
 
 static struct
 {

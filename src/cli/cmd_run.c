@@ -63,7 +63,7 @@ static const cli_option run_options[] = {
 		.metavar = "N",
 		.help = "completion tokens at most (default 256)",
 		.min = 1,
-		.max = 1000000,
+		.max = CAI_MAX_TOKENS_MAX,
 	},
 	CLI_SAMPLING_OPTIONS(run_opts),
 	CLI_THREADS_OPTION(run_opts),
@@ -84,6 +84,7 @@ static const cli_option run_options[] = {
 		.metavar = "STR",
 		.help = "stop when the reply contains STR (repeatable, up to 8)",
 		.max_items = CAI_MAX_STOP_STRINGS,
+		.max_len = CAI_STOP_MAX_BYTES,
 	},
 	{
 		.name = "ignore-eos",

@@ -48,7 +48,7 @@ cli_now(void)
 bool
 cli_numerics_apply(const cli_numerics *numerics, cai_model_params *params)
 {
-	params->compensated_rounding = numerics->compensated_rounding;
+	params->gptq_rounding = numerics->gptq_rounding;
 	params->two_digit_activations = numerics->two_digit_activations;
 	if (numerics->weights && !cai_weights_mode_parse(numerics->weights, &params->weights))
 	{

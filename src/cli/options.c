@@ -55,8 +55,13 @@ static const cli_option *
 find_long(const cli_command *cmd, const char *name, size_t len)
 {
 	for (int i = 0; i < cmd->n_options; i++)
-		if (strlen(cmd->options[i].name) == len && strncmp(cmd->options[i].name, name, len) == 0)
+	{
+		const char *alias = cmd->options[i].alias;
+
+		if ((strlen(cmd->options[i].name) == len && strncmp(cmd->options[i].name, name, len) == 0) ||
+			(alias && strlen(alias) == len && strncmp(alias, name, len) == 0))
 			return &cmd->options[i];
+	}
 	return NULL;
 }
 
@@ -137,6 +142,12 @@ apply_option(const cli_command *cmd, const cli_option *o, const char *value)
 					cli_usage_error(cmd, "--%s expects a number, got \"%s\"", o->name, value);
 					return false;
 				}
+				if (has_range(o) && o->min_exclusive && !(v > o->min && v <= o->max))
+				{
+					cli_usage_error(cmd, "--%s must be greater than %g and at most %g, got %g",
+									o->name, o->min, o->max, v);
+					return false;
+				}
 				if (has_range(o) && (v < o->min || v > o->max))
 				{
 					cli_usage_error(cmd, "--%s must be between %g and %g, got %g",
@@ -170,6 +181,12 @@ apply_option(const cli_command *cmd, const cli_option *o, const char *value)
 				if (list->n >= cap)
 				{
 					cli_usage_error(cmd, "--%s may be given at most %d times", o->name, cap);
+					return false;
+				}
+				if (o->max_len > 0 && strlen(value) > (size_t) o->max_len)
+				{
+					cli_usage_error(cmd, "--%s takes strings of at most %d bytes, got one of %zu",
+									o->name, o->max_len, strlen(value));
 					return false;
 				}
 				list->items[list->n++] = value;

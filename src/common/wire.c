@@ -367,7 +367,7 @@ cai_wire_put_model(cai_wbuf *w, const cai_wire_model *m)
 	cai_put_u64(w, m->kv_bytes_per_token);
 	cai_put_u64(w, m->kv_window_bytes_per_token);
 	cai_put_i32(w, m->kv_window);
-	cai_put_u32(w, m->compensated_rounding);
+	cai_put_u32(w, m->gptq_rounding);
 	cai_put_u32(w, m->two_digit_activations);
 	cai_put_u32(w, m->file_weights);
 	cai_put_f64(w, m->load_seconds);
@@ -396,7 +396,7 @@ cai_wire_get_model(cai_reader *r, cai_wire_model *m)
 		!cai_get_i32(r, &m->context_length) || !cai_get_u64(r, &n_params) ||
 		!cai_get_u64(r, &m->weight_bytes) || !cai_get_u64(r, &m->kv_bytes_per_token) ||
 		!cai_get_u64(r, &m->kv_window_bytes_per_token) || !cai_get_i32(r, &m->kv_window) ||
-		!cai_get_u32(r, &m->compensated_rounding) ||
+		!cai_get_u32(r, &m->gptq_rounding) ||
 		!cai_get_u32(r, &m->two_digit_activations) ||
 		!cai_get_u32(r, &m->file_weights) ||
 		!cai_get_f64(r, &m->load_seconds))

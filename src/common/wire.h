@@ -279,7 +279,7 @@ typedef struct cai_wire_model
 	uint64_t	kv_bytes_per_token;
 	uint64_t	kv_window_bytes_per_token;	/* of which windowed layers' (kv.h) */
 	int32_t		kv_window;
-	uint32_t	compensated_rounding;	/* 0 or 1 */
+	uint32_t	gptq_rounding;	/* 0 or 1 */
 	uint32_t	two_digit_activations;	/* 0 or 1 */
 	uint32_t	file_weights;	/* 0 or 1: the GEMMs read the file's own formats */
 	double		load_seconds;

@@ -210,8 +210,8 @@ typedef struct cai_backend_ops
 	 * quantized per token to q2, s2 by cai_quantize_act_i8's rule.  Optional: a backend
 	 * without it cannot run models loaded with two-digit activations (forward.c).
 	 */
-	void		(*quantize_residual) (cai_backend *be, const float *x, int n_tok, int k,
-									  const int8_t *q, const float *s, int8_t *q2, float *s2);
+	void		(*quantize_second_digit) (cai_backend *be, const float *x, int n_tok, int k,
+										  const int8_t *q, const float *s, int8_t *q2, float *s2);
 
 	/*
 	 * Two-digit activations' sum: y [2 * n_tok, n_out] holds gemm_i8's products (no bias, no

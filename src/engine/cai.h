@@ -84,10 +84,10 @@ typedef struct cai_model_params
 	int			n_threads;		/* threads for requantization at load; 0 = all online cores */
 	bool		load_float_reference;	/* also keep fp32 weights (cai eval, fidelity tests) */
 	const char *chat_template;	/* "chatml", "llama3", "gemma", "llama2"; NULL = detect from GGUF */
-	bool		compensated_rounding;	/* round weights to int8 along the calibration
-										 * inputs' second moment (GPTQ) instead of to the
-										 * nearest level: closer to float on average, loads
-										 * about 4x slower (calibrate.c, "compensated rounding") */
+	bool		gptq_rounding;	/* round weights to int8 by GPTQ, along the
+								 * calibration inputs' second moment, instead of to the
+								 * nearest level: closer to float on average, loads
+								 * about 4x slower (calibrate.c, "GPTQ rounding") */
 	bool		two_digit_activations;	/* each int8 GEMM input also carries its rounding
 										 * error as a second int8 digit (about 15 bits in all)
 										 * and every int8 GEMM runs twice: closer to float,
@@ -127,7 +127,7 @@ typedef struct cai_model_info
 	size_t		kv_bytes_per_token; /* int8 KV + scales, all layers that own KV */
 	size_t		kv_window_bytes_per_token;	/* of which windowed layers', kept for kv_window */
 	int			kv_window;		/* positions the windowed layers look back (0: none) */
-	bool		compensated_rounding;	/* int8 weights rounded along the calibration inputs */
+	bool		gptq_rounding;	/* int8 weights rounded along the calibration inputs */
 	bool		two_digit_activations;	/* GEMM inputs as two int8 digits */
 	uint64_t	fingerprint;	/* identifies weights+tokenizer; seeds the prefix cache */
 	int32_t		bos_token;		/* -1 when the model has none */
@@ -242,7 +242,25 @@ const char *cai_engine_device_reason(const cai_engine *engine);
  */
 cai_status	cai_cpu_use_isa(const char *name, cai_error *err);
 
+/*
+ * What a request may ask for: the one table of request limits.  The SQL options
+ * (src/pg/options.c), the CLI's flags (src/cli), the engine process's request decoding
+ * (src/serve) and cai_engine_submit all check against these, and say the range in the same
+ * words ("temperature must be between 0 and 2"), so that a value one front end accepts is never
+ * refused by the next.
+ *
+ *   temperature   0 .. CAI_TEMPERATURE_MAX (OpenAI's range); 0 = greedy
+ *   top_p         greater than 0, at most 1; 1 = off
+ *   top_k         0 .. CAI_TOP_K_MAX; 0 = off
+ *   max_tokens    1 .. CAI_MAX_TOKENS_MAX
+ *   seed          any uint64 (SQL takes 0 .. the largest int64, what jsonb integers reach)
+ *   stop          at most CAI_MAX_STOP_STRINGS strings of 1 .. CAI_STOP_MAX_BYTES bytes (UTF-8)
+ */
+#define CAI_TEMPERATURE_MAX 2.0
+#define CAI_TOP_K_MAX 1000000
+#define CAI_MAX_TOKENS_MAX 1048576
 #define CAI_MAX_STOP_STRINGS 8
+#define CAI_STOP_MAX_BYTES 256
 
 typedef struct cai_sampling_params
 {
@@ -257,6 +275,13 @@ typedef struct cai_sampling_params
 } cai_sampling_params;
 
 void		cai_sampling_params_default(cai_sampling_params *params);
+
+/*
+ * CAI_OK when every field is within the request limits above; else CAI_ERR_INVALID_ARGUMENT
+ * with a message that names the field and its range.  cai_engine_submit checks this; a front
+ * end may call it first to refuse a request before doing any work for it.
+ */
+cai_status	cai_sampling_params_check(const cai_sampling_params *params, cai_error *err);
 
 /* ---------------------------------------------------------------------------------------------
  * Constrained replies: a grammar the reply must follow (JSON Schema, or any JSON object)

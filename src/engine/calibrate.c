@@ -2,7 +2,7 @@
  * calibrate.c — the int8 path's weights: the rotations it applies (cai_model_make_rotation),
  * and the calibrated conversion of the layers and the head (cai_convert_layers): a float
  * forward over a calibration text measures each GEMM input, from which the smoothing factors
- * (SmoothQuant) and, optionally, the rounding metrics (GPTQ-like compensated rounding) follow.
+ * (SmoothQuant) and, optionally, the rounding metrics (GPTQ rounding) follow.
  */
 #include "model_internal.h"
 
@@ -116,9 +116,9 @@ cai_model_make_rotation(cai_model *m, int n, cai_rotation *r)
 /*
  * Calibration.  A float forward over the calibration text gives each GEMM input's statistics:
  * per-channel maxima over its first SMOOTHING_TOKENS tokens for the smoothing, and over all
- * CALIBRATION_TOKENS the second moment H that error-compensating rounding needs (see
- * "compensated rounding"; without it the forward stops at SMOOTHING_TOKENS).  Measured on
- * SmolLM2-135M-Instruct (whole GPL-3 text, compensated rounding): maxima over 512 tokens
+ * CALIBRATION_TOKENS the second moment H that GPTQ rounding needs (see
+ * "GPTQ rounding"; without it the forward stops at SMOOTHING_TOKENS).  Measured on
+ * SmolLM2-135M-Instruct (whole GPL-3 text, GPTQ rounding): maxima over 512 tokens
  * instead of 64 smooth more (larger maxima) and lose (KL 0.00426 -> 0.00451).
  */
 #define SMOOTHING_TOKENS 64
@@ -292,17 +292,17 @@ rotate_head_rows(float *w, int n_heads, int hd, int k, const cai_rotation *rot, 
 }
 
 /*
- * Compensated rounding.  Every matrix of the layers and the head is rounded to int8 along the
+ * GPTQ rounding.  Every matrix of the layers and the head is rounded to int8 along the
  * second moment H of the inputs it meets (rounding.h, GPTQ), measured over the calibration
  * tokens as the int8 path sees them (smoothed and rotated).  Measured on SmolLM2-135M-Instruct
  * over the whole GPL-3 text, against nearest rounding: KL(float || int8) 0.00478 -> 0.00426,
  * top-1 agreement 95.80% -> 96.27%, perplexity +0.55% -> +0.14%; load time on two cores
  * 0.9 s -> about 4 s (the calibration forward over 512 tokens instead of 64, H, the factors and
- * the rounding itself).  Not the default (cai_model_params.compensated_rounding): besides the
+ * the rounding itself).  Not the default (cai_model_params.gptq_rounding): besides the
  * load time, a better average does not make every greedy reply closer — the regression suite's
  * "What is the capital of France?" (with a system prompt) sits on a float near-tie (logits
  * 24.144 vs 24.049 for its first token); nearest rounding keeps the order (23.857 vs 23.832),
- * compensated rounding flips it (24.073 vs 24.087) and the reply turns into French.
+ * GPTQ rounding flips it (24.073 vs 24.087) and the reply turns into French.
  *
  * Wide inputs get a block-diagonal metric (METRIC_BLOCK_MAX): on SmolLM2's down projection
  * (1536 inputs) blocks of 512 measured as well as the full H, for a ninth of the factoring
@@ -499,7 +499,7 @@ typedef struct calibration
 	cai_threadpool *pool;
 	cai_convert_plan *plan;
 	bool		fref;			/* the float reference is kept: convert from its copies */
-	bool		compensated;	/* round along the inputs' metrics */
+	bool		gptq;	/* round along the inputs' metrics */
 	int			T;				/* calibration tokens the forward runs over */
 	cai_tokens	tokens;
 	cai_forward_ctx *ctx;
@@ -543,7 +543,7 @@ calibration_begin(calibration *cb, cai_error *err)
 	while (cb->tokens.n < 8)	/* a vocabulary that makes few tokens: any ids do */
 		if (!cai_tokens_push(&cb->tokens, cb->tokens.n % c->n_vocab))
 			break;
-	cb->T = cb->compensated ? CALIBRATION_TOKENS : SMOOTHING_TOKENS;
+	cb->T = cb->gptq ? CALIBRATION_TOKENS : SMOOTHING_TOKENS;
 	cb->T = cb->tokens.n < cb->T ? cb->tokens.n : cb->T;
 	stats->max_rows = SMOOTHING_TOKENS;
 
@@ -564,7 +564,7 @@ calibration_begin(calibration *cb, cai_error *err)
 		!cb->s_down || !cb->inv_down || !cb->s_head || !cb->wmax || !cb->wv_rot || !cb->col ||
 		(!cb->fref && !cb->tmp))
 		return CALIBRATION_OOM(err);
-	if (cb->compensated)
+	if (cb->gptq)
 	{
 		const int	site_k[N_SITES] = {[SITE_ATTN] = d, [SITE_WO] = q_dim, [SITE_FFN] = d,
 		[SITE_DOWN] = d_ff};
@@ -653,7 +653,7 @@ layer_float_weights(calibration *cb, int l, const cai_layer_sources *ls, cai_err
 
 /*
  * Layer l's smoothing factors from the maxima the float layer recorded, its int8 path's norms,
- * and (compensated) the rounding metrics of its four GEMM sites, in rm[SITE_*].
+ * and (GPTQ) the rounding metrics of its four GEMM sites, in rm[SITE_*].
  */
 static void
 layer_smoothing(calibration *cb, int l, const cai_rounding_metric *rm[N_SITES])
@@ -684,7 +684,7 @@ layer_smoothing(calibration *cb, int l, const cai_rounding_metric *rm[N_SITES])
 	}
 	for (int j = 0; j < d_ff; j++)
 		cb->inv_down[j] = 1.0f / cb->s_down[j];
-	if (!cb->compensated)
+	if (!cb->gptq)
 		return;
 	rm[SITE_ATTN] = site_metric(cb->ctx, cb->pool, &cb->sm, SITE_ATTN, stats->attn_x, T, d,
 								cb->s_attn, &m->rot_model);
@@ -727,26 +727,26 @@ layer_quantize(calibration *cb, int l, const cai_rounding_metric *const rm[N_SIT
 		rotate_head_rows(w->bqkv_i8 + q_dim + kv_dim, c->n_kv_heads, c->head_dim, 1,
 						 &m->rot_head, cb->col);
 	}
-	if (!cai_plan_rows_compensated(plan, NULL, w->f_wq, d, q_dim, qkv, qkv_scale, NULL,
-								   cb->s_attn, NULL, &m->rot_model, rm[SITE_ATTN], false) ||
-		!cai_plan_rows_compensated(plan, NULL, w->f_wk, d, kv_dim, qkv + (size_t) q_dim * d,
-								   qkv_scale + q_dim, NULL, cb->s_attn, NULL, &m->rot_model,
-								   rm[SITE_ATTN], false) ||
-		!cai_plan_rows_compensated(plan, NULL, cb->wv_rot, d, kv_dim,
-								   qkv + (size_t) (q_dim + kv_dim) * d,
-								   qkv_scale + q_dim + kv_dim, NULL, cb->s_attn, NULL,
-								   &m->rot_model, rm[SITE_ATTN], false) ||
-		!cai_plan_rows_compensated(plan, NULL, w->f_wo, q_dim, d, (int8_t *) w->wo.q,
-								   (float *) w->wo.scale, NULL, NULL, NULL, &m->rot_head,
-								   rm[SITE_WO], false) ||
-		!cai_plan_rows_compensated(plan, NULL, w->f_gate, d, d_ff, gu, gu_scale, NULL, cb->s_ffn,
-								   NULL, &m->rot_model, rm[SITE_FFN], false) ||
-		!cai_plan_rows_compensated(plan, NULL, w->f_up, d, d_ff, gu + (size_t) d_ff * d,
-								   gu_scale + d_ff, NULL, cb->s_ffn, cb->inv_down, &m->rot_model,
-								   rm[SITE_FFN], false) ||
-		!cai_plan_rows_compensated(plan, NULL, w->f_down, d_ff, d, (int8_t *) w->w_down.q,
-								   (float *) w->w_down.scale, NULL, cb->s_down, NULL, &m->rot_ff,
-								   rm[SITE_DOWN], false))
+	if (!cai_plan_rows_gptq(plan, NULL, w->f_wq, d, q_dim, qkv, qkv_scale, NULL,
+							cb->s_attn, NULL, &m->rot_model, rm[SITE_ATTN], false) ||
+		!cai_plan_rows_gptq(plan, NULL, w->f_wk, d, kv_dim, qkv + (size_t) q_dim * d,
+							qkv_scale + q_dim, NULL, cb->s_attn, NULL, &m->rot_model,
+							rm[SITE_ATTN], false) ||
+		!cai_plan_rows_gptq(plan, NULL, cb->wv_rot, d, kv_dim,
+							qkv + (size_t) (q_dim + kv_dim) * d,
+							qkv_scale + q_dim + kv_dim, NULL, cb->s_attn, NULL,
+							&m->rot_model, rm[SITE_ATTN], false) ||
+		!cai_plan_rows_gptq(plan, NULL, w->f_wo, q_dim, d, (int8_t *) w->wo.q,
+							(float *) w->wo.scale, NULL, NULL, NULL, &m->rot_head,
+							rm[SITE_WO], false) ||
+		!cai_plan_rows_gptq(plan, NULL, w->f_gate, d, d_ff, gu, gu_scale, NULL, cb->s_ffn,
+							NULL, &m->rot_model, rm[SITE_FFN], false) ||
+		!cai_plan_rows_gptq(plan, NULL, w->f_up, d, d_ff, gu + (size_t) d_ff * d,
+							gu_scale + d_ff, NULL, cb->s_ffn, cb->inv_down, &m->rot_model,
+							rm[SITE_FFN], false) ||
+		!cai_plan_rows_gptq(plan, NULL, w->f_down, d_ff, d, (int8_t *) w->w_down.q,
+							(float *) w->w_down.scale, NULL, cb->s_down, NULL, &m->rot_ff,
+							rm[SITE_DOWN], false))
 		return CALIBRATION_OOM(err);
 	return cai_run_plan(cb->pool, plan, err);
 }
@@ -771,12 +771,12 @@ head_quantize(calibration *cb, const gguf_tensor *t_head, const float *head_wmax
 	smoothing_factors_wmax(cb->stats.attn_in, d, head_wmax, cb->s_head);
 	for (int j = 0; j < d; j++)
 		m->out_norm_i8[j] = m->out_norm[j] / cb->s_head[j];
-	if (cb->compensated)
+	if (cb->gptq)
 		rm = site_metric(ctx, cb->pool, &cb->sm, SITE_ATTN, ctx->xn, cb->T, d, cb->s_head,
 						 &m->rot_model);
-	if (!cai_plan_rows_compensated(cb->plan, t_head, NULL, d, c->n_vocab, (int8_t *) m->lm_head.q,
-								   (float *) m->lm_head.scale, NULL, cb->s_head, NULL,
-								   &m->rot_model, rm, false))
+	if (!cai_plan_rows_gptq(cb->plan, t_head, NULL, d, c->n_vocab, (int8_t *) m->lm_head.q,
+							(float *) m->lm_head.scale, NULL, cb->s_head, NULL,
+							&m->rot_model, rm, false))
 		return CALIBRATION_OOM(err);
 	return cai_run_plan(cb->pool, cb->plan, err);
 }
@@ -811,17 +811,17 @@ calibration_end(calibration *cb)
  * over the calibration tokens (the float output of the previous layers) to record the maxima
  * of its GEMM inputs (and the inputs themselves, for the rounding metrics), derives the
  * smoothing factors, and quantizes the smoothed, rotated matrices to int8.  One layer's float
- * weights are alive at a time unless the float reference is kept.  compensated: round along the
- * inputs' metrics (see "compensated rounding") rather than to nearest.
+ * weights are alive at a time unless the float reference is kept.  gptq: round along the
+ * inputs' metrics (see "GPTQ rounding") rather than to nearest.
  */
 cai_status
 cai_convert_layers(cai_model *m, cai_threadpool *pool, cai_convert_plan *plan,
 				   const cai_layer_sources *src, const gguf_tensor *t_embd,
-				   const gguf_tensor *t_head, const float *head_wmax, bool fref, bool compensated,
+				   const gguf_tensor *t_head, const float *head_wmax, bool fref, bool gptq,
 				   cai_error *err)
 {
 	calibration cb = {.m = m, .pool = pool, .plan = plan, .fref = fref,
-	.compensated = compensated};
+	.gptq = gptq};
 	const cai_forward_observer observer = {.tap = record_gemm_input, .arg = &cb.stats};
 	const int	d = m->cfg.d_model;
 	cai_status	st;

@@ -14,10 +14,10 @@
 
 /* Adds the jobs converting a whole matrix of `rows` rows (see cai_convert_job). */
 bool
-cai_plan_rows_compensated(cai_convert_plan *p, const gguf_tensor *src, const float *fsrc, int k,
-					  int rows, int8_t *q, float *scale, float *f, const float *col_scale,
-					  const float *row_scale, const cai_rotation *rot,
-					  const cai_rounding_metric *rm, bool track_col_max)
+cai_plan_rows_gptq(cai_convert_plan *p, const gguf_tensor *src, const float *fsrc, int k,
+				   int rows, int8_t *q, float *scale, float *f, const float *col_scale,
+				   const float *row_scale, const cai_rotation *rot,
+				   const cai_rounding_metric *rm, bool track_col_max)
 {
 	for (int r = 0; r < rows; r += CONVERT_CHUNK_ROWS)
 	{
@@ -59,8 +59,8 @@ cai_plan_rows_rotated(cai_convert_plan *p, const gguf_tensor *src, const float *
 					  int rows, int8_t *q, float *scale, float *f, const float *col_scale,
 					  const float *row_scale, const cai_rotation *rot, bool track_col_max)
 {
-	return cai_plan_rows_compensated(p, src, fsrc, k, rows, q, scale, f, col_scale, row_scale, rot,
-								 NULL, track_col_max);
+	return cai_plan_rows_gptq(p, src, fsrc, k, rows, q, scale, f, col_scale, row_scale, rot,
+							  NULL, track_col_max);
 }
 
 /* Nearest rounding and each row's second digit (convert.h). */

@@ -39,7 +39,7 @@ typedef struct cai_convert_job
 	const float *col_scale;		/* [k] or NULL */
 	const float *row_scale;		/* [rows] or NULL */
 	const cai_rotation *rot;	/* or NULL */
-	const cai_rounding_metric *rm;	/* error-compensating rounding along this metric, or NULL */
+	const cai_rounding_metric *rm;	/* GPTQ rounding along this metric, or NULL */
 	int8_t	   *q2;				/* with nearest rounding: each row's second digit (its
 								 * rounding error quantized the same way) from row 0, or NULL */
 	float	   *scale2;			/* their scales */
@@ -63,11 +63,11 @@ typedef struct cai_convert_plan
 
 
 /* Adds the jobs converting a whole matrix of `rows` rows (see cai_convert_job). */
-bool		cai_plan_rows_compensated(cai_convert_plan *p, const gguf_tensor *src, const float *fsrc,
-									  int k, int rows, int8_t *q, float *scale, float *f,
-									  const float *col_scale, const float *row_scale,
-									  const cai_rotation *rot, const cai_rounding_metric *rm,
-									  bool track_col_max);
+bool		cai_plan_rows_gptq(cai_convert_plan *p, const gguf_tensor *src, const float *fsrc,
+							   int k, int rows, int8_t *q, float *scale, float *f,
+							   const float *col_scale, const float *row_scale,
+							   const cai_rotation *rot, const cai_rounding_metric *rm,
+							   bool track_col_max);
 
 /*
  * Nearest rounding with a second int8 digit per row: q2, scale2 get the rounding error of each

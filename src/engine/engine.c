@@ -261,6 +261,42 @@ cai_sampling_params_default(cai_sampling_params *params)
 	params->max_tokens = 256;
 }
 
+/* See cai.h; the negated comparisons refuse NaN too. */
+cai_status
+cai_sampling_params_check(const cai_sampling_params *sp, cai_error *err)
+{
+	if (!(sp->temperature >= 0.0f && sp->temperature <= CAI_TEMPERATURE_MAX))
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"temperature must be between 0 and %g (got %.9g)", CAI_TEMPERATURE_MAX,
+						(double) sp->temperature);
+	if (!(sp->top_p > 0.0f && sp->top_p <= 1.0f))
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"top_p must be greater than 0 and at most 1 (got %.9g)",
+						(double) sp->top_p);
+	if (sp->top_k < 0 || sp->top_k > CAI_TOP_K_MAX)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"top_k must be between 0 and %d (got %d)", CAI_TOP_K_MAX, sp->top_k);
+	if (sp->max_tokens < 1 || sp->max_tokens > CAI_MAX_TOKENS_MAX)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"max_tokens must be between 1 and %d (got %d)", CAI_MAX_TOKENS_MAX,
+						sp->max_tokens);
+	if (sp->n_stop < 0 || sp->n_stop > CAI_MAX_STOP_STRINGS)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"stop takes at most %d strings (got %d)", CAI_MAX_STOP_STRINGS, sp->n_stop);
+	for (int i = 0; i < sp->n_stop; i++)
+	{
+		size_t		len = sp->stop[i] ? strlen(sp->stop[i]) : 0;
+
+		if (len == 0)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "stop must not contain an empty string");
+		if (len > CAI_STOP_MAX_BYTES)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+							"stop takes strings of at most %d bytes (got one of %zu)",
+							CAI_STOP_MAX_BYTES, len);
+	}
+	return CAI_OK;
+}
+
 /* ---------------------------------------------------------------------------------------------
  * Creation
  * ------------------------------------------------------------------------------------------- */
@@ -671,17 +707,8 @@ engine_submit(cai_engine *engine, const cai_request_params *params, uint64_t *re
 			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
 							"prompt token %d at position %d is outside the vocabulary (0..%d)",
 							params->prompt[i], i, n_vocab - 1);
-	if (sp->max_tokens < 1)
-		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "max_tokens must be at least 1");
-	if (!(sp->temperature >= 0.0f) || !(sp->top_p > 0.0f && sp->top_p <= 1.0f) || sp->top_k < 0)
-		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
-						"sampling parameters out of range (temperature >= 0, 0 < top_p <= 1, top_k >= 0)");
-	if (sp->n_stop < 0 || sp->n_stop > CAI_MAX_STOP_STRINGS)
-		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "at most %d stop strings are allowed",
-						CAI_MAX_STOP_STRINGS);
-	for (int i = 0; i < sp->n_stop; i++)
-		if (sp->stop[i] == NULL || sp->stop[i][0] == '\0')
-			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "stop strings must not be empty");
+	if ((st = cai_sampling_params_check(sp, err)) != CAI_OK)
+		return st;
 	/* a stop string would cut a constrained value wherever it matched */
 	if (params->grammar && sp->n_stop > 0)
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
@@ -1183,29 +1210,15 @@ request_take_token(cai_engine *engine, cai_request *req, int32_t token, cai_even
 		request_finish(engine, req, CAI_FINISH_LENGTH, ev);
 }
 
-cai_status
-cai_engine_step(cai_engine *engine, const cai_event **events_out, int *n_events_out,
-				cai_error *err)
+/*
+ * Admission, FIFO: a request that cannot get its blocks blocks those behind it, so that a long
+ * request is not starved by short ones that keep fitting.
+ */
+static void
+engine_admit_waiting(cai_engine *engine)
 {
-	int			n_events = 0;
-	int			n_batch = 0;
-	int			budget = engine->params.max_step_tokens;
-	int			logit_rows = 0;
-	cai_status	st;
-	double		t0 = cai_now_seconds();
 	cai_request *req;
 
-	*events_out = engine->events;
-	*n_events_out = 0;
-
-	/* requests reported last step are forgotten now (their event text pointed into them) */
-	while ((req = engine->retired) != NULL)
-	{
-		engine->retired = req->next;
-		request_free(req);
-	}
-
-	/* 1. admission, FIFO: a request that cannot get its blocks blocks those behind it */
 	while (engine->waiting_head && engine->n_running < engine->params.max_running)
 	{
 		req = engine->waiting_head;
@@ -1214,8 +1227,20 @@ cai_engine_step(cai_engine *engine, const cai_event **events_out, int *n_events_
 		waiting_remove(engine, req);
 		engine->running[engine->n_running++] = req;
 	}
+}
 
-	/* 2a. every running decode: its last token */
+/*
+ * The step's ragged batch, in engine->batch and engine->batch_req, within max_step_tokens:
+ * every running decode's last token first (so that prefills never stall the decodes), then
+ * prefill chunks in admission order with what is left of the budget.  Returns its length.
+ */
+static int
+engine_plan_batch(cai_engine *engine)
+{
+	int			n_batch = 0;
+	int			budget = engine->params.max_step_tokens;
+	cai_request *req;
+
 	for (int i = 0; i < engine->n_running && budget > 0; i++)
 	{
 		req = engine->running[i];
@@ -1232,9 +1257,7 @@ cai_engine_step(cai_engine *engine, const cai_event **events_out, int *n_events_
 		};
 		engine->batch_req[n_batch++] = req;
 		budget--;
-		logit_rows++;
 	}
-	/* 2b. prefill chunks in admission order with what is left of the budget */
 	for (int i = 0; i < engine->n_running && budget > 0; i++)
 	{
 		int			chunk;
@@ -1259,47 +1282,50 @@ cai_engine_step(cai_engine *engine, const cai_event **events_out, int *n_events_
 		engine->batch_req[n_batch++] = req;
 		budget -= chunk;
 		engine->stats.prefill_tokens += chunk;
-		if (last)
-			logit_rows++;
 	}
+	return n_batch;
+}
 
-	if (n_batch == 0)
-		return CAI_OK;
-
-	/* 3. one forward over the ragged batch */
-	st = cai_model_forward(engine->model, engine->forward, engine->kv, engine->batch, n_batch,
-						   engine->logits, false, err);
-	if (st != CAI_OK)
+/*
+ * After a failed forward: every request of the batch fails with an error event, since its KV
+ * may be half-written and no later step could trust it.
+ */
+static void
+engine_fail_batch(cai_engine *engine, int n_batch, const cai_error *err, int *n_events)
+{
+	for (int b = 0; b < n_batch; b++)
 	{
-		/* fail every request in the batch: their KV may be half-written */
-		for (int b = 0; b < n_batch; b++)
-		{
-			cai_event  *ev;
+		cai_request *req = engine->batch_req[b];
+		cai_event  *ev;
 
-			req = engine->batch_req[b];
-			for (int i = 0; i < engine->n_running; i++)
-				if (engine->running[i] == req)
-				{
-					running_remove(engine, i);
-					break;
-				}
-			request_release_blocks(engine, req, false);
-			ev = engine_new_event(engine, &n_events, req);
-			if (ev)
+		for (int i = 0; i < engine->n_running; i++)
+			if (engine->running[i] == req)
 			{
-				ev->finish = CAI_FINISH_ERROR;
-				ev->error = err ? err->message : "forward failed";
-				ev->usage = req->usage;
+				running_remove(engine, i);
+				break;
 			}
-			req->next = engine->retired;
-			engine->retired = req;
+		request_release_blocks(engine, req, false);
+		ev = engine_new_event(engine, n_events, req);
+		if (ev)
+		{
+			ev->finish = CAI_FINISH_ERROR;
+			ev->error = err ? err->message : "forward failed";
+			ev->usage = req->usage;
 		}
-		*n_events_out = n_events;
-		return st;
+		req->next = engine->retired;
+		engine->retired = req;
 	}
+}
 
-	/* 4. sample (every row at once), then detokenize and report in batch order */
-	logit_rows = 0;
+/*
+ * After the forward: samples every row with logits at once, then, in batch order, advances
+ * each request and reports the tokens of those that produced one.
+ */
+static cai_status
+engine_take_batch_tokens(cai_engine *engine, int n_batch, int *n_events, cai_error *err)
+{
+	int			logit_rows = 0;
+
 	for (int b = 0; b < n_batch; b++)
 		if (engine->batch[b].logits != CAI_LOGITS_NONE)
 			engine->logit_req[logit_rows++] = engine->batch_req[b];
@@ -1308,30 +1334,78 @@ cai_engine_step(cai_engine *engine, const cai_event **events_out, int *n_events_
 	for (int b = 0; b < n_batch; b++)
 	{
 		cai_batch_seq *seq = &engine->batch[b];
+		cai_request *req = engine->batch_req[b];
 		cai_event  *ev;
 
-		req = engine->batch_req[b];
 		req->n_computed += seq->n_tokens;
 		request_drop_windows(engine, req);
 		if (seq->logits == CAI_LOGITS_NONE)
 			continue;
 		req->state = REQUEST_DECODE;
-		ev = engine_new_event(engine, &n_events, req);
+		ev = engine_new_event(engine, n_events, req);
 		if (!ev)
 			return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory reporting events");
 		request_take_token(engine, req, engine->tokens[logit_rows++], ev);
 	}
+	return CAI_OK;
+}
 
-	/* finished requests leave the batch */
+/*
+ * Finished requests leave the batch for the retired list: their events' text points into them
+ * until the next step frees them.
+ */
+static void
+engine_retire_finished(cai_engine *engine)
+{
 	for (int i = engine->n_running - 1; i >= 0; i--)
 	{
-		req = engine->running[i];
+		cai_request *req = engine->running[i];
+
 		if (req->state != REQUEST_FINISHED)
 			continue;
 		running_remove(engine, i);
 		req->next = engine->retired;
 		engine->retired = req;
 	}
+}
+
+cai_status
+cai_engine_step(cai_engine *engine, const cai_event **events_out, int *n_events_out,
+				cai_error *err)
+{
+	int			n_events = 0;
+	int			n_batch;
+	cai_status	st;
+	double		t0 = cai_now_seconds();
+	cai_request *req;
+
+	*events_out = engine->events;
+	*n_events_out = 0;
+
+	/* requests reported last step are forgotten now (their event text pointed into them) */
+	while ((req = engine->retired) != NULL)
+	{
+		engine->retired = req->next;
+		request_free(req);
+	}
+
+	engine_admit_waiting(engine);
+	n_batch = engine_plan_batch(engine);
+	if (n_batch == 0)
+		return CAI_OK;
+
+	/* one forward over the ragged batch */
+	st = cai_model_forward(engine->model, engine->forward, engine->kv, engine->batch, n_batch,
+						   engine->logits, false, err);
+	if (st != CAI_OK)
+	{
+		engine_fail_batch(engine, n_batch, err, &n_events);
+		*n_events_out = n_events;
+		return st;
+	}
+	if ((st = engine_take_batch_tokens(engine, n_batch, &n_events, err)) != CAI_OK)
+		return st;
+	engine_retire_finished(engine);
 
 	engine->stats.steps++;
 	engine->stats.step_sequences += n_batch;

@@ -199,7 +199,7 @@ cai_forward_ctx_create_on(const cai_model *model, cai_backend_factory factory, v
 
 		const cai_backend_ops *ops = ctx->be->ops;	/* static: outlives the context */
 
-		if (!ops->quantize_residual || !ops->embed_i8_add || !ops->two_digit_keys)
+		if (!ops->quantize_second_digit || !ops->embed_i8_add || !ops->two_digit_keys)
 		{
 			cai_forward_ctx_free(ctx);
 			return cai_fail(err, CAI_ERR_UNSUPPORTED,
@@ -496,7 +496,7 @@ gemm_input(cai_forward_ctx *ctx, const float *x, int n, int k, const cai_weight 
 		return;
 	}
 	/* the second digits right after the first: one GEMM can take both as its rows */
-	op->quantize_residual(be, x, n, k, q, s, q + (size_t) n * k, s + n);
+	op->quantize_second_digit(be, x, n, k, q, s, q + (size_t) n * k, s + n);
 	if (ctx->digit_out && (size_t) 2 * n * n_out <= ctx->digit_out_floats)
 	{
 		op->gemm_i8(be, q, s, 2 * n, w, n_out, NULL, ctx->digit_out, n_out, false);
@@ -829,8 +829,8 @@ embed_tokens(cai_forward_ctx *ctx, int d, int T, bool f)
 		return;
 	}
 	be->ops->embed_i8(be, &ctx->w.tok_embd, ctx->ids, T, ctx->x);
-	if (ctx->w.tok_embd_digit2.q)
-		be->ops->embed_i8_add(be, &ctx->w.tok_embd_digit2, ctx->ids, T, ctx->x);
+	if (ctx->w.tok_embd_second_digit.q)
+		be->ops->embed_i8_add(be, &ctx->w.tok_embd_second_digit, ctx->ids, T, ctx->x);
 }
 
 /* The logits of the R rows in ctx->xg (the last layer's output rows), on either path. */

@@ -43,7 +43,7 @@ typedef struct cai_model_operands
 	const cai_bmatrix *file_embd;	/* the embedding table as the model holds it */
 	const cai_weight *lm_head;
 	cai_qmatrix tok_embd;		/* q and scale in backend memory */
-	cai_qmatrix tok_embd_digit2;	/* its second digits, or q == NULL */
+	cai_qmatrix tok_embd_second_digit;	/* its second digits, or q == NULL */
 	const float *out_norm, *out_norm_i8, *f_tok_embd, *f_lm_head;
 	cai_rotation rot_model, rot_ff, rot_head;	/* mix in backend memory */
 } cai_model_operands;

@@ -138,8 +138,8 @@ bind_int8(cai_forward_ctx *ctx, cai_error *err)
 	/* the embedding is read by rows, as the model holds it (and its second digits) */
 	if ((st = bind_table(be, &m->tok_embd, &ctx->w.tok_embd, err)) != CAI_OK)
 		return st;
-	if (m->tok_embd_digit2.q &&
-		(st = bind_table(be, &m->tok_embd_digit2, &ctx->w.tok_embd_digit2, err)) != CAI_OK)
+	if (m->tok_embd_second_digit.q &&
+		(st = bind_table(be, &m->tok_embd_second_digit, &ctx->w.tok_embd_second_digit, err)) != CAI_OK)
 		return st;
 	ctx->w.int8 = true;
 	return CAI_OK;

@@ -267,7 +267,7 @@ cai_kv_block_copy_rows(cai_kv_pool *pool, int32_t src, int32_t dst, int n_rows)
 		memcpy(cai_kv_value_scales(L, to), cai_kv_value_scales(L, from),
 			   (size_t) n_rows * L->n_kv_heads * sizeof(float));
 		if (L->key_digits == 2)
-			memcpy(cai_kv_key_digits2(L, to), cai_kv_key_digits2(L, from),
+			memcpy(cai_kv_key_second_digits(L, to), cai_kv_key_second_digits(L, from),
 				   (size_t) n_rows * row_values);
 	}
 }

@@ -12,7 +12,7 @@
  *     v_scale float [16][n_kv_heads]
  *     k2      int8  [16][n_kv_heads][head_dim]   only with two-digit keys (below)
  *
- * Two-digit keys (key_digits 2, the int8x2 activation mode): each key element also carries
+ * Two-digit keys (key_digits 2, the two_digit activation mode): each key element also carries
  * the rounding error of its int8 digit k, quantized to 1/254 of the step: x ~ s (k + k2 / 254)
  * with s = max|x| / 127 and k2 in [-127, 127], and k_scale holds s / 254, so that a query's
  * exact integer dot product with the key is q . (254 k + k2) (cpu/attention.h).  The k plane
@@ -154,7 +154,7 @@ cai_kv_value_scales(const cai_kv_layout *L, uint8_t *layer_part)
 
 /* The keys' second digits (two-digit keys only). */
 static inline int8_t *
-cai_kv_key_digits2(const cai_kv_layout *L, uint8_t *layer_part)
+cai_kv_key_second_digits(const cai_kv_layout *L, uint8_t *layer_part)
 {
 	return (int8_t *) (cai_kv_value_scales(L, layer_part) + CAI_KV_BLOCK_TOKENS * L->n_kv_heads);
 }

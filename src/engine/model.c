@@ -211,7 +211,7 @@ cai_model_get_info(const cai_model *model, cai_model_info *info)
 	info->kv_bytes_per_token = (size_t) c->n_kv_layers * token_layer_bytes;
 	info->kv_window_bytes_per_token = (size_t) c->n_windowed_kv_layers * token_layer_bytes;
 	info->kv_window = c->kv_window;
-	info->compensated_rounding = model->compensated_rounding;
+	info->gptq_rounding = model->gptq_rounding;
 	info->two_digit_activations = model->two_digit_activations;
 	info->file_weights = model->file_weights;
 	info->fingerprint = model->fingerprint;

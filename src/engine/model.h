@@ -108,7 +108,7 @@ struct cai_model
 	cai_tokenizer *tokenizer;
 	cai_chat_template tmpl;
 	cai_qmatrix tok_embd;		/* [n_vocab, d_model], int8 per row */
-	cai_qmatrix tok_embd_digit2;	/* each row's second digit (two-digit activations), or
+	cai_qmatrix tok_embd_second_digit;	/* each row's second digit (two-digit activations), or
 									 * q == NULL */
 	cai_qmatrix lm_head;		/* [n_vocab, d_model] smoothed and rotated (its own when tied) */
 	float	   *f_tok_embd;		/* float reference (NULL unless loaded) */
@@ -124,7 +124,7 @@ struct cai_model
 	size_t		weight_bytes;
 	uint64_t	fingerprint;
 	bool		has_float_reference;
-	bool		compensated_rounding;	/* its int8 weights were rounded along the inputs */
+	bool		gptq_rounding;	/* its int8 weights were rounded along the inputs */
 	bool		two_digit_activations;	/* the forward's GEMM inputs carry a second digit */
 	bool		int8_complete;	/* the int8 weights are converted (a backend may prepare them) */
 	bool		file_weights;	/* the GEMMs read the file's own formats (file_* below), and

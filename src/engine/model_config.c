@@ -172,20 +172,16 @@ read_layer_attention(const gguf_file *f, cai_config *c, cai_error *err)
 	return cai_config_layer_attention(c, a, window, n_shared, err);
 }
 
-/* Fills m->cfg from the file's metadata (shapes checked against tensors later). */
-cai_status
-cai_model_read_config(cai_model *m, const char *path, cai_error *err)
+/*
+ * The file's architecture, found among the descriptions (src/engine/arch), and what the
+ * description decides for the whole model.  Refused when the engine lacks its norm placement
+ * or activation, so that a new description cannot load a model the forward would miscompute.
+ */
+static cai_status
+config_find_arch(const gguf_file *f, cai_config *c, cai_error *err)
 {
-	const gguf_file *f = m->gguf;
-	cai_config *c = &m->cfg;
 	const char *arch = c->arch_name;
 	const cai_arch_desc *a;
-	const cai_arch_keys *k;
-	uint32_t	u;
-	uint32_t	head_dim = 0;
-	cai_status	st;
-	gguf_str	s;
-	float		factor;
 
 	if (!gguf_get_cstr(f, "general.architecture", c->arch_name, sizeof(c->arch_name)))
 		return cai_fail(err, CAI_ERR_FORMAT, "missing metadata key 'general.architecture'");
@@ -206,14 +202,21 @@ cai_model_read_config(cai_model *m, const char *path, cai_error *err)
 	c->sandwich_norm = a->norm == CAI_NORM_SANDWICH;
 	c->ffn_act = a->activation;
 	c->rope_base_windowed = a->attention.window_period > 0 ? a->rope.base_windowed : 0.0f;
-	k = a->keys;
+	return CAI_OK;
+}
 
-	if (!gguf_get_cstr(f, "general.name", c->name, sizeof(c->name)) || c->name[0] == '\0')
-	{
-		const char *base = strrchr(path, '/');
-
-		snprintf(c->name, sizeof(c->name), "%s", base ? base + 1 : path);
-	}
+/*
+ * The model's sizes (layers, widths, heads, context) and norm and rope constants, each range
+ * checked here: every buffer of the load and the forward is sized from them, so a hostile file
+ * must fail on them before anything is allocated.
+ */
+static cai_status
+config_read_sizes(const gguf_file *f, cai_config *c, cai_error *err)
+{
+	const char *arch = c->arch_name;
+	const cai_arch_keys *k = c->arch->keys;
+	uint32_t	u;
+	cai_status	st;
 
 	if ((st = read_arch_u32(f, arch, k->block_count, true, 0, &u, err)) != CAI_OK)
 		return st;
@@ -233,7 +236,7 @@ cai_model_read_config(cai_model *m, const char *path, cai_error *err)
 	if ((st = read_arch_u32(f, arch, k->context_length, false, 2048, &u, err)) != CAI_OK)
 		return st;
 	c->context_length = (int) u;
-	if ((st = read_arch_f32(f, arch, k->rope_freq_base, false, a->rope.base, &c->rope_base,
+	if ((st = read_arch_f32(f, arch, k->rope_freq_base, false, c->arch->rope.base, &c->rope_base,
 							err)) != CAI_OK)
 		return st;
 	if ((st = read_arch_f32(f, arch, k->rms_norm_eps, true, 0, &c->norm_eps, err)) != CAI_OK)
@@ -251,8 +254,22 @@ cai_model_read_config(cai_model *m, const char *path, cai_error *err)
 		return cai_fail(err, CAI_ERR_FORMAT, "%s.context_length must be positive", arch);
 	if (!(c->norm_eps > 0.0f) || !(c->rope_base > 0.0f))
 		return cai_fail(err, CAI_ERR_FORMAT, "rms epsilon and rope base must be positive");
+	return CAI_OK;
+}
 
-	/* head size: key_length when given, else d_model / n_heads */
+/*
+ * The head size (key_length when given, else d_model / n_heads) and the rotated part of it,
+ * within what the attention kernels take.
+ */
+static cai_status
+config_read_head(const gguf_file *f, cai_config *c, cai_error *err)
+{
+	const char *arch = c->arch_name;
+	const cai_arch_keys *k = c->arch->keys;
+	uint32_t	head_dim = 0;
+	uint32_t	u;
+	cai_status	st;
+
 	if ((st = read_arch_u32(f, arch, k->key_length, false, 0, &head_dim, err)) != CAI_OK)
 		return st;
 	if (head_dim == 0)
@@ -273,7 +290,7 @@ cai_model_read_config(cai_model *m, const char *path, cai_error *err)
 							"key length %u differs from value length %u", head_dim, vlen);
 	}
 	c->head_dim = (int) head_dim;
-	c->embed_scale = a->embed_scale_sqrt_d ? sqrtf((float) c->d_model) : 1.0f;
+	c->embed_scale = c->arch->embed_scale_sqrt_d ? sqrtf((float) c->d_model) : 1.0f;
 	if (c->head_dim % 8 != 0 || c->head_dim > 512)
 		return cai_fail(err, CAI_ERR_UNSUPPORTED,
 						"head size %d is not supported (a multiple of 8 up to 512)", c->head_dim);
@@ -283,30 +300,63 @@ cai_model_read_config(cai_model *m, const char *path, cai_error *err)
 	if (c->n_rot < 2 || c->n_rot % 2 != 0 || c->n_rot > c->head_dim)
 		return cai_fail(err, CAI_ERR_FORMAT, "rope dimension count %d does not fit head size %d",
 						c->n_rot, c->head_dim);
-	c->rope_neox = (a->rope.style == CAI_ROPE_NEOX);
+	c->rope_neox = (c->arch->rope.style == CAI_ROPE_NEOX);
+	return CAI_OK;
+}
 
-	/* rope scaling: none or linear */
+/* Rope scaling: none or linear (the only kind the rope kernels apply). */
+static cai_status
+config_read_rope_scaling(const gguf_file *f, cai_config *c, cai_error *err)
+{
+	const char *arch = c->arch_name;
+	const cai_arch_keys *k = c->arch->keys;
+	char		key[160];
+	gguf_str	s;
+	float		factor;
+	cai_status	st;
+
 	c->rope_freq_scale = 1.0f;
+	snprintf(key, sizeof(key), "%s.%s", arch, k->rope_scaling_type ? k->rope_scaling_type : "");
+	if (k->rope_scaling_type && gguf_get_str(f, key, &s) && !gguf_str_eq(s, "none"))
 	{
-		char		key[160];
-
-		snprintf(key, sizeof(key), "%s.%s", arch, k->rope_scaling_type ? k->rope_scaling_type : "");
-		if (k->rope_scaling_type && gguf_get_str(f, key, &s) && !gguf_str_eq(s, "none"))
-		{
-			if (!gguf_str_eq(s, "linear"))
-				return cai_fail(err, CAI_ERR_UNSUPPORTED, "unsupported rope scaling type '%.*s'",
-								(int) (s.len > 32 ? 32 : s.len), s.ptr);
-			if ((st = read_arch_f32(f, arch, k->rope_scaling_factor, true, 1, &factor, err)) != CAI_OK)
-				return st;
-			if (!(factor > 0.0f))
-				return cai_fail(err, CAI_ERR_FORMAT, "rope scaling factor must be positive");
-			c->rope_freq_scale = 1.0f / factor;
-		}
-		snprintf(key, sizeof(key), "%s.%s", arch, k->rope_scale_linear ? k->rope_scale_linear : "");
-		if (k->rope_scale_linear && gguf_get_f32(f, key, &factor) && factor > 0.0f &&
-			factor != 1.0f)
-			c->rope_freq_scale = 1.0f / factor;
+		if (!gguf_str_eq(s, "linear"))
+			return cai_fail(err, CAI_ERR_UNSUPPORTED, "unsupported rope scaling type '%.*s'",
+							(int) (s.len > 32 ? 32 : s.len), s.ptr);
+		if ((st = read_arch_f32(f, arch, k->rope_scaling_factor, true, 1, &factor, err)) != CAI_OK)
+			return st;
+		if (!(factor > 0.0f))
+			return cai_fail(err, CAI_ERR_FORMAT, "rope scaling factor must be positive");
+		c->rope_freq_scale = 1.0f / factor;
 	}
+	snprintf(key, sizeof(key), "%s.%s", arch, k->rope_scale_linear ? k->rope_scale_linear : "");
+	if (k->rope_scale_linear && gguf_get_f32(f, key, &factor) && factor > 0.0f &&
+		factor != 1.0f)
+		c->rope_freq_scale = 1.0f / factor;
+	return CAI_OK;
+}
+
+/* Fills m->cfg from the file's metadata (shapes checked against tensors later). */
+cai_status
+cai_model_read_config(cai_model *m, const char *path, cai_error *err)
+{
+	const gguf_file *f = m->gguf;
+	cai_config *c = &m->cfg;
+	const cai_arch_desc *a;
+	cai_status	st;
+
+	if ((st = config_find_arch(f, c, err)) != CAI_OK)
+		return st;
+	a = c->arch;
+	if (!gguf_get_cstr(f, "general.name", c->name, sizeof(c->name)) || c->name[0] == '\0')
+	{
+		const char *base = strrchr(path, '/');
+
+		snprintf(c->name, sizeof(c->name), "%s", base ? base + 1 : path);
+	}
+	if ((st = config_read_sizes(f, c, err)) != CAI_OK ||
+		(st = config_read_head(f, c, err)) != CAI_OK ||
+		(st = config_read_rope_scaling(f, c, err)) != CAI_OK)
+		return st;
 
 	/* the GEMM kernels want every reduction length a multiple of 4 */
 	if (c->d_model % 4 != 0 || c->d_ff % 4 != 0 || (c->n_heads * c->head_dim) % 4 != 0)

@@ -118,9 +118,9 @@ cai_model_fingerprint(cai_model *m, cai_error *err)
 			XXH3_64bits_update(state, &kv->v, sizeof(kv->v.u64));
 	}
 	/* the int8 path's numerics options, where they are not the defaults: other results */
-	if (m->compensated_rounding || m->two_digit_activations)
+	if (m->gptq_rounding || m->two_digit_activations)
 	{
-		uint8_t		numerics[2] = {m->compensated_rounding, m->two_digit_activations};
+		uint8_t		numerics[2] = {m->gptq_rounding, m->two_digit_activations};
 
 		XXH3_64bits_update(state, numerics, sizeof(numerics));
 	}

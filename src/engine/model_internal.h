@@ -66,6 +66,6 @@ bool		cai_model_make_rotation(cai_model *m, int n, cai_rotation *r);
 cai_status	cai_convert_layers(cai_model *m, cai_threadpool *pool, cai_convert_plan *plan,
 							   const cai_layer_sources *src, const gguf_tensor *t_embd,
 							   const gguf_tensor *t_head, const float *head_wmax, bool fref,
-							   bool compensated, cai_error *err);
+							   bool gptq, cai_error *err);
 
 #endif							/* CAI_MODEL_INTERNAL_H */

@@ -189,7 +189,7 @@ cai_model_params_default(cai_model_params *params)
 	params->n_threads = 0;
 	params->load_float_reference = false;
 	params->chat_template = NULL;
-	params->compensated_rounding = false;
+	params->gptq_rounding = false;
 	params->two_digit_activations = false;
 	params->weights = CAI_WEIGHTS_AUTO;
 }
@@ -554,7 +554,7 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 	if (!alloc_qmatrix(m, c->n_vocab, c->d_model, &m->tok_embd))
 		OOM();
 	if (params->two_digit_activations &&
-		!alloc_qmatrix(m, c->n_vocab, c->d_model, &m->tok_embd_digit2))
+		!alloc_qmatrix(m, c->n_vocab, c->d_model, &m->tok_embd_second_digit))
 		OOM();
 	if (fref && !(m->f_tok_embd = alloc_floats(m, (size_t) c->n_vocab * c->d_model)))
 		OOM();
@@ -584,13 +584,13 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 	 * the embedding: plain requantization; the head's source (the embedding when tied) read for
 	 * its column maxima, which its smoothing needs (cai_convert_layers converts it)
 	 */
-	if (m->tok_embd_digit2.q)
+	if (m->tok_embd_second_digit.q)
 	{
 		/* with two-digit activations the embedding's rows, the first of them, get two too */
 		if (!cai_plan_rows_two_digits(&plan, t_embd, c->d_model, c->n_vocab,
 									  (int8_t *) m->tok_embd.q, (float *) m->tok_embd.scale,
-									  (int8_t *) m->tok_embd_digit2.q,
-									  (float *) m->tok_embd_digit2.scale, m->f_tok_embd, !t_out))
+									  (int8_t *) m->tok_embd_second_digit.q,
+									  (float *) m->tok_embd_second_digit.scale, m->f_tok_embd, !t_out))
 			OOM();
 	}
 	else if (!cai_plan_rows_rotated(&plan, t_embd, NULL, c->d_model, c->n_vocab,
@@ -605,9 +605,9 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 
 	/* the layers and the head: calibrated, smoothed, rotated, requantized */
 	if ((st = cai_convert_layers(m, pool, &plan, src, t_embd, t_out ? t_out : t_embd, head_wmax,
-							 fref, params->compensated_rounding, err)) != CAI_OK)
+							 fref, params->gptq_rounding, err)) != CAI_OK)
 		goto done;
-	m->compensated_rounding = params->compensated_rounding;
+	m->gptq_rounding = params->gptq_rounding;
 	/* set after calibration, which reads one-digit inputs as the weights were rounded for them */
 	m->two_digit_activations = params->two_digit_activations;
 

@@ -1,5 +1,5 @@
 /*
- * rounding.c — error-compensating int8 rounding of weight rows (see rounding.h).
+ * rounding.c — GPTQ int8 rounding of weight rows (see rounding.h).
  *
  * Both loops that matter run over eight-lane vectors along independent lanes and are built for
  * AVX2 (without FMA) and baseline x86-64 with target_clones, like ops.c; contraction is off for

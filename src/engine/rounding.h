@@ -1,5 +1,5 @@
 /*
- * rounding.h — error-compensating int8 rounding of weight rows (GPTQ), for the model's
+ * rounding.h — GPTQ int8 rounding of weight rows, for the model's
  * conversion.
  *
  * Rounding each weight to its nearest level makes every element's error as small as it can be

@@ -48,7 +48,9 @@ static const struct config_enum_entry device_options[] = {
 
 static const struct config_enum_entry weight_rounding_options[] = {
 	{"nearest", CAI_ROUNDING_NEAREST, false},
-	{"compensated", CAI_ROUNDING_COMPENSATED, false},
+	{"gptq", CAI_ROUNDING_GPTQ, false},
+	/* the old name, accepted for one release; hidden from the listed values */
+	{"compensated", CAI_ROUNDING_GPTQ, true},
 	{NULL, 0, false}
 };
 
@@ -61,7 +63,9 @@ static const struct config_enum_entry weights_options[] = {
 
 static const struct config_enum_entry activation_precision_options[] = {
 	{"int8", CAI_ACTIVATIONS_INT8, false},
-	{"int8x2", CAI_ACTIVATIONS_INT8X2, false},
+	{"two_digit", CAI_ACTIVATIONS_TWO_DIGIT, false},
+	/* the old name, accepted for one release; hidden from the listed values */
+	{"int8x2", CAI_ACTIVATIONS_TWO_DIGIT, true},
 	{NULL, 0, false}
 };
 
@@ -232,8 +236,8 @@ define_engine_process_settings(void)
 
 	DefineCustomEnumVariable("pg_cai.weight_rounding",
 							 "How the engine rounds the model's weights to int8 at load.",
-							 "nearest: to the nearest value; compensated: along the calibration "
-							 "inputs (GPTQ), closer to the float model at about four times the "
+							 "nearest: to the nearest value; gptq: GPTQ along the calibration "
+							 "inputs, closer to the float model at about four times the "
 							 "load time.",
 							 &cai_weight_rounding,
 							 CAI_ROUNDING_NEAREST,
@@ -244,7 +248,7 @@ define_engine_process_settings(void)
 
 	DefineCustomEnumVariable("pg_cai.activation_precision",
 							 "How the engine quantizes the inputs of its int8 GEMMs.",
-							 "int8: one int8 digit per value; int8x2: two digits (the rounding "
+							 "int8: one int8 digit per value; two_digit: a second digit (the rounding "
 							 "error quantized again), closer to the float model with every int8 "
 							 "GEMM run twice.",
 							 &cai_activation_precision,

@@ -17,9 +17,6 @@
 #include "options.h"
 #include "protocol.h"
 
-#define CAI_MAX_TOKENS_LIMIT	1048576
-#define CAI_TOP_K_LIMIT			1000000
-#define CAI_STOP_MAX_BYTES		256
 #define CAI_VALID_OPTIONS		"max_tokens, temperature, top_p, top_k, seed, stop, truncate, ignore_eos, response_format, json_whitespace, allow_partial"
 
 /*
@@ -399,15 +396,15 @@ apply_key(CaiOptions *options, const char *key, const JsonbValue *value)
 
 	if (strcmp(key, "max_tokens") == 0)
 		options->max_tokens = value->type == jbvNull ? defaults.max_tokens :
-			(int) get_integer(key, value, 1, CAI_MAX_TOKENS_LIMIT);
+			(int) get_integer(key, value, 1, CAI_MAX_TOKENS_MAX);
 	else if (strcmp(key, "temperature") == 0)
 	{
 		double		t = value->type == jbvNull ? defaults.temperature : get_number(key, value);
 
-		if (!(t >= 0.0 && t <= 2.0))
+		if (!(t >= 0.0 && t <= CAI_TEMPERATURE_MAX))
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("option \"temperature\" must be between 0 and 2"),
+					 errmsg("option \"temperature\" must be between 0 and %g", CAI_TEMPERATURE_MAX),
 					 errdetail("Got %s.", numeric_detail_text(value->val.numeric))));
 		options->temperature = t;
 	}
@@ -428,7 +425,7 @@ apply_key(CaiOptions *options, const char *key, const JsonbValue *value)
 	}
 	else if (strcmp(key, "top_k") == 0)
 		options->top_k = value->type == jbvNull ? defaults.top_k :
-			(int) get_integer(key, value, 0, CAI_TOP_K_LIMIT);
+			(int) get_integer(key, value, 0, CAI_TOP_K_MAX);
 	else if (strcmp(key, "seed") == 0)
 		options->seed = value->type == jbvNull ? defaults.seed :
 			get_integer(key, value, 0, PG_INT64_MAX);

@@ -107,9 +107,9 @@ pg_cai_model_info(PG_FUNCTION_ARGS)
 		json_key_int(&out, "kv_bytes_per_token", (int64) model.info.kv_bytes_per_token);
 		json_key_int(&out, "kv_window", model.info.kv_window);
 		json_key_string(&out, "weight_rounding",
-						model.info.compensated_rounding ? "compensated" : "nearest", false);
+						model.info.gptq_rounding ? "gptq" : "nearest", false);
 		json_key_string(&out, "activation_precision",
-						model.info.two_digit_activations ? "int8x2" : "int8", false);
+						model.info.two_digit_activations ? "two_digit" : "int8", false);
 		json_key_string(&out, "weights", model.info.file_weights ? "file" : "int8", false);
 		json_key_int(&out, "kv_window_bytes_per_token",
 					 (int64) model.info.kv_window_bytes_per_token);

@@ -712,9 +712,9 @@ engine_arguments(StringInfo settings)
 	}
 	args[n++] = pstrdup("--weights");
 	args[n++] = pstrdup(cai_weights_mode_name((cai_weights_mode) cai_weights));
-	if (cai_weight_rounding == CAI_ROUNDING_COMPENSATED)
-		args[n++] = pstrdup("--compensated-rounding");
-	if (cai_activation_precision == CAI_ACTIVATIONS_INT8X2)
+	if (cai_weight_rounding == CAI_ROUNDING_GPTQ)
+		args[n++] = pstrdup("--gptq-rounding");
+	if (cai_activation_precision == CAI_ACTIVATIONS_TWO_DIGIT)
 		args[n++] = pstrdup("--two-digit-activations");
 	resetStringInfo(settings);
 	for (int i = 0; i < n; i++)

@@ -1,15 +1,13 @@
 /*
  * request_decode.c — decodes and validates a request payload (see request_decode.h).
  */
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "request_decode.h"
 #include "util.h"
 
-/* Limits of what a payload may ask for, beyond which it is refused rather than attempted. */
-#define MAX_TEMPERATURE 100.0f
+/* A malformed payload's message count beyond which it is refused rather than attempted. */
 #define MAX_MESSAGES (1 << 20)
 
 void
@@ -24,26 +22,16 @@ cai_decoded_request_free(cai_decoded_request *req)
 	memset(req, 0, sizeof(*req));
 }
 
-/* Sampling options from the generation block: range checks that name the option. */
+/*
+ * Sampling options from the generation block.  The range checks are the library's (cai.h's
+ * request limits), run here so that a request out of range is refused before its prompt is
+ * decoded or its schema compiled.
+ */
 static cai_status
 decode_sampling(const cai_wire_generation *g, cai_decoded_request *out, cai_error *err)
 {
 	cai_sampling_params *sp = &out->params.sampling;
 	cai_status	st;
-
-	if (!(isfinite(g->temperature) && g->temperature >= 0.0f && g->temperature <= MAX_TEMPERATURE))
-		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
-						"temperature must be between 0 and %g (got %g)", MAX_TEMPERATURE,
-						(double) g->temperature);
-	if (!(g->top_p > 0.0f && g->top_p <= 1.0f))
-		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
-						"top_p must be greater than 0 and at most 1 (got %g)", (double) g->top_p);
-	if (g->top_k < 0)
-		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "top_k must not be negative (got %d)",
-						g->top_k);
-	if (g->max_tokens < 1)
-		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "max_tokens must be at least 1 (got %d)",
-						g->max_tokens);
 
 	cai_sampling_params_default(sp);
 	sp->temperature = g->temperature;
@@ -66,6 +54,8 @@ decode_sampling(const cai_wire_generation *g, cai_decoded_request *out, cai_erro
 		sp->stop[i] = out->stop[i];
 	}
 	sp->n_stop = g->n_stop;
+	if ((st = cai_sampling_params_check(sp, err)) != CAI_OK)
+		return st;
 	out->params.cache_salt = g->cache_salt;
 	out->params.use_cache = g->use_cache;
 

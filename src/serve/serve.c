@@ -598,7 +598,7 @@ send_ready(server *s, double load_seconds)
 	m.kv_bytes_per_token = s->info.kv_bytes_per_token;
 	m.kv_window_bytes_per_token = s->info.kv_window_bytes_per_token;
 	m.kv_window = s->info.kv_window;
-	m.compensated_rounding = s->info.compensated_rounding;
+	m.gptq_rounding = s->info.gptq_rounding;
 	m.two_digit_activations = s->info.two_digit_activations;
 	m.file_weights = s->info.file_weights;
 	m.load_seconds = load_seconds;

@@ -432,8 +432,8 @@ def ratios_and_goals(args, ours, llama_same, llama_q8, key):
 def report(args, ours, llama_same, llama_q8):
     """The printed report (median and best-run tables, ratios, goals) and its JSON parts."""
     numerics = ours.get("activation_precision", "int8")
-    if ours.get("weight_rounding") == "compensated":
-        numerics += ", compensated"
+    if ours.get("weight_rounding") == "gptq":
+        numerics += ", gptq"
     rows = [(f"pg_cai ({numerics})", ours), ("llama.cpp, same GGUF", llama_same),
             ("llama.cpp, Q8_0", llama_q8)]
     lines = [f"tokens/s, {args.threads} threads, {os.path.basename(args.model)}, "

@@ -27,9 +27,9 @@ as JSON (--out).  A measurement, not a test: not run by CI.
 pg_cai's int8 path is scored as loaded by default; --variant FLAGS (repeatable) scores it with
 `cai eval` numerics flags instead, each variant its own row in the same run, for example
 
-    ... bench_fidelity.py --variant= --variant=--compensated-rounding \
+    ... bench_fidelity.py --variant= --variant=--gptq-rounding \
         --variant=--two-digit-activations \
-        --variant="--two-digit-activations --compensated-rounding"
+        --variant="--two-digit-activations --gptq-rounding"
 
 (with "=": argparse would take a separate value that starts with "--" for an option).
 

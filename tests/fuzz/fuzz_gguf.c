@@ -5,7 +5,7 @@
  * accessor (each metadata pair by key and type, each array element, each tensor by name, its
  * first and last data byte, a dequantized first row), and its tokenizer is loaded.  Then the same
  * bytes go through cai_model_load (from a memory file: the path the server takes, mmap and all),
- * (with compensated rounding or the float reference for some input sizes), and a model that
+ * (with GPTQ rounding or the float reference for some input sizes), and a model that
  * loads is described, tokenizes and detokenizes, and builds a chat prompt.
  * The seeds are tiny synthetic models (tests/fuzz/gen_corpus.c), so mutations reach the loader's
  * shape and type checks, not only the header.  Invariants: nothing but the sanitizers' and
@@ -136,7 +136,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	cai_model_params_default(&params);
 	params.n_threads = 1;
 	/* the loader's other paths, picked by the input's size so that a crash input replays */
-	params.compensated_rounding = size % 4 == 1;
+	params.gptq_rounding = size % 4 == 1;
 	params.load_float_reference = size % 4 == 2;
 	st = fuzz_model_load(data, size, &params, &model, &err);
 	if (getenv("FUZZ_VERBOSE"))	/* which check an input reaches, when growing the corpus */

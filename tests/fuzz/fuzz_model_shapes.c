@@ -6,7 +6,7 @@
  * turns into a complete GGUF, then patches tensor data with special values (Inf, NaN, the
  * largest finite values, denormals, as f32 and f16, which also hits quantized blocks' scales).
  * The loader converts, calibrates (a float forward over every layer), smooths, rotates and
- * requantizes whatever it gets, with compensated rounding or the float reference for some
+ * requantizes whatever it gets, with GPTQ rounding or the float reference for some
  * inputs.
  *
  * Input: 13 configuration bytes, then patches of 4 bytes (tensor, position, kind).  Invariants:
@@ -115,8 +115,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	cai_model_params_default(&params);
 	params.n_threads = 1;
-	/* (K-quant widths make compensated rounding take seconds under the sanitizers) */
-	params.compensated_rounding = (flags & 8) && unit < 256;
+	/* (K-quant widths make GPTQ rounding take seconds under the sanitizers) */
+	params.gptq_rounding = (flags & 8) && unit < 256;
 	params.load_float_reference = flags & 16;
 	params.two_digit_activations = flags & 32;
 	st = fuzz_model_load(image, image_size, &params, &model, &err);

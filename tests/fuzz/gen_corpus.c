@@ -440,7 +440,7 @@ model_shapes_seeds(void)
 		/* flags, weight type, embd type, layers, heads, kv, head_dim/8, d_model, d_ff, rope, ctx, seed */
 		{0, 0, 0, 0, 3, 1, 0, 7, 15, 0x10, 0x27, 64, 1},	/* llama f32, 4 heads / 2 kv, d 32 */
 		{1 | 2, 3, 3, 1, 1, 0, 2, 1, 3, 0x10, 0x27, 64, 2},	/* qwen2 q8_0 untied, head 16 */
-		{8, 4, 5, 0, 3, 2, 3, 2, 1, 0x00, 0x01, 255, 3},	/* q4_0/q4_1, 4 heads of 24, compensated */
+		{8, 4, 5, 0, 3, 2, 3, 2, 1, 0x00, 0x01, 255, 3},	/* q4_0/q4_1, 4 heads of 24, GPTQ */
 		{16 | 4, 1, 2, 1, 7, 3, 0, 15, 0, 0xff, 0xff, 8, 4},	/* f16/bf16, 8 heads, float reference */
 		{0, 6, 8, 0, 3, 1, 8, 0, 1, 0x10, 0x27, 64, 5},	/* q4_k/q6_k, 4 heads of 64, d 256 */
 	};

@@ -10,7 +10,7 @@
  *                                              the Gemma-3-shaped one
  *   e2e_greedy MODEL OUT.json [--steps N] [--devices cpu,cuda] [--two-digit-activations]
  *
- * --two-digit-activations loads the model in that mode (pg_cai.activation_precision = int8x2).
+ * --two-digit-activations loads the model in that mode (pg_cai.activation_precision = two_digit).
  *
  * The int8 path is bit-identical across backends by design (kernels/README.md), so the tokens
  * must be equal, not merely close.  Without a CUDA device the CPU half still runs and the JSON

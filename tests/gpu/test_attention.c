@@ -413,7 +413,7 @@ run_case(const attn_case *c)
 									  4) != 0;
 						if (c->key_digits == 2)
 						{
-							size_t		k2_off = (size_t) ((uint8_t *) cai_kv_key_digits2(&L, cpart) - cpart);
+							size_t		k2_off = (size_t) ((uint8_t *) cai_kv_key_second_digits(&L, cpart) - cpart);
 
 							bad += memcmp(gpart + k2_off + at, cpart + k2_off + at, c->head_dim) != 0;
 						}
@@ -560,7 +560,7 @@ TEST(gpu_attention_graph_replays_split_decode)
 }
 
 /*
- * Two-digit keys (the int8x2 mode): the second digits the KV write leaves and the scores
+ * Two-digit keys (the two_digit mode): the second digits the KV write leaves and the scores
  * 254 (q . k) + q . k2 of the tiled kernel (a prefill across segments, windowed), of the decode
  * kernel at head size 256 (its largest shared memory), and of decode steps replayed as graphs.
  */

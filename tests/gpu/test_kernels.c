@@ -428,7 +428,7 @@ TEST(gpu_gemm_f32_near_cpu)
 }
 
 /*
- * cai_cuda_quantize_residual against the CPU backend's quantize_residual (x [n, k] and its first
+ * cai_cuda_quantize_second_digit against the CPU backend's quantize_second_digit (x [n, k] and its first
  * digit q1, s1): the second digit and its scales bit for bit.
  */
 static bool
@@ -451,7 +451,7 @@ gpu_residual_matches(const float *x, int n, int k, const int8_t *q1, const float
 			res[i] = x[(size_t) t * k + i] - (float) q1[(size_t) t * k + i] * s1[t];
 		cai_quantize_act_i8(res, 1, k, cq + (size_t) t * k, cs + t);
 	}
-	ok = ok && gpu_ok(cai_cuda_quantize_residual(gpu_ctx(), gpu_upload(x, nk * sizeof(float)), n, k,
+	ok = ok && gpu_ok(cai_cuda_quantize_second_digit(gpu_ctx(), gpu_upload(x, nk * sizeof(float)), n, k,
 											   gpu_upload(q1, nk),
 											   gpu_upload(s1, (size_t) n * sizeof(float)), dq, ds,
 											   &err), &err, "quantize residual") &&

@@ -79,6 +79,23 @@ r = cai(*prompt, "--stop", "ital of Fr")
 c.check("a stop string split across tokens cuts the reply before it",
         r.returncode == 0 and r.stdout.strip() == "The cap", repr(r.stdout))
 
+# The request limits (src/engine/cai.h) are the SQL options' too: usage errors (exit 2) that
+# name the flag and the range, before the model loads; each edge itself runs.
+for flags, message in ((["--temp", "2.5"], "--temp must be between 0 and 2, got 2.5"),
+                       (["--top-p", "0"], "--top-p must be greater than 0 and at most 1, got 0"),
+                       (["--top-k", "1000001"], "--top-k must be between 0 and 1000000"),
+                       (["--max-tokens", "1048577"], "--max-tokens must be between 1 and 1048576"),
+                       (["--stop", "x" * 257], "--stop takes strings of at most 256 bytes")):
+    r = cai("run", "-m", MODEL, "-p", "Hi", *flags)
+    c.check("cai run %s is refused: %s" % (flags[0], message),
+            r.returncode == 2 and message in r.stderr, repr(r.stderr[-300:]))
+r = cai("run", "-m", MODEL, "-p", "Hi", "--max-tokens", "2", "--temp", "2", "--top-p", "1",
+        "--top-k", "1000000", "--stop", "x" * 256)
+c.check("cai run at each limit's edge runs", r.returncode == 0, repr(r.stderr[-300:]))
+r = cai("run", "-m", MODEL, "-p", "Hi", "--max-tokens", "2", "--compensated-rounding")
+c.check("cai run takes --compensated-rounding, the old name of --gptq-rounding", r.returncode == 0,
+        repr(r.stderr[-300:]))
+
 with tempfile.TemporaryDirectory() as out:
     r = cai("eval", "-m", MODEL, "-n", str(EVAL_TOKENS), "-c", str(EVAL_CTX), "--json",
             "--logits-out", out, TEXT)

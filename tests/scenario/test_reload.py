@@ -109,16 +109,17 @@ try:
             stat("status || ' ' || cache_budget_bytes"))
 
     # ---- the numerics settings reach the engine: it reloads with them, serves, and back -------
-    for setting, info_key, on, default, what in (
-            ("pg_cai.weight_rounding", "weight_rounding", "compensated", "nearest",
+    # (activation_precision by its old name 'int8x2', still accepted: reported as 'two_digit')
+    for setting, info_key, set_to, on, default, what in (
+            ("pg_cai.weight_rounding", "weight_rounding", "gptq", "gptq", "nearest",
              "its weights rounded along the calibration inputs"),
-            ("pg_cai.activation_precision", "activation_precision", "int8x2", "int8",
+            ("pg_cai.activation_precision", "activation_precision", "int8x2", "two_digit", "int8",
              "two-digit GEMM inputs")):
-        reload_conf((setting, on))
+        reload_conf((setting, set_to))
         reloaded = wait_for(lambda: stat("status") == "ready" and
                             value("SELECT cai_model_info()->>'%s'" % info_key) == on, 120, 0.1)
         r = psql("SELECT cai_complete('Hello', '{\"max_tokens\": 4, \"ignore_eos\": true}') IS NOT NULL")
-        c.check("%s = %s: the engine reloads with %s" % (setting, on, what),
+        c.check("%s = %s: the engine reloads with %s, reported as %s" % (setting, set_to, what, on),
                 reloaded is not None and r.rc == 0 and r.out == "t", repr(r))
         reload_conf((setting, None))
         back = wait_for(lambda: stat("status") == "ready" and

@@ -82,7 +82,7 @@ fixture_open(fixture *f, int hd, int n_seqs, int key_digits)
 			((int8_t *) p)[i] = (int8_t) ((int) (test_next_u64(&rng) % 255) - 127);
 		if (key_digits == 2)
 			for (size_t i = 0; i < (size_t) CAI_KV_BLOCK_TOKENS * N_KV * hd; i++)
-				cai_kv_key_digits2(&f->L, p)[i] = (int8_t) ((int) (test_next_u64(&rng) % 255) - 127);
+				cai_kv_key_second_digits(&f->L, p)[i] = (int8_t) ((int) (test_next_u64(&rng) % 255) - 127);
 		for (int i = 0; i < CAI_KV_BLOCK_TOKENS * N_KV; i++)
 		{
 			/*
@@ -115,7 +115,7 @@ key_digits_at(const fixture *f, uint8_t *p, int slot, int kvh, int d)
 	int32_t		k = cai_kv_keys(&f->L, p)[at];
 
 	if (f->L.key_digits == 2)
-		return CAI_KV_KEY_DIGIT_BASE * k + cai_kv_key_digits2(&f->L, p)[at];
+		return CAI_KV_KEY_DIGIT_BASE * k + cai_kv_key_second_digits(&f->L, p)[at];
 	return k;
 }
 

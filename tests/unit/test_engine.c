@@ -3,6 +3,7 @@
  * invisible in the tokens (batch invariance), the prefix cache never changes a token (hits,
  * partial hits, after evictions), stop strings, cancel, admission errors, chunked prefill.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -439,7 +440,7 @@ TEST(engine_prefix_cache_reuses_to_the_token_across_turns)
 	 * Greedy, and seeded sampling at a high temperature: this small random model's greedy choice
 	 * barely depends on its KV, while a sampled draw moves with any change in the probabilities.
 	 */
-	const float temperature[N_CONV] = {0.0f, 2.0f, 3.0f};
+	const float temperature[N_CONV] = {0.0f, 1.5f, CAI_TEMPERATURE_MAX};
 
 	if (!engine_test_model())
 	{
@@ -638,6 +639,109 @@ TEST(engine_cancel_frees_kv)
 	cai_engine_free(engine);
 }
 
+/* One field of a default request set to an edge value: does the library accept it? */
+static cai_status
+check_edge(void (*set) (cai_sampling_params *sp, double v), double v, cai_error *err)
+{
+	cai_sampling_params sp;
+
+	cai_sampling_params_default(&sp);
+	set(&sp, v);
+	return cai_sampling_params_check(&sp, err);
+}
+
+static void
+set_temperature(cai_sampling_params *sp, double v)
+{
+	sp->temperature = (float) v;
+}
+
+static void
+set_top_p(cai_sampling_params *sp, double v)
+{
+	sp->top_p = (float) v;
+}
+
+static void
+set_top_k(cai_sampling_params *sp, double v)
+{
+	sp->top_k = (int) v;
+}
+
+static void
+set_max_tokens(cai_sampling_params *sp, double v)
+{
+	sp->max_tokens = (int) v;
+}
+
+/* n_stop copies of a stop string of v bytes */
+static void
+set_stops(cai_sampling_params *sp, int n, size_t len)
+{
+	static char text[CAI_STOP_MAX_BYTES + 2];
+
+	memset(text, 'x', sizeof(text) - 1);
+	text[len] = '\0';
+	sp->n_stop = n;
+	for (int i = 0; i < n && i < CAI_MAX_STOP_STRINGS; i++)
+		sp->stop[i] = text;
+}
+
+/*
+ * cai.h's request limits, at each edge: the edge itself is accepted, the next value past it
+ * refused with a message that names the field and its range.
+ */
+TEST(engine_request_limits_at_their_edges)
+{
+	struct
+	{
+		const char *name;
+		void		(*set) (cai_sampling_params *sp, double v);
+		double		ok;
+		double		refused;
+		const char *range;
+	}			edges[] = {
+		{"temperature", set_temperature, 0.0, -0.0001, "between 0 and 2"},
+		{"temperature", set_temperature, CAI_TEMPERATURE_MAX,
+		nextafterf((float) CAI_TEMPERATURE_MAX, 3.0f), "between 0 and 2"},
+		{"temperature", set_temperature, 0.0, NAN, "between 0 and 2"},
+		{"top_p", set_top_p, 1.0, nextafterf(1.0f, 2.0f), "greater than 0 and at most 1"},
+		{"top_p", set_top_p, 1e-30, 0.0, "greater than 0 and at most 1"},
+		{"top_k", set_top_k, 0, -1, "between 0 and 1000000"},
+		{"top_k", set_top_k, CAI_TOP_K_MAX, CAI_TOP_K_MAX + 1, "between 0 and 1000000"},
+		{"max_tokens", set_max_tokens, 1, 0, "between 1 and 1048576"},
+		{"max_tokens", set_max_tokens, CAI_MAX_TOKENS_MAX, CAI_MAX_TOKENS_MAX + 1,
+		"between 1 and 1048576"},
+	};
+	cai_sampling_params sp;
+	cai_error	err;
+
+	CHECK(CAI_TEMPERATURE_MAX == 2.0);
+	for (size_t i = 0; i < sizeof(edges) / sizeof(edges[0]); i++)
+	{
+		CHECK_MSG(check_edge(edges[i].set, edges[i].ok, &err) == CAI_OK, "%s %g: %s",
+				  edges[i].name, edges[i].ok, err.message);
+		CHECK_MSG(check_edge(edges[i].set, edges[i].refused, &err) == CAI_ERR_INVALID_ARGUMENT,
+				  "%s %.9g accepted", edges[i].name, edges[i].refused);
+		CHECK_MSG(strstr(err.message, edges[i].name) && strstr(err.message, edges[i].range),
+				  "%s %g: \"%s\"", edges[i].name, edges[i].refused, err.message);
+	}
+
+	/* stop strings: as many as CAI_MAX_STOP_STRINGS of CAI_STOP_MAX_BYTES each, not empty */
+	cai_sampling_params_default(&sp);
+	set_stops(&sp, CAI_MAX_STOP_STRINGS, CAI_STOP_MAX_BYTES);
+	CHECK(cai_sampling_params_check(&sp, &err) == CAI_OK);
+	set_stops(&sp, CAI_MAX_STOP_STRINGS + 1, 1);
+	CHECK(cai_sampling_params_check(&sp, &err) == CAI_ERR_INVALID_ARGUMENT);
+	CHECK(strstr(err.message, "at most 8 strings") != NULL);
+	set_stops(&sp, 1, CAI_STOP_MAX_BYTES + 1);
+	CHECK(cai_sampling_params_check(&sp, &err) == CAI_ERR_INVALID_ARGUMENT);
+	CHECK(strstr(err.message, "at most 256 bytes") != NULL);
+	set_stops(&sp, 1, 0);
+	CHECK(cai_sampling_params_check(&sp, &err) == CAI_ERR_INVALID_ARGUMENT);
+	CHECK(strstr(err.message, "empty") != NULL);
+}
+
 TEST(engine_admission_errors)
 {
 	int32_t		prompt[300];
@@ -665,11 +769,18 @@ TEST(engine_admission_errors)
 	CHECK(cai_engine_submit(engine, &req, &id, &err) == CAI_ERR_INVALID_ARGUMENT);
 	make_prompt(prompt, 300, 1);
 
-	/* bad sampling parameters */
+	/* bad sampling parameters: submit checks cai.h's request limits */
 	req = request(prompt, 10, -1.0f, 0, 8);
 	CHECK(cai_engine_submit(engine, &req, &id, &err) == CAI_ERR_INVALID_ARGUMENT);
 	req = request(prompt, 10, 0.0f, 0, 0);
 	CHECK(cai_engine_submit(engine, &req, &id, &err) == CAI_ERR_INVALID_ARGUMENT);
+	req = request(prompt, 10, nextafterf((float) CAI_TEMPERATURE_MAX, 3.0f), 0, 8);
+	CHECK(cai_engine_submit(engine, &req, &id, &err) == CAI_ERR_INVALID_ARGUMENT);
+	CHECK(strstr(err.message, "temperature must be between 0 and 2") != NULL);
+	req = request(prompt, 10, 0.0f, 0, 8);
+	req.sampling.top_k = CAI_TOP_K_MAX + 1;
+	CHECK(cai_engine_submit(engine, &req, &id, &err) == CAI_ERR_INVALID_ARGUMENT);
+	CHECK(strstr(err.message, "top_k") != NULL);
 
 	/*
 	 * 2 batch slots are free and the queue holds 2 more: a burst of 4 is taken before any step

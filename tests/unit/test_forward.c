@@ -851,7 +851,7 @@ TEST(forward_rotate_op_quantizes_rotated_rows)
  * by cai_quantize_act_i8's rule, so that q s + q2 s2 is within half a second-digit step of x,
  * and that step at most 1/254 of the first's; the same bits for one and three threads.
  */
-TEST(forward_quantize_residual_op)
+TEST(forward_quantize_second_digit_op)
 {
 	const int	k = 200,
 				T = 64;
@@ -879,9 +879,9 @@ TEST(forward_quantize_residual_op)
 		CHECK(pool && cai_backend_cpu_create(pool, &lim, &be, &err) == CAI_OK);
 		if (!be)
 			break;
-		CHECK(be->ops->quantize_residual != NULL);
+		CHECK(be->ops->quantize_second_digit != NULL);
 		be->ops->quantize(be, x, T, k, q, s);
-		be->ops->quantize_residual(be, x, T, k, q, s, q2[v], s2[v]);
+		be->ops->quantize_second_digit(be, x, T, k, q, s, q2[v], s2[v]);
 		cai_backend_free(be);
 		cai_threadpool_free(pool);
 	}
@@ -1005,12 +1005,12 @@ TEST(forward_two_digit_activations)
 		cai_threadpool_free(pool);
 	}
 	/* the embedding's rows in two digits: each within half a second-digit step of the source */
-	CHECK(one->tok_embd_digit2.q == NULL && two->tok_embd_digit2.q != NULL);
+	CHECK(one->tok_embd_second_digit.q == NULL && two->tok_embd_second_digit.q != NULL);
 	CHECK(memcmp(one->tok_embd.q, two->tok_embd.q, (size_t) V * one->cfg.d_model) == 0);
-	if (two->tok_embd_digit2.q && two->f_tok_embd)
+	if (two->tok_embd_second_digit.q && two->f_tok_embd)
 	{
 		const cai_qmatrix *e1 = &two->tok_embd,
-				   *e2 = &two->tok_embd_digit2;
+				   *e2 = &two->tok_embd_second_digit;
 		int			far = 0;
 
 		for (int r = 0; r < V; r++)
@@ -1411,7 +1411,7 @@ TEST(kv_write_two_digit_keys)
 				cai_op_quantize_vec_two_digits(k, HD, q, q2, &ks);
 				cai_op_quantize_vec_i8(k + N_KV * HD, HD, vq, &vs);
 				wrong += memcmp(cai_kv_keys(&L, part) + at, q, HD) != 0;
-				wrong += memcmp(cai_kv_key_digits2(&L, part) + at, q2, HD) != 0;
+				wrong += memcmp(cai_kv_key_second_digits(&L, part) + at, q2, HD) != 0;
 				wrong += memcmp(cai_kv_values(&L, part) + at, vq, HD) != 0;
 				wrong += cai_kv_key_scales(&L, part)[slot * N_KV + h] != ks;
 				wrong += cai_kv_value_scales(&L, part)[slot * N_KV + h] != vs;

@@ -92,7 +92,7 @@ load_config_nearest(const synth_model_config *cfg, cai_model **model, cai_error 
 	cai_model_params_default(&params);
 	params.load_float_reference = true;
 	params.weights = CAI_WEIGHTS_INT8;
-	params.compensated_rounding = false;
+	params.gptq_rounding = false;
 	return load_config_with(cfg, &params, model, err);
 }
 
@@ -576,11 +576,11 @@ model_matrices(const cai_model *m, const cai_qmatrix **out)
 }
 
 /*
- * Compensated rounding picks among the same levels as nearest rounding: every
+ * GPTQ rounding picks among the same levels as nearest rounding: every
  * scale is the same, the int8 values move by a level or two where they move at all, and many
  * do move; and the conversion is the same bits for any number of load threads.
  */
-TEST(model_compensated_rounding_keeps_levels)
+TEST(model_gptq_rounding_keeps_levels)
 {
 	synth_model_config cfg;
 	cai_model_params params;
@@ -599,7 +599,7 @@ TEST(model_compensated_rounding_keeps_levels)
 	synth_model_default_config(&cfg);
 	cai_model_params_default(&params);
 	CHECK(load_config_with(&cfg, &params, &near, &err) == CAI_OK);
-	params.compensated_rounding = true;
+	params.gptq_rounding = true;
 	params.n_threads = 2;
 	CHECK(load_config_with(&cfg, &params, &comp, &err) == CAI_OK);
 	params.n_threads = 1;

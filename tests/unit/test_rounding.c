@@ -1,5 +1,5 @@
 /*
- * test_rounding.c — error-compensating int8 rounding of weight rows (rounding.h).
+ * test_rounding.c — GPTQ int8 rounding of weight rows (rounding.h).
  *
  * The factor must reconstruct the damped metric and not depend on the thread count; the
  * rounding must keep cai_quantize_row_i8's levels and scales, reduce to nearest rounding when
@@ -165,7 +165,7 @@ round_with(cai_threadpool *pool, const float *h, int k, int block, float damp, c
 	free(e);
 }
 
-TEST(rounding_compensated_rows_lower_output_error)
+TEST(rounding_gptq_rows_lower_output_error)
 {
 	const int	k = 96;
 	const int	n = 37;			/* a partial set of rows */
@@ -195,8 +195,8 @@ TEST(rounding_compensated_rows_lower_output_error)
 		err_comp += output_error(h, k, w + (size_t) r * k, q + (size_t) r * k, scale[r]);
 		err_near += output_error(h, k, w + (size_t) r * k, qn + (size_t) r * k, sn[r]);
 	}
-	/* on these inputs the compensation removes most of the output error */
-	CHECK_MSG(err_comp < 0.6 * err_near, "output error %g compensated, %g nearest",
+	/* on these inputs GPTQ removes most of the output error */
+	CHECK_MSG(err_comp < 0.6 * err_near, "output error %g GPTQ, %g nearest",
 			  err_comp, err_near);
 	CHECK(memcmp(q, qn, (size_t) n * k) != 0);
 

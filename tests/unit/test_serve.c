@@ -419,6 +419,15 @@ TEST(serve_refuses_bad_requests_clearly)
 	CHECK_EQ_INT(g.error_status, CAI_ERR_INVALID_ARGUMENT);
 	CHECK(strstr(g.error, "temperature") != NULL);
 
+	/* cai.h's limits, the same the SQL options take: temperature at most 2 */
+	cai_wbuf_reset(&p);
+	put_generation(&p, 4, 2.5f, false);
+	cai_put_text(&p, "hi", 2);
+	send_request(&s, 14, CAI_REQUEST_COMPLETE, &p);
+	read_generation(&s, 14, &g);
+	CHECK_EQ_INT(g.error_status, CAI_ERR_INVALID_ARGUMENT);
+	CHECK(strstr(g.error, "temperature must be between 0 and 2") != NULL);
+
 	cai_wbuf_reset(&p);
 	{
 		int32_t		ids[2] = {1, 1 << 30};

@@ -294,7 +294,7 @@ TEST(engine_windowed_kv_gives_the_same_tokens)
 			reqs[c].prompt = conv[c];
 			reqs[c].n_prompt = len[c];
 			cai_sampling_params_default(&reqs[c].sampling);
-			reqs[c].sampling.temperature = 3.0f;
+			reqs[c].sampling.temperature = CAI_TEMPERATURE_MAX;
 			reqs[c].sampling.seed = 17 + 5 * t + c;
 			reqs[c].sampling.max_tokens = 9 + 7 * ((t + c) % 3);
 			reqs[c].sampling.ignore_eos = true;
@@ -343,7 +343,7 @@ TEST(engine_windowed_kv_gives_the_same_tokens)
 		reqs[0].prompt = prompt;
 		reqs[0].n_prompt = 100;
 		cai_sampling_params_default(&reqs[0].sampling);
-		reqs[0].sampling.temperature = 3.0f;
+		reqs[0].sampling.temperature = CAI_TEMPERATURE_MAX;
 		reqs[0].sampling.seed = 5;
 		reqs[0].sampling.max_tokens = 6;
 		reqs[0].sampling.ignore_eos = true;

@@ -1918,7 +1918,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 				transpose_keys(isa, keys + (size_t) kv_head * hd, (size_t) n_kv * hd, hd,
 							   j0 - base, j1 - base, flip, kt);
 				if (kt2)
-					transpose_keys(isa, cai_kv_key_digits2(L, part) + (size_t) kv_head * hd,
+					transpose_keys(isa, cai_kv_key_second_digits(L, part) + (size_t) kv_head * hd,
 								   (size_t) n_kv * hd, hd, j0 - base, j1 - base, flip, kt2);
 	#if defined(__x86_64__)
 				if (whole && keep_segment_keys)

@@ -353,7 +353,7 @@ typedef struct residual_args
 } residual_args;
 
 static void
-quantize_residual_rows(void *arg, int t0, int t1, int thread)
+quantize_second_digit_rows(void *arg, int t0, int t1, int thread)
 {
 	residual_args *a = arg;
 	float	   *r = a->cb->row_scratch + (size_t) thread * a->cb->limits.max_width;
@@ -371,12 +371,12 @@ quantize_residual_rows(void *arg, int t0, int t1, int thread)
 }
 
 static void
-cpu_quantize_residual(cai_backend *be, const float *x, int n_tok, int k, const int8_t *q,
-					  const float *s, int8_t *q2, float *s2)
+cpu_quantize_second_digit(cai_backend *be, const float *x, int n_tok, int k, const int8_t *q,
+						  const float *s, int8_t *q2, float *s2)
 {
 	residual_args a = {.cb = cpu_of(be), .x = x, .k = k, .q = q, .s = s, .q2 = q2, .s2 = s2};
 
-	run_rows(a.cb, n_tok, 2 * k, quantize_residual_rows, &a);
+	run_rows(a.cb, n_tok, 2 * k, quantize_second_digit_rows, &a);
 }
 
 typedef struct digits_args
@@ -903,7 +903,7 @@ kv_write_rows(void *arg, int t0, int t1, int thread)
 			size_t		at = ((size_t) slot * n_kv + h) * hd;
 
 			if (L->key_digits == 2)
-				cai_op_quantize_vec_two_digits(kr, hd, keys + at, cai_kv_key_digits2(L, part) + at,
+				cai_op_quantize_vec_two_digits(kr, hd, keys + at, cai_kv_key_second_digits(L, part) + at,
 											   &kscale[slot * n_kv + h]);
 			else
 				cai_op_quantize_vec_i8(kr, hd, keys + at, &kscale[slot * n_kv + h]);
@@ -1142,7 +1142,7 @@ static const cai_backend_ops cpu_ops = {
 	.rmsnorm = cpu_rmsnorm,
 	.head_rmsnorm = cpu_head_rmsnorm,
 	.quantize = cpu_quantize,
-	.quantize_residual = cpu_quantize_residual,
+	.quantize_second_digit = cpu_quantize_second_digit,
 	.add_digits = cpu_add_digits,
 	.prepare_i8 = cpu_prepare_i8,
 	.weight_data = cpu_weight_data,

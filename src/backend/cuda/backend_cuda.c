@@ -624,8 +624,8 @@ cuda_quantize(cai_backend *be, const float *x, int n_tok, int k, int8_t *q, floa
 }
 
 static void
-cuda_quantize_residual(cai_backend *be, const float *x, int n_tok, int k, const int8_t *q,
-					   const float *s, int8_t *q2, float *s2)
+cuda_quantize_second_digit(cai_backend *be, const float *x, int n_tok, int k, const int8_t *q,
+						   const float *s, int8_t *q2, float *s2)
 {
 	cuda_backend *cb = cb_of(be);
 	cai_error	e;
@@ -634,7 +634,7 @@ cuda_quantize_residual(cai_backend *be, const float *x, int n_tok, int k, const 
 		!operand(cb, s, "first digit's scales") || !output_ok(cb, q2, "second digit") ||
 		!output_ok(cb, s2, "second digit's scales"))
 		return;
-	be_check(cb, cai_cuda_quantize_residual(cb->ctx, x, n_tok, k, q, s, q2, s2, &e), &e);
+	be_check(cb, cai_cuda_quantize_second_digit(cb->ctx, x, n_tok, k, q, s, q2, s2, &e), &e);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1373,7 +1373,7 @@ static const cai_backend_ops cuda_ops = {
 	.rmsnorm = cuda_rmsnorm,
 	.head_rmsnorm = cuda_head_rmsnorm,
 	.quantize = cuda_quantize,
-	.quantize_residual = cuda_quantize_residual,
+	.quantize_second_digit = cuda_quantize_second_digit,
 	.gemm_i8 = cuda_gemm_i8,
 	.gemm_f32 = cuda_gemm_f32,
 	.rope_prepare = cuda_rope_prepare,

@@ -234,11 +234,11 @@ CAI_CUDA_API cai_status cai_cuda_quantize_act(cai_cuda_ctx *ctx, const float *x_
 											  int k, int ldx, int8_t *q_dev, float *s_dev,
 											  cai_error *err);
 
-/* backend.h's quantize_residual on the device: x [n_tok, k] and its first digit q1, s1. */
-CAI_CUDA_API cai_status cai_cuda_quantize_residual(cai_cuda_ctx *ctx, const float *x_dev,
-												   int n_tok, int k, const int8_t *q1_dev,
-												   const float *s1_dev, int8_t *q_dev,
-												   float *s_dev, cai_error *err);
+/* backend.h's quantize_second_digit on the device: x [n_tok, k] and its first digit q1, s1. */
+CAI_CUDA_API cai_status cai_cuda_quantize_second_digit(cai_cuda_ctx *ctx, const float *x_dev,
+													   int n_tok, int k, const int8_t *q1_dev,
+													   const float *s1_dev, int8_t *q_dev,
+													   float *s_dev, cai_error *err);
 
 /*
  * cai_op_rmsnorm_row per token: y = (x * inv) * w, inv = 1 / sqrt(sum(x^2) / d + eps), the sum of

@@ -159,9 +159,9 @@ cai_cuda_quantize_act(cai_cuda_ctx *ctx, const float *x_dev, int n_tok, int k, i
 }
 
 extern "C" cai_status
-cai_cuda_quantize_residual(cai_cuda_ctx *ctx, const float *x_dev, int n_tok, int k,
-						   const int8_t *q1_dev, const float *s1_dev, int8_t *q_dev,
-						   float *s_dev, cai_error *err)
+cai_cuda_quantize_second_digit(cai_cuda_ctx *ctx, const float *x_dev, int n_tok, int k,
+							   const int8_t *q1_dev, const float *s1_dev, int8_t *q_dev,
+							   float *s_dev, cai_error *err)
 {
 	if (n_tok <= 0)
 		return CAI_OK;

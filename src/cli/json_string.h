@@ -1,8 +1,8 @@
 /*
- * json.h — the little JSON writing `cai bench` and `cai eval` need: a string with escapes.
+ * json_string.h — the little JSON writing `cai bench` and `cai eval` need: a string with escapes.
  */
-#ifndef CAI_CLI_JSON_H
-#define CAI_CLI_JSON_H
+#ifndef CAI_CLI_JSON_STRING_H
+#define CAI_CLI_JSON_STRING_H
 
 #include <stdio.h>
 
@@ -45,4 +45,4 @@ json_write_string(FILE *out, const char *s)
 	fputc('"', out);
 }
 
-#endif							/* CAI_CLI_JSON_H */
+#endif							/* CAI_CLI_JSON_STRING_H */
