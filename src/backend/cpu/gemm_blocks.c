@@ -9,6 +9,7 @@
 #include <string.h>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -573,12 +574,19 @@ group_avx2(const bgemm_job *j, int g)
 		group_tile_avx2(j, g, t0, j->n_tok - t0 < TOKEN_TILE ? j->n_tok - t0 : TOKEN_TILE);
 }
 
+/* F16C from CPUID itself: clang 14's __builtin_cpu_supports does not know "f16c". */
 static bool
 avx2_f16c_available(void)
 {
+	unsigned int a,
+				b,
+				c,
+				d;
+
 	__builtin_cpu_init();
-	return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-		__builtin_cpu_supports("f16c");
+	if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma"))
+		return false;
+	return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
 }
 #endif
 
