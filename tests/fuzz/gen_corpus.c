@@ -44,7 +44,7 @@ write_seed(const char *target, const char *name, const void *data, size_t size)
 /* An input under construction, in the carving order of fuzz_common.h's readers. */
 typedef struct seed
 {
-	uint8_t		b[8192];
+	uint8_t		b[12288];
 	size_t		n;
 } seed;
 
@@ -462,6 +462,91 @@ model_shapes_seeds(void)
 	}
 }
 
+/*
+ * fuzz_block_weights: type index, rows - 1, k byte, GEMM rows - 1, tokens - 1, flags, scale
+ * exponent + 40, the tensor's blocks, activations, biases (see its header comment).  Random
+ * levels with small finite scales, one tensor with a NaN or infinite scale in a late block, a
+ * k that is not whole K-quant blocks, and a type without a kernel.
+ */
+static void
+block_weights_seeds(void)
+{
+	/* the target's type order; its d and dmin offsets */
+	static const struct
+	{
+		ggml_type	type;
+		int			d,
+					dmin;
+	}			types[] = {
+		{GGML_TYPE_Q4_0, 0, -1}, {GGML_TYPE_Q4_1, 0, 2}, {GGML_TYPE_Q5_0, 0, -1},
+		{GGML_TYPE_Q5_1, 0, 2}, {GGML_TYPE_Q8_0, 0, -1}, {GGML_TYPE_Q4_K, 0, 2},
+		{GGML_TYPE_Q5_K, 0, 2}, {GGML_TYPE_Q6_K, 208, -1},
+	};
+	static const uint16_t bad_halves[] = {0x7e00, 0x7c00, 0xfc00};
+	uint32_t	r = 12345;
+
+	for (int i = 0; i < 8; i++)
+		for (int variant = 0; variant < 2; variant++)
+		{
+			const ggml_type type = types[i].type;
+			const int	per = (int) ggml_type_block_elems(type);
+			const int	rows = variant ? 11 : 3;
+			const int	n_tok = variant ? 5 : 1;
+			const int	k = per == 256 ? 256 : 64;
+			const size_t bb = ggml_type_block_bytes(type);
+			const int	n_blocks = rows * (k / per);
+			uint8_t		t[11 * 2 * 210];
+			char		name[32];
+			seed		s = {.n = 0};
+
+			put_u8(&s, (unsigned) i);
+			put_u8(&s, (unsigned) rows - 1);
+			put_u8(&s, per == 256 ? 0 : 1);	/* k: one block of 256, or two of 32 */
+			put_u8(&s, (unsigned) (variant ? 8 : 2));	/* GEMM rows - 1 */
+			put_u8(&s, (unsigned) n_tok - 1);
+			put_u8(&s, variant ? 7 : 0);	/* bias, accumulate, pool */
+			put_u8(&s, 40 - 7);	/* activations int8 x 2^-7 */
+			for (size_t b = 0; b < (size_t) n_blocks * bb; b++)
+			{
+				r = r * 1664525u + 1013904223u;
+				t[b] = (uint8_t) (r >> 24);
+			}
+			for (int b = 0; b < n_blocks; b++)
+			{
+				uint16_t	d = cai_fp32_to_fp16(0.001f * (float) (1 + b % 17));
+				uint16_t	m = cai_fp32_to_fp16(-0.002f * (float) (b % 5));
+
+				memcpy(t + b * bb + types[i].d, &d, 2);
+				if (types[i].dmin >= 0)
+					memcpy(t + b * bb + types[i].dmin, &m, 2);
+			}
+			put_bytes(&s, t, (size_t) n_blocks * bb);
+			for (int a = 0; a < n_tok * k + rows; a++)
+				put_u8(&s, (unsigned) (a * 37 + 11) & 0xff);
+			snprintf(name, sizeof(name), "seed-%s-%d", ggml_type_name(type), variant);
+			write_input("fuzz_block_weights", name, &s);
+
+			/* the same with a NaN or infinite scale in the last row */
+			{
+				const int	at = types[i].dmin >= 0 && variant ? types[i].dmin : types[i].d;
+				const uint16_t h = bad_halves[(i + variant) % 3];
+
+				memcpy(s.b + 7 + (size_t) (n_blocks - 1) * bb + at, &h, 2);
+				snprintf(name, sizeof(name), "seed-%s-%d-bad-scale", ggml_type_name(type), variant);
+				write_input("fuzz_block_weights", name, &s);
+			}
+		}
+	{
+		seed		s = {.n = 0};
+
+		put_bytes(&s, "\x05\x00\x81\x00\x00\x00\x28", 7);	/* Q4_K, k = 64 */
+		write_input("fuzz_block_weights", "seed-not-whole-blocks", &s);
+		s.n = 0;
+		put_bytes(&s, "\x09\x00\x00\x00\x00\x00\x28", 7);	/* f16 */
+		write_input("fuzz_block_weights", "seed-unsupported", &s);
+	}
+}
+
 int
 main(int argc, char **argv)
 {
@@ -478,5 +563,6 @@ main(int argc, char **argv)
 	prefix_cache_seeds();
 	tokenizer_load_seeds();
 	model_shapes_seeds();
+	block_weights_seeds();
 	return 0;
 }

@@ -333,3 +333,62 @@ TEST(gemm_blocks_first_rows_only)
 	cai_cpu_bmatrix_free(&m);
 	free(t);
 }
+
+/*
+ * Levels at their extremes (every byte of every block one fill value, so Q8_0's -128, Q6_K's
+ * -32, Q5's -16 and 31 and all-ones nibbles) against activations all at -127 or +127: the
+ * integer sums at their largest, where a narrower accumulator in a kernel would overflow.
+ */
+TEST(gemm_blocks_extreme_levels_same_bits)
+{
+	static const uint8_t fills[] = {0x00, 0xFF, 0x80, 0x7F};
+	const int	rows = 8,
+				k = 256;
+	int8_t		xq[256];
+	float		xs[8];
+	int16_t		xsum[8];
+	float		want[8],
+				got[8];
+
+	for (int ti = 0; ti < N_LEVEL_TYPES; ti++)
+		for (int fi = 0; fi < 4; fi++)
+			for (int sign = -1; sign <= 1; sign += 2)
+			{
+				ggml_type	type = level_types[ti];
+				const size_t bb = ggml_type_block_bytes(type);
+				const int	per = (int) ggml_type_block_elems(type);
+				size_t		row_bytes;
+				uint8_t    *t;
+				cai_cpu_bmatrix m;
+				int			d,
+							dmin,
+							bad = 0;
+
+				CHECK(ggml_row_bytes(type, k, &row_bytes));
+				t = malloc(row_bytes * rows);
+				memset(t, fills[fi], row_bytes * rows);
+				scale_offsets(type, &d, &dmin);
+				for (int b = 0; b < rows * (k / per); b++)
+				{
+					put_half(t + b * bb + d, 1.0f);
+					if (dmin >= 0)
+						put_half(t + b * bb + dmin, 0.5f);
+				}
+				for (int i = 0; i < k; i++)
+					xq[i] = (int8_t) (127 * sign);
+				for (int b = 0; b < k / 32; b++)
+				{
+					xs[b] = 1.0f;
+					xsum[b] = (int16_t) (32 * 127 * sign);
+				}
+				CHECK(cai_cpu_bmatrix_pack(type, t, rows, k, &m, NULL) == CAI_OK);
+				cai_gemm_blocks_portable(xq, xs, xsum, 1, &m, rows, NULL, want, rows, false);
+				cai_gemm_blocks(NULL, xq, xs, xsum, 1, &m, rows, NULL, got, rows, false);
+				for (int o = 0; o < rows; o++)
+					bad += memcmp(&got[o], &want[o], sizeof(float)) != 0;
+				CHECK_MSG(bad == 0, "%s, bytes 0x%02x, activations %d x 127: %d rows differ",
+						  ggml_type_name(type), fills[fi], sign, bad);
+				cai_cpu_bmatrix_free(&m);
+				free(t);
+			}
+}
