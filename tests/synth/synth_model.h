@@ -1,7 +1,8 @@
 /*
- * synth_model.h — writes tiny but complete model GGUFs (llama, qwen2, qwen3 or gemma3 layout) with seeded
+ * synth_model.h — writes complete model GGUFs (llama, qwen2, qwen3 or gemma3 layout) with seeded
  * random weights and a small gpt2-style byte-level BPE vocabulary with ChatML special tokens,
- * so the suite can test loading, tokenization and inference on shapes no small real model has.
+ * so the suite can test loading, tokenization and inference on shapes no small real model has
+ * (tiny ones), and the benchmarks can run models of real sizes (synth_presets.h's shapes).
  *
  * Metadata keys, tensor names and shapes are exactly those llama.cpp writes (checked against
  * SmolLM2-135M-Instruct).  The vocabulary mirrors SmolLM2's ordering:
