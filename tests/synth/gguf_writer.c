@@ -23,8 +23,11 @@ typedef struct writer_tensor
 	uint32_t	n_dims;
 	int64_t		ne[GGUF_MAX_DIMS];
 	ggml_type	type;
-	uint8_t    *data;
+	uint8_t    *data;			/* NULL for a generated tensor */
 	size_t		nbytes;
+	gguf_tensor_gen gen;
+	void	   *gen_state;		/* as added: each write starts from a copy */
+	size_t		gen_state_size;
 } writer_tensor;
 
 /* A growable byte buffer. */
@@ -145,6 +148,7 @@ gguf_writer_free(gguf_writer *w)
 	{
 		free(w->tensors[i].name);
 		free(w->tensors[i].data);
+		free(w->tensors[i].gen_state);
 	}
 	free(w->tensors);
 	free(w->kv.p);
@@ -472,22 +476,139 @@ gguf_writer_add_tensor_f32(gguf_writer *w, const char *name, uint32_t n_dims,
 	push_tensor(w, name, n_dims, ne, type, data, nbytes);
 }
 
+/* A tensor generated at write time: only its shape, generator and state are kept. */
+void
+gguf_writer_add_tensor_gen(gguf_writer *w, const char *name, uint32_t n_dims, const int64_t *ne,
+						   ggml_type type, gguf_tensor_gen gen, const void *state,
+						   size_t state_size)
+{
+	int64_t		n = shape_elements(n_dims, ne);
+	size_t		nbytes;
+	void	   *copy;
+
+	if (w->failed)
+		return;
+	if (n < 0 || !gen || ne[0] % ggml_type_block_elems(type) != 0 ||
+		!ggml_row_bytes(type, n, &nbytes))
+	{
+		writer_fail(w, "gguf_writer_add_tensor_gen: '%s' has a bad shape for its type", name);
+		return;
+	}
+	copy = malloc(state_size ? state_size : 1);
+	if (!copy)
+	{
+		writer_fail(w, "out of memory%s", "");
+		return;
+	}
+	if (state_size)
+		memcpy(copy, state, state_size);
+	push_tensor(w, name, n_dims, ne, type, NULL, nbytes);
+	if (w->failed)
+	{
+		free(copy);
+		return;
+	}
+	w->tensors[w->n_tensors - 1].gen = gen;
+	w->tensors[w->n_tensors - 1].gen_state = copy;
+	w->tensors[w->n_tensors - 1].gen_state_size = state_size;
+}
+
 static size_t
 align_up(size_t x, size_t a)
 {
 	return (x + a - 1) & ~(a - 1);
 }
 
-/* Lays out the image: header, metadata, tensor infos, padding, aligned tensor data. */
-bool
-gguf_writer_write_buffer(gguf_writer *w, uint8_t **data, size_t *size)
+/* Where the image's bytes go: a growing buffer or a file. */
+typedef struct image_sink
 {
-	byte_buf	out = {0};
-	size_t	   *info;
+	byte_buf   *buf;			/* non-NULL: append here */
+	FILE	   *file;			/* else write here */
+	const char *path;
+} image_sink;
+
+static void
+sink_put(gguf_writer *w, image_sink *sink, const void *data, size_t n)
+{
+	if (w->failed || n == 0)
+		return;
+	if (sink->buf)
+		buf_put(w, sink->buf, data, n);
+	else if (fwrite(data, 1, n, sink->file) != n)
+		writer_fail(w, "could not write \"%s\"", sink->path);
+}
+
+/* Header, metadata and tensor infos (with each tensor's data offset). */
+static void
+layout_head(gguf_writer *w, byte_buf *out)
+{
 	uint64_t	offset = 0;
 
-	*data = NULL;
-	*size = 0;
+	buf_put(w, out, "GGUF", 4);
+	buf_u32(w, out, 3);
+	buf_u64(w, out, w->n_tensors);
+	buf_u64(w, out, w->n_kv);
+	w->image_kv_start = out->len;
+	buf_put(w, out, w->kv.p, w->kv.len);
+	for (uint64_t i = 0; i < w->n_tensors; i++)
+	{
+		writer_tensor *t = &w->tensors[i];
+
+		w->image_tensor_info[i] = out->len;
+		buf_str(w, out, t->name, strlen(t->name));
+		buf_u32(w, out, t->n_dims);
+		for (uint32_t d = 0; d < t->n_dims; d++)
+			buf_u64(w, out, (uint64_t) t->ne[d]);
+		buf_u32(w, out, (uint32_t) t->type);
+		buf_u64(w, out, offset);
+		offset = align_up(offset + t->nbytes, w->alignment);
+	}
+	w->image_data_start = align_up(out->len, w->alignment);
+}
+
+/* A generated tensor's bytes, produced and converted a few rows at a time. */
+static void
+emit_generated(gguf_writer *w, image_sink *sink, writer_tensor *t)
+{
+	int64_t		row = t->ne[0];
+	int64_t		n = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+	int64_t		chunk = row * (((int64_t) 1 << 20) / row > 0 ? ((int64_t) 1 << 20) / row : 1);
+	size_t		cap = 0;
+	float	   *x = malloc((size_t) chunk * sizeof(float));
+	uint8_t    *q = NULL;
+	void	   *state = malloc(t->gen_state_size ? t->gen_state_size : 1);
+
+	if (x && ggml_row_bytes(t->type, chunk, &cap))
+		q = malloc(cap);
+	if (!x || !q || !state)
+		writer_fail(w, "out of memory%s", "");
+	else
+		memcpy(state, t->gen_state, t->gen_state_size);
+	for (int64_t done = 0; done < n && !w->failed; done += chunk)
+	{
+		int64_t		m = n - done < chunk ? n - done : chunk;
+		size_t		nbytes = 0;
+
+		t->gen(state, x, m);
+		if (!ggml_row_bytes(t->type, m, &nbytes) || !gguf_quantize(t->type, x, m, q))
+			writer_fail(w, "no quantizer for the type of '%s'", t->name);
+		else
+			sink_put(w, sink, q, nbytes);
+	}
+	free(x);
+	free(q);
+	free(state);
+}
+
+/* Lays out the image: header, metadata, tensor infos, padding, aligned tensor data. */
+static bool
+write_image(gguf_writer *w, image_sink *sink)
+{
+	byte_buf	head = {0};
+	size_t		pos;
+	size_t	   *info;
+	static const uint8_t zeros[64] = {0};
+
 	if (w->failed)
 		return false;
 	info = realloc(w->image_tensor_info, (w->n_tensors ? w->n_tensors : 1) * sizeof(size_t));
@@ -497,79 +618,74 @@ gguf_writer_write_buffer(gguf_writer *w, uint8_t **data, size_t *size)
 		return false;
 	}
 	w->image_tensor_info = info;
-
-	buf_put(w, &out, "GGUF", 4);
-	buf_u32(w, &out, 3);
-	buf_u64(w, &out, w->n_tensors);
-	buf_u64(w, &out, w->n_kv);
-	w->image_kv_start = out.len;
-	buf_put(w, &out, w->kv.p, w->kv.len);
-	for (uint64_t i = 0; i < w->n_tensors; i++)
+	layout_head(w, &head);
+	sink_put(w, sink, head.p, head.len);
+	pos = head.len;
+	free(head.p);
+	for (uint64_t i = 0; i < w->n_tensors && !w->failed; i++)
 	{
 		writer_tensor *t = &w->tensors[i];
+		size_t		pad = align_up(pos, w->alignment) - pos;
 
-		info[i] = out.len;
-		buf_str(w, &out, t->name, strlen(t->name));
-		buf_u32(w, &out, t->n_dims);
-		for (uint32_t d = 0; d < t->n_dims; d++)
-			buf_u64(w, &out, (uint64_t) t->ne[d]);
-		buf_u32(w, &out, (uint32_t) t->type);
-		buf_u64(w, &out, offset);
-		offset = align_up(offset + t->nbytes, w->alignment);
-	}
-	for (uint64_t i = 0; i < w->n_tensors; i++)
-	{
-		writer_tensor *t = &w->tensors[i];
-		static const uint8_t zeros[64] = {0};
-		size_t		pad = align_up(out.len, w->alignment) - out.len;
-
-		if (i == 0)
-			w->image_data_start = out.len + pad;
 		while (pad > 0 && !w->failed)
 		{
 			size_t		n = pad < sizeof(zeros) ? pad : sizeof(zeros);
 
-			buf_put(w, &out, zeros, n);
+			sink_put(w, sink, zeros, n);
 			pad -= n;
+			pos += n;
 		}
-		buf_put(w, &out, t->data, t->nbytes);
+		if (t->gen)
+			emit_generated(w, sink, t);
+		else
+			sink_put(w, sink, t->data, t->nbytes);
+		pos += t->nbytes;
 	}
-	if (w->n_tensors == 0)
-		w->image_data_start = align_up(out.len, w->alignment);
 	if (w->failed)
+		return false;
+	w->written = true;
+	return true;
+}
+
+bool
+gguf_writer_write_buffer(gguf_writer *w, uint8_t **data, size_t *size)
+{
+	byte_buf	out = {0};
+	image_sink	sink = {&out, NULL, NULL};
+
+	*data = NULL;
+	*size = 0;
+	if (!write_image(w, &sink))
 	{
 		free(out.p);
 		return false;
 	}
-	w->written = true;
 	*data = out.p;
 	*size = out.len;
 	return true;
 }
 
-/* Writes the image to path. */
+/* Writes the image to path, streaming the tensors' data. */
 bool
 gguf_writer_write_file(gguf_writer *w, const char *path)
 {
-	uint8_t    *data;
-	size_t		size;
-	FILE	   *f;
+	image_sink	sink = {NULL, NULL, path};
 	bool		ok;
 
-	if (!gguf_writer_write_buffer(w, &data, &size))
+	if (w->failed)
 		return false;
-	f = fopen(path, "wb");
-	if (!f)
+	sink.file = fopen(path, "wb");
+	if (!sink.file)
 	{
-		free(data);
 		writer_fail(w, "could not create \"%s\"", path);
 		return false;
 	}
-	ok = fwrite(data, 1, size, f) == size;
-	ok = (fclose(f) == 0) && ok;
-	free(data);
-	if (!ok)
+	ok = write_image(w, &sink);
+	if (fclose(sink.file) != 0 && ok)
+	{
 		writer_fail(w, "could not write \"%s\"", path);
+		ok = false;
+	}
 	return ok;
 }
 

@@ -69,7 +69,22 @@ void		gguf_writer_add_tensor(gguf_writer *w, const char *name, uint32_t n_dims,
 void		gguf_writer_add_tensor_f32(gguf_writer *w, const char *name, uint32_t n_dims,
 									   const int64_t *ne, ggml_type type, const float *x);
 
-/* Writes the file image to a malloc'd buffer (*data, free() it) or a file. */
+/*
+ * A tensor whose values a generator produces when the image is written, so that a model far
+ * larger than memory can be written: gen(state, x, n) fills x with the tensor's next n values
+ * (called in order, in chunks of whole rows), which are then converted to type as in
+ * gguf_writer_add_tensor_f32.  state_size bytes of state are copied and handed to every call.
+ */
+typedef void (*gguf_tensor_gen) (void *state, float *x, int64_t n);
+
+void		gguf_writer_add_tensor_gen(gguf_writer *w, const char *name, uint32_t n_dims,
+									   const int64_t *ne, ggml_type type, gguf_tensor_gen gen,
+									   const void *state, size_t state_size);
+
+/*
+ * Writes the file image to a malloc'd buffer (*data, free() it) or a file.  The file is
+ * written a tensor at a time: only the metadata and one chunk of a generated tensor are held.
+ */
 bool		gguf_writer_write_buffer(gguf_writer *w, uint8_t **data, size_t *size);
 bool		gguf_writer_write_file(gguf_writer *w, const char *path);
 

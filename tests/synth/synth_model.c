@@ -226,23 +226,39 @@ rng_for_tensor(synth_rng *r, uint64_t seed, const char *name)
 
 /* ---- the model -------------------------------------------------------------------------- */
 
-/* Fills and adds one tensor: values mean + std * N(0, 1). */
+/* A tensor's generator state: its own stream and scale. */
+typedef struct random_tensor
+{
+	synth_rng	r;
+	double		mean;
+	double		std;
+} random_tensor;
+
+static void
+random_tensor_gen(void *state, float *x, int64_t n)
+{
+	random_tensor *t = state;
+
+	for (int64_t i = 0; i < n; i++)
+		x[i] = (float) (t->mean + t->std * rng_normal(&t->r));
+}
+
+/*
+ * Adds one tensor of values mean + std * N(0, 1), generated when the file is written (so that
+ * a model of billions of weights never sits in memory whole).
+ */
 static bool
 add_random_tensor(gguf_writer *w, const synth_model_config *cfg, const char *name,
 				  int64_t ne0, int64_t ne1, ggml_type type, double mean, double std)
 {
 	int64_t		ne[2] = {ne0, ne1};
-	int64_t		n = ne0 * ne1;
-	float	   *x = malloc((size_t) n * sizeof(float));
-	synth_rng	r;
+	random_tensor t;
 
-	if (!x)
-		return false;
-	rng_for_tensor(&r, cfg->seed, name);
-	for (int64_t i = 0; i < n; i++)
-		x[i] = (float) (mean + std * rng_normal(&r));
-	gguf_writer_add_tensor_f32(w, name, ne1 > 1 ? 2 : 1, ne, type, x);
-	free(x);
+	rng_for_tensor(&t.r, cfg->seed, name);
+	t.mean = mean;
+	t.std = std;
+	gguf_writer_add_tensor_gen(w, name, ne1 > 1 ? 2 : 1, ne, type, random_tensor_gen,
+							   &t, sizeof(t));
 	return true;
 }
 
@@ -341,47 +357,302 @@ check_config(const synth_model_config *cfg, int *head_dim, cai_error *err)
 	return CAI_OK;
 }
 
-/* Adds the tokenizer metadata. */
-static cai_status
-add_tokenizer(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
+/* The vocabulary a model is written with (see synth_model_config.vocab_from and n_vocab). */
+typedef struct synth_vocab
 {
-	char	  **tokens = calloc(N_VOCAB, sizeof(char *));
-	int32_t		types[N_VOCAB];
-	cai_status	st = CAI_OK;
+	int			n;
+	char	  **tokens;			/* NUL-terminated copies */
+	int32_t    *types;
+	int			n_merges;
+	char	  **merges;
+	uint32_t	bos;
+	uint32_t	eos;
+	uint32_t	unk;
+	uint32_t	pad;
+} synth_vocab;
 
-	if (!tokens)
+static void
+vocab_free(synth_vocab *v)
+{
+	for (int i = 0; v->tokens && i < v->n; i++)
+		free(v->tokens[i]);
+	for (int i = 0; v->merges && i < v->n_merges; i++)
+		free(v->merges[i]);
+	free(v->tokens);
+	free(v->types);
+	free(v->merges);
+	memset(v, 0, sizeof(*v));
+}
+
+static char *
+copy_str(const char *p, size_t len)
+{
+	char	   *s = malloc(len + 1);
+
+	if (s)
+	{
+		memcpy(s, p, len);
+		s[len] = '\0';
+	}
+	return s;
+}
+
+/* Room for cap tokens (cap >= v->n). */
+static bool
+vocab_reserve(synth_vocab *v, int cap)
+{
+	char	  **t = realloc(v->tokens, (size_t) cap * sizeof(char *));
+	int32_t    *ty;
+
+	if (!t)
+		return false;
+	v->tokens = t;
+	ty = realloc(v->types, (size_t) cap * sizeof(int32_t));
+	if (!ty)
+		return false;
+	v->types = ty;
+	return true;
+}
+
+/* The built-in vocabulary. */
+static cai_status
+vocab_builtin(synth_vocab *v, cai_error *err)
+{
+	if (!vocab_reserve(v, N_VOCAB) ||
+		!(v->merges = calloc(N_MERGES, sizeof(char *))))
 		return cai_fail(err, CAI_ERR_NO_MEMORY, "synth: out of memory");
-	for (int i = 0; i < N_VOCAB && st == CAI_OK; i++)
+	for (; v->n < N_VOCAB; v->n++)
 	{
 		char		buf[64];
-		int			len = synth_model_token(i, buf, sizeof(buf));
+		int			len = synth_model_token(v->n, buf, sizeof(buf));
 
-		tokens[i] = len >= 0 ? strdup(buf) : NULL;
-		if (!tokens[i])
-			st = cai_fail(err, CAI_ERR_NO_MEMORY, "synth: out of memory");
-		types[i] = i < N_SPECIAL ? 3 : 1;
+		if (len < 0 || !(v->tokens[v->n] = copy_str(buf, (size_t) len)))
+			return cai_fail(err, CAI_ERR_NO_MEMORY, "synth: out of memory");
+		v->types[v->n] = v->n < N_SPECIAL ? 3 : 1;
 	}
-	if (st == CAI_OK)
+	for (; v->n_merges < N_MERGES; v->n_merges++)
 	{
-		gguf_writer_add_bool(w, "tokenizer.ggml.add_space_prefix", false);
-		gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", cfg->add_bos);
-		gguf_writer_add_str(w, "tokenizer.ggml.model", "gpt2");
-		gguf_writer_add_str(w, "tokenizer.ggml.pre",
-							cfg->tokenizer_pre ? cfg->tokenizer_pre : "smollm");
-		gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", (const char *const *) tokens, N_VOCAB);
-		gguf_writer_add_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, types, N_VOCAB);
-		gguf_writer_add_arr_str(w, "tokenizer.ggml.merges", merge_table, N_MERGES);
-		gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", SYNTH_TOKEN_IM_START);
-		gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", SYNTH_TOKEN_IM_END);
-		gguf_writer_add_u32(w, "tokenizer.ggml.unknown_token_id", SYNTH_TOKEN_ENDOFTEXT);
-		gguf_writer_add_u32(w, "tokenizer.ggml.padding_token_id", SYNTH_TOKEN_IM_END);
-		gguf_writer_add_str(w, "tokenizer.chat_template",
-							cfg->chat_template ? cfg->chat_template : default_chat_template);
+		const char *m = merge_table[v->n_merges];
+
+		if (!(v->merges[v->n_merges] = copy_str(m, strlen(m))))
+			return cai_fail(err, CAI_ERR_NO_MEMORY, "synth: out of memory");
 	}
-	for (int i = 0; i < N_VOCAB; i++)
-		free(tokens[i]);
-	free(tokens);
+	v->bos = SYNTH_TOKEN_IM_START;
+	v->eos = SYNTH_TOKEN_IM_END;
+	v->unk = SYNTH_TOKEN_ENDOFTEXT;
+	v->pad = SYNTH_TOKEN_IM_END;
+	return CAI_OK;
+}
+
+/* Copies a string array of the file into fresh NUL-terminated strings. */
+static bool
+copy_str_array(const gguf_kv *kv, char **out, uint64_t n)
+{
+	for (uint64_t i = 0; i < n; i++)
+	{
+		gguf_str	s;
+
+		if (!gguf_arr_get_str(kv, i, &s) || !(out[i] = copy_str(s.ptr, (size_t) s.len)))
+			return false;
+	}
+	return true;
+}
+
+/* The tokenizer of another (byte-level BPE) GGUF file. */
+static cai_status
+vocab_from_file(synth_vocab *v, const char *path, cai_error *err)
+{
+	gguf_file  *f;
+	const gguf_kv *tk;
+	const gguf_kv *ty;
+	const gguf_kv *mg;
+	char		model[32];
+	cai_status	st = gguf_open(path, &f, err);
+
+	if (st != CAI_OK)
+		return st;
+	tk = gguf_find_kv(f, "tokenizer.ggml.tokens");
+	ty = gguf_find_kv(f, "tokenizer.ggml.token_type");
+	mg = gguf_find_kv(f, "tokenizer.ggml.merges");
+	if (!gguf_get_cstr(f, "tokenizer.ggml.model", model, sizeof(model)) ||
+		strcmp(model, "gpt2") != 0 || !tk || tk->type != GGUF_TYPE_ARRAY ||
+		tk->v.arr.elem_type != GGUF_TYPE_STRING || tk->v.arr.n < N_SPECIAL ||
+		tk->v.arr.n > (1 << 22) || !mg || mg->type != GGUF_TYPE_ARRAY ||
+		mg->v.arr.elem_type != GGUF_TYPE_STRING || mg->v.arr.n > (1 << 22))
+	{
+		gguf_close(f);
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"synth: \"%s\" has no byte-level BPE (gpt2) tokenizer", path);
+	}
+	if (!vocab_reserve(v, (int) tk->v.arr.n) ||
+		!(v->merges = calloc(mg->v.arr.n ? mg->v.arr.n : 1, sizeof(char *))))
+	{
+		gguf_close(f);
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "synth: out of memory");
+	}
+	/* NULL first, so that vocab_free after a partial copy frees exactly what was copied */
+	memset(v->tokens, 0, tk->v.arr.n * sizeof(char *));
+	v->n = (int) tk->v.arr.n;
+	v->n_merges = (int) mg->v.arr.n;
+	if (!copy_str_array(tk, v->tokens, tk->v.arr.n) ||
+		!copy_str_array(mg, v->merges, mg->v.arr.n))
+		st = cai_fail(err, CAI_ERR_NO_MEMORY, "synth: out of memory");
+	for (int i = 0; st == CAI_OK && i < v->n; i++)
+	{
+		int64_t		t = 1;
+
+		if (ty && ty->type == GGUF_TYPE_ARRAY && ty->v.arr.n == tk->v.arr.n)
+			(void) gguf_arr_get_i64(ty, (uint64_t) i, &t);
+		v->types[i] = (int32_t) t;
+	}
+	v->bos = SYNTH_TOKEN_IM_START;
+	v->eos = SYNTH_TOKEN_IM_END;
+	v->unk = SYNTH_TOKEN_ENDOFTEXT;
+	v->pad = SYNTH_TOKEN_IM_END;
+	(void) gguf_get_u32(f, "tokenizer.ggml.bos_token_id", &v->bos);
+	(void) gguf_get_u32(f, "tokenizer.ggml.eos_token_id", &v->eos);
+	(void) gguf_get_u32(f, "tokenizer.ggml.unknown_token_id", &v->unk);
+	(void) gguf_get_u32(f, "tokenizer.ggml.padding_token_id", &v->pad);
+	gguf_close(f);
 	return st;
+}
+
+/* FNV-1a of a C string, for the padding's set of taken token texts. */
+static uint64_t
+str_hash(const char *s)
+{
+	uint64_t	h = 0xcbf29ce484222325ULL;
+
+	for (; *s; s++)
+	{
+		h ^= (uint8_t) *s;
+		h *= 0x100000001b3ULL;
+	}
+	return h;
+}
+
+/* Inserts s into the open-addressing set (cap a power of two); false if already there. */
+static bool
+set_insert(const char **set, size_t cap, const char *s)
+{
+	for (size_t i = str_hash(s) & (cap - 1);; i = (i + 1) & (cap - 1))
+	{
+		if (!set[i])
+		{
+			set[i] = s;
+			return true;
+		}
+		if (strcmp(set[i], s) == 0)
+			return false;
+	}
+}
+
+/*
+ * Pseudo-word k: two or more consonant-vowel syllables (k in base 100), every other one with
+ * the leading-space mark "Ġ", as about half a real vocabulary's words have it.
+ */
+static void
+pseudo_word(uint64_t k, char *out)
+{
+	static const char consonants[] = "bcdfghjklmnprstvwxyz";
+	static const char vowels[] = "aeiou";
+	size_t		o = 0;
+	uint64_t	rest = k >> 1;
+	int			syllables = 0;
+
+	if (k & 1)
+	{
+		memcpy(out, "\xc4\xa0", 2);	/* Ġ */
+		o = 2;
+	}
+	while (syllables < 2 || rest > 0)
+	{
+		out[o++] = consonants[(rest % 100) / 5];
+		out[o++] = vowels[(rest % 100) % 5];
+		rest /= 100;
+		syllables++;
+	}
+	out[o] = '\0';
+}
+
+/* Pads the vocabulary to n tokens with pseudo-words no other token spells. */
+static cai_status
+vocab_pad(synth_vocab *v, int n, cai_error *err)
+{
+	size_t		cap = 1;
+	const char **set;
+	cai_status	st = CAI_OK;
+
+	if (n <= v->n)
+		return CAI_OK;
+	while (cap < 2 * (size_t) n)
+		cap <<= 1;
+	set = calloc(cap, sizeof(char *));
+	if (!set || !vocab_reserve(v, n))
+	{
+		free(set);
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "synth: out of memory");
+	}
+	for (int i = 0; i < v->n; i++)
+		(void) set_insert(set, cap, v->tokens[i]);
+	for (uint64_t k = 0; v->n < n && st == CAI_OK; k++)
+	{
+		char		word[64];
+
+		pseudo_word(k, word);
+		if (!(v->tokens[v->n] = copy_str(word, strlen(word))))
+			st = cai_fail(err, CAI_ERR_NO_MEMORY, "synth: out of memory");
+		else if (!set_insert(set, cap, v->tokens[v->n]))
+			free(v->tokens[v->n]);
+		else
+			v->types[v->n++] = 1;
+	}
+	free(set);
+	return st;
+}
+
+/* The vocabulary the config asks for. */
+static cai_status
+vocab_build(const synth_model_config *cfg, synth_vocab *v, cai_error *err)
+{
+	cai_status	st;
+
+	memset(v, 0, sizeof(*v));
+	st = cfg->vocab_from ? vocab_from_file(v, cfg->vocab_from, err) : vocab_builtin(v, err);
+	if (st == CAI_OK && cfg->n_vocab > 0 && cfg->n_vocab < v->n)
+		st = cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+					  "synth: n_vocab %d is below the tokenizer's %d tokens", cfg->n_vocab, v->n);
+	if (st == CAI_OK && cfg->n_vocab > (1 << 22))
+		st = cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "synth: n_vocab %d is too large",
+					  cfg->n_vocab);
+	if (st == CAI_OK)
+		st = vocab_pad(v, cfg->n_vocab, err);
+	if (st != CAI_OK)
+		vocab_free(v);
+	return st;
+}
+
+/* Adds the tokenizer metadata. */
+static void
+add_tokenizer(gguf_writer *w, const synth_model_config *cfg, const synth_vocab *v)
+{
+	gguf_writer_add_bool(w, "tokenizer.ggml.add_space_prefix", false);
+	gguf_writer_add_bool(w, "tokenizer.ggml.add_bos_token", cfg->add_bos);
+	gguf_writer_add_str(w, "tokenizer.ggml.model", "gpt2");
+	gguf_writer_add_str(w, "tokenizer.ggml.pre",
+						cfg->tokenizer_pre ? cfg->tokenizer_pre : "smollm");
+	gguf_writer_add_arr_str(w, "tokenizer.ggml.tokens", (const char *const *) v->tokens,
+							(uint64_t) v->n);
+	gguf_writer_add_arr(w, "tokenizer.ggml.token_type", GGUF_TYPE_INT32, v->types,
+						(uint64_t) v->n);
+	gguf_writer_add_arr_str(w, "tokenizer.ggml.merges", (const char *const *) v->merges,
+							(uint64_t) v->n_merges);
+	gguf_writer_add_u32(w, "tokenizer.ggml.bos_token_id", v->bos);
+	gguf_writer_add_u32(w, "tokenizer.ggml.eos_token_id", v->eos);
+	gguf_writer_add_u32(w, "tokenizer.ggml.unknown_token_id", v->unk);
+	gguf_writer_add_u32(w, "tokenizer.ggml.padding_token_id", v->pad);
+	gguf_writer_add_str(w, "tokenizer.chat_template",
+						cfg->chat_template ? cfg->chat_template : default_chat_template);
 }
 
 /*
@@ -431,10 +702,15 @@ build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 	bool		qwen2;
 	bool		qwen3;
 	bool		gemma3;
+	synth_vocab vocab;
+	int64_t		n_vocab;
 
 	st = check_config(cfg, &head_dim, err);
+	if (st == CAI_OK)
+		st = vocab_build(cfg, &vocab, err);
 	if (st != CAI_OK)
 		return st;
+	n_vocab = vocab.n;
 	q_dim = (int64_t) cfg->n_heads * head_dim;
 	kv_dim = (int64_t) cfg->n_kv_heads * head_dim;
 	qwen2 = strcmp(a, "qwen2") == 0;
@@ -454,7 +730,7 @@ build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 	gguf_writer_add_f32(w, ARCH_KEY("rope.freq_base"), cfg->rope_base);
 	gguf_writer_add_f32(w, ARCH_KEY("attention.layer_norm_rms_epsilon"), cfg->rms_eps);
 	gguf_writer_add_u32(w, "general.file_type", file_type_of(cfg->weight_type));
-	gguf_writer_add_u32(w, ARCH_KEY("vocab_size"), (uint32_t) N_VOCAB);
+	gguf_writer_add_u32(w, ARCH_KEY("vocab_size"), (uint32_t) n_vocab);
 	gguf_writer_add_u32(w, ARCH_KEY("rope.dimension_count"), (uint32_t) head_dim);
 	if (gemma3)
 		gguf_writer_add_u32(w, ARCH_KEY("attention.sliding_window"), (uint32_t) cfg->sliding_window);
@@ -469,12 +745,11 @@ build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 		gguf_writer_add_f32(w, ARCH_KEY("rope.scaling.factor"), cfg->rope_scaling_factor);
 	}
 #undef ARCH_KEY
-	st = add_tokenizer(w, cfg, err);
-	if (st != CAI_OK)
-		return st;
+	add_tokenizer(w, cfg, &vocab);
+	vocab_free(&vocab);
 	gguf_writer_add_u32(w, "general.quantization_version", 2);
 
-	if (!add_random_tensor(w, cfg, "token_embd.weight", d, N_VOCAB, cfg->embd_type,
+	if (!add_random_tensor(w, cfg, "token_embd.weight", d, n_vocab, cfg->embd_type,
 						   0.0, 2.0 / sqrt((double) d)))
 		return cai_fail(err, CAI_ERR_NO_MEMORY, "synth: out of memory");
 	for (int l = 0; l < cfg->n_layers; l++)
@@ -539,7 +814,7 @@ build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 		gguf_writer_add_tensor_f32(w, "rope_freqs.weight", 1, ne, GGML_TYPE_F32, factors);
 	}
 	if (!cfg->tied_embeddings &&
-		!add_random_tensor(w, cfg, "output.weight", d, N_VOCAB, cfg->weight_type,
+		!add_random_tensor(w, cfg, "output.weight", d, n_vocab, cfg->weight_type,
 						   0.0, 2.0 / sqrt((double) d)))
 		return cai_fail(err, CAI_ERR_NO_MEMORY, "synth: out of memory");
 	return CAI_OK;
@@ -564,28 +839,18 @@ synth_model_write_buffer(const synth_model_config *cfg, uint8_t **data, size_t *
 	return st;
 }
 
-/* Builds the model and writes it to path. */
+/* Builds the model and streams it to path, a tensor at a time. */
 cai_status
 synth_model_write(const char *path, const synth_model_config *cfg, cai_error *err)
 {
-	uint8_t    *data;
-	size_t		size;
-	FILE	   *f;
-	bool		ok;
-	cai_status	st = synth_model_write_buffer(cfg, &data, &size, err);
+	gguf_writer *w = gguf_writer_new();
+	cai_status	st;
 
-	if (st != CAI_OK)
-		return st;
-	f = fopen(path, "wb");
-	if (!f)
-	{
-		free(data);
-		return cai_fail(err, CAI_ERR_IO, "synth: could not create \"%s\"", path);
-	}
-	ok = fwrite(data, 1, size, f) == size;
-	ok = (fclose(f) == 0) && ok;
-	free(data);
-	if (!ok)
-		return cai_fail(err, CAI_ERR_IO, "synth: could not write \"%s\"", path);
-	return CAI_OK;
+	if (!w)
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "synth: out of memory");
+	st = build_model(w, cfg, err);
+	if (st == CAI_OK && !gguf_writer_write_file(w, path))
+		st = cai_fail(err, CAI_ERR_IO, "synth: %s", gguf_writer_error(w));
+	gguf_writer_free(w);
+	return st;
 }

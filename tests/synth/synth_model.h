@@ -1,7 +1,8 @@
 /*
- * synth_model.h — writes tiny but complete model GGUFs (llama, qwen2, qwen3 or gemma3 layout) with seeded
+ * synth_model.h — writes complete model GGUFs (llama, qwen2, qwen3 or gemma3 layout) with seeded
  * random weights and a small gpt2-style byte-level BPE vocabulary with ChatML special tokens,
- * so the suite can test loading, tokenization and inference on shapes no small real model has.
+ * so the suite can test loading, tokenization and inference on shapes no small real model has
+ * (tiny ones), and the benchmarks can run models of real sizes (synth_presets.h's shapes).
  *
  * Metadata keys, tensor names and shapes are exactly those llama.cpp writes (checked against
  * SmolLM2-135M-Instruct).  The vocabulary mirrors SmolLM2's ordering:
@@ -65,6 +66,16 @@ typedef struct synth_model_config
 	float		llama3_low_freq_factor;	/* 1 */
 	float		llama3_high_freq_factor;	/* 4 */
 	int			llama3_original_context;	/* 8192 */
+
+	/*
+	 * The vocabulary.  vocab_from NULL: the built-in one described above; else the byte-level
+	 * BPE tokenizer (tokens, token types, merges, special ids) of that GGUF file, so that text
+	 * tokenizes as the real model does.  n_vocab > 0 pads either to that many tokens, as real
+	 * vocabularies are larger: the extra tokens are ordinary pseudo-words ("Ġbaxo", "tepi")
+	 * that no merge reaches, each distinct from every other token.
+	 */
+	const char *vocab_from;
+	int			n_vocab;
 } synth_model_config;
 
 /*
@@ -82,7 +93,7 @@ void		synth_model_default_config(synth_model_config *cfg);
  */
 void		synth_model_llama3_rope_factors(const synth_model_config *cfg, int n_rot, float *out);
 
-/* Number of tokens in the synthetic vocabulary (a multiple of 4). */
+/* Number of tokens in the built-in synthetic vocabulary (a multiple of 4). */
 int			synth_model_n_vocab(void);
 
 /* Copies token i's text (UTF-8, NUL-terminated) into buf; its length, or -1 (bad i, short buf). */

@@ -118,3 +118,105 @@ synth_golden_tokens(int *tokens)
 																	  SYNTH_FIRST_BYTE_TOKEN));
 	}
 }
+
+/* ---- real models' shapes (see synth_presets.h) ------------------------------------------ */
+
+static const char *const shape_names[] = {"llama32-1b", "llama32-3b", "llama3-8b", "qwen3-4b"};
+
+#define N_SHAPES ((int) (sizeof(shape_names) / sizeof(shape_names[0])))
+
+const char *
+synth_shape_name(int i)
+{
+	return i >= 0 && i < N_SHAPES ? shape_names[i] : NULL;
+}
+
+/* What the Llama 3 family shares: vocabulary, RoPE base, pre-tokenizer, a BOS. */
+static void
+llama3_family(synth_model_config *cfg)
+{
+	cfg->n_vocab = 128256;
+	cfg->rope_base = 500000.0f;
+	cfg->rms_eps = 1e-5f;
+	cfg->tokenizer_pre = "llama-bpe";
+	cfg->add_bos = true;
+}
+
+/* Llama 3.2's RoPE scaling (factor 32, low 1, high 4, original context 8192). */
+static void
+llama32_rope(synth_model_config *cfg)
+{
+	cfg->context_length = 131072;
+	cfg->llama3_factor = 32.0f;
+	cfg->llama3_low_freq_factor = 1.0f;
+	cfg->llama3_high_freq_factor = 4.0f;
+	cfg->llama3_original_context = 8192;
+}
+
+bool
+synth_shape_config(const char *name, synth_model_config *cfg)
+{
+	synth_model_default_config(cfg);
+	cfg->weight_type = GGML_TYPE_F16;
+	cfg->embd_type = GGML_TYPE_F16;
+	cfg->tied_embeddings = true;
+	if (strcmp(name, "llama32-1b") == 0)
+	{
+		llama3_family(cfg);
+		llama32_rope(cfg);
+		cfg->name = "synthetic Llama-3.2-1B shape";
+		cfg->seed = 1001;
+		cfg->n_layers = 16;
+		cfg->d_model = 2048;
+		cfg->n_heads = 32;
+		cfg->n_kv_heads = 8;
+		cfg->d_ff = 8192;
+	}
+	else if (strcmp(name, "llama32-3b") == 0)
+	{
+		llama3_family(cfg);
+		llama32_rope(cfg);
+		cfg->name = "synthetic Llama-3.2-3B shape";
+		cfg->seed = 1002;
+		cfg->n_layers = 28;
+		cfg->d_model = 3072;
+		cfg->n_heads = 24;
+		cfg->n_kv_heads = 8;
+		cfg->d_ff = 8192;
+	}
+	else if (strcmp(name, "llama3-8b") == 0)
+	{
+		/* Llama 3 (not 3.1): no RoPE scaling, 8192 positions, its own output matrix */
+		llama3_family(cfg);
+		cfg->name = "synthetic Llama-3-8B shape";
+		cfg->seed = 1003;
+		cfg->context_length = 8192;
+		cfg->n_layers = 32;
+		cfg->d_model = 4096;
+		cfg->n_heads = 32;
+		cfg->n_kv_heads = 8;
+		cfg->d_ff = 14336;
+		cfg->tied_embeddings = false;
+	}
+	else if (strcmp(name, "qwen3-4b") == 0)
+	{
+		/* head size 128 of its own: q width 4096 against d_model 2560 */
+		cfg->arch = "qwen3";
+		cfg->name = "synthetic Qwen3-4B shape";
+		cfg->seed = 1004;
+		cfg->n_vocab = 151936;
+		cfg->context_length = 40960;
+		cfg->n_layers = 36;
+		cfg->d_model = 2560;
+		cfg->n_heads = 32;
+		cfg->n_kv_heads = 8;
+		cfg->head_dim = 128;
+		cfg->d_ff = 9728;
+		cfg->rope_base = 1000000.0f;
+		cfg->rms_eps = 1e-6f;
+		cfg->tokenizer_pre = "qwen2";
+	}
+	else
+		return false;
+	return true;
+}

@@ -18,6 +18,15 @@ bool		synth_preset_config(const char *name, synth_model_config *cfg);
 const char *synth_preset_name(int i);
 
 /*
+ * Real models' shapes, for benchmarks (tests/bench/make_real_shapes.sh): "llama32-1b",
+ * "llama32-3b", "llama3-8b", "qwen3-4b".  Layer count, widths, heads, RoPE and tied head as
+ * the real model, F16 weights, the real vocabulary size (cfg->vocab_from, left NULL, picks
+ * the tokenizer that the size pads).  Billions of weights: never for a unit test.
+ */
+bool		synth_shape_config(const char *name, synth_model_config *cfg);
+const char *synth_shape_name(int i);
+
+/*
  * The fixed token sequence the goldens score, from position 0 (ids below the synthetic
  * vocabulary, no control tokens).
  */

@@ -6,8 +6,12 @@
  *
  *   write_synth_model PATH [NAME [SEED]]      the default small llama
  *   write_synth_model --preset ARCH PATH      a golden preset (llama, llama3, qwen2, qwen3, ...)
+ *   write_synth_model --shape NAME PATH [TOKENIZER_GGUF]
+ *                                             a real model's shape (llama32-1b, ...) in F16,
+ *                                             its vocabulary padded from TOKENIZER_GGUF's
+ *                                             tokenizer (else the built-in one)
  *   write_synth_model --golden-tokens         prints the golden token ids, space-separated
- *   write_synth_model --presets               prints the preset names, one a line
+ *   write_synth_model --presets | --shapes    prints the preset or shape names, one a line
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,7 +26,8 @@ usage(const char *argv0)
 	fprintf(stderr,
 			"usage: %s PATH [NAME [SEED]]\n"
 			"       %s --preset ARCH PATH\n"
-			"       %s --golden-tokens | --presets\n", argv0, argv0, argv0);
+			"       %s --shape NAME PATH [TOKENIZER_GGUF]\n"
+			"       %s --golden-tokens | --presets | --shapes\n", argv0, argv0, argv0, argv0);
 	return 2;
 }
 
@@ -49,7 +54,26 @@ main(int argc, char **argv)
 			printf("%s\n", synth_preset_name(i));
 		return 0;
 	}
-	if (argc >= 2 && strcmp(argv[1], "--preset") == 0)
+	if (argc == 2 && strcmp(argv[1], "--shapes") == 0)
+	{
+		for (int i = 0; synth_shape_name(i); i++)
+			printf("%s\n", synth_shape_name(i));
+		return 0;
+	}
+	if (argc >= 2 && strcmp(argv[1], "--shape") == 0)
+	{
+		if (argc != 4 && argc != 5)
+			return usage(argv[0]);
+		if (!synth_shape_config(argv[2], &cfg))
+		{
+			fprintf(stderr, "%s: unknown shape '%s'\n", argv[0], argv[2]);
+			return 2;
+		}
+		path = argv[3];
+		if (argc == 5)
+			cfg.vocab_from = argv[4];
+	}
+	else if (argc >= 2 && strcmp(argv[1], "--preset") == 0)
 	{
 		if (argc != 4)
 			return usage(argv[0]);

@@ -521,6 +521,113 @@ TEST(model_load_synthetic_qwen3_and_its_errors)
 			  err.message);
 }
 
+/* True when no two of the model's tokens decode to the same bytes. */
+static bool
+tokens_distinct(const cai_model *model)
+{
+	int			n = cai_tokenizer_n_vocab(model->tokenizer);
+	char	  (*text)[64] = calloc((size_t) n, 64);
+	int		   *len = calloc((size_t) n, sizeof(int));
+	bool		ok = text && len;
+
+	for (int i = 0; ok && i < n; i++)
+		ok = (len[i] = cai_tokenizer_token_bytes(model->tokenizer, i, text[i], 64)) >= 0;
+	for (int i = 0; ok && i < n; i++)
+		for (int j = i + 1; ok && j < n; j++)
+			ok = len[i] != len[j] || memcmp(text[i], text[j], (size_t) len[i]) != 0;
+	free(text);
+	free(len);
+	return ok;
+}
+
+/* The synthetic vocabulary padded to a real model's size, and borrowed from another file. */
+TEST(model_load_synthetic_padded_vocabulary)
+{
+	synth_model_config cfg;
+	cai_model  *model;
+	cai_error	err;
+	char		path[128];
+	uint8_t    *a = NULL,
+			   *b = NULL;
+	size_t		na,
+				nb;
+	FILE	   *f;
+
+	synth_model_default_config(&cfg);
+	cfg.n_vocab = 1000;
+	CHECK(load_config(&cfg, false, &model, &err) == CAI_OK);
+	if (!model)
+		return;
+	CHECK_EQ_INT(model->cfg.n_vocab, 1000);
+	CHECK_EQ_INT(cai_tokenizer_n_vocab(model->tokenizer), 1000);
+	/* every padding token is a word of its own: found by its text, and decodes to letters */
+	for (int32_t id = synth_model_n_vocab(); id < 1000; id++)
+	{
+		char		buf[64];
+		int			len = cai_tokenizer_token_bytes(model->tokenizer, id, buf, sizeof(buf) - 1);
+		int			letters = 0;
+
+		CHECK(len >= 4);
+		for (int i = 0; i < len; i++)
+			letters += buf[i] >= 'a' && buf[i] <= 'z';
+		CHECK(letters == len || (buf[0] == ' ' && letters == len - 1));
+	}
+	{
+		cai_tokens	toks;
+
+		cai_tokens_init(&toks);
+		/* no merge reaches a padding token */
+		CHECK(cai_tokenizer_encode(model->tokenizer, "Hello world, bapa cebe", 22, false,
+								   &toks, &err) == CAI_OK);
+		for (int i = 0; i < toks.n; i++)
+			CHECK(toks.ids[i] < synth_model_n_vocab());
+		cai_tokens_free(&toks);
+	}
+	CHECK(tokens_distinct(model));
+	cai_model_free(model);
+
+	/* a vocabulary below the tokenizer's own is refused */
+	cfg.n_vocab = 100;
+	CHECK(synth_model_write_buffer(&cfg, &a, &na, &err) == CAI_ERR_INVALID_ARGUMENT);
+
+	/*
+	 * the tokenizer borrowed from a file of the built-in one, padded the same way, gives the
+	 * same file; and the streamed file is the buffer byte for byte
+	 */
+	temp_path(path, sizeof(path), "vocab");
+	synth_model_default_config(&cfg);
+	CHECK(synth_model_write(path, &cfg, &err) == CAI_OK);
+	cfg.n_vocab = 600;
+	CHECK(synth_model_write_buffer(&cfg, &a, &na, &err) == CAI_OK);
+	cfg.vocab_from = path;
+	CHECK(synth_model_write_buffer(&cfg, &b, &nb, &err) == CAI_OK);
+	CHECK(a && b && na == nb && memcmp(a, b, na) == 0);
+	free(b);
+	b = NULL;
+	CHECK(synth_model_write(path, &cfg, &err) == CAI_OK);
+	f = fopen(path, "rb");
+	if (f && (b = malloc(na + 1)) != NULL)
+		CHECK(fread(b, 1, na + 1, f) == na && memcmp(a, b, na) == 0);
+	if (f)
+		fclose(f);
+
+	/* padding a padded vocabulary again skips the words it already has */
+	cfg.vocab_from = NULL;
+	CHECK(synth_model_write(path, &cfg, &err) == CAI_OK);
+	cfg.vocab_from = path;
+	cfg.n_vocab = 700;
+	CHECK(load_config(&cfg, false, &model, &err) == CAI_OK);
+	if (model)
+	{
+		CHECK_EQ_INT(cai_tokenizer_n_vocab(model->tokenizer), 700);
+		CHECK(tokens_distinct(model));
+		cai_model_free(model);
+	}
+	unlink(path);
+	free(a);
+	free(b);
+}
+
 /* Llama 3's rope_freqs.weight becomes the rotary embedding's frequency divisors. */
 TEST(model_load_llama3_rope_freqs)
 {
