@@ -220,7 +220,7 @@ extern char **cli_argv;
 	{ \
 		.name = "weights", .kind = CLI_OPT_STRING, .target = &(opts).numerics.weights, \
 		.metavar = "MODE", \
-		.help = "file: the GGUF's own 4-8 bit formats; int8: requantized; auto (default): file where every matrix has one", \
+		.help = "file: the GGUF's own 4-8 bit formats; int8 (default): requantized; auto: file where every matrix has one", \
 	}, \
 	{ \
 		.name = "gptq-rounding", .alias = "compensated-rounding", .kind = CLI_OPT_FLAG, \

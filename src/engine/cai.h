@@ -92,7 +92,8 @@ typedef struct cai_model_params
 										 * error as a second int8 digit (about 15 bits in all)
 										 * and every int8 GEMM runs twice: closer to float,
 										 * slower (forward.c, "two-digit activations") */
-	cai_weights_mode weights;	/* the file's own formats or int8 (default auto) */
+	cai_weights_mode weights;	/* the file's own formats or int8 (default int8: its kernels
+								 * are still the faster ones; see docs/numerics.md) */
 } cai_model_params;
 
 void		cai_model_params_default(cai_model_params *params);

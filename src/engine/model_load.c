@@ -191,7 +191,7 @@ cai_model_params_default(cai_model_params *params)
 	params->chat_template = NULL;
 	params->gptq_rounding = false;
 	params->two_digit_activations = false;
-	params->weights = CAI_WEIGHTS_AUTO;
+	params->weights = CAI_WEIGHTS_INT8;
 }
 
 static const char *const weights_mode_names[] = {"auto", "file", "int8"};

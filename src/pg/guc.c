@@ -23,7 +23,7 @@ char	   *cai_model_path = NULL;
 char	   *cai_chat_template = NULL;
 int			cai_device = CAI_DEVICE_AUTO;
 int			cai_weight_rounding = CAI_ROUNDING_NEAREST;
-int			cai_weights = CAI_WEIGHTS_AUTO;
+int			cai_weights = CAI_WEIGHTS_INT8;
 int			cai_activation_precision = CAI_ACTIVATIONS_INT8;
 int			cai_threads = 0;
 int			cai_max_batch = 16;
@@ -228,7 +228,7 @@ define_engine_process_settings(void)
 							 "pg_cai.activation_precision apply); auto: file where every matrix "
 							 "of the model has such a format, else int8.",
 							 &cai_weights,
-							 CAI_WEIGHTS_AUTO,
+							 CAI_WEIGHTS_INT8,
 							 weights_options,
 							 PGC_SIGHUP,
 							 0,

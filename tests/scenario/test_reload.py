@@ -114,7 +114,9 @@ try:
             ("pg_cai.weight_rounding", "weight_rounding", "gptq", "gptq", "nearest",
              "its weights rounded along the calibration inputs"),
             ("pg_cai.activation_precision", "activation_precision", "int8x2", "two_digit", "int8",
-             "two-digit GEMM inputs")):
+             "two-digit GEMM inputs"),
+            ("pg_cai.weights", "weights", "file", "file", "int8",
+             "the file's own Q4_1 weights, not converted")):
         reload_conf((setting, set_to))
         reloaded = wait_for(lambda: stat("status") == "ready" and
                             value("SELECT cai_model_info()->>'%s'" % info_key) == on, 120, 0.1)
@@ -138,7 +140,8 @@ try:
     c.check("the next reload with a good model serves again", back is not None, stat("status"))
 finally:
     reload_conf(("pg_cai.model", None), ("pg_cai.reload_grace", None), ("pg_cai.host_cache_size", None),
-                ("pg_cai.weight_rounding", None), ("pg_cai.activation_precision", None))
+                ("pg_cai.weight_rounding", None), ("pg_cai.activation_precision", None),
+                ("pg_cai.weights", None))
     wait_for(lambda: stat("status") == "ready" and model_name() == real_name and
              stat("cache_budget_bytes") == str(64 * 1024 * 1024), 120, 0.2)
     idle.close()

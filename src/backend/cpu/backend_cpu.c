@@ -569,10 +569,18 @@ prepare_blocks_task(void *arg, int task, int thread)
 	{
 		const cai_bmatrix_part *p = &src->part[i];
 
+		size_t		row_bytes = 0;
+
 		if (cai_cpu_bmatrix_pack(p->type, p->data, p->rows, src->k, &w->parts[i],
 								 &job->errs[task]) != CAI_OK)
 			return;
 		w->n_parts = i + 1;
+		/*
+		 * the source pages leave resident memory as soon as their copy is made, so a model
+		 * never holds both whole (read again, they come from the page cache)
+		 */
+		if (ggml_row_bytes(p->type, src->k, &row_bytes))
+			cai_unmap_pages(p->data, row_bytes * (size_t) p->rows);
 	}
 }
 
