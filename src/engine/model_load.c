@@ -472,82 +472,84 @@ conversion_plan_init(cai_convert_plan *plan, const cai_config *c, int n_threads)
 	return plan->scratch && plan->col_max && plan->block;
 }
 
-/* Validates every tensor, allocates the engine's weights and converts them on a pool. */
+/* The tensors a model's weights come from (find_model_tensors). */
+typedef struct model_tensors
+{
+	const gguf_tensor *embd,
+			   *out,			/* NULL when the head is the embedding */
+			   *out_norm,
+			   *rope_freqs;		/* NULL when the file has none */
+	cai_layer_sources *layers;	/* [n_layers], malloc'd */
+} model_tensors;
+
+/*
+ * Finds and validates every tensor the weights come from (the vocabulary size from the
+ * embedding's shape), counts the parameters and allocates the model's layers.
+ */
 static cai_status
-load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
+find_model_tensors(cai_model *m, model_tensors *t, cai_error *err)
 {
 	const gguf_file *f = m->gguf;
 	cai_config *c = &m->cfg;
 	const cai_arch_tensors *tn = c->arch->tensors;
+	cai_status	st;
+
+	/* the vocabulary size comes from the embedding's shape */
+	t->embd = gguf_find_tensor(f, tn->token_embd);
+	if (!t->embd)
+		return cai_fail(err, CAI_ERR_FORMAT, "missing tensor '%s'", tn->token_embd);
+	if (t->embd->ne[1] < 1 || t->embd->ne[1] > (1 << 24))
+		return cai_fail(err, CAI_ERR_FORMAT, "tensor '%s' has %lld rows", tn->token_embd,
+						(long long) t->embd->ne[1]);
+	c->n_vocab = (int) t->embd->ne[1];
+	if ((st = find_tensor(f, tn->token_embd, c->d_model, c->n_vocab, true, &t->embd, err)) != CAI_OK)
+		return st;
+	if (tn->output &&
+		(st = find_tensor(f, tn->output, c->d_model, c->n_vocab, false, &t->out, err)) != CAI_OK)
+		return st;
+	if ((st = find_tensor(f, tn->output_norm, c->d_model, 0, true, &t->out_norm, err)) != CAI_OK)
+		return st;
+	if (tn->rope_freqs &&
+		(st = find_tensor(f, tn->rope_freqs, c->n_rot / 2, 0, false, &t->rope_freqs, err)) != CAI_OK)
+		return st;
+	c->tied_embeddings = (t->out == NULL);
+
+	t->layers = calloc((size_t) c->n_layers, sizeof(cai_layer_sources));
+	m->layers = cai_model_alloc(m, (size_t) c->n_layers * sizeof(cai_layer_weights));
+	if (!t->layers || !m->layers)
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory loading the model");
+	memset(m->layers, 0, (size_t) c->n_layers * sizeof(cai_layer_weights));
+	for (int l = 0; l < c->n_layers; l++)
+		if ((st = find_layer_tensors(f, c, l, &t->layers[l], err)) != CAI_OK)
+			return st;
+
+	for (uint64_t i = 0; i < f->n_tensors; i++)
+		m->n_params += f->tensors[i].n_elements;
+	return CAI_OK;
+}
+
+/*
+ * The int8 path's weights: everything allocated, the small vectors loaded, then every matrix
+ * dequantized, calibrated, smoothed, rotated and requantized over a thread pool (convert.c,
+ * calibrate.c).
+ */
+static cai_status
+load_int8_weights(cai_model *m, const cai_model_params *params, const model_tensors *t,
+				  cai_error *err)
+{
+	cai_config *c = &m->cfg;
 	bool		fref = params->load_float_reference;
-	const gguf_tensor *t_embd,
-			   *t_out,
-			   *t_out_norm,
-			   *t_rope_freqs;
+	const gguf_tensor *t_embd = t->embd,
+			   *t_out = t->out;
+	const cai_layer_sources *src = t->layers;
 	float	   *head_wmax = NULL;
-	cai_layer_sources *src = NULL;
 	cai_convert_plan plan;
 	cai_threadpool *pool = NULL;
 	int			n_threads;
-	bool		file;
 	cai_status	st;
 
 	memset(&plan, 0, sizeof(plan));
 	atomic_init(&plan.failed, 0);
-
-	/* the vocabulary size comes from the embedding's shape */
-	t_embd = gguf_find_tensor(f, tn->token_embd);
-	if (!t_embd)
-		return cai_fail(err, CAI_ERR_FORMAT, "missing tensor '%s'", tn->token_embd);
-	if (t_embd->ne[1] < 1 || t_embd->ne[1] > (1 << 24))
-		return cai_fail(err, CAI_ERR_FORMAT, "tensor '%s' has %lld rows", tn->token_embd,
-						(long long) t_embd->ne[1]);
-	c->n_vocab = (int) t_embd->ne[1];
-	t_out = t_rope_freqs = NULL;
-	if ((st = find_tensor(f, tn->token_embd, c->d_model, c->n_vocab, true, &t_embd, err)) != CAI_OK)
-		return st;
-	if (tn->output &&
-		(st = find_tensor(f, tn->output, c->d_model, c->n_vocab, false, &t_out, err)) != CAI_OK)
-		return st;
-	if ((st = find_tensor(f, tn->output_norm, c->d_model, 0, true, &t_out_norm, err)) != CAI_OK)
-		return st;
-	if (tn->rope_freqs &&
-		(st = find_tensor(f, tn->rope_freqs, c->n_rot / 2, 0, false, &t_rope_freqs, err)) != CAI_OK)
-		return st;
-	c->tied_embeddings = (t_out == NULL);
-
-	src = calloc((size_t) c->n_layers, sizeof(cai_layer_sources));
-	m->layers = cai_model_alloc(m, (size_t) c->n_layers * sizeof(cai_layer_weights));
-	if (!src || !m->layers)
-	{
-		free(src);
-		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory loading the model");
-	}
-	memset(m->layers, 0, (size_t) c->n_layers * sizeof(cai_layer_weights));
-	for (int l = 0; l < c->n_layers; l++)
-	{
-		if ((st = find_layer_tensors(f, c, l, &src[l], err)) != CAI_OK)
-		{
-			free(src);
-			return st;
-		}
-	}
-
-	for (uint64_t i = 0; i < f->n_tensors; i++)
-		m->n_params += f->tensors[i].n_elements;
-
-	if ((st = choose_weights(params, c, src, t_out ? t_out : t_embd, &file, err)) != CAI_OK)
-	{
-		free(src);
-		return st;
-	}
-	if (file)
-	{
-		st = load_file_weights(m, src, t_embd, t_out, t_out_norm, t_rope_freqs, fref,
-							   params->two_digit_activations, err);
-		free(src);
-		return st;
-	}
 
 	/* allocate everything; load the small vectors */
 #define OOM() do { st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory loading the model weights"); goto done; } while (0)
@@ -568,7 +570,7 @@ load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
 	for (int l = 0; l < c->n_layers; l++)
 		if ((st = load_layer_arrays(m, &src[l], &m->layers[l], fref, true, err)) != CAI_OK)
 			goto done;
-	if ((st = load_output_vectors(m, t_out_norm, t_rope_freqs, err)) != CAI_OK)
+	if ((st = load_output_vectors(m, t->out_norm, t->rope_freqs, err)) != CAI_OK)
 		goto done;
 
 	/* a pool for the conversion */
@@ -630,7 +632,26 @@ done:
 	free(plan.block);
 	free(plan.col_max);
 	free(head_wmax);
-	free(src);
+	return st;
+}
+
+/* The weights: the file's own formats or int8 (cai_model_params.weights). */
+static cai_status
+load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
+{
+	model_tensors t;
+	bool		file = false;
+	cai_status	st;
+
+	memset(&t, 0, sizeof(t));
+	if ((st = find_model_tensors(m, &t, err)) == CAI_OK &&
+		(st = choose_weights(params, &m->cfg, t.layers, t.out ? t.out : t.embd, &file,
+							 err)) == CAI_OK)
+		st = file ? load_file_weights(m, t.layers, t.embd, t.out, t.out_norm, t.rope_freqs,
+									  params->load_float_reference,
+									  params->two_digit_activations, err) :
+			load_int8_weights(m, params, &t, err);
+	free(t.layers);
 	return st;
 }
 
