@@ -75,8 +75,6 @@ cai_forward_bind_layer(cai_forward_ctx *ctx, int l, cai_error *err)
 	return CAI_OK;
 }
 
-/* The int8 path's operands: every GEMM matrix prepared in one call, the embedding as data. */
-
 /* An int8 table read by rows: its q and scales where the backend keeps them (weight_data). */
 static cai_status
 bind_table(cai_backend *be, const cai_qmatrix *m, cai_qmatrix *out, cai_error *err)
@@ -93,36 +91,57 @@ bind_table(cai_backend *be, const cai_qmatrix *m, cai_qmatrix *out, cai_error *e
 	return CAI_OK;
 }
 
+/*
+ * Every GEMM operand of the model prepared by the backend in one call, in one order (the head,
+ * then each layer's QKV, O, gate-up and down): the int8 matrices (prepare_i8), or the file's own
+ * (prepare_blocks).
+ */
 static cai_status
-bind_int8(cai_forward_ctx *ctx, cai_error *err)
+prepare_gemm_operands(cai_forward_ctx *ctx, bool file, cai_error *err)
 {
 	const cai_model *m = ctx->model;
-	const cai_config *c = &m->cfg;
+	const int	n_layers = m->cfg.n_layers;
+	const int	n = 1 + 4 * n_layers;
 	cai_backend *be = ctx->be;
-	const int	n = 1 + 4 * c->n_layers;
-	const cai_qmatrix **src = malloc((size_t) n * sizeof(*src));
+	const cai_qmatrix **i8 = file ? NULL : malloc((size_t) n * sizeof(*i8));
+	const cai_bmatrix **blocks = file ? malloc((size_t) n * sizeof(*blocks)) : NULL;
 	const cai_weight **out = calloc((size_t) n, sizeof(*out));
 	cai_status	st;
 
-	if (!src || !out)
+	if (!out || (file ? !blocks : !i8))
+		st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory preparing the weights");
+	else if (file)
 	{
-		free(src);
-		free(out);
-		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory preparing the weights");
+		blocks[0] = &m->file_head;
+		for (int l = 0; l < n_layers; l++)
+		{
+			const cai_layer_weights *w = &m->layers[l];
+
+			blocks[1 + 4 * l] = &w->file_qkv;
+			blocks[2 + 4 * l] = &w->file_o;
+			blocks[3 + 4 * l] = &w->file_gate_up;
+			blocks[4 + 4 * l] = &w->file_down;
+		}
+		st = be->ops->prepare_blocks(be, blocks, n, out, err);
 	}
-	src[0] = &m->lm_head;
-	for (int l = 0; l < c->n_layers; l++)
+	else
 	{
-		src[1 + 4 * l] = &m->layers[l].wqkv;
-		src[2 + 4 * l] = &m->layers[l].wo;
-		src[3 + 4 * l] = &m->layers[l].w_gate_up;
-		src[4 + 4 * l] = &m->layers[l].w_down;
+		i8[0] = &m->lm_head;
+		for (int l = 0; l < n_layers; l++)
+		{
+			const cai_layer_weights *w = &m->layers[l];
+
+			i8[1 + 4 * l] = &w->wqkv;
+			i8[2 + 4 * l] = &w->wo;
+			i8[3 + 4 * l] = &w->w_gate_up;
+			i8[4 + 4 * l] = &w->w_down;
+		}
+		st = be->ops->prepare_i8(be, i8, n, out, err);
 	}
-	st = be->ops->prepare_i8(be, src, n, out, err);
 	if (st == CAI_OK)
 	{
 		ctx->w.lm_head = out[0];
-		for (int l = 0; l < c->n_layers; l++)
+		for (int l = 0; l < n_layers; l++)
 		{
 			ctx->w.layers[l].wqkv = out[1 + 4 * l];
 			ctx->w.layers[l].wo = out[2 + 4 * l];
@@ -130,11 +149,22 @@ bind_int8(cai_forward_ctx *ctx, cai_error *err)
 			ctx->w.layers[l].w_down = out[4 + 4 * l];
 		}
 	}
-	free(src);
+	free(i8);
+	free(blocks);
 	free(out);
-	if (st != CAI_OK)
-		return st;
+	return st;
+}
 
+/* The int8 path's operands: the GEMM matrices prepared, the embedding as data. */
+static cai_status
+bind_int8(cai_forward_ctx *ctx, cai_error *err)
+{
+	const cai_model *m = ctx->model;
+	cai_backend *be = ctx->be;
+	cai_status	st;
+
+	if ((st = prepare_gemm_operands(ctx, false, err)) != CAI_OK)
+		return st;
 	/* the embedding is read by rows, as the model holds it (and its second digits) */
 	if ((st = bind_table(be, &m->tok_embd, &ctx->w.tok_embd, err)) != CAI_OK)
 		return st;
@@ -145,48 +175,17 @@ bind_int8(cai_forward_ctx *ctx, cai_error *err)
 	return CAI_OK;
 }
 
-/* The file path's operands: every block matrix repacked by the backend in one call. */
+/* The file path's operands: every block matrix repacked; the embedding read where the model maps it. */
 static cai_status
 bind_file(cai_forward_ctx *ctx, cai_error *err)
 {
-	const cai_model *m = ctx->model;
-	const cai_config *c = &m->cfg;
-	cai_backend *be = ctx->be;
-	const int	n = 1 + 4 * c->n_layers;
-	const cai_bmatrix **src = malloc((size_t) n * sizeof(*src));
-	const cai_weight **out = calloc((size_t) n, sizeof(*out));
-	cai_status	st;
+	cai_status	st = prepare_gemm_operands(ctx, true, err);
 
-	if (!src || !out)
-	{
-		free(src);
-		free(out);
-		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory preparing the weights");
-	}
-	src[0] = &m->file_head;
-	for (int l = 0; l < c->n_layers; l++)
-	{
-		src[1 + 4 * l] = &m->layers[l].file_qkv;
-		src[2 + 4 * l] = &m->layers[l].file_o;
-		src[3 + 4 * l] = &m->layers[l].file_gate_up;
-		src[4 + 4 * l] = &m->layers[l].file_down;
-	}
-	st = be->ops->prepare_blocks(be, src, n, out, err);
 	if (st == CAI_OK)
 	{
-		ctx->w.lm_head = out[0];
-		for (int l = 0; l < c->n_layers; l++)
-		{
-			ctx->w.layers[l].wqkv = out[1 + 4 * l];
-			ctx->w.layers[l].wo = out[2 + 4 * l];
-			ctx->w.layers[l].w_gate_up = out[3 + 4 * l];
-			ctx->w.layers[l].w_down = out[4 + 4 * l];
-		}
-		ctx->w.file_embd = &m->file_embd;
+		ctx->w.file_embd = &ctx->model->file_embd;
 		ctx->w.file = true;
 	}
-	free(src);
-	free(out);
 	return st;
 }
 
