@@ -107,6 +107,59 @@ max_items_for(int max_tokens, int max_seqs, int group, int tile_rows)
 	return n > 0x7fffffff ? 0x7fffffff : (int) n;
 }
 
+/*
+ * The plan's description for the kernels (ctx->meta): its sizes, where its arrays are on the
+ * device, and the grid: the plan's own, or for a recorded graph one that covers every plan of
+ * this padded size.
+ */
+static void
+publish_plan(cai_cuda_ctx *ctx, const cai_cuda_seq_desc *seqs, int n_seqs, int n_tok, int item,
+			 int group, int tile_rows, const attn_item_rec *irec, const meta_offsets *op,
+			 bool for_graph)
+{
+	const meta_offsets o = *op;
+
+	ctx->meta.n_tok = n_tok;
+	ctx->meta.n_seqs = n_seqs;
+	ctx->meta.n_items = item;
+	ctx->meta.group = group;
+	ctx->meta.tile_rows = tile_rows;
+	ctx->meta.positions_dev = (const int32_t *) (ctx->meta_dev + o.positions);
+	ctx->meta.slots_dev = (const int32_t *) (ctx->meta_dev + o.slots);
+	ctx->meta.tokens_dev = (const int32_t *) (ctx->meta_dev + o.tokens);
+	ctx->meta.seqs_dev = ctx->meta_dev + o.seqs;
+	ctx->meta.items_dev = ctx->meta_dev + o.items;
+	ctx->meta.counts_dev = (const int32_t *) (ctx->meta_dev + o.counts);
+	ctx->meta.max_item_rows = 0;
+	for (int i = 0; i < item; i++)
+		if (irec[i].n_qrows > ctx->meta.max_item_rows)
+			ctx->meta.max_item_rows = irec[i].n_qrows;
+	ctx->meta.need_segments = 0;
+	for (int s = 0; s < n_seqs; s++)
+		if ((seqs[s].pos + seqs[s].n_new - 1) / ATTN_SEGMENT + 1 > ctx->meta.need_segments)
+			ctx->meta.need_segments = (seqs[s].pos + seqs[s].n_new - 1) / ATTN_SEGMENT + 1;
+	if (for_graph)
+	{
+		/*
+		 * A graph keeps the grid it was captured with, so the grid covers every plan of this
+		 * padded size: at most one tile per group of tile_rows rows plus one per sequence, and
+		 * sequences have a row each.  The segments round up to a power of two, so that a graph
+		 * captured at one context serves the following steps until the context doubles.
+		 */
+		int			bound = max_items_for(n_tok, n_tok, group, tile_rows);
+
+		ctx->meta.grid_items = bound < ctx->meta_cap_items ? bound : ctx->meta_cap_items;
+		ctx->meta.max_segments = 1;
+		while (ctx->meta.max_segments < ctx->meta.need_segments)
+			ctx->meta.max_segments *= 2;
+	}
+	else
+	{
+		ctx->meta.grid_items = item;
+		ctx->meta.max_segments = ctx->meta.need_segments;
+	}
+}
+
 /* Grows the plan buffers (device and page-locked host) to at least these capacities. */
 static cai_status
 meta_reserve(cai_cuda_ctx *ctx, int cap_tokens, int cap_seqs, int cap_items, int cap_bt,
@@ -306,45 +359,7 @@ cai_cuda_step_plan(cai_cuda_ctx *ctx, const cai_cuda_seq_desc *seqs, int n_seqs,
 	CUDA_CHECK(cudaEventRecord(ctx->meta_uploaded, ctx->stream), err, "the step plan upload");
 	ctx->meta_pending = true;
 
-	ctx->meta.n_tok = n_tok;
-	ctx->meta.n_seqs = n_seqs;
-	ctx->meta.n_items = item;
-	ctx->meta.group = group;
-	ctx->meta.tile_rows = tile_rows;
-	ctx->meta.positions_dev = (const int32_t *) (ctx->meta_dev + o.positions);
-	ctx->meta.slots_dev = (const int32_t *) (ctx->meta_dev + o.slots);
-	ctx->meta.tokens_dev = (const int32_t *) (ctx->meta_dev + o.tokens);
-	ctx->meta.seqs_dev = ctx->meta_dev + o.seqs;
-	ctx->meta.items_dev = ctx->meta_dev + o.items;
-	ctx->meta.counts_dev = (const int32_t *) (ctx->meta_dev + o.counts);
-	ctx->meta.max_item_rows = 0;
-	for (int i = 0; i < item; i++)
-		if (irec[i].n_qrows > ctx->meta.max_item_rows)
-			ctx->meta.max_item_rows = irec[i].n_qrows;
-	ctx->meta.need_segments = 0;
-	for (int s = 0; s < n_seqs; s++)
-		if ((seqs[s].pos + seqs[s].n_new - 1) / ATTN_SEGMENT + 1 > ctx->meta.need_segments)
-			ctx->meta.need_segments = (seqs[s].pos + seqs[s].n_new - 1) / ATTN_SEGMENT + 1;
-	if (for_graph)
-	{
-		/*
-		 * A graph keeps the grid it was captured with, so the grid covers every plan of this
-		 * padded size: at most one tile per group of tile_rows rows plus one per sequence, and
-		 * sequences have a row each.  The segments round up to a power of two, so that a graph
-		 * captured at one context serves the following steps until the context doubles.
-		 */
-		int			bound = max_items_for(n_tok, n_tok, group, tile_rows);
-
-		ctx->meta.grid_items = bound < ctx->meta_cap_items ? bound : ctx->meta_cap_items;
-		ctx->meta.max_segments = 1;
-		while (ctx->meta.max_segments < ctx->meta.need_segments)
-			ctx->meta.max_segments *= 2;
-	}
-	else
-	{
-		ctx->meta.grid_items = item;
-		ctx->meta.max_segments = ctx->meta.need_segments;
-	}
+	publish_plan(ctx, seqs, n_seqs, n_tok, item, group, tile_rows, irec, &o, for_graph);
 	/* the block tables are addressed through the sequence records */
 	*meta = &ctx->meta;
 	return CAI_OK;
