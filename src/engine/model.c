@@ -8,9 +8,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "quant.h"
-#include "util.h"
-
 /* ---------------------------------------------------------------------------------------------
  * Allocations owned by a model
  * ------------------------------------------------------------------------------------------- */
@@ -86,45 +83,12 @@ release_qmatrix(cai_model *m, cai_qmatrix *q)
 }
 
 /* Frees the row-major GEMM matrices, which the backend that serves has prepared its copy of. */
-/*
- * The file's own matrices, once the backend repacked them: their pages of the mapping leave the
- * process's resident memory (the file stays mapped; a page read again is read again from the
- * page cache).  The embedding stays: its rows are read at every step.
- */
-static void
-release_bmatrix(const cai_bmatrix *b)
-{
-	for (int i = 0; i < b->n_parts; i++)
-	{
-		size_t		row_bytes;
-
-		if (ggml_row_bytes(b->part[i].type, b->k, &row_bytes))
-			cai_unmap_pages(b->part[i].data, row_bytes * (size_t) b->part[i].rows);
-	}
-}
-
-static void
-release_file_matrices(cai_model *m)
-{
-	for (int l = 0; l < m->cfg.n_layers; l++)
-	{
-		release_bmatrix(&m->layers[l].file_qkv);
-		release_bmatrix(&m->layers[l].file_o);
-		release_bmatrix(&m->layers[l].file_gate_up);
-		release_bmatrix(&m->layers[l].file_down);
-	}
-	if (m->file_head.part[0].data != m->file_embd.part[0].data)
-		release_bmatrix(&m->file_head);
-}
-
 void
 cai_model_release_gemm_sources(cai_model *m)
 {
+	/* the file's own matrices: the backend dropped their pages as it repacked them */
 	if (m->file_weights)
-	{
-		release_file_matrices(m);
 		return;
-	}
 	if (!m->int8_complete)
 		return;
 	release_qmatrix(m, &m->lm_head);
