@@ -421,8 +421,9 @@ group_portable(const bgemm_job *j, int g)
 					term = weight_scale(m, g, b, lane, 0) * (float) isum[0] +
 						weight_scale(m, g, b, lane, 1) * (float) isum[1];
 				else
-					term = weight_scale(m, g, b, lane, 0) * (float) (isum[0] + isum[1]);
-				if (has_min_term(m))
+					term = weight_scale(m, g, b, lane, 0) *
+						(float) (isum[0] + isum[1] + m->zero * j->xsum[(size_t) t * nb + b]);
+				if (m->has_min)
 					term = term + weight_min(m, g, b, lane, weight_scale(m, g, b, lane, 0)) *
 						(float) j->xsum[(size_t) t * nb + b];
 				acc = acc + j->xs[(size_t) t * nb + b] * term;
@@ -433,34 +434,6 @@ group_portable(const bgemm_job *j, int g)
 
 #if defined(__x86_64__)
 #define TARGET_AVX2_F16C __attribute__((target("avx2,fma,f16c")))
-
-/* ws (half h) of the 8 rows of group g, block b: weight_scale's operations, lane-wise. */
-TARGET_AVX2_F16C static inline __m256
-scales8(const cai_cpu_bmatrix *m, int g, int b, int h)
-{
-	__m256		d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (m->d + scale_index(m, g, b))));
-	__m128i		sc;
-
-	if (!m->k_quant)
-		return d;
-	sc = _mm_loadl_epi64((const __m128i *) (m->sc + sub_index(m, g, b) + (m->split16 ? h * GROUP : 0)));
-	return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
-}
-
-/* wm of the 8 rows: weight_min's operations, lane-wise. */
-TARGET_AVX2_F16C static inline __m256
-mins8(const cai_cpu_bmatrix *m, int g, int b, __m256 ws)
-{
-	__m256		dmin;
-
-	if (!m->has_min)
-		return _mm256_mul_ps(ws, _mm256_set1_ps((float) m->zero));
-	dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (m->dmin + scale_index(m, g, b))));
-	if (!m->k_quant)
-		return dmin;
-	return _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-								_mm_loadl_epi64((const __m128i *) (m->m + sub_index(m, g, b))))));
-}
 
 static inline int32_t
 load_i32(const int8_t *p)
@@ -524,29 +497,63 @@ byte_sums_narrow(const __m256i *w, const __m256i *wabs, const int8_t *a, int s0,
 	return s32;
 }
 
-/* Group g for tokens [t0, t0 + nt), nt <= TOKEN_TILE: the weights of a block read once. */
-TARGET_AVX2_F16C static void
-group_tile_avx2(const bgemm_job *j, int g, int t0, int nt)
+/*
+ * Group g for tokens [t0, t0 + nt), nt <= TOKEN_TILE: the weights of a block read once.  The
+ * format's flags are compile-time constants in each instance (group_avx2_for below), so the
+ * block loop carries no format branches, and a K-quant's super-block scales are converted once
+ * per 256 inputs rather than once per block.
+ */
+TARGET_AVX2_F16C static inline __attribute__((always_inline)) void
+tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bool k_quant,
+		  const bool has_min, const bool split16, const bool narrow, const int zero)
 {
 	const cai_cpu_bmatrix *m = j->w;
 	const int	k = m->k;
 	const int	nb = k / CAI_BLOCK_ELEMS;
-	const bool	min_term = has_min_term(m);
-	const bool	narrow = m->type != GGML_TYPE_Q8_0;	/* byte levels within +-32 */
+	const int	bbytes = nibble ? 16 * GROUP : 32 * GROUP;
+	const uint8_t *qg = m->q + (size_t) g * nb * bbytes;
+	const int8_t *xq = j->xq + (size_t) t0 * k;
+	const float *xs = j->xs + (size_t) t0 * nb;
+	const int16_t *xsum = j->xsum + (size_t) t0 * nb;
 	__m256		acc[TOKEN_TILE];
+	__m256		d = _mm256_setzero_ps(),
+				dmin = _mm256_setzero_ps();
 
 	for (int t = 0; t < nt; t++)
 		acc[t] = _mm256_setzero_ps();
 	for (int b = 0; b < nb; b++)
 	{
-		const uint8_t *qb = m->q + ((size_t) g * nb + b) * block_bytes_of(m);
+		const uint8_t *qb = qg + (size_t) b * bbytes;
 		__m256i		v[8],
 					u[8];
-		__m256		ws = scales8(m, g, b, 0);
-		__m256		ws_hi = m->split16 ? scales8(m, g, b, 1) : ws;
-		__m256		wm = min_term ? mins8(m, g, b, ws) : _mm256_setzero_ps();
+		__m256		ws,
+					ws_hi = _mm256_setzero_ps(),
+					wm = _mm256_setzero_ps();
 
-		if (m->nibble)
+		if (!k_quant || b % 8 == 0)
+		{
+			d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (m->d + scale_index(m, g, b))));
+			if (has_min)
+				dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (m->dmin + scale_index(m, g, b))));
+		}
+		if (k_quant)
+		{
+			const int8_t *sc = m->sc + sub_index(m, g, b);
+
+			ws = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) sc))));
+			if (split16)
+				ws_hi = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+								_mm_loadl_epi64((const __m128i *) (sc + GROUP)))));
+			if (has_min)
+				wm = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+								_mm_loadl_epi64((const __m128i *) (m->m + sub_index(m, g, b))))));
+		}
+		else
+		{
+			ws = d;
+			wm = dmin;
+		}
+		if (nibble)
 			for (int p = 0; p < 4; p++)
 			{
 				__m256i		raw = _mm256_loadu_si256((const __m256i *) (qb + 32 * p));
@@ -562,22 +569,31 @@ group_tile_avx2(const bgemm_job *j, int g, int t0, int nt)
 			}
 		for (int t = 0; t < nt; t++)
 		{
-			const size_t tb = (size_t) (t0 + t) * nb + b;
-			const int8_t *a = j->xq + (size_t) (t0 + t) * k + (size_t) b * CAI_BLOCK_ELEMS;
+			const int8_t *a = xq + (size_t) t * k + (size_t) b * CAI_BLOCK_ELEMS;
+			const size_t tb = (size_t) t * nb + b;
+			__m256i		isum;
 			__m256		term;
 
-			if (m->nibble)
-				term = _mm256_mul_ps(ws, _mm256_cvtepi32_ps(nibble_sums(v, u, a)));
-			else if (m->split16)
+			if (split16)
+			{
 				term = _mm256_add_ps(_mm256_mul_ps(ws, _mm256_cvtepi32_ps(byte_sums_narrow(v, u, a, 0, 4))),
 									 _mm256_mul_ps(ws_hi, _mm256_cvtepi32_ps(byte_sums_narrow(v, u, a, 4, 4))));
-			else if (narrow)
-				term = _mm256_mul_ps(ws, _mm256_cvtepi32_ps(byte_sums_narrow(v, u, a, 0, 8)));
+			}
 			else
-				term = _mm256_mul_ps(ws, _mm256_cvtepi32_ps(byte_sums(v, u, a, 0, 8)));
-			if (min_term)
-				term = _mm256_add_ps(term, _mm256_mul_ps(wm, _mm256_set1_ps((float) j->xsum[tb])));
-			acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_set1_ps(j->xs[tb]), term));
+			{
+				if (nibble)
+					isum = nibble_sums(v, u, a);
+				else if (narrow)
+					isum = byte_sums_narrow(v, u, a, 0, 8);
+				else
+					isum = byte_sums(v, u, a, 0, 8);
+				if (zero != 0)
+					isum = _mm256_add_epi32(isum, _mm256_set1_epi32(zero * xsum[tb]));
+				term = _mm256_mul_ps(ws, _mm256_cvtepi32_ps(isum));
+			}
+			if (has_min)
+				term = _mm256_add_ps(term, _mm256_mul_ps(wm, _mm256_set1_ps((float) xsum[tb])));
+			acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_set1_ps(xs[tb]), term));
 		}
 	}
 	for (int t = 0; t < nt; t++)
@@ -590,12 +606,24 @@ group_tile_avx2(const bgemm_job *j, int g, int t0, int nt)
 	}
 }
 
-static void
-group_avx2(const bgemm_job *j, int g)
-{
-	for (int t0 = 0; t0 < j->n_tok; t0 += TOKEN_TILE)
-		group_tile_avx2(j, g, t0, j->n_tok - t0 < TOKEN_TILE ? j->n_tok - t0 : TOKEN_TILE);
+/* One instance of tile_avx2 per format of the formats table, over all token tiles. */
+#define GROUP_AVX2(name, nibble, k_quant, has_min, split16, narrow, zero) \
+TARGET_AVX2_F16C static void \
+name(const bgemm_job *j, int g) \
+{ \
+	for (int t0 = 0; t0 < j->n_tok; t0 += TOKEN_TILE) \
+		tile_avx2(j, g, t0, j->n_tok - t0 < TOKEN_TILE ? j->n_tok - t0 : TOKEN_TILE, \
+				  nibble, k_quant, has_min, split16, narrow, zero); \
 }
+
+GROUP_AVX2(group_avx2_q4_0, true, false, false, false, true, -8)
+GROUP_AVX2(group_avx2_q4_1, true, false, true, false, true, 0)
+GROUP_AVX2(group_avx2_q4_k, true, true, true, false, true, 0)
+GROUP_AVX2(group_avx2_q5_0, false, false, false, false, true, 0)
+GROUP_AVX2(group_avx2_q5_1, false, false, true, false, true, 0)
+GROUP_AVX2(group_avx2_q5_k, false, true, true, false, true, 0)
+GROUP_AVX2(group_avx2_q6_k, false, true, false, true, true, 0)
+GROUP_AVX2(group_avx2_q8_0, false, false, false, false, false, 0)
 
 /* F16C from CPUID itself: clang 14's __builtin_cpu_supports does not know "f16c". */
 static bool
@@ -615,13 +643,33 @@ avx2_f16c_available(void)
 
 typedef void (*group_fn) (const bgemm_job *j, int g);
 
-/* The kernel of the path gemm.h's ISA selection names (generic: the portable one). */
+/* The kernel of the path gemm.h's ISA selection names (generic: the portable one) for type. */
 static group_fn
-select_kernel(void)
+select_kernel(ggml_type type)
 {
 #if defined(__x86_64__)
 	if (strcmp(cai_cpu_isa(), "generic") != 0 && avx2_f16c_available())
-		return group_avx2;
+		switch (type)
+		{
+			case GGML_TYPE_Q4_0:
+				return group_avx2_q4_0;
+			case GGML_TYPE_Q4_1:
+				return group_avx2_q4_1;
+			case GGML_TYPE_Q4_K:
+				return group_avx2_q4_k;
+			case GGML_TYPE_Q5_0:
+				return group_avx2_q5_0;
+			case GGML_TYPE_Q5_1:
+				return group_avx2_q5_1;
+			case GGML_TYPE_Q5_K:
+				return group_avx2_q5_k;
+			case GGML_TYPE_Q6_K:
+				return group_avx2_q6_k;
+			case GGML_TYPE_Q8_0:
+				return group_avx2_q8_0;
+			default:
+				break;
+		}
 #endif
 	return group_portable;
 }
@@ -672,7 +720,7 @@ cai_gemm_blocks(cai_threadpool *pool, const int8_t *xq, const float *xs, const i
 				int n_tok, const cai_cpu_bmatrix *w, int n_out, const float *bias, float *out,
 				int ldo, bool accumulate)
 {
-	gemm_blocks_with(pool, select_kernel(), xq, xs, xsum, n_tok, w, n_out, bias, out, ldo,
+	gemm_blocks_with(pool, select_kernel(w->type), xq, xs, xsum, n_tok, w, n_out, bias, out, ldo,
 					 accumulate);
 }
 

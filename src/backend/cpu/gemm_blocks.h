@@ -28,7 +28,9 @@
  * Results are the same bits on every path: per row and token, blocks are accumulated in order
  * as acc = acc + sa * term, term = ws * (float) isum [+ wm * (float) asum], each operation a
  * rounded float multiply or add (no fused multiply-add), the same on the portable and the AVX2
- * kernels.  (The AVX-512 paths run the AVX2 kernel.)
+ * kernels.  A format whose min is a fixed multiple of its scale (Q4_0's -8 ws) folds it into
+ * the integer sum instead: term = ws * (float) (isum + zero * asum), exact and one float
+ * product fewer.  (The AVX-512 paths run the AVX2 kernel, one instance per format.)
  */
 #ifndef CAI_GEMM_BLOCKS_H
 #define CAI_GEMM_BLOCKS_H
