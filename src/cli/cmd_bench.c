@@ -648,6 +648,7 @@ bench_print_header(const bench_run *run)
 	printf(",\n  \"device\": ");
 	json_write_string(stdout, cai_engine_device(run->engine));
 	printf(",\n  \"threads\": %d,\n  \"repeat\": %d,\n", bench_opts.threads, bench_opts.repeat);
+	printf("  \"weights\": \"%s\",\n", run->info.file_weights ? "file" : "int8");
 	printf("  \"weight_rounding\": \"%s\",\n  \"activation_precision\": \"%s\",\n",
 		   bench_opts.numerics.gptq_rounding ? "gptq" : "nearest",
 		   bench_opts.numerics.two_digit_activations ? "two_digit" : "int8");

@@ -67,7 +67,8 @@ typedef struct cai_model cai_model;
 typedef enum cai_weights_mode
 {
 	CAI_WEIGHTS_AUTO = 0,		/* the file's own formats when every matrix is in one the engine
-								 * multiplies directly (Q4_0 .. Q8_0, K-quants), else int8 */
+								 * multiplies directly (Q4_0 .. Q8_0, K-quants) and the model
+								 * is large (auto_file_min_weights), else int8 */
 	CAI_WEIGHTS_FILE,			/* the file's own formats; a file without them is refused */
 	CAI_WEIGHTS_INT8			/* requantized to int8 per output channel at load (calibrated,
 								 * rotated: the int8 path, and the only one a GPU runs) */
@@ -92,9 +93,20 @@ typedef struct cai_model_params
 										 * error as a second int8 digit (about 15 bits in all)
 										 * and every int8 GEMM runs twice: closer to float,
 										 * slower (forward.c, "two-digit activations") */
-	cai_weights_mode weights;	/* the file's own formats or int8 (default int8: its kernels
-								 * are still the faster ones; see docs/numerics.md) */
+	cai_weights_mode weights;	/* the file's own formats or int8 (default auto) */
+	int64_t		auto_file_min_weights;	/* auto: the file's formats only for models with at
+										 * least this many matrix weights (default
+										 * CAI_AUTO_FILE_MIN_WEIGHTS) */
 } cai_model_params;
+
+/*
+ * Where auto starts keeping the file's formats: 500M matrix weights.  Below it the int8 copy is
+ * a few hundred MB, decoding is bound by arithmetic rather than by memory, and the int8
+ * kernels (one scale per row, not one per 32 weights) are the faster ones; above it the int8
+ * copy costs about 2.5x the file's memory and several seconds of conversion per start, and
+ * decoding streams the weights from memory, where the file's 4.5 bits beat 8.
+ */
+#define CAI_AUTO_FILE_MIN_WEIGHTS INT64_C(500000000)
 
 void		cai_model_params_default(cai_model_params *params);
 

@@ -191,7 +191,8 @@ cai_model_params_default(cai_model_params *params)
 	params->chat_template = NULL;
 	params->gptq_rounding = false;
 	params->two_digit_activations = false;
-	params->weights = CAI_WEIGHTS_INT8;
+	params->weights = CAI_WEIGHTS_AUTO;
+	params->auto_file_min_weights = CAI_AUTO_FILE_MIN_WEIGHTS;
 }
 
 static const char *const weights_mode_names[] = {"auto", "file", "int8"};
@@ -334,24 +335,30 @@ has_file_format(const gguf_tensor *t)
 
 /*
  * Decides cai_model_params.weights for this file: *file when every GEMM matrix (the head, or
- * the embedding when tied, and each layer's seven) is in a format with levels.
+ * the embedding when tied, and each layer's seven) is in a format with levels, and for auto
+ * when the matrices hold at least params->auto_file_min_weights weights.
  */
 static cai_status
 choose_weights(const cai_model_params *params, const cai_config *c, const cai_layer_sources *src,
 			   const gguf_tensor *t_head, bool *file, cai_error *err)
 {
 	const gguf_tensor *other = has_file_format(t_head) ? NULL : t_head;
+	int64_t		n_weights = t_head->n_elements;
 
-	for (int l = 0; l < c->n_layers && !other; l++)
+	for (int l = 0; l < c->n_layers; l++)
 	{
 		const gguf_tensor *const mats[] = {src[l].wq, src[l].wk, src[l].wv, src[l].wo,
 		src[l].gate, src[l].up, src[l].down};
 
-		for (int i = 0; i < 7 && !other; i++)
-			if (!has_file_format(mats[i]))
+		for (int i = 0; i < 7; i++)
+		{
+			n_weights += mats[i]->n_elements;
+			if (!other && !has_file_format(mats[i]))
 				other = mats[i];
+		}
 	}
-	*file = params->weights != CAI_WEIGHTS_INT8 && !other;
+	*file = params->weights != CAI_WEIGHTS_INT8 && !other &&
+		(params->weights == CAI_WEIGHTS_FILE || n_weights >= params->auto_file_min_weights);
 	if (params->weights == CAI_WEIGHTS_FILE && other)
 		return cai_fail(err, CAI_ERR_UNSUPPORTED,
 						"weights 'file' needs every matrix in a block format the engine multiplies "

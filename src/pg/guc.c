@@ -23,7 +23,7 @@ char	   *cai_model_path = NULL;
 char	   *cai_chat_template = NULL;
 int			cai_device = CAI_DEVICE_AUTO;
 int			cai_weight_rounding = CAI_ROUNDING_NEAREST;
-int			cai_weights = CAI_WEIGHTS_INT8;
+int			cai_weights = CAI_WEIGHTS_AUTO;
 int			cai_activation_precision = CAI_ACTIVATIONS_INT8;
 int			cai_threads = 0;
 int			cai_max_batch = 16;
@@ -225,10 +225,11 @@ define_engine_process_settings(void)
 							 "file: the model file's own 4- to 8-bit formats, as they are (small, "
 							 "fast to load); int8: every weight requantized to int8 at load (the "
 							 "path a GPU runs, where pg_cai.weight_rounding and "
-							 "pg_cai.activation_precision apply); auto: file where every matrix "
-							 "of the model has such a format, else int8.",
+							 "pg_cai.activation_precision apply); auto (the default): file for "
+							 "models of 500M weights or more whose every matrix has such a "
+							 "format, else int8.",
 							 &cai_weights,
-							 CAI_WEIGHTS_INT8,
+							 CAI_WEIGHTS_AUTO,
 							 weights_options,
 							 PGC_SIGHUP,
 							 0,

@@ -431,7 +431,9 @@ def ratios_and_goals(args, ours, llama_same, llama_q8, key):
 
 def report(args, ours, llama_same, llama_q8):
     """The printed report (median and best-run tables, ratios, goals) and its JSON parts."""
-    numerics = ours.get("activation_precision", "int8")
+    numerics = ours.get("weights", "int8") + " weights"
+    if ours.get("activation_precision", "int8") != "int8":
+        numerics += ", " + ours["activation_precision"]
     if ours.get("weight_rounding") == "gptq":
         numerics += ", gptq"
     rows = [(f"pg_cai ({numerics})", ours), ("llama.cpp, same GGUF", llama_same),

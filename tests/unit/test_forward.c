@@ -2199,8 +2199,8 @@ done:
 
 /* A synthetic model whose matrices are of type (the embedding embd), loaded as weights says. */
 static cai_model *
-load_synth_weights(synth_model_config *cfg, ggml_type type, ggml_type embd,
-				   cai_weights_mode weights, cai_error *err)
+load_synth_weights_auto(synth_model_config *cfg, ggml_type type, ggml_type embd,
+						cai_weights_mode weights, int64_t auto_file_min_weights, cai_error *err)
 {
 	char		path[128];
 	cai_model  *model = NULL;
@@ -2218,9 +2218,18 @@ load_synth_weights(synth_model_config *cfg, ggml_type type, ggml_type embd,
 	params.load_float_reference = true;
 	params.n_threads = 2;
 	params.weights = weights;
+	params.auto_file_min_weights = auto_file_min_weights;
 	cai_model_load(path, &params, &model, err);
 	unlink(path);
 	return model;
+}
+
+/* The same with auto deciding by the formats alone: these models are far below its size. */
+static cai_model *
+load_synth_weights(synth_model_config *cfg, ggml_type type, ggml_type embd,
+				   cai_weights_mode weights, cai_error *err)
+{
+	return load_synth_weights_auto(cfg, type, embd, weights, 0, err);
 }
 
 /* Shapes whose rows are whole blocks of 32 (simple formats) or 256 (K-quants). */
@@ -2388,9 +2397,43 @@ TEST(forward_file_weights_mode_choice)
 	}
 	cai_model_free(model);
 
+	/*
+	 * auto also weighs the model's size: matrices holding at least auto_file_min_weights
+	 * weights keep the file's formats, fewer go to int8; the default threshold leaves a model
+	 * this small on int8, and file ignores the threshold.
+	 */
+	cfg.tied_embeddings = true;
+	{
+		static const struct
+		{
+			cai_weights_mode mode;
+			int64_t		min_weights;
+			bool		file;
+		}			cases[] = {
+			{CAI_WEIGHTS_AUTO, 1, true},
+			{CAI_WEIGHTS_AUTO, INT64_MAX, false},
+			{CAI_WEIGHTS_AUTO, CAI_AUTO_FILE_MIN_WEIGHTS, false},
+			{CAI_WEIGHTS_FILE, INT64_MAX, true},
+		};
+
+		for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+		{
+			model = load_synth_weights_auto(&cfg, GGML_TYPE_Q4_0, GGML_TYPE_Q8_0, cases[i].mode,
+											cases[i].min_weights, &err);
+			CHECK_MSG(model != NULL && model->file_weights == cases[i].file,
+					  "%s with a threshold of %lld weights: file weights %d, want %d",
+					  cai_weights_mode_name(cases[i].mode), (long long) cases[i].min_weights,
+					  model ? model->file_weights : -1, cases[i].file);
+			cai_model_free(model);
+		}
+	}
+
 	{
 		cai_weights_mode mode;
+		cai_model_params params;
 
+		cai_model_params_default(&params);
+		CHECK(params.weights == CAI_WEIGHTS_AUTO);
 		CHECK(cai_weights_mode_parse("file", &mode) && mode == CAI_WEIGHTS_FILE);
 		CHECK(!cai_weights_mode_parse("int4", &mode));
 		CHECK(strcmp(cai_weights_mode_name(CAI_WEIGHTS_INT8), "int8") == 0);
