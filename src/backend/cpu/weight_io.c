@@ -134,18 +134,44 @@ import_i8(const cai_wcache_view *in, uint32_t *cursor, const cai_qmatrix *src, c
 	return CAI_OK;
 }
 
-/* Where a stored offset points in a blob of bytes (NULL for -1); false when outside it. */
+/*
+ * Where a stored offset points in a blob of bytes (NULL for -1, which only an array of no
+ * extent may be); false unless extent bytes from there lie inside the blob.
+ */
 static bool
-pointer_in(const uint8_t *blob, size_t bytes, int64_t off, bool required, const void **out)
+pointer_in(const uint8_t *blob, size_t bytes, int64_t off, bool required, size_t extent,
+		   const void **out)
 {
 	*out = NULL;
 	if (off == -1)
 		return !required;
-	/* every array of a block matrix holds at least 16-bit values, kept aligned */
-	if (off < 0 || (uint64_t) off >= bytes || off % 2 != 0)
+	/* the kernels' vector loads want each array where the packing puts it: 64-byte aligned */
+	if (!required || off < 0 || (uint64_t) off > bytes || extent > bytes - (size_t) off ||
+		off % 64 != 0)
 		return false;
 	*out = blob + off;
 	return true;
+}
+
+/*
+ * The bytes the kernels read from each array (q, d, dmin, sc, m) of a block matrix with fields
+ * f, as gemm_blocks.h lays them out; 0 for an array the flags say it has not.  The import checks
+ * a file's arrays against these, so that not even a file written wrong makes a kernel read past
+ * its mapping (a layout change that forgets them makes every file refused, never misread).
+ */
+static void
+block_extents(const int64_t *f, size_t extents[5])
+{
+	const size_t g = (size_t) (f[2] > 0 ? f[2] : 0);
+	const size_t nb = (size_t) (f[1] > 0 ? f[1] : 0) / CAI_BLOCK_ELEMS;
+	const bool	k_quant = f[5],
+				has_min = f[6];
+
+	extents[0] = g * nb * (f[4] ? 128 : 256);
+	extents[1] = g * (k_quant ? nb / 8 : nb) * CAI_BLOCK_ROWS * sizeof(uint16_t);
+	extents[2] = has_min ? extents[1] : 0;
+	extents[3] = k_quant ? g * nb * CAI_BLOCK_ROWS * (f[7] ? 2 : 1) : 0;
+	extents[4] = k_quant && has_min ? g * nb * CAI_BLOCK_ROWS : 0;
 }
 
 /* One part of a block matrix from its fields f and memory section, checked against src's part. */
@@ -154,6 +180,7 @@ import_block_part(const int64_t *f, const void *blob, size_t blob_bytes, const c
 				  int i, cai_cpu_bmatrix *p, cai_error *err)
 {
 	const void *ptr[5];
+	size_t		extents[5];
 
 	for (int b = 4; b <= 7; b++)
 		if (f[b] != 0 && f[b] != 1)
@@ -166,10 +193,14 @@ import_block_part(const int64_t *f, const void *blob, size_t blob_bytes, const c
 						"weights cache: a block matrix of %lld x %lld (type %lld), expected %d x %d (%s)",
 						(long long) f[0], (long long) f[1], (long long) f[3], src->part[i].rows,
 						src->k, ggml_type_name(src->part[i].type));
+	block_extents(f, extents);
+	if ((f[5] && f[1] % 256 != 0) || (f[7] && !f[5]))
+		return cai_fail(err, CAI_ERR_FORMAT, "weights cache: block flags that do not fit k = %lld",
+						(long long) f[1]);
 	for (int j = 0; j < 5; j++)
-		if (!pointer_in(blob, blob_bytes, f[10 + j], j < 2, &ptr[j]))
-			return cai_fail(err, CAI_ERR_FORMAT, "weights cache: a block pointer at offset %lld",
-							(long long) f[10 + j]);
+		if (!pointer_in(blob, blob_bytes, f[10 + j], extents[j] > 0, extents[j], &ptr[j]))
+			return cai_fail(err, CAI_ERR_FORMAT, "weights cache: a block array at offset %lld "
+							"does not fit its %zu bytes", (long long) f[10 + j], extents[j]);
 	*p = (cai_cpu_bmatrix) {
 		.n_out = (int) f[0], .k = (int) f[1], .n_groups = (int) f[2], .type = (ggml_type) f[3],
 		.nibble = f[4], .k_quant = f[5], .has_min = f[6], .split16 = f[7], .zero = (int8_t) f[8],
