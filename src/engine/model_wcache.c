@@ -68,6 +68,8 @@ cai_model_wcache_open(cai_model *m, const char *model_path, const cai_model_para
 		c->state = CAI_WEIGHTS_CACHE_MAPPED;
 		c->file_bytes = c->map.size;
 		c->seconds = cai_now_seconds() - start;
+		/* the bound holds at a start that writes nothing too (a crashed writer's file goes) */
+		cai_wcache_remove_stale(c->dir, model_path, c->path);
 	}
 	else if (st != CAI_ERR_NOT_FOUND)
 	{

@@ -6,6 +6,8 @@ rebuilt; the directory keeps one file for the model; an empty setting converts a
 nothing; the setting names a path, so only a superuser may see or change it."""
 import os
 import signal
+import subprocess
+import tempfile
 
 from pgtest import Checks, ensure_database, log_text, psql, stat, value, wait_for
 
@@ -122,4 +124,21 @@ r = psql("ALTER SYSTEM SET pg_cai.weights_cache = '/tmp/x'", db="postgres",
          env={"PGUSER": "cai_wc_user"})
 c.check("an ordinary role cannot set pg_cai.weights_cache", r.rc != 0, repr(r))
 value("DROP ROLE cai_wc_user", db="postgres")
+
+# the command line: off unless --weights-cache is given; the second run maps and prints the same
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+model = os.environ.get("PG_CAI_TEST_MODEL",
+                       os.path.join(ROOT, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
+with tempfile.TemporaryDirectory() as tmp:
+    cache = os.path.join(tmp, "wc")
+    cmd = [os.path.join(ROOT, "cai"), "run", "-m", model, "-p", "The capital of France is",
+           "--temp", "0", "--max-tokens", "8", "--threads", "2"]
+    runs = [subprocess.run(cmd + extra, capture_output=True, text=True, timeout=300)
+            for extra in ([], ["--weights-cache", cache], ["--weights-cache", cache])]
+    c.check("cai run: no cache unless asked", "weights:" not in runs[0].stderr, runs[0].stderr[-300:])
+    c.check("cai run --weights-cache: the first run converts and caches, the second maps",
+            "cached to %s/" % cache in runs[1].stderr and
+            "mapped from cache %s/" % cache in runs[2].stderr, runs[1].stderr[-300:] + runs[2].stderr[-300:])
+    c.check("cai run --weights-cache: the same reply each time",
+            all(r.returncode == 0 and r.stdout == runs[0].stdout for r in runs), repr(runs[2].stdout))
 c.done()
