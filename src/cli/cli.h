@@ -108,12 +108,19 @@ typedef struct cli_numerics
 	bool		gptq_rounding;
 	bool		two_digit_activations;
 	const char *weights;		/* --weights: "auto", "file" or "int8" (NULL: auto) */
+	const char *weights_cache;	/* --weights-cache: a directory of prepared weights, or NULL */
 } cli_numerics;
 
 /* Sets params' numerics from the options; false (reported) for an unknown --weights mode. */
 bool		cli_numerics_apply(const cli_numerics *numerics, cai_model_params *params);
 
 /* Loads a model (reporting any error); n_threads 0 = all cores; numerics NULL = the defaults. */
+/*
+ * One line to stderr saying where the model's weights came from (mapped from the weights
+ * cache, or converted and cached), "prefix: weights: ..."; nothing without a weights cache.
+ */
+void		cli_report_weights_cache(const cai_model *model, const char *prefix);
+
 cai_model  *cli_load_model(const char *path, int n_threads, bool float_reference,
 							const cli_numerics *numerics);
 
@@ -231,6 +238,11 @@ extern char **cli_argv;
 		.name = "two-digit-activations", .kind = CLI_OPT_FLAG, \
 		.target = &(opts).numerics.two_digit_activations, \
 		.help = "GEMM inputs as two int8 digits: closer to float, GEMMs twice the work", \
+	}, \
+	{ \
+		.name = "weights-cache", .kind = CLI_OPT_STRING, .target = &(opts).numerics.weights_cache, \
+		.metavar = "DIR", \
+		.help = "keep the CPU's prepared weights in DIR: a later run with the same model and settings maps them instead of converting", \
 	}
 
 /* --json-schema FILE and --json-object, over a struct with json_schema and json_object. */

@@ -225,6 +225,7 @@ cmd_run(int argc, char **argv)
 	}
 	/* the engine's backend holds its own copy of the int8 matrices now */
 	cai_model_release_gemm_sources(model);
+	cli_report_weights_cache(model, "cai");
 
 	memset(&rp, 0, sizeof(rp));
 	rp.prompt = ids.ids;

@@ -50,6 +50,7 @@ cli_numerics_apply(const cli_numerics *numerics, cai_model_params *params)
 {
 	params->gptq_rounding = numerics->gptq_rounding;
 	params->two_digit_activations = numerics->two_digit_activations;
+	params->weights_cache = numerics->weights_cache;
 	if (numerics->weights && !cai_weights_mode_parse(numerics->weights, &params->weights))
 	{
 		cli_error("unknown --weights mode \"%s\" (auto, file or int8)", numerics->weights);
@@ -83,6 +84,34 @@ cli_load_model(const char *path, int n_threads, bool float_reference,
 		return NULL;
 	}
 	return model;
+}
+
+void
+cli_report_weights_cache(const cai_model *model, const char *prefix)
+{
+	cai_weights_cache_report r;
+
+	cai_model_weights_cache_report(model, &r);
+	if (r.refused[0])
+		fprintf(stderr, "%s: weights: cache %s refused, rebuilt: %s\n", prefix, r.path, r.refused);
+	switch (r.state)
+	{
+		case CAI_WEIGHTS_CACHE_OFF:
+			break;
+		case CAI_WEIGHTS_CACHE_MAPPED:
+			fprintf(stderr, "%s: weights: mapped from cache %s in %.2f s (%.1f MB)\n", prefix,
+					r.path, r.seconds, (double) r.file_bytes / 1e6);
+			break;
+		case CAI_WEIGHTS_CACHE_WRITTEN:
+			fprintf(stderr, "%s: weights: converted in %.2f s, cached to %s (%.1f MB)\n", prefix,
+					r.seconds, r.path, (double) r.file_bytes / 1e6);
+			break;
+		case CAI_WEIGHTS_CACHE_PENDING:
+		case CAI_WEIGHTS_CACHE_FAILED:
+			fprintf(stderr, "%s: weights: converted in %.2f s, not cached to %s: %s\n", prefix,
+					r.seconds, r.path, r.failure[0] ? r.failure : "not written");
+			break;
+	}
 }
 
 bool

@@ -28,6 +28,8 @@
 #include "weights.h"
 
 typedef struct cai_backend cai_backend;
+struct cai_wcache_writer;
+struct cai_wcache_view;
 
 /* The ragged batch as the operations see it (built once per forward by forward.c). */
 typedef struct cai_batch_layout
@@ -255,6 +257,25 @@ typedef struct cai_backend_ops
 	void		(*embed_blocks) (cai_backend *be, const cai_bmatrix *table, const int32_t *ids,
 								 int n_tok, float *x);
 
+	/*
+	 * Prepared weights that outlive the process (weight_cache.h).  Optional, both or neither:
+	 * a backend without them prepares its weights at every start.
+	 *
+	 * export_weights: appends what prepare_i8 or prepare_blocks returned for w[0, n) to out, as
+	 *   sections of the backend's own: each struct's scalar fields, its memory as one blob and
+	 *   where its pointers point in that blob.
+	 * import_weights: makes the same weights from in's sections at *cursor (advanced past
+	 *   them), each checked against the shape it must have (i8[i], or blocks[i] with i8 NULL);
+	 *   they point into in's memory, which must outlive the backend, and copy nothing.  A
+	 *   section that does not fit sets err (CAI_ERR_FORMAT) and makes nothing.
+	 */
+	cai_status	(*export_weights) (cai_backend *be, const cai_weight *const *w, int n,
+								   struct cai_wcache_writer *out, cai_error *err);
+	cai_status	(*import_weights) (cai_backend *be, const struct cai_wcache_view *in,
+								   uint32_t *cursor, const cai_qmatrix *const *i8,
+								   const cai_bmatrix *const *blocks, int n,
+								   const cai_weight **out, cai_error *err);
+
 	/* cs[t, 2i] = cos(theta_i(pos[t])), cs[t, 2i+1] = sin(...), i < n_rot/2. */
 	void		(*rope_prepare) (cai_backend *be, const cai_rope_params *rp, const int32_t *pos,
 								 int n_tok, float *cs);
@@ -371,5 +392,11 @@ typedef struct cai_threadpool cai_threadpool;
 cai_status	cai_backend_cpu_create(cai_threadpool *pool, const cai_backend_limits *limits,
 								   cai_backend **out, cai_error *err);
 void		cai_backend_free(cai_backend *be);
+
+/*
+ * The version of the CPU backend's prepared layouts (its int8 panels and block groups), which a
+ * weights cache's key holds: a file of another layout is refused.
+ */
+uint32_t	cai_backend_cpu_weights_layout(void);
 
 #endif							/* CAI_BACKEND_H */

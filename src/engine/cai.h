@@ -97,6 +97,8 @@ typedef struct cai_model_params
 	int64_t		auto_file_min_weights;	/* auto: the file's formats only for models with at
 										 * least this many matrix weights (default
 										 * CAI_AUTO_FILE_MIN_WEIGHTS) */
+	const char *weights_cache;	/* a directory where the CPU backend's prepared weights are
+								 * kept across processes (weight_cache.h); NULL = none */
 } cai_model_params;
 
 /*
@@ -121,6 +123,30 @@ void		cai_model_free(cai_model *model);
  * context made on the model afterwards is refused.
  */
 void		cai_model_release_gemm_sources(cai_model *model);
+
+/* What became of a model's weights cache (cai_model_params.weights_cache). */
+typedef enum cai_weights_cache_state
+{
+	CAI_WEIGHTS_CACHE_OFF = 0,	/* none asked for (or a float reference: converted) */
+	CAI_WEIGHTS_CACHE_MAPPED,	/* the prepared weights were mapped from the file: nothing
+								 * converted */
+	CAI_WEIGHTS_CACHE_PENDING,	/* converted; the first forward context writes the file */
+	CAI_WEIGHTS_CACHE_WRITTEN,	/* converted, and the file written */
+	CAI_WEIGHTS_CACHE_FAILED	/* converted; the file could not be written (failure) */
+} cai_weights_cache_state;
+
+typedef struct cai_weights_cache_report
+{
+	cai_weights_cache_state state;
+	const char *path;			/* the cache file ("" when off) */
+	const char *refused;		/* why an existing file was not used ("" when none was) */
+	const char *failure;		/* why it could not be written (FAILED) */
+	double		seconds;		/* mapping the file (MAPPED), or converting the weights */
+	size_t		file_bytes;		/* the file's size (MAPPED, WRITTEN) */
+} cai_weights_cache_report;
+
+/* The model's weights cache as it stands (strings owned by the model). */
+void		cai_model_weights_cache_report(const cai_model *model, cai_weights_cache_report *out);
 
 typedef struct cai_model_info
 {

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "forward_internal.h"
+#include "model_wcache.h"
 #include "util.h"
 
 /* Where the backend reads n floats of model memory at host; NULL for a NULL array. */
@@ -92,9 +93,32 @@ bind_table(cai_backend *be, const cai_qmatrix *m, cai_qmatrix *out, cai_error *e
 }
 
 /*
- * Every GEMM operand of the model prepared by the backend in one call, in one order (the head,
- * then each layer's QKV, O, gate-up and down): the int8 matrices (prepare_i8), or the file's own
- * (prepare_blocks).
+ * The n GEMM operands out of i8 (or blocks, i8 NULL): mapped from the model's weights cache
+ * where it has one, else prepared by the backend (and the cache written when it has none yet).
+ */
+static cai_status
+make_operands(cai_forward_ctx *ctx, const cai_qmatrix *const *i8, const cai_bmatrix *const *blocks,
+			  int n, const cai_weight **out, cai_error *err)
+{
+	const cai_model *m = ctx->model;
+	cai_backend *be = ctx->be;
+	double		start = cai_now_seconds();
+	bool		imported = false;
+	cai_status	st;
+
+	if (m->wcache && m->wcache->state == CAI_WEIGHTS_CACHE_MAPPED &&
+		((st = cai_model_wcache_import(m, be, i8, blocks, n, out, &imported, err)) != CAI_OK ||
+		 imported))
+		return st;
+	st = i8 ? be->ops->prepare_i8(be, i8, n, out, err) : be->ops->prepare_blocks(be, blocks, n, out, err);
+	if (st == CAI_OK && m->wcache && m->wcache->state == CAI_WEIGHTS_CACHE_PENDING)
+		cai_model_wcache_store(m, be, out, n, cai_now_seconds() - start);
+	return st;
+}
+
+/*
+ * Every GEMM operand of the model made in one call, in one order (the head, then each layer's
+ * QKV, O, gate-up and down): the int8 matrices (prepare_i8), or the file's own (prepare_blocks).
  */
 static cai_status
 prepare_gemm_operands(cai_forward_ctx *ctx, bool file, cai_error *err)
@@ -102,7 +126,6 @@ prepare_gemm_operands(cai_forward_ctx *ctx, bool file, cai_error *err)
 	const cai_model *m = ctx->model;
 	const int	n_layers = m->cfg.n_layers;
 	const int	n = 1 + 4 * n_layers;
-	cai_backend *be = ctx->be;
 	const cai_qmatrix **i8 = file ? NULL : malloc((size_t) n * sizeof(*i8));
 	const cai_bmatrix **blocks = file ? malloc((size_t) n * sizeof(*blocks)) : NULL;
 	const cai_weight **out = calloc((size_t) n, sizeof(*out));
@@ -122,7 +145,7 @@ prepare_gemm_operands(cai_forward_ctx *ctx, bool file, cai_error *err)
 			blocks[3 + 4 * l] = &w->file_gate_up;
 			blocks[4 + 4 * l] = &w->file_down;
 		}
-		st = be->ops->prepare_blocks(be, blocks, n, out, err);
+		st = make_operands(ctx, NULL, blocks, n, out, err);
 	}
 	else
 	{
@@ -136,7 +159,7 @@ prepare_gemm_operands(cai_forward_ctx *ctx, bool file, cai_error *err)
 			i8[3 + 4 * l] = &w->w_gate_up;
 			i8[4 + 4 * l] = &w->w_down;
 		}
-		st = be->ops->prepare_i8(be, i8, n, out, err);
+		st = make_operands(ctx, i8, NULL, n, out, err);
 	}
 	if (st == CAI_OK)
 	{

@@ -4,6 +4,7 @@
  * the forward forward.c's, the text API (describe, tokens) model_text.c's.
  */
 #include "model_internal.h"
+#include "model_wcache.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -125,6 +126,8 @@ cai_model_free(cai_model *model)
 	}
 	cai_tokenizer_free(model->tokenizer);
 	gguf_close(model->gguf);
+	/* last: the model's int8 tables may point into the mapping */
+	cai_model_wcache_free(model);
 	free(model);
 }
 

@@ -132,6 +132,8 @@ struct cai_model
 	cai_bmatrix file_embd;		/* the embedding as the file holds it (file_weights) */
 	cai_bmatrix file_head;		/* the LM head (the embedding when tied) */
 	bool		gemm_sources_released;	/* cai_model_release_gemm_sources ran */
+	uint64_t	content_hash;	/* the file's config, tensors and tokenizer (model_fingerprint.c) */
+	struct cai_model_wcache *wcache;	/* the weights cache in use, or NULL (model_wcache.h) */
 	void	   *owned;			/* allocations to free (model.c's business) */
 };
 

@@ -1,10 +1,12 @@
 /*
- * model_fingerprint.c — the model's identity for the prefix cache's keys.
+ * model_fingerprint.c — the model's identity for the prefix cache's and the weights cache's keys.
  */
 #include "model_internal.h"
 
 #include <string.h>
 #include <xxhash.h>
+
+#include "util.h"
 
 static size_t
 value_type_bytes(gguf_value_type t)
@@ -33,11 +35,13 @@ value_type_bytes(gguf_value_type t)
 
 /*
  * XXH3-64 over the architecture and config, every tensor's name, type, shape and bytes, and
- * the tokenizer's metadata: two files give the same fingerprint only if they compute the same
- * function of the same tokens, which is what the prefix cache's keys must guarantee.
+ * the tokenizer's metadata: two files give the same hash only if they compute the same
+ * function of the same tokens, which is what the prefix cache's keys must guarantee, and the
+ * weights cache's too (a file with the same name, size and time but other bytes is another
+ * model).  Runs before the weights are loaded, which the weights cache's key needs.
  */
 cai_status
-cai_model_fingerprint(cai_model *m, cai_error *err)
+cai_model_content_hash(cai_model *m, cai_error *err)
 {
 	const gguf_file *f = m->gguf;
 	const cai_config *c = &m->cfg;
@@ -84,6 +88,13 @@ cai_model_fingerprint(cai_model *m, cai_error *err)
 		shape[GGUF_MAX_DIMS] = t->type;
 		XXH3_64bits_update(state, shape, sizeof(shape));
 		XXH3_64bits_update(state, t->data, t->nbytes);
+		/*
+		 * reading the file does not keep it resident: a model whose weights come from a
+		 * weights cache never reads these pages again, and the others fault them back in from
+		 * the page cache as they convert
+		 */
+		if (f->map)
+			cai_unmap_pages(t->data, t->nbytes);
 	}
 	for (uint64_t i = 0; i < f->n_kv; i++)
 	{
@@ -117,17 +128,19 @@ cai_model_fingerprint(cai_model *m, cai_error *err)
 		else
 			XXH3_64bits_update(state, &kv->v, sizeof(kv->v.u64));
 	}
-	/* the int8 path's numerics options, where they are not the defaults: other results */
-	if (m->gptq_rounding || m->two_digit_activations)
-	{
-		uint8_t		numerics[2] = {m->gptq_rounding, m->two_digit_activations};
-
-		XXH3_64bits_update(state, numerics, sizeof(numerics));
-	}
-	/* the file's own formats multiply other numbers than the int8 path */
-	if (m->file_weights)
-		XXH3_64bits_update(state, "file-weights", 12);
-	m->fingerprint = XXH3_64bits_digest(state);
+	m->content_hash = XXH3_64bits_digest(state);
 	XXH3_freeState(state);
+	return CAI_OK;
+}
+
+/* The content hash with the options that change the model's numbers (the prefix cache's seed). */
+cai_status
+cai_model_fingerprint(cai_model *m, cai_error *err)
+{
+	/* the int8 path's numerics options, and the file's own formats, give other results */
+	uint8_t		numerics[3] = {m->gptq_rounding, m->two_digit_activations, m->file_weights};
+
+	(void) err;
+	m->fingerprint = XXH3_64bits_withSeed(numerics, sizeof(numerics), m->content_hash);
 	return CAI_OK;
 }

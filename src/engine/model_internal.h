@@ -28,7 +28,10 @@ cai_status	cai_model_read_config(cai_model *m, const char *path, cai_error *err)
 cai_status	cai_config_layer_attention(cai_config *c, const cai_arch_attention *a, uint32_t window,
 									   uint32_t n_shared, cai_error *err);
 
-/* m->fingerprint: the config, the tensors and the tokenizer's metadata (model_fingerprint.c). */
+/* m->content_hash: the config, the tensors and the tokenizer's metadata (model_fingerprint.c). */
+cai_status	cai_model_content_hash(cai_model *m, cai_error *err);
+
+/* m->fingerprint: the content hash with the numerics options the load chose. */
 cai_status	cai_model_fingerprint(cai_model *m, cai_error *err);
 
 /* The source tensors of one layer. */

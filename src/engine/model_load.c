@@ -7,6 +7,7 @@
  * another.  Then the tokenizer, the chat template and the fingerprint.
  */
 #include "model_internal.h"
+#include "model_wcache.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -193,6 +194,7 @@ cai_model_params_default(cai_model_params *params)
 	params->two_digit_activations = false;
 	params->weights = CAI_WEIGHTS_AUTO;
 	params->auto_file_min_weights = CAI_AUTO_FILE_MIN_WEIGHTS;
+	params->weights_cache = NULL;
 }
 
 static const char *const weights_mode_names[] = {"auto", "file", "int8"};
@@ -642,22 +644,93 @@ done:
 	return st;
 }
 
-/* The weights: the file's own formats or int8 (cai_model_params.weights). */
+/*
+ * The int8 path's weights from a mapped weights cache: the small vectors loaded as usual, the
+ * tables and vectors conversion would make pointed into the file, and the GEMM matrices left
+ * to the backend, which maps its own prepared copies (forward_weights.c).  *taken is false
+ * when the file did not fit (the caller converts instead).
+ */
 static cai_status
-load_weights(cai_model *m, const cai_model_params *params, cai_error *err)
+load_int8_mapped(cai_model *m, const cai_model_params *params, const model_tensors *t,
+				 bool *taken, cai_error *err)
+{
+	const cai_config *c = &m->cfg;
+	const int	qkv = (c->n_heads + 2 * c->n_kv_heads) * c->head_dim;
+	const size_t vocab_bytes = (size_t) c->n_vocab * c->d_model + (size_t) c->n_vocab * 4;
+	cai_status	st;
+
+	*taken = false;
+	for (int l = 0; l < c->n_layers; l++)
+		if ((st = load_layer_arrays(m, &t->layers[l], &m->layers[l], false, false, err)) != CAI_OK)
+			return st;
+	if ((st = load_output_vectors(m, t->out_norm, t->rope_freqs, err)) != CAI_OK)
+		return st;
+	if (!cai_model_make_rotation(m, c->d_model, &m->rot_model) ||
+		!cai_model_make_rotation(m, c->d_ff, &m->rot_ff) ||
+		!cai_model_make_rotation(m, c->head_dim, &m->rot_head))
+		return oom(err);
+	/* which sections the file holds depends on it */
+	m->two_digit_activations = params->two_digit_activations;
+	if (!cai_model_wcache_take_int8(m))
+	{
+		m->two_digit_activations = false;
+		m->weight_bytes = 0;
+		return CAI_OK;
+	}
+	/* the GEMM matrices' shapes, without their bytes: the backend's copies are in the file */
+	m->lm_head = (cai_qmatrix) {.n_out = c->n_vocab, .k = c->d_model};
+	m->weight_bytes += vocab_bytes * (m->two_digit_activations ? 3 : 2);
+	for (int l = 0; l < c->n_layers; l++)
+	{
+		cai_layer_weights *w = &m->layers[l];
+
+		w->wqkv = (cai_qmatrix) {.n_out = qkv, .k = c->d_model};
+		w->wo = (cai_qmatrix) {.n_out = c->d_model, .k = c->n_heads * c->head_dim};
+		w->w_gate_up = (cai_qmatrix) {.n_out = 2 * c->d_ff, .k = c->d_model};
+		w->w_down = (cai_qmatrix) {.n_out = c->d_model, .k = c->d_ff};
+		w->wq = w->wk = w->wv = w->wqkv;
+		w->w_gate = w->w_up = w->w_gate_up;
+		m->weight_bytes += (size_t) qkv * (c->d_model + 4) +
+			(size_t) c->d_model * (c->n_heads * c->head_dim + 4) +
+			(size_t) 2 * c->d_ff * (c->d_model + 4) + (size_t) c->d_model * (c->d_ff + 4);
+	}
+	m->gptq_rounding = params->gptq_rounding;
+	m->int8_complete = true;
+	*taken = true;
+	return CAI_OK;
+}
+
+/*
+ * The weights: the file's own formats or int8 (cai_model_params.weights), converted, or mapped
+ * from a weights cache of the same model and settings.
+ */
+static cai_status
+load_weights(cai_model *m, const char *path, const cai_model_params *params, cai_error *err)
 {
 	model_tensors t;
 	bool		file = false;
+	bool		mapped = false;
+	double		start = cai_now_seconds();
 	cai_status	st;
 
 	memset(&t, 0, sizeof(t));
 	if ((st = find_model_tensors(m, &t, err)) == CAI_OK &&
 		(st = choose_weights(params, &m->cfg, t.layers, t.out ? t.out : t.embd, &file,
-							 err)) == CAI_OK)
-		st = file ? load_file_weights(m, t.layers, t.embd, t.out, t.out_norm, t.rope_freqs,
-									  params->load_float_reference,
-									  params->two_digit_activations, err) :
-			load_int8_weights(m, params, &t, err);
+							 err)) == CAI_OK &&
+		(st = cai_model_wcache_open(m, path, params, file, err)) == CAI_OK)
+	{
+		if (file)
+			st = load_file_weights(m, t.layers, t.embd, t.out, t.out_norm, t.rope_freqs,
+								   params->load_float_reference,
+								   params->two_digit_activations, err);
+		else if (m->wcache && m->wcache->state == CAI_WEIGHTS_CACHE_MAPPED)
+			st = load_int8_mapped(m, params, &t, &mapped, err);
+		if (st == CAI_OK && !file && !mapped)
+			st = load_int8_weights(m, params, &t, err);
+		/* the conversion's time so far; a forward context adds its preparation's */
+		if (m->wcache && m->wcache->state != CAI_WEIGHTS_CACHE_MAPPED)
+			m->wcache->seconds = cai_now_seconds() - start;
+	}
 	free(t.layers);
 	return st;
 }
@@ -722,7 +795,8 @@ cai_model_load(const char *path, const cai_model_params *params, cai_model **out
 	if ((st = gguf_open(path, &m->gguf, err)) != CAI_OK ||
 		(st = cai_model_read_config(m, path, err)) != CAI_OK ||
 		(st = load_tokenizer(m, err)) != CAI_OK ||
-		(st = load_weights(m, params, err)) != CAI_OK ||
+		(st = cai_model_content_hash(m, err)) != CAI_OK ||
+		(st = load_weights(m, path, params, err)) != CAI_OK ||
 		(st = load_template(m, params, err)) != CAI_OK ||
 		(st = cai_model_fingerprint(m, err)) != CAI_OK)
 	{

@@ -21,6 +21,7 @@
 
 char	   *cai_model_path = NULL;
 char	   *cai_chat_template = NULL;
+char	   *cai_weights_cache = NULL;
 int			cai_device = CAI_DEVICE_AUTO;
 int			cai_weight_rounding = CAI_ROUNDING_NEAREST;
 int			cai_weights = CAI_WEIGHTS_AUTO;
@@ -234,6 +235,19 @@ define_engine_process_settings(void)
 							 PGC_SIGHUP,
 							 0,
 							 NULL, NULL, NULL);
+
+	/* a path the engine writes to: only the configuration files or ALTER SYSTEM set it */
+	DefineCustomStringVariable("pg_cai.weights_cache",
+							   "Directory where the engine keeps its prepared weights across restarts.",
+							   "An absolute path, or relative to the data directory; empty "
+							   "disables it. An engine that starts with the same model and "
+							   "weight settings maps the weights from there instead of "
+							   "converting them. One file per model file name is kept.",
+							   &cai_weights_cache,
+							   "pg_cai/weight_cache",
+							   PGC_SIGHUP,
+							   GUC_SUPERUSER_ONLY,
+							   NULL, NULL, NULL);
 
 	DefineCustomEnumVariable("pg_cai.weight_rounding",
 							 "How the engine rounds the model's weights to int8 at load.",

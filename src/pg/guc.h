@@ -48,6 +48,7 @@ extern char *cai_model_path;
 extern char *cai_chat_template;
 extern int	cai_device;
 extern int	cai_weight_rounding;
+extern char *cai_weights_cache;	/* pg_cai.weights_cache: a directory, or empty */
 extern int	cai_weights;		/* cai_weights_mode */
 extern int	cai_activation_precision;
 extern int	cai_threads;

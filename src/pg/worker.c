@@ -716,6 +716,12 @@ engine_arguments(StringInfo settings)
 		args[n++] = pstrdup("--gptq-rounding");
 	if (cai_activation_precision == CAI_ACTIVATIONS_TWO_DIGIT)
 		args[n++] = pstrdup("--two-digit-activations");
+	if (cai_weights_cache != NULL && cai_weights_cache[0] != '\0')
+	{
+		args[n++] = pstrdup("--weights-cache");
+		args[n++] = is_absolute_path(cai_weights_cache) ? pstrdup(cai_weights_cache) :
+			psprintf("%s/%s", DataDir, cai_weights_cache);
+	}
 	resetStringInfo(settings);
 	for (int i = 0; i < n; i++)
 		appendStringInfo(settings, "%s%s", i > 0 ? " " : "", args[i]);

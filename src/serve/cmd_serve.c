@@ -205,6 +205,7 @@ cmd_serve(int argc, char **argv)
 	device = copy_option(serve_opts.device);
 	cuda_library = copy_option(serve_opts.cuda_library);
 	serve_opts.numerics.weights = copy_option(serve_opts.numerics.weights);
+	serve_opts.numerics.weights_cache = copy_option(serve_opts.numerics.weights_cache);
 	if (!model_path || (serve_opts.template_name && !template_name) ||
 		(serve_opts.device && !device) || (serve_opts.cuda_library && !cuda_library))
 		return cli_error("serve: out of memory");
@@ -219,6 +220,9 @@ cmd_serve(int argc, char **argv)
 		return CLI_EXIT_USAGE;
 	cai_engine_params_default(&config.engine);
 	config.engine.device = device ? device : "auto";
+	/* the cache holds the CPU's layout: an engine told to use the GPU converts for it */
+	if (strcmp(config.engine.device, "cuda") == 0)
+		config.model.weights_cache = NULL;
 	config.engine.cuda_library = cuda_library;
 	config.engine.n_threads = serve_opts.threads;
 	config.engine.max_running = serve_opts.max_batch;

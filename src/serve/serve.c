@@ -610,6 +610,30 @@ send_ready(server *s, double load_seconds)
 	flush_output(s);
 }
 
+/*
+ * Says in the server log (the engine's stderr) where the weights came from: mapped from the
+ * weights cache, or converted (and cached, or why not).
+ */
+static void
+report_weights_cache(const cai_model *model)
+{
+	cai_weights_cache_report r;
+
+	cai_model_weights_cache_report(model, &r);
+	if (r.refused[0])
+		fprintf(stderr, "pg_cai engine: weights: cache %s refused, rebuilt: %s\n", r.path,
+				r.refused);
+	if (r.state == CAI_WEIGHTS_CACHE_MAPPED)
+		fprintf(stderr, "pg_cai engine: weights: mapped from cache %s in %.2f s (%.1f MB)\n",
+				r.path, r.seconds, (double) r.file_bytes / 1e6);
+	else if (r.state == CAI_WEIGHTS_CACHE_WRITTEN)
+		fprintf(stderr, "pg_cai engine: weights: converted in %.2f s, cached to %s (%.1f MB)\n",
+				r.seconds, r.path, (double) r.file_bytes / 1e6);
+	else if (r.state != CAI_WEIGHTS_CACHE_OFF)
+		fprintf(stderr, "pg_cai engine: weights: converted in %.2f s, not cached to %s: %s\n",
+				r.seconds, r.path, r.failure[0] ? r.failure : "not written");
+}
+
 /* Loads the model and starts the engine; on failure says why in a FAILED frame. */
 static bool
 start_engine(server *s, const cai_serve_config *config)
@@ -639,6 +663,7 @@ start_engine(server *s, const cai_serve_config *config)
 	}
 	/* the engine's backend holds its own copy of the int8 matrices now */
 	cai_model_release_gemm_sources(s->model);
+	report_weights_cache(s->model);
 	s->context_length = cai_engine_context_length(s->engine);
 	send_ready(s, cai_now_seconds() - start);
 	return true;

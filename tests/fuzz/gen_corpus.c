@@ -14,6 +14,8 @@
 
 #include "gguf_writer.h"
 #include "quant.h"
+#include "cpu/cpu_weight.h"
+#include "weight_cache.h"
 
 /* ---- output ----------------------------------------------------------------------------- */
 
@@ -547,6 +549,75 @@ block_weights_seeds(void)
 	}
 }
 
+/*
+ * fuzz_weight_cache: a whole cache file as the CPU backend writes it (an int8 4 x 32 matrix, a
+ * block matrix of 5 Q4_K rows over 3 Q6_K rows, k 256, with finite scales), and one with no
+ * sections.
+ */
+static void
+weight_cache_seeds(void)
+{
+	uint8_t		q4k[5 * 144],
+				q6k[3 * 210];
+	int8_t		q[4 * 32];
+	float		scale[4] = {0.5f, 1.0f, 0.25f, 2.0f};
+	cai_weight	i8,
+				blocks;
+	const cai_weight *list[2] = {&i8, &blocks};
+	const char *names[2] = {"seed-int8-and-blocks", "seed-empty"};
+	char		path[256];
+	cai_wcache_writer *w;
+	cai_error	err;
+
+	memset(&i8, 0, sizeof(i8));
+	memset(&blocks, 0, sizeof(blocks));
+	for (size_t i = 0; i < sizeof(q4k); i++)
+		q4k[i] = (uint8_t) (i * 29 + 7);
+	for (size_t i = 0; i < sizeof(q6k); i++)
+		q6k[i] = (uint8_t) (i * 13 + 3);
+	for (int r = 0; r < 5; r++)
+	{
+		/* d = 1/64, dmin = 1/128 (fp16): finite, as the repacking requires */
+		q4k[r * 144 + 0] = 0x00, q4k[r * 144 + 1] = 0x24;
+		q4k[r * 144 + 2] = 0x00, q4k[r * 144 + 3] = 0x20;
+	}
+	for (int r = 0; r < 3; r++)
+		q6k[r * 210 + 208] = 0x00, q6k[r * 210 + 209] = 0x24;
+	for (int i = 0; i < 4 * 32; i++)
+		q[i] = (int8_t) ((i * 11) % 255 - 127);
+	i8.m = (cai_cpu_qmatrix) {.n_out = 4, .k = 32, .q = q, .scale = scale};
+	blocks.n_parts = 2;
+	if (!cai_cpu_qmatrix_pack(&i8.m) ||
+		cai_cpu_bmatrix_pack(GGML_TYPE_Q4_K, q4k, 5, 256, &blocks.parts[0], &err) != CAI_OK ||
+		cai_cpu_bmatrix_pack(GGML_TYPE_Q6_K, q6k, 3, 256, &blocks.parts[1], &err) != CAI_OK)
+	{
+		fprintf(stderr, "weight cache seeds: could not pack\n");
+		exit(1);
+	}
+	for (int seed = 0; seed < 2; seed++)
+	{
+		uint8_t		buf[16384];
+		FILE	   *f;
+		size_t		n;
+
+		snprintf(path, sizeof(path), "/tmp/cai_gen_corpus_%d.caiw", (int) getpid());
+		if (cai_wcache_writer_open(path, 0x5eed0000 + seed, &w, &err) != CAI_OK ||
+			(seed == 0 && cai_cpu_export_weights(list, 2, w, &err) != CAI_OK) ||
+			cai_wcache_writer_commit(w, &err) != CAI_OK || !(f = fopen(path, "rb")))
+		{
+			fprintf(stderr, "weight cache seeds: %s\n", err.message);
+			exit(1);
+		}
+		n = fread(buf, 1, sizeof(buf), f);
+		fclose(f);
+		unlink(path);
+		write_seed("fuzz_weight_cache", names[seed], buf, n);
+	}
+	/* the int8 matrix was packed in place in q: only the block matrices own memory */
+	cai_cpu_bmatrix_free(&blocks.parts[0]);
+	cai_cpu_bmatrix_free(&blocks.parts[1]);
+}
+
 int
 main(int argc, char **argv)
 {
@@ -564,5 +635,6 @@ main(int argc, char **argv)
 	tokenizer_load_seeds();
 	model_shapes_seeds();
 	block_weights_seeds();
+	weight_cache_seeds();
 	return 0;
 }

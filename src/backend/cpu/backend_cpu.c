@@ -17,6 +17,7 @@
 #include "backend.h"
 #include "util.h"
 #include "attention.h"
+#include "cpu_weight.h"
 #include "gemm.h"
 #include "gemm_blocks.h"
 #include "ops.h"
@@ -65,17 +66,6 @@ typedef struct cpu_backend
 	cai_weight **weights;
 	int			n_weights;
 } cpu_backend;
-
-/*
- * A GEMM operand: the model's row-major int8 matrix copied and packed into panels (gemm.h), or
- * a block matrix's parts repacked (gemm_blocks.h), stacked by rows.
- */
-struct cai_weight
-{
-	cai_cpu_qmatrix m;
-	int			n_parts;
-	cai_cpu_bmatrix parts[CAI_BMATRIX_MAX_PARTS];
-};
 
 static cpu_backend *
 cpu_of(cai_backend *be)
@@ -480,6 +470,12 @@ free_weight(cai_weight *w)
 {
 	if (!w)
 		return;
+	if (w->mapped)
+	{
+		/* its memory is the weights cache's mapping, which the model unmaps */
+		free(w);
+		return;
+	}
 	free((void *) w->m.q);
 	free((void *) w->m.scale);
 	for (int i = 0; i < w->n_parts; i++)
@@ -615,6 +611,34 @@ cpu_prepare_blocks(cai_backend *be, const cai_bmatrix *const *src, int n, const 
 		st = keep_weights(cb, made, n, out, err);
 	free(made);
 	free(errs);
+	return st;
+}
+
+static cai_status
+cpu_export_weights(cai_backend *be, const cai_weight *const *w, int n,
+				   struct cai_wcache_writer *out, cai_error *err)
+{
+	(void) be;
+	return cai_cpu_export_weights(w, n, out, err);
+}
+
+static cai_status
+cpu_import_weights(cai_backend *be, const struct cai_wcache_view *in, uint32_t *cursor,
+				   const cai_qmatrix *const *i8, const cai_bmatrix *const *blocks, int n,
+				   const cai_weight **out, cai_error *err)
+{
+	cai_weight **made = calloc((size_t) (n > 0 ? n : 1), sizeof(*made));
+	cai_status	st;
+
+	if (!made)
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory mapping the weights");
+	st = cai_cpu_import_weights(in, cursor, i8, blocks, n, made, err);
+	if (st != CAI_OK)
+		for (int i = 0; i < n; i++)
+			free_weight(made[i]);
+	else
+		st = keep_weights(cpu_of(be), made, n, out, err);
+	free(made);
 	return st;
 }
 
@@ -1160,6 +1184,8 @@ static const cai_backend_ops cpu_ops = {
 	.quantize_blocks = cpu_quantize_blocks,
 	.gemm_blocks = cpu_gemm_blocks,
 	.embed_blocks = cpu_embed_blocks,
+	.export_weights = cpu_export_weights,
+	.import_weights = cpu_import_weights,
 	.rope_prepare = cpu_rope_prepare,
 	.rope = cpu_rope,
 	.swiglu = cpu_swiglu,

@@ -26,6 +26,12 @@
 /* Channels per panel of the packed layout. */
 #define CAI_QMATRIX_PANEL 16
 
+/*
+ * The version of the panel layout below: prepared weights kept in a cache file (weight_cache.h)
+ * hold it in their key.  Raise it with any change to how cai_cpu_qmatrix_pack lays out bytes.
+ */
+#define CAI_QMATRIX_LAYOUT_VERSION 1
+
 /* An int8 weight matrix as the CPU kernels read it. */
 typedef struct cai_cpu_qmatrix
 {

@@ -46,6 +46,14 @@
 #define CAI_BLOCK_ROWS 8		/* rows per group */
 #define CAI_BLOCK_ELEMS 32		/* inputs per block; activation scales are per block too */
 
+/*
+ * The version of the layout above: prepared weights kept in a cache file (weight_cache.h) hold
+ * it in their key, so raise it with any change to the bytes cai_cpu_bmatrix_pack writes (group
+ * size, byte order, scales).  A change to the struct's fields also needs the cache's export
+ * (cpu/weight_io.c), which a static assertion on its size points to.
+ */
+#define CAI_BLOCK_LAYOUT_VERSION 1
+
 typedef struct cai_cpu_bmatrix
 {
 	int			n_out;			/* rows: output channels */
