@@ -27,7 +27,10 @@
  * every cached K/V byte (values and scales) once; prefill floor = max(weights / bandwidth,
  * (GEMM ops + causal attention ops) / rate).  The table prints measured, roofline and their ratio.
  * A last row per model times the engine's int8 GEMM path alone at large M (the prefill's 2048
- * tokens through the gate/up matrix) against the measured int8 rate.  --json writes every row.
+ * tokens through the gate/up matrix) against the measured int8 rate.  Then the file's block
+ * weights beside int8 on the same matrix (random Q4_0 and Q4_K blocks, repacked as the backend
+ * does): the batch-1 GEMV as weight bytes read per second against half the copy bandwidth (a
+ * copy reads and writes), and the 2048-token GEMM as TOPS.  --json writes every row.
  */
 #include <math.h>
 #include <stdio.h>
@@ -558,6 +561,145 @@ done:
 	return ok;
 }
 
+/*
+ * The file's block weights against int8: one GEMM of the gate/up matrix (2 d_ff x d) of a shape
+ * at n_tok tokens, the int8 matrix (cai_cuda_gemm_i8) or a repacked block matrix of random
+ * blocks (type a GGUF block type, 0 = int8), median device time of reps runs of 10 launches.
+ */
+static bool
+time_gate_up(const shape *s, int type, int n_tok, int reps, double *seconds, double *weight_bytes)
+{
+	const int	n_out = 2 * s->d_ff,
+				k = s->d;
+	const int	elems = type == 12 ? 256 : 32,
+				bsize = type == 12 ? 144 : 18;	/* Q4_K or Q4_0 */
+	cai_cuda_qmatrix qm = {0};
+	cai_cuda_bmatrix bmx = {0};
+	cai_cuda_bmatrix_host h = {0};
+	int8_t	   *xq = NULL;
+	float	   *xs = NULL,
+			   *out = NULL;
+	int16_t    *xsum = NULL;
+	uint8_t    *blocks = NULL;
+	cai_cuda_timer *timer = NULL;
+	double	   *times = calloc((size_t) reps, sizeof(double));
+	bool		ok = false;
+
+	if (!times ||
+		cai_cuda_malloc(ctx, (size_t) n_tok * k, "x", (void **) &xq, &err) != CAI_OK ||
+		cai_cuda_malloc(ctx, (size_t) n_tok * k / 8, "xs", (void **) &xs, &err) != CAI_OK ||
+		cai_cuda_malloc(ctx, (size_t) n_tok * k / 16, "xsum", (void **) &xsum, &err) != CAI_OK ||
+		cai_cuda_malloc(ctx, (size_t) n_tok * n_out * sizeof(float), "out", (void **) &out,
+						&err) != CAI_OK ||
+		cai_cuda_fill_random_i8(ctx, xq, (size_t) n_tok * k, 5, &err) != CAI_OK ||
+		cai_cuda_fill_random_f32(ctx, xs, (size_t) n_tok * k / 32, 1e-3f, 1e-2f, 6, &err) != CAI_OK ||
+		cai_cuda_memset(ctx, xsum, 0, (size_t) n_tok * k / 16, &err) != CAI_OK)
+		goto fail;
+	if (type == 0)
+	{
+		if (cai_cuda_qmatrix_random(ctx, n_out, k, 7, "weights", &qm, &err) != CAI_OK)
+			goto fail;
+		*weight_bytes = (double) n_out * k + (double) n_out * sizeof(float);
+	}
+	else
+	{
+		size_t		n_bytes = (size_t) n_out * (k / elems) * bsize;
+		uint64_t	st = 88172645463325252ull;
+
+		if (!(blocks = malloc(n_bytes)))
+			goto done;
+		for (size_t i = 0; i < n_bytes; i++)
+		{
+			st ^= st << 13, st ^= st >> 7, st ^= st << 17;
+			blocks[i] = (uint8_t) st;
+		}
+		/* finite scales: fp16 0x2e66 (about 0.1) as d, and as dmin (K-quants) */
+		for (size_t b = 0; b < n_bytes / bsize; b++)
+		{
+			blocks[b * bsize] = 0x66, blocks[b * bsize + 1] = 0x2e;
+			if (type == 12)
+				blocks[b * bsize + 2] = 0x66, blocks[b * bsize + 3] = 0x2e;
+		}
+		if (cai_cuda_bmatrix_pack(type, blocks, n_out, k, &h, &err) != CAI_OK ||
+			cai_cuda_bmatrix_upload(ctx, &h, "block weights", &bmx, &err) != CAI_OK)
+			goto fail;
+		*weight_bytes = (double) h.q_bytes + (double) h.sc_bytes;
+	}
+	if (cai_cuda_timer_create(ctx, &timer, &err) != CAI_OK)
+		goto fail;
+	for (int r = -2; r < reps; r++)
+	{
+		double		sec;
+
+		if (cai_cuda_timer_start(ctx, timer, &err) != CAI_OK)
+			goto fail;
+		for (int i = 0; i < 10; i++)
+			if ((type == 0 ?
+				 cai_cuda_gemm_i8(ctx, xq, xs, n_tok, &qm, out, n_out, NULL, &err) :
+				 cai_cuda_gemm_blocks(ctx, xq, xs, xsum, n_tok, &bmx, n_out, NULL, out, n_out,
+									  false, CAI_CUDA_BLOCKS_AUTO, &err)) != CAI_OK)
+				goto fail;
+		if (cai_cuda_timer_stop(ctx, timer, &sec, &err) != CAI_OK)
+			goto fail;
+		if (r >= 0)
+			times[r] = sec / 10;
+	}
+	qsort(times, (size_t) reps, sizeof(double), compare_double);
+	*seconds = times[reps / 2];
+	ok = true;
+	goto done;
+fail:
+	fprintf(stderr, "bench_gpu: %s\n", err.message);
+done:
+	cai_cuda_timer_free(timer);
+	cai_cuda_qmatrix_free(ctx, &qm);
+	cai_cuda_bmatrix_free(ctx, &bmx);
+	cai_cuda_bmatrix_host_free(&h);
+	cai_cuda_free(ctx, xq);
+	cai_cuda_free(ctx, xs);
+	cai_cuda_free(ctx, xsum);
+	cai_cuda_free(ctx, out);
+	free(blocks);
+	free(times);
+	return ok;
+}
+
+/*
+ * Rows of the block GEMMs beside int8's, on the gate/up matrix: batch-1 GEMV as weight bytes
+ * streamed per second against the copy bandwidth, and the prefill's 2048 tokens as TOPS
+ * against the measured int8 rate.
+ */
+static void
+bench_block_rows(const shape *s, int reps, double bw, double peak)
+{
+	static const struct
+	{
+		int			type;
+		const char *name;
+	}			kinds[] = {{0, "int8"}, {2, "q4_0"}, {12, "q4_k"}};
+
+	for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
+	{
+		char		label[32];
+		double		sec = 0.0,
+					bytes = 0.0;
+		result		res;
+		bool		ok = time_gate_up(s, kinds[i].type, 1, reps, &sec, &bytes);
+
+		snprintf(label, sizeof(label), "%s gemv b1", kinds[i].name);
+		res.measured = ok ? bytes / sec / 1e9 : 0;
+		res.roofline = bw / 2 / 1e9;	/* a copy reads and writes: its read rate is half */
+		report(s->name, label, "weight GB/s", ok, &res);
+		if (kinds[i].type == 0)
+			continue;
+		ok = time_gate_up(s, kinds[i].type, PREFILL_TOKENS, reps, &sec, &bytes);
+		snprintf(label, sizeof(label), "%s gemm TOPS", kinds[i].name);
+		res.measured = ok ? 2.0 * PREFILL_TOKENS * 2.0 * s->d_ff * s->d / sec / 1e12 : 0;
+		res.roofline = peak / 1e12;
+		report(s->name, label, "int8 TOPS", ok, &res);
+	}
+}
+
 int
 main(int argc, char **argv)
 {
@@ -665,6 +807,7 @@ main(int argc, char **argv)
 			res.roofline = peak / 1e12;
 			report(SHAPES[m].name, "gemm TOPS", "int8 TOPS", ok, &res);
 		}
+		bench_block_rows(&SHAPES[m], reps, bw, peak);
 		model_free(&bm);
 	}
 	if (json_path && !write_json(json_path, &info, bw, peak, context))

@@ -19,6 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 /* One model weight array copied to the device (weight_data). */
 typedef struct weight_range
@@ -28,10 +30,17 @@ typedef struct weight_range
 	uint8_t    *dev;
 } weight_range;
 
-/* A GEMM operand (prepare_i8): the model's row-major matrix on the device. */
+/*
+ * A GEMM operand: the model's row-major int8 matrix on the device (prepare_i8), or the file's
+ * block matrix, each source part repacked to cai_cuda_bmatrix (prepare_blocks), stacked by rows.
+ */
 struct cai_weight
 {
 	cai_cuda_qmatrix m;
+	int			n_parts;		/* 0: an int8 matrix */
+	cai_cuda_bmatrix parts[CAI_BMATRIX_MAX_PARTS];
+	const void *src[CAI_BMATRIX_MAX_PARTS];	/* the parts' host data (the embedding finds a
+											 * table the head shares by it) */
 };
 
 /* One buffer handed out by ops->alloc. */
@@ -330,6 +339,11 @@ free_matrix(cuda_backend *cb, cai_weight *w)
 		return;
 	cai_cuda_free(cb->ctx, w->m.q_dev);
 	cai_cuda_free(cb->ctx, w->m.scale_dev);
+	for (int i = 0; i < w->n_parts; i++)
+	{
+		cai_cuda_free(cb->ctx, w->parts[i].q_dev);
+		cai_cuda_free(cb->ctx, w->parts[i].sc_dev);
+	}
 	free(w);
 }
 
@@ -736,6 +750,202 @@ cuda_gemm_f32(cai_backend *be, const float *x, int n_tok, int k, const float *w,
 		return;
 	if (to_host)
 		host_output_end(cb, out, n_tok, ldo);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * The file's own block weights (gemm_blocks.cu)
+ * ------------------------------------------------------------------------------------------- */
+
+/*
+ * The whole pages of a repacked source leave resident memory once the device has its copy (the
+ * model's mapping of the file: read again, they come from the page cache), as the CPU backend
+ * does, so the host does not keep a second copy of the weights the GPU holds.
+ */
+static void
+drop_source_pages(const void *p, size_t bytes)
+{
+	const uintptr_t page = (uintptr_t) sysconf(_SC_PAGESIZE);
+	uintptr_t	lo = ((uintptr_t) p + page - 1) & ~(page - 1);
+	uintptr_t	hi = ((uintptr_t) p + bytes) & ~(page - 1);
+
+	if (hi > lo)
+		(void) madvise((void *) lo, hi - lo, MADV_DONTNEED);
+}
+
+/* Part i of src repacked on the host (blocks_pack.c) and uploaded into w->parts[i]. */
+static cai_status
+upload_block_part(cuda_backend *cb, const cai_bmatrix *src, int i, cai_weight *w, cai_error *err)
+{
+	const cai_bmatrix_part *p = &src->part[i];
+	cai_cuda_bmatrix_host h;
+	cai_cuda_bmatrix *d = &w->parts[i];
+	cai_status	st;
+
+	if ((st = cai_cuda_bmatrix_pack((int) p->type, p->data, p->rows, src->k, &h, err)) != CAI_OK)
+		return st;
+	d->n_out = h.n_out;
+	d->k = h.k;
+	d->nibble = h.nibble;
+	d->split16 = h.split16;
+	w->src[i] = p->data;
+	w->n_parts = i + 1;
+	d->q_dev = device_copy(cb, h.q, h.q_bytes, 0, "a block weight matrix", err);
+	d->sc_dev = d->q_dev ? device_copy(cb, h.sc, h.sc_bytes, 0, "a block matrix's scales", err)
+		: NULL;
+	cai_cuda_bmatrix_host_free(&h);
+	if (!d->q_dev || !d->sc_dev)
+		return CAI_ERR_NO_MEMORY;
+	drop_source_pages(p->data, h.source_bytes);
+	return CAI_OK;
+}
+
+/* One block matrix on the device, kept in cb->matrices (freed with the backend). */
+static cai_status
+make_block_matrix(cuda_backend *cb, const cai_bmatrix *src, cai_weight **out, cai_error *err)
+{
+	cai_weight **list = realloc(cb->matrices, (size_t) (cb->n_matrices + 1) * sizeof(*list));
+	cai_weight *w;
+
+	if (!list)
+		return be_fail(err, CAI_ERR_NO_MEMORY, "out of memory preparing the weights");
+	cb->matrices = list;
+	if (src->k % 32 != 0 || src->n_parts < 1 || src->n_parts > CAI_BMATRIX_MAX_PARTS)
+		return be_fail(err, CAI_ERR_UNSUPPORTED,
+					   "the cuda backend cannot multiply a block matrix of %d parts of rows of %d",
+					   src->n_parts, src->k);
+	if (!(w = calloc(1, sizeof(*w))))
+		return be_fail(err, CAI_ERR_NO_MEMORY, "out of memory preparing the weights");
+	for (int i = 0; i < src->n_parts; i++)
+	{
+		cai_status	st = upload_block_part(cb, src, i, w, err);
+
+		if (st != CAI_OK)
+		{
+			free_matrix(cb, w);
+			return st;
+		}
+	}
+	cb->matrices[cb->n_matrices++] = w;
+	*out = w;
+	return CAI_OK;
+}
+
+/*
+ * prepare_blocks: each part repacked on the host into the kernels' layout (nibbles stay
+ * nibbles; 5- and 6-bit levels become bytes; scales become floats) and uploaded.
+ */
+static cai_status
+cuda_prepare_blocks(cai_backend *be, const cai_bmatrix *const *src, int n, const cai_weight **out,
+					cai_error *err)
+{
+	cuda_backend *cb = cb_of(be);
+
+	for (int i = 0; i < n; i++)
+	{
+		cai_weight *w;
+		cai_status	st = make_block_matrix(cb, src[i], &w, err);
+
+		if (st != CAI_OK)
+			return st;
+		out[i] = w;
+	}
+	return CAI_OK;
+}
+
+static void
+cuda_quantize_blocks(cai_backend *be, const float *x, int n_tok, int k, int8_t *q, float *s,
+					 int16_t *sum)
+{
+	cuda_backend *cb = cb_of(be);
+	cai_error	e;
+
+	if (cb->failed || !operand(cb, x, "block quantize input") ||
+		!output_ok(cb, q, "block quantize output") || !output_ok(cb, s, "block scales") ||
+		!output_ok(cb, sum, "block sums"))
+		return;
+	be_check(cb, cai_cuda_quantize_blocks(cb->ctx, x, n_tok, k, q, s, sum, &e), &e);
+}
+
+/* Each part's rows in turn, as on the CPU: part i covers rows [row0, row0 + its rows). */
+static void
+cuda_gemm_blocks(cai_backend *be, const int8_t *xq, const float *xs, const int16_t *xsum,
+				 int n_tok, const cai_weight *w, int n_out, const float *bias, float *out, int ldo,
+				 bool accumulate)
+{
+	cuda_backend *cb = cb_of(be);
+	bool		to_host;
+	float	   *dst = out;
+	int			row0 = 0;
+	cai_error	e;
+
+	if (cb->failed || n_tok <= 0 || !operand(cb, xq, "block gemm input") ||
+		!operand(cb, xs, "block gemm scales") || !operand(cb, xsum, "block gemm sums"))
+		return;
+	if (w->n_parts == 0)
+	{
+		be_recordf(cb, CAI_ERR_INTERNAL, "cuda backend: a block gemm of an int8 matrix");
+		return;
+	}
+	to_host = !is_device_buffer(cb, out);
+	if (to_host && !(dst = host_output_begin(cb, out, n_tok, ldo, accumulate)))
+		return;
+	for (int i = 0; i < w->n_parts && row0 < n_out; i++)
+	{
+		const cai_cuda_bmatrix *p = &w->parts[i];
+		int			rows = n_out - row0 < p->n_out ? n_out - row0 : p->n_out;
+
+		if (!be_check(cb, cai_cuda_gemm_blocks(cb->ctx, xq, xs, xsum, n_tok, p, rows,
+											   bias ? bias + row0 : NULL, dst + row0, ldo,
+											   accumulate, CAI_CUDA_BLOCKS_AUTO, &e), &e))
+			return;
+		row0 += p->n_out;
+	}
+	if (to_host)
+		host_output_end(cb, out, n_tok, ldo);
+}
+
+/*
+ * The device copy of an embedding table: the head's when the model ties them (the same file
+ * data), else one made at the first embedding (a plain step: the first of each size is never
+ * recorded) and kept.
+ */
+static const cai_weight *
+block_table_for(cuda_backend *cb, const cai_bmatrix *table)
+{
+	cai_weight *w;
+	cai_error	e;
+
+	for (int i = 0; i < cb->n_matrices; i++)
+	{
+		const cai_weight *m = cb->matrices[i];
+
+		if (m->n_parts == 1 && table->n_parts == 1 && m->src[0] == table->part[0].data &&
+			m->parts[0].n_out == table->n_out && m->parts[0].k == table->k)
+			return m;
+	}
+	if (table->n_parts != 1)
+	{
+		be_recordf(cb, CAI_ERR_UNSUPPORTED,
+				   "cuda backend: an embedding table of %d parts", table->n_parts);
+		return NULL;
+	}
+	if (!be_check(cb, make_block_matrix(cb, table, &w, &e), &e))
+		return NULL;
+	return w;
+}
+
+static void
+cuda_embed_blocks(cai_backend *be, const cai_bmatrix *table, const int32_t *ids, int n_tok,
+				  float *x)
+{
+	cuda_backend *cb = cb_of(be);
+	const cai_weight *t;
+	cai_error	e;
+
+	if (cb->failed || !step_inputs(cb, ids, n_tok) || !output_ok(cb, x, "embedding output") ||
+		!(t = block_table_for(cb, table)))
+		return;
+	be_check(cb, cai_cuda_embed_blocks(cb->ctx, &t->parts[0], cb->ids_dev, n_tok, x, &e), &e);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1376,6 +1586,10 @@ static const cai_backend_ops cuda_ops = {
 	.quantize_second_digit = cuda_quantize_second_digit,
 	.gemm_i8 = cuda_gemm_i8,
 	.gemm_f32 = cuda_gemm_f32,
+	.prepare_blocks = cuda_prepare_blocks,
+	.quantize_blocks = cuda_quantize_blocks,
+	.gemm_blocks = cuda_gemm_blocks,
+	.embed_blocks = cuda_embed_blocks,
 	.rope_prepare = cuda_rope_prepare,
 	.rope = cuda_rope,
 	.swiglu = cuda_swiglu,

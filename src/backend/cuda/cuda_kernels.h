@@ -217,6 +217,81 @@ CAI_CUDA_API cai_status cai_cuda_gemm_i8_acc(cai_cuda_ctx *ctx, const int8_t *xq
 CAI_CUDA_API uint64_t cai_cuda_gemm_fallback_count(const cai_cuda_ctx *ctx);
 
 /*
+ * The file's own block weights on the device (gemm_blocks.cu): levels as nibbles (Q4_0, Q4_1,
+ * Q4_K: [n_out][k / 32][16], byte j = element j low, element j + 16 high) or signed bytes (Q5_x,
+ * Q6_K, Q8_0: [n_out][k / 32][32]), and per row and block a float pair sc: (scale, min), a
+ * weight being scale * level + min, or with split16 (Q6_K) (scale of inputs 0..15, of 16..31).
+ */
+typedef struct cai_cuda_bmatrix
+{
+	int			n_out;
+	int			k;				/* a multiple of 32 */
+	bool		nibble;
+	bool		split16;
+	uint8_t    *q_dev;
+	float	   *sc_dev;			/* [n_out][k / 32][2] */
+} cai_cuda_bmatrix;
+
+/* The same on the host, as blocks_pack.c repacks a GGUF tensor (q and sc one allocation each). */
+typedef struct cai_cuda_bmatrix_host
+{
+	int			n_out;
+	int			k;
+	bool		nibble;
+	bool		split16;
+	uint8_t    *q;
+	float	   *sc;
+	size_t		q_bytes;
+	size_t		sc_bytes;
+	size_t		source_bytes;	/* of the tensor rows it was repacked from */
+} cai_cuda_bmatrix_host;
+
+/*
+ * Repacks rows [0, rows) of a tensor of GGUF type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+ * Q6_K; rows of k elements, back to back) into out.  A scale that is not a finite number, a k
+ * that is not a whole number of blocks or another type is refused.
+ */
+CAI_CUDA_API cai_status cai_cuda_bmatrix_pack(int type, const void *data, int rows, int k,
+											  cai_cuda_bmatrix_host *out, cai_error *err);
+CAI_CUDA_API void cai_cuda_bmatrix_host_free(cai_cuda_bmatrix_host *m);
+
+/* Copies a repacked matrix to the device (freed by cai_cuda_bmatrix_free). */
+CAI_CUDA_API cai_status cai_cuda_bmatrix_upload(cai_cuda_ctx *ctx, const cai_cuda_bmatrix_host *h,
+												const char *what, cai_cuda_bmatrix *out,
+												cai_error *err);
+CAI_CUDA_API void cai_cuda_bmatrix_free(cai_cuda_ctx *ctx, cai_cuda_bmatrix *m);
+
+/* Per-block int8 quantization of x [n_tok, k]: cai_quantize_act_blocks' bits (q, s, sum). */
+CAI_CUDA_API cai_status cai_cuda_quantize_blocks(cai_cuda_ctx *ctx, const float *x_dev, int n_tok,
+												 int k, int8_t *q_dev, float *s_dev,
+												 int16_t *sum_dev, cai_error *err);
+
+/* Which kernel a block GEMM runs: by n_tok (the GEMV up to 8 tokens), or one named (tests). */
+typedef enum cai_cuda_blocks_path
+{
+	CAI_CUDA_BLOCKS_AUTO = 0,
+	CAI_CUDA_BLOCKS_GEMV,		/* dp4a over the nibbles; n_tok <= 8 */
+	CAI_CUDA_BLOCKS_MMA			/* int8 tensor cores over tiles widened in shared memory */
+} cai_cuda_blocks_path;
+
+/*
+ * out[t, o] (=|+=) x[t, :] . W[o, :] (+ bias[o]) for o < n_out <= w->n_out from xq [n_tok, k]
+ * (16-byte aligned), xs and xsum [n_tok, k / 32] (cai_cuda_quantize_blocks).  Per block:
+ * sa * (scale * isum + min * asum) in float, accumulated over the blocks.
+ */
+CAI_CUDA_API cai_status cai_cuda_gemm_blocks(cai_cuda_ctx *ctx, const int8_t *xq_dev,
+											 const float *xs_dev, const int16_t *xsum_dev,
+											 int n_tok, const cai_cuda_bmatrix *w, int n_out,
+											 const float *bias_dev, float *out_dev, int ldo,
+											 bool accumulate, cai_cuda_blocks_path path,
+											 cai_error *err);
+
+/* x[t, :] = row ids[t] of table dequantized (scale * level + min: the CPU's weight exactly). */
+CAI_CUDA_API cai_status cai_cuda_embed_blocks(cai_cuda_ctx *ctx, const cai_cuda_bmatrix *table,
+											  const int32_t *ids_dev, int n_tok, float *x_dev,
+											  cai_error *err);
+
+/*
  * Float reference GEMM (fp32 compute, no TF32): out[t, o] (=|+=) sum_i x[t, i] * w[o, i]
  * (+ bias[o]); w row-major [n_out, k].
  */
