@@ -235,7 +235,8 @@ cai_chat_build_prompt(const cai_model *model, const cai_chat_message *messages, 
 		const cai_chat_message *m = &messages[i];
 
 		msgs[i] = *m;
-		if (m->role != CAI_ROLE_SYSTEM && m->role != CAI_ROLE_USER && m->role != CAI_ROLE_ASSISTANT)
+		if (m->role != CAI_ROLE_SYSTEM && m->role != CAI_ROLE_USER &&
+			m->role != CAI_ROLE_ASSISTANT && m->role != CAI_ROLE_TOOL)
 		{
 			st = cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "message %d has an unknown role %d", i,
 						  (int) m->role);
