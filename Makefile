@@ -241,3 +241,5 @@ TOOL_EVAL_MODELS ?= models/SmolLM2-135M-Instruct.Q4_1.gguf models/gemma-3-270m-q
 tool-eval: tests/tools/tool_eval
 	@set -e; for m in $(TOOL_EVAL_MODELS); do tests/tools/tool_eval $$m tests/tools/tools.json; done
 .PHONY: tool-eval
+tests/tools/render_tools: tests/tools/render_tools.c build/libcai.a
+	$(CC) $(ENGINE_CFLAGS) -o $@ $< build/libcai.a $(ENGINE_LIBS)

@@ -683,6 +683,57 @@ put_buf_markup(render_ctx *r, cai_buf *b)
 	b->len = 0;
 }
 
+/* The first occurrence of marker in text[0..len), or NULL. */
+static const char *
+find_bytes(const char *text, size_t len, const char *marker)
+{
+	size_t		m = strlen(marker);
+
+	for (size_t i = 0; i + m <= len; i++)
+		if (memcmp(text + i, marker, m) == 0)
+			return text + i;
+	return NULL;
+}
+
+/*
+ * Appends text as plain text, except the tool markers the vocabulary has as tokens of their own
+ * (Qwen's <tool_call>, Qwen3's <tool_response>): those become their tokens.  That is how
+ * llama.cpp tokenizes a rendered template, which cuts the text only at such tokens.
+ */
+static void
+put_tool_text(render_ctx *r, const char *text, size_t len)
+{
+	static const char *const markers[] = {"<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"};
+
+	while (r->status == CAI_OK && len > 0)
+	{
+		size_t		cut = len;
+		int32_t		id = -1;
+		size_t		mlen = 0;
+
+		for (int k = 0; k < 4; k++)
+		{
+			int32_t		t = cai_tokenizer_find(r->tok, markers[k]);
+			const char *at;
+
+			if (!cai_tokenizer_is_special(r->tok, t))
+				continue;
+			at = find_bytes(text, len, markers[k]);
+			if (at && (size_t) (at - text) < cut)
+			{
+				cut = (size_t) (at - text);
+				id = t;
+				mlen = strlen(markers[k]);
+			}
+		}
+		put_text(r, text, cut, false);
+		put_token(r, id);
+		text += cut + mlen;
+		len -= cut + mlen;
+	}
+}
+
+/* The calls of m after before (NULL: "\n", m's content and "\n"), through put_tool_text. */
 static void
 put_tool_calls(render_ctx *r, const cai_chat_message *m, cai_tool_format format, const char *before)
 {
@@ -690,29 +741,78 @@ put_tool_calls(render_ctx *r, const cai_chat_message *m, cai_tool_format format,
 
 	if (r->status != CAI_OK)
 		return;
-	if (!buf_put(&b, before))
+	if (before ? !buf_put(&b, before) :
+		(!buf_put(&b, "\n") || !buf_put(&b, m->content) || !buf_put(&b, "\n")))
 		r->status = cai_fail(r->err, CAI_ERR_NO_MEMORY, "out of memory rendering tool calls");
 	else if ((r->status = tool_calls_text(m->tool_calls, format, &b, r->err)) == CAI_OK)
-		put_buf_markup(r, &b);
+		put_tool_text(r, b.data, b.len);
 	cai_buf_free(&b);
 }
 
-/* Qwen's system turn with the tools: the system prompt (or the default), then the block. */
+/*
+ * Qwen's system turn with the tools: the system prompt (or the default), then the block.  The
+ * prompt and the block up to its first marker are one plain text, as llama.cpp tokenizes them
+ * (".\n\n" is one token where the prompt ends with a period); the rest is markup.
+ */
 static void
 put_chatml_tools_system(render_ctx *r, const cai_chat_template *tmpl, const cai_chat_message *sys)
 {
 	cai_buf		b = {0};
+	const char *lead = sys ? (sys->content ? sys->content : "") : tmpl->default_system;
+	size_t		plain;
 
 	put_markup(r, "<|im_start|>system\n");
-	if (sys)
+	if (sys && sys->tokens)
+	{
+		/* stored ids are spliced as they are: the block starts a piece of its own */
 		put_content(r, sys, false, false);
-	else if (tmpl->default_system)
-		put_text(r, tmpl->default_system, strlen(tmpl->default_system), false);
-	if (!buf_put(&b, sys || tmpl->default_system ? "\n\n" : "") || !hermes_tools_text(r->tools, &b) ||
-		!buf_put(&b, "<|im_end|>\n"))
+		lead = "";
+	}
+	if (!buf_put(&b, lead ? lead : "") || !buf_put(&b, lead ? "\n\n" : "") ||
+		!hermes_tools_text(r->tools, &b) || !buf_put(&b, "<|im_end|>\n") ||
+		!cai_buf_append(&b, "", 1))
+	{
 		r->status = cai_fail(r->err, CAI_ERR_NO_MEMORY, "out of memory rendering tools");
-	put_buf_markup(r, &b);
+		cai_buf_free(&b);
+		return;
+	}
+	if (sys && sys->tokens)
+		memmove(b.data, b.data + 2, b.len - 2);	/* no prompt text: no "\n\n" from it */
+	plain = strlen(b.data) - strlen("<|im_end|>\n");
+	if (sys && !sys->tokens && r->content_spans)
+		r->content_spans[sys - r->messages][0] = r->out->n;
+	put_tool_text(r, b.data, plain);
+	if (sys && !sys->tokens && r->content_spans)
+		r->content_spans[sys - r->messages][1] = r->out->n;
+	put_markup(r, "<|im_end|>\n");
 	cai_buf_free(&b);
+}
+
+/*
+ * The results msgs[i..] (consecutive tool messages) in one user turn, each
+ * "\n<tool_response>\n...\n</tool_response>", as one text; returns the index after them.
+ */
+static int
+put_chatml_results(render_ctx *r, const cai_chat_message *msgs, int i, int n)
+{
+	cai_buf		b = {0};
+	bool		ok = true;
+	int			first = i;
+
+	for (; i < n && msgs[i].role == CAI_ROLE_TOOL && ok; i++)
+		ok = buf_put(&b, "\n<tool_response>\n") && buf_put(&b, msgs[i].content ? msgs[i].content : "") &&
+			buf_put(&b, "\n</tool_response>");
+	put_markup(r, "<|im_start|>user");
+	if (!ok)
+		r->status = cai_fail(r->err, CAI_ERR_NO_MEMORY, "out of memory rendering tool results");
+	for (int k = first; r->content_spans && k < i; k++)
+		r->content_spans[k][0] = r->out->n;
+	put_tool_text(r, b.data, b.len);
+	for (int k = first; r->content_spans && k < i; k++)
+		r->content_spans[k][1] = r->out->n;
+	put_markup(r, "<|im_end|>\n");
+	cai_buf_free(&b);
+	return i;
 }
 
 /* ChatML with Qwen2.5/Qwen3's tool markup (their templates' output for the same messages). */
@@ -739,27 +839,20 @@ render_chatml_tools(render_ctx *r, const cai_chat_template *tmpl, const cai_chat
 
 		if (m->role == CAI_ROLE_TOOL)
 		{
-			/* consecutive results share one user turn */
-			if (i == 0 || msgs[i - 1].role != CAI_ROLE_TOOL)
-				put_markup(r, "<|im_start|>user");
-			put_markup(r, "\n<tool_response>\n");
-			put_content(r, m, false, false);
-			put_markup(r, "\n</tool_response>");
-			if (i == n - 1 || msgs[i + 1].role != CAI_ROLE_TOOL)
-				put_markup(r, "<|im_end|>\n");
+			i = put_chatml_results(r, msgs, i, n) - 1;
 			continue;
 		}
 		if (m->role == CAI_ROLE_ASSISTANT && m->tool_calls && m->tool_calls[0])
 		{
-			bool		has_content = (m->content && m->content[0]) || (m->tokens && m->n_tokens > 0);
-
 			put_markup(r, "<|im_start|>assistant");
-			if (has_content)
+			if (m->tokens && m->n_tokens > 0)
 			{
 				put_markup(r, "\n");
 				put_content(r, m, false, false);
 			}
-			put_tool_calls(r, m, CAI_TOOL_FORMAT_HERMES, "\n");
+			/* "\n" + content + the calls: one text, as llama.cpp tokenizes it */
+			put_tool_calls(r, m, CAI_TOOL_FORMAT_HERMES,
+						   m->tokens || !(m->content && m->content[0]) ? "\n" : NULL);
 			put_markup(r, "<|im_end|>\n");
 			continue;
 		}
@@ -772,15 +865,52 @@ render_chatml_tools(render_ctx *r, const cai_chat_template *tmpl, const cai_chat
 }
 
 /*
- * Llama 3.1/3.2's JSON tool calling: the tools (tojson, indent 4) open the first user message,
- * a call is the assistant's whole turn, results are "ipython" turns.
+ * A tool's result as Llama 3.1's template writes it: through tojson (a string is "iterable" to
+ * Jinja, so even text comes out quoted).  Plain text to the tokenizer: it is caller data.
+ */
+static void
+put_tool_result_json(render_ctx *r, const cai_chat_message *m)
+{
+	json_value	v;
+	cai_buf		b = {0};
+	const char *text = m->content ? m->content : "";
+
+	if (r->status != CAI_OK)
+		return;
+	memset(&v, 0, sizeof(v));
+	v.type = JSON_STRING;
+	v.u.string.bytes = text;
+	v.u.string.len = strlen(text);
+	if (r->content_spans)
+		r->content_spans[m - r->messages][0] = r->out->n;
+	if (!cai_tool_json_write(&v, 0, &b))
+		r->status = cai_fail(r->err, CAI_ERR_NO_MEMORY, "out of memory rendering tools");
+	else
+		put_text(r, b.data, b.len, false);
+	if (r->content_spans)
+		r->content_spans[m - r->messages][1] = r->out->n;
+	cai_buf_free(&b);
+}
+
+/*
+ * Llama 3.1's JSON tool calling (its template's defaults: tools in the first user message, the
+ * date of 26 Jul 2024): the tools (tojson, indent 4) open the first user message, a call is the
+ * assistant's whole turn, results are "ipython" turns.
  */
 static void
 render_llama3_tools(render_ctx *r, const cai_chat_message *msgs, int n, bool gen)
 {
 	bool		tools_put = r->tools == NULL;
+	int			i = 0;
 
-	for (int i = 0; i < n; i++)
+	/* Llama 3.1's system turn, always there, with its default date */
+	put_markup(r, "<|start_header_id|>system<|end_header_id|>\n\n");
+	put_markup(r, r->tools ? "Environment: ipython\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n" :
+			   "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
+	if (n > 0 && msgs[0].role == CAI_ROLE_SYSTEM)
+		put_content(r, &msgs[i++], true, false);
+	put_markup(r, "<|eot_id|>");
+	for (; i < n; i++)
 	{
 		const cai_chat_message *m = &msgs[i];
 
@@ -809,7 +939,10 @@ render_llama3_tools(render_ctx *r, const cai_chat_message *msgs, int n, bool gen
 			cai_buf_free(&b);
 			tools_put = true;
 		}
-		put_content(r, m, true, false);
+		if (m->role == CAI_ROLE_TOOL)
+			put_tool_result_json(r, m);
+		else
+			put_content(r, m, true, false);
 		put_markup(r, "<|eot_id|>");
 	}
 	if (gen)

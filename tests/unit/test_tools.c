@@ -187,7 +187,8 @@ TEST(tools_render_in_each_family_format)
 	free(text);
 
 	text = render("llama3", tok, tools, tool_chat, 5, &n_markers);
-	check_text(text, "<|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+	check_text(text, "<|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n"
+			   "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\nBe brief.<|eot_id|>"
 			   "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please "
 			   "respond with a JSON for a function call with its proper arguments that best answers "
 			   "the given prompt.\n\nRespond in the format {\"name\": function name, \"parameters\": "
@@ -204,8 +205,8 @@ TEST(tools_render_in_each_family_format)
 			   "Weather in Paris?<|eot_id|>"
 			   "<|start_header_id|>assistant<|end_header_id|>\n\n{\"name\": \"get_weather\", "
 			   "\"parameters\": {\"city\": \"Paris\", \"days\": 2}}<|eot_id|>"
-			   "<|start_header_id|>ipython<|end_header_id|>\n\n{\"temp\": 18}<|eot_id|>"
-			   "<|start_header_id|>ipython<|end_header_id|>\n\nsunny<|eot_id|>"
+			   "<|start_header_id|>ipython<|end_header_id|>\n\n\"{\\\"temp\\\": 18}\"<|eot_id|>"
+			   "<|start_header_id|>ipython<|end_header_id|>\n\n\"sunny\"<|eot_id|>"
 			   "<|start_header_id|>assistant<|end_header_id|>\n\n");
 	free(text);
 
