@@ -232,3 +232,15 @@ clean-cuda:
 # ==== END CUDA backend ==========================================================================
 
 -include $(ENGINE_OBJS:.o=.d)
+
+# the tool-call test set on the real models (tests/tools): every call's arguments validated
+# against its tool's schema; `make tool-eval` runs it on SmolLM2 and Gemma 3
+tests/tools/tool_eval: tests/tools/tool_eval.c tests/unit/json_validate.h build/libcai.a
+	$(CC) $(ENGINE_CFLAGS) -Itests/unit -o $@ $< build/libcai.a $(ENGINE_LIBS)
+
+TOOL_EVAL_MODELS ?= models/SmolLM2-135M-Instruct.Q4_1.gguf models/gemma-3-270m-q4_k_m.gguf
+tool-eval: tests/tools/tool_eval
+	@set -e; for m in $(TOOL_EVAL_MODELS); do tests/tools/tool_eval $$m tests/tools/tools.json; done
+.PHONY: tool-eval
+tests/tools/render_tools: tests/tools/render_tools.c build/libcai.a
+	$(CC) $(ENGINE_CFLAGS) -o $@ $< build/libcai.a $(ENGINE_LIBS)

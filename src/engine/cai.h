@@ -201,7 +201,8 @@ typedef enum cai_role
 {
 	CAI_ROLE_SYSTEM = 0,
 	CAI_ROLE_USER,
-	CAI_ROLE_ASSISTANT
+	CAI_ROLE_ASSISTANT,
+	CAI_ROLE_TOOL				/* a tool's result, answering an assistant's tool call */
 } cai_role;
 
 typedef struct cai_chat_message
@@ -211,6 +212,8 @@ typedef struct cai_chat_message
 	const int32_t *tokens;		/* the content's token ids as stored (model-generated ids for
 								 * assistant turns); NULL = tokenize content */
 	int			n_tokens;
+	const char *tool_calls;		/* assistant: the calls it made, a JSON array of {"name": ...,
+								 * "arguments": {...}} (NUL-terminated), or NULL */
 } cai_chat_message;
 
 typedef struct cai_prompt_params
@@ -219,6 +222,7 @@ typedef struct cai_prompt_params
 	int			max_prompt_tokens;		/* 0 = no limit */
 	bool		truncate;		/* over the limit: drop the oldest non-system turns (true) or fail
 								 * with CAI_ERR_CONTEXT_FULL (false) */
+	const struct cai_tool_set *tools;	/* tools offered to the model, or NULL (see below) */
 } cai_prompt_params;
 
 typedef struct cai_prompt
@@ -358,6 +362,44 @@ void		cai_grammar_set_whitespace(cai_grammar *grammar, cai_json_whitespace ws);
 
 void		cai_grammar_free(cai_grammar *grammar);
 
+/*
+ * Tool calling (tools.h): OpenAI-shaped declarations, [{"type": "function", "function":
+ * {"name", "description", "parameters": a JSON Schema}}], parsed and checked once.  The prompt
+ * shows them in the model family's tool format; a request's tool_choice says whether the reply
+ * may (AUTO), must (REQUIRED, NAMED) or may not (NONE) call one, and a call's arguments are
+ * constrained to its tool's schema.
+ */
+typedef struct cai_tool_set cai_tool_set;
+
+typedef enum cai_tool_choice
+{
+	CAI_TOOL_CHOICE_NONE = 0,
+	CAI_TOOL_CHOICE_AUTO,
+	CAI_TOOL_CHOICE_REQUIRED,
+	CAI_TOOL_CHOICE_NAMED
+} cai_tool_choice;
+
+/*
+ * Parses and checks tools (JSON text): an array of at most 128 declarations, each a function
+ * with a name of 1 to 64 letters, digits, '_' or '-', unique, an optional string description
+ * and optional parameters that cai_grammar_from_schema accepts.  Errors are
+ * CAI_ERR_INVALID_ARGUMENT naming the declaration ("tools[2].function ...").
+ */
+cai_status	cai_tool_set_parse(const char *json, size_t len, cai_tool_set **out, cai_error *err);
+void		cai_tool_set_free(cai_tool_set *set);
+int			cai_tool_set_count(const cai_tool_set *set);
+/* The index of the function called name, or -1. */
+int			cai_tool_set_find(const cai_tool_set *set, const char *name);
+
+/*
+ * Reads a generated reply as one call: optional whitespace and <tool_call>, a JSON object with
+ * a "name" string and "arguments" (or Llama's "parameters"), optional </tool_call>.  *name and
+ * *arguments (compact JSON) are malloc'd (free with cai_free); CAI_ERR_INVALID_ARGUMENT when
+ * the reply is something else.
+ */
+cai_status	cai_tool_reply_parse(const char *text, size_t len, char **name, char **arguments,
+								 cai_error *err);
+
 typedef struct cai_request_params
 {
 	const int32_t *prompt;		/* copied at submit */
@@ -370,6 +412,10 @@ typedef struct cai_request_params
 								 * it over at submit (also when submit fails) and frees it; the
 								 * reply then ends where its value is complete (ignore_eos does
 								 * not apply) and takes no stop strings */
+	const struct cai_tool_set *tools;	/* with tool_choice other than NONE: the calls the
+										 * reply may make (read at submit only) */
+	int			tool_choice;	/* cai_tool_choice */
+	const char *tool_name;		/* CAI_TOOL_CHOICE_NAMED: the function, NUL-terminated */
 } cai_request_params;
 
 cai_status	cai_engine_submit(cai_engine *engine, const cai_request_params *params,

@@ -26,8 +26,8 @@ cai_prompt_free(cai_prompt *prompt)
  */
 static cai_status
 render_kept(const cai_model *model, const cai_chat_message *msgs, int n, int first,
-			bool add_generation_prompt, cai_chat_message *kept, int32_t (*spans)[2],
-			int *n_kept_out, cai_tokens *out, cai_error *err)
+			bool add_generation_prompt, const cai_tool_set *tools, cai_chat_message *kept,
+			int32_t (*spans)[2], int *n_kept_out, cai_tokens *out, cai_error *err)
 {
 	int			n_kept = 0;
 
@@ -36,7 +36,7 @@ render_kept(const cai_model *model, const cai_chat_message *msgs, int n, int fir
 			kept[n_kept++] = msgs[i];
 	out->n = 0;
 	*n_kept_out = n_kept;
-	return cai_chat_template_render_spans(&model->tmpl, model->tokenizer, kept, n_kept,
+	return cai_chat_template_render_tools(&model->tmpl, model->tokenizer, kept, n_kept, tools,
 										  add_generation_prompt, out, spans, err);
 }
 
@@ -65,6 +65,7 @@ typedef struct history_fit
 	cai_tokens *scratch;
 	int		   *candidates;		/* scratch: message indices */
 	cai_error  *err;
+	const cai_tool_set *tools;
 } history_fit;
 
 /* Prompt tokens of the request ending at message last with the history cut at first. */
@@ -73,7 +74,7 @@ kept_length(history_fit *f, int first, int last, int *length)
 {
 	int			n_kept;
 	cai_status	st = render_kept(f->model, f->msgs, last + 1, first, f->add_generation_prompt,
-								 f->kept, f->spans, &n_kept, f->scratch, f->err);
+								 f->tools, f->kept, f->spans, &n_kept, f->scratch, f->err);
 
 	*length = f->scratch->n;
 	return st;
@@ -234,7 +235,8 @@ cai_chat_build_prompt(const cai_model *model, const cai_chat_message *messages, 
 		const cai_chat_message *m = &messages[i];
 
 		msgs[i] = *m;
-		if (m->role != CAI_ROLE_SYSTEM && m->role != CAI_ROLE_USER && m->role != CAI_ROLE_ASSISTANT)
+		if (m->role != CAI_ROLE_SYSTEM && m->role != CAI_ROLE_USER &&
+			m->role != CAI_ROLE_ASSISTANT && m->role != CAI_ROLE_TOOL)
 		{
 			st = cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "message %d has an unknown role %d", i,
 						  (int) m->role);
@@ -265,13 +267,14 @@ cai_chat_build_prompt(const cai_model *model, const cai_chat_message *messages, 
 	}
 
 	/* render everything; when too long, cut the history (choose_cut) and render what is kept */
-	if ((st = render_kept(model, msgs, n_messages, first, params->add_generation_prompt, kept,
+	if ((st = render_kept(model, msgs, n_messages, first, params->add_generation_prompt,
+						  params->tools, kept,
 						  spans, &n_kept, &rendered, err)) != CAI_OK)
 		goto done;
 	if (params->max_prompt_tokens > 0 && rendered.n > params->max_prompt_tokens)
 	{
 		history_fit fit = {model, msgs, n_messages, params->add_generation_prompt, kept, spans,
-		&rendered, NULL, err};
+		&rendered, NULL, err, params->tools};
 
 		if (!params->truncate)
 		{
@@ -290,7 +293,7 @@ cai_chat_build_prompt(const cai_model *model, const cai_chat_message *messages, 
 		free(fit.candidates);
 		if (st != CAI_OK ||
 			(st = render_kept(model, msgs, n_messages, first, params->add_generation_prompt,
-							  kept, spans, &n_kept, &rendered, err)) != CAI_OK)
+							  params->tools, kept, spans, &n_kept, &rendered, err)) != CAI_OK)
 			goto done;
 		if (rendered.n > params->max_prompt_tokens)
 		{

@@ -15,6 +15,9 @@
  */
 #include "chat_template.h"
 
+#include "json.h"
+#include "tools.h"
+
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,7 +183,17 @@ cai_chat_template_by_name(const char *name, const cai_tokenizer *tok,
  * Rendering
  * ------------------------------------------------------------------------------------------- */
 
-typedef struct render_ctx
+typedef struct render_ctx render_ctx;
+static bool chat_has_tool_turns(const cai_chat_message *msgs, int n);
+static void render_chatml_tools(render_ctx *r, const cai_chat_template *tmpl,
+								const cai_chat_message *msgs, int n, bool gen);
+static void render_llama3_tools(render_ctx *r, const cai_chat_message *msgs, int n, bool gen);
+static cai_status render_generic_tools(const cai_chat_template *tmpl, const cai_tokenizer *tok,
+									   const cai_chat_message *msgs, int n,
+									   const cai_tool_set *tools, bool gen, cai_tokens *out,
+									   int32_t (*content_spans)[2], cai_error *err);
+
+struct render_ctx
 {
 	const cai_tokenizer *tok;
 	cai_tokens *out;
@@ -188,7 +201,8 @@ typedef struct render_ctx
 	cai_status	status;			/* the first failure; later appends do nothing */
 	const cai_chat_message *messages;	/* for content_spans: which message is being put */
 	int32_t   (*content_spans)[2];	/* [n_messages] [start, end) of each content in out, or NULL */
-} render_ctx;
+	const cai_tool_set *tools;	/* tools to show the model, or NULL */
+};
 
 /*
  * True when text appended now starts a stretch of its own (the prompt's start, or just after a
@@ -319,6 +333,8 @@ role_name(cai_role role)
 			return "user";
 		case CAI_ROLE_ASSISTANT:
 			return "assistant";
+		case CAI_ROLE_TOOL:
+			return "tool";
 	}
 	return "user";
 }
@@ -328,6 +344,11 @@ static void
 render_chatml(render_ctx *r, const cai_chat_template *tmpl, const cai_chat_message *msgs, int n,
 			  bool gen)
 {
+	if (r->tools || chat_has_tool_turns(msgs, n))
+	{
+		render_chatml_tools(r, tmpl, msgs, n, gen);
+		return;
+	}
 	for (int i = 0; i < n; i++)
 	{
 		if (i == 0 && msgs[0].role != CAI_ROLE_SYSTEM && tmpl->default_system)
@@ -348,6 +369,11 @@ render_chatml(render_ctx *r, const cai_chat_template *tmpl, const cai_chat_messa
 static void
 render_llama3(render_ctx *r, const cai_chat_message *msgs, int n, bool gen)
 {
+	if (r->tools || chat_has_tool_turns(msgs, n))
+	{
+		render_llama3_tools(r, msgs, n, gen);
+		return;
+	}
 	for (int i = 0; i < n; i++)
 	{
 		put_role_markup(r, "<|start_header_id|>", role_name(msgs[i].role), "<|end_header_id|>\n\n");
@@ -484,6 +510,16 @@ cai_chat_template_render_spans(const cai_chat_template *tmpl, const cai_tokenize
 							   bool add_generation_prompt, cai_tokens *out,
 							   int32_t (*content_spans)[2], cai_error *err)
 {
+	return cai_chat_template_render_tools(tmpl, tok, messages, n_messages, NULL,
+										  add_generation_prompt, out, content_spans, err);
+}
+
+cai_status
+cai_chat_template_render_tools(const cai_chat_template *tmpl, const cai_tokenizer *tok,
+							   const cai_chat_message *messages, int n_messages,
+							   const cai_tool_set *tools, bool add_generation_prompt,
+							   cai_tokens *out, int32_t (*content_spans)[2], cai_error *err)
+{
 	render_ctx	r;
 	int			n_before;
 
@@ -493,7 +529,8 @@ cai_chat_template_render_spans(const cai_chat_template *tmpl, const cai_tokenize
 	{
 		const cai_chat_message *m = &messages[i];
 
-		if (m->role != CAI_ROLE_SYSTEM && m->role != CAI_ROLE_USER && m->role != CAI_ROLE_ASSISTANT)
+		if (m->role != CAI_ROLE_SYSTEM && m->role != CAI_ROLE_USER &&
+			m->role != CAI_ROLE_ASSISTANT && m->role != CAI_ROLE_TOOL)
 			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "message %d has an unknown role (%d)",
 							i, (int) m->role);
 		if (m->tokens)
@@ -514,6 +551,12 @@ cai_chat_template_render_spans(const cai_chat_template *tmpl, const cai_tokenize
 	r.status = CAI_OK;
 	r.messages = messages;
 	r.content_spans = content_spans;
+	r.tools = tools && tools->n_tools > 0 ? tools : NULL;
+	/* the formats without tool markup of their own get the generic one, as plain turns */
+	if ((r.tools || chat_has_tool_turns(messages, n_messages)) &&
+		tmpl->kind != CAI_TEMPLATE_CHATML && tmpl->kind != CAI_TEMPLATE_LLAMA3)
+		return render_generic_tools(tmpl, tok, messages, n_messages, r.tools,
+									add_generation_prompt, out, content_spans, err);
 	for (int i = 0; content_spans && i < n_messages; i++)
 		content_spans[i][0] = content_spans[i][1] = -1;	/* a message the format drops */
 	n_before = out->n;
@@ -545,4 +588,468 @@ cai_chat_template_render_spans(const cai_chat_template *tmpl, const cai_tokenize
 	if (r.status != CAI_OK)
 		out->n = n_before;		/* nothing half-rendered is left behind */
 	return r.status;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Tool calls (tools.h): the tools in the system prompt, assistant turns that made calls, and
+ * the tools' results, in the family's format.
+ *
+ * Text we write around caller data is tokenized as markup, so that a marker such as Qwen's
+ * <tool_call> becomes its own token as llama.cpp's rendering makes it; the caller data in it is
+ * safe there: tool JSON is written by tojson (no '<' survives its escapes) and function names
+ * are checked identifiers.  Message contents stay plain text.
+ * ------------------------------------------------------------------------------------------- */
+
+static bool
+chat_has_tool_turns(const cai_chat_message *msgs, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (msgs[i].role == CAI_ROLE_TOOL || (msgs[i].tool_calls && msgs[i].tool_calls[0]))
+			return true;
+	return false;
+}
+
+static bool
+buf_put(cai_buf *b, const char *s)
+{
+	return cai_buf_append(b, s, strlen(s));
+}
+
+/* Hermes' tool block (Qwen2.5/Qwen3's text), from "# Tools" to the last "</tool_call>". */
+static bool
+hermes_tools_text(const cai_tool_set *tools, cai_buf *b)
+{
+	bool		ok = buf_put(b, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+							 "You are provided with function signatures within <tools></tools> XML tags:\n<tools>");
+
+	for (int i = 0; ok && i < tools->n_tools; i++)
+		ok = buf_put(b, "\n") && buf_put(b, tools->tools[i].tool_json);
+	return ok && buf_put(b, "\n</tools>\n\nFor each function call, return a json object with function name "
+						 "and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+						 "{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call>");
+}
+
+/*
+ * The calls of an assistant turn (tool_calls JSON: [{"name", "arguments"}, ...]) in format:
+ * HERMES <tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>, one per line; LLAMA3
+ * {"name": "f", "parameters": {...}}, one per line.
+ */
+static cai_status
+tool_calls_text(const char *calls, cai_tool_format format, cai_buf *b, cai_error *err)
+{
+	json_doc   *doc = NULL;
+	const json_value *root;
+	bool		ok = true;
+	cai_status	st = json_parse(calls, strlen(calls), 0, &doc, err);
+
+	if (st != CAI_OK)
+		return st;
+	root = json_doc_root(doc);
+	if (root->type != JSON_ARRAY)
+		ok = false;
+	for (size_t i = 0; ok && i < root->u.array.n; i++)
+	{
+		const json_value *c = root->u.array.items[i];
+		const json_value *name = c->type == JSON_OBJECT ? json_object_get(c, "name") : NULL;
+		const json_value *args = c->type == JSON_OBJECT ? json_object_get(c, "arguments") : NULL;
+
+		if (!name || name->type != JSON_STRING || !args)
+		{
+			json_doc_free(doc);
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+							"an assistant message's tool call %zu has no name or arguments", i);
+		}
+		ok = (i == 0 || buf_put(b, "\n")) &&
+			buf_put(b, format == CAI_TOOL_FORMAT_HERMES ? "<tool_call>\n{\"name\": " : "{\"name\": ") &&
+			cai_tool_json_write(name, 0, b) && buf_put(b, ", \"") &&
+			buf_put(b, cai_tool_format_args_key(format)) && buf_put(b, "\": ") &&
+			cai_tool_json_write(args, 0, b) &&
+			buf_put(b, format == CAI_TOOL_FORMAT_HERMES ? "}\n</tool_call>" : "}");
+	}
+	json_doc_free(doc);
+	if (!ok)
+		return root && root->type != JSON_ARRAY ?
+			cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "an assistant message's tool calls are not an array") :
+			cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory rendering tool calls");
+	return CAI_OK;
+}
+
+/* Appends b's text as markup (see above for why that is safe) and empties b. */
+static void
+put_buf_markup(render_ctx *r, cai_buf *b)
+{
+	if (r->status == CAI_OK)
+		put_text(r, b->data, b->len, true);
+	b->len = 0;
+}
+
+/* The first occurrence of marker in text[0..len), or NULL. */
+static const char *
+find_bytes(const char *text, size_t len, const char *marker)
+{
+	size_t		m = strlen(marker);
+
+	for (size_t i = 0; i + m <= len; i++)
+		if (memcmp(text + i, marker, m) == 0)
+			return text + i;
+	return NULL;
+}
+
+/*
+ * Appends text as plain text, except the tool markers the vocabulary has as tokens of their own
+ * (Qwen's <tool_call>, Qwen3's <tool_response>): those become their tokens.  That is how
+ * llama.cpp tokenizes a rendered template, which cuts the text only at such tokens.
+ */
+static void
+put_tool_text(render_ctx *r, const char *text, size_t len)
+{
+	static const char *const markers[] = {"<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"};
+
+	while (r->status == CAI_OK && len > 0)
+	{
+		size_t		cut = len;
+		int32_t		id = -1;
+		size_t		mlen = 0;
+
+		for (int k = 0; k < 4; k++)
+		{
+			int32_t		t = cai_tokenizer_find(r->tok, markers[k]);
+			const char *at;
+
+			if (!cai_tokenizer_is_special(r->tok, t))
+				continue;
+			at = find_bytes(text, len, markers[k]);
+			if (at && (size_t) (at - text) < cut)
+			{
+				cut = (size_t) (at - text);
+				id = t;
+				mlen = strlen(markers[k]);
+			}
+		}
+		put_text(r, text, cut, false);
+		put_token(r, id);
+		text += cut + mlen;
+		len -= cut + mlen;
+	}
+}
+
+/* The calls of m after before (NULL: "\n", m's content and "\n"), through put_tool_text. */
+static void
+put_tool_calls(render_ctx *r, const cai_chat_message *m, cai_tool_format format, const char *before)
+{
+	cai_buf		b = {0};
+
+	if (r->status != CAI_OK)
+		return;
+	if (before ? !buf_put(&b, before) :
+		(!buf_put(&b, "\n") || !buf_put(&b, m->content) || !buf_put(&b, "\n")))
+		r->status = cai_fail(r->err, CAI_ERR_NO_MEMORY, "out of memory rendering tool calls");
+	else if ((r->status = tool_calls_text(m->tool_calls, format, &b, r->err)) == CAI_OK)
+		put_tool_text(r, b.data, b.len);
+	cai_buf_free(&b);
+}
+
+/*
+ * Qwen's system turn with the tools: the system prompt (or the default), then the block.  The
+ * prompt and the block up to its first marker are one plain text, as llama.cpp tokenizes them
+ * (".\n\n" is one token where the prompt ends with a period); the rest is markup.
+ */
+static void
+put_chatml_tools_system(render_ctx *r, const cai_chat_template *tmpl, const cai_chat_message *sys)
+{
+	cai_buf		b = {0};
+	const char *lead = sys ? (sys->content ? sys->content : "") : tmpl->default_system;
+	size_t		plain;
+
+	put_markup(r, "<|im_start|>system\n");
+	if (sys && sys->tokens)
+	{
+		/* stored ids are spliced as they are: the block starts a piece of its own */
+		put_content(r, sys, false, false);
+		lead = "";
+	}
+	if (!buf_put(&b, lead ? lead : "") || !buf_put(&b, lead ? "\n\n" : "") ||
+		!hermes_tools_text(r->tools, &b) || !buf_put(&b, "<|im_end|>\n") ||
+		!cai_buf_append(&b, "", 1))
+	{
+		r->status = cai_fail(r->err, CAI_ERR_NO_MEMORY, "out of memory rendering tools");
+		cai_buf_free(&b);
+		return;
+	}
+	if (sys && sys->tokens)
+		memmove(b.data, b.data + 2, b.len - 2);	/* no prompt text: no "\n\n" from it */
+	plain = strlen(b.data) - strlen("<|im_end|>\n");
+	if (sys && !sys->tokens && r->content_spans)
+		r->content_spans[sys - r->messages][0] = r->out->n;
+	put_tool_text(r, b.data, plain);
+	if (sys && !sys->tokens && r->content_spans)
+		r->content_spans[sys - r->messages][1] = r->out->n;
+	put_markup(r, "<|im_end|>\n");
+	cai_buf_free(&b);
+}
+
+/*
+ * The results msgs[i..] (consecutive tool messages) in one user turn, each
+ * "\n<tool_response>\n...\n</tool_response>", as one text; returns the index after them.
+ */
+static int
+put_chatml_results(render_ctx *r, const cai_chat_message *msgs, int i, int n)
+{
+	cai_buf		b = {0};
+	bool		ok = true;
+	int			first = i;
+
+	for (; i < n && msgs[i].role == CAI_ROLE_TOOL && ok; i++)
+		ok = buf_put(&b, "\n<tool_response>\n") && buf_put(&b, msgs[i].content ? msgs[i].content : "") &&
+			buf_put(&b, "\n</tool_response>");
+	put_markup(r, "<|im_start|>user");
+	if (!ok)
+		r->status = cai_fail(r->err, CAI_ERR_NO_MEMORY, "out of memory rendering tool results");
+	for (int k = first; r->content_spans && k < i; k++)
+		r->content_spans[k][0] = r->out->n;
+	put_tool_text(r, b.data, b.len);
+	for (int k = first; r->content_spans && k < i; k++)
+		r->content_spans[k][1] = r->out->n;
+	put_markup(r, "<|im_end|>\n");
+	cai_buf_free(&b);
+	return i;
+}
+
+/* ChatML with Qwen2.5/Qwen3's tool markup (their templates' output for the same messages). */
+static void
+render_chatml_tools(render_ctx *r, const cai_chat_template *tmpl, const cai_chat_message *msgs,
+					int n, bool gen)
+{
+	int			i = 0;
+
+	if (r->tools)
+	{
+		put_chatml_tools_system(r, tmpl, n > 0 && msgs[0].role == CAI_ROLE_SYSTEM ? &msgs[0] : NULL);
+		i = n > 0 && msgs[0].role == CAI_ROLE_SYSTEM ? 1 : 0;
+	}
+	else if (n > 0 && msgs[0].role != CAI_ROLE_SYSTEM && tmpl->default_system)
+	{
+		put_markup(r, "<|im_start|>system\n");
+		put_text(r, tmpl->default_system, strlen(tmpl->default_system), false);
+		put_markup(r, "<|im_end|>\n");
+	}
+	for (; i < n; i++)
+	{
+		const cai_chat_message *m = &msgs[i];
+
+		if (m->role == CAI_ROLE_TOOL)
+		{
+			i = put_chatml_results(r, msgs, i, n) - 1;
+			continue;
+		}
+		if (m->role == CAI_ROLE_ASSISTANT && m->tool_calls && m->tool_calls[0])
+		{
+			put_markup(r, "<|im_start|>assistant");
+			if (m->tokens && m->n_tokens > 0)
+			{
+				put_markup(r, "\n");
+				put_content(r, m, false, false);
+			}
+			/* "\n" + content + the calls: one text, as llama.cpp tokenizes it */
+			put_tool_calls(r, m, CAI_TOOL_FORMAT_HERMES,
+						   m->tokens || !(m->content && m->content[0]) ? "\n" : NULL);
+			put_markup(r, "<|im_end|>\n");
+			continue;
+		}
+		put_role_markup(r, "<|im_start|>", role_name(m->role), "\n");
+		put_content(r, m, false, false);
+		put_markup(r, "<|im_end|>\n");
+	}
+	if (gen)
+		put_markup(r, "<|im_start|>assistant\n");
+}
+
+/*
+ * A tool's result as Llama 3.1's template writes it: through tojson (a string is "iterable" to
+ * Jinja, so even text comes out quoted).  Plain text to the tokenizer: it is caller data.
+ */
+static void
+put_tool_result_json(render_ctx *r, const cai_chat_message *m)
+{
+	json_value	v;
+	cai_buf		b = {0};
+	const char *text = m->content ? m->content : "";
+
+	if (r->status != CAI_OK)
+		return;
+	memset(&v, 0, sizeof(v));
+	v.type = JSON_STRING;
+	v.u.string.bytes = text;
+	v.u.string.len = strlen(text);
+	if (r->content_spans)
+		r->content_spans[m - r->messages][0] = r->out->n;
+	if (!cai_tool_json_write(&v, 0, &b))
+		r->status = cai_fail(r->err, CAI_ERR_NO_MEMORY, "out of memory rendering tools");
+	else
+		put_text(r, b.data, b.len, false);
+	if (r->content_spans)
+		r->content_spans[m - r->messages][1] = r->out->n;
+	cai_buf_free(&b);
+}
+
+/*
+ * Llama 3.1's JSON tool calling (its template's defaults: tools in the first user message, the
+ * date of 26 Jul 2024): the tools (tojson, indent 4) open the first user message, a call is the
+ * assistant's whole turn, results are "ipython" turns.
+ */
+static void
+render_llama3_tools(render_ctx *r, const cai_chat_message *msgs, int n, bool gen)
+{
+	bool		tools_put = r->tools == NULL;
+	int			i = 0;
+
+	/* Llama 3.1's system turn, always there, with its default date */
+	put_markup(r, "<|start_header_id|>system<|end_header_id|>\n\n");
+	put_markup(r, r->tools ? "Environment: ipython\nCutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n" :
+			   "Cutting Knowledge Date: December 2023\nToday Date: 26 Jul 2024\n\n");
+	if (n > 0 && msgs[0].role == CAI_ROLE_SYSTEM)
+		put_content(r, &msgs[i++], true, false);
+	put_markup(r, "<|eot_id|>");
+	for (; i < n; i++)
+	{
+		const cai_chat_message *m = &msgs[i];
+
+		if (m->role == CAI_ROLE_ASSISTANT && m->tool_calls && m->tool_calls[0])
+		{
+			put_markup(r, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+			put_tool_calls(r, m, CAI_TOOL_FORMAT_LLAMA3, "");
+			put_markup(r, "<|eot_id|>");
+			continue;
+		}
+		put_role_markup(r, "<|start_header_id|>", m->role == CAI_ROLE_TOOL ? "ipython" :
+						role_name(m->role), "<|end_header_id|>\n\n");
+		if (!tools_put && m->role == CAI_ROLE_USER)
+		{
+			cai_buf		b = {0};
+			bool		ok = buf_put(&b, "Given the following functions, please respond with a JSON for a "
+									 "function call with its proper arguments that best answers the given "
+									 "prompt.\n\nRespond in the format {\"name\": function name, \"parameters\": "
+									 "dictionary of argument name and its value}.Do not use variables.\n\n");
+
+			for (int t = 0; ok && t < r->tools->n_tools; t++)
+				ok = buf_put(&b, r->tools->tools[t].tool_json_indent) && buf_put(&b, "\n\n");
+			if (!ok)
+				r->status = cai_fail(r->err, CAI_ERR_NO_MEMORY, "out of memory rendering tools");
+			put_buf_markup(r, &b);
+			cai_buf_free(&b);
+			tools_put = true;
+		}
+		if (m->role == CAI_ROLE_TOOL)
+			put_tool_result_json(r, m);
+		else
+			put_content(r, m, true, false);
+		put_markup(r, "<|eot_id|>");
+	}
+	if (gen)
+		put_markup(r, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+}
+
+/* A copy of text[0..len) + suffix, or NULL when out of memory. */
+static char *
+concat_text(const char *a, const char *b, const char *c)
+{
+	size_t		la = strlen(a),
+				lb = strlen(b),
+				lc = strlen(c);
+	char	   *s = malloc(la + lb + lc + 1);
+
+	if (s)
+	{
+		memcpy(s, a, la);
+		memcpy(s + la, b, lb);
+		memcpy(s + la + lb, c, lc + 1);
+	}
+	return s;
+}
+
+/*
+ * The generic format, for templates without tool markup (SmolLM2's is ChatML, which takes
+ * Qwen's; Gemma, Llama 2, Zephyr here): Hermes' text in plain turns of the family's own
+ * markup.  The tool block follows the system prompt (a system turn of its own when there is
+ * none); calls are assistant text; each result is a user turn "<tool_response>\n...\n
+ * </tool_response>".  All of it is plain text to the tokenizer.
+ */
+static cai_status
+render_generic_tools(const cai_chat_template *tmpl, const cai_tokenizer *tok,
+					 const cai_chat_message *msgs, int n, const cai_tool_set *tools, bool gen,
+					 cai_tokens *out, int32_t (*content_spans)[2], cai_error *err)
+{
+	int			shift = tools && !(n > 0 && msgs[0].role == CAI_ROLE_SYSTEM) ? 1 : 0;
+	cai_chat_message *m2 = calloc((size_t) n + 1, sizeof(*m2));
+	char	  **owned = calloc((size_t) n + 1, sizeof(char *));
+	int32_t   (*spans2)[2] = content_spans ? calloc((size_t) n + 1, sizeof(*spans2)) : NULL;
+	cai_buf		b = {0};
+	cai_status	st = CAI_OK;
+
+	if (!m2 || !owned || (content_spans && !spans2) ||
+		(tools && (!buf_put(&b, "\n\n") || !hermes_tools_text(tools, &b) || !cai_buf_append(&b, "", 1))))
+		st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory rendering tools");
+	for (int i = 0; st == CAI_OK && i < n; i++)
+	{
+		const cai_chat_message *m = &msgs[i];
+		cai_buf		calls = {0};
+
+		m2[i + shift] = *m;
+		m2[i + shift].tool_calls = NULL;
+		if (i == 0 && tools && !shift)
+			owned[i] = concat_text(m->content ? m->content : "", "", "");
+		else if (m->role == CAI_ROLE_TOOL)
+		{
+			m2[i + shift].role = CAI_ROLE_USER;
+			owned[i] = concat_text("<tool_response>\n", m->content ? m->content : "", "\n</tool_response>");
+		}
+		else if (m->tool_calls && m->tool_calls[0])
+		{
+			if ((st = tool_calls_text(m->tool_calls, CAI_TOOL_FORMAT_HERMES, &calls, err)) != CAI_OK)
+				break;
+			if (!cai_buf_append(&calls, "", 1))
+				st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory rendering tools");
+			else
+				owned[i] = concat_text(m->content ? m->content : "", m->content && m->content[0] ? "\n" : "",
+									   calls.data);
+			cai_buf_free(&calls);
+		}
+		else
+			continue;
+		if (st == CAI_OK && !owned[i])
+			st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory rendering tools");
+		m2[i + shift].content = owned[i];
+		m2[i + shift].tokens = NULL;	/* the text changed: tokenize it */
+	}
+	if (st == CAI_OK && tools)
+	{
+		/* the block follows the system prompt in one plain text */
+		char	   *sys = concat_text(shift ? "" : owned[0], "", shift ? b.data + 2 : b.data);
+
+		if (!sys)
+			st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory rendering tools");
+		else
+		{
+			free(owned[n]);
+			owned[n] = sys;
+			m2[0].role = CAI_ROLE_SYSTEM;
+			m2[0].content = sys;
+			m2[0].tokens = NULL;
+			m2[0].tool_calls = NULL;
+		}
+	}
+	if (st == CAI_OK)
+		st = cai_chat_template_render_tools(tmpl, tok, m2, n + shift, NULL, gen, out, spans2, err);
+	for (int i = 0; st == CAI_OK && content_spans && i < n; i++)
+	{
+		content_spans[i][0] = spans2[i + shift][0];
+		content_spans[i][1] = spans2[i + shift][1];
+	}
+	for (int i = 0; owned && i <= n; i++)
+		free(owned[i]);
+	free(owned);
+	free(m2);
+	free(spans2);
+	cai_buf_free(&b);
+	return st;
 }

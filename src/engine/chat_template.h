@@ -61,4 +61,16 @@ cai_status	cai_chat_template_render_spans(const cai_chat_template *tmpl,
 										   bool add_generation_prompt, cai_tokens *out,
 										   int32_t (*content_spans)[2], cai_error *err);
 
+/*
+ * As cai_chat_template_render_spans, showing the model tools (NULL: none) in its family's tool
+ * format (tools.h); assistant messages with tool_calls and CAI_ROLE_TOOL messages render in that
+ * format too, with or without tools.
+ */
+cai_status	cai_chat_template_render_tools(const cai_chat_template *tmpl,
+										   const cai_tokenizer *tok,
+										   const cai_chat_message *messages, int n_messages,
+										   const cai_tool_set *tools, bool add_generation_prompt,
+										   cai_tokens *out, int32_t (*content_spans)[2],
+										   cai_error *err);
+
 #endif							/* CAI_CHAT_TEMPLATE_H */

@@ -27,6 +27,7 @@
 #include "backend_loader.h"
 #include "threadpool.h"
 #include "grammar.h"
+#include "tools.h"
 #include "kv.h"
 #include "model.h"
 #include "prefix_cache.h"
@@ -81,6 +82,7 @@ typedef struct cai_request
 	cai_grammar *grammar;		/* a constrained reply's grammar (owned), or NULL */
 	cai_grammar_state *grammar_state;
 	bool		grammar_failed; /* its mask could not be computed (out of memory) */
+	cai_tool_state *tool_state; /* tool calls the reply may or must make (tools.h), or NULL */
 
 	/* accounting */
 	cai_usage	usage;
@@ -637,6 +639,7 @@ request_free(cai_request *req)
 	cai_reply_text_free(&req->reply);
 	cai_grammar_state_free(req->grammar_state);
 	cai_grammar_free(req->grammar);
+	cai_tool_state_free(req->tool_state);
 	free(req);
 }
 
@@ -687,6 +690,30 @@ engine_token_index(cai_engine *engine, cai_error *err)
 }
 
 /*
+ * The tool options of a request: a call's grammar needs the vocabulary index, and cannot share
+ * the reply with another grammar or with stop strings (either would cut the call).
+ */
+static cai_status
+engine_check_tools(cai_engine *engine, const cai_request_params *params, cai_error *err)
+{
+	if (!params->tools || params->tool_choice == CAI_TOOL_CHOICE_NONE)
+		return CAI_OK;
+	if (params->tool_choice < CAI_TOOL_CHOICE_NONE || params->tool_choice > CAI_TOOL_CHOICE_NAMED)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "unknown tool_choice %d", params->tool_choice);
+	if (params->grammar)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"tools cannot be combined with a JSON response format");
+	if (params->sampling.n_stop > 0)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "stop strings cannot be combined with tools");
+	if (params->tool_choice == CAI_TOOL_CHOICE_NAMED &&
+		cai_tool_set_find(params->tools, params->tool_name) < 0)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"tool_choice names \"%s\", which is not among the tools",
+						params->tool_name ? params->tool_name : "");
+	return engine_token_index(engine, err);
+}
+
+/*
  * Queues a request; *grammar_taken says whether the request took over params->grammar (it
  * then frees it, whatever happens).
  */
@@ -714,6 +741,8 @@ engine_submit(cai_engine *engine, const cai_request_params *params, uint64_t *re
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
 						"stop strings cannot be combined with a JSON response format");
 	if (params->grammar && (st = engine_token_index(engine, err)) != CAI_OK)
+		return st;
+	if ((st = engine_check_tools(engine, params, err)) != CAI_OK)
 		return st;
 
 	/* the prompt plus at least one generated token must fit the context */
@@ -763,9 +792,20 @@ engine_submit(cai_engine *engine, const cai_request_params *params, uint64_t *re
 		request_free(req);
 		return st;
 	}
+	if (params->tools && params->tool_choice != CAI_TOOL_CHOICE_NONE &&
+		(st = cai_tool_state_create(params->tools,
+									params->tool_choice == CAI_TOOL_CHOICE_NAMED ? params->tool_name : NULL,
+									params->tool_choice != CAI_TOOL_CHOICE_AUTO,
+									cai_tool_format_for_template(engine->model->tmpl.kind),
+									engine->model->tokenizer, engine->token_index,
+									&req->tool_state, err)) != CAI_OK)
+	{
+		request_free(req);
+		return st;
+	}
 	req->sampling = *sp;
 	/* a constrained reply ends where its value does: the end token cannot be banned */
-	if (req->grammar)
+	if (req->grammar || req->tool_state)
 		req->sampling.ignore_eos = false;
 	/* the stop strings are copied into the reply's text; the caller's may go away */
 	req->sampling.n_stop = 0;
@@ -1126,6 +1166,19 @@ request_sample(const cai_engine *engine, cai_request *req, const float *logits,
 		if (eos >= 0 && eos != eot)
 			banned[n_banned++] = eos;
 	}
+	if (req->tool_state)
+	{
+		int			constrained = cai_tool_state_allowed(req->tool_state, mask);
+
+		if (constrained < 0)
+		{
+			req->grammar_failed = true;
+			return -1;
+		}
+		if (constrained)
+			return cai_sample_masked(&req->sampling, &req->rng, logits, model->cfg.n_vocab, mask,
+									 banned, n_banned, scratch);
+	}
 	if (req->grammar_state)
 	{
 		/* the allowed set is the request's own: the same on any thread, alone or batched */
@@ -1186,6 +1239,13 @@ request_take_token(cai_engine *engine, cai_request *req, int32_t token, cai_even
 	{
 		request_finish(engine, req, CAI_FINISH_ERROR, ev);
 		ev->error = "the response format's grammar could not be applied (out of memory)";
+		return;
+	}
+	if (req->tool_state &&
+		(req->grammar_failed || token < 0 || !cai_tool_state_accept(req->tool_state, token)))
+	{
+		request_finish(engine, req, CAI_FINISH_ERROR, ev);
+		ev->error = "the tool call's grammar could not be applied (out of memory)";
 		return;
 	}
 	ev->token = token;

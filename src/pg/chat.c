@@ -30,6 +30,7 @@
 #include "options.h"
 #include "protocol.h"
 #include "shmem.h"
+#include "tools.h"
 
 PG_FUNCTION_INFO_V1(pg_cai_new_conversation);
 PG_FUNCTION_INFO_V1(pg_cai_chat);
@@ -632,6 +633,7 @@ pg_cai_chat_completion(PG_FUNCTION_ARGS)
 	cai_wbuf	turns;
 	StringInfoData out;
 	CaiGeneration *gen;
+	CaiToolOptions tools;
 	JsonbIterator *it;
 	JsonbIteratorToken tok;
 	JsonbValue	elem;
@@ -640,7 +642,6 @@ pg_cai_chat_completion(PG_FUNCTION_ARGS)
 	uint8		random_bytes[12];
 	char		id[64];
 	int			i;
-	const char *finish;
 
 	(void) CaiSharedStateOrError();
 	require_argument(fcinfo, 0, "messages");
@@ -649,15 +650,18 @@ pg_cai_chat_completion(PG_FUNCTION_ARGS)
 		bad_messages("The value is not an array.", 0);
 
 	CaiOptionsInit(&options);
+	/* tools and tool_choice are this function's own options */
 	if (!PG_ARGISNULL(1))
-		CaiOptionsApply(&options, PG_GETARG_JSONB_P(1));
+		CaiOptionsApply(&options, CaiToolOptionsTake(PG_GETARG_JSONB_P(1), &tools));
+	else
+		(void) CaiToolOptionsTake(NULL, &tools);
 
 	CaiWireInit(&turns);
 	it = JsonbIteratorInit(&messages->root);
 	while ((tok = JsonbIteratorNext(&it, &elem, true)) != WJB_DONE)
 	{
 		JsonbValue *role;
-		JsonbValue *content;
+		char	   *content;
 		char	   *role_text;
 		int			role_id;
 
@@ -667,27 +671,25 @@ pg_cai_chat_completion(PG_FUNCTION_ARGS)
 		if (elem.type != jbvBinary || !JsonContainerIsObject(elem.val.binary.data))
 			bad_messages("Element %d is not an object.", n_messages);
 		role = object_field(elem.val.binary.data, "role");
-		content = object_field(elem.val.binary.data, "content");
 		if (role == NULL || role->type != jbvString)
 			bad_messages("Element %d has no string \"role\".", n_messages);
-		if (content == NULL || content->type != jbvString)
-			bad_messages("Element %d has no string \"content\".", n_messages);
 
 		role_text = pnstrdup(role->val.string.val, role->val.string.len);
+		/* tool results, and assistant content that may be null beside tool calls */
+		role_id = CaiToolMessage(elem.val.binary.data, n_messages, role_text, &content, &tools);
 		if (strcmp(role_text, "system") == 0)
 			role_id = CAI_ROLE_SYSTEM;
 		else if (strcmp(role_text, "user") == 0)
 			role_id = CAI_ROLE_USER;
-		else if (strcmp(role_text, "assistant") == 0)
-			role_id = CAI_ROLE_ASSISTANT;
-		else
+		else if (role_id < 0)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("unrecognized role \"%s\" in message %d", role_text, n_messages),
-					 errhint("Valid roles are system, user and assistant.")));
+					 errhint("Valid roles are system, user, assistant and tool.")));
+		if (content == NULL)
+			bad_messages("Element %d has no string \"content\".", n_messages);
 
-		put_turn(&turns, role_id,
-				 pnstrdup(content->val.string.val, content->val.string.len), NULL, -1);
+		put_turn(&turns, role_id, content, NULL, -1);
 	}
 	if (n_messages == 0)
 		ereport(ERROR,
@@ -698,6 +700,7 @@ pg_cai_chat_completion(PG_FUNCTION_ARGS)
 	CaiOptionsWriteGeneration(&payload, &options, cache_salt(0));
 	cai_put_i32(&payload, n_messages);
 	cai_put_bytes(&payload, turns.data, turns.len);
+	CaiToolWriteBlock(&payload, &tools);
 
 	gen = CaiGenerationStart(CAI_REQUEST_CHAT, &payload);
 	CaiGenerationFinish(gen);
@@ -712,8 +715,6 @@ pg_cai_chat_completion(PG_FUNCTION_ARGS)
 	for (i = 0; i < (int) sizeof(random_bytes); i++)
 		sprintf(id + strlen(id), "%02x", random_bytes[i]);
 
-	finish = gen->final.finish == CAI_FINISH_LENGTH ? "length" : "stop";
-
 	initStringInfo(&out);
 	appendStringInfoString(&out, "{\"id\": ");
 	escape_json(&out, id);
@@ -722,9 +723,10 @@ pg_cai_chat_completion(PG_FUNCTION_ARGS)
 					 (int64) timestamptz_to_time_t(GetCurrentTimestamp()));
 	appendStringInfoString(&out, ", \"model\": ");
 	escape_json(&out, model_name);
-	appendStringInfoString(&out, ", \"choices\": [{\"index\": 0, \"message\": {\"role\": \"assistant\", \"content\": ");
-	escape_json(&out, reply_text(gen));
-	appendStringInfo(&out, "}, \"finish_reason\": \"%s\"}], ", finish);
+	appendStringInfoString(&out, ", \"choices\": [{\"index\": 0, ");
+	CaiToolAppendChoice(&out, reply_text(gen), gen->final.finish == CAI_FINISH_LENGTH, &tools,
+						options.allow_partial);
+	appendStringInfoString(&out, "}], ");
 	appendStringInfo(&out,
 					 "\"usage\": {\"prompt_tokens\": %d, \"completion_tokens\": %d, \"total_tokens\": %d, "
 					 "\"prompt_tokens_details\": {\"cached_tokens\": %d}}}",

@@ -19,6 +19,8 @@ cai_decoded_request_free(cai_decoded_request *req)
 		free(req->stop[i]);
 	free(req->user_tokens);
 	free(req->ids);
+	cai_tool_set_free(req->tools);
+	free(req->tool_name);
 	memset(req, 0, sizeof(*req));
 }
 
@@ -87,6 +89,44 @@ copy_text(const char *text, uint32_t len)
 	return copy;
 }
 
+/*
+ * The tool block that may follow a CHAT payload's turns: u8 tool_choice, text tools (JSON, empty
+ * for none), text the named function, then per turn a text of its tool calls (JSON, empty for
+ * none).  The tools are checked again here: the engine trusts no byte it did not check.
+ */
+static cai_status
+decode_tools(cai_reader *r, cai_chat_message *messages, int n_messages, char **tool_calls,
+			 cai_decoded_request *out, cai_error *err)
+{
+	uint8_t		choice;
+	const char *text;
+	uint32_t	len;
+	cai_status	st;
+
+	if (!cai_get_u8(r, &choice) || choice > CAI_TOOL_CHOICE_NAMED || !cai_get_text(r, &text, &len))
+		return cai_fail(err, CAI_ERR_INTERNAL, "malformed chat request: bad tool block");
+	if (len > 0 && (st = cai_tool_set_parse(text, len, &out->tools, err)) != CAI_OK)
+		return st;
+	if (!cai_get_text(r, &text, &len) || !(out->tool_name = copy_text(text, len)))
+		return cai_fail(err, CAI_ERR_INTERNAL, "malformed chat request: bad tool block");
+	if (choice != CAI_TOOL_CHOICE_NONE && cai_tool_set_count(out->tools) == 0)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "tool_choice needs tools");
+	out->params.tools = out->tools;
+	out->params.tool_choice = choice;
+	out->params.tool_name = out->tool_name;
+	for (int i = 0; i < n_messages; i++)
+	{
+		if (!cai_get_text(r, &text, &len))
+			return cai_fail(err, CAI_ERR_INTERNAL, "malformed chat request: bad tool calls of turn %d", i);
+		if (len == 0)
+			continue;
+		if (!(tool_calls[i] = copy_text(text, len)))
+			return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory decoding a request");
+		messages[i].tool_calls = tool_calls[i];
+	}
+	return CAI_OK;
+}
+
 /* The turns of a CHAT payload through the chat template into the prompt. */
 static cai_status
 decode_chat(const cai_model *model, cai_reader *r, int max_prompt, bool truncate,
@@ -95,6 +135,7 @@ decode_chat(const cai_model *model, cai_reader *r, int max_prompt, bool truncate
 	cai_model_info info;
 	cai_chat_message *messages = NULL;
 	char	  **contents = NULL;
+	char	  **tool_calls = NULL;
 	int32_t   **ids = NULL;
 	int32_t		n_messages;
 	cai_prompt_params pp;
@@ -111,7 +152,8 @@ decode_chat(const cai_model *model, cai_reader *r, int max_prompt, bool truncate
 	messages = calloc((size_t) n_messages, sizeof(cai_chat_message));
 	contents = calloc((size_t) n_messages, sizeof(char *));
 	ids = calloc((size_t) n_messages, sizeof(int32_t *));
-	if (!messages || !contents || !ids)
+	tool_calls = calloc((size_t) n_messages, sizeof(char *));
+	if (!messages || !contents || !ids || !tool_calls)
 	{
 		st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory decoding a request");
 		goto done;
@@ -123,7 +165,7 @@ decode_chat(const cai_model *model, cai_reader *r, int max_prompt, bool truncate
 		const char *text;
 		uint32_t	len;
 
-		if (!cai_get_i32(r, &role) || role < CAI_ROLE_SYSTEM || role > CAI_ROLE_ASSISTANT ||
+		if (!cai_get_i32(r, &role) || role < CAI_ROLE_SYSTEM || role > CAI_ROLE_TOOL ||
 			!cai_get_text(r, &text, &len) || !cai_get_i32(r, &n_tokens) || n_tokens < -1 ||
 			(n_tokens > 0 && (size_t) n_tokens > cai_reader_remaining(r) / sizeof(int32_t)))
 		{
@@ -163,12 +205,17 @@ decode_chat(const cai_model *model, cai_reader *r, int max_prompt, bool truncate
 			}
 		}
 	}
+	if (cai_reader_remaining(r) != 0 &&
+		(st = decode_tools(r, messages, n_messages, tool_calls, out, err)) != CAI_OK)
+		goto done;
 	if (cai_reader_remaining(r) != 0)
 	{
 		st = cai_fail(err, CAI_ERR_INTERNAL, "malformed chat request: trailing bytes");
 		goto done;
 	}
 
+	memset(&pp, 0, sizeof(pp));
+	pp.tools = out->tools;
 	pp.add_generation_prompt = true;
 	pp.max_prompt_tokens = max_prompt;
 	pp.truncate = truncate;
@@ -199,6 +246,9 @@ done:
 		free(contents[i]);
 	for (int i = 0; ids && i < n_messages; i++)
 		free(ids[i]);
+	for (int i = 0; tool_calls && i < n_messages; i++)
+		free(tool_calls[i]);
+	free(tool_calls);
 	free(contents);
 	free(ids);
 	free(messages);

@@ -25,6 +25,8 @@ typedef struct cai_decoded_request
 	int			first_message;	/* CHAT: the oldest turn kept after truncation */
 	int32_t    *user_tokens;	/* CHAT: the last turn's content ids, owned */
 	int			n_user_tokens;
+	cai_tool_set *tools;		/* CHAT: params.tools, owned */
+	char	   *tool_name;		/* CHAT: params.tool_name, owned */
 
 	/* TOKENIZE: the text, pointing into the payload */
 	const char *text;

@@ -338,8 +338,8 @@ fuzz_use_model(cai_model *model)
 	size_t		len;
 	cai_error	err;
 	cai_chat_message msgs[2] = {
-		{CAI_ROLE_SYSTEM, "Be brief.", NULL, 0},
-		{CAI_ROLE_USER, "Hello <|im_end|> world 12345 \xF0\x9F\x98\x80", NULL, 0},
+		{CAI_ROLE_SYSTEM, "Be brief.", NULL, 0, NULL},
+		{CAI_ROLE_USER, "Hello <|im_end|> world 12345 \xF0\x9F\x98\x80", NULL, 0, NULL},
 	};
 	cai_prompt	prompt;
 

@@ -255,10 +255,10 @@ use_tokenizer(const cai_tokenizer *tok, const vocab *v, const char *jinja, fuzz_
 	cai_error	err;
 	cai_chat_template tmpl;
 	cai_chat_message msgs[4] = {
-		{CAI_ROLE_SYSTEM, " system ", NULL, 0},
-		{CAI_ROLE_USER, "hi <|im_end|>", NULL, 0},
-		{CAI_ROLE_ASSISTANT, "", NULL, 0},
-		{CAI_ROLE_USER, (const char *) in->p, NULL, 0},
+		{CAI_ROLE_SYSTEM, " system ", NULL, 0, NULL},
+		{CAI_ROLE_USER, "hi <|im_end|>", NULL, 0, NULL},
+		{CAI_ROLE_ASSISTANT, "", NULL, 0, NULL},
+		{CAI_ROLE_USER, (const char *) in->p, NULL, 0, NULL},
 	};
 
 	FUZZ_CHECK(all != NULL);

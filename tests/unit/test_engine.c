@@ -961,8 +961,8 @@ TEST(engine_stored_content_ids_render_like_text)
 		cai_prompt	from_text,
 					from_ids;
 		cai_chat_message msgs[2] = {
-			{CAI_ROLE_SYSTEM, "  Be brief.\n", NULL, 0},
-			{CAI_ROLE_USER, "  Hello   there, world!  \n", NULL, 0},
+			{CAI_ROLE_SYSTEM, "  Be brief.\n", NULL, 0, NULL},
+			{CAI_ROLE_USER, "  Hello   there, world!  \n", NULL, 0, NULL},
 		};
 		cai_prompt_params pp = {.add_generation_prompt = true};
 

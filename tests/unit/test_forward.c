@@ -1957,8 +1957,8 @@ TEST(forward_real_model)
 	cai_model  *model;
 	cai_error	err;
 	cai_chat_message msg = {CAI_ROLE_USER, "What is the capital of France? Answer in one sentence.",
-	NULL, 0};
-	cai_prompt_params pp = {true, 0, true};
+	NULL, 0, NULL};
+	cai_prompt_params pp = {true, 0, true, NULL};
 	cai_prompt	prompt;
 	runner		r;
 	int32_t		table[8];

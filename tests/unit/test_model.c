@@ -927,15 +927,15 @@ TEST(model_tokens_and_prompt_truncation)
 	char	   *text = NULL;
 	size_t		len = 0;
 	cai_chat_message msgs[7] = {
-		{CAI_ROLE_SYSTEM, "be brief", NULL, 0},
-		{CAI_ROLE_USER, "first question, quite a long one with many words in it", NULL, 0},
-		{CAI_ROLE_ASSISTANT, "first answer, also long enough to matter here", NULL, 0},
-		{CAI_ROLE_USER, "second question", NULL, 0},
-		{CAI_ROLE_ASSISTANT, "second answer", NULL, 0},
-		{CAI_ROLE_USER, "third", NULL, 0},
-		{CAI_ROLE_USER, "the last message", NULL, 0},
+		{CAI_ROLE_SYSTEM, "be brief", NULL, 0, NULL},
+		{CAI_ROLE_USER, "first question, quite a long one with many words in it", NULL, 0, NULL},
+		{CAI_ROLE_ASSISTANT, "first answer, also long enough to matter here", NULL, 0, NULL},
+		{CAI_ROLE_USER, "second question", NULL, 0, NULL},
+		{CAI_ROLE_ASSISTANT, "second answer", NULL, 0, NULL},
+		{CAI_ROLE_USER, "third", NULL, 0, NULL},
+		{CAI_ROLE_USER, "the last message", NULL, 0, NULL},
 	};
-	cai_prompt_params pp = {true, 0, true};
+	cai_prompt_params pp = {true, 0, true, NULL};
 	cai_prompt	full,
 				cut;
 	int32_t    *last = NULL;
@@ -1049,7 +1049,7 @@ static cai_status
 hysteresis_prompt(const cai_model *model, cai_chat_message *msgs, int last, int budget,
 				  cai_prompt *out, cai_error *err)
 {
-	cai_prompt_params pp = {true, budget, true};
+	cai_prompt_params pp = {true, budget, true, NULL};
 
 	return cai_chat_build_prompt(model, msgs, last + 1, &pp, out, err);
 }
@@ -1083,7 +1083,7 @@ TEST(chat_truncation_keeps_its_cut_until_the_history_overflows)
 	cai_chat_message msgs[2 * HYST_TURNS + 1];
 	cai_prompt	prev = {0};
 	cai_prompt	system_only;
-	cai_prompt_params no_gen = {false, 0, true};
+	cai_prompt_params no_gen = {false, 0, true, NULL};
 	int			truncated = 0,
 				cuts = 0,
 				prefix_kept = 0;
@@ -1207,7 +1207,7 @@ TEST(chat_truncation_of_huge_turns)
 
 	/* refusing to truncate refuses, however the history would be cut */
 	{
-		cai_prompt_params pp = {true, HYST_BUDGET, false};
+		cai_prompt_params pp = {true, HYST_BUDGET, false, NULL};
 
 		CHECK(cai_chat_build_prompt(model, msgs, 42, &pp, &p, &err) == CAI_ERR_CONTEXT_FULL);
 		CHECK_MSG(strstr(err.message, "more than the limit") != NULL, "%s", err.message);

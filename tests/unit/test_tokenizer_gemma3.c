@@ -252,9 +252,9 @@ TEST(tokenizer_gemma3_matches_llama_cpp_corpus)
 TEST(tokenizer_gemma3_chat_template)
 {
 	static const cai_chat_message chat[] = {
-		{CAI_ROLE_SYSTEM, "Be brief.", NULL, 0},
-		{CAI_ROLE_USER, "Hello", NULL, 0},
-		{CAI_ROLE_ASSISTANT, "Hi!", NULL, 0},
+		{CAI_ROLE_SYSTEM, "Be brief.", NULL, 0, NULL},
+		{CAI_ROLE_USER, "Hello", NULL, 0, NULL},
+		{CAI_ROLE_ASSISTANT, "Hi!", NULL, 0, NULL},
 	};
 	static const int32_t want[] = {
 		2, 105, 2364, 107, 3912, 8652, 236761, 108, 9259, 106, 107, 105, 4368, 107, 10979,
