@@ -47,7 +47,7 @@ decode(const cai_model *model, int context_length, int max_tokens, cai_decoded_r
 	cai_error	err = {0};
 	cai_status	st;
 
-	memset(&g, 0, sizeof(g));
+	cai_wire_generation_init(&g);
 	g.top_p = 1.0f;
 	g.max_tokens = max_tokens;
 	g.truncate = true;
