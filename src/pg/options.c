@@ -433,7 +433,8 @@ apply_logit_bias(CaiOptions *options, const JsonbValue *value)
 	int			n = 0;
 
 	if (value->type != jbvBinary || !JsonContainerIsObject(value->val.binary.data))
-		bad_logit_bias(psprintf("Got a JSON %s.", jsonb_type_name(value)));
+		bad_logit_bias(psprintf("Got a JSON %s.", value->type == jbvBinary ? "array" :
+								jsonb_type_name(value)));
 	options->logit_bias = palloc(sizeof(cai_logit_bias) * CAI_MAX_LOGIT_BIAS);
 	it = JsonbIteratorInit(value->val.binary.data);
 	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
