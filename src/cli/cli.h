@@ -284,4 +284,48 @@ extern char **cli_argv;
 		.metavar = "S", .help = "sampling seed (default 0)", \
 	}
 
+/*
+ * The penalties and filters that `run` and `chat` share (a field `pen` of their options).
+ * --logit-bias ID=BIAS repeats; cli_penalties_apply parses the pairs and fills the request.
+ */
+typedef struct cli_penalties
+{
+	float		presence;
+	float		frequency;
+	float		repetition;
+	float		min_p;
+	cli_string_list logit_bias;
+	cai_logit_bias bias[CLI_LIST_MAX];
+} cli_penalties;
+
+#define CLI_PENALTY_OPTIONS(opts) \
+	{ \
+		.name = "presence-penalty", .kind = CLI_OPT_FLOAT, .target = &(opts).pen.presence, \
+		.metavar = "X", .help = "subtract X from the logit of every token the reply holds (default 0)", \
+		.min = -CAI_PENALTY_MAX, .max = CAI_PENALTY_MAX, \
+	}, \
+	{ \
+		.name = "frequency-penalty", .kind = CLI_OPT_FLOAT, .target = &(opts).pen.frequency, \
+		.metavar = "X", .help = "subtract X times its count in the reply from a token's logit (default 0)", \
+		.min = -CAI_PENALTY_MAX, .max = CAI_PENALTY_MAX, \
+	}, \
+	{ \
+		.name = "repetition-penalty", .kind = CLI_OPT_FLOAT, .target = &(opts).pen.repetition, \
+		.metavar = "X", .help = "llama.cpp's repeat penalty over the last 64 tokens; 1 = off (default 1)", \
+		.min = 0, .max = CAI_REPETITION_PENALTY_MAX, .min_exclusive = true, \
+	}, \
+	{ \
+		.name = "min-p", .kind = CLI_OPT_FLOAT, .target = &(opts).pen.min_p, .metavar = "P", \
+		.help = "drop tokens less likely than P times the likeliest; 0 = off (default 0)", \
+		.min = 0, .max = 1, \
+	}, \
+	{ \
+		.name = "logit-bias", .kind = CLI_OPT_STRING_LIST, .target = &(opts).pen.logit_bias, \
+		.metavar = "ID=BIAS", .help = "add BIAS (-100..100; -100 bans) to token ID's logit (repeatable)", \
+	}
+
+void		cli_penalties_default(cli_penalties *p);
+/* Fills sp's penalties from p; false (after a usage message naming the option) on a bad pair. */
+bool		cli_penalties_apply(const cli_command *cmd, cli_penalties *p, cai_sampling_params *sp);
+
 #endif							/* CAI_CLI_H */

@@ -22,6 +22,7 @@ static struct
 	float		top_p;
 	int			top_k;
 	uint64_t	seed;
+	cli_penalties pen;
 	int			threads;
 	int			ctx;
 	int			cache_mb;
@@ -48,6 +49,7 @@ static const cli_option chat_options[] = {
 		.max = CAI_MAX_TOKENS_MAX,
 	},
 	CLI_SAMPLING_OPTIONS(chat_opts),
+	CLI_PENALTY_OPTIONS(chat_opts),
 	CLI_THREADS_OPTION(chat_opts),
 	{
 		.name = "ctx",
@@ -219,6 +221,8 @@ chat_request(cai_request_params *rp, const cai_prompt *prompt, int turn_index)
 	rp->sampling.top_k = chat_opts.top_k;
 	rp->sampling.seed = chat_opts.seed + (uint64_t) turn_index;
 	rp->sampling.max_tokens = chat_opts.max_tokens;
+	/* the pairs were checked once before the first turn */
+	(void) cli_penalties_apply(&cli_chat_command, &chat_opts.pen, &rp->sampling);
 	rp->use_cache = chat_opts.cache_mb > 0;
 	rp->cache_salt = 0;
 }
@@ -388,12 +392,20 @@ cmd_chat(int argc, char **argv)
 	memset(&chat_opts, 0, sizeof(chat_opts));
 	chat_opts.max_tokens = 256;
 	chat_opts.top_p = 1.0f;
+	cli_penalties_default(&chat_opts.pen);
 	chat_opts.cache_mb = 256;
 	rc = cli_parse(&cli_chat_command, argc, argv, positional, &n_positional);
 	if (rc != CLI_EXIT_OK)
 		return rc < 0 ? CLI_EXIT_OK : rc;
 	if (!chat_opts.model)
 		return cli_usage_error(&cli_chat_command, "missing -m MODEL");
+	{
+		cai_sampling_params check;
+
+		cai_sampling_params_default(&check);
+		if (!cli_penalties_apply(&cli_chat_command, &chat_opts.pen, &check))
+			return CLI_EXIT_USAGE;
+	}
 
 	rc = CLI_EXIT_ERROR;
 	model = cli_load_model(chat_opts.model, chat_opts.threads, false, NULL);

@@ -21,6 +21,7 @@ static struct
 	float		top_p;
 	int			top_k;
 	uint64_t	seed;
+	cli_penalties pen;
 	int			threads;
 	int			ctx;
 	cli_string_list stop;
@@ -66,6 +67,7 @@ static const cli_option run_options[] = {
 		.max = CAI_MAX_TOKENS_MAX,
 	},
 	CLI_SAMPLING_OPTIONS(run_opts),
+	CLI_PENALTY_OPTIONS(run_opts),
 	CLI_THREADS_OPTION(run_opts),
 	{
 		.name = "ctx",
@@ -170,6 +172,7 @@ cmd_run(int argc, char **argv)
 	memset(&run_opts, 0, sizeof(run_opts));
 	run_opts.max_tokens = 256;
 	run_opts.top_p = 1.0f;
+	cli_penalties_default(&run_opts.pen);
 	rc = cli_parse(&cli_run_command, argc, argv, positional, &n_positional);
 	if (rc != CLI_EXIT_OK)
 		return rc < 0 ? CLI_EXIT_OK : rc;
@@ -181,6 +184,14 @@ cmd_run(int argc, char **argv)
 		return cli_usage_error(&cli_run_command, "--system needs --chat");
 	if (run_opts.json_schema && run_opts.json_object)
 		return cli_usage_error(&cli_run_command, "give --json-schema or --json-object, not both");
+	{
+		cai_sampling_params check;
+
+		/* a bad --logit-bias pair is a usage error before the model loads */
+		cai_sampling_params_default(&check);
+		if (!cli_penalties_apply(&cli_run_command, &run_opts.pen, &check))
+			return CLI_EXIT_USAGE;
+	}
 
 	prompt = run_opts.prompt;
 	if (strcmp(prompt, "-") == 0)
@@ -237,6 +248,7 @@ cmd_run(int argc, char **argv)
 	rp.sampling.seed = run_opts.seed;
 	rp.sampling.max_tokens = run_opts.max_tokens;
 	rp.sampling.ignore_eos = run_opts.ignore_eos;
+	(void) cli_penalties_apply(&cli_run_command, &run_opts.pen, &rp.sampling);
 	rp.sampling.n_stop = run_opts.stop.n;
 	for (int i = 0; i < run_opts.stop.n; i++)
 		rp.sampling.stop[i] = run_opts.stop.items[i];

@@ -4,6 +4,7 @@
  * Every option of a command is one cli_option row (name, type, target, help, range), so the
  * parser, the range checks and the --help text cannot drift apart.
  */
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -296,4 +297,54 @@ cli_parse(const cli_command *cmd, int argc, char **argv, char **positional, int 
 	if (*n_positional < cmd->min_positional)
 		return cli_usage_error(cmd, "missing %s", cmd->positional ? cmd->positional : "argument");
 	return CLI_EXIT_OK;
+}
+
+/* See cli.h. */
+void
+cli_penalties_default(cli_penalties *p)
+{
+	memset(p, 0, sizeof(*p));
+	p->repetition = 1.0f;
+}
+
+/* See cli.h.  The vocabulary check is the engine's (at submit), which knows the model. */
+bool
+cli_penalties_apply(const cli_command *cmd, cli_penalties *p, cai_sampling_params *sp)
+{
+	sp->presence_penalty = p->presence;
+	sp->frequency_penalty = p->frequency;
+	sp->repetition_penalty = p->repetition;
+	sp->min_p = p->min_p;
+	for (int i = 0; i < p->logit_bias.n; i++)
+	{
+		const char *pair = p->logit_bias.items[i];
+		char	   *end;
+		long		id;
+		double		bias;
+
+		errno = 0;
+		id = strtol(pair, &end, 10);
+		if (errno != 0 || end == pair || *end != '=' || id < 0 || id > INT32_MAX ||
+			!isdigit((unsigned char) pair[0]))
+		{
+			cli_usage_error(cmd, "--logit-bias expects ID=BIAS with a token id ID >= 0, got \"%s\"",
+							pair);
+			return false;
+		}
+		const char *bias_text = end + 1;
+
+		bias = strtod(bias_text, &end);
+		if (errno != 0 || *end != '\0' || end == bias_text ||
+			!(bias >= -CAI_LOGIT_BIAS_MAX && bias <= CAI_LOGIT_BIAS_MAX))
+		{
+			cli_usage_error(cmd, "--logit-bias BIAS must be a number between %g and %g, got \"%s\"",
+							-CAI_LOGIT_BIAS_MAX, CAI_LOGIT_BIAS_MAX, pair);
+			return false;
+		}
+		p->bias[i].token = (int32_t) id;
+		p->bias[i].bias = (float) bias;
+	}
+	sp->n_logit_bias = p->logit_bias.n;
+	sp->logit_bias = p->logit_bias.n > 0 ? p->bias : NULL;
+	return true;
 }

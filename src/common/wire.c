@@ -178,6 +178,13 @@ get_flag(cai_reader *r, bool *flag)
  * ------------------------------------------------------------------------------------------- */
 
 void
+cai_wire_generation_init(cai_wire_generation *g)
+{
+	memset(g, 0, sizeof(*g));
+	g->repetition_penalty = 1.0f;
+}
+
+void
 cai_wire_put_generation(cai_wbuf *w, const cai_wire_generation *g)
 {
 	cai_put_f32(w, g->temperature);
@@ -198,6 +205,29 @@ cai_wire_put_generation(cai_wbuf *w, const cai_wire_generation *g)
 	else
 		cai_put_text(w, "", 0);
 	cai_put_u8(w, g->json_whitespace);
+	cai_put_f32(w, g->presence_penalty);
+	cai_put_f32(w, g->frequency_penalty);
+	cai_put_f32(w, g->repetition_penalty);
+	cai_put_f32(w, g->min_p);
+	cai_put_i32(w, g->n_logit_bias);
+	for (int i = 0; i < g->n_logit_bias; i++)
+	{
+		cai_put_i32(w, g->logit_bias[i].token);
+		cai_put_f32(w, g->logit_bias[i].bias);
+	}
+	cai_put_u8(w, g->logprobs ? 1 : 0);
+	cai_put_i32(w, g->top_logprobs);
+}
+
+/* Copies entry i of a read generation block's logit_bias out of the payload. */
+cai_logit_bias
+cai_wire_logit_bias_at(const cai_wire_generation *g, int i)
+{
+	cai_logit_bias b;
+
+	memcpy(&b.token, g->logit_bias_bytes + (size_t) i * 8, sizeof(int32_t));
+	memcpy(&b.bias, g->logit_bias_bytes + (size_t) i * 8 + 4, sizeof(float));
+	return b;
 }
 
 bool
@@ -218,6 +248,17 @@ cai_wire_get_generation(cai_reader *r, cai_wire_generation *g)
 	if (!cai_get_u8(r, &g->response_format) || g->response_format > CAI_RESPONSE_JSON_SCHEMA ||
 		!cai_get_text(r, &g->schema, &g->schema_len) ||
 		!cai_get_u8(r, &g->json_whitespace) || g->json_whitespace > CAI_JSON_WS_COMPACT)
+		return false;
+	if (!cai_get_f32(r, &g->presence_penalty) || !cai_get_f32(r, &g->frequency_penalty) ||
+		!cai_get_f32(r, &g->repetition_penalty) || !cai_get_f32(r, &g->min_p) ||
+		!cai_get_i32(r, &g->n_logit_bias) || g->n_logit_bias < 0 ||
+		g->n_logit_bias > CAI_MAX_LOGIT_BIAS ||
+		cai_reader_remaining(r) < (size_t) g->n_logit_bias * 8)
+		return false;
+	/* the entries stay in the payload; cai_wire_logit_bias_at reads them */
+	g->logit_bias_bytes = r->data + r->pos;
+	r->pos += (size_t) g->n_logit_bias * 8;
+	if (!get_flag(r, &g->logprobs) || !cai_get_i32(r, &g->top_logprobs))
 		return false;
 	return true;
 }
@@ -457,5 +498,34 @@ cai_wire_get_stats(cai_reader *r, cai_engine_stats *s)
 	}
 	CAI_STATS_FIELDS(GET_FIELD)
 #undef GET_FIELD
+	return true;
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * LOGPROBS messages
+ * ------------------------------------------------------------------------------------------- */
+
+void
+cai_wire_put_logprobs(cai_wbuf *w, const cai_token_logprobs *lp)
+{
+	cai_put_f32(w, lp->logprob);
+	cai_put_i32(w, lp->n_top);
+	for (int i = 0; i < lp->n_top; i++)
+	{
+		cai_put_i32(w, lp->top_token[i]);
+		cai_put_f32(w, lp->top_logprob[i]);
+	}
+}
+
+bool
+cai_wire_get_logprobs(cai_reader *r, cai_token_logprobs *lp)
+{
+	memset(lp, 0, sizeof(*lp));
+	if (!cai_get_f32(r, &lp->logprob) || !cai_get_i32(r, &lp->n_top) || lp->n_top < 0 ||
+		lp->n_top > CAI_TOP_LOGPROBS_MAX)
+		return false;
+	for (int i = 0; i < lp->n_top; i++)
+		if (!cai_get_i32(r, &lp->top_token[i]) || !cai_get_f32(r, &lp->top_logprob[i]))
+			return false;
 	return true;
 }

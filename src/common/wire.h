@@ -25,7 +25,10 @@
  *   generation = f32 temperature, f32 top_p, i32 top_k, u64 seed, i32 max_tokens, u8 truncate,
  *                u8 ignore_eos, u8 use_cache, u64 cache_salt, i32 n_stop, n_stop × text,
  *                u8 response_format (cai_response_format), text JSON schema (empty unless
- *                CAI_RESPONSE_JSON_SCHEMA), u8 json_whitespace (cai_json_whitespace)
+ *                CAI_RESPONSE_JSON_SCHEMA), u8 json_whitespace (cai_json_whitespace),
+ *                f32 presence_penalty, f32 frequency_penalty, f32 repetition_penalty, f32 min_p,
+ *                i32 n_logit_bias, n_logit_bias × (i32 token, f32 bias), u8 logprobs,
+ *                i32 top_logprobs
  *   turn       = i32 role (cai_role), text content, i32 n_tokens (-1: tokenize the content),
  *                n_tokens × i32 id
  *
@@ -36,6 +39,9 @@
  *   IDS    'I'  i32 count, count × i32 id
  *   TEXT   'X'  text bytes to the end
  *   OK     'K'  nothing
+ *   LOGPROBS 'P' f32 logprob, i32 n_top, n_top × (i32 token, f32 logprob), text the token's
+ *                bytes, n_top × text the listed tokens' bytes: the logprobs of the TOKEN message
+ *                that follows it (only when the request asked for logprobs)
  *
  * Frames: a 16-byte header (u32 body length, u8 type, 3 zero bytes, u64 request id), then the
  * body.  Worker → engine: REQUEST (u32 kind, payload), CANCEL, LIMITS (i32 max_queue, f64
@@ -53,7 +59,7 @@
 
 #include "cai.h"
 
-#define CAI_WIRE_VERSION 6
+#define CAI_WIRE_VERSION 7
 
 /* The longest frame body either side accepts: a request with a whole long conversation fits. */
 #define CAI_FRAME_MAX_BODY (64u * 1024 * 1024)
@@ -88,7 +94,8 @@ typedef enum cai_message_type
 	CAI_MSG_ERROR = 'E',
 	CAI_MSG_IDS = 'I',
 	CAI_MSG_TEXT = 'X',
-	CAI_MSG_OK = 'K'
+	CAI_MSG_OK = 'K',
+	CAI_MSG_LOGPROBS = 'P'
 } cai_message_type;
 
 /*
@@ -193,14 +200,34 @@ typedef struct cai_wire_generation
 								 * reading: points into the payload, schema_len bytes) */
 	uint32_t	schema_len;
 	uint8_t		json_whitespace;	/* cai_json_whitespace of a JSON reply */
+	float		presence_penalty;
+	float		frequency_penalty;
+	float		repetition_penalty;
+	float		min_p;
+	int32_t		n_logit_bias;
+	const cai_logit_bias *logit_bias;	/* writing: [n_logit_bias] */
+	const char *logit_bias_bytes;	/* reading: n_logit_bias × 8 bytes in the payload */
+	bool		logprobs;
+	int32_t		top_logprobs;
 } cai_wire_generation;
 
+/* Zeroes g but for repetition_penalty, whose "off" is 1: start every generation block here */
+void		cai_wire_generation_init(cai_wire_generation *g);
 void		cai_wire_put_generation(cai_wbuf *w, const cai_wire_generation *g);
 /*
  * Reads the block; false for a short or ill-formed one (n_stop out of range, a flag not 0/1, an
  * unknown response format or whitespace).
  */
 bool		cai_wire_get_generation(cai_reader *r, cai_wire_generation *g);
+cai_logit_bias cai_wire_logit_bias_at(const cai_wire_generation *g, int i);
+
+/*
+ * A LOGPROBS message's numbers (after its type byte): the cai_token_logprobs of the TOKEN
+ * message that follows it; the token texts follow them.  get: false for a short or ill-formed
+ * one.
+ */
+void		cai_wire_put_logprobs(cai_wbuf *w, const cai_token_logprobs *lp);
+bool		cai_wire_get_logprobs(cai_reader *r, cai_token_logprobs *lp);
 
 /* A chat turn of a CHAT payload; tokens NULL (or n_tokens < 0): the engine tokenizes content. */
 void		cai_wire_put_turn(cai_wbuf *w, int role, const char *content, size_t content_len,

@@ -298,12 +298,42 @@ cai_status	cai_cpu_use_isa(const char *name, cai_error *err);
  *   max_tokens    1 .. CAI_MAX_TOKENS_MAX
  *   seed          any uint64 (SQL takes 0 .. the largest int64, what jsonb integers reach)
  *   stop          at most CAI_MAX_STOP_STRINGS strings of 1 .. CAI_STOP_MAX_BYTES bytes (UTF-8)
+ *   presence_penalty, frequency_penalty
+ *                 -CAI_PENALTY_MAX .. CAI_PENALTY_MAX (OpenAI's range); 0 = off
+ *   repetition_penalty
+ *                 greater than 0, at most CAI_REPETITION_PENALTY_MAX; 1 = off
+ *   min_p         0 .. 1; 0 = off
+ *   logit_bias    at most CAI_MAX_LOGIT_BIAS entries, each a token id of the vocabulary (checked
+ *                 at submit, where the vocabulary is known) and a bias in -CAI_LOGIT_BIAS_MAX ..
+ *                 CAI_LOGIT_BIAS_MAX; -CAI_LOGIT_BIAS_MAX bans the token
+ *   top_logprobs  0 .. CAI_TOP_LOGPROBS_MAX (with logprobs)
+ *
+ * The sampler applies them in this order (sampler.c, cai_sample_adjusted): the grammar's mask,
+ * repetition_penalty, presence/frequency_penalty, logit_bias, min_p, then temperature, top_k and
+ * top_p as before.  Logprobs are of the distribution after temperature (before top_k/top_p).
  */
 #define CAI_TEMPERATURE_MAX 2.0
 #define CAI_TOP_K_MAX 1000000
 #define CAI_MAX_TOKENS_MAX 1048576
 #define CAI_MAX_STOP_STRINGS 8
 #define CAI_STOP_MAX_BYTES 256
+#define CAI_PENALTY_MAX 2.0
+#define CAI_REPETITION_PENALTY_MAX 10.0
+#define CAI_LOGIT_BIAS_MAX 100.0
+#define CAI_MAX_LOGIT_BIAS 1024
+#define CAI_TOP_LOGPROBS_MAX 20
+/*
+ * repetition_penalty looks at this many most recent tokens of the sequence, prompt and reply
+ * alike (llama.cpp's repeat_last_n default), so that a reply stops echoing its prompt too.
+ */
+#define CAI_REPEAT_LAST_N 64
+
+/* One logit_bias entry: added to token's logit before sampling */
+typedef struct cai_logit_bias
+{
+	int32_t		token;
+	float		bias;
+} cai_logit_bias;
 
 typedef struct cai_sampling_params
 {
@@ -315,6 +345,14 @@ typedef struct cai_sampling_params
 	int			n_stop;
 	const char *stop[CAI_MAX_STOP_STRINGS]; /* copied at submit */
 	bool		ignore_eos;		/* benchmarks: run to max_tokens */
+	float		presence_penalty;	/* 0 = off */
+	float		frequency_penalty;	/* 0 = off */
+	float		repetition_penalty; /* 1 = off */
+	float		min_p;			/* 0 = off */
+	int			n_logit_bias;
+	const cai_logit_bias *logit_bias;	/* [n_logit_bias]; copied at submit */
+	bool		logprobs;		/* report each token's logprob (cai_event.logprobs) */
+	int			top_logprobs;	/* and this many most likely alternatives */
 } cai_sampling_params;
 
 void		cai_sampling_params_default(cai_sampling_params *params);
@@ -442,6 +480,18 @@ typedef struct cai_usage
 	double		total_ms;		/* submit -> finish */
 } cai_usage;
 
+/*
+ * A generated token's log-probability and its top_logprobs most likely alternatives (best
+ * first, ties by lower id), natural log, of the distribution the token was drawn from.
+ */
+typedef struct cai_token_logprobs
+{
+	float		logprob;
+	int			n_top;
+	int32_t		top_token[CAI_TOP_LOGPROBS_MAX];
+	float		top_logprob[CAI_TOP_LOGPROBS_MAX];
+} cai_token_logprobs;
+
 typedef struct cai_event
 {
 	uint64_t	request_id;
@@ -452,6 +502,7 @@ typedef struct cai_event
 	cai_finish_reason finish;
 	cai_usage	usage;			/* complete when finish != NONE */
 	const char *error;			/* with CAI_FINISH_ERROR */
+	const cai_token_logprobs *logprobs; /* with token >= 0 when the request asked; else NULL */
 } cai_event;
 
 /*

@@ -78,6 +78,8 @@ typedef struct cai_request
 
 	/* sampling and text */
 	cai_rng		rng;
+	cai_logit_bias *logit_bias; /* the request's own copy; sampling.logit_bias points here */
+	cai_token_logprobs logprobs;	/* of the token sampled last (sampling.logprobs) */
 	cai_reply_text reply;		/* detokenized text, stop strings, what was reported */
 	cai_grammar *grammar;		/* a constrained reply's grammar (owned), or NULL */
 	cai_grammar_state *grammar_state;
@@ -261,6 +263,52 @@ cai_sampling_params_default(cai_sampling_params *params)
 	params->top_k = 0;
 	params->seed = 0;
 	params->max_tokens = 256;
+	params->repetition_penalty = 1.0f;
+}
+
+/* The penalties, filters and logprobs of cai_sampling_params_check; NaN fails every test. */
+static cai_status
+sampling_adjustments_check(const cai_sampling_params *sp, cai_error *err)
+{
+	if (!(sp->presence_penalty >= -CAI_PENALTY_MAX && sp->presence_penalty <= CAI_PENALTY_MAX))
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"presence_penalty must be between %g and %g (got %.9g)", -CAI_PENALTY_MAX,
+						CAI_PENALTY_MAX, (double) sp->presence_penalty);
+	if (!(sp->frequency_penalty >= -CAI_PENALTY_MAX && sp->frequency_penalty <= CAI_PENALTY_MAX))
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"frequency_penalty must be between %g and %g (got %.9g)", -CAI_PENALTY_MAX,
+						CAI_PENALTY_MAX, (double) sp->frequency_penalty);
+	if (!(sp->repetition_penalty > 0.0f && sp->repetition_penalty <= CAI_REPETITION_PENALTY_MAX))
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"repetition_penalty must be greater than 0 and at most %g (got %.9g)",
+						CAI_REPETITION_PENALTY_MAX, (double) sp->repetition_penalty);
+	if (!(sp->min_p >= 0.0f && sp->min_p <= 1.0f))
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"min_p must be between 0 and 1 (got %.9g)", (double) sp->min_p);
+	if (sp->top_logprobs < 0 || sp->top_logprobs > CAI_TOP_LOGPROBS_MAX)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"top_logprobs must be between 0 and %d (got %d)", CAI_TOP_LOGPROBS_MAX,
+						sp->top_logprobs);
+	if (sp->n_logit_bias < 0 || sp->n_logit_bias > CAI_MAX_LOGIT_BIAS ||
+		(sp->n_logit_bias > 0 && sp->logit_bias == NULL))
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"logit_bias takes at most %d tokens (got %d)", CAI_MAX_LOGIT_BIAS,
+						sp->n_logit_bias);
+	for (int i = 0; i < sp->n_logit_bias; i++)
+	{
+		float		b = sp->logit_bias[i].bias;
+
+		if (sp->logit_bias[i].token < 0)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+							"logit_bias token ids must not be negative (got %d)",
+							sp->logit_bias[i].token);
+		if (!(b >= -CAI_LOGIT_BIAS_MAX && b <= CAI_LOGIT_BIAS_MAX))
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+							"logit_bias values must be between %g and %g (got %.9g for token %d)",
+							-CAI_LOGIT_BIAS_MAX, CAI_LOGIT_BIAS_MAX, (double) b,
+							sp->logit_bias[i].token);
+	}
+	return CAI_OK;
 }
 
 /* See cai.h; the negated comparisons refuse NaN too. */
@@ -296,7 +344,7 @@ cai_sampling_params_check(const cai_sampling_params *sp, cai_error *err)
 							"stop takes strings of at most %d bytes (got one of %zu)",
 							CAI_STOP_MAX_BYTES, len);
 	}
-	return CAI_OK;
+	return sampling_adjustments_check(sp, err);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -635,6 +683,7 @@ request_free(cai_request *req)
 	if (!req)
 		return;
 	cai_tokens_free(&req->tokens);
+	free(req->logit_bias);
 	free(req->block_table);
 	cai_reply_text_free(&req->reply);
 	cai_grammar_state_free(req->grammar_state);
@@ -736,6 +785,11 @@ engine_submit(cai_engine *engine, const cai_request_params *params, uint64_t *re
 							params->prompt[i], i, n_vocab - 1);
 	if ((st = cai_sampling_params_check(sp, err)) != CAI_OK)
 		return st;
+	for (int i = 0; i < sp->n_logit_bias; i++)
+		if (sp->logit_bias[i].token >= n_vocab)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+							"logit_bias token %d is outside the vocabulary (0..%d)",
+							sp->logit_bias[i].token, n_vocab - 1);
 	/* a stop string would cut a constrained value wherever it matched */
 	if (params->grammar && sp->n_stop > 0)
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
@@ -804,6 +858,19 @@ engine_submit(cai_engine *engine, const cai_request_params *params, uint64_t *re
 		return st;
 	}
 	req->sampling = *sp;
+	req->sampling.logit_bias = NULL;
+	if (sp->n_logit_bias > 0)
+	{
+		/* the caller's array may go away after submit */
+		req->logit_bias = malloc(sizeof(cai_logit_bias) * (size_t) sp->n_logit_bias);
+		if (!req->logit_bias)
+		{
+			request_free(req);
+			return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory queuing the request");
+		}
+		memcpy(req->logit_bias, sp->logit_bias, sizeof(cai_logit_bias) * (size_t) sp->n_logit_bias);
+		req->sampling.logit_bias = req->logit_bias;
+	}
 	/* a constrained reply ends where its value does: the end token cannot be banned */
 	if (req->grammar || req->tool_state)
 		req->sampling.ignore_eos = false;
@@ -1187,11 +1254,12 @@ request_sample(const cai_engine *engine, cai_request *req, const float *logits,
 			req->grammar_failed = true;
 			return -1;
 		}
-		return cai_sample_masked(&req->sampling, &req->rng, logits, model->cfg.n_vocab, mask,
-								 banned, n_banned, scratch);
 	}
-	return cai_sample(&req->sampling, &req->rng, logits, model->cfg.n_vocab, banned, n_banned,
-					  scratch);
+	/* penalties see the whole sequence; logprobs land in the request, read by take_token */
+	return cai_sample_adjusted(&req->sampling, &req->rng, logits, model->cfg.n_vocab,
+							   req->grammar_state ? mask : NULL, banned, n_banned,
+							   req->tokens.ids, req->tokens.n, req->n_prompt, scratch,
+							   &req->logprobs);
 }
 
 static void
@@ -1249,6 +1317,7 @@ request_take_token(cai_engine *engine, cai_request *req, int32_t token, cai_even
 		return;
 	}
 	ev->token = token;
+	ev->logprobs = req->sampling.logprobs ? &req->logprobs : NULL;
 	if (req->n_generated == 0)
 		req->usage.ttft_ms = (cai_now_seconds() - req->submit_time) * 1000.0;
 	req->n_generated++;

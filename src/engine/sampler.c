@@ -107,13 +107,15 @@ cai_sampler_scratch_init(cai_sampler_scratch *s, int n_vocab, cai_error *err)
 	s->prob = NULL;
 	s->index = NULL;
 	s->masked = NULL;
+	s->count = NULL;
 	if (n_vocab <= 0)
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
 						"sampler vocabulary size must be positive, got %d", n_vocab);
 	s->prob = malloc(sizeof(float) * (size_t) n_vocab);
 	s->index = malloc(sizeof(int32_t) * (size_t) n_vocab);
 	s->masked = malloc(sizeof(float) * (size_t) n_vocab);
-	if (s->prob == NULL || s->index == NULL || s->masked == NULL)
+	s->count = calloc((size_t) n_vocab, sizeof(int32_t));
+	if (s->prob == NULL || s->index == NULL || s->masked == NULL || s->count == NULL)
 	{
 		cai_sampler_scratch_free(s);
 		return cai_fail(err, CAI_ERR_NO_MEMORY,
@@ -130,6 +132,8 @@ cai_sampler_scratch_free(cai_sampler_scratch *s)
 	free(s->prob);
 	free(s->index);
 	free(s->masked);
+	free(s->count);
+	s->count = NULL;
 	s->prob = NULL;
 	s->index = NULL;
 	s->masked = NULL;
@@ -744,4 +748,200 @@ cai_sample_masked(const cai_sampling_params *p, cai_rng *rng, const float *logit
 				masked[base + i] = (bits >> i) & 1 ? logits[base + i] : -INFINITY;
 	}
 	return cai_sample(p, rng, masked, n_vocab, banned, n_banned, scratch);
+}
+
+/* ---------------------------------------------------------------------------------------------
+ * Penalties, logit_bias, min_p, logprobs
+ * ------------------------------------------------------------------------------------------- */
+
+/*
+ * A zeroed cai_sampling_params (a caller that did not call cai_sampling_params_default) means
+ * no repetition penalty, not a division by zero: only a positive value other than 1 applies.
+ */
+static inline bool
+repetition_active(const cai_sampling_params *p)
+{
+	return p->repetition_penalty > 0.0f && p->repetition_penalty != 1.0f;
+}
+
+bool
+cai_sampling_adjusts(const cai_sampling_params *p)
+{
+	return p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f ||
+		repetition_active(p) || p->min_p > 0.0f || p->n_logit_bias > 0 || p->logprobs;
+}
+
+/* logits -> out with the grammar's mask and the banned ids at -inf */
+static void
+copy_allowed(const float *logits, int n_vocab, const uint64_t *allowed, const int32_t *banned,
+			 int n_banned, float *out)
+{
+	if (allowed == NULL)
+		memcpy(out, logits, sizeof(float) * (size_t) n_vocab);
+	else
+		for (int i = 0; i < n_vocab; i++)
+			out[i] = (allowed[i / 64] >> (i % 64)) & 1 ? logits[i] : -INFINITY;
+	for (int b = 0; b < n_banned; b++)
+		if (banned[b] >= 0 && banned[b] < n_vocab)
+			out[banned[b]] = -INFINITY;
+}
+
+/*
+ * The penalties that look at earlier tokens.  count[] marks each token once (so that a token
+ * seen five times is penalized once by repetition_penalty, and once with its count by the
+ * others) and is cleared again while applying, so the cost is the history's length, never the
+ * vocabulary's.
+ */
+static void
+apply_history_penalties(const cai_sampling_params *p, int n_vocab, const int32_t *history,
+						int n_history, int n_prompt, float *out, int32_t *count)
+{
+	if (repetition_active(p))
+	{
+		int			from = n_history > CAI_REPEAT_LAST_N ? n_history - CAI_REPEAT_LAST_N : 0;
+		float		rp = p->repetition_penalty;
+
+		for (int i = from; i < n_history; i++)
+		{
+			int32_t		t = history[i];
+
+			if (t < 0 || t >= n_vocab || count[t]++ > 0)
+				continue;
+			/* llama.cpp's rule: a positive logit shrinks, a negative one grows more negative */
+			out[t] = out[t] > 0.0f ? out[t] / rp : out[t] * rp;
+		}
+		for (int i = from; i < n_history; i++)
+			if (history[i] >= 0 && history[i] < n_vocab)
+				count[history[i]] = 0;
+	}
+	if (p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f)
+	{
+		int			from = n_prompt < 0 ? 0 : n_prompt;
+
+		for (int i = from; i < n_history; i++)
+			if (history[i] >= 0 && history[i] < n_vocab)
+				count[history[i]]++;
+		for (int i = from; i < n_history; i++)
+		{
+			int32_t		t = history[i];
+
+			if (t < 0 || t >= n_vocab || count[t] == 0)
+				continue;
+			/* OpenAI's definition: presence once, frequency per occurrence in the reply */
+			out[t] -= p->presence_penalty + p->frequency_penalty * (float) count[t];
+			count[t] = 0;
+		}
+	}
+}
+
+void
+cai_sampler_adjust(const cai_sampling_params *p, const float *logits, int n_vocab,
+				   const uint64_t *allowed, const int32_t *banned, int n_banned,
+				   const int32_t *history, int n_history, int n_prompt, float *out,
+				   int32_t *count)
+{
+	copy_allowed(logits, n_vocab, allowed, banned, n_banned, out);
+	if (history != NULL && n_history > 0)
+		apply_history_penalties(p, n_vocab, history, n_history, n_prompt, out, count);
+	for (int b = 0; b < p->n_logit_bias; b++)
+	{
+		int32_t		t = p->logit_bias[b].token;
+
+		if (t < 0 || t >= n_vocab)
+			continue;
+		/* OpenAI's -100 means "never", not "rarely": a large logit must not overcome it */
+		if (p->logit_bias[b].bias <= (float) -CAI_LOGIT_BIAS_MAX)
+			out[t] = -INFINITY;
+		else
+			out[t] += p->logit_bias[b].bias;
+	}
+	if (p->min_p > 0.0f)
+	{
+		/* p_i < min_p * p_max  <=>  l_i < l_max + ln(min_p), at temperature 1 (llama.cpp's) */
+		float		max = max_logit_of(out, n_vocab);
+		float		threshold = max + logf(p->min_p);
+
+		if (max > -INFINITY && max < INFINITY)
+			for (int i = 0; i < n_vocab; i++)
+				if (!(out[i] >= threshold))
+					out[i] = -INFINITY;
+	}
+}
+
+/* True when (value a, id a) ranks before (value b, id b): higher, then lower id. */
+static inline bool
+logprob_before(float va, int32_t a, float vb, int32_t b)
+{
+	return va > vb || (va == vb && a < b);
+}
+
+void
+cai_sampler_logprobs(const float *logits, int n_vocab, float temperature, int32_t token,
+					 int top_n, cai_token_logprobs *out)
+{
+	double		inv_t = temperature > 0.0f ? 1.0 / (double) temperature : 1.0;
+	float		max = max_logit_of(logits, n_vocab);
+	double		sum = 0.0;
+	double		log_z;
+
+	memset(out, 0, sizeof(*out));
+	if (top_n > CAI_TOP_LOGPROBS_MAX)
+		top_n = CAI_TOP_LOGPROBS_MAX;
+	if (!(max > -INFINITY) || max == INFINITY)
+	{
+		out->logprob = token >= 0 && token < n_vocab && logits[token] == max ? 0.0f : -INFINITY;
+		return;
+	}
+	for (int i = 0; i < n_vocab; i++)
+		if (logits[i] > -INFINITY)
+			sum += exp(((double) logits[i] - max) * inv_t);
+	log_z = log(sum);
+	out->logprob = token >= 0 && token < n_vocab && logits[token] > -INFINITY ?
+		(float) (((double) logits[token] - max) * inv_t - log_z) : -INFINITY;
+
+	/* insertion into a sorted list of at most 20: a token that cannot enter costs a compare */
+	for (int32_t i = 0; i < n_vocab && top_n > 0; i++)
+	{
+		float		v = logits[i];
+		int			pos;
+
+		if (!(v > -INFINITY))
+			continue;
+		if (out->n_top == top_n &&
+			!logprob_before(v, i, logits[out->top_token[top_n - 1]], out->top_token[top_n - 1]))
+			continue;
+		pos = out->n_top < top_n ? out->n_top++ : top_n - 1;
+		while (pos > 0 && logprob_before(v, i, logits[out->top_token[pos - 1]],
+										 out->top_token[pos - 1]))
+		{
+			out->top_token[pos] = out->top_token[pos - 1];
+			pos--;
+		}
+		out->top_token[pos] = i;
+	}
+	for (int j = 0; j < out->n_top; j++)
+		out->top_logprob[j] =
+			(float) (((double) logits[out->top_token[j]] - max) * inv_t - log_z);
+}
+
+int32_t
+cai_sample_adjusted(const cai_sampling_params *p, cai_rng *rng, const float *logits, int n_vocab,
+					const uint64_t *allowed, const int32_t *banned, int n_banned,
+					const int32_t *history, int n_history, int n_prompt,
+					cai_sampler_scratch *scratch, cai_token_logprobs *lp)
+{
+	float	   *adjusted;
+	int32_t		token;
+
+	if (!cai_sampling_adjusts(p))
+		return cai_sample_masked(p, rng, logits, n_vocab, allowed, banned, n_banned, scratch);
+	if (scratch == NULL || scratch->n_vocab < n_vocab || n_vocab <= 0 || logits == NULL)
+		return -1;
+	adjusted = scratch->masked;
+	cai_sampler_adjust(p, logits, n_vocab, allowed, banned, banned ? n_banned : 0, history,
+					   n_history, n_prompt, adjusted, scratch->count);
+	token = cai_sample(p, rng, adjusted, n_vocab, banned, n_banned, scratch);
+	if (p->logprobs && lp != NULL)
+		cai_sampler_logprobs(adjusted, n_vocab, p->temperature, token, p->top_logprobs, lp);
+	return token;
 }

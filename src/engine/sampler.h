@@ -7,6 +7,7 @@
 #ifndef CAI_SAMPLER_H
 #define CAI_SAMPLER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "cai.h"
@@ -27,6 +28,7 @@ typedef struct cai_sampler_scratch
 	float	   *prob;			/* [n_vocab] */
 	int32_t    *index;			/* [n_vocab] */
 	float	   *masked;			/* [n_vocab] logits with the disallowed at -inf */
+	int32_t    *count;			/* [n_vocab] zero between calls: token counts of the penalties */
 } cai_sampler_scratch;
 
 cai_status	cai_sampler_scratch_init(cai_sampler_scratch *s, int n_vocab, cai_error *err);
@@ -50,5 +52,44 @@ int32_t		cai_sample(const cai_sampling_params *p, cai_rng *rng, const float *log
 int32_t		cai_sample_masked(const cai_sampling_params *p, cai_rng *rng, const float *logits,
 							  int n_vocab, const uint64_t *allowed, const int32_t *banned,
 							  int n_banned, cai_sampler_scratch *scratch);
+
+/*
+ * True when p asks for anything cai_sampler_adjust does (penalties, logit_bias, min_p) or for
+ * logprobs, i.e. when cai_sample_adjusted cannot just hand the logits to cai_sample_masked.
+ */
+bool		cai_sampling_adjusts(const cai_sampling_params *p);
+
+/*
+ * out[i] = logits[i] adjusted, in this order: -inf outside `allowed` (NULL: all allowed), and
+ * for `banned`; repetition_penalty over the distinct tokens among the last CAI_REPEAT_LAST_N of
+ * history[0..n_history) (prompt and reply); presence and frequency penalty over the reply,
+ * history[n_prompt..n_history); logit_bias (-CAI_LOGIT_BIAS_MAX: -inf); then min_p, which sets
+ * to -inf every token whose probability at temperature 1 is below min_p times the largest.
+ * count must hold n_vocab zeros; it holds zeros again on return.  Ids outside the vocabulary in
+ * history or logit_bias are skipped.
+ */
+void		cai_sampler_adjust(const cai_sampling_params *p, const float *logits, int n_vocab,
+							   const uint64_t *allowed, const int32_t *banned, int n_banned,
+							   const int32_t *history, int n_history, int n_prompt, float *out,
+							   int32_t *count);
+
+/*
+ * The log-softmax of logits / temperature (temperature <= 0: 1) at token, and the top_n
+ * (at most CAI_TOP_LOGPROBS_MAX) most likely tokens, best first, lowest id on ties; tokens at
+ * -inf are never listed.  Sums in double.
+ */
+void		cai_sampler_logprobs(const float *logits, int n_vocab, float temperature,
+								 int32_t token, int top_n, cai_token_logprobs *out);
+
+/*
+ * The whole sampling of a token: cai_sampler_adjust into scratch->masked, then cai_sample on
+ * it, then (when p->logprobs and lp) the logprobs of that same adjusted distribution.  Without
+ * adjustments or logprobs it is exactly cai_sample_masked (same bits, same RNG use).
+ */
+int32_t		cai_sample_adjusted(const cai_sampling_params *p, cai_rng *rng, const float *logits,
+								int n_vocab, const uint64_t *allowed, const int32_t *banned,
+								int n_banned, const int32_t *history, int n_history,
+								int n_prompt, cai_sampler_scratch *scratch,
+								cai_token_logprobs *lp);
 
 #endif							/* CAI_SAMPLER_H */

@@ -348,6 +348,31 @@ CaiGenerationStart(cai_request_kind kind, const cai_wbuf *payload)
 }
 
 /*
+ * keep_logprobs
+ *		Stores the pending logprobs as those of generated id gen->n_ids, which is about to be
+ *		appended; ids that came without logprobs before it get none (n_top -1).
+ */
+static void
+keep_logprobs(CaiGeneration *gen)
+{
+	if (gen->logprobs_capacity <= gen->n_ids)
+	{
+		int			old = gen->logprobs_capacity;
+
+		gen->logprobs_capacity = Max(64, gen->n_ids * 2);
+		gen->logprobs = gen->logprobs == NULL ?
+			palloc(sizeof(CaiTokenLogprobs) * gen->logprobs_capacity) :
+			repalloc(gen->logprobs, sizeof(CaiTokenLogprobs) * gen->logprobs_capacity);
+		for (int i = old; i < gen->logprobs_capacity; i++)
+		{
+			memset(&gen->logprobs[i], 0, sizeof(CaiTokenLogprobs));
+			gen->logprobs[i].lp.n_top = -1;
+		}
+	}
+	gen->logprobs[gen->n_ids] = gen->pending;
+}
+
+/*
  * CaiGenerationNext
  *		Waits for the next piece of the reply.  Returns true with the new text (possibly empty:
  *		a token can complete no character yet), or false once the generation is done, when
@@ -382,12 +407,43 @@ CaiGenerationNext(CaiGeneration *gen, const char **piece, Size *len)
 							palloc(sizeof(int32) * gen->ids_capacity) :
 							repalloc(gen->ids, sizeof(int32) * gen->ids_capacity);
 					}
+					if (gen->logprobs_pending)
+						keep_logprobs(gen);
 					gen->ids[gen->n_ids++] = token;
 				}
+				gen->logprobs_pending = false;
 				text_len = nbytes - 1 - sizeof(int32);
 				appendBinaryStringInfo(&gen->text, data + 1 + sizeof(int32), (int) text_len);
 				*piece = gen->text.data + gen->text.len - text_len;
 				*len = text_len;
+				return true;
+			}
+
+		case CAI_MSG_LOGPROBS:
+			{
+				cai_reader	reader;
+
+				bool		ok;
+
+				cai_reader_init(&reader, data + 1, nbytes - 1);
+				ok = cai_wire_get_logprobs(&reader, &gen->pending.lp);
+				for (int i = 0; ok && i <= gen->pending.lp.n_top; i++)
+				{
+					const char *bytes;
+					uint32		len;
+
+					ok = cai_get_text(&reader, &bytes, &len) && len < MaxAllocSize;
+					if (ok)
+					{
+						gen->pending.bytes[i] = pnstrdup(bytes, len);
+						gen->pending.bytes_len[i] = (int) len;
+					}
+				}
+				if (!ok)
+					break;
+				gen->logprobs_pending = true;
+				*piece = gen->text.data + gen->text.len;
+				*len = 0;
 				return true;
 			}
 

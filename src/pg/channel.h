@@ -35,6 +35,18 @@ extern void CaiChannelReceive(CaiChannel *channel, char **data, Size *len);
 extern void CaiChannelClose(CaiChannel *channel);
 pg_noreturn extern void CaiRaiseWorkerError(const char *body, Size len);
 
+/*
+ * A generated token's logprobs with the bytes of each token they name (the backend has no
+ * tokenizer): bytes[0] the token's own, bytes[1 + i] those of lp.top_token[i].  lp.n_top < 0:
+ * the token came without logprobs.
+ */
+typedef struct CaiTokenLogprobs
+{
+	cai_token_logprobs lp;
+	char	   *bytes[1 + CAI_TOP_LOGPROBS_MAX];
+	int			bytes_len[1 + CAI_TOP_LOGPROBS_MAX];
+} CaiTokenLogprobs;
+
 typedef struct CaiGeneration
 {
 	CaiChannel *channel;
@@ -45,6 +57,10 @@ typedef struct CaiGeneration
 	bool		done;
 	cai_wire_final final;		/* valid once done */
 	int32	   *user_tokens;	/* final.n_user_tokens ids, once done */
+	CaiTokenLogprobs *logprobs; /* [n_ids] when the request asked for logprobs, else NULL */
+	int			logprobs_capacity;
+	bool		logprobs_pending;	/* a LOGPROBS message came; its TOKEN is next */
+	CaiTokenLogprobs pending;
 } CaiGeneration;
 
 extern CaiGeneration *CaiGenerationStart(cai_request_kind kind, const cai_wbuf *payload);

@@ -620,6 +620,74 @@ object_field(JsonbContainer *object, const char *key)
 }
 
 /*
+ * append_token_entry
+ *		One {token, logprob, bytes} of OpenAI's logprobs.  A token can stand for part of a
+ *		character; its text then shows the bytes as \xNN (OpenAI's way), while bytes holds them
+ *		exactly, so that consecutive entries' bytes concatenate to the reply.
+ */
+static void
+append_token_entry(StringInfo out, const char *bytes, int len, float logprob)
+{
+	StringInfoData text;
+
+	initStringInfo(&text);
+	if (pg_verifymbstr(bytes, len, true) && GetDatabaseEncoding() == PG_UTF8)
+		appendBinaryStringInfo(&text, bytes, len);
+	else
+		for (int i = 0; i < len; i++)
+		{
+			if ((unsigned char) bytes[i] < 0x80 && bytes[i] != '\0')
+				appendStringInfoChar(&text, bytes[i]);
+			else
+				appendStringInfo(&text, "\\x%02x", (unsigned char) bytes[i]);
+		}
+	appendStringInfoString(out, "{\"token\": ");
+	escape_json(out, text.data);
+	/* %.9g keeps a float's every bit; a -inf cannot be JSON and is never listed */
+	appendStringInfo(out, ", \"logprob\": %.9g, \"bytes\": [", (double) logprob);
+	for (int i = 0; i < len; i++)
+		appendStringInfo(out, "%s%d", i ? ", " : "", (unsigned char) bytes[i]);
+	appendStringInfoChar(out, ']');
+	pfree(text.data);
+}
+
+/*
+ * append_logprobs
+ *		choices[0].logprobs: null unless asked for, else {"content": [one entry per generated
+ *		token, with its top_logprobs]}.
+ */
+static void
+append_logprobs(StringInfo out, const CaiGeneration *gen, const CaiOptions *options)
+{
+	if (!options->logprobs)
+	{
+		appendStringInfoString(out, "null");
+		return;
+	}
+	appendStringInfoString(out, "{\"content\": [");
+	for (int i = 0, listed = 0; i < gen->n_ids && gen->logprobs != NULL; i++)
+	{
+		const CaiTokenLogprobs *t = &gen->logprobs[i];
+
+		if (t->lp.n_top < 0)
+			continue;
+		if (listed++ > 0)
+			appendStringInfoString(out, ", ");
+		append_token_entry(out, t->bytes[0], t->bytes_len[0], t->lp.logprob);
+		appendStringInfoString(out, ", \"top_logprobs\": [");
+		for (int j = 0; j < t->lp.n_top; j++)
+		{
+			if (j > 0)
+				appendStringInfoString(out, ", ");
+			append_token_entry(out, t->bytes[1 + j], t->bytes_len[1 + j], t->lp.top_logprob[j]);
+			appendStringInfoChar(out, '}');
+		}
+		appendStringInfoString(out, "]}");
+	}
+	appendStringInfoString(out, "]}");
+}
+
+/*
  * cai_chat_completion(messages jsonb, options jsonb) -> jsonb
  *		An OpenAI-style chat completion: messages in, a chat.completion object out.  Stores
  *		nothing.
@@ -726,6 +794,8 @@ pg_cai_chat_completion(PG_FUNCTION_ARGS)
 	appendStringInfoString(&out, ", \"choices\": [{\"index\": 0, ");
 	CaiToolAppendChoice(&out, reply_text(gen), gen->final.finish == CAI_FINISH_LENGTH, &tools,
 						options.allow_partial);
+	appendStringInfoString(&out, ", \"logprobs\": ");
+	append_logprobs(&out, gen, &options);
 	appendStringInfoString(&out, "}], ");
 	appendStringInfo(&out,
 					 "\"usage\": {\"prompt_tokens\": %d, \"completion_tokens\": %d, \"total_tokens\": %d, "

@@ -6,6 +6,7 @@
  */
 #include "postgres.h"
 
+#include <ctype.h>
 #include <math.h>
 
 #include "mb/pg_wchar.h"
@@ -17,7 +18,7 @@
 #include "options.h"
 #include "protocol.h"
 
-#define CAI_VALID_OPTIONS		"max_tokens, temperature, top_p, top_k, seed, stop, truncate, ignore_eos, response_format, json_whitespace, allow_partial"
+#define CAI_VALID_OPTIONS		"max_tokens, temperature, top_p, top_k, seed, stop, truncate, ignore_eos, response_format, json_whitespace, allow_partial, presence_penalty, frequency_penalty, repetition_penalty, min_p, logit_bias, logprobs, top_logprobs"
 
 /*
  * CaiOptionsInit
@@ -37,6 +38,7 @@ CaiOptionsInit(CaiOptions *options)
 	options->truncate = true;
 	options->json_whitespace = CAI_JSON_WS_COMPACT;
 	options->allow_partial = false;
+	options->repetition_penalty = 1.0;
 }
 
 static const char *
@@ -383,6 +385,147 @@ CaiOptionsCheck(const CaiOptions *options)
 	}
 }
 
+/* ---------------------------------------------------------------------------------------------
+ * Penalties, filters and logprobs
+ * ------------------------------------------------------------------------------------------- */
+
+/*
+ * A number within [min, max] (or (min, max] when min_open), the range said in the error as the
+ * engine says it, so that the SQL and the engine refuse the same values in the same words.
+ */
+static double
+get_ranged_number(const char *key, const JsonbValue *value, double min, double max, bool min_open)
+{
+	double		v = get_number(key, value);
+
+	if (!((min_open ? v > min : v >= min) && v <= max))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 min_open ?
+				 errmsg("option \"%s\" must be greater than %g and at most %g", key, min, max) :
+				 errmsg("option \"%s\" must be between %g and %g", key, min, max),
+				 errdetail("Got %s.", numeric_detail_text(value->val.numeric))));
+	return v;
+}
+
+static void
+bad_logit_bias(const char *detail)
+{
+	ereport(ERROR,
+			(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+			 errmsg("option \"logit_bias\" must be an object mapping token ids to numbers between %g and %g",
+					-CAI_LOGIT_BIAS_MAX, CAI_LOGIT_BIAS_MAX),
+			 errdetail("%s", detail),
+			 errhint("Example: '{\"logit_bias\": {\"2\": -100}}' bans token 2.")));
+}
+
+/*
+ * apply_logit_bias
+ *		OpenAI's logit_bias: {"<token id>": bias}.  The ids are checked against the vocabulary
+ *		by the engine, the one that knows the model in use.
+ */
+static void
+apply_logit_bias(CaiOptions *options, const JsonbValue *value)
+{
+	JsonbIterator *it;
+	JsonbIteratorToken tok;
+	JsonbValue	v;
+	int			n = 0;
+
+	if (value->type != jbvBinary || !JsonContainerIsObject(value->val.binary.data))
+		bad_logit_bias(psprintf("Got a JSON %s.", value->type == jbvBinary ? "array" :
+								jsonb_type_name(value)));
+	options->logit_bias = palloc(sizeof(cai_logit_bias) * CAI_MAX_LOGIT_BIAS);
+	it = JsonbIteratorInit(value->val.binary.data);
+	while ((tok = JsonbIteratorNext(&it, &v, true)) != WJB_DONE)
+	{
+		char	   *id_text;
+		char	   *end;
+		long		id;
+		double		bias;
+
+		if (tok != WJB_KEY)
+			continue;
+		id_text = pnstrdup(v.val.string.val, v.val.string.len);
+		errno = 0;
+		id = strtol(id_text, &end, 10);
+		if (v.val.string.len == 0 || *end != '\0' || errno == ERANGE || id < 0 ||
+			id > PG_INT32_MAX || !isdigit((unsigned char) id_text[0]))
+			bad_logit_bias(psprintf("Key \"%s\" is not a token id (a non-negative integer).",
+									id_text));
+		if (n == CAI_MAX_LOGIT_BIAS)
+			bad_logit_bias(psprintf("It has more than %d tokens.", CAI_MAX_LOGIT_BIAS));
+		tok = JsonbIteratorNext(&it, &v, true);
+		Assert(tok == WJB_VALUE);
+		if (v.type != jbvNumeric)
+			bad_logit_bias(psprintf("Token %ld maps to a JSON %s.", id, jsonb_type_name(&v)));
+		bias = DatumGetFloat8(DirectFunctionCall1(numeric_float8_no_overflow,
+												  NumericGetDatum(v.val.numeric)));
+		if (!(bias >= -CAI_LOGIT_BIAS_MAX && bias <= CAI_LOGIT_BIAS_MAX))
+			bad_logit_bias(psprintf("Token %ld maps to %s.", id,
+									numeric_detail_text(v.val.numeric)));
+		options->logit_bias[n].token = (int32) id;
+		options->logit_bias[n].bias = (float) bias;
+		n++;
+	}
+	options->n_logit_bias = n;
+}
+
+/*
+ * apply_sampling_key
+ *		The penalties, filters and logprobs options; false for a key that is none of them.
+ */
+static bool
+apply_sampling_key(CaiOptions *options, const char *key, const JsonbValue *value,
+				   const CaiOptions *defaults)
+{
+	bool		is_null = value->type == jbvNull;
+
+	if (strcmp(key, "presence_penalty") == 0)
+		options->presence_penalty = is_null ? defaults->presence_penalty :
+			get_ranged_number(key, value, -CAI_PENALTY_MAX, CAI_PENALTY_MAX, false);
+	else if (strcmp(key, "frequency_penalty") == 0)
+		options->frequency_penalty = is_null ? defaults->frequency_penalty :
+			get_ranged_number(key, value, -CAI_PENALTY_MAX, CAI_PENALTY_MAX, false);
+	else if (strcmp(key, "repetition_penalty") == 0)
+	{
+		options->repetition_penalty = is_null ? defaults->repetition_penalty :
+			get_ranged_number(key, value, 0.0, CAI_REPETITION_PENALTY_MAX, true);
+		/* the engine's single precision must not round a tiny penalty to 0 */
+		if ((float) options->repetition_penalty <= 0.0f)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("option \"repetition_penalty\" must be greater than 0 and at most %g",
+							CAI_REPETITION_PENALTY_MAX),
+					 errdetail("Got %s, which is 0 in the engine's single precision.",
+							   numeric_detail_text(value->val.numeric))));
+	}
+	else if (strcmp(key, "min_p") == 0)
+		options->min_p = is_null ? defaults->min_p :
+			get_ranged_number(key, value, 0.0, 1.0, false);
+	else if (strcmp(key, "logit_bias") == 0)
+	{
+		options->n_logit_bias = 0;
+		if (!is_null)
+			apply_logit_bias(options, value);
+	}
+	else if (strcmp(key, "logprobs") == 0)
+	{
+		if (is_null)
+			options->logprobs = defaults->logprobs;
+		else if (value->type != jbvBool)
+			wrong_type(key, "a boolean", value);
+		else
+			options->logprobs = value->val.boolean;
+	}
+	else if (strcmp(key, "top_logprobs") == 0)
+		options->top_logprobs = is_null ? defaults->top_logprobs :
+			(int) get_integer(key, value, 0, CAI_TOP_LOGPROBS_MAX);
+	else
+		return false;
+	return true;
+}
+
 /*
  * apply_key
  *		Applies one option; a JSON null restores the key's default.
@@ -491,6 +634,8 @@ apply_key(CaiOptions *options, const char *key, const JsonbValue *value)
 		else
 			apply_response_format(options, value);
 	}
+	else if (apply_sampling_key(options, key, value, &defaults))
+		return;
 	else
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -557,7 +702,7 @@ CaiOptionsWriteGeneration(cai_wbuf *buf, const CaiOptions *options, uint64 cache
 	cai_wire_generation g;
 	int			i;
 
-	memset(&g, 0, sizeof(g));
+	cai_wire_generation_init(&g);
 	g.temperature = (float) options->temperature;
 	g.top_p = (float) options->top_p;
 	g.top_k = options->top_k;
@@ -574,5 +719,14 @@ CaiOptionsWriteGeneration(cai_wbuf *buf, const CaiOptions *options, uint64 cache
 	if (options->json_schema)
 		g.schema = pg_server_to_any(options->json_schema, strlen(options->json_schema), PG_UTF8);
 	g.json_whitespace = (uint8_t) options->json_whitespace;
+	g.presence_penalty = (float) options->presence_penalty;
+	g.frequency_penalty = (float) options->frequency_penalty;
+	g.repetition_penalty = (float) options->repetition_penalty;
+	g.min_p = (float) options->min_p;
+	g.n_logit_bias = options->n_logit_bias;
+	g.logit_bias = options->logit_bias;
+	/* top_logprobs without logprobs asks for nothing, as in OpenAI's API */
+	g.logprobs = options->logprobs;
+	g.top_logprobs = options->logprobs ? options->top_logprobs : 0;
 	cai_wire_put_generation(buf, &g);
 }

@@ -29,6 +29,14 @@ typedef struct CaiOptions
 	char	   *json_schema;	/* CAI_RESPONSE_JSON_SCHEMA: the schema as JSON text */
 	cai_json_whitespace json_whitespace;	/* of a JSON reply */
 	bool		allow_partial;	/* a JSON reply cut by max_tokens is returned, not an error */
+	double		presence_penalty;
+	double		frequency_penalty;
+	double		repetition_penalty;
+	double		min_p;
+	int			n_logit_bias;
+	cai_logit_bias *logit_bias;	/* palloc'd [n_logit_bias] */
+	bool		logprobs;		/* cai_chat_completion reports them */
+	int			top_logprobs;
 } CaiOptions;
 
 extern void CaiOptionsInit(CaiOptions *options);

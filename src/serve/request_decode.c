@@ -21,6 +21,7 @@ cai_decoded_request_free(cai_decoded_request *req)
 	free(req->ids);
 	cai_tool_set_free(req->tools);
 	free(req->tool_name);
+	free(req->logit_bias);
 	memset(req, 0, sizeof(*req));
 }
 
@@ -56,6 +57,22 @@ decode_sampling(const cai_wire_generation *g, cai_decoded_request *out, cai_erro
 		sp->stop[i] = out->stop[i];
 	}
 	sp->n_stop = g->n_stop;
+	sp->presence_penalty = g->presence_penalty;
+	sp->frequency_penalty = g->frequency_penalty;
+	sp->repetition_penalty = g->repetition_penalty;
+	sp->min_p = g->min_p;
+	sp->logprobs = g->logprobs;
+	sp->top_logprobs = g->top_logprobs;
+	if (g->n_logit_bias > 0)
+	{
+		out->logit_bias = malloc(sizeof(cai_logit_bias) * (size_t) g->n_logit_bias);
+		if (!out->logit_bias)
+			return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory decoding a request");
+		for (int i = 0; i < g->n_logit_bias; i++)
+			out->logit_bias[i] = cai_wire_logit_bias_at(g, i);
+		sp->logit_bias = out->logit_bias;
+		sp->n_logit_bias = g->n_logit_bias;
+	}
 	if ((st = cai_sampling_params_check(sp, err)) != CAI_OK)
 		return st;
 	out->params.cache_salt = g->cache_salt;

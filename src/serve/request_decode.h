@@ -22,6 +22,7 @@ typedef struct cai_decoded_request
 	cai_request_params params;
 	int32_t    *prompt;			/* params.prompt, owned */
 	char	   *stop[CAI_MAX_STOP_STRINGS]; /* params.sampling.stop, owned */
+	cai_logit_bias *logit_bias;	/* params.sampling.logit_bias, owned */
 	int			first_message;	/* CHAT: the oldest turn kept after truncation */
 	int32_t    *user_tokens;	/* CHAT: the last turn's content ids, owned */
 	int			n_user_tokens;

@@ -367,6 +367,20 @@ finish_generation(server *s, serve_request *req, const cai_event *ev)
 	cai_frame_end(&s->step_out, frame);
 }
 
+/* Writes the bytes one token stands for as a text (empty when it cannot be decoded). */
+static void
+put_token_bytes(server *s, int32_t token)
+{
+	char	   *text = NULL;
+	size_t		len = 0;
+	cai_error	err;
+
+	if (cai_detokenize(s->model, &token, 1, &text, &len, &err) != CAI_OK)
+		len = 0;
+	cai_put_text(&s->step_out, text ? text : "", len);
+	free(text);
+}
+
 /* Forwards one engine event; returns true when the request finished. */
 static bool
 handle_event(server *s, const cai_event *ev)
@@ -386,6 +400,19 @@ handle_event(server *s, const cai_event *ev)
 
 		if (token >= 0)
 			(void) cai_tokens_push(&req->generated, token);
+		/* the end token is no part of the reply's content: no logprobs for it either */
+		if (token >= 0 && ev->logprobs)
+		{
+			size_t		frame = cai_frame_begin(&s->step_out, CAI_FRAME_MESSAGE, req->id);
+
+			cai_put_u8(&s->step_out, CAI_MSG_LOGPROBS);
+			cai_wire_put_logprobs(&s->step_out, ev->logprobs);
+			/* the backend has no tokenizer: each listed token's bytes travel along */
+			put_token_bytes(s, token);
+			for (int i = 0; i < ev->logprobs->n_top; i++)
+				put_token_bytes(s, ev->logprobs->top_token[i]);
+			cai_frame_end(&s->step_out, frame);
+		}
 		cai_put_bytes(&req->text, ev->text, ev->text_len);
 		send_message(&s->step_out, req->id, CAI_MSG_TOKEN, &token, sizeof(token), ev->text,
 					 ev->text_len);

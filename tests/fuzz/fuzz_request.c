@@ -80,11 +80,12 @@ static uint32_t
 build_generation(fuzz_input *in, cai_wbuf *w)
 {
 	cai_wire_generation g;
+	cai_logit_bias bias[4];
 	char	   *stops[CAI_MAX_STOP_STRINGS] = {0};
 	char	   *schema = NULL;
 	uint32_t	kind = fuzz_bool(in) ? CAI_REQUEST_CHAT : CAI_REQUEST_COMPLETE;
 
-	memset(&g, 0, sizeof(g));
+	cai_wire_generation_init(&g);
 	g.temperature = fuzz_float(in);
 	g.top_p = fuzz_float(in);
 	g.top_k = (int32_t) (fuzz_u16(in)) - 8;
@@ -112,6 +113,21 @@ build_generation(fuzz_input *in, cai_wbuf *w)
 		g.schema = schema;
 	}
 	g.json_whitespace = fuzz_bool(in) ? CAI_JSON_WS_COMPACT : CAI_JSON_WS_FREE;
+	/* penalties and logprobs: in and out of range, NaN included (fuzz_float) */
+	g.repetition_penalty = fuzz_bool(in) ? 1.0f : fuzz_float(in);
+	g.presence_penalty = fuzz_bool(in) ? 0.0f : fuzz_float(in);
+	g.frequency_penalty = fuzz_bool(in) ? 0.0f : fuzz_float(in);
+	g.min_p = fuzz_bool(in) ? 0.0f : fuzz_float(in);
+	g.logprobs = fuzz_bool(in);
+	g.top_logprobs = (int32_t) (fuzz_u8(in) % 32) - 4;
+	g.n_logit_bias = fuzz_u8(in) % 5;	/* at most 4: bias[] */
+	for (int i = 0; i < g.n_logit_bias; i++)
+	{
+		/* ids around and beyond the vocabulary, negative ones too */
+		bias[i].token = (int32_t) fuzz_u32(in) % 70000 - 100;
+		bias[i].bias = fuzz_float(in);
+	}
+	g.logit_bias = bias;
 	cai_wire_put_generation(w, &g);
 	for (int i = 0; i < g.n_stop; i++)
 		free(stops[i]);

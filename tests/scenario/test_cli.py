@@ -98,6 +98,42 @@ r = cai("run", "-m", MODEL, "-p", "Hi", "--max-tokens", "2", "--compensated-roun
 c.check("cai run takes --compensated-rounding, the old name of --gptq-rounding", r.returncode == 0,
         repr(r.stderr[-300:]))
 
+# Penalties and filters: the same limits as the SQL options, named in each usage error; a
+# logit_bias id outside the vocabulary is the engine's error (it knows the model).
+for flags, message in ((["--presence-penalty", "2.5"], "--presence-penalty must be between -2 and 2, got 2.5"),
+                       (["--frequency-penalty", "-3"], "--frequency-penalty must be between -2 and 2, got -3"),
+                       (["--repetition-penalty", "0"], "--repetition-penalty must be greater than 0 and at most 10, got 0"),
+                       (["--min-p", "1.5"], "--min-p must be between 0 and 1, got 1.5"),
+                       (["--min-p", "x"], "--min-p expects a number"),
+                       (["--logit-bias", "abc=1"], "--logit-bias expects ID=BIAS"),
+                       (["--logit-bias", "5=101"], "--logit-bias BIAS must be a number between -100 and 100"),
+                       (["--logit-bias", "5"], "--logit-bias expects ID=BIAS")):
+    r = cai("run", "-m", MODEL, "-p", "Hi", *flags)
+    c.check("cai run %s is refused: %s" % (" ".join(flags), message),
+            r.returncode == 2 and message in r.stderr, repr(r.stderr[-300:]))
+r = cai("run", "-m", MODEL, "-p", "Hi", "--logit-bias", "99999999=1")
+c.check("cai run --logit-bias with an id outside the vocabulary fails naming logit_bias",
+        r.returncode == 1 and "logit_bias token 99999999 is outside the vocabulary" in r.stderr,
+        repr(r.stderr[-300:]))
+france = ["run", "-m", MODEL, "-p", "The capital of France is", "--max-tokens", "6"]
+plain = cai(*france)
+banned = cai(*france, "--logit-bias", "7042=-100")
+c.check("cai run --logit-bias -100 bans the greedy reply's first token (' Paris', id 7042)",
+        plain.returncode == 0 and banned.returncode == 0 and plain.stdout.startswith(" Paris")
+        and "Paris" not in banned.stdout, repr((plain.stdout, banned.stdout, banned.stderr[-200:])))
+loop = ["run", "-m", MODEL, "-p", "1 1 1 1 1 1 1 1", "--max-tokens", "8"]
+looping, penalized = cai(*loop), cai(*loop, "--repetition-penalty", "3")
+c.check("cai run --repetition-penalty 3 breaks greedy's loop of 1s",
+        looping.stdout.strip().startswith("1 1 1") and "1 1" not in penalized.stdout,
+        repr((looping.stdout, penalized.stdout)))
+r = cai("run", "-m", MODEL, "-p", "The capital of France is", "--max-tokens", "8", "--temp", "2",
+        "--seed", "3", "--min-p", "1")
+c.check("cai run --min-p 1 at temperature 2 is the greedy reply",
+        r.returncode == 0 and r.stdout == cai(*france[:-1], "8").stdout, repr(r.stdout))
+r = cai("chat", "-m", MODEL, "--presence-penalty", "3")
+c.check("cai chat --presence-penalty 3 is refused", r.returncode == 2 and
+        "--presence-penalty must be between -2 and 2" in r.stderr, repr(r.stderr[-300:]))
+
 with tempfile.TemporaryDirectory() as out:
     r = cai("eval", "-m", MODEL, "-n", str(EVAL_TOKENS), "-c", str(EVAL_CTX), "--json",
             "--logits-out", out, TEXT)

@@ -790,3 +790,316 @@ TEST(sampler_masked)
 	CHECK(rng.s[0] == rng_plain.s[0] && rng.s[3] == rng_plain.s[3]);
 	cai_sampler_scratch_free(&scratch);
 }
+
+/* ---------------------------------------------------------------------------------------------
+ * Penalties, logit_bias, min_p and logprobs, against values computed by hand
+ * ------------------------------------------------------------------------------------------- */
+
+static const float adjust_logits[6] = {2.0f, -1.0f, 0.5f, 3.0f, -2.0f, 1.0f};
+
+/* cai_sampler_adjust with p over adjust_logits into out; checks that count is zero again */
+static void
+adjust(const cai_sampling_params *p, const uint64_t *allowed, const int32_t *history,
+	   int n_history, int n_prompt, float *out)
+{
+	int32_t		count[6] = {0};
+
+	cai_sampler_adjust(p, adjust_logits, 6, allowed, NULL, 0, history, n_history, n_prompt, out,
+					   count);
+	for (int i = 0; i < 6; i++)
+		CHECK_EQ_INT(count[i], 0);
+}
+
+TEST(sampler_repetition_penalty)
+{
+	cai_sampling_params p = sampling(0.0f, 0, 1.0f);
+	int32_t		history[4] = {0, 1, 1, 3};	/* prompt 0 1 1, reply 3 */
+	int32_t		long_history[CAI_REPEAT_LAST_N + 1];
+	float		out[6];
+
+	p.repetition_penalty = 2.0f;
+	adjust(&p, NULL, history, 4, 3, out);
+	CHECK_NEAR(out[0], 1.0, 0);		/* 2 / 2: a prompt token counts too */
+	CHECK_NEAR(out[1], -2.0, 0);	/* -1 * 2, once although seen twice */
+	CHECK_NEAR(out[2], 0.5, 0);
+	CHECK_NEAR(out[3], 1.5, 0);		/* 3 / 2 */
+	CHECK_NEAR(out[4], -2.0, 0);
+	CHECK_NEAR(out[5], 1.0, 0);
+
+	/* only the last CAI_REPEAT_LAST_N tokens count: token 0 at the start falls outside */
+	long_history[0] = 0;
+	for (int i = 1; i <= CAI_REPEAT_LAST_N; i++)
+		long_history[i] = 5;
+	adjust(&p, NULL, long_history, CAI_REPEAT_LAST_N + 1, 1, out);
+	CHECK_NEAR(out[0], 2.0, 0);
+	CHECK_NEAR(out[5], 0.5, 0);
+
+	/* greedy follows: 3 would win, but 3 / 2 = 1.5 loses to 0's 2 when only 3 is recent */
+	{
+		cai_sampler_scratch scratch;
+		cai_rng		rng;
+		int32_t		recent[1] = {3};
+
+		CHECK_EQ_INT(cai_sampler_scratch_init(&scratch, 6, NULL), CAI_OK);
+		cai_rng_seed(&rng, 1);
+		CHECK_EQ_INT(cai_sample_adjusted(&p, &rng, adjust_logits, 6, NULL, NULL, 0, recent, 1, 1,
+										 &scratch, NULL), 0);
+		cai_sampler_scratch_free(&scratch);
+	}
+}
+
+TEST(sampler_presence_frequency_penalty)
+{
+	cai_sampling_params p = sampling(0.0f, 0, 1.0f);
+	int32_t		history[4] = {0, 3, 3, 5};	/* prompt 0, reply 3 3 5 */
+	float		out[6];
+
+	p.presence_penalty = 0.5f;
+	p.frequency_penalty = 0.25f;
+	adjust(&p, NULL, history, 4, 1, out);
+	CHECK_NEAR(out[0], 2.0, 0);		/* in the prompt only: OpenAI counts the reply */
+	CHECK_NEAR(out[3], 3.0 - 0.5 - 2 * 0.25, 1e-7);
+	CHECK_NEAR(out[5], 1.0 - 0.5 - 0.25, 1e-7);
+	CHECK_NEAR(out[1], -1.0, 0);
+
+	/* negative penalties encourage repetition */
+	p.presence_penalty = -1.0f;
+	p.frequency_penalty = -2.0f;
+	adjust(&p, NULL, history, 4, 1, out);
+	CHECK_NEAR(out[5], 1.0 + 1.0 + 2.0, 1e-7);
+	CHECK_NEAR(out[3], 3.0 + 1.0 + 4.0, 1e-7);
+}
+
+TEST(sampler_logit_bias_and_mask)
+{
+	cai_sampling_params p = sampling(0.0f, 0, 1.0f);
+	cai_logit_bias bias[3] = {{1, 5.0f}, {3, -100.0f}, {4, 1.0f}};
+	uint64_t	allowed[1] = {0x3f & ~(UINT64_C(1) << 4)};	/* the grammar forbids 4 */
+	cai_sampler_scratch scratch;
+	cai_rng		rng;
+	float		out[6];
+
+	p.logit_bias = bias;
+	p.n_logit_bias = 3;
+	adjust(&p, allowed, NULL, 0, 0, out);
+	CHECK_NEAR(out[1], 4.0, 0);
+	CHECK(isinf(out[3]) && out[3] < 0);	/* -100 bans: 3 - 100 would still be a logit */
+	CHECK(isinf(out[4]) && out[4] < 0);	/* a bias never lifts a grammar's mask */
+	CHECK_NEAR(out[0], 2.0, 0);
+
+	CHECK_EQ_INT(cai_sampler_scratch_init(&scratch, 6, NULL), CAI_OK);
+	cai_rng_seed(&rng, 1);
+	CHECK_EQ_INT(cai_sample_adjusted(&p, &rng, adjust_logits, 6, NULL, NULL, 0, NULL, 0, 0,
+									 &scratch, NULL), 1);
+	/* sampled: the banned token never comes out */
+	p.temperature = 2.0f;
+	for (int d = 0; d < 2000; d++)
+		CHECK(cai_sample_adjusted(&p, &rng, adjust_logits, 6, NULL, NULL, 0, NULL, 0, 0,
+								  &scratch, NULL) != 3);
+	cai_sampler_scratch_free(&scratch);
+}
+
+TEST(sampler_min_p)
+{
+	cai_sampling_params p = sampling(1.0f, 0, 1.0f);
+	cai_sampler_scratch scratch;
+	cai_rng		rng;
+	float		out[6];
+	int			counts[6] = {0};
+
+	/* p_i / p_max = exp(l_i - 3): token 0 has e^-1 = 0.368, token 5 e^-2 = 0.135 */
+	p.min_p = 0.3f;
+	adjust(&p, NULL, NULL, 0, 0, out);
+	CHECK_NEAR(out[0], 2.0, 0);
+	CHECK_NEAR(out[3], 3.0, 0);
+	for (int i = 0; i < 6; i++)
+		if (i != 0 && i != 3)
+			CHECK(isinf(out[i]) && out[i] < 0);
+	p.min_p = 0.4f;
+	adjust(&p, NULL, NULL, 0, 0, out);
+	CHECK(isinf(out[0]) && out[3] == 3.0f);
+
+	/* drawn at temperature 1 from {0, 3}: 3 with e / (e + 1) = 0.731 */
+	p.min_p = 0.3f;
+	CHECK_EQ_INT(cai_sampler_scratch_init(&scratch, 6, NULL), CAI_OK);
+	cai_rng_seed(&rng, 5);
+	for (int d = 0; d < N_DRAWS; d++)
+	{
+		int32_t		t = cai_sample_adjusted(&p, &rng, adjust_logits, 6, NULL, NULL, 0, NULL, 0,
+											0, &scratch, NULL);
+
+		CHECK(t == 0 || t == 3);
+		if (t >= 0 && t < 6)
+			counts[t]++;
+	}
+	{
+		double		expect = exp(1.0) / (exp(1.0) + 1.0);
+		double		sigma = sqrt(expect * (1 - expect) / N_DRAWS);
+
+		CHECK_NEAR(counts[3] / (double) N_DRAWS, expect, 4 * sigma);
+	}
+	cai_sampler_scratch_free(&scratch);
+}
+
+/* The log-softmax of x / t in double: the reference the engine's logprobs must match. */
+static double
+log_softmax_reference(const float *x, int n, double t, int at)
+{
+	double		max = -INFINITY;
+	double		sum = 0.0;
+
+	for (int i = 0; i < n; i++)
+		if (x[i] > max)
+			max = x[i];
+	for (int i = 0; i < n; i++)
+		if (x[i] > -INFINITY)
+			sum += exp((x[i] - max) / t);
+	return (x[at] - max) / t - log(sum);
+}
+
+TEST(sampler_logprobs_of_the_sampled_distribution)
+{
+	enum
+	{
+		N = 200
+	};
+	float		logits[N];
+	float		adjusted[N];
+	int32_t		count[N] = {0};
+	int32_t		history[5] = {7, 7, 11, 42, 7};
+	cai_logit_bias bias[2] = {{3, -100.0f}, {9, 2.5f}};
+	cai_sampling_params p = sampling(0.7f, 0, 1.0f);
+	cai_sampler_scratch scratch;
+	cai_token_logprobs lp;
+	cai_rng		rng;
+	int32_t		token;
+
+	for (int i = 0; i < N; i++)
+		logits[i] = (float) ((i * 53) % 31) * 0.37f - 4.0f;
+	logits[17] = logits[18];	/* a tie: the lower id is listed first */
+	p.presence_penalty = 0.4f;
+	p.frequency_penalty = 0.3f;
+	p.repetition_penalty = 1.3f;
+	p.logit_bias = bias;
+	p.n_logit_bias = 2;
+	p.min_p = 0.01f;
+	p.logprobs = true;
+	p.top_logprobs = CAI_TOP_LOGPROBS_MAX;
+
+	/* the distribution sampled from: every adjustment, then the temperature */
+	cai_sampler_adjust(&p, logits, N, NULL, NULL, 0, history, 5, 2, adjusted, count);
+	CHECK_EQ_INT(cai_sampler_scratch_init(&scratch, N, NULL), CAI_OK);
+	for (int seed = 0; seed < 20; seed++)
+	{
+		cai_rng_seed(&rng, (uint64_t) seed);
+		token = cai_sample_adjusted(&p, &rng, logits, N, NULL, NULL, 0, history, 5, 2, &scratch,
+									&lp);
+		CHECK(token >= 0 && token < N && adjusted[token] > -INFINITY);
+		CHECK_NEAR(lp.logprob, log_softmax_reference(adjusted, N, 0.7, token), 1e-4);
+		CHECK_EQ_INT(lp.n_top, CAI_TOP_LOGPROBS_MAX);
+		for (int j = 0; j < lp.n_top; j++)
+		{
+			int32_t		t = lp.top_token[j];
+
+			CHECK_NEAR(lp.top_logprob[j], log_softmax_reference(adjusted, N, 0.7, t), 1e-4);
+			CHECK(t != 3);
+			if (j > 0)
+				CHECK(adjusted[lp.top_token[j - 1]] > adjusted[t] ||
+					  (adjusted[lp.top_token[j - 1]] == adjusted[t] && lp.top_token[j - 1] < t));
+		}
+		/* nothing outside the list beats its last entry */
+		for (int i = 0; i < N; i++)
+		{
+			bool		listed = false;
+
+			for (int j = 0; j < lp.n_top; j++)
+				listed |= lp.top_token[j] == i;
+			if (!listed)
+				CHECK(adjusted[i] <= adjusted[lp.top_token[lp.n_top - 1]]);
+		}
+	}
+
+	/* greedy: temperature 1, and the chosen token is the top of the list */
+	p.temperature = 0.0f;
+	p.top_logprobs = 3;
+	token = cai_sample_adjusted(&p, &rng, logits, N, NULL, NULL, 0, history, 5, 2, &scratch, &lp);
+	CHECK_EQ_INT(lp.n_top, 3);
+	CHECK_EQ_INT(lp.top_token[0], token);
+	CHECK_NEAR(lp.logprob, lp.top_logprob[0], 0);
+	CHECK_NEAR(lp.logprob, log_softmax_reference(adjusted, N, 1.0, token), 1e-4);
+	cai_sampler_scratch_free(&scratch);
+}
+
+TEST(sampler_adjusted_without_adjustments_is_masked)
+{
+	cai_sampling_params p = sampling(0.9f, 0, 0.95f);
+	cai_sampler_scratch scratch;
+	cai_rng		a;
+	cai_rng		b;
+
+	p.repetition_penalty = 1.0f;
+	CHECK(!cai_sampling_adjusts(&p));
+	CHECK_EQ_INT(cai_sampler_scratch_init(&scratch, 6, NULL), CAI_OK);
+	cai_rng_seed(&a, 3);
+	cai_rng_seed(&b, 3);
+	for (int d = 0; d < 500; d++)
+		CHECK_EQ_INT(cai_sample_adjusted(&p, &a, adjust_logits, 6, NULL, NULL, 0, NULL, 0, 0,
+										 &scratch, NULL),
+					 cai_sample(&p, &b, adjust_logits, 6, NULL, 0, &scratch));
+	cai_sampler_scratch_free(&scratch);
+}
+
+/* Each bad value is refused with a message that names the option and its range. */
+TEST(sampler_params_check_names_the_option)
+{
+	static const struct
+	{
+		const char *field;
+		float		value;
+		const char *expect;
+	}			cases[] = {
+		{"presence", 2.5f, "presence_penalty must be between -2 and 2"},
+		{"presence", NAN, "presence_penalty must be between -2 and 2"},
+		{"frequency", -2.01f, "frequency_penalty must be between -2 and 2"},
+		{"repetition", 0.0f, "repetition_penalty must be greater than 0 and at most 10"},
+		{"repetition", 10.5f, "repetition_penalty must be greater than 0 and at most 10"},
+		{"min_p", 1.5f, "min_p must be between 0 and 1"},
+		{"min_p", -0.1f, "min_p must be between 0 and 1"},
+		{"top_logprobs", 21, "top_logprobs must be between 0 and 20"},
+		{"bias", 100.5f, "logit_bias values must be between -100 and 100"},
+		{"bias_id", -1, "logit_bias token ids must not be negative"},
+	};
+
+	for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++)
+	{
+		cai_sampling_params p;
+		cai_logit_bias bias = {5, 1.0f};
+		cai_error	err;
+
+		cai_sampling_params_default(&p);
+		CHECK_EQ_INT(cai_sampling_params_check(&p, &err), CAI_OK);
+		if (strcmp(cases[c].field, "presence") == 0)
+			p.presence_penalty = cases[c].value;
+		else if (strcmp(cases[c].field, "frequency") == 0)
+			p.frequency_penalty = cases[c].value;
+		else if (strcmp(cases[c].field, "repetition") == 0)
+			p.repetition_penalty = cases[c].value;
+		else if (strcmp(cases[c].field, "min_p") == 0)
+			p.min_p = cases[c].value;
+		else if (strcmp(cases[c].field, "top_logprobs") == 0)
+			p.top_logprobs = (int) cases[c].value;
+		else
+		{
+			if (strcmp(cases[c].field, "bias") == 0)
+				bias.bias = cases[c].value;
+			else
+				bias.token = (int32_t) cases[c].value;
+			p.logit_bias = &bias;
+			p.n_logit_bias = 1;
+		}
+		memset(&err, 0, sizeof(err));
+		CHECK_EQ_INT(cai_sampling_params_check(&p, &err), CAI_ERR_INVALID_ARGUMENT);
+		CHECK_MSG(strstr(err.message, cases[c].expect) != NULL, "case %zu: \"%s\"", c,
+				  err.message);
+	}
+}

@@ -213,7 +213,7 @@ put_generation(cai_wbuf *w, int max_tokens, float temperature, bool ignore_eos)
 {
 	cai_wire_generation g;
 
-	memset(&g, 0, sizeof(g));
+	cai_wire_generation_init(&g);
 	g.temperature = temperature;
 	g.top_p = 1.0f;
 	g.max_tokens = max_tokens;
@@ -446,7 +446,7 @@ TEST(serve_refuses_bad_requests_clearly)
 		cai_wire_generation gen;
 		char	   *x;
 
-		memset(&gen, 0, sizeof(gen));
+		cai_wire_generation_init(&gen);
 		gen.top_p = 1.0f;
 		gen.max_tokens = 4;
 		gen.n_stop = 1;
