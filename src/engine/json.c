@@ -344,8 +344,8 @@ gather_finish(parser *p, gather *g, size_t size)
 	return out;
 }
 
-static int
-member_cmp(const void *a, const void *b)
+int
+cai_json_member_ptr_cmp(const void *a, const void *b)
 {
 	const json_member *x = *(const json_member *const *) a;
 	const json_member *y = *(const json_member *const *) b;
@@ -371,9 +371,9 @@ check_duplicate_keys(parser *p, const json_value *obj)
 		return fail_oom(p);
 	for (size_t i = 0; i < n; i++)
 		sorted[i] = &obj->u.object.members[i];
-	qsort(sorted, n, sizeof(*sorted), member_cmp);
+	qsort(sorted, n, sizeof(*sorted), cai_json_member_ptr_cmp);
 	for (size_t i = 1; i < n; i++)
-		if (member_cmp(&sorted[i - 1], &sorted[i]) == 0)
+		if (cai_json_member_ptr_cmp(&sorted[i - 1], &sorted[i]) == 0)
 		{
 			const json_member *later = sorted[i] > sorted[i - 1] ? sorted[i] : sorted[i - 1];
 

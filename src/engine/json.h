@@ -42,6 +42,12 @@ typedef struct json_member
 	json_value *value;
 } json_member;
 
+/*
+ * qsort comparator of json_member pointers by key bytes (UTF-8 byte order is code point order,
+ * which is also Python's str order: jinja's tojson sorts keys so).
+ */
+int			cai_json_member_ptr_cmp(const void *a, const void *b);
+
 struct json_value
 {
 	json_type	type;

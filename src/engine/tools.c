@@ -90,20 +90,6 @@ tojson_string(const char *s, size_t len, cai_buf *out)
 	return ok && cai_buf_append(out, "\"", 1);
 }
 
-static int
-member_cmp(const void *a, const void *b)
-{
-	const json_member *x = *(const json_member *const *) a;
-	const json_member *y = *(const json_member *const *) b;
-	size_t		n = x->key_len < y->key_len ? x->key_len : y->key_len;
-	int			c = memcmp(x->key, y->key, n);
-
-	/* byte order of UTF-8 is code point order, which is Python's str order */
-	if (c != 0)
-		return c;
-	return x->key_len < y->key_len ? -1 : x->key_len > y->key_len;
-}
-
 static bool
 tojson_newline(cai_buf *out, int indent, int depth)
 {
@@ -131,7 +117,7 @@ tojson_object(const json_value *v, int indent, int depth, cai_buf *out)
 		return false;
 	for (size_t i = 0; i < n; i++)
 		sorted[i] = &v->u.object.members[i];
-	qsort(sorted, n, sizeof(*sorted), member_cmp);
+	qsort(sorted, n, sizeof(*sorted), cai_json_member_ptr_cmp);
 	ok = buf_str(out, "{");
 	for (size_t i = 0; i < n && ok; i++)
 	{
