@@ -9,6 +9,8 @@
 #ifndef PG_CAI_PG_COMPAT_H
 #define PG_CAI_PG_COMPAT_H
 
+#include "common/jsonapi.h"
+#include "mb/pg_wchar.h"
 #include "storage/latch.h"
 #include "utils/memutils.h"
 #include "utils/wait_event.h"
@@ -58,6 +60,20 @@ CaiWaitEvent(const char *name, uint32 *id)
 	(void) name;
 	(void) id;
 	return PG_WAIT_EXTENSION;
+#endif
+}
+
+/*
+ * A lexer over len bytes of json in the database encoding, without de-escaping: 17 gave
+ * makeJsonLexContextCstringLen the context to fill as a new first argument (NULL allocates).
+ */
+static inline JsonLexContext *
+CaiJsonLexContext(char *json, int len)
+{
+#if PG_VERSION_NUM >= 170000
+	return makeJsonLexContextCstringLen(NULL, json, len, GetDatabaseEncoding(), false);
+#else
+	return makeJsonLexContextCstringLen(json, len, GetDatabaseEncoding(), false);
 #endif
 }
 

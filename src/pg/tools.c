@@ -13,6 +13,7 @@
 #include "utils/json.h"
 #include "utils/jsonb.h"
 
+#include "pg_compat.h"
 #include "tools.h"
 
 #define TOOL_CHOICE_SHAPE "\"none\", \"auto\", \"required\" or {\"type\": \"function\", \"function\": {\"name\": ...}}"
@@ -205,7 +206,7 @@ message_calls(JsonbValue *calls, int index)
 		if (!args || args->type != jbvString)
 			bad_tool_calls(index, "A call's function has no string \"arguments\".");
 		args_text = pnstrdup(args->val.string.val, args->val.string.len);
-		lex = makeJsonLexContextCstringLen(args_text, strlen(args_text), GetDatabaseEncoding(), false);
+		lex = CaiJsonLexContext(args_text, strlen(args_text));
 		if (pg_parse_json(lex, &nullSemAction) != JSON_SUCCESS)
 			bad_tool_calls(index, "A call's \"arguments\" is not JSON text.");
 		if (n++ > 0)
