@@ -514,6 +514,18 @@ cai_chat_template_render_spans(const cai_chat_template *tmpl, const cai_tokenize
 										  add_generation_prompt, out, content_spans, err);
 }
 
+/*
+ * Tool results and calls are rendered wrapped in the family's markup (and results are grouped
+ * into one turn), so no span of the output is their content alone: they report none.
+ */
+static void
+drop_tool_spans(const cai_chat_message *messages, int n, int32_t (*content_spans)[2])
+{
+	for (int i = 0; content_spans && i < n; i++)
+		if (messages[i].role == CAI_ROLE_TOOL || messages[i].tool_calls)
+			content_spans[i][0] = content_spans[i][1] = -1;
+}
+
 cai_status
 cai_chat_template_render_tools(const cai_chat_template *tmpl, const cai_tokenizer *tok,
 							   const cai_chat_message *messages, int n_messages,
@@ -533,6 +545,10 @@ cai_chat_template_render_tools(const cai_chat_template *tmpl, const cai_tokenize
 			m->role != CAI_ROLE_ASSISTANT && m->role != CAI_ROLE_TOOL)
 			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "message %d has an unknown role (%d)",
 							i, (int) m->role);
+		if (m->tokens && (m->role == CAI_ROLE_TOOL || m->tool_calls))
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+							"message %d is a tool %s and renders from its text: it cannot carry "
+							"stored tokens", i, m->role == CAI_ROLE_TOOL ? "result" : "call");
 		if (m->tokens)
 		{
 			if (m->n_tokens < 0)
@@ -555,8 +571,12 @@ cai_chat_template_render_tools(const cai_chat_template *tmpl, const cai_tokenize
 	/* the formats without tool markup of their own get the generic one, as plain turns */
 	if ((r.tools || chat_has_tool_turns(messages, n_messages)) &&
 		tmpl->kind != CAI_TEMPLATE_CHATML && tmpl->kind != CAI_TEMPLATE_LLAMA3)
-		return render_generic_tools(tmpl, tok, messages, n_messages, r.tools,
-									add_generation_prompt, out, content_spans, err);
+	{
+		r.status = render_generic_tools(tmpl, tok, messages, n_messages, r.tools,
+										add_generation_prompt, out, content_spans, err);
+		drop_tool_spans(messages, n_messages, content_spans);
+		return r.status;
+	}
 	for (int i = 0; content_spans && i < n_messages; i++)
 		content_spans[i][0] = content_spans[i][1] = -1;	/* a message the format drops */
 	n_before = out->n;
@@ -587,6 +607,7 @@ cai_chat_template_render_tools(const cai_chat_template *tmpl, const cai_tokenize
 	}
 	if (r.status != CAI_OK)
 		out->n = n_before;		/* nothing half-rendered is left behind */
+	drop_tool_spans(messages, n_messages, content_spans);
 	return r.status;
 }
 

@@ -80,6 +80,7 @@ read_messages(fuzz_input *in, fuzz_messages *msgs)
 		m->content = (kind & 2) ? NULL : msgs->content[i];
 		m->tokens = NULL;
 		m->n_tokens = 0;
+		m->tool_calls = NULL;
 		if (kind & 1)
 		{
 			m->tokens = msgs->ids[i];
@@ -99,8 +100,10 @@ messages_valid(const cai_chat_message *m, int n, int n_vocab)
 	for (int i = 0; i < n; i++)
 	{
 		if (m[i].role != CAI_ROLE_SYSTEM && m[i].role != CAI_ROLE_USER &&
-			m[i].role != CAI_ROLE_ASSISTANT)
+			m[i].role != CAI_ROLE_ASSISTANT && m[i].role != CAI_ROLE_TOOL)
 			return false;
+		if (m[i].role == CAI_ROLE_TOOL && m[i].tokens)
+			return false;			/* a tool result renders from its text */
 		if (m[i].tokens && m[i].n_tokens < 0)
 			return false;
 		for (int k = 0; m[i].tokens && k < m[i].n_tokens; k++)
@@ -352,6 +355,7 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	cai_model  *model = tiny_model();
 	const cai_tokenizer *tok = fuzz_tokenizer(flags >> 5);
 
+	memset(&params, 0, sizeof(params));	/* fields not drawn below (tools) stay unset */
 	params.max_prompt_tokens = (int16_t) fuzz_u16(&in);
 	params.add_generation_prompt = flags & 1;
 	params.truncate = flags & 2;

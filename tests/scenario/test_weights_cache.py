@@ -20,8 +20,10 @@ READY = "pg_cai engine worker ready"
 
 
 def cache_files():
+    """This model's cache files (other tests on the same cluster leave their models' files)."""
+    model = os.path.basename(value("SHOW pg_cai.model"))
     try:
-        return sorted(f for f in os.listdir(CACHE) if f.endswith(".caiw"))
+        return sorted(f for f in os.listdir(CACHE) if f.startswith(model + "-") and f.endswith(".caiw"))
     except OSError:
         return []
 
