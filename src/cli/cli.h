@@ -175,6 +175,9 @@ typedef struct cli_generation
 	bool		ends_with_newline;	/* the streamed text's last byte was '\n' */
 	size_t		text_bytes;
 	double		decode_seconds; /* from the first token to the finish */
+	/* set by the caller: a JSON line per token with its logprobs (request asks logprobs) */
+	FILE	   *logprobs_out;
+	const cai_model *model;		/* the tokens' text for logprobs_out */
 } cli_generation;
 
 /*
@@ -227,7 +230,7 @@ extern char **cli_argv;
 	{ \
 		.name = "weights", .kind = CLI_OPT_STRING, .target = &(opts).numerics.weights, \
 		.metavar = "MODE", \
-		.help = "file: the GGUF's own 4-8 bit formats; int8 (default): requantized; auto: file where every matrix has one", \
+		.help = "auto (default): file from 500M weights up, else int8; file: the GGUF's own 4-8 bit formats; int8: requantized", \
 	}, \
 	{ \
 		.name = "gptq-rounding", .alias = "compensated-rounding", .kind = CLI_OPT_FLAG, \

@@ -5,10 +5,12 @@
  * model asks for it).  With --chat it is rendered through the model's chat template as one user
  * turn, after the --system message if given, ending with the assistant header.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "json_string.h"
 
 static struct
 {
@@ -31,6 +33,10 @@ static struct
 	const char *json_schema;
 	bool		json_object;
 	bool		json_free_ws;
+	bool		logprobs;
+	int			top_logprobs;
+	const char *tools;
+	const char *tool_choice;
 } run_opts;
 
 static const cli_option run_options[] = {
@@ -97,6 +103,35 @@ static const cli_option run_options[] = {
 	CLI_NUMERICS_OPTIONS(run_opts),
 	CLI_JSON_OPTIONS(run_opts),
 	{
+		.name = "logprobs",
+		.kind = CLI_OPT_FLAG,
+		.target = &run_opts.logprobs,
+		.help = "write each generated token's logprob to stderr, a JSON line per token",
+	},
+	{
+		.name = "top-logprobs",
+		.kind = CLI_OPT_INT,
+		.target = &run_opts.top_logprobs,
+		.metavar = "N",
+		.help = "with --logprobs: also the N likeliest tokens at each step (0-20, default 0)",
+		.min = 0,
+		.max = CAI_TOP_LOGPROBS_MAX,
+	},
+	{
+		.name = "tools",
+		.kind = CLI_OPT_STRING,
+		.target = &run_opts.tools,
+		.metavar = "FILE",
+		.help = "with --chat: offer the functions of FILE (OpenAI's tools array); prints the reply as JSON",
+	},
+	{
+		.name = "tool-choice",
+		.kind = CLI_OPT_STRING,
+		.target = &run_opts.tool_choice,
+		.metavar = "CHOICE",
+		.help = "with --tools: auto (default), none, required, or a function's name to force",
+	},
+	{
 		.name = "verbose",
 		.short_name = 'v',
 		.kind = CLI_OPT_FLAG,
@@ -118,7 +153,8 @@ const cli_command cli_run_command = {
 
 /* Builds the prompt ids: raw text, or one chat turn (after an optional system message). */
 static bool
-build_run_prompt(const cai_model *model, const char *prompt, cli_tokens *ids)
+build_run_prompt(const cai_model *model, const char *prompt, const cai_tool_set *tools,
+				 cli_tokens *ids)
 {
 	cai_chat_message messages[2];
 	int			n_messages = 0;
@@ -140,6 +176,7 @@ build_run_prompt(const cai_model *model, const char *prompt, cli_tokens *ids)
 	messages[n_messages++].content = prompt;
 	memset(&pp, 0, sizeof(pp));
 	pp.add_generation_prompt = true;
+	pp.tools = tools;
 	memset(&built, 0, sizeof(built));
 	if (cai_chat_build_prompt(model, messages, n_messages, &pp, &built, &err) != CAI_OK)
 	{
@@ -151,6 +188,82 @@ build_run_prompt(const cai_model *model, const char *prompt, cli_tokens *ids)
 	if (!ok)
 		cli_error("out of memory building the prompt");
 	return ok;
+}
+
+/*
+ * Reads --tools FILE (an OpenAI tools array) and --tool-choice; false after a usage message
+ * that names the option.
+ */
+static bool
+load_tools(cai_tool_set **tools, cai_tool_choice *choice)
+{
+	size_t		len = 0;
+	char	   *json = cli_read_file(run_opts.tools, &len);
+	cai_error	err = {0};
+	const char *c = run_opts.tool_choice ? run_opts.tool_choice : "auto";
+
+	if (!json)
+		return false;
+	if (cai_tool_set_parse(json, len, tools, &err) != CAI_OK)
+	{
+		free(json);
+		cli_usage_error(&cli_run_command, "--tools: %s", err.message);
+		return false;
+	}
+	free(json);
+	if (cai_tool_set_count(*tools) == 0)
+	{
+		cli_usage_error(&cli_run_command, "--tools: the array declares no function");
+		return false;
+	}
+	if (strcmp(c, "none") == 0)
+		*choice = CAI_TOOL_CHOICE_NONE;
+	else if (strcmp(c, "auto") == 0)
+		*choice = CAI_TOOL_CHOICE_AUTO;
+	else if (strcmp(c, "required") == 0)
+		*choice = CAI_TOOL_CHOICE_REQUIRED;
+	else if (cai_tool_set_find(*tools, c) >= 0)
+		*choice = CAI_TOOL_CHOICE_NAMED;
+	else
+	{
+		cli_usage_error(&cli_run_command, "--tool-choice must be none, auto, required or a "
+						"function of --tools, got \"%s\"", c);
+		return false;
+	}
+	return true;
+}
+
+/*
+ * Prints a reply made with --tools as one JSON line: {"tool_call": {"name": ..., "arguments":
+ * {...}}} when the reply is a call of a declared function, else {"content": "..."}, with the
+ * finish reason ("tool_calls", "stop" or "length").
+ */
+static int
+print_tool_reply(const char *text, size_t len, const cli_generation *gen,
+				 const cai_tool_set *tools)
+{
+	char	   *name = NULL;
+	char	   *arguments = NULL;
+	cai_error	err = {0};
+
+	if (gen->finish == CAI_FINISH_STOP &&
+		cai_tool_reply_parse(text, len, &name, &arguments, &err) == CAI_OK &&
+		cai_tool_set_find(tools, name) >= 0)
+	{
+		fputs("{\"tool_call\": {\"name\": ", stdout);
+		json_write_string(stdout, name);
+		fprintf(stdout, ", \"arguments\": %s}, \"finish_reason\": \"tool_calls\"}\n", arguments);
+	}
+	else
+	{
+		fputs("{\"content\": ", stdout);
+		json_write_string(stdout, text);
+		fprintf(stdout, ", \"finish_reason\": \"%s\"}\n",
+				gen->finish == CAI_FINISH_STOP ? "stop" : "length");
+	}
+	cai_free(name);
+	cai_free(arguments);
+	return CLI_EXIT_OK;
 }
 
 int
@@ -168,6 +281,11 @@ cmd_run(int argc, char **argv)
 	cai_error	err = {0};
 	cli_tokens	ids = {0};
 	cli_generation gen;
+	cai_tool_set *tools = NULL;
+	cai_tool_choice tool_choice = CAI_TOOL_CHOICE_NONE;
+	FILE	   *reply = NULL;
+	char	   *reply_text = NULL;
+	size_t		reply_len = 0;
 
 	memset(&run_opts, 0, sizeof(run_opts));
 	run_opts.max_tokens = 256;
@@ -184,6 +302,16 @@ cmd_run(int argc, char **argv)
 		return cli_usage_error(&cli_run_command, "--system needs --chat");
 	if (run_opts.json_schema && run_opts.json_object)
 		return cli_usage_error(&cli_run_command, "give --json-schema or --json-object, not both");
+	if (run_opts.top_logprobs > 0 && !run_opts.logprobs)
+		return cli_usage_error(&cli_run_command, "--top-logprobs needs --logprobs");
+	if (run_opts.tools && !run_opts.chat)
+		return cli_usage_error(&cli_run_command, "--tools needs --chat");
+	if (run_opts.tool_choice && !run_opts.tools)
+		return cli_usage_error(&cli_run_command, "--tool-choice needs --tools");
+	if (run_opts.tools && (run_opts.json_schema || run_opts.json_object))
+		return cli_usage_error(&cli_run_command, "give --tools or a JSON reply option, not both");
+	if (run_opts.tools && !load_tools(&tools, &tool_choice))
+		return CLI_EXIT_USAGE;
 	{
 		cai_sampling_params check;
 
@@ -207,7 +335,7 @@ cmd_run(int argc, char **argv)
 	model = cli_load_model(run_opts.model, run_opts.threads, false, &run_opts.numerics);
 	if (!model)
 		goto done;
-	if (!build_run_prompt(model, prompt, &ids))
+	if (!build_run_prompt(model, prompt, tools, &ids))
 		goto done;
 	if (ids.n == 0)
 	{
@@ -252,14 +380,31 @@ cmd_run(int argc, char **argv)
 	rp.sampling.n_stop = run_opts.stop.n;
 	for (int i = 0; i < run_opts.stop.n; i++)
 		rp.sampling.stop[i] = run_opts.stop.items[i];
+	rp.sampling.logprobs = run_opts.logprobs;
+	rp.sampling.top_logprobs = run_opts.top_logprobs;
 	rp.use_cache = false;
+	rp.tools = tools;
+	rp.tool_choice = tool_choice;
+	rp.tool_name = tool_choice == CAI_TOOL_CHOICE_NAMED ? run_opts.tool_choice : NULL;
 	if (!cli_load_grammar(run_opts.json_schema, run_opts.json_object, run_opts.json_free_ws,
 						  &rp.grammar))
 		goto done;
 
 	cli_install_interrupt_handler();
-	rc = cli_generate(engine, &rp, stdout, &gen);
-	if (gen.text_bytes > 0 && !gen.ends_with_newline)
+	gen.logprobs_out = run_opts.logprobs ? stderr : NULL;
+	gen.model = model;
+	/* with tools the reply is printed whole, as JSON, once it is known to be a call or not */
+	if (tools && !(reply = open_memstream(&reply_text, &reply_len)))
+	{
+		cli_error("out of memory");
+		goto done;
+	}
+	rc = cli_generate(engine, &rp, tools ? reply : stdout, &gen);
+	if (reply)
+		fclose(reply);
+	if (tools && rc == CLI_EXIT_OK && !gen.cancelled)
+		rc = print_tool_reply(reply_text, reply_len, &gen, tools);
+	else if (gen.text_bytes > 0 && !gen.ends_with_newline)
 		fputc('\n', stdout);
 	fflush(stdout);
 	if (rc == CLI_EXIT_OK && gen.cancelled)
@@ -285,5 +430,7 @@ done:
 	if (model)
 		cai_model_free(model);
 	free(stdin_prompt);
+	cai_tool_set_free(tools);
+	free(reply_text);
 	return rc;
 }

@@ -10,6 +10,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "json_string.h"
 
 /* ---------------------------------------------------------------------------------------------
  * Errors
@@ -327,6 +328,80 @@ cli_clear_interrupt(void)
  * Generation
  * ------------------------------------------------------------------------------------------- */
 
+/* Whether len bytes are whole, valid UTF-8 (a token may hold part of a character). */
+static bool
+utf8_is_whole(const unsigned char *p, size_t len)
+{
+	size_t		i = 0;
+
+	while (i < len)
+	{
+		int			n = p[i] < 0x80 ? 1 : (p[i] >> 5) == 0x6 ? 2 : (p[i] >> 4) == 0xe ? 3 :
+			(p[i] >> 3) == 0x1e ? 4 : 0;
+
+		if (n == 0 || i + n > len)
+			return false;
+		for (int k = 1; k < n; k++)
+			if ((p[i + k] & 0xc0) != 0x80)
+				return false;
+		i += n;
+	}
+	return true;
+}
+
+/*
+ * Writes one token's "token" and "bytes" fields: the text when its bytes are whole UTF-8, else
+ * the bytes outside ASCII as \xNN (OpenAI's way), and the exact bytes as numbers.
+ */
+static void
+write_token_fields(FILE *out, const cai_model *model, int32_t token)
+{
+	char	   *text = NULL;
+	size_t		len = 0;
+	cai_error	err = {0};
+
+	if (cai_detokenize(model, &token, 1, &text, &len, &err) != CAI_OK)
+		len = 0;
+	fputs("\"token\": ", out);
+	if (len == 0 || utf8_is_whole((const unsigned char *) text, len))
+		json_write_string(out, len ? text : "");
+	else
+	{
+		fputc('"', out);
+		for (size_t i = 0; i < len; i++)
+		{
+			unsigned char c = (unsigned char) text[i];
+
+			if (c >= 0x80 || c < 0x20 || c == '"' || c == '\\')
+				fprintf(out, "\\\\x%02x", c);
+			else
+				fputc(c, out);
+		}
+		fputc('"', out);
+	}
+	fputs(", \"bytes\": [", out);
+	for (size_t i = 0; i < len; i++)
+		fprintf(out, "%s%u", i ? ", " : "", (unsigned char) text[i]);
+	fputc(']', out);
+	cai_free(text);
+}
+
+/* One JSON line: {"id": N, "token": "...", "bytes": [...], "logprob": x, "top_logprobs": [...]} */
+static void
+write_logprobs_line(FILE *out, const cai_model *model, int32_t token, const cai_token_logprobs *lp)
+{
+	fprintf(out, "{\"id\": %d, ", token);
+	write_token_fields(out, model, token);
+	fprintf(out, ", \"logprob\": %.9g, \"top_logprobs\": [", (double) lp->logprob);
+	for (int i = 0; i < lp->n_top; i++)
+	{
+		fprintf(out, "%s{\"id\": %d, ", i ? ", " : "", lp->top_token[i]);
+		write_token_fields(out, model, lp->top_token[i]);
+		fprintf(out, ", \"logprob\": %.9g}", (double) lp->top_logprob[i]);
+	}
+	fputs("]}\n", out);
+}
+
 /* See cli.h. */
 int
 cli_generate(cai_engine *engine, const cai_request_params *params, FILE *out,
@@ -376,6 +451,8 @@ cli_generate(cai_engine *engine, const cai_request_params *params, FILE *out,
 					cai_engine_cancel(engine, id);
 					return cli_error("out of memory collecting generated tokens");
 				}
+				if (gen->logprobs_out && gen->model && ev->logprobs)
+					write_logprobs_line(gen->logprobs_out, gen->model, ev->token, ev->logprobs);
 			}
 			if (ev->text_len > 0)
 			{

@@ -134,6 +134,64 @@ r = cai("chat", "-m", MODEL, "--presence-penalty", "3")
 c.check("cai chat --presence-penalty 3 is refused", r.returncode == 2 and
         "--presence-penalty must be between -2 and 2" in r.stderr, repr(r.stderr[-300:]))
 
+# --logprobs: a JSON line per generated token on stderr, its logprob the best of its own
+# top_logprobs under greedy decoding, the alternatives best first; the bytes make the reply.
+r = cai(*france[:-1], "3", "--logprobs", "--top-logprobs", "3")
+lines = [json.loads(l) for l in r.stderr.splitlines() if l.startswith("{")] if r.returncode == 0 else []
+c.check("cai run --logprobs writes one line per generated token",
+        len(lines) == 3 and r.stdout.startswith(" Paris"), repr((r.stdout, r.stderr[-300:])))
+c.check("each line's token is its top_logprobs' first, the rest in falling order, all <= 0",
+        all(len(l["top_logprobs"]) == 3 and l["top_logprobs"][0]["id"] == l["id"]
+            and l["top_logprobs"][0]["logprob"] == l["logprob"]
+            and all(a["logprob"] >= b["logprob"] for a, b in zip(l["top_logprobs"], l["top_logprobs"][1:]))
+            and l["logprob"] <= 0 for l in lines) and lines[:1] != [] and lines[0]["id"] == 7042,
+        repr(lines[:1]))
+c.check("the tokens' bytes concatenate to the reply",
+        bytes(b for l in lines for b in l["bytes"]).decode() == r.stdout, repr(r.stdout))
+for flags, message in ((["--top-logprobs", "2"], "--top-logprobs needs --logprobs"),
+                       (["--logprobs", "--top-logprobs", "21"], "--top-logprobs must be between 0 and 20, got 21")):
+    r = cai("run", "-m", MODEL, "-p", "Hi", *flags)
+    c.check("cai run %s is refused: %s" % (" ".join(flags), message),
+            r.returncode == 2 and message in r.stderr, repr(r.stderr[-300:]))
+
+# --tools: the reply is one JSON line, a call of a declared function whose arguments follow its
+# schema when the choice forces one; bad declarations and choices are usage errors naming them.
+with tempfile.TemporaryDirectory() as d:
+    tools = os.path.join(d, "tools.json")
+    with open(tools, "w") as f:
+        json.dump([{"type": "function", "function": {
+            "name": "get_weather", "description": "Current weather in a city",
+            "parameters": {"type": "object", "properties": {
+                "city": {"type": "string", "maxLength": 40},
+                "unit": {"type": "string", "enum": ["c", "f"]}}, "required": ["city"]}}}], f)
+    bad = os.path.join(d, "bad.json")
+    with open(bad, "w") as f:
+        json.dump([{"type": "function", "function": {
+            "name": "x", "parameters": {"type": "object", "patternProperties": {}}}}], f)
+    weather = ["run", "-m", MODEL, "--chat", "-p", "What's the weather in Paris?", "-n", "64",
+               "--tools", tools]
+    for choice in ("required", "get_weather"):
+        r = cai(*weather, "--tool-choice", choice)
+        reply = json.loads(r.stdout) if r.returncode == 0 else {}
+        call = reply.get("tool_call", {})
+        c.check("cai run --tools --tool-choice %s prints a get_weather call with a string city"
+                % choice, reply.get("finish_reason") == "tool_calls" and call.get("name") == "get_weather"
+                and isinstance(call.get("arguments", {}).get("city"), str)
+                and set(call["arguments"]) <= {"city", "unit"}, repr((r.stdout, r.stderr[-300:])))
+    r = cai(*weather, "--tool-choice", "none", "-n", "8")
+    reply = json.loads(r.stdout) if r.returncode == 0 else {}
+    c.check("cai run --tools --tool-choice none prints content, no call",
+            "content" in reply and "tool_call" not in reply, repr(r.stdout))
+    for flags, message in ((["--chat", "--tools", tools, "--tool-choice", "nope"],
+                            '--tool-choice must be none, auto, required or a function of --tools, got "nope"'),
+                           (["--chat", "--tools", bad], 'unsupported JSON Schema keyword "patternProperties"'),
+                           (["--tools", tools], "--tools needs --chat"),
+                           (["--chat", "--tool-choice", "auto"], "--tool-choice needs --tools"),
+                           (["--chat", "--tools", tools, "--json-object"], "give --tools or a JSON reply option, not both")):
+        r = cai("run", "-m", MODEL, "-p", "Hi", *flags)
+        c.check("cai run %s is refused: %s" % (" ".join(os.path.basename(f) for f in flags), message),
+                r.returncode == 2 and message in r.stderr, repr(r.stderr[-300:]))
+
 with tempfile.TemporaryDirectory() as out:
     r = cai("eval", "-m", MODEL, "-n", str(EVAL_TOKENS), "-c", str(EVAL_CTX), "--json",
             "--logits-out", out, TEXT)
