@@ -198,3 +198,54 @@ GRANT EXECUTE ON FUNCTION cai_chat_json(bigint, text, json, jsonb) TO cai_user;
 GRANT EXECUTE ON FUNCTION cai_complete_json(text, text, jsonb) TO cai_user;
 GRANT EXECUTE ON FUNCTION cai_complete_json(text, json, jsonb) TO cai_user;
 GRANT EXECUTE ON FUNCTION cai_validate_options(jsonb) TO cai_user;
+
+--
+-- Embedding jobs: keeping an embedding column in step with a text column (src/pg/embed_trigger.c,
+-- src/pg/jobs_embed.c).  cai_embed_trigger queues a job of kind 'embed' in cai.jobs when a row's
+-- text is inserted or changes, in the writing transaction; the job runners then compute the
+-- embedding from the row's text as it is when the job runs, as the role that wrote it, and store
+-- it in the row.  A job for a row that has a newer pending or running job of its own is
+-- superseded (done without computing), so a burst of edits costs one embedding.
+--
+ALTER TABLE cai.jobs
+	ALTER COLUMN message_id DROP NOT NULL,
+	ALTER COLUMN conversation_id DROP NOT NULL,
+	ADD COLUMN kind text NOT NULL DEFAULT 'reply' CHECK (kind IN ('reply', 'embed')),
+	ADD COLUMN owner name,
+	ADD COLUMN target_table regclass,
+	ADD COLUMN key_column name,
+	ADD COLUMN row_key text,
+	ADD COLUMN text_column name,
+	ADD COLUMN embedding_column name,
+	ADD COLUMN superseded_by bigint,
+	ADD CONSTRAINT jobs_kind_fields CHECK (CASE kind
+		WHEN 'reply' THEN message_id IS NOT NULL AND conversation_id IS NOT NULL
+		ELSE message_id IS NULL AND conversation_id IS NULL AND owner IS NOT NULL
+			 AND target_table IS NOT NULL AND key_column IS NOT NULL AND row_key IS NOT NULL
+			 AND text_column IS NOT NULL AND embedding_column IS NOT NULL END);
+CREATE INDEX jobs_embed_row_idx ON cai.jobs (target_table, row_key, id)
+	WHERE kind = 'embed' AND status IN ('pending', 'running');
+COMMENT ON COLUMN cai.jobs.kind IS 'reply: answer a user turn; embed: fill a row''s embedding column from its text column';
+COMMENT ON COLUMN cai.jobs.owner IS 'embed: the role that wrote the row; the embedding is computed and stored as it';
+COMMENT ON COLUMN cai.jobs.target_table IS 'embed: the table of the row';
+COMMENT ON COLUMN cai.jobs.key_column IS 'embed: the column that identifies the row (the trigger''s third argument, or the single-column primary key)';
+COMMENT ON COLUMN cai.jobs.row_key IS 'embed: the row''s key value, as text';
+COMMENT ON COLUMN cai.jobs.text_column IS 'embed: the column whose text is embedded';
+COMMENT ON COLUMN cai.jobs.embedding_column IS 'embed: the real[] (or pgvector vector) column that receives the embedding';
+COMMENT ON COLUMN cai.jobs.superseded_by IS 'embed: done without computing, because this newer job of the same row was pending or running';
+
+CREATE POLICY jobs_embed_owner ON cai.jobs
+	USING (kind = 'embed' AND owner = current_user)
+	WITH CHECK (kind = 'embed' AND owner = current_user);
+COMMENT ON POLICY jobs_embed_owner ON cai.jobs IS 'a role sees, queues and cancels only the embedding jobs of rows it wrote, and queues them only as itself';
+GRANT INSERT (kind, owner, target_table, key_column, row_key, text_column, embedding_column)
+	ON cai.jobs TO cai_user;
+
+CREATE FUNCTION cai_embed_trigger()
+RETURNS trigger
+AS 'MODULE_PATHNAME', 'pg_cai_embed_trigger'
+LANGUAGE C;
+COMMENT ON FUNCTION cai_embed_trigger() IS
+'AFTER INSERT OR UPDATE FOR EACH ROW trigger that keeps an embedding column in step with a text column: queues an embedding job in cai.jobs when a row''s text is new or changed; a job runner fills the embedding after commit (cai_embed of the row''s text as it is then, as the role that wrote it). Arguments: the text column, the embedding column, optionally the key column (default: the single-column primary key). CREATE TRIGGER docs_embed AFTER INSERT OR UPDATE OF body ON docs FOR EACH ROW EXECUTE FUNCTION cai_embed_trigger(''body'', ''embedding'')';
+REVOKE ALL ON FUNCTION cai_embed_trigger() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION cai_embed_trigger() TO cai_user;

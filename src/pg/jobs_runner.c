@@ -6,6 +6,8 @@
  * of the engine worker like any backend, batched with everyone else), and stores the reply, the
  * job's outcome and a NOTIFY on channel cai_reply (payload: the conversation id) in one
  * transaction.  The enqueue trigger (reply_trigger.c) queues the jobs and wakes the runners.
+ * Jobs of kind 'embed' (embed_trigger.c) are claimed, retried and failed the same way, and carried
+ * out by jobs_embed.c instead of a reply; they belong to no conversation and notify nobody.
  *
  * A job's states (pg_cron's habit: explicit states, and work orphaned by a crash cleaned up):
  *
@@ -62,6 +64,7 @@
 #include "utils/wait_event.h"
 
 #include "chat.h"
+#include "jobs_embed.h"
 #include "jobs_runner.h"
 #include "jobs_shmem.h"
 #include "pg_compat.h"
@@ -105,8 +108,9 @@ typedef enum JobOutcome
 typedef struct JobClaim
 {
 	int64		id;
-	int64		conversation_id;
+	int64		conversation_id;	/* a reply job's; 0 for an embedding job */
 	int32		attempts;
+	bool		embed;			/* kind 'embed' (jobs_embed.c), else a reply */
 } JobClaim;
 
 static int	runner_slot = -1;
@@ -283,7 +287,8 @@ claim_next_job(JobClaim *claim)
 									 "    SELECT FROM cai.jobs e WHERE e.conversation_id = p.conversation_id "
 									 "    AND e.id < p.id AND e.status IN ('pending', 'running')) "
 									 "  ORDER BY p.id LIMIT 1 FOR UPDATE SKIP LOCKED) "
-									 "RETURNING j.id, j.conversation_id, j.attempts, j.status = 'running'",
+									 "RETURNING j.id, coalesce(j.conversation_id, 0), j.attempts, j.status = 'running', "
+									 "  j.kind = 'embed'",
 									 1, argtypes),
 						   &max_attempts, NULL, false, 1);
 	if (ret != SPI_OK_UPDATE_RETURNING)
@@ -299,6 +304,7 @@ claim_next_job(JobClaim *claim)
 		claim->id = DatumGetInt64(SPI_getbinval(row, desc, 1, &isnull));
 		claim->conversation_id = DatumGetInt64(SPI_getbinval(row, desc, 2, &isnull));
 		claim->attempts = DatumGetInt32(SPI_getbinval(row, desc, 3, &isnull));
+		claim->embed = DatumGetBool(SPI_getbinval(row, desc, 5, &isnull));
 		if (DatumGetBool(SPI_getbinval(row, desc, 4, &isnull)))
 		{
 			LOCKTAG		tag;
@@ -310,7 +316,8 @@ claim_next_job(JobClaim *claim)
 		else
 		{
 			result = CLAIM_GAVE_UP;
-			notify_conversation(claim->conversation_id);
+			if (!claim->embed)
+				notify_conversation(claim->conversation_id);
 			ereport(LOG,
 					(errmsg("pg_cai job " INT64_FORMAT " failed: gave up after %d attempts",
 							claim->id, claim->attempts)));
@@ -489,20 +496,20 @@ static void
 log_failure(const JobClaim *claim, bool retry, const char *reason)
 {
 	TimestampTz now = GetCurrentTimestamp();
+	char	   *job = claim->embed ?
+		psprintf("pg_cai embedding job " INT64_FORMAT " (attempt %d)", claim->id, claim->attempts) :
+		psprintf("pg_cai job " INT64_FORMAT " (conversation " INT64_FORMAT ", attempt %d)",
+				 claim->id, claim->conversation_id, claim->attempts);
 
 	if (retry && retry_logged_reason != NULL && strcmp(reason, retry_logged_reason) == 0 &&
 		!TimestampDifferenceExceeds(retry_logged_at, now, CAI_JOB_RETRY_LOG_MS))
 	{
 		retries_not_logged++;
-		ereport(DEBUG1,
-				(errmsg("pg_cai job " INT64_FORMAT " (conversation " INT64_FORMAT ", attempt %d) will be retried: %s",
-						claim->id, claim->conversation_id, claim->attempts, reason)));
+		ereport(DEBUG1, (errmsg("%s will be retried: %s", job, reason)));
 		return;
 	}
 	ereport(LOG,
-			(errmsg("pg_cai job " INT64_FORMAT " (conversation " INT64_FORMAT ", attempt %d) %s: %s",
-					claim->id, claim->conversation_id, claim->attempts,
-					retry ? "will be retried" : "failed", reason),
+			(errmsg("%s %s: %s", job, retry ? "will be retried" : "failed", reason),
 			 retry && retries_not_logged > 0 ?
 			 errdetail("Since its last such line, this runner retried jobs %d more time(s) after the error logged there.",
 					   retries_not_logged) : 0));
@@ -554,7 +561,7 @@ record_failure(const JobClaim *claim, ErrorData *edata)
 	if (ret != SPI_OK_UPDATE)
 		elog(ERROR, "could not record the failure of job " INT64_FORMAT ": %s", claim->id,
 			 SPI_result_code_string(ret));
-	if (SPI_processed > 0 && !retry)
+	if (SPI_processed > 0 && !retry && !claim->embed)
 		notify_conversation(claim->conversation_id);
 	runner_commit();
 
@@ -573,8 +580,12 @@ run_job(const JobClaim *claim)
 	ErrorData  *edata = NULL;
 	char		activity[128];
 
-	snprintf(activity, sizeof(activity), "answering pg_cai reply job " INT64_FORMAT
-			 " of conversation " INT64_FORMAT, claim->id, claim->conversation_id);
+	if (claim->embed)
+		snprintf(activity, sizeof(activity), "running pg_cai embedding job " INT64_FORMAT,
+				 claim->id);
+	else
+		snprintf(activity, sizeof(activity), "answering pg_cai reply job " INT64_FORMAT
+				 " of conversation " INT64_FORMAT, claim->id, claim->conversation_id);
 
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
@@ -583,7 +594,10 @@ run_job(const JobClaim *claim)
 
 	PG_TRY();
 	{
-		outcome = answer_job(claim);
+		if (claim->embed)
+			outcome = CaiAnswerEmbedJob(claim->id, claim->attempts) ? JOB_DONE : JOB_LOST;
+		else
+			outcome = answer_job(claim);
 		PopActiveSnapshot();
 		CommitTransactionCommand();
 	}

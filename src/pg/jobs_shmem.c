@@ -8,6 +8,8 @@
  */
 #include "postgres.h"
 
+#include "access/xact.h"
+#include "commands/dbcommands.h"
 #include "miscadmin.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
@@ -252,4 +254,65 @@ CaiJobsWakeRunners(Oid database)
 
 	if (!woke && launcher != NULL)
 		SetLatch(&launcher->procLatch);
+}
+
+/* did this transaction queue a job (wake the runners at commit)? */
+static bool jobs_queued_in_xact = false;
+static bool warned_in_xact = false;
+static bool xact_callback_registered = false;
+
+/*
+ * jobs_xact_callback
+ *		Wakes the runners once a transaction that queued jobs has committed: woken earlier, they
+ *		would not see the jobs yet.  A prepared transaction's jobs are found by the runners' poll
+ *		after COMMIT PREPARED.
+ */
+static void
+jobs_xact_callback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+			if (jobs_queued_in_xact)
+				CaiJobsWakeRunners(MyDatabaseId);
+			jobs_queued_in_xact = false;
+			warned_in_xact = false;
+			break;
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PREPARE:
+			jobs_queued_in_xact = false;
+			warned_in_xact = false;
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * CaiJobsWakeAtCommit
+ *		Arranges for the database's runners to be woken at commit, and warns (once per
+ *		transaction) when no runner will ever serve this database.  what names the queued
+ *		work in the warning ("reply", "embedding").
+ */
+void
+CaiJobsWakeAtCommit(const char *what)
+{
+	if (!xact_callback_registered)
+	{
+		RegisterXactCallback(jobs_xact_callback, NULL);
+		xact_callback_registered = true;
+	}
+	jobs_queued_in_xact = true;
+
+	if (!warned_in_xact)
+	{
+		char	   *dbname = get_database_name(MyDatabaseId);
+
+		warned_in_xact = true;
+		if (dbname != NULL && !CaiJobDatabaseIsListed(dbname))
+			ereport(WARNING,
+					(errmsg("no pg_cai job runner serves database \"%s\"", dbname),
+					 errdetail("The %s is queued in cai.jobs and waits until a job runner serves this database.", what),
+					 errhint("Add the database to pg_cai.job_databases and restart the server.")));
+	}
 }

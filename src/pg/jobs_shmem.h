@@ -1,8 +1,9 @@
 /*
  * jobs_shmem.h — the asynchronous reply jobs' shared state: which databases' jobs run
  * (pg_cai.job_databases, parsed in the postmaster and inherited by every child), the job
- * launcher's identity and the job runners' slots.  The launcher (jobs_launcher.c), the runners
- * (jobs_runner.c) and the enqueue trigger (reply_trigger.c) meet here and nowhere else.
+ * launcher's identity and the job runners' slots, and the wake-up at commit of a transaction that
+ * queued jobs.  The launcher (jobs_launcher.c), the runners (jobs_runner.c) and the enqueue
+ * triggers (reply_trigger.c, embed_trigger.c) meet here and nowhere else.
  */
 #ifndef PG_CAI_JOBS_SHMEM_H
 #define PG_CAI_JOBS_SHMEM_H
@@ -30,5 +31,8 @@ extern void CaiJobsLeaveSlot(int slot);
 
 /* wakes the database's runners, or the launcher when none runs; never fails */
 extern void CaiJobsWakeRunners(Oid database);
+
+/* a trigger queued a job of this transaction: wake the runners at its commit */
+extern void CaiJobsWakeAtCommit(const char *what);
 
 #endif							/* PG_CAI_JOBS_SHMEM_H */

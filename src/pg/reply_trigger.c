@@ -49,11 +49,6 @@ typedef struct CaiTriggeredTurn
 static SPIPlanPtr later_turn_plan = NULL;
 static SPIPlanPtr enqueue_plan = NULL;
 
-/* did this transaction queue a job (wake the runners at commit)? */
-static bool jobs_queued_in_xact = false;
-static bool warned_in_xact = false;
-static bool xact_callback_registered = false;
-
 /*
  * reply_trigger_kind
  *		The SQL name of the pg_cai reply trigger function a trigger calls, or NULL when it calls
@@ -217,61 +212,6 @@ pg_cai_reply_trigger(PG_FUNCTION_ARGS)
 }
 
 /*
- * jobs_xact_callback
- *		Wakes the runners once a transaction that queued jobs has committed: woken earlier, they
- *		would not see the jobs yet.  A prepared transaction's jobs are found by the runners' poll
- *		after COMMIT PREPARED.
- */
-static void
-jobs_xact_callback(XactEvent event, void *arg)
-{
-	switch (event)
-	{
-		case XACT_EVENT_COMMIT:
-			if (jobs_queued_in_xact)
-				CaiJobsWakeRunners(MyDatabaseId);
-			jobs_queued_in_xact = false;
-			warned_in_xact = false;
-			break;
-		case XACT_EVENT_ABORT:
-		case XACT_EVENT_PREPARE:
-			jobs_queued_in_xact = false;
-			warned_in_xact = false;
-			break;
-		default:
-			break;
-	}
-}
-
-/*
- * note_job_queued
- *		Arranges for the database's runners to be woken at commit, and warns (once per
- *		transaction) when no runner will ever serve this database.
- */
-static void
-note_job_queued(void)
-{
-	if (!xact_callback_registered)
-	{
-		RegisterXactCallback(jobs_xact_callback, NULL);
-		xact_callback_registered = true;
-	}
-	jobs_queued_in_xact = true;
-
-	if (!warned_in_xact)
-	{
-		char	   *dbname = get_database_name(MyDatabaseId);
-
-		warned_in_xact = true;
-		if (dbname != NULL && !CaiJobDatabaseIsListed(dbname))
-			ereport(WARNING,
-					(errmsg("no pg_cai job runner serves database \"%s\"", dbname),
-					 errdetail("The reply is queued in cai.jobs and waits until a job runner serves this database."),
-					 errhint("Add the database to pg_cai.job_databases and restart the server.")));
-	}
-}
-
-/*
  * cai_enqueue_reply_trigger() -> trigger
  *		AFTER INSERT FOR EACH ROW on cai.messages: queues a reply job for each inserted user turn
  *		that is the newest turn of its conversation when its statement ends (so that importing a
@@ -330,6 +270,6 @@ pg_cai_enqueue_reply_trigger(PG_FUNCTION_ARGS)
 	SPI_finish();
 
 	if (!later)
-		note_job_queued();
+		CaiJobsWakeAtCommit("reply");
 	return PointerGetDatum(NULL);
 }

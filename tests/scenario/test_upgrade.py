@@ -46,12 +46,21 @@ def schema_of(db):
     return "\n".join(lines)
 
 
+# columns that 0.2 adds to cai.jobs for embedding jobs, with their values on a reply job
+JOB_COLUMNS_0_2 = ("'{\"kind\": \"reply\", \"owner\": null, \"target_table\": null, \"key_column\": null, "
+                   "\"row_key\": null, \"text_column\": null, \"embedding_column\": null, "
+                   "\"superseded_by\": null}'::jsonb")
+
+
 def data_of(db):
-    """Every row of the extension's tables, in a stable order."""
+    """Every row of the extension's tables, in a stable order; a job's columns of 0.2 are left
+    out where they hold what every reply job holds, and shown where they do not."""
     return value("SELECT string_agg(t, E'\\n' ORDER BY t) FROM ("
                  " SELECT format('c %s', row_to_json(c)) AS t FROM cai.conversations c"
                  " UNION ALL SELECT format('m %s', row_to_json(m)) FROM cai.messages m"
-                 " UNION ALL SELECT format('j %s', row_to_json(j)) FROM cai.jobs j) rows", db=db)
+                 " UNION ALL SELECT format('j %s', CASE WHEN to_jsonb(j) @> " + JOB_COLUMNS_0_2 +
+                 "   THEN to_jsonb(j) - ARRAY(SELECT jsonb_object_keys(" + JOB_COLUMNS_0_2 + "))"
+                 "   ELSE to_jsonb(j) END) FROM cai.jobs j) rows", db=db)
 
 
 for db in (OLD, NEW):
