@@ -168,7 +168,7 @@ start_conversation_turn(int64 conversation_id, const char *message, Jsonb *call_
 	if (message)
 		put_turn(&payload, CAI_ROLE_USER, message, NULL, -1);
 
-	return CaiGenerationStart(CAI_REQUEST_CHAT, &payload);
+	return CaiGenerationStartFor(CAI_REQUEST_CHAT, &payload, options.model);
 }
 
 /*
@@ -554,7 +554,7 @@ start_completion(FunctionCallInfo fcinfo, int optarg, const CaiSchemaArg *schema
 	CaiOptionsWriteGeneration(&payload, &options, cache_salt(0));
 	cai_put_text(&payload, prompt, len);
 
-	return CaiGenerationStart(CAI_REQUEST_COMPLETE, &payload);
+	return CaiGenerationStartFor(CAI_REQUEST_COMPLETE, &payload, options.model);
 }
 
 /*
@@ -707,6 +707,8 @@ pg_cai_chat_completion(PG_FUNCTION_ARGS)
 	JsonbValue	elem;
 	int			n_messages = 0;
 	char		model_name[128];
+	const char *model;
+	int			slot;
 	uint8		random_bytes[12];
 	char		id[64];
 	int			i;
@@ -770,11 +772,15 @@ pg_cai_chat_completion(PG_FUNCTION_ARGS)
 	cai_put_bytes(&payload, turns.data, turns.len);
 	CaiToolWriteBlock(&payload, &tools);
 
-	gen = CaiGenerationStart(CAI_REQUEST_CHAT, &payload);
+	gen = CaiGenerationStartFor(CAI_REQUEST_CHAT, &payload, options.model);
 	CaiGenerationFinish(gen);
 
+	model_name[0] = '\0';
+	model = CaiModelResolve(options.model);
 	LWLockAcquire(cai_shared->lock, LW_SHARED);
-	strlcpy(model_name, cai_shared->model.info.name, sizeof(model_name));
+	slot = CaiSharedModelIndex(model);
+	if (slot >= 0)
+		strlcpy(model_name, cai_shared->models[slot].model.info.name, sizeof(model_name));
 	LWLockRelease(cai_shared->lock);
 
 	if (!pg_strong_random(random_bytes, sizeof(random_bytes)))
