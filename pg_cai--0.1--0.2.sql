@@ -205,7 +205,8 @@ GRANT EXECUTE ON FUNCTION cai_validate_options(jsonb) TO cai_user;
 -- (the "model" option; "default" for the one model of pg_cai.model), while model stays the
 -- name the model file gives itself.  cai_stats() becomes a set-returning function, so it and
 -- its view are made again, with the same privileges.  cai_model_info(model) reports one model;
--- cai_model_info() keeps reporting the default one.
+-- cai_model_info() keeps reporting the default one.  cai.conversations.model records the model
+-- a conversation is answered by (below).
 --
 DROP VIEW pg_stat_cai;
 DROP FUNCTION cai_stats();
@@ -294,3 +295,9 @@ COMMENT ON FUNCTION cai_model_info(text) IS
 'the served model of that name (pg_cai.models; "default" for pg_cai.model) and the device that serves it; without it, its status and the reason';
 REVOKE ALL ON FUNCTION cai_model_info(text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION cai_model_info(text) TO cai_user;
+
+-- A conversation keeps the model of its first reply: its stored turns carry that model's token
+-- ids.  NULL until the first reply (and for conversations of 0.1 until their next one).
+ALTER TABLE cai.conversations ADD COLUMN model text;
+COMMENT ON COLUMN cai.conversations.model IS
+'the model (pg_cai.models; "default" for pg_cai.model) that answers the conversation, recorded by its first reply; a call naming another is refused';
