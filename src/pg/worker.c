@@ -645,7 +645,7 @@ request_set_state(WorkerRequest *req, WorkerRequestState state, bool rejected)
 				counters->requests_failed++;
 			break;
 		case REQUEST_CANCELLED:
-			if (in_engine)
+			if (in_engine && e != NULL)
 			{
 				size_t		frame = cai_frame_begin(&e->proc.out, CAI_FRAME_CANCEL, req->id);
 
