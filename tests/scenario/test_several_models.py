@@ -5,7 +5,8 @@ kill -9 of one engine while each has a request in flight: the other's request co
 the same text as before, the killed one's request fails cleanly (58000), the other engine's pid
 is unchanged, and the killed engine comes back and answers as before.  A call naming an unknown
 model is refused naming the configured ones.  A reload that removes a model stops only its
-engine, and one that adds it back starts only its engine: the other keeps its pid."""
+engine, one that adds it back starts only its engine, and one that gives it another file restarts
+only its engine: the other keeps its pid."""
 import os
 import signal
 import threading
@@ -174,6 +175,17 @@ try:
     c.check("a reload adding a model starts its engine, and the other keeps its pid",
             added is not None and rows()["chat"][1] == chat_pid, repr(rows()))
     c.check("the added model answers", sql(complete("base", 120)) == ref["base"], "")
+
+    # swap one model's file (the same weights under another path): only its engine restarts
+    base_link = os.path.join(cluster.dir, "base.gguf")
+    os.symlink(BASE, base_link)
+    chat_pid, base_pid, base_starts = rows()["chat"][1], rows()["base"][1], rows()["base"][2]
+    reload_models("chat=%s, base=%s" % (CHAT, base_link))
+    swapped = wait_for(lambda: rows()["base"][0] == "ready" and rows()["base"][2] == base_starts + 1, 120, 0.2)
+    c.check("a reload swapping one model's file restarts its engine only",
+            swapped is not None and rows()["base"][1] != base_pid and rows()["chat"][1] == chat_pid,
+            repr(rows()))
+    c.check("the swapped model answers", sql(complete("base", 120)) == ref["base"], "")
 finally:
     cluster.stop()
     if c.failed == 0:
