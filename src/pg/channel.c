@@ -31,23 +31,54 @@ static uint32 reply_wait_event = 0;
  */
 #define CAI_WORKER_ABSENT_TIMEOUT_MS 30000
 
+/* The model of the last request this backend posted: whose hint a MODEL_UNAVAILABLE error gets */
+static char last_model[CAI_MODEL_NAME_MAX + 1];
+
 /*
- * CaiCheckWorkerReady
- *		Raises the worker's reason when it runs without a model.  A worker that is loading or
+ * CaiModelResolve
+ *		The name of the model a call asks for: requested, or the first configured model when
+ *		NULL.  A name that this backend's pg_cai.models does not list is an error naming the
+ *		configured ones.
+ */
+const char *
+CaiModelResolve(const char *requested)
+{
+	CaiModelList list;
+
+	CaiModelsConfigured(&list);
+	if (requested == NULL)
+		return pstrdup(list.entries[0].name);
+	if (CaiModelsFind(&list, requested) < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("pg_cai model \"%s\" is not configured", requested),
+				 errdetail("Configured models: %s.", CaiModelsNames(&list)),
+				 errhint("Name a model of pg_cai.models in the \"model\" option, or leave the option out for the first one.")));
+	return requested;
+}
+
+/*
+ * CaiCheckModelReady
+ *		Raises the model's reason when the worker runs without it.  A model that is loading or
  *		restarting is fine: requests wait for it.  Takes the pg_cai lock in shared mode.
  */
 void
-CaiCheckWorkerReady(void)
+CaiCheckModelReady(const char *model)
 {
 	CaiSharedState *shared = CaiSharedStateOrError();
-	CaiWorkerState state;
+	CaiWorkerState state = CAI_WORKER_NOT_RUNNING;
 	char		reason[CAI_REASON_SIZE];
 	char		hint[CAI_REASON_SIZE];
+	int			slot;
 
 	LWLockAcquire(shared->lock, LW_SHARED);
-	state = shared->state;
-	strlcpy(reason, shared->reason, sizeof(reason));
-	strlcpy(hint, shared->hint, sizeof(hint));
+	slot = CaiSharedModelIndex(model);
+	if (slot >= 0)
+	{
+		state = shared->models[slot].state;
+		strlcpy(reason, shared->models[slot].reason, sizeof(reason));
+		strlcpy(hint, shared->models[slot].hint, sizeof(hint));
+	}
 	LWLockRelease(shared->lock);
 
 	if (state == CAI_WORKER_FAILED)
@@ -55,6 +86,16 @@ CaiCheckWorkerReady(void)
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("pg_cai model is not available: %s", reason),
 				 hint[0] ? errhint("%s", hint) : 0));
+}
+
+/*
+ * CaiCheckWorkerReady
+ *		CaiCheckModelReady for the default model.
+ */
+void
+CaiCheckWorkerReady(void)
+{
+	CaiCheckModelReady(CaiModelResolve(NULL));
 }
 
 /*
@@ -79,12 +120,23 @@ channel_on_detach(dsm_segment *seg, Datum arg)
 
 /*
  * CaiChannelOpen
- *		Creates the request segment, copies the payload into it, posts it and wakes the worker.
- *		The channel is allocated in the current memory context, and the segment belongs to the
- *		current resource owner.  Takes the pg_cai lock briefly.
+ *		CaiChannelOpenFor the default model.
  */
 CaiChannel *
 CaiChannelOpen(cai_request_kind kind, const cai_wbuf *payload)
+{
+	return CaiChannelOpenFor(kind, payload, NULL);
+}
+
+/*
+ * CaiChannelOpenFor
+ *		Creates the request segment for the named model (NULL: the default one), copies the
+ *		payload into it, posts it and wakes the worker.  The channel is allocated in the current
+ *		memory context, and the segment belongs to the current resource owner.  Takes the
+ *		pg_cai lock briefly.
+ */
+CaiChannel *
+CaiChannelOpenFor(cai_request_kind kind, const cai_wbuf *payload, const char *model)
 {
 	CaiChannel *channel;
 	Size		payload_offset = MAXALIGN(sizeof(CaiRequestHeader));
@@ -93,7 +145,9 @@ CaiChannelOpen(cai_request_kind kind, const cai_wbuf *payload)
 	char	   *base;
 	CaiRequestHeader *header;
 
-	CaiCheckWorkerReady();
+	model = CaiModelResolve(model);
+	CaiCheckModelReady(model);
+	strlcpy(last_model, model, sizeof(last_model));
 	if (payload->failed)
 		ereport(ERROR,
 				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
@@ -112,6 +166,7 @@ CaiChannelOpen(cai_request_kind kind, const cai_wbuf *payload)
 	header->magic = CAI_REQUEST_MAGIC;
 	header->kind = kind;
 	header->backend_pid = MyProcPid;
+	strlcpy(header->model, model, sizeof(header->model));
 	header->payload_offset = payload_offset;
 	header->payload_size = payload->len;
 	header->queue_offset = queue_offset;
@@ -259,9 +314,13 @@ CaiRaiseWorkerError(const char *body, Size len)
 		case CAI_WIRE_STATUS_MODEL_UNAVAILABLE:
 			{
 				char		hint[CAI_REASON_SIZE];
+				int			slot;
 
+				hint[0] = '\0';
 				LWLockAcquire(cai_shared->lock, LW_SHARED);
-				strlcpy(hint, cai_shared->hint, sizeof(hint));
+				slot = CaiSharedModelIndex(last_model);
+				if (slot >= 0)
+					strlcpy(hint, cai_shared->models[slot].hint, sizeof(hint));
 				LWLockRelease(cai_shared->lock);
 				ereport(ERROR,
 						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
@@ -335,15 +394,25 @@ CaiRaiseWorkerError(const char *body, Size len)
 
 /*
  * CaiGenerationStart
- *		Posts a CHAT or COMPLETE request.
+ *		Posts a CHAT or COMPLETE request to the default model.
  */
 CaiGeneration *
 CaiGenerationStart(cai_request_kind kind, const cai_wbuf *payload)
 {
+	return CaiGenerationStartFor(kind, payload, NULL);
+}
+
+/*
+ * CaiGenerationStartFor
+ *		Posts a CHAT or COMPLETE request to the named model (NULL: the default one).
+ */
+CaiGeneration *
+CaiGenerationStartFor(cai_request_kind kind, const cai_wbuf *payload, const char *model)
+{
 	CaiGeneration *gen = palloc0(sizeof(CaiGeneration));
 
 	initStringInfo(&gen->text);
-	gen->channel = CaiChannelOpen(kind, payload);
+	gen->channel = CaiChannelOpenFor(kind, payload, model);
 	return gen;
 }
 

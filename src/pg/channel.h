@@ -29,8 +29,12 @@ typedef struct CaiChannel
 	TimestampTz worker_missing_since;	/* 0 while a worker is running */
 } CaiChannel;
 
+extern const char *CaiModelResolve(const char *requested);
+extern void CaiCheckModelReady(const char *model);
 extern void CaiCheckWorkerReady(void);
 extern CaiChannel *CaiChannelOpen(cai_request_kind kind, const cai_wbuf *payload);
+extern CaiChannel *CaiChannelOpenFor(cai_request_kind kind, const cai_wbuf *payload,
+									 const char *model);
 extern void CaiChannelReceive(CaiChannel *channel, char **data, Size *len);
 extern void CaiChannelClose(CaiChannel *channel);
 pg_noreturn extern void CaiRaiseWorkerError(const char *body, Size len);
@@ -64,6 +68,8 @@ typedef struct CaiGeneration
 } CaiGeneration;
 
 extern CaiGeneration *CaiGenerationStart(cai_request_kind kind, const cai_wbuf *payload);
+extern CaiGeneration *CaiGenerationStartFor(cai_request_kind kind, const cai_wbuf *payload,
+											const char *model);
 extern bool CaiGenerationNext(CaiGeneration *gen, const char **piece, Size *len);
 extern void CaiGenerationFinish(CaiGeneration *gen);
 

@@ -119,6 +119,33 @@ apply_schema(CaiOptions *options, const CaiSchemaArg *schema)
 }
 
 /*
+ * keep_conversation_model
+ *		A conversation keeps the model of its first reply (its stored turns carry that model's
+ *		token ids): the options' model, or the default one, is recorded then; later, a model
+ *		named by the call or the conversation's options must be that one.
+ */
+static void
+keep_conversation_model(CaiConversation *conv, CaiOptions *options)
+{
+	if (conv->model == NULL)
+	{
+		options->model = (char *) CaiModelResolve(options->model);
+		if (conv->has_model_column)
+			CaiConversationSetModel(conv->id, options->model);
+		return;
+	}
+	if (options->model != NULL && strcmp(options->model, conv->model) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("conversation " INT64_FORMAT " is answered by model \"%s\", not \"%s\"",
+						conv->id, conv->model, options->model),
+				 errdetail("A conversation keeps the model of its first reply: its stored turns carry that model's token ids."),
+				 errhint("Leave the \"model\" option out, or start a new conversation for model \"%s\".",
+						 options->model)));
+	options->model = conv->model;
+}
+
+/*
  * start_conversation_turn
  *		Reads the conversation, merges its options under the call's, and posts a CHAT request
  *		with the system prompt, the stored turns (up to up_to_message when not 0) and, when
@@ -145,6 +172,7 @@ start_conversation_turn(int64 conversation_id, const char *message, Jsonb *call_
 	CaiOptionsApply(&options, conv->options);
 	CaiOptionsApply(&options, call_options);
 	apply_schema(&options, schema);
+	keep_conversation_model(conv, &options);
 	*effective = options;
 
 	n_messages = list_length(conv->turns) + (conv->system_prompt ? 1 : 0) + (message ? 1 : 0);
@@ -168,7 +196,7 @@ start_conversation_turn(int64 conversation_id, const char *message, Jsonb *call_
 	if (message)
 		put_turn(&payload, CAI_ROLE_USER, message, NULL, -1);
 
-	return CaiGenerationStart(CAI_REQUEST_CHAT, &payload);
+	return CaiGenerationStartFor(CAI_REQUEST_CHAT, &payload, options.model);
 }
 
 /*
@@ -554,7 +582,7 @@ start_completion(FunctionCallInfo fcinfo, int optarg, const CaiSchemaArg *schema
 	CaiOptionsWriteGeneration(&payload, &options, cache_salt(0));
 	cai_put_text(&payload, prompt, len);
 
-	return CaiGenerationStart(CAI_REQUEST_COMPLETE, &payload);
+	return CaiGenerationStartFor(CAI_REQUEST_COMPLETE, &payload, options.model);
 }
 
 /*
@@ -707,6 +735,8 @@ pg_cai_chat_completion(PG_FUNCTION_ARGS)
 	JsonbValue	elem;
 	int			n_messages = 0;
 	char		model_name[128];
+	const char *model;
+	int			slot;
 	uint8		random_bytes[12];
 	char		id[64];
 	int			i;
@@ -770,11 +800,15 @@ pg_cai_chat_completion(PG_FUNCTION_ARGS)
 	cai_put_bytes(&payload, turns.data, turns.len);
 	CaiToolWriteBlock(&payload, &tools);
 
-	gen = CaiGenerationStart(CAI_REQUEST_CHAT, &payload);
+	gen = CaiGenerationStartFor(CAI_REQUEST_CHAT, &payload, options.model);
 	CaiGenerationFinish(gen);
 
+	model_name[0] = '\0';
+	model = CaiModelResolve(options.model);
 	LWLockAcquire(cai_shared->lock, LW_SHARED);
-	strlcpy(model_name, cai_shared->model.info.name, sizeof(model_name));
+	slot = CaiSharedModelIndex(model);
+	if (slot >= 0)
+		strlcpy(model_name, cai_shared->models[slot].model.info.name, sizeof(model_name));
 	LWLockRelease(cai_shared->lock);
 
 	if (!pg_strong_random(random_bytes, sizeof(random_bytes)))

@@ -31,6 +31,7 @@ static SPIPlanPtr lock_plan = NULL;
 static SPIPlanPtr turns_plan = NULL;
 static SPIPlanPtr insert_plan = NULL;
 static SPIPlanPtr set_tokens_plan = NULL;
+static SPIPlanPtr set_model_plan = NULL;
 
 /* An int4[] datum built from ids (n >= 0). */
 static Datum
@@ -119,9 +120,10 @@ CaiConversationLoad(int64 id, int64 up_to_message)
 	SPI_connect();
 	spi_context = CurrentMemoryContext;
 
+	/* the model column came with 0.2: read through to_jsonb so that 0.1's table reads too */
 	plan = CaiKeepPlan(&lock_plan,
-					 "SELECT system_prompt, options FROM cai.conversations "
-					 "WHERE id = $1 FOR NO KEY UPDATE",
+					 "SELECT system_prompt, options, to_jsonb(c) ->> 'model', to_jsonb(c) ? 'model' "
+					 "FROM cai.conversations c WHERE id = $1 FOR NO KEY UPDATE",
 					 1, lock_types);
 	values[0] = Int64GetDatum(id);
 	ret = SPI_execute_plan(plan, values, NULL, false, 1);
@@ -142,6 +144,11 @@ CaiConversationLoad(int64 id, int64 up_to_message)
 	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 2, &isnull);
 	if (!isnull)
 		conv->options = DatumGetJsonbPCopy(d);
+	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 3, &isnull);
+	if (!isnull)
+		conv->model = TextDatumGetCString(d);
+	d = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 4, &isnull);
+	conv->has_model_column = !isnull && DatumGetBool(d);
 	MemoryContextSwitchTo(spi_context);
 
 	plan = CaiKeepPlan(&turns_plan,
@@ -200,6 +207,31 @@ CaiConversationLoad(int64 id, int64 up_to_message)
 
 	SPI_finish();
 	return conv;
+}
+
+/*
+ * CaiConversationSetModel
+ *		Records the model that answers the conversation (cai.conversations.model), which it
+ *		keeps from then on.  The caller has locked the row (CaiConversationLoad).
+ */
+void
+CaiConversationSetModel(int64 conversation_id, const char *model)
+{
+	Oid			argtypes[2] = {INT8OID, TEXTOID};
+	Datum		values[2];
+	int			ret;
+
+	SPI_connect();
+	values[0] = Int64GetDatum(conversation_id);
+	values[1] = CStringGetTextDatum(model);
+	ret = SPI_execute_plan(CaiKeepPlan(&set_model_plan,
+									   "UPDATE cai.conversations SET model = $2 WHERE id = $1",
+									   2, argtypes),
+						   values, NULL, false, 0);
+	if (ret != SPI_OK_UPDATE)
+		elog(ERROR, "could not record the model of conversation " INT64_FORMAT ": %s",
+			 conversation_id, SPI_result_code_string(ret));
+	SPI_finish();
 }
 
 /*

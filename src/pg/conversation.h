@@ -24,6 +24,8 @@ typedef struct CaiConversation
 	int64		id;
 	char	   *system_prompt;	/* NULL when none */
 	Jsonb	   *options;		/* NULL when none */
+	char	   *model;			/* the model that answers it; NULL until its first reply */
+	bool		has_model_column;	/* the table has it (0.2 on) */
 	List	   *turns;			/* CaiTurn *, oldest first */
 } CaiConversation;
 
@@ -43,6 +45,7 @@ extern int64 CaiConversationCreate(const char *system_prompt, Jsonb *options);
 extern CaiConversation *CaiConversationLoad(int64 id, int64 up_to_message);
 extern int64 CaiMessageInsert(int64 conversation_id, const char *role, const char *content,
 							  const int32 *tokens, int n_tokens, const CaiStoredUsage *usage);
+extern void CaiConversationSetModel(int64 conversation_id, const char *model);
 extern void CaiMessageSetTokens(int64 message_id, const int32 *tokens, int n_tokens);
 
 #endif							/* PG_CAI_CONVERSATION_H */

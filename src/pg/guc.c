@@ -11,8 +11,10 @@
  */
 #include "postgres.h"
 
+#include <ctype.h>
 #include <limits.h>
 
+#include "lib/stringinfo.h"
 #include "utils/guc.h"
 #include "utils/varlena.h"
 
@@ -20,6 +22,7 @@
 #include "guc.h"
 
 char	   *cai_model_path = NULL;
+char	   *cai_models_setting = NULL;
 char	   *cai_chat_template = NULL;
 char	   *cai_weights_cache = NULL;
 int			cai_device = CAI_DEVICE_AUTO;
@@ -92,6 +95,200 @@ CaiDeviceSettingName(int device)
 			return entry->name;
 	}
 	return "auto";
+}
+
+/* Trims the blanks around [*start, *end). */
+static void
+trim_blanks(const char **start, const char **end)
+{
+	while (*start < *end && isspace((unsigned char) **start))
+		(*start)++;
+	while (*end > *start && isspace((unsigned char) (*end)[-1]))
+		(*end)--;
+}
+
+/*
+ * parse_model_entry
+ *		One "name=path" entry of pg_cai.models, [start, end) of the setting; false with the
+ *		reason in error when it is not a valid one.
+ */
+static bool
+parse_model_entry(const char *start, const char *end, CaiModelEntry *entry, char *error,
+				  int error_size)
+{
+	const char *eq;
+	const char *name_end;
+	const char *path_start;
+	int			name_len;
+
+	trim_blanks(&start, &end);
+	eq = memchr(start, '=', end - start);
+	if (eq == NULL)
+	{
+		snprintf(error, error_size, "Entry \"%.*s\" is not of the form name=path.",
+				 (int) Min(end - start, 200), start);
+		return false;
+	}
+	name_end = eq;
+	path_start = eq + 1;
+	trim_blanks(&start, &name_end);
+	trim_blanks(&path_start, &end);
+	name_len = name_end - start;
+	if (name_len < 1 || name_len > CAI_MODEL_NAME_MAX)
+	{
+		snprintf(error, error_size,
+				 "Entry \"%.*s\": a model name has 1 to %d characters.",
+				 (int) Min(end - start, 200), start, CAI_MODEL_NAME_MAX);
+		return false;
+	}
+	for (const char *c = start; c < name_end; c++)
+	{
+		if (!((*c >= 'a' && *c <= 'z') || (*c >= '0' && *c <= '9') || *c == '_' || *c == '-'))
+		{
+			snprintf(error, error_size,
+					 "Entry \"%.*s\": model name \"%.*s\" may hold only a-z, 0-9, _ and -.",
+					 (int) Min(end - start, 200), start, name_len, start);
+			return false;
+		}
+	}
+	if (end == path_start)
+	{
+		snprintf(error, error_size, "Entry \"%.*s\" names no model file.",
+				 (int) Min(end - start, 200), start);
+		return false;
+	}
+	if (end - path_start >= MAXPGPATH)
+	{
+		snprintf(error, error_size, "The path of model \"%.*s\" is too long.", name_len, start);
+		return false;
+	}
+	memcpy(entry->name, start, name_len);
+	entry->name[name_len] = '\0';
+	memcpy(entry->path, path_start, end - path_start);
+	entry->path[end - path_start] = '\0';
+	return true;
+}
+
+/*
+ * CaiModelsParse
+ *		Parses a pg_cai.models value: "name=path" entries separated by commas, blanks around
+ *		them ignored, distinct names, at most CAI_MAX_MODELS.  An empty value gives an empty
+ *		list.  False with the reason (naming the bad entry) in error.
+ */
+bool
+CaiModelsParse(const char *value, CaiModelList *list, char *error, int error_size)
+{
+	const char *p = value;
+
+	memset(list, 0, sizeof(*list));
+	if (value == NULL)
+		return true;
+	while (*p != '\0')
+	{
+		const char *comma = strchr(p, ',');
+		const char *end = comma ? comma : p + strlen(p);
+		const char *s = p;
+		const char *e = end;
+
+		trim_blanks(&s, &e);
+		if (s == e)
+		{
+			/* blank entries are allowed only as the whole value */
+			if (comma != NULL || list->n > 0)
+			{
+				snprintf(error, error_size, "The list has an empty entry.");
+				return false;
+			}
+		}
+		else
+		{
+			if (list->n == CAI_MAX_MODELS)
+			{
+				snprintf(error, error_size, "At most %d models can be served at once.",
+						 CAI_MAX_MODELS);
+				return false;
+			}
+			if (!parse_model_entry(s, e, &list->entries[list->n], error, error_size))
+				return false;
+			if (CaiModelsFind(list, list->entries[list->n].name) >= 0)
+			{
+				snprintf(error, error_size, "Model \"%s\" is listed twice.",
+						 list->entries[list->n].name);
+				return false;
+			}
+			list->n++;
+		}
+		p = comma ? comma + 1 : end;
+	}
+	return true;
+}
+
+/*
+ * CaiModelsFind
+ *		The position of the named model in the list, or -1.
+ */
+int
+CaiModelsFind(const CaiModelList *list, const char *name)
+{
+	for (int i = 0; i < list->n; i++)
+	{
+		if (strcmp(list->entries[i].name, name) == 0)
+			return i;
+	}
+	return -1;
+}
+
+/*
+ * CaiModelsConfigured
+ *		The models this process's settings say to serve: pg_cai.models when it is set, else the
+ *		one model of pg_cai.model, named "default" (with an empty path when no model is set:
+ *		the worker then says so).  Never empty.  The check hook has validated pg_cai.models.
+ */
+void
+CaiModelsConfigured(CaiModelList *list)
+{
+	char		error[256];
+
+	if (cai_models_setting != NULL && cai_models_setting[0] != '\0' &&
+		CaiModelsParse(cai_models_setting, list, error, sizeof(error)) && list->n > 0)
+		return;
+	memset(list, 0, sizeof(*list));
+	list->n = 1;
+	strlcpy(list->entries[0].name, CAI_DEFAULT_MODEL_NAME, sizeof(list->entries[0].name));
+	strlcpy(list->entries[0].path, cai_model_path ? cai_model_path : "",
+			sizeof(list->entries[0].path));
+}
+
+/*
+ * CaiModelsNames
+ *		The list's names, comma-separated, for messages.
+ */
+char *
+CaiModelsNames(const CaiModelList *list)
+{
+	StringInfoData names;
+
+	initStringInfo(&names);
+	for (int i = 0; i < list->n; i++)
+		appendStringInfo(&names, "%s%s", i > 0 ? ", " : "", list->entries[i].name);
+	return names.data;
+}
+
+/*
+ * check_models
+ *		Check hook of pg_cai.models: the whole list parses.
+ */
+static bool
+check_models(char **newval, void **extra, GucSource source)
+{
+	CaiModelList list;
+	char		error[512];
+
+	if (*newval == NULL || CaiModelsParse(*newval, &list, error, sizeof(error)))
+		return true;
+	GUC_check_errdetail("%s", error);
+	GUC_check_errhint("Write entries like 'chat=/path/a.gguf, embed=/path/b.gguf'.");
+	return false;
 }
 
 /*
@@ -202,6 +399,21 @@ define_engine_process_settings(void)
 							   0,
 							   NULL, NULL, NULL);
 
+	/* paths of files the engines read: only the configuration files or ALTER SYSTEM set it */
+	DefineCustomStringVariable("pg_cai.models",
+							   "Models served at once, each by an engine process of its own.",
+							   "Comma-separated name=path entries, e.g. 'chat=/path/a.gguf, "
+							   "embed=/path/b.gguf'; names are 1 to 32 of a-z, 0-9, _ and -. "
+							   "Calls pick one with the model option; the first is the default. "
+							   "Empty means the one model of pg_cai.model, named default. A "
+							   "reload starts, stops or restarts only the engines whose entry "
+							   "changed.",
+							   &cai_models_setting,
+							   "",
+							   PGC_SIGHUP,
+							   GUC_SUPERUSER_ONLY,
+							   check_models, NULL, NULL);
+
 	DefineCustomStringVariable("pg_cai.chat_template",
 							   "Chat template to use instead of the one detected from the model.",
 							   "One of chatml, llama3, gemma, llama2; empty means detect.",
@@ -275,7 +487,8 @@ define_engine_process_settings(void)
 
 	DefineCustomIntVariable("pg_cai.threads",
 							"CPU threads of the engine worker.",
-							"0 means all online cores.",
+							"0 means all online cores. With several models (pg_cai.models), "
+							"each engine gets an equal share, at least one.",
 							&cai_threads,
 							0, 0, 1024,
 							PGC_SIGHUP,
@@ -302,7 +515,8 @@ define_engine_process_settings(void)
 
 	DefineCustomIntVariable("pg_cai.host_cache_size",
 							"Host memory for the KV cache of past turns (the prefix cache).",
-							"0 turns the prefix cache off.",
+							"0 turns the prefix cache off. With several models (pg_cai.models), "
+							"each engine gets an equal share.",
 							&cai_host_cache_size_mb,
 							256, 0, INT_MAX / 2,
 							PGC_SIGHUP,

@@ -7,6 +7,32 @@
 #ifndef PG_CAI_GUC_H
 #define PG_CAI_GUC_H
 
+/*
+ * Models served at once, one engine process each.  Each engine holds its own weights, KV pool,
+ * prefix cache and threads, so a handful is all one server can feed (a chat model, an embedding
+ * model, a spare being swapped in); a fixed bound keeps the per-model state in shared memory
+ * static.
+ */
+#define CAI_MAX_MODELS 4
+/* a model's name: [a-z0-9_-]{1,CAI_MODEL_NAME_MAX} */
+#define CAI_MODEL_NAME_MAX 32
+/* the name of the one model that pg_cai.model configures when pg_cai.models is empty */
+#define CAI_DEFAULT_MODEL_NAME "default"
+
+/* One model to serve: its name (what calls pick it by) and its GGUF file as configured */
+typedef struct CaiModelEntry
+{
+	char		name[CAI_MODEL_NAME_MAX + 1];
+	char		path[MAXPGPATH];	/* as written; relative to the data directory unless absolute */
+} CaiModelEntry;
+
+/* The models to serve, the first being the default of calls that name none */
+typedef struct CaiModelList
+{
+	int			n;
+	CaiModelEntry entries[CAI_MAX_MODELS];
+} CaiModelList;
+
 /* pg_cai.device */
 typedef enum CaiDeviceSetting
 {
@@ -45,6 +71,7 @@ extern int	cai_job_workers;
 
 /* reloadable: a change starts a new engine process with them */
 extern char *cai_model_path;
+extern char *cai_models_setting;	/* pg_cai.models: "name=path, ..." or empty */
 extern char *cai_chat_template;
 extern int	cai_device;
 extern int	cai_weight_rounding;
@@ -69,5 +96,9 @@ extern int	cai_default_max_tokens;
 
 extern void CaiGucInit(void);
 extern const char *CaiDeviceSettingName(int device);
+extern bool CaiModelsParse(const char *value, CaiModelList *list, char *error, int error_size);
+extern void CaiModelsConfigured(CaiModelList *list);
+extern int	CaiModelsFind(const CaiModelList *list, const char *name);
+extern char *CaiModelsNames(const CaiModelList *list);
 
 #endif							/* PG_CAI_GUC_H */

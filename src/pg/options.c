@@ -18,7 +18,7 @@
 #include "options.h"
 #include "protocol.h"
 
-#define CAI_VALID_OPTIONS		"max_tokens, temperature, top_p, top_k, seed, stop, truncate, ignore_eos, response_format, json_whitespace, allow_partial, presence_penalty, frequency_penalty, repetition_penalty, min_p, logit_bias, logprobs, top_logprobs"
+#define CAI_VALID_OPTIONS		"max_tokens, temperature, top_p, top_k, seed, stop, truncate, ignore_eos, response_format, json_whitespace, allow_partial, presence_penalty, frequency_penalty, repetition_penalty, min_p, logit_bias, logprobs, top_logprobs, model"
 
 /*
  * CaiOptionsInit
@@ -633,6 +633,15 @@ apply_key(CaiOptions *options, const char *key, const JsonbValue *value)
 		}
 		else
 			apply_response_format(options, value);
+	}
+	else if (strcmp(key, "model") == 0)
+	{
+		if (value->type == jbvNull)
+			options->model = defaults.model;
+		else if (value->type != jbvString)
+			wrong_type(key, "a string naming a model of pg_cai.models", value);
+		else
+			options->model = pnstrdup(value->val.string.val, value->val.string.len);
 	}
 	else if (apply_sampling_key(options, key, value, &defaults))
 		return;

@@ -37,6 +37,7 @@ typedef struct CaiOptions
 	cai_logit_bias *logit_bias;	/* palloc'd [n_logit_bias] */
 	bool		logprobs;		/* cai_chat_completion reports them */
 	int			top_logprobs;
+	char	   *model;			/* the model to answer (pg_cai.models); NULL: the default */
 } CaiOptions;
 
 extern void CaiOptionsInit(CaiOptions *options);

@@ -77,4 +77,14 @@ CaiJsonLexContext(char *json, int len)
 #endif
 }
 
+/*
+ * Sets up a set-returning function's result as a tuplestore of its declared row type: 16
+ * renamed SetSingleFuncCall to InitMaterializedSRF.
+ */
+#if PG_VERSION_NUM >= 160000
+#define CaiInitMaterializedSRF(fcinfo) InitMaterializedSRF((fcinfo), 0)
+#else
+#define CaiInitMaterializedSRF(fcinfo) SetSingleFuncCall((fcinfo), 0)
+#endif
+
 #endif							/* PG_CAI_PG_COMPAT_H */

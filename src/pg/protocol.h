@@ -16,6 +16,7 @@
 
 #include "port/atomics.h"
 
+#include "guc.h"
 #include "wire.h"
 
 #define CAI_REQUEST_MAGIC		0x52494143	/* "CAIR" */
@@ -26,6 +27,7 @@ typedef struct CaiRequestHeader
 	uint32		magic;
 	uint32		kind;			/* cai_request_kind */
 	int			backend_pid;	/* for the worker's log lines */
+	char		model[CAI_MODEL_NAME_MAX + 1];	/* the model that answers it (NUL-terminated) */
 	Size		payload_offset;
 	Size		payload_size;
 	Size		queue_offset;

@@ -75,7 +75,6 @@ cai_shmem_startup(void)
 		memset(cai_shared, 0, pg_cai_shmem_size());
 		cai_shared->lock = &(GetNamedLWLockTranche("pg_cai"))->lock;
 		pg_atomic_init_u64(&cai_shared->generation, 0);
-		cai_shared->state = CAI_WORKER_NOT_RUNNING;
 		cai_shared->ring_capacity = ring_capacity();
 	}
 
@@ -108,6 +107,22 @@ CaiSharedStateOrError(void)
 				 errmsg("pg_cai must be loaded via shared_preload_libraries"),
 				 errhint("Add pg_cai to shared_preload_libraries in postgresql.conf and restart the server.")));
 	return cai_shared;
+}
+
+/*
+ * CaiSharedModelIndex
+ *		The slot of the served model of that name, or -1.  The caller holds the pg_cai lock.
+ */
+int
+CaiSharedModelIndex(const char *name)
+{
+	for (int i = 0; i < CAI_MAX_MODELS; i++)
+	{
+		if (cai_shared->models[i].name[0] != '\0' &&
+			strcmp(cai_shared->models[i].name, name) == 0)
+			return i;
+	}
+	return -1;
 }
 
 /*

@@ -1,8 +1,9 @@
 /*
  * shmem.h — pg_cai's state in the main shared memory segment.
  *
- * One CaiSharedState per cluster: the engine worker's identity and health, a summary of the
- * loaded model, the latest statistics, and the intake ring of posted requests (dsm handles).
+ * One CaiSharedState per cluster: the engine worker's identity, per served model its engine's
+ * health, a summary of the model and the latest statistics, and the intake ring of posted
+ * requests (dsm handles).
  * Everything in it is protected by the "pg_cai" LWLock tranche's single lock, except the
  * generation counter, which is atomic so that waiting backends can poll it cheaply.
  */
@@ -16,6 +17,7 @@
 #include "utils/timestamp.h"
 
 #include "cai.h"
+#include "guc.h"
 #include "wire.h"
 
 /* What the engine worker and its engine process are doing */
@@ -50,6 +52,35 @@ typedef struct CaiWorkerCounters
 	uint64		requests_abandoned; /* the backend left (cancel, timeout, error) */
 } CaiWorkerCounters;
 
+/*
+ * One served model and its engine process.  A slot is in use while its name is not empty; the
+ * worker fills and empties slots as the configured models come and go.
+ */
+typedef struct CaiModelSlot
+{
+	char		name[CAI_MODEL_NAME_MAX + 1];	/* as configured; "" when the slot is free */
+	CaiWorkerState state;
+	char		reason[CAI_REASON_SIZE];	/* why the model is unavailable (FAILED) */
+	char		hint[CAI_REASON_SIZE];
+	CaiModelSummary model;
+
+	/* the engine process (not a child of the postmaster: the worker starts it) */
+	int			engine_pid;		/* 0 when none runs */
+	uint64		engine_starts;	/* engine processes started for this model by this worker */
+	TimestampTz engine_started; /* when the current (or last) one started */
+	char		engine_last_exit[CAI_EXIT_TEXT_SIZE];	/* how the last one ended; "" if none did */
+
+	/* statistics, refreshed by the worker after every step and when idle */
+	cai_engine_stats engine_stats;
+	CaiWorkerCounters counters;
+	double		recent_tokens_per_second;	/* generated tokens per second, ~last 10 s */
+
+	/* cai_stat_reset()'s base for this model (see CaiSharedState) */
+	uint64		reset_engine_starts;
+	cai_engine_stats engine_stats_base;
+	CaiWorkerCounters counters_base;
+} CaiModelSlot;
+
 typedef struct CaiSharedState
 {
 	LWLock	   *lock;
@@ -58,23 +89,11 @@ typedef struct CaiSharedState
 	pg_atomic_uint64 generation;	/* bumped each time a worker starts */
 	int			worker_pid;		/* 0 when not running */
 	PGPROC	   *worker_proc;	/* whose latch to set; NULL when not running */
-	CaiWorkerState state;
 	TimestampTz worker_started;
-	char		reason[CAI_REASON_SIZE];	/* why the model is unavailable (FAILED) */
-	char		hint[CAI_REASON_SIZE];
-	CaiModelSummary model;
-
-	/* the engine process (not a child of the postmaster: the worker starts it) */
-	int			engine_pid;		/* 0 when none runs */
-	uint64		engine_starts;	/* engine processes started by this worker */
-	TimestampTz engine_started; /* when the current (or last) one started */
-	char		engine_last_exit[CAI_EXIT_TEXT_SIZE];	/* how the last one ended; "" if none did */
-
-	/* statistics, refreshed by the worker after every step and when idle */
-	cai_engine_stats engine_stats;
-	CaiWorkerCounters counters;
 	TimestampTz stats_updated;
-	double		recent_tokens_per_second;	/* generated tokens per second, ~last 10 s */
+
+	/* the models, each with its engine process */
+	CaiModelSlot models[CAI_MAX_MODELS];
 
 	/*
 	 * cai_stat_reset(): the counters as they were at the last reset, which pg_stat_cai subtracts.
@@ -83,9 +102,6 @@ typedef struct CaiSharedState
 	 */
 	TimestampTz stats_reset;	/* 0 until the first reset */
 	uint64		reset_worker_generation;
-	uint64		reset_engine_starts;
-	cai_engine_stats engine_stats_base;
-	CaiWorkerCounters counters_base;
 
 	/* intake ring of request segments, oldest at ring_head */
 	int			ring_capacity;
@@ -101,6 +117,7 @@ extern void CaiShmemInit(void);
 extern Size pg_cai_shmem_size(void);
 extern CaiSharedState *CaiSharedStateOrError(void);
 
+extern int	CaiSharedModelIndex(const char *name);
 extern bool CaiRingPush(dsm_handle handle);
 extern bool CaiRingPeek(dsm_handle *handle);
 extern void CaiRingPop(dsm_handle handle);

@@ -8,6 +8,7 @@
 #include "postgres.h"
 
 #include "funcapi.h"
+#include "utils/tuplestore.h"
 #include "utils/builtins.h"
 #include "utils/json.h"
 #include "utils/jsonb.h"
@@ -15,6 +16,7 @@
 
 #include "channel.h"
 #include "guc.h"
+#include "pg_compat.h"
 #include "protocol.h"
 #include "shmem.h"
 
@@ -63,25 +65,37 @@ json_key_int(StringInfo out, const char *key, int64 value)
 }
 
 /*
- * cai_model_info() -> jsonb
- *		The loaded model and the device that serves it; without a model, the worker's status and
- *		the reason.  Takes the pg_cai lock in shared mode.
+ * cai_model_info() -> jsonb, cai_model_info(model text) -> jsonb
+ *		The loaded model (the default one, or the named one) and the device that serves it;
+ *		without it, its status and the reason.  A name pg_cai.models does not list is an error.
+ *		Takes the pg_cai lock in shared mode.
  */
 Datum
 pg_cai_model_info(PG_FUNCTION_ARGS)
 {
 	CaiSharedState *shared = CaiSharedStateOrError();
-	CaiWorkerState state;
+	CaiWorkerState state = CAI_WORKER_NOT_RUNNING;
 	CaiModelSummary model;
-	char		reason[CAI_REASON_SIZE];
-	char		hint[CAI_REASON_SIZE];
+	char		reason[CAI_REASON_SIZE] = "";
+	char		hint[CAI_REASON_SIZE] = "";
+	const char *name;
+	int			slot;
 	StringInfoData out;
 
+	if (PG_NARGS() > 0 && PG_ARGISNULL(0))
+		PG_RETURN_NULL();
+	name = CaiModelResolve(PG_NARGS() > 0 ? text_to_cstring(PG_GETARG_TEXT_PP(0)) : NULL);
+
+	memset(&model, 0, sizeof(model));
 	LWLockAcquire(shared->lock, LW_SHARED);
-	state = shared->state;
-	model = shared->model;
-	strlcpy(reason, shared->reason, sizeof(reason));
-	strlcpy(hint, shared->hint, sizeof(hint));
+	slot = CaiSharedModelIndex(name);
+	if (slot >= 0)
+	{
+		state = shared->models[slot].state;
+		model = shared->models[slot].model;
+		strlcpy(reason, shared->models[slot].reason, sizeof(reason));
+		strlcpy(hint, shared->models[slot].hint, sizeof(hint));
+	}
 	LWLockRelease(shared->lock);
 
 	initStringInfo(&out);
@@ -157,19 +171,10 @@ subtract_engine_counters(cai_engine_stats *es, const cai_engine_stats *base)
 	es->gemm_fallbacks -= base->gemm_fallbacks;
 }
 
-/*
- * cai_stats() -> record
- *		One row of counters for pg_stat_cai.  Takes the pg_cai lock in shared mode.
- */
-Datum
-pg_cai_stats(PG_FUNCTION_ARGS)
+/* One model's row of pg_stat_cai, as read under the lock */
+typedef struct StatsRow
 {
-	CaiSharedState *shared = CaiSharedStateOrError();
-	TupleDesc	tupdesc;
-	Datum		values[41];
-	bool		nulls[41];
-	int			i = 0;
-	int			pid;
+	char		name[CAI_MODEL_NAME_MAX + 1];
 	CaiWorkerState state;
 	char		model_name[128];
 	char		device[128];
@@ -179,129 +184,233 @@ pg_cai_stats(PG_FUNCTION_ARGS)
 	char		engine_last_exit[CAI_EXIT_TEXT_SIZE];
 	cai_engine_stats es;
 	CaiWorkerCounters counters;
-	int			queued;
-	TimestampTz started;
-	TimestampTz updated;
 	double		recent_rate;
-	TimestampTz stats_reset;
+} StatsRow;
 
-	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "return type must be a row type");
+/*
+ * read_stats_rows
+ *		The rows of pg_stat_cai: one per served model, or, before the worker has any, one for
+ *		the first configured model, not running.  Takes the pg_cai lock in shared mode.
+ */
+static int
+read_stats_rows(CaiSharedState *shared, StatsRow *rows, int *worker_pid, int *queued,
+				TimestampTz *started, TimestampTz *updated, TimestampTz *stats_reset)
+{
+	int			n = 0;
+	bool		reset_applies;
 
+	memset(rows, 0, sizeof(StatsRow) * CAI_MAX_MODELS);
 	LWLockAcquire(shared->lock, LW_SHARED);
-	pid = shared->worker_pid;
-	state = shared->state;
-	strlcpy(model_name, shared->model.info.name, sizeof(model_name));
-	strlcpy(device, shared->model.info.device, sizeof(device));
-	engine_pid = shared->engine_pid;
-	engine_starts = shared->engine_starts;
-	engine_started = shared->engine_started;
-	strlcpy(engine_last_exit, shared->engine_last_exit, sizeof(engine_last_exit));
-	es = shared->engine_stats;
-	counters = shared->counters;
-	queued = shared->ring_count;
-	started = shared->worker_started;
-	updated = shared->stats_updated;
-	recent_rate = shared->recent_tokens_per_second;
-	stats_reset = shared->stats_reset;
-	if (stats_reset != 0 &&
-		shared->reset_worker_generation == pg_atomic_read_u64(&shared->generation))
+	*worker_pid = shared->worker_pid;
+	*queued = shared->ring_count;
+	*started = shared->worker_started;
+	*updated = shared->stats_updated;
+	*stats_reset = shared->stats_reset;
+	reset_applies = shared->stats_reset != 0 &&
+		shared->reset_worker_generation == pg_atomic_read_u64(&shared->generation);
+	for (int i = 0; i < CAI_MAX_MODELS; i++)
 	{
-		subtract_worker_counters(&counters, &shared->counters_base);
-		if (shared->reset_engine_starts == engine_starts)
-			subtract_engine_counters(&es, &shared->engine_stats_base);
+		CaiModelSlot *slot = &shared->models[i];
+		StatsRow   *row = &rows[n];
+
+		if (slot->name[0] == '\0')
+			continue;
+		strlcpy(row->name, slot->name, sizeof(row->name));
+		row->state = slot->state;
+		strlcpy(row->model_name, slot->model.info.name, sizeof(row->model_name));
+		strlcpy(row->device, slot->model.info.device, sizeof(row->device));
+		row->engine_pid = slot->engine_pid;
+		row->engine_starts = slot->engine_starts;
+		row->engine_started = slot->engine_started;
+		strlcpy(row->engine_last_exit, slot->engine_last_exit, sizeof(row->engine_last_exit));
+		row->es = slot->engine_stats;
+		row->counters = slot->counters;
+		row->recent_rate = slot->recent_tokens_per_second;
+		if (reset_applies)
+		{
+			subtract_worker_counters(&row->counters, &slot->counters_base);
+			if (slot->reset_engine_starts == row->engine_starts)
+				subtract_engine_counters(&row->es, &slot->engine_stats_base);
+		}
+		n++;
 	}
 	LWLockRelease(shared->lock);
+
+	if (n == 0)
+	{
+		CaiModelList list;
+
+		CaiModelsConfigured(&list);
+		strlcpy(rows[0].name, list.entries[0].name, sizeof(rows[0].name));
+		rows[0].state = CAI_WORKER_NOT_RUNNING;
+		n = 1;
+	}
+	return n;
+}
+
+/*
+ * stats_tuple
+ *		One row of pg_stat_cai in the shape tupdesc asks for: 0.1's, which ends at
+ *		recent_tokens_per_second, or later ones with stats_reset and the model's name.
+ */
+static HeapTuple
+stats_tuple(TupleDesc tupdesc, const StatsRow *row, int pid, int queued, TimestampTz started,
+			TimestampTz updated, TimestampTz stats_reset)
+{
+	Datum		values[42];
+	bool		nulls[42];
+	int			i = 0;
+	const cai_engine_stats *es = &row->es;
+	const CaiWorkerCounters *counters = &row->counters;
 
 	memset(nulls, 0, sizeof(nulls));
 
 	values[i] = Int32GetDatum(pid);
 	nulls[i++] = (pid == 0);
-	values[i++] = CStringGetTextDatum(state_name(state));
-	values[i] = CStringGetTextDatum(model_name);
-	nulls[i++] = (state != CAI_WORKER_READY);
-	values[i] = CStringGetTextDatum(device);
-	nulls[i++] = (state != CAI_WORKER_READY);
-	values[i] = Int32GetDatum(engine_pid);
-	nulls[i++] = (engine_pid == 0);
-	values[i++] = Int64GetDatum((int64) engine_starts);
-	values[i] = TimestampTzGetDatum(engine_started);
-	nulls[i++] = (engine_started == 0);
-	values[i] = CStringGetTextDatum(engine_last_exit);
-	nulls[i++] = (engine_last_exit[0] == '\0');
-	values[i++] = Int64GetDatum((int64) counters.requests_received);
-	values[i++] = Int64GetDatum((int64) counters.requests_completed);
-	values[i++] = Int64GetDatum((int64) counters.requests_failed);
-	values[i++] = Int64GetDatum((int64) counters.requests_abandoned);
-	values[i++] = Int64GetDatum((int64) es.requests_rejected);
+	values[i++] = CStringGetTextDatum(state_name(row->state));
+	values[i] = CStringGetTextDatum(row->model_name);
+	nulls[i++] = (row->state != CAI_WORKER_READY);
+	values[i] = CStringGetTextDatum(row->device);
+	nulls[i++] = (row->state != CAI_WORKER_READY);
+	values[i] = Int32GetDatum(row->engine_pid);
+	nulls[i++] = (row->engine_pid == 0);
+	values[i++] = Int64GetDatum((int64) row->engine_starts);
+	values[i] = TimestampTzGetDatum(row->engine_started);
+	nulls[i++] = (row->engine_started == 0);
+	values[i] = CStringGetTextDatum(row->engine_last_exit);
+	nulls[i++] = (row->engine_last_exit[0] == '\0');
+	values[i++] = Int64GetDatum((int64) counters->requests_received);
+	values[i++] = Int64GetDatum((int64) counters->requests_completed);
+	values[i++] = Int64GetDatum((int64) counters->requests_failed);
+	values[i++] = Int64GetDatum((int64) counters->requests_abandoned);
+	values[i++] = Int64GetDatum((int64) es->requests_rejected);
 	values[i++] = Int32GetDatum(queued);
-	values[i++] = Int32GetDatum(es.waiting);
-	values[i++] = Int32GetDatum(es.running);
-	values[i++] = Int64GetDatum((int64) es.steps);
-	values[i] = Float8GetDatum(es.steps > 0 ? (double) es.step_sequences / es.steps : 0.0);
-	nulls[i++] = (es.steps == 0);
-	values[i++] = Int64GetDatum((int64) es.prompt_tokens);
-	values[i++] = Int64GetDatum((int64) es.prefill_tokens);
-	values[i++] = Int64GetDatum((int64) es.generated_tokens);
-	values[i++] = Int64GetDatum((int64) es.cache_lookups);
-	values[i++] = Int64GetDatum((int64) es.cache_lookup_tokens);
-	values[i++] = Int64GetDatum((int64) es.cache_hit_tokens);
-	values[i] = Float8GetDatum(es.cache_lookup_tokens > 0 ?
-							   (double) es.cache_hit_tokens / es.cache_lookup_tokens : 0.0);
-	nulls[i++] = (es.cache_lookup_tokens == 0);
-	values[i++] = Int64GetDatum((int64) es.cache_blocks);
-	values[i++] = Int64GetDatum((int64) es.cache_bytes);
-	values[i++] = Int64GetDatum((int64) es.cache_budget_bytes);
-	values[i++] = Int64GetDatum((int64) es.cache_evictions);
-	values[i++] = Int32GetDatum(es.kv_blocks_total);
-	values[i++] = Int32GetDatum(es.kv_blocks_free);
-	values[i++] = Int64GetDatum((int64) es.kv_bytes_total);
-	values[i++] = Int64GetDatum((int64) es.kv_bytes_used);
-	values[i++] = Int64GetDatum((int64) es.kv_tokens_held);
-	values[i++] = Int64GetDatum((int64) es.gemm_fallbacks);
-	values[i++] = Float8GetDatum(es.busy_seconds);
+	values[i++] = Int32GetDatum(es->waiting);
+	values[i++] = Int32GetDatum(es->running);
+	values[i++] = Int64GetDatum((int64) es->steps);
+	values[i] = Float8GetDatum(es->steps > 0 ? (double) es->step_sequences / es->steps : 0.0);
+	nulls[i++] = (es->steps == 0);
+	values[i++] = Int64GetDatum((int64) es->prompt_tokens);
+	values[i++] = Int64GetDatum((int64) es->prefill_tokens);
+	values[i++] = Int64GetDatum((int64) es->generated_tokens);
+	values[i++] = Int64GetDatum((int64) es->cache_lookups);
+	values[i++] = Int64GetDatum((int64) es->cache_lookup_tokens);
+	values[i++] = Int64GetDatum((int64) es->cache_hit_tokens);
+	values[i] = Float8GetDatum(es->cache_lookup_tokens > 0 ?
+							   (double) es->cache_hit_tokens / es->cache_lookup_tokens : 0.0);
+	nulls[i++] = (es->cache_lookup_tokens == 0);
+	values[i++] = Int64GetDatum((int64) es->cache_blocks);
+	values[i++] = Int64GetDatum((int64) es->cache_bytes);
+	values[i++] = Int64GetDatum((int64) es->cache_budget_bytes);
+	values[i++] = Int64GetDatum((int64) es->cache_evictions);
+	values[i++] = Int32GetDatum(es->kv_blocks_total);
+	values[i++] = Int32GetDatum(es->kv_blocks_free);
+	values[i++] = Int64GetDatum((int64) es->kv_bytes_total);
+	values[i++] = Int64GetDatum((int64) es->kv_bytes_used);
+	values[i++] = Int64GetDatum((int64) es->kv_tokens_held);
+	values[i++] = Int64GetDatum((int64) es->gemm_fallbacks);
+	values[i++] = Float8GetDatum(es->busy_seconds);
 	values[i] = TimestampTzGetDatum(started);
 	nulls[i++] = (started == 0);
 	values[i] = TimestampTzGetDatum(updated);
 	nulls[i++] = (updated == 0);
-	values[i++] = Float8GetDatum(recent_rate);
+	values[i++] = Float8GetDatum(row->recent_rate);
 	/* pg_stat_cai of 0.1 (before ALTER EXTENSION pg_cai UPDATE) has no stats_reset column */
 	if (tupdesc->natts > i)
 	{
 		values[i] = TimestampTzGetDatum(stats_reset);
 		nulls[i++] = (stats_reset == 0);
 	}
+	if (tupdesc->natts > i)
+		values[i++] = CStringGetTextDatum(row->name);
 
 	Assert(i == tupdesc->natts);
-	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+	return heap_form_tuple(tupdesc, values, nulls);
+}
+
+/*
+ * cai_stats() -> SETOF record
+ *		The rows of pg_stat_cai: one per served model (the worker's and the intake ring's
+ *		columns repeat on each).  Declared as returning one record (0.1's cai_stats), it returns
+ *		the first.  Takes the pg_cai lock in shared mode.
+ */
+Datum
+pg_cai_stats(PG_FUNCTION_ARGS)
+{
+	CaiSharedState *shared = CaiSharedStateOrError();
+	TupleDesc	tupdesc;
+	StatsRow	rows[CAI_MAX_MODELS];
+	int			n;
+	int			pid;
+	int			queued;
+	TimestampTz started;
+	TimestampTz updated;
+	TimestampTz stats_reset;
+	ReturnSetInfo *rsinfo;
+
+	n = read_stats_rows(shared, rows, &pid, &queued, &started, &updated, &stats_reset);
+	if (!fcinfo->flinfo->fn_retset)
+	{
+		if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+			elog(ERROR, "return type must be a row type");
+		PG_RETURN_DATUM(HeapTupleGetDatum(stats_tuple(tupdesc, &rows[0], pid, queued, started,
+													  updated, stats_reset)));
+	}
+
+	CaiInitMaterializedSRF(fcinfo);
+	rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	for (int i = 0; i < n; i++)
+	{
+		HeapTuple	tuple = stats_tuple(rsinfo->setDesc, &rows[i], pid, queued, started,
+										updated, stats_reset);
+
+		tuplestore_puttuple(rsinfo->setResult, tuple);
+	}
+	return (Datum) 0;
 }
 
 /*
  * cai_cache_reset() -> void
- *		Empties the engine's prefix cache.  Blocks pinned by running requests go when those
- *		finish.
+ *		Empties the prefix cache of every served model's engine.  Blocks pinned by running
+ *		requests go when those finish.  With several models, one that is unavailable has no
+ *		cache and is passed over.
  */
 Datum
 pg_cai_cache_reset(PG_FUNCTION_ARGS)
 {
-	cai_wbuf	payload;
-	CaiChannel *channel;
-	char	   *data;
-	Size		len;
+	CaiModelList list;
 
 	(void) CaiSharedStateOrError();
-	CaiWireInit(&payload);
-	channel = CaiChannelOpen(CAI_REQUEST_CACHE_RESET, &payload);
-	CaiChannelReceive(channel, &data, &len);
-	if (data[0] == CAI_MSG_ERROR)
+	CaiModelsConfigured(&list);
+	for (int m = 0; m < list.n; m++)
 	{
-		char	   *copy = palloc(len - 1);
+		cai_wbuf	payload;
+		CaiChannel *channel;
+		char	   *data;
+		Size		len;
+		int			slot;
+		bool		failed;
 
-		memcpy(copy, data + 1, len - 1);
+		LWLockAcquire(cai_shared->lock, LW_SHARED);
+		slot = CaiSharedModelIndex(list.entries[m].name);
+		failed = slot >= 0 && cai_shared->models[slot].state == CAI_WORKER_FAILED;
+		LWLockRelease(cai_shared->lock);
+		if (failed && list.n > 1)
+			continue;
+
+		CaiWireInit(&payload);
+		channel = CaiChannelOpenFor(CAI_REQUEST_CACHE_RESET, &payload, list.entries[m].name);
+		CaiChannelReceive(channel, &data, &len);
+		if (data[0] == CAI_MSG_ERROR)
+		{
+			char	   *copy = palloc(len - 1);
+
+			memcpy(copy, data + 1, len - 1);
+			CaiChannelClose(channel);
+			CaiRaiseWorkerError(copy, len - 1);
+		}
 		CaiChannelClose(channel);
-		CaiRaiseWorkerError(copy, len - 1);
 	}
-	CaiChannelClose(channel);
 	PG_RETURN_VOID();
 }
 
@@ -322,9 +431,14 @@ pg_cai_stat_reset(PG_FUNCTION_ARGS)
 	LWLockAcquire(shared->lock, LW_EXCLUSIVE);
 	shared->stats_reset = now;
 	shared->reset_worker_generation = pg_atomic_read_u64(&shared->generation);
-	shared->reset_engine_starts = shared->engine_starts;
-	shared->engine_stats_base = shared->engine_stats;
-	shared->counters_base = shared->counters;
+	for (int i = 0; i < CAI_MAX_MODELS; i++)
+	{
+		CaiModelSlot *slot = &shared->models[i];
+
+		slot->reset_engine_starts = slot->engine_starts;
+		slot->engine_stats_base = slot->engine_stats;
+		slot->counters_base = slot->counters;
+	}
 	LWLockRelease(shared->lock);
 	PG_RETURN_TIMESTAMPTZ(now);
 }

@@ -104,6 +104,8 @@ pg_cai_detokenize(PG_FUNCTION_ARGS)
 	int			n;
 	int			i;
 	int			n_vocab;
+	const char *model;
+	int			slot;
 	cai_wbuf	payload;
 	char	   *answer;
 	Size		answer_len;
@@ -116,8 +118,12 @@ pg_cai_detokenize(PG_FUNCTION_ARGS)
 				 errmsg("token ids must be a one-dimensional array")));
 	deconstruct_array(arr, INT4OID, sizeof(int32), true, TYPALIGN_INT, &elems, &nulls, &n);
 
+	n_vocab = 0;
+	model = CaiModelResolve(NULL);
 	LWLockAcquire(cai_shared->lock, LW_SHARED);
-	n_vocab = cai_shared->state == CAI_WORKER_READY ? cai_shared->model.info.n_vocab : 0;
+	slot = CaiSharedModelIndex(model);
+	if (slot >= 0 && cai_shared->models[slot].state == CAI_WORKER_READY)
+		n_vocab = cai_shared->models[slot].model.info.n_vocab;
 	LWLockRelease(cai_shared->lock);
 
 	CaiWireInit(&payload);

@@ -2,8 +2,9 @@
  * worker.c — the engine worker: intake of requests, relay to the engine process, supervision.
  *
  * One background worker per cluster.  It knows no database and no model: it attaches to each
- * posted request segment, relays the request's payload to the engine process (engine_process.c)
- * over their socket, and copies what the engine answers into the request's response queue.
+ * posted request segment, relays the request's payload to the engine process of the model the
+ * request names (engine_process.c) over their socket, and copies what the engine answers into
+ * the request's response queue.
  * Between those it drops the requests whose backend went away (cancel, statement_timeout,
  * error), telling the engine, which frees their KV at once.
  *
@@ -31,8 +32,22 @@
  * after pg_cai.reload_grace, failing the rest with a retryable error; new requests wait in the
  * ring meanwhile.
  *
+ * Several models (pg_cai.models) are served by one engine process each, every one supervised as
+ * above on its own: an EngineSlot holds one engine's process, socket, state, restart backoff,
+ * hang watch and statistics, and its model's row of shared memory (CaiModelSlot) has the same
+ * index.  A crash, hang or restart of one engine fails only its own requests.  A reload compares
+ * the configured list with the running one: it starts the engines of added models, stops those
+ * of removed ones (their requests fail, naming the model), and restarts only those whose file or
+ * settings changed.  pg_cai.threads and pg_cai.host_cache_size are split equally among the
+ * models configured when an engine starts; adding or removing a model does not restart the
+ * others to split again.  With one model, a request that its engine cannot take yet (loading,
+ * restarting) waits in the intake ring, where a successor worker finds it; with several, such a
+ * request is taken from the ring and waits in the worker (REQUEST_WAITING), up to the ring's
+ * size per model, so that the other models' requests behind it pass.
+ *
  * Each request is in one explicit state (pg_cron's habit), changed only by request_set_state:
  *
+ *   WAITING    taken from the ring; its model's engine cannot take it yet (several models)
  *   SENT       relayed to the engine process; nothing back yet
  *   STREAMING  the engine is sending tokens
  *   DONE       answered; waiting for the backend to read the rest of its queue
@@ -82,6 +97,7 @@ static uint32 worker_wait_event = 0;
 
 typedef enum WorkerRequestState
 {
+	REQUEST_WAITING,
 	REQUEST_SENT,
 	REQUEST_STREAMING,
 	REQUEST_DONE,
@@ -97,6 +113,8 @@ typedef struct OutboxMessage
 	char		data[FLEXIBLE_ARRAY_MEMBER];
 } OutboxMessage;
 
+typedef struct EngineSlot EngineSlot;
+
 typedef struct WorkerRequest
 {
 	dlist_node	node;
@@ -104,6 +122,7 @@ typedef struct WorkerRequest
 	dsm_segment *seg;
 	CaiRequestHeader *header;
 	shm_mq_handle *mqh;
+	EngineSlot *engine;			/* the engine of its model; NULL for an unknown model */
 	uint64		id;				/* its id on the engine's socket */
 	WorkerRequestState state;
 	int			backend_pid;
@@ -119,55 +138,77 @@ typedef struct WorkerRequest
 /* Crashes in a row while loading a model that loaded before, before the worker gives up */
 #define LOAD_CRASHES_TOLERATED 5
 
+/*
+ * One served model: its engine process and the supervision of it.  Slot i of engines[] is
+ * published in cai_shared->models[i].
+ */
+struct EngineSlot
+{
+	bool		active;			/* a configured model occupies the slot */
+	int			index;			/* in engines[] and cai_shared->models[] */
+	char		name[CAI_MODEL_NAME_MAX + 1];
+	char		path[MAXPGPATH];	/* as configured */
+	CaiWorkerState state;
+
+	CaiEngineProcess proc;
+	int			socket_event;	/* the socket's position in wait_set; -1 when none */
+	bool		socket_wants_write;
+	bool		ready;			/* it sent READY */
+	bool		stopping;		/* the worker ends it: its exit is no crash */
+	bool		reported_failure;	/* it sent FAILED: no restart until a reload */
+	TimestampTz start_time;
+	TimestampTz ready_time;
+	TimestampTz next_start_time;	/* when to start one; 0: none planned */
+	int			consecutive_crashes;
+	bool		settings_served;	/* an engine with the current settings became ready */
+
+	/* hang supervision of a ready engine */
+	TimestampTz last_heard;		/* the last frame of any kind */
+	bool		unresponsive;	/* silent for half of the hang timeout */
+	bool		hung;			/* killed for its silence: its exit is no plain crash */
+	bool		step_warned;	/* logged that a step took half of the timeout */
+	StringInfoData settings;	/* the settings the last engine was started with */
+	bool		restart_pending;	/* a reload changed them: restart once drained */
+	TimestampTz restart_deadline;
+
+	/* statistics */
+	cai_engine_stats stats;
+	bool		stats_received;
+	CaiWorkerCounters counters;
+	bool		counters_changed;
+	int			n_waiting;		/* its requests in REQUEST_WAITING */
+	TimestampTz rate_time;		/* update_recent_rate's state */
+	uint64		rate_tokens;
+	double		rate;
+};
+
 /* The worker is one process: its state is plain statics. */
 static MemoryContext worker_context = NULL;
 static uint64 worker_generation = 0;
 static dlist_head worker_requests = DLIST_STATIC_INIT(worker_requests);
 static uint64 next_request_id = 0;
-static CaiWorkerCounters worker_counters;
-static bool counters_changed = false;
-static cai_engine_stats engine_stats;
-static bool stats_received = false;
 static TimestampTz last_stats_publish = 0;
-static CaiWorkerState worker_state = CAI_WORKER_NOT_RUNNING;
-
-/* The engine process and its supervision */
-static CaiEngineProcess engine;
+static EngineSlot engines[CAI_MAX_MODELS];
 static WaitEventSet *wait_set = NULL;
-static int	socket_event = -1;	/* the socket's position in wait_set; -1 when none */
-static bool socket_wants_write = false;
-static bool engine_ready = false;	/* it sent READY */
-static bool engine_stopping = false;	/* the worker ends it: its exit is no crash */
-static bool engine_reported_failure = false;	/* it sent FAILED: no restart until a reload */
-static TimestampTz engine_start_time = 0;
-static TimestampTz engine_ready_time = 0;
-static TimestampTz next_start_time = 0; /* when to start one; 0: none planned */
-static int	consecutive_crashes = 0;
-static bool settings_served = false;	/* an engine with the current settings became ready */
-
-/* Hang supervision of a ready engine */
-static TimestampTz engine_last_heard = 0;	/* the last frame of any kind */
-static bool engine_unresponsive = false;	/* silent for half of the hang timeout */
-static bool engine_hung = false;	/* killed for its silence: its exit is no plain crash */
-static bool engine_step_warned = false; /* logged that a step took half of the timeout */
-static StringInfoData engine_settings;	/* the settings the last engine was started with */
-static bool restart_pending = false;	/* a reload changed them: restart once drained */
-static TimestampTz restart_deadline = 0;
 
 static void worker_shutdown(int code, Datum arg);
 static void worker_reload(void);
-static void engine_start(void);
-static void engine_receive(void);
-static void engine_supervise(void);
-static void engine_watch(TimestampTz now);
-static void engine_send(void);
+static void engine_start(EngineSlot *e);
+static void engine_exited(EngineSlot *e);
+static void engine_receive(EngineSlot *e);
+static void engine_supervise(EngineSlot *e);
+static void engine_watch(EngineSlot *e, TimestampTz now);
+static void engine_send(EngineSlot *e);
 static void worker_intake(void);
+static void worker_dispatch_waiting(void);
 static void worker_check_abandoned(void);
 static bool worker_flush(WorkerRequest *req);
 static void worker_flush_all(void);
 static void worker_finish(WorkerRequest *req);
 static void worker_publish_stats(bool force);
 static long worker_timeout_ms(void);
+static void relay_request(WorkerRequest *req);
+static void request_fail(WorkerRequest *req, int32 status, const char *message);
 
 /*
  * CaiWorkerInit
@@ -198,33 +239,149 @@ CaiWorkerInit(void)
  * Shared state
  * ------------------------------------------------------------------------------------------- */
 
-static void
-set_state(CaiWorkerState state)
+static CaiModelSlot *
+shared_slot(EngineSlot *e)
 {
-	worker_state = state;
+	return &cai_shared->models[e->index];
+}
+
+static void
+set_state(EngineSlot *e, CaiWorkerState state)
+{
+	CaiModelSlot *slot = shared_slot(e);
+
+	e->state = state;
 	LWLockAcquire(cai_shared->lock, LW_EXCLUSIVE);
-	cai_shared->state = state;
+	slot->state = state;
 	/* an unresponsive engine still holds its model: it may answer again */
 	if (state != CAI_WORKER_READY && state != CAI_WORKER_UNRESPONSIVE)
-		memset(&cai_shared->model, 0, sizeof(cai_shared->model));
+		memset(&slot->model, 0, sizeof(slot->model));
 	LWLockRelease(cai_shared->lock);
 }
 
 /*
  * set_failed
- *		Records why there is no model and logs it; calls fail at once with the reason.
+ *		Records why the model is unavailable and logs it; its calls fail at once with the
+ *		reason.
  */
 static void
-set_failed(const char *reason, const char *hint)
+set_failed(EngineSlot *e, const char *reason, const char *hint)
 {
-	ereport(LOG,
-			(errmsg("pg_cai engine worker has no model: %s", reason),
-			 errhint("%s", hint)));
+	CaiModelSlot *slot = shared_slot(e);
+
+	if (strcmp(e->name, CAI_DEFAULT_MODEL_NAME) == 0)
+		ereport(LOG,
+				(errmsg("pg_cai engine worker has no model: %s", reason),
+				 errhint("%s", hint)));
+	else
+		ereport(LOG,
+				(errmsg("pg_cai engine worker has no model \"%s\": %s", e->name, reason),
+				 errhint("%s", hint)));
 	LWLockAcquire(cai_shared->lock, LW_EXCLUSIVE);
-	strlcpy(cai_shared->reason, reason, sizeof(cai_shared->reason));
-	strlcpy(cai_shared->hint, hint, sizeof(cai_shared->hint));
+	strlcpy(slot->reason, reason, sizeof(slot->reason));
+	strlcpy(slot->hint, hint, sizeof(slot->hint));
 	LWLockRelease(cai_shared->lock);
-	set_state(CAI_WORKER_FAILED);
+	set_state(e, CAI_WORKER_FAILED);
+}
+
+/* The number of models served, which pg_cai.threads and pg_cai.host_cache_size are split by. */
+static int
+active_engines(void)
+{
+	int			n = 0;
+
+	for (int i = 0; i < CAI_MAX_MODELS; i++)
+		n += engines[i].active ? 1 : 0;
+	return n;
+}
+
+/*
+ * engine_activate
+ *		Puts a configured model in a free slot and plans its engine's start now.  A slot whose
+ *		shared row already names the model (an earlier worker served it) is taken first and
+ *		keeps its engine_starts and engine_last_exit, as a single model's did across worker
+ *		restarts.  Takes the pg_cai lock exclusively.
+ */
+static EngineSlot *
+engine_activate(const CaiModelEntry *entry)
+{
+	EngineSlot *e = NULL;
+	CaiModelSlot *slot;
+	bool		same_model;
+
+	LWLockAcquire(cai_shared->lock, LW_SHARED);
+	for (int i = 0; i < CAI_MAX_MODELS && e == NULL; i++)
+		if (!engines[i].active && strcmp(cai_shared->models[i].name, entry->name) == 0)
+			e = &engines[i];
+	LWLockRelease(cai_shared->lock);
+	for (int i = 0; i < CAI_MAX_MODELS && e == NULL; i++)
+		if (!engines[i].active && cai_shared->models[i].name[0] == '\0')
+			e = &engines[i];
+	for (int i = 0; i < CAI_MAX_MODELS && e == NULL; i++)
+		if (!engines[i].active)
+			e = &engines[i];
+	Assert(e != NULL);			/* the list holds at most CAI_MAX_MODELS */
+
+	/* a slot's settings buffer outlives its models */
+	resetStringInfo(&e->settings);
+	e->active = true;
+	strlcpy(e->name, entry->name, sizeof(e->name));
+	strlcpy(e->path, entry->path, sizeof(e->path));
+	e->state = CAI_WORKER_LOADING;
+	e->consecutive_crashes = 0;
+	e->settings_served = false;
+	e->restart_pending = false;
+	e->next_start_time = GetCurrentTimestamp();
+	memset(&e->stats, 0, sizeof(e->stats));
+	memset(&e->counters, 0, sizeof(e->counters));
+	e->stats_received = e->counters_changed = true;
+	e->n_waiting = 0;
+	e->rate_time = 0;
+	e->rate_tokens = 0;
+	e->rate = 0.0;
+
+	slot = shared_slot(e);
+	LWLockAcquire(cai_shared->lock, LW_EXCLUSIVE);
+	same_model = strcmp(slot->name, e->name) == 0;
+	if (same_model)
+	{
+		uint64		starts = slot->engine_starts;
+		TimestampTz started = slot->engine_started;
+		char		last_exit[CAI_EXIT_TEXT_SIZE];
+
+		strlcpy(last_exit, slot->engine_last_exit, sizeof(last_exit));
+		memset(slot, 0, sizeof(*slot));
+		slot->engine_starts = starts;
+		slot->engine_started = started;
+		strlcpy(slot->engine_last_exit, last_exit, sizeof(slot->engine_last_exit));
+	}
+	else
+		memset(slot, 0, sizeof(*slot));
+	strlcpy(slot->name, e->name, sizeof(slot->name));
+	slot->state = CAI_WORKER_LOADING;
+	LWLockRelease(cai_shared->lock);
+	return e;
+}
+
+static EngineSlot *
+find_engine(const char *name)
+{
+	for (int i = 0; i < CAI_MAX_MODELS; i++)
+	{
+		if (engines[i].active && strcmp(engines[i].name, name) == 0)
+			return &engines[i];
+	}
+	return NULL;
+}
+
+/* The engine of the first configured model: the default of requests that name none. */
+static EngineSlot *
+default_engine(void)
+{
+	CaiModelList list;
+
+	CaiModelsConfigured(&list);
+	return find_engine(list.entries[0].name);
 }
 
 /*
@@ -234,9 +391,11 @@ set_failed(const char *reason, const char *hint)
 void
 CaiWorkerMain(Datum main_arg)
 {
+	CaiModelList list;
+
 	pqsignal(SIGTERM, die);
 	pqsignal(SIGHUP, SignalHandlerForConfigReload);
-	/* the engine process is reaped with waitpid */
+	/* the engine processes are reaped with waitpid */
 	pqsignal(SIGCHLD, SIG_DFL);
 	BackgroundWorkerUnblockSignals();
 	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
@@ -245,8 +404,14 @@ CaiWorkerMain(Datum main_arg)
 										   "pg_cai worker",
 										   ALLOCSET_DEFAULT_SIZES);
 	MemoryContextSwitchTo(worker_context);
-	initStringInfo(&engine_settings);
-	CaiEngineProcessInit(&engine);
+	for (int i = 0; i < CAI_MAX_MODELS; i++)
+	{
+		memset(&engines[i], 0, sizeof(engines[i]));
+		engines[i].index = i;
+		engines[i].socket_event = -1;
+		initStringInfo(&engines[i].settings);
+		CaiEngineProcessInit(&engines[i].proc);
+	}
 
 	/* Announce this incarnation. */
 	LWLockAcquire(cai_shared->lock, LW_EXCLUSIVE);
@@ -254,16 +419,20 @@ CaiWorkerMain(Datum main_arg)
 	cai_shared->worker_pid = MyProcPid;
 	cai_shared->worker_proc = MyProc;
 	cai_shared->worker_started = GetCurrentTimestamp();
-	cai_shared->reason[0] = '\0';
-	cai_shared->hint[0] = '\0';
-	cai_shared->engine_pid = 0;
-	memset(&cai_shared->engine_stats, 0, sizeof(cai_shared->engine_stats));
 	LWLockRelease(cai_shared->lock);
-	set_state(CAI_WORKER_LOADING);
 
 	before_shmem_exit(worker_shutdown, (Datum) 0);
 
-	next_start_time = GetCurrentTimestamp();
+	/* the configured models; rows an earlier worker left for others are cleared */
+	CaiModelsConfigured(&list);
+	for (int i = 0; i < list.n; i++)
+		(void) engine_activate(&list.entries[i]);
+	LWLockAcquire(cai_shared->lock, LW_EXCLUSIVE);
+	for (int i = 0; i < CAI_MAX_MODELS; i++)
+		if (!engines[i].active)
+			memset(&cai_shared->models[i], 0, sizeof(CaiModelSlot));
+	LWLockRelease(cai_shared->lock);
+
 	for (;;)
 	{
 		WaitEvent	event;
@@ -281,46 +450,71 @@ CaiWorkerMain(Datum main_arg)
 			worker_reload();
 		}
 
-		engine_receive();
-		engine_supervise();
+		for (int i = 0; i < CAI_MAX_MODELS; i++)
+			engine_receive(&engines[i]);
+		for (int i = 0; i < CAI_MAX_MODELS; i++)
+			engine_supervise(&engines[i]);
+		worker_dispatch_waiting();
 		worker_intake();
 		worker_check_abandoned();
-		engine_send();
+		for (int i = 0; i < CAI_MAX_MODELS; i++)
+			engine_send(&engines[i]);
 
 		/*
 		 * Publish before delivering: a backend that has its reply and then reads pg_stat_cai
 		 * must see counters that include its request (the engine sends its statistics ahead of
 		 * the messages of a step in which a generation finished).
 		 */
-		worker_publish_stats(stats_received || counters_changed);
+		worker_publish_stats(false);
 		worker_flush_all();
 
 		if (wait_set == NULL)
 		{
-			wait_set = CaiCreateWaitEventSet(worker_context, 3);
+			wait_set = CaiCreateWaitEventSet(worker_context, 2 + CAI_MAX_MODELS);
 			AddWaitEventToSet(wait_set, WL_LATCH_SET, PGINVALID_SOCKET, MyLatch, NULL);
 			AddWaitEventToSet(wait_set, WL_EXIT_ON_PM_DEATH, PGINVALID_SOCKET, NULL, NULL);
-			socket_event = -1;
-			socket_wants_write = false;
-			if (engine.sock >= 0)
-				socket_event = AddWaitEventToSet(wait_set, WL_SOCKET_READABLE, engine.sock,
-												 NULL, NULL);
+			for (int i = 0; i < CAI_MAX_MODELS; i++)
+			{
+				engines[i].socket_event = -1;
+				engines[i].socket_wants_write = false;
+				if (engines[i].proc.sock >= 0)
+					engines[i].socket_event =
+						AddWaitEventToSet(wait_set, WL_SOCKET_READABLE, engines[i].proc.sock,
+										  NULL, NULL);
+			}
 		}
-		if (socket_event >= 0 && socket_wants_write != (engine.out.len > engine.out_sent))
+		for (int i = 0; i < CAI_MAX_MODELS; i++)
 		{
-			socket_wants_write = !socket_wants_write;
-			ModifyWaitEvent(wait_set, socket_event,
-							WL_SOCKET_READABLE | (socket_wants_write ? WL_SOCKET_WRITEABLE : 0),
-							NULL);
+			EngineSlot *e = &engines[i];
+
+			if (e->socket_event >= 0 &&
+				e->socket_wants_write != (e->proc.out.len > e->proc.out_sent))
+			{
+				e->socket_wants_write = !e->socket_wants_write;
+				ModifyWaitEvent(wait_set, e->socket_event,
+								WL_SOCKET_READABLE | (e->socket_wants_write ? WL_SOCKET_WRITEABLE : 0),
+								NULL);
+			}
 		}
 		(void) WaitEventSetWait(wait_set, worker_timeout_ms(), &event, 1,
 								CaiWaitEvent("PgCaiEngineWorker", &worker_wait_event));
 	}
 }
 
+/* Milliseconds from now until t, rounded up; 0 when t has passed. */
+static long
+ms_until(TimestampTz t)
+{
+	long		secs;
+	int			usecs;
+
+	TimestampDifference(GetCurrentTimestamp(), t, &secs, &usecs);
+	return secs * 1000 + usecs / 1000 + 1;
+}
+
 /*
  * worker_timeout_ms
- *		How long the worker may sleep: until a planned engine start, a reload's deadline, the
+ *		How long the worker may sleep: until a planned engine start, a reload's deadline, an
  *		engine's silence crossing a threshold of its hang timeout, or a backend reading its
  *		outbox (a backend that reads sets the latch; the timeout only bounds a missed wake-up);
  *		otherwise a second, which bounds how stale the statistics get.
@@ -331,28 +525,25 @@ worker_timeout_ms(void)
 	long		timeout = 1000;
 	dlist_iter	iter;
 
-	if (next_start_time != 0)
+	for (int i = 0; i < CAI_MAX_MODELS; i++)
 	{
-		long		secs;
-		int			usecs;
+		EngineSlot *e = &engines[i];
 
-		TimestampDifference(GetCurrentTimestamp(), next_start_time, &secs, &usecs);
-		timeout = Min(timeout, secs * 1000 + usecs / 1000 + 1);
-	}
-	if (restart_pending)
-		timeout = Min(timeout, 100);
-	if (engine_ready && cai_engine_hang_timeout_ms > 0)
-	{
-		/* wake for the next threshold of the engine's silence: half the timeout, then all */
-		int			threshold = engine_unresponsive ? cai_engine_hang_timeout_ms :
-			cai_engine_hang_timeout_ms / 2;
-		long		secs;
-		int			usecs;
+		if (!e->active)
+			continue;
+		if (e->next_start_time != 0)
+			timeout = Min(timeout, ms_until(e->next_start_time));
+		if (e->restart_pending)
+			timeout = Min(timeout, 100);
+		if (e->ready && cai_engine_hang_timeout_ms > 0)
+		{
+			/* wake for the next threshold of the engine's silence: half the timeout, then all */
+			int			threshold = e->unresponsive ? cai_engine_hang_timeout_ms :
+				cai_engine_hang_timeout_ms / 2;
 
-		TimestampDifference(GetCurrentTimestamp(),
-							TimestampTzPlusMilliseconds(engine_last_heard, threshold),
-							&secs, &usecs);
-		timeout = Min(timeout, secs * 1000 + usecs / 1000 + 1);
+			timeout = Min(timeout,
+						  ms_until(TimestampTzPlusMilliseconds(e->last_heard, threshold)));
+		}
 	}
 	dlist_foreach(iter, &worker_requests)
 	{
@@ -366,7 +557,7 @@ worker_timeout_ms(void)
 
 /*
  * worker_shutdown
- *		Ends the engine process and tells backends the worker is gone.  Requests in flight see
+ *		Ends the engine processes and tells backends the worker is gone.  Requests in flight see
  *		their queue detach when the process detaches its segments after this.
  */
 static void
@@ -374,14 +565,22 @@ worker_shutdown(int code, Datum arg)
 {
 	char		exit_text[CAI_EXIT_TEXT_SIZE];
 
-	if (engine.pid != 0)
-		(void) CaiEngineProcessStop(&engine, true, exit_text, sizeof(exit_text));
+	/* ask them all first: each may take a moment to go */
+	for (int i = 0; i < CAI_MAX_MODELS; i++)
+		if (engines[i].proc.pid != 0)
+			(void) kill(engines[i].proc.pid, SIGTERM);
+	for (int i = 0; i < CAI_MAX_MODELS; i++)
+		if (engines[i].proc.pid != 0)
+			(void) CaiEngineProcessStop(&engines[i].proc, true, exit_text, sizeof(exit_text));
 
 	LWLockAcquire(cai_shared->lock, LW_EXCLUSIVE);
 	cai_shared->worker_pid = 0;
 	cai_shared->worker_proc = NULL;
-	cai_shared->engine_pid = 0;
-	cai_shared->state = CAI_WORKER_NOT_RUNNING;
+	for (int i = 0; i < CAI_MAX_MODELS; i++)
+	{
+		cai_shared->models[i].engine_pid = 0;
+		cai_shared->models[i].state = CAI_WORKER_NOT_RUNNING;
+	}
 	LWLockRelease(cai_shared->lock);
 }
 
@@ -416,38 +615,48 @@ queue_message(WorkerRequest *req, const void *head, Size head_len, const void *t
 
 /*
  * request_set_state
- *		The one place a request changes state, and the worker's counters with it.  rejected:
+ *		The one place a request changes state, and its model's counters with it.  rejected:
  *		an error that is the engine's admission refusal, which the engine counts itself.
  */
 static void
 request_set_state(WorkerRequest *req, WorkerRequestState state, bool rejected)
 {
+	EngineSlot *e = req->engine;
 	bool		in_engine = req->state == REQUEST_SENT || req->state == REQUEST_STREAMING;
+	CaiWorkerCounters unused;
+	CaiWorkerCounters *counters = e != NULL ? &e->counters : &unused;
 
+	if (req->state == REQUEST_WAITING && state != REQUEST_WAITING && e != NULL)
+		e->n_waiting--;
 	switch (state)
 	{
+		case REQUEST_WAITING:
+			if (e != NULL)
+				e->n_waiting++;
+			break;
 		case REQUEST_SENT:
 		case REQUEST_STREAMING:
 			break;
 		case REQUEST_DONE:
-			worker_counters.requests_completed++;
+			counters->requests_completed++;
 			break;
 		case REQUEST_FAILED:
 			if (!rejected)
-				worker_counters.requests_failed++;
+				counters->requests_failed++;
 			break;
 		case REQUEST_CANCELLED:
-			if (in_engine)
+			if (in_engine && e != NULL)
 			{
-				size_t		frame = cai_frame_begin(&engine.out, CAI_FRAME_CANCEL, req->id);
+				size_t		frame = cai_frame_begin(&e->proc.out, CAI_FRAME_CANCEL, req->id);
 
-				cai_frame_end(&engine.out, frame);
-				worker_counters.requests_abandoned++;
+				cai_frame_end(&e->proc.out, frame);
 			}
+			counters->requests_abandoned += in_engine || req->state == REQUEST_WAITING;
 			break;
 	}
 	req->state = state;
-	counters_changed = true;
+	if (e != NULL)
+		e->counters_changed = true;
 }
 
 /* Answers a request with an error of the worker's own. */
@@ -465,11 +674,11 @@ request_fail(WorkerRequest *req, int32 status, const char *message)
 
 /*
  * fail_in_flight
- *		Fails every request the engine process has (it died, or is being replaced); returns how
- *		many.
+ *		Fails every request the engine process has (it died, or is being replaced), and with
+ *		waiting too, those still waiting for it; returns how many.
  */
 static int
-fail_in_flight(int32 status, const char *message)
+fail_in_flight(EngineSlot *e, bool waiting, int32 status, const char *message)
 {
 	dlist_iter	iter;
 	int			n = 0;
@@ -478,7 +687,9 @@ fail_in_flight(int32 status, const char *message)
 	{
 		WorkerRequest *req = dlist_container(WorkerRequest, node, iter.cur);
 
-		if (req->state == REQUEST_SENT || req->state == REQUEST_STREAMING)
+		if (req->engine == e &&
+			(req->state == REQUEST_SENT || req->state == REQUEST_STREAMING ||
+			 (waiting && req->state == REQUEST_WAITING)))
 		{
 			request_fail(req, status, message);
 			n++;
@@ -488,7 +699,7 @@ fail_in_flight(int32 status, const char *message)
 }
 
 static int
-count_in_flight(void)
+count_in_flight(EngineSlot *e)
 {
 	dlist_iter	iter;
 	int			n = 0;
@@ -497,7 +708,8 @@ count_in_flight(void)
 	{
 		WorkerRequest *req = dlist_container(WorkerRequest, node, iter.cur);
 
-		if (req->state == REQUEST_SENT || req->state == REQUEST_STREAMING)
+		if (req->engine == e &&
+			(req->state == REQUEST_SENT || req->state == REQUEST_STREAMING))
 			n++;
 	}
 	return n;
@@ -549,42 +761,121 @@ header_is_valid(dsm_segment *seg, const CaiRequestHeader *header)
 		return false;
 	if (header->payload_size > CAI_FRAME_MAX_BODY - sizeof(uint32))
 		return false;
+	if (memchr(header->model, '\0', sizeof(header->model)) == NULL)
+		return false;
 	return true;
 }
 
 /*
- * worker_takes_requests
- *		Requests leave the ring while an engine serves (and no restart is pending, and it is not
- *		silent), or while the worker has no model, to hear why.  Otherwise they wait there for
- *		the engine, or for the one that replaces it.
+ * engine_takes_requests
+ *		An engine takes requests while it serves (and no restart is pending, and it is not
+ *		silent).  Otherwise they wait for it, or for the one that replaces it.
  */
 static bool
-worker_takes_requests(void)
+engine_takes_requests(EngineSlot *e)
 {
-	if (worker_state == CAI_WORKER_FAILED)
-		return true;
-	return engine_ready && !engine_unresponsive && !restart_pending && !engine.closed;
+	return e->ready && !e->unresponsive && !e->restart_pending && !e->proc.closed;
+}
+
+/*
+ * relay_request
+ *		Sends a request to its engine, or answers it with the reason its model is unavailable.
+ */
+static void
+relay_request(WorkerRequest *req)
+{
+	EngineSlot *e = req->engine;
+
+	if (e->state == CAI_WORKER_FAILED)
+	{
+		char		reason[CAI_REASON_SIZE];
+
+		LWLockAcquire(cai_shared->lock, LW_SHARED);
+		strlcpy(reason, shared_slot(e)->reason, sizeof(reason));
+		LWLockRelease(cai_shared->lock);
+		/* answered at once, as if by an engine */
+		request_set_state(req, REQUEST_SENT, false);
+		request_fail(req, CAI_WIRE_STATUS_MODEL_UNAVAILABLE, reason);
+	}
+	else
+	{
+		CaiRequestHeader *header = req->header;
+		size_t		frame = cai_frame_begin(&e->proc.out, CAI_FRAME_REQUEST, req->id);
+
+		cai_put_u32(&e->proc.out, header->kind);
+		cai_put_bytes(&e->proc.out, (char *) header + header->payload_offset,
+					  header->payload_size);
+		cai_frame_end(&e->proc.out, frame);
+		request_set_state(req, REQUEST_SENT, false);
+	}
+}
+
+/*
+ * request_take
+ *		Makes a WorkerRequest of an attached, valid request segment: becomes the sender of its
+ *		response queue.  The caller has marked it accepted and popped it from the ring.
+ */
+static WorkerRequest *
+request_take(dsm_segment *seg, CaiRequestHeader *header, EngineSlot *e)
+{
+	MemoryContext context;
+	MemoryContext old;
+	WorkerRequest *req;
+	shm_mq	   *mq;
+
+	context = AllocSetContextCreate(worker_context, "pg_cai request", ALLOCSET_SMALL_SIZES);
+	old = MemoryContextSwitchTo(context);
+	req = palloc0(sizeof(WorkerRequest));
+	req->context = context;
+	req->seg = seg;
+	req->header = header;
+	req->engine = e;
+	req->id = ++next_request_id;
+	req->backend_pid = header->backend_pid;
+	req->state = REQUEST_SENT;	/* as if relayed, until it is */
+	mq = (shm_mq *) ((char *) header + header->queue_offset);
+	shm_mq_set_sender(mq, MyProc);
+	req->mqh = shm_mq_attach(mq, seg, NULL);
+	MemoryContextSwitchTo(old);
+
+	dlist_push_tail(&worker_requests, &req->node);
+	if (e != NULL)
+	{
+		e->counters.requests_received++;
+		e->counters_changed = true;
+	}
+	return req;
 }
 
 /*
  * worker_intake
  *		Takes posted requests from the ring: attaches to each segment, becomes the sender of its
- *		response queue, and relays it to the engine (or answers it with the reason there is no
- *		model).  Takes the pg_cai lock briefly per request.
+ *		response queue, and relays it to its model's engine (or answers it with the reason the
+ *		model is unavailable).  A request whose engine cannot take it yet stays in the ring with
+ *		one model; with several it waits in the worker, up to the ring's size per model.  Takes
+ *		the pg_cai lock briefly per request.
  */
 static void
 worker_intake(void)
 {
 	dsm_handle	handle;
+	bool		several = active_engines() > 1;
 
-	while (worker_takes_requests() && CaiRingPeek(&handle))
+	/* with one model, nothing leaves the ring while its engine cannot take it (no attach) */
+	if (!several)
+	{
+		EngineSlot *only = default_engine();
+
+		if (only != NULL && !engine_takes_requests(only) && only->state != CAI_WORKER_FAILED)
+			return;
+	}
+
+	while (CaiRingPeek(&handle))
 	{
 		dsm_segment *seg;
 		CaiRequestHeader *header;
 		WorkerRequest *req;
-		MemoryContext context;
-		MemoryContext old;
-		shm_mq	   *mq;
+		EngineSlot *e;
 
 		seg = dsm_attach(handle);
 		if (seg == NULL)
@@ -604,53 +895,59 @@ worker_intake(void)
 			continue;
 		}
 
+		e = header->model[0] != '\0' ? find_engine(header->model) : default_engine();
+		if (e != NULL && !engine_takes_requests(e) && e->state != CAI_WORKER_FAILED &&
+			(!several || e->n_waiting >= cai_shared->ring_capacity))
+		{
+			/* it waits in the ring for its engine, and those behind it with it */
+			dsm_detach(seg);
+			break;
+		}
+
 		/* Accept before popping: a successor worker finds the request if we die in between. */
 		pg_atomic_write_u64(&header->accepted_generation, worker_generation);
 		CaiRingPop(handle);
+		req = request_take(seg, header, e);
 
-		context = AllocSetContextCreate(worker_context, "pg_cai request",
-										ALLOCSET_SMALL_SIZES);
-		old = MemoryContextSwitchTo(context);
-		req = palloc0(sizeof(WorkerRequest));
-		req->context = context;
-		req->seg = seg;
-		req->header = header;
-		req->id = ++next_request_id;
-		req->backend_pid = header->backend_pid;
-		mq = (shm_mq *) ((char *) header + header->queue_offset);
-		shm_mq_set_sender(mq, MyProc);
-		req->mqh = shm_mq_attach(mq, seg, NULL);
-		MemoryContextSwitchTo(old);
-
-		dlist_push_tail(&worker_requests, &req->node);
-		worker_counters.requests_received++;
-
-		if (worker_state == CAI_WORKER_FAILED)
+		if (e == NULL)
 		{
-			char		reason[CAI_REASON_SIZE];
+			CaiModelList list;
 
-			LWLockAcquire(cai_shared->lock, LW_SHARED);
-			strlcpy(reason, cai_shared->reason, sizeof(reason));
-			LWLockRelease(cai_shared->lock);
-			req->state = REQUEST_SENT;	/* answered at once, as if by an engine */
-			request_fail(req, CAI_WIRE_STATUS_MODEL_UNAVAILABLE, reason);
+			CaiModelsConfigured(&list);
+			request_fail(req, CAI_ERR_NOT_FOUND,
+						 psprintf("pg_cai model \"%s\" is not configured (configured: %s)",
+								  header->model, CaiModelsNames(&list)));
 		}
+		else if (engine_takes_requests(e) || e->state == CAI_WORKER_FAILED)
+			relay_request(req);
 		else
-		{
-			size_t		frame = cai_frame_begin(&engine.out, CAI_FRAME_REQUEST, req->id);
-
-			cai_put_u32(&engine.out, header->kind);
-			cai_put_bytes(&engine.out, (char *) header + header->payload_offset,
-						  header->payload_size);
-			cai_frame_end(&engine.out, frame);
-			request_set_state(req, REQUEST_SENT, false);
-		}
+			request_set_state(req, REQUEST_WAITING, false);
 		(void) worker_flush(req);
 	}
 }
 
+/*
+ * worker_dispatch_waiting
+ *		Relays the requests waiting in the worker whose engine now takes them, oldest first, and
+ *		answers those whose model became unavailable.
+ */
+static void
+worker_dispatch_waiting(void)
+{
+	dlist_iter	iter;
+
+	dlist_foreach(iter, &worker_requests)
+	{
+		WorkerRequest *req = dlist_container(WorkerRequest, node, iter.cur);
+
+		if (req->state == REQUEST_WAITING &&
+			(engine_takes_requests(req->engine) || req->engine->state == CAI_WORKER_FAILED))
+			relay_request(req);
+	}
+}
+
 /* ---------------------------------------------------------------------------------------------
- * The engine process
+ * The engine processes
  * ------------------------------------------------------------------------------------------- */
 
 /* The engine binary: `cai`, installed beside the server's own programs. */
@@ -662,29 +959,53 @@ engine_binary_path(char *path)
 	join_path_components(path, path, "cai");
 }
 
-/* The model file: pg_cai.model, relative to the data directory unless absolute. */
+/* The model file: its configured path, relative to the data directory unless absolute. */
 static void
-model_file_path(char *path)
+model_file_path(EngineSlot *e, char *path)
 {
-	if (is_absolute_path(cai_model_path))
-		strlcpy(path, cai_model_path, MAXPGPATH);
+	if (is_absolute_path(e->path))
+		strlcpy(path, e->path, MAXPGPATH);
 	else
-		snprintf(path, MAXPGPATH, "%s/%s", DataDir, cai_model_path);
+		snprintf(path, MAXPGPATH, "%s/%s", DataDir, e->path);
+}
+
+/*
+ * engine_share
+ *		An engine's share of a budget split among the served models: all of it with one model
+ *		(so the single-model form runs as it always did), else an equal share, at least
+ *		minimum.  A total of 0 for threads means all online cores.
+ */
+static int
+engine_share(int total, int minimum, bool is_threads)
+{
+	int			n = active_engines();
+
+	if (n <= 1)
+		return total;
+	if (is_threads && total == 0)
+	{
+		long		cores = sysconf(_SC_NPROCESSORS_ONLN);
+
+		total = cores > 0 ? (int) cores : 1;
+	}
+	return Max(total / n, minimum);
 }
 
 /*
  * engine_arguments
  *		The engine's command line from the settings, and those settings as one string to tell
  *		whether a reload changed them (max_queue_wait is applied to a running engine instead).
+ *		The string holds pg_cai.threads and pg_cai.host_cache_size as set, not the engine's
+ *		share of them, so that adding or removing another model does not restart this one.
  */
 static char **
-engine_arguments(StringInfo settings)
+engine_arguments(EngineSlot *e, StringInfo settings)
 {
 	char		model[MAXPGPATH];
 	char	  **args = palloc0(sizeof(char *) * 40);
 	int			n = 0;
 
-	model_file_path(model);
+	model_file_path(e, model);
 	args[n++] = pstrdup("pg_cai engine");
 	args[n++] = pstrdup("serve");
 	args[n++] = pstrdup("--fd");
@@ -694,7 +1015,7 @@ engine_arguments(StringInfo settings)
 	args[n++] = pstrdup("--device");
 	args[n++] = pstrdup(CaiDeviceSettingName(cai_device));
 	args[n++] = pstrdup("--threads");
-	args[n++] = psprintf("%d", cai_threads);
+	args[n++] = psprintf("%d", engine_share(cai_threads, 1, true));
 	args[n++] = pstrdup("--max-batch");
 	args[n++] = psprintf("%d", cai_max_batch);
 	args[n++] = pstrdup("--max-step-tokens");
@@ -702,7 +1023,7 @@ engine_arguments(StringInfo settings)
 	args[n++] = pstrdup("--ctx");
 	args[n++] = psprintf("%d", cai_context_length);
 	args[n++] = pstrdup("--cache-mb");
-	args[n++] = psprintf("%d", cai_host_cache_size_mb);
+	args[n++] = psprintf("%d", engine_share(cai_host_cache_size_mb, 0, false));
 	args[n++] = pstrdup("--max-queue");
 	args[n++] = psprintf("%d", cai_max_queue);
 	if (cai_chat_template != NULL && cai_chat_template[0] != '\0')
@@ -724,7 +1045,15 @@ engine_arguments(StringInfo settings)
 	}
 	resetStringInfo(settings);
 	for (int i = 0; i < n; i++)
-		appendStringInfo(settings, "%s%s", i > 0 ? " " : "", args[i]);
+	{
+		/* the shares are written as the settings are */
+		if (i > 0 && strcmp(args[i - 1], "--threads") == 0)
+			appendStringInfo(settings, " %d", cai_threads);
+		else if (i > 0 && strcmp(args[i - 1], "--cache-mb") == 0)
+			appendStringInfo(settings, " %d", cai_host_cache_size_mb);
+		else
+			appendStringInfo(settings, "%s%s", i > 0 ? " " : "", args[i]);
+	}
 	args[n++] = pstrdup("--max-queue-wait-ms");
 	args[n++] = psprintf("%d", cai_max_queue_wait_ms);
 	Assert(n < 32);
@@ -738,62 +1067,74 @@ forget_wait_set(void)
 	if (wait_set != NULL)
 		FreeWaitEventSet(wait_set);
 	wait_set = NULL;
-	socket_event = -1;
+	for (int i = 0; i < CAI_MAX_MODELS; i++)
+		engines[i].socket_event = -1;
 }
 
 /*
  * engine_start
- *		Starts an engine process with the current settings.  Without a model, or when the binary
- *		cannot be executed, the worker goes to the failed state instead.
+ *		Starts an engine process for the slot's model with the current settings.  Without a
+ *		model file, or when the binary cannot be executed, the model goes to the failed state
+ *		instead.
  */
 static void
-engine_start(void)
+engine_start(EngineSlot *e)
 {
 	char		path[MAXPGPATH];
 	char		reason[CAI_REASON_SIZE];
 	char	  **args;
+	StringInfoData command;
+	CaiModelSlot *slot = shared_slot(e);
 	MemoryContext old = MemoryContextSwitchTo(worker_context);
 
-	args = engine_arguments(&engine_settings);
+	args = engine_arguments(e, &e->settings);
 	MemoryContextSwitchTo(old);
-	engine_ready = false;
-	engine_stopping = false;
-	engine_reported_failure = false;
-	engine_unresponsive = false;
-	engine_hung = false;
-	engine_step_warned = false;
+	e->ready = false;
+	e->stopping = false;
+	e->reported_failure = false;
+	e->unresponsive = false;
+	e->hung = false;
+	e->step_warned = false;
 
-	if (cai_model_path == NULL || cai_model_path[0] == '\0')
+	if (e->path[0] == '\0')
 	{
-		engine_reported_failure = true;
-		set_failed("no model is configured",
+		e->reported_failure = true;
+		set_failed(e, "no model is configured",
 				   "Set pg_cai.model in postgresql.conf to the path of a GGUF model file and reload the configuration (SELECT pg_reload_conf()).");
 		return;
 	}
 
 	engine_binary_path(path);
-	if (!CaiEngineProcessStart(&engine, path, args, reason, sizeof(reason)))
+	if (!CaiEngineProcessStart(&e->proc, path, args, reason, sizeof(reason)))
 	{
-		engine_reported_failure = true;
-		set_failed(reason,
+		e->reported_failure = true;
+		set_failed(e, reason,
 				   "Install pg_cai completely: \"make install\" puts the cai program beside the server's programs.");
 		return;
 	}
 	forget_wait_set();
-	engine_start_time = GetCurrentTimestamp();
+	e->start_time = GetCurrentTimestamp();
+	/* the command line as run (with its shares of threads and cache), max_queue_wait aside */
+	initStringInfo(&command);
+	for (int i = 0; args[i] != NULL && strcmp(args[i], "--max-queue-wait-ms") != 0; i++)
+		appendStringInfo(&command, "%s%s", i > 0 ? " " : "", args[i]);
 
 	LWLockAcquire(cai_shared->lock, LW_EXCLUSIVE);
-	cai_shared->engine_pid = engine.pid;
-	cai_shared->engine_starts++;
-	cai_shared->engine_started = engine_start_time;
+	slot->engine_pid = e->proc.pid;
+	slot->engine_starts++;
+	slot->engine_started = e->start_time;
 	LWLockRelease(cai_shared->lock);
 	/* after a crash the state says "restarting" until the new engine is ready */
-	if (worker_state != CAI_WORKER_RESTARTING)
-		set_state(CAI_WORKER_LOADING);
+	if (e->state != CAI_WORKER_RESTARTING)
+		set_state(e, CAI_WORKER_LOADING);
 
 	ereport(LOG,
-			(errmsg("pg_cai engine worker started engine process %d: %s", (int) engine.pid,
-					engine_settings.data)));
+			(errmsg("pg_cai engine worker started engine process %d%s%s%s: %s", (int) e->proc.pid,
+					active_engines() > 1 ? " for model \"" : "",
+					active_engines() > 1 ? e->name : "",
+					active_engines() > 1 ? "\"" : "",
+					command.data)));
+	pfree(command.data);
 }
 
 /* The delay before restarting an engine after the given number of consecutive quick crashes. */
@@ -810,48 +1151,61 @@ restart_delay_ms(int crashes)
 }
 
 /*
+ * engine_reap
+ *		Ends the slot's engine process, reaps it and publishes how it ended.
+ */
+static void
+engine_reap(EngineSlot *e, char *exit_text)
+{
+	CaiModelSlot *slot = shared_slot(e);
+
+	(void) CaiEngineProcessStop(&e->proc, e->proc.broken || e->stopping, exit_text,
+								CAI_EXIT_TEXT_SIZE);
+	forget_wait_set();
+	e->ready = false;
+	e->unresponsive = false;
+	memset(&e->stats, 0, sizeof(e->stats));
+	e->stats_received = true;
+	LWLockAcquire(cai_shared->lock, LW_EXCLUSIVE);
+	slot->engine_pid = 0;
+	strlcpy(slot->engine_last_exit, exit_text, sizeof(slot->engine_last_exit));
+	LWLockRelease(cai_shared->lock);
+}
+
+/*
  * engine_exited
  *		The engine process closed its socket, broke the protocol, was killed for its silence,
  *		or is being replaced: reaps it and decides what comes next.  A crash fails the requests
- *		in flight (a request that was running is never retried blindly: it may be what crashed
- *		the engine) and plans a restart after a backoff.
+ *		in flight in it, and only those (a request that was running is never retried blindly:
+ *		it may be what crashed the engine), and plans a restart after a backoff.
  */
 static void
-engine_exited(void)
+engine_exited(EngineSlot *e)
 {
 	char		exit_text[CAI_EXIT_TEXT_SIZE];
 	char		message[CAI_REASON_SIZE];
-	int			pid = (int) engine.pid;
-	bool		was_ready = engine_ready;
-	bool		broken = engine.broken;
-	bool		hung = engine_hung;
+	int			pid = (int) e->proc.pid;
+	bool		was_ready = e->ready;
+	bool		broken = e->proc.broken;
+	bool		hung = e->hung;
 	const char *cause;
 	TimestampTz now = GetCurrentTimestamp();
 	int			n_failed;
 	int			delay;
 
-	(void) CaiEngineProcessStop(&engine, broken || engine_stopping, exit_text, sizeof(exit_text));
-	forget_wait_set();
-	engine_ready = false;
-	engine_unresponsive = false;
-	engine_hung = false;
-	memset(&engine_stats, 0, sizeof(engine_stats));
-	stats_received = true;
-	LWLockAcquire(cai_shared->lock, LW_EXCLUSIVE);
-	cai_shared->engine_pid = 0;
-	strlcpy(cai_shared->engine_last_exit, exit_text, sizeof(cai_shared->engine_last_exit));
-	LWLockRelease(cai_shared->lock);
+	engine_reap(e, exit_text);
+	e->hung = false;
 
-	if (engine_stopping)
+	if (e->stopping)
 	{
-		engine_stopping = false;
+		e->stopping = false;
 		ereport(LOG,
 				(errmsg("pg_cai engine process %d stopped to apply a configuration change (%s)",
 						pid, exit_text)));
 		return;
 	}
-	if (engine_reported_failure)
-		return;					/* it said why; the worker stays failed until a reload */
+	if (e->reported_failure)
+		return;					/* it said why; the model stays failed until a reload */
 
 	cause = hung ? " after it stopped responding" :
 		broken ? " after sending a malformed message" : "";
@@ -862,31 +1216,35 @@ engine_exited(void)
 	else
 		snprintf(message, sizeof(message), "The engine process (PID %d) %s%s.", pid, exit_text,
 				 cause);
-	n_failed = fail_in_flight(hung ? CAI_WIRE_STATUS_ENGINE_HUNG : CAI_WIRE_STATUS_ENGINE_CRASHED,
+	n_failed = fail_in_flight(e, false,
+							  hung ? CAI_WIRE_STATUS_ENGINE_HUNG : CAI_WIRE_STATUS_ENGINE_CRASHED,
 							  message);
-	consecutive_crashes++;
-	delay = restart_delay_ms(consecutive_crashes);
-	next_start_time = TimestampTzPlusMilliseconds(now, delay);
+	e->consecutive_crashes++;
+	delay = restart_delay_ms(e->consecutive_crashes);
+	e->next_start_time = TimestampTzPlusMilliseconds(now, delay);
 
 	ereport(LOG,
 			(errmsg("pg_cai engine process %d %s%s", pid, exit_text, cause),
+			 active_engines() > 1 ?
+			 errdetail("It served model \"%s\"; its %d request(s) in flight failed, the other models' requests and PostgreSQL's sessions were not affected. The engine restarts in %d ms (crash %d in a row).",
+					   e->name, n_failed, delay, e->consecutive_crashes) :
 			 errdetail("%d request(s) in flight failed; no PostgreSQL session was affected. The engine restarts in %d ms (crash %d in a row).",
-					   n_failed, delay, consecutive_crashes)));
+					   n_failed, delay, e->consecutive_crashes)));
 
 	/*
 	 * A crash while loading a model that an engine with these settings has served is a
 	 * restart like another (the new engine died young, say under memory pressure), until it
 	 * happens too often in a row: then calls should fail with the reason instead of waiting.
 	 */
-	if (was_ready || (settings_served && consecutive_crashes <= LOAD_CRASHES_TOLERATED))
-		set_state(CAI_WORKER_RESTARTING);
+	if (was_ready || (e->settings_served && e->consecutive_crashes <= LOAD_CRASHES_TOLERATED))
+		set_state(e, CAI_WORKER_RESTARTING);
 	else
 	{
 		char		reason[CAI_REASON_SIZE];
 
 		snprintf(reason, sizeof(reason),
 				 "the engine process crashed while loading the model (%s)", exit_text);
-		set_failed(reason,
+		set_failed(e, reason,
 				   "See the server log; the engine is started again with a growing delay, or at once after a configuration reload.");
 	}
 }
@@ -899,31 +1257,31 @@ engine_exited(void)
  *		runs, so a worker that was itself held up does not blame the engine.
  */
 static void
-engine_watch(TimestampTz now)
+engine_watch(EngineSlot *e, TimestampTz now)
 {
 	long		silent_ms;
 
-	if (engine.pid == 0 || !engine_ready || cai_engine_hang_timeout_ms <= 0)
+	if (e->proc.pid == 0 || !e->ready || cai_engine_hang_timeout_ms <= 0)
 		return;
-	silent_ms = (long) ((now - engine_last_heard) / 1000);
+	silent_ms = (long) ((now - e->last_heard) / 1000);
 	if (silent_ms >= cai_engine_hang_timeout_ms)
 	{
 		ereport(LOG,
 				(errmsg("pg_cai engine process %d stopped responding: nothing received for %ld ms, over pg_cai.engine_hang_timeout (%d ms); killing it",
-						(int) engine.pid, silent_ms, cai_engine_hang_timeout_ms),
+						(int) e->proc.pid, silent_ms, cai_engine_hang_timeout_ms),
 				 errdetail("Its %d request(s) in flight fail, and the engine is restarted.",
-						   count_in_flight())));
-		(void) kill(engine.pid, SIGKILL);
-		engine_hung = true;
-		engine_exited();
+						   count_in_flight(e))));
+		(void) kill(e->proc.pid, SIGKILL);
+		e->hung = true;
+		engine_exited(e);
 	}
-	else if (!engine_unresponsive && silent_ms >= cai_engine_hang_timeout_ms / 2)
+	else if (!e->unresponsive && silent_ms >= cai_engine_hang_timeout_ms / 2)
 	{
-		engine_unresponsive = true;
-		set_state(CAI_WORKER_UNRESPONSIVE);
+		e->unresponsive = true;
+		set_state(e, CAI_WORKER_UNRESPONSIVE);
 		ereport(LOG,
 				(errmsg("pg_cai engine process %d is unresponsive: nothing received for %ld ms; it is killed at %d ms (pg_cai.engine_hang_timeout)",
-						(int) engine.pid, silent_ms, cai_engine_hang_timeout_ms)));
+						(int) e->proc.pid, silent_ms, cai_engine_hang_timeout_ms)));
 	}
 }
 
@@ -933,19 +1291,19 @@ engine_watch(TimestampTz now)
  *		and one that has served for STABLE_PERIOD_MS starts the crash backoff over.
  */
 static void
-engine_heard(TimestampTz now)
+engine_heard(EngineSlot *e, TimestampTz now)
 {
-	engine_last_heard = now;
-	if (engine_unresponsive && engine_ready)
+	e->last_heard = now;
+	if (e->unresponsive && e->ready)
 	{
-		engine_unresponsive = false;
-		set_state(CAI_WORKER_READY);
+		e->unresponsive = false;
+		set_state(e, CAI_WORKER_READY);
 		ereport(LOG,
-				(errmsg("pg_cai engine process %d responds again", (int) engine.pid)));
+				(errmsg("pg_cai engine process %d responds again", (int) e->proc.pid)));
 	}
-	if (engine_ready && consecutive_crashes > 0 &&
-		TimestampDifferenceExceeds(engine_ready_time, now, STABLE_PERIOD_MS))
-		consecutive_crashes = 0;
+	if (e->ready && e->consecutive_crashes > 0 &&
+		TimestampDifferenceExceeds(e->ready_time, now, STABLE_PERIOD_MS))
+		e->consecutive_crashes = 0;
 }
 
 /*
@@ -954,22 +1312,22 @@ engine_heard(TimestampTz now)
  *		half of the hang timeout, before a longer one gets the engine killed.
  */
 static void
-engine_heartbeat_frame(cai_reader *reader)
+engine_heartbeat_frame(EngineSlot *e, cai_reader *reader)
 {
 	double		longest_step;
 
 	if (!cai_get_f64(reader, &longest_step))
 	{
-		engine.broken = true;
+		e->proc.broken = true;
 		return;
 	}
-	if (!engine_step_warned && cai_engine_hang_timeout_ms > 0 &&
+	if (!e->step_warned && cai_engine_hang_timeout_ms > 0 &&
 		longest_step * 1000.0 >= cai_engine_hang_timeout_ms / 2.0)
 	{
-		engine_step_warned = true;
+		e->step_warned = true;
 		ereport(WARNING,
 				(errmsg("pg_cai engine process %d took %.1f s for one step, over half of pg_cai.engine_hang_timeout (%d ms)",
-						(int) engine.pid, longest_step, cai_engine_hang_timeout_ms),
+						(int) e->proc.pid, longest_step, cai_engine_hang_timeout_ms),
 				 errhint("Raise pg_cai.engine_hang_timeout above the longest step, or lower pg_cai.max_step_tokens: an engine silent for the whole timeout is killed.")));
 	}
 }
@@ -979,16 +1337,17 @@ engine_heartbeat_frame(cai_reader *reader)
  *		The engine says which model it serves: publish it and start taking requests.
  */
 static void
-engine_ready_frame(const char *body, uint32 len)
+engine_ready_frame(EngineSlot *e, const char *body, uint32 len)
 {
 	cai_reader	reader;
 	cai_wire_model model;
 	char		path[MAXPGPATH];
+	CaiModelSlot *slot = shared_slot(e);
 
 	cai_reader_init(&reader, body, len);
 	if (!cai_wire_get_model(&reader, &model))
 	{
-		engine.broken = true;
+		e->proc.broken = true;
 		return;
 	}
 	if (model.version != CAI_WIRE_VERSION)
@@ -998,31 +1357,32 @@ engine_ready_frame(const char *body, uint32 len)
 		snprintf(reason, sizeof(reason),
 				 "the engine binary speaks protocol version %u, the extension version %u",
 				 model.version, CAI_WIRE_VERSION);
-		engine_reported_failure = true;
-		engine.broken = true;
-		set_failed(reason, "Install the cai program and the pg_cai library from the same build.");
+		e->reported_failure = true;
+		e->proc.broken = true;
+		set_failed(e, reason, "Install the cai program and the pg_cai library from the same build.");
 		return;
 	}
-	model_file_path(path);
+	model_file_path(e, path);
 	LWLockAcquire(cai_shared->lock, LW_EXCLUSIVE);
-	strlcpy(cai_shared->model.path, path, sizeof(cai_shared->model.path));
-	cai_shared->model.info = model;
-	cai_shared->reason[0] = '\0';
-	cai_shared->hint[0] = '\0';
+	strlcpy(slot->model.path, path, sizeof(slot->model.path));
+	slot->model.info = model;
+	slot->reason[0] = '\0';
+	slot->hint[0] = '\0';
 	LWLockRelease(cai_shared->lock);
-	engine_ready = true;
-	engine_ready_time = engine_last_heard = GetCurrentTimestamp();
-	settings_served = true;
-	set_state(CAI_WORKER_READY);
+	e->ready = true;
+	e->ready_time = e->last_heard = GetCurrentTimestamp();
+	e->settings_served = true;
+	set_state(e, CAI_WORKER_READY);
 
 	ereport(LOG,
 			(errmsg("pg_cai engine worker ready: model \"%s\" (%s), %s, context %d tokens, loaded in %.1f s, engine process %d",
 					model.name, model.arch, model.device, model.context_length,
-					model.load_seconds, (int) engine.pid)));
+					model.load_seconds, (int) e->proc.pid),
+			 active_engines() > 1 ? errdetail("It serves model \"%s\".", e->name) : 0));
 }
 
 static WorkerRequest *
-find_request(uint64 id)
+find_request(EngineSlot *e, uint64 id)
 {
 	dlist_iter	iter;
 
@@ -1030,19 +1390,39 @@ find_request(uint64 id)
 	{
 		WorkerRequest *req = dlist_container(WorkerRequest, node, iter.cur);
 
-		if (req->id == id)
+		if (req->id == id && req->engine == e)
 			return req;
 	}
 	return NULL;
 }
 
+/* A FAILED frame: the engine cannot load its model, and says why. */
+static void
+engine_failed_frame(EngineSlot *e, cai_reader *reader)
+{
+	const char *reason;
+	const char *hint;
+	uint32		reason_len;
+	uint32		hint_len;
+
+	if (!cai_get_text(reader, &reason, &reason_len) ||
+		!cai_get_text(reader, &hint, &hint_len))
+	{
+		e->proc.broken = true;
+		return;
+	}
+	e->reported_failure = true;
+	set_failed(e, pnstrdup(reason, Min(reason_len, CAI_REASON_SIZE - 1)),
+			   pnstrdup(hint, Min(hint_len, CAI_REASON_SIZE - 1)));
+}
+
 /*
  * engine_frame
- *		One frame from the engine process.  Nothing it sends is trusted: a frame that does not
+ *		One frame from an engine process.  Nothing it sends is trusted: a frame that does not
  *		parse marks the engine broken, and it is replaced.
  */
 static void
-engine_frame(const cai_frame_header *h, const char *body)
+engine_frame(EngineSlot *e, const cai_frame_header *h, const char *body)
 {
 	cai_reader	reader;
 
@@ -1050,35 +1430,20 @@ engine_frame(const cai_frame_header *h, const char *body)
 	switch (h->type)
 	{
 		case CAI_FRAME_READY:
-			engine_ready_frame(body, h->body_len);
+			engine_ready_frame(e, body, h->body_len);
 			break;
 
 		case CAI_FRAME_FAILED:
-			{
-				const char *reason;
-				const char *hint;
-				uint32		reason_len;
-				uint32		hint_len;
-
-				if (!cai_get_text(&reader, &reason, &reason_len) ||
-					!cai_get_text(&reader, &hint, &hint_len))
-				{
-					engine.broken = true;
-					break;
-				}
-				engine_reported_failure = true;
-				set_failed(pnstrdup(reason, Min(reason_len, CAI_REASON_SIZE - 1)),
-						   pnstrdup(hint, Min(hint_len, CAI_REASON_SIZE - 1)));
-				break;
-			}
+			engine_failed_frame(e, &reader);
+			break;
 
 		case CAI_FRAME_MESSAGE:
 			{
-				WorkerRequest *req = find_request(h->id);
+				WorkerRequest *req = find_request(e, h->id);
 
 				if (h->body_len < 1)
 				{
-					engine.broken = true;
+					e->proc.broken = true;
 					break;
 				}
 				/* a request the backend left, or one already answered: nothing to deliver */
@@ -1089,13 +1454,13 @@ engine_frame(const cai_frame_header *h, const char *body)
 			}
 
 		case CAI_FRAME_HEARTBEAT:
-			engine_heartbeat_frame(&reader);
+			engine_heartbeat_frame(e, &reader);
 			break;
 
 		case CAI_FRAME_STATS:
-			if (!cai_wire_get_stats(&reader, &engine_stats))
-				engine.broken = true;
-			stats_received = true;
+			if (!cai_wire_get_stats(&reader, &e->stats))
+				e->proc.broken = true;
+			e->stats_received = true;
 			break;
 
 		case CAI_FRAME_LOG:
@@ -1104,42 +1469,42 @@ engine_frame(const cai_frame_header *h, const char *body)
 				uint32		len;
 
 				if (!cai_get_text(&reader, &line, &len))
-					engine.broken = true;
+					e->proc.broken = true;
 				else
-					ereport(LOG, (errmsg("pg_cai engine process %d: %.*s", (int) engine.pid,
+					ereport(LOG, (errmsg("pg_cai engine process %d: %.*s", (int) e->proc.pid,
 										 (int) Min(len, 1024), line)));
 				break;
 			}
 
 		default:
-			engine.broken = true;
+			e->proc.broken = true;
 			break;
 	}
 }
 
 /*
  * engine_receive
- *		Handles what the engine process sent, and notices that it ended.
+ *		Handles what the slot's engine process sent, and notices that it ended.
  */
 static void
-engine_receive(void)
+engine_receive(EngineSlot *e)
 {
 	cai_frame_header h;
 	const char *body;
 	bool		heard = false;
 
-	if (engine.pid == 0)
+	if (e->proc.pid == 0)
 		return;
-	CaiEngineProcessRead(&engine);
-	while (!engine.broken && CaiEngineProcessNextFrame(&engine, &h, &body))
+	CaiEngineProcessRead(&e->proc);
+	while (!e->proc.broken && CaiEngineProcessNextFrame(&e->proc, &h, &body))
 	{
-		engine_frame(&h, body);
+		engine_frame(e, &h, body);
 		heard = true;
 	}
-	if (engine.closed || engine.broken)
-		engine_exited();
+	if (e->proc.closed || e->proc.broken)
+		engine_exited(e);
 	else if (heard)
-		engine_heard(GetCurrentTimestamp());
+		engine_heard(e, GetCurrentTimestamp());
 }
 
 /*
@@ -1149,91 +1514,166 @@ engine_receive(void)
  *		grace is over).
  */
 static void
-engine_supervise(void)
+engine_supervise(EngineSlot *e)
 {
 	TimestampTz now = GetCurrentTimestamp();
 
-	engine_watch(now);
-	if (restart_pending && engine.pid != 0 &&
-		(count_in_flight() == 0 || now >= restart_deadline))
+	if (!e->active)
+		return;
+	engine_watch(e, now);
+	if (e->restart_pending && e->proc.pid != 0 &&
+		(count_in_flight(e) == 0 || now >= e->restart_deadline))
 	{
-		(void) fail_in_flight(CAI_WIRE_STATUS_ENGINE_RESTARTED,
+		(void) fail_in_flight(e, false, CAI_WIRE_STATUS_ENGINE_RESTARTED,
 							  "The engine was restarted to apply a configuration change.");
-		engine_stopping = true;
-		engine_exited();
+		e->stopping = true;
+		engine_exited(e);
 	}
-	if (restart_pending && engine.pid == 0)
+	if (e->restart_pending && e->proc.pid == 0)
 	{
-		restart_pending = false;
-		consecutive_crashes = 0;
-		next_start_time = now;
+		e->restart_pending = false;
+		e->consecutive_crashes = 0;
+		e->next_start_time = now;
 	}
-	if (engine.pid == 0 && next_start_time != 0 && now >= next_start_time)
+	if (e->proc.pid == 0 && e->next_start_time != 0 && now >= e->next_start_time)
 	{
-		next_start_time = 0;
-		engine_start();
+		e->next_start_time = 0;
+		engine_start(e);
 	}
 }
 
 /*
  * engine_send
- *		Writes what it can of the frames queued for the engine.
+ *		Writes what it can of the frames queued for the slot's engine.
  */
 static void
-engine_send(void)
+engine_send(EngineSlot *e)
 {
-	if (engine.pid != 0)
-		(void) CaiEngineProcessWrite(&engine);
+	if (e->proc.pid != 0)
+		(void) CaiEngineProcessWrite(&e->proc);
 	else
 	{
-		cai_wbuf_reset(&engine.out);
-		engine.out_sent = 0;
+		cai_wbuf_reset(&e->proc.out);
+		e->proc.out_sent = 0;
 	}
 }
 
 /*
- * worker_reload
- *		Applies a configuration reload: admission limits to the running engine at once; other
- *		engine settings by a new engine process.
+ * engine_deactivate
+ *		A reload removed the slot's model: its engine stops now, its requests (in flight and
+ *		waiting) fail naming the model, and the slot is freed.  Takes the pg_cai lock.
  */
 static void
-worker_reload(void)
+engine_deactivate(EngineSlot *e)
+{
+	char		exit_text[CAI_EXIT_TEXT_SIZE];
+	char	   *message;
+	int			n_failed;
+	int			pid = (int) e->proc.pid;
+
+	message = psprintf("pg_cai model \"%s\" was removed from pg_cai.models by a configuration reload",
+					   e->name);
+	n_failed = fail_in_flight(e, true, CAI_ERR_NOT_FOUND, message);
+	if (e->proc.pid != 0)
+	{
+		e->stopping = true;
+		engine_reap(e, exit_text);
+		e->stopping = false;
+	}
+	ereport(LOG,
+			(errmsg("pg_cai configuration changed: model \"%s\" is no longer served", e->name),
+			 pid != 0 ?
+			 errdetail("Its engine process %d was stopped; %d request(s) failed.", pid, n_failed) :
+			 errdetail("%d request(s) failed.", n_failed)));
+	/* requests already answered keep their slot pointer until delivered: only its name goes */
+	e->active = false;
+	e->restart_pending = false;
+	e->next_start_time = 0;
+	e->ready = false;
+	LWLockAcquire(cai_shared->lock, LW_EXCLUSIVE);
+	memset(shared_slot(e), 0, sizeof(CaiModelSlot));
+	LWLockRelease(cai_shared->lock);
+}
+
+/*
+ * engine_reconfigure
+ *		Applies a reload to one configured model's engine: admission limits at once; other
+ *		settings, or another file, by a new engine process once its requests are done.
+ */
+static void
+engine_reconfigure(EngineSlot *e, const CaiModelEntry *entry)
 {
 	StringInfoData settings;
 	MemoryContext old;
 
-	ProcessConfigFile(PGC_SIGHUP);
-
-	if (engine.pid != 0)
+	if (e->proc.pid != 0)
 	{
-		size_t		frame = cai_frame_begin(&engine.out, CAI_FRAME_LIMITS, 0);
+		size_t		frame = cai_frame_begin(&e->proc.out, CAI_FRAME_LIMITS, 0);
 
-		cai_put_i32(&engine.out, cai_max_queue);
-		cai_put_f64(&engine.out, (double) cai_max_queue_wait_ms);
-		cai_frame_end(&engine.out, frame);
+		cai_put_i32(&e->proc.out, cai_max_queue);
+		cai_put_f64(&e->proc.out, (double) cai_max_queue_wait_ms);
+		cai_frame_end(&e->proc.out, frame);
 	}
 
+	strlcpy(e->path, entry->path, sizeof(e->path));
 	old = MemoryContextSwitchTo(worker_context);
 	initStringInfo(&settings);
-	(void) engine_arguments(&settings);
+	(void) engine_arguments(e, &settings);
 	MemoryContextSwitchTo(old);
-	if (strcmp(settings.data, engine_settings.data) == 0)
+	if (strcmp(settings.data, e->settings.data) == 0)
 		return;
-	settings_served = false;
+	e->settings_served = false;
 
-	if (engine.pid == 0)
+	if (e->proc.pid == 0)
 	{
 		/* none runs (no model, or a crash backoff): start one with the new settings now */
-		consecutive_crashes = 0;
-		next_start_time = GetCurrentTimestamp();
-		ereport(LOG, (errmsg("pg_cai configuration changed: starting the engine")));
+		e->consecutive_crashes = 0;
+		e->next_start_time = GetCurrentTimestamp();
+		ereport(LOG, (errmsg("pg_cai configuration changed: starting the engine%s%s%s",
+							 active_engines() > 1 ? " of model \"" : "",
+							 active_engines() > 1 ? e->name : "",
+							 active_engines() > 1 ? "\"" : "")));
 		return;
 	}
-	restart_pending = true;
-	restart_deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), cai_reload_grace_ms);
+	e->restart_pending = true;
+	e->restart_deadline = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), cai_reload_grace_ms);
 	ereport(LOG,
-			(errmsg("pg_cai configuration changed: the engine restarts with it once %d request(s) in flight finish, within %d ms",
-					count_in_flight(), cai_reload_grace_ms)));
+			(errmsg("pg_cai configuration changed: the engine%s%s%s restarts with it once %d request(s) in flight finish, within %d ms",
+					active_engines() > 1 ? " of model \"" : "",
+					active_engines() > 1 ? e->name : "",
+					active_engines() > 1 ? "\"" : "",
+					count_in_flight(e), cai_reload_grace_ms)));
+}
+
+/*
+ * worker_reload
+ *		Applies a configuration reload model by model: the engines of removed models stop, those
+ *		of added ones start, and each remaining one restarts only when its own settings changed.
+ */
+static void
+worker_reload(void)
+{
+	CaiModelList list;
+
+	ProcessConfigFile(PGC_SIGHUP);
+	CaiModelsConfigured(&list);
+
+	for (int i = 0; i < CAI_MAX_MODELS; i++)
+		if (engines[i].active && CaiModelsFind(&list, engines[i].name) < 0)
+			engine_deactivate(&engines[i]);
+	for (int i = 0; i < list.n; i++)
+	{
+		EngineSlot *e = find_engine(list.entries[i].name);
+
+		if (e != NULL)
+			engine_reconfigure(e, &list.entries[i]);
+		else
+		{
+			(void) engine_activate(&list.entries[i]);
+			ereport(LOG,
+					(errmsg("pg_cai configuration changed: model \"%s\" is added", list.entries[i].name)));
+		}
+	}
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1333,53 +1773,64 @@ worker_finish(WorkerRequest *req)
 
 /*
  * update_recent_rate
- *		Folds the tokens generated since the last call into an exponentially weighted rate with a
- *		time constant of RECENT_RATE_SECONDS of wall-clock time, idle time included, so the figure
- *		is the current throughput and decays to 0 when the engine goes quiet.  Weighting each
- *		interval by its length keeps the average right however irregular the calls are.  A new
- *		engine process counts from zero again.
+ *		Folds the tokens the engine generated since the last call into an exponentially
+ *		weighted rate with a time constant of RECENT_RATE_SECONDS of wall-clock time, idle time
+ *		included, so the figure is the current throughput and decays to 0 when the engine goes
+ *		quiet.  Weighting each interval by its length keeps the average right however irregular
+ *		the calls are.  A new engine process counts from zero again.
  */
 static double
-update_recent_rate(TimestampTz now, uint64 generated_tokens)
+update_recent_rate(EngineSlot *e, TimestampTz now)
 {
-	static TimestampTz last_time = 0;
-	static uint64 last_tokens = 0;
-	static double rate = 0.0;
+	uint64		generated_tokens = e->stats.generated_tokens;
 
-	if (last_time != 0 && now > last_time && generated_tokens >= last_tokens)
+	if (e->rate_time != 0 && now > e->rate_time && generated_tokens >= e->rate_tokens)
 	{
-		double		dt = (double) (now - last_time) / USECS_PER_SEC;
-		double		instant = (double) (generated_tokens - last_tokens) / dt;
+		double		dt = (double) (now - e->rate_time) / USECS_PER_SEC;
+		double		instant = (double) (generated_tokens - e->rate_tokens) / dt;
 
-		rate += (1.0 - exp(-dt / RECENT_RATE_SECONDS)) * (instant - rate);
+		e->rate += (1.0 - exp(-dt / RECENT_RATE_SECONDS)) * (instant - e->rate);
 	}
-	last_time = now;
-	last_tokens = generated_tokens;
-	return rate;
+	e->rate_time = now;
+	e->rate_tokens = generated_tokens;
+	return e->rate;
 }
 
 /*
  * worker_publish_stats
- *		Copies the engine's latest statistics and the worker's counters into shared memory:
- *		when forced, else at most every second.  Takes the pg_cai lock exclusively.
+ *		Copies the engines' latest statistics and the worker's counters into shared memory:
+ *		when any changed or when forced, else at most every second.  Takes the pg_cai lock
+ *		exclusively.
  */
 static void
 worker_publish_stats(bool force)
 {
 	TimestampTz now = GetCurrentTimestamp();
-	double		recent_rate;
+	double		rates[CAI_MAX_MODELS];
 
+	for (int i = 0; i < CAI_MAX_MODELS; i++)
+		force |= engines[i].active && (engines[i].stats_received || engines[i].counters_changed);
 	if (!force && !TimestampDifferenceExceeds(last_stats_publish, now, 1000))
 		return;
 	last_stats_publish = now;
-	stats_received = false;
-	counters_changed = false;
-	recent_rate = update_recent_rate(now, engine_stats.generated_tokens);
+	for (int i = 0; i < CAI_MAX_MODELS; i++)
+	{
+		engines[i].stats_received = false;
+		engines[i].counters_changed = false;
+		rates[i] = engines[i].active ? update_recent_rate(&engines[i], now) : 0.0;
+	}
 
 	LWLockAcquire(cai_shared->lock, LW_EXCLUSIVE);
-	cai_shared->engine_stats = engine_stats;
-	cai_shared->counters = worker_counters;
+	for (int i = 0; i < CAI_MAX_MODELS; i++)
+	{
+		CaiModelSlot *slot = &cai_shared->models[i];
+
+		if (!engines[i].active)
+			continue;
+		slot->engine_stats = engines[i].stats;
+		slot->counters = engines[i].counters;
+		slot->recent_tokens_per_second = rates[i];
+	}
 	cai_shared->stats_updated = now;
-	cai_shared->recent_tokens_per_second = recent_rate;
 	LWLockRelease(cai_shared->lock);
 }

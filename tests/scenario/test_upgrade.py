@@ -53,10 +53,11 @@ JOB_COLUMNS_0_2 = ("'{\"kind\": \"reply\", \"owner\": null, \"target_table\": nu
 
 
 def data_of(db):
-    """Every row of the extension's tables, in a stable order; a job's columns of 0.2 are left
-    out where they hold what every reply job holds, and shown where they do not."""
+    """Every row of the extension's tables, in a stable order: conversations without 0.2's model
+    column (NULL after the upgrade, checked below), and a job's columns of 0.2 left out where
+    they hold what every reply job holds."""
     return value("SELECT string_agg(t, E'\\n' ORDER BY t) FROM ("
-                 " SELECT format('c %s', row_to_json(c)) AS t FROM cai.conversations c"
+                 " SELECT format('c %s', to_jsonb(c) - 'model') AS t FROM cai.conversations c"
                  " UNION ALL SELECT format('m %s', row_to_json(m)) FROM cai.messages m"
                  " UNION ALL SELECT format('j %s', CASE WHEN to_jsonb(j) @> " + JOB_COLUMNS_0_2 +
                  "   THEN to_jsonb(j) - ARRAY(SELECT jsonb_object_keys(" + JOB_COLUMNS_0_2 + "))"
@@ -97,6 +98,8 @@ c.check("the old database runs 0.2",
 after = data_of(OLD)
 c.check("no conversation, turn or job changed in the upgrade", after == before,
         "before:\n%s\nafter:\n%s" % (before, after))
+c.check("the conversations' new model column is NULL until their next reply",
+        value("SELECT count(*) FROM cai.conversations WHERE model IS NOT NULL", db=OLD) == "0")
 c.check("the DBA's grant on cai.jobs is kept",
         value("SELECT has_table_privilege('pg_monitor', 'cai.jobs', 'SELECT')", db=OLD) == "t")
 
