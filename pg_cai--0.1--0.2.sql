@@ -198,3 +198,18 @@ GRANT EXECUTE ON FUNCTION cai_chat_json(bigint, text, json, jsonb) TO cai_user;
 GRANT EXECUTE ON FUNCTION cai_complete_json(text, text, jsonb) TO cai_user;
 GRANT EXECUTE ON FUNCTION cai_complete_json(text, json, jsonb) TO cai_user;
 GRANT EXECUTE ON FUNCTION cai_validate_options(jsonb) TO cai_user;
+
+--
+-- n parallel samples (the "n" option, 1 to 16): the prompt is prefilled once and the samples
+-- share its KV.  cai_chat_completion returns n choices; cai_complete returns one completion and
+-- refuses n > 1, pointing here: cai_complete_n returns the n completions as an array, element
+-- i + 1 drawn with seed + i (so each is what cai_complete gives with that seed).
+--
+CREATE FUNCTION cai_complete_n(prompt text, n integer, options jsonb DEFAULT '{}')
+RETURNS text[]
+AS 'MODULE_PATHNAME', 'pg_cai_complete_n'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER;
+COMMENT ON FUNCTION cai_complete_n(text, integer, jsonb) IS
+'n continuations of raw text (1 to 16) from one prefill of the prompt, element i + 1 drawn with seed + i';
+REVOKE ALL ON FUNCTION cai_complete_n(text, integer, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION cai_complete_n(text, integer, jsonb) TO cai_user;

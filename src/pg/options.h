@@ -37,6 +37,7 @@ typedef struct CaiOptions
 	cai_logit_bias *logit_bias;	/* palloc'd [n_logit_bias] */
 	bool		logprobs;		/* cai_chat_completion reports them */
 	int			top_logprobs;
+	int			n_samples;		/* "n": parallel samples (cai_chat_completion, cai_complete_n) */
 } CaiOptions;
 
 extern void CaiOptionsInit(CaiOptions *options);
