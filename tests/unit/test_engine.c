@@ -1295,3 +1295,46 @@ TEST(engine_samples_limits)
 	CHECK(!cai_engine_has_work(engine));
 	cai_engine_free(engine);
 }
+
+/*
+ * n samples of a constrained reply share the grammar, each with its own state: sample i is the
+ * request with n 1 and seed + i.  The samples end at different steps, and whichever is freed
+ * last frees the grammar (ASan would see a use after free or a leak).
+ */
+TEST(engine_samples_share_a_grammar)
+{
+	static const char *const schema =
+		"{\"type\": \"array\", \"items\": {\"type\": \"string\", \"maxLength\": 3}, \"maxItems\": 3}";
+	int32_t		prompt[30];
+	run_result *alone = calloc(3, sizeof(run_result));
+	run_result *together = calloc(3, sizeof(run_result));
+	cai_engine *engine = make_engine(2, 4, 64, 0, 8);
+	cai_request_params req;
+	int			peak;
+
+	if (!engine || !alone || !together)
+	{
+		CHECK(engine && alone && together);
+		goto done;
+	}
+	make_prompt(prompt, 30, 31);
+	req = request(prompt, 30, 0.9f, 50, 40);
+	req.sampling.ignore_eos = false;
+	req.grammar = test_grammar(schema);
+	req.sampling.n_samples = 3;
+	CHECK(run_samples(engine, &req, together, &peak));
+	for (int i = 0; i < 3; i++)
+	{
+		cai_request_params one = request(prompt, 30, 0.9f, 50 + i, 40);
+
+		one.sampling.ignore_eos = false;
+		one.grammar = test_grammar(schema);
+		CHECK(run_samples(engine, &one, &alone[i], &peak));
+		CHECK_MSG(same_tokens(&alone[i], &together[i]), "sample %d differs from its seed alone", i);
+	}
+	CHECK(!same_tokens(&together[0], &together[1]) || !same_tokens(&together[1], &together[2]));
+done:
+	cai_engine_free(engine);
+	free(alone);
+	free(together);
+}
