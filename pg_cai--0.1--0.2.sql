@@ -352,3 +352,18 @@ COMMENT ON FUNCTION cai_embed_trigger() IS
 'AFTER INSERT OR UPDATE FOR EACH ROW trigger that keeps an embedding column in step with a text column: queues an embedding job in cai.jobs when a row''s text is new or changed; a job runner fills the embedding after commit (cai_embed of the row''s text as it is then, as the role that wrote it). Arguments: the text column, the embedding column, optionally the key column (default: the single-column primary key). CREATE TRIGGER docs_embed AFTER INSERT OR UPDATE OF body ON docs FOR EACH ROW EXECUTE FUNCTION cai_embed_trigger(''body'', ''embedding'')';
 REVOKE ALL ON FUNCTION cai_embed_trigger() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION cai_embed_trigger() TO cai_user;
+
+--
+-- n parallel samples (the "n" option, 1 to 16): the prompt is prefilled once and the samples
+-- share its KV.  cai_chat_completion returns n choices; cai_complete returns one completion and
+-- refuses n > 1, pointing here: cai_complete_n returns the n completions as an array, element
+-- i + 1 drawn with seed + i (so each is what cai_complete gives with that seed).
+--
+CREATE FUNCTION cai_complete_n(prompt text, n integer, options jsonb DEFAULT '{}')
+RETURNS text[]
+AS 'MODULE_PATHNAME', 'pg_cai_complete_n'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER;
+COMMENT ON FUNCTION cai_complete_n(text, integer, jsonb) IS
+'n continuations of raw text (1 to 16) from one prefill of the prompt, element i + 1 drawn with seed + i';
+REVOKE ALL ON FUNCTION cai_complete_n(text, integer, jsonb) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION cai_complete_n(text, integer, jsonb) TO cai_user;

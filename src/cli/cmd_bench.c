@@ -25,6 +25,10 @@
  * With --json-schema FILE (or --json-object) every request is constrained to it, so that the
  * grammar's masks are in the figures; pick a schema whose values run past --gen-tokens (a long
  * minLength, many minItems), since a constrained request ends where its value does.
+ * With --samples N one request of N parallel samples (OpenAI's n) of the --prompt-tokens prompt
+ * runs --gen-tokens each, timed as a decode run is (steps in which all N decode), beside the
+ * same request with one sample; the report gives both aggregate rates, their ratio, and the
+ * most KV blocks in use during each (the samples share the prompt's blocks).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -54,6 +58,7 @@ static struct
 	const char *json_schema;
 	bool		json_object;
 	bool		json_free_ws;
+	int			n_samples;
 } bench_opts;
 
 static const cli_option bench_options[] = {
@@ -70,6 +75,16 @@ static const cli_option bench_options[] = {
 		.help = "decode batch sizes (default 1,8,32)",
 		.min = 1,
 		.max = 4096,
+	},
+	{
+		.name = "samples",
+		.kind = CLI_OPT_INT,
+		.target = &bench_opts.n_samples,
+		.metavar = "N",
+		.help = "also decode N parallel samples of the --prompt-tokens prompt against one "
+		"(aggregate tokens/s, KV blocks in use; file comment)",
+		.min = 1,
+		.max = CAI_N_SAMPLES_MAX,
 	},
 	{
 		.name = "prompt-tokens",
@@ -417,6 +432,63 @@ run_decode(cai_engine *engine, const cai_model *model, const cli_tokens *base, i
 }
 
 /*
+ * One request of n samples of prompt run to its end: its decode steps timed as run_decode's,
+ * and the most KV blocks in use after any step in *peak_blocks.
+ */
+static int
+run_samples_decode(cai_engine *engine, const cli_tokens *prompt, int n, decode_result *res,
+				   int *peak_blocks)
+{
+	cai_request_params rp;
+	cai_error	err = {0};
+	uint64_t	id;
+	bool		decoding = false;
+	int			rc = CLI_EXIT_OK;
+
+	memset(res, 0, sizeof(*res));
+	*peak_blocks = 0;
+	if (!bench_request(&rp, prompt, bench_opts.gen_tokens, 0))
+		return CLI_EXIT_ERROR;
+	rp.sampling.n_samples = n;
+	if (cai_engine_submit(engine, &rp, &id, &err) != CAI_OK)
+		return cli_report("could not submit the samples' request", &err);
+	while (rc == CLI_EXIT_OK && cai_engine_has_work(engine))
+	{
+		const cai_event *events;
+		int			n_events;
+		int			n_tokens = 0;
+		double		t0 = cli_now();
+		double		t1;
+		cai_engine_stats es;
+
+		if (cai_engine_step(engine, &events, &n_events, &err) != CAI_OK)
+			return cli_report("engine step failed", &err);
+		t1 = cli_now();
+		for (int i = 0; i < n_events; i++)
+		{
+			if (events[i].finish == CAI_FINISH_ERROR)
+				rc = cli_error("the samples' request failed: %s",
+							   events[i].error ? events[i].error : "unknown error");
+			n_tokens += events[i].token >= 0;
+		}
+		cai_engine_get_stats(engine, &es);
+		if (es.kv_blocks_total - es.kv_blocks_free > *peak_blocks)
+			*peak_blocks = es.kv_blocks_total - es.kv_blocks_free;
+		/* the samples all fork at the prefill's last step, which is not a decode step */
+		if (decoding && n_tokens == n)
+		{
+			res->steps++;
+			res->tokens += n_tokens;
+			res->seconds += t1 - t0;
+		}
+		decoding |= n_tokens > 0;
+	}
+	if (rc == CLI_EXIT_OK && res->steps == 0)
+		rc = cli_error("no decode step ran with all %d samples (is --gen-tokens too small?)", n);
+	return rc;
+}
+
+/*
  * What the runs measure and what they run on, from the allocations to the report: one struct,
  * so that each phase of cmd_bench is a function of it and one function frees it all.
  */
@@ -437,6 +509,8 @@ typedef struct bench_run
 	follow_up_result follow_ups[CLI_LIST_MAX + 1];	/* the prompt, then each long one */
 	double	   *decode_tps;		/* [batch size] */
 	decode_result *decode_best;
+	double		samples_tps[2];	/* --samples: one sample, then N, the median rates */
+	int			samples_peak_blocks[2];
 } bench_run;
 
 /* The per-round and per-batch arrays; false (reported) when out of memory. */
@@ -513,6 +587,9 @@ bench_setup(bench_run *run, int max_batch, int longest)
 	ep.max_running = max_batch;
 	ep.max_step_tokens = bench_opts.step_tokens;
 	ep.context_length = longest + bench_opts.follow_up + 8;
+	if (bench_opts.n_samples > 0 &&
+		ep.context_length < bench_opts.prompt_tokens + bench_opts.gen_tokens + 8)
+		ep.context_length = bench_opts.prompt_tokens + bench_opts.gen_tokens + 8;
 	if (ep.context_length < bench_opts.decode_prompt_tokens + bench_opts.gen_tokens + 8)
 		ep.context_length = bench_opts.decode_prompt_tokens + bench_opts.gen_tokens + 8;
 	ep.max_queue = max_batch + 8;
@@ -637,6 +714,40 @@ bench_decode(bench_run *run, bool progress)
 	return CLI_EXIT_OK;
 }
 
+/*
+ * --samples: one request of one sample of the prompt, then one of N, each over the rounds
+ * (after a warm-up of N): the median aggregate decode rates and the most KV blocks in use.
+ */
+static int
+bench_samples(bench_run *run, bool progress)
+{
+	int			counts[2] = {1, bench_opts.n_samples};
+	decode_result res;
+	int			peak;
+
+	if (bench_opts.n_samples == 0)
+		return CLI_EXIT_OK;
+	if (run_samples_decode(run->engine, &run->prompt, counts[1], &res, &peak) != CLI_EXIT_OK)
+		return CLI_EXIT_ERROR;
+	for (int k = 0; k < 2; k++)
+	{
+		for (int r = 0; r < bench_opts.repeat; r++)
+		{
+			if (run_samples_decode(run->engine, &run->prompt, counts[k], &res, &peak) != CLI_EXIT_OK)
+				return CLI_EXIT_ERROR;
+			run->samples[r] = res.tokens / res.seconds;
+			run->samples_peak_blocks[k] = peak;
+			if (progress)
+				fprintf(stderr, "  %d sample(s) of %d prompt tokens: %.1f tokens/s in all "
+						"(%d steps, %.1f ms/step), %d KV blocks in use at most\n", counts[k],
+						run->prompt.n, run->samples[r], res.steps,
+						1000.0 * res.seconds / res.steps, peak);
+		}
+		run->samples_tps[k] = median(run->samples, bench_opts.repeat);
+	}
+	return CLI_EXIT_OK;
+}
+
 /* The report's header: what ran, on what, with which numerics and sampling. */
 static void
 bench_print_header(const bench_run *run)
@@ -708,9 +819,18 @@ bench_print_json(const bench_run *run, bool progress)
 			   best->steps, 1000.0 * batch / run->decode_tps[i], run->decode_tps[i],
 			   run->decode_tps[i] / batch, best->tokens / best->seconds);
 	}
+	printf("\n  ],\n");
+	if (bench_opts.n_samples > 0)
+		printf("  \"samples\": {\"n\": %d, \"prompt_tokens\": %d, \"gen_tokens\": %d, "
+			   "\"tokens_per_second\": %.2f, \"one_sample_tokens_per_second\": %.2f, "
+			   "\"ratio\": %.3f, \"kv_blocks_peak\": %d, \"one_sample_kv_blocks_peak\": %d, "
+			   "\"kv_block_tokens\": 16},\n",
+			   bench_opts.n_samples, run->prompt.n, bench_opts.gen_tokens, run->samples_tps[1],
+			   run->samples_tps[0], run->samples_tps[1] / run->samples_tps[0],
+			   run->samples_peak_blocks[1], run->samples_peak_blocks[0]);
 	/* a GEMM on a slower fallback kernel (the GPU's dp4a path) would skew every figure */
 	cai_engine_get_stats(run->engine, &es);
-	printf("\n  ],\n  \"gemm_fallbacks\": %llu\n}\n", (unsigned long long) es.gemm_fallbacks);
+	printf("  \"gemm_fallbacks\": %llu\n}\n", (unsigned long long) es.gemm_fallbacks);
 	if (progress && es.gemm_fallbacks > 0)
 		fprintf(stderr, "  warning: %llu int8 GEMMs ran on the fallback kernel\n",
 				(unsigned long long) es.gemm_fallbacks);
@@ -751,6 +871,8 @@ cmd_bench(int argc, char **argv)
 	for (int i = 0; i < bench_opts.batches.n; i++)
 		if (bench_opts.batches.items[i] > max_batch)
 			max_batch = bench_opts.batches.items[i];
+	if (bench_opts.n_samples > max_batch)
+		max_batch = bench_opts.n_samples;
 
 	run.n_long = bench_opts.long_prompts.n;
 	longest = bench_opts.prompt_tokens;
@@ -765,7 +887,8 @@ cmd_bench(int argc, char **argv)
 		fprintf(stderr, "cai bench: %s on %s\n", run.info.name, cai_engine_device(run.engine));
 	if (bench_prefill(&run, progress) != CLI_EXIT_OK ||
 		bench_follow_ups(&run, progress) != CLI_EXIT_OK ||
-		bench_decode(&run, progress) != CLI_EXIT_OK)
+		bench_decode(&run, progress) != CLI_EXIT_OK ||
+		bench_samples(&run, progress) != CLI_EXIT_OK)
 		goto done;
 	bench_print_json(&run, progress);
 	rc = CLI_EXIT_OK;

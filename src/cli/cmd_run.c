@@ -37,6 +37,7 @@ static struct
 	int			top_logprobs;
 	const char *tools;
 	const char *tool_choice;
+	int			samples;
 } run_opts;
 
 static const cli_option run_options[] = {
@@ -100,6 +101,16 @@ static const cli_option run_options[] = {
 		.target = &run_opts.ignore_eos,
 		.help = "keep generating past end-of-turn, up to --max-tokens",
 	},
+	{
+		.name = "samples",
+		.kind = CLI_OPT_INT,
+		.target = &run_opts.samples,
+		.metavar = "N",
+		.help = "N samples of the prompt (OpenAI's n), sample i seeded with --seed + i, "
+		"printed one after another, each under a label (default 1)",
+		.min = 1,
+		.max = CAI_N_SAMPLES_MAX,
+	},
 	CLI_NUMERICS_OPTIONS(run_opts),
 	CLI_JSON_OPTIONS(run_opts),
 	{
@@ -150,6 +161,108 @@ const cli_command cli_run_command = {
 	.options = run_options,
 	.n_options = sizeof(run_options) / sizeof(run_options[0]),
 };
+
+/* A sample's text as it comes */
+typedef struct sample_text
+{
+	char	   *data;
+	size_t		len;
+	size_t		cap;
+} sample_text;
+
+static bool
+sample_text_append(sample_text *t, const char *bytes, size_t len)
+{
+	if (t->len + len + 1 > t->cap)
+	{
+		size_t		cap = (t->len + len + 1) * 2;
+		char	   *data = realloc(t->data, cap);
+
+		if (!data)
+			return false;
+		t->data = data;
+		t->cap = cap;
+	}
+	memcpy(t->data + t->len, bytes, len);
+	t->len += len;
+	t->data[t->len] = '\0';
+	return true;
+}
+
+/*
+ * Runs a request of several samples to its end and prints each one's text under a label
+ * ("[sample 0]"), in order.  Their tokens come interleaved, step by step, so nothing streams.
+ */
+static int
+run_samples(cai_engine *engine, const cai_request_params *rp)
+{
+	int			n = rp->sampling.n_samples;
+	sample_text text[CAI_N_SAMPLES_MAX];
+	cai_finish_reason finish[CAI_N_SAMPLES_MAX];
+	int			n_tokens[CAI_N_SAMPLES_MAX];
+	int			done = 0;
+	int			rc = CLI_EXIT_OK;
+	uint64_t	id;
+	cai_error	err = {0};
+	double		start = cli_now();
+
+	memset(text, 0, sizeof(text));
+	memset(n_tokens, 0, sizeof(n_tokens));
+	if (cai_engine_submit(engine, rp, &id, &err) != CAI_OK)
+		return cli_report("could not submit the request", &err);
+	while (done < n && rc == CLI_EXIT_OK)
+	{
+		const cai_event *events;
+		int			n_events;
+
+		if (cli_interrupted())
+		{
+			cai_engine_cancel(engine, id);
+			fprintf(stderr, "cai: interrupted\n");
+			rc = CLI_EXIT_ERROR;
+			break;
+		}
+		if (cai_engine_step(engine, &events, &n_events, &err) != CAI_OK)
+			rc = cli_report("engine step failed", &err);
+		for (int i = 0; i < n_events && rc == CLI_EXIT_OK; i++)
+		{
+			const cai_event *ev = &events[i];
+
+			n_tokens[ev->sample] += ev->token >= 0;
+			if (!sample_text_append(&text[ev->sample], ev->text, ev->text_len))
+				rc = cli_error("out of memory collecting the samples");
+			if (ev->finish == CAI_FINISH_ERROR)
+				rc = cli_error("generation failed: %s", ev->error ? ev->error : "unknown error");
+			else if (ev->finish != CAI_FINISH_NONE)
+			{
+				finish[ev->sample] = ev->finish;
+				done++;
+			}
+		}
+	}
+	for (int i = 0; i < n && rc == CLI_EXIT_OK; i++)
+	{
+		printf("[sample %d]\n%.*s", i, (int) text[i].len, text[i].data ? text[i].data : "");
+		if (text[i].len == 0 || text[i].data[text[i].len - 1] != '\n')
+			putchar('\n');
+		if (run_opts.verbose)
+			fprintf(stderr, "[sample %d] %d tokens (%s)\n", i, n_tokens[i],
+					finish[i] == CAI_FINISH_STOP ? "stop" : "length");
+	}
+	fflush(stdout);
+	if (rc == CLI_EXIT_OK && run_opts.verbose)
+	{
+		int			total = 0;
+
+		for (int i = 0; i < n; i++)
+			total += n_tokens[i];
+		fprintf(stderr, "[%s] %d samples, %d tokens in all, %.1f tokens/s in all\n",
+				cai_engine_device(engine), n, total, total / (cli_now() - start));
+	}
+	for (int i = 0; i < n; i++)
+		free(text[i].data);
+	return rc;
+}
 
 /* Builds the prompt ids: raw text, or one chat turn (after an optional system message). */
 static bool
@@ -289,6 +402,7 @@ cmd_run(int argc, char **argv)
 
 	memset(&run_opts, 0, sizeof(run_opts));
 	run_opts.max_tokens = 256;
+	run_opts.samples = 1;
 	run_opts.top_p = 1.0f;
 	cli_penalties_default(&run_opts.pen);
 	rc = cli_parse(&cli_run_command, argc, argv, positional, &n_positional);
@@ -310,6 +424,8 @@ cmd_run(int argc, char **argv)
 		return cli_usage_error(&cli_run_command, "--tool-choice needs --tools");
 	if (run_opts.tools && (run_opts.json_schema || run_opts.json_object))
 		return cli_usage_error(&cli_run_command, "give --tools or a JSON reply option, not both");
+	if (run_opts.samples > 1 && (run_opts.tools || run_opts.logprobs))
+		return cli_usage_error(&cli_run_command, "--samples above 1 takes neither --tools nor --logprobs");
 	if (run_opts.tools && !load_tools(&tools, &tool_choice))
 		return CLI_EXIT_USAGE;
 	{
@@ -355,7 +471,7 @@ cmd_run(int argc, char **argv)
 
 	cai_engine_params_default(&ep);
 	ep.n_threads = run_opts.threads;
-	ep.max_running = 1;
+	ep.max_running = run_opts.samples;
 	ep.context_length = run_opts.ctx;
 	if (cai_engine_create(model, &ep, &engine, &err) != CAI_OK)
 	{
@@ -390,7 +506,14 @@ cmd_run(int argc, char **argv)
 						  &rp.grammar))
 		goto done;
 
+	rp.sampling.n_samples = run_opts.samples;
+
 	cli_install_interrupt_handler();
+	if (run_opts.samples > 1)
+	{
+		rc = run_samples(engine, &rp);
+		goto done;
+	}
 	gen.logprobs_out = run_opts.logprobs ? stderr : NULL;
 	gen.model = model;
 	/* with tools the reply is printed whole, as JSON, once it is known to be a call or not */

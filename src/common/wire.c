@@ -182,6 +182,7 @@ cai_wire_generation_init(cai_wire_generation *g)
 {
 	memset(g, 0, sizeof(*g));
 	g->repetition_penalty = 1.0f;
+	g->n_samples = 1;
 }
 
 void
@@ -217,6 +218,7 @@ cai_wire_put_generation(cai_wbuf *w, const cai_wire_generation *g)
 	}
 	cai_put_u8(w, g->logprobs ? 1 : 0);
 	cai_put_i32(w, g->top_logprobs);
+	cai_put_i32(w, g->n_samples);
 }
 
 /* Copies entry i of a read generation block's logit_bias out of the payload. */
@@ -258,7 +260,8 @@ cai_wire_get_generation(cai_reader *r, cai_wire_generation *g)
 	/* the entries stay in the payload; cai_wire_logit_bias_at reads them */
 	g->logit_bias_bytes = r->data + r->pos;
 	r->pos += (size_t) g->n_logit_bias * 8;
-	if (!get_flag(r, &g->logprobs) || !cai_get_i32(r, &g->top_logprobs))
+	if (!get_flag(r, &g->logprobs) || !cai_get_i32(r, &g->top_logprobs) ||
+		!cai_get_i32(r, &g->n_samples))
 		return false;
 	return true;
 }

@@ -28,7 +28,7 @@
  *                CAI_RESPONSE_JSON_SCHEMA), u8 json_whitespace (cai_json_whitespace),
  *                f32 presence_penalty, f32 frequency_penalty, f32 repetition_penalty, f32 min_p,
  *                i32 n_logit_bias, n_logit_bias × (i32 token, f32 bias), u8 logprobs,
- *                i32 top_logprobs
+ *                i32 top_logprobs, i32 n_samples
  *   turn       = i32 role (cai_role), text content, i32 n_tokens (-1: tokenize the content),
  *                n_tokens × i32 id
  *
@@ -42,6 +42,11 @@
  *   LOGPROBS 'P' f32 logprob, i32 n_top, n_top × (i32 token, f32 logprob), text the token's
  *                bytes, n_top × text the listed tokens' bytes: the logprobs of the TOKEN message
  *                that follows it (only when the request asked for logprobs)
+ *   SAMPLE 'N'  i32 sample: the TOKEN, LOGPROBS and SAMPLE_END messages after it, up to the next
+ *                SAMPLE, are of that sample (only for requests of n_samples > 1)
+ *   SAMPLE_END 'D' final of one sample (as FINAL's, without ids), which finished; the request
+ *                goes on until its FINAL, sent once every sample has ended, with the usage of
+ *                the whole request (the prompt once, the samples' completion tokens summed)
  *
  * Frames: a 16-byte header (u32 body length, u8 type, 3 zero bytes, u64 request id), then the
  * body.  Worker → engine: REQUEST (u32 kind, payload), CANCEL, LIMITS (i32 max_queue, f64
@@ -59,7 +64,7 @@
 
 #include "cai.h"
 
-#define CAI_WIRE_VERSION 7
+#define CAI_WIRE_VERSION 8
 
 /* The longest frame body either side accepts: a request with a whole long conversation fits. */
 #define CAI_FRAME_MAX_BODY (64u * 1024 * 1024)
@@ -95,7 +100,9 @@ typedef enum cai_message_type
 	CAI_MSG_IDS = 'I',
 	CAI_MSG_TEXT = 'X',
 	CAI_MSG_OK = 'K',
-	CAI_MSG_LOGPROBS = 'P'
+	CAI_MSG_LOGPROBS = 'P',
+	CAI_MSG_SAMPLE = 'N',
+	CAI_MSG_SAMPLE_END = 'D'
 } cai_message_type;
 
 /*
@@ -209,9 +216,10 @@ typedef struct cai_wire_generation
 	const char *logit_bias_bytes;	/* reading: n_logit_bias × 8 bytes in the payload */
 	bool		logprobs;
 	int32_t		top_logprobs;
+	int32_t		n_samples;		/* parallel samples of the prompt (1 .. CAI_N_SAMPLES_MAX) */
 } cai_wire_generation;
 
-/* Zeroes g but for repetition_penalty, whose "off" is 1: start every generation block here */
+/* Zeroes g but for repetition_penalty and n_samples, whose defaults are 1: start here */
 void		cai_wire_generation_init(cai_wire_generation *g);
 void		cai_wire_put_generation(cai_wbuf *w, const cai_wire_generation *g);
 /*

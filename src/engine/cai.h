@@ -307,6 +307,7 @@ cai_status	cai_cpu_use_isa(const char *name, cai_error *err);
  *                 at submit, where the vocabulary is known) and a bias in -CAI_LOGIT_BIAS_MAX ..
  *                 CAI_LOGIT_BIAS_MAX; -CAI_LOGIT_BIAS_MAX bans the token
  *   top_logprobs  0 .. CAI_TOP_LOGPROBS_MAX (with logprobs)
+ *   n             1 .. CAI_N_SAMPLES_MAX parallel samples of one prompt (OpenAI's n)
  *
  * The sampler applies them in this order (sampler.c, cai_sample_adjusted): the grammar's mask,
  * repetition_penalty, presence/frequency_penalty, logit_bias, min_p, then temperature, top_k and
@@ -322,6 +323,7 @@ cai_status	cai_cpu_use_isa(const char *name, cai_error *err);
 #define CAI_LOGIT_BIAS_MAX 100.0
 #define CAI_MAX_LOGIT_BIAS 1024
 #define CAI_TOP_LOGPROBS_MAX 20
+#define CAI_N_SAMPLES_MAX 16
 /*
  * repetition_penalty looks at this many most recent tokens of the sequence, prompt and reply
  * alike (llama.cpp's repeat_last_n default), so that a reply stops echoing its prompt too.
@@ -353,6 +355,14 @@ typedef struct cai_sampling_params
 	const cai_logit_bias *logit_bias;	/* [n_logit_bias]; copied at submit */
 	bool		logprobs;		/* report each token's logprob (cai_event.logprobs) */
 	int			top_logprobs;	/* and this many most likely alternatives */
+
+	/*
+	 * Parallel samples of the prompt (OpenAI's n; default 1).  The prompt is prefilled once and
+	 * its KV blocks are shared by the samples; sample i draws from its own random stream seeded
+	 * with seed + i, so that any one sample is the reply of the same request with n 1 and that
+	 * seed, token for token.  Not with tools (a call is one reply's business).
+	 */
+	int			n_samples;
 } cai_sampling_params;
 
 void		cai_sampling_params_default(cai_sampling_params *params);
@@ -503,12 +513,17 @@ typedef struct cai_event
 	cai_usage	usage;			/* complete when finish != NONE */
 	const char *error;			/* with CAI_FINISH_ERROR */
 	const cai_token_logprobs *logprobs; /* with token >= 0 when the request asked; else NULL */
+	int			sample;			/* which of the request's n_samples (0 .. n - 1) */
 } cai_event;
 
 /*
  * Runs one engine step: one batched forward over all running requests (decodes first, then
  * prefill chunks up to the token budget).  *events lists what each request produced; it stays
  * valid until the next call.  A finished request is forgotten after its event.
+ *
+ * A request with n_samples > 1 reports each sample's tokens and finish in events of their own
+ * (cai_event.sample); each finish event's usage is that sample's (the prompt's tokens, the
+ * sample's completion tokens), and the request is forgotten once every sample has finished.
  */
 cai_status	cai_engine_step(cai_engine *engine, const cai_event **events, int *n_events,
 							cai_error *err);

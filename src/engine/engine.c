@@ -11,6 +11,14 @@
  *   4. sample, detokenize, apply stop strings, report events; finished requests offer their full
  *      blocks to the prefix cache and drop their references.
  *
+ * Parallel samples (n_samples > 1).  The request's first sample, its leader, prefills the prompt
+ * as any request does; the others wait beside it in the batch (REQUEST_FORK) holding references
+ * on its full prompt blocks and blocks of their own for the rest.  When the prefill ends, each
+ * takes a private copy of the rows of the partly filled last prompt block (the first block it
+ * writes: copy on write, done as it forks since its first token goes there the very next step)
+ * and draws its first token from the same last-position logits with its own random stream.  So
+ * n samples hold one prompt's KV plus n replies', and each is the request with n 1 and its seed.
+ *
  * KV blocks for a request's whole budget (prompt + max_tokens, capped at the context) are taken
  * at admission, so a running request can never run out of KV mid-generation; a request whose
  * blocks are not available waits (head of line), and one that could never fit is refused at
@@ -44,6 +52,7 @@ typedef enum request_state
 	REQUEST_WAITING = 0,		/* submitted, not yet admitted */
 	REQUEST_PREFILL,			/* admitted; prompt positions still to compute */
 	REQUEST_DECODE,				/* generating one token per step */
+	REQUEST_FORK,				/* a sample waiting for its leader's prefill to share its KV */
 	REQUEST_FINISHED			/* reported; freed at the next step */
 } request_state;
 
@@ -85,6 +94,13 @@ typedef struct cai_request
 	cai_grammar_state *grammar_state;
 	bool		grammar_failed; /* its mask could not be computed (out of memory) */
 	cai_tool_state *tool_state; /* tool calls the reply may or must make (tools.h), or NULL */
+	int		   *grammar_refs;	/* samples sharing grammar: the last one freed frees it */
+
+	/* parallel samples: this one's index; the leader (sample 0) lists the others until they
+	 * fork from its prefill, and owns them while the request waits */
+	int			sample;
+	struct cai_request **forks;
+	int			n_forks;
 
 	/* accounting */
 	cai_usage	usage;
@@ -128,7 +144,9 @@ struct cai_engine
 	cai_request **batch_req;	/* [max_running] */
 	float	   *logits;			/* [max_running, n_vocab] */
 	int32_t    *tokens;			/* [max_running] the tokens sampled from the logit rows */
-	cai_request **logit_req;	/* [max_running] the request of each logit row */
+	cai_request **logit_req;	/* [max_running] the request of each sampled token */
+	int		   *logit_row;		/* [max_running] the logit row it is drawn from (samples
+								 * forking from one prefill share its row) */
 	cai_event  *events;			/* [max_running + cancelled], grown as needed */
 	int			events_cap;
 
@@ -137,6 +155,9 @@ struct cai_engine
 
 static void request_release_blocks(cai_engine *engine, cai_request *req, bool offer_to_cache);
 static void request_free(cai_request *req);
+static void request_free_waiting(cai_request *req);
+static void request_admit_fork(cai_engine *engine, const cai_request *leader, cai_request *fork,
+							   int quota);
 
 /* ---------------------------------------------------------------------------------------------
  * Window parts
@@ -264,6 +285,7 @@ cai_sampling_params_default(cai_sampling_params *params)
 	params->seed = 0;
 	params->max_tokens = 256;
 	params->repetition_penalty = 1.0f;
+	params->n_samples = 1;
 }
 
 /* The penalties, filters and logprobs of cai_sampling_params_check; NaN fails every test. */
@@ -344,6 +366,9 @@ cai_sampling_params_check(const cai_sampling_params *sp, cai_error *err)
 							"stop takes strings of at most %d bytes (got one of %zu)",
 							CAI_STOP_MAX_BYTES, len);
 	}
+	if (sp->n_samples < 1 || sp->n_samples > CAI_N_SAMPLES_MAX)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"n must be between 1 and %d (got %d)", CAI_N_SAMPLES_MAX, sp->n_samples);
 	return sampling_adjustments_check(sp, err);
 }
 
@@ -586,10 +611,11 @@ cai_engine_create(cai_model *model, const cai_engine_params *params_in,
 	engine->logits = malloc((size_t) params.max_running * n_vocab * sizeof(float));
 	engine->tokens = malloc((size_t) params.max_running * sizeof(int32_t));
 	engine->logit_req = malloc((size_t) params.max_running * sizeof(cai_request *));
+	engine->logit_row = malloc((size_t) params.max_running * sizeof(int));
 	engine->events_cap = params.max_running * 2;
 	engine->events = calloc(engine->events_cap, sizeof(cai_event));
 	if (!engine->running || !engine->batch || !engine->batch_req || !engine->logits ||
-		!engine->tokens || !engine->logit_req || !engine->events)
+		!engine->tokens || !engine->logit_req || !engine->logit_row || !engine->events)
 	{
 		cai_engine_free(engine);
 		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory creating the engine");
@@ -609,7 +635,7 @@ cai_engine_free(cai_engine *engine)
 	while ((req = engine->waiting_head) != NULL)
 	{
 		engine->waiting_head = req->next;
-		request_free(req);
+		request_free_waiting(req);
 	}
 	for (int i = 0; i < engine->n_running; i++)
 	{
@@ -638,6 +664,7 @@ cai_engine_free(cai_engine *engine)
 	free(engine->logits);
 	free(engine->tokens);
 	free(engine->logit_req);
+	free(engine->logit_row);
 	free(engine->events);
 	free(engine);
 }
@@ -687,9 +714,25 @@ request_free(cai_request *req)
 	free(req->block_table);
 	cai_reply_text_free(&req->reply);
 	cai_grammar_state_free(req->grammar_state);
-	cai_grammar_free(req->grammar);
+	if (req->grammar_refs == NULL)
+		cai_grammar_free(req->grammar);
+	else if (--*req->grammar_refs == 0)
+	{
+		cai_grammar_free(req->grammar);
+		free(req->grammar_refs);
+	}
 	cai_tool_state_free(req->tool_state);
+	free(req->forks);			/* the samples themselves are in the batch once admitted */
 	free(req);
+}
+
+/* Frees a request that never left the waiting list, and the samples it owns there. */
+static void
+request_free_waiting(cai_request *req)
+{
+	for (int i = 0; req->forks && i < req->n_forks; i++)
+		request_free(req->forks[i]);
+	request_free(req);
 }
 
 /* Blocks a request needs for its whole budget. */
@@ -699,6 +742,19 @@ request_blocks_needed(const cai_request *req)
 	int			positions = req->n_prompt + req->max_tokens;
 
 	return (positions + CAI_KV_BLOCK_TOKENS - 1) / CAI_KV_BLOCK_TOKENS;
+}
+
+/*
+ * Blocks a request with its parallel samples takes at admission: the leader's whole budget, and
+ * for every other sample its own blocks past the full prompt blocks it shares (the first of
+ * them receives the copy of the partly filled prompt block).
+ */
+static int
+request_blocks_total(const cai_request *req)
+{
+	int			need = request_blocks_needed(req);
+
+	return need + req->n_forks * (need - req->n_prompt / CAI_KV_BLOCK_TOKENS);
 }
 
 /*
@@ -763,6 +819,112 @@ engine_check_tools(cai_engine *engine, const cai_request_params *params, cai_err
 }
 
 /*
+ * A new request, or one parallel sample of it (sample > 0: drawn from seed + sample), in
+ * *out: its own copy of the prompt, of the sampling options and of the stop strings.  A
+ * grammar is the request's (the leader takes it over, the other samples share it); tools are
+ * the leader's only, since a request with tools has one sample.
+ */
+static cai_status
+request_create(cai_engine *engine, const cai_request_params *params, int sample,
+			   cai_request **out, cai_error *err)
+{
+	const cai_sampling_params *sp = &params->sampling;
+	int			room = engine->context_length - params->n_prompt;
+	cai_request *req;
+	cai_status	st;
+
+	*out = NULL;
+	req = calloc(1, sizeof(*req));
+	if (!req)
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory queuing the request");
+	cai_tokens_init(&req->tokens);
+	*out = req;
+	req->sample = sample;
+	if (sample == 0)
+		req->grammar = params->grammar;
+	if (params->grammar &&
+		(st = cai_grammar_state_create(params->grammar, engine->token_index, &req->grammar_state,
+									   err)) != CAI_OK)
+		return st;
+	if (sample == 0 && params->tools && params->tool_choice != CAI_TOOL_CHOICE_NONE &&
+		(st = cai_tool_state_create(params->tools,
+									params->tool_choice == CAI_TOOL_CHOICE_NAMED ? params->tool_name : NULL,
+									params->tool_choice != CAI_TOOL_CHOICE_AUTO,
+									cai_tool_format_for_template(engine->model->tmpl.kind),
+									engine->model->tokenizer, engine->token_index,
+									&req->tool_state, err)) != CAI_OK)
+		return st;
+	req->sampling = *sp;
+	req->sampling.logit_bias = NULL;
+	if (sp->n_logit_bias > 0)
+	{
+		/* the caller's array may go away after submit */
+		req->logit_bias = malloc(sizeof(cai_logit_bias) * (size_t) sp->n_logit_bias);
+		if (!req->logit_bias)
+			return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory queuing the request");
+		memcpy(req->logit_bias, sp->logit_bias, sizeof(cai_logit_bias) * (size_t) sp->n_logit_bias);
+		req->sampling.logit_bias = req->logit_bias;
+	}
+	/* a constrained reply ends where its value does: the end token cannot be banned */
+	if (params->grammar || req->tool_state)
+		req->sampling.ignore_eos = false;
+	/* the stop strings are copied into the reply's text; the caller's may go away */
+	req->sampling.n_stop = 0;
+	memset(req->sampling.stop, 0, sizeof(req->sampling.stop));
+	st = cai_reply_text_init(&req->reply, engine->model->tokenizer, sp->stop, sp->n_stop, err);
+	if (st != CAI_OK)
+		return st;
+	if (!cai_tokens_append(&req->tokens, params->prompt, params->n_prompt))
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory queuing the request");
+	req->user_data = params->user_data;
+	req->cache_salt = params->cache_salt;
+	req->use_cache = params->use_cache;
+	req->n_prompt = params->n_prompt;
+	req->max_tokens = sp->max_tokens < room ? sp->max_tokens : room;
+	cai_rng_seed(&req->rng, sp->seed + (uint64_t) sample);
+	req->usage.prompt_tokens = params->n_prompt;
+	req->submit_time = cai_now_seconds();
+	return CAI_OK;
+}
+
+/* The samples 1 .. n - 1 of a request, owned by its leader until it is admitted. */
+static cai_status
+request_create_forks(cai_engine *engine, const cai_request_params *params, cai_request *leader,
+					 cai_error *err)
+{
+	int			n = params->sampling.n_samples - 1;
+	cai_status	st;
+
+	leader->forks = calloc(n, sizeof(cai_request *));
+	if (!leader->forks)
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory queuing the request");
+	if (leader->grammar)
+	{
+		leader->grammar_refs = malloc(sizeof(int));
+		if (!leader->grammar_refs)
+			return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory queuing the request");
+		*leader->grammar_refs = 1;
+	}
+	for (int i = 0; i < n; i++)
+	{
+		cai_request *fork;
+
+		st = request_create(engine, params, i + 1, &fork, err);
+		if (fork)
+			leader->forks[leader->n_forks++] = fork;
+		if (fork && leader->grammar)
+		{
+			fork->grammar = leader->grammar;
+			fork->grammar_refs = leader->grammar_refs;
+			++*leader->grammar_refs;
+		}
+		if (st != CAI_OK)
+			return st;
+	}
+	return CAI_OK;
+}
+
+/*
  * Queues a request; *grammar_taken says whether the request took over params->grammar (it
  * then frees it, whatever happens).
  */
@@ -798,6 +960,13 @@ engine_submit(cai_engine *engine, const cai_request_params *params, uint64_t *re
 		return st;
 	if ((st = engine_check_tools(engine, params, err)) != CAI_OK)
 		return st;
+	if (sp->n_samples > 1 && params->tools && params->tool_choice != CAI_TOOL_CHOICE_NONE)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "n greater than 1 cannot be combined with tools");
+	/* the samples run side by side in one batch */
+	if (sp->n_samples > engine->params.max_running)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"n must be at most the engine's max_running, %d (got %d)",
+						engine->params.max_running, sp->n_samples);
 
 	/* the prompt plus at least one generated token must fit the context */
 	room = engine->context_length - params->n_prompt;
@@ -833,78 +1002,30 @@ engine_submit(cai_engine *engine, const cai_request_params *params, uint64_t *re
 		}
 	}
 
-	req = calloc(1, sizeof(*req));
-	if (!req)
-		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory queuing the request");
-	cai_tokens_init(&req->tokens);
-	req->grammar = params->grammar;
-	*grammar_taken = true;
-	if (req->grammar &&
-		(st = cai_grammar_state_create(req->grammar, engine->token_index, &req->grammar_state,
-									   err)) != CAI_OK)
-	{
-		request_free(req);
-		return st;
-	}
-	if (params->tools && params->tool_choice != CAI_TOOL_CHOICE_NONE &&
-		(st = cai_tool_state_create(params->tools,
-									params->tool_choice == CAI_TOOL_CHOICE_NAMED ? params->tool_name : NULL,
-									params->tool_choice != CAI_TOOL_CHOICE_AUTO,
-									cai_tool_format_for_template(engine->model->tmpl.kind),
-									engine->model->tokenizer, engine->token_index,
-									&req->tool_state, err)) != CAI_OK)
-	{
-		request_free(req);
-		return st;
-	}
-	req->sampling = *sp;
-	req->sampling.logit_bias = NULL;
-	if (sp->n_logit_bias > 0)
-	{
-		/* the caller's array may go away after submit */
-		req->logit_bias = malloc(sizeof(cai_logit_bias) * (size_t) sp->n_logit_bias);
-		if (!req->logit_bias)
-		{
-			request_free(req);
-			return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory queuing the request");
-		}
-		memcpy(req->logit_bias, sp->logit_bias, sizeof(cai_logit_bias) * (size_t) sp->n_logit_bias);
-		req->sampling.logit_bias = req->logit_bias;
-	}
-	/* a constrained reply ends where its value does: the end token cannot be banned */
-	if (req->grammar || req->tool_state)
-		req->sampling.ignore_eos = false;
-	/* the stop strings are copied into the reply's text; the caller's may go away */
-	req->sampling.n_stop = 0;
-	memset(req->sampling.stop, 0, sizeof(req->sampling.stop));
-	st = cai_reply_text_init(&req->reply, engine->model->tokenizer, sp->stop, sp->n_stop, err);
+	st = request_create(engine, params, 0, &req, err);
+	if (req)
+		*grammar_taken = true;
 	if (st != CAI_OK)
 	{
 		request_free(req);
 		return st;
 	}
-	if (!cai_tokens_append(&req->tokens, params->prompt, params->n_prompt))
+	if (sp->n_samples > 1 && (st = request_create_forks(engine, params, req, err)) != CAI_OK)
 	{
-		request_free(req);
-		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory queuing the request");
+		request_free_waiting(req);
+		return st;
 	}
 	req->id = engine->next_id++;
-	req->user_data = params->user_data;
-	req->cache_salt = params->cache_salt;
-	req->use_cache = params->use_cache;
-	req->n_prompt = params->n_prompt;
-	req->max_tokens = sp->max_tokens < room ? sp->max_tokens : room;
-	if (request_blocks_needed(req) > cai_kv_pool_n_blocks(engine->kv))
+	for (int i = 0; i < req->n_forks; i++)
+		req->forks[i]->id = req->id;
+	if (request_blocks_total(req) > cai_kv_pool_n_blocks(engine->kv))
 	{
 		int			n_blocks = cai_kv_pool_n_blocks(engine->kv);
 
-		request_free(req);
+		request_free_waiting(req);
 		return cai_fail(err, CAI_ERR_CONTEXT_FULL,
 						"the request needs more KV memory than the engine has (%d blocks)", n_blocks);
 	}
-	cai_rng_seed(&req->rng, sp->seed);
-	req->usage.prompt_tokens = params->n_prompt;
-	req->submit_time = cai_now_seconds();
 	req->state = REQUEST_WAITING;
 
 	if (engine->waiting_tail)
@@ -990,10 +1111,22 @@ request_admit(cai_engine *engine, cai_request *req)
 	cai_prefix_cache_tail tail = {.block = -1, .n_tokens = 0};
 	int			missing;
 	int			quota;
+	int			fork_quota = 0;
 
 	req->block_table = malloc((size_t) need * sizeof(int32_t));
 	if (!req->block_table)
 		return false;
+	for (int i = 0; i < req->n_forks; i++)
+	{
+		free(req->forks[i]->block_table);
+		req->forks[i]->block_table = malloc((size_t) need * sizeof(int32_t));
+		if (!req->forks[i]->block_table)
+		{
+			free(req->block_table);
+			req->block_table = NULL;
+			return false;
+		}
+	}
 
 	if (req->use_cache)
 	{
@@ -1027,6 +1160,14 @@ request_admit(cai_engine *engine, cai_request *req)
 
 	missing = need - matched;
 	quota = engine->kv_window > 0 ? engine_window_quota(engine, missing) : 0;
+	if (req->n_forks > 0)
+	{
+		int			own = need - req->n_prompt / CAI_KV_BLOCK_TOKENS;
+
+		missing += req->n_forks * own;
+		fork_quota = engine->kv_window > 0 ? engine_window_quota(engine, own) : 0;
+		quota += req->n_forks * fork_quota;
+	}
 	if (cai_kv_pool_n_free(engine->kv) < missing)
 		cai_prefix_cache_reclaim(engine->cache, missing);
 	/* the cache's blocks may hold the window parts: evict until they cover every quota */
@@ -1048,9 +1189,11 @@ request_admit(cai_engine *engine, cai_request *req)
 			: cai_kv_block_alloc(engine->kv);
 	req->n_blocks = need;
 	req->n_shared_blocks = matched;
-	req->window_quota = quota;
+	req->window_quota = quota - req->n_forks * fork_quota;
 	req->window_scan = matched;
 	engine->window_quota_unused += quota;
+	for (int i = 0; i < req->n_forks; i++)
+		request_admit_fork(engine, req, req->forks[i], fork_quota);
 	if (tail.block >= 0)
 	{
 		cai_error	err;
@@ -1068,6 +1211,58 @@ request_admit(cai_engine *engine, cai_request *req)
 	req->state = REQUEST_PREFILL;
 	req->first_scheduled_time = cai_now_seconds();
 	req->usage.queue_ms = (req->first_scheduled_time - req->submit_time) * 1000.0;
+	return true;
+}
+
+/*
+ * Gives a sample its blocks beside its leader's, which was just admitted: references on the full
+ * prompt blocks, and its own from the one that holds the end of the prompt on.
+ */
+static void
+request_admit_fork(cai_engine *engine, const cai_request *leader, cai_request *fork, int quota)
+{
+	int			n_full = leader->n_prompt / CAI_KV_BLOCK_TOKENS;
+
+	for (int b = 0; b < n_full; b++)
+	{
+		fork->block_table[b] = leader->block_table[b];
+		cai_kv_block_ref(engine->kv, fork->block_table[b]);
+	}
+	for (int b = n_full; b < leader->n_blocks; b++)
+		fork->block_table[b] = engine->kv_window > 0 ?
+			cai_kv_block_alloc_without_window(engine->kv) : cai_kv_block_alloc(engine->kv);
+	fork->n_blocks = leader->n_blocks;
+	/* the prompt's blocks are the leader's to fill, and their window parts the leader's */
+	fork->n_shared_blocks = n_full;
+	fork->window_scan = n_full;
+	fork->window_quota = quota;
+	fork->state = REQUEST_FORK;
+	fork->first_scheduled_time = leader->first_scheduled_time;
+	fork->usage.queue_ms = leader->usage.queue_ms;
+}
+
+/*
+ * A sample's fork from its leader, whose prefill just ended: the rows of the partly filled
+ * prompt block are copied into the sample's own block (the leader keeps writing its own), and
+ * the sample decodes on from the end of the prompt.  False when the copy failed.
+ */
+static bool
+request_fork(cai_engine *engine, const cai_request *leader, cai_request *fork)
+{
+	int			n_full = leader->n_prompt / CAI_KV_BLOCK_TOKENS;
+	int			rows = leader->n_prompt % CAI_KV_BLOCK_TOKENS;
+	cai_error	err;
+
+	if (rows > 0)
+	{
+		request_take_windows(engine, fork, n_full * CAI_KV_BLOCK_TOKENS, 1);
+		if (cai_forward_kv_copy_rows(engine->forward, engine->kv, leader->block_table[n_full],
+									 fork->block_table[n_full], rows, &err) != CAI_OK)
+			return false;
+	}
+	fork->n_computed = leader->n_prompt;
+	fork->usage.cached_tokens = leader->usage.cached_tokens;
+	fork->state = REQUEST_DECODE;
 	return true;
 }
 
@@ -1101,6 +1296,29 @@ running_remove(cai_engine *engine, int index)
 	engine->n_running--;
 }
 
+/*
+ * Drops every running sample of request id but keep (NULL: all of them) and frees its KV now;
+ * returns how many were dropped.
+ */
+static int
+engine_drop_samples(cai_engine *engine, uint64_t id, const cai_request *keep)
+{
+	int			n = 0;
+
+	for (int i = engine->n_running - 1; i >= 0; i--)
+	{
+		cai_request *r = engine->running[i];
+
+		if (r->id != id || r == keep)
+			continue;
+		running_remove(engine, i);
+		request_release_blocks(engine, r, false);
+		request_free(r);
+		n++;
+	}
+	return n;
+}
+
 cai_status
 cai_engine_cancel(cai_engine *engine, uint64_t request_id)
 {
@@ -1109,25 +1327,15 @@ cai_engine_cancel(cai_engine *engine, uint64_t request_id)
 		if (r->id == request_id)
 		{
 			waiting_remove(engine, r);
-			request_free(r);
+			request_free_waiting(r);
 			engine->stats.requests_cancelled++;
 			return CAI_OK;
 		}
 	}
-	for (int i = 0; i < engine->n_running; i++)
-	{
-		cai_request *r = engine->running[i];
-
-		if (r->id == request_id)
-		{
-			running_remove(engine, i);
-			request_release_blocks(engine, r, false);
-			request_free(r);
-			engine->stats.requests_cancelled++;
-			return CAI_OK;
-		}
-	}
-	return CAI_ERR_NOT_FOUND;
+	if (engine_drop_samples(engine, request_id, NULL) == 0)
+		return CAI_ERR_NOT_FOUND;
+	engine->stats.requests_cancelled++;
+	return CAI_OK;
 }
 
 void
@@ -1166,6 +1374,7 @@ engine_new_event(cai_engine *engine, int *n_events, cai_request *req)
 	memset(ev, 0, sizeof(*ev));
 	ev->request_id = req->id;
 	ev->user_data = req->user_data;
+	ev->sample = req->sample;
 	ev->token = -1;
 	ev->text = "";
 	return ev;
@@ -1205,9 +1414,13 @@ request_finish(cai_engine *engine, cai_request *req, cai_finish_reason reason, c
 	req->usage.completion_tokens = req->n_generated;
 	req->usage.total_ms = (now - req->submit_time) * 1000.0;
 	request_release_blocks(engine, req, true);
-	engine_note_service_time(engine, (now - req->first_scheduled_time) * 1000.0);
 	ev->finish = reason;
 	ev->usage = req->usage;
+	/* a request with parallel samples is finished with its last sample */
+	for (int i = 0; i < engine->n_running; i++)
+		if (engine->running[i]->id == req->id && engine->running[i]->state != REQUEST_FINISHED)
+			return;
+	engine_note_service_time(engine, (now - req->first_scheduled_time) * 1000.0);
 	engine->stats.requests_finished++;
 }
 
@@ -1271,7 +1484,8 @@ sample_task(void *arg, int row, int thread)
 		(size_t) cai_token_index_mask_words(engine->token_index) : NULL;
 
 	engine->tokens[row] = request_sample(engine, engine->logit_req[row],
-										 engine->logits + (size_t) row * engine->model->cfg.n_vocab,
+										 engine->logits + (size_t) engine->logit_row[row] *
+										 engine->model->cfg.n_vocab,
 										 &engine->samplers[thread], mask);
 }
 
@@ -1348,13 +1562,17 @@ engine_admit_waiting(cai_engine *engine)
 {
 	cai_request *req;
 
-	while (engine->waiting_head && engine->n_running < engine->params.max_running)
+	while (engine->waiting_head &&
+		   engine->n_running + 1 + engine->waiting_head->n_forks <= engine->params.max_running)
 	{
 		req = engine->waiting_head;
 		if (!request_admit(engine, req))
 			break;
 		waiting_remove(engine, req);
 		engine->running[engine->n_running++] = req;
+		/* the samples run from now on, and the leader only lists them until they fork */
+		for (int i = 0; i < req->n_forks; i++)
+			engine->running[engine->n_running++] = req->forks[i];
 	}
 }
 
@@ -1424,17 +1642,28 @@ engine_fail_batch(cai_engine *engine, int n_batch, const cai_error *err, int *n_
 {
 	for (int b = 0; b < n_batch; b++)
 	{
-		cai_request *req = engine->batch_req[b];
-		cai_event  *ev;
-
 		for (int i = 0; i < engine->n_running; i++)
-			if (engine->running[i] == req)
+			if (engine->running[i] == engine->batch_req[b])
 			{
 				running_remove(engine, i);
 				break;
 			}
-		request_release_blocks(engine, req, false);
-		ev = engine_new_event(engine, n_events, req);
+		request_release_blocks(engine, engine->batch_req[b], false);
+	}
+	for (int b = 0; b < n_batch; b++)
+	{
+		cai_request *req = engine->batch_req[b];
+		cai_event  *ev = NULL;
+		bool		reported = false;
+
+		/* one error per request: samples of it outside the batch (forking ones) go with it */
+		for (int c = 0; c < b; c++)
+			reported |= engine->batch_req[c]->id == req->id;
+		if (!reported)
+		{
+			(void) engine_drop_samples(engine, req->id, NULL);
+			ev = engine_new_event(engine, n_events, req);
+		}
 		if (ev)
 		{
 			ev->finish = CAI_FINISH_ERROR;
@@ -1453,13 +1682,28 @@ engine_fail_batch(cai_engine *engine, int n_batch, const cai_error *err, int *n_
 static cai_status
 engine_take_batch_tokens(cai_engine *engine, int n_batch, int *n_events, cai_error *err)
 {
-	int			logit_rows = 0;
+	int			n_drawn = 0;
+	int			row = 0;
 
 	for (int b = 0; b < n_batch; b++)
-		if (engine->batch[b].logits != CAI_LOGITS_NONE)
-			engine->logit_req[logit_rows++] = engine->batch_req[b];
-	engine_sample_rows(engine, logit_rows);
-	logit_rows = 0;
+	{
+		cai_request *req = engine->batch_req[b];
+
+		if (engine->batch[b].logits == CAI_LOGITS_NONE)
+			continue;
+		engine->logit_req[n_drawn] = req;
+		engine->logit_row[n_drawn++] = row;
+		/* a leader's prefill just ended: its samples fork and draw from the same logits */
+		for (int i = 0; i < req->n_forks; i++)
+			if (request_fork(engine, req, req->forks[i]))
+			{
+				engine->logit_req[n_drawn] = req->forks[i];
+				engine->logit_row[n_drawn++] = row;
+			}
+		row++;
+	}
+	engine_sample_rows(engine, n_drawn);
+	n_drawn = 0;
 	for (int b = 0; b < n_batch; b++)
 	{
 		cai_batch_seq *seq = &engine->batch[b];
@@ -1471,10 +1715,24 @@ engine_take_batch_tokens(cai_engine *engine, int n_batch, int *n_events, cai_err
 		if (seq->logits == CAI_LOGITS_NONE)
 			continue;
 		req->state = REQUEST_DECODE;
-		ev = engine_new_event(engine, n_events, req);
-		if (!ev)
-			return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory reporting events");
-		request_take_token(engine, req, engine->tokens[logit_rows++], ev);
+		for (int i = -1; i < req->n_forks; i++)
+		{
+			cai_request *sample = i < 0 ? req : req->forks[i];
+
+			ev = engine_new_event(engine, n_events, sample);
+			if (!ev)
+				return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory reporting events");
+			if (sample->state == REQUEST_FORK)
+			{
+				request_finish(engine, sample, CAI_FINISH_ERROR, ev);
+				ev->error = "a sample could not take its copy of the prompt's KV";
+			}
+			else
+				request_take_token(engine, sample, engine->tokens[n_drawn++], ev);
+		}
+		free(req->forks);
+		req->forks = NULL;
+		req->n_forks = 0;
 	}
 	return CAI_OK;
 }

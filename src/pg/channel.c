@@ -399,19 +399,28 @@ CaiRaiseWorkerError(const char *body, Size len)
 CaiGeneration *
 CaiGenerationStart(cai_request_kind kind, const cai_wbuf *payload)
 {
-	return CaiGenerationStartFor(kind, payload, NULL);
+	return CaiGenerationStartFor(kind, payload, NULL, 1);
 }
 
 /*
  * CaiGenerationStartFor
- *		Posts a CHAT or COMPLETE request to the named model (NULL: the default one).
+ *		Posts a CHAT or COMPLETE request to the named model (NULL: the default one) whose
+ *		payload asks for n_samples samples.
  */
 CaiGeneration *
-CaiGenerationStartFor(cai_request_kind kind, const cai_wbuf *payload, const char *model)
+CaiGenerationStartFor(cai_request_kind kind, const cai_wbuf *payload, const char *model,
+					  int n_samples)
 {
 	CaiGeneration *gen = palloc0(sizeof(CaiGeneration));
 
 	initStringInfo(&gen->text);
+	gen->n_samples = n_samples;
+	if (n_samples > 1)
+	{
+		gen->samples = palloc0(sizeof(CaiGeneration) * n_samples);
+		for (int i = 0; i < n_samples; i++)
+			initStringInfo(&gen->samples[i].text);
+	}
 	gen->channel = CaiChannelOpenFor(kind, payload, model);
 	return gen;
 }
@@ -453,12 +462,45 @@ CaiGenerationNext(CaiGeneration *gen, const char **piece, Size *len)
 	char	   *data;
 	Size		nbytes;
 
+	CaiGeneration *owner = gen;
+
 	if (gen->done)
 		return false;
 
 	CaiChannelReceive(gen->channel, &data, &nbytes);
+	/* a sample's text, ids and logprobs are its own */
+	if (gen->samples)
+		gen = &gen->samples[gen->current];
 	switch (data[0])
 	{
+		case CAI_MSG_SAMPLE:
+			{
+				int32		sample;
+
+				if (owner->samples == NULL || nbytes != 1 + sizeof(int32))
+					break;
+				memcpy(&sample, data + 1, sizeof(sample));
+				if (sample < 0 || sample >= owner->n_samples)
+					break;
+				owner->current = sample;
+				*piece = "";
+				*len = 0;
+				return true;
+			}
+
+		case CAI_MSG_SAMPLE_END:
+			{
+				cai_reader	reader;
+
+				cai_reader_init(&reader, data + 1, nbytes - 1);
+				if (owner->samples == NULL || !cai_wire_get_final(&reader, &gen->final))
+					break;
+				gen->done = true;
+				*piece = "";
+				*len = 0;
+				return true;
+			}
+
 		case CAI_MSG_TOKEN:
 			{
 				int32		token;
@@ -520,6 +562,8 @@ CaiGenerationNext(CaiGeneration *gen, const char **piece, Size *len)
 			{
 				cai_reader	reader;
 
+				gen = owner;
+
 				cai_reader_init(&reader, data + 1, nbytes - 1);
 				if (!cai_wire_get_final(&reader, &gen->final) ||
 					(Size) gen->final.n_user_tokens != cai_reader_remaining(&reader) / sizeof(int32))
@@ -536,7 +580,7 @@ CaiGenerationNext(CaiGeneration *gen, const char **piece, Size *len)
 				char	   *copy = palloc(nbytes - 1);
 
 				memcpy(copy, data + 1, nbytes - 1);
-				CaiChannelClose(gen->channel);
+				CaiChannelClose(owner->channel);
 				CaiRaiseWorkerError(copy, nbytes - 1);
 			}
 	}

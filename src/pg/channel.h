@@ -65,11 +65,20 @@ typedef struct CaiGeneration
 	int			logprobs_capacity;
 	bool		logprobs_pending;	/* a LOGPROBS message came; its TOKEN is next */
 	CaiTokenLogprobs pending;
+
+	/*
+	 * A request of n_samples > 1: each sample's text, ids, logprobs and final (finish and
+	 * completion tokens) are in samples[i], done when it ended; this one's final is the whole
+	 * request's (the prompt once, completion tokens summed), and its text stays empty.
+	 */
+	int			n_samples;
+	struct CaiGeneration *samples;
+	int			current;		/* the sample the engine's last SAMPLE message named */
 } CaiGeneration;
 
 extern CaiGeneration *CaiGenerationStart(cai_request_kind kind, const cai_wbuf *payload);
 extern CaiGeneration *CaiGenerationStartFor(cai_request_kind kind, const cai_wbuf *payload,
-											const char *model);
+											const char *model, int n_samples);
 extern bool CaiGenerationNext(CaiGeneration *gen, const char **piece, Size *len);
 extern void CaiGenerationFinish(CaiGeneration *gen);
 

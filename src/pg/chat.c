@@ -36,6 +36,7 @@ PG_FUNCTION_INFO_V1(pg_cai_new_conversation);
 PG_FUNCTION_INFO_V1(pg_cai_chat);
 PG_FUNCTION_INFO_V1(pg_cai_chat_stream);
 PG_FUNCTION_INFO_V1(pg_cai_complete);
+PG_FUNCTION_INFO_V1(pg_cai_complete_n);
 PG_FUNCTION_INFO_V1(pg_cai_chat_completion);
 PG_FUNCTION_INFO_V1(pg_cai_chat_json);
 PG_FUNCTION_INFO_V1(pg_cai_complete_json);
@@ -174,6 +175,13 @@ start_conversation_turn(int64 conversation_id, const char *message, Jsonb *call_
 	apply_schema(&options, schema);
 	keep_conversation_model(conv, &options);
 	*effective = options;
+	/* a conversation stores one reply: which of n would be arbitrary */
+	if (options.n_samples > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("option \"n\" must be 1 in a conversation (got %d)", options.n_samples),
+				 errdetail("A conversation stores one reply to each turn."),
+				 errhint("Use cai_chat_completion for several choices.")));
 
 	n_messages = list_length(conv->turns) + (conv->system_prompt ? 1 : 0) + (message ? 1 : 0);
 	if (n_messages == 0)
@@ -196,7 +204,7 @@ start_conversation_turn(int64 conversation_id, const char *message, Jsonb *call_
 	if (message)
 		put_turn(&payload, CAI_ROLE_USER, message, NULL, -1);
 
-	return CaiGenerationStartFor(CAI_REQUEST_CHAT, &payload, options.model);
+	return CaiGenerationStartFor(CAI_REQUEST_CHAT, &payload, options.model, 1);
 }
 
 /*
@@ -550,11 +558,13 @@ pg_cai_chat_stream(PG_FUNCTION_ARGS)
 /*
  * start_completion
  *		Posts a COMPLETE request for the prompt argument (argument 0) with options (argument
- *		optarg), constrained to schema when one is given; *effective gets the options.
+ *		optarg), constrained to schema when one is given; *effective gets the options.  With
+ *		n_samples 0 it asks for one completion (an "n" option above 1 is refused), else for
+ *		n_samples, whatever the options say.
  */
 static CaiGeneration *
 start_completion(FunctionCallInfo fcinfo, int optarg, const CaiSchemaArg *schema,
-				 CaiOptions *effective)
+				 int n_samples, CaiOptions *effective)
 {
 	char	   *prompt;
 	int			len;
@@ -573,6 +583,14 @@ start_completion(FunctionCallInfo fcinfo, int optarg, const CaiSchemaArg *schema
 	if (!PG_ARGISNULL(optarg))
 		CaiOptionsApply(&options, PG_GETARG_JSONB_P(optarg));
 	apply_schema(&options, schema);
+	if (n_samples > 0)
+		options.n_samples = n_samples;
+	else if (options.n_samples > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("option \"n\" must be 1 here (got %d)", options.n_samples),
+				 errdetail("This function returns one completion."),
+				 errhint("Use cai_complete_n(prompt, n, options) for n completions.")));
 	*effective = options;
 
 	len = strlen(prompt);
@@ -582,7 +600,8 @@ start_completion(FunctionCallInfo fcinfo, int optarg, const CaiSchemaArg *schema
 	CaiOptionsWriteGeneration(&payload, &options, cache_salt(0));
 	cai_put_text(&payload, prompt, len);
 
-	return CaiGenerationStartFor(CAI_REQUEST_COMPLETE, &payload, options.model);
+	return CaiGenerationStartFor(CAI_REQUEST_COMPLETE, &payload, options.model,
+								 options.n_samples);
 }
 
 /*
@@ -593,11 +612,44 @@ Datum
 pg_cai_complete(PG_FUNCTION_ARGS)
 {
 	CaiOptions	effective;
-	CaiGeneration *gen = start_completion(fcinfo, 1, NULL, &effective);
+	CaiGeneration *gen = start_completion(fcinfo, 1, NULL, 0, &effective);
 
 	CaiGenerationFinish(gen);
 	refuse_cut_json(gen, &effective);
 	PG_RETURN_TEXT_P(text_from_utf8(gen->text.data, gen->text.len));
+}
+
+/*
+ * cai_complete_n(prompt text, n integer, options jsonb) -> text[]
+ *		n continuations of raw text drawn side by side from one prefill of the prompt; element
+ *		i is the one cai_complete gives with seed + i (element 1 with the seed itself).
+ */
+Datum
+pg_cai_complete_n(PG_FUNCTION_ARGS)
+{
+	CaiOptions	effective;
+	CaiGeneration *gen;
+	Datum	   *elems;
+	int			n;
+
+	require_argument(fcinfo, 1, "n");
+	n = PG_GETARG_INT32(1);
+	if (n < 1 || n > CAI_N_SAMPLES_MAX)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("option \"n\" must be between 1 and %d", CAI_N_SAMPLES_MAX),
+				 errdetail("Got %d.", n)));
+	gen = start_completion(fcinfo, 2, NULL, n, &effective);
+	CaiGenerationFinish(gen);
+	elems = palloc(sizeof(Datum) * n);
+	for (int i = 0; i < n; i++)
+	{
+		const CaiGeneration *sample = n > 1 ? &gen->samples[i] : gen;
+
+		refuse_cut_json(sample, &effective);
+		elems[i] = PointerGetDatum(text_from_utf8(sample->text.data, sample->text.len));
+	}
+	PG_RETURN_ARRAYTYPE_P(construct_array(elems, n, TEXTOID, -1, false, TYPALIGN_INT));
 }
 
 /*
@@ -609,7 +661,7 @@ pg_cai_complete_json(PG_FUNCTION_ARGS)
 {
 	CaiSchemaArg schema = schema_argument(fcinfo, 1, false);
 	CaiOptions	effective;
-	CaiGeneration *gen = start_completion(fcinfo, 2, &schema, &effective);
+	CaiGeneration *gen = start_completion(fcinfo, 2, &schema, 0, &effective);
 
 	CaiGenerationFinish(gen);
 	PG_RETURN_DATUM(reply_as_jsonb(gen));
@@ -624,7 +676,7 @@ pg_cai_complete_json_text(PG_FUNCTION_ARGS)
 {
 	CaiSchemaArg schema = schema_argument(fcinfo, 1, true);
 	CaiOptions	effective;
-	CaiGeneration *gen = start_completion(fcinfo, 2, &schema, &effective);
+	CaiGeneration *gen = start_completion(fcinfo, 2, &schema, 0, &effective);
 
 	CaiGenerationFinish(gen);
 	PG_RETURN_DATUM(reply_as_jsonb(gen));
@@ -800,7 +852,7 @@ pg_cai_chat_completion(PG_FUNCTION_ARGS)
 	cai_put_bytes(&payload, turns.data, turns.len);
 	CaiToolWriteBlock(&payload, &tools);
 
-	gen = CaiGenerationStartFor(CAI_REQUEST_CHAT, &payload, options.model);
+	gen = CaiGenerationStartFor(CAI_REQUEST_CHAT, &payload, options.model, options.n_samples);
 	CaiGenerationFinish(gen);
 
 	model_name[0] = '\0';
@@ -825,12 +877,19 @@ pg_cai_chat_completion(PG_FUNCTION_ARGS)
 					 (int64) timestamptz_to_time_t(GetCurrentTimestamp()));
 	appendStringInfoString(&out, ", \"model\": ");
 	escape_json(&out, model_name);
-	appendStringInfoString(&out, ", \"choices\": [{\"index\": 0, ");
-	CaiToolAppendChoice(&out, reply_text(gen), gen->final.finish == CAI_FINISH_LENGTH, &tools,
-						options.allow_partial);
-	appendStringInfoString(&out, ", \"logprobs\": ");
-	append_logprobs(&out, gen, &options);
-	appendStringInfoString(&out, "}], ");
+	appendStringInfoString(&out, ", \"choices\": [");
+	for (i = 0; i < options.n_samples; i++)
+	{
+		const CaiGeneration *sample = gen->samples ? &gen->samples[i] : gen;
+
+		appendStringInfo(&out, "%s{\"index\": %d, ", i > 0 ? ", " : "", i);
+		CaiToolAppendChoice(&out, reply_text(sample), sample->final.finish == CAI_FINISH_LENGTH,
+							&tools, options.allow_partial);
+		appendStringInfoString(&out, ", \"logprobs\": ");
+		append_logprobs(&out, sample, &options);
+		appendStringInfoChar(&out, '}');
+	}
+	appendStringInfoString(&out, "], ");
 	appendStringInfo(&out,
 					 "\"usage\": {\"prompt_tokens\": %d, \"completion_tokens\": %d, \"total_tokens\": %d, "
 					 "\"prompt_tokens_details\": {\"cached_tokens\": %d}}}",

@@ -18,7 +18,7 @@
 #include "options.h"
 #include "protocol.h"
 
-#define CAI_VALID_OPTIONS		"max_tokens, temperature, top_p, top_k, seed, stop, truncate, ignore_eos, response_format, json_whitespace, allow_partial, presence_penalty, frequency_penalty, repetition_penalty, min_p, logit_bias, logprobs, top_logprobs, model"
+#define CAI_VALID_OPTIONS		"max_tokens, temperature, top_p, top_k, seed, stop, truncate, ignore_eos, response_format, json_whitespace, allow_partial, presence_penalty, frequency_penalty, repetition_penalty, min_p, logit_bias, logprobs, top_logprobs, n, model"
 
 /*
  * CaiOptionsInit
@@ -39,6 +39,7 @@ CaiOptionsInit(CaiOptions *options)
 	options->json_whitespace = CAI_JSON_WS_COMPACT;
 	options->allow_partial = false;
 	options->repetition_penalty = 1.0;
+	options->n_samples = 1;
 }
 
 static const char *
@@ -521,6 +522,9 @@ apply_sampling_key(CaiOptions *options, const char *key, const JsonbValue *value
 	else if (strcmp(key, "top_logprobs") == 0)
 		options->top_logprobs = is_null ? defaults->top_logprobs :
 			(int) get_integer(key, value, 0, CAI_TOP_LOGPROBS_MAX);
+	else if (strcmp(key, "n") == 0)
+		options->n_samples = is_null ? defaults->n_samples :
+			(int) get_integer(key, value, 1, CAI_N_SAMPLES_MAX);
 	else
 		return false;
 	return true;
@@ -737,5 +741,6 @@ CaiOptionsWriteGeneration(cai_wbuf *buf, const CaiOptions *options, uint64 cache
 	/* top_logprobs without logprobs asks for nothing, as in OpenAI's API */
 	g.logprobs = options->logprobs;
 	g.top_logprobs = options->logprobs ? options->top_logprobs : 0;
+	g.n_samples = options->n_samples;
 	cai_wire_put_generation(buf, &g);
 }

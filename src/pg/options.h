@@ -38,6 +38,7 @@ typedef struct CaiOptions
 	bool		logprobs;		/* cai_chat_completion reports them */
 	int			top_logprobs;
 	char	   *model;			/* the model to answer (pg_cai.models); NULL: the default */
+	int			n_samples;		/* "n": parallel samples (cai_chat_completion, cai_complete_n) */
 } CaiOptions;
 
 extern void CaiOptionsInit(CaiOptions *options);

@@ -718,13 +718,14 @@ count_in_flight(EngineSlot *e)
 /*
  * request_answered
  *		A response message from the engine for req: queued for its backend.  Every message but
- *		a token (or a token's logprobs) ends the request.
+ *		a token (or a token's logprobs, or a sample's start or end) ends the request.
  */
 static void
 request_answered(WorkerRequest *req, const char *msg, Size len)
 {
 	queue_message(req, msg, len, NULL, 0);
-	if (msg[0] == CAI_MSG_TOKEN || msg[0] == CAI_MSG_LOGPROBS)
+	if (msg[0] == CAI_MSG_TOKEN || msg[0] == CAI_MSG_LOGPROBS || msg[0] == CAI_MSG_SAMPLE ||
+		msg[0] == CAI_MSG_SAMPLE_END)
 		request_set_state(req, REQUEST_STREAMING, false);
 	else if (msg[0] == CAI_MSG_ERROR)
 	{

@@ -63,6 +63,7 @@ decode_sampling(const cai_wire_generation *g, cai_decoded_request *out, cai_erro
 	sp->min_p = g->min_p;
 	sp->logprobs = g->logprobs;
 	sp->top_logprobs = g->top_logprobs;
+	sp->n_samples = g->n_samples;
 	if (g->n_logit_bias > 0)
 	{
 		out->logit_bias = malloc(sizeof(cai_logit_bias) * (size_t) g->n_logit_bias);

@@ -27,13 +27,23 @@
 /* input is read in pieces of this size */
 #define READ_CHUNK (64 * 1024)
 
+/* One sample of a generation: what was sent of its reply */
+typedef struct serve_sample
+{
+	cai_wbuf	text;			/* the reply's text sent so far */
+	cai_tokens	generated;		/* generated ids, end-of-turn tokens excluded */
+} serve_sample;
+
 /* A generation the engine is running for the worker */
 typedef struct serve_request
 {
 	uint64_t	id;				/* the worker's id for it */
 	uint64_t	engine_id;
-	cai_wbuf	text;			/* the reply's text sent so far */
-	cai_tokens	generated;		/* generated ids, end-of-turn tokens excluded */
+	int			n_samples;
+	int			n_ended;		/* samples finished */
+	int			current_sample; /* the one the last SAMPLE message named (-1: none yet) */
+	cai_wire_final total;		/* the samples' usage, summed as they end */
+	serve_sample samples[CAI_N_SAMPLES_MAX];
 	int32_t    *user_tokens;	/* CHAT: the last turn's content ids */
 	int			n_user_tokens;
 	int			first_message;
@@ -179,6 +189,18 @@ idle_wait_ms(const server *s)
  * ------------------------------------------------------------------------------------------- */
 
 static void
+request_free(serve_request *req)
+{
+	for (int i = 0; i < req->n_samples; i++)
+	{
+		cai_wbuf_free(&req->samples[i].text);
+		cai_tokens_free(&req->samples[i].generated);
+	}
+	free(req->user_tokens);
+	free(req);
+}
+
+static void
 request_unlink(server *s, serve_request *req)
 {
 	if (req->prev)
@@ -187,10 +209,17 @@ request_unlink(server *s, serve_request *req)
 		s->requests = req->next;
 	if (req->next)
 		req->next->prev = req->prev;
-	cai_wbuf_free(&req->text);
-	cai_tokens_free(&req->generated);
-	free(req->user_tokens);
-	free(req);
+	request_free(req);
+}
+
+/* Whether req (an event's user_data) is still one of the requests served. */
+static bool
+request_live(const server *s, const serve_request *req)
+{
+	for (const serve_request *r = s->requests; r; r = r->next)
+		if (r == req)
+			return true;
+	return false;
 }
 
 static serve_request *
@@ -220,8 +249,13 @@ start_generation(server *s, uint64_t id, cai_decoded_request *dec)
 	req->user_tokens = dec->user_tokens;
 	req->n_user_tokens = dec->n_user_tokens;
 	dec->user_tokens = NULL;
-	cai_wbuf_init(&req->text, NULL);
-	cai_tokens_init(&req->generated);
+	req->n_samples = dec->params.sampling.n_samples;
+	req->current_sample = -1;
+	for (int i = 0; i < req->n_samples; i++)
+	{
+		cai_wbuf_init(&req->samples[i].text, NULL);
+		cai_tokens_init(&req->samples[i].generated);
+	}
 
 	dec->params.user_data = req;
 	st = cai_engine_submit(s->engine, &dec->params, &req->engine_id, &err);
@@ -231,9 +265,7 @@ start_generation(server *s, uint64_t id, cai_decoded_request *dec)
 		if (st == CAI_ERR_QUEUE_FULL)
 			s->stats_due = true;	/* requests_rejected moved */
 		send_error(&s->out, id, st, err.message);
-		cai_wbuf_free(&req->text);
-		free(req->user_tokens);
-		free(req);
+		request_free(req);
 		return;
 	}
 	req->next = s->requests;
@@ -328,15 +360,35 @@ is_end_token(const server *s, int32_t token)
 	return token == s->info.eos_token || token == s->info.eot_token;
 }
 
-/* The FINAL message of a generation: usage and the ids to store. */
+/*
+ * Before a message of one sample of a request of several: names the sample when the last
+ * message named another.
+ */
 static void
-finish_generation(server *s, serve_request *req, const cai_event *ev)
+select_sample(server *s, serve_request *req, int sample)
 {
+	int32_t		v = sample;
+
+	if (req->n_samples == 1 || req->current_sample == sample)
+		return;
+	send_message(&s->step_out, req->id, CAI_MSG_SAMPLE, &v, sizeof(v), NULL, 0);
+	req->current_sample = sample;
+}
+
+/*
+ * A sample's end: its usage is added to the request's, and a request of several samples says
+ * which ended how (SAMPLE_END).  Stored ids must say exactly what the stored text says, or the
+ * next turn would feed the model something else than the conversation shows (a withheld stop
+ * string, say): tokens_exact tells.
+ */
+static void
+end_sample(server *s, serve_request *req, const cai_event *ev)
+{
+	serve_sample *sm = &req->samples[ev->sample];
 	cai_wire_final final;
 	char	   *text = NULL;
 	size_t		len = 0;
 	cai_error	err;
-	size_t		frame;
 
 	memset(&final, 0, sizeof(final));
 	final.finish = ev->finish;
@@ -346,23 +398,49 @@ finish_generation(server *s, serve_request *req, const cai_event *ev)
 	final.queue_ms = ev->usage.queue_ms;
 	final.ttft_ms = ev->usage.ttft_ms;
 	final.total_ms = ev->usage.total_ms;
-	final.first_message = req->first_message;
-	final.n_user_tokens = req->n_user_tokens;
-
-	/*
-	 * Stored ids must say exactly what the stored text says, or the next turn would feed the
-	 * model something else than the conversation shows (a withheld stop string, say).
-	 */
-	if (cai_detokenize(s->model, req->generated.ids, req->generated.n, &text, &len, &err) == CAI_OK)
+	if (cai_detokenize(s->model, sm->generated.ids, sm->generated.n, &text, &len, &err) == CAI_OK)
 	{
-		final.tokens_exact = !req->text.failed && len == req->text.len &&
-			(len == 0 || memcmp(text, req->text.data, len) == 0);
+		final.tokens_exact = !sm->text.failed && len == sm->text.len &&
+			(len == 0 || memcmp(text, sm->text.data, len) == 0);
 		cai_free(text);
 	}
+	if (req->n_ended++ == 0)
+		req->total = final;
+	else
+	{
+		/* OpenAI's usage of n choices: the prompt once, every choice's completion */
+		req->total.completion_tokens += final.completion_tokens;
+		req->total.tokens_exact &= final.tokens_exact;
+		if (final.ttft_ms < req->total.ttft_ms)
+			req->total.ttft_ms = final.ttft_ms;
+		if (final.total_ms > req->total.total_ms)
+			req->total.total_ms = final.total_ms;
+	}
+	if (ev->sample == 0)
+		req->total.finish = final.finish;
+	if (req->n_samples > 1)
+	{
+		size_t		frame;
 
+		select_sample(s, req, ev->sample);
+		frame = cai_frame_begin(&s->step_out, CAI_FRAME_MESSAGE, req->id);
+		cai_put_u8(&s->step_out, CAI_MSG_SAMPLE_END);
+		cai_wire_put_final(&s->step_out, &final);
+		cai_frame_end(&s->step_out, frame);
+	}
+}
+
+/* The FINAL message of a generation, once every sample ended: usage and the ids to store. */
+static void
+finish_generation(server *s, serve_request *req)
+{
+	size_t		frame;
+
+	req->total.first_message = req->first_message;
+	req->total.n_user_tokens = req->n_user_tokens;
 	frame = cai_frame_begin(&s->step_out, CAI_FRAME_MESSAGE, req->id);
 	cai_put_u8(&s->step_out, CAI_MSG_FINAL);
-	cai_wire_put_final(&s->step_out, &final);
+	cai_wire_put_final(&s->step_out, &req->total);
 	cai_put_bytes(&s->step_out, req->user_tokens, sizeof(int32_t) * (size_t) req->n_user_tokens);
 	cai_frame_end(&s->step_out, frame);
 }
@@ -386,9 +464,15 @@ static bool
 handle_event(server *s, const cai_event *ev)
 {
 	serve_request *req = ev->user_data;
+	serve_sample *sm;
 
+	/* a request that failed in a sample earlier this step: its other samples say no more */
+	if (!request_live(s, req) || ev->sample < 0 || ev->sample >= req->n_samples)
+		return false;
+	sm = &req->samples[ev->sample];
 	if (ev->finish == CAI_FINISH_ERROR)
 	{
+		(void) cai_engine_cancel(s->engine, req->engine_id);
 		send_error(&s->step_out, req->id, CAI_ERR_BACKEND,
 				   ev->error ? ev->error : "generation failed");
 		request_unlink(s, req);
@@ -398,8 +482,9 @@ handle_event(server *s, const cai_event *ev)
 	{
 		int32_t		token = (ev->token >= 0 && !is_end_token(s, ev->token)) ? ev->token : -1;
 
+		select_sample(s, req, ev->sample);
 		if (token >= 0)
-			(void) cai_tokens_push(&req->generated, token);
+			(void) cai_tokens_push(&sm->generated, token);
 		/* the end token is no part of the reply's content: no logprobs for it either */
 		if (token >= 0 && ev->logprobs)
 		{
@@ -413,13 +498,16 @@ handle_event(server *s, const cai_event *ev)
 				put_token_bytes(s, ev->logprobs->top_token[i]);
 			cai_frame_end(&s->step_out, frame);
 		}
-		cai_put_bytes(&req->text, ev->text, ev->text_len);
+		cai_put_bytes(&sm->text, ev->text, ev->text_len);
 		send_message(&s->step_out, req->id, CAI_MSG_TOKEN, &token, sizeof(token), ev->text,
 					 ev->text_len);
 	}
 	if (ev->finish == CAI_FINISH_NONE)
 		return false;
-	finish_generation(s, req, ev);
+	end_sample(s, req, ev);
+	if (req->n_ended < req->n_samples)
+		return false;
+	finish_generation(s, req);
 	request_unlink(s, req);
 	return true;
 }

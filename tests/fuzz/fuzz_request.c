@@ -128,6 +128,8 @@ build_generation(fuzz_input *in, cai_wbuf *w)
 		bias[i].bias = fuzz_float(in);
 	}
 	g.logit_bias = bias;
+	/* parallel samples: mostly in range, sometimes 0, negative or past the limit */
+	g.n_samples = (int32_t) (fuzz_u8(in) % (CAI_N_SAMPLES_MAX + 4)) - 1;
 	cai_wire_put_generation(w, &g);
 	for (int i = 0; i < g.n_stop; i++)
 		free(stops[i]);
@@ -179,6 +181,7 @@ check_decoded(const cai_decoded_request *d, int context_length)
 		FUZZ_CHECK(d->params.prompt[i] >= 0 && d->params.prompt[i] < n_vocab);
 	FUZZ_CHECK(sp->temperature >= 0.0f && sp->top_p > 0.0f && sp->top_p <= 1.0f);
 	FUZZ_CHECK(sp->top_k >= 0 && sp->max_tokens >= 1);
+	FUZZ_CHECK(sp->n_samples >= 1 && sp->n_samples <= CAI_N_SAMPLES_MAX);
 	for (int i = 0; i < sp->n_stop; i++)
 		FUZZ_CHECK(sp->stop[i] != NULL && sp->stop[i][0] != '\0');
 	for (int i = 0; i < d->n_user_tokens; i++)
@@ -215,7 +218,9 @@ run_in_engine(cai_decoded_request *d)
 		FUZZ_CHECK(steps < 64);
 		FUZZ_CHECK(cai_engine_step(engine, &events, &n_events, &err) == CAI_OK);
 		for (int e = 0; e < n_events; e++)
-			FUZZ_CHECK(events[e].text != NULL);
+			FUZZ_CHECK(events[e].text != NULL && events[e].request_id == id &&
+					   events[e].sample >= 0 &&
+					   events[e].sample < d->params.sampling.n_samples);
 	}
 	cai_engine_cache_reset(engine);
 	cai_engine_get_stats(engine, &stats);

@@ -192,6 +192,33 @@ with tempfile.TemporaryDirectory() as d:
         c.check("cai run %s is refused: %s" % (" ".join(os.path.basename(f) for f in flags), message),
                 r.returncode == 2 and message in r.stderr, repr(r.stderr[-300:]))
 
+# --samples N: N samples of one prompt, sample i seeded with --seed + i, each printed under its
+# label and equal to `cai run` with that seed; bad values name the option and its range.
+story = ["run", "-m", MODEL, "-p", "Once upon a time", "--temp", "1", "--max-tokens", "8"]
+r = cai(*story, "--seed", "5", "--samples", "3")
+alone = [cai(*story, "--seed", str(5 + i)) for i in range(3)]
+expected = "".join("[sample %d]\n%s" % (i, a.stdout) for i, a in enumerate(alone))
+c.check("cai run --samples 3 prints each sample under its label, each the run with seed + i",
+        r.returncode == 0 and r.stdout == expected and len({a.stdout for a in alone}) > 1,
+        repr((r.stdout, expected, r.stderr[-300:])))
+for cmd in ("run", "bench"):
+    for value, message in (("0", "--samples must be between 1 and 16, got 0"),
+                           ("17", "--samples must be between 1 and 16, got 17"),
+                           ("x", "--samples expects an integer, got \"x\"")):
+        r = cai(cmd, "-m", MODEL, "-p", "Hi" if cmd == "run" else "16", "--samples", value)
+        c.check("cai %s --samples %s is refused: %s" % (cmd, value, message),
+                r.returncode == 2 and message in r.stderr, repr(r.stderr[-300:]))
+r = cai("bench", "-m", MODEL, "-T", "2", "-p", "40", "-g", "6", "--batches", "1", "--repeat", "1",
+        "--samples", "4", "--json")
+report = json.loads(r.stdout) if r.returncode == 0 else {}
+samples = report.get("samples", {})
+c.check("cai bench --samples 4 reports the samples' rates and KV blocks: the prompt's shared",
+        samples.get("n") == 4 and samples.get("tokens_per_second", 0) > 0
+        and samples.get("one_sample_tokens_per_second", 0) > 0
+        and 0 < samples.get("kv_blocks_peak", 0) <= 3 + 4 * 1 + 4
+        and samples.get("one_sample_kv_blocks_peak", 0) == 3,
+        repr((samples, r.stderr[-300:])))
+
 with tempfile.TemporaryDirectory() as out:
     r = cai("eval", "-m", MODEL, "-n", str(EVAL_TOKENS), "-c", str(EVAL_CTX), "--json",
             "--logits-out", out, TEXT)

@@ -1092,3 +1092,249 @@ done:
 	free(alone);
 	free(crowd);
 }
+
+/*
+ * Steps one request of params->sampling.n_samples samples to its end, collecting each sample's
+ * tokens by cai_event.sample; *peak_used gets the most KV blocks in use after any step.
+ */
+static bool
+run_samples(cai_engine *engine, cai_request_params *params, run_result *results, int *peak_used)
+{
+	int			n = params->sampling.n_samples;
+	int			done = 0;
+	uint64_t	id;
+	cai_error	err;
+
+	memset(results, 0, sizeof(run_result) * n);
+	*peak_used = 0;
+	if (cai_engine_submit(engine, params, &id, &err) != CAI_OK)
+	{
+		fprintf(stderr, "    submit: %s\n", err.message);
+		return false;
+	}
+	while (done < n)
+	{
+		const cai_event *events;
+		int			n_events;
+		cai_engine_stats st;
+
+		if (cai_engine_step(engine, &events, &n_events, &err) != CAI_OK)
+			return false;
+		cai_engine_get_stats(engine, &st);
+		if (st.kv_blocks_total - st.kv_blocks_free > *peak_used)
+			*peak_used = st.kv_blocks_total - st.kv_blocks_free;
+		for (int e = 0; e < n_events; e++)
+		{
+			run_result *r = &results[events[e].sample];
+
+			if (events[e].request_id != id || events[e].sample < 0 || events[e].sample >= n)
+				return false;
+			if (events[e].token >= 0 && r->n_tokens < MAX_GEN)
+				r->tokens[r->n_tokens++] = events[e].token;
+			if (events[e].finish != CAI_FINISH_NONE)
+			{
+				r->finish = events[e].finish;
+				r->usage = events[e].usage;
+				done++;
+			}
+		}
+	}
+	return !cai_engine_has_work(engine);
+}
+
+/*
+ * n parallel samples: sample i is the request with n 1 and seed + i, token for token, for a
+ * prompt that ends inside a block (its rows copied into each sample's own block) and one that
+ * ends on a block's edge; samples that wrote into a shared block would differ.  With the prefix
+ * cache on, the second run reuses the prompt and gives the same samples.
+ */
+TEST(engine_samples_equal_their_seeds_alone)
+{
+	int32_t		prompt[100];
+	int			lengths[2] = {100, 96};
+	run_result *alone = calloc(4, sizeof(run_result));
+	run_result *together = calloc(4, sizeof(run_result));
+	cai_engine *engine = make_engine(2, 8, 32, 1 << 20, 8);
+	int			peak;
+
+	if (!engine)
+	{
+		CHECK(engine != NULL);
+		return;
+	}
+	make_prompt(prompt, 100, 21);
+	for (int l = 0; l < 2; l++)
+		for (int pass = 0; pass < 2; pass++)
+		{
+			cai_request_params req = request(prompt, lengths[l], 2.0f, 1234, 20);
+
+			req.use_cache = pass == 1;
+			req.sampling.n_samples = 4;
+			req.sampling.presence_penalty = 0.5f;	/* each sample's penalties see its reply */
+			CHECK(run_samples(engine, &req, together, &peak));
+			/* the first run left the prompt in the cache: the second reuses it */
+			if (pass == 1)
+				CHECK(run_samples(engine, &req, together, &peak));
+			for (int i = 0; i < 4; i++)
+			{
+				cai_request_params one = request(prompt, lengths[l], 2.0f, 1234 + i, 20);
+
+				one.sampling.presence_penalty = 0.5f;
+
+				CHECK(run_samples(engine, &one, &alone[i], &peak));
+				CHECK_EQ_INT(together[i].n_tokens, 20);
+				CHECK(same_tokens(&alone[i], &together[i]));
+				CHECK_EQ_INT(together[i].finish, CAI_FINISH_LENGTH);
+				CHECK_EQ_INT(together[i].usage.prompt_tokens, lengths[l]);
+				CHECK_EQ_INT(together[i].usage.completion_tokens, 20);
+			}
+			/* the seeds make different samples */
+			CHECK(!same_tokens(&together[0], &together[1]));
+			if (pass == 1)
+				CHECK(together[3].usage.cached_tokens > 0);
+		}
+	cai_engine_free(engine);
+	free(alone);
+	free(together);
+}
+
+/*
+ * n = 8 holds one prompt's KV and eight replies': at most the prompt's blocks, eight replies'
+ * blocks and one more block per sample (the copy of the prompt's last, partly filled block).
+ * Every reference goes when the samples finish, and when the request is cancelled while it
+ * prefills (the samples wait to fork) or while it decodes.
+ */
+TEST(engine_samples_share_the_prompt_kv)
+{
+	int32_t		prompt[100];
+	run_result *results = calloc(8, sizeof(run_result));
+	cai_engine *engine = make_engine(2, 8, 32, 0, 8);
+	cai_engine_stats before,
+				after;
+	cai_request_params req;
+	int			peak;
+	int			prompt_blocks = (100 + 15) / 16;
+	int			reply_blocks = (20 + 15) / 16;
+	uint64_t	id;
+	cai_error	err;
+	const cai_event *events;
+	int			n_events;
+
+	if (!engine)
+	{
+		CHECK(engine != NULL);
+		return;
+	}
+	make_prompt(prompt, 100, 22);
+	req = request(prompt, 100, 0.7f, 5, 20);
+	req.sampling.n_samples = 8;
+	cai_engine_get_stats(engine, &before);
+	CHECK(run_samples(engine, &req, results, &peak));
+	CHECK(peak > 0);
+	CHECK(peak <= prompt_blocks + 8 * reply_blocks + 8);
+	/* eight prompts would be 8 x 7 blocks */
+	CHECK(peak < 2 * prompt_blocks + 8 * reply_blocks + 8);
+	for (int i = 0; i < 8; i++)
+		CHECK_EQ_INT(results[i].n_tokens, 20);
+	cai_engine_get_stats(engine, &after);
+	CHECK_EQ_INT(after.kv_blocks_free, before.kv_blocks_free);
+	CHECK_EQ_INT((int) (after.requests_finished - before.requests_finished), 1);
+
+	/* cancelled after one prefill chunk (32 of 100 tokens), then after a few decodes */
+	for (int steps = 1; steps <= 6; steps += 5)
+	{
+		CHECK(cai_engine_submit(engine, &req, &id, &err) == CAI_OK);
+		for (int s = 0; s < steps; s++)
+			CHECK(cai_engine_step(engine, &events, &n_events, &err) == CAI_OK);
+		cai_engine_get_stats(engine, &after);
+		CHECK_EQ_INT(after.running, 8);
+		CHECK(after.kv_blocks_free < before.kv_blocks_free);
+		CHECK(cai_engine_cancel(engine, id) == CAI_OK);
+		CHECK(cai_engine_cancel(engine, id) == CAI_ERR_NOT_FOUND);
+		cai_engine_get_stats(engine, &after);
+		CHECK_EQ_INT(after.kv_blocks_free, before.kv_blocks_free);
+		CHECK_EQ_INT(after.running, 0);
+	}
+	cai_engine_free(engine);
+	free(results);
+}
+
+/* n: its range in the one table of limits, more samples than batch slots, tools. */
+TEST(engine_samples_limits)
+{
+	int32_t		prompt[20];
+	cai_request_params req;
+	cai_sampling_params sp;
+	uint64_t	id;
+	cai_error	err;
+	cai_engine *engine = make_engine(2, 4, 32, 0, 8);
+
+	cai_sampling_params_default(&sp);
+	CHECK_EQ_INT(sp.n_samples, 1);
+	sp.n_samples = CAI_N_SAMPLES_MAX;
+	CHECK(cai_sampling_params_check(&sp, &err) == CAI_OK);
+	sp.n_samples = 0;
+	CHECK(cai_sampling_params_check(&sp, &err) == CAI_ERR_INVALID_ARGUMENT);
+	CHECK(strstr(err.message, "n must be between 1 and 16 (got 0)") != NULL);
+	sp.n_samples = CAI_N_SAMPLES_MAX + 1;
+	CHECK(cai_sampling_params_check(&sp, &err) == CAI_ERR_INVALID_ARGUMENT);
+	CHECK(strstr(err.message, "n must be between 1 and 16 (got 17)") != NULL);
+	if (!engine)
+	{
+		CHECK(engine != NULL);
+		return;
+	}
+	make_prompt(prompt, 20, 23);
+	req = request(prompt, 20, 0.5f, 1, 4);
+	req.sampling.n_samples = 5;
+	CHECK(cai_engine_submit(engine, &req, &id, &err) == CAI_ERR_INVALID_ARGUMENT);
+	CHECK(strstr(err.message, "n must be at most the engine's max_running, 4 (got 5)") != NULL);
+	req.sampling.n_samples = 17;
+	CHECK(cai_engine_submit(engine, &req, &id, &err) == CAI_ERR_INVALID_ARGUMENT);
+	CHECK(strstr(err.message, "n must be between 1 and 16") != NULL);
+	CHECK(!cai_engine_has_work(engine));
+	cai_engine_free(engine);
+}
+
+/*
+ * n samples of a constrained reply share the grammar, each with its own state: sample i is the
+ * request with n 1 and seed + i.  The samples end at different steps, and whichever is freed
+ * last frees the grammar (ASan would see a use after free or a leak).
+ */
+TEST(engine_samples_share_a_grammar)
+{
+	static const char *const schema =
+		"{\"type\": \"array\", \"items\": {\"type\": \"string\", \"maxLength\": 3}, \"maxItems\": 3}";
+	int32_t		prompt[30];
+	run_result *alone = calloc(3, sizeof(run_result));
+	run_result *together = calloc(3, sizeof(run_result));
+	cai_engine *engine = make_engine(2, 4, 64, 0, 8);
+	cai_request_params req;
+	int			peak;
+
+	if (!engine || !alone || !together)
+	{
+		CHECK(engine && alone && together);
+		goto done;
+	}
+	make_prompt(prompt, 30, 31);
+	req = request(prompt, 30, 0.9f, 50, 40);
+	req.sampling.ignore_eos = false;
+	req.grammar = test_grammar(schema);
+	req.sampling.n_samples = 3;
+	CHECK(run_samples(engine, &req, together, &peak));
+	for (int i = 0; i < 3; i++)
+	{
+		cai_request_params one = request(prompt, 30, 0.9f, 50 + i, 40);
+
+		one.sampling.ignore_eos = false;
+		one.grammar = test_grammar(schema);
+		CHECK(run_samples(engine, &one, &alone[i], &peak));
+		CHECK_MSG(same_tokens(&alone[i], &together[i]), "sample %d differs from its seed alone", i);
+	}
+	CHECK(!same_tokens(&together[0], &together[1]) || !same_tokens(&together[1], &together[2]));
+done:
+	cai_engine_free(engine);
+	free(alone);
+	free(together);
+}

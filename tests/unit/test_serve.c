@@ -232,6 +232,11 @@ typedef struct generation
 	bool		have_final;
 	int32_t		error_status;	/* 0 unless an ERROR came */
 	char		error[512];
+	/* a request of several samples: tokens and ends per SAMPLE message */
+	int			sample;
+	int			sample_tokens[CAI_N_SAMPLES_MAX];
+	int			n_sample_ends;
+	cai_wire_final sample_final[CAI_N_SAMPLES_MAX];
 } generation;
 
 /* Reads the messages of request id until its last one. */
@@ -256,11 +261,31 @@ read_generation(served *s, uint64_t id, generation *g)
 
 			CHECK(cai_get_i32(&r, &token));
 			if (token >= 0)
+			{
 				g->n_tokens++;
+				g->sample_tokens[g->sample]++;
+			}
 			if (g->text_len + cai_reader_remaining(&r) < sizeof(g->text))
 			{
 				memcpy(g->text + g->text_len, body + 5, cai_reader_remaining(&r));
 				g->text_len += cai_reader_remaining(&r);
+			}
+			free(body);
+			continue;
+		}
+		if (type == CAI_MSG_SAMPLE || type == CAI_MSG_SAMPLE_END)
+		{
+			int32_t		sample = 0;
+
+			if (type == CAI_MSG_SAMPLE)
+				CHECK(cai_get_i32(&r, &sample) && sample >= 0 && sample < CAI_N_SAMPLES_MAX &&
+					  cai_reader_remaining(&r) == 0);
+			if (type == CAI_MSG_SAMPLE)
+				g->sample = sample;
+			else
+			{
+				CHECK(cai_wire_get_final(&r, &g->sample_final[g->sample]));
+				g->n_sample_ends++;
 			}
 			free(body);
 			continue;
@@ -370,6 +395,34 @@ TEST(serve_answers_requests_in_the_wire_format)
 	CHECK(g.final.n_user_tokens > 0);
 	CHECK_EQ_INT(g.final.completion_tokens, 4);
 
+	/* three samples of one completion: each streams under its SAMPLE and ends on its own, and
+	 * FINAL counts the prompt once and every sample's tokens */
+	cai_wbuf_reset(&p);
+	{
+		cai_wire_generation gen;
+
+		cai_wire_generation_init(&gen);
+		gen.temperature = 1.0f;
+		gen.top_p = 1.0f;
+		gen.max_tokens = 5;
+		gen.ignore_eos = true;
+		gen.n_samples = 3;
+		cai_wire_put_generation(&p, &gen);
+	}
+	cai_put_text(&p, "one two three", 13);
+	send_request(&s, 6, CAI_REQUEST_COMPLETE, &p);
+	read_generation(&s, 6, &g);
+	CHECK(g.have_final);
+	CHECK_EQ_INT(g.n_sample_ends, 3);
+	for (int i = 0; i < 3; i++)
+	{
+		CHECK_EQ_INT(g.sample_tokens[i], 5);
+		CHECK_EQ_INT(g.sample_final[i].completion_tokens, 5);
+		CHECK_EQ_INT(g.sample_final[i].finish, CAI_FINISH_LENGTH);
+	}
+	CHECK_EQ_INT(g.final.completion_tokens, 15);
+	CHECK_EQ_INT(g.final.prompt_tokens, g.sample_final[0].prompt_tokens);
+
 	/* cache reset answers OK */
 	send_request(&s, 5, CAI_REQUEST_CACHE_RESET, NULL);
 	CHECK(next_message(&s, &id, &body, &len));
@@ -418,6 +471,22 @@ TEST(serve_refuses_bad_requests_clearly)
 	read_generation(&s, 4, &g);
 	CHECK_EQ_INT(g.error_status, CAI_ERR_INVALID_ARGUMENT);
 	CHECK(strstr(g.error, "temperature") != NULL);
+
+	cai_wbuf_reset(&p);
+	{
+		cai_wire_generation gen;
+
+		cai_wire_generation_init(&gen);
+		gen.top_p = 1.0f;
+		gen.max_tokens = 4;
+		gen.n_samples = 17;
+		cai_wire_put_generation(&p, &gen);
+	}
+	cai_put_text(&p, "hi", 2);
+	send_request(&s, 40, CAI_REQUEST_COMPLETE, &p);
+	read_generation(&s, 40, &g);
+	CHECK_EQ_INT(g.error_status, CAI_ERR_INVALID_ARGUMENT);
+	CHECK(strstr(g.error, "n must be between 1 and 16 (got 17)") != NULL);
 
 	/* cai.h's limits, the same the SQL options take: temperature at most 2 */
 	cai_wbuf_reset(&p);

@@ -483,3 +483,93 @@ done:
 	cai_engine_free(whole);
 	cai_model_free(model);
 }
+
+/*
+ * n samples on a windowed model: the samples share the prompt's blocks, whose window parts the
+ * first sample drops behind the window as it goes, and each sample's own blocks take and drop
+ * theirs.  Sample i is the request with n 1 and seed + i on an engine that keeps all the KV,
+ * and the pool gets every block and window part back.
+ */
+TEST(engine_windowed_kv_samples_share_the_prompt)
+{
+	cai_model  *model = load_gemma_shape(6, 64, 2, 32, 40, 512, 43);
+	cai_engine *bounded = NULL;
+	cai_engine *whole = NULL;
+	int32_t		prompt[90];
+	reply		together[4],
+				alone;
+	cai_engine_stats before,
+				after;
+
+	CHECK(model != NULL);
+	if (!model)
+		return;
+	bounded = windowed_engine(model, false, 4, 24, 512, 0);
+	whole = windowed_engine(model, true, 4, 24, 512, 0);
+	if (!bounded || !whole)
+	{
+		CHECK(bounded && whole);
+		goto done;
+	}
+	random_tokens(prompt, 90, 77);
+	cai_engine_get_stats(bounded, &before);
+	{
+		cai_request_params req;
+		uint64_t	id;
+		cai_error	err;
+		int			done = 0;
+
+		memset(&req, 0, sizeof(req));
+		memset(together, 0, sizeof(together));
+		req.prompt = prompt;
+		req.n_prompt = 90;
+		cai_sampling_params_default(&req.sampling);
+		req.sampling.temperature = CAI_TEMPERATURE_MAX;
+		req.sampling.seed = 11;
+		req.sampling.max_tokens = 45;	/* the window of 40 passes the prompt's end */
+		req.sampling.ignore_eos = true;
+		req.sampling.n_samples = 4;
+		CHECK(cai_engine_submit(bounded, &req, &id, &err) == CAI_OK);
+		while (done < 4 && cai_engine_has_work(bounded))
+		{
+			const cai_event *events;
+			int			n_events;
+
+			if (cai_engine_step(bounded, &events, &n_events, &err) != CAI_OK)
+			{
+				CHECK_MSG(false, "step: %s", err.message);
+				break;
+			}
+			for (int e = 0; e < n_events; e++)
+			{
+				reply	   *r = &together[events[e].sample];
+
+				if (events[e].token >= 0 && r->n_tokens < MAX_REPLY)
+					r->tokens[r->n_tokens++] = events[e].token;
+				if (events[e].finish != CAI_FINISH_NONE)
+				{
+					r->done = events[e].finish != CAI_FINISH_ERROR;
+					done++;
+				}
+			}
+		}
+		CHECK_EQ_INT(done, 4);
+		for (int i = 0; i < 4; i++)
+		{
+			req.sampling.n_samples = 1;
+			req.sampling.seed = 11 + i;
+			CHECK(run_together(whole, &req, 1, &alone));
+			CHECK(together[i].done);
+			CHECK_EQ_INT(together[i].n_tokens, 45);
+			CHECK(alone.n_tokens == together[i].n_tokens &&
+				  memcmp(alone.tokens, together[i].tokens, sizeof(int32_t) * alone.n_tokens) == 0);
+		}
+	}
+	cai_engine_get_stats(bounded, &after);
+	CHECK_EQ_INT(after.kv_blocks_free, before.kv_blocks_free);
+	CHECK(after.kv_bytes_used == before.kv_bytes_used);
+done:
+	cai_engine_free(bounded);
+	cai_engine_free(whole);
+	cai_model_free(model);
+}
