@@ -208,6 +208,9 @@ for cmd in ("run", "bench"):
         r = cai(cmd, "-m", MODEL, "-p", "Hi" if cmd == "run" else "16", "--samples", value)
         c.check("cai %s --samples %s is refused: %s" % (cmd, value, message),
                 r.returncode == 2 and message in r.stderr, repr(r.stderr[-300:]))
+r = cai("run", "-m", MODEL, "-p", "Hi", "--samples", "2", "--logprobs")
+c.check("cai run --samples 2 --logprobs is refused", r.returncode == 2 and
+        "--samples above 1 takes neither --tools nor --logprobs" in r.stderr, repr(r.stderr[-300:]))
 r = cai("bench", "-m", MODEL, "-T", "2", "-p", "40", "-g", "6", "--batches", "1", "--repeat", "1",
         "--samples", "4", "--json")
 report = json.loads(r.stdout) if r.returncode == 0 else {}
