@@ -781,7 +781,7 @@ engine_check_embed(const cai_engine *engine, int n_prompt, cai_error *err)
 
 	if (n_prompt > engine->params.max_step_tokens)
 		return cai_fail(err, CAI_ERR_CONTEXT_FULL,
-						"a text of %d tokens is longer than the %d tokens an embedding may have (max_step_tokens)",
+						"a text of %d tokens is longer than the %d tokens an embedding may have (the step budget, max_step_tokens)",
 						n_prompt, engine->params.max_step_tokens);
 	if (c->pooling != CAI_POOLING_MEAN && c->pooling != CAI_POOLING_CLS &&
 		c->pooling != CAI_POOLING_LAST)
