@@ -383,7 +383,8 @@ embed_event(server *s, serve_request *req, const cai_event *ev)
 	if (ev->finish == CAI_FINISH_ERROR || i == req->next_text || !ev->embedding ||
 		ev->n_embedding != req->dim)
 	{
-		req->text_engine_id[i < req->next_text ? i : 0] = 0;
+		if (i < req->next_text)
+			req->text_engine_id[i] = 0;
 		request_cancel_engine(s, req);
 		send_error(&s->step_out, req->id, CAI_ERR_BACKEND,
 				   ev->error ? ev->error : "the embedding failed");
