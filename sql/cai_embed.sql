@@ -31,6 +31,31 @@ ORDER BY e.ordinality;
 SELECT count(*) FROM cai_embed(ARRAY[]::text[]);
 SELECT count(*) FROM cai_embed(ARRAY(SELECT 'text number ' || i FROM generate_series(1, 100) i));
 
+-- the retrieve-then-answer recipe of docs/embeddings.md, on real[] (no pgvector): rows
+-- embedded in one batched call, the question's nearest two by dot product, then a reply
+CREATE TABLE embed_docs (id int PRIMARY KEY, body text NOT NULL, embedding real[]);
+INSERT INTO embed_docs (id, body) VALUES
+	(1, 'pg_cai runs chat completion inside PostgreSQL.'),
+	(2, 'Bananas are yellow fruit that grow in bunches.'),
+	(3, 'The pg_cai engine batches the requests of every database session.');
+UPDATE embed_docs d SET embedding = e.embedding
+FROM cai_embed(ARRAY(SELECT body FROM embed_docs ORDER BY id)) e
+WHERE e.ordinality = d.id;
+SELECT id, array_length(embedding, 1) AS dim FROM embed_docs ORDER BY id;
+WITH q AS (SELECT cai_embed('Where does pg_cai run chat completion?') AS v)
+SELECT id FROM embed_docs, q
+ORDER BY (SELECT sum(a * b) FROM unnest(embed_docs.embedding, q.v) u(a, b)) DESC LIMIT 2;
+WITH q AS (SELECT cai_embed('Where does pg_cai run chat completion?') AS v),
+	 hits AS (SELECT body FROM embed_docs, q
+			  ORDER BY (SELECT sum(a * b) FROM unnest(embed_docs.embedding, q.v) u(a, b)) DESC
+			  LIMIT 2)
+SELECT length(cai_chat_completion(jsonb_build_array(
+		 jsonb_build_object('role', 'system', 'content',
+		   'Answer from these notes only:' || E'\n' || (SELECT string_agg(body, E'\n') FROM hits)),
+		 jsonb_build_object('role', 'user', 'content', 'Where does pg_cai run chat completion?')),
+	   '{"max_tokens": 16, "temperature": 0}')#>>'{choices,0,message,content}') > 0 AS answered;
+DROP TABLE embed_docs;
+
 -- errors
 SELECT cai_embed(NULL::text);
 SELECT cai_embed('');
