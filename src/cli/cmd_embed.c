@@ -160,8 +160,8 @@ embed_batched(cai_engine *engine, const cli_tokens *ids, int n_texts, int d, flo
 			cai_sampling_params_default(&rp.sampling);
 			if (cai_engine_submit(engine, &rp, &id, &err) != CAI_OK)
 			{
-				fprintf(stderr, "cai: text %d: ", next + 1);
-				return cli_report("could not embed the text", &err);
+				fprintf(stderr, "cai: could not embed text %d: %s\n", next + 1, err.message);
+				return CLI_EXIT_ERROR;
 			}
 			next++;
 		}
