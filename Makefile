@@ -95,7 +95,7 @@ REGRESS = $(patsubst sql/%.sql,%,$(sort $(wildcard sql/*.sql)))
 REGRESS_OPTS = --inputdir=. --load-extension=pg_cai
 # PGXS tracks no header dependencies: rebuild the extension's objects when an interface changes
 # (a stale cai_engine_stats layout corrupts the worker's stack).
-$(OBJS): src/engine/cai.h $(wildcard src/pg/*.h)
+$(OBJS): src/engine/cai.h src/common/wire.h $(wildcard src/pg/*.h)
 
 PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
 ifneq ($(PGXS),)

@@ -367,3 +367,30 @@ COMMENT ON FUNCTION cai_complete_n(text, integer, jsonb) IS
 'n continuations of raw text (1 to 16) from one prefill of the prompt, element i + 1 drawn with seed + i';
 REVOKE ALL ON FUNCTION cai_complete_n(text, integer, jsonb) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION cai_complete_n(text, integer, jsonb) TO cai_user;
+
+-- ---------------------------------------------------------------------------------------------
+-- Embeddings: cai_embed(text) and cai_embed(text[]).  A vector is real[], L2-normalized, the
+-- model's final hidden states pooled as its GGUF says (mean when it names no pooling); cast
+-- it to pgvector's vector where pgvector is installed (cai_embed(t)::vector).  model => NULL
+-- is the model served; another name is refused unless it is that model's.  Not STRICT: a
+-- NULL text is an error, not a NULL vector.
+-- ---------------------------------------------------------------------------------------------
+
+CREATE FUNCTION cai_embed(input text, model text DEFAULT NULL)
+RETURNS real[]
+AS 'MODULE_PATHNAME', 'pg_cai_embed'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER;
+COMMENT ON FUNCTION cai_embed(text, text) IS
+'the text''s embedding: the model''s final hidden states pooled (mean, cls or last, from the GGUF; mean when it names none) and L2-normalized';
+
+CREATE FUNCTION cai_embed(inputs text[], model text DEFAULT NULL)
+RETURNS TABLE (ordinality integer, embedding real[])
+AS 'MODULE_PATHNAME', 'pg_cai_embed_texts'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER ROWS 10;
+COMMENT ON FUNCTION cai_embed(text[], text) IS
+'one row per text, in the array''s order (ordinality from 1): each text''s embedding, the texts batched in the engine';
+
+REVOKE ALL ON FUNCTION cai_embed(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION cai_embed(text[], text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION cai_embed(text, text) TO cai_user;
+GRANT EXECUTE ON FUNCTION cai_embed(text[], text) TO cai_user;

@@ -198,6 +198,7 @@ int			cmd_bench(int argc, char **argv);
 int			cmd_eval(int argc, char **argv);
 int			cmd_inspect(int argc, char **argv);
 int			cmd_serve(int argc, char **argv);
+int			cmd_embed(int argc, char **argv);
 
 extern const cli_command cli_run_command;
 extern const cli_command cli_chat_command;
@@ -205,6 +206,7 @@ extern const cli_command cli_bench_command;
 extern const cli_command cli_eval_command;
 extern const cli_command cli_inspect_command;
 extern const cli_command cli_serve_command;
+extern const cli_command cli_embed_command;
 
 /* The process's own argc and argv, for a command that renames the process (serve). */
 extern int	cli_argc;

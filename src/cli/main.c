@@ -17,6 +17,7 @@ static const cli_entry entries[] = {
 	{&cli_chat_command, cmd_chat},
 	{&cli_bench_command, cmd_bench},
 	{&cli_eval_command, cmd_eval},
+	{&cli_embed_command, cmd_embed},
 	{&cli_inspect_command, cmd_inspect},
 	{&cli_serve_command, cmd_serve},
 };

@@ -21,6 +21,7 @@
  *   TOKENIZE   text
  *   DETOKENIZE i32 count, count × i32 id
  *   CACHE_RESET (nothing)
+ *   EMBED      i32 n_texts (1 .. CAI_EMBED_MAX_TEXTS), n_texts × text (each non-empty)
  * where
  *   generation = f32 temperature, f32 top_p, i32 top_k, u64 seed, i32 max_tokens, u8 truncate,
  *                u8 ignore_eos, u8 use_cache, u64 cache_salt, i32 n_stop, n_stop × text,
@@ -47,6 +48,8 @@
  *   SAMPLE_END 'D' final of one sample (as FINAL's, without ids), which finished; the request
  *                goes on until its FINAL, sent once every sample has ended, with the usage of
  *                the whole request (the prompt once, the samples' completion tokens summed)
+ *   EMBEDDINGS 'V' i32 n_texts, i32 dim, i32 prompt_tokens (all texts'), n_texts × dim × f32:
+ *                an EMBED request's one answer, the vectors in the order of its texts
  *
  * Frames: a 16-byte header (u32 body length, u8 type, 3 zero bytes, u64 request id), then the
  * body.  Worker → engine: REQUEST (u32 kind, payload), CANCEL, LIMITS (i32 max_queue, f64
@@ -64,7 +67,7 @@
 
 #include "cai.h"
 
-#define CAI_WIRE_VERSION 8
+#define CAI_WIRE_VERSION 9
 
 /* The longest frame body either side accepts: a request with a whole long conversation fits. */
 #define CAI_FRAME_MAX_BODY (64u * 1024 * 1024)
@@ -80,8 +83,12 @@ typedef enum cai_request_kind
 	CAI_REQUEST_COMPLETE,		/* raw text -> generation */
 	CAI_REQUEST_TOKENIZE,		/* text -> token ids */
 	CAI_REQUEST_DETOKENIZE,		/* token ids -> text */
-	CAI_REQUEST_CACHE_RESET		/* empty the prefix cache */
+	CAI_REQUEST_CACHE_RESET,	/* empty the prefix cache */
+	CAI_REQUEST_EMBED			/* texts -> one embedding each */
 } cai_request_kind;
+
+/* The most texts one EMBED request may carry (its answer stays well inside a frame) */
+#define CAI_EMBED_MAX_TEXTS 1024
 
 /* What shape a generated reply must have */
 typedef enum cai_response_format
@@ -102,7 +109,8 @@ typedef enum cai_message_type
 	CAI_MSG_OK = 'K',
 	CAI_MSG_LOGPROBS = 'P',
 	CAI_MSG_SAMPLE = 'N',
-	CAI_MSG_SAMPLE_END = 'D'
+	CAI_MSG_SAMPLE_END = 'D',
+	CAI_MSG_EMBEDDINGS = 'V'
 } cai_message_type;
 
 /*

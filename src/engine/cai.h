@@ -148,6 +148,23 @@ typedef struct cai_weights_cache_report
 /* The model's weights cache as it stands (strings owned by the model). */
 void		cai_model_weights_cache_report(const cai_model *model, cai_weights_cache_report *out);
 
+/*
+ * How an embedding pools a text's final hidden states: the values of GGUF's {arch}.pooling_type
+ * as llama.cpp numbers them.  NONE (per-token vectors) and RANK (rerankers) are not embeddings
+ * cai_embed can return; a model whose file names no pooling is pooled by its mean.
+ */
+typedef enum cai_pooling
+{
+	CAI_POOLING_NONE = 0,
+	CAI_POOLING_MEAN = 1,
+	CAI_POOLING_CLS = 2,		/* the first token's */
+	CAI_POOLING_LAST = 3,		/* the last token's */
+	CAI_POOLING_RANK = 4
+} cai_pooling;
+
+/* "none", "mean", "cls", "last", "rank"; "?" for another value. */
+const char *cai_pooling_name(cai_pooling pooling);
+
 typedef struct cai_model_info
 {
 	const char *arch;			/* "llama", "qwen2", ... */
@@ -174,6 +191,8 @@ typedef struct cai_model_info
 	int32_t		eos_token;
 	int32_t		eot_token;		/* the chat template's end-of-turn token */
 	bool		file_weights;	/* the GEMMs read the file's own block formats */
+	cai_pooling pooling;		/* how cai_embed pools (see cai_pooling) */
+	bool		causal;			/* false: embedded texts attend both ways */
 } cai_model_info;
 
 void		cai_model_get_info(const cai_model *model, cai_model_info *info);
@@ -464,6 +483,11 @@ typedef struct cai_request_params
 										 * reply may make (read at submit only) */
 	int			tool_choice;	/* cai_tool_choice */
 	const char *tool_name;		/* CAI_TOOL_CHOICE_NAMED: the function, NUL-terminated */
+	bool		embed;			/* an embedding of the prompt instead of a reply: the prompt's
+								 * prefill alone, in one step (at most max_step_tokens tokens),
+								 * batched with the other requests, no prefix cache, no sampling
+								 * (sampling, grammar and tools are ignored); its one event
+								 * carries the vector (cai_event.embedding) */
 } cai_request_params;
 
 cai_status	cai_engine_submit(cai_engine *engine, const cai_request_params *params,
@@ -514,6 +538,9 @@ typedef struct cai_event
 	const char *error;			/* with CAI_FINISH_ERROR */
 	const cai_token_logprobs *logprobs; /* with token >= 0 when the request asked; else NULL */
 	int			sample;			/* which of the request's n_samples (0 .. n - 1) */
+	const float *embedding;		/* an embed request's finish (STOP): d_model floats, pooled
+								 * as the model says (cai_pooling) and L2-normalized; else NULL */
+	int			n_embedding;
 } cai_event;
 
 /*
@@ -585,6 +612,15 @@ void		cai_engine_cache_reset(cai_engine *engine);
  */
 cai_status	cai_engine_score(cai_engine *engine, const int32_t *tokens, int n, bool float_reference,
 							 float *logits, cai_error *err);
+
+/*
+ * The embedding of one text's tokens (out: d_model floats, as an embed request's), computed
+ * alone on an idle engine like cai_engine_score, on the int8 path or the float reference path
+ * (needs load_float_reference): for comparisons with other engines.  At most max_step_tokens
+ * tokens.
+ */
+cai_status	cai_engine_embed(cai_engine *engine, const int32_t *tokens, int n, bool float_reference,
+							 float *out, cai_error *err);
 
 #ifdef __cplusplus
 }

@@ -64,6 +64,8 @@ typedef struct cai_request
 	cai_sampling_params sampling;	/* the stop strings live in reply */
 	uint64_t	cache_salt;
 	bool		use_cache;
+	bool		embed;			/* an embedding: one prefill step, no sampling */
+	float	   *embedding;		/* its vector once computed [d_model] */
 
 	/* the token sequence: prompt then generated tokens */
 	cai_tokens	tokens;
@@ -723,6 +725,7 @@ request_free(cai_request *req)
 	}
 	cai_tool_state_free(req->tool_state);
 	free(req->forks);			/* the samples themselves are in the batch once admitted */
+	free(req->embedding);
 	free(req);
 }
 
@@ -847,6 +850,7 @@ request_create(cai_engine *engine, const cai_request_params *params, int sample,
 									   err)) != CAI_OK)
 		return st;
 	if (sample == 0 && params->tools && params->tool_choice != CAI_TOOL_CHOICE_NONE &&
+		!params->embed &&
 		(st = cai_tool_state_create(params->tools,
 									params->tool_choice == CAI_TOOL_CHOICE_NAMED ? params->tool_name : NULL,
 									params->tool_choice != CAI_TOOL_CHOICE_AUTO,
@@ -878,9 +882,14 @@ request_create(cai_engine *engine, const cai_request_params *params, int sample,
 		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory queuing the request");
 	req->user_data = params->user_data;
 	req->cache_salt = params->cache_salt;
-	req->use_cache = params->use_cache;
+	/* an embedding's KV is of no use to a later prompt: it never enters the cache */
+	req->use_cache = params->use_cache && !params->embed;
+	req->embed = params->embed;
 	req->n_prompt = params->n_prompt;
-	req->max_tokens = sp->max_tokens < room ? sp->max_tokens : room;
+	req->max_tokens = params->embed ? 0 : sp->max_tokens < room ? sp->max_tokens : room;
+	if (req->embed &&
+		!(req->embedding = malloc(sizeof(float) * (size_t) engine->model->cfg.d_model)))
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory queuing the request");
 	cai_rng_seed(&req->rng, sp->seed + (uint64_t) sample);
 	req->usage.prompt_tokens = params->n_prompt;
 	req->submit_time = cai_now_seconds();
@@ -928,11 +937,39 @@ request_create_forks(cai_engine *engine, const cai_request_params *params, cai_r
  * Queues a request; *grammar_taken says whether the request took over params->grammar (it
  * then frees it, whatever happens).
  */
+/*
+ * What an embed request must be: a whole text in one step (attention may run both ways, and
+ * pooling sees every row at once), on a model and backend that give embeddings.
+ */
+static cai_status
+engine_check_embed(const cai_engine *engine, int n_prompt, cai_error *err)
+{
+	const cai_config *c = &engine->model->cfg;
+	const cai_backend *be = cai_forward_ctx_backend(engine->forward);
+
+	if (n_prompt > engine->params.max_step_tokens)
+		return cai_fail(err, CAI_ERR_CONTEXT_FULL,
+						"a text of %d tokens is longer than the %d tokens an embedding may have (the step budget, max_step_tokens)",
+						n_prompt, engine->params.max_step_tokens);
+	if (c->pooling != CAI_POOLING_MEAN && c->pooling != CAI_POOLING_CLS &&
+		c->pooling != CAI_POOLING_LAST)
+		return cai_fail(err, CAI_ERR_UNSUPPORTED,
+						"the model's pooling (%s) gives no embedding of a text",
+						cai_pooling_name(c->pooling));
+	if (strcmp(be->ops->name, "cpu") != 0)
+		return cai_fail(err, CAI_ERR_UNSUPPORTED, "embeddings run on the cpu backend only");
+	if (c->d_model > c->n_vocab)
+		return cai_fail(err, CAI_ERR_UNSUPPORTED,
+						"embeddings wider than the vocabulary are not supported");
+	return CAI_OK;
+}
+
 static cai_status
 engine_submit(cai_engine *engine, const cai_request_params *params, uint64_t *request_id,
 			  bool *grammar_taken, cai_error *err)
 {
 	cai_request *req;
+	cai_sampling_params embed_sampling;
 	const cai_sampling_params *sp = &params->sampling;
 	int			n_vocab = engine->model->cfg.n_vocab;
 	int			room;
@@ -945,6 +982,16 @@ engine_submit(cai_engine *engine, const cai_request_params *params, uint64_t *re
 			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
 							"prompt token %d at position %d is outside the vocabulary (0..%d)",
 							params->prompt[i], i, n_vocab - 1);
+	if (params->embed)
+	{
+		if (params->grammar)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+							"an embedding takes no response format");
+		if ((st = engine_check_embed(engine, params->n_prompt, err)) != CAI_OK)
+			return st;
+		cai_sampling_params_default(&embed_sampling);
+		sp = &embed_sampling;
+	}
 	if ((st = cai_sampling_params_check(sp, err)) != CAI_OK)
 		return st;
 	for (int i = 0; i < sp->n_logit_bias; i++)
@@ -958,8 +1005,10 @@ engine_submit(cai_engine *engine, const cai_request_params *params, uint64_t *re
 						"stop strings cannot be combined with a JSON response format");
 	if (params->grammar && (st = engine_token_index(engine, err)) != CAI_OK)
 		return st;
-	if ((st = engine_check_tools(engine, params, err)) != CAI_OK)
+	if (!params->embed && (st = engine_check_tools(engine, params, err)) != CAI_OK)
 		return st;
+	if (sp->n_samples > 1 && params->embed)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "an embedding takes no samples (n must be 1)");
 	if (sp->n_samples > 1 && params->tools && params->tool_choice != CAI_TOOL_CHOICE_NONE)
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "n greater than 1 cannot be combined with tools");
 	/* the samples run side by side in one batch */
@@ -968,9 +1017,9 @@ engine_submit(cai_engine *engine, const cai_request_params *params, uint64_t *re
 						"n must be at most the engine's max_running, %d (got %d)",
 						engine->params.max_running, sp->n_samples);
 
-	/* the prompt plus at least one generated token must fit the context */
+	/* the prompt plus at least one generated token must fit the context (an embedding: none) */
 	room = engine->context_length - params->n_prompt;
-	if (room < 1)
+	if (room < (params->embed ? 0 : 1))
 		return cai_fail(err, CAI_ERR_CONTEXT_FULL,
 						"prompt of %d tokens does not fit the context of %d tokens",
 						params->n_prompt, engine->context_length);
@@ -1553,6 +1602,19 @@ request_take_token(cai_engine *engine, cai_request *req, int32_t token, cai_even
 		request_finish(engine, req, CAI_FINISH_LENGTH, ev);
 }
 
+/* Reports an embed request's vector (its forward row) and finishes it. */
+static void
+request_take_embedding(cai_engine *engine, cai_request *req, const float *row, cai_event *ev)
+{
+	int			d = engine->model->cfg.d_model;
+
+	memcpy(req->embedding, row, sizeof(float) * (size_t) d);
+	req->usage.ttft_ms = (cai_now_seconds() - req->submit_time) * 1000.0;
+	request_finish(engine, req, CAI_FINISH_STOP, ev);
+	ev->embedding = req->embedding;
+	ev->n_embedding = d;
+}
+
 /*
  * Admission, FIFO: a request that cannot get its blocks blocks those behind it, so that a long
  * request is not starved by short ones that keep fitting.
@@ -1614,6 +1676,9 @@ engine_plan_batch(cai_engine *engine)
 		if (req->state != REQUEST_PREFILL)
 			continue;
 		chunk = req->n_prompt - req->n_computed;
+		/* an embedding runs whole or waits for a step with room for it */
+		if (req->embed && chunk > budget)
+			continue;
 		if (chunk > budget)
 			chunk = budget;
 		last = req->n_computed + chunk == req->n_prompt;
@@ -1624,7 +1689,7 @@ engine_plan_batch(cai_engine *engine)
 			.pos = req->n_computed,
 			.block_table = req->block_table,
 			.n_blocks = req->n_blocks,
-			.logits = last ? CAI_LOGITS_LAST : CAI_LOGITS_NONE,
+			.logits = req->embed ? CAI_LOGITS_EMBED : last ? CAI_LOGITS_LAST : CAI_LOGITS_NONE,
 		};
 		engine->batch_req[n_batch++] = req;
 		budget -= chunk;
@@ -1684,12 +1749,15 @@ engine_take_batch_tokens(cai_engine *engine, int n_batch, int *n_events, cai_err
 {
 	int			n_drawn = 0;
 	int			row = 0;
+	int			embed_row;
 
+	/* the forward's rows: the logits' in batch order, then the embeddings' (model.h) */
 	for (int b = 0; b < n_batch; b++)
 	{
 		cai_request *req = engine->batch_req[b];
 
-		if (engine->batch[b].logits == CAI_LOGITS_NONE)
+		if (engine->batch[b].logits == CAI_LOGITS_NONE ||
+			engine->batch[b].logits == CAI_LOGITS_EMBED)
 			continue;
 		engine->logit_req[n_drawn] = req;
 		engine->logit_row[n_drawn++] = row;
@@ -1704,6 +1772,7 @@ engine_take_batch_tokens(cai_engine *engine, int n_batch, int *n_events, cai_err
 	}
 	engine_sample_rows(engine, n_drawn);
 	n_drawn = 0;
+	embed_row = row;
 	for (int b = 0; b < n_batch; b++)
 	{
 		cai_batch_seq *seq = &engine->batch[b];
@@ -1714,6 +1783,15 @@ engine_take_batch_tokens(cai_engine *engine, int n_batch, int *n_events, cai_err
 		request_drop_windows(engine, req);
 		if (seq->logits == CAI_LOGITS_NONE)
 			continue;
+		if (seq->logits == CAI_LOGITS_EMBED)
+		{
+			if (!(ev = engine_new_event(engine, n_events, req)))
+				return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory reporting events");
+			request_take_embedding(engine, req,
+								   engine->logits + (size_t) embed_row++ * engine->model->cfg.n_vocab,
+								   ev);
+			continue;
+		}
 		req->state = REQUEST_DECODE;
 		for (int i = -1; i < req->n_forks; i++)
 		{
@@ -1833,6 +1911,67 @@ void
 cai_engine_cache_reset(cai_engine *engine)
 {
 	cai_prefix_cache_reset(engine->cache);
+}
+
+cai_status
+cai_engine_embed(cai_engine *engine, const int32_t *tokens, int n, bool float_reference,
+				 float *out, cai_error *err)
+{
+	const cai_config *c = &engine->model->cfg;
+	int			need = (n + CAI_KV_BLOCK_TOKENS - 1) / CAI_KV_BLOCK_TOKENS;
+	int32_t    *blocks;
+	float	   *row;
+	cai_batch_seq seq;
+	cai_status	st;
+
+	if (n <= 0 || n > engine->context_length)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+						"embedding length %d must be between 1 and the context (%d)",
+						n, engine->context_length);
+	if ((st = engine_check_embed(engine, n, err)) != CAI_OK)
+		return st;
+	if (engine->n_running > 0)
+		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "a direct embedding needs an idle engine");
+	if (cai_kv_pool_n_free(engine->kv) < need)
+		cai_prefix_cache_reclaim(engine->cache, need);
+	if (cai_kv_pool_n_free(engine->kv) < need)
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "not enough free KV blocks to embed %d tokens", n);
+	blocks = malloc((size_t) need * sizeof(int32_t));
+	row = malloc((size_t) c->n_vocab * sizeof(float));
+	if (!blocks || !row)
+	{
+		free(blocks);
+		free(row);
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory embedding");
+	}
+	/* every block with its window part: the text is one chunk */
+	for (int i = 0; i < need; i++)
+		if ((blocks[i] = cai_kv_block_alloc(engine->kv)) < 0)
+		{
+			while (--i >= 0)
+				cai_kv_block_unref(engine->kv, blocks[i]);
+			free(blocks);
+			free(row);
+			return cai_fail(err, CAI_ERR_NO_MEMORY, "not enough free KV blocks to embed %d tokens",
+							n);
+		}
+	seq = (cai_batch_seq) {
+		.tokens = tokens,
+		.n_tokens = n,
+		.pos = 0,
+		.block_table = blocks,
+		.n_blocks = need,
+		.logits = CAI_LOGITS_EMBED,
+	};
+	st = cai_model_forward(engine->model, engine->forward, engine->kv, &seq, 1, row,
+						   float_reference, err);
+	if (st == CAI_OK)
+		memcpy(out, row, sizeof(float) * (size_t) c->d_model);
+	for (int i = 0; i < need; i++)
+		cai_kv_block_unref(engine->kv, blocks[i]);
+	free(blocks);
+	free(row);
+	return st;
 }
 
 cai_status

@@ -174,6 +174,10 @@ cai_forward_ctx_create_on(const cai_model *model, cai_backend_factory factory, v
 	ctx->seq_start = malloc(T * sizeof(int32_t));
 	ctx->seq_len = malloc(T * sizeof(int32_t));
 	ctx->tables = malloc(T * sizeof(int32_t *));
+	ctx->embed_seq = malloc(T * sizeof(int32_t));
+	ctx->embed_first = malloc(T * sizeof(int32_t));
+	ctx->embed_rows = malloc(T * sizeof(int32_t));
+	ctx->attn_pos = malloc(T * sizeof(int32_t));
 	ctx->x = ctx->be->ops->alloc(ctx->be, T * c->d_model * sizeof(float));
 	ctx->xn = ctx->be->ops->alloc(ctx->be, T * ctx->width * sizeof(float));
 	ctx->xq = ctx->be->ops->alloc(ctx->be, (model->two_digit_activations ? 2 : 1) * T * ctx->width);
@@ -231,7 +235,8 @@ cai_forward_ctx_create_on(const cai_model *model, cai_backend_factory factory, v
 	}
 	ctx->xg = ctx->be->ops->alloc(ctx->be, T * c->d_model * sizeof(float));
 	if (!ctx->ids || !ctx->pos || !ctx->seq || !ctx->logit_rows || !ctx->seq_start ||
-		!ctx->seq_len || !ctx->tables || !ctx->x || !ctx->xn || !ctx->xq || !ctx->xs ||
+		!ctx->seq_len || !ctx->tables || !ctx->embed_seq || !ctx->embed_first ||
+		!ctx->embed_rows || !ctx->attn_pos || !ctx->x || !ctx->xn || !ctx->xq || !ctx->xs ||
 		!ctx->qkv || !ctx->att || !ctx->gate_up || !ctx->rope_cs || !ctx->xg)
 	{
 		cai_forward_ctx_free(ctx);
@@ -282,6 +287,10 @@ cai_forward_ctx_free(cai_forward_ctx *ctx)
 	free(ctx->seq_start);
 	free(ctx->seq_len);
 	free(ctx->tables);
+	free(ctx->embed_seq);
+	free(ctx->embed_first);
+	free(ctx->embed_rows);
+	free(ctx->attn_pos);
 	free(ctx->shadow.data);
 	free(ctx->shadow_valid);
 	free(ctx);
@@ -317,6 +326,46 @@ shadow_reserve(cai_forward_ctx *ctx, const cai_kv_layout *L, int n_blocks, cai_e
 	return CAI_OK;
 }
 
+/*
+ * After the logit rows (R of them), the rows each embedded sequence pools: all of its rows
+ * for mean pooling, its first or its last.  A model that is not causal lets an embedded text's
+ * tokens attend to the whole text: each attends up to the text's last position.  Returns the
+ * output rows in all.
+ */
+static int
+layout_embed_rows(const cai_model *model, cai_forward_ctx *ctx, const cai_batch_seq *seqs,
+				  int n_embed, int R)
+{
+	const cai_config *c = &model->cfg;
+
+	ctx->n_logit_rows = R;
+	ctx->n_embed = n_embed;
+	ctx->bidirectional = false;
+	for (int i = 0; i < n_embed; i++)
+	{
+		int			s = ctx->embed_seq[i];
+		int			first = ctx->seq_start[s];
+		int			n = seqs[s].n_tokens;
+
+		ctx->embed_first[i] = R;
+		if (c->pooling == CAI_POOLING_CLS)
+			ctx->logit_rows[R++] = first;
+		else if (c->pooling == CAI_POOLING_LAST)
+			ctx->logit_rows[R++] = first + n - 1;
+		else
+			for (int t = 0; t < n; t++)
+				ctx->logit_rows[R++] = first + t;
+		ctx->embed_rows[i] = R - ctx->embed_first[i];
+		if (!c->causal && n > 1)
+		{
+			for (int t = 0; t < n; t++)
+				ctx->attn_pos[first + t] = n - 1;
+			ctx->bidirectional = true;
+		}
+	}
+	return R;
+}
+
 /* Checks the batch and lays it out per token; counts the rows that need logits. */
 cai_status
 cai_forward_layout_batch(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
@@ -324,6 +373,7 @@ cai_forward_layout_batch(const cai_model *model, cai_forward_ctx *ctx, cai_kv_po
 {
 	int			T = 0;
 	int			R = 0;
+	int			n_embed = 0;
 	int			pool_blocks = cai_kv_pool_n_blocks(kv);
 	const cai_kv_layout *L = cai_kv_pool_layout(kv);
 
@@ -364,8 +414,13 @@ cai_forward_layout_batch(const cai_model *model, cai_forward_ctx *ctx, cai_kv_po
 									"sequence %d's kv block %d has no window part for position %d",
 									s, q->block_table[b], b * CAI_KV_BLOCK_TOKENS);
 		}
-		if (q->logits != CAI_LOGITS_NONE && q->logits != CAI_LOGITS_LAST && q->logits != CAI_LOGITS_ALL)
+		if (q->logits != CAI_LOGITS_NONE && q->logits != CAI_LOGITS_LAST &&
+			q->logits != CAI_LOGITS_ALL && q->logits != CAI_LOGITS_EMBED)
 			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "sequence %d has an unknown logits mode", s);
+		if (q->logits == CAI_LOGITS_EMBED && q->pos != 0)
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
+							"sequence %d is embedded from position %d: a text is embedded whole",
+							s, q->pos);
 
 		ctx->seq_start[s] = T;
 		ctx->seq_len[s] = q->n_tokens;
@@ -379,14 +434,17 @@ cai_forward_layout_batch(const cai_model *model, cai_forward_ctx *ctx, cai_kv_po
 								"token id %d is outside the vocabulary of %d", id, model->cfg.n_vocab);
 			ctx->ids[T] = id;
 			ctx->pos[T] = q->pos + i;
+			ctx->attn_pos[T] = q->pos + i;
 			ctx->seq[T] = s;
 			if (q->logits == CAI_LOGITS_ALL || (q->logits == CAI_LOGITS_LAST && i == q->n_tokens - 1))
 				ctx->logit_rows[R++] = T;
 			T++;
 		}
+		if (q->logits == CAI_LOGITS_EMBED)
+			ctx->embed_seq[n_embed++] = s;
 	}
 	*n_tokens = T;
-	*n_rows = R;
+	*n_rows = layout_embed_rows(model, ctx, seqs, n_embed, R);
 	return CAI_OK;
 }
 
@@ -575,7 +633,16 @@ layer_attention(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 			 n_qk_heads, c->head_dim, to_heads);
 	if (owns_kv)
 		op->kv_write(be, &ap, batch, k, v, qkv_w, kv, shadow);
-	op->attention(be, &ap, batch, q, qkv_w, kv, shadow, ctx->att, q_dim);
+	if (ctx->bidirectional)
+	{
+		/* the same batch, each token attending up to its attn_pos (written just above) */
+		cai_batch_layout both_ways = *batch;
+
+		both_ways.token_pos = ctx->attn_pos;
+		op->attention(be, &ap, &both_ways, q, qkv_w, kv, shadow, ctx->att, q_dim);
+	}
+	else
+		op->attention(be, &ap, batch, q, qkv_w, kv, shadow, ctx->att, q_dim);
 }
 
 /*
@@ -862,6 +929,60 @@ output_logits(const cai_model *model, cai_forward_ctx *ctx, int R, bool f, float
 	}
 }
 
+void
+cai_pool_embedding(const float *rows, int n, int d, cai_pooling pooling, float *out)
+{
+	double		sumsq = 0.0;
+	double		inv;
+
+	for (int j = 0; j < d; j++)
+	{
+		double		acc = 0.0;
+
+		if (pooling == CAI_POOLING_CLS)
+			acc = rows[j];
+		else if (pooling == CAI_POOLING_LAST)
+			acc = rows[(size_t) (n - 1) * d + j];
+		else
+		{
+			for (int t = 0; t < n; t++)
+				acc += rows[(size_t) t * d + j];
+			acc /= n;
+		}
+		out[j] = (float) acc;
+		sumsq += acc * acc;
+	}
+	/* a zero vector stays zero: no direction to keep */
+	inv = sumsq > 0.0 ? 1.0 / sqrt(sumsq) : 0.0;
+	for (int j = 0; j < d; j++)
+		out[j] = (float) (out[j] * inv);
+}
+
+/*
+ * The embedded sequences' vectors: their pooled rows of ctx->xg (after the logit rows) through
+ * the output norm (the source's weights: the residual stream is in the source's basis on every
+ * path), pooled and normalized into the rows after the logits' (model.h).  The normed rows are
+ * read on the host: forward refuses embeddings on a backend whose memory is not.
+ */
+static void
+output_embeddings(const cai_model *model, cai_forward_ctx *ctx, float *logits)
+{
+	const cai_config *c = &model->cfg;
+	cai_backend *be = ctx->be;
+	const int	d = c->d_model;
+	const int	R0 = ctx->n_logit_rows;
+	int			n_rows = 0;
+
+	for (int i = 0; i < ctx->n_embed; i++)
+		n_rows += ctx->embed_rows[i];
+	be->ops->rmsnorm(be, ctx->xg + (size_t) R0 * d, ctx->w.out_norm, n_rows, d, c->norm_eps,
+					 ctx->xn, NULL);
+	for (int i = 0; i < ctx->n_embed; i++)
+		cai_pool_embedding(ctx->xn + (size_t) (ctx->embed_first[i] - R0) * d,
+						   ctx->embed_rows[i], d, c->pooling,
+						   logits + (size_t) (R0 + i) * c->n_vocab);
+}
+
 /*
  * A step's operations on the int8 path or the float reference path (f): the embeddings and
  * rotary angles of its T tokens, the layers (the last one only for the R rows that need logits,
@@ -887,8 +1008,10 @@ forward_step(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 		else
 			cai_forward_layer_int8(model, ctx, kv, batch, l, out_rows, R);
 	}
-	if (R > 0)
-		output_logits(model, ctx, R, f, logits);
+	if (ctx->n_logit_rows > 0)
+		output_logits(model, ctx, ctx->n_logit_rows, f, logits);
+	if (ctx->n_embed > 0)
+		output_embeddings(model, ctx, logits);
 }
 
 /*
@@ -930,6 +1053,14 @@ cai_model_forward(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 		return st;
 	if (R > 0 && !logits)
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "logits were requested but no buffer given");
+	if (ctx->n_embed > 0 && (c->d_model > c->n_vocab || strcmp(op->name, "cpu") != 0 ||
+							 (c->pooling != CAI_POOLING_MEAN && c->pooling != CAI_POOLING_CLS &&
+							  c->pooling != CAI_POOLING_LAST)))
+		return cai_fail(err, CAI_ERR_UNSUPPORTED,
+						c->d_model > c->n_vocab ? "embeddings wider than the vocabulary are not supported" :
+						strcmp(op->name, "cpu") != 0 ? "embeddings run on the cpu backend only" :
+						"the model's pooling (%s) gives no embedding of a text",
+						cai_pooling_name(c->pooling));
 	if ((st = cai_forward_shadow_prepare(ctx, kv, seqs, n_seqs, f, err)) != CAI_OK)
 		return st;
 	cai_forward_batch_from_ctx(ctx, T, n_seqs, &batch);
@@ -939,7 +1070,7 @@ cai_model_forward(const cai_model *model, cai_forward_ctx *ctx, cai_kv_pool *kv,
 	 * the backend recorded before: it then runs the whole step itself.
 	 */
 	mode = CAI_STEP_PLAIN;
-	if (!f && op->step_graph_begin && R == T && T == n_seqs)
+	if (!f && op->step_graph_begin && R == T && T == n_seqs && ctx->n_embed == 0)
 		mode = op->step_graph_begin(be, ctx, kv, &batch, ctx->ids, logits, c->n_vocab);
 	if (mode != CAI_STEP_REPLAYED)
 	{

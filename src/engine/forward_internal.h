@@ -67,6 +67,21 @@ struct cai_forward_ctx
 	int32_t    *seq_len;
 	const int32_t **tables;
 
+	/*
+	 * Embeddings (CAI_LOGITS_EMBED): the last layer's output rows are the logit rows, then each
+	 * embedded sequence's pooled rows; embed_seq[i] is the i-th embedded sequence, its rows
+	 * start at output row embed_first[i] and number embed_rows[i].  attn_pos: the position
+	 * each token attends up to, its own, or its text's last when the text attends both ways
+	 * (bidirectional: some token's differs from its own).
+	 */
+	int			n_logit_rows;
+	int			n_embed;
+	int32_t    *embed_seq;		/* [max_tokens] */
+	int32_t    *embed_first;
+	int32_t    *embed_rows;
+	int32_t    *attn_pos;		/* [max_tokens] */
+	bool		bidirectional;
+
 	/* activations (backend memory) */
 	float	   *x;				/* [T, d_model] the residual stream */
 	float	   *xn;				/* [T, width] float activations (reference path) */

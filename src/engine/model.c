@@ -181,6 +181,8 @@ cai_model_get_info(const cai_model *model, cai_model_info *info)
 	info->gptq_rounding = model->gptq_rounding;
 	info->two_digit_activations = model->two_digit_activations;
 	info->file_weights = model->file_weights;
+	info->pooling = model->cfg.pooling;
+	info->causal = model->cfg.causal;
 	info->fingerprint = model->fingerprint;
 	info->bos_token = cai_tokenizer_bos(model->tokenizer);
 	info->add_bos = info->bos_token >= 0 && cai_tokenizer_add_bos(model->tokenizer);

@@ -56,6 +56,10 @@ typedef struct cai_config
 	int			n_kv_layers;
 	int			n_windowed_kv_layers;	/* the last of the KV indexes: read only through windows */
 	int			kv_window;		/* the widest window reading them; 0 when there are none */
+	/* embeddings (cai_embed): how a text's final hidden states become one vector */
+	cai_pooling pooling;		/* {arch}.pooling_type; mean when the file names none */
+	bool		causal;			/* {arch}.attention.causal (default true): false lets an
+								 * embedded text's tokens attend both ways */
 } cai_config;
 
 /*
@@ -142,7 +146,10 @@ typedef enum cai_logits_mode
 {
 	CAI_LOGITS_NONE = 0,		/* a prefill chunk that does not end the prompt */
 	CAI_LOGITS_LAST,			/* logits of the last new token (decode, end of prefill) */
-	CAI_LOGITS_ALL				/* logits of every new token (scoring) */
+	CAI_LOGITS_ALL,				/* logits of every new token (scoring) */
+	CAI_LOGITS_EMBED			/* the whole text at once (pos 0): its pooled, L2-normalized
+								 * final hidden state (cai_config.pooling), attending both
+								 * ways when the model is not causal */
 } cai_logits_mode;
 
 typedef struct cai_batch_seq
@@ -195,7 +202,9 @@ cai_status	cai_forward_kv_copy_rows(cai_forward_ctx *ctx, cai_kv_pool *kv, int32
 /*
  * Runs the model over the batch, writing the new tokens' K/V into their blocks and the requested
  * logits into logits: rows in sequence order, one per LAST sequence and n_tokens per ALL sequence
- * ([rows, n_vocab]).  Sequences must be distinct, each with >= 1 token.
+ * ([rows, n_vocab]), then one row per EMBED sequence, in sequence order, whose first d_model
+ * floats are its embedding (d_model <= n_vocab).  Sequences must be distinct, each with >= 1
+ * token.
  *
  * float_reference: the fp32 path over the source weights (unsmoothed, no activation
  * quantization), its attention over a float copy of the KV kept in ctx (the blocks still
@@ -211,6 +220,13 @@ cai_status	cai_model_forward(const cai_model *model, cai_forward_ctx *ctx, cai_k
  * with a later layer this way).  Each kv_source[l] must be <= l and own its KV.
  */
 cai_status	cai_config_update_kv_sharing(cai_config *cfg, cai_error *err);
+
+/*
+ * Pools n rows of d floats (a text's final hidden states, after the output norm) into out[d]
+ * as pooling says (mean, the first row, the last row), then L2-normalizes it in double.
+ * Shared by the forward and the unit tests' reference.
+ */
+void		cai_pool_embedding(const float *rows, int n, int d, cai_pooling pooling, float *out);
 
 /* The KV layout this model needs (for cai_kv_pool_create). */
 void		cai_model_kv_layout(const cai_model *model, cai_kv_layout *out);

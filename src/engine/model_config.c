@@ -335,6 +335,51 @@ config_read_rope_scaling(const gguf_file *f, cai_config *c, cai_error *err)
 	return CAI_OK;
 }
 
+const char *
+cai_pooling_name(cai_pooling pooling)
+{
+	switch (pooling)
+	{
+		case CAI_POOLING_NONE:
+			return "none";
+		case CAI_POOLING_MEAN:
+			return "mean";
+		case CAI_POOLING_CLS:
+			return "cls";
+		case CAI_POOLING_LAST:
+			return "last";
+		case CAI_POOLING_RANK:
+			return "rank";
+	}
+	return "?";
+}
+
+/*
+ * The embedding keys: {arch}.pooling_type and {arch}.attention.causal.  A chat model's file
+ * names neither; its embeddings are the mean of its hidden states (what sentence encoders
+ * built on decoders default to), over causal attention.
+ */
+static cai_status
+config_read_embedding(const gguf_file *f, cai_config *c, cai_error *err)
+{
+	char		key[160];
+	uint32_t	pooling;
+	cai_status	st;
+
+	if ((st = read_arch_u32(f, c->arch_name, "pooling_type", false, CAI_POOLING_MEAN, &pooling,
+							err)) != CAI_OK)
+		return st;
+	if (pooling > CAI_POOLING_RANK)
+		return cai_fail(err, CAI_ERR_FORMAT, "%s.pooling_type %u is not a known pooling",
+						c->arch_name, pooling);
+	c->pooling = (cai_pooling) pooling;
+	c->causal = true;
+	snprintf(key, sizeof(key), "%s.attention.causal", c->arch_name);
+	if (gguf_find_kv(f, key) && !gguf_get_bool(f, key, &c->causal))
+		return cai_fail(err, CAI_ERR_FORMAT, "metadata key '%s' is not a boolean", key);
+	return CAI_OK;
+}
+
 /* Fills m->cfg from the file's metadata (shapes checked against tensors later). */
 cai_status
 cai_model_read_config(cai_model *m, const char *path, cai_error *err)
@@ -355,7 +400,8 @@ cai_model_read_config(cai_model *m, const char *path, cai_error *err)
 	}
 	if ((st = config_read_sizes(f, c, err)) != CAI_OK ||
 		(st = config_read_head(f, c, err)) != CAI_OK ||
-		(st = config_read_rope_scaling(f, c, err)) != CAI_OK)
+		(st = config_read_rope_scaling(f, c, err)) != CAI_OK ||
+		(st = config_read_embedding(f, c, err)) != CAI_OK)
 		return st;
 
 	/* the GEMM kernels want every reduction length a multiple of 4 */

@@ -22,6 +22,10 @@ cai_decoded_request_free(cai_decoded_request *req)
 	cai_tool_set_free(req->tools);
 	free(req->tool_name);
 	free(req->logit_bias);
+	for (int i = 0; i < req->n_texts; i++)
+		free(req->text_ids ? req->text_ids[i] : NULL);
+	free(req->text_ids);
+	free(req->text_n_ids);
 	memset(req, 0, sizeof(*req));
 }
 
@@ -338,6 +342,60 @@ decode_complete(const cai_model *model, cai_reader *r, int context_length, int m
 	return CAI_OK;
 }
 
+/*
+ * The texts of an EMBED payload, each tokenized as a COMPLETE prompt is (BOS first where the
+ * model asks for it).  Length is the engine's business: it refuses a text longer than a step.
+ */
+static cai_status
+decode_embed(const cai_model *model, cai_reader *r, cai_decoded_request *out, cai_error *err)
+{
+	int32_t		n_texts;
+	cai_model_info info;
+	int			n_bos;
+
+	cai_model_get_info(model, &info);
+	n_bos = info.add_bos && info.bos_token >= 0 ? 1 : 0;
+	if (!cai_get_i32(r, &n_texts) || n_texts < 1 || n_texts > CAI_EMBED_MAX_TEXTS)
+		return cai_fail(err, CAI_ERR_INTERNAL, "malformed embedding request");
+	out->text_ids = calloc((size_t) n_texts, sizeof(int32_t *));
+	out->text_n_ids = calloc((size_t) n_texts, sizeof(int));
+	if (!out->text_ids || !out->text_n_ids)
+		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory decoding a request");
+	out->n_texts = n_texts;
+	for (int i = 0; i < n_texts; i++)
+	{
+		const char *text;
+		uint32_t	len;
+		int32_t    *ids = NULL;
+		int			n_ids = 0;
+		cai_status	st;
+
+		if (!cai_get_text(r, &text, &len))
+			return cai_fail(err, CAI_ERR_INTERNAL, "malformed embedding request");
+		if ((st = cai_tokenize(model, text, len, false, &ids, &n_ids, err)) != CAI_OK)
+			return st;
+		if (n_ids == 0)
+		{
+			cai_free(ids);
+			return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "text %d to embed is empty", i + 1);
+		}
+		out->text_ids[i] = malloc(sizeof(int32_t) * (size_t) (n_ids + n_bos));
+		if (!out->text_ids[i])
+		{
+			cai_free(ids);
+			return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory decoding a request");
+		}
+		if (n_bos)
+			out->text_ids[i][0] = info.bos_token;
+		memcpy(out->text_ids[i] + n_bos, ids, sizeof(int32_t) * (size_t) n_ids);
+		out->text_n_ids[i] = n_ids + n_bos;
+		cai_free(ids);
+	}
+	if (cai_reader_remaining(r) != 0)
+		return cai_fail(err, CAI_ERR_INTERNAL, "malformed embedding request");
+	return CAI_OK;
+}
+
 cai_status
 cai_request_decode(const cai_model *model, int context_length, uint32_t kind,
 				   const void *payload, size_t len, cai_decoded_request *out, cai_error *err)
@@ -404,6 +462,10 @@ cai_request_decode(const cai_model *model, int context_length, uint32_t kind,
 					}
 				break;
 			}
+
+		case CAI_REQUEST_EMBED:
+			st = decode_embed(model, &r, out, err);
+			break;
 
 		case CAI_REQUEST_CACHE_RESET:
 			if (cai_reader_remaining(&r) != 0)

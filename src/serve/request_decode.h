@@ -36,6 +36,11 @@ typedef struct cai_decoded_request
 	/* DETOKENIZE: the ids, owned */
 	int32_t    *ids;
 	int			n_ids;
+
+	/* EMBED: each text's token ids (BOS first where the model asks for it), owned */
+	int			n_texts;
+	int32_t   **text_ids;
+	int		   *text_n_ids;
 } cai_decoded_request;
 
 /*

@@ -47,6 +47,22 @@ typedef struct serve_request
 	int32_t    *user_tokens;	/* CHAT: the last turn's content ids */
 	int			n_user_tokens;
 	int			first_message;
+
+	/*
+	 * EMBED: every text is an engine request of its own, submitted a batch's worth at a time
+	 * (the engine's queue stays open to the others); the vectors collect here until the last.
+	 */
+	bool		embed;
+	int			n_texts;
+	int32_t   **text_ids;		/* owned, from the decoded request */
+	int		   *text_n_ids;
+	int			next_text;		/* the first not yet submitted */
+	int			n_running;		/* submitted, not finished */
+	int			n_done;
+	uint64_t   *text_engine_id; /* [n_texts] while submitted */
+	float	   *vectors;		/* [n_texts * dim] */
+	int			dim;
+	int			prompt_tokens;
 	struct serve_request *prev;
 	struct serve_request *next;
 } serve_request;
@@ -71,6 +87,7 @@ typedef struct server
 	double		last_stats;
 	double		last_heartbeat;
 	double		longest_step;	/* seconds */
+	int			max_running;	/* the engine's batch: an embedding's texts in flight at most */
 	bool		stats_due;		/* the statistics changed outside a step (cancel, refusal) */
 } server;
 
@@ -197,6 +214,12 @@ request_free(serve_request *req)
 		cai_tokens_free(&req->samples[i].generated);
 	}
 	free(req->user_tokens);
+	for (int i = 0; i < req->n_texts; i++)
+		free(req->text_ids[i]);
+	free(req->text_ids);
+	free(req->text_n_ids);
+	free(req->text_engine_id);
+	free(req->vectors);
 	free(req);
 }
 
@@ -220,6 +243,20 @@ request_live(const server *s, const serve_request *req)
 		if (r == req)
 			return true;
 	return false;
+}
+
+/* Drops whatever the engine still runs for a request (its texts, for an embedding). */
+static void
+request_cancel_engine(server *s, serve_request *req)
+{
+	if (!req->embed)
+	{
+		(void) cai_engine_cancel(s->engine, req->engine_id);
+		return;
+	}
+	for (int i = 0; i < req->next_text; i++)
+		if (req->text_engine_id[i] != 0)
+			(void) cai_engine_cancel(s->engine, req->text_engine_id[i]);
 }
 
 static serve_request *
@@ -274,6 +311,142 @@ start_generation(server *s, uint64_t id, cai_decoded_request *dec)
 	s->requests = req;
 }
 
+/*
+ * Submits an embedding's next texts while fewer than a batch run; false after an error was
+ * sent (the request is then to be dropped).  A full queue only waits for the request's own
+ * texts to make room, unless none of them runs.
+ */
+static bool
+embed_submit_more(server *s, serve_request *req, cai_wbuf *out)
+{
+	while (req->next_text < req->n_texts && req->n_running < s->max_running)
+	{
+		cai_request_params rp;
+		cai_error	err;
+		cai_status	st;
+		int			i = req->next_text;
+
+		memset(&rp, 0, sizeof(rp));
+		rp.prompt = req->text_ids[i];
+		rp.n_prompt = req->text_n_ids[i];
+		rp.embed = true;
+		rp.user_data = req;
+		cai_sampling_params_default(&rp.sampling);
+		st = cai_engine_submit(s->engine, &rp, &req->text_engine_id[i], &err);
+		if (st == CAI_ERR_QUEUE_FULL && req->n_running > 0)
+			return true;
+		if (st != CAI_OK)
+		{
+			char		message[CAI_ERROR_MESSAGE_SIZE + 32];
+
+			if (st == CAI_ERR_QUEUE_FULL)
+				s->stats_due = true;
+			if (req->n_texts > 1)
+				snprintf(message, sizeof(message), "text %d: %s", i + 1, err.message);
+			else
+				snprintf(message, sizeof(message), "%s", err.message);
+			request_cancel_engine(s, req);
+			send_error(out, req->id, st, message);
+			return false;
+		}
+		req->prompt_tokens += rp.n_prompt;
+		req->next_text++;
+		req->n_running++;
+	}
+	return true;
+}
+
+/* Starts a decoded embedding: takes its texts over and submits the first of them. */
+static void
+start_embedding(server *s, uint64_t id, cai_decoded_request *dec)
+{
+	serve_request *req = calloc(1, sizeof(*req));
+
+	if (req)
+	{
+		req->text_engine_id = calloc((size_t) dec->n_texts, sizeof(uint64_t));
+		req->vectors = malloc(sizeof(float) * (size_t) dec->n_texts * (size_t) s->info.d_model);
+	}
+	if (!req || !req->text_engine_id || !req->vectors)
+	{
+		if (req)
+		{
+			free(req->text_engine_id);
+			free(req->vectors);
+			free(req);
+		}
+		send_error(&s->out, id, CAI_ERR_NO_MEMORY, "out of memory starting the request");
+		return;
+	}
+	req->id = id;
+	req->embed = true;
+	req->dim = s->info.d_model;
+	req->n_texts = dec->n_texts;
+	req->text_ids = dec->text_ids;
+	req->text_n_ids = dec->text_n_ids;
+	dec->text_ids = NULL;
+	dec->text_n_ids = NULL;
+	dec->n_texts = 0;
+	req->next = s->requests;
+	if (s->requests)
+		s->requests->prev = req;
+	s->requests = req;
+	if (!embed_submit_more(s, req, &s->out))
+		request_unlink(s, req);
+}
+
+/*
+ * One of an embedding's texts finished: its vector is kept, and the last one sends them all.
+ * Returns true when the request is over (answered, or failed).
+ */
+static bool
+embed_event(server *s, serve_request *req, const cai_event *ev)
+{
+	int			i;
+
+	if (ev->finish == CAI_FINISH_NONE)
+		return false;
+	for (i = 0; i < req->next_text; i++)
+		if (req->text_engine_id[i] == ev->request_id)
+			break;
+	req->n_running--;
+	if (ev->finish == CAI_FINISH_ERROR || i == req->next_text || !ev->embedding ||
+		ev->n_embedding != req->dim)
+	{
+		if (i < req->next_text)
+			req->text_engine_id[i] = 0;
+		request_cancel_engine(s, req);
+		send_error(&s->step_out, req->id, CAI_ERR_BACKEND,
+				   ev->error ? ev->error : "the embedding failed");
+		request_unlink(s, req);
+		return true;
+	}
+	req->text_engine_id[i] = 0;
+	memcpy(req->vectors + (size_t) i * req->dim, ev->embedding, sizeof(float) * (size_t) req->dim);
+	if (++req->n_done < req->n_texts)
+	{
+		if (!embed_submit_more(s, req, &s->step_out))
+		{
+			request_unlink(s, req);
+			return true;
+		}
+		return false;
+	}
+	{
+		size_t		frame = cai_frame_begin(&s->step_out, CAI_FRAME_MESSAGE, req->id);
+
+		cai_put_u8(&s->step_out, CAI_MSG_EMBEDDINGS);
+		cai_put_i32(&s->step_out, req->n_texts);
+		cai_put_i32(&s->step_out, req->dim);
+		cai_put_i32(&s->step_out, req->prompt_tokens);
+		for (size_t k = 0; k < (size_t) req->n_texts * req->dim; k++)
+			cai_put_f32(&s->step_out, req->vectors[k]);
+		cai_frame_end(&s->step_out, frame);
+	}
+	request_unlink(s, req);
+	return true;
+}
+
 /* Answers a request: at once, or by submitting it to the engine. */
 static void
 start_request(server *s, uint64_t id, const char *body, size_t len)
@@ -309,6 +482,10 @@ start_request(server *s, uint64_t id, const char *body, size_t len)
 		case CAI_REQUEST_CHAT:
 		case CAI_REQUEST_COMPLETE:
 			start_generation(s, id, &dec);
+			break;
+
+		case CAI_REQUEST_EMBED:
+			start_embedding(s, id, &dec);
 			break;
 
 		case CAI_REQUEST_TOKENIZE:
@@ -467,7 +644,11 @@ handle_event(server *s, const cai_event *ev)
 	serve_sample *sm;
 
 	/* a request that failed in a sample earlier this step: its other samples say no more */
-	if (!request_live(s, req) || ev->sample < 0 || ev->sample >= req->n_samples)
+	if (!request_live(s, req))
+		return false;
+	if (req->embed)
+		return embed_event(s, req, ev);
+	if (ev->sample < 0 || ev->sample >= req->n_samples)
 		return false;
 	sm = &req->samples[ev->sample];
 	if (ev->finish == CAI_FINISH_ERROR)
@@ -537,7 +718,7 @@ run_step(server *s)
 		{
 			serve_request *req = s->requests;
 
-			(void) cai_engine_cancel(s->engine, req->engine_id);
+			request_cancel_engine(s, req);
 			send_error(&s->step_out, req->id, st, err.message);
 			request_unlink(s, req);
 		}
@@ -574,7 +755,7 @@ handle_frame(server *s, const cai_frame_header *h, const char *body)
 
 				if (req)
 				{
-					(void) cai_engine_cancel(s->engine, req->engine_id);
+					request_cancel_engine(s, req);
 					request_unlink(s, req);
 					s->stats_due = true;
 				}
@@ -780,6 +961,7 @@ start_engine(server *s, const cai_serve_config *config)
 	cai_model_release_gemm_sources(s->model);
 	report_weights_cache(s->model);
 	s->context_length = cai_engine_context_length(s->engine);
+	s->max_running = config->engine.max_running > 0 ? config->engine.max_running : 1;
 	send_ready(s, cai_now_seconds() - start);
 	return true;
 }

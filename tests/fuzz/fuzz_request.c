@@ -4,7 +4,8 @@
  * own checks at submit and a few steps, on a small synthetic model.
  *
  * Input: a mode byte.  Even: the rest is a raw payload, after a kind byte and a context-length
- * byte.  Odd: a payload is built from the input with the wire writer — the generation block
+ * byte.  3 mod 4: an EMBED payload is built from the input (a fuzzed count of fuzzed texts,
+ * the count sometimes wrong), and each text is embedded by the engine.  1 mod 4: a payload is built from the input with the wire writer — the generation block
  * with fuzzed floats (NaN and infinities included), seeds, flags, stop strings and response
  * format, then chat turns with fuzzed roles, contents and stored token ids (in and out of the
  * vocabulary) or a completion prompt — so that the fuzzer gets past the format checks into
@@ -14,7 +15,10 @@
  *  - a decoded generation has a prompt of at least one id, every id in the vocabulary, no longer
  *    than the context allows, and sampling options within their ranges;
  *  - the engine accepts it or refuses it with a message, and runs it to its end or its cancel
- *    without crashing; the pool has every block back afterwards.
+ *    without crashing; the pool has every block back afterwards;
+ *  - a decoded embedding has 1 .. CAI_EMBED_MAX_TEXTS texts of at least one id each, all in
+ *    the vocabulary; each text the engine accepts ends in one event with a vector of norm 1
+ *    (or 0).
  */
 #include "fuzz_common.h"
 
@@ -173,6 +177,16 @@ check_decoded(const cai_decoded_request *d, int context_length)
 	if (d->kind == CAI_REQUEST_DETOKENIZE)
 		for (int i = 0; i < d->n_ids; i++)
 			FUZZ_CHECK(d->ids[i] >= 0 && d->ids[i] < n_vocab);
+	if (d->kind == CAI_REQUEST_EMBED)
+	{
+		FUZZ_CHECK(d->n_texts >= 1 && d->n_texts <= CAI_EMBED_MAX_TEXTS);
+		for (int t = 0; t < d->n_texts; t++)
+		{
+			FUZZ_CHECK(d->text_n_ids[t] >= 1);
+			for (int i = 0; i < d->text_n_ids[t]; i++)
+				FUZZ_CHECK(d->text_ids[t][i] >= 0 && d->text_ids[t][i] < n_vocab);
+		}
+	}
 	if (d->kind != CAI_REQUEST_CHAT && d->kind != CAI_REQUEST_COMPLETE)
 		return;
 	FUZZ_CHECK(d->params.prompt != NULL && d->params.n_prompt >= 1);
@@ -227,6 +241,76 @@ run_in_engine(cai_decoded_request *d)
 	FUZZ_CHECK(stats.kv_blocks_free == free_before);
 }
 
+/* An EMBED payload: a count (sometimes not the texts' number) and fuzzed texts. */
+static uint32_t
+build_embed(fuzz_input *in, cai_wbuf *w)
+{
+	int			n = fuzz_u8(in) % 6;
+	int			claimed = fuzz_u8(in) < 16 ? n + 1 : n;
+
+	cai_put_i32(w, claimed);
+	for (int i = 0; i < n; i++)
+	{
+		size_t		len;
+		char	   *text = fuzz_chunk(in, 80, &len);
+
+		cai_put_text(w, text ? text : "", text ? len : 0);
+		free(text);
+	}
+	return CAI_REQUEST_EMBED;
+}
+
+/* Embeds each decoded text through submit and step; every block comes back. */
+static void
+run_embeddings(const cai_decoded_request *d)
+{
+	cai_engine_stats stats;
+	int			free_before;
+	int			submitted = 0,
+				done = 0;
+	cai_error	err;
+
+	cai_engine_cache_reset(engine);
+	cai_engine_get_stats(engine, &stats);
+	free_before = stats.kv_blocks_free;
+	for (int t = 0; t < d->n_texts; t++)
+	{
+		cai_request_params rp;
+		uint64_t	id;
+
+		memset(&rp, 0, sizeof(rp));
+		rp.prompt = d->text_ids[t];
+		rp.n_prompt = d->text_n_ids[t];
+		rp.embed = true;
+		cai_sampling_params_default(&rp.sampling);
+		if (cai_engine_submit(engine, &rp, &id, &err) == CAI_OK)
+			submitted++;
+		else
+			FUZZ_CHECK(err.message[0] != '\0');
+	}
+	for (int steps = 0; cai_engine_has_work(engine); steps++)
+	{
+		const cai_event *events;
+		int			n_events;
+
+		FUZZ_CHECK(steps < 64);
+		FUZZ_CHECK(cai_engine_step(engine, &events, &n_events, &err) == CAI_OK);
+		for (int e = 0; e < n_events; e++)
+		{
+			double		norm = 0.0;
+
+			FUZZ_CHECK(events[e].finish == CAI_FINISH_STOP && events[e].embedding != NULL);
+			for (int j = 0; j < events[e].n_embedding; j++)
+				norm += (double) events[e].embedding[j] * events[e].embedding[j];
+			FUZZ_CHECK(norm == 0.0 || fabs(norm - 1.0) < 1e-3);
+			done++;
+		}
+	}
+	FUZZ_CHECK(done == submitted);
+	cai_engine_get_stats(engine, &stats);
+	FUZZ_CHECK(stats.kv_blocks_free == free_before);
+}
+
 int
 LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
@@ -246,9 +330,11 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	cai_wbuf_init(&w, NULL);
 	if (mode % 2 == 0)
 	{
-		kind = fuzz_u8(&in) % 7;
+		kind = fuzz_u8(&in) % 8;
 		cai_put_bytes(&w, in.p, in.n);
 	}
+	else if (mode % 4 == 3)
+		kind = build_embed(&in, &w);
 	else
 		kind = build_generation(&in, &w);
 	FUZZ_CHECK(!w.failed);
@@ -266,6 +352,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		if ((d.kind == CAI_REQUEST_CHAT || d.kind == CAI_REQUEST_COMPLETE) &&
 			d.params.n_prompt <= FUZZ_CONTEXT - 1)
 			run_in_engine(&d);
+		if (d.kind == CAI_REQUEST_EMBED)
+			run_embeddings(&d);
 		cai_decoded_request_free(&d);
 	}
 	cai_wbuf_free(&w);

@@ -2,7 +2,9 @@
 count (issue 2's first "must show"), and `cai eval --logits-out` writes exactly the logits its
 own figures were computed from (the files tests/bench/bench_fidelity.py compares llama.cpp
 against), or fails clearly; `cai bench --follow-up` times each prompt as a cached conversation's
-next turn, and that turn really reuses the whole prompt.  Needs no server; uses the repository's ./cai and
+next turn, and that turn really reuses the whole prompt; `cai embed` gives one unit vector per
+text, the model's width, the same for a text alone or in a batch, from -p or a file, as numbers
+or JSON, and refuses what it cannot embed.  Needs no server; uses the repository's ./cai and
 $PG_CAI_TEST_MODEL."""
 import array
 import json
@@ -263,4 +265,33 @@ if r.returncode == 0:
 r = cai("bench", "-m", MODEL, "-p", "40", "-r", "1", "-b", "1", "-g", "2", "--json")
 c.check("without --follow-up the report's follow_up list is empty",
         r.returncode == 0 and json.loads(r.stdout)["follow_up"] == [], repr(r.stderr[-300:]))
+
+# cai embed: SmolLM2 names no pooling, so its vectors are mean-pooled, 576 wide
+texts = ["a cat sat on the mat", "PostgreSQL stores rows", "a cat sat on the mat, again"]
+r = cai("embed", "-m", MODEL, "-T", "2", "-v", *sum([["-p", t] for t in texts], []))
+c.check("cai embed exits 0", r.returncode == 0, repr(r.stderr[-300:]))
+if r.returncode == 0:
+    vectors = [[float(x) for x in line.split()] for line in r.stdout.splitlines()]
+    c.check("one vector per text, 576 wide", [len(v) for v in vectors] == [576] * 3,
+            repr([len(v) for v in vectors]))
+    c.check("each vector has norm 1",
+            all(abs(sum(x * x for x in v) - 1.0) < 1e-4 for v in vectors), "")
+    c.check("-v names the pooling", "3 texts" in r.stderr and "mean pooling" in r.stderr,
+            repr(r.stderr[-300:]))
+    alone = cai("embed", "-m", MODEL, "-T", "1", "-p", texts[1])
+    c.check("a text embedded alone gives the same numbers as in the batch",
+            alone.returncode == 0 and alone.stdout.splitlines() == r.stdout.splitlines()[1:2],
+            repr(alone.stderr[-300:]))
+    with tempfile.NamedTemporaryFile("w", suffix=".txt") as f:
+        f.write("\n".join(texts) + "\n\n")
+        f.flush()
+        j = cai("embed", "-m", MODEL, "--json", f.name)
+    c.check("a file of lines (empty ones skipped) with --json gives the same vectors",
+            j.returncode == 0 and json.loads(j.stdout) == vectors, repr(j.stderr[-300:]))
+r = cai("embed", "-m", MODEL, "--batch", "4", "--step-tokens", "16", "-p", "word " * 40)
+c.check("a text longer than a step is refused clearly",
+        r.returncode == 1 and "could not embed text 1: a text of 41 tokens is longer than the 16 "
+        "tokens an embedding may have" in r.stderr, repr(r.stderr[-300:]))
+r = cai("embed", "-m", MODEL)
+c.check("cai embed without texts is a usage error", r.returncode == 2, repr(r))
 c.done()

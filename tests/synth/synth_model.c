@@ -172,6 +172,7 @@ synth_model_default_config(synth_model_config *cfg)
 	cfg->rms_eps = 1e-5f;
 	cfg->tokenizer_pre = "smollm";
 	cfg->chat_template = NULL;
+	cfg->pooling_type = -1;
 }
 
 /* ---- deterministic random numbers ------------------------------------------------------- */
@@ -744,6 +745,10 @@ build_model(gguf_writer *w, const synth_model_config *cfg, cai_error *err)
 		gguf_writer_add_str(w, ARCH_KEY("rope.scaling.type"), "linear");
 		gguf_writer_add_f32(w, ARCH_KEY("rope.scaling.factor"), cfg->rope_scaling_factor);
 	}
+	if (cfg->pooling_type >= 0)
+		gguf_writer_add_u32(w, ARCH_KEY("pooling_type"), (uint32_t) cfg->pooling_type);
+	if (cfg->non_causal)
+		gguf_writer_add_bool(w, ARCH_KEY("attention.causal"), false);
 #undef ARCH_KEY
 	add_tokenizer(w, cfg, &vocab);
 	vocab_free(&vocab);

@@ -76,6 +76,13 @@ typedef struct synth_model_config
 	 */
 	const char *vocab_from;
 	int			n_vocab;
+
+	/*
+	 * Embedding models: pooling_type >= 0 writes {arch}.pooling_type (llama.cpp's numbering:
+	 * 0 none, 1 mean, 2 cls, 3 last); non_causal writes {arch}.attention.causal = false.
+	 */
+	int			pooling_type;	/* -1: no key (synth_model_default_config) */
+	bool		non_causal;
 } synth_model_config;
 
 /*

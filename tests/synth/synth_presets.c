@@ -82,6 +82,28 @@ synth_preset_config(const char *name, synth_model_config *cfg)
 		cfg->rms_eps = 1e-6f;
 		cfg->tokenizer_pre = "qwen2";
 	}
+	else if (strcmp(name, "qwen3-embed") == 0 || strcmp(name, "gemma3-embed") == 0)
+	{
+		/*
+		 * Embedding models' shapes, outside the golden list: Qwen3-Embedding pools the last
+		 * token of causal attention; EmbeddingGemma-like models attend both ways and pool the
+		 * mean (their windows wider than any text the tests embed)
+		 */
+		bool		gemma = name[0] == 'g';
+
+		cfg->arch = gemma ? "gemma3" : "qwen3";
+		cfg->name = gemma ? "embed-gemma3" : "embed-qwen3";
+		cfg->seed = gemma ? 107 : 106;
+		cfg->n_layers = gemma ? 6 : 2;
+		cfg->n_kv_heads = gemma ? 1 : 2;
+		cfg->head_dim = 32;
+		cfg->sliding_window = 128;
+		cfg->rope_base = 1000000.0f;
+		cfg->rms_eps = 1e-6f;
+		cfg->tokenizer_pre = gemma ? "default" : "qwen2";
+		cfg->pooling_type = gemma ? 1 : 3;
+		cfg->non_causal = gemma;
+	}
 	else if (strcmp(name, "gemma3") == 0)
 	{
 		/*

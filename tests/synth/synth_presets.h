@@ -11,7 +11,11 @@
 
 #include "synth_model.h"
 
-/* The preset's configuration by name ("llama", "llama3", "qwen2", "qwen3", "gemma3"); false if unknown. */
+/*
+ * The preset's configuration by name ("llama", "llama3", "qwen2", "qwen3", "gemma3", and the
+ * embedding shapes "qwen3-embed" and "gemma3-embed", which write pooling metadata and are not
+ * in the golden list); false if unknown.
+ */
 bool		synth_preset_config(const char *name, synth_model_config *cfg);
 
 /* The preset names, in order; NULL past the end. */
