@@ -3,9 +3,10 @@
 #
 # For each version: build pg_cai and pg_cai_router against that version's headers and PGXS,
 # count the compiler's warnings, install into that version, then on a throwaway cluster of it run
-# the pg_regress suite, the engine-crash scenario and the 0.1 -> 0.2 upgrade scenario.  One line
-# per version, for example
-#   PostgreSQL 16.2: 0 warnings, pg_regress 12/12 passed, crash scenario passed, upgrade passed
+# the pg_regress suite, the engine-crash scenario, the 0.1 -> 0.2 upgrade scenario and the
+# retrieve-then-answer recipe (with pgvector where the version's build carries it: the wheels of
+# 16 and 18 do).  One line per version, for example
+#   PostgreSQL 16.2: 0 warnings, pg_regress 12/12 passed, crash scenario passed, upgrade passed, recipe passed (pgvector)
 # and the exit status is non-zero when any version fails (a warning is a failure too).
 #
 #   scripts/check-versions.sh [15] [16] [17] [18]      (default: all of them)
@@ -87,14 +88,15 @@ copy_tree() {
 }
 
 # runs the suite of one version against its installed build; prints "R/T" for pg_regress, then
-# "passed" or "failed" for the crash scenario and for the upgrade scenario, on three lines
+# "passed" or "failed" for the crash scenario, the upgrade scenario and the recipe, on four lines
 run_suite() {
 	local tree=$1 pgc=$2 log=$3 regress_out summary passed total crash=failed upgrade=failed
+	local recipe=failed
 	# shellcheck source=lib-cluster.sh
 	. "$ROOT/scripts/lib-cluster.sh"
 	if ! cluster_create "$MODEL" >>"$log" 2>&1 || ! cluster_start >>"$log" 2>&1; then
 		cluster_stop
-		printf '0/0\nfailed\nfailed\n'
+		printf '0/0\nfailed\nfailed\nfailed\n'
 		return
 	fi
 	cluster_env
@@ -124,19 +126,29 @@ run_suite() {
 	if python3 "$tree/tests/scenario/test_upgrade.py" >>"$log" 2>&1; then
 		upgrade=passed
 	fi
+	local recipe_out
+	if recipe_out=$(python3 "$tree/tests/scenario/test_rag_recipe.py" 2>&1); then
+		recipe=passed
+	fi
+	printf '%s\n' "$recipe_out" >>"$log"
+	case $recipe_out in
+	*"pgvector available"*) recipe="$recipe (pgvector)" ;;
+	*) recipe="$recipe (real[])" ;;
+	esac
 	[ -f "$tree/regression.diffs" ] && cp -f "$tree/regression.diffs" "${log%.log}.diffs"
 	cluster_stop
-	if [ "$passed" = "$total" ] && [ "$total" != 0 ] && [ $crash = passed ] && [ $upgrade = passed ]; then
+	if [ "$passed" = "$total" ] && [ "$total" != 0 ] && [ $crash = passed ] && [ $upgrade = passed ] &&
+		[ "${recipe%% *}" = passed ]; then
 		rm -rf "$CLUSTER_DIR"
 	else
 		say "check-versions: kept $CLUSTER_DIR (server log $CLUSTER_LOG)"
 	fi
-	printf '%s/%s\n%s\n%s\n' "$passed" "$total" "$crash" "$upgrade"
+	printf '%s/%s\n%s\n%s\n%s\n' "$passed" "$total" "$crash" "$upgrade" "$recipe"
 }
 
 # builds, installs and tests one version; prints its line; returns non-zero when it failed
 check_version() {
-	local version=$1 pgc tree log name cflags build_out warnings results regress crash upgrade
+	local version=$1 pgc tree log name cflags build_out warnings results regress crash upgrade recipe
 	if ! pgc=$(pg_config_of "$version"); then
 		if [ "$version" = 17 ]; then
 			echo "PostgreSQL 17: skipped (no package with its server headers; pg_compat.h's 17 guards are compiled by 18)"
@@ -170,9 +182,10 @@ check_version() {
 	regress=$(echo "$results" | sed -n 1p)
 	crash=$(echo "$results" | sed -n 2p)
 	upgrade=$(echo "$results" | sed -n 3p)
-	echo "$name: $warnings warnings, pg_regress $regress passed, crash scenario $crash, upgrade $upgrade"
+	recipe=$(echo "$results" | sed -n 4p)
+	echo "$name: $warnings warnings, pg_regress $regress passed, crash scenario $crash, upgrade $upgrade, recipe $recipe"
 	[ "$warnings" = 0 ] && [ "${regress%/*}" = "${regress#*/}" ] && [ "${regress#*/}" != 0 ] &&
-		[ "$crash" = passed ] && [ "$upgrade" = passed ]
+		[ "$crash" = passed ] && [ "$upgrade" = passed ] && [ "${recipe%% *}" = passed ]
 }
 
 if [ ! -f "$ROOT/build/libcai.a" ] || [ ! -x "$ROOT/cai" ]; then
