@@ -52,10 +52,13 @@ argument_column(Relation rel, const char *what, const char *name)
 static AttrNumber
 primary_key_column(Relation rel)
 {
-	Oid			index_oid = RelationGetPrimaryKeyIndex(rel);
+	Oid			index_oid;
 	Relation	index;
 	AttrNumber	attnum = InvalidAttrNumber;
 
+	/* the index list sets rd_pkindex (RelationGetPrimaryKeyIndex's arguments vary by version) */
+	list_free(RelationGetIndexList(rel));
+	index_oid = rel->rd_pkindex;
 	if (OidIsValid(index_oid))
 	{
 		index = relation_open(index_oid, AccessShareLock);
