@@ -152,8 +152,9 @@ cb_of(cai_backend *be)
  * Errors
  * ------------------------------------------------------------------------------------------- */
 
-static cai_status
-be_fail(cai_error *err, cai_status status, const char *fmt, ...)
+/* See cuda_kernels.h. */
+cai_status
+cai_cuda_fail(cai_error *err, cai_status status, const char *fmt, ...)
 {
 	va_list		ap;
 
@@ -317,7 +318,7 @@ cuda_weight_data(cai_backend *be, const void *host, size_t bytes, cai_error *err
 
 		if (!n)
 		{
-			be_fail(err, CAI_ERR_NO_MEMORY, "out of memory recording weights");
+			cai_cuda_fail(err, CAI_ERR_NO_MEMORY, "out of memory recording weights");
 			return NULL;
 		}
 		cb->weights = n;
@@ -359,7 +360,7 @@ cuda_prepare_i8(cai_backend *be, const cai_qmatrix *const *src, int n, const cai
 	cai_weight **list = realloc(cb->matrices, (size_t) (cb->n_matrices + n) * sizeof(*list));
 
 	if (!list)
-		return be_fail(err, CAI_ERR_NO_MEMORY, "out of memory preparing the weights");
+		return cai_cuda_fail(err, CAI_ERR_NO_MEMORY, "out of memory preparing the weights");
 	cb->matrices = list;
 	for (int i = 0; i < n; i++)
 	{
@@ -367,11 +368,11 @@ cuda_prepare_i8(cai_backend *be, const cai_qmatrix *const *src, int n, const cai
 		cai_weight *w;
 
 		if (m->k % 4 != 0)
-			return be_fail(err, CAI_ERR_UNSUPPORTED,
+			return cai_cuda_fail(err, CAI_ERR_UNSUPPORTED,
 						   "the cuda backend needs weight rows of a multiple of 4 columns (%d)",
 						   m->k);
 		if (!(w = calloc(1, sizeof(*w))))
-			return be_fail(err, CAI_ERR_NO_MEMORY, "out of memory preparing the weights");
+			return cai_cuda_fail(err, CAI_ERR_NO_MEMORY, "out of memory preparing the weights");
 		w->m.n_out = m->n_out;
 		w->m.n_out_padded = (m->n_out + 3) / 4 * 4;
 		w->m.k = m->k;
@@ -807,14 +808,14 @@ make_block_matrix(cuda_backend *cb, const cai_bmatrix *src, cai_weight **out, ca
 	cai_weight *w;
 
 	if (!list)
-		return be_fail(err, CAI_ERR_NO_MEMORY, "out of memory preparing the weights");
+		return cai_cuda_fail(err, CAI_ERR_NO_MEMORY, "out of memory preparing the weights");
 	cb->matrices = list;
 	if (src->k % 32 != 0 || src->n_parts < 1 || src->n_parts > CAI_BMATRIX_MAX_PARTS)
-		return be_fail(err, CAI_ERR_UNSUPPORTED,
+		return cai_cuda_fail(err, CAI_ERR_UNSUPPORTED,
 					   "the cuda backend cannot multiply a block matrix of %d parts of rows of %d",
 					   src->n_parts, src->k);
 	if (!(w = calloc(1, sizeof(*w))))
-		return be_fail(err, CAI_ERR_NO_MEMORY, "out of memory preparing the weights");
+		return cai_cuda_fail(err, CAI_ERR_NO_MEMORY, "out of memory preparing the weights");
 	for (int i = 0; i < src->n_parts; i++)
 	{
 		cai_status	st = upload_block_part(cb, src, i, w, err);
@@ -1621,14 +1622,14 @@ cai_cuda_backend_create(const cai_cuda_backend_params *params, cai_backend **out
 	if (!params->model || !params->kv_pool_layout || !params->kv_pool_n_blocks ||
 		lim->max_tokens <= 0 || lim->max_context <= 0 || lim->n_heads <= 0 ||
 		lim->n_kv_heads <= 0 || lim->n_heads % lim->n_kv_heads != 0)
-		return be_fail(err, CAI_ERR_INVALID_ARGUMENT, "invalid cuda backend parameters");
+		return cai_cuda_fail(err, CAI_ERR_INVALID_ARGUMENT, "invalid cuda backend parameters");
 	if (!cai_cuda_attention_supports(lim->head_dim))
-		return be_fail(err, CAI_ERR_UNSUPPORTED,
+		return cai_cuda_fail(err, CAI_ERR_UNSUPPORTED,
 					   "the cuda backend supports head_dim 64, 128 and 256, not %d",
 					   lim->head_dim);
 	n_dev = cai_cuda_device_count(why, sizeof(why));
 	if (n_dev <= 0)
-		return be_fail(err, CAI_ERR_UNSUPPORTED, "no cuda device: %s", why);
+		return cai_cuda_fail(err, CAI_ERR_UNSUPPORTED, "no cuda device: %s", why);
 
 	be = calloc(1, sizeof(*be));
 	cb = calloc(1, sizeof(*cb));
@@ -1636,7 +1637,7 @@ cai_cuda_backend_create(const cai_cuda_backend_params *params, cai_backend **out
 	{
 		free(be);
 		free(cb);
-		return be_fail(err, CAI_ERR_NO_MEMORY, "out of memory creating the cuda backend");
+		return cai_cuda_fail(err, CAI_ERR_NO_MEMORY, "out of memory creating the cuda backend");
 	}
 	be->ops = &cuda_ops;
 	be->impl = cb;
@@ -1649,7 +1650,7 @@ cai_cuda_backend_create(const cai_cuda_backend_params *params, cai_backend **out
 	cb->row_ids = malloc(max_tok * sizeof(int32_t));
 	if (!cb->plan_key || !cb->row_ids)
 	{
-		st = be_fail(err, CAI_ERR_NO_MEMORY, "out of memory creating the cuda backend");
+		st = cai_cuda_fail(err, CAI_ERR_NO_MEMORY, "out of memory creating the cuda backend");
 		goto fail;
 	}
 	if ((st = cai_cuda_malloc(cb->ctx, max_tok * sizeof(int32_t), "token ids",

@@ -8,7 +8,6 @@
  * kernels' inner loops read a float pair per block of 32 and decode nothing.
  */
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,25 +16,6 @@
 #include "gguf.h"
 
 #define PACK_BLK 32
-
-static cai_status
-pack_fail(cai_error *err, cai_status status, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-
-static cai_status
-pack_fail(cai_error *err, cai_status status, const char *fmt, ...)
-{
-	va_list		ap;
-
-	if (err)
-	{
-		err->status = status;
-		va_start(ap, fmt);
-		vsnprintf(err->message, sizeof(err->message), fmt, ap);
-		va_end(ap);
-	}
-	return status;
-}
 
 /* An fp16 (IEEE binary16) as float, exactly. */
 static float
@@ -252,10 +232,10 @@ cai_cuda_bmatrix_pack(int type, const void *data, int rows, int k, cai_cuda_bmat
 
 	memset(out, 0, sizeof(*out));
 	if (!type_shape(type, &elems, &bytes, &nibble, &split16))
-		return pack_fail(err, CAI_ERR_UNSUPPORTED, "the cuda backend cannot multiply weights of type %d",
+		return cai_cuda_fail(err, CAI_ERR_UNSUPPORTED, "the cuda backend cannot multiply weights of type %d",
 						 type);
 	if (rows <= 0 || k <= 0 || k % elems != 0)
-		return pack_fail(err, CAI_ERR_FORMAT, "a block matrix of %d rows of %d is not whole blocks of %d",
+		return cai_cuda_fail(err, CAI_ERR_FORMAT, "a block matrix of %d rows of %d is not whole blocks of %d",
 						 rows, k, elems);
 	nb = (size_t) k / PACK_BLK;
 	out->n_out = rows;
@@ -270,7 +250,7 @@ cai_cuda_bmatrix_pack(int type, const void *data, int rows, int k, cai_cuda_bmat
 	if (!out->q || !out->sc)
 	{
 		cai_cuda_bmatrix_host_free(out);
-		return pack_fail(err, CAI_ERR_NO_MEMORY, "out of memory repacking the weights");
+		return cai_cuda_fail(err, CAI_ERR_NO_MEMORY, "out of memory repacking the weights");
 	}
 	for (int r = 0; r < rows; r++)
 	{
@@ -288,7 +268,7 @@ cai_cuda_bmatrix_pack(int type, const void *data, int rows, int k, cai_cuda_bmat
 			if (!isfinite(sb.s0) || !isfinite(sb.s1))
 			{
 				cai_cuda_bmatrix_host_free(out);
-				return pack_fail(err, CAI_ERR_FORMAT,
+				return cai_cuda_fail(err, CAI_ERR_FORMAT,
 								 "row %d of a block matrix has a scale that is not a finite number", r);
 			}
 			store_sub(out, bi, &sb);

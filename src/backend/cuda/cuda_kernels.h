@@ -38,6 +38,10 @@ extern "C" {
 #define CAI_CUDA_API
 #endif
 
+/* Sets *err (when not NULL) to status and the formatted message; returns status. */
+cai_status	cai_cuda_fail(cai_error *err, cai_status status, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
 /* ---------------------------------------------------------------------------------------------
  * Devices and contexts
  * ------------------------------------------------------------------------------------------- */
