@@ -349,7 +349,7 @@ RETURNS trigger
 AS 'MODULE_PATHNAME', 'pg_cai_embed_trigger'
 LANGUAGE C;
 COMMENT ON FUNCTION cai_embed_trigger() IS
-'AFTER INSERT OR UPDATE FOR EACH ROW trigger that keeps an embedding column in step with a text column: queues an embedding job in cai.jobs when a row''s text is new or changed; a job runner fills the embedding after commit (cai_embed of the row''s text as it is then, as the role that wrote it). Arguments: the text column, the embedding column, optionally the key column (default: the single-column primary key). CREATE TRIGGER docs_embed AFTER INSERT OR UPDATE OF body ON docs FOR EACH ROW EXECUTE FUNCTION cai_embed_trigger(''body'', ''embedding'')';
+'AFTER INSERT OR UPDATE FOR EACH ROW trigger that keeps an embedding column in step with a text column: queues an embedding job in cai.jobs when a row''s text is new or changed; a job runner fills the embedding after commit (cai_embed of the row''s text as it is then, as the role that wrote it). Arguments: the text column, the embedding column, optionally the key column (empty or absent: the single-column primary key) and the model (a name of pg_cai.models; empty or absent: the first). CREATE TRIGGER docs_embed AFTER INSERT OR UPDATE OF body ON docs FOR EACH ROW EXECUTE FUNCTION cai_embed_trigger(''body'', ''embedding'')';
 REVOKE ALL ON FUNCTION cai_embed_trigger() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION cai_embed_trigger() TO cai_user;
 

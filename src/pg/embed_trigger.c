@@ -1,6 +1,8 @@
 /*
- * embed_trigger.c — cai_embed_trigger(text_column, embedding_column [, key_column]): keeps an
- * embedding column in step with a text column.
+ * embed_trigger.c — cai_embed_trigger(text_column, embedding_column [, key_column [, model]]):
+ * keeps an embedding column in step with a text column.  key_column identifies the row (absent or
+ * empty: the single-column primary key); model is a name of pg_cai.models (absent or empty: the
+ * first), kept in the job's options.
  *
  * AFTER INSERT OR UPDATE FOR EACH ROW: when a row's text is new, or differs from the old row's,
  * the trigger queues an 'embed' job in cai.jobs in the writing transaction (a rolled-back write
@@ -106,7 +108,7 @@ column_unchanged(HeapTuple old_row, HeapTuple new_row, TupleDesc desc, AttrNumbe
 }
 
 /*
- * cai_embed_trigger(text_column, embedding_column [, key_column]) -> trigger
+ * cai_embed_trigger(text_column, embedding_column [, key_column [, model]]) -> trigger
  *		Queues an embedding job for each inserted row and each updated row whose text changed.
  */
 Datum
@@ -126,8 +128,9 @@ pg_cai_embed_trigger(PG_FUNCTION_ARGS)
 	Oid			key_type;
 	Oid			key_out;
 	bool		key_varlena;
-	Oid			types[5] = {OIDOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID};
-	Datum		values[5];
+	Oid			types[6] = {OIDOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID, TEXTOID};
+	Datum		values[6];
+	char		nulls[6] = {' ', ' ', ' ', ' ', ' ', ' '};
 	int			ret;
 
 	if (!CALLED_AS_TRIGGER(fcinfo))
@@ -140,10 +143,10 @@ pg_cai_embed_trigger(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
 				 errmsg("cai_embed_trigger must be an AFTER INSERT OR UPDATE FOR EACH ROW trigger")));
 	trigger = trigdata->tg_trigger;
-	if (trigger->tgnargs < 2 || trigger->tgnargs > 3)
+	if (trigger->tgnargs < 2 || trigger->tgnargs > 4)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("cai_embed_trigger takes the text column, the embedding column and optionally the key column"),
+				 errmsg("cai_embed_trigger takes the text column, the embedding column and optionally the key column and the model"),
 				 errhint("EXECUTE FUNCTION cai_embed_trigger('body', 'embedding')")));
 
 	rel = trigdata->tg_relation;
@@ -156,8 +159,8 @@ pg_cai_embed_trigger(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_DATATYPE_MISMATCH),
 				 errmsg("cai_embed_trigger: embedding column \"%s\" is of type %s, not real[] or vector",
 						trigger->tgargs[1], format_type_be(embedding_type))));
-	key_att = trigger->tgnargs == 3 ? argument_column(rel, "key", trigger->tgargs[2]) :
-		primary_key_column(rel);
+	key_att = trigger->tgnargs >= 3 && trigger->tgargs[2][0] != '\0' ?
+		argument_column(rel, "key", trigger->tgargs[2]) : primary_key_column(rel);
 
 	row = TRIGGER_FIRED_BY_UPDATE(trigdata->tg_event) ? trigdata->tg_newtuple :
 		trigdata->tg_trigtuple;
@@ -180,14 +183,20 @@ pg_cai_embed_trigger(PG_FUNCTION_ARGS)
 	values[2] = CStringGetTextDatum(OidOutputFunctionCall(key_out, key));
 	values[3] = CStringGetTextDatum(trigger->tgargs[0]);
 	values[4] = CStringGetTextDatum(trigger->tgargs[1]);
+	if (trigger->tgnargs == 4 && trigger->tgargs[3][0] != '\0')
+		values[5] = CStringGetTextDatum(trigger->tgargs[3]);
+	else
+		nulls[5] = 'n';
 
 	SPI_connect();
 	ret = SPI_execute_plan(CaiKeepPlan(&enqueue_embed_plan,
 									 "INSERT INTO cai.jobs (kind, owner, target_table, key_column, row_key, "
-									 "text_column, embedding_column) "
-									 "VALUES ('embed', current_user, $1, $2, $3, $4, $5)",
-									 5, types),
-						   values, NULL, false, 0);
+									 "text_column, embedding_column, options) "
+									 "VALUES ('embed', current_user, $1, $2, $3, $4, $5, "
+									 "CASE WHEN $6 IS NULL THEN '{}'::jsonb "
+									 "ELSE jsonb_build_object('model', $6) END)",
+									 6, types),
+						   values, nulls, false, 0);
 	if (ret != SPI_OK_INSERT)
 		elog(ERROR, "could not queue an embedding job: %s", SPI_result_code_string(ret));
 	SPI_finish();

@@ -10,7 +10,7 @@
  *      was queued by the row's last change, so it runs after that change committed;
  *   2. as the role that wrote the row (SetUserIdAndSecContext, as for replies; the runner's
  *      search path stays pinned to pg_catalog, and every name is qualified), one statement
- *          UPDATE schema.table SET embedding = pg_cai_schema.cai_embed(text::text)
+ *          UPDATE schema.table SET embedding = pg_cai_schema.cai_embed(text::text, 'model')
  *          WHERE key = 'row key'
  *      embeds and stores the row's current text.  Under READ COMMITTED an UPDATE that meets a
  *      row changed since its snapshot re-evaluates the row's newest version, the SET list
@@ -53,9 +53,9 @@ load_embed_job(int64 job_id, int32 attempts, char **owner_name, Oid *owner, bool
 	ret = SPI_execute_plan(CaiKeepPlan(&load_embed_job_plan,
 									 "SELECT j.owner, r.oid, "
 									 "  coalesce(pg_catalog.has_function_privilege(r.oid, f.oid, 'EXECUTE'), false), "
-									 "  pg_catalog.format('UPDATE %I.%I SET %I = %I.cai_embed(%I::pg_catalog.text) WHERE %I = %L', "
+									 "  pg_catalog.format('UPDATE %I.%I SET %I = %I.cai_embed(%I::pg_catalog.text, %L) WHERE %I = %L', "
 									 "    n.nspname, c.relname, j.embedding_column, fn.nspname, j.text_column, "
-									 "    j.key_column, j.row_key), "
+									 "    j.options->>'model', j.key_column, j.row_key), "
 									 "  (SELECT max(o.id) FROM cai.jobs o WHERE o.kind = 'embed' AND o.status IN ('pending', 'running') "
 									 "    AND o.target_table = j.target_table AND o.row_key = j.row_key "
 									 "    AND o.embedding_column = j.embedding_column AND o.id > j.id) "

@@ -88,6 +88,28 @@ row = as_writer("SELECT embedding = cai_embed('three') FROM embed_docs WHERE id 
 c.check("three writes committed together: the first two jobs are superseded, the last embeds the final text",
         burst == "superseded,superseded,done" and row.out == "t", "%s; %r" % (burst, row))
 
+# ---- the model: a name of pg_cai.models, kept in the job's options ----------------------------
+r = as_writer("CREATE TABLE embed_models (id int PRIMARY KEY, body text, embedding real[]); "
+              "CREATE TRIGGER named AFTER INSERT ON embed_models FOR EACH ROW "
+              "EXECUTE FUNCTION cai_embed_trigger('body', 'embedding', '', 'default'); "
+              "INSERT INTO embed_models VALUES (1, 'named model')")
+ok = r.rc == 0 and drained(120)
+row = as_writer("SELECT embedding = cai_embed(body, model => 'default') FROM embed_models")
+c.check("a trigger naming the model 'default' (key: the primary key) embeds with it",
+        ok and row.out == "t" and value("SELECT options->>'model' FROM cai.jobs WHERE kind = 'embed' "
+                                        "AND target_table = 'embed_models'::regclass") == "default", repr(row))
+r = as_writer("DROP TRIGGER named ON embed_models; CREATE TRIGGER unknown AFTER INSERT ON embed_models "
+              "FOR EACH ROW EXECUTE FUNCTION cai_embed_trigger('body', 'embedding', 'id', 'no_such_model'); "
+              "INSERT INTO embed_models VALUES (2, 'unknown model')")
+failed = wait_for(lambda: value("SELECT status || ': ' || coalesce(error, '') FROM cai.jobs WHERE kind = 'embed' "
+                                "AND row_key = '2' AND target_table = 'embed_models'::regclass").startswith("failed"),
+                  120, interval=0.3)
+err = value("SELECT error FROM cai.jobs WHERE kind = 'embed' AND row_key = '2' "
+            "AND target_table = 'embed_models'::regclass")
+c.check("a job for a model that is not configured fails, naming it", failed is not None
+        and 'pg_cai model "no_such_model" is not configured' in err, err)
+value("DROP TABLE embed_models")
+
 # ---- the jobs are the writer's --------------------------------------------------------------
 r = as_writer("SELECT count(*) FROM cai.jobs WHERE kind = 'embed'", role=OTHER)
 c.check("another role sees none of the writer's embed jobs", r.rc == 0 and r.out == "0", repr(r))
