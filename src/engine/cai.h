@@ -595,7 +595,8 @@ typedef struct cai_engine_stats
 	int			kv_blocks_free;
 	size_t		kv_bytes_total; /* the pool's host memory (kv.h) */
 	size_t		kv_bytes_used;	/* of which in use: running sequences and the prefix cache */
-	uint64_t	kv_tokens_held; /* positions the running sequences hold KV for */
+	uint64_t	kv_tokens_held; /* positions the running sequences hold KV for, a shared
+								 * block once (n samples share their prompt's) */
 	/* int8 GEMMs that ran on a fallback kernel (backend.h's gemm_fallbacks; 0 on the CPU) */
 	uint64_t	gemm_fallbacks;
 } cai_engine_stats;

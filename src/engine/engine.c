@@ -1883,6 +1883,41 @@ cai_engine_step(cai_engine *engine, const cai_event **events_out, int *n_events_
  * Stats, cache, scoring
  * ------------------------------------------------------------------------------------------- */
 
+/*
+ * Positions whose KV the running sequences hold, each block counted once: n samples of one
+ * prompt share its full blocks, and sequences may share cached prefix blocks, so summing each
+ * sequence's positions would count that memory once per sharer.  Falls back to that sum if the
+ * block map cannot be allocated.
+ */
+static uint64_t
+engine_kv_tokens_held(const cai_engine *engine)
+{
+	int			n_blocks = cai_kv_pool_n_blocks(engine->kv);
+	uint8_t    *seen = calloc(((size_t) n_blocks + 7) / 8, 1);
+	uint64_t	held = 0;
+
+	for (int i = 0; i < engine->n_running; i++)
+	{
+		const cai_request *req = engine->running[i];
+
+		for (int b = 0; b * CAI_KV_BLOCK_TOKENS < req->n_computed && b < req->n_blocks; b++)
+		{
+			int32_t		id = req->block_table[b];
+			int			filled = req->n_computed - b * CAI_KV_BLOCK_TOKENS;
+
+			if (seen && id >= 0 && id < n_blocks)
+			{
+				if (seen[id / 8] & (1u << (id % 8)))
+					continue;
+				seen[id / 8] |= (uint8_t) (1u << (id % 8));
+			}
+			held += (uint64_t) (filled < CAI_KV_BLOCK_TOKENS ? filled : CAI_KV_BLOCK_TOKENS);
+		}
+	}
+	free(seen);
+	return held;
+}
+
 void
 cai_engine_get_stats(const cai_engine *engine, cai_engine_stats *stats)
 {
@@ -1902,9 +1937,7 @@ cai_engine_get_stats(const cai_engine *engine, cai_engine_stats *stats)
 	stats->kv_bytes_total = cai_kv_pool_bytes(engine->kv);
 	stats->kv_bytes_used = cai_kv_pool_bytes_in_use(engine->kv);
 	stats->gemm_fallbacks = be->ops->gemm_fallbacks ? be->ops->gemm_fallbacks(be) : 0;
-	stats->kv_tokens_held = 0;
-	for (int i = 0; i < engine->n_running; i++)
-		stats->kv_tokens_held += engine->running[i]->n_computed;
+	stats->kv_tokens_held = engine_kv_tokens_held(engine);
 }
 
 void

@@ -1249,6 +1249,12 @@ TEST(engine_samples_share_the_prompt_kv)
 		cai_engine_get_stats(engine, &after);
 		CHECK_EQ_INT(after.running, 8);
 		CHECK(after.kv_blocks_free < before.kv_blocks_free);
+		/* positions held: the prompt's 96 in full blocks once, then each sample's own copy of
+		 * the last block's 4 and its reply (summed per sample, 8 prompts would be 800+) */
+		CHECK(after.kv_tokens_held > 0);
+		CHECK(after.kv_tokens_held <= (uint64_t) (96 + 8 * (4 + 20)));
+		if (steps > 1)
+			CHECK(after.kv_tokens_held > 96);
 		CHECK(cai_engine_cancel(engine, id) == CAI_OK);
 		CHECK(cai_engine_cancel(engine, id) == CAI_ERR_NOT_FOUND);
 		cai_engine_get_stats(engine, &after);
