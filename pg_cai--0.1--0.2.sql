@@ -394,3 +394,28 @@ REVOKE ALL ON FUNCTION cai_embed(text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION cai_embed(text[], text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION cai_embed(text, text) TO cai_user;
 GRANT EXECUTE ON FUNCTION cai_embed(text[], text) TO cai_user;
+
+--
+-- The tokenizer of a named model: with several models (pg_cai.models) each has its own
+-- vocabulary.  The two-argument forms sit beside the one-argument ones (an added parameter with a
+-- default would make a one-argument call ambiguous); they are not STRICT, so that a NULL model
+-- means the first one, and a NULL input still gives NULL.
+--
+CREATE FUNCTION cai_tokenize(input text, model text)
+RETURNS int4[]
+AS 'MODULE_PATHNAME', 'pg_cai_tokenize'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER;
+COMMENT ON FUNCTION cai_tokenize(text, text) IS
+'the token ids of the text for the named model of pg_cai.models (NULL: the first)';
+
+CREATE FUNCTION cai_detokenize(tokens int4[], model text)
+RETURNS text
+AS 'MODULE_PATHNAME', 'pg_cai_detokenize'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER;
+COMMENT ON FUNCTION cai_detokenize(int4[], text) IS
+'the text of the token ids for the named model of pg_cai.models (NULL: the first)';
+
+REVOKE ALL ON FUNCTION cai_tokenize(text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION cai_detokenize(int4[], text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION cai_tokenize(text, text) TO cai_user;
+GRANT EXECUTE ON FUNCTION cai_detokenize(int4[], text) TO cai_user;

@@ -17,6 +17,13 @@ SELECT cai_chat_completion('[{"role": "user", "content": "Hi"}]', '{"model": "ch
 SELECT cai_model_info('chat');
 SELECT cai_model_info(NULL) IS NULL AS null_model;
 SELECT cai_new_conversation(NULL, '{"model": true}');
+-- the tokenizer of a named model (NULL: the first); an unknown name is refused
+SELECT cai_tokenize('Hello world', 'default') = cai_tokenize('Hello world') AS same_ids,
+       cai_tokenize('Hello world', NULL) = cai_tokenize('Hello world') AS null_is_first,
+       cai_detokenize(cai_tokenize('Hello world'), 'default') AS text,
+       cai_tokenize(NULL, 'default') IS NULL AS null_in_null_out;
+SELECT cai_tokenize('Hello world', 'chat');
+SELECT cai_detokenize(ARRAY[1, 2], 'chat');
 
 -- a conversation keeps the model of its first reply: recorded then, and another is refused
 SELECT cai_new_conversation() AS conv \gset

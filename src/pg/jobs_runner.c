@@ -7,7 +7,10 @@
  * job's outcome and a NOTIFY on channel cai_reply (payload: the conversation id) in one
  * transaction.  The enqueue trigger (reply_trigger.c) queues the jobs and wakes the runners.
  * Jobs of kind 'embed' (embed_trigger.c) are claimed, retried and failed the same way, and carried
- * out by jobs_embed.c instead of a reply; they belong to no conversation and notify nobody.
+ * out by jobs_embed.c instead of a reply; they belong to no conversation, and their end (done,
+ * superseded or failed) is a NOTIFY on channel cai_embedding whose payload is the job's id: a
+ * listener reads the job, row-level security permitting, rather than the payload, which every
+ * listener of the database sees.
  *
  * A job's states (pg_cron's habit: explicit states, and work orphaned by a crash cleaned up):
  *
@@ -80,6 +83,7 @@
 #define CAI_JOB_RETRY_LOG_MS 60000
 
 #define CAI_REPLY_CHANNEL "cai_reply"
+#define CAI_EMBEDDING_CHANNEL "cai_embedding"
 
 /* advisory lock class of jobs held by runners: "caij" */
 #define CAI_JOB_LOCK_CLASS 0x6361696a
@@ -147,14 +151,18 @@ launcher_is_gone(void)
 	return CaiJobsLauncherPid() != MyBgworkerEntry->bgw_notify_pid;
 }
 
-/* Queues the NOTIFY that tells listeners a job of the conversation ended. */
+/*
+ * Queues the NOTIFY that tells listeners the job ended: a reply job's conversation on cai_reply,
+ * an embedding job's own id on cai_embedding.
+ */
 static void
-notify_conversation(int64 conversation_id)
+notify_job_end(const JobClaim *claim)
 {
 	char		payload[32];
 
-	snprintf(payload, sizeof(payload), INT64_FORMAT, conversation_id);
-	Async_Notify(CAI_REPLY_CHANNEL, payload);
+	snprintf(payload, sizeof(payload), INT64_FORMAT,
+			 claim->embed ? claim->id : claim->conversation_id);
+	Async_Notify(claim->embed ? CAI_EMBEDDING_CHANNEL : CAI_REPLY_CHANNEL, payload);
 }
 
 /* Opens a transaction with a snapshot and SPI, for the runner's own statements. */
@@ -316,8 +324,7 @@ claim_next_job(JobClaim *claim)
 		else
 		{
 			result = CLAIM_GAVE_UP;
-			if (!claim->embed)
-				notify_conversation(claim->conversation_id);
+			notify_job_end(claim);
 			ereport(LOG,
 					(errmsg("pg_cai job " INT64_FORMAT " failed: gave up after %d attempts",
 							claim->id, claim->attempts)));
@@ -458,7 +465,7 @@ answer_job(const JobClaim *claim)
 			 SPI_result_code_string(ret));
 	SPI_finish();
 
-	notify_conversation(claim->conversation_id);
+	notify_job_end(claim);
 	return JOB_DONE;
 }
 
@@ -561,8 +568,8 @@ record_failure(const JobClaim *claim, ErrorData *edata)
 	if (ret != SPI_OK_UPDATE)
 		elog(ERROR, "could not record the failure of job " INT64_FORMAT ": %s", claim->id,
 			 SPI_result_code_string(ret));
-	if (SPI_processed > 0 && !retry && !claim->embed)
-		notify_conversation(claim->conversation_id);
+	if (SPI_processed > 0 && !retry)
+		notify_job_end(claim);
 	runner_commit();
 
 	return retry ? JOB_RETRY : JOB_FAILED;
@@ -595,7 +602,11 @@ run_job(const JobClaim *claim)
 	PG_TRY();
 	{
 		if (claim->embed)
+		{
 			outcome = CaiAnswerEmbedJob(claim->id, claim->attempts) ? JOB_DONE : JOB_LOST;
+			if (outcome == JOB_DONE)
+				notify_job_end(claim);
+		}
 		else
 			outcome = answer_job(claim);
 		PopActiveSnapshot();

@@ -1,8 +1,9 @@
 /*
- * tokens.c — cai_tokenize and cai_detokenize: the model's tokenizer, through the engine worker.
+ * tokens.c — cai_tokenize and cai_detokenize: a model's tokenizer, through the engine worker.
  *
  * The worker owns the model, so these go through it like a generation does; they are answered
- * at once, between engine steps.
+ * at once, between engine steps.  Each takes an optional model name (a pg_cai.models entry;
+ * absent or NULL: the first), since the models served side by side have tokenizers of their own.
  */
 #include "postgres.h"
 
@@ -24,9 +25,10 @@ PG_FUNCTION_INFO_V1(pg_cai_detokenize);
  *		The answer is copied into the current memory context.
  */
 static char *
-ask_worker(cai_request_kind kind, const cai_wbuf *payload, char expected, Size *len)
+ask_worker(cai_request_kind kind, const cai_wbuf *payload, const char *model, char expected,
+		   Size *len)
 {
-	CaiChannel *channel = CaiChannelOpen(kind, payload);
+	CaiChannel *channel = CaiChannelOpenFor(kind, payload, model);
 	char	   *data;
 	Size		nbytes;
 	char	   *copy;
@@ -47,16 +49,30 @@ ask_worker(cai_request_kind kind, const cai_wbuf *payload, char expected, Size *
 }
 
 /*
- * cai_tokenize(text) -> int4[]
+ * The model named by argument argno when the function has it and it is not NULL, resolved
+ * (an unknown name is an error listing the configured ones); otherwise the first model.
+ */
+static const char *
+model_argument(FunctionCallInfo fcinfo, int argno)
+{
+	if (PG_NARGS() > argno && !PG_ARGISNULL(argno))
+		return CaiModelResolve(text_to_cstring(PG_GETARG_TEXT_PP(argno)));
+	return CaiModelResolve(NULL);
+}
+
+/*
+ * cai_tokenize(text [, model text]) -> int4[]
  *		The model's token ids for the text.  Special-token text ("<|im_end|>") is tokenized as
- *		plain text; no BOS is added.
+ *		plain text; no BOS is added.  NULL text gives NULL (the two-argument form is not STRICT,
+ *		so that a NULL model means the first one).
  */
 Datum
 pg_cai_tokenize(PG_FUNCTION_ARGS)
 {
-	char	   *input = text_to_cstring(PG_GETARG_TEXT_PP(0));
-	int			len = strlen(input);
-	char	   *utf8 = pg_server_to_any(input, len, PG_UTF8);
+	char	   *input;
+	int			len;
+	char	   *utf8;
+	const char *model;
 	cai_wbuf	payload;
 	char	   *answer;
 	Size		answer_len;
@@ -64,13 +80,19 @@ pg_cai_tokenize(PG_FUNCTION_ARGS)
 	Datum	   *elems;
 	int			i;
 
+	if (PG_ARGISNULL(0))
+		PG_RETURN_NULL();
+	input = text_to_cstring(PG_GETARG_TEXT_PP(0));
+	len = strlen(input);
+	utf8 = pg_server_to_any(input, len, PG_UTF8);
 	(void) CaiSharedStateOrError();
+	model = model_argument(fcinfo, 1);
 	if (utf8 != input)
 		len = strlen(utf8);
 
 	CaiWireInit(&payload);
 	cai_put_text(&payload, utf8, len);
-	answer = ask_worker(CAI_REQUEST_TOKENIZE, &payload, CAI_MSG_IDS, &answer_len);
+	answer = ask_worker(CAI_REQUEST_TOKENIZE, &payload, model, CAI_MSG_IDS, &answer_len);
 
 	if (answer_len < 1 + sizeof(int32))
 		elog(ERROR, "pg_cai engine worker sent a short token list");
@@ -91,14 +113,14 @@ pg_cai_tokenize(PG_FUNCTION_ARGS)
 }
 
 /*
- * cai_detokenize(int4[]) -> text
+ * cai_detokenize(int4[] [, model text]) -> text
  *		The text of the token ids, special tokens included as their text.  Fails when an id is
- *		outside the vocabulary, or when the ids end inside a multi-byte character.
+ *		outside the model's vocabulary, or when the ids end inside a multi-byte character.
  */
 Datum
 pg_cai_detokenize(PG_FUNCTION_ARGS)
 {
-	ArrayType  *arr = PG_GETARG_ARRAYTYPE_P(0);
+	ArrayType  *arr;
 	Datum	   *elems;
 	bool	   *nulls;
 	int			n;
@@ -111,7 +133,11 @@ pg_cai_detokenize(PG_FUNCTION_ARGS)
 	Size		answer_len;
 	char	   *converted;
 
+	if (PG_ARGISNULL(0))
+		PG_RETURN_NULL();
+	arr = PG_GETARG_ARRAYTYPE_P(0);
 	(void) CaiSharedStateOrError();
+	model = model_argument(fcinfo, 1);
 	if (ARR_NDIM(arr) > 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
@@ -119,7 +145,6 @@ pg_cai_detokenize(PG_FUNCTION_ARGS)
 	deconstruct_array(arr, INT4OID, sizeof(int32), true, TYPALIGN_INT, &elems, &nulls, &n);
 
 	n_vocab = 0;
-	model = CaiModelResolve(NULL);
 	LWLockAcquire(cai_shared->lock, LW_SHARED);
 	slot = CaiSharedModelIndex(model);
 	if (slot >= 0 && cai_shared->models[slot].state == CAI_WORKER_READY)
@@ -147,7 +172,7 @@ pg_cai_detokenize(PG_FUNCTION_ARGS)
 		cai_put_i32(&payload, id);
 	}
 
-	answer = ask_worker(CAI_REQUEST_DETOKENIZE, &payload, CAI_MSG_TEXT, &answer_len);
+	answer = ask_worker(CAI_REQUEST_DETOKENIZE, &payload, model, CAI_MSG_TEXT, &answer_len);
 	converted = pg_any_to_server(answer + 1, (int) (answer_len - 1), PG_UTF8);
 	if (converted != answer + 1)
 		PG_RETURN_TEXT_P(cstring_to_text(converted));

@@ -14,6 +14,7 @@ import threading
 import time
 
 from pgtest import Checks, DB, ensure_database, psql, value, wait_for
+from pqlib import Conn
 
 WRITERS = 32
 TRANSACTIONS = 6
@@ -78,6 +79,25 @@ r = as_writer("UPDATE embed_docs SET body = 'pgvector stores vectors.' WHERE id 
 c.check("a new text is embedded again", r.rc == 0 and drained(120) and stale_rows().out == "0",
         repr(stale_rows()))
 
+# ---- each job's end is a NOTIFY on cai_embedding naming the job --------------------------------
+listener = Conn(DB, "cai_embed_listener")
+listener.exec("LISTEN cai_embedding")
+
+
+def notified(count, timeout=60):
+    """The payloads of the next count notifications (fewer if the timeout comes first)."""
+    got, deadline = [], time.monotonic() + timeout
+    while len(got) < count and time.monotonic() < deadline:
+        got += [n for n in listener.notifies(deadline - time.monotonic())]
+    c.check("notifications come on cai_embedding only", all(n[0] == "cai_embedding" for n in got), repr(got))
+    return [n[1] for n in got]
+
+
+def job_ids(row_key, table="embed_docs"):
+    return value("SELECT string_agg(id::text, ',' ORDER BY id) FROM cai.jobs WHERE kind = 'embed' "
+                 "AND row_key = '%s' AND target_table = '%s'::regclass" % (row_key, table)).split(",")
+
+
 # ---- a burst of edits costs one embedding --------------------------------------------------
 r = as_writer("BEGIN; INSERT INTO embed_docs (id, body) VALUES (3, 'one'); "
               "UPDATE embed_docs SET body = 'two' WHERE id = 3; UPDATE embed_docs SET body = 'three' WHERE id = 3; "
@@ -87,6 +107,9 @@ burst = value("SELECT string_agg(CASE WHEN superseded_by IS NULL THEN status ELS
 row = as_writer("SELECT embedding = cai_embed('three') FROM embed_docs WHERE id = 3")
 c.check("three writes committed together: the first two jobs are superseded, the last embeds the final text",
         burst == "superseded,superseded,done" and row.out == "t", "%s; %r" % (burst, row))
+notes = notified(3)
+c.check("each of the three jobs' ends is a NOTIFY cai_embedding with its id", sorted(notes, key=int) == job_ids(3),
+        "%r against %r" % (notes, job_ids(3)))
 
 # ---- the model: a name of pg_cai.models, kept in the job's options ----------------------------
 r = as_writer("CREATE TABLE embed_models (id int PRIMARY KEY, body text, embedding real[]); "
@@ -108,6 +131,11 @@ err = value("SELECT error FROM cai.jobs WHERE kind = 'embed' AND row_key = '2' "
             "AND target_table = 'embed_models'::regclass")
 c.check("a job for a model that is not configured fails, naming it", failed is not None
         and 'pg_cai model "no_such_model" is not configured' in err, err)
+notes = notified(2)
+c.check("the named model's job and the failed job each sent their NOTIFY",
+        sorted(notes, key=int) == job_ids(1, "embed_models") + job_ids(2, "embed_models"),
+        "%r against %r" % (notes, job_ids(1, "embed_models") + job_ids(2, "embed_models")))
+listener.close()
 value("DROP TABLE embed_models")
 
 # ---- the jobs are the writer's --------------------------------------------------------------

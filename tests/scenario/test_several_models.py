@@ -99,7 +99,6 @@ try:
             == "llama gemma3", sql("SELECT cai_model_info('base')"))
     c.check("cai_model_info() describes the first model, the default",
             sql("SELECT cai_model_info() = cai_model_info('chat')") == "t", "")
-
     # ---- both answer, greedily: the same text twice, different between the models ----------
     ref = {m: sql(complete(m, 120)) for m in ("chat", "base")}
     again = {m: sql(complete(m, 120)) for m in ("chat", "base")}
@@ -114,6 +113,13 @@ try:
     c.check("pg_stat_cai counts each model's requests on its row",
             sql("SELECT string_agg(model_id || '=' || requests_completed, ',' ORDER BY model_id) "
                 "FROM pg_stat_cai") == "base=2,chat=3", sql("SELECT model_id, requests_completed FROM pg_stat_cai"))
+    ids = {m: sql(f"SELECT cai_tokenize('Hello, world', '{m}')") for m in ("chat", "base")}
+    c.check("cai_tokenize(text, model) uses that model's vocabulary (SmolLM2's and Gemma 3's differ)",
+            ids["chat"] != ids["base"] and ids["chat"] == sql("SELECT cai_tokenize('Hello, world')"),
+            repr(ids))
+    c.check("cai_detokenize(ids, model) reads the ids with that model's vocabulary",
+            all(sql(f"SELECT cai_detokenize(cai_tokenize('Hello, world', '{m}'), '{m}')") == "Hello, world"
+                for m in ("chat", "base")), "")
 
     r = cluster.psql("\\set VERBOSITY verbose\nSELECT cai_complete('Hi', '{\"model\": \"nope\"}')")
     c.check("an unknown model is refused with SQLSTATE 42704, listing the configured ones",
