@@ -21,6 +21,13 @@
 #define GROUP CAI_BLOCK_ROWS
 #define TOKEN_TILE 4
 
+/*
+ * Q6_K's levels (-32..31) are stored plus this, unsigned (0..63), so that the AVX2 kernel takes
+ * them straight into vpmaddubsw's unsigned operand, without the sign step the signed byte formats
+ * need, and subtracts 32 times the activations' sum of each half block from the exact sum.
+ */
+#define SPLIT16_LEVEL_OFFSET 32
+
 /* ---------------------------------------------------------------------------------------
  * Formats
  * --------------------------------------------------------------------------------------- */
@@ -143,7 +150,8 @@ place_levels(cai_cpu_bmatrix *m, int g, int b, int lane, const int8_t *lv)
 	else
 		for (int s = 0; s < 8; s++)
 			for (int i = 0; i < 4; i++)
-				dst[32 * s + 4 * lane + i] = (uint8_t) lv[4 * s + i];
+				dst[32 * s + 4 * lane + i] = (uint8_t) (lv[4 * s + i] +
+														(m->split16 ? SPLIT16_LEVEL_OFFSET : 0));
 }
 
 /* Places one decoded source block of row r. */
@@ -268,6 +276,8 @@ level_at(const cai_cpu_bmatrix *m, int g, int b, int lane, int e)
 
 		return within >= 4 ? byte >> 4 : byte & 0x0f;
 	}
+	if (m->split16)
+		return (int) src[32 * (e / 4) + 4 * lane + e % 4] - SPLIT16_LEVEL_OFFSET;
 	return (int8_t) src[32 * (e / 4) + 4 * lane + e % 4];
 }
 
@@ -374,6 +384,7 @@ typedef struct bgemm_job
 	const int8_t *xq;
 	const float *xs;
 	const int16_t *xsum;
+	const int16_t *xsum_lo;		/* split16: each block's first 16 levels' sum, else NULL */
 	int			n_tok;
 	const cai_cpu_bmatrix *w;
 	int			n_out;
@@ -498,6 +509,27 @@ byte_sums_narrow(const __m256i *w, const __m256i *wabs, const int8_t *a, int s0,
 }
 
 /*
+ * The 8 rows' sums of unsigned levels of at most 63 (Q6_K's, stored + 32) against a's steps
+ * [s0, s0 + 4), that is one half block: vpmaddubsw takes the levels as they are, two steps' pair
+ * sums (each at most 2 * 63 * 127) add up in int16 without overflow (32004), then widen.
+ */
+TARGET_AVX2_F16C static inline __m256i
+unsigned_half_sums(const __m256i *w, const int8_t *a, int s0)
+{
+	__m256i		s32 = _mm256_setzero_si256();
+
+	for (int s = s0; s < s0 + 4; s += 2)
+	{
+		__m256i		s16 = _mm256_add_epi16(
+										   _mm256_maddubs_epi16(w[s], _mm256_set1_epi32(load_i32(a + 4 * s))),
+										   _mm256_maddubs_epi16(w[s + 1], _mm256_set1_epi32(load_i32(a + 4 * s + 4))));
+
+		s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
+	}
+	return s32;
+}
+
+/*
  * Group g for tokens [t0, t0 + nt), nt <= TOKEN_TILE: the weights of a block read once.  The
  * format's flags are compile-time constants in each instance (group_avx2_for below), so the
  * block loop carries no format branches, and a K-quant's super-block scales are converted once
@@ -515,6 +547,7 @@ tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bo
 	const int8_t *xq = j->xq + (size_t) t0 * k;
 	const float *xs = j->xs + (size_t) t0 * nb;
 	const int16_t *xsum = j->xsum + (size_t) t0 * nb;
+	const int16_t *xsum_lo = split16 ? j->xsum_lo + (size_t) t0 * nb : NULL;
 	__m256		acc[TOKEN_TILE];
 	__m256		d = _mm256_setzero_ps(),
 				dmin = _mm256_setzero_ps();
@@ -565,7 +598,8 @@ tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bo
 			for (int s = 0; s < 8; s++)
 			{
 				v[s] = _mm256_loadu_si256((const __m256i *) (qb + 32 * s));
-				u[s] = _mm256_sign_epi8(v[s], v[s]);
+				if (!split16)
+					u[s] = _mm256_sign_epi8(v[s], v[s]);
 			}
 		for (int t = 0; t < nt; t++)
 		{
@@ -576,8 +610,15 @@ tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bo
 
 			if (split16)
 			{
-				term = _mm256_add_ps(_mm256_mul_ps(ws, _mm256_cvtepi32_ps(byte_sums_narrow(v, u, a, 0, 4))),
-									 _mm256_mul_ps(ws_hi, _mm256_cvtepi32_ps(byte_sums_narrow(v, u, a, 4, 4))));
+				/* the stored levels' sums less 32 times each half's activation sum: exact */
+				const int	lo = xsum_lo[tb];
+				__m256i		isum_lo = _mm256_add_epi32(unsigned_half_sums(v, a, 0),
+													   _mm256_set1_epi32(-SPLIT16_LEVEL_OFFSET * lo));
+				__m256i		isum_hi = _mm256_add_epi32(unsigned_half_sums(v, a, 4),
+													   _mm256_set1_epi32(-SPLIT16_LEVEL_OFFSET * (xsum[tb] - lo)));
+
+				term = _mm256_add_ps(_mm256_mul_ps(ws, _mm256_cvtepi32_ps(isum_lo)),
+									 _mm256_mul_ps(ws_hi, _mm256_cvtepi32_ps(isum_hi)));
 			}
 			else
 			{
@@ -700,12 +741,32 @@ gemm_blocks_with(cai_threadpool *pool, group_fn fn, const int8_t *xq, const floa
 {
 	const int	n_groups = (n_out + GROUP - 1) / GROUP;
 	const int	threads = pool ? cai_threadpool_size(pool) : 1;
+	const int	nb = w->k / CAI_BLOCK_ELEMS;
 	int			n_tasks = threads * 8 < n_groups ? threads * 8 : n_groups;
-	bgemm_job	job = {xq, xs, xsum, n_tok, w, n_out, bias, out, ldo, accumulate, 1};
+	int16_t    *xsum_lo = NULL;
+	bgemm_job	job = {xq, xs, xsum, NULL, n_tok, w, n_out, bias, out, ldo, accumulate, 1};
 	bgemm_task	task = {&job, fn};
 
 	if (n_tok < 1 || n_groups < 1)
 		return;
+	if (w->split16 && fn != group_portable)
+	{
+		/* the half sums the unsigned Q6_K kernel subtracts; without memory, the portable one */
+		xsum_lo = malloc((size_t) n_tok * nb * sizeof(int16_t));
+		if (!xsum_lo)
+			task.fn = group_portable;
+		for (int t = 0; xsum_lo && t < n_tok; t++)
+			for (int b = 0; b < nb; b++)
+			{
+				const int8_t *a = xq + (size_t) t * w->k + (size_t) b * CAI_BLOCK_ELEMS;
+				int			total = 0;
+
+				for (int i = 0; i < CAI_BLOCK_ELEMS / 2; i++)
+					total += a[i];
+				xsum_lo[(size_t) t * nb + b] = (int16_t) total;
+			}
+		job.xsum_lo = xsum_lo;
+	}
 	job.groups_per_task = (n_groups + n_tasks - 1) / n_tasks;
 	n_tasks = (n_groups + job.groups_per_task - 1) / job.groups_per_task;
 	if (pool && n_tasks > 1)
@@ -713,6 +774,7 @@ gemm_blocks_with(cai_threadpool *pool, group_fn fn, const int8_t *xq, const floa
 	else
 		for (int t = 0; t < n_tasks; t++)
 			run_task(&task, t, 0);
+	free(xsum_lo);
 }
 
 void

@@ -19,7 +19,7 @@
  *   - nibble formats (levels 0..15: Q4_0, Q4_1, Q4_K): 128 bytes; byte 32 p + 4 r + i holds
  *     row r's element 8 p + i in its low nibble and element 8 p + 4 + i in its high nibble;
  *   - byte formats (Q5_0, Q5_1, Q5_K, Q6_K, Q8_0): 256 bytes; byte 32 s + 4 r + i is row r's
- *     element 4 s + i (a signed level);
+ *     element 4 s + i (a signed level; Q6_K's plus 32, unsigned, so its kernel needs no sign step);
  *   - scales as the file has them: an fp16 d (and dmin) per row and block, or for K-quants per
  *     row and super-block of 256 with an int8 sub-block scale (and min) per row and block
  *     (Q6_K: two, one per 16).  Memory per weight: Q4_0 4.5 bits (the file's), Q4_1 5, Q4_K
@@ -52,7 +52,7 @@
  * size, byte order, scales).  A change to the struct's fields also needs the cache's export
  * (cpu/weight_io.c), which a static assertion on its size points to.
  */
-#define CAI_BLOCK_LAYOUT_VERSION 1
+#define CAI_BLOCK_LAYOUT_VERSION 2
 
 typedef struct cai_cpu_bmatrix
 {
