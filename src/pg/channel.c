@@ -13,6 +13,7 @@
 #include "pgstat.h"
 #include "storage/latch.h"
 #include "storage/proc.h"
+#include "utils/builtins.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
 #include "utils/wait_event.h"
@@ -55,6 +56,19 @@ CaiModelResolve(const char *requested)
 				 errdetail("Configured models: %s.", CaiModelsNames(&list)),
 				 errhint("Name a model of pg_cai.models in the \"model\" option, or leave the option out for the first one.")));
 	return requested;
+}
+
+/*
+ * CaiModelArgument
+ *		The model a SQL function's argument argno names (text), resolved as CaiModelResolve does:
+ *		the first model when the function has no such argument or it is NULL.
+ */
+const char *
+CaiModelArgument(FunctionCallInfo fcinfo, int argno)
+{
+	if (PG_NARGS() > argno && !PG_ARGISNULL(argno))
+		return CaiModelResolve(text_to_cstring(PG_GETARG_TEXT_PP(argno)));
+	return CaiModelResolve(NULL);
 }
 
 /*

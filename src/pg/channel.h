@@ -13,6 +13,7 @@
 #ifndef PG_CAI_CHANNEL_H
 #define PG_CAI_CHANNEL_H
 
+#include "fmgr.h"
 #include "lib/stringinfo.h"
 #include "storage/dsm.h"
 #include "storage/shm_mq.h"
@@ -30,6 +31,7 @@ typedef struct CaiChannel
 } CaiChannel;
 
 extern const char *CaiModelResolve(const char *requested);
+extern const char *CaiModelArgument(FunctionCallInfo fcinfo, int argno);
 extern void CaiCheckModelReady(const char *model);
 extern void CaiCheckWorkerReady(void);
 extern CaiChannel *CaiChannelOpen(cai_request_kind kind, const cai_wbuf *payload);

@@ -21,18 +21,6 @@
 PG_FUNCTION_INFO_V1(pg_cai_embed);
 PG_FUNCTION_INFO_V1(pg_cai_embed_texts);
 
-/*
- * embed_model
- *		The model of argument argno: a name of pg_cai.models ("default" for the one model of
- *		pg_cai.model), NULL for the first; an unknown name is refused naming the configured ones.
- */
-static const char *
-embed_model(FunctionCallInfo fcinfo, int argno)
-{
-	return CaiModelResolve(PG_ARGISNULL(argno) ? NULL :
-						   text_to_cstring(PG_GETARG_TEXT_PP(argno)));
-}
-
 /* Appends one text to embed, converted to UTF-8; an empty text is refused here. */
 static void
 put_text(cai_wbuf *payload, text *t, int index)
@@ -129,7 +117,7 @@ pg_cai_embed(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("the text to embed must not be null")));
-	model = embed_model(fcinfo, 1);
+	model = CaiModelArgument(fcinfo, 1);
 	CaiWireInit(&payload);
 	cai_put_i32(&payload, 1);
 	put_text(&payload, PG_GETARG_TEXT_PP(0), 0);
@@ -159,7 +147,7 @@ pg_cai_embed_texts(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("the texts to embed must not be null")));
-	model = embed_model(fcinfo, 1);
+	model = CaiModelArgument(fcinfo, 1);
 	arr = PG_GETARG_ARRAYTYPE_P(0);
 	if (ARR_NDIM(arr) > 1)
 		ereport(ERROR,

@@ -49,18 +49,6 @@ ask_worker(cai_request_kind kind, const cai_wbuf *payload, const char *model, ch
 }
 
 /*
- * The model named by argument argno when the function has it and it is not NULL, resolved
- * (an unknown name is an error listing the configured ones); otherwise the first model.
- */
-static const char *
-model_argument(FunctionCallInfo fcinfo, int argno)
-{
-	if (PG_NARGS() > argno && !PG_ARGISNULL(argno))
-		return CaiModelResolve(text_to_cstring(PG_GETARG_TEXT_PP(argno)));
-	return CaiModelResolve(NULL);
-}
-
-/*
  * cai_tokenize(text [, model text]) -> int4[]
  *		The model's token ids for the text.  Special-token text ("<|im_end|>") is tokenized as
  *		plain text; no BOS is added.  NULL text gives NULL (the two-argument form is not STRICT,
@@ -86,7 +74,7 @@ pg_cai_tokenize(PG_FUNCTION_ARGS)
 	len = strlen(input);
 	utf8 = pg_server_to_any(input, len, PG_UTF8);
 	(void) CaiSharedStateOrError();
-	model = model_argument(fcinfo, 1);
+	model = CaiModelArgument(fcinfo, 1);
 	if (utf8 != input)
 		len = strlen(utf8);
 
@@ -137,7 +125,7 @@ pg_cai_detokenize(PG_FUNCTION_ARGS)
 		PG_RETURN_NULL();
 	arr = PG_GETARG_ARRAYTYPE_P(0);
 	(void) CaiSharedStateOrError();
-	model = model_argument(fcinfo, 1);
+	model = CaiModelArgument(fcinfo, 1);
 	if (ARR_NDIM(arr) > 1)
 		ereport(ERROR,
 				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
