@@ -749,9 +749,13 @@ gemm_blocks_with(cai_threadpool *pool, group_fn fn, const int8_t *xq, const floa
 
 	if (n_tok < 1 || n_groups < 1)
 		return;
-	if (w->split16 && fn != group_portable)
+	/*
+	 * the half sums the unsigned Q6_K kernel subtracts (without memory, the portable kernel):
+	 * the kernel is chosen by the type, so the type's format decides, not the matrix's own flag,
+	 * which a hostile weight cache file can set apart from its type
+	 */
+	if (format_of(w->type) && format_of(w->type)->split16 && fn != group_portable)
 	{
-		/* the half sums the unsigned Q6_K kernel subtracts; without memory, the portable one */
 		xsum_lo = malloc((size_t) n_tok * nb * sizeof(int16_t));
 		if (!xsum_lo)
 			task.fn = group_portable;
