@@ -114,13 +114,16 @@ typedef struct cli_numerics
 /* Sets params' numerics from the options; false (reported) for an unknown --weights mode. */
 bool		cli_numerics_apply(const cli_numerics *numerics, cai_model_params *params);
 
-/* Loads a model (reporting any error); n_threads 0 = all cores; numerics NULL = the defaults. */
 /*
  * One line to stderr saying where the model's weights came from (mapped from the weights
  * cache, or converted and cached), "prefix: weights: ..."; nothing without a weights cache.
+ * Returns true while the file is still being written (the engine writes it as it runs):
+ * cli_report_weights_cache_end then says how that ended, once the engine is freed.
  */
-void		cli_report_weights_cache(const cai_model *model, const char *prefix);
+bool		cli_report_weights_cache(const cai_model *model, const char *prefix);
+void		cli_report_weights_cache_end(const cai_model *model, const char *prefix);
 
+/* Loads a model (reporting any error); n_threads 0 = all cores; numerics NULL = the defaults. */
 cai_model  *cli_load_model(const char *path, int n_threads, bool float_reference,
 							const cli_numerics *numerics);
 

@@ -389,6 +389,7 @@ cmd_run(int argc, char **argv)
 	const char *prompt;
 	cai_model  *model = NULL;
 	cai_engine *engine = NULL;
+	bool		cache_pending = false;
 	cai_engine_params ep;
 	cai_request_params rp;
 	cai_error	err = {0};
@@ -480,7 +481,7 @@ cmd_run(int argc, char **argv)
 	}
 	/* the engine's backend holds its own copy of the int8 matrices now */
 	cai_model_release_gemm_sources(model);
-	cli_report_weights_cache(model, "cai");
+	cache_pending = cli_report_weights_cache(model, "cai");
 
 	memset(&rp, 0, sizeof(rp));
 	rp.prompt = ids.ids;
@@ -550,6 +551,8 @@ done:
 	cli_tokens_free(&gen.tokens);
 	if (engine)
 		cai_engine_free(engine);
+	if (model && cache_pending)
+		cli_report_weights_cache_end(model, "cai");
 	if (model)
 		cai_model_free(model);
 	free(stdin_prompt);

@@ -87,7 +87,7 @@ cli_load_model(const char *path, int n_threads, bool float_reference,
 	return model;
 }
 
-void
+bool
 cli_report_weights_cache(const cai_model *model, const char *prefix)
 {
 	cai_weights_cache_report r;
@@ -103,16 +103,34 @@ cli_report_weights_cache(const cai_model *model, const char *prefix)
 			fprintf(stderr, "%s: weights: mapped from cache %s in %.2f s (%.1f MB)\n", prefix,
 					r.path, r.seconds, (double) r.file_bytes / 1e6);
 			break;
+		case CAI_WEIGHTS_CACHE_PENDING:
+			fprintf(stderr, "%s: weights: converted in %.2f s, caching to %s\n", prefix,
+					r.seconds, r.path);
+			break;
 		case CAI_WEIGHTS_CACHE_WRITTEN:
 			fprintf(stderr, "%s: weights: converted in %.2f s, cached to %s (%.1f MB)\n", prefix,
 					r.seconds, r.path, (double) r.file_bytes / 1e6);
 			break;
-		case CAI_WEIGHTS_CACHE_PENDING:
 		case CAI_WEIGHTS_CACHE_FAILED:
 			fprintf(stderr, "%s: weights: converted in %.2f s, not cached to %s: %s\n", prefix,
 					r.seconds, r.path, r.failure[0] ? r.failure : "not written");
 			break;
 	}
+	return r.state == CAI_WEIGHTS_CACHE_PENDING;
+}
+
+void
+cli_report_weights_cache_end(const cai_model *model, const char *prefix)
+{
+	cai_weights_cache_report r;
+
+	cai_model_weights_cache_report(model, &r);
+	if (r.state == CAI_WEIGHTS_CACHE_WRITTEN)
+		fprintf(stderr, "%s: weights: cached to %s (%.1f MB)\n", prefix, r.path,
+				(double) r.file_bytes / 1e6);
+	else if (r.state == CAI_WEIGHTS_CACHE_FAILED)
+		fprintf(stderr, "%s: weights: not cached to %s: %s\n", prefix, r.path,
+				r.failure[0] ? r.failure : "not written");
 }
 
 bool

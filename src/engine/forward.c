@@ -35,6 +35,7 @@
  * watching their GEMM inputs through an observer (cai_forward_observer).
  */
 #include "forward_internal.h"
+#include "model_wcache.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -260,6 +261,8 @@ cai_forward_ctx_free(cai_forward_ctx *ctx)
 		return;
 	if (ctx->be)
 	{
+		/* a weights cache file this context's weights are being written to is finished first */
+		cai_model_wcache_join(ctx->model, ctx->be);
 		const cai_backend_ops *ops = ctx->be->ops;
 
 		ops->free(ctx->be, ctx->x);

@@ -106,12 +106,12 @@ make_operands(cai_forward_ctx *ctx, const cai_qmatrix *const *i8, const cai_bmat
 	bool		imported = false;
 	cai_status	st;
 
-	if (m->wcache && m->wcache->state == CAI_WEIGHTS_CACHE_MAPPED &&
+	if (m->wcache && cai_model_wcache_state(m->wcache) == CAI_WEIGHTS_CACHE_MAPPED &&
 		((st = cai_model_wcache_import(m, be, i8, blocks, n, out, &imported, err)) != CAI_OK ||
 		 imported))
 		return st;
 	st = i8 ? be->ops->prepare_i8(be, i8, n, out, err) : be->ops->prepare_blocks(be, blocks, n, out, err);
-	if (st == CAI_OK && m->wcache && m->wcache->state == CAI_WEIGHTS_CACHE_PENDING)
+	if (st == CAI_OK && m->wcache && cai_model_wcache_state(m->wcache) == CAI_WEIGHTS_CACHE_PENDING)
 		cai_model_wcache_store(m, be, out, n, cai_now_seconds() - start);
 	return st;
 }

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -193,6 +194,8 @@ cai_model_wcache_free(cai_model *m)
 
 	if (!c)
 		return;
+	cai_model_wcache_join(m, NULL);
+	free(c->writing);
 	cai_wcache_map_close(&c->map);
 	free(c->dir);
 	free(c->model_path);
@@ -209,7 +212,7 @@ cai_model_weights_cache_report(const cai_model *model, cai_weights_cache_report 
 	out->path = out->refused = out->failure = "";
 	if (!c)
 		return;
-	out->state = c->state;
+	out->state = cai_model_wcache_state(c);
 	out->path = c->path;
 	out->refused = c->refused;
 	out->failure = c->failure;
@@ -255,41 +258,110 @@ cai_model_wcache_import(const cai_model *m, cai_backend *be, const cai_qmatrix *
 	return CAI_OK;
 }
 
-void
-cai_model_wcache_store(const cai_model *m, cai_backend *be, const cai_weight *const *w, int n,
-					   double prepare_seconds)
+/* What the writer thread needs: the model's cache, the backend and the weights to export. */
+struct cai_model_wcache_writing
 {
+	pthread_t	thread;
+	bool		threaded;		/* thread was started (else the file was written in place) */
+	const cai_model *m;
+	cai_backend *be;
+	const cai_weight **w;		/* a copy of the caller's array */
+	int			n;
+};
+
+/* Ends the writer's work: the reason kept before the state says FAILED. */
+static void
+store_failed(struct cai_model_wcache *c, const char *why)
+{
+	snprintf(c->failure, sizeof(c->failure), "%s", why);
+	__atomic_store_n(&c->state, CAI_WEIGHTS_CACHE_FAILED, __ATOMIC_RELEASE);
+}
+
+/* Writes the file (the writer thread's body, or the caller's without one). */
+static void
+write_file(struct cai_model_wcache_writing *job)
+{
+	const cai_model *m = job->m;
 	struct cai_model_wcache *c = m->wcache;
+	cai_backend *be = job->be;
 	cai_wcache_writer *writer = NULL;
 	struct stat st;
 	cai_error	why;
 
-	c->seconds += prepare_seconds;
 	if (!be->ops->export_weights)
 	{
-		c->state = CAI_WEIGHTS_CACHE_FAILED;
-		snprintf(c->failure, sizeof(c->failure), "the %s backend cannot export its weights",
+		snprintf(why.message, sizeof(why.message), "the %s backend cannot export its weights",
 				 be->ops->name);
+		store_failed(c, why.message);
 		return;
 	}
 	if (cai_wcache_make_dir(c->dir, &why) != CAI_OK ||
 		cai_wcache_writer_open(c->path, c->key, &writer, &why) != CAI_OK ||
 		cai_model_wcache_write_model(m, writer, &why) != CAI_OK ||
-		be->ops->export_weights(be, w, n, writer, &why) != CAI_OK)
+		be->ops->export_weights(be, job->w, job->n, writer, &why) != CAI_OK)
 	{
 		cai_wcache_writer_abort(writer);
-		c->state = CAI_WEIGHTS_CACHE_FAILED;
-		snprintf(c->failure, sizeof(c->failure), "%s", why.message);
+		store_failed(c, why.message);
 		return;
 	}
 	if (cai_wcache_writer_commit(writer, &why) != CAI_OK)
 	{
-		c->state = CAI_WEIGHTS_CACHE_FAILED;
-		snprintf(c->failure, sizeof(c->failure), "%s", why.message);
+		store_failed(c, why.message);
 		return;
 	}
-	c->state = CAI_WEIGHTS_CACHE_WRITTEN;
 	c->file_bytes = stat(c->path, &st) == 0 ? (size_t) st.st_size : 0;
 	/* the bound: one file per model name, the one just written */
 	cai_wcache_remove_stale(c->dir, c->model_path, c->path);
+	__atomic_store_n(&c->state, CAI_WEIGHTS_CACHE_WRITTEN, __ATOMIC_RELEASE);
+}
+
+static void *
+writer_main(void *arg)
+{
+	write_file(arg);
+	return NULL;
+}
+
+void
+cai_model_wcache_store(const cai_model *m, cai_backend *be, const cai_weight *const *w, int n,
+					   double prepare_seconds)
+{
+	struct cai_model_wcache *c = m->wcache;
+	struct cai_model_wcache_writing *job;
+
+	if (c->writing)
+		return;
+	c->seconds += prepare_seconds;
+	job = calloc(1, sizeof(*job));
+	if (!job || !(job->w = malloc((size_t) (n > 0 ? n : 1) * sizeof(*job->w))))
+	{
+		free(job);
+		store_failed(c, "out of memory writing the weights cache");
+		return;
+	}
+	memcpy(job->w, w, (size_t) n * sizeof(*w));
+	job->m = m;
+	job->be = be;
+	job->n = n;
+	c->writing = job;
+	job->threaded = pthread_create(&job->thread, NULL, writer_main, job) == 0;
+	if (!job->threaded)
+		write_file(job);
+}
+
+void
+cai_model_wcache_join(const cai_model *m, const cai_backend *be)
+{
+	struct cai_model_wcache *c = m->wcache;
+	struct cai_model_wcache_writing *job = c ? c->writing : NULL;
+
+	if (!job || (be && job->be != be) || !job->be)
+		return;
+	if (job->threaded)
+		(void) pthread_join(job->thread, NULL);
+	job->threaded = false;
+	/* done: the backend may go; a later context finds the file written (or why not) */
+	job->be = NULL;
+	free(job->w);
+	job->w = NULL;
 }

@@ -6,11 +6,17 @@
 #ifndef CAI_MODEL_WCACHE_H
 #define CAI_MODEL_WCACHE_H
 
+#include <pthread.h>
+#include <stdbool.h>
+
 #include "model.h"
 #include "weight_cache.h"
 
+struct cai_model_wcache_writing;
+
 struct cai_model_wcache
 {
+	/* read and written atomically: the writer thread ends PENDING (WRITTEN or FAILED) */
 	cai_weights_cache_state state;
 	char	   *dir;
 	char	   *model_path;
@@ -22,7 +28,15 @@ struct cai_model_wcache
 	size_t		file_bytes;
 	char		refused[CAI_ERROR_MESSAGE_SIZE + 64];
 	char		failure[CAI_ERROR_MESSAGE_SIZE + 64];
+	struct cai_model_wcache_writing *writing;	/* the writer thread, once started */
 };
+
+/* c->state, which a writer thread may be ending */
+static inline cai_weights_cache_state
+cai_model_wcache_state(const struct cai_model_wcache *c)
+{
+	return __atomic_load_n(&c->state, __ATOMIC_ACQUIRE);
+}
 
 /*
  * Sets up m->wcache when params ask for a cache (and no float reference, which conversion
@@ -54,12 +68,22 @@ cai_status	cai_model_wcache_import(const cai_model *m, cai_backend *be,
 									cai_error *err);
 
 /*
- * PENDING: writes the cache file from the model's sections and the backend's prepared w[0, n)
- * (export_weights), and removes the model's stale files.  A failure is kept in the report,
- * never the caller's: the weights are prepared either way.
+ * PENDING: starts a thread that writes the cache file from the model's sections and the
+ * backend's prepared w[0, n) (export_weights), then removes the model's stale files, and ends
+ * the state WRITTEN or FAILED (the reason kept in the report, never the caller's: the weights
+ * are prepared either way).  Writing and syncing a 1B model's file takes seconds that the
+ * engine spends answering instead.  The weights and the model's sections must stay unchanged
+ * until cai_model_wcache_join for be; a second call (another context) starts nothing.  Without
+ * a thread the file is written before it returns.
  */
 void		cai_model_wcache_store(const cai_model *m, cai_backend *be, const cai_weight *const *w,
 								   int n, double prepare_seconds);
+
+/*
+ * Waits for the writer thread that cai_model_wcache_store started with backend be (any
+ * backend when be is NULL); nothing to wait for is fine.  Before be frees its weights.
+ */
+void		cai_model_wcache_join(const cai_model *m, const cai_backend *be);
 
 /* Unmaps and frees m->wcache (model.c). */
 void		cai_model_wcache_free(cai_model *m);

@@ -89,6 +89,7 @@ typedef struct server
 	double		longest_step;	/* seconds */
 	int			max_running;	/* the engine's batch: an embedding's texts in flight at most */
 	bool		stats_due;		/* the statistics changed outside a step (cancel, refusal) */
+	bool		weights_cache_pending;	/* its file is being written: say so when it ends */
 } server;
 
 /* ---------------------------------------------------------------------------------------------
@@ -908,26 +909,45 @@ send_ready(server *s, double load_seconds)
 
 /*
  * Says in the server log (the engine's stderr) where the weights came from: mapped from the
- * weights cache, or converted (and cached, or why not).
+ * weights cache, or converted (and cached, or why not).  The file is written while the engine
+ * answers, so a converting start says so twice: at the start, then when the file is done.
+ * Returns whether it is still being written.
  */
-static void
-report_weights_cache(const cai_model *model)
+static bool
+report_weights_cache(const cai_model *model, bool start)
 {
 	cai_weights_cache_report r;
 
 	cai_model_weights_cache_report(model, &r);
-	if (r.refused[0])
+	if (start && r.refused[0])
 		fprintf(stderr, "pg_cai engine: weights: cache %s refused, rebuilt: %s\n", r.path,
 				r.refused);
 	if (r.state == CAI_WEIGHTS_CACHE_MAPPED)
 		fprintf(stderr, "pg_cai engine: weights: mapped from cache %s in %.2f s (%.1f MB)\n",
 				r.path, r.seconds, (double) r.file_bytes / 1e6);
+	else if (r.state == CAI_WEIGHTS_CACHE_PENDING)
+		fprintf(stderr, "pg_cai engine: weights: converted in %.2f s, caching to %s while serving\n",
+				r.seconds, r.path);
 	else if (r.state == CAI_WEIGHTS_CACHE_WRITTEN)
 		fprintf(stderr, "pg_cai engine: weights: converted in %.2f s, cached to %s (%.1f MB)\n",
 				r.seconds, r.path, (double) r.file_bytes / 1e6);
 	else if (r.state != CAI_WEIGHTS_CACHE_OFF)
 		fprintf(stderr, "pg_cai engine: weights: converted in %.2f s, not cached to %s: %s\n",
 				r.seconds, r.path, r.failure[0] ? r.failure : "not written");
+	return r.state == CAI_WEIGHTS_CACHE_PENDING;
+}
+
+/* The loop's look at a weights cache file being written: its end goes to the log. */
+static void
+report_weights_cache_end(server *s)
+{
+	cai_weights_cache_report r;
+
+	if (!s->weights_cache_pending)
+		return;
+	cai_model_weights_cache_report(s->model, &r);
+	if (r.state != CAI_WEIGHTS_CACHE_PENDING)
+		s->weights_cache_pending = report_weights_cache(s->model, false);
 }
 
 /* Loads the model and starts the engine; on failure says why in a FAILED frame. */
@@ -959,7 +979,7 @@ start_engine(server *s, const cai_serve_config *config)
 	}
 	/* the engine's backend holds its own copy of the int8 matrices now */
 	cai_model_release_gemm_sources(s->model);
-	report_weights_cache(s->model);
+	s->weights_cache_pending = report_weights_cache(s->model, true);
 	s->context_length = cai_engine_context_length(s->engine);
 	s->max_running = config->engine.max_running > 0 ? config->engine.max_running : 1;
 	send_ready(s, cai_now_seconds() - start);
@@ -991,6 +1011,7 @@ cai_serve(int fd, const cai_serve_config *config)
 			send_stats(&s);
 		s.stats_due = false;
 		send_heartbeat_if_due(&s);
+		report_weights_cache_end(&s);
 		flush_output(&s);
 	}
 	if (s.broken)

@@ -4,9 +4,12 @@
 For each engine, in rounds whose order alternates, one process loads --model and generates
 --tokens tokens after a one-word prompt, and the report gives the medians of:
 
-  seconds   from process start to the last token for `cai run` (its whole life: loading the
-            file, preparing the weights, the tokens); for llama.cpp (llama-cpp-python) from just
-            before Llama() to the last token, so Python's own start-up is not counted against it
+  seconds   from process start to the last token: for `cai run` when it reports the reply done
+            (loading the file, preparing the weights, the tokens); for llama.cpp
+            (llama-cpp-python) from just before Llama() to the last token, so Python's own
+            start-up is not counted against it
+  exit      for `cai run`, from process start to its exit: a first start writes the weights
+            cache while it answers and exits once the file is written and synced
   peak RSS  the process's maximum resident set (getrusage ru_maxrss of the child): file pages
             mapped and touched count, as they do for both engines
 
@@ -44,20 +47,32 @@ print(json.dumps({"seconds": took}))
 """
 
 
-def measured(cmd):
+def measured(cmd, done_marker=None):
     """Runs cmd under a fresh wrapper process that reports its one child's wall time and peak RSS
     (RUSAGE_CHILDREN's ru_maxrss is the largest child waited for so far, so each run needs its own
-    parent to read its own figure)."""
+    parent to read its own figure), and when done_marker is given the time of the first stderr
+    line holding it."""
     wrapper = (
-        "import json, resource, subprocess, sys, time\n"
+        "import json, resource, subprocess, sys, threading, time\n"
         "s = time.monotonic()\n"
-        "p = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)\n"
+        "marker = sys.argv[1]\n"
+        "p = subprocess.Popen(sys.argv[2:], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)\n"
+        "out = []\n"
+        "t = threading.Thread(target=lambda: out.append(p.stdout.read()))\n"
+        "t.start()\n"
+        "err, done = [], None\n"
+        "for line in p.stderr:\n"
+        "    err.append(line)\n"
+        "    if done is None and marker and marker in line:\n"
+        "        done = time.monotonic() - s\n"
+        "p.wait()\n"
+        "t.join()\n"
         "w = time.monotonic() - s\n"
         "r = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024\n"
-        "print(json.dumps({'rc': p.returncode, 'wall': w, 'rss': r, 'out': p.stdout[-4000:], "
-        "'err': p.stderr[-4000:]}))\n")
-    proc = subprocess.run([sys.executable, "-c", wrapper] + cmd, stdout=subprocess.PIPE, text=True,
-                          env=os.environ.copy())
+        "print(json.dumps({'rc': p.returncode, 'wall': w, 'done': done, 'rss': r, "
+        "'out': ''.join(out)[-4000:], 'err': ''.join(err)[-4000:]}))\n")
+    proc = subprocess.run([sys.executable, "-c", wrapper, done_marker or ""] + cmd,
+                          stdout=subprocess.PIPE, text=True, env=os.environ.copy())
     result = json.loads(proc.stdout)
     if result["rc"] != 0:
         sys.exit(f"bench_load.py: {' '.join(cmd)} failed ({result['rc']}):\n{result['err']}")
@@ -66,11 +81,15 @@ def measured(cmd):
 
 def cai_run(args, cache_dir):
     cmd = [args.cai, "run", "-m", args.model, "-p", "Hello", "-n", str(args.tokens), "--temp", "0",
-           "-T", str(args.threads)]
+           "-T", str(args.threads), "-v"]
     if cache_dir:
         cmd += ["--weights-cache", cache_dir]
-    r = measured(cmd)
-    return {"seconds": r["wall"], "rss": r["rss"], "log": r["err"]}
+    # -v: cai run's closing report ("... completion N tokens (length), first token ...") follows
+    # the reply's last token
+    r = measured(cmd, done_marker="first token")
+    if r["done"] is None:
+        sys.exit(f"bench_load.py: cai run printed no report:\n{r['err']}")
+    return {"seconds": r["done"], "exit": r["wall"], "rss": r["rss"], "log": r["err"]}
 
 
 def llama_run(args):
@@ -124,21 +143,26 @@ def main():
 
     med = {k: {"seconds": statistics.median(r["seconds"] for r in v),
                "rss_bytes": statistics.median(r["rss"] for r in v)} for k, v in runs.items()}
+    for k, v in runs.items():
+        if all("exit" in r for r in v):
+            med[k]["exit"] = statistics.median(r["exit"] for r in v)
     base = med["llama.cpp"]
     print(f"\n{os.path.basename(args.model)}, {args.threads} threads, load + {args.tokens} tokens, "
           f"medians of {args.rounds} alternating rounds\n")
-    print("| engine | seconds | peak RSS | ÷ llama.cpp (time, RSS) |")
-    print("|---|---|---|---|")
+    print("| engine | seconds to the reply | peak RSS | ÷ llama.cpp (time, RSS) | process exit |")
+    print("|---|---|---|---|---|")
     for k, v in med.items():
         print(f"| {k} | {v['seconds']:.2f} | {v['rss_bytes'] / 1e9:.2f} GB | "
-              f"{v['seconds'] / base['seconds']:.2f}×, {v['rss_bytes'] / base['rss_bytes']:.2f}× |")
+              f"{v['seconds'] / base['seconds']:.2f}×, {v['rss_bytes'] / base['rss_bytes']:.2f}× | "
+              + (f"{v['exit']:.2f} s |" if "exit" in v else "|"))
     if log_line:
         print(f"\npg_cai's log on a start from the cache: {log_line.strip()}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"model": args.model, "threads": args.threads, "tokens": args.tokens,
                        "rounds": args.rounds, "medians": med,
-                       "runs": {k: [{"seconds": r["seconds"], "rss": r["rss"]} for r in v]
+                       "runs": {k: [{"seconds": r["seconds"], "exit": r.get("exit"), "rss": r["rss"]}
+                                    for r in v]
                                 for k, v in runs.items()}}, f, indent=1)
 
 

@@ -29,8 +29,12 @@ def cache_files():
 
 
 def wait_ready(mark):
-    """Waits until the worker says an engine is ready after log offset mark; the log since."""
+    """Waits until the worker says an engine is ready after log offset mark, and when that engine
+    converted, until it says how writing the cache file ended (it writes while it serves); the
+    log since."""
     wait_for(lambda: READY in log_text()[mark:], 180, 0.2)
+    if "caching to" in log_text()[mark:]:
+        wait_for(lambda: "cached to" in log_text()[mark:], 180, 0.2)
     return log_text()[mark:]
 
 
