@@ -49,7 +49,7 @@
  * int8 GEMM, on Llama-3.2-1B's shapes (2048 -> 8192, 8192 -> 2048, and the 2048 -> 128256 LM
  * head for one token), random valid blocks, activations quantized beforehand (not timed).
  * One token: us per call and GB/s of the weight bytes the kernel reads (packed: Q4_0 4.5 bits a
- * weight, Q4_K 4.625, Q6_K 8.56 as a byte a level, Q8_0 8.5, int8 8), rotating over copies of
+ * weight, Q4_K 4.625, Q6_K 6.73 (4 + 2 bits a level), Q8_0 8.5, int8 8), rotating over copies of
  * 256 MiB or more; more tokens: GOPS.  One-thread cases also give the figures per second of the
  * thread's CPU time, which leaves out time slices other processes took.
  *
@@ -545,7 +545,7 @@ bcase_best(cai_threadpool *pool, const bcase *c, double seconds, double *cpu)
 /*
  * Each format (int8 and the block types) on each shape: us per call, and for one token the GB/s
  * of weight bytes streamed (the packed bytes the kernel reads: Q4_0 4.5 bits a weight, Q4_K
- * 4.625, Q6_K 8.56 (a byte per level), Q8_0 8.5, int8 8), for more tokens GOPS
+ * 4.625, Q6_K 6.73 (4 + 2 bits a level), Q8_0 8.5, int8 8), for more tokens GOPS
  * (2 n_tok k n_out per second).  Activations are quantized beforehand (not timed) for both.
  */
 static void

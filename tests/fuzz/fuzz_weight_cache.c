@@ -12,7 +12,8 @@
  * header, 64-byte aligned; the import of an int8 matrix (4 x 32) and then of a block matrix
  * (k 256: 5 rows of Q4_K over 3 of Q6_K) either refuses or gives weights over which the int8
  * and block GEMMs read only the file's bytes (AddressSanitizer checks every read of the copy)
- * and the row decoder works.
+ * and the row decoder works; an imported block matrix has its type's format flags (the kernel
+ * is chosen by the type: finding-q6k-* are files whose flags say another format).
  */
 #include "fuzz_common.h"		/* first: it defines _GNU_SOURCE */
 
@@ -83,6 +84,9 @@ import_and_run(const cai_wcache_view *v)
 	else
 	{
 		FUZZ_CHECK(b[0]->n_parts == 2 && b[0]->parts[0].n_out == 5 && b[0]->parts[1].n_out == 3);
+		/* the kernels follow the type: flags of another format must never get this far */
+		FUZZ_CHECK(cai_cpu_bmatrix_layout_matches(&b[0]->parts[0]) &&
+				   cai_cpu_bmatrix_layout_matches(&b[0]->parts[1]));
 		run_gemms(w[0], b[0]);
 	}
 	/* imported weights are the mapping's: only the structs are freed */

@@ -28,6 +28,12 @@
  */
 #define SPLIT16_LEVEL_OFFSET 32
 
+/*
+ * Where Q6_K's 2-bit high parts start in a group's block: after the 128 bytes of low nibbles
+ * (gemm_blocks.h, "Layout").
+ */
+#define SPLIT16_HIGH_BITS 128
+
 /* ---------------------------------------------------------------------------------------
  * Formats
  * --------------------------------------------------------------------------------------- */
@@ -69,10 +75,31 @@ cai_cpu_bmatrix_supports(ggml_type type)
 	return format_of(type) != NULL;
 }
 
+/*
+ * Bytes of a group's block of 32 inputs: 4-bit levels two to a byte, Q6_K's 6-bit levels as a
+ * nibble and a 2-bit part, the other formats a byte per level.
+ */
 static inline int
 block_bytes_of(const cai_cpu_bmatrix *m)
 {
-	return m->nibble ? 16 * GROUP : 32 * GROUP;
+	return m->nibble ? 16 * GROUP : m->split16 ? 24 * GROUP : 32 * GROUP;
+}
+
+bool
+cai_cpu_bmatrix_layout_matches(const cai_cpu_bmatrix *m)
+{
+	const bformat *f = format_of(m->type);
+
+	return f && m->nibble == f->nibble && m->k_quant == f->k_quant && m->has_min == f->has_min &&
+		m->split16 == f->split16 && m->zero == f->zero;
+}
+
+size_t
+cai_cpu_bmatrix_block_bytes(ggml_type type)
+{
+	const bformat *f = format_of(type);
+
+	return !f ? 0 : f->nibble ? 16 * GROUP : f->split16 ? 24 * GROUP : 32 * GROUP;
 }
 
 /* Index of the d (dmin) entries of group g and block b. */
@@ -147,11 +174,23 @@ place_levels(cai_cpu_bmatrix *m, int g, int b, int lane, const int8_t *lv)
 			for (int i = 0; i < 4; i++)
 				dst[32 * p + 4 * lane + i] = (uint8_t) ((lv[8 * p + i] & 0x0f) |
 														((lv[8 * p + 4 + i] & 0x0f) << 4));
+	else if (m->split16)
+		for (int s = 0; s < 8; s++)
+			for (int i = 0; i < 4; i++)
+			{
+				const int	u = (lv[4 * s + i] + SPLIT16_LEVEL_OFFSET) & 0x3f;
+				uint8_t    *lo = &dst[32 * (s / 2) + 4 * lane + i];
+				uint8_t    *hi = &dst[SPLIT16_HIGH_BITS + 32 * (s / 4) + 4 * lane + i];
+				const int	lo_shift = 4 * (s % 2),
+							hi_shift = 2 * (s % 4);
+
+				*lo = (uint8_t) ((*lo & ~(0x0f << lo_shift)) | (u & 0x0f) << lo_shift);
+				*hi = (uint8_t) ((*hi & ~(0x03 << hi_shift)) | (u >> 4) << hi_shift);
+			}
 	else
 		for (int s = 0; s < 8; s++)
 			for (int i = 0; i < 4; i++)
-				dst[32 * s + 4 * lane + i] = (uint8_t) (lv[4 * s + i] +
-														(m->split16 ? SPLIT16_LEVEL_OFFSET : 0));
+				dst[32 * s + 4 * lane + i] = (uint8_t) lv[4 * s + i];
 }
 
 /* Places one decoded source block of row r. */
@@ -277,7 +316,14 @@ level_at(const cai_cpu_bmatrix *m, int g, int b, int lane, int e)
 		return within >= 4 ? byte >> 4 : byte & 0x0f;
 	}
 	if (m->split16)
-		return (int) src[32 * (e / 4) + 4 * lane + e % 4] - SPLIT16_LEVEL_OFFSET;
+	{
+		const int	s = e / 4,
+					i = e % 4;
+		const int	lo = (src[32 * (s / 2) + 4 * lane + i] >> (4 * (s % 2))) & 0x0f;
+		const int	hi = (src[SPLIT16_HIGH_BITS + 32 * (s / 4) + 4 * lane + i] >> (2 * (s % 4))) & 0x03;
+
+		return (lo | hi << 4) - SPLIT16_LEVEL_OFFSET;
+	}
 	return (int8_t) src[32 * (e / 4) + 4 * lane + e % 4];
 }
 
@@ -393,6 +439,8 @@ typedef struct bgemm_job
 	int			ldo;
 	bool		accumulate;
 	int			groups_per_task;
+	uint8_t    *unpacked;		/* split16 with more tokens than a tile: per thread, a group's
+								 * levels a byte each ([threads][k / 32][256]), else NULL */
 } bgemm_job;
 
 /* The epilogue of both kernels: the row's sum, the bias and the accumulation. */
@@ -409,7 +457,7 @@ store_result(const bgemm_job *j, int t, int o, float acc)
 
 /* Portable: row by row, block by block, in the order every path follows. */
 static void
-group_portable(const bgemm_job *j, int g)
+group_portable(const bgemm_job *j, int g, int thread)
 {
 	const cai_cpu_bmatrix *m = j->w;
 	const int	k = m->k;
@@ -537,12 +585,13 @@ unsigned_half_sums(const __m256i *w, const int8_t *a, int s0)
  */
 TARGET_AVX2_F16C static inline __attribute__((always_inline)) void
 tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bool k_quant,
-		  const bool has_min, const bool split16, const bool narrow, const int zero)
+		  const bool has_min, const bool split16, const bool narrow, const int zero,
+		  const uint8_t *unpacked)
 {
 	const cai_cpu_bmatrix *m = j->w;
 	const int	k = m->k;
 	const int	nb = k / CAI_BLOCK_ELEMS;
-	const int	bbytes = nibble ? 16 * GROUP : 32 * GROUP;
+	const int	bbytes = nibble ? 16 * GROUP : split16 ? 24 * GROUP : 32 * GROUP;
 	const uint8_t *qg = m->q + (size_t) g * nb * bbytes;
 	const int8_t *xq = j->xq + (size_t) t0 * k;
 	const float *xs = j->xs + (size_t) t0 * nb;
@@ -594,12 +643,41 @@ tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bo
 				v[p] = _mm256_and_si256(raw, _mm256_set1_epi8(0x0f));
 				u[p] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), _mm256_set1_epi8(0x0f));
 			}
+		else if (split16 && unpacked)
+			for (int s = 0; s < 8; s++)
+				v[s] = _mm256_loadu_si256((const __m256i *) (unpacked + (size_t) b * 32 * GROUP + 32 * s));
+		else if (split16)
+		{
+			/*
+			 * steps 2p and 2p + 1 are the nibbles of vector p; step 4h + c's high two bits sit
+			 * at bits 2c of vector h of the high parts.  The 16-bit shifts move bits across
+			 * bytes only into positions the mask 0x30 clears.
+			 */
+			const __m256i nib = _mm256_set1_epi8(0x0f),
+						top = _mm256_set1_epi8(0x30);
+
+			for (int p = 0; p < 4; p++)
+			{
+				__m256i		raw = _mm256_loadu_si256((const __m256i *) (qb + 32 * p));
+
+				v[2 * p] = _mm256_and_si256(raw, nib);
+				v[2 * p + 1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nib);
+			}
+			for (int h = 0; h < 2; h++)
+			{
+				__m256i		hb = _mm256_loadu_si256((const __m256i *) (qb + SPLIT16_HIGH_BITS + 32 * h));
+
+				v[4 * h] = _mm256_or_si256(v[4 * h], _mm256_and_si256(_mm256_slli_epi16(hb, 4), top));
+				v[4 * h + 1] = _mm256_or_si256(v[4 * h + 1], _mm256_and_si256(_mm256_slli_epi16(hb, 2), top));
+				v[4 * h + 2] = _mm256_or_si256(v[4 * h + 2], _mm256_and_si256(hb, top));
+				v[4 * h + 3] = _mm256_or_si256(v[4 * h + 3], _mm256_and_si256(_mm256_srli_epi16(hb, 2), top));
+			}
+		}
 		else
 			for (int s = 0; s < 8; s++)
 			{
 				v[s] = _mm256_loadu_si256((const __m256i *) (qb + 32 * s));
-				if (!split16)
-					u[s] = _mm256_sign_epi8(v[s], v[s]);
+				u[s] = _mm256_sign_epi8(v[s], v[s]);
 			}
 		for (int t = 0; t < nt; t++)
 		{
@@ -650,11 +728,72 @@ tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bo
 /* One instance of tile_avx2 per format of the formats table, over all token tiles. */
 #define GROUP_AVX2(name, nibble, k_quant, has_min, split16, narrow, zero) \
 TARGET_AVX2_F16C static void \
-name(const bgemm_job *j, int g) \
+name(const bgemm_job *j, int g, int thread) \
 { \
 	for (int t0 = 0; t0 < j->n_tok; t0 += TOKEN_TILE) \
 		tile_avx2(j, g, t0, j->n_tok - t0 < TOKEN_TILE ? j->n_tok - t0 : TOKEN_TILE, \
-				  nibble, k_quant, has_min, split16, narrow, zero); \
+				  nibble, k_quant, has_min, split16, narrow, zero, NULL); \
+}
+
+/*
+ * Q6_K's levels, a byte each (stored plus 32), of group g's block b into dst (256 bytes, the
+ * byte formats' arrangement): the unpacking its kernel otherwise does per token tile.
+ */
+TARGET_AVX2_F16C static void
+unpack_split16_group(const cai_cpu_bmatrix *m, int g, uint8_t *dst)
+{
+	const int	nb = m->k / CAI_BLOCK_ELEMS;
+	const uint8_t *qg = m->q + (size_t) g * nb * 24 * GROUP;
+	const __m256i nib = _mm256_set1_epi8(0x0f),
+				top = _mm256_set1_epi8(0x30);
+
+	for (int b = 0; b < nb; b++)
+	{
+		const uint8_t *qb = qg + (size_t) b * 24 * GROUP;
+		uint8_t    *out = dst + (size_t) b * 32 * GROUP;
+
+		for (int h = 0; h < 2; h++)
+		{
+			__m256i		lo0 = _mm256_loadu_si256((const __m256i *) (qb + 64 * h)),
+						lo1 = _mm256_loadu_si256((const __m256i *) (qb + 64 * h + 32)),
+						hb = _mm256_loadu_si256((const __m256i *) (qb + SPLIT16_HIGH_BITS + 32 * h));
+
+			_mm256_storeu_si256((__m256i *) (out + 128 * h),
+								_mm256_or_si256(_mm256_and_si256(lo0, nib),
+												_mm256_and_si256(_mm256_slli_epi16(hb, 4), top)));
+			_mm256_storeu_si256((__m256i *) (out + 128 * h + 32),
+								_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo0, 4), nib),
+												_mm256_and_si256(_mm256_slli_epi16(hb, 2), top)));
+			_mm256_storeu_si256((__m256i *) (out + 128 * h + 64),
+								_mm256_or_si256(_mm256_and_si256(lo1, nib), _mm256_and_si256(hb, top)));
+			_mm256_storeu_si256((__m256i *) (out + 128 * h + 96),
+								_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(lo1, 4), nib),
+												_mm256_and_si256(_mm256_srli_epi16(hb, 2), top)));
+		}
+	}
+}
+
+/*
+ * Q6_K: one tile reads the packed levels; more tokens unpack the group's levels once into the
+ * thread's scratch and read them from there for every tile, so prefill pays the unpacking once
+ * per group rather than once per four tokens.
+ */
+TARGET_AVX2_F16C static void
+group_avx2_q6_k(const bgemm_job *j, int g, int thread)
+{
+	if (j->unpacked && j->n_tok > TOKEN_TILE)
+	{
+		uint8_t    *scratch = j->unpacked + (size_t) thread * (j->w->k / CAI_BLOCK_ELEMS) * 32 * GROUP;
+
+		unpack_split16_group(j->w, g, scratch);
+		for (int t0 = 0; t0 < j->n_tok; t0 += TOKEN_TILE)
+			tile_avx2(j, g, t0, j->n_tok - t0 < TOKEN_TILE ? j->n_tok - t0 : TOKEN_TILE,
+					  false, true, false, true, true, 0, scratch);
+		return;
+	}
+	for (int t0 = 0; t0 < j->n_tok; t0 += TOKEN_TILE)
+		tile_avx2(j, g, t0, j->n_tok - t0 < TOKEN_TILE ? j->n_tok - t0 : TOKEN_TILE,
+				  false, true, false, true, true, 0, NULL);
 }
 
 GROUP_AVX2(group_avx2_q4_0, true, false, false, false, true, -8)
@@ -663,7 +802,6 @@ GROUP_AVX2(group_avx2_q4_k, true, true, true, false, true, 0)
 GROUP_AVX2(group_avx2_q5_0, false, false, false, false, true, 0)
 GROUP_AVX2(group_avx2_q5_1, false, false, true, false, true, 0)
 GROUP_AVX2(group_avx2_q5_k, false, true, true, false, true, 0)
-GROUP_AVX2(group_avx2_q6_k, false, true, false, true, true, 0)
 GROUP_AVX2(group_avx2_q8_0, false, false, false, false, false, 0)
 
 /* F16C from CPUID itself: clang 14's __builtin_cpu_supports does not know "f16c". */
@@ -682,7 +820,7 @@ avx2_f16c_available(void)
 }
 #endif
 
-typedef void (*group_fn) (const bgemm_job *j, int g);
+typedef void (*group_fn) (const bgemm_job *j, int g, int thread);
 
 /* The kernel of the path gemm.h's ISA selection names (generic: the portable one) for type. */
 static group_fn
@@ -729,9 +867,8 @@ run_task(void *arg, int task, int thread)
 	const int	n_groups = (j->n_out + GROUP - 1) / GROUP;
 	const int	g1 = (task + 1) * j->groups_per_task;
 
-	(void) thread;
 	for (int g = task * j->groups_per_task; g < g1 && g < n_groups; g++)
-		bt->fn(j, g);
+		bt->fn(j, g, thread);
 }
 
 static void
@@ -744,7 +881,7 @@ gemm_blocks_with(cai_threadpool *pool, group_fn fn, const int8_t *xq, const floa
 	const int	nb = w->k / CAI_BLOCK_ELEMS;
 	int			n_tasks = threads * 8 < n_groups ? threads * 8 : n_groups;
 	int16_t    *xsum_lo = NULL;
-	bgemm_job	job = {xq, xs, xsum, NULL, n_tok, w, n_out, bias, out, ldo, accumulate, 1};
+	bgemm_job	job = {xq, xs, xsum, NULL, n_tok, w, n_out, bias, out, ldo, accumulate, 1, NULL};
 	bgemm_task	task = {&job, fn};
 
 	if (n_tok < 1 || n_groups < 1)
@@ -770,6 +907,9 @@ gemm_blocks_with(cai_threadpool *pool, group_fn fn, const int8_t *xq, const floa
 				xsum_lo[(size_t) t * nb + b] = (int16_t) total;
 			}
 		job.xsum_lo = xsum_lo;
+		/* without this scratch the kernel unpacks per tile: slower, the same bits */
+		if (xsum_lo && n_tok > TOKEN_TILE)
+			job.unpacked = malloc((size_t) threads * nb * 32 * GROUP);
 	}
 	job.groups_per_task = (n_groups + n_tasks - 1) / n_tasks;
 	n_tasks = (n_groups + job.groups_per_task - 1) / job.groups_per_task;
@@ -779,6 +919,7 @@ gemm_blocks_with(cai_threadpool *pool, group_fn fn, const int8_t *xq, const floa
 		for (int t = 0; t < n_tasks; t++)
 			run_task(&task, t, 0);
 	free(xsum_lo);
+	free(job.unpacked);
 }
 
 void

@@ -18,12 +18,17 @@
  * of 32 inputs:
  *   - nibble formats (levels 0..15: Q4_0, Q4_1, Q4_K): 128 bytes; byte 32 p + 4 r + i holds
  *     row r's element 8 p + i in its low nibble and element 8 p + 4 + i in its high nibble;
- *   - byte formats (Q5_0, Q5_1, Q5_K, Q6_K, Q8_0): 256 bytes; byte 32 s + 4 r + i is row r's
- *     element 4 s + i (a signed level; Q6_K's plus 32, unsigned, so its kernel needs no sign step);
+ *   - byte formats (Q5_0, Q5_1, Q5_K, Q8_0): 256 bytes; byte 32 s + 4 r + i is row r's
+ *     element 4 s + i (a signed level);
+ *   - Q6_K: 192 bytes, its levels plus 32 (0..63, unsigned, so its kernel needs no sign step) in
+ *     two parts, as the file keeps them: byte 32 p + 4 r + i holds the low four bits of row r's
+ *     element 8 p + i in its low nibble and of element 8 p + 4 + i in its high one; byte
+ *     128 + 32 h + 4 r + i holds the high two bits of elements 16 h + 4 c + i at bits 2 c
+ *     (c = 0..3);
  *   - scales as the file has them: an fp16 d (and dmin) per row and block, or for K-quants per
  *     row and super-block of 256 with an int8 sub-block scale (and min) per row and block
  *     (Q6_K: two, one per 16).  Memory per weight: Q4_0 4.5 bits (the file's), Q4_1 5, Q4_K
- *     4.625, Q8_0 8.5; the 5- and 6-bit formats take a byte per level.
+ *     4.625, Q6_K 6.625, Q8_0 8.5; the 5-bit formats take a byte per level.
  *
  * Results are the same bits on every path: per row and token, blocks are accumulated in order
  * as acc = acc + sa * term, term = ws * (float) isum [+ wm * (float) asum], each operation a
@@ -52,7 +57,7 @@
  * size, byte order, scales).  A change to the struct's fields also needs the cache's export
  * (cpu/weight_io.c), which a static assertion on its size points to.
  */
-#define CAI_BLOCK_LAYOUT_VERSION 2
+#define CAI_BLOCK_LAYOUT_VERSION 3
 
 typedef struct cai_cpu_bmatrix
 {
@@ -76,6 +81,15 @@ typedef struct cai_cpu_bmatrix
 
 /* Whether the CPU multiplies this type's levels directly (quant.h's ggml_type_has_levels). */
 bool		cai_cpu_bmatrix_supports(ggml_type type);
+
+/* The bytes of a group's block of 32 inputs in type's layout (0: not supported). */
+size_t		cai_cpu_bmatrix_block_bytes(ggml_type type);
+
+/*
+ * Whether m's format flags are the ones its type's kernel assumes (a matrix read from a file
+ * must be checked: the kernel is chosen by the type, and reads the type's layout).
+ */
+bool		cai_cpu_bmatrix_layout_matches(const cai_cpu_bmatrix *m);
 
 /*
  * Repacks rows [0, rows) of a tensor of type (each row k elements, ggml_row_bytes apart,

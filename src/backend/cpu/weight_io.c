@@ -167,7 +167,7 @@ block_extents(const int64_t *f, size_t extents[5])
 	const bool	k_quant = f[5],
 				has_min = f[6];
 
-	extents[0] = g * nb * (f[4] ? 128 : 256);
+	extents[0] = g * nb * cai_cpu_bmatrix_block_bytes((ggml_type) f[3]);
 	extents[1] = g * (k_quant ? nb / 8 : nb) * CAI_BLOCK_ROWS * sizeof(uint16_t);
 	extents[2] = has_min ? extents[1] : 0;
 	extents[3] = k_quant ? g * nb * CAI_BLOCK_ROWS * (f[7] ? 2 : 1) : 0;
@@ -207,6 +207,9 @@ import_block_part(const int64_t *f, const void *blob, size_t blob_bytes, const c
 		.q = ptr[0], .d = ptr[1], .dmin = ptr[2], .sc = ptr[3], .m = ptr[4],
 		.mem = NULL, .bytes = blob_bytes,
 	};
+	if (!cai_cpu_bmatrix_layout_matches(p))
+		return cai_fail(err, CAI_ERR_FORMAT, "weights cache: block flags that are not those of %s",
+						ggml_type_name(src->part[i].type));
 	return CAI_OK;
 }
 
