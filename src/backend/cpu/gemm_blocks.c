@@ -612,6 +612,15 @@ tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bo
 					ws_hi = _mm256_setzero_ps(),
 					wm = _mm256_setzero_ps();
 
+		/*
+		 * the group's first tile streams its levels from memory, and one token is bound by
+		 * that memory's latency more than its bandwidth (the hardware prefetcher follows the
+		 * five arrays too slowly): the levels eight blocks ahead are asked for now; later
+		 * tiles find them in the cache
+		 */
+		if (t0 == 0 && !(split16 && unpacked))
+			for (int o = 0; o < bbytes; o += 64)
+				_mm_prefetch((const char *) (qb + 8 * bbytes + o), _MM_HINT_T0);
 		if (!k_quant || b % 8 == 0)
 		{
 			d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (m->d + scale_index(m, g, b))));
