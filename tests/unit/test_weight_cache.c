@@ -15,6 +15,7 @@
 #include "model.h"
 #include "model_wcache.h"
 #include "threadpool.h"
+#include "util.h"
 #include "weight_cache.h"
 
 const char *test_real_model_path(void);
@@ -353,6 +354,44 @@ TEST(weight_cache_int8_two_digit_mapped_equals_converted)
 	if (!test_real_model_path())
 		SKIP("real model not found");
 	check_mapped_equals_converted("int8x2", CAI_WEIGHTS_INT8, true);
+}
+
+/*
+ * The file is written while the forward context that converted lives (the engine answers
+ * meanwhile), not when it goes: polled with a generous deadline, never timed.
+ */
+TEST(weight_cache_written_while_the_context_lives)
+{
+	const char *path = test_real_model_path();
+	char		dir[256];
+	cai_model  *model;
+	cai_threadpool *pool;
+	cai_forward_ctx *ctx = NULL;
+	cai_weights_cache_report r;
+	cai_error	err;
+	double		deadline;
+
+	if (!path)
+		SKIP("real model not found");
+	make_dir(dir, sizeof(dir), "live");
+	if ((model = load(path, dir, CAI_WEIGHTS_FILE, false)) == NULL)
+	{
+		CHECK(model != NULL);
+		remove_dir(dir);
+		return;
+	}
+	pool = cai_threadpool_create(2);
+	CHECK(pool && cai_forward_ctx_create(model, pool, 16, 64, &ctx, &err) == CAI_OK);
+	deadline = cai_now_seconds() + 120.0;
+	while (state_of(model, &r) == CAI_WEIGHTS_CACHE_PENDING && cai_now_seconds() < deadline)
+		usleep(10000);
+	CHECK_MSG(state_of(model, &r) == CAI_WEIGHTS_CACHE_WRITTEN, "%s", r.failure);
+	CHECK(r.file_bytes > 0 && r.file_bytes == file_size(r.path));
+	CHECK_EQ_INT(count_files(dir), 1);
+	cai_forward_ctx_free(ctx);
+	cai_threadpool_free(pool);
+	cai_model_free(model);
+	remove_dir(dir);
 }
 
 /*
