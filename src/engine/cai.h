@@ -130,7 +130,8 @@ typedef enum cai_weights_cache_state
 	CAI_WEIGHTS_CACHE_OFF = 0,	/* none asked for (or a float reference: converted) */
 	CAI_WEIGHTS_CACHE_MAPPED,	/* the prepared weights were mapped from the file: nothing
 								 * converted */
-	CAI_WEIGHTS_CACHE_PENDING,	/* converted; the first forward context writes the file */
+	CAI_WEIGHTS_CACHE_PENDING,	/* converted; the first forward context writes the file, a
+								 * thread of its own while it runs */
 	CAI_WEIGHTS_CACHE_WRITTEN,	/* converted, and the file written */
 	CAI_WEIGHTS_CACHE_FAILED	/* converted; the file could not be written (failure) */
 } cai_weights_cache_state;

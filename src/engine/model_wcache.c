@@ -8,10 +8,10 @@
  * runs without calibrating.  The file path converts nothing of its own: only the backend's
  * repacked matrices are in its files.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
