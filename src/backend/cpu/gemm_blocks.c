@@ -745,8 +745,8 @@ name(const bgemm_job *j, int g, int thread) \
 }
 
 /*
- * Q6_K's levels, a byte each (stored plus 32), of group g's block b into dst (256 bytes, the
- * byte formats' arrangement): the unpacking its kernel otherwise does per token tile.
+ * Q6_K's levels, a byte each (stored plus 32), of every block of group g into dst (256 bytes a
+ * block, the byte formats' arrangement): the unpacking its kernel otherwise does per token tile.
  */
 TARGET_AVX2_F16C static void
 unpack_split16_group(const cai_cpu_bmatrix *m, int g, uint8_t *dst)
