@@ -80,9 +80,15 @@ cai_cpu_bmatrix_supports(ggml_type type)
  * nibble and a 2-bit part, the other formats a byte per level.
  */
 static inline int
+layout_block_bytes(bool nibble, bool split16)
+{
+	return nibble ? 16 * GROUP : split16 ? 24 * GROUP : 32 * GROUP;
+}
+
+static inline int
 block_bytes_of(const cai_cpu_bmatrix *m)
 {
-	return m->nibble ? 16 * GROUP : m->split16 ? 24 * GROUP : 32 * GROUP;
+	return layout_block_bytes(m->nibble, m->split16);
 }
 
 bool
@@ -99,7 +105,7 @@ cai_cpu_bmatrix_block_bytes(ggml_type type)
 {
 	const bformat *f = format_of(type);
 
-	return !f ? 0 : f->nibble ? 16 * GROUP : f->split16 ? 24 * GROUP : 32 * GROUP;
+	return f ? (size_t) layout_block_bytes(f->nibble, f->split16) : 0;
 }
 
 /* Index of the d (dmin) entries of group g and block b. */
@@ -591,7 +597,7 @@ tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bo
 	const cai_cpu_bmatrix *m = j->w;
 	const int	k = m->k;
 	const int	nb = k / CAI_BLOCK_ELEMS;
-	const int	bbytes = nibble ? 16 * GROUP : split16 ? 24 * GROUP : 32 * GROUP;
+	const int	bbytes = layout_block_bytes(nibble, split16);
 	const uint8_t *qg = m->q + (size_t) g * nb * bbytes;
 	const int8_t *xq = j->xq + (size_t) t0 * k;
 	const float *xs = j->xs + (size_t) t0 * nb;
