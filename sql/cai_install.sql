@@ -54,8 +54,8 @@ SELECT m->>'status' AS status, m->>'arch' AS arch, m->>'chat_template' AS templa
        length(m->>'device_reason') > 0 AS says_why
 FROM cai_model_info() AS m;
 -- the numerics settings' values; their old names ('compensated', 'int8x2') are still accepted
--- for one release but not listed
-SELECT name, enumvals FROM pg_settings
+-- for one release but not listed; both default to auto
+SELECT name, enumvals, boot_val FROM pg_settings
 WHERE name IN ('pg_cai.weight_rounding', 'pg_cai.activation_precision') ORDER BY name;
 ALTER SYSTEM SET pg_cai.weight_rounding = 'compensated';
 ALTER SYSTEM SET pg_cai.activation_precision = 'int8x2';

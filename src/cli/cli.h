@@ -105,13 +105,15 @@ int			cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* The int8 path's numerics options of the commands that load a model (CLI_NUMERICS_OPTIONS). */
 typedef struct cli_numerics
 {
-	bool		gptq_rounding;
-	bool		two_digit_activations;
+	bool		gptq_rounding;	/* --gptq-rounding: --weight-rounding gptq */
+	bool		two_digit_activations;	/* --two-digit-activations: --activations two_digit */
+	const char *weight_rounding;	/* --weight-rounding: "auto", "nearest", "gptq" (NULL: auto) */
+	const char *activations;	/* --activations: "auto", "int8", "two_digit" (NULL: auto) */
 	const char *weights;		/* --weights: "auto", "file" or "int8" (NULL: auto) */
 	const char *weights_cache;	/* --weights-cache: a directory of prepared weights, or NULL */
 } cli_numerics;
 
-/* Sets params' numerics from the options; false (reported) for an unknown --weights mode. */
+/* Sets params' numerics from the options; false (reported) for an unknown mode's name. */
 bool		cli_numerics_apply(const cli_numerics *numerics, cai_model_params *params);
 
 /*
@@ -238,14 +240,24 @@ extern char **cli_argv;
 		.help = "auto (default): file from 500M weights up, else int8; file: the GGUF's own 4-8 bit formats; int8: requantized", \
 	}, \
 	{ \
+		.name = "weight-rounding", .kind = CLI_OPT_STRING, .target = &(opts).numerics.weight_rounding, \
+		.metavar = "MODE", \
+		.help = "int8 weights: auto (default): gptq on a model under 500M weights, else nearest; nearest; gptq (along the calibration inputs)", \
+	}, \
+	{ \
+		.name = "activations", .kind = CLI_OPT_STRING, .target = &(opts).numerics.activations, \
+		.metavar = "MODE", \
+		.help = "GEMM inputs: auto (default): two_digit on a model under 500M weights with int8 weights, else int8; int8; two_digit (closer to float, GEMMs twice the work)", \
+	}, \
+	{ \
 		.name = "gptq-rounding", .alias = "compensated-rounding", .kind = CLI_OPT_FLAG, \
 		.target = &(opts).numerics.gptq_rounding, \
-		.help = "round weights by GPTQ along the calibration inputs instead of to nearest", \
+		.help = "the same as --weight-rounding gptq", \
 	}, \
 	{ \
 		.name = "two-digit-activations", .kind = CLI_OPT_FLAG, \
 		.target = &(opts).numerics.two_digit_activations, \
-		.help = "GEMM inputs as two int8 digits: closer to float, GEMMs twice the work", \
+		.help = "the same as --activations two_digit", \
 	}, \
 	{ \
 		.name = "weights-cache", .kind = CLI_OPT_STRING, .target = &(opts).numerics.weights_cache, \

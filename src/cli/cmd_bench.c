@@ -761,8 +761,8 @@ bench_print_header(const bench_run *run)
 	printf(",\n  \"threads\": %d,\n  \"repeat\": %d,\n", bench_opts.threads, bench_opts.repeat);
 	printf("  \"weights\": \"%s\",\n", run->info.file_weights ? "file" : "int8");
 	printf("  \"weight_rounding\": \"%s\",\n  \"activation_precision\": \"%s\",\n",
-		   bench_opts.numerics.gptq_rounding ? "gptq" : "nearest",
-		   bench_opts.numerics.two_digit_activations ? "two_digit" : "int8");
+		   run->info.gptq_rounding ? "gptq" : "nearest",
+		   run->info.two_digit_activations ? "two_digit" : "int8");
 	printf("  \"sampling\": {\"temperature\": %g, \"top_p\": %g, \"top_k\": %d, \"seed\": %llu},\n",
 		   bench_opts.temperature, bench_opts.top_p, bench_opts.top_k,
 		   (unsigned long long) bench_opts.seed);

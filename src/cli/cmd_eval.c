@@ -329,6 +329,11 @@ cmd_eval(int argc, char **argv)
 		json_write_string(stdout, eval_opts.model);
 		printf(",\n  \"file\": ");
 		json_write_string(stdout, positional[0]);
+		/* the numerics as decided at load (auto resolved) */
+		printf(",\n  \"weights\": \"%s\",\n  \"weight_rounding\": \"%s\",\n"
+			   "  \"activation_precision\": \"%s\"", info.file_weights ? "file" : "int8",
+			   info.gptq_rounding ? "gptq" : "nearest",
+			   info.two_digit_activations ? "two_digit" : "int8");
 		printf(",\n  \"tokens\": %d,\n  \"ctx\": %d,\n  \"windows\": %d,\n  \"positions\": %ld,\n",
 			   n_eval, eval_opts.ctx, n_windows, totals.positions);
 		printf("  \"perplexity_int8\": %.6f,\n  \"perplexity_float\": %.6f,\n", ppl_q, ppl_f);

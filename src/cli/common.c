@@ -49,14 +49,30 @@ cli_now(void)
 bool
 cli_numerics_apply(const cli_numerics *numerics, cai_model_params *params)
 {
-	params->gptq_rounding = numerics->gptq_rounding;
-	params->two_digit_activations = numerics->two_digit_activations;
 	params->weights_cache = numerics->weights_cache;
 	if (numerics->weights && !cai_weights_mode_parse(numerics->weights, &params->weights))
 	{
 		cli_error("unknown --weights mode \"%s\" (auto, file or int8)", numerics->weights);
 		return false;
 	}
+	if (numerics->weight_rounding &&
+		!cai_rounding_mode_parse(numerics->weight_rounding, &params->rounding))
+	{
+		cli_error("unknown --weight-rounding mode \"%s\" (auto, nearest or gptq)",
+				  numerics->weight_rounding);
+		return false;
+	}
+	if (numerics->activations &&
+		!cai_activations_mode_parse(numerics->activations, &params->activations))
+	{
+		cli_error("unknown --activations mode \"%s\" (auto, int8 or two_digit)",
+				  numerics->activations);
+		return false;
+	}
+	if (numerics->gptq_rounding)
+		params->rounding = CAI_ROUNDING_GPTQ;
+	if (numerics->two_digit_activations)
+		params->activations = CAI_ACTIVATIONS_TWO_DIGIT;
 	return true;
 }
 

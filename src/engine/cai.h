@@ -80,22 +80,53 @@ const char *cai_weights_mode_name(cai_weights_mode mode);
 /* The mode named name; false for an unknown name. */
 bool		cai_weights_mode_parse(const char *name, cai_weights_mode *mode);
 
+/*
+ * How the int8 path rounds its weights (cai_model_params.rounding).  auto: GPTQ for a small
+ * model's int8 path (CAI_AUTO_FILE_MIN_WEIGHTS), nearest otherwise.
+ */
+typedef enum cai_rounding_mode
+{
+	CAI_ROUNDING_AUTO = 0,
+	CAI_ROUNDING_NEAREST,		/* each weight to its nearest int8 level */
+	CAI_ROUNDING_GPTQ			/* along the calibration inputs' second moment: closer to
+								 * float on average, loads about 4x slower (calibrate.c,
+								 * "GPTQ rounding"); the weights cache keeps the result */
+} cai_rounding_mode;
+
+/*
+ * How the GEMM inputs become integers (cai_model_params.activations).  auto: two digits on a
+ * small model's int8 path, one otherwise (where the file's own formats run, two digits give
+ * only the keys a second digit).
+ */
+typedef enum cai_activations_mode
+{
+	CAI_ACTIVATIONS_AUTO = 0,
+	CAI_ACTIVATIONS_INT8,		/* one int8 digit per value */
+	CAI_ACTIVATIONS_TWO_DIGIT	/* each input also carries its rounding error as a second
+								 * int8 digit (about 15 bits in all) and every int8 GEMM runs
+								 * twice: closer to float, slower (forward.c, "two-digit
+								 * activations") */
+} cai_activations_mode;
+
+/* "auto", "nearest", "gptq"; NULL for an unknown value.  Parse: false for an unknown name. */
+const char *cai_rounding_mode_name(cai_rounding_mode rounding);
+bool		cai_rounding_mode_parse(const char *name, cai_rounding_mode *rounding);
+
+/* "auto", "int8", "two_digit"; NULL for an unknown value.  Parse: false for an unknown name. */
+const char *cai_activations_mode_name(cai_activations_mode precision);
+bool		cai_activations_mode_parse(const char *name, cai_activations_mode *precision);
+
 typedef struct cai_model_params
 {
 	int			n_threads;		/* threads for requantization at load; 0 = all online cores */
 	bool		load_float_reference;	/* also keep fp32 weights (cai eval, fidelity tests) */
 	const char *chat_template;	/* "chatml", "llama3", "gemma", "llama2"; NULL = detect from GGUF */
-	bool		gptq_rounding;	/* round weights to int8 by GPTQ, along the
-								 * calibration inputs' second moment, instead of to the
-								 * nearest level: closer to float on average, loads
-								 * about 4x slower (calibrate.c, "GPTQ rounding") */
-	bool		two_digit_activations;	/* each int8 GEMM input also carries its rounding
-										 * error as a second int8 digit (about 15 bits in all)
-										 * and every int8 GEMM runs twice: closer to float,
-										 * slower (forward.c, "two-digit activations") */
+	cai_rounding_mode rounding;	/* the int8 weights' rounding (default auto) */
+	cai_activations_mode activations;	/* the GEMM inputs' digits (default auto) */
 	cai_weights_mode weights;	/* the file's own formats or int8 (default auto) */
 	int64_t		auto_file_min_weights;	/* auto: the file's formats only for models with at
-										 * least this many matrix weights (default
+										 * least this many matrix weights, and the precise
+										 * int8 numerics only below it (default
 										 * CAI_AUTO_FILE_MIN_WEIGHTS) */
 	const char *weights_cache;	/* a directory where the CPU backend's prepared weights are
 								 * kept across processes (weight_cache.h); NULL = none */
@@ -107,6 +138,12 @@ typedef struct cai_model_params
  * kernels (one scale per row, not one per 32 weights) are the faster ones; above it the int8
  * copy costs about 2.5x the file's memory and several seconds of conversion per start, and
  * decoding streams the weights from memory, where the file's 4.5 bits beat 8.
+ *
+ * Below it auto numerics are also the precise ones (GPTQ rounding, two-digit inputs): a small
+ * model's next-token margins are thin, and with one int8 digit its greedy choices part from
+ * the float model's more often than llama.cpp's do on the same file (docs/numerics.md,
+ * "Fidelity against llama.cpp"); with both, more seldom.  Its GEMMs then do twice the
+ * work (prefill at about half the rate).
  */
 #define CAI_AUTO_FILE_MIN_WEIGHTS INT64_C(500000000)
 

@@ -298,9 +298,9 @@ rotate_head_rows(float *w, int n_heads, int hd, int k, const cai_rotation *rot, 
  * over the whole GPL-3 text, against nearest rounding: KL(float || int8) 0.00478 -> 0.00426,
  * top-1 agreement 95.80% -> 96.27%, perplexity +0.55% -> +0.14%; load time on two cores
  * 0.9 s -> about 4 s (the calibration forward over 512 tokens instead of 64, H, the factors and
- * the rounding itself).  Not the default (cai_model_params.gptq_rounding): besides the
- * load time, a better average does not make every greedy reply closer — the regression suite's
- * "What is the capital of France?" (with a system prompt) sits on a float near-tie (logits
+ * the rounding itself).  Auto (cai_model_params.rounding) takes it on a small model's int8 path,
+ * with two-digit inputs (cai.h).  A better average does not make every greedy reply closer —
+ * the regression suite's "What is the capital of France?" (with a system prompt) sits on a float near-tie (logits
  * 24.144 vs 24.049 for its first token); nearest rounding keeps the order (23.857 vs 23.832),
  * GPTQ rounding flips it (24.073 vs 24.087) and the reply turns into French.
  *

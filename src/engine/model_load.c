@@ -190,8 +190,8 @@ cai_model_params_default(cai_model_params *params)
 	params->n_threads = 0;
 	params->load_float_reference = false;
 	params->chat_template = NULL;
-	params->gptq_rounding = false;
-	params->two_digit_activations = false;
+	params->rounding = CAI_ROUNDING_AUTO;
+	params->activations = CAI_ACTIVATIONS_AUTO;
 	params->weights = CAI_WEIGHTS_AUTO;
 	params->auto_file_min_weights = CAI_AUTO_FILE_MIN_WEIGHTS;
 	params->weights_cache = NULL;
@@ -212,6 +212,45 @@ cai_weights_mode_parse(const char *name, cai_weights_mode *mode)
 		if (strcmp(name, weights_mode_names[i]) == 0)
 		{
 			*mode = (cai_weights_mode) i;
+			return true;
+		}
+	return false;
+}
+
+static const char *const rounding_names[] = {"auto", "nearest", "gptq"};
+static const char *const activations_names[] = {"auto", "int8", "two_digit"};
+
+const char *
+cai_rounding_mode_name(cai_rounding_mode rounding)
+{
+	return (int) rounding >= 0 && (int) rounding < 3 ? rounding_names[rounding] : NULL;
+}
+
+bool
+cai_rounding_mode_parse(const char *name, cai_rounding_mode *rounding)
+{
+	for (int i = 0; name && i < 3; i++)
+		if (strcmp(name, rounding_names[i]) == 0)
+		{
+			*rounding = (cai_rounding_mode) i;
+			return true;
+		}
+	return false;
+}
+
+const char *
+cai_activations_mode_name(cai_activations_mode precision)
+{
+	return (int) precision >= 0 && (int) precision < 3 ? activations_names[precision] : NULL;
+}
+
+bool
+cai_activations_mode_parse(const char *name, cai_activations_mode *precision)
+{
+	for (int i = 0; name && i < 3; i++)
+		if (strcmp(name, activations_names[i]) == 0)
+		{
+			*precision = (cai_activations_mode) i;
 			return true;
 		}
 	return false;
@@ -342,7 +381,7 @@ has_file_format(const gguf_tensor *t)
  */
 static cai_status
 choose_weights(const cai_model_params *params, const cai_config *c, const cai_layer_sources *src,
-			   const gguf_tensor *t_head, bool *file, cai_error *err)
+			   const gguf_tensor *t_head, bool *file, int64_t *n_matrix_weights, cai_error *err)
 {
 	const gguf_tensor *other = has_file_format(t_head) ? NULL : t_head;
 	int64_t		n_weights = t_head->n_elements;
@@ -359,6 +398,7 @@ choose_weights(const cai_model_params *params, const cai_config *c, const cai_la
 				other = mats[i];
 		}
 	}
+	*n_matrix_weights = n_weights;
 	*file = params->weights != CAI_WEIGHTS_INT8 && !other &&
 		(params->weights == CAI_WEIGHTS_FILE || n_weights >= params->auto_file_min_weights);
 	if (params->weights == CAI_WEIGHTS_FILE && other)
@@ -368,6 +408,24 @@ choose_weights(const cai_model_params *params, const cai_config *c, const cai_la
 						"'%.*s' is %s; use weights 'int8' or 'auto'",
 						(int) other->name.len, other->name.ptr, ggml_type_name(other->type));
 	return CAI_OK;
+}
+
+/*
+ * params with auto numerics decided (cai.h, CAI_AUTO_FILE_MIN_WEIGHTS): GPTQ rounding and two
+ * digits for the int8 path of a model under auto_file_min_weights matrix weights, nearest and
+ * one digit otherwise.  What is set explicitly stays.
+ */
+static cai_model_params
+decide_numerics(const cai_model_params *params, bool file, int64_t n_matrix_weights)
+{
+	cai_model_params decided = *params;
+	const bool	precise = !file && n_matrix_weights < params->auto_file_min_weights;
+
+	if (decided.rounding == CAI_ROUNDING_AUTO)
+		decided.rounding = precise ? CAI_ROUNDING_GPTQ : CAI_ROUNDING_NEAREST;
+	if (decided.activations == CAI_ACTIVATIONS_AUTO)
+		decided.activations = precise ? CAI_ACTIVATIONS_TWO_DIGIT : CAI_ACTIVATIONS_INT8;
+	return decided;
 }
 
 /* b = the tensors parts[0, n) stacked by rows (each validated: rows of k). */
@@ -564,7 +622,7 @@ load_int8_weights(cai_model *m, const cai_model_params *params, const model_tens
 #define OOM() do { st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory loading the model weights"); goto done; } while (0)
 	if (!alloc_qmatrix(m, c->n_vocab, c->d_model, &m->tok_embd))
 		OOM();
-	if (params->two_digit_activations &&
+	if ((params->activations == CAI_ACTIVATIONS_TWO_DIGIT) &&
 		!alloc_qmatrix(m, c->n_vocab, c->d_model, &m->tok_embd_second_digit))
 		OOM();
 	if (fref && !(m->f_tok_embd = alloc_floats(m, (size_t) c->n_vocab * c->d_model)))
@@ -616,11 +674,11 @@ load_int8_weights(cai_model *m, const cai_model_params *params, const model_tens
 
 	/* the layers and the head: calibrated, smoothed, rotated, requantized */
 	if ((st = cai_convert_layers(m, pool, &plan, src, t_embd, t_out ? t_out : t_embd, head_wmax,
-							 fref, params->gptq_rounding, err)) != CAI_OK)
+							 fref, (params->rounding == CAI_ROUNDING_GPTQ), err)) != CAI_OK)
 		goto done;
-	m->gptq_rounding = params->gptq_rounding;
+	m->gptq_rounding = (params->rounding == CAI_ROUNDING_GPTQ);
 	/* set after calibration, which reads one-digit inputs as the weights were rounded for them */
-	m->two_digit_activations = params->two_digit_activations;
+	m->two_digit_activations = (params->activations == CAI_ACTIVATIONS_TWO_DIGIT);
 
 	/* each backend prepares its own copy of the int8 weights (backend.h's prepare_i8) */
 	for (int l = 0; l < c->n_layers; l++)
@@ -670,7 +728,7 @@ load_int8_mapped(cai_model *m, const cai_model_params *params, const model_tenso
 		!cai_model_make_rotation(m, c->head_dim, &m->rot_head))
 		return oom(err);
 	/* which sections the file holds depends on it */
-	m->two_digit_activations = params->two_digit_activations;
+	m->two_digit_activations = (params->activations == CAI_ACTIVATIONS_TWO_DIGIT);
 	if (!cai_model_wcache_take_int8(m))
 	{
 		m->two_digit_activations = false;
@@ -694,7 +752,7 @@ load_int8_mapped(cai_model *m, const cai_model_params *params, const model_tenso
 			(size_t) c->d_model * (c->n_heads * c->head_dim + 4) +
 			(size_t) 2 * c->d_ff * (c->d_model + 4) + (size_t) c->d_model * (c->d_ff + 4);
 	}
-	m->gptq_rounding = params->gptq_rounding;
+	m->gptq_rounding = (params->rounding == CAI_ROUNDING_GPTQ);
 	m->int8_complete = true;
 	*taken = true;
 	return CAI_OK;
@@ -702,27 +760,36 @@ load_int8_mapped(cai_model *m, const cai_model_params *params, const model_tenso
 
 /*
  * The weights: the file's own formats or int8 (cai_model_params.weights), converted, or mapped
- * from a weights cache of the same model and settings.
+ * from a weights cache of the same model and settings; auto numerics are decided here, once the
+ * weights mode and the model's size are known.
  */
 static cai_status
-load_weights(cai_model *m, const char *path, const cai_model_params *params, cai_error *err)
+load_weights(cai_model *m, const char *path, const cai_model_params *asked, cai_error *err)
 {
 	model_tensors t;
 	bool		file = false;
 	bool		mapped = false;
+	int64_t		n_matrix_weights = 0;
 	double		start = cai_now_seconds();
+	cai_model_params decided;
+	const cai_model_params *params = &decided;
 	cai_status	st;
 
 	memset(&t, 0, sizeof(t));
-	if ((st = find_model_tensors(m, &t, err)) == CAI_OK &&
-		(st = choose_weights(params, &m->cfg, t.layers, t.out ? t.out : t.embd, &file,
-							 err)) == CAI_OK &&
-		(st = cai_model_wcache_open(m, path, params, file, err)) == CAI_OK)
+	if ((st = find_model_tensors(m, &t, err)) != CAI_OK ||
+		(st = choose_weights(asked, &m->cfg, t.layers, t.out ? t.out : t.embd, &file,
+							 &n_matrix_weights, err)) != CAI_OK)
+	{
+		free(t.layers);
+		return st;
+	}
+	decided = decide_numerics(asked, file, n_matrix_weights);
+	if ((st = cai_model_wcache_open(m, path, params, file, err)) == CAI_OK)
 	{
 		if (file)
 			st = load_file_weights(m, t.layers, t.embd, t.out, t.out_norm, t.rope_freqs,
 								   params->load_float_reference,
-								   params->two_digit_activations, err);
+								   (params->activations == CAI_ACTIVATIONS_TWO_DIGIT), err);
 		else if (m->wcache && m->wcache->state == CAI_WEIGHTS_CACHE_MAPPED)
 			st = load_int8_mapped(m, params, &t, &mapped, err);
 		if (st == CAI_OK && !file && !mapped)

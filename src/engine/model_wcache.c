@@ -52,8 +52,8 @@ cai_model_wcache_open(cai_model *m, const char *model_path, const cai_model_para
 	kp.model_hash = m->content_hash;
 	kp.model_bytes = m->gguf->size;
 	kp.file_weights = file;
-	kp.gptq_rounding = !file && params->gptq_rounding;
-	kp.two_digit_activations = params->two_digit_activations;
+	kp.gptq_rounding = !file && (params->rounding == CAI_ROUNDING_GPTQ);
+	kp.two_digit_activations = (params->activations == CAI_ACTIVATIONS_TWO_DIGIT);
 	kp.backend = "cpu";
 	kp.backend_layout = cai_backend_cpu_weights_layout();
 	c->key = cai_wcache_key(&kp);

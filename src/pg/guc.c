@@ -26,9 +26,9 @@ char	   *cai_models_setting = NULL;
 char	   *cai_chat_template = NULL;
 char	   *cai_weights_cache = NULL;
 int			cai_device = CAI_DEVICE_AUTO;
-int			cai_weight_rounding = CAI_ROUNDING_NEAREST;
+int			cai_weight_rounding = CAI_ROUNDING_AUTO;
 int			cai_weights = CAI_WEIGHTS_AUTO;
-int			cai_activation_precision = CAI_ACTIVATIONS_INT8;
+int			cai_activation_precision = CAI_ACTIVATIONS_AUTO;
 int			cai_threads = 0;
 int			cai_max_batch = 16;
 int			cai_max_step_tokens = 512;
@@ -51,6 +51,7 @@ static const struct config_enum_entry device_options[] = {
 };
 
 static const struct config_enum_entry weight_rounding_options[] = {
+	{"auto", CAI_ROUNDING_AUTO, false},
 	{"nearest", CAI_ROUNDING_NEAREST, false},
 	{"gptq", CAI_ROUNDING_GPTQ, false},
 	/* the old name, accepted for one release; hidden from the listed values */
@@ -66,6 +67,7 @@ static const struct config_enum_entry weights_options[] = {
 };
 
 static const struct config_enum_entry activation_precision_options[] = {
+	{"auto", CAI_ACTIVATIONS_AUTO, false},
 	{"int8", CAI_ACTIVATIONS_INT8, false},
 	{"two_digit", CAI_ACTIVATIONS_TWO_DIGIT, false},
 	/* the old name, accepted for one release; hidden from the listed values */
@@ -465,9 +467,10 @@ define_engine_process_settings(void)
 							 "How the engine rounds the model's weights to int8 at load.",
 							 "nearest: to the nearest value; gptq: GPTQ along the calibration "
 							 "inputs, closer to the float model at about four times the "
-							 "load time.",
+							 "load time; auto (the default): gptq for models under 500M "
+							 "weights, else nearest.",
 							 &cai_weight_rounding,
-							 CAI_ROUNDING_NEAREST,
+							 CAI_ROUNDING_AUTO,
 							 weight_rounding_options,
 							 PGC_SIGHUP,
 							 0,
@@ -477,9 +480,10 @@ define_engine_process_settings(void)
 							 "How the engine quantizes the inputs of its int8 GEMMs.",
 							 "int8: one int8 digit per value; two_digit: a second digit (the rounding "
 							 "error quantized again), closer to the float model with every int8 "
-							 "GEMM run twice.",
+							 "GEMM run twice; auto (the default): two_digit for models under "
+							 "500M weights on int8 weights, else int8.",
 							 &cai_activation_precision,
-							 CAI_ACTIVATIONS_INT8,
+							 CAI_ACTIVATIONS_AUTO,
 							 activation_precision_options,
 							 PGC_SIGHUP,
 							 0,

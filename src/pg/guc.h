@@ -41,20 +41,6 @@ typedef enum CaiDeviceSetting
 	CAI_DEVICE_CUDA
 } CaiDeviceSetting;
 
-/* pg_cai.weight_rounding: how the weights become int8 */
-typedef enum CaiWeightRounding
-{
-	CAI_ROUNDING_NEAREST,		/* int8 weights rounded to nearest */
-	CAI_ROUNDING_GPTQ			/* along the calibration inputs (GPTQ): closer, slower load */
-} CaiWeightRounding;
-
-/* pg_cai.activation_precision: how GEMM inputs become int8 */
-typedef enum CaiActivationPrecision
-{
-	CAI_ACTIVATIONS_INT8,		/* one int8 digit per token and channel */
-	CAI_ACTIVATIONS_TWO_DIGIT	/* two digits: about 15 bits, GEMMs twice the work */
-} CaiActivationPrecision;
-
 /* pg_cai.cache_isolation: which requests may share cached prompt prefixes */
 typedef enum CaiCacheIsolation
 {

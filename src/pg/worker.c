@@ -1034,10 +1034,10 @@ engine_arguments(EngineSlot *e, StringInfo settings)
 	}
 	args[n++] = pstrdup("--weights");
 	args[n++] = pstrdup(cai_weights_mode_name((cai_weights_mode) cai_weights));
-	if (cai_weight_rounding == CAI_ROUNDING_GPTQ)
-		args[n++] = pstrdup("--gptq-rounding");
-	if (cai_activation_precision == CAI_ACTIVATIONS_TWO_DIGIT)
-		args[n++] = pstrdup("--two-digit-activations");
+	args[n++] = pstrdup("--weight-rounding");
+	args[n++] = pstrdup(cai_rounding_mode_name((cai_rounding_mode) cai_weight_rounding));
+	args[n++] = pstrdup("--activations");
+	args[n++] = pstrdup(cai_activations_mode_name((cai_activations_mode) cai_activation_precision));
 	if (cai_weights_cache != NULL && cai_weights_cache[0] != '\0')
 	{
 		args[n++] = pstrdup("--weights-cache");

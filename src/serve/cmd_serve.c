@@ -206,6 +206,8 @@ cmd_serve(int argc, char **argv)
 	cuda_library = copy_option(serve_opts.cuda_library);
 	serve_opts.numerics.weights = copy_option(serve_opts.numerics.weights);
 	serve_opts.numerics.weights_cache = copy_option(serve_opts.numerics.weights_cache);
+	serve_opts.numerics.weight_rounding = copy_option(serve_opts.numerics.weight_rounding);
+	serve_opts.numerics.activations = copy_option(serve_opts.numerics.activations);
 	if (!model_path || (serve_opts.template_name && !template_name) ||
 		(serve_opts.device && !device) || (serve_opts.cuda_library && !cuda_library))
 		return cli_error("serve: out of memory");

@@ -175,7 +175,11 @@ def main():
             else:
                 # the float path does not depend on the int8 path's numerics: one copy is kept
                 os.remove(os.path.join(out_dir, "float.f32"))
-            label = "pg_cai, int8" + (f" ({flags.strip()})" if flags.strip() else "")
+            # the numerics cai eval decided (auto resolved), then the flags that asked for them
+            label = "pg_cai, %s %s %s" % (report.get("weights", "int8"),
+                                          report.get("weight_rounding", ""),
+                                          report.get("activation_precision", ""))
+            label += f" ({flags.strip()})" if flags.strip() else " (defaults)"
             fig = score_ours(tokens, args.ctx, {"float": float_path,
                                                 "path": os.path.join(out_dir, "int8.f32")}, n_vocab)
             os.remove(os.path.join(out_dir, "int8.f32"))

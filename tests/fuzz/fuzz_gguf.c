@@ -136,7 +136,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	cai_model_params_default(&params);
 	params.n_threads = 1;
 	/* the loader's other paths, picked by the input's size so that a crash input replays */
-	params.gptq_rounding = size % 4 == 1;
+	params.rounding = size % 4 == 1 ? CAI_ROUNDING_GPTQ : CAI_ROUNDING_NEAREST;
+	params.activations = CAI_ACTIVATIONS_INT8;
 	params.load_float_reference = size % 4 == 2;
 	st = fuzz_model_load(data, size, &params, &model, &err);
 	if (getenv("FUZZ_VERBOSE"))	/* which check an input reaches, when growing the corpus */

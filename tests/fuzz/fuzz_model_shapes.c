@@ -116,9 +116,9 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	cai_model_params_default(&params);
 	params.n_threads = 1;
 	/* (K-quant widths make GPTQ rounding take seconds under the sanitizers) */
-	params.gptq_rounding = (flags & 8) && unit < 256;
+	params.rounding = (flags & 8) && unit < 256 ? CAI_ROUNDING_GPTQ : CAI_ROUNDING_NEAREST;
 	params.load_float_reference = flags & 16;
-	params.two_digit_activations = flags & 32;
+	params.activations = flags & 32 ? CAI_ACTIVATIONS_TWO_DIGIT : CAI_ACTIVATIONS_INT8;
 	st = fuzz_model_load(image, image_size, &params, &model, &err);
 	FUZZ_CHECK((st == CAI_OK) == (model != NULL));
 	if (getenv("FUZZ_VERBOSE"))

@@ -363,7 +363,8 @@ main(int argc, char **argv)
 	}
 
 	cai_model_params_default(&mp);
-	mp.two_digit_activations = two_digit_activations;
+	mp.rounding = CAI_ROUNDING_NEAREST;
+	mp.activations = two_digit_activations ? CAI_ACTIVATIONS_TWO_DIGIT : CAI_ACTIVATIONS_INT8;
 	if (weights && !cai_weights_mode_parse(weights, &mp.weights))
 	{
 		fprintf(stderr, "e2e_greedy: unknown weights mode %s\n", weights);

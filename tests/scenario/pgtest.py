@@ -140,6 +140,11 @@ def as_postgres(cmd):
     return cmd
 
 
+# One int8 digit, nearest rounding, as scripts/lib-cluster.sh gives the shared test cluster: the
+# numerics the expected replies were written with (the defaults are checked by test_reload.py).
+TEST_NUMERICS = {"pg_cai.weight_rounding": "nearest", "pg_cai.activation_precision": "int8"}
+
+
 class Cluster:
     """A throwaway cluster of its own (for settings the shared test cluster must not have)."""
 
@@ -172,7 +177,7 @@ class Cluster:
                  "unix_socket_directories = '%s'" % self.dir,
                  "max_connections = 20",
                  "lc_messages = 'C'"]
-        lines += ["%s = %s" % kv for kv in settings.items()]
+        lines += ["%s = %s" % kv for kv in dict(TEST_NUMERICS, **settings).items()]
         with open(conf, "w") as f:
             f.write(base + "\n".join(lines) + "\n")
 

@@ -10,6 +10,7 @@ import array
 import json
 import math
 import os
+import shutil
 import subprocess
 import tempfile
 
@@ -24,8 +25,18 @@ EVAL_TOKENS = 48
 EVAL_CTX = 16
 
 
+# The commands that load a model share one weights cache: the defaults round this small model's
+# weights by GPTQ, seconds of every load, so it is done once (the cache's own checks are in
+# test_weights_cache.py).
+WEIGHTS_CACHE = tempfile.mkdtemp(prefix="cai_cli_weights_")
+CACHED_COMMANDS = {"run", "eval", "bench", "embed"}
+
+
 def cai(*args, timeout=300):
-    return subprocess.run([CAI] + list(args), capture_output=True, text=True, timeout=timeout)
+    args = list(args)
+    if args and args[0] in CACHED_COMMANDS:
+        args[1:1] = ["--weights-cache", WEIGHTS_CACHE]
+    return subprocess.run([CAI] + args, capture_output=True, text=True, timeout=timeout)
 
 
 def read_array(path, typecode):
@@ -294,4 +305,5 @@ c.check("a text longer than a step is refused clearly",
         "tokens an embedding may have" in r.stderr, repr(r.stderr[-300:]))
 r = cai("embed", "-m", MODEL)
 c.check("cai embed without texts is a usage error", r.returncode == 2, repr(r))
+shutil.rmtree(WEIGHTS_CACHE, ignore_errors=True)
 c.done()

@@ -128,6 +128,19 @@ try:
                         value("SELECT cai_model_info()->>'%s'" % info_key) == default, 120, 0.1)
         c.check("and back to %s" % default, back is not None, "")
 
+    # ---- auto, the defaults: on this model (under 500M weights, int8) both are the precise ones --
+    reload_conf(("pg_cai.weight_rounding", "auto"), ("pg_cai.activation_precision", "auto"))
+    precise = wait_for(lambda: stat("status") == "ready" and
+                       value("SELECT cai_model_info()->>'weight_rounding' || ' ' || "
+                             "(cai_model_info()->>'activation_precision')") == "gptq two_digit", 120, 0.1)
+    r = psql("SELECT cai_complete('Hello', '{\"max_tokens\": 4, \"ignore_eos\": true}') IS NOT NULL")
+    c.check("weight_rounding and activation_precision auto: GPTQ rounding and two digits on this "
+            "small model, and it serves", precise is not None and r.rc == 0 and r.out == "t", repr(r))
+    reload_conf(("pg_cai.weight_rounding", None), ("pg_cai.activation_precision", None))
+    back = wait_for(lambda: stat("status") == "ready" and
+                    value("SELECT cai_model_info()->>'weight_rounding'") == "nearest", 120, 0.1)
+    c.check("and back to the configured nearest and int8", back is not None, "")
+
     # ---- a model that cannot be loaded, then fixed by the next reload --------------------
     reload_conf(("pg_cai.model", "/nonexistent/model.gguf"))
     failed = wait_for(lambda: stat("status") == "failed", 60, 0.1)

@@ -39,7 +39,8 @@ OPTIONS = '{"max_tokens": 20, "temperature": 0}'
 # every engine, the nodes' and the single node's, with room for all 48 conversations' KV: the
 # comparison is about where turns go, not about cache capacity
 ENGINE_SETTINGS = {"pg_cai.threads": "1", "pg_cai.host_cache_size": "256MB",
-                   "pg_cai.context_length": "1024", "pg_cai.max_batch": "16"}
+                   "pg_cai.context_length": "1024", "pg_cai.max_batch": "16",
+                   "pg_cai.weight_rounding": "nearest", "pg_cai.activation_precision": "int8"}
 TOPICS = ["the sea", "volcanoes", "bees", "the moon", "chess", "bread", "rivers", "owls"]
 MESSAGES = ["Tell me one fact about %s.", "Tell me another one.", "Why is that?",
             "Summarize what you said in five words."]

@@ -46,7 +46,8 @@ load_synth_with(const synth_model_config *cfg, bool two_digit_activations)
 	cai_model_params_default(&params);
 	params.load_float_reference = true;
 	params.n_threads = 2;
-	params.two_digit_activations = two_digit_activations;
+	params.rounding = CAI_ROUNDING_NEAREST;
+	params.activations = two_digit_activations ? CAI_ACTIVATIONS_TWO_DIGIT : CAI_ACTIVATIONS_INT8;
 	if (cai_model_load(path, &params, &model, &err) != CAI_OK)
 		fprintf(stderr, "    load: %s\n", err.message);
 	unlink(path);
@@ -2199,8 +2200,9 @@ done:
 
 /* A synthetic model whose matrices are of type (the embedding embd), loaded as weights says. */
 static cai_model *
-load_synth_weights_auto(synth_model_config *cfg, ggml_type type, ggml_type embd,
-						cai_weights_mode weights, int64_t auto_file_min_weights, cai_error *err)
+load_synth_numerics(synth_model_config *cfg, ggml_type type, ggml_type embd,
+					cai_weights_mode weights, int64_t auto_file_min_weights,
+					cai_rounding_mode rounding, cai_activations_mode activations, cai_error *err)
 {
 	char		path[128];
 	cai_model  *model = NULL;
@@ -2219,9 +2221,20 @@ load_synth_weights_auto(synth_model_config *cfg, ggml_type type, ggml_type embd,
 	params.n_threads = 2;
 	params.weights = weights;
 	params.auto_file_min_weights = auto_file_min_weights;
+	params.rounding = rounding;
+	params.activations = activations;
 	cai_model_load(path, &params, &model, err);
 	unlink(path);
 	return model;
+}
+
+/* The same with auto numerics. */
+static cai_model *
+load_synth_weights_auto(synth_model_config *cfg, ggml_type type, ggml_type embd,
+						cai_weights_mode weights, int64_t auto_file_min_weights, cai_error *err)
+{
+	return load_synth_numerics(cfg, type, embd, weights, auto_file_min_weights,
+							   CAI_ROUNDING_AUTO, CAI_ACTIVATIONS_AUTO, err);
 }
 
 /* The same with auto deciding by the formats alone: these models are far below its size. */
@@ -2437,5 +2450,73 @@ TEST(forward_file_weights_mode_choice)
 		CHECK(cai_weights_mode_parse("file", &mode) && mode == CAI_WEIGHTS_FILE);
 		CHECK(!cai_weights_mode_parse("int4", &mode));
 		CHECK(strcmp(cai_weights_mode_name(CAI_WEIGHTS_INT8), "int8") == 0);
+	}
+}
+
+/*
+ * Auto numerics: the int8 path of a model under auto_file_min_weights rounds by GPTQ and
+ * carries two digits; a larger model on int8, and the file's formats, keep nearest and one
+ * digit; what is set explicitly stays.
+ */
+TEST(forward_numerics_auto)
+{
+	static const struct
+	{
+		cai_weights_mode weights;
+		int64_t		min_weights;
+		cai_rounding_mode rounding;
+		cai_activations_mode activations;
+		bool		file;
+		bool		gptq;
+		bool		two_digit;
+	}			cases[] = {
+		{CAI_WEIGHTS_AUTO, CAI_AUTO_FILE_MIN_WEIGHTS, CAI_ROUNDING_AUTO, CAI_ACTIVATIONS_AUTO, false, true, true},
+		{CAI_WEIGHTS_INT8, 1, CAI_ROUNDING_AUTO, CAI_ACTIVATIONS_AUTO, false, false, false},
+		{CAI_WEIGHTS_AUTO, 1, CAI_ROUNDING_AUTO, CAI_ACTIVATIONS_AUTO, true, false, false},
+		{CAI_WEIGHTS_AUTO, CAI_AUTO_FILE_MIN_WEIGHTS, CAI_ROUNDING_NEAREST, CAI_ACTIVATIONS_INT8, false, false, false},
+		{CAI_WEIGHTS_AUTO, CAI_AUTO_FILE_MIN_WEIGHTS, CAI_ROUNDING_AUTO, CAI_ACTIVATIONS_INT8, false, true, false},
+		{CAI_WEIGHTS_INT8, 1, CAI_ROUNDING_GPTQ, CAI_ACTIVATIONS_TWO_DIGIT, false, true, true},
+	};
+	synth_model_config cfg;
+	cai_error	err;
+
+	synth_file_config(&cfg, "llama", false, 37);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++)
+	{
+		cai_model  *model = load_synth_numerics(&cfg, GGML_TYPE_Q4_0, GGML_TYPE_Q8_0,
+												cases[i].weights, cases[i].min_weights,
+												cases[i].rounding, cases[i].activations, &err);
+		cai_model_info info;
+
+		CHECK_MSG(model != NULL, "case %zu: %s", i, model ? "" : err.message);
+		if (!model)
+			continue;
+		cai_model_get_info(model, &info);
+		CHECK_MSG(info.file_weights == cases[i].file && info.gptq_rounding == cases[i].gptq &&
+				  info.two_digit_activations == cases[i].two_digit,
+				  "case %zu (weights %s, rounding %s, activations %s): file %d gptq %d two digits "
+				  "%d, want %d %d %d", i, cai_weights_mode_name(cases[i].weights),
+				  cai_rounding_mode_name(cases[i].rounding),
+				  cai_activations_mode_name(cases[i].activations), info.file_weights,
+				  info.gptq_rounding, info.two_digit_activations, cases[i].file, cases[i].gptq,
+				  cases[i].two_digit);
+		cai_model_free(model);
+	}
+
+	{
+		cai_model_params params;
+		cai_rounding_mode rounding;
+		cai_activations_mode activations;
+
+		cai_model_params_default(&params);
+		CHECK(params.rounding == CAI_ROUNDING_AUTO && params.activations == CAI_ACTIVATIONS_AUTO);
+		CHECK(cai_rounding_mode_parse("gptq", &rounding) && rounding == CAI_ROUNDING_GPTQ);
+		CHECK(!cai_rounding_mode_parse("compensated", &rounding));
+		CHECK(cai_activations_mode_parse("two_digit", &activations) &&
+			  activations == CAI_ACTIVATIONS_TWO_DIGIT);
+		CHECK(!cai_activations_mode_parse("int4", &activations));
+		CHECK(strcmp(cai_rounding_mode_name(CAI_ROUNDING_NEAREST), "nearest") == 0);
+		CHECK(strcmp(cai_activations_mode_name(CAI_ACTIVATIONS_INT8), "int8") == 0);
+		CHECK(cai_activations_mode_name((cai_activations_mode) 3) == NULL);
 	}
 }

@@ -74,8 +74,11 @@ load_config(const synth_model_config *cfg, bool fref, cai_model **model, cai_err
 {
 	cai_model_params params;
 
+	/* one digit, nearest rounding: the numerics these checks' sizes and levels were written for */
 	cai_model_params_default(&params);
 	params.load_float_reference = fref;
+	params.rounding = CAI_ROUNDING_NEAREST;
+	params.activations = CAI_ACTIVATIONS_INT8;
 	return load_config_with(cfg, &params, model, err);
 }
 
@@ -92,7 +95,7 @@ load_config_nearest(const synth_model_config *cfg, cai_model **model, cai_error 
 	cai_model_params_default(&params);
 	params.load_float_reference = true;
 	params.weights = CAI_WEIGHTS_INT8;
-	params.gptq_rounding = false;
+	params.rounding = CAI_ROUNDING_NEAREST;
 	return load_config_with(cfg, &params, model, err);
 }
 
@@ -705,8 +708,10 @@ TEST(model_gptq_rounding_keeps_levels)
 
 	synth_model_default_config(&cfg);
 	cai_model_params_default(&params);
+	params.rounding = CAI_ROUNDING_NEAREST;
+	params.activations = CAI_ACTIVATIONS_INT8;
 	CHECK(load_config_with(&cfg, &params, &near, &err) == CAI_OK);
-	params.gptq_rounding = true;
+	params.rounding = CAI_ROUNDING_GPTQ;
 	params.n_threads = 2;
 	CHECK(load_config_with(&cfg, &params, &comp, &err) == CAI_OK);
 	params.n_threads = 1;

@@ -219,7 +219,7 @@ load(const char *path, const char *dir, cai_weights_mode mode, bool two_digit)
 	params.n_threads = 2;
 	params.weights = mode;
 	params.weights_cache = dir;
-	params.two_digit_activations = two_digit;
+	params.activations = two_digit ? CAI_ACTIVATIONS_TWO_DIGIT : CAI_ACTIVATIONS_INT8;
 	if (cai_model_load(path, &params, &model, &err) != CAI_OK)
 		fprintf(stderr, "    load: %s\n", err.message);
 	return model;

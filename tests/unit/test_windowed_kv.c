@@ -127,8 +127,10 @@ load_gemma_shape(int n_layers, int d_model, int n_heads, int head_dim, int windo
 		fprintf(stderr, "    synth_model_write: %s\n", err.message);
 		return NULL;
 	}
+	/* one-digit keys: the KV sizes below are the int8 layout's */
 	cai_model_params_default(&mp);
 	mp.n_threads = 2;
+	mp.activations = CAI_ACTIVATIONS_INT8;
 	if (cai_model_load(path, &mp, &model, &err) != CAI_OK)
 		fprintf(stderr, "    cai_model_load: %s\n", err.message);
 	unlink(path);
