@@ -197,63 +197,74 @@ cai_model_params_default(cai_model_params *params)
 	params->weights_cache = NULL;
 }
 
-static const char *const weights_mode_names[] = {"auto", "file", "int8"};
+/* The settings' names, indexed by their enums' values (every one has three). */
+#define N_MODE_NAMES 3
+static const char *const weights_mode_names[N_MODE_NAMES] = {"auto", "file", "int8"};
+static const char *const rounding_names[N_MODE_NAMES] = {"auto", "nearest", "gptq"};
+static const char *const activations_names[N_MODE_NAMES] = {"auto", "int8", "two_digit"};
+
+static const char *
+mode_name(const char *const *names, int value)
+{
+	return value >= 0 && value < N_MODE_NAMES ? names[value] : NULL;
+}
+
+/* The index of name in names, or -1. */
+static int
+mode_parse(const char *const *names, const char *name)
+{
+	for (int i = 0; name && i < N_MODE_NAMES; i++)
+		if (strcmp(name, names[i]) == 0)
+			return i;
+	return -1;
+}
 
 const char *
 cai_weights_mode_name(cai_weights_mode mode)
 {
-	return (int) mode >= 0 && (int) mode < 3 ? weights_mode_names[mode] : NULL;
+	return mode_name(weights_mode_names, (int) mode);
 }
 
 bool
 cai_weights_mode_parse(const char *name, cai_weights_mode *mode)
 {
-	for (int i = 0; name && i < 3; i++)
-		if (strcmp(name, weights_mode_names[i]) == 0)
-		{
-			*mode = (cai_weights_mode) i;
-			return true;
-		}
-	return false;
-}
+	int			i = mode_parse(weights_mode_names, name);
 
-static const char *const rounding_names[] = {"auto", "nearest", "gptq"};
-static const char *const activations_names[] = {"auto", "int8", "two_digit"};
+	if (i >= 0)
+		*mode = (cai_weights_mode) i;
+	return i >= 0;
+}
 
 const char *
 cai_rounding_mode_name(cai_rounding_mode rounding)
 {
-	return (int) rounding >= 0 && (int) rounding < 3 ? rounding_names[rounding] : NULL;
+	return mode_name(rounding_names, (int) rounding);
 }
 
 bool
 cai_rounding_mode_parse(const char *name, cai_rounding_mode *rounding)
 {
-	for (int i = 0; name && i < 3; i++)
-		if (strcmp(name, rounding_names[i]) == 0)
-		{
-			*rounding = (cai_rounding_mode) i;
-			return true;
-		}
-	return false;
+	int			i = mode_parse(rounding_names, name);
+
+	if (i >= 0)
+		*rounding = (cai_rounding_mode) i;
+	return i >= 0;
 }
 
 const char *
 cai_activations_mode_name(cai_activations_mode precision)
 {
-	return (int) precision >= 0 && (int) precision < 3 ? activations_names[precision] : NULL;
+	return mode_name(activations_names, (int) precision);
 }
 
 bool
 cai_activations_mode_parse(const char *name, cai_activations_mode *precision)
 {
-	for (int i = 0; name && i < 3; i++)
-		if (strcmp(name, activations_names[i]) == 0)
-		{
-			*precision = (cai_activations_mode) i;
-			return true;
-		}
-	return false;
+	int			i = mode_parse(activations_names, name);
+
+	if (i >= 0)
+		*precision = (cai_activations_mode) i;
+	return i >= 0;
 }
 
 static cai_status

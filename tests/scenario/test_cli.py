@@ -110,6 +110,11 @@ c.check("cai run at each limit's edge runs", r.returncode == 0, repr(r.stderr[-3
 r = cai("run", "-m", MODEL, "-p", "Hi", "--max-tokens", "2", "--compensated-rounding")
 c.check("cai run takes --compensated-rounding, the old name of --gptq-rounding", r.returncode == 0,
         repr(r.stderr[-300:]))
+for flag, value, choices in (("--weight-rounding", "compensated", "(auto, nearest or gptq)"),
+                             ("--activations", "int4", "(auto, int8 or two_digit)")):
+    r = cai("run", "-m", MODEL, "-p", "Hi", flag, value)
+    c.check("cai run %s %s is refused, naming the choices" % (flag, value),
+            r.returncode == 1 and choices in r.stderr, repr(r.stderr[-300:]))
 
 # Penalties and filters: the same limits as the SQL options, named in each usage error; a
 # logit_bias id outside the vocabulary is the engine's error (it knows the model).
