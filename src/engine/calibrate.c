@@ -299,10 +299,10 @@ rotate_head_rows(float *w, int n_heads, int hd, int k, const cai_rotation *rot, 
  * top-1 agreement 95.80% -> 96.27%, perplexity +0.55% -> +0.14%; load time on two cores
  * 0.9 s -> about 4 s (the calibration forward over 512 tokens instead of 64, H, the factors and
  * the rounding itself).  Auto (cai_model_params.rounding) takes it on a small model's int8 path,
- * with two-digit inputs (cai.h).  A better average does not make every greedy reply closer —
- * the regression suite's "What is the capital of France?" (with a system prompt) sits on a float near-tie (logits
- * 24.144 vs 24.049 for its first token); nearest rounding keeps the order (23.857 vs 23.832),
- * GPTQ rounding flips it (24.073 vs 24.087) and the reply turns into French.
+ * with two-digit inputs (cai.h).  A better average does not make every greedy reply closer — the
+ * regression suite's "What is the capital of France?" (with a system prompt) sits on a float
+ * near-tie (logits 24.144 vs 24.049 for its first token); nearest rounding keeps the order (23.857
+ * vs 23.832), GPTQ rounding flips it (24.073 vs 24.087) and the reply turns into French.
  *
  * Wide inputs get a block-diagonal metric (METRIC_BLOCK_MAX): on SmolLM2's down projection
  * (1536 inputs) blocks of 512 measured as well as the full H, for a ninth of the factoring

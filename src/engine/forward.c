@@ -14,13 +14,13 @@
  * act is silu (SwiGLU) or gelu (GeGLU).  Windowed layers may rotate with their own RoPE base.
  *
  * Two-digit activations (cai_model_params.activations; auto takes them on a small model's int8
- * path, cai.h): per-token int8 inputs lose about as much to their rounding as the weights do.
- * In this mode every int8 GEMM input x = q s also carries its rounding error, quantized the
- * same way: x ~ q s + q2 s2, about 15 bits; so do the embedding's rows, where the residual
- * stream starts (on Gemma 3 270M their rounding alone costs the int8 path a KL of 0.0016, an
- * eighth of its total), and so do the cached keys (kv.h's two-digit keys): on Gemma 3 the keys'
- * int8 rounding, over heads of 256, was 0.0029 of its 0.0096.  The mode's mean KL against float: SmolLM2-135M 0.0048 -> 0.0024,
- * Gemma 3 270M 0.0123 -> 0.0048 (GPL-3, windows of 512).  The GEMM runs on each digit with
+ * path, cai.h): per-token int8 inputs lose about as much to their rounding as the weights do.  In
+ * this mode every int8 GEMM input x = q s also carries its rounding error, quantized the same way:
+ * x ~ q s + q2 s2, about 15 bits; so do the embedding's rows, where the residual stream starts (on
+ * Gemma 3 270M their rounding alone costs the int8 path a KL of 0.0016, an eighth of its total),
+ * and so do the cached keys (kv.h's two-digit keys): on Gemma 3 the keys' int8 rounding, over
+ * heads of 256, was 0.0029 of its 0.0096.  The mode's mean KL against float: SmolLM2-135M 0.0048 ->
+ * 0.0024, Gemma 3 270M 0.0123 -> 0.0048 (GPL-3, windows of 512).  The GEMM runs on each digit with
  * the same int8 weights and kernels, the second accumulated into the first's output
  * (out = [out +] (q W + b), then out + q2 W), so every backend computes it with the operations
  * it has, at twice the GEMM work.  Where the backend can add the digits' products
