@@ -93,8 +93,8 @@ before = data_of(OLD)
 # ---- the upgrade -------------------------------------------------------------------------------
 r = psql("ALTER EXTENSION pg_cai UPDATE", db=OLD)
 c.check("ALTER EXTENSION pg_cai UPDATE succeeds", r.rc == 0, repr(r))
-c.check("the old database runs 0.2",
-        value("SELECT extversion FROM pg_extension WHERE extname = 'pg_cai'", db=OLD) == "0.2")
+c.check("the old database runs 0.3",
+        value("SELECT extversion FROM pg_extension WHERE extname = 'pg_cai'", db=OLD) == "0.3")
 after = data_of(OLD)
 c.check("no conversation, turn or job changed in the upgrade", after == before,
         "before:\n%s\nafter:\n%s" % (before, after))
