@@ -14,7 +14,6 @@
 #include "pgstat.h"
 #include "storage/latch.h"
 #include "storage/proc.h"
-#include "tcop/dest.h"
 #include "tcop/tcopprot.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
@@ -34,13 +33,6 @@ static uint32 reply_wait_event = 0;
  * call made meanwhile should be served by the next worker, not fail.
  */
 #define CAI_WORKER_ABSENT_TIMEOUT_MS 30000
-
-/*
- * How often a waiting backend looks whether its client has gone, whatever
- * client_connection_check_interval says: a reply nobody will read should not hold a place in
- * the engine's batch.  One poll of the socket each time costs nothing beside a token's work.
- */
-#define CAI_CLIENT_CHECK_MS 200
 
 /* The model of the last request this backend posted: whose hint a MODEL_UNAVAILABLE error gets */
 static char last_model[CAI_MODEL_NAME_MAX + 1];
@@ -259,6 +251,13 @@ check_worker(CaiChannel *channel)
 				 errmsg("pg_cai engine worker is not running"),
 				 errhint("Check the server log for why the worker exited.")));
 }
+
+/*
+ * How often a waiting backend looks whether its client has gone, whatever
+ * client_connection_check_interval says: a reply nobody will read should not hold a place in
+ * the engine's batch.  One poll of the socket each time costs nothing beside a token's work.
+ */
+#define CAI_CLIENT_CHECK_MS 200
 
 /*
  * client_check
