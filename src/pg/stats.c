@@ -252,7 +252,8 @@ read_stats_rows(CaiSharedState *shared, StatsRow *rows, int *worker_pid, int *qu
 /*
  * stats_tuple
  *		One row of pg_stat_cai in the shape tupdesc asks for: 0.1's, which ends at
- *		recent_tokens_per_second, or later ones with stats_reset and the model's name.
+ *		recent_tokens_per_second, or later ones with stats_reset, the model's name and (0.3)
+ *		requests_client_lost.
  */
 static HeapTuple
 stats_tuple(TupleDesc tupdesc, const StatsRow *row, int pid, int queued, TimestampTz started,
