@@ -9,10 +9,12 @@
  */
 #include "postgres.h"
 
+#include "libpq/libpq.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "storage/latch.h"
 #include "storage/proc.h"
+#include "tcop/tcopprot.h"
 #include "utils/builtins.h"
 #include "utils/memutils.h"
 #include "utils/timestamp.h"
@@ -124,7 +126,12 @@ channel_on_detach(dsm_segment *seg, Datum arg)
 	CaiRequestHeader *header = (CaiRequestHeader *) DatumGetPointer(arg);
 	PGPROC	   *worker;
 
-	pg_atomic_write_u32(&header->abandoned, 1);
+	/*
+	 * ClientConnectionLost is set however the loss was noticed: by client_check below, by
+	 * client_connection_check_interval, or by a failed write of a streamed row.
+	 */
+	pg_atomic_write_u32(&header->abandoned,
+						ClientConnectionLost ? CAI_ABANDONED_CLIENT_LOST : CAI_ABANDONED_DETACHED);
 
 	/* A stale pointer is harmless: setting an unused latch does nothing. */
 	worker = ((volatile CaiSharedState *) cai_shared)->worker_proc;
@@ -246,6 +253,41 @@ check_worker(CaiChannel *channel)
 }
 
 /*
+ * How often a waiting backend looks whether its client has gone, whatever
+ * client_connection_check_interval says: a reply nobody will read should not hold a place in
+ * the engine's batch.  One poll of the socket each time costs nothing beside a token's work.
+ */
+#define CAI_CLIENT_CHECK_MS 200
+
+/*
+ * client_check
+ *		Notices a client that has closed its connection while this backend waits for the engine,
+ *		every CAI_CLIENT_CHECK_MS, as client_connection_check_interval would: the next
+ *		CHECK_FOR_INTERRUPTS raises PostgreSQL's own "connection to client lost" FATAL, the
+ *		transaction is rolled back (nothing of the turn is stored), and the detach tells the
+ *		worker to drop the request.  Backends without a client (background workers, a
+ *		single-user backend) have nothing to check.
+ */
+static void
+client_check(CaiChannel *channel)
+{
+	TimestampTz now;
+
+	if (whereToSendOutput != DestRemote || MyProcPort == NULL || ClientConnectionLost)
+		return;
+	now = GetCurrentTimestamp();
+	if (channel->client_checked != 0 &&
+		!TimestampDifferenceExceeds(channel->client_checked, now, CAI_CLIENT_CHECK_MS))
+		return;
+	channel->client_checked = now;
+	if (!pq_check_connection())
+	{
+		ClientConnectionLost = true;
+		InterruptPending = true;
+	}
+}
+
+/*
  * CaiChannelReceive
  *		Waits for the next response message.  *data points into the queue's buffer and stays
  *		valid until the next call.  Interrupts are served while waiting: pg_cancel_backend and
@@ -281,9 +323,11 @@ CaiChannelReceive(CaiChannel *channel, char **data, Size *len)
 
 		(void) WaitLatch(MyLatch,
 						 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
-						 1000L,
+						 CAI_CLIENT_CHECK_MS,
 						 CaiWaitEvent("PgCaiReply", &reply_wait_event));
 		ResetLatch(MyLatch);
+		/* after ResetLatch: the check may reset the latch too, and the queue is read next */
+		client_check(channel);
 		CHECK_FOR_INTERRUPTS();
 	}
 }

@@ -28,6 +28,7 @@ typedef struct CaiChannel
 	shm_mq	   *mq;
 	shm_mq_handle *mqh;
 	TimestampTz worker_missing_since;	/* 0 while a worker is running */
+	TimestampTz client_checked; /* when the client's socket was last looked at; 0: never */
 } CaiChannel;
 
 extern const char *CaiModelResolve(const char *requested);

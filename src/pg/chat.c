@@ -15,8 +15,10 @@
 #include "postgres.h"
 
 #include "funcapi.h"
+#include "libpq/libpq.h"
 #include "mb/pg_wchar.h"
 #include "miscadmin.h"
+#include "tcop/tcopprot.h"
 #include "utils/builtins.h"
 #include "utils/json.h"
 #include "utils/jsonb.h"
@@ -533,6 +535,16 @@ pg_cai_chat_stream(PG_FUNCTION_ARGS)
 
 	funcctx = SRF_PERCALL_SETUP();
 	state = (StreamState *) funcctx->user_fctx;
+
+	/*
+	 * The executor has sent the previous row to the client by now, into the connection's output
+	 * buffer, which PostgreSQL flushes only when the query ends: send it before waiting for the
+	 * next piece, so that each row leaves as it is made.  Only a client of this backend's own
+	 * connection is concerned; a row going elsewhere (a function's loop, a tuplestore) is not
+	 * in that buffer.
+	 */
+	if (whereToSendOutput == DestRemote)
+		pq_flush();
 
 	for (;;)
 	{

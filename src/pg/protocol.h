@@ -22,6 +22,11 @@
 #define CAI_REQUEST_MAGIC		0x52494143	/* "CAIR" */
 #define CAI_RESPONSE_QUEUE_SIZE	(64 * 1024)
 
+/* CaiRequestHeader.abandoned: why the backend left; any value but NO means it did */
+#define CAI_ABANDONED_NO			0
+#define CAI_ABANDONED_DETACHED		1	/* done, error, cancel, timeout */
+#define CAI_ABANDONED_CLIENT_LOST	2	/* the backend's client went away */
+
 typedef struct CaiRequestHeader
 {
 	uint32		magic;
@@ -32,7 +37,7 @@ typedef struct CaiRequestHeader
 	Size		payload_size;
 	Size		queue_offset;
 	Size		queue_size;
-	/* set by the backend when it detaches (done, error, cancel) */
+	/* set by the backend when it detaches (done, error, cancel): a CAI_ABANDONED_* value */
 	pg_atomic_uint32 abandoned;
 	/* the generation of the worker that took the request; 0 while it waits in the ring */
 	pg_atomic_uint64 accepted_generation;

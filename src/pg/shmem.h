@@ -50,6 +50,7 @@ typedef struct CaiWorkerCounters
 	uint64		requests_completed; /* answered with a result */
 	uint64		requests_failed;	/* answered with an error */
 	uint64		requests_abandoned; /* the backend left (cancel, timeout, error) */
+	uint64		requests_client_lost;	/* of those, left because its client went away */
 } CaiWorkerCounters;
 
 /*

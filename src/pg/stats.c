@@ -149,6 +149,7 @@ subtract_worker_counters(CaiWorkerCounters *counters, const CaiWorkerCounters *b
 	counters->requests_completed -= base->requests_completed;
 	counters->requests_failed -= base->requests_failed;
 	counters->requests_abandoned -= base->requests_abandoned;
+	counters->requests_client_lost -= base->requests_client_lost;
 }
 
 /* the engine's cumulative counters since the last reset; its gauges (running, KV and cache in use) stay */
@@ -251,14 +252,15 @@ read_stats_rows(CaiSharedState *shared, StatsRow *rows, int *worker_pid, int *qu
 /*
  * stats_tuple
  *		One row of pg_stat_cai in the shape tupdesc asks for: 0.1's, which ends at
- *		recent_tokens_per_second, or later ones with stats_reset and the model's name.
+ *		recent_tokens_per_second, or later ones with stats_reset, the model's name and (0.3)
+ *		requests_client_lost.
  */
 static HeapTuple
 stats_tuple(TupleDesc tupdesc, const StatsRow *row, int pid, int queued, TimestampTz started,
 			TimestampTz updated, TimestampTz stats_reset)
 {
-	Datum		values[42];
-	bool		nulls[42];
+	Datum		values[43];
+	bool		nulls[43];
 	int			i = 0;
 	const cai_engine_stats *es = &row->es;
 	const CaiWorkerCounters *counters = &row->counters;
@@ -323,6 +325,9 @@ stats_tuple(TupleDesc tupdesc, const StatsRow *row, int pid, int queued, Timesta
 	}
 	if (tupdesc->natts > i)
 		values[i++] = CStringGetTextDatum(row->name);
+	/* 0.3's: the requests dropped because their client went away */
+	if (tupdesc->natts > i)
+		values[i++] = Int64GetDatum((int64) counters->requests_client_lost);
 
 	Assert(i == tupdesc->natts);
 	return heap_form_tuple(tupdesc, values, nulls);

@@ -623,7 +623,7 @@ request_set_state(WorkerRequest *req, WorkerRequestState state, bool rejected)
 {
 	EngineSlot *e = req->engine;
 	bool		in_engine = req->state == REQUEST_SENT || req->state == REQUEST_STREAMING;
-	CaiWorkerCounters unused;
+	CaiWorkerCounters unused = {0};
 	CaiWorkerCounters *counters = e != NULL ? &e->counters : &unused;
 
 	if (req->state == REQUEST_WAITING && state != REQUEST_WAITING && e != NULL)
@@ -651,7 +651,12 @@ request_set_state(WorkerRequest *req, WorkerRequestState state, bool rejected)
 
 				cai_frame_end(&e->proc.out, frame);
 			}
-			counters->requests_abandoned += in_engine || req->state == REQUEST_WAITING;
+			if (in_engine || req->state == REQUEST_WAITING)
+			{
+				counters->requests_abandoned++;
+				if (pg_atomic_read_u32(&req->header->abandoned) == CAI_ABANDONED_CLIENT_LOST)
+					counters->requests_client_lost++;
+			}
 			break;
 	}
 	req->state = state;

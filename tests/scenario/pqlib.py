@@ -42,10 +42,18 @@ _lib.PQconsumeInput.argtypes = [ctypes.c_void_p]
 _lib.PQnotifies.argtypes = [ctypes.c_void_p]
 _lib.PQnotifies.restype = ctypes.POINTER(_PGnotify)
 _lib.PQfreemem.argtypes = [ctypes.c_void_p]
+_lib.PQsendQuery.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+_lib.PQsendQueryParams.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int, ctypes.c_void_p,
+                                   ctypes.POINTER(ctypes.c_char_p), ctypes.c_void_p, ctypes.c_void_p,
+                                   ctypes.c_int]
+_lib.PQsetSingleRowMode.argtypes = [ctypes.c_void_p]
+_lib.PQgetResult.argtypes = [ctypes.c_void_p]
+_lib.PQgetResult.restype = ctypes.c_void_p
 
 _CONNECTION_OK = 0
 _PGRES_COMMAND_OK = 1
 _PGRES_TUPLES_OK = 2
+_PGRES_SINGLE_TUPLE = 9
 _PG_DIAG_SQLSTATE = ord("C")
 
 
@@ -132,6 +140,41 @@ class Conn:
                     on_row(len(arrivals))
         finally:
             self.exec("ROLLBACK")
+        return arrivals
+
+    def single_rows(self, query, params=None):
+        """Runs a query in libpq's single-row mode, through the simple protocol, or the extended one
+        when params (a list of str) are given, and returns [(time.time(), row)] as each row
+        arrives: no cursor, the way drivers stream (psycopg's cursor.stream, JDBC's fetch size
+        on a plain query)."""
+        if params is None:
+            sent = _lib.PQsendQuery(self.conn, query.encode())
+        else:
+            values = (ctypes.c_char_p * len(params))(*[p.encode() for p in params])
+            sent = _lib.PQsendQueryParams(self.conn, query.encode(), len(params), None, values,
+                                          None, None, 0)
+        if not sent:
+            raise PqError(_lib.PQerrorMessage(self.conn).decode(errors="replace").strip())
+        _lib.PQsetSingleRowMode(self.conn)
+        arrivals = []
+        error = None
+        while True:
+            res = _lib.PQgetResult(self.conn)
+            if not res:
+                break
+            status = _lib.PQresultStatus(res)
+            if status == _PGRES_SINGLE_TUPLE:
+                row = tuple(None if _lib.PQgetisnull(res, 0, c) else
+                            _lib.PQgetvalue(res, 0, c).decode(errors="replace")
+                            for c in range(_lib.PQnfields(res)))
+                arrivals.append((time.time(), row))
+            elif status not in (_PGRES_COMMAND_OK, _PGRES_TUPLES_OK) and error is None:
+                state = _lib.PQresultErrorField(res, _PG_DIAG_SQLSTATE)
+                error = PqError(_lib.PQresultErrorMessage(res).decode(errors="replace").strip(),
+                                state.decode() if state else None)
+            _lib.PQclear(res)
+        if error:
+            raise error
         return arrivals
 
     def close(self):
