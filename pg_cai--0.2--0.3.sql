@@ -32,7 +32,8 @@ SELECT pg_catalog.pg_extension_config_dump('cai.jobs_id_seq', '');
 -- The rows must come back after cai.messages' and cai.jobs' rows, or the recreated reply trigger
 -- would queue jobs for the restored turns: pg_dump orders the data of configuration tables by
 -- their foreign keys, so restore_after_job, which is always NULL, references cai.jobs for that
--- order alone (parallel pg_restore included).
+-- order alone.  (pg_restore -j does not keep that order, for any of pg_cai's tables: their rows
+-- are restored serially.)
 --
 CREATE TABLE cai.triggers (
 	table_name			regclass NOT NULL,
