@@ -53,30 +53,9 @@ COMMENT ON COLUMN cai.triggers.trigger_oid IS 'the trigger in this database (sta
 COMMENT ON COLUMN cai.triggers.restore_after_job IS 'always NULL: its foreign key makes pg_dump restore these rows after cai.jobs''s';
 SELECT pg_catalog.pg_extension_config_dump('cai.triggers', '');
 
--- Whether a trigger is one a user made on a pg_cai table, and so is kept in cai.triggers.
-CREATE FUNCTION cai_trigger_is_recorded(trigger_oid oid)
-RETURNS boolean
-LANGUAGE sql STABLE SECURITY INVOKER
-SET search_path = pg_catalog, pg_temp
-AS $$
-	SELECT EXISTS (
-		SELECT FROM pg_trigger t
-		JOIN pg_depend tab ON tab.classid = 'pg_class'::regclass AND tab.objid = t.tgrelid
-			AND tab.refclassid = 'pg_extension'::regclass AND tab.deptype = 'e'
-		JOIN pg_extension e ON e.oid = tab.refobjid AND e.extname = 'pg_cai'
-		WHERE t.oid = $1 AND NOT t.tgisinternal AND t.tgrelid <> 'cai.triggers'::regclass
-		  AND (t.tgfoid IN ('@extschema@.cai_reply_trigger()'::regprocedure,
-							'@extschema@.cai_enqueue_reply_trigger()'::regprocedure,
-							'@extschema@.cai_embed_trigger()'::regprocedure)
-			   OR NOT EXISTS (SELECT FROM pg_depend f
-							  WHERE f.classid = 'pg_proc'::regclass AND f.objid = t.tgfoid
-								AND f.refclassid = 'pg_extension'::regclass
-								AND f.refobjid = e.oid AND f.deptype = 'e')))
-$$;
-COMMENT ON FUNCTION cai_trigger_is_recorded(oid) IS
-'whether the trigger is kept in cai.triggers: a trigger on a pg_cai table that calls a reply or embedding trigger function, or a function that is not pg_cai''s';
-
--- Records (or updates the record of) one trigger, under its current name.
+-- Records (or updates the record of) one trigger, under its current name, when it is one that is
+-- kept: a trigger on a pg_cai table (but cai.triggers) that calls a reply or embedding trigger
+-- function, or a function that is not pg_cai's.
 CREATE FUNCTION cai_record_trigger(trigger_oid oid)
 RETURNS void
 LANGUAGE sql VOLATILE SECURITY INVOKER
@@ -87,7 +66,18 @@ AS $$
 	WHERE t.oid = $1 AND r.trigger_oid = $1 AND r.trigger_name <> t.tgname;
 	INSERT INTO cai.triggers (table_name, trigger_name, definition, enabled, trigger_oid)
 	SELECT t.tgrelid, t.tgname, pg_get_triggerdef(t.oid), t.tgenabled, t.oid
-	FROM pg_trigger t WHERE t.oid = $1 AND @extschema@.cai_trigger_is_recorded(t.oid)
+	FROM pg_trigger t
+	JOIN pg_depend tab ON tab.classid = 'pg_class'::regclass AND tab.objid = t.tgrelid
+		AND tab.refclassid = 'pg_extension'::regclass AND tab.deptype = 'e'
+	JOIN pg_extension e ON e.oid = tab.refobjid AND e.extname = 'pg_cai'
+	WHERE t.oid = $1 AND NOT t.tgisinternal AND t.tgrelid <> 'cai.triggers'::regclass
+	  AND (t.tgfoid IN ('@extschema@.cai_reply_trigger()'::regprocedure,
+						'@extschema@.cai_enqueue_reply_trigger()'::regprocedure,
+						'@extschema@.cai_embed_trigger()'::regprocedure)
+		   OR NOT EXISTS (SELECT FROM pg_depend f
+						  WHERE f.classid = 'pg_proc'::regclass AND f.objid = t.tgfoid
+							AND f.refclassid = 'pg_extension'::regclass
+							AND f.refobjid = e.oid AND f.deptype = 'e'))
 	ON CONFLICT (table_name, trigger_name) DO UPDATE
 		SET definition = EXCLUDED.definition, enabled = EXCLUDED.enabled,
 			trigger_oid = EXCLUDED.trigger_oid;
@@ -185,7 +175,6 @@ COMMENT ON FUNCTION cai_restore_trigger() IS
 CREATE TRIGGER restore_trigger AFTER INSERT ON cai.triggers
 	FOR EACH ROW EXECUTE FUNCTION cai_restore_trigger();
 
-REVOKE ALL ON FUNCTION cai_trigger_is_recorded(oid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION cai_record_trigger(oid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION cai_track_triggers() FROM PUBLIC;
 REVOKE ALL ON FUNCTION cai_restore_trigger() FROM PUBLIC;
