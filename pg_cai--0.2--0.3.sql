@@ -40,7 +40,6 @@ CREATE TABLE cai.triggers (
 	trigger_name		name NOT NULL,
 	definition			text NOT NULL CHECK (definition ~ '^CREATE (CONSTRAINT )?TRIGGER '),
 	enabled				"char" NOT NULL DEFAULT 'O' CHECK (enabled IN ('O', 'D', 'R', 'A')),
-	trigger_oid			oid,
 	restore_after_job	bigint REFERENCES cai.jobs (id) ON DELETE SET NULL
 						CHECK (restore_after_job IS NULL),
 	PRIMARY KEY (table_name, trigger_name)
@@ -49,7 +48,6 @@ COMMENT ON TABLE cai.triggers IS 'the triggers on pg_cai''s tables that are not 
 COMMENT ON COLUMN cai.triggers.table_name IS 'the pg_cai table the trigger is on';
 COMMENT ON COLUMN cai.triggers.definition IS 'the trigger''s CREATE TRIGGER statement (pg_get_triggerdef, names qualified)';
 COMMENT ON COLUMN cai.triggers.enabled IS 'pg_trigger.tgenabled: O (enabled), D (disabled), R (replica), A (always)';
-COMMENT ON COLUMN cai.triggers.trigger_oid IS 'the trigger in this database (stale in a restored row until its trigger is recreated)';
 COMMENT ON COLUMN cai.triggers.restore_after_job IS 'always NULL: its foreign key makes pg_dump restore these rows after cai.jobs''s';
 SELECT pg_catalog.pg_extension_config_dump('cai.triggers', '');
 
@@ -61,11 +59,8 @@ RETURNS void
 LANGUAGE sql VOLATILE SECURITY INVOKER
 SET search_path = pg_catalog, pg_temp
 AS $$
-	-- a renamed trigger keeps its oid: its record under the old name goes
-	DELETE FROM cai.triggers r USING pg_trigger t
-	WHERE t.oid = $1 AND r.trigger_oid = $1 AND r.trigger_name <> t.tgname;
-	INSERT INTO cai.triggers (table_name, trigger_name, definition, enabled, trigger_oid)
-	SELECT t.tgrelid, t.tgname, pg_get_triggerdef(t.oid), t.tgenabled, t.oid
+	INSERT INTO cai.triggers (table_name, trigger_name, definition, enabled)
+	SELECT t.tgrelid, t.tgname, pg_get_triggerdef(t.oid), t.tgenabled
 	FROM pg_trigger t
 	JOIN pg_depend tab ON tab.classid = 'pg_class'::regclass AND tab.objid = t.tgrelid
 		AND tab.refclassid = 'pg_extension'::regclass AND tab.deptype = 'e'
@@ -79,8 +74,7 @@ AS $$
 							AND f.refclassid = 'pg_extension'::regclass
 							AND f.refobjid = e.oid AND f.deptype = 'e'))
 	ON CONFLICT (table_name, trigger_name) DO UPDATE
-		SET definition = EXCLUDED.definition, enabled = EXCLUDED.enabled,
-			trigger_oid = EXCLUDED.trigger_oid;
+		SET definition = EXCLUDED.definition, enabled = EXCLUDED.enabled;
 $$;
 COMMENT ON FUNCTION cai_record_trigger(oid) IS
 'keeps the trigger''s current definition, name and state in cai.triggers when it is one that is recorded';
@@ -94,27 +88,35 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
 	cmd record;
-	t record;
+	table_trigger record;
 BEGIN
+	-- records go by table and name: OIDs differ in a restored or upgraded database
 	IF TG_EVENT = 'sql_drop' THEN
 		DELETE FROM cai.triggers r
 		USING pg_event_trigger_dropped_objects() d
 		WHERE d.object_type = 'trigger'
-		  AND (r.trigger_oid = d.objid
-			   OR (SELECT ARRAY[n.nspname::text, c.relname::text, r.trigger_name::text]
-				   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-				   WHERE c.oid = r.table_name) = d.address_names);
+		  AND (SELECT ARRAY[n.nspname::text, c.relname::text, r.trigger_name::text]
+			   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+			   WHERE c.oid = r.table_name) = d.address_names;
 		RETURN;
 	END IF;
 	FOR cmd IN SELECT * FROM pg_event_trigger_ddl_commands() LOOP
 		-- the extension's own scripts make the triggers it owns
 		CONTINUE WHEN cmd.in_extension;
 		IF cmd.classid = 'pg_trigger'::regclass THEN
+			IF cmd.command_tag = 'ALTER TRIGGER' THEN
+				-- a rename: the record under the old name goes
+				DELETE FROM cai.triggers r USING pg_trigger t
+				WHERE t.oid = cmd.objid AND r.table_name = t.tgrelid
+				  AND NOT EXISTS (SELECT FROM pg_trigger o
+								  WHERE o.tgrelid = r.table_name AND o.tgname = r.trigger_name);
+			END IF;
 			PERFORM @extschema@.cai_record_trigger(cmd.objid);
 		ELSIF cmd.classid = 'pg_class'::regclass THEN
 			-- ALTER TABLE ... ENABLE | DISABLE TRIGGER: the table's triggers' states
-			FOR t IN SELECT oid FROM pg_trigger WHERE tgrelid = cmd.objid AND NOT tgisinternal LOOP
-				PERFORM @extschema@.cai_record_trigger(t.oid);
+			FOR table_trigger IN SELECT oid FROM pg_trigger
+								 WHERE tgrelid = cmd.objid AND NOT tgisinternal LOOP
+				PERFORM @extschema@.cai_record_trigger(table_trigger.oid);
 			END LOOP;
 		END IF;
 	END LOOP;
@@ -136,8 +138,8 @@ FROM pg_trigger t WHERE t.tgrelid IN ('cai.messages'::regclass, 'cai.conversatio
 									 'cai.jobs'::regclass)
 ORDER BY t.oid;
 
--- A row put back (by pg_restore, or by hand) creates its trigger when the table has none of that
--- name, in the state it had; either way the row then names the trigger of this database.
+-- A row put back (by pg_restore, or by hand) creates its trigger, in the state it had, unless the
+-- table has a trigger of that name.
 CREATE FUNCTION cai_restore_trigger()
 RETURNS trigger
 LANGUAGE plpgsql VOLATILE SECURITY INVOKER
@@ -163,9 +165,6 @@ BEGIN
 						   ELSE 'ENABLE ALWAYS' END, NEW.trigger_name);
 		END IF;
 	END IF;
-	UPDATE cai.triggers SET trigger_oid = existing
-	WHERE table_name = NEW.table_name AND trigger_name = NEW.trigger_name
-	  AND trigger_oid IS DISTINCT FROM existing;
 	RETURN NULL;
 END
 $$;

@@ -25,13 +25,12 @@ def run(program, *args):
 
 
 def data_of(db):
-    """Every row of pg_cai's tables (the recorded triggers without their OIDs, which differ
-    between databases), in a stable order."""
+    """Every row of pg_cai's tables and of the user's table, in a stable order."""
     return value("SELECT string_agg(t, E'\\n' ORDER BY t) FROM ("
                  " SELECT format('c %s', to_jsonb(c)) AS t FROM cai.conversations c"
                  " UNION ALL SELECT format('m %s', to_jsonb(m)) FROM cai.messages m"
                  " UNION ALL SELECT format('j %s', to_jsonb(j)) FROM cai.jobs j"
-                 " UNION ALL SELECT format('t %s', to_jsonb(t) - 'trigger_oid') FROM cai.triggers t"
+                 " UNION ALL SELECT format('t %s', to_jsonb(t)) FROM cai.triggers t"
                  " UNION ALL SELECT format('n %s', to_jsonb(n)) FROM public.notes n) rows", db=db)
 
 
@@ -57,12 +56,17 @@ for role in ROLES:
     convs[role] = value("SET ROLE %s; SELECT cai_new_conversation('You are brief.', '%s')"
                         % (role, OPTS), db=SRC)
     value("SET ROLE %s; SELECT cai_chat(%s, 'Hello!')" % (role, convs[role]), db=SRC)
-# the README's asynchronous reply trigger (disabled and re-enabled: its state is recorded too),
-# and an embedding trigger on a table of the user's
-value("CREATE TRIGGER reply_later AFTER INSERT ON cai.messages FOR EACH ROW"
+# the README's asynchronous reply trigger (made under another name and renamed, disabled and
+# enabled again: its record follows), a trigger made and dropped again (its record goes), and an
+# embedding trigger on a table of the user's
+value("CREATE TRIGGER answer_later AFTER INSERT ON cai.messages FOR EACH ROW"
       " EXECUTE FUNCTION cai_enqueue_reply_trigger('%s');"
+      " ALTER TRIGGER answer_later ON cai.messages RENAME TO reply_later;"
       " ALTER TABLE cai.messages DISABLE TRIGGER reply_later;"
       " ALTER TABLE cai.messages ENABLE TRIGGER reply_later;"
+      " CREATE TRIGGER reply_now AFTER INSERT ON cai.messages FOR EACH ROW"
+      " EXECUTE FUNCTION cai_reply_trigger();"
+      " DROP TRIGGER reply_now ON cai.messages;"
       " CREATE TABLE public.notes (id bigint PRIMARY KEY, body text, embedding real[]);"
       " GRANT ALL ON public.notes TO cai_user;"
       " CREATE TRIGGER notes_embed AFTER INSERT OR UPDATE OF body ON public.notes"
@@ -75,7 +79,7 @@ c.check("the database in use has a pending reply job and a pending embedding job
         jobs == "reply pending,embed pending", jobs)
 recorded = value("SELECT string_agg(table_name || ' ' || trigger_name || ' ' || enabled::text, ',')"
                  " FROM cai.triggers", db=SRC)
-c.check("the reply trigger on cai.messages is recorded in cai.triggers",
+c.check("the reply trigger on cai.messages is recorded in cai.triggers, under its name, enabled",
         recorded == "cai.messages reply_later O", recorded)
 before_data, before_triggers = data_of(SRC), triggers_of(SRC)
 
