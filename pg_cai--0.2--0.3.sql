@@ -32,8 +32,9 @@ SELECT pg_catalog.pg_extension_config_dump('cai.jobs_id_seq', '');
 -- The rows must come back after cai.messages' and cai.jobs' rows, or the recreated reply trigger
 -- would queue jobs for the restored turns: pg_dump orders the data of configuration tables by
 -- their foreign keys, so restore_after_job, which is always NULL, references cai.jobs for that
--- order alone.  (pg_restore -j does not keep that order, for any of pg_cai's tables: their rows
--- are restored serially.)
+-- order alone.  (A parallel pg_restore keeps no such order between any extension's configuration
+-- tables, cai.messages' and cai.conversations' included: restore a database with pg_cai without
+-- -j.)
 --
 CREATE TABLE cai.triggers (
 	table_name			regclass NOT NULL,
