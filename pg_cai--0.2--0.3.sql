@@ -100,3 +100,171 @@ GRANT SELECT ON pg_stat_cai TO cai_user, pg_monitor;
 -- declared PARALLEL SAFE in 0.2).
 --
 ALTER FUNCTION cai_validate_options(jsonb) PARALLEL UNSAFE;
+-- Backups: what a restored database needs to go on is in what pg_dump writes.
+--
+-- The identity sequences of the configuration tables are dumped with their positions, so that
+-- a restored database hands out ids after the restored rows' (the rows alone leave each sequence
+-- at 1, and the next cai_chat would fail on messages_pkey).
+--
+SELECT pg_catalog.pg_extension_config_dump('cai.conversations_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('cai.messages_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('cai.jobs_id_seq', '');
+
+--
+-- Triggers on pg_cai's tables (a reply trigger on cai.messages, say) are not in a dump: pg_dump
+-- leaves out everything that hangs off an extension's tables but their rows.  So each such
+-- trigger is also kept as a row of cai.triggers, a configuration table that is dumped; an event
+-- trigger records it when it is created, renamed, enabled or disabled, and forgets it when it is
+-- dropped.  When pg_restore puts a row back, cai.triggers' own trigger creates the trigger it
+-- describes.  Triggers that call one of pg_cai's internal functions (the extension's own, made
+-- by its scripts) are not recorded; the reply and embedding triggers are.
+--
+-- The rows must come back after cai.messages' and cai.jobs' rows, or the recreated reply trigger
+-- would queue jobs for the restored turns: pg_dump orders the data of configuration tables by
+-- their foreign keys, so restore_after_job, which is always NULL, references cai.jobs for that
+-- order alone.  (A parallel pg_restore keeps no such order between any extension's configuration
+-- tables, cai.messages' and cai.conversations' included: restore a database with pg_cai without
+-- -j.)
+--
+CREATE TABLE cai.triggers (
+	table_name			regclass NOT NULL,
+	trigger_name		name NOT NULL,
+	definition			text NOT NULL CHECK (definition ~ '^CREATE (CONSTRAINT )?TRIGGER '),
+	enabled				"char" NOT NULL DEFAULT 'O' CHECK (enabled IN ('O', 'D', 'R', 'A')),
+	restore_after_job	bigint REFERENCES cai.jobs (id) ON DELETE SET NULL
+						CHECK (restore_after_job IS NULL),
+	PRIMARY KEY (table_name, trigger_name)
+);
+COMMENT ON TABLE cai.triggers IS 'the triggers on pg_cai''s tables that are not the extension''s own (reply triggers, say), kept as rows so that pg_dump keeps them: pg_restore recreates each from its row';
+COMMENT ON COLUMN cai.triggers.table_name IS 'the pg_cai table the trigger is on';
+COMMENT ON COLUMN cai.triggers.definition IS 'the trigger''s CREATE TRIGGER statement (pg_get_triggerdef, names qualified)';
+COMMENT ON COLUMN cai.triggers.enabled IS 'pg_trigger.tgenabled: O (enabled), D (disabled), R (replica), A (always)';
+COMMENT ON COLUMN cai.triggers.restore_after_job IS 'always NULL: its foreign key makes pg_dump restore these rows after cai.jobs''s';
+SELECT pg_catalog.pg_extension_config_dump('cai.triggers', '');
+
+-- Records (or updates the record of) one trigger, under its current name, when it is one that is
+-- kept: a trigger on a pg_cai table (but cai.triggers) that calls a reply or embedding trigger
+-- function, or a function that is not pg_cai's.
+CREATE FUNCTION cai_record_trigger(trigger_oid oid)
+RETURNS void
+LANGUAGE sql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+	INSERT INTO cai.triggers (table_name, trigger_name, definition, enabled)
+	SELECT t.tgrelid, t.tgname, pg_get_triggerdef(t.oid), t.tgenabled
+	FROM pg_trigger t
+	JOIN pg_depend tab ON tab.classid = 'pg_class'::regclass AND tab.objid = t.tgrelid
+		AND tab.refclassid = 'pg_extension'::regclass AND tab.deptype = 'e'
+	JOIN pg_extension e ON e.oid = tab.refobjid AND e.extname = 'pg_cai'
+	WHERE t.oid = $1 AND NOT t.tgisinternal AND t.tgrelid <> 'cai.triggers'::regclass
+	  AND (t.tgfoid IN ('@extschema@.cai_reply_trigger()'::regprocedure,
+						'@extschema@.cai_enqueue_reply_trigger()'::regprocedure,
+						'@extschema@.cai_embed_trigger()'::regprocedure)
+		   OR NOT EXISTS (SELECT FROM pg_depend f
+						  WHERE f.classid = 'pg_proc'::regclass AND f.objid = t.tgfoid
+							AND f.refclassid = 'pg_extension'::regclass
+							AND f.refobjid = e.oid AND f.deptype = 'e'))
+	ON CONFLICT (table_name, trigger_name) DO UPDATE
+		SET definition = EXCLUDED.definition, enabled = EXCLUDED.enabled;
+$$;
+COMMENT ON FUNCTION cai_record_trigger(oid) IS
+'keeps the trigger''s current definition, name and state in cai.triggers when it is one that is recorded';
+
+-- The event trigger's function: SECURITY DEFINER, because it fires for whoever runs the DDL
+-- and cai.triggers is written by its owner alone; it reads nothing but the catalogs.
+CREATE FUNCTION cai_track_triggers()
+RETURNS event_trigger
+LANGUAGE plpgsql VOLATILE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	cmd record;
+	table_trigger record;
+BEGIN
+	-- records go by table and name: OIDs differ in a restored or upgraded database
+	IF TG_EVENT = 'sql_drop' THEN
+		DELETE FROM cai.triggers r
+		USING pg_event_trigger_dropped_objects() d
+		WHERE d.object_type = 'trigger'
+		  AND (SELECT ARRAY[n.nspname::text, c.relname::text, r.trigger_name::text]
+			   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+			   WHERE c.oid = r.table_name) = d.address_names;
+		RETURN;
+	END IF;
+	FOR cmd IN SELECT * FROM pg_event_trigger_ddl_commands() LOOP
+		-- the extension's own scripts make the triggers it owns
+		CONTINUE WHEN cmd.in_extension;
+		IF cmd.classid = 'pg_trigger'::regclass THEN
+			IF cmd.command_tag = 'ALTER TRIGGER' THEN
+				-- a rename: the record under the old name goes
+				DELETE FROM cai.triggers r USING pg_trigger t
+				WHERE t.oid = cmd.objid AND r.table_name = t.tgrelid
+				  AND NOT EXISTS (SELECT FROM pg_trigger o
+								  WHERE o.tgrelid = r.table_name AND o.tgname = r.trigger_name);
+			END IF;
+			PERFORM @extschema@.cai_record_trigger(cmd.objid);
+		ELSIF cmd.classid = 'pg_class'::regclass THEN
+			-- ALTER TABLE ... ENABLE | DISABLE TRIGGER: the table's triggers' states
+			FOR table_trigger IN SELECT oid FROM pg_trigger
+								 WHERE tgrelid = cmd.objid AND NOT tgisinternal LOOP
+				PERFORM @extschema@.cai_record_trigger(table_trigger.oid);
+			END LOOP;
+		END IF;
+	END LOOP;
+END
+$$;
+COMMENT ON FUNCTION cai_track_triggers() IS
+'event trigger: keeps cai.triggers in step with the triggers on pg_cai''s tables';
+
+CREATE EVENT TRIGGER cai_track_triggers ON ddl_command_end
+	WHEN TAG IN ('CREATE TRIGGER', 'ALTER TRIGGER', 'ALTER TABLE')
+	EXECUTE FUNCTION cai_track_triggers();
+CREATE EVENT TRIGGER cai_track_dropped_triggers ON sql_drop
+	WHEN TAG IN ('DROP TRIGGER')
+	EXECUTE FUNCTION cai_track_triggers();
+
+-- A database upgraded from 0.2 may have triggers on cai.messages already: recorded now.
+SELECT cai_record_trigger(t.oid)
+FROM pg_trigger t WHERE t.tgrelid IN ('cai.messages'::regclass, 'cai.conversations'::regclass,
+									 'cai.jobs'::regclass)
+ORDER BY t.oid;
+
+-- A row put back (by pg_restore, or by hand) creates its trigger, in the state it had, unless the
+-- table has a trigger of that name.
+CREATE FUNCTION cai_restore_trigger()
+RETURNS trigger
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+	existing oid;
+BEGIN
+	SELECT oid INTO existing FROM pg_trigger
+	WHERE tgrelid = NEW.table_name AND tgname = NEW.trigger_name;
+	IF existing IS NULL THEN
+		EXECUTE NEW.definition;
+		SELECT oid INTO existing FROM pg_trigger
+		WHERE tgrelid = NEW.table_name AND tgname = NEW.trigger_name;
+		IF existing IS NULL THEN
+			RAISE EXCEPTION 'the definition of trigger "%" creates no trigger of that name on table %',
+				NEW.trigger_name, NEW.table_name
+				USING ERRCODE = 'invalid_object_definition';
+		END IF;
+		IF NEW.enabled <> 'O' THEN
+			EXECUTE format('ALTER TABLE %s %s TRIGGER %I', NEW.table_name,
+						   CASE NEW.enabled WHEN 'D' THEN 'DISABLE' WHEN 'R' THEN 'ENABLE REPLICA'
+						   ELSE 'ENABLE ALWAYS' END, NEW.trigger_name);
+		END IF;
+	END IF;
+	RETURN NULL;
+END
+$$;
+COMMENT ON FUNCTION cai_restore_trigger() IS
+'AFTER INSERT trigger on cai.triggers: creates the trigger a restored row describes';
+
+CREATE TRIGGER restore_trigger AFTER INSERT ON cai.triggers
+	FOR EACH ROW EXECUTE FUNCTION cai_restore_trigger();
+
+REVOKE ALL ON FUNCTION cai_record_trigger(oid) FROM PUBLIC;
+REVOKE ALL ON FUNCTION cai_track_triggers() FROM PUBLIC;
+REVOKE ALL ON FUNCTION cai_restore_trigger() FROM PUBLIC;

@@ -22,6 +22,7 @@
 #include "utils/builtins.h"
 #include "utils/json.h"
 #include "utils/jsonb.h"
+#include "utils/lsyscache.h"
 #include "utils/timestamp.h"
 
 #include "cai.h"
@@ -31,6 +32,7 @@
 #include "guc.h"
 #include "options.h"
 #include "protocol.h"
+#include "replica.h"
 #include "shmem.h"
 #include "tools.h"
 
@@ -329,6 +331,9 @@ static void
 chat_arguments(FunctionCallInfo fcinfo, int optarg, int64 *conversation_id, char **message,
 			   Jsonb **options)
 {
+	char	   *function = get_func_name(fcinfo->flinfo->fn_oid);
+
+	CaiRequireWritable(function ? function : "cai_chat");
 	(void) CaiSharedStateOrError();
 	require_argument(fcinfo, 0, "conversation_id");
 	require_argument(fcinfo, 1, "message");
@@ -352,6 +357,7 @@ pg_cai_new_conversation(PG_FUNCTION_ARGS)
 	char	   *system_prompt = NULL;
 	Jsonb	   *options = NULL;
 
+	CaiRequireWritable("cai_new_conversation");
 	(void) CaiSharedStateOrError();
 	if (!PG_ARGISNULL(0))
 		system_prompt = text_to_cstring(PG_GETARG_TEXT_PP(0));

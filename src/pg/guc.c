@@ -456,9 +456,11 @@ define_engine_process_settings(void)
 							   "An absolute path, or relative to the data directory; empty "
 							   "disables it. An engine that starts with the same model and "
 							   "weight settings maps the weights from there instead of "
-							   "converting them. One file per model file name is kept.",
+							   "converting them. One file per model file name is kept. "
+							   "The default's name begins with pgsql_tmp, so base backups "
+							   "leave the cache out.",
 							   &cai_weights_cache,
-							   "pg_cai/weight_cache",
+							   CAI_WEIGHTS_CACHE_DEFAULT,
 							   PGC_SIGHUP,
 							   GUC_SUPERUSER_ONLY,
 							   NULL, NULL, NULL);

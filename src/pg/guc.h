@@ -62,6 +62,9 @@ extern char *cai_chat_template;
 extern int	cai_device;
 extern int	cai_weight_rounding;
 extern char *cai_weights_cache;	/* pg_cai.weights_cache: a directory, or empty */
+/* its default, relative to the data directory: base backups leave out names that begin with
+ * pgsql_tmp (replica.c) */
+#define CAI_WEIGHTS_CACHE_DEFAULT "pg_cai/pgsql_tmp"
 extern int	cai_weights;		/* cai_weights_mode */
 extern int	cai_activation_precision;
 extern int	cai_threads;

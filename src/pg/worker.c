@@ -89,6 +89,7 @@
 #include "guc.h"
 #include "pg_compat.h"
 #include "protocol.h"
+#include "replica.h"
 #include "shmem.h"
 #include "worker.h"
 
@@ -422,6 +423,8 @@ CaiWorkerMain(Datum main_arg)
 	LWLockRelease(cai_shared->lock);
 
 	before_shmem_exit(worker_shutdown, (Datum) 0);
+
+	CaiWeightsCacheMoveOldDefault();
 
 	/* the configured models; rows an earlier worker left for others are cleared */
 	CaiModelsConfigured(&list);

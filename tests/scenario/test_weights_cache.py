@@ -13,7 +13,7 @@ from pgtest import Checks, ensure_database, log_text, psql, stat, value, wait_fo
 
 c = Checks()
 ensure_database()
-CACHE = os.path.join(os.environ["PG_CAI_TEST_DATA"], "pg_cai", "weight_cache")
+CACHE = os.path.join(os.environ["PG_CAI_TEST_DATA"], "pg_cai", "pgsql_tmp")
 ASK = ("SELECT cai_complete('The capital of France is', "
        "'{\"max_tokens\": 8, \"temperature\": 0, \"ignore_eos\": true}')")
 READY = "pg_cai engine worker ready"
