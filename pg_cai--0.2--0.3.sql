@@ -242,6 +242,14 @@ BEGIN
 	SELECT oid INTO existing FROM pg_trigger
 	WHERE tgrelid = NEW.table_name AND tgname = NEW.trigger_name;
 	IF existing IS NULL THEN
+		-- the row is pg_get_triggerdef's output; anything else is not run (a restore is often a
+		-- superuser's, and only the extension's owner may write cai.triggers, but a row edited
+		-- by hand must not become arbitrary SQL)
+		IF NEW.definition !~ '^CREATE (CONSTRAINT )?TRIGGER [^;]*$' THEN
+			RAISE EXCEPTION 'cai.triggers row "%" does not hold a single CREATE TRIGGER statement',
+				NEW.trigger_name
+				USING ERRCODE = 'invalid_object_definition';
+		END IF;
 		EXECUTE NEW.definition;
 		SELECT oid INTO existing FROM pg_trigger
 		WHERE tgrelid = NEW.table_name AND tgname = NEW.trigger_name;
