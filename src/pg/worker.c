@@ -1276,8 +1276,8 @@ engine_exited(EngineSlot *e)
  *		Supervises a ready engine's heartbeat (any frame counts): silent for half of
  *		pg_cai.engine_hang_timeout, it is marked unresponsive; for all of it, it is killed, and
  *		engine_exited fails its requests and plans its restart.  A loading engine silent for
- *		the whole timeout (its load made no progress) is killed likewise.  The socket is read before this
- *		runs, so a worker that was itself held up does not blame the engine.
+ *		the whole timeout (its load made no progress) is killed likewise.  The socket is read
+ *		before this runs, so a worker that was itself held up does not blame the engine.
  */
 static void
 engine_watch(EngineSlot *e, TimestampTz now)
