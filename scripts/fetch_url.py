@@ -15,6 +15,10 @@ only for loopback hosts (a local mirror, the tests).  Only the Python standard l
   sha256 matches.
 - Refused before the rest is downloaded: a file whose first bytes are not a GGUF header
   (magic "GGUF", version 2 or 3) — an HTML error page, say.
+- Capped before its checksum is checked: a download larger than FETCH_MODEL_MAX_BYTES (default
+  64 GiB), or than the size the hub states for an hf: file (X-Linked-Size, else the HEAD's
+  Content-Length), is refused when the server announces it and stopped when it grows past it;
+  nothing of it is kept.
 - Environment: HF_ENDPOINT (default https://huggingface.co) and HF_TOKEN (sent as a bearer token,
   for gated repositories).
 Exit status 0 when DEST_DIR/FILE is present and verified, 1 on any failure (one line says why).
@@ -31,6 +35,7 @@ import urllib.request
 
 CHUNK = 1 << 20
 HEX64 = re.compile(r"^[0-9a-f]{64}$")
+DEFAULT_MAX_BYTES = 64 << 30
 
 
 class FetchError(Exception):
@@ -39,6 +44,20 @@ class FetchError(Exception):
 
 class NotGGUF(FetchError):
     """The file is not one the engine reads: final, unlike a cut download."""
+
+
+class TooLarge(FetchError):
+    """The download outgrew its cap: final, nothing of it is kept."""
+
+
+def max_bytes_setting():
+    """FETCH_MODEL_MAX_BYTES (a positive number of bytes), or the default."""
+    raw = os.environ.get("FETCH_MODEL_MAX_BYTES", "").strip()
+    if not raw:
+        return DEFAULT_MAX_BYTES
+    if not raw.isdigit() or int(raw) <= 0:
+        raise FetchError("FETCH_MODEL_MAX_BYTES must be a positive number of bytes, not %r" % raw)
+    return int(raw)
 
 
 def say(msg):
@@ -97,16 +116,25 @@ def request(url, method="GET", offset=0):
         raise FetchError("%s %s: %s" % (method, url, getattr(e, "reason", e)))
 
 
-def stated_sha256(url):
-    """The sha256 the hub states for a file (X-Linked-Etag, else ETag), or None."""
+def stated(url):
+    """(sha256, size) the hub states for a file: X-Linked-Etag else ETag, X-Linked-Size else
+    Content-Length; None for what it does not state."""
     resp = request(url, method="HEAD")
+    sha256 = None
     for header in ("X-Linked-Etag", "ETag"):
         value = (resp.headers.get(header) or "").strip().strip('"').lower()
         if value.startswith("w/"):
             continue
         if HEX64.match(value):
-            return value
-    return None
+            sha256 = value
+            break
+    size = None
+    for header in ("X-Linked-Size", "Content-Length"):
+        value = (resp.headers.get(header) or "").strip()
+        if value.isdigit():
+            size = int(value)
+            break
+    return sha256, size
 
 
 def check_header(first):
@@ -126,9 +154,11 @@ def file_sha256(path):
     return h.hexdigest()
 
 
-def download(url, partial):
-    """Appends the rest of URL to PARTIAL, resuming from its size."""
+def download(url, partial, max_bytes):
+    """Appends the rest of URL to PARTIAL, resuming from its size; TooLarge past max_bytes."""
     offset = os.path.getsize(partial) if os.path.exists(partial) else 0
+    if offset > max_bytes:
+        raise TooLarge("the partial download holds %d bytes, over the cap of %d" % (offset, max_bytes))
     resp = request(url, offset=offset)
     status = getattr(resp, "status", None) or resp.getcode()
     if status == 416:
@@ -140,6 +170,9 @@ def download(url, partial):
         say("resuming at byte %d" % offset)
     total = resp.headers.get("Content-Length")
     total = int(total) + offset if total and total.isdigit() else None
+    if total is not None and total > max_bytes:
+        raise TooLarge("the server announces %d bytes, over the cap of %d (FETCH_MODEL_MAX_BYTES "
+                       "or the size the hub states); refusing it" % (total, max_bytes))
     done = offset
     last_report = 0
     with open(partial, "r+b" if offset else "wb") as out:
@@ -158,6 +191,9 @@ def download(url, partial):
                 head += block[:8 - done]
                 if len(head) == 8:
                     check_header(head)
+            if done + len(block) > max_bytes:
+                raise TooLarge("the download grew past the cap of %d bytes (FETCH_MODEL_MAX_BYTES "
+                               "or the size the hub states); stopped and removed" % max_bytes)
             out.write(block)
             done += len(block)
             if total and done - last_report >= 64 * CHUNK:
@@ -177,11 +213,18 @@ def fetch(source, dest_dir, sha256=None):
     target = os.path.join(dest_dir, name)
     partial = os.path.join(dest_dir, "." + name + ".partial")
     os.makedirs(dest_dir, exist_ok=True)
-    if sha256 is None and hub:
-        sha256 = stated_sha256(url)
+    max_bytes = max_bytes_setting()
+    if hub:
+        hub_sha256, hub_size = stated(url)
+        if hub_size is not None and hub_size < max_bytes:
+            max_bytes = hub_size
         if sha256 is None:
-            raise FetchError("the hub states no sha256 for %s; give one as the second argument" % source)
-        say("the hub states sha256 %s for %s (pass it as the second argument to pin it)" % (sha256, name))
+            if hub_sha256 is None:
+                raise FetchError("the hub states no sha256 for %s; give one as the second argument"
+                                 % source)
+            sha256 = hub_sha256
+            say("the hub states sha256 %s for %s (pass it as the second argument to pin it)"
+                % (sha256, name))
     if sha256 is None:
         raise FetchError("an https URL needs its expected sha256 as the second argument")
     if os.path.exists(target):
@@ -191,10 +234,10 @@ def fetch(source, dest_dir, sha256=None):
         raise FetchError("%s exists with another sha256; move it away first" % target)
     say("downloading %s" % url)
     try:
-        download(url, partial)
+        download(url, partial, max_bytes)
         with open(partial, "rb") as f:
             check_header(f.read(8))
-    except NotGGUF:
+    except (NotGGUF, TooLarge):
         # final: keep nothing to resume from
         if os.path.exists(partial):
             os.unlink(partial)

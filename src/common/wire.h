@@ -56,7 +56,8 @@
  * max_queue_wait_ms).  Engine → worker: READY (model summary), FAILED (text reason, text hint),
  * MESSAGE (a response message), STATS (engine statistics), LOG (text), HEARTBEAT (f64 the
  * longest step so far in seconds; sent by the step loop between steps and while idle, at least
- * every CAI_HEARTBEAT_INTERVAL_MS once READY is sent, so that silence means the loop is stuck).
+ * every CAI_HEARTBEAT_INTERVAL_MS once READY is sent, so that silence means the loop is stuck;
+ * before READY, every interval in which the model's load made progress, with 0).
  */
 #ifndef CAI_WIRE_H
 #define CAI_WIRE_H

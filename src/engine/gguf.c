@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "quant.h"
+#include "safe_file.h"
 #include "util.h"
 
 #define GGUF_DEFAULT_ALIGNMENT 32
@@ -749,7 +750,8 @@ cai_status
 gguf_open(const char *path, gguf_file **out, cai_error *err)
 {
 	int			fd;
-	struct stat st;
+	off_t		size = 0;
+	cai_error	why;
 	void	   *map;
 	cai_status	status;
 
@@ -758,36 +760,25 @@ gguf_open(const char *path, gguf_file **out, cai_error *err)
 	*out = NULL;
 	if (!path)
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "gguf: no file path");
-	fd = open(path, O_RDONLY | O_CLOEXEC);
+	/* a FIFO or a device named as the model must not block the load: only a regular file */
+	fd = cai_safe_open_regular_follow(path, &size, &why, NULL);
 	if (fd < 0)
-		return cai_fail(err, CAI_ERR_IO, "gguf: could not open \"%s\": %s", path, strerror(errno));
-	if (fstat(fd, &st) != 0)
-	{
-		int			e = errno;
-
-		close(fd);
-		return cai_fail(err, CAI_ERR_IO, "gguf: could not stat \"%s\": %s", path, strerror(e));
-	}
-	if (!S_ISREG(st.st_mode))
-	{
-		close(fd);
-		return cai_fail(err, CAI_ERR_IO, "gguf: \"%s\" is not a regular file", path);
-	}
-	if (st.st_size < 24)
+		return cai_fail(err, CAI_ERR_IO, "gguf: %s", why.message);
+	if (size < 24)
 	{
 		close(fd);
 		return cai_fail(err, CAI_ERR_FORMAT,
 						"gguf: \"%s\" is %lld bytes, too small to be a gguf file",
-						path, (long long) st.st_size);
+						path, (long long) size);
 	}
-	map = mmap(NULL, (size_t) st.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
+	map = mmap(NULL, (size_t) size, PROT_READ, MAP_PRIVATE, fd, 0);
 	close(fd);
 	if (map == MAP_FAILED)
 		return cai_fail(err, CAI_ERR_IO, "gguf: could not map \"%s\": %s", path, strerror(errno));
 
-	status = open_buffer(map, (size_t) st.st_size, map, (size_t) st.st_size, out, err);
+	status = open_buffer(map, (size_t) size, map, (size_t) size, out, err);
 	if (status != CAI_OK)
-		munmap(map, (size_t) st.st_size);
+		munmap(map, (size_t) size);
 	return status;
 }
 

@@ -17,6 +17,7 @@
 
 #include "model_internal.h"
 #include "model_wcache.h"
+#include "safe_file.h"
 #include "util.h"
 
 #define TAG(a, b, c, d) ((uint32_t) (a) | (uint32_t) (b) << 8 | (uint32_t) (c) << 16 | (uint32_t) (d) << 24)
@@ -34,6 +35,7 @@ cai_model_wcache_open(cai_model *m, const char *model_path, const cai_model_para
 	cai_wcache_key_params kp;
 	cai_error	why;
 	double		start = cai_now_seconds();
+	struct stat dir_st;
 	cai_status	st;
 
 	if (!params->weights_cache || !params->weights_cache[0] || params->load_float_reference)
@@ -61,6 +63,17 @@ cai_model_wcache_open(cai_model *m, const char *model_path, const cai_model_para
 	{
 		c->state = CAI_WEIGHTS_CACHE_FAILED;
 		snprintf(c->failure, sizeof(c->failure), "the cache directory's path is too long");
+		return CAI_OK;
+	}
+	/*
+	 * A directory that anyone but the server's user can write is not used at all: another user
+	 * could plant a file of their choosing (the checksum is no signature) or a link there.  One
+	 * that does not exist yet is made, safe, by the writer.
+	 */
+	if (lstat(c->dir, &dir_st) == 0 && cai_safe_dir_check(c->dir, &why) != CAI_OK)
+	{
+		c->state = CAI_WEIGHTS_CACHE_FAILED;
+		snprintf(c->failure, sizeof(c->failure), "%s", why.message);
 		return CAI_OK;
 	}
 	st = cai_wcache_map_open(c->path, c->key, &c->map, &why);

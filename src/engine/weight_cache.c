@@ -12,10 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
+#include "safe_file.h"
 #include "util.h"
 
 static const char wcache_magic[8] = {'C', 'A', 'I', 'W', 'G', 'H', 'T', '\0'};
@@ -168,41 +170,37 @@ cai_wcache_next(const cai_wcache_view *v, uint32_t *cursor, uint32_t tag, const 
 cai_status
 cai_wcache_map_open(const char *path, uint64_t key, cai_wcache_map *out, cai_error *err)
 {
-	struct stat st;
+	off_t		size = 0;
+	int			open_errno = 0;
 	int			fd;
 	void	   *addr;
 	cai_status	s;
 
 	memset(out, 0, sizeof(*out));
-	fd = open(path, O_RDONLY | O_CLOEXEC);
+	/* a link or a FIFO planted at the name is refused (and replaced by the next write) */
+	fd = cai_safe_open_regular(path, &size, err, &open_errno);
 	if (fd < 0)
-		return cai_fail(err, errno == ENOENT ? CAI_ERR_NOT_FOUND : CAI_ERR_IO,
-						"could not open weights cache \"%s\": %s", path, strerror(errno));
-	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
-	{
-		close(fd);
-		return cai_fail(err, CAI_ERR_IO, "weights cache \"%s\" is not a regular file", path);
-	}
-	if ((size_t) st.st_size < CAI_WCACHE_HEADER_BYTES)
+		return open_errno == ENOENT ? CAI_ERR_NOT_FOUND : CAI_ERR_IO;
+	if ((size_t) size < CAI_WCACHE_HEADER_BYTES)
 	{
 		close(fd);
 		return cai_fail(err, CAI_ERR_FORMAT, "weights cache truncated: %lld bytes",
-						(long long) st.st_size);
+						(long long) size);
 	}
 	/* every page is read by the checksum at once, and by the GEMMs from then on */
-	addr = mmap(NULL, (size_t) st.st_size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+	addr = mmap(NULL, (size_t) size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
 	close(fd);
 	if (addr == MAP_FAILED)
 		return cai_fail(err, CAI_ERR_IO, "could not map weights cache \"%s\": %s", path,
 						strerror(errno));
-	s = cai_wcache_parse(addr, (size_t) st.st_size, key, true, &out->view, err);
+	s = cai_wcache_parse(addr, (size_t) size, key, true, &out->view, err);
 	if (s != CAI_OK)
 	{
-		munmap(addr, (size_t) st.st_size);
+		munmap(addr, (size_t) size);
 		return s;
 	}
 	out->addr = addr;
-	out->size = (size_t) st.st_size;
+	out->size = (size_t) size;
 	return CAI_OK;
 }
 
@@ -278,18 +276,32 @@ cai_wcache_writer_open(const char *path, uint64_t key, cai_wcache_writer **out, 
 		cai_wcache_writer_abort(w);
 		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory writing the weights cache");
 	}
-	/* the pid makes the name this writer's; cai_wcache_remove_stale spares a live one's */
-	snprintf(w->tmp_path, len, "%s.%d.tmp", path, (int) getpid());
-	w->fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	/*
+	 * Created exclusively, never through a link: a name that exists (a file or a link someone
+	 * planted, a crashed writer's file) is passed over for another.  The pid makes the name this
+	 * writer's, so that cai_wcache_remove_stale spares a live one's; the random part makes it
+	 * unguessable.
+	 */
+	w->fd = -1;
+	for (int attempt = 0; attempt < 8 && w->fd < 0; attempt++)
+	{
+		uint32_t	nonce;
+		int			create_errno = 0;
+
+		if (getrandom(&nonce, sizeof(nonce), GRND_NONBLOCK) != (ssize_t) sizeof(nonce))
+			nonce = (uint32_t) XXH3_64bits_withSeed(&attempt, sizeof(attempt),
+													(uint64_t) (cai_now_seconds() * 1e9));
+		snprintf(w->tmp_path, len, "%s.%d.%08x.tmp", path, (int) getpid(), (unsigned) nonce);
+		w->fd = cai_safe_create(w->tmp_path, err, &create_errno);
+		if (w->fd < 0 && create_errno != EEXIST)
+			break;
+	}
 	if (w->fd < 0)
 	{
-		cai_status	s = cai_fail(err, CAI_ERR_IO, "could not create weights cache \"%s\": %s",
-								 w->tmp_path, strerror(errno));
-
 		free(w->tmp_path);
 		w->tmp_path = NULL;
 		cai_wcache_writer_abort(w);
-		return s;
+		return CAI_ERR_IO;
 	}
 	w->key = key;
 	XXH3_64bits_reset(w->hash);
@@ -513,22 +525,5 @@ cai_wcache_remove_stale(const char *dir, const char *model_path, const char *kee
 cai_status
 cai_wcache_make_dir(const char *dir, cai_error *err)
 {
-	char		path[4096];
-	size_t		len = strlen(dir);
-
-	if (len == 0 || len >= sizeof(path))
-		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "weights cache directory \"%s\" is invalid",
-						dir);
-	memcpy(path, dir, len + 1);
-	for (size_t i = 1; i <= len; i++)
-	{
-		if (path[i] != '/' && path[i] != '\0')
-			continue;
-		path[i] = '\0';
-		if (mkdir(path, 0700) != 0 && errno != EEXIST)
-			return cai_fail(err, CAI_ERR_IO, "could not create weights cache directory \"%s\": %s",
-							path, strerror(errno));
-		path[i] = dir[i];
-	}
-	return CAI_OK;
+	return cai_safe_dir_make(dir, err);
 }

@@ -458,7 +458,9 @@ define_engine_process_settings(void)
 							   "weight settings maps the weights from there instead of "
 							   "converting them. One file per model file name is kept. "
 							   "The default's name begins with pgsql_tmp, so base backups "
-							   "leave the cache out.",
+							   "leave the cache out. The directory must belong to the "
+							   "server's user and be writable by no one else; otherwise the "
+							   "engine serves without it.",
 							   &cai_weights_cache,
 							   CAI_WEIGHTS_CACHE_DEFAULT,
 							   PGC_SIGHUP,
@@ -561,7 +563,9 @@ define_running_engine_settings(void)
 							"How long the engine process may stay silent before it is killed and restarted.",
 							"A healthy engine says it is alive between its steps and while idle, several "
 							"times a second, so this must exceed the engine's longest step. Requests in "
-							"flight in a killed engine fail. 0 turns the check off.",
+							"flight in a killed engine fail. A loading engine is killed likewise when its "
+							"load makes no progress (no CPU time, no reads) for this long. 0 turns the "
+							"check off.",
 							&cai_engine_hang_timeout_ms,
 							30000, 0, INT_MAX,
 							PGC_SIGHUP,

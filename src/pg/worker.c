@@ -25,7 +25,11 @@
  * an engine silent for half of pg_cai.engine_hang_timeout shows as "unresponsive" (new requests
  * wait in the ring), and one silent for the whole timeout is killed with SIGKILL, its requests
  * in flight fail, and it is restarted.  A step is one unit to the heartbeat, so the timeout
- * must exceed the engine's longest step; the worker warns when a step takes half of it.
+ * must exceed the engine's longest step; the worker warns when a step takes half of it.  While
+ * it loads, the engine sends heartbeats as long as the load makes progress
+ * (src/serve/load_watch.c): one silent for the whole timeout is killed too, and the model goes
+ * to the failed state with that reason (calls waiting for it fail at once) until a retry, after
+ * the crash backoff, loads it.
  *
  * A configuration reload that changes the engine's settings (pg_cai.model, device, threads,
  * context, cache size, ...) starts a new engine once the requests in flight have finished, or
@@ -538,6 +542,10 @@ worker_timeout_ms(void)
 			timeout = Min(timeout, ms_until(e->next_start_time));
 		if (e->restart_pending)
 			timeout = Min(timeout, 100);
+		if (e->proc.pid != 0 && !e->ready && cai_engine_hang_timeout_ms > 0)
+			timeout = Min(timeout,
+						  ms_until(TimestampTzPlusMilliseconds(e->last_heard,
+															   cai_engine_hang_timeout_ms)));
 		if (e->ready && cai_engine_hang_timeout_ms > 0)
 		{
 			/* wake for the next threshold of the engine's silence: half the timeout, then all */
@@ -1122,7 +1130,7 @@ engine_start(EngineSlot *e)
 		return;
 	}
 	forget_wait_set();
-	e->start_time = GetCurrentTimestamp();
+	e->start_time = e->last_heard = GetCurrentTimestamp();
 	/* the command line as run (with its shares of threads and cache), max_queue_wait aside */
 	initStringInfo(&command);
 	for (int i = 0; args[i] != NULL && strcmp(args[i], "--max-queue-wait-ms") != 0; i++)
@@ -1216,7 +1224,8 @@ engine_exited(EngineSlot *e)
 	if (e->reported_failure)
 		return;					/* it said why; the model stays failed until a reload */
 
-	cause = hung ? " after it stopped responding" :
+	cause = hung && !was_ready ? " after its load made no progress" :
+		hung ? " after it stopped responding" :
 		broken ? " after sending a malformed message" : "";
 	if (hung)
 		snprintf(message, sizeof(message),
@@ -1244,8 +1253,20 @@ engine_exited(EngineSlot *e)
 	 * A crash while loading a model that an engine with these settings has served is a
 	 * restart like another (the new engine died young, say under memory pressure), until it
 	 * happens too often in a row: then calls should fail with the reason instead of waiting.
+	 * A load that stalled has kept the calls waiting for the whole hang timeout already: they
+	 * fail with the reason at once.
 	 */
-	if (was_ready || (e->settings_served && e->consecutive_crashes <= LOAD_CRASHES_TOLERATED))
+	if (hung && !was_ready)
+	{
+		char		reason[CAI_REASON_SIZE];
+
+		snprintf(reason, sizeof(reason),
+				 "the engine process made no progress loading the model for pg_cai.engine_hang_timeout (%d ms) and was killed",
+				 cai_engine_hang_timeout_ms);
+		set_failed(e, reason,
+				   "The load is retried with a growing delay. See the server log; check that the model file (pg_cai.model), the weights cache directory (pg_cai.weights_cache) and the device are usable, or raise pg_cai.engine_hang_timeout.");
+	}
+	else if (was_ready || (e->settings_served && e->consecutive_crashes <= LOAD_CRASHES_TOLERATED))
 		set_state(e, CAI_WORKER_RESTARTING);
 	else
 	{
@@ -1262,17 +1283,32 @@ engine_exited(EngineSlot *e)
  * engine_watch
  *		Supervises a ready engine's heartbeat (any frame counts): silent for half of
  *		pg_cai.engine_hang_timeout, it is marked unresponsive; for all of it, it is killed, and
- *		engine_exited fails its requests and plans its restart.  The socket is read before this
- *		runs, so a worker that was itself held up does not blame the engine.
+ *		engine_exited fails its requests and plans its restart.  A loading engine silent for
+ *		the whole timeout (its load made no progress) is killed likewise.  The socket is read
+ *		before this runs, so a worker that was itself held up does not blame the engine.
  */
 static void
 engine_watch(EngineSlot *e, TimestampTz now)
 {
 	long		silent_ms;
 
-	if (e->proc.pid == 0 || !e->ready || cai_engine_hang_timeout_ms <= 0)
+	if (e->proc.pid == 0 || cai_engine_hang_timeout_ms <= 0)
 		return;
 	silent_ms = (long) ((now - e->last_heard) / 1000);
+	if (!e->ready)
+	{
+		/* loading: heartbeats come only while the load makes progress */
+		if (silent_ms < cai_engine_hang_timeout_ms)
+			return;
+		ereport(LOG,
+				(errmsg("pg_cai engine process %d made no progress loading the model for %ld ms, over pg_cai.engine_hang_timeout (%d ms); killing it",
+						(int) e->proc.pid, silent_ms, cai_engine_hang_timeout_ms),
+				 errdetail("A loading engine says it is alive only while its load uses CPU time or reads from storage: a model file or weights cache that cannot be read, or a device that does not answer, stalls it.")));
+		(void) kill(e->proc.pid, SIGKILL);
+		e->hung = true;
+		engine_exited(e);
+		return;
+	}
 	if (silent_ms >= cai_engine_hang_timeout_ms)
 	{
 		ereport(LOG,

@@ -6,7 +6,8 @@
  * and a stuck device all silence them, and the worker kills an engine silent for longer than
  * pg_cai.engine_hang_timeout.  The price is that one step is one unit: the timeout must exceed
  * the longest step.  Each heartbeat carries the longest step so far, which the worker compares
- * with the timeout.
+ * with the timeout.  Before the loop, while the model loads, load_watch.c's thread sends them
+ * as long as the load makes progress.
  */
 #include <errno.h>
 #include <poll.h>
@@ -17,6 +18,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "load_watch.h"
 #include "request_decode.h"
 #include "serve.h"
 #include "util.h"
@@ -957,10 +959,18 @@ start_engine(server *s, const cai_serve_config *config)
 	char		reason[CAI_ERROR_MESSAGE_SIZE + 256];
 	double		start = cai_now_seconds();
 	cai_error	err;
+	cai_load_watch *watch = cai_load_watch_start(s->fd);
+	cai_status	loaded;
 
-	if (cai_model_load(config->model_path, &config->model, &s->model, &err) != CAI_OK)
-	{
+	loaded = cai_model_load(config->model_path, &config->model, &s->model, &err);
+	if (loaded != CAI_OK)
 		s->model = NULL;
+	else if ((loaded = cai_engine_create(s->model, &config->engine, &s->engine, &err)) != CAI_OK)
+		s->engine = NULL;
+	/* the step loop's heartbeats take over, and the socket is this thread's again */
+	cai_load_watch_stop(watch);
+	if (s->model == NULL)
+	{
 		snprintf(reason, sizeof(reason), "could not load model \"%s\": %s", config->model_path,
 				 err.message);
 		send_failed(s, reason,
@@ -968,9 +978,8 @@ start_engine(server *s, const cai_serve_config *config)
 		return false;
 	}
 	cai_model_get_info(s->model, &s->info);
-	if (cai_engine_create(s->model, &config->engine, &s->engine, &err) != CAI_OK)
+	if (loaded != CAI_OK)
 	{
-		s->engine = NULL;
 		snprintf(reason, sizeof(reason), "could not start the engine for model \"%s\": %s",
 				 config->model_path, err.message);
 		send_failed(s, reason,

@@ -14,6 +14,9 @@ a mapping planted anyway (by a superuser with the event triggers off, like one l
 0.2) makes the affected role's routed calls fail with 42501 before PL/Proxy connects.  Once on
 the cluster above, whose nodes trust the router, and once on a second one whose nodes ask for
 SCRAM passwords that the router finds in its password file (the README's .pgpass setup).
+
+A node that refuses a caller's login (a role missing there, or without a password line on the
+router) is SQLSTATE 28000 saying so, with the node's message, not 08006 "unreachable".
 """
 import os
 import queue
@@ -421,6 +424,22 @@ try:
 
     # ---- bob tries to become alice, or postgres, on the nodes (they trust the router)
     try_impersonation("trust", router, "alice", "bob", ids[0])
+
+    # ---- a role the router has and the nodes do not: the node refuses its login, and says so
+    admin = router("postgres")
+    admin.exec("CREATE ROLE cai_router_only LOGIN IN ROLE cai_user")
+    admin.close()
+    lonely = router("cai_router_only")
+    try:
+        lonely.value("SELECT cai_new_conversation()")
+        refused = (None, "it ran")
+    except PqError as e:
+        refused = (e.sqlstate, str(e))
+    lonely.close()
+    c.check("a role missing on the nodes: SQLSTATE 28000, the node refused the login, its message "
+            "as the detail (not 08006 unreachable)",
+            refused[0] == "28000" and 'refused the login of role "cai_router_only"' in refused[1]
+            and 'role "cai_router_only" does not exist' in refused[1], refused)
 finally:
     subprocess.run([script, "stop"], env=env, capture_output=True)
     if single:
@@ -453,12 +472,16 @@ try:
     rc_conn = pg_router("rc")
     try:
         rc_conn.value("SELECT cai_new_conversation()")
-        why = "it connected"
+        why, state = "it connected", None
     except PqError as e:
-        why = str(e)
+        why, state = str(e), e.sqlstate
     rc_conn.close()
     c.check("the nodes ask the router for passwords (a role without a line is refused)",
             "password" in why, why[:300])
+    c.check("a role without a password line: SQLSTATE 28000, the node refused its login, the "
+            "node's message as the detail",
+            state == "28000" and 'refused the login of role "rc"' in why
+            and "no password supplied" in why, (state, why[:400]))
     ra = pg_router("ra")
     victim_id = ra.value("SELECT cai_new_conversation('You are terse.')")
     ra.value("SELECT cai_chat(%s, 'My secret is 42.', '{\"max_tokens\": 4}')" % victim_id)

@@ -3,8 +3,13 @@ the next engine maps its weights from the cache file under the data directory (t
 "weights: mapped from cache", the process maps the file) and answers exactly as before, for the
 int8 path and for pg_cai.weights = file.  A corrupt cache file is refused with the reason and
 rebuilt; the directory keeps one file for the model; an empty setting converts and writes
-nothing; the setting names a path, so only a superuser may see or change it."""
+nothing; the setting names a path, so only a superuser may see or change it.  The files: a link
+planted at the cache file's name is refused and replaced (its target untouched), a FIFO there
+does not hang the load, a cache directory that others can write or another user owns is not
+used (the log says why, the engine serves without it), and `cai run` writes its file
+exclusively, never through a link at the final or the temporary name."""
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -121,6 +126,61 @@ c.check("an empty pg_cai.weights_cache converts and writes nothing",
         weights_lines(log) == [] and cache_files() == files, repr(weights_lines(log)))
 reload_with("pg_cai.weights_cache", None)
 
+# files the server finds in its cache directory are never followed or blocked on (see README
+# "Files"): a link at the file's name is refused and replaced, its target untouched; a FIFO there
+# does not hang the load
+DATA = os.environ["PG_CAI_TEST_DATA"]
+victim = os.path.join(DATA, "pg_cai_test_victim")
+with open(victim, "w") as f:
+    f.write("the server's own file\n")
+if os.geteuid() == 0:
+    shutil.chown(victim, "postgres", "postgres")
+path = os.path.join(CACHE, cache_files()[0]) if cache_files() else path
+before = value(ASK)
+if os.path.lexists(path):
+    os.unlink(path)
+os.symlink(victim, path)
+log = kill_engine()
+c.check("a link at the cache file's name is refused, saying so, and replaced by the file",
+        "refused, rebuilt" in log and "symbolic link" in log and "cached to %s" % path in log
+        and os.path.isfile(path) and not os.path.islink(path), repr(weights_lines(log)))
+c.check("the link's target is untouched", open(victim).read() == "the server's own file\n")
+os.unlink(path)
+os.mkfifo(path, 0o600)
+if os.geteuid() == 0:
+    shutil.chown(path, "postgres", "postgres")
+log = kill_engine()
+c.check("a FIFO at the cache file's name does not hang the load: refused, saying so, replaced",
+        "refused, rebuilt" in log and "not a regular file" in log and "cached to %s" % path in log
+        and os.path.isfile(path), repr(weights_lines(log)))
+c.check("the engine with a FIFO in its cache serves as before", value(ASK) == before)
+
+
+def unsafe_dir(mode, owner):
+    """A cache directory of that mode and owner, holding a copy of the valid cache file."""
+    d = tempfile.mkdtemp(prefix="pg_cai_unsafe_cache.")
+    shutil.copy(path, os.path.join(d, os.path.basename(path)))
+    if os.geteuid() == 0:
+        for p in (d, os.path.join(d, os.path.basename(path))):
+            shutil.chown(p, owner, owner)
+    os.chmod(d, mode)
+    return d
+
+
+for mode, owner, why in ((0o770, "postgres", "writable by group or others"),
+                         (0o700, "root", "is owned by user id 0")):
+    if owner == "root" and os.geteuid() != 0:
+        continue
+    d = unsafe_dir(mode, owner)
+    log = reload_with("pg_cai.weights_cache", d)
+    c.check("a cache directory %s is refused: the log says why, nothing is mapped or written" % why,
+            "not cached to" in log and why in log and "mapped from cache" not in log
+            and os.listdir(d) == [os.path.basename(path)], repr(weights_lines(log)))
+    c.check("the engine without its unsafe cache serves as before (%s)" % why, value(ASK) == before)
+    shutil.rmtree(d, ignore_errors=True)
+reload_with("pg_cai.weights_cache", None)
+os.unlink(victim)
+
 # a path the server writes: hidden from and closed to ordinary roles
 value("DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'cai_wc_user') THEN "
       "CREATE ROLE cai_wc_user LOGIN; END IF; END $$", db="postgres")
@@ -147,4 +207,26 @@ with tempfile.TemporaryDirectory() as tmp:
             "mapped from cache %s/" % cache in runs[2].stderr, runs[1].stderr[-300:] + runs[2].stderr[-300:])
     c.check("cai run --weights-cache: the same reply each time",
             all(r.returncode == 0 and r.stdout == runs[0].stdout for r in runs), repr(runs[2].stdout))
+
+    # links planted at the final name and at the temporary name a writer with this pid would
+    # have used before (NAME.PID.tmp): the file is written exclusively, under a name of its own
+    name = sorted(os.listdir(cache))[0]
+    cache2 = os.path.join(tmp, "wc2")
+    os.mkdir(cache2, 0o700)
+    target = os.path.join(tmp, "precious")
+    with open(target, "w") as f:
+        f.write("precious\n")
+    os.symlink(target, os.path.join(cache2, name))
+
+    def plant():
+        os.symlink(target, os.path.join(cache2, "%s.%d.tmp" % (name, os.getpid())))
+
+    r = subprocess.run(cmd + ["--weights-cache", cache2], capture_output=True, text=True,
+                       timeout=300, preexec_fn=plant)
+    final = os.path.join(cache2, name)
+    c.check("cai run: links at the cache file's names leave their target untouched",
+            open(target).read() == "precious\n", open(target, "rb").read()[:64])
+    c.check("cai run: the cache file replaces the link at its name and is written",
+            r.returncode == 0 and "cached to %s" % final in r.stderr and os.path.isfile(final)
+            and not os.path.islink(final), r.stderr[-400:])
 c.done()

@@ -12,6 +12,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "test.h"
@@ -339,6 +340,8 @@ TEST(gguf_open_file_and_errors)
 	gguf_file  *f = (gguf_file *) 1;
 	cai_error	err;
 	FILE	   *fp;
+	pid_t		child;
+	int			status = 0;
 
 	snprintf(path, sizeof(path), "/tmp/cai_test_gguf_%d.gguf", (int) getpid());
 	CHECK(w && gguf_writer_write_file(w, path));
@@ -372,6 +375,23 @@ TEST(gguf_open_file_and_errors)
 	CHECK(f == NULL && strstr(err.message, path) != NULL);
 	CHECK_EQ_INT(gguf_open("/tmp", &f, &err), CAI_ERR_IO);
 	CHECK_EQ_INT(gguf_open(NULL, &f, &err), CAI_ERR_INVALID_ARGUMENT);
+
+	/*
+	 * a FIFO named as the model is refused at once, not waited on for a writer (in a child with
+	 * an alarm, so that a regression fails instead of hanging the suite)
+	 */
+	CHECK(mkfifo(path, 0600) == 0);
+	child = fork();
+	if (child == 0)
+	{
+		alarm(10);
+		_exit(gguf_open(path, &f, &err) == CAI_ERR_IO &&
+			  strstr(err.message, "not a regular file") != NULL ? 0 : 1);
+	}
+	CHECK(child > 0 && waitpid(child, &status, 0) == child);
+	CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "a FIFO as the model: status %d",
+			  status);
+	unlink(path);
 	CHECK_EQ_INT(gguf_open_memory(NULL, 10, &f, &err), CAI_ERR_INVALID_ARGUMENT);
 	CHECK_EQ_INT(gguf_open_memory("", 0, &f, &err), CAI_ERR_FORMAT);
 }

@@ -1,7 +1,8 @@
 /*
  * test_weight_cache.c — prepared weights kept in a cache file (weight_cache.h): the container
  * refuses what it did not write whole, a model mapped from it computes the bits of a fresh
- * conversion on both weight paths, and a bad file is refused and rebuilt.
+ * conversion on both weight paths, a bad file is refused and rebuilt, and nothing in the cache
+ * directory is followed, truncated or blocked on.
  */
 #include "test.h"
 
@@ -10,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "model.h"
@@ -171,6 +173,86 @@ TEST(weight_cache_container)
 	CHECK(cai_wcache_map_open(path, 42, &map, &err) == CAI_ERR_FORMAT);
 	CHECK(cai_wcache_map_open("/nonexistent/x.caiw", 42, &map, &err) == CAI_ERR_NOT_FOUND);
 	remove_dir(dir);
+}
+
+/* Whether path holds exactly text. */
+static bool
+file_is(const char *path, const char *text)
+{
+	char		buf[64] = {0};
+	FILE	   *f = fopen(path, "rb");
+	size_t		n = f ? fread(buf, 1, sizeof(buf) - 1, f) : 0;
+
+	if (f)
+		fclose(f);
+	return n == strlen(text) && memcmp(buf, text, n) == 0;
+}
+
+/*
+ * The files the cache finds in its directory are never followed, truncated or blocked on: a
+ * link at the file's name is refused and replaced (its target untouched), a link at the
+ * temporary name a writer with this pid once used is passed over, a FIFO is refused at once
+ * (in a child with an alarm, so that a regression fails instead of hanging the suite), and a
+ * directory others can write is refused.
+ */
+TEST(weight_cache_files_never_followed)
+{
+	char		dir[256],
+				path[400],
+				victim[400],
+				old_tmp[500];
+	cai_wcache_map map;
+	cai_error	err;
+	struct stat st;
+	pid_t		child;
+	int			status = 0;
+	FILE	   *f;
+
+	make_dir(dir, sizeof(dir), "links");
+	snprintf(path, sizeof(path), "%s/sample.caiw", dir);
+	snprintf(victim, sizeof(victim), "/tmp/cai_test_wcache_%d_victim", (int) getpid());
+	f = fopen(victim, "wb");
+	CHECK(f != NULL);
+	if (f)
+	{
+		fputs("precious", f);
+		fclose(f);
+	}
+
+	CHECK(symlink(victim, path) == 0);
+	CHECK(cai_wcache_map_open(path, 42, &map, &err) == CAI_ERR_IO);
+	CHECK_MSG(strstr(err.message, "symbolic link") != NULL, "%s", err.message);
+	snprintf(old_tmp, sizeof(old_tmp), "%s.%d.tmp", path, (int) getpid());
+	CHECK(symlink(victim, old_tmp) == 0);
+	CHECK(write_sample(path, 42));
+	CHECK(file_is(victim, "precious"));
+	CHECK(lstat(path, &st) == 0 && S_ISREG(st.st_mode));
+	CHECK(cai_wcache_map_open(path, 42, &map, &err) == CAI_OK);
+	cai_wcache_map_close(&map);
+	unlink(old_tmp);
+
+	unlink(path);
+	CHECK(mkfifo(path, 0600) == 0);
+	child = fork();
+	if (child == 0)
+	{
+		alarm(10);
+		_exit(cai_wcache_map_open(path, 42, &map, &err) == CAI_ERR_IO &&
+			  strstr(err.message, "not a regular file") != NULL ? 0 : 1);
+	}
+	CHECK(child > 0 && waitpid(child, &status, 0) == child);
+	CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0, "a FIFO as the cache file: status %d",
+			  status);
+	CHECK(write_sample(path, 42));
+	CHECK(lstat(path, &st) == 0 && S_ISREG(st.st_mode));
+
+	CHECK(chmod(dir, 0770) == 0);
+	CHECK(cai_wcache_make_dir(dir, &err) == CAI_ERR_IO);
+	CHECK_MSG(strstr(err.message, "writable by group or others") != NULL, "%s", err.message);
+	CHECK(chmod(dir, 0700) == 0);
+	CHECK(cai_wcache_make_dir(dir, &err) == CAI_OK);
+	remove_dir(dir);
+	unlink(victim);
 }
 
 /* Every setting that changes the prepared bytes changes the key. */
