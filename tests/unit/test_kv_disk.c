@@ -599,3 +599,44 @@ TEST(kv_disk_read_only_directory_leaves_memory_alone)
 	cai_kv_disk_close(disk);
 	remove_tree(dir);
 }
+
+/* A block hash that ignores the tokens: every prefix of one length collides. */
+static uint64_t
+colliding_hash(const int32_t *tokens, int n, uint64_t seed)
+{
+	(void) tokens;
+	return seed * 31 + (uint64_t) n;
+}
+
+TEST(kv_disk_colliding_keys_are_verified_token_by_token)
+{
+	char		dir[64];
+	tier		t;
+	int32_t		a[2 * BT + 1], b[2 * BT + 1];
+
+	make_temp_dir(dir, sizeof(dir));
+	CHECK(tier_make(&t, 8, open_disk(dir, 1 << 20)));
+	if (!t.disk)
+	{
+		CHECK(t.disk != NULL);
+		return;
+	}
+	fill_tokens(a, 2 * BT + 1, 1);
+	fill_tokens(b, 2 * BT + 1, 2);
+	cai_prefix_cache_set_hash_for_testing(t.cache, colliding_hash);
+	cache_sequence(&t, 1, 0, a, 2, 1);
+	cai_kv_disk_flush(t.disk);
+	CHECK_EQ_INT(list_files(t.disk, NULL, 0), 2);
+
+	/* b's keys are a's: the files are sound, of the same salt and chain, but not b's tokens */
+	tier_free_memory(&t);
+	CHECK(tier_make(&t, 8, t.disk));
+	cai_prefix_cache_set_hash_for_testing(t.cache, colliding_hash);
+	CHECK_EQ_INT(lookup_checked(&t, 1, b, 2, 2), 0);
+	CHECK_EQ_INT(disk_stats(t.disk).hits, 0);
+	/* and a's own prompt still finds them: a collision costs a miss, not the files */
+	CHECK_EQ_INT(lookup_checked(&t, 1, a, 2, 1), 2);
+	tier_free_memory(&t);
+	cai_kv_disk_close(t.disk);
+	remove_tree(dir);
+}
