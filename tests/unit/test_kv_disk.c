@@ -640,3 +640,35 @@ TEST(kv_disk_colliding_keys_are_verified_token_by_token)
 	cai_kv_disk_close(t.disk);
 	remove_tree(dir);
 }
+
+TEST(kv_disk_blocks_evicted_from_memory_are_written)
+{
+	char		dir[64];
+	tier		t;
+	cai_kv_disk *disk;
+	int32_t		a[2 * BT + 1], b[2 * BT + 1];
+
+	make_temp_dir(dir, sizeof(dir));
+	disk = open_disk(dir, 1 << 20);
+	CHECK(disk != NULL);
+	if (!disk)
+		return;
+	fill_tokens(a, 2 * BT + 1, 1);
+	fill_tokens(b, 2 * BT + 1, 2);
+	/* a is cached while no tier is attached (as when its write was dropped) */
+	CHECK(tier_make(&t, 2, NULL));
+	cache_sequence(&t, 1, 0, a, 2, 1);
+	cai_prefix_cache_set_disk(t.cache, disk);
+	t.disk = disk;
+	CHECK_EQ_INT(list_files(disk, NULL, 0), 0);
+	/* b takes a's place in memory: a's blocks go to disk on their way out */
+	cache_sequence(&t, 1, 0, b, 2, 2);
+	cai_kv_disk_flush(disk);
+	CHECK_EQ_INT(list_files(disk, NULL, 0), 4);
+	tier_free_memory(&t);
+	CHECK(tier_make(&t, 8, disk));
+	CHECK_EQ_INT(lookup_checked(&t, 1, a, 2, 1), 2);
+	tier_free_memory(&t);
+	cai_kv_disk_close(disk);
+	remove_tree(dir);
+}
