@@ -672,3 +672,90 @@ TEST(kv_disk_blocks_evicted_from_memory_are_written)
 	cai_kv_disk_close(disk);
 	remove_tree(dir);
 }
+
+/* Two layers, the second read through a window (kv.h): a block's window part may be dropped. */
+static bool
+windowed_tier(tier *t, cai_kv_disk **disk, const char *dir)
+{
+	cai_kv_layout layout = tiny_layout();
+	cai_error	err;
+
+	layout.n_kv_layers = 2;
+	layout.n_windowed_layers = 1;
+	layout.window = 32;
+	layout.block_bytes = 2 * layout.layer_bytes;
+	memset(t, 0, sizeof(*t));
+	if (!*disk && cai_kv_disk_open(dir, 1 << 20, FINGERPRINT, &layout, "cpu", NULL, NULL, disk,
+								   &err) != CAI_OK)
+		return false;
+	if (cai_kv_pool_create_windowed(&layout, 16, 4, &t->pool, &err) != CAI_OK ||
+		cai_prefix_cache_create(t->pool, 8 * layout.block_bytes, FINGERPRINT, &t->cache,
+								&err) != CAI_OK)
+		return false;
+	t->disk = *disk;
+	cai_prefix_cache_set_disk(t->cache, *disk);
+	return true;
+}
+
+TEST(kv_disk_windowed_blocks_keep_what_they_had)
+{
+	char		dir[64];
+	tier		t;
+	cai_kv_disk *disk = NULL;
+	int32_t		a[2 * BT + 1], blocks[2], out[2];
+	int			reserve = 1000;
+
+	make_temp_dir(dir, sizeof(dir));
+	CHECK(windowed_tier(&t, &disk, dir));
+	if (!disk)
+		return;
+	fill_tokens(a, 2 * BT + 1, 1);
+	/* block 0 dropped its window part (behind the window), block 1 kept it */
+	blocks[0] = cai_kv_block_alloc_without_window(t.pool);
+	blocks[1] = cai_kv_block_alloc(t.pool);
+	for (int i = 0; i < 2; i++)
+		for (int l = 0; l < 2; l++)
+		{
+			uint8_t    *kv = cai_kv_block_layer(t.pool, blocks[i], l);
+
+			for (size_t j = 0; kv && j < 256; j++)
+				kv[j] = kv_byte(l + 1, i, j);
+		}
+	cai_prefix_cache_insert(t.cache, 1, a, 2 * BT, blocks, 2);
+	cai_kv_block_unref(t.pool, blocks[0]);
+	cai_kv_block_unref(t.pool, blocks[1]);
+	cai_kv_disk_flush(disk);
+	tier_free_memory(&t);
+
+	CHECK(windowed_tier(&t, &disk, dir));
+	CHECK_EQ_INT(cai_prefix_cache_lookup(t.cache, 1, a, 2 * BT + 1, out, 2), 2);
+	CHECK(!cai_kv_block_has_window(t.pool, out[0]));
+	CHECK(cai_kv_block_has_window(t.pool, out[1]));
+	for (int i = 0; i < 2; i++)
+		for (int l = 0; l < 2; l++)
+		{
+			const uint8_t *kv = cai_kv_block_layer(t.pool, out[i], l);
+			bool		same = true;
+
+			if (!kv)
+				continue;
+			for (size_t j = 0; j < 256; j++)
+				same = same && kv[j] == kv_byte(l + 1, i, j);
+			CHECK_MSG(same, "block %d layer %d read back with other bytes", i, l);
+		}
+	cai_kv_block_unref(t.pool, out[0]);
+	cai_kv_block_unref(t.pool, out[1]);
+	tier_free_memory(&t);
+
+	/* window parts others have a claim on are not taken: the global part alone comes back */
+	CHECK(windowed_tier(&t, &disk, dir));
+	cai_prefix_cache_set_window_reserve(t.cache, &reserve);
+	CHECK_EQ_INT(cai_prefix_cache_lookup(t.cache, 1, a, 2 * BT + 1, out, 2), 2);
+	CHECK(!cai_kv_block_has_window(t.pool, out[1]));
+	CHECK_EQ_INT(cai_kv_pool_n_free_window_parts(t.pool), 4);
+	cai_kv_block_unref(t.pool, out[0]);
+	cai_kv_block_unref(t.pool, out[1]);
+	tier_free_memory(&t);
+	cai_kv_disk_close(disk);
+	remove_tree(dir);
+}
