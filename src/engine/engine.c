@@ -525,6 +525,8 @@ engine_open_disk_tier(cai_engine *engine, const cai_kv_layout *layout, uint64_t 
 		return;
 	}
 	cai_prefix_cache_set_disk(engine->cache, engine->disk);
+	/* running requests' window quotas come first (see "Window parts") */
+	cai_prefix_cache_set_window_reserve(engine->cache, &engine->window_quota_unused);
 }
 
 cai_status

@@ -816,7 +816,7 @@ refuse(cai_kv_disk *disk, uint64_t key, bool remove)
 
 int32_t
 cai_kv_disk_load(cai_kv_disk *disk, const cai_kv_disk_block *b, cai_kv_pool *pool,
-				 uint64_t *owner_out)
+				 bool with_window, uint64_t *owner_out)
 {
 	const cai_kv_layout *L = &disk->layout;
 	int			n_global = L->n_kv_layers - L->n_windowed_layers;
@@ -906,6 +906,8 @@ cai_kv_disk_load(cai_kv_disk *disk, const cai_kv_disk_block *b, cai_kv_pool *poo
 		return -1;
 	}
 
+	if (L->n_windowed_layers > 0 && !with_window)
+		window = false;
 	block = window || L->n_windowed_layers == 0 ? cai_kv_block_alloc(pool)
 		: cai_kv_block_alloc_without_window(pool);
 	if (block < 0 && window)

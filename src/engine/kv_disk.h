@@ -86,11 +86,13 @@ bool		cai_kv_disk_store(cai_kv_disk *disk, const cai_kv_disk_block *b, cai_kv_po
 /*
  * Reads the block of b->key back into a new block of pool (refcount 1, the caller's), after
  * verifying the file's checksum and that its names and every prefix token are b's, with the
- * file's owner in *owner_out (may be NULL).  -1 on a miss, or when the pool has no free block.
- * A file that fails its checksum or does not fit the layout is removed.
+ * file's owner in *owner_out (may be NULL).  The block gets the file's window part only when
+ * with_window allows it and the pool has one free (else its global part alone).  -1 on a miss,
+ * or when the pool has no free block.  A file that fails its checksum or does not fit the
+ * layout is removed.
  */
 int32_t		cai_kv_disk_load(cai_kv_disk *disk, const cai_kv_disk_block *b, cai_kv_pool *pool,
-							 uint64_t *owner_out);
+							 bool with_window, uint64_t *owner_out);
 
 /* Removes every block of owner (files and queued writes); returns the files removed. */
 int			cai_kv_disk_forget_owner(cai_kv_disk *disk, uint64_t owner);

@@ -158,6 +158,7 @@ struct cai_prefix_cache
 
 	block_hash_fn hash;
 	cai_kv_disk *disk;			/* the tier beneath, or NULL */
+	const int  *window_reserve; /* window parts others hold a claim on, or NULL */
 	cai_prefix_cache_stats stats;
 };
 
@@ -739,7 +740,9 @@ fetch_from_disk(cai_prefix_cache *cache, cache_node *parent, uint64_t salt, uint
 		.n_prefix = (depth + 1) * CAI_KV_BLOCK_TOKENS
 	};
 	uint64_t	owner = 0;
-	int32_t		block = cai_kv_disk_load(cache->disk, &b, cache->pool, &owner);
+	bool		with_window = !cache->window_reserve ||
+		cai_kv_pool_n_free_window_parts(cache->pool) > *cache->window_reserve;
+	int32_t		block = cai_kv_disk_load(cache->disk, &b, cache->pool, with_window, &owner);
 	cache_node *node;
 
 	if (block < 0)
@@ -1153,6 +1156,12 @@ void
 cai_prefix_cache_set_disk(cai_prefix_cache *cache, cai_kv_disk *disk)
 {
 	cache->disk = cache->capacity > 0 ? disk : NULL;
+}
+
+void
+cai_prefix_cache_set_window_reserve(cai_prefix_cache *cache, const int *reserved)
+{
+	cache->window_reserve = reserved;
 }
 
 /* Whether node or one of its ancestors belongs to owner. */

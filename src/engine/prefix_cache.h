@@ -97,6 +97,13 @@ void		cai_prefix_cache_insert_owned(cai_prefix_cache *cache, uint64_t salt, uint
 void		cai_prefix_cache_set_disk(cai_prefix_cache *cache, cai_kv_disk *disk);
 
 /*
+ * Window parts the pool must keep free for others (the engine's running requests' unused
+ * quotas, read at each use): a block read back from disk takes a window part only beyond them.
+ * NULL: none reserved.
+ */
+void		cai_prefix_cache_set_window_reserve(cai_prefix_cache *cache, const int *reserved);
+
+/*
  * Drops every node owner first cached, and every node after one (a chain never lacks its
  * start), from memory and, with a disk tier, every file of owner's.  Returns the nodes dropped.
  */
