@@ -1,14 +1,17 @@
 """The prefix cache's disk tier: a conversation's turn is cached and written to the tier (files
-0600 in a 0700 directory inside the data directory, under a name base backups skip); the engine
+0600 in a 0700 directory inside the data directory, under a name pg_basebackup skips); the engine
 process is killed with SIGKILL; the follow-up, on the new engine, reuses the prompt from disk
 (usage's cached_tokens, pg_stat_cai's disk_hits) and replies exactly as a cold, cache-less run of
 the same conversation does (greedy).  cai_forget(conversation) removes the conversation's files
 and memory blocks (the same prompt is then a miss), and cai_cache_reset() removes every file."""
 import os
+import shutil
 import signal
 import stat as st
+import subprocess
+import tempfile
 
-from pgtest import Checks, ensure_database, psql, stat, value, wait_for
+from pgtest import Checks, as_postgres, ensure_database, psql, stat, value, wait_for
 
 c = Checks()
 ensure_database()
@@ -72,6 +75,19 @@ c.check("block files are 0600 in a 0700 directory owned by the server",
         st.S_IMODE(os.stat(os.path.dirname(files[0])).st_mode) == 0o700 and
         os.stat(os.path.dirname(files[0])).st_uid == os.stat(data_dir).st_uid,
         repr([oct(os.stat(f).st_mode) for f in files[:2]]))
+
+# ---- a base backup leaves the tier out ------------------------------------------------------------
+backup_dir = tempfile.mkdtemp(prefix="pg_cai_backup.")
+os.chmod(backup_dir, 0o777)
+bindir = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True).stdout.strip()
+r = subprocess.run(as_postgres([os.path.join(bindir, "pg_basebackup"), "-D",
+                                os.path.join(backup_dir, "data"), "-X", "none", "-c", "fast"]),
+                   capture_output=True, text=True)
+c.check("pg_basebackup copies the data directory but not the tier",
+        r.returncode == 0 and os.path.isfile(os.path.join(backup_dir, "data", "PG_VERSION")) and
+        not os.path.exists(os.path.join(backup_dir, "data", os.path.basename(tier_root))),
+        r.stderr[-300:])
+shutil.rmtree(backup_dir, ignore_errors=True)
 
 # ---- kill -9: the next engine finds the blocks on disk -----------------------------------------
 engine_pid = int(stat("engine_pid"))
