@@ -81,7 +81,8 @@
  * is a memory hit from then on; the tier verifies the whole prefix's tokens, the salt and the
  * parent key, so a disk hit is as certain as a memory one.  Blocks read back are shared in
  * place like any other, which needs the KV in host memory (the engine attaches no tier when
- * a device holds it).
+ * a device holds it).  The tier allocates (a write's copy, a prefix's tokens): a failed
+ * allocation drops that write or reads nothing, so the memory cache's paths still cannot fail.
  *
  * Owners.  A node records the conversation that first cached it.  Forgetting an owner drops its
  * nodes and everything below them (walking the LRU list from the old end meets children before
