@@ -360,8 +360,10 @@ writer_main(void *arg)
 		disk->queue_bytes -= job.bytes;
 		if (disk->writes_off || index_find(disk, job.key) || job.bytes > disk->budget_bytes)
 		{
+			/* a block already on disk is no loss */
+			if (!index_find(disk, job.key))
+				disk->stats.writes_dropped++;
 			free(job.data);
-			disk->stats.writes_dropped++;
 			pthread_cond_broadcast(&disk->idle);
 			continue;
 		}
