@@ -3,7 +3,8 @@
 process is killed with SIGKILL; the follow-up, on the new engine, reuses the prompt from disk
 (usage's cached_tokens, pg_stat_cai's disk_hits) and replies exactly as a cold, cache-less run of
 the same conversation does (greedy).  cai_forget(conversation) removes the conversation's files
-and memory blocks (the same prompt is then a miss), and cai_cache_reset() removes every file."""
+and memory blocks (the same prompt is then a miss), and cai_cache_reset() removes every file.  On
+a cluster of its own, the blocks also outlive a restart of the whole server."""
 import os
 import shutil
 import signal
@@ -11,7 +12,7 @@ import stat as st
 import subprocess
 import tempfile
 
-from pgtest import Checks, as_postgres, ensure_database, psql, stat, value, wait_for
+from pgtest import Checks, Cluster, as_postgres, ensure_database, psql, stat, value, wait_for
 
 c = Checks()
 ensure_database()
@@ -135,4 +136,38 @@ wait_for(lambda: len(tier_files()) > 0, 30, 0.1)
 value("SELECT cai_cache_reset()")
 c.check("cai_cache_reset removes the files written since", tier_files() == [],
         str(len(tier_files())))
+
+# ---- a restart of the server: the next follow-up is served from disk ------------------------
+own = Cluster({"shared_preload_libraries": "'pg_cai'",
+               "pg_cai.model": "'%s'" % os.environ["PG_CAI_TEST_MODEL"],
+               "pg_cai.threads": "2", "pg_cai.context_length": "1024"})
+try:
+    own.start()
+    own.wait_log("pg_cai engine worker ready", 120)
+
+    def own_value(sql):
+        r = own.psql(sql)
+        return r.out if r.rc == 0 else None
+
+    own_value("CREATE EXTENSION pg_cai")
+    oconv = int(own_value("SELECT cai_new_conversation($s$%s$s$)" % SYSTEM))
+    own_value("SELECT cai_chat(%d, $m$%s$m$, '%s')" % (oconv, FIRST, GREEDY))
+    wait_for(lambda: int(own_value("SELECT disk_files FROM pg_stat_cai") or 0) >= 8, 60, 0.2)
+    before = int(own_value("SELECT disk_files FROM pg_stat_cai") or 0)
+    own.stop()
+    with open(own.log) as f:
+        log_size = len(f.read())
+    own.start()
+    ready = wait_for(lambda: "pg_cai engine worker ready" in open(own.log).read()[log_size:], 120, 0.2)
+    own_value("SELECT cai_chat(%d, $m$%s$m$, '%s')" % (oconv, FOLLOW, GREEDY))
+    usage = own_value("SELECT prompt_tokens || ' ' || cached_tokens FROM cai.messages WHERE "
+                      "conversation_id = %d AND role = 'assistant' ORDER BY id DESC LIMIT 1"
+                      % oconv)
+    cached = int(usage.split()[1]) if usage else 0
+    c.check("after a restart of the server the follow-up is served from disk",
+            ready is not None and before >= 8 and cached >= before * 16,
+            "%d files before the restart; usage %s" % (before, usage))
+finally:
+    own.stop()
+    own.remove()
 c.done()
