@@ -10,10 +10,14 @@
 --
 
 --
--- A request whose client closes its connection is dropped (the backend notices while it waits for
--- the engine, whatever client_connection_check_interval says) and counted: pg_stat_cai gains
--- requests_client_lost, at the end.  The view and its function are made again, with the same
--- privileges.
+-- pg_stat_cai gains columns at the end, so cai_stats() and the view are made again with the same
+-- privileges:
+-- * requests_client_lost: a request whose client closes its connection is dropped (the backend
+--   notices while it waits for the engine, whatever client_connection_check_interval says) and
+--   counted;
+-- * the prefix cache's disk tier (pg_cai.disk_cache_dir, pg_cai.disk_cache_size): blocks read
+--   back and the tokens they served, bytes read and written, writes dropped, files evicted, its
+--   files and size now, its budget.
 --
 DROP VIEW pg_stat_cai;
 DROP FUNCTION cai_stats();
@@ -60,7 +64,16 @@ CREATE FUNCTION cai_stats(
 	OUT recent_tokens_per_second float8,
 	OUT stats_reset timestamptz,
 	OUT model_id text,
-	OUT requests_client_lost bigint)
+	OUT requests_client_lost bigint,
+	OUT disk_hits bigint,
+	OUT disk_hit_tokens bigint,
+	OUT disk_bytes_read bigint,
+	OUT disk_bytes_written bigint,
+	OUT disk_writes_dropped bigint,
+	OUT disk_evictions bigint,
+	OUT disk_files bigint,
+	OUT disk_bytes bigint,
+	OUT disk_budget_bytes bigint)
 RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'pg_cai_stats'
 LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER
@@ -80,7 +93,9 @@ SELECT s.worker_pid, s.status, s.model, s.device, s.engine_pid, s.engine_starts,
 	   s.recent_tokens_per_second, s.stats_reset,
 	   CASE WHEN s.busy_seconds > 0 THEN s.generated_tokens / s.busy_seconds END AS tokens_per_second,
 	   j.jobs_pending, j.jobs_running, j.jobs_done, j.jobs_failed,
-	   s.model_id, s.requests_client_lost
+	   s.model_id, s.requests_client_lost,
+	   s.disk_hits, s.disk_hit_tokens, s.disk_bytes_read, s.disk_bytes_written,
+	   s.disk_writes_dropped, s.disk_evictions, s.disk_files, s.disk_bytes, s.disk_budget_bytes
 FROM cai_stats() s,
 	 LATERAL (SELECT count(*) FILTER (WHERE status = 'pending') AS jobs_pending,
 					 count(*) FILTER (WHERE status = 'running') AS jobs_running,
@@ -88,7 +103,7 @@ FROM cai_stats() s,
 					 count(*) FILTER (WHERE status = 'failed') AS jobs_failed
 			  FROM cai.jobs) j;
 COMMENT ON VIEW pg_stat_cai IS
-'the pg_cai engine worker, one row per served model (model_id: the name calls pick it by): status, requests, tokens, batching (avg_batch: sequences per step), throughput (tokens_per_second: generated tokens per busy second; recent_tokens_per_second: over about the last 10 s), prefix cache and KV use, and the reply jobs of the current database; requests_client_lost: of requests_abandoned, those whose client closed its connection before the reply was complete; counters count since stats_reset (cai_stat_reset()), gauges are current; queued (the intake ring) and the jobs are the worker''s and the database''s, repeated on each row';
+'the pg_cai engine worker, one row per served model (model_id: the name calls pick it by): status, requests, tokens, batching (avg_batch: sequences per step), throughput (tokens_per_second: generated tokens per busy second; recent_tokens_per_second: over about the last 10 s), prefix cache and KV use, and the reply jobs of the current database; requests_client_lost: of requests_abandoned, those whose client closed its connection before the reply was complete; the prefix cache''s disk tier (disk_*: blocks read back and the tokens they served, bytes read and written, writes dropped, files evicted, files and bytes now, budget; 0 budget: no tier); counters count since stats_reset (cai_stat_reset()), gauges are current; queued (the intake ring) and the jobs are the worker''s and the database''s, repeated on each row';
 
 REVOKE ALL ON FUNCTION cai_stats() FROM PUBLIC;
 REVOKE ALL ON pg_stat_cai FROM PUBLIC;
@@ -276,3 +291,15 @@ CREATE TRIGGER restore_trigger AFTER INSERT ON cai.triggers
 REVOKE ALL ON FUNCTION cai_record_trigger(oid) FROM PUBLIC;
 REVOKE ALL ON FUNCTION cai_track_triggers() FROM PUBLIC;
 REVOKE ALL ON FUNCTION cai_restore_trigger() FROM PUBLIC;
+
+--
+-- cai_forget(conversation_id) drops a conversation's cached KV from memory and the disk tier.
+--
+CREATE FUNCTION cai_forget(conversation_id bigint)
+RETURNS void
+AS 'MODULE_PATHNAME', 'pg_cai_forget'
+LANGUAGE C VOLATILE PARALLEL UNSAFE SECURITY INVOKER;
+COMMENT ON FUNCTION cai_forget(bigint) IS
+'drops the conversation''s cached KV (the prefix cache''s blocks its turns made, in memory and in the disk tier) from every served model''s engine; its rows stay';
+REVOKE ALL ON FUNCTION cai_forget(bigint) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION cai_forget(bigint) TO cai_user;

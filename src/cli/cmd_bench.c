@@ -21,7 +21,10 @@
  * then the same prompt with N more tokens, whose first P come from the cache; the report gives
  * that follow-up's time and the cold time of the same P + N tokens without the cache, timed
  * right after it, and the median per-round ratio cold / follow-up (what bench_cache.py's TTFT
- * on/off ratio is, without PostgreSQL).
+ * on/off ratio is, without PostgreSQL).  With --disk-cache-dir DIR as well, each round first
+ * caches the prompt in the prefix cache's disk tier there (kv_disk.h), and a second engine, whose
+ * memory cache is empty as after a restart, times the follow-up with the prompt read back from
+ * disk; the report adds that time and cold / disk.
  * With --json-schema FILE (or --json-object) every request is constrained to it, so that the
  * grammar's masks are in the figures; pick a schema whose values run past --gen-tokens (a long
  * minLength, many minItems), since a constrained request ends where its value does.
@@ -46,6 +49,7 @@ static struct
 	int			prompt_tokens;
 	cli_int_list long_prompts;
 	int			follow_up;
+	const char *disk_cache_dir;
 	int			gen_tokens;
 	int			decode_prompt_tokens;
 	int			step_tokens;
@@ -115,6 +119,14 @@ static const cli_option bench_options[] = {
 		"tokens cold (file comment)",
 		.min = 1,
 		.max = 1 << 20,
+	},
+	{
+		.name = "disk-cache-dir",
+		.kind = CLI_OPT_STRING,
+		.target = &bench_opts.disk_cache_dir,
+		.metavar = "DIR",
+		.help = "with --follow-up, also time each follow-up from the disk tier in DIR, read back "
+		"by a new engine (file comment)",
 	},
 	{
 		.name = "gen-tokens",
@@ -291,19 +303,63 @@ typedef struct follow_up_result
 	double	   *cold_seconds;	/* [round] the same tokens without the cache */
 	double	   *ratio;			/* [round] cold / follow-up */
 	int			cached_tokens;	/* what the last round's follow-up reused */
+	double	   *disk_seconds;	/* [round] --disk-cache-dir: the follow-up from disk */
+	double	   *disk_ratio;		/* [round] cold / from disk */
+	int			disk_cached_tokens;
 } follow_up_result;
 
 /* The prefix-cache namespace of --follow-up's runs (any but 0, which means no cache). */
 #define FOLLOW_UP_SALT 1
 
+/* The namespace --disk-cache-dir's runs cache under, apart from FOLLOW_UP_SALT's blocks. */
+#define FOLLOW_UP_DISK_SALT 2
+
 /*
- * One round of --follow-up for `prompt` (P tokens), the cache emptied: caches it, then times
- * the prompt extended by n_new tokens from the cache and cold.  The extension is cut from the
- * bench text at another offset, so it is not a repeat of the prompt's own opening.
+ * --disk-cache-dir: caches prompt in engine's memory and disk tier, waits for the writes, and
+ * times longer on a new engine of the same parameters (its memory empty, as after a restart),
+ * which reads the prompt's blocks back from disk.  Then empties the cache, disk included.
  */
 static int
-run_follow_up(cai_engine *engine, const cai_model *model, const cli_tokens *base,
-			  const cli_tokens *prompt, int n_new, follow_up_result *res, int round)
+run_follow_up_from_disk(cai_engine *engine, cai_model *model, const cai_engine_params *ep,
+						const cli_tokens *prompt, const cli_tokens *longer,
+						follow_up_result *res, int round)
+{
+	cai_engine *fresh = NULL;
+	cai_error	err = {0};
+	double		prime;
+	int			cached = 0;
+	int			rc;
+
+	if (run_prefill_cached(engine, prompt, FOLLOW_UP_DISK_SALT, &prime, NULL) != CLI_EXIT_OK)
+		return CLI_EXIT_ERROR;
+	cai_engine_cache_flush(engine);
+	if (cai_engine_create(model, ep, &fresh, &err) != CAI_OK)
+		return cli_report("could not create the engine", &err);
+	rc = run_prefill_cached(fresh, longer, FOLLOW_UP_DISK_SALT, &res->disk_seconds[round],
+							&cached);
+	cai_engine_free(fresh);
+	cai_engine_cache_reset(engine);
+	if (rc != CLI_EXIT_OK)
+		return rc;
+	/* the disk keeps full blocks only: the partial last one (under 16 tokens) is recomputed */
+	if (cached <= prompt->n - 16)
+		return cli_error("the follow-up read %d of the %d cached tokens back from disk (is %s "
+						 "the server's own directory?)", cached, prompt->n,
+						 bench_opts.disk_cache_dir);
+	res->disk_cached_tokens = cached;
+	return CLI_EXIT_OK;
+}
+
+/*
+ * One round of --follow-up for `prompt` (P tokens), the cache emptied: caches it, then times
+ * the prompt extended by n_new tokens from the cache and cold (and from disk first, with
+ * --disk-cache-dir).  The extension is cut from the bench text at another offset, so it is not a
+ * repeat of the prompt's own opening.
+ */
+static int
+run_follow_up(cai_engine *engine, cai_model *model, const cai_engine_params *ep,
+			  const cli_tokens *base, const cli_tokens *prompt, int n_new,
+			  follow_up_result *res, int round)
 {
 	cli_tokens	longer = {0};
 	cli_tokens	tail = {0};
@@ -318,6 +374,9 @@ run_follow_up(cai_engine *engine, const cai_model *model, const cli_tokens *base
 		cli_error("out of memory building the follow-up prompt");
 		goto done;
 	}
+	if (bench_opts.disk_cache_dir &&
+		run_follow_up_from_disk(engine, model, ep, prompt, &longer, res, round) != CLI_EXIT_OK)
+		goto done;
 	if (run_prefill_cached(engine, prompt, FOLLOW_UP_SALT, &prime, NULL) != CLI_EXIT_OK ||
 		run_prefill_cached(engine, &longer, FOLLOW_UP_SALT, &res->seconds[round],
 						   &cached) != CLI_EXIT_OK ||
@@ -330,6 +389,8 @@ run_follow_up(cai_engine *engine, const cai_model *model, const cli_tokens *base
 	}
 	res->cached_tokens = cached;
 	res->ratio[round] = res->cold_seconds[round] / res->seconds[round];
+	if (bench_opts.disk_cache_dir)
+		res->disk_ratio[round] = res->cold_seconds[round] / res->disk_seconds[round];
 	rc = CLI_EXIT_OK;
 done:
 	cli_tokens_free(&longer);
@@ -507,6 +568,7 @@ typedef struct bench_run
 	double	   *long_seconds;	/* [long prompt][round] */
 	double	   *long_ratio;
 	follow_up_result follow_ups[CLI_LIST_MAX + 1];	/* the prompt, then each long one */
+	cai_engine_params engine_params;	/* the engine's, for --disk-cache-dir's second one */
 	double	   *decode_tps;		/* [batch size] */
 	decode_result *decode_best;
 	double		samples_tps[2];	/* --samples: one sample, then N, the median rates */
@@ -534,7 +596,9 @@ bench_alloc(bench_run *run)
 		f->seconds = calloc((size_t) rounds, sizeof(double));
 		f->cold_seconds = calloc((size_t) rounds, sizeof(double));
 		f->ratio = calloc((size_t) rounds, sizeof(double));
-		if (!f->seconds || !f->cold_seconds || !f->ratio)
+		f->disk_seconds = calloc((size_t) rounds, sizeof(double));
+		f->disk_ratio = calloc((size_t) rounds, sizeof(double));
+		if (!f->seconds || !f->cold_seconds || !f->ratio || !f->disk_seconds || !f->disk_ratio)
 			return cli_error("out of memory"), false;
 	}
 	return true;
@@ -554,6 +618,8 @@ bench_free(bench_run *run)
 		free(run->follow_ups[i].seconds);
 		free(run->follow_ups[i].cold_seconds);
 		free(run->follow_ups[i].ratio);
+		free(run->follow_ups[i].disk_seconds);
+		free(run->follow_ups[i].disk_ratio);
 	}
 	free(run->samples);
 	free(run->decode_tps);
@@ -562,6 +628,14 @@ bench_free(bench_run *run)
 		cai_engine_free(run->engine);
 	if (run->model)
 		cai_model_free(run->model);
+}
+
+/* The disk tier's notes (why it is off). */
+static void
+bench_log(void *arg, const char *line)
+{
+	(void) arg;
+	fprintf(stderr, "cai bench: %s\n", line);
 }
 
 /*
@@ -595,6 +669,13 @@ bench_setup(bench_run *run, int max_batch, int longest)
 	ep.max_queue = max_batch + 8;
 	/* emptied before every follow-up round, so it only ever holds one prompt's blocks */
 	ep.host_cache_bytes = bench_opts.follow_up > 0 ? (size_t) 1 << 30 : 0;
+	if (bench_opts.follow_up > 0 && bench_opts.disk_cache_dir)
+	{
+		ep.disk_cache_dir = bench_opts.disk_cache_dir;
+		ep.disk_cache_bytes = (size_t) 4 << 30;
+		ep.log = bench_log;
+	}
+	run->engine_params = ep;
 	if (cai_engine_create(run->model, &ep, &run->engine, &err) != CAI_OK)
 		return cli_report("could not create the engine", &err), false;
 	if (!cli_tokenize_raw(run->model, bench_text, &run->base) || run->base.n < 2)
@@ -677,13 +758,17 @@ bench_follow_ups(bench_run *run, bool progress)
 			follow_up_result *f = &run->follow_ups[i];
 
 			cai_engine_cache_reset(run->engine);
-			if (run_follow_up(run->engine, run->model, &run->base, p, bench_opts.follow_up, f,
-							  r) != CLI_EXIT_OK)
+			if (run_follow_up(run->engine, run->model, &run->engine_params, &run->base, p,
+							  bench_opts.follow_up, f, r) != CLI_EXIT_OK)
 				return CLI_EXIT_ERROR;
 			if (progress)
 				fprintf(stderr, "  follow-up of %d tokens after %d cached: %.1f ms, cold %.1f ms "
 						"(%.1fx)\n", bench_opts.follow_up, f->cached_tokens,
 						1000.0 * f->seconds[r], 1000.0 * f->cold_seconds[r], f->ratio[r]);
+			if (progress && bench_opts.disk_cache_dir)
+				fprintf(stderr, "  the same from disk after a restart, %d cached: %.1f ms "
+						"(%.1fx)\n", f->disk_cached_tokens, 1000.0 * f->disk_seconds[r],
+						f->disk_ratio[r]);
 		}
 	return CLI_EXIT_OK;
 }
@@ -800,10 +885,15 @@ bench_print_json(const bench_run *run, bool progress)
 		const follow_up_result *f = &run->follow_ups[i];
 
 		printf("%s\n    {\"cached_tokens\": %d, \"new_tokens\": %d, \"seconds\": %.6f, "
-			   "\"cold_seconds\": %.6f, \"cold_over_follow_up\": %.3f}",
+			   "\"cold_seconds\": %.6f, \"cold_over_follow_up\": %.3f",
 			   i ? "," : "", f->cached_tokens, bench_opts.follow_up,
 			   median(f->seconds, rounds), median(f->cold_seconds, rounds),
 			   median(f->ratio, rounds));
+		if (bench_opts.disk_cache_dir)
+			printf(", \"disk_cached_tokens\": %d, \"disk_seconds\": %.6f, "
+				   "\"cold_over_disk\": %.3f", f->disk_cached_tokens,
+				   median(f->disk_seconds, rounds), median(f->disk_ratio, rounds));
+		printf("}");
 	}
 	printf("%s],\n", bench_opts.follow_up > 0 ? "\n  " : "");
 	printf("  \"decode\": [");

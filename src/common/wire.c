@@ -197,6 +197,7 @@ cai_wire_put_generation(cai_wbuf *w, const cai_wire_generation *g)
 	cai_put_u8(w, g->ignore_eos ? 1 : 0);
 	cai_put_u8(w, g->use_cache ? 1 : 0);
 	cai_put_u64(w, g->cache_salt);
+	cai_put_u64(w, g->cache_owner);
 	cai_put_i32(w, g->n_stop);
 	for (int i = 0; i < g->n_stop && i < CAI_MAX_STOP_STRINGS; i++)
 		cai_put_text(w, g->stop[i], strlen(g->stop[i]));
@@ -240,7 +241,8 @@ cai_wire_get_generation(cai_reader *r, cai_wire_generation *g)
 		!cai_get_i32(r, &g->top_k) || !cai_get_u64(r, &g->seed) ||
 		!cai_get_i32(r, &g->max_tokens) || !get_flag(r, &g->truncate) ||
 		!get_flag(r, &g->ignore_eos) || !get_flag(r, &g->use_cache) ||
-		!cai_get_u64(r, &g->cache_salt) || !cai_get_i32(r, &g->n_stop))
+		!cai_get_u64(r, &g->cache_salt) || !cai_get_u64(r, &g->cache_owner) ||
+		!cai_get_i32(r, &g->n_stop))
 		return false;
 	if (g->n_stop < 0 || g->n_stop > CAI_MAX_STOP_STRINGS)
 		return false;
@@ -478,7 +480,16 @@ cai_wire_get_model(cai_reader *r, cai_wire_model *m)
 	X(u64, uint64_t, kv_bytes_total) \
 	X(u64, uint64_t, kv_bytes_used) \
 	X(u64, uint64_t, kv_tokens_held) \
-	X(u64, uint64_t, gemm_fallbacks)
+	X(u64, uint64_t, gemm_fallbacks) \
+	X(u64, uint64_t, disk_hits) \
+	X(u64, uint64_t, disk_hit_tokens) \
+	X(u64, uint64_t, disk_bytes_read) \
+	X(u64, uint64_t, disk_bytes_written) \
+	X(u64, uint64_t, disk_writes_dropped) \
+	X(u64, uint64_t, disk_evictions) \
+	X(u64, uint64_t, disk_files) \
+	X(u64, uint64_t, disk_bytes) \
+	X(u64, uint64_t, disk_budget_bytes)
 
 void
 cai_wire_put_stats(cai_wbuf *w, const cai_engine_stats *s)

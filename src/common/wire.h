@@ -21,10 +21,12 @@
  *   TOKENIZE   text
  *   DETOKENIZE i32 count, count × i32 id
  *   CACHE_RESET (nothing)
+ *   CACHE_FORGET u64 owner: the conversation whose cached blocks go (memory and disk)
  *   EMBED      i32 n_texts (1 .. CAI_EMBED_MAX_TEXTS), n_texts × text (each non-empty)
  * where
  *   generation = f32 temperature, f32 top_p, i32 top_k, u64 seed, i32 max_tokens, u8 truncate,
- *                u8 ignore_eos, u8 use_cache, u64 cache_salt, i32 n_stop, n_stop × text,
+ *                u8 ignore_eos, u8 use_cache, u64 cache_salt, u64 cache_owner (the
+ *                conversation, 0 for none), i32 n_stop, n_stop × text,
  *                u8 response_format (cai_response_format), text JSON schema (empty unless
  *                CAI_RESPONSE_JSON_SCHEMA), u8 json_whitespace (cai_json_whitespace),
  *                f32 presence_penalty, f32 frequency_penalty, f32 repetition_penalty, f32 min_p,
@@ -68,7 +70,7 @@
 
 #include "cai.h"
 
-#define CAI_WIRE_VERSION 9
+#define CAI_WIRE_VERSION 10
 
 /* The longest frame body either side accepts: a request with a whole long conversation fits. */
 #define CAI_FRAME_MAX_BODY (64u * 1024 * 1024)
@@ -85,7 +87,8 @@ typedef enum cai_request_kind
 	CAI_REQUEST_TOKENIZE,		/* text -> token ids */
 	CAI_REQUEST_DETOKENIZE,		/* token ids -> text */
 	CAI_REQUEST_CACHE_RESET,	/* empty the prefix cache */
-	CAI_REQUEST_EMBED			/* texts -> one embedding each */
+	CAI_REQUEST_EMBED,			/* texts -> one embedding each */
+	CAI_REQUEST_CACHE_FORGET	/* drop one conversation's cached blocks */
 } cai_request_kind;
 
 /* The most texts one EMBED request may carry (its answer stays well inside a frame) */
@@ -208,6 +211,7 @@ typedef struct cai_wire_generation
 	bool		ignore_eos;
 	bool		use_cache;
 	uint64_t	cache_salt;
+	uint64_t	cache_owner;	/* the conversation whose blocks the cache files it under */
 	int32_t		n_stop;
 	const char *stop[CAI_MAX_STOP_STRINGS]; /* writing: NUL-terminated strings */
 	uint32_t	stop_len[CAI_MAX_STOP_STRINGS]; /* reading: stop[i] points into the payload */

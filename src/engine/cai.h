@@ -319,6 +319,11 @@ typedef struct cai_engine_params
 	size_t		host_cache_bytes;	/* budget of the inter-turn prefix cache; 0 = off */
 	bool		whole_kv;		/* keep windowed layers' KV for every position (kv.h), as if
 								 * every layer were global: for comparisons */
+	const char *disk_cache_dir; /* the prefix cache's disk tier (kv_disk.h); NULL or "" = none */
+	size_t		disk_cache_bytes;	/* its budget; 0 = none */
+	void		(*log) (void *arg, const char *line);	/* why the disk tier degraded; NULL:
+														 * not said */
+	void	   *log_arg;
 } cai_engine_params;
 
 void		cai_engine_params_default(cai_engine_params *params);
@@ -511,6 +516,7 @@ typedef struct cai_request_params
 	int			n_prompt;
 	cai_sampling_params sampling;
 	uint64_t	cache_salt;		/* prefix-cache namespace (the caller's role, say) */
+	uint64_t	cache_owner;	/* the conversation its cached blocks belong to (0: none) */
 	bool		use_cache;		/* look up and insert into the prefix cache */
 	void	   *user_data;		/* returned in every event of this request */
 	cai_grammar *grammar;		/* NULL, or the grammar the reply must follow: the engine takes
@@ -628,6 +634,16 @@ typedef struct cai_engine_stats
 	uint64_t	cache_blocks;
 	size_t		cache_bytes;
 	size_t		cache_budget_bytes;
+	/* the prefix cache's disk tier */
+	uint64_t	disk_hits;		/* blocks read back */
+	uint64_t	disk_hit_tokens;	/* cache_hit_tokens served by them */
+	uint64_t	disk_bytes_read;
+	uint64_t	disk_bytes_written;
+	uint64_t	disk_writes_dropped;
+	uint64_t	disk_evictions;
+	uint64_t	disk_files;
+	uint64_t	disk_bytes;
+	uint64_t	disk_budget_bytes;	/* 0: no tier */
 	/* working KV */
 	int			kv_blocks_total;
 	int			kv_blocks_free;
@@ -641,8 +657,20 @@ typedef struct cai_engine_stats
 
 void		cai_engine_get_stats(const cai_engine *engine, cai_engine_stats *stats);
 
-/* Empties the prefix cache (blocks pinned by running requests are dropped when they finish). */
+/*
+ * Empties the prefix cache and its disk tier (blocks pinned by running requests are dropped when
+ * they finish).
+ */
 void		cai_engine_cache_reset(cai_engine *engine);
+
+/*
+ * Forgets the cached blocks of conversation owner (cai_request_params.cache_owner), in memory and
+ * on disk, and those cached after them; returns the blocks dropped from memory.
+ */
+int			cai_engine_cache_forget(cai_engine *engine, uint64_t owner);
+
+/* Waits until the disk tier has written every queued block (tests and benchmarks). */
+void		cai_engine_cache_flush(cai_engine *engine);
 
 /*
  * Teacher-forced scoring for evaluation: logits[i] (n_vocab floats) predicts tokens[i+1], for all

@@ -63,6 +63,7 @@ typedef struct cai_request
 	request_state state;
 	cai_sampling_params sampling;	/* the stop strings live in reply */
 	uint64_t	cache_salt;
+	uint64_t	cache_owner;
 	bool		use_cache;
 	bool		embed;			/* an embedding: one prefill step, no sampling */
 	float	   *embedding;		/* its vector once computed [d_model] */
@@ -128,6 +129,7 @@ struct cai_engine
 	int			kv_window;		/* window parts are dropped behind this window; 0: never */
 	int			window_quota_unused;	/* running requests' quotas less what they hold */
 	cai_prefix_cache *cache;
+	cai_kv_disk *disk;			/* the cache's disk tier, or NULL */
 	cai_sampler_scratch *samplers;	/* one per pool thread (see engine_sample_rows) */
 	cai_token_index *token_index;	/* the vocabulary indexed for grammars, made at first use */
 	uint64_t   *masks;			/* one mask of token_index's words per pool thread */
@@ -488,6 +490,45 @@ engine_create_forward(cai_engine *engine, cai_error *err)
 								  engine->context_length, &engine->forward, err);
 }
 
+/*
+ * The prefix cache's disk tier, when the settings ask for one.  Blocks are written from and read
+ * into the KV pool's host memory, which is where the KV lives only on the CPU backend: with a
+ * device holding it the tier stays off.  A tier that cannot open leaves the cache in memory
+ * alone, saying why; it never fails the engine.
+ */
+static void
+engine_open_disk_tier(cai_engine *engine, const cai_kv_layout *layout, uint64_t fingerprint)
+{
+	const cai_engine_params *p = &engine->params;
+	cai_error	e;
+	char		line[sizeof(e.message) + 64];
+
+	if (!p->disk_cache_dir || !p->disk_cache_dir[0] || p->disk_cache_bytes == 0 ||
+		p->host_cache_bytes == 0)
+		return;
+	if (engine->use_cuda)
+	{
+		if (p->log)
+			p->log(p->log_arg, "the disk tier of the prefix cache is not used on the GPU: "
+				   "the KV lives in device memory");
+		return;
+	}
+	if (cai_kv_disk_open(p->disk_cache_dir, p->disk_cache_bytes, fingerprint, layout, "cpu",
+						 p->log, p->log_arg, &engine->disk, &e) != CAI_OK)
+	{
+		if (p->log)
+		{
+			snprintf(line, sizeof(line), "disk tier off, prefix cache in memory only: %s",
+					 e.message);
+			p->log(p->log_arg, line);
+		}
+		return;
+	}
+	cai_prefix_cache_set_disk(engine->cache, engine->disk);
+	/* running requests' window quotas come first (see "Window parts") */
+	cai_prefix_cache_set_window_reserve(engine->cache, &engine->window_quota_unused);
+}
+
 cai_status
 cai_engine_create(cai_model *model, const cai_engine_params *params_in,
 				  cai_engine **out, cai_error *err)
@@ -590,6 +631,8 @@ cai_engine_create(cai_model *model, const cai_engine_params *params_in,
 		st = cai_prefix_cache_create(engine->kv, params.host_cache_bytes, model->fingerprint,
 									 &engine->cache, err);
 	if (st == CAI_OK)
+		engine_open_disk_tier(engine, &layout, model->fingerprint);
+	if (st == CAI_OK)
 		st = engine_create_forward(engine, err);
 	if (st == CAI_OK)
 	{
@@ -650,6 +693,7 @@ cai_engine_free(cai_engine *engine)
 		request_free(req);
 	}
 	cai_prefix_cache_free(engine->cache);
+	cai_kv_disk_close(engine->disk);
 	cai_kv_pool_free(engine->kv);
 	cai_forward_ctx_free(engine->forward);
 	cai_cuda_loader_close(&engine->cuda);
@@ -882,6 +926,7 @@ request_create(cai_engine *engine, const cai_request_params *params, int sample,
 		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory queuing the request");
 	req->user_data = params->user_data;
 	req->cache_salt = params->cache_salt;
+	req->cache_owner = params->cache_owner;
 	/* an embedding's KV is of no use to a later prompt: it never enters the cache */
 	req->use_cache = params->use_cache && !params->embed;
 	req->embed = params->embed;
@@ -1122,8 +1167,8 @@ request_release_blocks(cai_engine *engine, cai_request *req, bool offer_to_cache
 		if (!engine_reuses_partial_blocks(engine))
 			n -= n % CAI_KV_BLOCK_TOKENS;
 		if (n > 0)
-			cai_prefix_cache_insert(engine->cache, req->cache_salt, req->tokens.ids, n,
-									req->block_table, req->n_blocks);
+			cai_prefix_cache_insert_owned(engine->cache, req->cache_salt, req->cache_owner,
+										  req->tokens.ids, n, req->block_table, req->n_blocks);
 	}
 	for (int i = 0; i < req->n_blocks; i++)
 		cai_kv_block_unref(engine->kv, req->block_table[i]);
@@ -1932,6 +1977,21 @@ cai_engine_get_stats(const cai_engine *engine, cai_engine_stats *stats)
 	stats->cache_blocks = cs.blocks;
 	stats->cache_bytes = cs.bytes;
 	stats->cache_budget_bytes = cs.budget_bytes;
+	stats->disk_hit_tokens = cs.disk_hit_tokens;
+	if (engine->disk)
+	{
+		cai_kv_disk_stats ds;
+
+		cai_kv_disk_get_stats(engine->disk, &ds);
+		stats->disk_hits = ds.hits;
+		stats->disk_bytes_read = ds.bytes_read;
+		stats->disk_bytes_written = ds.bytes_written;
+		stats->disk_writes_dropped = ds.writes_dropped;
+		stats->disk_evictions = ds.evictions;
+		stats->disk_files = ds.files;
+		stats->disk_bytes = ds.bytes;
+		stats->disk_budget_bytes = ds.budget_bytes;
+	}
 	stats->kv_blocks_total = cai_kv_pool_n_blocks(engine->kv);
 	stats->kv_blocks_free = cai_kv_pool_n_free(engine->kv);
 	stats->kv_bytes_total = cai_kv_pool_bytes(engine->kv);
@@ -1944,6 +2004,21 @@ void
 cai_engine_cache_reset(cai_engine *engine)
 {
 	cai_prefix_cache_reset(engine->cache);
+	if (engine->disk)
+		cai_kv_disk_reset(engine->disk);
+}
+
+int
+cai_engine_cache_forget(cai_engine *engine, uint64_t owner)
+{
+	return cai_prefix_cache_forget_owner(engine->cache, owner);
+}
+
+void
+cai_engine_cache_flush(cai_engine *engine)
+{
+	if (engine->disk)
+		cai_kv_disk_flush(engine->disk);
 }
 
 cai_status

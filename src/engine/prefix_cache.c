@@ -74,6 +74,20 @@
  * or not.  Cost: O(1) per eviction; a lookup adds one hash per full block of its prompt
  * (note_request) and takes its path off the fresh list (each node leaves it once).
  *
+ * Disk tier.  With one (kv_disk.h), every full block an insert covers is queued for writing
+ * unless the tier holds it, and so is every full block evicted (a dropped write gets a second
+ * chance).  A lookup whose chain leaves memory at block i asks the tier for block i, i+1, ...
+ * under the same keys, reads each back into a fresh pool block and files it as a node, so it
+ * is a memory hit from then on; the tier verifies the whole prefix's tokens, the salt and the
+ * parent key, so a disk hit is as certain as a memory one.  Blocks read back are shared in
+ * place like any other, which needs the KV in host memory (the engine attaches no tier when
+ * a device holds it).  The tier allocates (a write's copy, a prefix's tokens): a failed
+ * allocation drops that write or reads nothing, so the memory cache's paths still cannot fail.
+ *
+ * Owners.  A node records the conversation that first cached it.  Forgetting an owner drops its
+ * nodes and everything below them (walking the LRU list from the old end meets children before
+ * parents), and its files.
+ *
  * Not thread-safe: the engine's step loop owns the cache, like the KV pool.
  */
 #include "prefix_cache.h"
@@ -97,6 +111,7 @@ typedef struct cache_node
 {
 	uint64_t	key;			/* hash of tokens seeded with the parent's key (or the root seed) */
 	uint64_t	salt;			/* namespace; verified at the root so salts never meet */
+	uint64_t	owner;			/* the conversation that first cached it (0: none) */
 	struct cache_node *parent;	/* NULL for a prefix's first block */
 	struct cache_node *hash_next;	/* bucket chain; free-list link while unused */
 	struct cache_node *follower_next;	/* full blocks: the follower chain of their prefix's */
@@ -143,6 +158,8 @@ struct cai_prefix_cache
 	struct recent_root *recent;	/* [n_buckets]: last lookup tick by prefix key */
 
 	block_hash_fn hash;
+	cai_kv_disk *disk;			/* the tier beneath, or NULL */
+	const int  *window_reserve; /* window parts others hold a claim on, or NULL */
 	cai_prefix_cache_stats stats;
 };
 
@@ -397,6 +414,38 @@ mark_reused(cai_prefix_cache *cache, cache_node *node)
 		fresh_unlink(cache, node);
 }
 
+/*
+ * Queues a full node's block for the disk tier unless it holds it: the node's whole prefix is
+ * gathered from its path.  A failed allocation only skips the write.
+ */
+static void
+spill(cai_prefix_cache *cache, const cache_node *node)
+{
+	cai_kv_disk_block b;
+	const cache_node *p;
+	int32_t    *prefix;
+	int			depth = 0;
+
+	if (!cache->disk || node->n_tokens != CAI_KV_BLOCK_TOKENS ||
+		cai_kv_disk_contains(cache->disk, node->key))
+		return;
+	for (p = node; p; p = p->parent)
+		depth++;
+	prefix = malloc((size_t) depth * CAI_KV_BLOCK_TOKENS * sizeof(int32_t));
+	if (!prefix)
+		return;
+	b.n_prefix = depth * CAI_KV_BLOCK_TOKENS;
+	for (p = node; p; p = p->parent)
+		memcpy(prefix + (size_t) --depth * CAI_KV_BLOCK_TOKENS, p->tokens, sizeof(p->tokens));
+	b.key = node->key;
+	b.parent_key = node->parent ? node->parent->key : root_seed(cache, node->salt);
+	b.salt = node->salt;
+	b.owner = node->owner;
+	b.prefix = prefix;
+	cai_kv_disk_store(cache->disk, &b, cache->pool, node->block);
+	free(prefix);
+}
+
 /* Removes a leaf: unlinks it everywhere and drops the cache's reference on its block. */
 static void
 remove_leaf(cai_prefix_cache *cache, cache_node *node)
@@ -529,6 +578,7 @@ evict_one(cai_prefix_cache *cache, const cache_node *protect, bool force)
 			oldest = newest;
 		}
 		parent = oldest->parent;
+		spill(cache, oldest);
 		remove_leaf(cache, oldest);
 		cache->stats.evictions++;
 
@@ -541,6 +591,7 @@ evict_one(cai_prefix_cache *cache, const cache_node *protect, bool force)
 		{
 			cache_node *up = parent->parent;
 
+			spill(cache, parent);
 			remove_leaf(cache, parent);
 			cache->stats.evictions++;
 			parent = up;
@@ -674,6 +725,49 @@ best_partial(const cai_prefix_cache *cache, const cache_node *parent, uint64_t s
 	return best;
 }
 
+static cache_node *new_node(cai_prefix_cache *cache, cache_node *parent, size_t bytes);
+
+/*
+ * Reads the full block of key, which follows parent and holds tokens[16 depth .. 16 depth + 16),
+ * back from the disk tier into a new node; NULL on a miss, or when there is no room for it.
+ * seed is the key before it (the root seed at depth 0).
+ */
+static cache_node *
+fetch_from_disk(cai_prefix_cache *cache, cache_node *parent, uint64_t salt, uint64_t seed,
+				uint64_t key, const int32_t *tokens, int depth)
+{
+	cai_kv_disk_block b = {
+		.key = key, .parent_key = seed, .salt = salt, .owner = 0, .prefix = tokens,
+		.n_prefix = (depth + 1) * CAI_KV_BLOCK_TOKENS
+	};
+	uint64_t	owner = 0;
+	bool		with_window = !cache->window_reserve ||
+		cai_kv_pool_n_free_window_parts(cache->pool) > *cache->window_reserve;
+	int32_t		block = cai_kv_disk_load(cache->disk, &b, cache->pool, with_window, &owner);
+	cache_node *node;
+
+	if (block < 0)
+		return NULL;
+	node = new_node(cache, parent, block_cost(cache, block));
+	if (!node)
+	{
+		cai_kv_block_unref(cache->pool, block);
+		return NULL;
+	}
+	/* the allocation's reference is the cache's */
+	node->key = key;
+	node->salt = salt;
+	node->owner = owner;
+	node->block = block;
+	node->n_tokens = CAI_KV_BLOCK_TOKENS;
+	memcpy(node->tokens, tokens + (size_t) depth * CAI_KV_BLOCK_TOKENS, sizeof(node->tokens));
+	hash_insert(cache, node);
+	follower_insert(cache, node, partial_key(cache, seed));
+	cache->stats.inserted_blocks++;
+	cache->stats.disk_hit_tokens += CAI_KV_BLOCK_TOKENS;
+	return node;
+}
+
 int
 cai_prefix_cache_lookup_tokens(cai_prefix_cache *cache, uint64_t salt, const int32_t *tokens,
 							   int n, int max_tokens, int32_t *blocks_out, int max_blocks,
@@ -714,6 +808,8 @@ cai_prefix_cache_lookup_tokens(cai_prefix_cache *cache, uint64_t salt, const int
 		uint64_t	key = cache->hash(block_tokens, CAI_KV_BLOCK_TOKENS, seed);
 		cache_node *node = hash_find(cache, key);
 
+		if (!node && cache->disk)
+			node = fetch_from_disk(cache, parent, salt, seed, key, tokens, matched);
 		if (!node)
 			break;
 		if (!node_matches(node, parent, salt, block_tokens))
@@ -852,8 +948,8 @@ block_held(const cai_prefix_cache *cache, int32_t block)
  * NULL when none could be made (over budget with everything else pinned).
  */
 static cache_node *
-insert_tail(cai_prefix_cache *cache, cache_node *parent, uint64_t salt, uint64_t seed,
-			const int32_t *tokens, int n, int32_t block)
+insert_tail(cai_prefix_cache *cache, cache_node *parent, uint64_t salt, uint64_t owner,
+			uint64_t seed, const int32_t *tokens, int n, int32_t block)
 {
 	uint64_t	key = partial_key(cache, seed);
 	cache_node *node;
@@ -879,6 +975,7 @@ insert_tail(cai_prefix_cache *cache, cache_node *parent, uint64_t salt, uint64_t
 		return NULL;
 	node->key = key;
 	node->salt = salt;
+	node->owner = owner;
 	node->block = block;
 	node->n_tokens = n;
 	memset(node->tokens, 0, sizeof(node->tokens));
@@ -893,6 +990,14 @@ insert_tail(cai_prefix_cache *cache, cache_node *parent, uint64_t salt, uint64_t
 void
 cai_prefix_cache_insert(cai_prefix_cache *cache, uint64_t salt, const int32_t *tokens,
 						int n_tokens, const int32_t *blocks, int n_blocks)
+{
+	cai_prefix_cache_insert_owned(cache, salt, 0, tokens, n_tokens, blocks, n_blocks);
+}
+
+void
+cai_prefix_cache_insert_owned(cai_prefix_cache *cache, uint64_t salt, uint64_t owner,
+							  const int32_t *tokens, int n_tokens, const int32_t *blocks,
+							  int n_blocks)
 {
 	cache_node *parent = NULL;
 	cache_node *last = NULL;
@@ -956,6 +1061,7 @@ cai_prefix_cache_insert(cai_prefix_cache *cache, uint64_t salt, const int32_t *t
 				break;			/* over budget and everything else pinned */
 			node->key = key;
 			node->salt = salt;
+			node->owner = owner;
 			node->block = blocks[i];
 			node->n_tokens = CAI_KV_BLOCK_TOKENS;
 			memcpy(node->tokens, block_tokens, sizeof(node->tokens));
@@ -967,6 +1073,16 @@ cai_prefix_cache_insert(cai_prefix_cache *cache, uint64_t salt, const int32_t *t
 			drop_covered_tails(cache, parent, salt, seed, block_tokens, CAI_KV_BLOCK_TOKENS,
 							   NULL);
 		}
+		/* the finished turn's blocks go to disk too, off this thread, unless already there */
+		if (cache->disk)
+		{
+			cai_kv_disk_block b = {
+				.key = key, .parent_key = seed, .salt = salt, .owner = node->owner,
+				.prefix = tokens, .n_prefix = (i + 1) * CAI_KV_BLOCK_TOKENS
+			};
+
+			cai_kv_disk_store(cache->disk, &b, cache->pool, node->block);
+		}
 		parent = node;
 		last = node;
 		seed = key;
@@ -975,7 +1091,7 @@ cai_prefix_cache_insert(cai_prefix_cache *cache, uint64_t salt, const int32_t *t
 	/* the tail, only after an unbroken chain: a node never lacks its parent */
 	if (i == n_full && n_rest > 0)
 	{
-		cache_node *tail = insert_tail(cache, parent, salt, seed,
+		cache_node *tail = insert_tail(cache, parent, salt, owner, seed,
 									   tokens + (size_t) n_full * CAI_KV_BLOCK_TOKENS, n_rest,
 									   blocks[n_full]);
 
@@ -1035,6 +1151,54 @@ cai_prefix_cache_reclaim(cai_prefix_cache *cache, int n_blocks_wanted)
 			break;
 	}
 	return cai_kv_pool_n_free(cache->pool) - free_before;
+}
+
+void
+cai_prefix_cache_set_disk(cai_prefix_cache *cache, cai_kv_disk *disk)
+{
+	cache->disk = cache->capacity > 0 ? disk : NULL;
+}
+
+void
+cai_prefix_cache_set_window_reserve(cai_prefix_cache *cache, const int *reserved)
+{
+	cache->window_reserve = reserved;
+}
+
+/* Whether node or one of its ancestors belongs to owner. */
+static bool
+path_owned_by(const cache_node *node, uint64_t owner)
+{
+	for (; node; node = node->parent)
+		if (node->owner == owner)
+			return true;
+	return false;
+}
+
+int
+cai_prefix_cache_forget_owner(cai_prefix_cache *cache, uint64_t owner)
+{
+	cache_node *node;
+	int			dropped = 0;
+
+	if (cache->disk)
+		cai_kv_disk_forget_owner(cache->disk, owner);
+	if (cache->capacity == 0)
+		return 0;
+	/* descendants are older than their ancestors: from the old end, children go first */
+	node = cache->lru_oldest;
+	while (node)
+	{
+		cache_node *newer = node->lru_newer;
+
+		if (path_owned_by(node, owner) && node->n_children == 0)
+		{
+			remove_leaf(cache, node);
+			dropped++;
+		}
+		node = newer;
+	}
+	return dropped;
 }
 
 void

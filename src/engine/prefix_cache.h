@@ -20,6 +20,7 @@
 
 #include "cai.h"
 #include "kv.h"
+#include "kv_disk.h"
 
 typedef struct cai_prefix_cache cai_prefix_cache;
 
@@ -31,6 +32,7 @@ typedef struct cai_prefix_cache_stats
 	uint64_t	inserted_blocks;
 	uint64_t	evictions;
 	uint64_t	collisions;		/* key matched, tokens did not */
+	uint64_t	disk_hit_tokens;	/* of hit_tokens, those in blocks read back from the disk tier */
 	uint64_t	blocks;			/* nodes now */
 	size_t		bytes;			/* what the blocks hold (kv.h: global parts, and window parts kept) */
 	size_t		budget_bytes;
@@ -78,6 +80,34 @@ int			cai_prefix_cache_lookup_tokens(cai_prefix_cache *cache, uint64_t salt,
  */
 void		cai_prefix_cache_insert(cai_prefix_cache *cache, uint64_t salt, const int32_t *tokens,
 									int n_tokens, const int32_t *blocks, int n_blocks);
+
+/*
+ * As cai_prefix_cache_insert, with the conversation the blocks belong to (0: none): a block
+ * records the owner that first cached it, which cai_prefix_cache_forget_owner goes by.
+ */
+void		cai_prefix_cache_insert_owned(cai_prefix_cache *cache, uint64_t salt, uint64_t owner,
+										  const int32_t *tokens, int n_tokens,
+										  const int32_t *blocks, int n_blocks);
+
+/*
+ * Puts a disk tier under the cache (NULL: none; the caller keeps it and closes it after the
+ * cache).  Full blocks are then written to it when inserted or evicted, and a lookup that
+ * misses in memory reads the rest of the chain back from it, when the pool has free blocks.
+ */
+void		cai_prefix_cache_set_disk(cai_prefix_cache *cache, cai_kv_disk *disk);
+
+/*
+ * Window parts the pool must keep free for others (the engine's running requests' unused
+ * quotas, read at each use): a block read back from disk takes a window part only beyond them.
+ * NULL: none reserved.
+ */
+void		cai_prefix_cache_set_window_reserve(cai_prefix_cache *cache, const int *reserved);
+
+/*
+ * Drops every node owner first cached, and every node after one (a chain never lacks its
+ * start), from memory and, with a disk tier, every file of owner's.  Returns the nodes dropped.
+ */
+int			cai_prefix_cache_forget_owner(cai_prefix_cache *cache, uint64_t owner);
 
 /* Drops every node (and its reference). */
 void		cai_prefix_cache_reset(cai_prefix_cache *cache);

@@ -194,7 +194,7 @@ start_conversation_turn(int64 conversation_id, const char *message, Jsonb *call_
 				 errmsg("conversation " INT64_FORMAT " has nothing to reply to", conversation_id)));
 
 	CaiWireInit(&payload);
-	CaiOptionsWriteGeneration(&payload, &options, cache_salt(conversation_id));
+	CaiOptionsWriteGeneration(&payload, &options, cache_salt(conversation_id), conversation_id);
 	cai_put_i32(&payload, n_messages);
 	if (conv->system_prompt)
 		put_turn(&payload, CAI_ROLE_SYSTEM, conv->system_prompt, NULL, -1);
@@ -615,7 +615,7 @@ start_completion(FunctionCallInfo fcinfo, int optarg, const CaiSchemaArg *schema
 	prompt = to_utf8(prompt, &len);
 
 	CaiWireInit(&payload);
-	CaiOptionsWriteGeneration(&payload, &options, cache_salt(0));
+	CaiOptionsWriteGeneration(&payload, &options, cache_salt(0), 0);
 	cai_put_text(&payload, prompt, len);
 
 	return CaiGenerationStartFor(CAI_REQUEST_COMPLETE, &payload, options.model,
@@ -865,7 +865,7 @@ pg_cai_chat_completion(PG_FUNCTION_ARGS)
 				 errmsg("messages must not be empty")));
 
 	CaiWireInit(&payload);
-	CaiOptionsWriteGeneration(&payload, &options, cache_salt(0));
+	CaiOptionsWriteGeneration(&payload, &options, cache_salt(0), 0);
 	cai_put_i32(&payload, n_messages);
 	cai_put_bytes(&payload, turns.data, turns.len);
 	CaiToolWriteBlock(&payload, &tools);

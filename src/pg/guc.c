@@ -34,6 +34,8 @@ int			cai_max_batch = 16;
 int			cai_max_step_tokens = 512;
 int			cai_context_length = 0;
 int			cai_host_cache_size_mb = 256;
+char	   *cai_disk_cache_dir = NULL;
+int			cai_disk_cache_size_mb = 1024;
 int			cai_max_queue = 64;
 char	   *cai_job_databases = NULL;
 int			cai_job_workers = 2;
@@ -529,6 +531,32 @@ define_engine_process_settings(void)
 							256, 0, INT_MAX / 2,
 							PGC_SIGHUP,
 							GUC_UNIT_MB,
+							NULL, NULL, NULL);
+
+	/*
+	 * The default lies in the data directory under a name pg_basebackup and pg_rewind skip
+	 * (their rule for temporary files), so backups and replicas do not carry the KV along.
+	 */
+	DefineCustomStringVariable("pg_cai.disk_cache_dir",
+							   "Directory of the prefix cache's disk tier.",
+							   "An absolute path, or relative to the data directory; empty "
+							   "disables the tier. Cached KV blocks of past turns are kept "
+							   "there, so that they outlive the host cache's budget and an "
+							   "engine restart. The default is left out of base backups.",
+							   &cai_disk_cache_dir,
+							   "pgsql_tmp_pg_cai_kv",
+							   PGC_POSTMASTER,
+							   GUC_SUPERUSER_ONLY,
+							   NULL, NULL, NULL);
+
+	DefineCustomIntVariable("pg_cai.disk_cache_size",
+							"Disk space for the prefix cache's disk tier.",
+							"0 turns the disk tier off. With several models (pg_cai.models), "
+							"each engine gets an equal share.",
+							&cai_disk_cache_size_mb,
+							1024, 0, INT_MAX / 2,
+							PGC_SIGHUP,
+							GUC_UNIT_MB | GUC_SUPERUSER_ONLY,
 							NULL, NULL, NULL);
 }
 

@@ -71,6 +71,8 @@ extern int	cai_threads;
 extern int	cai_max_step_tokens;
 extern int	cai_context_length;
 extern int	cai_host_cache_size_mb;
+extern char *cai_disk_cache_dir;	/* pg_cai.disk_cache_dir: a directory, or empty */
+extern int	cai_disk_cache_size_mb;
 
 /* reloadable: applied to the running engine */
 extern int	cai_max_queue_wait_ms;

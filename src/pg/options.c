@@ -707,10 +707,12 @@ CaiOptionsValidate(Jsonb *json)
 /*
  * CaiOptionsWriteGeneration
  *		Writes the generation block of a CHAT or COMPLETE payload; stop strings go in UTF-8, as
- *		the engine's text is.
+ *		the engine's text is.  conversation_id (0 for none) is the owner the engine files the
+ *		request's cached blocks under, which cai_forget() goes by.
  */
 void
-CaiOptionsWriteGeneration(cai_wbuf *buf, const CaiOptions *options, uint64 cache_salt)
+CaiOptionsWriteGeneration(cai_wbuf *buf, const CaiOptions *options, uint64 cache_salt,
+						  int64 conversation_id)
 {
 	cai_wire_generation g;
 	int			i;
@@ -725,6 +727,7 @@ CaiOptionsWriteGeneration(cai_wbuf *buf, const CaiOptions *options, uint64 cache
 	g.ignore_eos = options->ignore_eos;
 	g.use_cache = true;
 	g.cache_salt = cache_salt;
+	g.cache_owner = conversation_id > 0 ? (uint64) conversation_id : 0;
 	g.n_stop = options->n_stop;
 	for (i = 0; i < options->n_stop; i++)
 		g.stop[i] = pg_server_to_any(options->stop[i], strlen(options->stop[i]), PG_UTF8);

@@ -48,6 +48,6 @@ extern void CaiOptionsSetSchema(CaiOptions *options, Jsonb *schema);
 extern void CaiOptionsSetSchemaText(CaiOptions *options, const char *schema);
 extern void CaiOptionsCheck(const CaiOptions *options);
 extern void CaiOptionsWriteGeneration(cai_wbuf *buf, const CaiOptions *options,
-									  uint64 cache_salt);
+									  uint64 cache_salt, int64 conversation_id);
 
 #endif							/* PG_CAI_OPTIONS_H */

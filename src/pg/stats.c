@@ -1,6 +1,6 @@
 /*
  * stats.c — what SQL can see of the engine: cai_model_info(), the pg_stat_cai view's function
- * cai_stats(), cai_stat_reset() and cai_cache_reset().
+ * cai_stats(), cai_stat_reset(), cai_cache_reset() and cai_forget().
  *
  * The worker publishes a summary of its model and its statistics in shared memory, so reading
  * them costs no round trip and works while the worker is busy.
@@ -15,6 +15,7 @@
 #include "utils/timestamp.h"
 
 #include "channel.h"
+#include "conversation.h"
 #include "guc.h"
 #include "pg_compat.h"
 #include "protocol.h"
@@ -23,6 +24,7 @@
 PG_FUNCTION_INFO_V1(pg_cai_model_info);
 PG_FUNCTION_INFO_V1(pg_cai_stats);
 PG_FUNCTION_INFO_V1(pg_cai_cache_reset);
+PG_FUNCTION_INFO_V1(pg_cai_forget);
 PG_FUNCTION_INFO_V1(pg_cai_stat_reset);
 
 static const char *
@@ -170,6 +172,12 @@ subtract_engine_counters(cai_engine_stats *es, const cai_engine_stats *base)
 	es->cache_hit_tokens -= base->cache_hit_tokens;
 	es->cache_evictions -= base->cache_evictions;
 	es->gemm_fallbacks -= base->gemm_fallbacks;
+	es->disk_hits -= base->disk_hits;
+	es->disk_hit_tokens -= base->disk_hit_tokens;
+	es->disk_bytes_read -= base->disk_bytes_read;
+	es->disk_bytes_written -= base->disk_bytes_written;
+	es->disk_writes_dropped -= base->disk_writes_dropped;
+	es->disk_evictions -= base->disk_evictions;
 }
 
 /* One model's row of pg_stat_cai, as read under the lock */
@@ -252,15 +260,15 @@ read_stats_rows(CaiSharedState *shared, StatsRow *rows, int *worker_pid, int *qu
 /*
  * stats_tuple
  *		One row of pg_stat_cai in the shape tupdesc asks for: 0.1's, which ends at
- *		recent_tokens_per_second, or later ones with stats_reset, the model's name and (0.3)
- *		requests_client_lost.
+ *		recent_tokens_per_second, or later ones with stats_reset and the model's name (0.2),
+ *		then (0.3) requests_client_lost and the disk tier's columns.
  */
 static HeapTuple
 stats_tuple(TupleDesc tupdesc, const StatsRow *row, int pid, int queued, TimestampTz started,
 			TimestampTz updated, TimestampTz stats_reset)
 {
-	Datum		values[43];
-	bool		nulls[43];
+	Datum		values[53];
+	bool		nulls[53];
 	int			i = 0;
 	const cai_engine_stats *es = &row->es;
 	const CaiWorkerCounters *counters = &row->counters;
@@ -328,6 +336,19 @@ stats_tuple(TupleDesc tupdesc, const StatsRow *row, int pid, int queued, Timesta
 	/* 0.3's: the requests dropped because their client went away */
 	if (tupdesc->natts > i)
 		values[i++] = Int64GetDatum((int64) counters->requests_client_lost);
+	/* 0.3: the prefix cache's disk tier */
+	if (tupdesc->natts > i)
+	{
+		values[i++] = Int64GetDatum((int64) es->disk_hits);
+		values[i++] = Int64GetDatum((int64) es->disk_hit_tokens);
+		values[i++] = Int64GetDatum((int64) es->disk_bytes_read);
+		values[i++] = Int64GetDatum((int64) es->disk_bytes_written);
+		values[i++] = Int64GetDatum((int64) es->disk_writes_dropped);
+		values[i++] = Int64GetDatum((int64) es->disk_evictions);
+		values[i++] = Int64GetDatum((int64) es->disk_files);
+		values[i++] = Int64GetDatum((int64) es->disk_bytes);
+		values[i++] = Int64GetDatum((int64) es->disk_budget_bytes);
+	}
 
 	Assert(i == tupdesc->natts);
 	return heap_form_tuple(tupdesc, values, nulls);
@@ -375,13 +396,13 @@ pg_cai_stats(PG_FUNCTION_ARGS)
 }
 
 /*
- * cai_cache_reset() -> void
- *		Empties the prefix cache of every served model's engine.  Blocks pinned by running
- *		requests go when those finish.  With several models, one that is unavailable has no
- *		cache and is passed over.
+ * cache_request_all
+ *		Sends a cache request (kind, with payload's bytes) to every served model's engine and
+ *		waits for each to answer.  With several models, one that is unavailable has no cache
+ *		and is passed over.
  */
-Datum
-pg_cai_cache_reset(PG_FUNCTION_ARGS)
+static void
+cache_request_all(cai_request_kind kind, const cai_wbuf *body)
 {
 	CaiModelList list;
 
@@ -404,7 +425,9 @@ pg_cai_cache_reset(PG_FUNCTION_ARGS)
 			continue;
 
 		CaiWireInit(&payload);
-		channel = CaiChannelOpenFor(CAI_REQUEST_CACHE_RESET, &payload, list.entries[m].name);
+		if (body)
+			cai_put_bytes(&payload, body->data, body->len);
+		channel = CaiChannelOpenFor(kind, &payload, list.entries[m].name);
 		CaiChannelReceive(channel, &data, &len);
 		if (data[0] == CAI_MSG_ERROR)
 		{
@@ -416,6 +439,42 @@ pg_cai_cache_reset(PG_FUNCTION_ARGS)
 		}
 		CaiChannelClose(channel);
 	}
+}
+
+/*
+ * cai_cache_reset() -> void
+ *		Empties the prefix cache of every served model's engine, in memory and on disk.  Blocks
+ *		pinned by running requests go when those finish.
+ */
+Datum
+pg_cai_cache_reset(PG_FUNCTION_ARGS)
+{
+	cache_request_all(CAI_REQUEST_CACHE_RESET, NULL);
+	PG_RETURN_VOID();
+}
+
+/*
+ * cai_forget(conversation_id bigint) -> void
+ *		Drops the conversation's cached KV from every served model's engine, in memory and in
+ *		the disk tier: the blocks its turns cached first, and any cached after them.  The caller
+ *		must see the conversation (row-level security applies), whose row is locked like a
+ *		turn's, so that a turn in progress finishes (and caches) first.
+ */
+Datum
+pg_cai_forget(PG_FUNCTION_ARGS)
+{
+	int64		conversation_id;
+	cai_wbuf	body;
+
+	if (PG_ARGISNULL(0))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("conversation_id must not be null")));
+	conversation_id = PG_GETARG_INT64(0);
+	(void) CaiConversationLoad(conversation_id, 0);
+	CaiWireInit(&body);
+	cai_put_u64(&body, (uint64) conversation_id);
+	cache_request_all(CAI_REQUEST_CACHE_FORGET, &body);
 	PG_RETURN_VOID();
 }
 

@@ -1012,8 +1012,9 @@ engine_share(int total, int minimum, bool is_threads)
  * engine_arguments
  *		The engine's command line from the settings, and those settings as one string to tell
  *		whether a reload changed them (max_queue_wait is applied to a running engine instead).
- *		The string holds pg_cai.threads and pg_cai.host_cache_size as set, not the engine's
- *		share of them, so that adding or removing another model does not restart this one.
+ *		The string holds pg_cai.threads, pg_cai.host_cache_size and pg_cai.disk_cache_size as
+ *		set, not the engine's share of them, so that adding or removing another model does not
+ *		restart this one.
  */
 static char **
 engine_arguments(EngineSlot *e, StringInfo settings)
@@ -1043,6 +1044,14 @@ engine_arguments(EngineSlot *e, StringInfo settings)
 	args[n++] = psprintf("%d", engine_share(cai_host_cache_size_mb, 0, false));
 	args[n++] = pstrdup("--max-queue");
 	args[n++] = psprintf("%d", cai_max_queue);
+	if (cai_disk_cache_dir != NULL && cai_disk_cache_dir[0] != '\0' && cai_disk_cache_size_mb > 0)
+	{
+		args[n++] = pstrdup("--disk-cache-dir");
+		args[n++] = is_absolute_path(cai_disk_cache_dir) ? pstrdup(cai_disk_cache_dir) :
+			psprintf("%s/%s", DataDir, cai_disk_cache_dir);
+		args[n++] = pstrdup("--disk-cache-mb");
+		args[n++] = psprintf("%d", engine_share(cai_disk_cache_size_mb, 0, false));
+	}
 	if (cai_chat_template != NULL && cai_chat_template[0] != '\0')
 	{
 		args[n++] = pstrdup("--template");
@@ -1068,12 +1077,14 @@ engine_arguments(EngineSlot *e, StringInfo settings)
 			appendStringInfo(settings, " %d", cai_threads);
 		else if (i > 0 && strcmp(args[i - 1], "--cache-mb") == 0)
 			appendStringInfo(settings, " %d", cai_host_cache_size_mb);
+		else if (i > 0 && strcmp(args[i - 1], "--disk-cache-mb") == 0)
+			appendStringInfo(settings, " %d", cai_disk_cache_size_mb);
 		else
 			appendStringInfo(settings, "%s%s", i > 0 ? " " : "", args[i]);
 	}
 	args[n++] = pstrdup("--max-queue-wait-ms");
 	args[n++] = psprintf("%d", cai_max_queue_wait_ms);
-	Assert(n < 32);
+	Assert(n < 40);
 	return args;
 }
 

@@ -29,6 +29,8 @@ static struct
 	int			max_step_tokens;
 	int			ctx;
 	int			cache_mb;
+	const char *disk_cache_dir;
+	int			disk_cache_mb;
 	int			max_queue;
 	int			max_queue_wait_ms;
 	cli_numerics numerics;
@@ -106,6 +108,22 @@ static const cli_option serve_options[] = {
 		.max = 1 << 30,
 	},
 	{
+		.name = "disk-cache-dir",
+		.kind = CLI_OPT_STRING,
+		.target = &serve_opts.disk_cache_dir,
+		.metavar = "DIR",
+		.help = "directory of the prefix cache's disk tier (none by default)",
+	},
+	{
+		.name = "disk-cache-mb",
+		.kind = CLI_OPT_INT,
+		.target = &serve_opts.disk_cache_mb,
+		.metavar = "MB",
+		.help = "disk tier budget in MiB; 0 = off",
+		.min = 0,
+		.max = 1 << 30,
+	},
+	{
 		.name = "max-queue",
 		.kind = CLI_OPT_INT,
 		.target = &serve_opts.max_queue,
@@ -169,6 +187,14 @@ copy_option(const char *s)
 	return s ? strdup(s) : NULL;
 }
 
+/* The engine's own notes (the disk tier's), into the server's log with the engine's stderr. */
+static void
+log_to_stderr(void *arg, const char *line)
+{
+	(void) arg;
+	fprintf(stderr, "pg_cai engine: %s\n", line);
+}
+
 int
 cmd_serve(int argc, char **argv)
 {
@@ -179,6 +205,7 @@ cmd_serve(int argc, char **argv)
 	char	   *template_name;
 	char	   *device;
 	char	   *cuda_library;
+	char	   *disk_cache_dir;
 	char	   *positional[1];
 	int			n_positional;
 
@@ -204,12 +231,14 @@ cmd_serve(int argc, char **argv)
 	template_name = copy_option(serve_opts.template_name);
 	device = copy_option(serve_opts.device);
 	cuda_library = copy_option(serve_opts.cuda_library);
+	disk_cache_dir = copy_option(serve_opts.disk_cache_dir);
 	serve_opts.numerics.weights = copy_option(serve_opts.numerics.weights);
 	serve_opts.numerics.weights_cache = copy_option(serve_opts.numerics.weights_cache);
 	serve_opts.numerics.weight_rounding = copy_option(serve_opts.numerics.weight_rounding);
 	serve_opts.numerics.activations = copy_option(serve_opts.numerics.activations);
 	if (!model_path || (serve_opts.template_name && !template_name) ||
-		(serve_opts.device && !device) || (serve_opts.cuda_library && !cuda_library))
+		(serve_opts.device && !device) || (serve_opts.cuda_library && !cuda_library) ||
+		(serve_opts.disk_cache_dir && !disk_cache_dir))
 		return cli_error("serve: out of memory");
 	set_process_title(model_path);
 
@@ -233,8 +262,12 @@ cmd_serve(int argc, char **argv)
 	config.engine.max_queue = serve_opts.max_queue;
 	config.engine.max_queue_wait_ms = serve_opts.max_queue_wait_ms;
 	config.engine.host_cache_bytes = (size_t) serve_opts.cache_mb * 1024 * 1024;
+	config.engine.disk_cache_dir = disk_cache_dir;
+	config.engine.disk_cache_bytes = (size_t) serve_opts.disk_cache_mb * 1024 * 1024;
+	config.engine.log = log_to_stderr;
 
 	rc = cai_serve(serve_opts.fd, &config);
+	free(disk_cache_dir);
 	free(model_path);
 	free(template_name);
 	free(device);

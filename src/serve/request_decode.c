@@ -81,6 +81,7 @@ decode_sampling(const cai_wire_generation *g, cai_decoded_request *out, cai_erro
 	if ((st = cai_sampling_params_check(sp, err)) != CAI_OK)
 		return st;
 	out->params.cache_salt = g->cache_salt;
+	out->params.cache_owner = g->cache_owner;
 	out->params.use_cache = g->use_cache;
 
 	/* a JSON reply: the schema is compiled here, in the engine process, like any input */
@@ -470,6 +471,11 @@ cai_request_decode(const cai_model *model, int context_length, uint32_t kind,
 		case CAI_REQUEST_CACHE_RESET:
 			if (cai_reader_remaining(&r) != 0)
 				return cai_fail(err, CAI_ERR_INTERNAL, "malformed cache reset request");
+			break;
+
+		case CAI_REQUEST_CACHE_FORGET:
+			if (!cai_get_u64(&r, &out->owner) || cai_reader_remaining(&r) != 0)
+				return cai_fail(err, CAI_ERR_INTERNAL, "malformed cache forget request");
 			break;
 
 		default:

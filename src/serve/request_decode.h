@@ -33,6 +33,9 @@ typedef struct cai_decoded_request
 	const char *text;
 	uint32_t	text_len;
 
+	/* CACHE_FORGET: the conversation */
+	uint64_t	owner;
+
 	/* DETOKENIZE: the ids, owned */
 	int32_t    *ids;
 	int			n_ids;

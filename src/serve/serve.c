@@ -529,6 +529,12 @@ start_request(server *s, uint64_t id, const char *body, size_t len)
 			send_stats(s);
 			send_message(&s->out, id, CAI_MSG_OK, NULL, 0, NULL, 0);
 			break;
+
+		case CAI_REQUEST_CACHE_FORGET:
+			cai_engine_cache_forget(s->engine, dec.owner);
+			send_stats(s);
+			send_message(&s->out, id, CAI_MSG_OK, NULL, 0, NULL, 0);
+			break;
 	}
 	cai_decoded_request_free(&dec);
 }
