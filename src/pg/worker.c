@@ -47,7 +47,8 @@
  *
  * Each request is in one explicit state (pg_cron's habit), changed only by request_set_state:
  *
- *   WAITING    taken from the ring; its model's engine cannot take it yet (several models)
+ *   WAITING    taken from the ring; its model's engine cannot take it yet (several models),
+ *              or its role has pg_cai.max_requests_per_role requests in that engine already
  *   SENT       relayed to the engine process; nothing back yet
  *   STREAMING  the engine is sending tokens
  *   DONE       answered; waiting for the backend to read the rest of its queue
@@ -200,7 +201,7 @@ static void engine_supervise(EngineSlot *e);
 static void engine_watch(EngineSlot *e, TimestampTz now);
 static void engine_send(EngineSlot *e);
 static void worker_intake(void);
-static void worker_dispatch_waiting(void);
+static bool worker_dispatch_waiting(void);
 static void worker_check_abandoned(void);
 static bool worker_flush(WorkerRequest *req);
 static void worker_flush_all(void);
@@ -467,6 +468,10 @@ CaiWorkerMain(Datum main_arg)
 		 */
 		worker_publish_stats(false);
 		worker_flush_all();
+		/* a finished request makes room for its role's next one at once */
+		if (worker_dispatch_waiting())
+			for (int i = 0; i < CAI_MAX_MODELS; i++)
+				engine_send(&engines[i]);
 
 		if (wait_set == NULL)
 		{
@@ -779,6 +784,57 @@ engine_takes_requests(EngineSlot *e)
 }
 
 /*
+ * role_share
+ *		How many requests of one role an engine may hold (pg_cai.max_requests_per_role); 0 for
+ *		no limit.
+ */
+static int
+role_share(void)
+{
+	return cai_max_requests_per_role < 0 ? cai_max_batch : cai_max_requests_per_role;
+}
+
+/*
+ * role_requests
+ *		The requests of role that engine e holds (relayed, not finished), and, in *waiting,
+ *		those that wait in the worker for it.
+ */
+static int
+role_requests(EngineSlot *e, Oid role, int *waiting)
+{
+	dlist_iter	iter;
+	int			n = 0;
+
+	*waiting = 0;
+	dlist_foreach(iter, &worker_requests)
+	{
+		WorkerRequest *req = dlist_container(WorkerRequest, node, iter.cur);
+
+		if (req->engine != e || req->header->role != role)
+			continue;
+		if (req->state == REQUEST_SENT || req->state == REQUEST_STREAMING)
+			n++;
+		else if (req->state == REQUEST_WAITING)
+			(*waiting)++;
+	}
+	return n;
+}
+
+/*
+ * role_has_room
+ *		Whether req's role may have one more request in its engine: one role cannot take every
+ *		place of the batch and of the engine's queue, whatever it sends.
+ */
+static bool
+role_has_room(WorkerRequest *req)
+{
+	int			share = role_share();
+	int			waiting;
+
+	return share == 0 || role_requests(req->engine, req->header->role, &waiting) < share;
+}
+
+/*
  * relay_request
  *		Sends a request to its engine, or answers it with the reason its model is unavailable.
  */
@@ -919,8 +975,21 @@ worker_intake(void)
 						 psprintf("pg_cai model \"%s\" is not configured (configured: %s)",
 								  header->model, CaiModelsNames(&list)));
 		}
-		else if (engine_takes_requests(e) || e->state == CAI_WORKER_FAILED)
+		else if (e->state == CAI_WORKER_FAILED ||
+				 (engine_takes_requests(e) && role_has_room(req)))
 			relay_request(req);
+		else if (engine_takes_requests(e))
+		{
+			int			waiting;
+
+			(void) role_requests(e, header->role, &waiting);
+			if (waiting >= cai_shared->ring_capacity)
+				request_fail(req, CAI_ERR_QUEUE_FULL,
+							 psprintf("its role has %d requests running or queued in the engine (pg_cai.max_requests_per_role) and %d more waiting",
+									  role_share(), waiting));
+			else
+				request_set_state(req, REQUEST_WAITING, false);
+		}
 		else
 			request_set_state(req, REQUEST_WAITING, false);
 		(void) worker_flush(req);
@@ -929,22 +998,29 @@ worker_intake(void)
 
 /*
  * worker_dispatch_waiting
- *		Relays the requests waiting in the worker whose engine now takes them, oldest first, and
- *		answers those whose model became unavailable.
+ *		Relays the requests waiting in the worker whose engine now takes them and whose role has
+ *		room in it, oldest first, and answers those whose model became unavailable.  Returns
+ *		whether it relayed or answered any.
  */
-static void
+static bool
 worker_dispatch_waiting(void)
 {
 	dlist_iter	iter;
+	bool		any = false;
 
 	dlist_foreach(iter, &worker_requests)
 	{
 		WorkerRequest *req = dlist_container(WorkerRequest, node, iter.cur);
 
 		if (req->state == REQUEST_WAITING &&
-			(engine_takes_requests(req->engine) || req->engine->state == CAI_WORKER_FAILED))
+			(req->engine->state == CAI_WORKER_FAILED ||
+			 (engine_takes_requests(req->engine) && role_has_room(req))))
+		{
 			relay_request(req);
+			any = true;
+		}
 	}
+	return any;
 }
 
 /* ---------------------------------------------------------------------------------------------

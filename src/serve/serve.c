@@ -5,8 +5,10 @@
  * while idle, never from a thread of their own: a stopped process, a deadlocked or endless step
  * and a stuck device all silence them, and the worker kills an engine silent for longer than
  * pg_cai.engine_hang_timeout.  The price is that one step is one unit: the timeout must exceed
- * the longest step.  Each heartbeat carries the longest step so far, which the worker compares
- * with the timeout.
+ * the longest step.  Decoding one request (its template and tokens) is such a unit too, between
+ * which heartbeats go out; its size is bounded where it is made (pg_cai.max_request_bytes and
+ * max_request_messages).  Each heartbeat carries the longest unit so far, which the worker
+ * compares with the timeout.
  */
 #include <errno.h>
 #include <poll.h>
@@ -845,8 +847,22 @@ read_input(server *s, int timeout_ms)
 			s->broken = true;
 			break;
 		}
-		handle_frame(s, &h, s->in + pos + CAI_FRAME_HEADER_SIZE);
+		{
+			double		start = cai_now_seconds();
+
+			handle_frame(s, &h, s->in + pos + CAI_FRAME_HEADER_SIZE);
+			if (cai_now_seconds() - start > s->longest_step)
+				s->longest_step = cai_now_seconds() - start;
+		}
 		pos += CAI_FRAME_HEADER_SIZE + h.body_len;
+
+		/*
+		 * Decoding a request (tokenizing and templating its history) is a unit of work like a
+		 * step: many arriving at once are many units, and the worker hears between them that
+		 * the loop turns, rather than silence for all of them together.
+		 */
+		send_heartbeat_if_due(s);
+		flush_output(s);
 	}
 	memmove(s->in, s->in + pos, s->in_len - pos);
 	s->in_len -= pos;
