@@ -983,7 +983,7 @@ worker_intake(void)
 			int			waiting;
 
 			(void) role_requests(e, header->role, &waiting);
-			if (waiting >= cai_shared->ring_capacity)
+			if (waiting >= cai_max_queue)
 				request_fail(req, CAI_ERR_QUEUE_FULL,
 							 psprintf("its role has %d requests running or queued in the engine (pg_cai.max_requests_per_role) and %d more waiting",
 									  role_share(), waiting));
