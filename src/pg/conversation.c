@@ -186,7 +186,8 @@ CaiConversationLoad(int64 id, int64 up_to_message)
 	plan = CaiKeepPlan(&count_plan,
 					 "SELECT count(*) FROM cai.messages WHERE conversation_id = $1 AND id <= $2",
 					 2, turn_types);
-	ret = SPI_execute_plan(plan, values, NULL, true, 1);
+	/* not read-only: a trigger's own INSERT of the turn to answer must be seen */
+	ret = SPI_execute_plan(plan, values, NULL, false, 1);
 	if (ret != SPI_OK_SELECT || SPI_processed != 1)
 		elog(ERROR, "could not count messages: %s", SPI_result_code_string(ret));
 	n_stored = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,

@@ -42,7 +42,7 @@ int			cai_reload_grace_ms = 30000;
 int			cai_engine_hang_timeout_ms = 30000;
 int			cai_cache_isolation = CAI_ISOLATION_ROLE;
 int			cai_default_max_tokens = 256;
-int			cai_max_requests_per_role = -1;
+int			cai_max_requests_per_role = 0;
 int			cai_max_request_messages = 1000;
 int			cai_max_request_bytes = 1048576;
 
@@ -573,9 +573,9 @@ define_running_engine_settings(void)
 							"Requests of one role that an engine holds at once (running or queued in it).",
 							"A role's requests over this wait in the engine worker, behind, until one of "
 							"its own finishes; up to pg_cai.max_queue of them, then more are refused. "
-							"-1 means pg_cai.max_batch; 0 means no limit.",
+							"0 means no limit.",
 							&cai_max_requests_per_role,
-							-1, -1, 65536,
+							0, 0, 65536,
 							PGC_SIGHUP,
 							0,
 							NULL, NULL, NULL);

@@ -73,7 +73,7 @@ extern int	cai_host_cache_size_mb;
 extern int	cai_max_queue_wait_ms;
 extern int	cai_reload_grace_ms;
 extern int	cai_engine_hang_timeout_ms;
-extern int	cai_max_requests_per_role;	/* -1: cai_max_batch, 0: no limit */
+extern int	cai_max_requests_per_role;	/* 0: no limit */
 
 /* superuser-settable */
 extern int	cai_cache_isolation;

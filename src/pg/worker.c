@@ -178,6 +178,7 @@ struct EngineSlot
 	CaiWorkerCounters counters;
 	bool		counters_changed;
 	int			n_waiting;		/* its requests in REQUEST_WAITING */
+	uint64		n_refused_for_role; /* refused: their role's waiting requests filled its share */
 	TimestampTz rate_time;		/* update_recent_rate's state */
 	uint64		rate_tokens;
 	double		rate;
@@ -337,6 +338,7 @@ engine_activate(const CaiModelEntry *entry)
 	memset(&e->counters, 0, sizeof(e->counters));
 	e->stats_received = e->counters_changed = true;
 	e->n_waiting = 0;
+	e->n_refused_for_role = 0;
 	e->rate_time = 0;
 	e->rate_tokens = 0;
 	e->rate = 0.0;
@@ -678,6 +680,23 @@ request_fail(WorkerRequest *req, int32 status, const char *message)
 }
 
 /*
+ * request_refuse
+ *		Answers a request with the worker's own admission refusal (SQLSTATE 53400 in the
+ *		backend), counted as the engine counts its own: as rejected, not failed.
+ */
+static void
+request_refuse(WorkerRequest *req, const char *message)
+{
+	char		head[1 + sizeof(int32)];
+	int32		status = CAI_ERR_QUEUE_FULL;
+
+	head[0] = CAI_MSG_ERROR;
+	memcpy(head + 1, &status, sizeof(status));
+	queue_message(req, head, sizeof(head), message, strlen(message));
+	request_set_state(req, REQUEST_FAILED, true);
+}
+
+/*
  * fail_in_flight
  *		Fails every request the engine process has (it died, or is being replaced), and with
  *		waiting too, those still waiting for it; returns how many.
@@ -791,7 +810,7 @@ engine_takes_requests(EngineSlot *e)
 static int
 role_share(void)
 {
-	return cai_max_requests_per_role < 0 ? cai_max_batch : cai_max_requests_per_role;
+	return cai_max_requests_per_role;
 }
 
 /*
@@ -984,9 +1003,12 @@ worker_intake(void)
 
 			(void) role_requests(e, header->role, &waiting);
 			if (waiting >= cai_max_queue)
-				request_fail(req, CAI_ERR_QUEUE_FULL,
-							 psprintf("its role has %d requests running or queued in the engine (pg_cai.max_requests_per_role) and %d more waiting",
-									  role_share(), waiting));
+			{
+				request_refuse(req,
+							   psprintf("the queue is full for its role: %d requests running or queued in the engine (pg_cai.max_requests_per_role) and %d waiting behind them",
+										role_share(), waiting));
+				e->n_refused_for_role++;
+			}
 			else
 				request_set_state(req, REQUEST_WAITING, false);
 		}
@@ -1905,6 +1927,9 @@ worker_publish_stats(bool force)
 		if (!engines[i].active)
 			continue;
 		slot->engine_stats = engines[i].stats;
+		/* requests the worker holds for their engine wait as much as those in its queue */
+		slot->engine_stats.waiting += engines[i].n_waiting;
+		slot->engine_stats.requests_rejected += engines[i].n_refused_for_role;
 		slot->counters = engines[i].counters;
 		slot->recent_tokens_per_second = rates[i];
 	}

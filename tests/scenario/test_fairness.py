@@ -138,7 +138,8 @@ try:
                                   "AND wait_event IN ('PgCaiReply', 'Extension')").out == "3", 30)
     r = run("SELECT cai_complete('Hello', '{\"max_tokens\": 2}')", "abuser")
     c.check("a role whose waiting requests fill its share of the queue is refused with 53400",
-            r.rc != 0 and "53400" in r.err and "pg_cai.max_requests_per_role" in r.err, repr(r))
+            r.rc != 0 and "53400" in r.err and "queue is full for its role" in r.err and
+            "pg_cai.max_requests_per_role" in r.err, repr(r))
     v = run("SELECT length(cai_complete('Hello', '{\"max_tokens\": 4, \"ignore_eos\": true}')) > 0", "victim", False)
     hogs_alive = all(t.is_alive() for t, _ in hogs)
     c.check("with max_requests_per_role = 1, another role's request runs beside the abuser's and ends first",
