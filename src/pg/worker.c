@@ -1029,19 +1029,44 @@ worker_dispatch_waiting(void)
 {
 	dlist_iter	iter;
 	bool		any = false;
+	List	   *full = NIL;		/* "engine/role" pairs found without room in this pass */
 
 	dlist_foreach(iter, &worker_requests)
 	{
 		WorkerRequest *req = dlist_container(WorkerRequest, node, iter.cur);
+		bool		relay;
 
-		if (req->state == REQUEST_WAITING &&
-			(req->engine->state == CAI_WORKER_FAILED ||
-			 (engine_takes_requests(req->engine) && role_has_room(req))))
+		if (req->state != REQUEST_WAITING)
+			continue;
+		if (req->engine->state == CAI_WORKER_FAILED)
+			relay = true;
+		else if (!engine_takes_requests(req->engine))
+			relay = false;
+		else
+		{
+			/* counting a role's requests walks the list: once per full role, not per request */
+			int64		key = ((int64) (req->engine - engines) << 32) | req->header->role;
+			bool		known_full = false;
+			ListCell   *lc;
+
+			foreach(lc, full)
+				known_full |= *(int64 *) lfirst(lc) == key;
+			relay = !known_full && role_has_room(req);
+			if (!relay && !known_full)
+			{
+				int64	   *k = palloc(sizeof(int64));
+
+				*k = key;
+				full = lappend(full, k);
+			}
+		}
+		if (relay)
 		{
 			relay_request(req);
 			any = true;
 		}
 	}
+	list_free_deep(full);
 	return any;
 }
 
