@@ -7,6 +7,8 @@
   role chats: both replies come, and the engine is never restarted.  The engine is given a short
   pg_cai.engine_hang_timeout, which a request that made the engine tokenize and truncate all
   60,000 turns in one piece would overrun (the engine would be killed: engine_starts would grow).
+- A conversation's window of newest turns moves in steps, so consecutive turns share their
+  prompt's prefix in the cache.
 - Cancelling such a request frees the engine: another role's reply completes, no restart.
 - pg_cai.max_requests_per_role: with a share of one, a role's second request waits behind its
   first (both are answered), another role's request runs beside them and ends first, and a role
@@ -100,6 +102,25 @@ try:
             "engine_starts %s -> %s" % (starts, stat("engine_starts")))
     n = run("SELECT count(*) FROM cai.messages WHERE conversation_id = %s" % conv_huge, "abuser", False).out
     c.check("the abuser's turns were stored as usual", n == "60002", n)
+
+    # --- the window of a long conversation stays put between turns -------------------------
+    # 40 stored turns, 20 messages a request: each call sends the newest 10 to 18 stored turns
+    # from a start that moves 9 turns at a time, so the next turn's prompt starts as this one's
+    # did and the prefix cache serves it (a window sliding with every turn would start each
+    # prompt at another turn)
+    r = cluster.psql("""SET pg_cai.max_request_messages = 20;
+SELECT cai_new_conversation() AS conv \\gset
+INSERT INTO cai.messages (conversation_id, role, content)
+SELECT :conv, CASE WHEN g % 2 = 1 THEN 'user' ELSE 'assistant' END, 'Fact number ' || g || ' is about bees.'
+FROM generate_series(1, 40) g;
+SELECT length(cai_chat(:conv, 'And the next fact?', '{"max_tokens": 4}')) >= 0;
+SELECT length(cai_chat(:conv, 'And the one after?', '{"max_tokens": 4}')) >= 0;
+SELECT prompt_tokens || ' ' || cached_tokens FROM cai.messages
+WHERE conversation_id = :conv AND role = 'assistant' AND prompt_tokens IS NOT NULL ORDER BY id""")
+    usage = [tuple(int(x) for x in line.split()) for line in r.out.splitlines()[2:]] if r.rc == 0 else []
+    print("prompt and cached tokens of the two turns: %s" % usage)
+    c.check("a conversation past pg_cai.max_request_messages: the next turn's prompt is served from the cache",
+            len(usage) == 2 and usage[1][1] >= usage[0][0] - 16, "%r %r" % (r, usage))
 
     # --- cancel of a request on the huge conversation -------------------------------------
     starts = stat("engine_starts")
