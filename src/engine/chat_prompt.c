@@ -152,14 +152,28 @@ choose_cut(history_fit *f, int budget, int *cut_out)
 	while (from < n_checkpoints)
 	{
 		int			lo = from,
-					hi = n_checkpoints - 1,
+					hi = from,
 					length;
 
-		/* the first checkpoint from here whose prompt overflows (the last one does, at first) */
-		if ((st = kept_length(f, cut, checkpoints[hi], &length)) != CAI_OK)
-			break;
-		if (length <= budget)
-			break;
+		/*
+		 * The first checkpoint from here whose prompt overflows, found by galloping from here
+		 * and then bisecting: each probe renders from the cut to the probe, so probing close to
+		 * the cut first keeps the work near a context's worth of turns per overflow, where
+		 * bisecting the whole remaining history would render all of it every time.
+		 */
+		for (;;)
+		{
+			if ((st = kept_length(f, cut, checkpoints[hi], &length)) != CAI_OK)
+				goto done;
+			if (length > budget)
+				break;
+			if (hi == n_checkpoints - 1)
+				goto done;		/* the whole history fits from the cut */
+			lo = hi + 1;
+			hi = from + 2 * (hi - from + 1);
+			if (hi > n_checkpoints - 1)
+				hi = n_checkpoints - 1;
+		}
 		while (lo < hi)
 		{
 			int			mid = lo + (hi - lo) / 2;
@@ -201,6 +215,8 @@ cai_chat_build_prompt(const cai_model *model, const cai_chat_message *messages, 
 	.truncate = true};
 	cai_chat_message *msgs = NULL;
 	cai_chat_message *kept = NULL;
+	cai_chat_message *fit_msgs = NULL;
+	int32_t    *memo_ids = NULL;
 	int32_t   (*spans)[2] = NULL;
 	int			n_kept = 0;
 	cai_tokens	rendered;
@@ -284,11 +300,32 @@ cai_chat_build_prompt(const cai_model *model, const cai_chat_message *messages, 
 			goto done;
 		}
 		fit.candidates = malloc((size_t) n_messages * sizeof(int));
-		if (!fit.candidates)
+		fit_msgs = malloc((size_t) n_messages * sizeof(cai_chat_message));
+		memo_ids = malloc(((size_t) rendered.n + 1) * sizeof(int32_t));
+		if (!fit.candidates || !fit_msgs || !memo_ids)
 		{
+			free(fit.candidates);
 			st = cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory building the prompt");
 			goto done;
 		}
+
+		/*
+		 * choose_cut renders parts of the history again and again: each content is tokenized
+		 * once, here, and its ids from the full rendering stand in for it.  A content's ids can
+		 * differ by its neighbours (a SentencePiece space at a fresh start), so these renders
+		 * only measure; the prompt itself is rendered from the messages as given.
+		 */
+		memcpy(memo_ids, rendered.ids, (size_t) rendered.n * sizeof(int32_t));
+		for (int i = 0; i < n_messages; i++)
+		{
+			fit_msgs[i] = msgs[i];
+			if (!msgs[i].tokens && spans[i][0] >= 0 && spans[i][1] >= spans[i][0])
+			{
+				fit_msgs[i].tokens = memo_ids + spans[i][0];
+				fit_msgs[i].n_tokens = spans[i][1] - spans[i][0];
+			}
+		}
+		fit.msgs = fit_msgs;
 		st = choose_cut(&fit, params->max_prompt_tokens, &first);
 		free(fit.candidates);
 		if (st != CAI_OK ||
@@ -331,6 +368,8 @@ done:
 	if (st != CAI_OK)
 		cai_prompt_free(out);
 	cai_tokens_free(&rendered);
+	free(memo_ids);
+	free(fit_msgs);
 	free(spans);
 	free(kept);
 	free(msgs);

@@ -140,6 +140,24 @@ channel_on_detach(dsm_segment *seg, Datum arg)
 }
 
 /*
+ * CaiCheckRequestSize
+ *		Refuses a request whose payload takes more than pg_cai.max_request_bytes: the engine
+ *		decodes, tokenizes and templates a request in one piece, so its size bounds how long it
+ *		holds the engine from everyone else's requests.
+ */
+void
+CaiCheckRequestSize(Size bytes)
+{
+	if (bytes > (Size) cai_max_request_bytes)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("pg_cai request is larger than pg_cai.max_request_bytes (%d bytes)",
+						cai_max_request_bytes),
+				 errdetail("Its text and token ids take more than %zu bytes.", (size_t) bytes),
+				 errhint("Send less text (a conversation sends its newest turns, up to pg_cai.max_request_messages), or ask a superuser to raise pg_cai.max_request_bytes.")));
+}
+
+/*
  * CaiChannelOpen
  *		CaiChannelOpenFor the default model.
  */
@@ -166,6 +184,7 @@ CaiChannelOpenFor(cai_request_kind kind, const cai_wbuf *payload, const char *mo
 	char	   *base;
 	CaiRequestHeader *header;
 
+	CaiCheckRequestSize(payload->len);
 	model = CaiModelResolve(model);
 	CaiCheckModelReady(model);
 	strlcpy(last_model, model, sizeof(last_model));
@@ -187,6 +206,7 @@ CaiChannelOpenFor(cai_request_kind kind, const cai_wbuf *payload, const char *mo
 	header->magic = CAI_REQUEST_MAGIC;
 	header->kind = kind;
 	header->backend_pid = MyProcPid;
+	header->role = GetUserId();
 	strlcpy(header->model, model, sizeof(header->model));
 	header->payload_offset = payload_offset;
 	header->payload_size = payload->len;

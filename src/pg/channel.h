@@ -35,6 +35,7 @@ extern const char *CaiModelResolve(const char *requested);
 extern const char *CaiModelArgument(FunctionCallInfo fcinfo, int argno);
 extern void CaiCheckModelReady(const char *model);
 extern void CaiCheckWorkerReady(void);
+extern void CaiCheckRequestSize(Size bytes);
 extern CaiChannel *CaiChannelOpen(cai_request_kind kind, const cai_wbuf *payload);
 extern CaiChannel *CaiChannelOpenFor(cai_request_kind kind, const cai_wbuf *payload,
 									 const char *model);

@@ -836,6 +836,12 @@ pg_cai_chat_completion(PG_FUNCTION_ARGS)
 		if (tok != WJB_ELEM)
 			continue;
 		n_messages++;
+		if (n_messages > cai_max_request_messages)
+			ereport(ERROR,
+					(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+					 errmsg("messages has more than pg_cai.max_request_messages (%d) elements",
+							cai_max_request_messages),
+					 errhint("Send only the newest messages: the model sees at most a context of tokens. A superuser can raise pg_cai.max_request_messages.")));
 		if (elem.type != jbvBinary || !JsonContainerIsObject(elem.val.binary.data))
 			bad_messages("Element %d is not an object.", n_messages);
 		role = object_field(elem.val.binary.data, "role");
@@ -858,6 +864,7 @@ pg_cai_chat_completion(PG_FUNCTION_ARGS)
 			bad_messages("Element %d has no string \"content\".", n_messages);
 
 		put_turn(&turns, role_id, content, NULL, -1);
+		CaiCheckRequestSize(turns.len);
 	}
 	if (n_messages == 0)
 		ereport(ERROR,

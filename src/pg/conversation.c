@@ -17,6 +17,7 @@
 #include "utils/lsyscache.h"
 
 #include "conversation.h"
+#include "guc.h"
 #include "options.h"
 #include "protocol.h"
 #include "spi_plan.h"
@@ -28,6 +29,7 @@ bool		cai_replying_in_function = false;
 
 static SPIPlanPtr create_plan = NULL;
 static SPIPlanPtr lock_plan = NULL;
+static SPIPlanPtr count_plan = NULL;
 static SPIPlanPtr turns_plan = NULL;
 static SPIPlanPtr insert_plan = NULL;
 static SPIPlanPtr set_tokens_plan = NULL;
@@ -94,8 +96,31 @@ role_from_text(const char *role)
 }
 
 /*
+ * history_window
+ *		How many of a conversation's n_turns newest stored turns a request carries: all of them
+ *		up to max_turns, else between max_turns / 2 and max_turns.  The engine derives where it
+ *		truncates from the history it is given (chat_prompt.c), so a window sliding by one
+ *		exchange each turn would move that cut every turn and cost the prefix cache its hits;
+ *		this one starts at a multiple of max_turns / 2 turns and stays put while that many turns
+ *		are added.  The engine could never keep more than a context of tokens anyway, and older
+ *		turns cost every call their reading, sending and tokenizing.
+ */
+static int64
+history_window(int64 n_turns, int max_turns)
+{
+	int64		step = Max(max_turns / 2, 1);
+	int64		skip;
+
+	if (n_turns <= max_turns)
+		return n_turns;
+	skip = ((n_turns - max_turns + step - 1) / step) * step;
+	return n_turns - skip;
+}
+
+/*
  * CaiConversationLoad
- *		Reads a conversation and its turns (those with id <= up_to_message when that is not 0),
+ *		Reads a conversation and its turns (those with id <= up_to_message when that is not 0;
+ *		of those, only the newest pg_cai.max_request_messages allow, see history_window),
  *		locking the conversation row FOR NO KEY UPDATE so that concurrent turns of one
  *		conversation take their turn.  (Not FOR UPDATE: the trigger runs after its INSERT took
  *		FOR KEY SHARE through the foreign key, and two such inserts upgrading to FOR UPDATE would
@@ -109,8 +134,11 @@ CaiConversationLoad(int64 id, int64 up_to_message)
 	MemoryContext spi_context;
 	CaiConversation *conv;
 	Oid			lock_types[1] = {INT8OID};
-	Oid			turn_types[2] = {INT8OID, INT8OID};
-	Datum		values[2];
+	Oid			turn_types[3] = {INT8OID, INT8OID, INT8OID};
+	Datum		values[3];
+	int64		n_stored;
+	int64		n_window;
+	int			max_turns;
 	SPIPlanPtr	plan;
 	int			ret;
 	uint64		i;
@@ -151,12 +179,28 @@ CaiConversationLoad(int64 id, int64 up_to_message)
 	conv->has_model_column = !isnull && DatumGetBool(d);
 	MemoryContextSwitchTo(spi_context);
 
-	plan = CaiKeepPlan(&turns_plan,
-					 "SELECT role, content, tokens FROM cai.messages "
-					 "WHERE conversation_id = $1 AND id <= $2 ORDER BY id",
-					 2, turn_types);
+	/* the request also carries the system prompt and the new turn */
+	max_turns = Max(cai_max_request_messages - 2, 1);
 	values[0] = Int64GetDatum(id);
 	values[1] = Int64GetDatum(up_to_message > 0 ? up_to_message : PG_INT64_MAX);
+	plan = CaiKeepPlan(&count_plan,
+					 "SELECT count(*) FROM cai.messages WHERE conversation_id = $1 AND id <= $2",
+					 2, turn_types);
+	/* not read-only: a trigger's own INSERT of the turn to answer must be seen */
+	ret = SPI_execute_plan(plan, values, NULL, false, 1);
+	if (ret != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "could not count messages: %s", SPI_result_code_string(ret));
+	n_stored = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1,
+										   &isnull));
+	n_window = history_window(n_stored, max_turns);
+
+	plan = CaiKeepPlan(&turns_plan,
+					 "SELECT role, content, tokens FROM "
+					 "(SELECT id, role, content, tokens FROM cai.messages "
+					 " WHERE conversation_id = $1 AND id <= $2 ORDER BY id DESC LIMIT $3) newest "
+					 "ORDER BY id",
+					 3, turn_types);
+	values[2] = Int64GetDatum(n_window);
 	ret = SPI_execute_plan(plan, values, NULL, false, 0);
 	if (ret != SPI_OK_SELECT)
 		elog(ERROR, "could not read messages: %s", SPI_result_code_string(ret));
@@ -169,6 +213,10 @@ CaiConversationLoad(int64 id, int64 up_to_message)
 		char	   *role;
 
 		role = TextDatumGetCString(SPI_getbinval(tuple, desc, 1, &isnull));
+		/* a history cut short starts with a user turn, not a reply to what was left out */
+		if (n_window < n_stored && conv->turns == NIL &&
+			role_from_text(role) == CAI_ROLE_ASSISTANT)
+			continue;
 		MemoryContextSwitchTo(caller);
 		turn = palloc0(sizeof(CaiTurn));
 		turn->role = role_from_text(role);

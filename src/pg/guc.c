@@ -44,6 +44,9 @@ int			cai_reload_grace_ms = 30000;
 int			cai_engine_hang_timeout_ms = 30000;
 int			cai_cache_isolation = CAI_ISOLATION_ROLE;
 int			cai_default_max_tokens = 256;
+int			cai_max_requests_per_role = 0;
+int			cai_max_request_messages = 1000;
+int			cai_max_request_bytes = 1048576;
 
 static const struct config_enum_entry device_options[] = {
 	{"auto", CAI_DEVICE_AUTO, false},
@@ -599,12 +602,24 @@ define_running_engine_settings(void)
 							PGC_SIGHUP,
 							GUC_UNIT_MS,
 							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("pg_cai.max_requests_per_role",
+							"Requests of one role that an engine holds at once (running or queued in it).",
+							"A role's requests over this wait in the engine worker, behind, until one of "
+							"its own finishes; up to pg_cai.max_queue of them, then more are refused. "
+							"0 means no limit.",
+							&cai_max_requests_per_role,
+							0, 0, 65536,
+							PGC_SIGHUP,
+							0,
+							NULL, NULL, NULL);
 }
 
 /*
  * define_session_settings
  *		cache_isolation decides who may share cached prompt prefixes, a security property, so only a
- *		superuser sets it; max_tokens is an ordinary per-session default.
+ *		superuser sets it, and so are the request size limits, which protect everyone's share of
+ *		the engine; max_tokens is an ordinary per-session default.
  */
 static void
 define_session_settings(void)
@@ -619,6 +634,25 @@ define_session_settings(void)
 							 PGC_SUSET,
 							 0,
 							 NULL, NULL, NULL);
+
+	DefineCustomIntVariable("pg_cai.max_request_messages",
+							"Messages one request may carry to the engine.",
+							"cai_chat_completion refuses more; a conversation sends only its newest "
+							"stored turns, up to this many.",
+							&cai_max_request_messages,
+							1000, 1, 1000000,
+							PGC_SUSET,
+							0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("pg_cai.max_request_bytes",
+							"Bytes of text and token ids one request may carry to the engine.",
+							"A larger request is refused before it is sent.",
+							&cai_max_request_bytes,
+							1048576, 1024, INT_MAX,
+							PGC_SUSET,
+							GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("pg_cai.max_tokens",
 							"Default for the max_tokens option: completion tokens at most.",

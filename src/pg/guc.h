@@ -78,9 +78,12 @@ extern int	cai_disk_cache_size_mb;
 extern int	cai_max_queue_wait_ms;
 extern int	cai_reload_grace_ms;
 extern int	cai_engine_hang_timeout_ms;
+extern int	cai_max_requests_per_role;	/* 0: no limit */
 
 /* superuser-settable */
 extern int	cai_cache_isolation;
+extern int	cai_max_request_messages;
+extern int	cai_max_request_bytes;
 
 /* per session */
 extern int	cai_default_max_tokens;

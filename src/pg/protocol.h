@@ -32,6 +32,7 @@ typedef struct CaiRequestHeader
 	uint32		magic;
 	uint32		kind;			/* cai_request_kind */
 	int			backend_pid;	/* for the worker's log lines */
+	Oid			role;			/* whose share of the engine it takes (max_requests_per_role) */
 	char		model[CAI_MODEL_NAME_MAX + 1];	/* the model that answers it (NUL-terminated) */
 	Size		payload_offset;
 	Size		payload_size;

@@ -51,7 +51,8 @@
  *
  * Each request is in one explicit state (pg_cron's habit), changed only by request_set_state:
  *
- *   WAITING    taken from the ring; its model's engine cannot take it yet (several models)
+ *   WAITING    taken from the ring; its model's engine cannot take it yet (several models),
+ *              or its role has pg_cai.max_requests_per_role requests in that engine already
  *   SENT       relayed to the engine process; nothing back yet
  *   STREAMING  the engine is sending tokens
  *   DONE       answered; waiting for the backend to read the rest of its queue
@@ -182,6 +183,7 @@ struct EngineSlot
 	CaiWorkerCounters counters;
 	bool		counters_changed;
 	int			n_waiting;		/* its requests in REQUEST_WAITING */
+	uint64		n_refused_for_role; /* refused: their role's waiting requests filled its share */
 	TimestampTz rate_time;		/* update_recent_rate's state */
 	uint64		rate_tokens;
 	double		rate;
@@ -205,7 +207,7 @@ static void engine_supervise(EngineSlot *e);
 static void engine_watch(EngineSlot *e, TimestampTz now);
 static void engine_send(EngineSlot *e);
 static void worker_intake(void);
-static void worker_dispatch_waiting(void);
+static bool worker_dispatch_waiting(void);
 static void worker_check_abandoned(void);
 static bool worker_flush(WorkerRequest *req);
 static void worker_flush_all(void);
@@ -341,6 +343,7 @@ engine_activate(const CaiModelEntry *entry)
 	memset(&e->counters, 0, sizeof(e->counters));
 	e->stats_received = e->counters_changed = true;
 	e->n_waiting = 0;
+	e->n_refused_for_role = 0;
 	e->rate_time = 0;
 	e->rate_tokens = 0;
 	e->rate = 0.0;
@@ -474,6 +477,10 @@ CaiWorkerMain(Datum main_arg)
 		 */
 		worker_publish_stats(false);
 		worker_flush_all();
+		/* a finished request makes room for its role's next one at once */
+		if (worker_dispatch_waiting())
+			for (int i = 0; i < CAI_MAX_MODELS; i++)
+				engine_send(&engines[i]);
 
 		if (wait_set == NULL)
 		{
@@ -689,6 +696,23 @@ request_fail(WorkerRequest *req, int32 status, const char *message)
 }
 
 /*
+ * request_refuse
+ *		Answers a request with the worker's own admission refusal (SQLSTATE 53400 in the
+ *		backend), counted as the engine counts its own: as rejected, not failed.
+ */
+static void
+request_refuse(WorkerRequest *req, const char *message)
+{
+	char		head[1 + sizeof(int32)];
+	int32		status = CAI_ERR_QUEUE_FULL;
+
+	head[0] = CAI_MSG_ERROR;
+	memcpy(head + 1, &status, sizeof(status));
+	queue_message(req, head, sizeof(head), message, strlen(message));
+	request_set_state(req, REQUEST_FAILED, true);
+}
+
+/*
  * fail_in_flight
  *		Fails every request the engine process has (it died, or is being replaced), and with
  *		waiting too, those still waiting for it; returns how many.
@@ -792,6 +816,57 @@ static bool
 engine_takes_requests(EngineSlot *e)
 {
 	return e->ready && !e->unresponsive && !e->restart_pending && !e->proc.closed;
+}
+
+/*
+ * role_share
+ *		How many requests of one role an engine may hold (pg_cai.max_requests_per_role); 0 for
+ *		no limit.
+ */
+static int
+role_share(void)
+{
+	return cai_max_requests_per_role;
+}
+
+/*
+ * role_requests
+ *		The requests of role that engine e holds (relayed, not finished), and, in *waiting,
+ *		those that wait in the worker for it.
+ */
+static int
+role_requests(EngineSlot *e, Oid role, int *waiting)
+{
+	dlist_iter	iter;
+	int			n = 0;
+
+	*waiting = 0;
+	dlist_foreach(iter, &worker_requests)
+	{
+		WorkerRequest *req = dlist_container(WorkerRequest, node, iter.cur);
+
+		if (req->engine != e || req->header->role != role)
+			continue;
+		if (req->state == REQUEST_SENT || req->state == REQUEST_STREAMING)
+			n++;
+		else if (req->state == REQUEST_WAITING)
+			(*waiting)++;
+	}
+	return n;
+}
+
+/*
+ * role_has_room
+ *		Whether req's role may have one more request in its engine: one role cannot take every
+ *		place of the batch and of the engine's queue, whatever it sends.
+ */
+static bool
+role_has_room(WorkerRequest *req)
+{
+	int			share = role_share();
+	int			waiting;
+
+	return share == 0 || role_requests(req->engine, req->header->role, &waiting) < share;
 }
 
 /*
@@ -935,8 +1010,24 @@ worker_intake(void)
 						 psprintf("pg_cai model \"%s\" is not configured (configured: %s)",
 								  header->model, CaiModelsNames(&list)));
 		}
-		else if (engine_takes_requests(e) || e->state == CAI_WORKER_FAILED)
+		else if (e->state == CAI_WORKER_FAILED ||
+				 (engine_takes_requests(e) && role_has_room(req)))
 			relay_request(req);
+		else if (engine_takes_requests(e))
+		{
+			int			waiting;
+
+			(void) role_requests(e, header->role, &waiting);
+			if (waiting >= cai_max_queue)
+			{
+				request_refuse(req,
+							   psprintf("the queue is full for its role: %d requests running or queued in the engine (pg_cai.max_requests_per_role) and %d waiting behind them",
+										role_share(), waiting));
+				e->n_refused_for_role++;
+			}
+			else
+				request_set_state(req, REQUEST_WAITING, false);
+		}
 		else
 			request_set_state(req, REQUEST_WAITING, false);
 		(void) worker_flush(req);
@@ -945,22 +1036,54 @@ worker_intake(void)
 
 /*
  * worker_dispatch_waiting
- *		Relays the requests waiting in the worker whose engine now takes them, oldest first, and
- *		answers those whose model became unavailable.
+ *		Relays the requests waiting in the worker whose engine now takes them and whose role has
+ *		room in it, oldest first, and answers those whose model became unavailable.  Returns
+ *		whether it relayed or answered any.
  */
-static void
+static bool
 worker_dispatch_waiting(void)
 {
 	dlist_iter	iter;
+	bool		any = false;
+	List	   *full = NIL;		/* "engine/role" pairs found without room in this pass */
 
 	dlist_foreach(iter, &worker_requests)
 	{
 		WorkerRequest *req = dlist_container(WorkerRequest, node, iter.cur);
+		bool		relay;
 
-		if (req->state == REQUEST_WAITING &&
-			(engine_takes_requests(req->engine) || req->engine->state == CAI_WORKER_FAILED))
+		if (req->state != REQUEST_WAITING)
+			continue;
+		if (req->engine->state == CAI_WORKER_FAILED)
+			relay = true;
+		else if (!engine_takes_requests(req->engine))
+			relay = false;
+		else
+		{
+			/* counting a role's requests walks the list: once per full role, not per request */
+			int64		key = ((int64) (req->engine - engines) << 32) | req->header->role;
+			bool		known_full = false;
+			ListCell   *lc;
+
+			foreach(lc, full)
+				known_full |= *(int64 *) lfirst(lc) == key;
+			relay = !known_full && role_has_room(req);
+			if (!relay && !known_full)
+			{
+				int64	   *k = palloc(sizeof(int64));
+
+				*k = key;
+				full = lappend(full, k);
+			}
+		}
+		if (relay)
+		{
 			relay_request(req);
+			any = true;
+		}
 	}
+	list_free_deep(full);
+	return any;
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1884,6 +2007,9 @@ worker_publish_stats(bool force)
 		if (!engines[i].active)
 			continue;
 		slot->engine_stats = engines[i].stats;
+		/* requests the worker holds for their engine wait as much as those in its queue */
+		slot->engine_stats.waiting += engines[i].n_waiting;
+		slot->engine_stats.requests_rejected += engines[i].n_refused_for_role;
 		slot->counters = engines[i].counters;
 		slot->recent_tokens_per_second = rates[i];
 	}

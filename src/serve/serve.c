@@ -5,9 +5,11 @@
  * while idle, never from a thread of their own: a stopped process, a deadlocked or endless step
  * and a stuck device all silence them, and the worker kills an engine silent for longer than
  * pg_cai.engine_hang_timeout.  The price is that one step is one unit: the timeout must exceed
- * the longest step.  Each heartbeat carries the longest step so far, which the worker compares
- * with the timeout.  Before the loop, while the model loads, load_watch.c's thread sends them
- * as long as the load makes progress.
+ * the longest step.  Decoding one request (its template and tokens) is such a unit too, between
+ * which heartbeats go out; its size is bounded where it is made (pg_cai.max_request_bytes and
+ * max_request_messages).  Each heartbeat carries the longest unit so far, which the worker
+ * compares with the timeout.  Before the loop, while the model loads, load_watch.c's thread
+ * sends them as long as the load makes progress.
  */
 #include <errno.h>
 #include <poll.h>
@@ -792,6 +794,40 @@ handle_frame(server *s, const cai_frame_header *h, const char *body)
 }
 
 /*
+ * The ids of the CANCEL frames among the whole frames read (malloc'd; NULL when none, or when
+ * out of memory: then nothing is skipped).
+ */
+static uint64_t *
+cancels_in_input(const server *s, int *n_out)
+{
+	uint64_t   *ids = NULL;
+	int			n = 0,
+				cap = 0;
+	size_t		pos = 0;
+	cai_frame_header h;
+
+	while (cai_frame_parse(s->in + pos, s->in_len - pos, &h) == 1)
+	{
+		if (h.type == CAI_FRAME_CANCEL)
+		{
+			if (n == cap)
+			{
+				uint64_t   *grown = realloc(ids, sizeof(uint64_t) * (size_t) (cap ? cap * 2 : 16));
+
+				if (!grown)
+					break;
+				ids = grown;
+				cap = cap ? cap * 2 : 16;
+			}
+			ids[n++] = h.id;
+		}
+		pos += CAI_FRAME_HEADER_SIZE + h.body_len;
+	}
+	*n_out = n;
+	return ids;
+}
+
+/*
  * Reads what the socket has (waiting up to timeout_ms for the first byte) and handles every
  * whole frame.
  */
@@ -800,6 +836,8 @@ read_input(server *s, int timeout_ms)
 {
 	struct pollfd pfd = {.fd = s->fd, .events = POLLIN};
 	size_t		pos = 0;
+	uint64_t   *cancelled;
+	int			n_cancelled = 0;
 
 	if (poll(&pfd, 1, timeout_ms) <= 0)
 		return;
@@ -841,10 +879,12 @@ read_input(server *s, int timeout_ms)
 		}
 	}
 
+	cancelled = cancels_in_input(s, &n_cancelled);
 	while (!s->broken)
 	{
 		cai_frame_header h;
 		int			r = cai_frame_parse(s->in + pos, s->in_len - pos, &h);
+		bool		skip = false;
 
 		if (r == 0)
 			break;
@@ -853,9 +893,33 @@ read_input(server *s, int timeout_ms)
 			s->broken = true;
 			break;
 		}
-		handle_frame(s, &h, s->in + pos + CAI_FRAME_HEADER_SIZE);
+
+		/*
+		 * A request whose cancel is already here (its backend left while it waited in the
+		 * socket) is dropped without decoding it: the worker has forgotten it, and decoding
+		 * is the largest piece of work a request brings.
+		 */
+		for (int i = 0; h.type == CAI_FRAME_REQUEST && i < n_cancelled && !skip; i++)
+			skip = cancelled[i] == h.id;
+		if (!skip)
+		{
+			double		start = cai_now_seconds();
+
+			handle_frame(s, &h, s->in + pos + CAI_FRAME_HEADER_SIZE);
+			if (cai_now_seconds() - start > s->longest_step)
+				s->longest_step = cai_now_seconds() - start;
+		}
 		pos += CAI_FRAME_HEADER_SIZE + h.body_len;
+
+		/*
+		 * Decoding a request (tokenizing and templating its history) is a unit of work like a
+		 * step: many arriving at once are many units, and the worker hears between them that
+		 * the loop turns, rather than silence for all of them together.
+		 */
+		send_heartbeat_if_due(s);
+		flush_output(s);
 	}
+	free(cancelled);
 	memmove(s->in, s->in + pos, s->in_len - pos);
 	s->in_len -= pos;
 }

@@ -612,6 +612,44 @@ TEST(serve_cancel_drops_the_request)
 }
 
 /*
+ * A request whose cancel is read with it (its backend left while it waited in the socket) is
+ * dropped undecoded: no answer comes for it, while the next request is answered.  Both frames
+ * go out in one write, so that the engine reads them together.
+ */
+TEST(serve_drops_a_request_cancelled_before_it_was_decoded)
+{
+	served		s;
+	cai_wbuf	w;
+	cai_wbuf	p;
+	size_t		frame;
+	char	   *body;
+	uint64_t	id = 0;
+	uint32_t	len;
+
+	CHECK(serve_start(&s, NULL));
+	expect_ready(&s);
+	cai_wbuf_init(&w, NULL);
+	cai_wbuf_init(&p, NULL);
+	frame = cai_frame_begin(&w, CAI_FRAME_REQUEST, 5);
+	cai_put_u32(&w, CAI_REQUEST_TOKENIZE);
+	cai_put_text(&w, "dropped", 7);
+	cai_frame_end(&w, frame);
+	cai_frame_end(&w, cai_frame_begin(&w, CAI_FRAME_CANCEL, 5));
+	CHECK(send_all(s.fd, w.data, w.len));
+
+	cai_put_text(&p, "answered", 8);
+	send_request(&s, 6, CAI_REQUEST_TOKENIZE, &p);
+	CHECK(next_message(&s, &id, &body, &len));
+	CHECK_MSG(id == 6, "the first answer is for request %llu, not 6", (unsigned long long) id);
+	CHECK_EQ_INT(body[0], CAI_MSG_IDS);
+	free(body);
+
+	cai_wbuf_free(&p);
+	cai_wbuf_free(&w);
+	CHECK_EQ_INT(serve_stop(&s), 0);
+}
+
+/*
  * Heartbeats come from the step loop: while idle, and between the steps of a generation that
  * streams for longer than the heartbeat interval (the large model takes about a millisecond a
  * token, so 2000 tokens take seconds).  Reads give up after 10 s instead of hanging.
