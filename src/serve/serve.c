@@ -1086,8 +1086,14 @@ cai_serve(int fd, const cai_serve_config *config)
 		read_input(&s, busy ? 0 : idle_wait_ms(&s));
 		if (!s.closed && !s.broken && cai_engine_has_work(s.engine))
 			run_step(&s);
-		else if (s.stats_due)
+		else if (s.stats_due || idle_wait_ms(&s) <= 1)
+		{
+			/*
+			 * Idle, the statistics still move: the disk tier's writer thread goes on after the
+			 * last step, and its gauges reach pg_stat_cai with each heartbeat.
+			 */
 			send_stats(&s);
+		}
 		s.stats_due = false;
 		send_heartbeat_if_due(&s);
 		report_weights_cache_end(&s);
