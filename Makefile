@@ -189,7 +189,7 @@ NVCC_FLAGS := -O3 -std=c++17 $(CUDA_GENCODE) $(CUDA_WERROR) \
 	$(ENGINE_INCLUDES) -Isrc/backend/cuda -MMD -MP
 CUDA_SRCS := $(wildcard src/backend/cuda/*.cu)
 CUDA_OBJS := $(patsubst src/backend/cuda/%.cu,build/backend/cuda/%.o,$(CUDA_SRCS)) build/backend/cuda/backend_cuda.o \
-	build/backend/cuda/blocks_pack.o
+	build/backend/cuda/blocks_pack.o build/backend/cuda/cuda_error.o
 CUDA_LINK := -cudart shared -lcublasLt $(if $(CUDA_LIBDIR),-L$(CUDA_LIBDIR) -Xlinker -rpath=$(CUDA_LIBDIR))
 GPU_TEST_LIBS := -Lbuild -lcai_cuda -Wl,-rpath,'$$ORIGIN/../../build' $(ENGINE_LIBS)
 
@@ -197,7 +197,7 @@ build/backend/cuda/%.o: src/backend/cuda/%.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
 
-build/backend/cuda/backend_cuda.o build/backend/cuda/blocks_pack.o: build/backend/cuda/%.o: src/backend/cuda/%.c
+build/backend/cuda/backend_cuda.o build/backend/cuda/blocks_pack.o build/backend/cuda/cuda_error.o: build/backend/cuda/%.o: src/backend/cuda/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ENGINE_CFLAGS) $(BACKEND_WERROR) -fvisibility=hidden -Isrc/backend/cuda -c $< -o $@
 
