@@ -26,10 +26,10 @@ PG_CONFIG ?= pg_config
 # backend; the CUDA backend is its own shared object below) and the engine process's serving loop
 # the engine's folders from the bottom up: each includes only those before it (src/README.md;
 # scripts/check-include-graph.py checks it); one -I each, so that "name.h" needs no folder
-ENGINE_DIRS := src/common src/gguf src/text src/structured src/chat src/model src/backend src/engine \
+ENGINE_DIRS := src/common src/gguf src/text src/structured src/chat src/backend src/model src/engine \
 	src/serve
 ENGINE_SRCS := $(wildcard src/common/*.c src/gguf/*.c src/text/*.c src/structured/*.c src/chat/*.c \
-	src/model/*.c src/model/arch/*.c src/backend/cpu/*.c src/engine/*.c src/serve/*.c)
+	src/backend/*.c src/backend/cpu/*.c src/model/*.c src/model/arch/*.c src/engine/*.c src/serve/*.c)
 ENGINE_INCLUDES := $(addprefix -I,$(ENGINE_DIRS))
 ENGINE_OBJS := $(patsubst src/%.c,build/%.o,$(ENGINE_SRCS))
 # -ffp-contract=off: results are bit-identical across builds and backends only if no compiler
