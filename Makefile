@@ -24,10 +24,13 @@ PG_CONFIG ?= pg_config
 # ---- the engine: PostgreSQL-free, CUDA-free, built with its own flags -------------------------
 # the library: the engine, the wire format both programs share, the backends' host side (the CPU
 # backend; the CUDA backend is its own shared object below) and the engine process's serving loop
-SERVE_MAIN := src/serve/cmd_serve.c
-ENGINE_SRCS := $(wildcard src/engine/*.c src/engine/arch/*.c src/common/*.c src/backend/cpu/*.c) \
-	$(filter-out $(SERVE_MAIN),$(wildcard src/serve/*.c))
-ENGINE_INCLUDES := -Isrc/engine -Isrc/common -Isrc/backend -Isrc/serve
+# the engine's folders from the bottom up: each includes only those before it (src/README.md;
+# scripts/check-include-graph.py checks it); one -I each, so that "name.h" needs no folder
+ENGINE_DIRS := src/common src/gguf src/text src/structured src/chat src/backend src/model src/engine \
+	src/serve
+ENGINE_SRCS := $(wildcard src/common/*.c src/gguf/*.c src/text/*.c src/structured/*.c src/chat/*.c \
+	src/backend/*.c src/backend/cpu/*.c src/model/*.c src/model/arch/*.c src/engine/*.c src/serve/*.c)
+ENGINE_INCLUDES := $(addprefix -I,$(ENGINE_DIRS))
 ENGINE_OBJS := $(patsubst src/%.c,build/%.o,$(ENGINE_SRCS))
 # -ffp-contract=off: results are bit-identical across builds and backends only if no compiler
 # fuses a multiply and an add (GCC does by default where the target has FMA: aarch64, say; on
@@ -46,10 +49,10 @@ build/%.o: src/%.c
 # library or an explicit path is tried.
 CAI_INSTALL_BINDIR := $(shell $(PG_CONFIG) --bindir 2>/dev/null)
 CAI_INSTALL_PKGLIBDIR := $(shell $(PG_CONFIG) --pkglibdir 2>/dev/null)
-build/engine/backend_loader.o: ENGINE_CFLAGS += \
+build/model/backend_loader.o: ENGINE_CFLAGS += \
 	$(if $(CAI_INSTALL_BINDIR),-DCAI_INSTALL_BINDIR='"$(CAI_INSTALL_BINDIR)"') \
 	$(if $(CAI_INSTALL_PKGLIBDIR),-DCAI_INSTALL_PKGLIBDIR='"$(CAI_INSTALL_PKGLIBDIR)"')
-build/engine/backend_loader.o: build/install-dirs
+build/model/backend_loader.o: build/install-dirs
 build/install-dirs: install-dirs-check
 	@mkdir -p build
 	@echo '$(CAI_INSTALL_BINDIR) $(CAI_INSTALL_PKGLIBDIR)' | cmp -s - $@ || \
@@ -62,7 +65,7 @@ build/libcai.a: $(ENGINE_OBJS)
 
 # ---- the CLI ----------------------------------------------------------------------------------
 # the `cai` program: the CLI's commands, `cai serve` (the engine process) among them
-CLI_SRCS := $(wildcard src/cli/*.c) $(SERVE_MAIN)
+CLI_SRCS := $(wildcard src/cli/*.c)
 cai: $(CLI_SRCS) build/libcai.a
 	$(CC) $(ENGINE_CFLAGS) -Isrc/cli -o $@ $(CLI_SRCS) build/libcai.a $(ENGINE_LIBS)
 
@@ -86,7 +89,7 @@ include tests/fuzz/fuzz.mk
 # ---- the extension (PGXS) ---------------------------------------------------------------------
 MODULE_big = pg_cai
 OBJS = pg_cai.o $(patsubst %.c,%.o,$(wildcard src/pg/*.c))
-PG_CPPFLAGS = -Isrc/engine -Isrc/common -Isrc/pg
+PG_CPPFLAGS = -Isrc/common -Isrc/pg
 # A server API whose signature changed between major versions shows first as one of these; as a
 # warning it once built a worker that crashed on the first request, so they are errors.
 PG_CFLAGS = -Werror=incompatible-pointer-types -Werror=implicit-function-declaration -Werror=int-conversion
@@ -95,7 +98,7 @@ REGRESS = $(patsubst sql/%.sql,%,$(sort $(wildcard sql/*.sql)))
 REGRESS_OPTS = --inputdir=. --load-extension=pg_cai
 # PGXS tracks no header dependencies: rebuild the extension's objects when an interface changes
 # (a stale cai_engine_stats layout corrupts the worker's stack).
-$(OBJS): src/engine/cai.h src/common/wire.h $(wildcard src/pg/*.h)
+$(OBJS): src/common/cai.h src/common/wire.h $(wildcard src/pg/*.h)
 
 PGXS := $(shell $(PG_CONFIG) --pgxs 2>/dev/null)
 ifneq ($(PGXS),)
@@ -191,7 +194,7 @@ NVCC_FLAGS := -O3 -std=c++17 $(CUDA_GENCODE) $(CUDA_WERROR) \
 	$(ENGINE_INCLUDES) -Isrc/backend/cuda -MMD -MP
 CUDA_SRCS := $(wildcard src/backend/cuda/*.cu)
 CUDA_OBJS := $(patsubst src/backend/cuda/%.cu,build/backend/cuda/%.o,$(CUDA_SRCS)) build/backend/cuda/backend_cuda.o \
-	build/backend/cuda/blocks_pack.o
+	build/backend/cuda/blocks_pack.o build/backend/cuda/cuda_error.o
 CUDA_LINK := -cudart shared -lcublasLt $(if $(CUDA_LIBDIR),-L$(CUDA_LIBDIR) -Xlinker -rpath=$(CUDA_LIBDIR))
 GPU_TEST_LIBS := -Lbuild -lcai_cuda -Wl,-rpath,'$$ORIGIN/../../build' $(ENGINE_LIBS)
 
@@ -199,7 +202,7 @@ build/backend/cuda/%.o: src/backend/cuda/%.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
 
-build/backend/cuda/backend_cuda.o build/backend/cuda/blocks_pack.o: build/backend/cuda/%.o: src/backend/cuda/%.c
+build/backend/cuda/backend_cuda.o build/backend/cuda/blocks_pack.o build/backend/cuda/cuda_error.o: build/backend/cuda/%.o: src/backend/cuda/%.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ENGINE_CFLAGS) $(BACKEND_WERROR) -fvisibility=hidden -Isrc/backend/cuda -c $< -o $@
 

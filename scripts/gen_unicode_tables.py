@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """
-gen_unicode_tables.py — writes src/engine/unicode_tables.c, the code point classes the
+gen_unicode_tables.py — writes src/text/unicode_tables.c, the code point classes the
 tokenizer's pre-tokenizers need (regex \\p{L}, \\p{N} and \\s).
 
-Usage: scripts/gen_unicode_tables.py > src/engine/unicode_tables.c
+Usage: scripts/gen_unicode_tables.py > src/text/unicode_tables.c
 
 Uses the `unicodedata2` package when installed (pip install unicodedata2==15.1.0, the Unicode
 version llama.cpp's tables are built from), else Python's own unicodedata.  The table is a list

@@ -1,6 +1,6 @@
 #!/bin/bash
 # scripts/run-tests.sh — pg_cai's whole test suite: the engine's unit tests, a smoke run of each
-# fuzz target, the src/pg include-graph check, pg_regress on a throwaway cluster, then the
+# fuzz target, the include-graph check, pg_regress on a throwaway cluster, then the
 # scenario tests (cancel, timeout, worker restart, rollback, concurrency, no model).  Ends with one
 # line "N passed, N failed" over all of them and exits non-zero when anything failed.
 #
@@ -97,9 +97,9 @@ else
 	failed=$((failed + 1))
 fi
 
-# ---- 1d. src/pg's modules include each other without a circle (scripts/check-include-graph.py);
-# one count ---------------------------------------------------------------------------------------
-say "== src/pg include graph"
+# ---- 1d. the include graph (scripts/check-include-graph.py): src/pg's modules without a circle,
+# src/'s folders in their order without an arrow back up or a circle; one count ----------------
+say "== include graph (src/pg modules, src/ folders)"
 if python3 "$ROOT/scripts/check-include-graph.py" --quiet >&2; then
 	passed=$((passed + 1))
 else

@@ -42,7 +42,7 @@ SELECT count(*) FROM cai.messages WHERE conversation_id = :conv;
 
 -- whole-number floats are integers; null restores a default; NULL options are no options
 SELECT cai_new_conversation(NULL, '{"max_tokens": 3.0, "seed": 7, "stop": null, "top_k": 40}') IS NOT NULL AS ok;
--- each limit's edge itself is accepted (the request limits of src/engine/cai.h)
+-- each limit's edge itself is accepted (the request limits of src/common/cai.h)
 SELECT cai_new_conversation(NULL, '{"temperature": 2, "top_p": 1, "top_k": 1000000, "max_tokens": 1048576}') IS NOT NULL AS ok;
 
 -- conversation options are defaults; per-call options win, key by key

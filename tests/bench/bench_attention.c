@@ -4,10 +4,10 @@
  *
  * Not part of the Makefile; build and run by hand from the repository root:
  *
- *   gcc -O3 -std=gnu11 -pthread -Isrc/engine -Isrc/backend -o /tmp/bench_attention \
+ *   gcc -O3 -std=gnu11 -pthread -Isrc/common -Isrc/gguf -Isrc/backend -o /tmp/bench_attention \
  *       tests/bench/bench_attention.c src/backend/cpu/attention.c \
  *       src/backend/cpu/attention_values.c src/backend/cpu/gemm.c src/backend/cpu/ops.c \
- *       src/engine/threadpool.c src/engine/kv.c src/engine/util.c -lm
+ *       src/common/threadpool.c src/backend/kv.c src/common/util.c -lm
  *   /tmp/bench_attention [isa [context [batch]]]
  *   /tmp/bench_attention isa context prefill
  *

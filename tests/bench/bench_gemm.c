@@ -3,9 +3,9 @@
  *
  * Not part of the Makefile; build and run by hand from the repository root:
  *
- *   gcc -O3 -std=gnu11 -pthread -Isrc/engine -Isrc/backend -Isrc/common -o /tmp/bench_gemm \
+ *   gcc -O3 -std=gnu11 -pthread -Isrc/common -Isrc/gguf -Isrc/backend -o /tmp/bench_gemm \
  *       tests/bench/bench_gemm.c src/backend/cpu/gemm.c src/backend/cpu/gemm_blocks.c \
- *       src/engine/threadpool.c src/engine/quant.c src/engine/util.c -lm
+ *       src/common/threadpool.c src/gguf/quant.c src/common/util.c -lm
  *   /tmp/bench_gemm [isa [seconds-per-case [section [formats [n_tok]]]]]
  *
  * isa: generic, avx2 or avx512-vnni (default: the best available); section: shapes, decode,

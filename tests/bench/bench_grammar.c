@@ -1,12 +1,13 @@
 /*
- * bench_grammar.c — the cost of JSON-schema-constrained decoding (src/engine/grammar.h): schema
+ * bench_grammar.c — the cost of JSON-schema-constrained decoding (src/structured/grammar.h): schema
  * compile time, vocabulary index build time, and the mask (cai_grammar_state_allowed) and
  * accept (cai_grammar_state_accept) time per token along random valid generations.
  *
  * Not part of the Makefile; build and run by hand from the repository root:
  *
  *   make build/libcai.a
- *   gcc -O2 -std=gnu11 -pthread -Isrc/engine -Itests/unit -Itests/synth -o /tmp/bench_grammar \
+ *   gcc -O2 -std=gnu11 -pthread -Isrc/common -Isrc/gguf -Isrc/text \
+ *       -Isrc/structured -Itests/unit -Itests/synth -o /tmp/bench_grammar \
  *       tests/bench/bench_grammar.c tests/synth/gguf_writer.c tests/synth/synth_model.c \
  *       build/libcai.a -lxxhash -lm -ldl
  *   /tmp/bench_grammar [model.gguf [generations [cases.json]]]

@@ -54,7 +54,7 @@ psql -qX -c "CREATE EXTENSION pg_cai"
 WORK=$(mktemp -d /tmp/cai_bench_pgbench.XXXX)
 chmod 777 "$WORK"
 make -C "$ROOT" --no-print-directory build/libcai.a >/dev/null
-cc -O2 -I"$ROOT/src/engine" -o "$WORK/closed_loop_engine" "$ROOT/tests/bench/closed_loop_engine.c" \
+cc -O2 -I"$ROOT/src/common" -o "$WORK/closed_loop_engine" "$ROOT/tests/bench/closed_loop_engine.c" \
 	"$ROOT/build/libcai.a" -lxxhash -lpthread -lm -ldl
 cat >"$WORK/chat.sql" <<EOF
 \set n random(1, 1000000)

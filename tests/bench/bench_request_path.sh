@@ -29,7 +29,7 @@ mkdir -p "$OUT"
 make -C "$ROOT" --no-print-directory build/libcai.a >/dev/null
 DRIVER=$(mktemp /tmp/request_path_engine.XXXX)
 trap 'rm -f "$DRIVER"' EXIT
-cc -O2 -I"$ROOT/src/engine" -o "$DRIVER" "$ROOT/tests/bench/request_path_engine.c" \
+cc -O2 -I"$ROOT/src/common" -o "$DRIVER" "$ROOT/tests/bench/request_path_engine.c" \
 	"$ROOT/build/libcai.a" -lxxhash -lpthread -lm -ldl
 
 SQL_SCRIPT=$(mktemp /tmp/bench_sql.XXXX)

@@ -24,7 +24,7 @@
  *
  * Build and run (from the repository root, after make):
  *
- *   cc -O2 -std=gnu11 -Isrc/engine -o /tmp/sim_cache tests/bench/sim_cache.c build/libcai.a \
+ *   cc -O2 -std=gnu11 -Isrc/common -Isrc/backend -Isrc/engine -o /tmp/sim_cache tests/bench/sim_cache.c build/libcai.a \
  *       -lxxhash -lm -lpthread -ldl
  *   /tmp/sim_cache [conversations 8] [turns 12] [isolated]
  *

@@ -16,11 +16,12 @@
  * Built by tests/fuzz/fuzz.mk like every tests/fuzz/fuzz_*.c; by hand from the repository root:
  *
  *   clang -g -O1 -std=gnu11 -pthread -fsanitize=fuzzer,address,undefined \
- *       -fno-sanitize-recover=undefined -Isrc/engine -Isrc/backend -Isrc/backend/cuda -Itests/synth -Itests/unit \
+ *       -fno-sanitize-recover=undefined -Isrc/common -Isrc/gguf -Isrc/text -Isrc/structured -Isrc/backend \
+ *       -Itests/synth -Itests/unit \
  *       -Itests/fuzz -o build/fuzz/fuzz_json_schema tests/fuzz/fuzz_json_schema.c \
- *       src/engine/json.c src/engine/json_matcher.c src/engine/json_schema.c \
- *       src/engine/token_mask.c src/engine/tokenizer.c src/engine/gguf.c src/engine/quant.c \
- *       src/engine/unicode.c src/engine/unicode_tables.c src/engine/util.c \
+ *       src/structured/json.c src/structured/json_matcher.c src/structured/json_schema.c \
+ *       src/structured/token_mask.c src/text/tokenizer.c src/gguf/gguf.c src/gguf/quant.c \
+ *       src/text/unicode.c src/text/unicode_tables.c src/common/util.c \
  *       tests/synth/gguf_writer.c tests/synth/synth_model.c -lxxhash -lm
  *   build/fuzz/fuzz_json_schema -dict=tests/fuzz/fuzz_json_schema.dict tests/fuzz/corpus/fuzz_json_schema
  */

@@ -1,5 +1,5 @@
 /*
- * fuzz_reply_text.c — a reply's text (src/engine/reply_text.c) over random token streams and
+ * fuzz_reply_text.c — a reply's text (src/chat/reply_text.c) over random token streams and
  * random stop strings.
  *
  * Input: a tokenizer byte, the number of stop strings (0..8, more is refused) and each as a

@@ -1,5 +1,5 @@
 /*
- * fuzz_weight_cache.c — a weights cache file (src/engine/weight_cache.h) of any bytes: its
+ * fuzz_weight_cache.c — a weights cache file (src/backend/weight_cache.h) of any bytes: its
  * parser, then the CPU backend's import of prepared weights from it (backend/cpu/weight_io.c),
  * then the GEMMs over what was imported.
  *

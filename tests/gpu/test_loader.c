@@ -1,5 +1,5 @@
 /*
- * test_loader.c — the engine-side loader (src/engine/backend_loader.c) loads libcai_cuda.so by
+ * test_loader.c — the engine-side loader (src/model/backend_loader.c) loads libcai_cuda.so by
  * absolute path, resolves every entry point, and the resolved functions are the ones this program
  * links directly.  The file given is the one this program was linked with (found through
  * dladdr), so the test checks the library just built, wherever the tree or the install is.

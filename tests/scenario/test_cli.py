@@ -94,7 +94,7 @@ r = cai(*prompt, "--stop", "ital of Fr")
 c.check("a stop string split across tokens cuts the reply before it",
         r.returncode == 0 and r.stdout.strip() == "The cap", repr(r.stdout))
 
-# The request limits (src/engine/cai.h) are the SQL options' too: usage errors (exit 2) that
+# The request limits (src/common/cai.h) are the SQL options' too: usage errors (exit 2) that
 # name the flag and the range, before the model loads; each edge itself runs.
 for flags, message in ((["--temp", "2.5"], "--temp must be between 0 and 2, got 2.5"),
                        (["--top-p", "0"], "--top-p must be greater than 0 and at most 1, got 0"),

@@ -4,7 +4,7 @@
  *
  * Metadata is serialized as it is added into one growing byte buffer; tensors keep their
  * converted bytes until the image is written.  The quantizers follow ggml's block layouts
- * (documented in src/engine/quant.c) with simple, deterministic scale choices: they exist to
+ * (documented in src/gguf/quant.c) with simple, deterministic scale choices: they exist to
  * produce valid blocks, not to match llama.cpp's quantization quality bit for bit.
  */
 #include "gguf_writer.h"

@@ -1,6 +1,6 @@
 /*
  * test_backend_loader.c — where the engine looks for the CUDA backend library
- * (src/engine/backend_loader.c): only absolute paths, the installed engine only in the install's
+ * (src/model/backend_loader.c): only absolute paths, the installed engine only in the install's
  * library directory, a build tree's program in its build/ directory, a relative setting refused.
  * No CUDA is needed: nothing here loads a real library.
  */

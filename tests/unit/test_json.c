@@ -1,5 +1,5 @@
 /*
- * test_json.c — the strict JSON parser and serializer (src/engine/json.c): valid documents and
+ * test_json.c — the strict JSON parser and serializer (src/structured/json.c): valid documents and
  * their trees, every kind of invalid text with the byte offset its error names, the nesting
  * limit, numbers, escapes and surrogates, duplicate keys, compact serialization.
  */

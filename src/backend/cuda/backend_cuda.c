@@ -149,24 +149,8 @@ cb_of(cai_backend *be)
 }
 
 /* ---------------------------------------------------------------------------------------------
- * Errors
+ * Errors (cai_cuda_fail is cuda_error.c's)
  * ------------------------------------------------------------------------------------------- */
-
-/* See cuda_kernels.h. */
-cai_status
-cai_cuda_fail(cai_error *err, cai_status status, const char *fmt, ...)
-{
-	va_list		ap;
-
-	if (err)
-	{
-		err->status = status;
-		va_start(ap, fmt);
-		vsnprintf(err->message, sizeof(err->message), fmt, ap);
-		va_end(ap);
-	}
-	return status;
-}
 
 /* Keeps the first failure; later operations see cb->failed and do nothing. */
 static void

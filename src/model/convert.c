@@ -9,7 +9,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu/ops.h"
 #include "quant.h"
 
 /* Adds the jobs converting a whole matrix of `rows` rows (see cai_convert_job). */
@@ -140,8 +139,8 @@ convert_task(void *arg, int task, int thread)
 			for (int i = 0; i < j->k; i++)
 				scaled[i] = row[i] * (j->col_scale ? j->col_scale[i] : 1.0f) * rs;
 			if (j->rot)
-				for (int b = 0; b < j->k; b += j->rot->n)
-					cai_op_rotate_vec(j->rot, scaled + b);
+				p->rotate_on->ops->rotate(p->rotate_on, j->rot, scaled, j->k, 1,
+										  j->k / j->rot->n, NULL, NULL);
 			row = scaled;
 		}
 		if (j->rm)

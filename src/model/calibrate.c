@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cpu/ops.h"
 #include "forward_internal.h"
 #include "quant.h"
 #include "util.h"
@@ -269,11 +268,12 @@ smoothing_factors(const float *x_max, int k, const float *const *w, const int *w
 
 /*
  * Rotates the rows of each head block of a [n_heads * hd, k] float matrix: W_h <- R W_h, i.e.
- * every column of the block is a vector rotated by rot (rot->n == hd, or hd split into blocks).
- * col: scratch of hd floats.
+ * every column of the block is a vector rotated by rot (rot->n == hd, or hd split into blocks)
+ * on the host backend be.  col: scratch of hd floats.
  */
 static void
-rotate_head_rows(float *w, int n_heads, int hd, int k, const cai_rotation *rot, float *col)
+rotate_head_rows(cai_backend *be, float *w, int n_heads, int hd, int k, const cai_rotation *rot,
+				 float *col)
 {
 	for (int h = 0; h < n_heads; h++)
 	{
@@ -283,8 +283,7 @@ rotate_head_rows(float *w, int n_heads, int hd, int k, const cai_rotation *rot, 
 		{
 			for (int i = 0; i < hd; i++)
 				col[i] = block[(size_t) i * k + j];
-			for (int b = 0; b < hd; b += rot->n)
-				cai_op_rotate_vec(rot, col + b);
+			be->ops->rotate(be, rot, col, hd, 1, hd / rot->n, NULL, NULL);
 			for (int i = 0; i < hd; i++)
 				block[(size_t) i * k + j] = col[i];
 		}
@@ -397,8 +396,7 @@ site_metric(cai_forward_ctx *ctx, cai_threadpool *pool, site_metrics *sm, gemm_s
 	{
 		for (int i = 0; i < k; i++)
 			sm->row[i] = x[(size_t) t * k + i] / (s ? s[i] : 1.0f);
-		for (int b = 0; b < k; b += rot->n)
-			cai_op_rotate_vec(rot, sm->row + b);
+		ctx->be->ops->rotate(ctx->be, rot, sm->row, k, 1, k / rot->n, NULL, NULL);
 		for (int i = 0; i < k; i++)
 			sm->xt[(size_t) i * T + t] = sm->row[i];
 	}
@@ -720,12 +718,13 @@ layer_quantize(calibration *cb, int l, const cai_rounding_metric *const rm[N_SIT
 	float	   *gu_scale = (float *) w->w_gate_up.scale;
 
 	memcpy(cb->wv_rot, w->f_wv, (size_t) kv_dim * d * sizeof(float));
-	rotate_head_rows(cb->wv_rot, c->n_kv_heads, c->head_dim, d, &m->rot_head, cb->col);
+	rotate_head_rows(cb->ctx->be, cb->wv_rot, c->n_kv_heads, c->head_dim, d, &m->rot_head,
+					 cb->col);
 	if (w->bqkv)
 	{
 		memcpy(w->bqkv_i8, w->bqkv, (size_t) (q_dim + 2 * kv_dim) * sizeof(float));
-		rotate_head_rows(w->bqkv_i8 + q_dim + kv_dim, c->n_kv_heads, c->head_dim, 1,
-						 &m->rot_head, cb->col);
+		rotate_head_rows(cb->ctx->be, w->bqkv_i8 + q_dim + kv_dim, c->n_kv_heads, c->head_dim,
+						 1, &m->rot_head, cb->col);
 	}
 	if (!cai_plan_rows_gptq(plan, NULL, w->f_wq, d, q_dim, qkv, qkv_scale, NULL,
 							cb->s_attn, NULL, &m->rot_model, rm[SITE_ATTN], false) ||
@@ -830,6 +829,8 @@ cai_convert_layers(cai_model *m, cai_threadpool *pool, cai_convert_plan *plan,
 	if ((st = calibration_begin(&cb, err)) != CAI_OK ||
 		(st = calibration_forward_begin(&cb, t_embd, err)) != CAI_OK)
 		goto done;
+	/* the calibration's forward runs on the CPU backend: its rotate turns the planned rows */
+	plan->rotate_on = cb.ctx->be;
 	for (int l = 0; l < m->cfg.n_layers; l++)
 	{
 		cai_layer_weights *w = &m->layers[l];
@@ -859,6 +860,7 @@ done:
 
 			w->f_wq = w->f_wk = w->f_wv = w->f_wo = w->f_gate = w->f_up = w->f_down = NULL;
 		}
+	plan->rotate_on = NULL;
 	calibration_end(&cb);
 	return st;
 }

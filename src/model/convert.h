@@ -22,7 +22,8 @@
  * One conversion task: rows [row0, row1) of a matrix.  The source rows are the GGUF tensor's
  * (dequantized; also stored to f when it is not NULL) or float rows fsrc.  When q is not NULL
  * each row, multiplied element-wise by col_scale and by row_scale[r] (both optional), then
- * rotated block by block (each rot->n values, when rot is not NULL), is quantized to int8: to
+ * rotated block by block (each rot->n values, when rot is not NULL, by the plan's rotate_on),
+ * is quantized to int8: to
  * the nearest level, or, with rm, the job's rows together along that metric (rounding.h).
  * track_col_max: the source rows' per-column maxima of |value| go to the plan's col_max.
  */
@@ -57,6 +58,12 @@ typedef struct cai_convert_plan
 	size_t		block_floats;
 	float	   *col_max;		/* [n_threads][max_k] per-thread column maxima, or NULL */
 	int			n_threads;
+	/*
+	 * The backend whose rotate turns the rows of jobs that have rot, one row per call from the
+	 * pool's threads: a host backend that runs a single row on its caller (the CPU backend of
+	 * the calibration's forward).  Needed only while such jobs run.
+	 */
+	cai_backend *rotate_on;
 	atomic_int	failed;
 	cai_error	error;
 } cai_convert_plan;

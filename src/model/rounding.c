@@ -13,7 +13,6 @@
 #include <math.h>
 #include <string.h>
 
-#include "cpu/ops.h"
 #include "quant.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
@@ -21,6 +20,17 @@
 #else
 #define CAI_CLONES
 #endif
+
+/*
+ * Eight float lanes, loaded and stored through memcpy (no alignment assumed): the model's own,
+ * not the CPU backend's, whose kernels this arithmetic is not.  Macros, because a function that
+ * takes or returns a 32-byte vector draws GCC's ABI warnings on baseline x86-64.
+ */
+typedef float v8f __attribute__((vector_size(32)));
+
+#define v8f_load_to(v, p) memcpy(&(v), (p), sizeof(v8f))
+#define v8f_store(p, v) memcpy((p), &(v), sizeof(v8f))
+#define v8f_set1(x) ((v8f) {(x), (x), (x), (x), (x), (x), (x), (x)})
 
 /* Rows of H factored at a time before the trailing rows are updated (any value gives the same bits). */
 #define FACTOR_PANEL 32
@@ -32,14 +42,18 @@
 CAI_CLONES static void
 axpy_neg(float *hi, const float *p, float s, int from, int k)
 {
-	cai_v8f		sv = cai_v8f_set1(s);
+	v8f			sv = v8f_set1(s);
 	int			l = from;
 
 	for (; l + 8 <= k; l += 8)
 	{
-		cai_v8f		v = cai_v8f_load(hi + l) - sv * cai_v8f_load(p + l);
+		v8f			h,
+					pv;
 
-		cai_v8f_store(hi + l, v);
+		v8f_load_to(h, hi + l);
+		v8f_load_to(pv, p + l);
+		h = h - sv * pv;
+		v8f_store(hi + l, h);
 	}
 	for (; l < k; l++)
 		hi[l] -= s * p[l];
@@ -121,20 +135,25 @@ cai_rounding_metric_factor(cai_threadpool *pool, float *h, int n, float lambda, 
 CAI_CLONES static void
 rows_correction(const float *u, const float *e, int count, float *acc)
 {
-	cai_v8f		a[CAI_ROUNDING_ROWS / 8];
+	v8f			a[CAI_ROUNDING_ROWS / 8];
 
 	for (int x = 0; x < CAI_ROUNDING_ROWS / 8; x++)
-		a[x] = cai_v8f_set1(0.0f);
+		a[x] = v8f_set1(0.0f);
 	for (int j = 0; j < count; j++)
 	{
-		cai_v8f		s = cai_v8f_set1(u[j]);
+		v8f			s = v8f_set1(u[j]);
 		const float *ej = e + (size_t) j * CAI_ROUNDING_ROWS;
 
 		for (int x = 0; x < CAI_ROUNDING_ROWS / 8; x++)
-			a[x] = a[x] + s * cai_v8f_load(ej + 8 * x);
+		{
+			v8f			ev;
+
+			v8f_load_to(ev, ej + 8 * x);
+			a[x] = a[x] + s * ev;
+		}
 	}
 	for (int x = 0; x < CAI_ROUNDING_ROWS / 8; x++)
-		cai_v8f_store(acc + 8 * x, a[x]);
+		v8f_store(acc + 8 * x, a[x]);
 }
 
 void
