@@ -13,11 +13,7 @@
 #error "the unit tests need SIMDe's headers (Debian: apt-get install libsimde-dev)"
 #endif
 #define CAI_BLOCKS_SIMDE 1
-/* SIMDe's 512-bit vectors passed by value without AVX-512 enabled: one ABI within this file */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wpsabi"
 #include "cpu/gemm_blocks_vnni.c"
-#pragma GCC diagnostic pop
 
 #include "cpu/gemm.h"
 #include "cpu/gemm_blocks.h"

@@ -781,32 +781,34 @@ avx2_f16c_available(void)
 static cai_bkernel
 select_kernel(ggml_type type)
 {
-	const cai_bkernel portable = {group_portable, 1};
+	const cai_bkernel portable = {group_portable, 1, 0};
 
 #if defined(__x86_64__)
 	const char *isa = cai_cpu_isa();
 
+	if (strcmp(isa, "avx512-amx") == 0 && cai_bkernel_amx(type).fn)
+		return cai_bkernel_amx(type);
 	if (strncmp(isa, "avx512", 6) == 0 && cai_bkernel_vnni(type).fn)
 		return cai_bkernel_vnni(type);
 	if (strcmp(isa, "generic") != 0 && avx2_f16c_available())
 		switch (type)
 		{
 			case GGML_TYPE_Q4_0:
-				return (cai_bkernel) {group_avx2_q4_0, 1};
+				return (cai_bkernel) {group_avx2_q4_0, 1, 0};
 			case GGML_TYPE_Q4_1:
-				return (cai_bkernel) {group_avx2_q4_1, 1};
+				return (cai_bkernel) {group_avx2_q4_1, 1, 0};
 			case GGML_TYPE_Q4_K:
-				return (cai_bkernel) {group_avx2_q4_k, 1};
+				return (cai_bkernel) {group_avx2_q4_k, 1, 0};
 			case GGML_TYPE_Q5_0:
-				return (cai_bkernel) {group_avx2_q5_0, 1};
+				return (cai_bkernel) {group_avx2_q5_0, 1, 0};
 			case GGML_TYPE_Q5_1:
-				return (cai_bkernel) {group_avx2_q5_1, 1};
+				return (cai_bkernel) {group_avx2_q5_1, 1, 0};
 			case GGML_TYPE_Q5_K:
-				return (cai_bkernel) {group_avx2_q5_k, 1};
+				return (cai_bkernel) {group_avx2_q5_k, 1, 0};
 			case GGML_TYPE_Q6_K:
-				return (cai_bkernel) {group_avx2_q6_k, 1};
+				return (cai_bkernel) {group_avx2_q6_k, 1, 0};
 			case GGML_TYPE_Q8_0:
-				return (cai_bkernel) {group_avx2_q8_0, 1};
+				return (cai_bkernel) {group_avx2_q8_0, 1, 0};
 			default:
 				break;
 		}
@@ -842,7 +844,8 @@ cai_gemm_blocks_run(cai_threadpool *pool, cai_bkernel kernel, const int8_t *xq, 
 	const int	nb = w->k / CAI_BLOCK_ELEMS;
 	int			n_tasks = threads * 8 < n_groups ? threads * 8 : n_groups;
 	int16_t    *xsum_lo = NULL;
-	bgemm_job	job = {xq, xs, xsum, NULL, n_tok, w, n_out, bias, out, ldo, accumulate, 1, NULL};
+	float	   *xsum_f = NULL;
+	bgemm_job	job = {xq, xs, xsum, NULL, n_tok, w, n_out, bias, out, ldo, accumulate, 1, NULL, NULL};
 	bgemm_task	task = {&job, kernel};
 
 	if (n_tok < 1 || n_groups < 1)
@@ -856,7 +859,7 @@ cai_gemm_blocks_run(cai_threadpool *pool, cai_bkernel kernel, const int8_t *xq, 
 	{
 		xsum_lo = malloc((size_t) n_tok * nb * sizeof(int16_t));
 		if (!xsum_lo)
-			task.kernel = (cai_bkernel) {group_portable, 1};
+			task.kernel = (cai_bkernel) {group_portable, 1, 0};
 		for (int t = 0; xsum_lo && t < n_tok; t++)
 			for (int b = 0; b < nb; b++)
 			{
@@ -872,6 +875,14 @@ cai_gemm_blocks_run(cai_threadpool *pool, cai_bkernel kernel, const int8_t *xq, 
 		if (xsum_lo && n_tok > TOKEN_TILE && task.kernel.step == 1)
 			job.unpacked = malloc((size_t) threads * nb * 32 * GROUP);
 	}
+	if (task.kernel.scratch_block > 0 && n_tok >= CAI_BSCRATCH_TOKENS)
+	{
+		job.unpacked = malloc((size_t) threads * nb * task.kernel.scratch_block);
+		xsum_f = malloc((size_t) n_tok * nb * sizeof(float));
+		for (size_t i = 0; xsum_f && i < (size_t) n_tok * nb; i++)
+			xsum_f[i] = (float) xsum[i];
+		job.xsum_f = xsum_f;
+	}
 	/* a task holds whole calls of a kernel that takes several groups at once */
 	job.groups_per_task = (n_groups + n_tasks - 1) / n_tasks;
 	job.groups_per_task += (task.kernel.step - job.groups_per_task % task.kernel.step) %
@@ -883,6 +894,7 @@ cai_gemm_blocks_run(cai_threadpool *pool, cai_bkernel kernel, const int8_t *xq, 
 		for (int t = 0; t < n_tasks; t++)
 			run_task(&task, t, 0);
 	free(xsum_lo);
+	free(xsum_f);
 	free(job.unpacked);
 }
 
@@ -900,6 +912,6 @@ cai_gemm_blocks_portable(const int8_t *xq, const float *xs, const int16_t *xsum,
 						 const cai_cpu_bmatrix *w, int n_out, const float *bias, float *out,
 						 int ldo, bool accumulate)
 {
-	cai_gemm_blocks_run(NULL, (cai_bkernel) {group_portable, 1}, xq, xs, xsum, n_tok, w, n_out,
+	cai_gemm_blocks_run(NULL, (cai_bkernel) {group_portable, 1, 0}, xq, xs, xsum, n_tok, w, n_out,
 						bias, out, ldo, accumulate);
 }

@@ -40,7 +40,9 @@ typedef struct bgemm_job
 	bool		accumulate;
 	int			groups_per_task;
 	uint8_t    *unpacked;		/* split16 with more tokens than a tile: per thread, a group's
-								 * levels a byte each ([threads][k / 32][256]), else NULL */
+								 * levels a byte each ([threads][k / 32][256]), else NULL; or
+								 * the scratch of a kernel that asks for it */
+	const float *xsum_f;		/* with that scratch: xsum as floats, else NULL */
 } bgemm_job;
 
 /*
@@ -49,12 +51,19 @@ typedef struct bgemm_job
  */
 typedef void (*cai_bgroup_fn) (const bgemm_job *j, int g, int thread);
 
-/* A kernel and how many groups one call of it computes. */
+/*
+ * A kernel, how many groups one call of it computes, and the scratch it takes per thread and
+ * block of 32 inputs (in bgemm_job.unpacked) when a call has at least CAI_BSCRATCH_TOKENS
+ * tokens (0: none; the kernel works without it, slower, where the allocation fails).
+ */
 typedef struct cai_bkernel
 {
 	cai_bgroup_fn fn;
 	int			step;
+	int			scratch_block;
 } cai_bkernel;
+
+#define CAI_BSCRATCH_TOKENS 16
 
 /* Index of the d (dmin) entries of group g and block b. */
 static inline size_t
@@ -96,8 +105,10 @@ void		cai_gemm_blocks_run(cai_threadpool *pool, cai_bkernel kernel, const int8_t
 
 /*
  * The AVX-512 VNNI kernel of type (fn NULL where there is none): gemm_blocks_vnni.c, built
- * natively; its SIMDe copy in the unit tests is cai_bkernel_vnni_simde.
+ * natively; its SIMDe copy in the unit tests is cai_bkernel_vnni_simde.  cai_bkernel_amx: the
+ * same with AMX tiles for whole tiles of 16 tokens (the avx512-amx path only).
  */
 cai_bkernel cai_bkernel_vnni(ggml_type type);
+cai_bkernel cai_bkernel_amx(ggml_type type);
 
 #endif							/* CAI_GEMM_BLOCKS_INTERNAL_H */
