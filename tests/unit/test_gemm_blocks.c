@@ -326,6 +326,8 @@ TEST(gemm_blocks_same_bits_every_isa_threads_tokens)
 		check_gemm_paths(level_types[ti], 21, 512, 6, pool);
 		check_gemm_paths(level_types[ti], 64, 256, 9, pool);
 		check_gemm_paths(level_types[ti], 40, 512, 23, pool);
+		/* two whole AMX tiles of 16 tokens and three more, an odd last group */
+		check_gemm_paths(level_types[ti], 24, 256, 35, pool);
 	}
 	cai_threadpool_free(pool);
 }
