@@ -5,6 +5,7 @@
  *
  *   gcc -O3 -std=gnu11 -pthread -Isrc/engine -Isrc/backend -Isrc/common -o /tmp/bench_gemm \
  *       tests/bench/bench_gemm.c src/backend/cpu/gemm.c src/backend/cpu/gemm_blocks.c \
+ *       src/backend/cpu/gemm_blocks_vnni.c \
  *       src/engine/threadpool.c src/engine/quant.c src/engine/util.c -lm
  *   /tmp/bench_gemm [isa [seconds-per-case [section [formats [n_tok]]]]]
  *
