@@ -845,6 +845,7 @@ bench_print_header(const bench_run *run)
 	json_write_string(stdout, cai_engine_device(run->engine));
 	printf(",\n  \"threads\": %d,\n  \"repeat\": %d,\n", bench_opts.threads, bench_opts.repeat);
 	printf("  \"weights\": \"%s\",\n", run->info.file_weights ? "file" : "int8");
+	printf("  \"weight_bytes\": %zu,\n", run->info.weight_bytes);
 	printf("  \"weight_rounding\": \"%s\",\n  \"activation_precision\": \"%s\",\n",
 		   run->info.gptq_rounding ? "gptq" : "nearest",
 		   run->info.two_digit_activations ? "two_digit" : "int8");

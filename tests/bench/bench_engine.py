@@ -122,11 +122,13 @@ def _quiet_log(level, text, user_data):
 class LlamaBench:
     """One llama.cpp model measured the same way `cai bench` measures the engine."""
 
-    def __init__(self, path, threads):
+    def __init__(self, path, threads, extra_bufts=True):
         self.path = path
         self.threads = threads
         mparams = llama_cpp.llama_model_default_params()
         mparams.n_gpu_layers = 0
+        # llama.cpp's repacked (and AMX) weight buffers: its fastest CPU kernels where they run
+        mparams.use_extra_bufts = extra_bufts
         self.model = llama_cpp.llama_model_load_from_file(path.encode(), mparams)
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load {path}")
@@ -282,7 +284,7 @@ class LlamaBench:
 
 def bench_llama(path, args, label, repeat):
     print(f"llama.cpp: {label}: {path}", file=sys.stderr, flush=True)
-    bench = LlamaBench(path, args.threads)
+    bench = LlamaBench(path, args.threads, not args.llama_no_extra_bufts)
     try:
         prefill = bench.prefill(args.prompt_tokens, repeat, args.long_prompts)
         result = {"model": path, "label": label, "long_prefill": prefill.pop("long_prefill"),
@@ -429,6 +431,19 @@ def ratios_and_goals(args, ours, llama_same, llama_q8, key):
     return ratios, goals
 
 
+def streaming(args, ours):
+    """Batch-1 decode's weight streaming against --read-bandwidth: the engine's weight bytes
+    (cai bench's weight_bytes: every matrix once, the embedding table whole, which a model with
+    tied embeddings streams as its output head each token) times the median tokens/s."""
+    b1 = [d for d in ours["decode"] if d["batch"] == 1]
+    if not args.read_bandwidth or not ours.get("weight_bytes") or not b1:
+        return None
+    gb = ours["weight_bytes"] / 1e9
+    tps = b1[0]["tokens_per_second"]
+    return {"gb_per_token": gb, "tokens_per_second": tps, "gb_per_second": gb * tps,
+            "fraction": gb * tps / args.read_bandwidth}
+
+
 def report(args, ours, llama_same, llama_q8):
     """The printed report (median and best-run tables, ratios, goals) and its JSON parts."""
     numerics = ours.get("weights", "int8") + " weights"
@@ -454,6 +469,12 @@ def report(args, ours, llama_same, llama_q8):
         cells = [out[label]["ratios"][k] for label in ("median", "best run")]
         lines.append(f"  {k:34} " + " ".join(
             f"{v:8.2f}x" if v is not None else f"{'n/a':>9}" for v in cells))
+    bw = streaming(args, ours)
+    if bw:
+        out["median"]["ratios"]["decode_b1_read_bandwidth_fraction"] = bw["fraction"]
+        lines.append(f"  {'decode b1 / read bandwidth':34} {100 * bw['fraction']:8.1f}%  "
+                     f"({bw['gb_per_token']:.3f} GB a token x {bw['tokens_per_second']:.1f}/s "
+                     f"= {bw['gb_per_second']:.1f} of {args.read_bandwidth:.1f} GB/s)")
     lines.append(f"{'goals':36} {'median':>9} {'best run':>9}")
     for k in out["median"]["goals"]:
         cells = [out[label]["goals"][k] for label in ("median", "best run")]
@@ -522,6 +543,13 @@ def main():
     ap.add_argument("--repeat", type=int, default=3,
                     help="rounds; each engine runs once per round, order rotated (median)")
     ap.add_argument("--out", help="write the JSON here (default: tests/bench/out/engine-TIME.json)")
+    ap.add_argument("--llama-no-extra-bufts", action="store_true",
+                    help="llama.cpp without its repacked and AMX weight buffers (use_extra_bufts "
+                    "off: where they crash, as llama-cpp-python 0.3.36's AMX buffers do in "
+                    "llama_decode on a Sapphire Rapids VM)")
+    ap.add_argument("--read-bandwidth", type=float, metavar="GB/S",
+                    help="the memory's read bandwidth at --threads (tests/bench/bench_peak.c): "
+                    "also report batch-1 decode's weight bytes per token x tokens/s over it")
     ap.add_argument("--cai-flags", default="", metavar="FLAGS",
                     help="cai bench numerics flags, e.g. --cai-flags=--two-digit-activations")
     args = ap.parse_args()
@@ -550,7 +578,8 @@ def main():
         "started": started.isoformat(timespec="seconds"),
         "command": " ".join([sys.executable] + sys.argv),
         "config": {"model": args.model, "threads": args.threads, "batches": args.batches,
-                   "cai_flags": args.cai_flags,
+                   "cai_flags": args.cai_flags, "read_bandwidth_gb_s": args.read_bandwidth,
+                   "llama_extra_bufts": not args.llama_no_extra_bufts,
                    "prompt_tokens": args.prompt_tokens, "long_prompts": args.long_prompts,
                    "gen_tokens": args.gen_tokens,
                    "decode_prompt_tokens": args.decode_prompt_tokens, "repeat": args.repeat,

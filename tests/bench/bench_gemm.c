@@ -5,6 +5,7 @@
  *
  *   gcc -O3 -std=gnu11 -pthread -Isrc/common -Isrc/gguf -Isrc/backend -o /tmp/bench_gemm \
  *       tests/bench/bench_gemm.c src/backend/cpu/gemm.c src/backend/cpu/gemm_blocks.c \
+ *       src/backend/cpu/gemm_blocks_vnni.c \
  *       src/common/threadpool.c src/gguf/quant.c src/common/util.c -lm
  *   /tmp/bench_gemm [isa [seconds-per-case [section [formats [n_tok]]]]]
  *

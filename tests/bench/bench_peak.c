@@ -9,16 +9,22 @@
  *                 Q4_0, Q4_1, Q4_K, whose unsigned levels need no sign step and whose int16 sums
  *                 cannot overflow within a block
  *
- * Eight independent accumulators hide the latencies.  Not part of the Makefile; from the
- * repository root:
+ * Eight independent accumulators hide the latencies.  Then the memory's read bandwidth: 1 and 2
+ * threads (or the number given) each summing their part of a 1 GiB buffer with 256-bit loads,
+ * the best of 5 passes: the rate decode's weight streaming can approach (bench_engine.py's
+ * --read-bandwidth takes it).  Not part of the Makefile; from the repository root:
  *
- *   gcc -O2 -o /tmp/bench_peak tests/bench/bench_peak.c && /tmp/bench_peak
+ *   gcc -O2 -pthread -o /tmp/bench_peak tests/bench/bench_peak.c && /tmp/bench_peak [threads]
  *
  * Comparing a GEMM's multiply-adds per second (per thread) with these says how much of what the
  * instructions allow it reaches; docs/benchmarks.md uses them for the ceilings of its goals.
  */
 #include <immintrin.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #define STEPS 100000000L
@@ -33,8 +39,69 @@ now(void)
 	return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
+#define READ_BYTES ((size_t) 1 << 30)
+
+typedef struct reader
+{
+	const uint8_t *p;
+	size_t		n;
+	long long	sum;
+} reader;
+
+/* Sums a part of the buffer with four independent accumulators of 256-bit loads. */
+__attribute__((target("avx2"))) static void *
+read_part(void *arg)
+{
+	reader	   *r = arg;
+	__m256i		s0 = _mm256_setzero_si256(),
+				s1 = s0,
+				s2 = s0,
+				s3 = s0;
+
+	for (size_t i = 0; i + 128 <= r->n; i += 128)
+	{
+		s0 = _mm256_add_epi64(s0, _mm256_load_si256((const __m256i *) (r->p + i)));
+		s1 = _mm256_add_epi64(s1, _mm256_load_si256((const __m256i *) (r->p + i + 32)));
+		s2 = _mm256_add_epi64(s2, _mm256_load_si256((const __m256i *) (r->p + i + 64)));
+		s3 = _mm256_add_epi64(s3, _mm256_load_si256((const __m256i *) (r->p + i + 96)));
+	}
+	s0 = _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3));
+	r->sum = _mm256_extract_epi64(s0, 0) + _mm256_extract_epi64(s0, 3);
+	return NULL;
+}
+
+/* GB/s of threads reading buf (READ_BYTES) at once, the best of 5 passes. */
+static double
+read_bandwidth(const uint8_t *buf, int threads, long long *checksum)
+{
+	double		best = 0;
+
+	for (int pass = 0; pass < 5; pass++)
+	{
+		pthread_t	tid[64];
+		reader		r[64];
+		double		t = now();
+
+		for (int i = 0; i < threads; i++)
+		{
+			r[i].p = buf + READ_BYTES / threads * i;
+			r[i].n = READ_BYTES / threads;
+			pthread_create(&tid[i], NULL, read_part, &r[i]);
+		}
+		for (int i = 0; i < threads; i++)
+		{
+			pthread_join(tid[i], NULL);
+			*checksum += r[i].sum;
+		}
+		t = now() - t;
+		if (READ_BYTES / t / 1e9 > best)
+			best = READ_BYTES / t / 1e9;
+	}
+	return best;
+}
+
 __attribute__((target("avx2"))) int
-main(void)
+main(int argc, char **argv)
 {
 	const __m256i ones = _mm256_set1_epi16(1);
 	const __m256i x = _mm256_set1_epi8(-5);
@@ -76,5 +143,20 @@ main(void)
 		   STEPS * 8.0 * 32 / t / 1e9);
 	/* the sums are printed so that the loops are not optimized away */
 	printf("(checksum %d)\n", _mm256_extract_epi32(total, 0));
+
+	{
+		int			max_threads = argc > 1 ? atoi(argv[1]) : 2;
+		uint8_t    *buf = aligned_alloc(64, READ_BYTES);
+		long long	checksum = 0;
+
+		if (!buf || max_threads < 1 || max_threads > 64)
+			return 1;
+		memset(buf, 1, READ_BYTES);
+		for (int threads = 1; threads <= max_threads; threads = threads < max_threads && threads * 2 > max_threads ? max_threads : threads * 2)
+			printf("read bandwidth, %d thread%s: %.1f GB/s\n", threads, threads > 1 ? "s" : "",
+				   read_bandwidth(buf, threads, &checksum));
+		printf("(checksum %lld)\n", checksum);
+		free(buf);
+	}
 	return 0;
 }

@@ -1,10 +1,19 @@
 /*
  * test_gemm_blocks.c — the file's own block weights: decoding levels, repacking, per-block
- * activation quantization and the GEMM on every ISA path (cpu/gemm_blocks.h).
+ * activation quantization and the GEMM on every ISA path (cpu/gemm_blocks.h), and the AVX-512
+ * VNNI kernels on every machine: this file compiles cpu/gemm_blocks_vnni.c a second time
+ * through SIMDe (Debian's libsimde-dev; no AVX-512 compiler flag), and that copy must give the
+ * portable kernel's bits wherever the tests run.
  */
 #include "test.h"
 
 #include <stdlib.h>
+
+#if !__has_include(<simde/x86/avx512.h>)
+#error "the unit tests need SIMDe's headers (Debian: apt-get install libsimde-dev)"
+#endif
+#define CAI_BLOCKS_SIMDE 1
+#include "cpu/gemm_blocks_vnni.c"
 
 #include "cpu/gemm.h"
 #include "cpu/gemm_blocks.h"
@@ -263,9 +272,23 @@ check_gemm_paths(ggml_type type, int rows, int k, int n_tok, cai_threadpool *poo
 				CHECK_NEAR(want[tk * rows + o], ref, 1e-3 * (1.0 + fabs(ref)));
 			}
 		}
-		for (int isa = 0; isa < 4; isa++)
+		for (int isa = 0; isa < 5; isa++)
 		{
 			int			bad = 0;
+
+			if (isa == 4)
+			{
+				/* the VNNI kernel through SIMDe, on any CPU */
+				for (int i = 0; i < n_tok * rows; i++)
+					got[i] = (float) i * 0.5f;
+				cai_gemm_blocks_run(pool, cai_bkernel_vnni_simde(type), xq, xs, xsum, n_tok, &m,
+									rows, acc ? NULL : bias, got, rows, acc == 1);
+				for (int i = 0; i < n_tok * rows; i++)
+					bad += memcmp(&got[i], &want[i], sizeof(float)) != 0;
+				CHECK_MSG(bad == 0, "%s through SIMDe's VNNI, %d tokens: %d outputs differ from "
+						  "the portable kernel", ggml_type_name(type), n_tok, bad);
+				continue;
+			}
 
 			if (!cai_cpu_force_isa(isas[isa]))
 				continue;
@@ -302,6 +325,9 @@ TEST(gemm_blocks_same_bits_every_isa_threads_tokens)
 		check_gemm_paths(level_types[ti], 21, 512, 1, NULL);
 		check_gemm_paths(level_types[ti], 21, 512, 6, pool);
 		check_gemm_paths(level_types[ti], 64, 256, 9, pool);
+		check_gemm_paths(level_types[ti], 40, 512, 23, pool);
+		/* two whole AMX tiles of 16 tokens and three more, an odd last group */
+		check_gemm_paths(level_types[ti], 24, 256, 35, pool);
 	}
 	cai_threadpool_free(pool);
 }
@@ -388,6 +414,13 @@ TEST(gemm_blocks_extreme_levels_same_bits)
 					bad += memcmp(&got[o], &want[o], sizeof(float)) != 0;
 				CHECK_MSG(bad == 0, "%s, bytes 0x%02x, activations %d x 127: %d rows differ",
 						  ggml_type_name(type), fills[fi], sign, bad);
+				bad = 0;
+				cai_gemm_blocks_run(NULL, cai_bkernel_vnni_simde(type), xq, xs, xsum, 1, &m, rows,
+									NULL, got, rows, false);
+				for (int o = 0; o < rows; o++)
+					bad += memcmp(&got[o], &want[o], sizeof(float)) != 0;
+				CHECK_MSG(bad == 0, "%s through SIMDe's VNNI, bytes 0x%02x, activations %d x 127: "
+						  "%d rows differ", ggml_type_name(type), fills[fi], sign, bad);
 				cai_cpu_bmatrix_free(&m);
 				free(t);
 			}

@@ -3,6 +3,7 @@
  * groups of 8 rows, per-block activation quantization, and the portable and AVX2 kernels.
  */
 #include "gemm_blocks.h"
+#include "gemm_blocks_internal.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -20,19 +21,6 @@
 /* Rows of a group and the token tile the AVX2 kernel reads a group's weights once for. */
 #define GROUP CAI_BLOCK_ROWS
 #define TOKEN_TILE 4
-
-/*
- * Q6_K's levels (-32..31) are stored plus this, unsigned (0..63), so that the AVX2 kernel takes
- * them straight into vpmaddubsw's unsigned operand, without the sign step the signed byte formats
- * need, and subtracts 32 times the activations' sum of each half block from the exact sum.
- */
-#define SPLIT16_LEVEL_OFFSET 32
-
-/*
- * Where Q6_K's 2-bit high parts start in a group's block: after the 128 bytes of low nibbles
- * (gemm_blocks.h, "Layout").
- */
-#define SPLIT16_HIGH_BITS 128
 
 /* ---------------------------------------------------------------------------------------
  * Formats
@@ -108,25 +96,6 @@ cai_cpu_bmatrix_block_bytes(ggml_type type)
 	return f ? (size_t) layout_block_bytes(f->nibble, f->split16) : 0;
 }
 
-/* Index of the d (dmin) entries of group g and block b. */
-static inline size_t
-scale_index(const cai_cpu_bmatrix *m, int g, int b)
-{
-	const int	nb = m->k / CAI_BLOCK_ELEMS;
-
-	if (m->k_quant)
-		return ((size_t) g * (m->k / 256) + b / 8) * GROUP;
-	return ((size_t) g * nb + b) * GROUP;
-}
-
-/* Index of the sub-block scales (mins) of group g and block b (k_quant). */
-static inline size_t
-sub_index(const cai_cpu_bmatrix *m, int g, int b)
-{
-	const int	nb = m->k / CAI_BLOCK_ELEMS;
-
-	return ((size_t) g * nb + b) * GROUP * (m->split16 ? 2 : 1);
-}
 
 /* ---------------------------------------------------------------------------------------
  * Repacking
@@ -216,26 +185,26 @@ place_block(cai_cpu_bmatrix *m, int r, int src_block, const cai_block_levels *lv
 		place_levels(m, g, b, lane, lv->q + CAI_BLOCK_ELEMS * j);
 		if (!m->k_quant)
 		{
-			d[scale_index(m, g, b) + lane] = lv->d;
+			d[cai_bscale_index(m, g, b) + lane] = lv->d;
 			if (dmin)
-				dmin[scale_index(m, g, b) + lane] = lv->dmin;
+				dmin[cai_bscale_index(m, g, b) + lane] = lv->dmin;
 			continue;
 		}
 		if (m->split16)
 		{
-			((int8_t *) m->sc)[sub_index(m, g, b) + lane] = lv->sc[2 * j];
-			((int8_t *) m->sc)[sub_index(m, g, b) + GROUP + lane] = lv->sc[2 * j + 1];
+			((int8_t *) m->sc)[cai_bsub_index(m, g, b) + lane] = lv->sc[2 * j];
+			((int8_t *) m->sc)[cai_bsub_index(m, g, b) + GROUP + lane] = lv->sc[2 * j + 1];
 		}
 		else
-			((int8_t *) m->sc)[sub_index(m, g, b) + lane] = lv->sc[j];
+			((int8_t *) m->sc)[cai_bsub_index(m, g, b) + lane] = lv->sc[j];
 		if (m->m)
-			((int8_t *) m->m)[sub_index(m, g, b) + lane] = lv->m[j];
+			((int8_t *) m->m)[cai_bsub_index(m, g, b) + lane] = lv->m[j];
 	}
 	if (m->k_quant)
 	{
-		d[scale_index(m, g, src_block * subs) + lane] = lv->d;
+		d[cai_bscale_index(m, g, src_block * subs) + lane] = lv->d;
 		if (dmin)
-			dmin[scale_index(m, g, src_block * subs) + lane] = lv->dmin;
+			dmin[cai_bscale_index(m, g, src_block * subs) + lane] = lv->dmin;
 	}
 }
 
@@ -337,11 +306,11 @@ level_at(const cai_cpu_bmatrix *m, int g, int b, int lane, int e)
 static inline float
 weight_scale(const cai_cpu_bmatrix *m, int g, int b, int lane, int h)
 {
-	const float d = cai_fp16_to_fp32(m->d[scale_index(m, g, b) + lane]);
+	const float d = cai_fp16_to_fp32(m->d[cai_bscale_index(m, g, b) + lane]);
 
 	if (!m->k_quant)
 		return d;
-	return d * (float) m->sc[sub_index(m, g, b) + (m->split16 ? h * GROUP : 0) + lane];
+	return d * (float) m->sc[cai_bsub_index(m, g, b) + (m->split16 ? h * GROUP : 0) + lane];
 }
 
 /* wm of row lane, block b of group g (has_min or zero != 0); ws is weight_scale's. */
@@ -351,9 +320,9 @@ weight_min(const cai_cpu_bmatrix *m, int g, int b, int lane, float ws)
 	if (!m->has_min)
 		return ws * (float) m->zero;
 	if (!m->k_quant)
-		return cai_fp16_to_fp32(m->dmin[scale_index(m, g, b) + lane]);
-	return cai_fp16_to_fp32(m->dmin[scale_index(m, g, b) + lane]) *
-		(float) m->m[sub_index(m, g, b) + lane];
+		return cai_fp16_to_fp32(m->dmin[cai_bscale_index(m, g, b) + lane]);
+	return cai_fp16_to_fp32(m->dmin[cai_bscale_index(m, g, b) + lane]) *
+		(float) m->m[cai_bsub_index(m, g, b) + lane];
 }
 
 static inline bool
@@ -430,36 +399,6 @@ cai_quantize_act_blocks(const float *x, int n_tok, int k, int8_t *q, float *s, i
  * Kernels
  * --------------------------------------------------------------------------------------- */
 
-/* What one GEMM call's tasks share. */
-typedef struct bgemm_job
-{
-	const int8_t *xq;
-	const float *xs;
-	const int16_t *xsum;
-	const int16_t *xsum_lo;		/* split16: each block's first 16 levels' sum, else NULL */
-	int			n_tok;
-	const cai_cpu_bmatrix *w;
-	int			n_out;
-	const float *bias;
-	float	   *out;
-	int			ldo;
-	bool		accumulate;
-	int			groups_per_task;
-	uint8_t    *unpacked;		/* split16 with more tokens than a tile: per thread, a group's
-								 * levels a byte each ([threads][k / 32][256]), else NULL */
-} bgemm_job;
-
-/* The epilogue of both kernels: the row's sum, the bias and the accumulation. */
-static inline void
-store_result(const bgemm_job *j, int t, int o, float acc)
-{
-	float	   *dst = j->out + (size_t) t * j->ldo + o;
-	float		v = acc;
-
-	if (j->bias)
-		v = v + j->bias[o];
-	*dst = j->accumulate ? *dst + v : v;
-}
 
 /* Portable: row by row, block by block, in the order every path follows. */
 static void
@@ -493,7 +432,7 @@ group_portable(const bgemm_job *j, int g, int thread)
 						(float) j->xsum[(size_t) t * nb + b];
 				acc = acc + j->xs[(size_t) t * nb + b] * term;
 			}
-			store_result(j, t, g * GROUP + lane, acc);
+			cai_bstore_result(j, t, g * GROUP + lane, acc);
 		}
 }
 
@@ -629,13 +568,13 @@ tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bo
 				_mm_prefetch((const char *) (qb + 8 * bbytes + o), _MM_HINT_T0);
 		if (!k_quant || b % 8 == 0)
 		{
-			d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (m->d + scale_index(m, g, b))));
+			d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (m->d + cai_bscale_index(m, g, b))));
 			if (has_min)
-				dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (m->dmin + scale_index(m, g, b))));
+				dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (m->dmin + cai_bscale_index(m, g, b))));
 		}
 		if (k_quant)
 		{
-			const int8_t *sc = m->sc + sub_index(m, g, b);
+			const int8_t *sc = m->sc + cai_bsub_index(m, g, b);
 
 			ws = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) sc))));
 			if (split16)
@@ -643,7 +582,7 @@ tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bo
 								_mm_loadl_epi64((const __m128i *) (sc + GROUP)))));
 			if (has_min)
 				wm = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-								_mm_loadl_epi64((const __m128i *) (m->m + sub_index(m, g, b))))));
+								_mm_loadl_epi64((const __m128i *) (m->m + cai_bsub_index(m, g, b))))));
 		}
 		else
 		{
@@ -736,7 +675,7 @@ tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bo
 
 		_mm256_storeu_ps(lanes, acc[t]);
 		for (int lane = 0; lane < GROUP && g * GROUP + lane < j->n_out; lane++)
-			store_result(j, t0 + t, g * GROUP + lane, lanes[lane]);
+			cai_bstore_result(j, t0 + t, g * GROUP + lane, lanes[lane]);
 	}
 }
 
@@ -835,43 +774,52 @@ avx2_f16c_available(void)
 }
 #endif
 
-typedef void (*group_fn) (const bgemm_job *j, int g, int thread);
-
-/* The kernel of the path gemm.h's ISA selection names (generic: the portable one) for type. */
-static group_fn
+/*
+ * The kernel of the path gemm.h's ISA selection names (generic: the portable one) for type:
+ * avx512-vnni and avx512-amx take the VNNI kernels, avx2 the AVX2 ones.
+ */
+static cai_bkernel
 select_kernel(ggml_type type)
 {
+	const cai_bkernel portable = {group_portable, 1, 0};
+
 #if defined(__x86_64__)
-	if (strcmp(cai_cpu_isa(), "generic") != 0 && avx2_f16c_available())
+	const char *isa = cai_cpu_isa();
+
+	if (strcmp(isa, "avx512-amx") == 0 && cai_bkernel_amx(type).fn)
+		return cai_bkernel_amx(type);
+	if (strncmp(isa, "avx512", 6) == 0 && cai_bkernel_vnni(type).fn)
+		return cai_bkernel_vnni(type);
+	if (strcmp(isa, "generic") != 0 && avx2_f16c_available())
 		switch (type)
 		{
 			case GGML_TYPE_Q4_0:
-				return group_avx2_q4_0;
+				return (cai_bkernel) {group_avx2_q4_0, 1, 0};
 			case GGML_TYPE_Q4_1:
-				return group_avx2_q4_1;
+				return (cai_bkernel) {group_avx2_q4_1, 1, 0};
 			case GGML_TYPE_Q4_K:
-				return group_avx2_q4_k;
+				return (cai_bkernel) {group_avx2_q4_k, 1, 0};
 			case GGML_TYPE_Q5_0:
-				return group_avx2_q5_0;
+				return (cai_bkernel) {group_avx2_q5_0, 1, 0};
 			case GGML_TYPE_Q5_1:
-				return group_avx2_q5_1;
+				return (cai_bkernel) {group_avx2_q5_1, 1, 0};
 			case GGML_TYPE_Q5_K:
-				return group_avx2_q5_k;
+				return (cai_bkernel) {group_avx2_q5_k, 1, 0};
 			case GGML_TYPE_Q6_K:
-				return group_avx2_q6_k;
+				return (cai_bkernel) {group_avx2_q6_k, 1, 0};
 			case GGML_TYPE_Q8_0:
-				return group_avx2_q8_0;
+				return (cai_bkernel) {group_avx2_q8_0, 1, 0};
 			default:
 				break;
 		}
 #endif
-	return group_portable;
+	return portable;
 }
 
 typedef struct bgemm_task
 {
 	const bgemm_job *job;
-	group_fn	fn;
+	cai_bkernel kernel;
 } bgemm_task;
 
 static void
@@ -882,35 +830,36 @@ run_task(void *arg, int task, int thread)
 	const int	n_groups = (j->n_out + GROUP - 1) / GROUP;
 	const int	g1 = (task + 1) * j->groups_per_task;
 
-	for (int g = task * j->groups_per_task; g < g1 && g < n_groups; g++)
-		bt->fn(j, g, thread);
+	for (int g = task * j->groups_per_task; g < g1 && g < n_groups; g += bt->kernel.step)
+		bt->kernel.fn(j, g, thread);
 }
 
-static void
-gemm_blocks_with(cai_threadpool *pool, group_fn fn, const int8_t *xq, const float *xs,
-				 const int16_t *xsum, int n_tok, const cai_cpu_bmatrix *w, int n_out,
-				 const float *bias, float *out, int ldo, bool accumulate)
+void
+cai_gemm_blocks_run(cai_threadpool *pool, cai_bkernel kernel, const int8_t *xq, const float *xs,
+					const int16_t *xsum, int n_tok, const cai_cpu_bmatrix *w, int n_out,
+					const float *bias, float *out, int ldo, bool accumulate)
 {
 	const int	n_groups = (n_out + GROUP - 1) / GROUP;
 	const int	threads = pool ? cai_threadpool_size(pool) : 1;
 	const int	nb = w->k / CAI_BLOCK_ELEMS;
 	int			n_tasks = threads * 8 < n_groups ? threads * 8 : n_groups;
 	int16_t    *xsum_lo = NULL;
-	bgemm_job	job = {xq, xs, xsum, NULL, n_tok, w, n_out, bias, out, ldo, accumulate, 1, NULL};
-	bgemm_task	task = {&job, fn};
+	float	   *xsum_f = NULL;
+	bgemm_job	job = {xq, xs, xsum, NULL, n_tok, w, n_out, bias, out, ldo, accumulate, 1, NULL, NULL};
+	bgemm_task	task = {&job, kernel};
 
 	if (n_tok < 1 || n_groups < 1)
 		return;
 	/*
-	 * the half sums the unsigned Q6_K kernel subtracts (without memory, the portable kernel):
+	 * the half sums the unsigned Q6_K kernels subtract (without memory, the portable kernel):
 	 * the kernel is chosen by the type, so the type's format decides, not the matrix's own flag,
 	 * which a hostile weight cache file can set apart from its type
 	 */
-	if (format_of(w->type) && format_of(w->type)->split16 && fn != group_portable)
+	if (format_of(w->type) && format_of(w->type)->split16 && kernel.fn != group_portable)
 	{
 		xsum_lo = malloc((size_t) n_tok * nb * sizeof(int16_t));
 		if (!xsum_lo)
-			task.fn = group_portable;
+			task.kernel = (cai_bkernel) {group_portable, 1, 0};
 		for (int t = 0; xsum_lo && t < n_tok; t++)
 			for (int b = 0; b < nb; b++)
 			{
@@ -922,11 +871,22 @@ gemm_blocks_with(cai_threadpool *pool, group_fn fn, const int8_t *xq, const floa
 				xsum_lo[(size_t) t * nb + b] = (int16_t) total;
 			}
 		job.xsum_lo = xsum_lo;
-		/* without this scratch the kernel unpacks per tile: slower, the same bits */
-		if (xsum_lo && n_tok > TOKEN_TILE)
+		/* without this scratch the AVX2 kernel unpacks per tile: slower, the same bits */
+		if (xsum_lo && n_tok > TOKEN_TILE && task.kernel.step == 1)
 			job.unpacked = malloc((size_t) threads * nb * 32 * GROUP);
 	}
+	if (task.kernel.scratch_block > 0 && n_tok >= CAI_BSCRATCH_TOKENS)
+	{
+		job.unpacked = malloc((size_t) threads * nb * task.kernel.scratch_block);
+		xsum_f = malloc((size_t) n_tok * nb * sizeof(float));
+		for (size_t i = 0; xsum_f && i < (size_t) n_tok * nb; i++)
+			xsum_f[i] = (float) xsum[i];
+		job.xsum_f = xsum_f;
+	}
+	/* a task holds whole calls of a kernel that takes several groups at once */
 	job.groups_per_task = (n_groups + n_tasks - 1) / n_tasks;
+	job.groups_per_task += (task.kernel.step - job.groups_per_task % task.kernel.step) %
+		task.kernel.step;
 	n_tasks = (n_groups + job.groups_per_task - 1) / job.groups_per_task;
 	if (pool && n_tasks > 1)
 		cai_threadpool_run(pool, run_task, &task, n_tasks);
@@ -934,6 +894,7 @@ gemm_blocks_with(cai_threadpool *pool, group_fn fn, const int8_t *xq, const floa
 		for (int t = 0; t < n_tasks; t++)
 			run_task(&task, t, 0);
 	free(xsum_lo);
+	free(xsum_f);
 	free(job.unpacked);
 }
 
@@ -942,8 +903,8 @@ cai_gemm_blocks(cai_threadpool *pool, const int8_t *xq, const float *xs, const i
 				int n_tok, const cai_cpu_bmatrix *w, int n_out, const float *bias, float *out,
 				int ldo, bool accumulate)
 {
-	gemm_blocks_with(pool, select_kernel(w->type), xq, xs, xsum, n_tok, w, n_out, bias, out, ldo,
-					 accumulate);
+	cai_gemm_blocks_run(pool, select_kernel(w->type), xq, xs, xsum, n_tok, w, n_out, bias, out,
+						ldo, accumulate);
 }
 
 void
@@ -951,6 +912,6 @@ cai_gemm_blocks_portable(const int8_t *xq, const float *xs, const int16_t *xsum,
 						 const cai_cpu_bmatrix *w, int n_out, const float *bias, float *out,
 						 int ldo, bool accumulate)
 {
-	gemm_blocks_with(NULL, group_portable, xq, xs, xsum, n_tok, w, n_out, bias, out, ldo,
-					 accumulate);
+	cai_gemm_blocks_run(NULL, (cai_bkernel) {group_portable, 1, 0}, xq, xs, xsum, n_tok, w, n_out,
+						bias, out, ldo, accumulate);
 }

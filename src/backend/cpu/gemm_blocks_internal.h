@@ -1,0 +1,114 @@
+/*
+ * gemm_blocks_internal.h — what the block GEMM's kernels share (gemm_blocks.c, which repacks,
+ * dispatches and holds the portable and AVX2 kernels, and gemm_blocks_vnni.c, the AVX-512 VNNI
+ * ones): one call's job, the layout's index arithmetic, and the runner that splits a call's
+ * groups among threads.  The unit tests compile gemm_blocks_vnni.c a second time through SIMDe
+ * and run that copy through cai_gemm_blocks_run, so this header is the seam between them.
+ */
+#ifndef CAI_GEMM_BLOCKS_INTERNAL_H
+#define CAI_GEMM_BLOCKS_INTERNAL_H
+
+#include "gemm_blocks.h"
+
+/*
+ * Q6_K's levels (-32..31) are stored plus this, unsigned (0..63), so that the kernels take them
+ * straight into the unsigned operand of vpmaddubsw or vpdpbusd, without the sign step the
+ * signed byte formats need, and subtract 32 times the activations' sum of each half block from
+ * the exact sum.
+ */
+#define SPLIT16_LEVEL_OFFSET 32
+
+/*
+ * Where Q6_K's 2-bit high parts start in a group's block: after the 128 bytes of low nibbles
+ * (gemm_blocks.h, "Layout").
+ */
+#define SPLIT16_HIGH_BITS 128
+
+/* What one GEMM call's tasks share. */
+typedef struct bgemm_job
+{
+	const int8_t *xq;
+	const float *xs;
+	const int16_t *xsum;
+	const int16_t *xsum_lo;		/* split16: each block's first 16 levels' sum, else NULL */
+	int			n_tok;
+	const cai_cpu_bmatrix *w;
+	int			n_out;
+	const float *bias;
+	float	   *out;
+	int			ldo;
+	bool		accumulate;
+	int			groups_per_task;
+	uint8_t    *unpacked;		/* split16 with more tokens than a tile: per thread, a group's
+								 * levels a byte each ([threads][k / 32][256]), else NULL; or
+								 * the scratch of a kernel that asks for it */
+	const float *xsum_f;		/* with that scratch: xsum as floats, else NULL */
+} bgemm_job;
+
+/*
+ * A kernel: the rows of group g (of groups g .. g + step - 1 for a kernel that takes step
+ * groups at once, called for every step-th group only) for all of the job's tokens.
+ */
+typedef void (*cai_bgroup_fn) (const bgemm_job *j, int g, int thread);
+
+/*
+ * A kernel, how many groups one call of it computes, and the scratch it takes per thread and
+ * block of 32 inputs (in bgemm_job.unpacked) when a call has at least CAI_BSCRATCH_TOKENS
+ * tokens (0: none; the kernel works without it, slower, where the allocation fails).
+ */
+typedef struct cai_bkernel
+{
+	cai_bgroup_fn fn;
+	int			step;
+	int			scratch_block;
+} cai_bkernel;
+
+#define CAI_BSCRATCH_TOKENS 16
+
+/* Index of the d (dmin) entries of group g and block b. */
+static inline size_t
+cai_bscale_index(const cai_cpu_bmatrix *m, int g, int b)
+{
+	const int	nb = m->k / CAI_BLOCK_ELEMS;
+
+	if (m->k_quant)
+		return ((size_t) g * (m->k / 256) + b / 8) * CAI_BLOCK_ROWS;
+	return ((size_t) g * nb + b) * CAI_BLOCK_ROWS;
+}
+
+/* Index of the sub-block scales (mins) of group g and block b (k_quant). */
+static inline size_t
+cai_bsub_index(const cai_cpu_bmatrix *m, int g, int b)
+{
+	const int	nb = m->k / CAI_BLOCK_ELEMS;
+
+	return ((size_t) g * nb + b) * CAI_BLOCK_ROWS * (m->split16 ? 2 : 1);
+}
+
+/* The epilogue of every kernel: the row's sum, the bias and the accumulation. */
+static inline void
+cai_bstore_result(const bgemm_job *j, int t, int o, float acc)
+{
+	float	   *dst = j->out + (size_t) t * j->ldo + o;
+	float		v = acc;
+
+	if (j->bias)
+		v = v + j->bias[o];
+	*dst = j->accumulate ? *dst + v : v;
+}
+
+/* cai_gemm_blocks with the given kernel (one of the type's: it reads the type's layout). */
+void		cai_gemm_blocks_run(cai_threadpool *pool, cai_bkernel kernel, const int8_t *xq,
+								const float *xs, const int16_t *xsum, int n_tok,
+								const cai_cpu_bmatrix *w, int n_out, const float *bias,
+								float *out, int ldo, bool accumulate);
+
+/*
+ * The AVX-512 VNNI kernel of type (fn NULL where there is none): gemm_blocks_vnni.c, built
+ * natively; its SIMDe copy in the unit tests is cai_bkernel_vnni_simde.  cai_bkernel_amx: the
+ * same with AMX tiles for whole tiles of 16 tokens (the avx512-amx path only).
+ */
+cai_bkernel cai_bkernel_vnni(ggml_type type);
+cai_bkernel cai_bkernel_amx(ggml_type type);
+
+#endif							/* CAI_GEMM_BLOCKS_INTERNAL_H */

@@ -1,0 +1,680 @@
+/*
+ * gemm_blocks_vnni.c — the block GEMM's AVX-512 VNNI kernels (the layout and the order of the
+ * float operations every path follows: gemm_blocks.h).
+ *
+ * A call computes two groups at once, 16 rows, one per 32-bit lane of a 512-bit vector: step s
+ * (inputs 4 s .. 4 s + 3) of a block is group g's 32 bytes beside group g + 1's, and vpdpbusd
+ * multiplies those levels, unsigned, with the token's four activations of the step, signed and
+ * broadcast, adding into 16 exact int32 row sums.  The levels go into the unsigned operand as
+ * they are (nibbles 0..15, Q6_K's stored 0..63) or with the sign bit flipped (the signed byte
+ * formats: w + 128), and that offset times the activations' block sum is taken off the integer
+ * sum again; so each block's row sums are the integers the portable kernel computes, and the
+ * float operations after them are the same ones in the same order: the same bits.
+ *
+ * A block's levels are widened from the packed layout once per tile of up to 8 tokens, which
+ * take them from registers; each tile's 8 sums per row stay in registers for the whole row.
+ * Decoding a token streams the prepared weights once: the first tile asks for the blocks ahead
+ * of it (both groups' levels and scales) so that the loads find them in the cache.
+ *
+ * The file is compiled twice: into the engine, natively, behind target attributes (the ISA
+ * selection, gemm.h, checks the CPU at run time), and into the unit tests with CAI_BLOCKS_SIMDE
+ * defined, through SIMDe's portable implementations of the same intrinsics and without any
+ * AVX-512 compiler flag, so that every machine tests these kernels bit for bit against the
+ * portable one.
+ */
+#include "gemm_blocks_internal.h"
+
+#include <string.h>
+
+#if defined(CAI_BLOCKS_SIMDE)
+#define SIMDE_ENABLE_NATIVE_ALIASES
+#include <simde/x86/avx512.h>
+#include <simde/x86/f16c.h>
+#define VNNI_TARGET
+#define VNNI_NAME(name) name##_simde
+#define VNNI_KERNELS 1
+#elif defined(__x86_64__)
+#include <immintrin.h>
+#define VNNI_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#define VNNI_NAME(name) name
+#define VNNI_KERNELS 1
+#endif
+
+#if defined(VNNI_KERNELS)
+
+#define GROUP CAI_BLOCK_ROWS
+#define VTILE 8					/* tokens that share a block's widened levels */
+#define PREFETCH_BLOCKS 8		/* how far ahead decoding asks for the weights */
+
+/*
+ * Three conversions to 16 lanes.  SIMDe (0.7) lacks their 512-bit forms, so its build makes
+ * them of two 256-bit halves, which gives the same values lane for lane.
+ */
+#if defined(CAI_BLOCKS_SIMDE)
+static inline __m512
+join_ps(__m256 lo, __m256 hi)
+{
+	return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1);
+}
+
+static inline __m512
+cvtph_ps16(__m256i h)
+{
+	return join_ps(_mm256_cvtph_ps(_mm256_castsi256_si128(h)),
+				   _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1)));
+}
+
+static inline __m512
+cvtepi32_ps16(__m512i v)
+{
+	return join_ps(_mm256_cvtepi32_ps(_mm512_castsi512_si256(v)),
+				   _mm256_cvtepi32_ps(_mm512_extracti64x4_epi64(v, 1)));
+}
+
+static inline __m512i
+cvtepi8_epi32_16(__m128i v)
+{
+	return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_cvtepi8_epi32(v)),
+							  _mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)), 1);
+}
+#else
+#define cvtph_ps16 _mm512_cvtph_ps
+#define cvtepi32_ps16 _mm512_cvtepi32_ps
+#define cvtepi8_epi32_16 _mm512_cvtepi8_epi32
+#endif
+
+static inline int32_t
+load_i32(const int8_t *p)
+{
+	int32_t		v;
+
+	memcpy(&v, p, sizeof(v));
+	return v;
+}
+
+/* 32 bytes of group g beside the same 32 bytes of group g + 1. */
+VNNI_TARGET static inline __m512i
+load_pair(const uint8_t *a, const uint8_t *b)
+{
+	return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *) a)),
+							  _mm256_loadu_si256((const __m256i *) b), 1);
+}
+
+/* Two groups' 8 fp16 scales as 16 floats. */
+VNNI_TARGET static inline __m512
+halves_pair(const uint16_t *a, const uint16_t *b)
+{
+	return cvtph_ps16(_mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *) a)),
+											  _mm_loadu_si128((const __m128i *) b), 1));
+}
+
+/* Two groups' 8 int8 sub-block scales as 16 floats. */
+VNNI_TARGET static inline __m512
+bytes_pair(const int8_t *a, const int8_t *b)
+{
+	return cvtepi32_ps16(cvtepi8_epi32_16(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *) a),
+															 _mm_loadl_epi64((const __m128i *) b))));
+}
+
+/*
+ * Block b's scales for the 16 rows of groups g and g2: ws (split16: ws_hi, the second half's)
+ * and wm.  d and dmin carry a K-quant's super-block scales from block to block (read at its
+ * first block).
+ */
+VNNI_TARGET static inline __attribute__((always_inline)) void
+block_scales(const cai_cpu_bmatrix *m, int g, int g2, int b, const bool k_quant,
+			 const bool has_min, const bool split16, __m512 *d, __m512 *dmin, __m512 *ws,
+			 __m512 *ws_hi, __m512 *wm)
+{
+	if (!k_quant || b % 8 == 0)
+	{
+		*d = halves_pair(m->d + cai_bscale_index(m, g, b), m->d + cai_bscale_index(m, g2, b));
+		if (has_min)
+			*dmin = halves_pair(m->dmin + cai_bscale_index(m, g, b),
+								m->dmin + cai_bscale_index(m, g2, b));
+	}
+	if (k_quant)
+	{
+		*ws = _mm512_mul_ps(*d, bytes_pair(m->sc + cai_bsub_index(m, g, b),
+										   m->sc + cai_bsub_index(m, g2, b)));
+		if (split16)
+			*ws_hi = _mm512_mul_ps(*d, bytes_pair(m->sc + cai_bsub_index(m, g, b) + GROUP,
+												  m->sc + cai_bsub_index(m, g2, b) + GROUP));
+		if (has_min)
+			*wm = _mm512_mul_ps(*dmin, bytes_pair(m->m + cai_bsub_index(m, g, b),
+												  m->m + cai_bsub_index(m, g2, b)));
+	}
+	else
+	{
+		*ws = *d;
+		*wm = *dmin;
+	}
+}
+
+/*
+ * The levels of a block of two groups (p1, p2) widened to a byte each, v[s] step s's (lane r:
+ * row r's inputs 4 s .. 4 s + 3).  For vpdpbusd's unsigned operand (exact false) as the layout
+ * stores them, nibbles 0..15 and Q6_K's 0..63, and the byte formats with their sign bit
+ * flipped; exact: every format's true signed level, its fixed min folded in (Q4_0's level
+ * minus 8, Q6_K's stored level minus 32), so that the integer sums need no correction.
+ */
+VNNI_TARGET static inline __attribute__((always_inline)) void
+widen_block(const uint8_t *p1, const uint8_t *p2, const bool nibble, const bool split16,
+			const int zero, const bool exact, __m512i *v)
+{
+	const bool	flip = !exact;
+
+	if (nibble || split16)
+	{
+		/* steps 2p and 2p + 1 are the low and high nibbles of vector p */
+		const __m512i nib = _mm512_set1_epi8(0x0f);
+
+		for (int p = 0; p < 4; p++)
+		{
+			__m512i		raw = load_pair(p1 + 32 * p, p2 + 32 * p);
+
+			v[2 * p] = _mm512_and_si512(raw, nib);
+			v[2 * p + 1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+		}
+	}
+	if (split16)
+	{
+		/*
+		 * step 4h + c's high two bits sit at bits 2c of vector h of the high parts; the 16-bit
+		 * shifts move bits across bytes only into positions the mask 0x30 clears
+		 */
+		const __m512i top = _mm512_set1_epi8(0x30);
+
+		for (int h = 0; h < 2; h++)
+		{
+			__m512i		hb = load_pair(p1 + SPLIT16_HIGH_BITS + 32 * h,
+									   p2 + SPLIT16_HIGH_BITS + 32 * h);
+
+			v[4 * h] = _mm512_or_si512(v[4 * h], _mm512_and_si512(_mm512_slli_epi16(hb, 4), top));
+			v[4 * h + 1] = _mm512_or_si512(v[4 * h + 1], _mm512_and_si512(_mm512_slli_epi16(hb, 2), top));
+			v[4 * h + 2] = _mm512_or_si512(v[4 * h + 2], _mm512_and_si512(hb, top));
+			v[4 * h + 3] = _mm512_or_si512(v[4 * h + 3], _mm512_and_si512(_mm512_srli_epi16(hb, 2), top));
+		}
+	}
+	else if (!nibble)
+		for (int s = 0; s < 8; s++)
+		{
+			v[s] = load_pair(p1 + 32 * s, p2 + 32 * s);
+			if (flip)
+				v[s] = _mm512_xor_si512(v[s], _mm512_set1_epi8((char) 0x80));
+		}
+	if (exact && ((nibble && zero != 0) || split16))
+		for (int s = 0; s < 8; s++)
+			v[s] = _mm512_add_epi8(v[s], _mm512_set1_epi8((char) (split16 ? -SPLIT16_LEVEL_OFFSET : zero)));
+}
+
+/*
+ * Groups g and g + 1 (g alone, computed twice and stored once, when it is the last) for tokens
+ * [t0, t0 + nt).  The format's flags and nt are compile-time constants in each instance, so
+ * the loops unroll and the tile's sums live in registers.
+ */
+VNNI_TARGET static inline __attribute__((always_inline)) void
+tile_vnni(const bgemm_job *j, int g, int t0, const int nt, const bool nibble,
+		  const bool k_quant, const bool has_min, const bool split16, const int zero)
+{
+	const cai_cpu_bmatrix *m = j->w;
+	const int	k = m->k;
+	const int	nb = k / CAI_BLOCK_ELEMS;
+	const int	n_groups = (j->n_out + GROUP - 1) / GROUP;
+	const int	g2 = g + 1 < n_groups ? g + 1 : g;
+	const int	bbytes = nibble ? 16 * GROUP : split16 ? 24 * GROUP : 32 * GROUP;
+	/* the integer sum's correction per unit of the activations' block sum (not split16) */
+	const int	offset = nibble ? zero : zero - 128;
+	const uint8_t *q1 = m->q + (size_t) g * nb * bbytes;
+	const uint8_t *q2 = m->q + (size_t) g2 * nb * bbytes;
+	const int8_t *xq = j->xq + (size_t) t0 * k;
+	const float *xs = j->xs + (size_t) t0 * nb;
+	const int16_t *xsum = j->xsum + (size_t) t0 * nb;
+	const int16_t *xsum_lo = split16 ? j->xsum_lo + (size_t) t0 * nb : NULL;
+	__m512		acc[VTILE];
+	__m512		d = _mm512_setzero_ps(),
+				dmin = _mm512_setzero_ps();
+
+	for (int t = 0; t < nt; t++)
+		acc[t] = _mm512_setzero_ps();
+	for (int b = 0; b < nb; b++)
+	{
+		const uint8_t *p1 = q1 + (size_t) b * bbytes;
+		const uint8_t *p2 = q2 + (size_t) b * bbytes;
+		__m512i		v[8];
+		__m512		ws,
+					ws_hi = _mm512_setzero_ps(),
+					wm = _mm512_setzero_ps();
+
+		if (t0 == 0 && b + PREFETCH_BLOCKS < nb)
+		{
+			for (int o = 0; o < bbytes; o += 64)
+			{
+				_mm_prefetch((const char *) (p1 + PREFETCH_BLOCKS * bbytes + o), _MM_HINT_T0);
+				_mm_prefetch((const char *) (p2 + PREFETCH_BLOCKS * bbytes + o), _MM_HINT_T0);
+			}
+			if (b % 8 == 0)
+			{
+				_mm_prefetch((const char *) (m->d + cai_bscale_index(m, g, b + PREFETCH_BLOCKS)), _MM_HINT_T0);
+				_mm_prefetch((const char *) (m->d + cai_bscale_index(m, g2, b + PREFETCH_BLOCKS)), _MM_HINT_T0);
+				if (k_quant)
+				{
+					_mm_prefetch((const char *) (m->sc + cai_bsub_index(m, g, b + PREFETCH_BLOCKS)), _MM_HINT_T0);
+					_mm_prefetch((const char *) (m->sc + cai_bsub_index(m, g2, b + PREFETCH_BLOCKS)), _MM_HINT_T0);
+				}
+			}
+		}
+		block_scales(m, g, g2, b, k_quant, has_min, split16, &d, &dmin, &ws, &ws_hi, &wm);
+		widen_block(p1, p2, nibble, split16, zero, false, v);
+		for (int t = 0; t < nt; t++)
+		{
+			const int8_t *a = xq + (size_t) t * k + (size_t) b * CAI_BLOCK_ELEMS;
+			const size_t tb = (size_t) t * nb + b;
+			/* two independent chains of four, the even and the odd steps (split16: the halves) */
+			__m512i		c0 = _mm512_setzero_si512(),
+						c1 = _mm512_setzero_si512();
+			__m512		term;
+
+			for (int s = 0; s < 4; s++)
+			{
+				const int	s0 = split16 ? s : 2 * s,
+							s1 = split16 ? 4 + s : 2 * s + 1;
+
+				c0 = _mm512_dpbusd_epi32(c0, v[s0], _mm512_set1_epi32(load_i32(a + 4 * s0)));
+				c1 = _mm512_dpbusd_epi32(c1, v[s1], _mm512_set1_epi32(load_i32(a + 4 * s1)));
+			}
+			if (split16)
+			{
+				const int	lo = xsum_lo[tb];
+				__m512i		isum_lo = _mm512_add_epi32(c0, _mm512_set1_epi32(-SPLIT16_LEVEL_OFFSET * lo));
+				__m512i		isum_hi = _mm512_add_epi32(c1, _mm512_set1_epi32(-SPLIT16_LEVEL_OFFSET * (xsum[tb] - lo)));
+
+				term = _mm512_add_ps(_mm512_mul_ps(ws, cvtepi32_ps16(isum_lo)),
+									 _mm512_mul_ps(ws_hi, cvtepi32_ps16(isum_hi)));
+			}
+			else
+			{
+				__m512i		isum = _mm512_add_epi32(c0, c1);
+
+				if (offset != 0)
+					isum = _mm512_add_epi32(isum, _mm512_set1_epi32(offset * xsum[tb]));
+				term = _mm512_mul_ps(ws, cvtepi32_ps16(isum));
+			}
+			if (has_min)
+				term = _mm512_add_ps(term, _mm512_mul_ps(wm, _mm512_set1_ps((float) xsum[tb])));
+			acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_set1_ps(xs[tb]), term));
+		}
+	}
+	for (int t = 0; t < nt; t++)
+	{
+		float		lanes[2 * GROUP];
+
+		_mm512_storeu_ps(lanes, acc[t]);
+		for (int lane = 0; lane < (g2 != g ? 2 * GROUP : GROUP) && g * GROUP + lane < j->n_out; lane++)
+			cai_bstore_result(j, t0 + t, g * GROUP + lane, lanes[lane]);
+	}
+}
+
+/*
+ * Tokens [t0, n_tok) of groups g and g + 1: tiles of 8, then what remains in tiles of 4, 2 and
+ * 1, each an instance of its own (the tile's size a constant).
+ */
+VNNI_TARGET static inline __attribute__((always_inline)) void
+tokens_vnni(const bgemm_job *j, int g, int t0, const bool nibble, const bool k_quant,
+			const bool has_min, const bool split16, const int zero)
+{
+	for (; t0 + 8 <= j->n_tok; t0 += 8)
+		tile_vnni(j, g, t0, 8, nibble, k_quant, has_min, split16, zero);
+	if (t0 + 4 <= j->n_tok)
+	{
+		tile_vnni(j, g, t0, 4, nibble, k_quant, has_min, split16, zero);
+		t0 += 4;
+	}
+	if (t0 + 2 <= j->n_tok)
+	{
+		tile_vnni(j, g, t0, 2, nibble, k_quant, has_min, split16, zero);
+		t0 += 2;
+	}
+	if (t0 < j->n_tok)
+		tile_vnni(j, g, t0, 1, nibble, k_quant, has_min, split16, zero);
+}
+
+/* One instance per format, over all tokens. */
+#define GROUP_VNNI(name, nibble, k_quant, has_min, split16, zero) \
+VNNI_TARGET static void \
+VNNI_NAME(name)(const bgemm_job *j, int g, int thread) \
+{ \
+	tokens_vnni(j, g, 0, nibble, k_quant, has_min, split16, zero); \
+}
+
+GROUP_VNNI(group_vnni_q4_0, true, false, false, false, -8)
+GROUP_VNNI(group_vnni_q4_1, true, false, true, false, 0)
+GROUP_VNNI(group_vnni_q4_k, true, true, true, false, 0)
+GROUP_VNNI(group_vnni_q5_0, false, false, false, false, 0)
+GROUP_VNNI(group_vnni_q5_1, false, false, true, false, 0)
+GROUP_VNNI(group_vnni_q5_k, false, true, true, false, 0)
+GROUP_VNNI(group_vnni_q6_k, false, true, false, true, 0)
+GROUP_VNNI(group_vnni_q8_0, false, false, false, false, 0)
+
+cai_bkernel
+VNNI_NAME(cai_bkernel_vnni)(ggml_type type)
+{
+	cai_bkernel k = {NULL, 2, 0};
+
+	switch (type)
+	{
+		case GGML_TYPE_Q4_0:
+			k.fn = VNNI_NAME(group_vnni_q4_0);
+			break;
+		case GGML_TYPE_Q4_1:
+			k.fn = VNNI_NAME(group_vnni_q4_1);
+			break;
+		case GGML_TYPE_Q4_K:
+			k.fn = VNNI_NAME(group_vnni_q4_k);
+			break;
+		case GGML_TYPE_Q5_0:
+			k.fn = VNNI_NAME(group_vnni_q5_0);
+			break;
+		case GGML_TYPE_Q5_1:
+			k.fn = VNNI_NAME(group_vnni_q5_1);
+			break;
+		case GGML_TYPE_Q5_K:
+			k.fn = VNNI_NAME(group_vnni_q5_k);
+			break;
+		case GGML_TYPE_Q6_K:
+			k.fn = VNNI_NAME(group_vnni_q6_k);
+			break;
+		case GGML_TYPE_Q8_0:
+			k.fn = VNNI_NAME(group_vnni_q8_0);
+			break;
+		default:
+			break;
+	}
+	return k;
+}
+
+#if !defined(CAI_BLOCKS_SIMDE)
+/* ---------------------------------------------------------------------------------------
+ * AMX: whole tiles of 16 tokens
+ *
+ * A block of two groups, widened, is AMX's B operand as it stands: row s of the tile is step
+ * s, 16 rows' four inputs each.  So a call widens its two groups' blocks once into the
+ * thread's scratch (with the blocks' scales, as floats), and then, per tile of 16 tokens and
+ * block, tdpbssd multiplies the tokens' 32 activations (A: 16 rows of the activations as they
+ * are, k apart) by it into 16 x 16 exact int32 sums (C: a token's 16 rows per tile row, the
+ * lanes of the VNNI kernel's sums), which the same float epilogue finishes: the same bits.
+ * Both operands are signed, so the levels go in as stored, nothing flipped.  Q6_K takes each
+ * half block apart (its two scales): two products of 16 inputs.  While one block's sums go
+ * through the epilogue, the next block's product is under way in the other tile(s) of sums.
+ * --------------------------------------------------------------------------------------- */
+
+#define AMX_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c,amx-tile,amx-int8")))
+#define AMX_WIDE_BYTES (32 * 2 * GROUP)	/* a block's widened levels: the B tile */
+#define AMX_SCALE_FLOATS (3 * 2 * GROUP)	/* ws, ws_hi, wm of a block's 16 rows */
+#define AMX_SCRATCH_BLOCK (AMX_WIDE_BYTES + AMX_SCALE_FLOATS * (int) sizeof(float))
+
+typedef struct amx_blocks_config
+{
+	uint8_t		palette;
+	uint8_t		start_row;
+	uint8_t		reserved[14];
+	uint16_t	bytes_per_row[16];
+	uint8_t		rows[16];
+} amx_blocks_config;
+
+/*
+ * Tiles 0-3: sums (16 tokens x 16 rows of int32).  Whole blocks: tile 4 the tokens' 32 inputs,
+ * tile 6 the block's 8 steps.  Q6_K: tiles 4 and 5 the tokens' two halves, 6 and 7 the
+ * block's steps 0-3 and 4-7.
+ */
+AMX_TARGET static void
+amx_configure_blocks(bool split16)
+{
+	amx_blocks_config cfg;
+
+	memset(&cfg, 0, sizeof(cfg));
+	cfg.palette = 1;
+	for (int t = 0; t < 4; t++)
+	{
+		cfg.rows[t] = 16;
+		cfg.bytes_per_row[t] = 64;
+	}
+	if (split16)
+	{
+		cfg.rows[4] = cfg.rows[5] = 16;
+		cfg.bytes_per_row[4] = cfg.bytes_per_row[5] = 16;
+		cfg.rows[6] = cfg.rows[7] = 4;
+		cfg.bytes_per_row[6] = cfg.bytes_per_row[7] = 64;
+	}
+	else
+	{
+		cfg.rows[4] = 16;
+		cfg.bytes_per_row[4] = 32;
+		cfg.rows[6] = 8;
+		cfg.bytes_per_row[6] = 64;
+	}
+	/* (not _tile_loadconfig: GCC 12 does not see that it reads the whole struct) */
+	__asm__ volatile("ldtilecfg %0" : : "m"(cfg));
+}
+
+/* Block b's products for tokens from a (k apart) into tile C (and C2: split16). */
+#define AMX_BLOCK_PRODUCT(C, C2, wide, a, k, split16) \
+	do { \
+		_tile_zero(C); \
+		if (split16) \
+		{ \
+			_tile_zero(C2); \
+			_tile_loadd(4, a, k); \
+			_tile_loadd(5, (a) + 16, k); \
+			_tile_loadd(6, wide, 64); \
+			_tile_loadd(7, (wide) + 4 * 64, 64); \
+			_tile_dpbssd(C, 4, 6); \
+			_tile_dpbssd(C2, 5, 7); \
+		} \
+		else \
+		{ \
+			_tile_loadd(4, a, k); \
+			_tile_loadd(6, wide, 64); \
+			_tile_dpbssd(C, 4, 6); \
+		} \
+	} while (0)
+
+/*
+ * The float epilogue of block b for tokens [t0, t0 + 16): sums[half][token][row], exact (the
+ * levels were widened with their fixed mins), xs and xsum_f the tokens' scales and float block
+ * sums.
+ */
+AMX_TARGET static inline __attribute__((always_inline)) void
+amx_epilogue(const float *xs, const float *xsum_f, int nb, const float *scales,
+			 int32_t sums[2][16][2 * GROUP], __m512 *acc, const bool has_min, const bool split16)
+{
+	const __m512 ws = _mm512_loadu_ps(scales),
+				ws_hi = _mm512_loadu_ps(scales + 2 * GROUP),
+				wm = _mm512_loadu_ps(scales + 4 * GROUP);
+
+#pragma GCC unroll 16
+	for (int t = 0; t < 16; t++)
+	{
+		__m512		term;
+
+		if (split16)
+			term = _mm512_add_ps(_mm512_mul_ps(ws, _mm512_cvtepi32_ps(_mm512_load_si512(sums[0][t]))),
+								 _mm512_mul_ps(ws_hi, _mm512_cvtepi32_ps(_mm512_load_si512(sums[1][t]))));
+		else
+			term = _mm512_mul_ps(ws, _mm512_cvtepi32_ps(_mm512_load_si512(sums[0][t])));
+		if (has_min)
+			term = _mm512_add_ps(term, _mm512_mul_ps(wm, _mm512_set1_ps(xsum_f[(size_t) t * nb])));
+		acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_set1_ps(xs[(size_t) t * nb]), term));
+	}
+}
+
+AMX_TARGET static inline __attribute__((always_inline)) void
+group_amx(const bgemm_job *j, int g, int thread, const bool nibble, const bool k_quant,
+		  const bool has_min, const bool split16, const int zero)
+{
+	const cai_cpu_bmatrix *m = j->w;
+	const int	k = m->k;
+	const int	nb = k / CAI_BLOCK_ELEMS;
+	const int	n_groups = (j->n_out + GROUP - 1) / GROUP;
+	const int	g2 = g + 1 < n_groups ? g + 1 : g;
+	const int	bbytes = nibble ? 16 * GROUP : split16 ? 24 * GROUP : 32 * GROUP;
+	const int	n_full = j->n_tok / 16 * 16;
+	uint8_t    *wide;
+	float	   *scales;
+	__m512		d = _mm512_setzero_ps(),
+				dmin = _mm512_setzero_ps();
+	int32_t		sums[2][2][16][2 * GROUP] __attribute__((aligned(64)));
+
+	if (!j->unpacked || !j->xsum_f || n_full == 0)
+	{
+		tokens_vnni(j, g, 0, nibble, k_quant, has_min, split16, zero);
+		return;
+	}
+	wide = j->unpacked + (size_t) thread * nb * AMX_SCRATCH_BLOCK;
+	scales = (float *) (wide + (size_t) nb * AMX_WIDE_BYTES);
+	for (int b = 0; b < nb; b++)
+	{
+		__m512i		v[8];
+		__m512		ws,
+					ws_hi = _mm512_setzero_ps(),
+					wm = _mm512_setzero_ps();
+
+		block_scales(m, g, g2, b, k_quant, has_min, split16, &d, &dmin, &ws, &ws_hi, &wm);
+		_mm512_storeu_ps(scales + (size_t) b * AMX_SCALE_FLOATS, ws);
+		_mm512_storeu_ps(scales + (size_t) b * AMX_SCALE_FLOATS + 2 * GROUP, ws_hi);
+		_mm512_storeu_ps(scales + (size_t) b * AMX_SCALE_FLOATS + 4 * GROUP, wm);
+		widen_block(m->q + ((size_t) g * nb + b) * bbytes, m->q + ((size_t) g2 * nb + b) * bbytes,
+					nibble, split16, zero, true, v);
+		for (int s = 0; s < 8; s++)
+			_mm512_storeu_si512(wide + (size_t) b * AMX_WIDE_BYTES + 64 * s, v[s]);
+	}
+	amx_configure_blocks(split16);
+	for (int t0 = 0; t0 < n_full; t0 += 16)
+	{
+		const int8_t *xq = j->xq + (size_t) t0 * k;
+		const float *xs = j->xs + (size_t) t0 * nb;
+		const float *xsum_f = j->xsum_f + (size_t) t0 * nb;
+		__m512		acc[16];
+
+#pragma GCC unroll 16
+		for (int t = 0; t < 16; t++)
+			acc[t] = _mm512_setzero_ps();
+		/*
+		 * block b's product into one pair of tiles while block b - 1's sums go out of the
+		 * other to memory and block b - 2's, stored an iteration ago, through the epilogue:
+		 * vector loads right after the tile stores would wait for them
+		 */
+		for (int b = 0; b < nb + 2; b++)
+		{
+			if (b < nb)
+			{
+				const uint8_t *w = wide + (size_t) b * AMX_WIDE_BYTES;
+				const int8_t *a = xq + (size_t) b * CAI_BLOCK_ELEMS;
+
+				if (b % 2 == 0)
+					AMX_BLOCK_PRODUCT(0, 1, w, a, k, split16);
+				else
+					AMX_BLOCK_PRODUCT(2, 3, w, a, k, split16);
+			}
+			if (b >= 1 && b <= nb)
+			{
+				if ((b - 1) % 2 == 0)
+				{
+					_tile_stored(0, sums[0][0], 64);
+					if (split16)
+						_tile_stored(1, sums[0][1], 64);
+				}
+				else
+				{
+					_tile_stored(2, sums[1][0], 64);
+					if (split16)
+						_tile_stored(3, sums[1][1], 64);
+				}
+			}
+			if (b >= 2)
+				amx_epilogue(xs + b - 2, xsum_f + b - 2, nb,
+							 scales + (size_t) (b - 2) * AMX_SCALE_FLOATS, sums[b % 2], acc,
+							 has_min, split16);
+		}
+		for (int t = 0; t < 16; t++)
+		{
+			float		lanes[2 * GROUP];
+
+			_mm512_storeu_ps(lanes, acc[t]);
+			for (int lane = 0; lane < (g2 != g ? 2 * GROUP : GROUP) && g * GROUP + lane < j->n_out; lane++)
+				cai_bstore_result(j, t0 + t, g * GROUP + lane, lanes[lane]);
+		}
+	}
+	_tile_release();
+	tokens_vnni(j, g, n_full, nibble, k_quant, has_min, split16, zero);
+}
+
+#define GROUP_AMX(name, nibble, k_quant, has_min, split16, zero) \
+AMX_TARGET static void \
+name(const bgemm_job *j, int g, int thread) \
+{ \
+	group_amx(j, g, thread, nibble, k_quant, has_min, split16, zero); \
+}
+
+GROUP_AMX(group_amx_q4_0, true, false, false, false, -8)
+GROUP_AMX(group_amx_q4_1, true, false, true, false, 0)
+GROUP_AMX(group_amx_q4_k, true, true, true, false, 0)
+GROUP_AMX(group_amx_q5_0, false, false, false, false, 0)
+GROUP_AMX(group_amx_q5_1, false, false, true, false, 0)
+GROUP_AMX(group_amx_q5_k, false, true, true, false, 0)
+GROUP_AMX(group_amx_q6_k, false, true, false, true, 0)
+GROUP_AMX(group_amx_q8_0, false, false, false, false, 0)
+
+cai_bkernel
+cai_bkernel_amx(ggml_type type)
+{
+	cai_bkernel k = {NULL, 2, AMX_SCRATCH_BLOCK};
+
+	switch (type)
+	{
+		case GGML_TYPE_Q4_0:
+			k.fn = group_amx_q4_0;
+			break;
+		case GGML_TYPE_Q4_1:
+			k.fn = group_amx_q4_1;
+			break;
+		case GGML_TYPE_Q4_K:
+			k.fn = group_amx_q4_k;
+			break;
+		case GGML_TYPE_Q5_0:
+			k.fn = group_amx_q5_0;
+			break;
+		case GGML_TYPE_Q5_1:
+			k.fn = group_amx_q5_1;
+			break;
+		case GGML_TYPE_Q5_K:
+			k.fn = group_amx_q5_k;
+			break;
+		case GGML_TYPE_Q6_K:
+			k.fn = group_amx_q6_k;
+			break;
+		case GGML_TYPE_Q8_0:
+			k.fn = group_amx_q8_0;
+			break;
+		default:
+			break;
+	}
+	return k;
+}
+#endif							/* !CAI_BLOCKS_SIMDE */
+
+#else							/* no x86-64: no VNNI kernels */
+
+cai_bkernel
+cai_bkernel_vnni(ggml_type type)
+{
+	return (cai_bkernel) {NULL, 1, 0};
+}
+
+cai_bkernel
+cai_bkernel_amx(ggml_type type)
+{
+	return (cai_bkernel) {NULL, 1, 0};
+}
+
+#endif
