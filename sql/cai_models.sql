@@ -8,9 +8,21 @@ SELECT cai_model_info('default') = cai_model_info() AS same;
 -- other types are refused before anything is stored
 SELECT cai_complete('The sky is', '{"max_tokens": 5, "model": "default"}')
 	 = cai_complete('The sky is', '{"max_tokens": 5}') AS same;
-\set VERBOSITY verbose
-SELECT cai_complete('The sky is', '{"model": "chat"}');
-\set VERBOSITY default
+-- (its SQLSTATE, message, detail and hint, without the source location a verbose report adds)
+DO $$
+DECLARE
+	state text;
+	message text;
+	detail text;
+	hint text;
+BEGIN
+	PERFORM cai_complete('The sky is', '{"model": "chat"}');
+EXCEPTION WHEN OTHERS THEN
+	GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, message = MESSAGE_TEXT,
+		detail = PG_EXCEPTION_DETAIL, hint = PG_EXCEPTION_HINT;
+	RAISE NOTICE '% %: % / %', state, message, detail, hint;
+END
+$$;
 SELECT cai_complete('The sky is', '{"model": 3}');
 SELECT cai_complete('The sky is', '{"model": {"name": "default"}}');
 SELECT cai_chat_completion('[{"role": "user", "content": "Hi"}]', '{"model": "chat"}');
