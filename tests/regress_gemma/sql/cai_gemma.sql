@@ -84,9 +84,11 @@ WHERE w.mode = 'warm' ORDER BY w.doc DESC, w.turn;
 -- block but the local layers' only for the window before each stored end (at its last turn a
 -- text holds about 2.8 MB of the first and 4.1 MB of the second), and a follow-up resumes only
 -- after a whole window: 12 MB holds one text's turns but not both, so under LRU each text's
--- insert evicts the other's and only the first follow-up finds its text.
+-- insert evicts the other's and only the first follow-up finds its text.  The disk tier is off
+-- here, since it would serve the evicted blocks back (its own test is test_kv_disk_tier.py).
 SELECT current_setting('pg_cai.host_cache_size') AS cache0 \gset
 ALTER SYSTEM SET pg_cai.host_cache_size = '12MB';
+ALTER SYSTEM SET pg_cai.disk_cache_size = 0;
 SELECT pg_reload_conf();
 SELECT gemma_wait_cache_budget('12MB') AS restarted_small;
 SELECT cache_evictions AS evictions0 FROM pg_stat_cai \gset
@@ -97,6 +99,7 @@ FROM gemma_turns s JOIN gemma_turns w ON w.mode = 'warm' AND w.doc = s.doc AND w
 WHERE s.mode = 'small';
 SELECT doc, turn, hit_tokens > 0 AS hit FROM gemma_turns WHERE mode = 'small' ORDER BY turn, doc DESC;
 ALTER SYSTEM RESET pg_cai.host_cache_size;
+ALTER SYSTEM RESET pg_cai.disk_cache_size;
 SELECT pg_reload_conf();
 SELECT gemma_wait_cache_budget(:'cache0') AS restarted_default;
 
