@@ -803,6 +803,24 @@ cai_kv_disk_store(cai_kv_disk *disk, const cai_kv_disk_block *b, cai_kv_pool *po
 	return true;
 }
 
+/*
+ * A file read back and found sound may not be the one indexed: another engine process over the
+ * same directory can have replaced it (a block with its window part over one without), so the
+ * budget counts the size read (the lock held).
+ */
+static void
+note_size(cai_kv_disk *disk, uint64_t key, uint64_t bytes)
+{
+	disk_entry *e = index_find(disk, key);
+
+	if (e && e->file_bytes != bytes)
+	{
+		disk->stats.bytes -= e->file_bytes;
+		disk->stats.bytes += bytes;
+		e->file_bytes = bytes;
+	}
+}
+
 /* A read that failed verification: the file goes, so that it is not read again. */
 static void
 refuse(cai_kv_disk *disk, uint64_t key, bool remove)
@@ -904,6 +922,9 @@ cai_kv_disk_load(cai_kv_disk *disk, const cai_kv_disk_block *b, cai_kv_pool *poo
 		memcmp(disk->scratch + sizeof(h), b->prefix, (size_t) b->n_prefix * sizeof(int32_t)) != 0)
 	{
 		/* a sound file that is another prefix's (a key collision): a miss, and it stays */
+		pthread_mutex_lock(&disk->lock);
+		note_size(disk, b->key, (uint64_t) size);
+		pthread_mutex_unlock(&disk->lock);
 		refuse(disk, b->key, false);
 		return -1;
 	}
@@ -939,6 +960,7 @@ cai_kv_disk_load(cai_kv_disk *disk, const cai_kv_disk_block *b, cai_kv_pool *poo
 			lru_append(disk, e);
 		}
 	}
+	note_size(disk, b->key, (uint64_t) size);
 	disk->stats.hits++;
 	disk->stats.bytes_read += (uint64_t) size;
 	pthread_mutex_unlock(&disk->lock);

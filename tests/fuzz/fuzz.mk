@@ -33,6 +33,7 @@ FUZZ_MAX_LEN_fuzz_tokenizer_load ?= 65536
 FUZZ_MAX_LEN_fuzz_prefix_cache ?= 8192
 FUZZ_MAX_LEN_fuzz_block_weights ?= 12288
 FUZZ_MAX_LEN_fuzz_weight_cache ?= 16384
+FUZZ_MAX_LEN_fuzz_kv_disk ?= 8192
 
 build/fuzz/%.o: src/%.c
 	@mkdir -p $(dir $@)

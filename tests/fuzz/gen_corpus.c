@@ -16,6 +16,7 @@
 #include "quant.h"
 #include "cpu/cpu_weight.h"
 #include "weight_cache.h"
+#include "fuzz_kv_disk.h"
 
 /* ---- output ----------------------------------------------------------------------------- */
 
@@ -618,6 +619,101 @@ weight_cache_seeds(void)
 	cai_cpu_bmatrix_free(&blocks.parts[1]);
 }
 
+/*
+ * fuzz_kv_disk: block files the disk tier wrote itself (store + flush) for both layouts, one and
+ * three blocks deep, with and without a window part, each under a few flag bytes (lookups that
+ * match, take a window part or not, expect another salt or token); then damaged ones: torn
+ * (truncated), renamed, a flipped KV byte, a flipped token, another magic, a token count that
+ * is no whole block, a window flag the size does not match; and some with mode 1, where the file
+ * replaces a sound stand-in between the open and the lookup.
+ */
+static void
+kv_disk_seed(const char *name, uint8_t flags, uint8_t mode, uint8_t token, const uint8_t *file,
+			 size_t n)
+{
+	uint8_t    *buf = malloc(n + 3);
+
+	buf[0] = flags;
+	buf[1] = mode;
+	buf[2] = token;
+	memcpy(buf + 3, file, n);
+	write_seed("fuzz_kv_disk", name, buf, n + 3);
+	free(buf);
+}
+
+static void
+kv_disk_seeds(void)
+{
+	static const struct
+	{
+		const char *name;
+		int			which;
+		int			depth;
+		bool		window;
+		uint8_t		flags;
+	}			files[] = {
+		{"seed-one-layer-1", 0, 1, true, 0x00},
+		{"seed-one-layer-3-salt", 0, 3, true, 0x20},
+		{"seed-windowed-1-window", 1, 1, true, 0x02},
+		{"seed-windowed-1-window-none-free", 1, 1, true, 0x0a},
+		{"seed-windowed-3-no-window", 1, 3, false, 0x02},
+		{"seed-windowed-3-window-not-taken", 1, 3, true, 0x00},
+		{"seed-windowed-1-token", 1, 1, true, 0x32},
+		{"seed-windowed-1-over-budget", 1, 1, true, 0x42},
+	};
+	char		sub[17];
+
+	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++)
+	{
+		size_t		n;
+		uint8_t    *f = fuzz_kvd_make_file(files[i].which, files[i].depth, files[i].window,
+										   0x1234567890abcdefULL + i, 0xfeedULL + i, i & 1,
+										   (uint64_t) i * 3, (unsigned) i, &n, sub);
+
+		kv_disk_seed(files[i].name, (uint8_t) (files[i].flags | files[i].which), 0, (uint8_t) (i * 5),
+					 f, n);
+		if (i == 4)
+		{
+			/* the damaged ones, from a file with three blocks of tokens and no window part */
+			uint8_t    *d = malloc(n);
+			uint32_t	v;
+
+			kv_disk_seed("seed-damaged-torn", 0x03, 0, 0, f, n - 100);
+			kv_disk_seed("seed-damaged-renamed", 0x83, 0, 0, f, n);
+			memcpy(d, f, n);
+			d[n - 1] ^= 0x40;
+			kv_disk_seed("seed-damaged-kv-byte", 0x03, 0, 0, d, n);
+			memcpy(d, f, n);
+			d[FUZZ_KVD_HEADER_BYTES + 4 * 20] ^= 1;
+			kv_disk_seed("seed-damaged-token", 0x03, 0, 0, d, n);
+			kv_disk_seed("seed-damaged-token-checksum-fixed", 0x07, 0, 0, d, n);
+			memcpy(d, f, n);
+			d[3] = 'X';
+			kv_disk_seed("seed-damaged-magic", 0x07, 0, 0, d, n);
+			memcpy(d, f, n);
+			v = 40;
+			memcpy(d + FUZZ_KVD_OFF_N_PREFIX, &v, 4);
+			kv_disk_seed("seed-damaged-partial-block", 0x07, 0, 0, d, n);
+			memcpy(d, f, n);
+			v = 1;
+			memcpy(d + FUZZ_KVD_OFF_FLAGS, &v, 4);
+			kv_disk_seed("seed-damaged-window-flag", 0x07, 0, 0, d, n);
+			free(d);
+		}
+		/* files that replace a sound stand-in after the open: the lookup's checks alone */
+		if (i == 0)
+		{
+			kv_disk_seed("seed-swapped-same-size", 0x04, 1, 0, f, n);
+			kv_disk_seed("seed-swapped-renamed", 0x84, 1, 0, f, n);
+			kv_disk_seed("seed-swapped-torn", 0x04, 1, 0, f, n - 1);
+		}
+		/* a block's file with its window part over one without: the tier counted the old size */
+		if (i == 2)
+			kv_disk_seed("finding-swapped-window-part", 0x03, 1, 0, f, n);
+		free(f);
+	}
+}
+
 int
 main(int argc, char **argv)
 {
@@ -636,5 +732,6 @@ main(int argc, char **argv)
 	model_shapes_seeds();
 	block_weights_seeds();
 	weight_cache_seeds();
+	kv_disk_seeds();
 	return 0;
 }

@@ -759,3 +759,83 @@ TEST(kv_disk_windowed_blocks_keep_what_they_had)
 	cai_kv_disk_close(disk);
 	remove_tree(dir);
 }
+
+/*
+ * A file replaced after the tier indexed it (another engine process over the same directory
+ * wrote the block with its window part over one without): a sound read hits, and the tier's
+ * bytes count the file there now, not the one it indexed.
+ */
+TEST(kv_disk_replaced_file_is_counted_at_its_size)
+{
+	char		dir[64],
+				other_dir[64];
+	char		from[4200],
+				to[4200];
+	cai_kv_layout layout = tiny_layout();
+	cai_kv_pool *pool = NULL;
+	cai_kv_disk *disk = NULL,
+			   *other = NULL;
+	cai_kv_disk_stats st;
+	cai_error	err;
+	int32_t		a[BT];
+	cai_kv_disk_block b = {0x1234, 0x99, 0, 7, a, BT};
+	int32_t		bare,
+				whole,
+				out;
+	struct stat sb;
+
+	layout.n_kv_layers = 2;
+	layout.n_windowed_layers = 1;
+	layout.window = 32;
+	layout.block_bytes = 2 * layout.layer_bytes;
+	make_temp_dir(dir, sizeof(dir));
+	make_temp_dir(other_dir, sizeof(other_dir));
+	CHECK(cai_kv_pool_create_windowed(&layout, 4, 2, &pool, &err) == CAI_OK);
+	CHECK(cai_kv_disk_open(dir, 1 << 20, FINGERPRINT, &layout, "cpu", NULL, NULL, &disk,
+						   &err) == CAI_OK);
+	CHECK(cai_kv_disk_open(other_dir, 1 << 20, FINGERPRINT, &layout, "cpu", NULL, NULL, &other,
+						   &err) == CAI_OK);
+	if (!pool || !disk || !other)
+		return;
+	fill_tokens(a, BT, 3);
+	bare = cai_kv_block_alloc_without_window(pool);
+	whole = cai_kv_block_alloc(pool);
+	for (int l = 0; l < 2; l++)
+	{
+		uint8_t    *kv = cai_kv_block_layer(pool, whole, l);
+
+		memset(kv, 0x40 + l, layout.layer_bytes);
+		if (l == 0)
+			memset(cai_kv_block_layer(pool, bare, l), 0x20, layout.layer_bytes);
+	}
+	CHECK(cai_kv_disk_store(disk, &b, pool, bare));
+	CHECK(cai_kv_disk_store(other, &b, pool, whole));
+	cai_kv_disk_flush(disk);
+	cai_kv_disk_flush(other);
+	cai_kv_disk_get_stats(disk, &st);
+	CHECK_EQ_INT((int) st.bytes, FILE_BYTES(1));
+
+	snprintf(from, sizeof(from), "%s/%016llx.kv", cai_kv_disk_path(other), 0x1234ULL);
+	snprintf(to, sizeof(to), "%s/%016llx.kv", cai_kv_disk_path(disk), 0x1234ULL);
+	CHECK(rename(from, to) == 0);
+	CHECK(stat(to, &sb) == 0 && sb.st_size == FILE_BYTES(1) + 256);
+	out = cai_kv_disk_load(disk, &b, pool, true, NULL);
+	CHECK(out >= 0);
+	if (out >= 0)
+	{
+		CHECK(cai_kv_block_has_window(pool, out));
+		CHECK(cai_kv_block_layer(pool, out, 1)[0] == 0x41);
+		cai_kv_block_unref(pool, out);
+	}
+	cai_kv_disk_get_stats(disk, &st);
+	CHECK_EQ_INT((int) st.files, 1);
+	CHECK_EQ_INT((int) st.bytes, (int) sb.st_size);
+
+	cai_kv_block_unref(pool, bare);
+	cai_kv_block_unref(pool, whole);
+	cai_kv_disk_close(disk);
+	cai_kv_disk_close(other);
+	cai_kv_pool_free(pool);
+	remove_tree(dir);
+	remove_tree(other_dir);
+}
