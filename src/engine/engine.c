@@ -6,7 +6,8 @@
  *      longest cached prefix from the prefix cache, reserve the rest of the request's blocks;
  *   2. fill the step's token budget with every running decode (1 token each) first, then chunks
  *      of prefill (Sarathi's chunked prefill), so a long prompt never stalls the token streams of
- *      others by more than one chunk;
+ *      others by more than one chunk, the prefills sharing what is left max-min fairly, so a
+ *      short prompt behind a long one is not held until the long one's prefill ends;
  *   3. run ONE ragged forward over all of it;
  *   4. sample, detokenize, apply stop strings, report events; finished requests offer their full
  *      blocks to the prefix cache and drop their references.
