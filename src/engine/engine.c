@@ -6,7 +6,8 @@
  *      longest cached prefix from the prefix cache, reserve the rest of the request's blocks;
  *   2. fill the step's token budget with every running decode (1 token each) first, then chunks
  *      of prefill (Sarathi's chunked prefill), so a long prompt never stalls the token streams of
- *      others by more than one chunk;
+ *      others by more than one chunk, the prefills sharing what is left max-min fairly, so a
+ *      short prompt behind a long one is not held until the long one's prefill ends;
  *   3. run ONE ragged forward over all of it;
  *   4. sample, detokenize, apply stop strings, report events; finished requests offer their full
  *      blocks to the prefix cache and drop their references.
@@ -151,6 +152,7 @@ struct cai_engine
 	cai_request **logit_req;	/* [max_running] the request of each sampled token */
 	int		   *logit_row;		/* [max_running] the logit row it is drawn from (samples
 								 * forking from one prefill share its row) */
+	int		   *prefill_chunk;	/* [max_running] each running prefill's share of the step */
 	cai_event  *events;			/* [max_running + cancelled], grown as needed */
 	int			events_cap;
 
@@ -657,10 +659,12 @@ cai_engine_create(cai_model *model, const cai_engine_params *params_in,
 	engine->tokens = malloc((size_t) params.max_running * sizeof(int32_t));
 	engine->logit_req = malloc((size_t) params.max_running * sizeof(cai_request *));
 	engine->logit_row = malloc((size_t) params.max_running * sizeof(int));
+	engine->prefill_chunk = malloc((size_t) params.max_running * sizeof(int));
 	engine->events_cap = params.max_running * 2;
 	engine->events = calloc(engine->events_cap, sizeof(cai_event));
 	if (!engine->running || !engine->batch || !engine->batch_req || !engine->logits ||
-		!engine->tokens || !engine->logit_req || !engine->logit_row || !engine->events)
+		!engine->tokens || !engine->logit_req || !engine->logit_row || !engine->prefill_chunk ||
+		!engine->events)
 	{
 		cai_engine_free(engine);
 		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory creating the engine");
@@ -711,6 +715,7 @@ cai_engine_free(cai_engine *engine)
 	free(engine->tokens);
 	free(engine->logit_req);
 	free(engine->logit_row);
+	free(engine->prefill_chunk);
 	free(engine->events);
 	free(engine);
 }
@@ -1684,9 +1689,137 @@ engine_admit_waiting(cai_engine *engine)
 }
 
 /*
+ * A prefill chunk is at least this long (unless the prompt's rest is shorter): below it, the
+ * step's fixed costs per sequence outweigh what a finer share buys.
+ */
+#define CAI_PREFILL_MIN_CHUNK 16
+
+/*
+ * Splits the step's prefill budget among the running prefills, into engine->prefill_chunk
+ * (indexed like engine->running; 0: not this step).
+ *
+ * Max-min fair (water-filling): each prefill gets min(its remaining prompt, level), the level
+ * the largest whose sum fits the budget, and what rounding leaves goes in admission order.  In
+ * admission order, a short prompt admitted behind a long one would wait for the long one's whole
+ * prefill (a 4,000-token prompt is eight 512-token steps) before its first token; shared, it
+ * finishes in its first step while the long one still advances every step.  Chunk boundaries
+ * change no token, so only latencies move.
+ *
+ * An embedding runs whole or not at all: one whose prompt is above the level waits (its share
+ * goes to the others), unless it is the oldest prefill and fits the budget, so that embeddings
+ * are never starved by a stream of chat prefills.  When the level would fall below
+ * CAI_PREFILL_MIN_CHUNK, shares of that floor go in admission order instead.
+ */
+static void
+engine_share_prefill(cai_engine *engine, int budget)
+{
+	int		   *chunk = engine->prefill_chunk;
+	int			oldest = -1;
+	int			n_open = 0;
+	int			level = 0;
+
+	for (int i = 0; i < engine->n_running; i++)
+	{
+		cai_request *req = engine->running[i];
+
+		chunk[i] = 0;
+		if (req->state != REQUEST_PREFILL)
+			continue;
+		if (oldest < 0)
+			oldest = i;
+		n_open++;
+	}
+	if (n_open == 0 || budget <= 0)
+		return;
+
+	/* the oldest prefill, an embedding that fits: whole, first (it would wait otherwise) */
+	if (engine->running[oldest]->embed &&
+		engine->running[oldest]->n_prompt - engine->running[oldest]->n_computed <= budget)
+	{
+		cai_request *req = engine->running[oldest];
+
+		chunk[oldest] = req->n_prompt - req->n_computed;
+		budget -= chunk[oldest];
+	}
+
+	/*
+	 * The level, by bisection over [0, budget] (the sum is monotone in it); embeddings above the
+	 * level drop out and the level is found again without them, which can only raise it.
+	 */
+	for (;;)
+	{
+		int			lo = 0,
+					hi = budget;
+		bool		dropped = false;
+
+		while (lo < hi)
+		{
+			int			mid = lo + (hi - lo + 1) / 2;
+			long		sum = 0;
+
+			for (int i = 0; i < engine->n_running; i++)
+			{
+				cai_request *req = engine->running[i];
+				int			need = req->n_prompt - req->n_computed;
+
+				if (req->state != REQUEST_PREFILL || chunk[i] != 0)
+					continue;
+				sum += need < mid ? need : mid;
+			}
+			if (sum <= budget)
+				lo = mid;
+			else
+				hi = mid - 1;
+		}
+		level = lo;
+		for (int i = 0; i < engine->n_running; i++)
+		{
+			cai_request *req = engine->running[i];
+
+			if (req->state == REQUEST_PREFILL && req->embed && chunk[i] == 0 &&
+				req->n_prompt - req->n_computed > level)
+			{
+				chunk[i] = -1;	/* waits this step */
+				dropped = true;
+			}
+		}
+		if (!dropped)
+			break;
+	}
+	if (level < CAI_PREFILL_MIN_CHUNK)
+		level = CAI_PREFILL_MIN_CHUNK;
+
+	/* shares up to the level, then the rest of the budget, both in admission order */
+	for (int pass = 0; pass < 2 && budget > 0; pass++)
+		for (int i = 0; i < engine->n_running && budget > 0; i++)
+		{
+			cai_request *req = engine->running[i];
+			int			need = req->n_prompt - req->n_computed - chunk[i];
+			int			add;
+
+			if (req->state != REQUEST_PREFILL || chunk[i] < 0 || need <= 0)
+				continue;
+			add = pass == 0 && need > level ? level : need;
+			if (add > budget)
+			{
+				/* an embedding runs whole or waits for a step with room for it */
+				if (req->embed)
+					continue;
+				add = budget;
+			}
+			chunk[i] += add;
+			budget -= add;
+		}
+	for (int i = 0; i < engine->n_running; i++)
+		if (chunk[i] < 0)
+			chunk[i] = 0;
+}
+
+/*
  * The step's ragged batch, in engine->batch and engine->batch_req, within max_step_tokens:
  * every running decode's last token first (so that prefills never stall the decodes), then
- * prefill chunks in admission order with what is left of the budget.  Returns its length.
+ * prefill chunks shared fairly with what is left of the budget (engine_share_prefill).  Returns
+ * its length.
  */
 static int
 engine_plan_batch(cai_engine *engine)
@@ -1712,20 +1845,15 @@ engine_plan_batch(cai_engine *engine)
 		engine->batch_req[n_batch++] = req;
 		budget--;
 	}
-	for (int i = 0; i < engine->n_running && budget > 0; i++)
+	engine_share_prefill(engine, budget);
+	for (int i = 0; i < engine->n_running; i++)
 	{
-		int			chunk;
+		int			chunk = engine->prefill_chunk[i];
 		bool		last;
 
 		req = engine->running[i];
-		if (req->state != REQUEST_PREFILL)
+		if (req->state != REQUEST_PREFILL || chunk == 0)
 			continue;
-		chunk = req->n_prompt - req->n_computed;
-		/* an embedding runs whole or waits for a step with room for it */
-		if (req->embed && chunk > budget)
-			continue;
-		if (chunk > budget)
-			chunk = budget;
 		last = req->n_computed + chunk == req->n_prompt;
 		request_take_windows(engine, req, req->n_computed, chunk);
 		engine->batch[n_batch] = (cai_batch_seq) {
@@ -1737,7 +1865,6 @@ engine_plan_batch(cai_engine *engine)
 			.logits = req->embed ? CAI_LOGITS_EMBED : last ? CAI_LOGITS_LAST : CAI_LOGITS_NONE,
 		};
 		engine->batch_req[n_batch++] = req;
-		budget -= chunk;
 		engine->stats.prefill_tokens += chunk;
 	}
 	return n_batch;

@@ -861,6 +861,92 @@ TEST(engine_chunked_prefill_keeps_decodes_flowing)
 	cai_engine_free(engine);
 }
 
+/*
+ * A short prompt admitted behind a long one gets a fair share of the prefill budget: it finishes
+ * its prefill (its first token is out) in the first step, while the long one also advances, and
+ * both replies are what each gets alone.
+ */
+TEST(engine_prefill_shared_fairly)
+{
+	int32_t		long_prompt[120];
+	int32_t		short_prompt[10];
+	cai_request_params reqs[2];
+	run_result	alone[2];
+	run_result	shared[2];
+	uint64_t	ids[2];
+	cai_error	err;
+	cai_engine_stats stats;
+	const cai_event *events;
+	int			n_events;
+	int			short_tokens = 0;
+	int			long_tokens = 0;
+	int			done = 0;
+	cai_engine *engine = make_engine(2, 4, 32, 0, 8);
+
+	if (!engine)
+	{
+		CHECK(engine != NULL);
+		return;
+	}
+	make_prompt(long_prompt, 120, 21);
+	make_prompt(short_prompt, 10, 22);
+	reqs[0] = request(long_prompt, 120, 0.0f, 0, 6);
+	reqs[1] = request(short_prompt, 10, 0.0f, 0, 6);
+	CHECK(run_batch(engine, &reqs[0], 1, &alone[0]));
+	CHECK(run_batch(engine, &reqs[1], 1, &alone[1]));
+	cai_engine_free(engine);
+
+	engine = make_engine(2, 4, 32, 0, 8);
+	if (!engine)
+	{
+		CHECK(engine != NULL);
+		return;
+	}
+	memset(shared, 0, sizeof(shared));
+	for (int i = 0; i < 2; i++)
+	{
+		reqs[i].user_data = &shared[i];
+		CHECK(cai_engine_submit(engine, &reqs[i], &ids[i], &err) == CAI_OK);
+	}
+	/* the first step: the long one admitted first, the short one second, a 32-token budget */
+	CHECK(cai_engine_step(engine, &events, &n_events, &err) == CAI_OK);
+	for (int e = 0; e < n_events; e++)
+	{
+		short_tokens += events[e].request_id == ids[1] && events[e].token >= 0;
+		long_tokens += events[e].request_id == ids[0] && events[e].token >= 0;
+	}
+	cai_engine_get_stats(engine, &stats);
+	CHECK_EQ_INT(short_tokens, 1);
+	CHECK_EQ_INT(long_tokens, 0);
+	/* the whole budget went to prefill: the short prompt's 10 tokens and 22 of the long one's */
+	CHECK_EQ_INT((int) stats.prefill_tokens, 32);
+
+	for (int e = 0; e < n_events; e++)
+	{
+		run_result *r = events[e].user_data;
+
+		if (events[e].token >= 0)
+			r->tokens[r->n_tokens++] = events[e].token;
+		done += events[e].finish != CAI_FINISH_NONE;
+	}
+	for (int s = 0; done < 2 && s < 100; s++)
+	{
+		CHECK(cai_engine_step(engine, &events, &n_events, &err) == CAI_OK);
+		for (int e = 0; e < n_events; e++)
+		{
+			run_result *r = events[e].user_data;
+
+			if (events[e].token >= 0 && r->n_tokens < MAX_GEN)
+				r->tokens[r->n_tokens++] = events[e].token;
+			done += events[e].finish != CAI_FINISH_NONE;
+		}
+	}
+	CHECK_EQ_INT(done, 2);
+	CHECK(same_tokens(&shared[0], &alone[0]));
+	CHECK(same_tokens(&shared[1], &alone[1]));
+	cai_engine_free(engine);
+}
+
 TEST(engine_score_matches_generation)
 {
 	int32_t		prompt[40];
