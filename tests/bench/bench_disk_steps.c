@@ -145,7 +145,7 @@ run_round(cai_model *model, int threads, const char *dir, int n_clients, int n_s
 	cai_error	err;
 	conversation *convs = calloc((size_t) n_clients, sizeof(conversation));
 	uint64_t	prefill_before;
-	uint64_t	seqs_before = 0;
+	uint64_t	decoding = 0;
 	int			warm = 0;
 
 	out->steps_ms = malloc(sizeof(double) * (size_t) n_steps);
@@ -199,8 +199,7 @@ run_round(cai_model *model, int threads, const char *dir, int n_clients, int n_s
 		{
 			if (warm >= 20)
 			{
-				if (out->n_steps == 0)
-					seqs_before = st.step_sequences - (uint64_t) n_events;
+				decoding += (uint64_t) n_events;
 				out->steps_ms[out->n_steps++] = ms;
 			}
 			else
@@ -227,7 +226,7 @@ run_round(cai_model *model, int threads, const char *dir, int n_clients, int n_s
 	out->bytes_written = st.disk_bytes_written;
 	out->blocks_dropped = st.disk_writes_dropped;
 	out->disk_hits = st.disk_hits;
-	out->mean_batch = (double) (st.step_sequences - seqs_before) / out->n_steps;
+	out->mean_batch = (double) decoding / out->n_steps;
 	if (dir)
 		cai_engine_cache_reset(engine);
 	cai_engine_free(engine);

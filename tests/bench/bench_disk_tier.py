@@ -80,7 +80,9 @@ def follow_up(server, conv, text):
 
 
 def stat(server, column):
-    return one(server, "SELECT %s FROM pg_stat_cai" % column)[0]
+    """column of pg_stat_cai, or None while the view has no row (an engine restarting)."""
+    row = one(server, "SELECT %s FROM pg_stat_cai" % column)
+    return row[0] if row else None
 
 
 def main():
@@ -116,7 +118,7 @@ def main():
             engine_pid = int(stat(server, "engine_pid"))
             os.kill(engine_pid, signal.SIGKILL)
             wait_for(lambda: stat(server, "status") == "ready" and
-                     stat(server, "engine_pid") not in ("", str(engine_pid)), 180)
+                     stat(server, "engine_pid") not in (None, "", str(engine_pid)), 180)
             read_before = int(stat(server, "disk_bytes_read"))
             got["disk"] = follow_up(server, conv, FOLLOW_UPS["disk"])
             wait_for(lambda: int(stat(server, "disk_bytes_read")) > read_before, 10)
