@@ -79,7 +79,10 @@
  * chance).  A lookup whose chain leaves memory at block i asks the tier for block i, i+1, ...
  * under the same keys, reads each back into a fresh pool block and files it as a node, so it
  * is a memory hit from then on; the tier verifies the whole prefix's tokens, the salt and the
- * parent key, so a disk hit is as certain as a memory one.  Blocks read back are shared in
+ * parent key, so a disk hit is as certain as a memory one.  Memory may refuse a block (over
+ * budget, the rest in use or not yet stale): an insert then still queues the refused blocks for
+ * the tier, and a lookup hands the blocks it reads to the caller alone, uncached, so a working
+ * set many times memory's size is served from disk.  Blocks read back are shared in
  * place like any other, which needs the KV in host memory (the engine attaches no tier when
  * a device holds it).  The tier allocates (a write's copy, a prefix's tokens): a failed
  * allocation drops that write or reads nothing, so the memory cache's paths still cannot fail.
@@ -732,26 +735,40 @@ static cache_node *new_node(cai_prefix_cache *cache, cache_node *parent, size_t 
  * back from the disk tier into a new node; NULL on a miss, or when there is no room for it.
  * seed is the key before it (the root seed at depth 0).
  */
-static cache_node *
-fetch_from_disk(cai_prefix_cache *cache, cache_node *parent, uint64_t salt, uint64_t seed,
-				uint64_t key, const int32_t *tokens, int depth)
+static int32_t
+read_from_disk(cai_prefix_cache *cache, uint64_t salt, uint64_t seed, uint64_t key,
+			   const int32_t *tokens, int depth, uint64_t *owner)
 {
 	cai_kv_disk_block b = {
 		.key = key, .parent_key = seed, .salt = salt, .owner = 0, .prefix = tokens,
 		.n_prefix = (depth + 1) * CAI_KV_BLOCK_TOKENS
 	};
-	uint64_t	owner = 0;
 	bool		with_window = !cache->window_reserve ||
 		cai_kv_pool_n_free_window_parts(cache->pool) > *cache->window_reserve;
-	int32_t		block = cai_kv_disk_load(cache->disk, &b, cache->pool, with_window, &owner);
+
+	return cai_kv_disk_load(cache->disk, &b, cache->pool, with_window, owner);
+}
+
+/*
+ * When the block was read but memory has no room for it (everything else pinned or still in
+ * use), *uncached gets it, the caller's alone, and NULL is returned; else *uncached is -1.
+ */
+static cache_node *
+fetch_from_disk(cai_prefix_cache *cache, cache_node *parent, uint64_t salt, uint64_t seed,
+				uint64_t key, const int32_t *tokens, int depth, int32_t *uncached)
+{
+	uint64_t	owner = 0;
+	int32_t		block = read_from_disk(cache, salt, seed, key, tokens, depth, &owner);
 	cache_node *node;
 
+	*uncached = -1;
 	if (block < 0)
 		return NULL;
 	node = new_node(cache, parent, block_cost(cache, block));
 	if (!node)
 	{
-		cai_kv_block_unref(cache->pool, block);
+		*uncached = block;
+		cache->stats.disk_hit_tokens += CAI_KV_BLOCK_TOKENS;
 		return NULL;
 	}
 	/* the allocation's reference is the cache's */
@@ -779,6 +796,7 @@ cai_prefix_cache_lookup_tokens(cai_prefix_cache *cache, uint64_t salt, const int
 	int			n_full;
 	int			matched = 0;
 	int			tail_tokens = 0;
+	bool		off_memory = false;
 
 	if (tail)
 	{
@@ -806,10 +824,32 @@ cai_prefix_cache_lookup_tokens(cai_prefix_cache *cache, uint64_t salt, const int
 	{
 		const int32_t *block_tokens = tokens + (size_t) matched * CAI_KV_BLOCK_TOKENS;
 		uint64_t	key = cache->hash(block_tokens, CAI_KV_BLOCK_TOKENS, seed);
-		cache_node *node = hash_find(cache, key);
+		cache_node *node = off_memory ? NULL : hash_find(cache, key);
 
 		if (!node && cache->disk)
-			node = fetch_from_disk(cache, parent, salt, seed, key, tokens, matched);
+		{
+			int32_t		block = -1;
+
+			/*
+			 * Past a block memory could not take, the rest of the chain cannot be cached either
+			 * (a node never lacks its parent): the caller gets the blocks read alone.
+			 */
+			if (off_memory)
+			{
+				block = read_from_disk(cache, salt, seed, key, tokens, matched, NULL);
+				if (block >= 0)
+					cache->stats.disk_hit_tokens += CAI_KV_BLOCK_TOKENS;
+			}
+			else
+				node = fetch_from_disk(cache, parent, salt, seed, key, tokens, matched, &block);
+			if (block >= 0)
+			{
+				blocks_out[matched++] = block;	/* the read's reference is the caller's */
+				off_memory = true;
+				seed = key;
+				continue;
+			}
+		}
 		if (!node)
 			break;
 		if (!node_matches(node, parent, salt, block_tokens))
@@ -828,7 +868,7 @@ cai_prefix_cache_lookup_tokens(cai_prefix_cache *cache, uint64_t salt, const int
 	 * After the last full hit, the tokens up to the next block boundary may agree with the start
 	 * of a cached tail or full block after it: the longest agreement is reused to the token.
 	 */
-	if (tail)
+	if (tail && !off_memory)
 	{
 		int			rest = max_tokens - matched * CAI_KV_BLOCK_TOKENS;
 		cache_node *node;
@@ -987,6 +1027,32 @@ insert_tail(cai_prefix_cache *cache, cache_node *parent, uint64_t salt, uint64_t
 	return node;
 }
 
+/*
+ * Queues full blocks from .. n_full - 1 of tokens (blocks[] the caller's, seed the key before
+ * block from) for the disk tier without caching them in memory: the chain goes on on disk.
+ */
+static void
+store_uncached(cai_prefix_cache *cache, uint64_t salt, uint64_t owner, const int32_t *tokens,
+			   int from, int n_full, const int32_t *blocks, uint64_t seed)
+{
+	if (!cache->disk)
+		return;
+	for (int i = from; i < n_full; i++)
+	{
+		const int32_t *block_tokens = tokens + (size_t) i * CAI_KV_BLOCK_TOKENS;
+		uint64_t	key = cache->hash(block_tokens, CAI_KV_BLOCK_TOKENS, seed);
+		cai_kv_disk_block b = {
+			.key = key, .parent_key = seed, .salt = salt, .owner = owner,
+			.prefix = tokens, .n_prefix = (i + 1) * CAI_KV_BLOCK_TOKENS
+		};
+
+		if (!block_held(cache, blocks[i]))
+			break;
+		cai_kv_disk_store(cache->disk, &b, cache->pool, blocks[i]);
+		seed = key;
+	}
+}
+
 void
 cai_prefix_cache_insert(cai_prefix_cache *cache, uint64_t salt, const int32_t *tokens,
 						int n_tokens, const int32_t *blocks, int n_blocks)
@@ -1058,7 +1124,14 @@ cai_prefix_cache_insert_owned(cai_prefix_cache *cache, uint64_t salt, uint64_t o
 				break;
 			node = new_node(cache, parent, block_cost(cache, blocks[i]));
 			if (!node)
-				break;			/* over budget and everything else pinned */
+			{
+				/*
+				 * Over budget with everything else pinned or still in use: memory keeps none of
+				 * the rest, but the tier can, so a working set larger than memory is still served.
+				 */
+				store_uncached(cache, salt, owner, tokens, i, n_full, blocks, seed);
+				break;
+			}
 			node->key = key;
 			node->salt = salt;
 			node->owner = owner;

@@ -46,7 +46,9 @@ void		cai_prefix_cache_free(cai_prefix_cache *cache);	/* drops all its reference
 /*
  * Finds the longest cached prefix of tokens[0..n) in full blocks, at most max_blocks.  Writes
  * the block ids to blocks_out, takes one pool reference on each for the caller, marks them used,
- * and returns how many blocks matched.
+ * and returns how many blocks matched.  With a disk tier, blocks read back that memory has no
+ * room for (everything else in use) are returned all the same, the caller's reference their only
+ * one.
  */
 int			cai_prefix_cache_lookup(cai_prefix_cache *cache, uint64_t salt, const int32_t *tokens,
 									int n, int32_t *blocks_out, int max_blocks);

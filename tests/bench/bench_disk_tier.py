@@ -17,9 +17,12 @@ Time to first token is cai.messages.ttft_ms (from the engine worker receiving th
 first generated token: the disk reads are inside it), with max_tokens 1.  The tier's files were
 just written, so the disk reads come from the page cache: this measures the tier's own cost
 (reading, checksumming, verifying, copying into the pool), not the device's latency.  Reports the
-median over rounds, and the JSON of every round.  Not a test: it passes or fails nothing.
+median over rounds, the ratios the goals name (cold / disk and disk / RAM, each the median of the
+rounds' own ratios), the load average at each round, and the JSON of every round.  Not a test: it
+passes or fails nothing.
 
     python3 tests/bench/bench_disk_tier.py [--rounds 5] [--threads 2] [--first-words 750]
+        [--model models/synth/llama32-1b-q4_k_m.gguf]
 """
 import argparse
 import json
@@ -77,7 +80,9 @@ def follow_up(server, conv, text):
 
 
 def stat(server, column):
-    return one(server, "SELECT %s FROM pg_stat_cai" % column)[0]
+    """column of pg_stat_cai, or None while the view has no row (an engine restarting)."""
+    row = one(server, "SELECT %s FROM pg_stat_cai" % column)
+    return row[0] if row else None
 
 
 def main():
@@ -107,13 +112,13 @@ def main():
                                       "'assistant'" % conv)[0])
             # the turn's full blocks reach the disk off the request's path
             wait_for(lambda: int(stat(server, "disk_files")) >= (history - 1) // 16, 30)
-            got = {"history_tokens": history}
+            got = {"history_tokens": history, "load_average": os.getloadavg()[0]}
             got["ram"] = follow_up(server, conv, FOLLOW_UPS["ram"])
 
             engine_pid = int(stat(server, "engine_pid"))
             os.kill(engine_pid, signal.SIGKILL)
             wait_for(lambda: stat(server, "status") == "ready" and
-                     stat(server, "engine_pid") not in ("", str(engine_pid)), 180)
+                     stat(server, "engine_pid") not in (None, "", str(engine_pid)), 180)
             read_before = int(stat(server, "disk_bytes_read"))
             got["disk"] = follow_up(server, conv, FOLLOW_UPS["disk"])
             wait_for(lambda: int(stat(server, "disk_bytes_read")) > read_before, 10)
@@ -122,9 +127,9 @@ def main():
             server.sql("SELECT cai_cache_reset()")
             got["cold"] = follow_up(server, conv, FOLLOW_UPS["cold"])
             rounds.append(got)
-            print("round %d: history %d tokens; ttft ram %.1f ms (%d cached), disk %.1f ms "
-                  "(%d cached, %.1f MB read), cold %.1f ms (%d cached)"
-                  % (r + 1, history, got["ram"]["ttft_ms"], got["ram"]["cached_tokens"],
+            print("round %d: load %.2f, history %d tokens; ttft ram %.1f ms (%d cached), disk "
+                  "%.1f ms (%d cached, %.1f MB read), cold %.1f ms (%d cached)"
+                  % (r + 1, got["load_average"], history, got["ram"]["ttft_ms"], got["ram"]["cached_tokens"],
                      got["disk"]["ttft_ms"], got["disk"]["cached_tokens"],
                      got["disk"]["bytes_read"] / 1e6, got["cold"]["ttft_ms"],
                      got["cold"]["cached_tokens"]), flush=True)
@@ -147,7 +152,16 @@ def main():
         print("| %s | %d | %d | %.1f ms | %.2fx |"
               % (label, med(kind, "prompt_tokens"), med(kind, "cached_tokens"),
                  med(kind, "ttft_ms"), cold / med(kind, "ttft_ms")))
-    result = {"model": os.path.basename(args.model), "threads": args.threads, "rounds": rounds}
+    disk_vs_ram = statistics.median(g["disk"]["ttft_ms"] / g["ram"]["ttft_ms"] for g in rounds)
+    cold_vs_disk = statistics.median(g["cold"]["ttft_ms"] / g["disk"]["ttft_ms"] for g in rounds)
+    loads = [g["load_average"] for g in rounds]
+    print()
+    print("%s, %d threads: disk / RAM %.2fx (goal <= 2x), cold / disk %.1fx (goal >= 10x at 1B), "
+          "medians of the rounds' ratios; load average %.1f-%.1f"
+          % (os.path.basename(args.model), args.threads, disk_vs_ram, cold_vs_disk, min(loads),
+             max(loads)))
+    result = {"model": os.path.basename(args.model), "threads": args.threads,
+              "disk_vs_ram": disk_vs_ram, "cold_vs_disk": cold_vs_disk, "rounds": rounds}
     out = args.out or os.path.join(HERE, "out", "disk-tier-%d.json" % int(time.time()))
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out, "w") as f:

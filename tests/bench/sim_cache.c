@@ -21,12 +21,18 @@
  *                alternating for T turns: an active set that fits beside stale content
  *   shift        C conversations x T turns round-robin, then C new ones: how fast the cache
  *                turns over to the new set (hit rate of the second set)
+ *   disk DIR     (only with a directory argument) the RAM tier sized to hold C conversations'
+ *                histories, then 1x, 5x and 20x C conversations x T turns round-robin, with the
+ *                disk tier (kv_disk.c, its files under DIR, a budget the whole run fits) and
+ *                without: between two turns of one conversation every other one plays a turn, so
+ *                beyond 1x its prefix has left memory; the tier's writes are waited for after each
+ *                turn (an engine's turn lasts long enough for the writer to keep up)
  *
  * Build and run (from the repository root, after make):
  *
  *   cc -O2 -std=gnu11 -Isrc/common -Isrc/backend -Isrc/engine -o /tmp/sim_cache tests/bench/sim_cache.c build/libcai.a \
  *       -lxxhash -lm -lpthread -ldl
- *   /tmp/sim_cache [conversations 8] [turns 12] [isolated]
+ *   /tmp/sim_cache [conversations 8] [turns 12] [isolated] [disk DIR]
  *
  * Another eviction policy can be measured by naming its prefix_cache.c before the library:
  *   cc ... tests/bench/sim_cache.c OTHER/prefix_cache.c build/libcai.a ...
@@ -39,6 +45,7 @@
 #include <string.h>
 
 #include "kv.h"
+#include "kv_disk.h"
 #include "prefix_cache.h"
 
 #define BT CAI_KV_BLOCK_TOKENS
@@ -308,19 +315,136 @@ shift(int n_conv, int turns, int budget_blocks)
 	free(convs);
 }
 
+static void
+disk_log(void *arg, const char *line)
+{
+	(void) arg;
+	fprintf(stderr, "disk tier: %s\n", line);
+}
+
+/*
+ * Round-robin over n_conv conversations under a RAM budget of budget_blocks, with a disk tier
+ * under dir (emptied first) when dir is not NULL; prints one row.
+ */
+static void
+round_robin_disk(int n_conv, int turns, int budget_blocks, const char *dir, const char *scale)
+{
+	int			seq_blocks = (MAX_TOKENS + BT - 1) / BT;
+	cai_kv_pool *pool = make_pool(budget_blocks + seq_blocks + 8);
+	cai_prefix_cache *cache = make_cache(pool, budget_blocks);
+	cai_kv_disk *disk = NULL;
+	conv	   *convs = calloc((size_t) n_conv, sizeof(conv));
+	tally		t = {0};
+	cai_prefix_cache_stats s;
+	cai_kv_disk_stats ds = {0};
+	cai_error	err;
+
+	if (!convs)
+	{
+		fprintf(stderr, "out of memory\n");
+		exit(1);
+	}
+	if (dir)
+	{
+		if (cai_kv_disk_open(dir, (size_t) 64 << 30, UINT64_C(0x5eed), cai_kv_pool_layout(pool),
+							 "cpu", disk_log, NULL, &disk, &err) != CAI_OK)
+		{
+			fprintf(stderr, "disk tier: %s\n", err.message);
+			exit(1);
+		}
+		cai_kv_disk_reset(disk);
+		cai_prefix_cache_set_disk(cache, disk);
+	}
+	for (int i = 0; i < n_conv; i++)
+		conv_init(&convs[i], 1000 + i);
+	for (int turn = 0; turn < turns; turn++)
+		for (int i = 0; i < n_conv; i++)
+		{
+			play_turn(cache, pool, &convs[i], &t);
+			if (disk)
+				cai_kv_disk_flush(disk);
+		}
+	cai_prefix_cache_get_stats(cache, &s);
+	if (disk)
+		cai_kv_disk_get_stats(disk, &ds);
+	printf("| %s | %d | %s | %.2f %% | %.2f %% | %.2f | %llu | %llu | %llu |\n", scale, n_conv,
+		   disk ? "RAM + disk" : "RAM only",
+		   100.0 * (double) t.hit_tokens / (double) t.prompt_tokens,
+		   100.0 * (double) t.ceiling / (double) t.prompt_tokens,
+		   100.0 * ((double) t.ceiling - (double) t.hit_tokens) / (double) t.prompt_tokens,
+		   (unsigned long long) s.evictions, (unsigned long long) ds.hits,
+		   (unsigned long long) ds.writes_dropped);
+	if (disk)
+		fprintf(stderr, "  %s %d: disk hits %llu misses %llu written %llu files %llu evictions %llu, lookups %llu\n", scale, n_conv,
+				(unsigned long long) ds.hits, (unsigned long long) ds.misses,
+				(unsigned long long) ds.blocks_written, (unsigned long long) ds.files,
+				(unsigned long long) ds.evictions, (unsigned long long) s.lookups);
+	fflush(stdout);
+	if (disk)
+	{
+		cai_prefix_cache_set_disk(cache, NULL);
+		cai_kv_disk_reset(disk);
+		cai_kv_disk_close(disk);
+	}
+	cai_prefix_cache_free(cache);
+	cai_kv_pool_free(pool);
+	free(convs);
+}
+
+/*
+ * The disk tier against RAM alone when conversations outnumber what RAM holds: the RAM budget is
+ * what n_conv conversations' histories end with, the workload 1x, 5x and 20x n_conv of them.
+ */
+static void
+disk_tier(int n_conv, int turns, const char *dir)
+{
+	static const int scales[] = {1, 5, 20};
+	int			budget = round_robin(n_conv, turns, 1 << 16, NULL, false);
+
+	printf("\nthe disk tier: a RAM budget of %d blocks (%d conversations x %d turns), files under %s\n\n",
+		   budget, n_conv, turns, dir);
+	printf("| conversations / RAM tier | conversations | tiers | hit rate | ceiling | "
+		   "ceiling - hit (points) | RAM evictions | disk hits (blocks) | writes dropped |\n");
+	printf("|---|---|---|---|---|---|---|---|---|\n");
+	for (int i = 0; i < 3; i++)
+	{
+		char		scale[16];
+
+		snprintf(scale, sizeof(scale), "%dx", scales[i]);
+		round_robin_disk(n_conv * scales[i], turns, budget, NULL, scale);
+		round_robin_disk(n_conv * scales[i], turns, budget, dir, scale);
+	}
+}
+
 int
 main(int argc, char **argv)
 {
 	int			n_conv = argc > 1 ? atoi(argv[1]) : 8;
 	int			turns = argc > 2 ? atoi(argv[2]) : 12;
 	int			full;
+	const char *disk_dir = NULL;
 
-	if (argc > 3 && strcmp(argv[3], "isolated") == 0)
-		shared = false;
+	for (int i = 3; i < argc; i++)
+	{
+		if (strcmp(argv[i], "isolated") == 0)
+			shared = false;
+		else if (strcmp(argv[i], "disk") == 0 && i + 1 < argc)
+			disk_dir = argv[++i];
+		else
+		{
+			fprintf(stderr, "usage: sim_cache [conversations] [turns] [isolated] [disk DIR]\n");
+			return 2;
+		}
+	}
 	if (n_conv < 1 || turns < 1 || turns * 160 + 600 > MAX_TOKENS)
 	{
-		fprintf(stderr, "usage: sim_cache [conversations] [turns] [isolated]\n");
+		fprintf(stderr, "usage: sim_cache [conversations] [turns] [isolated] [disk DIR]\n");
 		return 2;
+	}
+	if (disk_dir)
+	{
+		disk_tier(n_conv, turns, disk_dir);
+		return 0;
 	}
 	printf("%d conversations x %d turns, %s\n", n_conv, turns,
 		   shared ? "one salt and a shared 88-token system prompt (cache_isolation = role)"

@@ -278,6 +278,53 @@ TEST(kv_disk_blocks_outlive_memory_and_the_engine)
 	remove_tree(dir);
 }
 
+/*
+ * A working set larger than memory: a turn whose blocks memory refuses (over budget, everything
+ * else in use) still reaches the disk, and a lookup whose blocks memory cannot take back still
+ * gets them, byte for byte, as the caller's own.
+ */
+TEST(kv_disk_serves_what_memory_cannot_hold)
+{
+	char		dir[64];
+	tier		t;
+	int32_t		a[2 * BT + 1], b[3 * BT + 1];
+	int32_t		pinned[2];
+	cai_prefix_cache_stats cs;
+
+	make_temp_dir(dir, sizeof(dir));
+	CHECK(tier_make(&t, 2, open_disk(dir, 1 << 20)));
+	CHECK(t.disk != NULL);
+	if (!t.disk)
+		return;
+	fill_tokens(a, 2 * BT + 1, 1);
+	fill_tokens(b, 3 * BT + 1, 2);
+
+	/* a fills memory and a running sequence holds it */
+	cache_sequence(&t, 1, 0, a, 2, 1);
+	CHECK_EQ_INT(cai_prefix_cache_lookup(t.cache, 1, a, 2 * BT + 1, pinned, 2), 2);
+
+	/* b's turn finishes: memory cannot take a block of it, the disk takes all three */
+	cache_sequence(&t, 1, 0, b, 3, 2);
+	cai_kv_disk_flush(t.disk);
+	cai_prefix_cache_get_stats(t.cache, &cs);
+	CHECK_EQ_INT(cs.blocks, 2);
+	CHECK_EQ_INT(list_files(t.disk, NULL, 0), 5);
+
+	/* b's next turn, a still held: read back uncached, the caller's references alone */
+	CHECK_EQ_INT(lookup_checked(&t, 1, b, 3, 2), 3);
+	CHECK_EQ_INT(disk_stats(t.disk).hits, 3);
+	cai_prefix_cache_get_stats(t.cache, &cs);
+	CHECK_EQ_INT(cs.blocks, 2);
+	CHECK_EQ_INT(cs.disk_hit_tokens, 3 * BT);
+	CHECK_EQ_INT(cai_kv_pool_n_free(t.pool), 64 - 2);
+
+	cai_kv_block_unref(t.pool, pinned[0]);
+	cai_kv_block_unref(t.pool, pinned[1]);
+	tier_free_memory(&t);
+	cai_kv_disk_close(t.disk);
+	remove_tree(dir);
+}
+
 /* Writes bytes at offset of path (or truncates it to offset when bytes is NULL). */
 static bool
 tamper(const char *path, off_t offset, const void *bytes, size_t len)
