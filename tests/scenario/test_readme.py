@@ -28,10 +28,10 @@ c = Checks()
 # ---- 1. the function table ---------------------------------------------------------------
 
 def reference_table():
-    """{function name: granted to cai_user (bool)} and the view names of the SQL reference."""
+    """{function name: granted to cai_user (bool)}, the view names of the SQL reference, and the
+    functions whose row says they are SECURITY DEFINER."""
     section = README.split("\n## SQL reference\n", 1)[1].split("\n## ", 1)[0]
-    functions, views = {}, set()
-    global definers
+    functions, views, definers = {}, set(), set()
     for line in section.splitlines():
         if not line.startswith("| ") or line.startswith("| function ") or line.startswith("|---"):
             continue
@@ -46,12 +46,11 @@ def reference_table():
             functions[name] = granted
             if "`SECURITY DEFINER`" in description:
                 definers.add(name)
-    return functions, views
+    return functions, views, definers
 
 
-definers = set()
 ensure_database()
-documented, documented_views = reference_table()
+documented, documented_views, definers = reference_table()
 rows = value("""
 SELECT string_agg(format('%s %s %s %s %s %s', p.proname, p.provolatile, p.proparallel, p.prosecdef,
                          has_function_privilege('cai_user', p.oid, 'EXECUTE'),
