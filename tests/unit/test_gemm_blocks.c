@@ -7,6 +7,7 @@
  */
 #include "test.h"
 
+#include <float.h>
 #include <stdlib.h>
 
 #if !__has_include(<simde/x86/avx512.h>)
@@ -226,6 +227,69 @@ TEST(block_activations_quantize_per_block)
 		}
 		CHECK_EQ_INT(sum[b], total);
 	}
+}
+
+/*
+ * The activations' quantization gives the portable bits on every path: random blocks, and
+ * blocks with what a vector maximum or rounding could treat differently (NaN, infinities,
+ * signed zeros, denormals, halves that round to even, values at the clamp).
+ */
+TEST(block_activations_same_bits_every_isa)
+{
+	static const char *const isas[] = {"avx2", "avx512-vnni", "avx512-amx"};
+	enum
+	{
+		N_TOK = 7, K = 256, NB = K / 32
+	};
+	const char *orig = cai_cpu_isa();
+	float		x[N_TOK * K];
+	int8_t		want_q[N_TOK * K],
+				got_q[N_TOK * K];
+	float		want_s[N_TOK * NB],
+				got_s[N_TOK * NB];
+	int16_t		want_sum[N_TOK * NB],
+				got_sum[N_TOK * NB];
+	int			tried = 0;
+
+	rng_state = 23;
+	for (int i = 0; i < N_TOK * K; i++)
+		x[i] = rand_unit() * (i % 5 == 0 ? 30.0f : 1.0f);
+	/* token 1: one special value per block */
+	x[1 * K + 0 * 32 + 3] = NAN;
+	x[1 * K + 1 * 32 + 31] = INFINITY;
+	x[1 * K + 2 * 32 + 7] = -INFINITY;
+	for (int i = 0; i < 32; i++)
+	{
+		x[1 * K + 3 * 32 + i] = i % 2 ? -0.0f : 0.0f;	/* a block of signed zeros */
+		x[1 * K + 4 * 32 + i] = 1e-40f * (float) (i - 16);	/* denormals */
+		x[1 * K + 5 * 32 + i] = (float) (i - 16) * 0.5f;
+	}
+	/* max 127: every level a half step away from an integer, rounding to even both ways */
+	for (int i = 0; i < 32; i++)
+		x[1 * K + 6 * 32 + i] = i == 0 ? 127.0f : (float) (i - 16) + 0.5f;
+	/* a NaN after the block's largest value in the same lane of eight */
+	x[2 * K + 3] = 50.0f;
+	x[2 * K + 27] = NAN;
+	x[1 * K + 7 * 32 + 9] = FLT_MAX;
+	x[1 * K + 7 * 32 + 10] = -FLT_MAX;
+
+	CHECK(cai_cpu_force_isa("generic"));
+	cai_quantize_act_blocks(x, N_TOK, K, want_q, want_s, want_sum);
+	for (size_t isa = 0; isa < sizeof(isas) / sizeof(isas[0]); isa++)
+	{
+		if (!cai_cpu_force_isa(isas[isa]))
+			continue;
+		tried++;
+		memset(got_q, 0x55, sizeof(got_q));
+		cai_quantize_act_blocks(x, N_TOK, K, got_q, got_s, got_sum);
+		CHECK_MSG(memcmp(got_q, want_q, sizeof(got_q)) == 0, "levels differ on %s", isas[isa]);
+		CHECK_MSG(memcmp(got_s, want_s, sizeof(got_s)) == 0, "scales differ on %s", isas[isa]);
+		CHECK_MSG(memcmp(got_sum, want_sum, sizeof(got_sum)) == 0, "sums differ on %s",
+				  isas[isa]);
+	}
+	CHECK(cai_cpu_force_isa(orig));
+	if (tried == 0)
+		SKIP("no vector path on this CPU");
 }
 
 /* One GEMM of every format on every path; each must equal the portable kernel's bits. */

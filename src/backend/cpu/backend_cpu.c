@@ -642,12 +642,51 @@ cpu_import_weights(cai_backend *be, const struct cai_wcache_view *in, uint32_t *
 	return st;
 }
 
+/* A prompt's activations quantized in parallel: a task per run of tokens. */
+typedef struct quantize_job
+{
+	const float *x;
+	int			n_tok;
+	int			k;
+	int			tokens_per_task;
+	int8_t	   *q;
+	float	   *s;
+	int16_t    *sum;
+} quantize_job;
+
+#define QUANTIZE_TASK_TOKENS 16	/* less is not worth waking a thread */
+
+static void
+quantize_task(void *arg, int task, int thread)
+{
+	const quantize_job *j = arg;
+	const int	t0 = task * j->tokens_per_task;
+	const int	n = j->n_tok - t0 < j->tokens_per_task ? j->n_tok - t0 : j->tokens_per_task;
+	const size_t nb = j->k / CAI_BLOCK_ELEMS;
+
+	(void) thread;
+	cai_quantize_act_blocks(j->x + (size_t) t0 * j->k, n, j->k, j->q + (size_t) t0 * j->k,
+							j->s + t0 * nb, j->sum + t0 * nb);
+}
+
 static void
 cpu_quantize_blocks(cai_backend *be, const float *x, int n_tok, int k, int8_t *q, float *s,
 					int16_t *sum)
 {
-	(void) be;
-	cai_quantize_act_blocks(x, n_tok, k, q, s, sum);
+	cai_threadpool *pool = cpu_of(be)->pool;
+	const int	threads = pool ? cai_threadpool_size(pool) : 1;
+	quantize_job job = {x, n_tok, k, QUANTIZE_TASK_TOKENS, q, s, sum};
+
+	if (threads < 2 || n_tok < 2 * QUANTIZE_TASK_TOKENS)
+	{
+		cai_quantize_act_blocks(x, n_tok, k, q, s, sum);
+		return;
+	}
+	/* a few tasks per thread, so that a thread another process holds up delays little */
+	if (job.tokens_per_task * threads * 4 < n_tok)
+		job.tokens_per_task = (n_tok + threads * 4 - 1) / (threads * 4);
+	cai_threadpool_run(pool, quantize_task, &job,
+					   (n_tok + job.tokens_per_task - 1) / job.tokens_per_task);
 }
 
 /* Each part's rows in turn: part i covers rows [row0, row0 + its rows) of the stacked matrix. */

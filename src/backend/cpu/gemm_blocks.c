@@ -353,45 +353,117 @@ cai_cpu_bmatrix_row(const cai_cpu_bmatrix *m, int o, float *dst)
  * Activations
  * --------------------------------------------------------------------------------------- */
 
+/* One block of 32: its levels, scale and sum (cai_quantize_act_blocks). */
+static void
+quantize_act_block(const float *xb, int8_t *qb, float *s, int16_t *sum)
+{
+	float		amax = 0.0f;
+	float		inv;
+	int			total = 0;
+
+	for (int i = 0; i < CAI_BLOCK_ELEMS; i++)
+	{
+		float		a = fabsf(xb[i]);
+
+		amax = a > amax ? a : amax;
+	}
+	inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+	if (!(amax > 0.0f) || isinf(inv))
+	{
+		memset(qb, 0, CAI_BLOCK_ELEMS);
+		*s = 0.0f;
+		*sum = 0;
+		return;
+	}
+	for (int i = 0; i < CAI_BLOCK_ELEMS; i++)
+	{
+		float		v = xb[i] * inv;
+
+		v = v > -127.0f ? v : -127.0f;
+		v = v < 127.0f ? v : 127.0f;
+		qb[i] = (int8_t) (int) rintf(v);
+		total += qb[i];
+	}
+	*s = amax / 127.0f;
+	*sum = (int16_t) total;
+}
+
+#if defined(__x86_64__)
+/*
+ * quantize_act_block in eight lanes, the same bits: max_ps(a, m) is the scalar loop's
+ * "a > m ? a : m" lane by lane (a NaN is passed over in both), and the maximum of the lanes'
+ * maxima, none of them NaN, is the same whatever the order; the clamps are the scalar ones;
+ * cvtps rounds to nearest even as rintf does in the default rounding mode.
+ */
+__attribute__((target("avx2"))) static void
+quantize_act_block_avx2(const float *xb, int8_t *qb, float *s, int16_t *sum)
+{
+	const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+	__m256		x[4];
+	__m256		m = _mm256_setzero_ps();
+	__m128		h;
+	float		amax,
+				inv;
+	__m256i		iv[4],
+				total;
+	__m128i		t4;
+
+	for (int i = 0; i < 4; i++)
+	{
+		x[i] = _mm256_loadu_ps(xb + 8 * i);
+		m = _mm256_max_ps(_mm256_and_ps(x[i], abs_mask), m);
+	}
+	h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+	h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+	h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+	amax = _mm_cvtss_f32(h);
+	inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+	if (!(amax > 0.0f) || isinf(inv))
+	{
+		memset(qb, 0, CAI_BLOCK_ELEMS);
+		*s = 0.0f;
+		*sum = 0;
+		return;
+	}
+	for (int i = 0; i < 4; i++)
+	{
+		__m256		v = _mm256_mul_ps(x[i], _mm256_set1_ps(inv));
+
+		v = _mm256_max_ps(v, _mm256_set1_ps(-127.0f));
+		v = _mm256_min_ps(v, _mm256_set1_ps(127.0f));
+		iv[i] = _mm256_cvtps_epi32(v);
+	}
+	/* the packs work within 128-bit lanes: the permutation puts the four-byte runs in order */
+	_mm256_storeu_si256((__m256i *) qb,
+						_mm256_permutevar8x32_epi32(_mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]),
+																	   _mm256_packs_epi32(iv[2], iv[3])),
+													_mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+	total = _mm256_add_epi32(_mm256_add_epi32(iv[0], iv[1]), _mm256_add_epi32(iv[2], iv[3]));
+	t4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+	t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, _MM_SHUFFLE(1, 0, 3, 2)));
+	t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, _MM_SHUFFLE(2, 3, 0, 1)));
+	*s = amax / 127.0f;
+	*sum = (int16_t) _mm_cvtsi128_si32(t4);
+}
+#endif
+
 void
 cai_quantize_act_blocks(const float *x, int n_tok, int k, int8_t *q, float *s, int16_t *sum)
 {
 	const int	nb = k / CAI_BLOCK_ELEMS;
+	void		(*block) (const float *, int8_t *, float *, int16_t *) = quantize_act_block;
 
+#if defined(__x86_64__)
+	/* every path but the portable one has AVX2 (gemm.h) */
+	if (strcmp(cai_cpu_isa(), "generic") != 0)
+		block = quantize_act_block_avx2;
+#endif
 	for (int t = 0; t < n_tok; t++)
 		for (int b = 0; b < nb; b++)
 		{
-			const float *xb = x + (size_t) t * k + (size_t) b * CAI_BLOCK_ELEMS;
-			int8_t	   *qb = q + (size_t) t * k + (size_t) b * CAI_BLOCK_ELEMS;
-			float		amax = 0.0f;
-			float		inv;
-			int			total = 0;
+			const size_t i = (size_t) t * nb + b;
 
-			for (int i = 0; i < CAI_BLOCK_ELEMS; i++)
-			{
-				float		a = fabsf(xb[i]);
-
-				amax = a > amax ? a : amax;
-			}
-			inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-			if (!(amax > 0.0f) || isinf(inv))
-			{
-				memset(qb, 0, CAI_BLOCK_ELEMS);
-				s[(size_t) t * nb + b] = 0.0f;
-				sum[(size_t) t * nb + b] = 0;
-				continue;
-			}
-			for (int i = 0; i < CAI_BLOCK_ELEMS; i++)
-			{
-				float		v = xb[i] * inv;
-
-				v = v > -127.0f ? v : -127.0f;
-				v = v < 127.0f ? v : 127.0f;
-				qb[i] = (int8_t) (int) rintf(v);
-				total += qb[i];
-			}
-			s[(size_t) t * nb + b] = amax / 127.0f;
-			sum[(size_t) t * nb + b] = (int16_t) total;
+			block(x + i * CAI_BLOCK_ELEMS, q + i * CAI_BLOCK_ELEMS, s + i, sum + i);
 		}
 }
 
@@ -834,6 +906,34 @@ run_task(void *arg, int task, int thread)
 		bt->kernel.fn(j, g, thread);
 }
 
+/*
+ * The activations of n_tiles whole tiles of tokens in the order the tile kernels read them
+ * (bgemm_job.xq_tiles): tile by tile, block by block, the tile's tokens' 32 inputs each, and
+ * their scales and block sums as floats beside them.
+ */
+static void
+tile_activations(const int8_t *xq, const float *xs, const int16_t *xsum, int n_tiles, int k,
+				 int8_t *xq_tiles, float *xs_tiles, float *xsum_tiles)
+{
+	const int	nb = k / CAI_BLOCK_ELEMS;
+
+	for (int tile = 0; tile < n_tiles; tile++)
+		for (int b = 0; b < nb; b++)
+		{
+			const size_t dst = ((size_t) tile * nb + b) * CAI_BTILE_TOKENS;
+
+			for (int t = 0; t < CAI_BTILE_TOKENS; t++)
+			{
+				const size_t tok = (size_t) tile * CAI_BTILE_TOKENS + t;
+
+				memcpy(xq_tiles + (dst + t) * CAI_BLOCK_ELEMS,
+					   xq + tok * k + (size_t) b * CAI_BLOCK_ELEMS, CAI_BLOCK_ELEMS);
+				xs_tiles[dst + t] = xs[tok * nb + b];
+				xsum_tiles[dst + t] = (float) xsum[tok * nb + b];
+			}
+		}
+}
+
 void
 cai_gemm_blocks_run(cai_threadpool *pool, cai_bkernel kernel, const int8_t *xq, const float *xs,
 					const int16_t *xsum, int n_tok, const cai_cpu_bmatrix *w, int n_out,
@@ -844,8 +944,9 @@ cai_gemm_blocks_run(cai_threadpool *pool, cai_bkernel kernel, const int8_t *xq, 
 	const int	nb = w->k / CAI_BLOCK_ELEMS;
 	int			n_tasks = threads * 8 < n_groups ? threads * 8 : n_groups;
 	int16_t    *xsum_lo = NULL;
-	float	   *xsum_f = NULL;
-	bgemm_job	job = {xq, xs, xsum, NULL, n_tok, w, n_out, bias, out, ldo, accumulate, 1, NULL, NULL};
+	int8_t	   *xq_tiles = NULL;
+	float	   *xs_tiles = NULL;
+	bgemm_job	job = {xq, xs, xsum, NULL, n_tok, w, n_out, bias, out, ldo, accumulate, 1, NULL, NULL, NULL, NULL};
 	bgemm_task	task = {&job, kernel};
 
 	if (n_tok < 1 || n_groups < 1)
@@ -877,11 +978,19 @@ cai_gemm_blocks_run(cai_threadpool *pool, cai_bkernel kernel, const int8_t *xq, 
 	}
 	if (task.kernel.scratch_block > 0 && n_tok >= CAI_BSCRATCH_TOKENS)
 	{
+		const int	n_tiles = n_tok / CAI_BTILE_TOKENS;
+
 		job.unpacked = malloc((size_t) threads * nb * task.kernel.scratch_block);
-		xsum_f = malloc((size_t) n_tok * nb * sizeof(float));
-		for (size_t i = 0; xsum_f && i < (size_t) n_tok * nb; i++)
-			xsum_f[i] = (float) xsum[i];
-		job.xsum_f = xsum_f;
+		xq_tiles = malloc((size_t) n_tiles * CAI_BTILE_TOKENS * w->k);
+		xs_tiles = malloc((size_t) n_tiles * CAI_BTILE_TOKENS * nb * 2 * sizeof(float));
+		if (xq_tiles && xs_tiles)
+		{
+			tile_activations(xq, xs, xsum, n_tiles, w->k, xq_tiles, xs_tiles,
+							 xs_tiles + (size_t) n_tiles * CAI_BTILE_TOKENS * nb);
+			job.xq_tiles = xq_tiles;
+			job.xs_tiles = xs_tiles;
+			job.xsum_tiles = xs_tiles + (size_t) n_tiles * CAI_BTILE_TOKENS * nb;
+		}
 	}
 	/* a task holds whole calls of a kernel that takes several groups at once */
 	job.groups_per_task = (n_groups + n_tasks - 1) / n_tasks;
@@ -894,7 +1003,8 @@ cai_gemm_blocks_run(cai_threadpool *pool, cai_bkernel kernel, const int8_t *xq, 
 		for (int t = 0; t < n_tasks; t++)
 			run_task(&task, t, 0);
 	free(xsum_lo);
-	free(xsum_f);
+	free(xq_tiles);
+	free(xs_tiles);
 	free(job.unpacked);
 }
 

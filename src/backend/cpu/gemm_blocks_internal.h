@@ -42,8 +42,20 @@ typedef struct bgemm_job
 	uint8_t    *unpacked;		/* split16 with more tokens than a tile: per thread, a group's
 								 * levels a byte each ([threads][k / 32][256]), else NULL; or
 								 * the scratch of a kernel that asks for it */
-	const float *xsum_f;		/* with that scratch: xsum as floats, else NULL */
+
+	/*
+	 * With a kernel's scratch: the tokens' whole tiles of CAI_BTILE_TOKENS, each block's inputs
+	 * of the tile side by side (xq_tiles [tile][k / 32][token][32]) and its scales and sums as
+	 * floats ([tile][k / 32][token]), else NULL.  A tile's block is then one run of memory: a
+	 * token's inputs k bytes apart would put every row of it in the same few sets of the L1
+	 * cache (k is a multiple of 2048 in the models that need the speed).
+	 */
+	const int8_t *xq_tiles;
+	const float *xs_tiles;
+	const float *xsum_tiles;
 } bgemm_job;
+
+#define CAI_BTILE_TOKENS 16
 
 /*
  * A kernel: the rows of group g (of groups g .. g + step - 1 for a kernel that takes step

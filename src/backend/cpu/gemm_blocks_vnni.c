@@ -92,6 +92,34 @@ load_i32(const int8_t *p)
 	return v;
 }
 
+/*
+ * Token t's sums of the rows of groups g and g2 (lane r: row g * GROUP + r), through the
+ * epilogue (cai_bstore_result's operations, lane for lane, a vector at a time where all 16 rows
+ * exist).
+ */
+VNNI_TARGET static inline void
+store_pair(const bgemm_job *j, int t, int g, int g2, __m512 acc)
+{
+	const int	o0 = g * GROUP;
+	float		lanes[2 * GROUP];
+
+	if (g2 != g && o0 + 2 * GROUP <= j->n_out)
+	{
+		float	   *dst = j->out + (size_t) t * j->ldo + o0;
+		__m512		v = acc;
+
+		if (j->bias)
+			v = _mm512_add_ps(v, _mm512_loadu_ps(j->bias + o0));
+		if (j->accumulate)
+			v = _mm512_add_ps(_mm512_loadu_ps(dst), v);
+		_mm512_storeu_ps(dst, v);
+		return;
+	}
+	_mm512_storeu_ps(lanes, acc);
+	for (int lane = 0; lane < (g2 != g ? 2 * GROUP : GROUP) && o0 + lane < j->n_out; lane++)
+		cai_bstore_result(j, t, o0 + lane, lanes[lane]);
+}
+
 /* 32 bytes of group g beside the same 32 bytes of group g + 1. */
 VNNI_TARGET static inline __m512i
 load_pair(const uint8_t *a, const uint8_t *b)
@@ -306,13 +334,7 @@ tile_vnni(const bgemm_job *j, int g, int t0, const int nt, const bool nibble,
 		}
 	}
 	for (int t = 0; t < nt; t++)
-	{
-		float		lanes[2 * GROUP];
-
-		_mm512_storeu_ps(lanes, acc[t]);
-		for (int lane = 0; lane < (g2 != g ? 2 * GROUP : GROUP) && g * GROUP + lane < j->n_out; lane++)
-			cai_bstore_result(j, t0 + t, g * GROUP + lane, lanes[lane]);
-	}
+		store_pair(j, t0 + t, g, g2, acc[t]);
 }
 
 /*
@@ -400,8 +422,8 @@ VNNI_NAME(cai_bkernel_vnni)(ggml_type type)
  * A block of two groups, widened, is AMX's B operand as it stands: row s of the tile is step
  * s, 16 rows' four inputs each.  So a call widens its two groups' blocks once into the
  * thread's scratch (with the blocks' scales, as floats), and then, per tile of 16 tokens and
- * block, tdpbssd multiplies the tokens' 32 activations (A: 16 rows of the activations as they
- * are, k apart) by it into 16 x 16 exact int32 sums (C: a token's 16 rows per tile row, the
+ * block, tdpbssd multiplies the tokens' 32 activations (A: the tile's 16 tokens' inputs of the
+ * block, side by side in bgemm_job.xq_tiles) by it into 16 x 16 exact int32 sums (C: a token's 16 rows per tile row, the
  * lanes of the VNNI kernel's sums), which the same float epilogue finishes: the same bits.
  * Both operands are signed, so the levels go in as stored, nothing flipped.  Q6_K takes each
  * half block apart (its two scales): two products of 16 inputs.  While one block's sums go
@@ -412,6 +434,9 @@ VNNI_NAME(cai_bkernel_vnni)(ggml_type type)
 #define AMX_WIDE_BYTES (32 * 2 * GROUP)	/* a block's widened levels: the B tile */
 #define AMX_SCALE_FLOATS (3 * 2 * GROUP)	/* ws, ws_hi, wm of a block's 16 rows */
 #define AMX_SCRATCH_BLOCK (AMX_WIDE_BYTES + AMX_SCALE_FLOATS * (int) sizeof(float))
+#ifndef AMX_LAG
+#define AMX_LAG 4				/* blocks between a product and its epilogue */
+#endif
 
 typedef struct amx_blocks_config
 {
@@ -485,7 +510,7 @@ amx_configure_blocks(bool split16)
  * sums.
  */
 AMX_TARGET static inline __attribute__((always_inline)) void
-amx_epilogue(const float *xs, const float *xsum_f, int nb, const float *scales,
+amx_epilogue(const float *xs, const float *xsum_f, const float *scales,
 			 int32_t sums[2][16][2 * GROUP], __m512 *acc, const bool has_min, const bool split16)
 {
 	const __m512 ws = _mm512_loadu_ps(scales),
@@ -503,8 +528,8 @@ amx_epilogue(const float *xs, const float *xsum_f, int nb, const float *scales,
 		else
 			term = _mm512_mul_ps(ws, _mm512_cvtepi32_ps(_mm512_load_si512(sums[0][t])));
 		if (has_min)
-			term = _mm512_add_ps(term, _mm512_mul_ps(wm, _mm512_set1_ps(xsum_f[(size_t) t * nb])));
-		acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_set1_ps(xs[(size_t) t * nb]), term));
+			term = _mm512_add_ps(term, _mm512_mul_ps(wm, _mm512_set1_ps(xsum_f[t])));
+		acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_set1_ps(xs[t]), term));
 	}
 }
 
@@ -513,19 +538,18 @@ group_amx(const bgemm_job *j, int g, int thread, const bool nibble, const bool k
 		  const bool has_min, const bool split16, const int zero)
 {
 	const cai_cpu_bmatrix *m = j->w;
-	const int	k = m->k;
-	const int	nb = k / CAI_BLOCK_ELEMS;
+	const int	nb = m->k / CAI_BLOCK_ELEMS;
 	const int	n_groups = (j->n_out + GROUP - 1) / GROUP;
 	const int	g2 = g + 1 < n_groups ? g + 1 : g;
 	const int	bbytes = nibble ? 16 * GROUP : split16 ? 24 * GROUP : 32 * GROUP;
-	const int	n_full = j->n_tok / 16 * 16;
+	const int	n_tiles = j->n_tok / CAI_BTILE_TOKENS;
 	uint8_t    *wide;
 	float	   *scales;
 	__m512		d = _mm512_setzero_ps(),
 				dmin = _mm512_setzero_ps();
-	int32_t		sums[2][2][16][2 * GROUP] __attribute__((aligned(64)));
+	int32_t		sums[AMX_LAG][2][16][2 * GROUP] __attribute__((aligned(64)));
 
-	if (!j->unpacked || !j->xsum_f || n_full == 0)
+	if (!j->unpacked || !j->xq_tiles || n_tiles == 0)
 	{
 		tokens_vnni(j, g, 0, nibble, k_quant, has_min, split16, zero);
 		return;
@@ -549,11 +573,11 @@ group_amx(const bgemm_job *j, int g, int thread, const bool nibble, const bool k
 			_mm512_storeu_si512(wide + (size_t) b * AMX_WIDE_BYTES + 64 * s, v[s]);
 	}
 	amx_configure_blocks(split16);
-	for (int t0 = 0; t0 < n_full; t0 += 16)
+	for (int tile = 0; tile < n_tiles; tile++)
 	{
-		const int8_t *xq = j->xq + (size_t) t0 * k;
-		const float *xs = j->xs + (size_t) t0 * nb;
-		const float *xsum_f = j->xsum_f + (size_t) t0 * nb;
+		const int8_t *xq = j->xq_tiles + (size_t) tile * nb * CAI_BTILE_TOKENS * CAI_BLOCK_ELEMS;
+		const float *xs = j->xs_tiles + (size_t) tile * nb * CAI_BTILE_TOKENS;
+		const float *xsum_f = j->xsum_tiles + (size_t) tile * nb * CAI_BTILE_TOKENS;
 		__m512		acc[16];
 
 #pragma GCC unroll 16
@@ -561,52 +585,50 @@ group_amx(const bgemm_job *j, int g, int thread, const bool nibble, const bool k
 			acc[t] = _mm512_setzero_ps();
 		/*
 		 * block b's product into one pair of tiles while block b - 1's sums go out of the
-		 * other to memory and block b - 2's, stored an iteration ago, through the epilogue:
-		 * vector loads right after the tile stores would wait for them
+		 * other to memory, and block b - AMX_LAG's, stored AMX_LAG - 1 iterations ago, through
+		 * the epilogue: vector loads of what a tile store wrote wait until the store retires,
+		 * so a shorter distance makes the tiles and the vector units take turns
 		 */
-		for (int b = 0; b < nb + 2; b++)
+		for (int b = 0; b < nb + AMX_LAG; b++)
 		{
 			if (b < nb)
 			{
 				const uint8_t *w = wide + (size_t) b * AMX_WIDE_BYTES;
-				const int8_t *a = xq + (size_t) b * CAI_BLOCK_ELEMS;
+				const int8_t *a = xq + (size_t) b * CAI_BTILE_TOKENS * CAI_BLOCK_ELEMS;
 
 				if (b % 2 == 0)
-					AMX_BLOCK_PRODUCT(0, 1, w, a, k, split16);
+					AMX_BLOCK_PRODUCT(0, 1, w, a, CAI_BLOCK_ELEMS, split16);
 				else
-					AMX_BLOCK_PRODUCT(2, 3, w, a, k, split16);
+					AMX_BLOCK_PRODUCT(2, 3, w, a, CAI_BLOCK_ELEMS, split16);
 			}
 			if (b >= 1 && b <= nb)
 			{
+				int32_t		(*slot)[16][2 * GROUP] = sums[(b - 1) % AMX_LAG];
+
 				if ((b - 1) % 2 == 0)
 				{
-					_tile_stored(0, sums[0][0], 64);
+					_tile_stored(0, slot[0], 64);
 					if (split16)
-						_tile_stored(1, sums[0][1], 64);
+						_tile_stored(1, slot[1], 64);
 				}
 				else
 				{
-					_tile_stored(2, sums[1][0], 64);
+					_tile_stored(2, slot[0], 64);
 					if (split16)
-						_tile_stored(3, sums[1][1], 64);
+						_tile_stored(3, slot[1], 64);
 				}
 			}
-			if (b >= 2)
-				amx_epilogue(xs + b - 2, xsum_f + b - 2, nb,
-							 scales + (size_t) (b - 2) * AMX_SCALE_FLOATS, sums[b % 2], acc,
-							 has_min, split16);
+			if (b >= AMX_LAG)
+				amx_epilogue(xs + (size_t) (b - AMX_LAG) * CAI_BTILE_TOKENS,
+							 xsum_f + (size_t) (b - AMX_LAG) * CAI_BTILE_TOKENS,
+							 scales + (size_t) (b - AMX_LAG) * AMX_SCALE_FLOATS,
+							 sums[(b - AMX_LAG) % AMX_LAG], acc, has_min, split16);
 		}
-		for (int t = 0; t < 16; t++)
-		{
-			float		lanes[2 * GROUP];
-
-			_mm512_storeu_ps(lanes, acc[t]);
-			for (int lane = 0; lane < (g2 != g ? 2 * GROUP : GROUP) && g * GROUP + lane < j->n_out; lane++)
-				cai_bstore_result(j, t0 + t, g * GROUP + lane, lanes[lane]);
-		}
+		for (int t = 0; t < CAI_BTILE_TOKENS; t++)
+			store_pair(j, tile * CAI_BTILE_TOKENS + t, g, g2, acc[t]);
 	}
 	_tile_release();
-	tokens_vnni(j, g, n_full, nibble, k_quant, has_min, split16, zero);
+	tokens_vnni(j, g, n_tiles * CAI_BTILE_TOKENS, nibble, k_quant, has_min, split16, zero);
 }
 
 #define GROUP_AMX(name, nibble, k_quant, has_min, split16, zero) \
