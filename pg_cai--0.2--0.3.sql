@@ -303,3 +303,42 @@ COMMENT ON FUNCTION cai_forget(bigint) IS
 'drops the conversation''s cached KV (the prefix cache''s blocks its turns made, in memory and in the disk tier) from every served model''s engine; its rows stay';
 REVOKE ALL ON FUNCTION cai_forget(bigint) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION cai_forget(bigint) TO cai_user;
+
+--
+-- cai_set_partition says so on a hot standby, instead of failing at its ALTER TABLE.
+--
+CREATE OR REPLACE FUNCTION cai_set_partition(partition int)
+RETURNS void
+LANGUAGE plpgsql VOLATILE SECURITY INVOKER
+AS $$
+DECLARE
+	first_id bigint;
+	last_id bigint;
+	stray bigint;
+BEGIN
+	IF pg_is_in_recovery() THEN
+		RAISE EXCEPTION 'cannot execute cai_set_partition on a hot standby'
+			USING ERRCODE = 'read_only_sql_transaction',
+				  DETAIL = 'cai_set_partition changes the conversations'' id sequence, and a server in recovery is read-only.',
+				  HINT = 'Call it on the primary; a standby follows its partition.';
+	END IF;
+	IF partition IS NULL OR partition < 0 OR partition > 32767 THEN
+		RAISE EXCEPTION 'partition must be between 0 and 32767, not %', partition
+			USING ERRCODE = 'invalid_parameter_value';
+	END IF;
+	-- every role's conversations, row-level security aside: the caller is a superuser
+	SELECT id INTO stray FROM cai.conversations WHERE (id >> 48) <> partition LIMIT 1;
+	IF FOUND THEN
+		RAISE EXCEPTION 'this node already holds conversations of partition %, not %', stray >> 48, partition
+			USING ERRCODE = 'object_not_in_prerequisite_state',
+				  HINT = 'Set a node''s partition before it holds conversations.';
+	END IF;
+	-- never hand out an id again: past the largest stored id and the sequence's last one
+	SELECT pg_sequence_last_value(pg_get_serial_sequence('cai.conversations', 'id')) INTO last_id;
+	first_id := greatest((partition::bigint << 48) + 1,
+						 (SELECT coalesce(max(id), 0) + 1 FROM cai.conversations),
+						 CASE WHEN last_id >> 48 = partition THEN last_id + 1 END);
+	EXECUTE format('ALTER TABLE cai.conversations ALTER COLUMN id SET MINVALUE %s SET MAXVALUE %s SET START WITH %s RESTART WITH %s',
+				   (partition::bigint << 48) + 1, ((partition::bigint + 1) << 48) - 1, first_id, first_id);
+END
+$$;

@@ -29,6 +29,7 @@ bool		cai_replying_in_function = false;
 
 static SPIPlanPtr create_plan = NULL;
 static SPIPlanPtr lock_plan = NULL;
+static SPIPlanPtr visible_plan = NULL;
 static SPIPlanPtr count_plan = NULL;
 static SPIPlanPtr turns_plan = NULL;
 static SPIPlanPtr insert_plan = NULL;
@@ -115,6 +116,34 @@ history_window(int64 n_turns, int max_turns)
 		return n_turns;
 	skip = ((n_turns - max_turns + step - 1) / step) * step;
 	return n_turns - skip;
+}
+
+/*
+ * CaiConversationRequireVisible
+ *		Raises CaiConversationLoad's "does not exist" error unless the caller sees conversation
+ *		id (row-level security), reading it without a lock: for the functions that only need
+ *		to know the caller may name it, which a hot standby serves too.
+ */
+void
+CaiConversationRequireVisible(int64 id)
+{
+	Oid			types[1] = {INT8OID};
+	Datum		values[1];
+	SPIPlanPtr	plan;
+	int			ret;
+
+	SPI_connect();
+	plan = CaiKeepPlan(&visible_plan, "SELECT 1 FROM cai.conversations WHERE id = $1", 1, types);
+	values[0] = Int64GetDatum(id);
+	ret = SPI_execute_plan(plan, values, NULL, true, 1);
+	if (ret != SPI_OK_SELECT)
+		elog(ERROR, "could not read conversation: %s", SPI_result_code_string(ret));
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("conversation " INT64_FORMAT " does not exist", id),
+				 errhint("Create one with cai_new_conversation(). A role sees only the conversations it owns.")));
+	SPI_finish();
 }
 
 /*

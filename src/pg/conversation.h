@@ -43,6 +43,7 @@ extern bool cai_replying_in_function;
 
 extern int64 CaiConversationCreate(const char *system_prompt, Jsonb *options);
 extern CaiConversation *CaiConversationLoad(int64 id, int64 up_to_message);
+extern void CaiConversationRequireVisible(int64 id);
 extern int64 CaiMessageInsert(int64 conversation_id, const char *role, const char *content,
 							  const int32 *tokens, int n_tokens, const CaiStoredUsage *usage);
 extern void CaiConversationSetModel(int64 conversation_id, const char *model);

@@ -7,6 +7,7 @@
  */
 #include "postgres.h"
 
+#include "access/xlog.h"
 #include "funcapi.h"
 #include "utils/tuplestore.h"
 #include "utils/builtins.h"
@@ -471,7 +472,16 @@ pg_cai_forget(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("conversation_id must not be null")));
 	conversation_id = PG_GETARG_INT64(0);
-	(void) CaiConversationLoad(conversation_id, 0);
+
+	/*
+	 * On the primary, wait for a turn of the conversation in progress (its row lock), so that
+	 * the blocks its reply caches are gone too; a standby stores no turns, so it only checks
+	 * that the caller may name the conversation.
+	 */
+	if (RecoveryInProgress())
+		CaiConversationRequireVisible(conversation_id);
+	else
+		(void) CaiConversationLoad(conversation_id, 0);
 	CaiWireInit(&body);
 	cai_put_u64(&body, (uint64) conversation_id);
 	cache_request_all(CAI_REQUEST_CACHE_FORGET, &body);

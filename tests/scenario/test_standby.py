@@ -83,13 +83,21 @@ try:
 
     for call, name in (("cai_chat(%s, 'Hi')" % conv, "cai_chat"),
                        ("cai_chat_stream(%s, 'Hi')" % conv, "cai_chat_stream"),
-                       ("cai_new_conversation()", "cai_new_conversation")):
+                       ("cai_new_conversation()", "cai_new_conversation"),
+                       ("cai_set_partition(3)", "cai_set_partition")):
         r = standby.psql("\\set VERBOSITY verbose\nSELECT %s" % call)
         c.check("%s fails on the standby with 25006, naming itself" % name,
                 r.rc != 0 and ("ERROR:  25006: cannot execute %s on a hot standby" % name) in r.err,
                 repr(r))
         c.check("%s's error says to call it on the primary" % name,
                 "HINT:  Call it on the primary" in r.err, repr(r))
+    # cai_forget stores nothing: the standby checks that the conversation exists, locking nothing
+    r = standby.psql("SELECT cai_forget(%s)" % conv)
+    c.check("cai_forget works on the standby", r.rc == 0, repr(r))
+    r = standby.psql("\\set VERBOSITY verbose\nSELECT cai_forget(%s + 1000)" % conv)
+    c.check("cai_forget of a missing conversation on the standby says it does not exist (42704)",
+            r.rc != 0 and "ERROR:  42704: conversation" in r.err and "does not exist" in r.err,
+            repr(r))
 finally:
     for cluster in (standby, primary):
         if cluster is not None:
