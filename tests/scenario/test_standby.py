@@ -94,6 +94,8 @@ try:
     # cai_forget stores nothing: the standby checks that the conversation exists, locking nothing
     r = standby.psql("SELECT cai_forget(%s)" % conv)
     c.check("cai_forget works on the standby", r.rc == 0, repr(r))
+    r = standby.psql("SELECT cai_cache_reset()")
+    c.check("cai_cache_reset works on the standby", r.rc == 0, repr(r))
     r = standby.psql("\\set VERBOSITY verbose\nSELECT cai_forget(%s + 1000)" % conv)
     c.check("cai_forget of a missing conversation on the standby says it does not exist (42704)",
             r.rc != 0 and "ERROR:  42704: conversation" in r.err and "does not exist" in r.err,
