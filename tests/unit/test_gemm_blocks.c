@@ -317,19 +317,21 @@ check_gemm_paths(ggml_type type, int rows, int k, int n_tok, cai_threadpool *poo
 	cai_quantize_act_blocks(x, n_tok, k, xq, xs, xsum);
 	CHECK(cai_cpu_bmatrix_pack(type, t, rows, k, &m, NULL) == CAI_OK);
 
-	for (int acc = 0; acc < 2; acc++)
+	/* acc 0: a bias; 1: accumulating; 2: accumulating with a bias */
+	for (int acc = 0; acc < 3; acc++)
 	{
+		const float *b = acc == 1 ? NULL : bias;
+
 		for (int i = 0; i < n_tok * rows; i++)
 			want[i] = got[i] = (float) i * 0.5f;
-		cai_gemm_blocks_portable(xq, xs, xsum, n_tok, &m, rows, acc ? NULL : bias, want, rows,
-								 acc == 1);
+		cai_gemm_blocks_portable(xq, xs, xsum, n_tok, &m, rows, b, want, rows, acc >= 1);
 		/* close to the float product of the same weights and quantized activations */
 		for (int o = 0; o < rows; o++)
 		{
 			cai_cpu_bmatrix_row(&m, o, w);
 			for (int tk = 0; tk < n_tok; tk++)
 			{
-				double		ref = acc ? (double) (tk * rows + o) * 0.5 : bias[o];
+				double		ref = (acc >= 1 ? (double) (tk * rows + o) * 0.5 : 0.0) + (b ? bias[o] : 0.0);
 
 				for (int i = 0; i < k; i++)
 					ref += (double) w[i] * xq[tk * k + i] * xs[(tk * k + i) / 32];
@@ -346,7 +348,7 @@ check_gemm_paths(ggml_type type, int rows, int k, int n_tok, cai_threadpool *poo
 				for (int i = 0; i < n_tok * rows; i++)
 					got[i] = (float) i * 0.5f;
 				cai_gemm_blocks_run(pool, cai_bkernel_vnni_simde(type), xq, xs, xsum, n_tok, &m,
-									rows, acc ? NULL : bias, got, rows, acc == 1);
+									rows, b, got, rows, acc >= 1);
 				for (int i = 0; i < n_tok * rows; i++)
 					bad += memcmp(&got[i], &want[i], sizeof(float)) != 0;
 				CHECK_MSG(bad == 0, "%s through SIMDe's VNNI, %d tokens: %d outputs differ from "
@@ -358,8 +360,7 @@ check_gemm_paths(ggml_type type, int rows, int k, int n_tok, cai_threadpool *poo
 				continue;
 			for (int i = 0; i < n_tok * rows; i++)
 				got[i] = (float) i * 0.5f;
-			cai_gemm_blocks(pool, xq, xs, xsum, n_tok, &m, rows, acc ? NULL : bias, got, rows,
-							acc == 1);
+			cai_gemm_blocks(pool, xq, xs, xsum, n_tok, &m, rows, b, got, rows, acc >= 1);
 			for (int i = 0; i < n_tok * rows; i++)
 				bad += memcmp(&got[i], &want[i], sizeof(float)) != 0;
 			CHECK_MSG(bad == 0, "%s on %s, %d tokens: %d outputs differ from the portable kernel",
