@@ -119,6 +119,25 @@ history_window(int64 n_turns, int max_turns)
 }
 
 /*
+ * Runs plan, a query of conversation id's row, into SPI_tuptable; a conversation the caller
+ * cannot see (row-level security) is reported as not existing.
+ */
+static void
+read_conversation_row(SPIPlanPtr plan, int64 id, bool read_only)
+{
+	Datum		values[1] = {Int64GetDatum(id)};
+	int			ret = SPI_execute_plan(plan, values, NULL, read_only, 1);
+
+	if (ret != SPI_OK_SELECT)
+		elog(ERROR, "could not read conversation: %s", SPI_result_code_string(ret));
+	if (SPI_processed == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_OBJECT),
+				 errmsg("conversation " INT64_FORMAT " does not exist", id),
+				 errhint("Create one with cai_new_conversation(). A role sees only the conversations it owns.")));
+}
+
+/*
  * CaiConversationRequireVisible
  *		Raises CaiConversationLoad's "does not exist" error unless the caller sees conversation
  *		id (row-level security), reading it without a lock: for the functions that only need
@@ -128,21 +147,11 @@ void
 CaiConversationRequireVisible(int64 id)
 {
 	Oid			types[1] = {INT8OID};
-	Datum		values[1];
 	SPIPlanPtr	plan;
-	int			ret;
 
 	SPI_connect();
 	plan = CaiKeepPlan(&visible_plan, "SELECT 1 FROM cai.conversations WHERE id = $1", 1, types);
-	values[0] = Int64GetDatum(id);
-	ret = SPI_execute_plan(plan, values, NULL, true, 1);
-	if (ret != SPI_OK_SELECT)
-		elog(ERROR, "could not read conversation: %s", SPI_result_code_string(ret));
-	if (SPI_processed == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_OBJECT),
-				 errmsg("conversation " INT64_FORMAT " does not exist", id),
-				 errhint("Create one with cai_new_conversation(). A role sees only the conversations it owns.")));
+	read_conversation_row(plan, id, true);
 	SPI_finish();
 }
 
@@ -182,15 +191,7 @@ CaiConversationLoad(int64 id, int64 up_to_message)
 					 "SELECT system_prompt, options, to_jsonb(c) ->> 'model', to_jsonb(c) ? 'model' "
 					 "FROM cai.conversations c WHERE id = $1 FOR NO KEY UPDATE",
 					 1, lock_types);
-	values[0] = Int64GetDatum(id);
-	ret = SPI_execute_plan(plan, values, NULL, false, 1);
-	if (ret != SPI_OK_SELECT)
-		elog(ERROR, "could not read conversation: %s", SPI_result_code_string(ret));
-	if (SPI_processed == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_OBJECT),
-				 errmsg("conversation " INT64_FORMAT " does not exist", id),
-				 errhint("Create one with cai_new_conversation(). A role sees only the conversations it owns.")));
+	read_conversation_row(plan, id, false);
 
 	MemoryContextSwitchTo(caller);
 	conv = palloc0(sizeof(CaiConversation));
