@@ -231,7 +231,8 @@ extern char **cli_argv;
 #define CLI_ISA_OPTION(opts) \
 	{ \
 		.name = "isa", .kind = CLI_OPT_STRING, .target = &(opts).isa, .metavar = "PATH", \
-		.help = "CPU kernels: avx512-amx, avx512-vnni, avx2 or generic (default: the best here)", \
+		.help = "CPU kernels: avx512-amx, avx512-vnni, avx-vnni, avx2 or generic (default: the best " \
+			"here)", \
 	}
 #define CLI_NUMERICS_OPTIONS(opts) \
 	{ \

@@ -341,8 +341,8 @@ const char *cai_engine_device_reason(const cai_engine *engine);
 
 /*
  * The CPU's int8 kernels run the best path this CPU has; this picks another, process-wide:
- * "avx512-amx", "avx512-vnni", "avx2" or "generic".  Every path gives the same results, so it
- * is for benchmarks that compare them on one machine.  CAI_ERR_INVALID_ARGUMENT for an unknown
+ * "avx512-amx", "avx512-vnni", "avx-vnni", "avx2" or "generic".  Every path gives the same
+ * results, so it is for benchmarks that compare them on one machine.  CAI_ERR_INVALID_ARGUMENT for an unknown
  * name, CAI_ERR_UNSUPPORTED for a path this CPU lacks.
  */
 cai_status	cai_cpu_use_isa(const char *name, cai_error *err);

@@ -743,7 +743,7 @@ cai_cpu_use_isa(const char *name, cai_error *err)
 {
 	if (!cai_cpu_isa_known(name))
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT,
-						"unknown CPU path \"%s\" (expected avx512-amx, avx512-vnni, avx2 or generic)",
+						"unknown CPU path \"%s\" (expected avx512-amx, avx512-vnni, avx-vnni, avx2 or generic)",
 						name ? name : "(null)");
 	if (!cai_cpu_force_isa(name))
 		return cai_fail(err, CAI_ERR_UNSUPPORTED, "this CPU cannot run the %s path (it runs %s)",

@@ -11,7 +11,7 @@
  *   /tmp/bench_attention [isa [context [batch]]]
  *   /tmp/bench_attention isa context prefill
  *
- * isa: generic, avx2, avx512-vnni or avx512-amx (default: the best available); context:
+ * isa: generic, avx2, avx-vnni, avx512-vnni or avx512-amx (default: the best available); context:
  * positions each sequence attends to (default 48, the mean of `cai bench`'s decode runs);
  * batch: sequences decoding together (default 32).  With `prefill` instead of a batch, it times instead the
  * attention of a whole prompt of `context` tokens over one layer, cut into tiles as the CPU

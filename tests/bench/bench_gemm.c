@@ -5,11 +5,11 @@
  *
  *   gcc -O3 -std=gnu11 -pthread -Isrc/common -Isrc/gguf -Isrc/backend -o /tmp/bench_gemm \
  *       tests/bench/bench_gemm.c src/backend/cpu/gemm.c src/backend/cpu/gemm_blocks.c \
- *       src/backend/cpu/gemm_blocks_vnni.c \
+ *       src/backend/cpu/gemm_blocks_vnni.c src/backend/cpu/gemm_blocks_avxvnni.c \
  *       src/common/threadpool.c src/gguf/quant.c src/common/util.c -lm
  *   /tmp/bench_gemm [isa [seconds-per-case [section [formats [n_tok]]]]]
  *
- * isa: generic, avx2 or avx512-vnni (default: the best available); section: shapes, decode,
+ * isa: generic, avx2, avx-vnni or avx512-vnni (default: the best available); section: shapes, decode,
  * dispatch, all (default; the sections above), blocks or blocks-nohead (below; formats, e.g.
  * "int8,q6_k", and n_tok restrict them).
  *

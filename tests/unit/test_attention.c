@@ -319,7 +319,7 @@ TEST(attention_close_to_exact)
 /* The same bits on every instruction-set path the machine has (at least two run here). */
 TEST(attention_isa_paths_identical)
 {
-	static const char *const paths[] = {"avx512-amx", "avx512-vnni", "avx2", "generic"};
+	static const char *const paths[] = {"avx512-amx", "avx512-vnni", "avx-vnni", "avx2", "generic"};
 	char		original[32];
 
 	snprintf(original, sizeof(original), "%s", cai_cpu_isa());
@@ -594,7 +594,7 @@ count_wrong_segments(const fixture *f, const cai_attn_params *ap, int t_first, i
  */
 TEST(attention_segment_maxima_and_values_exact)
 {
-	static const char *const paths[] = {"avx512-amx", "avx512-vnni", "avx2", "generic"};
+	static const char *const paths[] = {"avx512-amx", "avx512-vnni", "avx-vnni", "avx2", "generic"};
 	const int	max_tok = cai_attention_tile_tokens(GROUP);
 	const int	max_rows = max_tok * GROUP;
 	const int	max_segs = cai_attention_max_segments(MAX_CONTEXT);

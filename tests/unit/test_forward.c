@@ -624,12 +624,13 @@ TEST(forward_chunked_prefill_equals_one_shot)
 
 /*
  * A model's logits of 40 tokens have the same bits on every CPU path this machine has: the
- * AVX-512 (with and without AMX tiles), AVX2 and generic kernels (gemm.c's switch drives them).
+ * AVX-512 (with and without AMX tiles), AVX-VNNI, AVX2 and generic kernels (gemm.c's switch
+ * drives them).
  */
 static void
 expect_isa_paths_identical(cai_model *model, const char *what)
 {
-	static const char *paths[] = {"avx512-amx", "avx512-vnni", "avx2", "generic"};
+	static const char *paths[] = {"avx512-amx", "avx512-vnni", "avx-vnni", "avx2", "generic"};
 	runner		r;
 	int32_t		tokens[40];
 	int32_t		table[3];

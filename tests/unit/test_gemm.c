@@ -16,7 +16,7 @@
 #include "cpu/gemm.h"
 #include "test.h"
 
-static const char *const all_isas[] = {"generic", "avx2", "avx512-vnni", "avx512-amx"};
+static const char *const all_isas[] = {"generic", "avx2", "avx-vnni", "avx512-vnni", "avx512-amx"};
 
 #define N_ISAS ((int) (sizeof(all_isas) / sizeof(all_isas[0])))
 
@@ -626,10 +626,15 @@ TEST(gemm_isa_selection)
 	const char *orig = cai_cpu_isa();
 
 	CHECK(strcmp(orig, "generic") == 0 || strcmp(orig, "avx2") == 0 ||
-		  strcmp(orig, "avx512-vnni") == 0 || strcmp(orig, "avx512-amx") == 0);
+		  strcmp(orig, "avx-vnni") == 0 || strcmp(orig, "avx512-vnni") == 0 ||
+		  strcmp(orig, "avx512-amx") == 0);
 	/* AMX only where the AVX-512 path also runs: the GEMMs are that path's */
 	if (cai_cpu_force_isa("avx512-amx"))
 		CHECK(cai_cpu_force_isa("avx512-vnni"));
+	/* likewise AVX-VNNI and AVX2, whose kernels it runs outside the block GEMM */
+	if (cai_cpu_force_isa("avx-vnni"))
+		CHECK(cai_cpu_force_isa("avx2"));
+	CHECK(cai_cpu_isa_known("avx-vnni"));
 	CHECK(cai_cpu_force_isa("generic"));
 	CHECK(strcmp(cai_cpu_isa(), "generic") == 0);
 	CHECK(!cai_cpu_force_isa("sse9"));

@@ -3,7 +3,8 @@
  * activation quantization and the GEMM on every ISA path (cpu/gemm_blocks.h), and the AVX-512
  * VNNI kernels on every machine: this file compiles cpu/gemm_blocks_vnni.c a second time
  * through SIMDe (Debian's libsimde-dev; no AVX-512 compiler flag), and that copy must give the
- * portable kernel's bits wherever the tests run.
+ * portable kernel's bits wherever the tests run; so must the 256-bit AVX-VNNI kernels' SIMDe
+ * copy (test_gemm_blocks_avxvnni.c).
  */
 #include "test.h"
 
@@ -21,6 +22,9 @@
 #include "quant.h"
 #include "threadpool.h"
 #include "util.h"
+
+/* cpu/gemm_blocks_avxvnni.c through SIMDe (test_gemm_blocks_avxvnni.c) */
+cai_bkernel cai_bkernel_avxvnni_simde(ggml_type type);
 
 static const ggml_type level_types[] = {
 	GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1, GGML_TYPE_Q8_0,
@@ -236,7 +240,7 @@ TEST(block_activations_quantize_per_block)
  */
 TEST(block_activations_same_bits_every_isa)
 {
-	static const char *const isas[] = {"avx2", "avx512-vnni", "avx512-amx"};
+	static const char *const isas[] = {"avx2", "avx-vnni", "avx512-vnni", "avx512-amx"};
 	enum
 	{
 		N_TOK = 7, K = 256, NB = K / 32
@@ -296,7 +300,7 @@ TEST(block_activations_same_bits_every_isa)
 static void
 check_gemm_paths(ggml_type type, int rows, int k, int n_tok, cai_threadpool *pool)
 {
-	static const char *const isas[] = {"generic", "avx2", "avx512-vnni", "avx512-amx"};
+	static const char *const isas[] = {"generic", "avx2", "avx-vnni", "avx512-vnni", "avx512-amx"};
 	const char *orig = cai_cpu_isa();
 	size_t		row_bytes;
 	uint8_t    *t = random_tensor(type, rows, k, &row_bytes);
@@ -338,21 +342,23 @@ check_gemm_paths(ggml_type type, int rows, int k, int n_tok, cai_threadpool *poo
 				CHECK_NEAR(want[tk * rows + o], ref, 1e-3 * (1.0 + fabs(ref)));
 			}
 		}
-		for (int isa = 0; isa < 5; isa++)
+		for (int isa = 0; isa < 7; isa++)
 		{
 			int			bad = 0;
 
-			if (isa == 4)
+			if (isa >= 5)
 			{
-				/* the VNNI kernel through SIMDe, on any CPU */
+				/* the VNNI kernels (512- and 256-bit) through SIMDe, on any CPU */
 				for (int i = 0; i < n_tok * rows; i++)
 					got[i] = (float) i * 0.5f;
-				cai_gemm_blocks_run(pool, cai_bkernel_vnni_simde(type), xq, xs, xsum, n_tok, &m,
+				cai_gemm_blocks_run(pool, isa == 5 ? cai_bkernel_vnni_simde(type) :
+									cai_bkernel_avxvnni_simde(type), xq, xs, xsum, n_tok, &m,
 									rows, b, got, rows, acc >= 1);
 				for (int i = 0; i < n_tok * rows; i++)
 					bad += memcmp(&got[i], &want[i], sizeof(float)) != 0;
-				CHECK_MSG(bad == 0, "%s through SIMDe's VNNI, %d tokens: %d outputs differ from "
-						  "the portable kernel", ggml_type_name(type), n_tok, bad);
+				CHECK_MSG(bad == 0, "%s through SIMDe's %s, %d tokens: %d outputs differ from "
+						  "the portable kernel", ggml_type_name(type),
+						  isa == 5 ? "AVX-512 VNNI" : "AVX-VNNI", n_tok, bad);
 				continue;
 			}
 
@@ -394,6 +400,24 @@ TEST(gemm_blocks_same_bits_every_isa_threads_tokens)
 		/* two whole AMX tiles of 16 tokens and three more, an odd last group */
 		check_gemm_paths(level_types[ti], 24, 256, 35, pool);
 	}
+	cai_threadpool_free(pool);
+}
+
+/*
+ * The 256-bit kernels' tiles (4, 2, 1 tokens) in every combination a batch of up to 17 makes,
+ * Q6_K's widened scratch (more tokens than a tile) and not, odd row counts whose last group is
+ * partial, with and without bias and accumulation: on avx-vnni where the CPU has it, and
+ * through SIMDe everywhere (check_gemm_paths runs both).
+ */
+TEST(gemm_blocks_avx_vnni_tiles_same_bits)
+{
+	static const int n_toks[] = {1, 2, 3, 5, 8, 17};
+	cai_threadpool *pool = cai_threadpool_create(2);
+
+	rng_state = 23;
+	for (int ti = 0; ti < N_LEVEL_TYPES; ti++)
+		for (int i = 0; i < (int) (sizeof(n_toks) / sizeof(n_toks[0])); i++)
+			check_gemm_paths(level_types[ti], i % 2 ? 13 : 27, 512, n_toks[i], i % 2 ? pool : NULL);
 	cai_threadpool_free(pool);
 }
 
@@ -486,6 +510,13 @@ TEST(gemm_blocks_extreme_levels_same_bits)
 					bad += memcmp(&got[o], &want[o], sizeof(float)) != 0;
 				CHECK_MSG(bad == 0, "%s through SIMDe's VNNI, bytes 0x%02x, activations %d x 127: "
 						  "%d rows differ", ggml_type_name(type), fills[fi], sign, bad);
+				bad = 0;
+				cai_gemm_blocks_run(NULL, cai_bkernel_avxvnni_simde(type), xq, xs, xsum, 1, &m,
+									rows, NULL, got, rows, false);
+				for (int o = 0; o < rows; o++)
+					bad += memcmp(&got[o], &want[o], sizeof(float)) != 0;
+				CHECK_MSG(bad == 0, "%s through SIMDe's AVX-VNNI, bytes 0x%02x, activations %d x "
+						  "127: %d rows differ", ggml_type_name(type), fills[fi], sign, bad);
 				cai_cpu_bmatrix_free(&m);
 				free(t);
 			}

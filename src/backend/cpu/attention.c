@@ -27,7 +27,7 @@
  *
  * Paths.  The tile is compiled for AVX-512, AVX2 and baseline x86-64 and picked at run time the
  * way cpu/gemm.c picks its kernels (cai_cpu_isa(), so cai_cpu_force_isa switches both;
- * avx512-amx is the AVX-512 path with AMX scores and value sums).  The integer sums are exact
+ * avx512-amx is the AVX-512 path with AMX scores and value sums, avx-vnni the AVX2 one).  The integer sums are exact
  * and every float operation is lane-wise, in the same order on every path, with multiply-add
  * contraction switched off for this file (below) and the exp's fused multiply-adds written out
  * on every path: all paths give bit-identical results.
@@ -727,7 +727,7 @@ current_isa(void)
 
 	if (strcmp(isa, "avx512-vnni") == 0 || strcmp(isa, "avx512-amx") == 0)
 		return ATTN_AVX512;
-	if (strcmp(isa, "avx2") == 0)
+	if (strcmp(isa, "avx2") == 0 || strcmp(isa, "avx-vnni") == 0)
 		return ATTN_AVX2;
 	return ATTN_GENERIC;
 }

@@ -103,7 +103,9 @@ gemm_f32_epilogue(float *dst, float dot, const float *bias, int o, bool accumula
 
 /*
  * ISA_AVX512_AMX is ISA_AVX512_VNNI with AMX int8 tiles for the int8 GEMM's whole tiles and
- * the attention's scores (the same integers).
+ * the attention's scores (the same integers).  ISA_AVX_VNNI is ISA_AVX2 with the block GEMM's
+ * 256-bit vpdpbusd kernels (gemm_blocks_avxvnni.c), for CPUs that have AVX-VNNI but no AVX-512;
+ * its int8 GEMM, float GEMM and quantization are the AVX2 ones.
  */
 typedef enum gemm_isa
 {
@@ -112,6 +114,7 @@ typedef enum gemm_isa
 	ISA_AVX2,
 	ISA_AVX512_VNNI,
 	ISA_AVX512_AMX,
+	ISA_AVX_VNNI,
 } gemm_isa;
 
 /*
@@ -151,6 +154,26 @@ amx_int8_available(void)
 }
 #endif
 
+#if defined(__x86_64__)
+/*
+ * AVX-VNNI (CPUID leaf 7 subleaf 1, EAX bit 4) and F16C from CPUID itself: not every compiler's
+ * __builtin_cpu_supports knows their names.  The OS's saving of the ymm state is what AVX2's
+ * own check already covers.
+ */
+static bool
+avx_vnni_available(void)
+{
+	unsigned int a,
+				b,
+				c,
+				d;
+
+	if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & bit_F16C))
+		return false;
+	return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4)) != 0;
+}
+#endif
+
 static bool
 isa_available(gemm_isa isa)
 {
@@ -167,6 +190,8 @@ isa_available(gemm_isa isa)
 			return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
 				__builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
 				__builtin_cpu_supports("fma");
+		case ISA_AVX_VNNI:
+			return isa_available(ISA_AVX2) && avx_vnni_available();
 #if defined(__linux__)
 		case ISA_AVX512_AMX:
 			return isa_available(ISA_AVX512_VNNI) && amx_int8_available();
@@ -188,6 +213,8 @@ current_isa(void)
 			isa = ISA_AVX512_AMX;
 		else if (isa_available(ISA_AVX512_VNNI))
 			isa = ISA_AVX512_VNNI;
+		else if (isa_available(ISA_AVX_VNNI))
+			isa = ISA_AVX_VNNI;
 		else if (isa_available(ISA_AVX2))
 			isa = ISA_AVX2;
 		else
@@ -206,6 +233,8 @@ isa_name(gemm_isa isa)
 			return "avx512-amx";
 		case ISA_AVX512_VNNI:
 			return "avx512-vnni";
+		case ISA_AVX_VNNI:
+			return "avx-vnni";
 		case ISA_AVX2:
 			return "avx2";
 		default:
@@ -220,7 +249,8 @@ cai_cpu_isa(void)
 	return isa_name(current_isa());
 }
 
-static const gemm_isa all_isas[] = {ISA_GENERIC, ISA_AVX2, ISA_AVX512_VNNI, ISA_AVX512_AMX};
+static const gemm_isa all_isas[] = {ISA_GENERIC, ISA_AVX2, ISA_AVX_VNNI, ISA_AVX512_VNNI,
+	ISA_AVX512_AMX};
 
 bool
 cai_cpu_isa_known(const char *name)
@@ -1431,6 +1461,7 @@ cai_gemm_i8(cai_threadpool *pool, const int8_t *xq, const float *xs, int n_tok,
 			gt.kernel = gemm_i8_amx;
 			break;
 		case ISA_AVX2:
+		case ISA_AVX_VNNI:
 			gt.kernel = gemm_i8_avx2;
 			break;
 #endif
@@ -1461,6 +1492,7 @@ cai_gemm_f32(cai_threadpool *pool, const float *x, int n_tok, int k,
 			gt.kernel = gemm_f32_avx512;
 			break;
 		case ISA_AVX2:
+		case ISA_AVX_VNNI:
 			gt.kernel = gemm_f32_avx2;
 			break;
 #endif
@@ -1486,6 +1518,7 @@ cai_quantize_act_i8(const float *x, int n_tok, int k, int8_t *q, float *s)
 			row = quantize_row_avx512;
 			break;
 		case ISA_AVX2:
+		case ISA_AVX_VNNI:
 			row = quantize_row_avx2;
 			break;
 #endif

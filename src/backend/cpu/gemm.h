@@ -1,7 +1,8 @@
 /*
  * gemm.h — the CPU's matrix kernels: W8A8 int8 GEMM with a fused epilogue, its float reference,
  * and per-token activation quantization.  Runtime ISA dispatch: AVX-512 VNNI with AMX tiles,
- * else AVX-512 VNNI, else AVX2, else portable C; every path gives bit-identical results (int32
+ * else AVX-512 VNNI, else AVX-VNNI (AVX2's kernels here; 256-bit vpdpbusd in the block GEMM),
+ * else AVX2, else portable C; every path gives bit-identical results (int32
  * accumulation is exact; the epilogue is the same float expression per element).
  *
  * Layouts: activations row-major [n_tok, k]; outputs row-major [n_tok, ldo].  The model's
@@ -118,9 +119,10 @@ void		cai_gemm_f32(cai_threadpool *pool, const float *x, int n_tok, int k,
 						 bool accumulate);
 
 /*
- * "avx512-amx", "avx512-vnni", "avx2" or "generic": the int8 path this CPU runs.  avx512-amx is
- * avx512-vnni with AMX int8 tiles (Linux granted) for the int8 GEMM and the attention's scores:
- * the same results.
+ * "avx512-amx", "avx512-vnni", "avx-vnni", "avx2" or "generic": the int8 path this CPU runs.
+ * avx512-amx is avx512-vnni with AMX int8 tiles (Linux granted) for the int8 GEMM and the
+ * attention's scores; avx-vnni is avx2 with the block GEMM's 256-bit AVX-VNNI kernels (CPUs
+ * with AVX-VNNI but no AVX-512): the same results.
  */
 const char *cai_cpu_isa(void);
 

@@ -848,7 +848,8 @@ avx2_f16c_available(void)
 
 /*
  * The kernel of the path gemm.h's ISA selection names (generic: the portable one) for type:
- * avx512-vnni and avx512-amx take the VNNI kernels, avx2 the AVX2 ones.
+ * avx512-vnni and avx512-amx take the VNNI kernels, avx-vnni the 256-bit AVX-VNNI ones, avx2
+ * the AVX2 ones.
  */
 static cai_bkernel
 select_kernel(ggml_type type)
@@ -862,6 +863,8 @@ select_kernel(ggml_type type)
 		return cai_bkernel_amx(type);
 	if (strncmp(isa, "avx512", 6) == 0 && cai_bkernel_vnni(type).fn)
 		return cai_bkernel_vnni(type);
+	if (strcmp(isa, "avx-vnni") == 0 && cai_bkernel_avxvnni(type).fn)
+		return cai_bkernel_avxvnni(type);
 	if (strcmp(isa, "generic") != 0 && avx2_f16c_available())
 		switch (type)
 		{

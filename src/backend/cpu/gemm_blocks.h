@@ -36,7 +36,9 @@
  * kernels.  A format whose min is a fixed multiple of its scale (Q4_0's -8 ws) folds it into
  * the integer sum instead: term = ws * (float) (isum + zero * asum), exact and one float
  * product fewer.  (The AVX-512 paths run the VNNI kernels of gemm_blocks_vnni.c, two groups at
- * a time with vpdpbusd, one instance per format; the AVX2 path the AVX2 kernel.)
+ * a time with vpdpbusd, one instance per format; the avx-vnni path those of
+ * gemm_blocks_avxvnni.c, one group at a time with the 256-bit vpdpbusd; the AVX2 path the AVX2
+ * kernel.)
  */
 #ifndef CAI_GEMM_BLOCKS_H
 #define CAI_GEMM_BLOCKS_H

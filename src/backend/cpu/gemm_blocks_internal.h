@@ -1,9 +1,10 @@
 /*
  * gemm_blocks_internal.h — what the block GEMM's kernels share (gemm_blocks.c, which repacks,
- * dispatches and holds the portable and AVX2 kernels, and gemm_blocks_vnni.c, the AVX-512 VNNI
- * ones): one call's job, the layout's index arithmetic, and the runner that splits a call's
- * groups among threads.  The unit tests compile gemm_blocks_vnni.c a second time through SIMDe
- * and run that copy through cai_gemm_blocks_run, so this header is the seam between them.
+ * dispatches and holds the portable and AVX2 kernels, gemm_blocks_vnni.c, the AVX-512 VNNI
+ * ones, and gemm_blocks_avxvnni.c, the 256-bit AVX-VNNI ones): one call's job, the layout's
+ * index arithmetic, and the runner that splits a call's groups among threads.  The unit tests
+ * compile both VNNI files a second time through SIMDe and run those copies through
+ * cai_gemm_blocks_run, so this header is the seam between them.
  */
 #ifndef CAI_GEMM_BLOCKS_INTERNAL_H
 #define CAI_GEMM_BLOCKS_INTERNAL_H
@@ -122,5 +123,11 @@ void		cai_gemm_blocks_run(cai_threadpool *pool, cai_bkernel kernel, const int8_t
  */
 cai_bkernel cai_bkernel_vnni(ggml_type type);
 cai_bkernel cai_bkernel_amx(ggml_type type);
+
+/*
+ * The AVX-VNNI (256-bit) kernel of type (fn NULL where there is none): gemm_blocks_avxvnni.c,
+ * for the avx-vnni path; its SIMDe copy in the unit tests is cai_bkernel_avxvnni_simde.
+ */
+cai_bkernel cai_bkernel_avxvnni(ggml_type type);
 
 #endif							/* CAI_GEMM_BLOCKS_INTERNAL_H */
