@@ -1837,9 +1837,12 @@ engine_share_prefill(cai_engine *engine, int budget)
  * full 512-token chunk of someone's long prompt would otherwise make every decoding request's
  * step as slow as that prefill, a dozen times its decode-only time on a CPU, for as many steps
  * as the prompt has chunks.  Capped, the others' steps at most double, and the long prompt
- * still advances every step.  With nothing decoding the whole budget goes to prefill, so
- * prefill throughput is what it was.  The oldest prefill, if it is an embedding (which runs
- * whole), may still take the whole budget, or it would wait for as long as anything decodes.
+ * still advances every step.  A short prompt's rest (at most the floor: a follow-up turn after
+ * a cache hit) counts with the decodes: it ends this step with a first token someone waits
+ * for, so the cap is its tokens plus what costs as much as they and the decodes do.  With
+ * nothing decoding and no such prompt the whole budget goes to prefill, so a prompt alone
+ * prefills as fast as before.  The oldest prefill, if it is an embedding (which runs whole),
+ * may still take the whole budget, or it would wait for as long as anything decodes.
  */
 static int
 engine_plan_batch(cai_engine *engine)
@@ -1847,6 +1850,7 @@ engine_plan_batch(cai_engine *engine)
 	int			n_batch = 0;
 	int			budget = engine->params.max_step_tokens;
 	int			prefill_budget;
+	int			short_tokens = 0;
 	cai_request *req;
 
 	for (int i = 0; i < engine->n_running && budget > 0; i++)
@@ -1866,8 +1870,18 @@ engine_plan_batch(cai_engine *engine)
 		engine->batch_req[n_batch++] = req;
 		budget--;
 	}
-	prefill_budget = cai_step_cost_prefill_cap(&engine->step_cost, n_batch,
-											   CAI_PREFILL_DECODING_FLOOR, budget);
+	for (int i = 0; i < engine->n_running; i++)
+	{
+		int			need = engine->running[i]->n_prompt - engine->running[i]->n_computed;
+
+		if (engine->running[i]->state == REQUEST_PREFILL && need <= CAI_PREFILL_DECODING_FLOOR)
+			short_tokens += need;
+	}
+	if (short_tokens > budget)
+		short_tokens = budget;
+	prefill_budget = short_tokens +
+		cai_step_cost_prefill_cap(&engine->step_cost, n_batch + short_tokens,
+								  CAI_PREFILL_DECODING_FLOOR, budget - short_tokens);
 	for (int i = 0; i < engine->n_running && prefill_budget < budget; i++)
 	{
 		req = engine->running[i];

@@ -76,14 +76,14 @@ cai_step_cost_pin(cai_step_cost *cost, double fixed_seconds, double token_second
 }
 
 int
-cai_step_cost_prefill_cap(const cai_step_cost *cost, int n_decode, int floor, int budget)
+cai_step_cost_prefill_cap(const cai_step_cost *cost, int n_bound, int floor, int budget)
 {
 	double		cap;
 
-	if (n_decode <= 0 || !cost->known || budget <= floor)
+	if (n_bound <= 0 || !cost->known || budget <= floor)
 		return budget;
-	/* prefill tokens p with p * token_seconds <= fixed_seconds + n_decode * token_seconds */
-	cap = cost->fixed_seconds / cost->token_seconds + n_decode;
+	/* prefill tokens p with p * token_seconds <= fixed_seconds + n_bound * token_seconds */
+	cap = cost->fixed_seconds / cost->token_seconds + n_bound;
 	if (cap < floor)
 		return floor;
 	if (cap >= budget)

@@ -36,11 +36,11 @@ void		cai_step_cost_observe(cai_step_cost *cost, int n_tokens, double seconds);
 void		cai_step_cost_pin(cai_step_cost *cost, double fixed_seconds, double token_seconds);
 
 /*
- * The prefill tokens a step with n_decode decodes may carry: those costing what the decode-only
- * step costs, within [floor, budget]; the whole budget while nothing decodes or nothing is
- * known yet.
+ * The prefill tokens a step whose latency-bound part has n_bound tokens (decodes, the last
+ * tokens of short prompts) may carry besides: those costing what a step of that part alone
+ * costs, within [floor, budget]; the whole budget when n_bound is 0 or nothing is known yet.
  */
-int			cai_step_cost_prefill_cap(const cai_step_cost *cost, int n_decode, int floor,
+int			cai_step_cost_prefill_cap(const cai_step_cost *cost, int n_bound, int floor,
 									  int budget);
 
 #endif							/* CAI_STEP_COST_H */

@@ -1073,6 +1073,60 @@ TEST(engine_prefill_capped_while_decoding)
 }
 
 /*
+ * Short prompts (at most 32 tokens left, a follow-up after a cache hit) prefilling beside a long
+ * one count with the decodes: nothing decodes, yet the step carries their 20 tokens and 32 of
+ * the long prompt's (cost pinned so that the cap is the floor), not the long prompt's 200, so
+ * their first tokens do not wait for a 220-token step; replies are what each gets alone.
+ */
+TEST(engine_prefill_capped_beside_short_prompts)
+{
+	int32_t		short_prompt[2][10];
+	int32_t		long_prompt[200];
+	cai_request_params reqs[3];
+	run_result	alone[3];
+	run_result	shared[3];
+	uint64_t	id;
+	cai_error	err;
+	int			done = 0;
+	int			prefill;
+	cai_engine *engine = make_engine(2, 8, 256, 0, 8);
+
+	if (!engine)
+	{
+		CHECK(engine != NULL);
+		return;
+	}
+	make_prompt(long_prompt, 200, 41);
+	reqs[0] = request(long_prompt, 200, 0.0f, 0, 4);
+	for (int i = 0; i < 2; i++)
+	{
+		make_prompt(short_prompt[i], 10, 42 + i);
+		reqs[1 + i] = request(short_prompt[i], 10, 0.0f, 0, 8);
+	}
+	for (int i = 0; i < 3; i++)
+		CHECK(run_batch(engine, &reqs[i], 1, &alone[i]));
+
+	cai_engine_pin_step_cost(engine, 0.0, 1e-4);
+	memset(shared, 0, sizeof(shared));
+	for (int i = 0; i < 3; i++)
+	{
+		reqs[i].user_data = &shared[i];
+		CHECK(cai_engine_submit(engine, &reqs[i], &id, &err) == CAI_OK);
+	}
+	CHECK(step_and_collect(engine, &done, &prefill));
+	CHECK_EQ_INT(prefill, 20 + 32);
+	CHECK_EQ_INT(shared[0].n_tokens, 0);
+	CHECK_EQ_INT(shared[1].n_tokens, 1);
+	CHECK_EQ_INT(shared[2].n_tokens, 1);
+	for (int s = 0; done < 3 && s < 100; s++)
+		CHECK(step_and_collect(engine, &done, &prefill));
+	CHECK_EQ_INT(done, 3);
+	for (int i = 0; i < 3; i++)
+		CHECK(same_tokens(&shared[i], &alone[i]));
+	cai_engine_free(engine);
+}
+
+/*
  * The step cost fit: steps costing 4 ms plus 0.2 ms a token give back those two figures, and
  * the prefill cap is what costs a decode-only step (4 ms / 0.2 ms + 8 decodes = 28), or the
  * floor, or the whole budget when nothing decodes or nothing is known.
