@@ -560,10 +560,9 @@ cai_engine_create(cai_model *model, const cai_engine_params *params_in,
 		return cai_fail(err, CAI_ERR_INVALID_ARGUMENT, "max_queue must not be negative");
 
 	engine = calloc(1, sizeof(*engine));
-	if (engine)
-		cai_step_cost_init(&engine->step_cost);
 	if (!engine)
 		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory creating the engine");
+	cai_step_cost_init(&engine->step_cost);
 	engine->model = model;
 	engine->params = params;
 	engine->next_id = 1;
