@@ -673,6 +673,14 @@ int			cai_engine_cache_forget(cai_engine *engine, uint64_t owner);
 void		cai_engine_cache_flush(cai_engine *engine);
 
 /*
+ * Fixes the scheduler's step cost estimate (a step costs fixed_seconds plus token_seconds per
+ * token), which otherwise it fits to the steps it runs; it caps a step's prefill while requests
+ * decode.  For tests and benchmarks; a negative argument returns to measuring.
+ */
+void		cai_engine_pin_step_cost(cai_engine *engine, double fixed_seconds,
+									 double token_seconds);
+
+/*
  * Teacher-forced scoring for evaluation: logits[i] (n_vocab floats) predicts tokens[i+1], for all
  * n positions, on the int8 path or the float reference path (needs load_float_reference).
  * Runs alone (not batched with requests).

@@ -42,6 +42,7 @@
 #include "prefix_cache.h"
 #include "reply_text.h"
 #include "sampler.h"
+#include "step_cost.h"
 #include "tokenizer.h"
 #include "util.h"
 
@@ -155,6 +156,7 @@ struct cai_engine
 	int		   *prefill_chunk;	/* [max_running] each running prefill's share of the step */
 	cai_event  *events;			/* [max_running + cancelled], grown as needed */
 	int			events_cap;
+	cai_step_cost step_cost;	/* what a step costs, for the prefill cap (step_cost.h) */
 
 	cai_engine_stats stats;
 };
@@ -560,6 +562,7 @@ cai_engine_create(cai_model *model, const cai_engine_params *params_in,
 	engine = calloc(1, sizeof(*engine));
 	if (!engine)
 		return cai_fail(err, CAI_ERR_NO_MEMORY, "out of memory creating the engine");
+	cai_step_cost_init(&engine->step_cost);
 	engine->model = model;
 	engine->params = params;
 	engine->next_id = 1;
@@ -1695,6 +1698,13 @@ engine_admit_waiting(cai_engine *engine)
 #define CAI_PREFILL_MIN_CHUNK 16
 
 /*
+ * While requests decode, a step still carries at least this many prefill tokens, whatever the
+ * cost estimate says, so that a long prompt progresses every step and a short one admitted
+ * beside it still gets its share (CAI_PREFILL_MIN_CHUNK each for two prefills).
+ */
+#define CAI_PREFILL_DECODING_FLOOR 32
+
+/*
  * Splits the step's prefill budget among the running prefills, into engine->prefill_chunk
  * (indexed like engine->running; 0: not this step).
  *
@@ -1820,12 +1830,26 @@ engine_share_prefill(cai_engine *engine, int budget)
  * every running decode's last token first (so that prefills never stall the decodes), then
  * prefill chunks shared fairly with what is left of the budget (engine_share_prefill).  Returns
  * its length.
+ *
+ * While requests decode, the prefill part is capped at what costs about as much as the decode
+ * part (the step cost estimate, step_cost.h; at least CAI_PREFILL_DECODING_FLOOR tokens): a
+ * full 512-token chunk of someone's long prompt would otherwise make every decoding request's
+ * step as slow as that prefill, a dozen times its decode-only time on a CPU, for as many steps
+ * as the prompt has chunks.  Capped, the others' steps at most double, and the long prompt
+ * still advances every step.  A short prompt's rest (at most the floor: a follow-up turn after
+ * a cache hit) counts with the decodes: it ends this step with a first token someone waits
+ * for, so the cap is its tokens plus what costs as much as they and the decodes do.  With
+ * nothing decoding and no such prompt the whole budget goes to prefill, so a prompt alone
+ * prefills as fast as before.  The oldest prefill, if it is an embedding (which runs whole),
+ * may still take the whole budget, or it would wait for as long as anything decodes.
  */
 static int
 engine_plan_batch(cai_engine *engine)
 {
 	int			n_batch = 0;
 	int			budget = engine->params.max_step_tokens;
+	int			prefill_budget;
+	int			short_tokens = 0;
 	cai_request *req;
 
 	for (int i = 0; i < engine->n_running && budget > 0; i++)
@@ -1845,7 +1869,29 @@ engine_plan_batch(cai_engine *engine)
 		engine->batch_req[n_batch++] = req;
 		budget--;
 	}
-	engine_share_prefill(engine, budget);
+	for (int i = 0; i < engine->n_running; i++)
+	{
+		int			need = engine->running[i]->n_prompt - engine->running[i]->n_computed;
+
+		if (engine->running[i]->state == REQUEST_PREFILL && need <= CAI_PREFILL_DECODING_FLOOR)
+			short_tokens += need;
+	}
+	if (short_tokens > budget)
+		short_tokens = budget;
+	prefill_budget = short_tokens +
+		cai_step_cost_prefill_cap(&engine->step_cost, n_batch + short_tokens,
+								  CAI_PREFILL_DECODING_FLOOR, budget - short_tokens);
+	for (int i = 0; i < engine->n_running && prefill_budget < budget; i++)
+	{
+		req = engine->running[i];
+		if (req->state != REQUEST_PREFILL)
+			continue;
+		if (req->embed && req->n_prompt - req->n_computed > prefill_budget)
+			prefill_budget = req->n_prompt - req->n_computed < budget ?
+				req->n_prompt - req->n_computed : budget;
+		break;
+	}
+	engine_share_prefill(engine, prefill_budget);
 	for (int i = 0; i < engine->n_running; i++)
 	{
 		int			chunk = engine->prefill_chunk[i];
@@ -2014,6 +2060,7 @@ cai_engine_step(cai_engine *engine, const cai_event **events_out, int *n_events_
 	int			n_batch;
 	cai_status	st;
 	double		t0 = cai_now_seconds();
+	double		t_forward;
 	cai_request *req;
 
 	*events_out = engine->events;
@@ -2032,6 +2079,7 @@ cai_engine_step(cai_engine *engine, const cai_event **events_out, int *n_events_
 		return CAI_OK;
 
 	/* one forward over the ragged batch */
+	t_forward = cai_now_seconds();
 	st = cai_model_forward(engine->model, engine->forward, engine->kv, engine->batch, n_batch,
 						   engine->logits, false, err);
 	if (st != CAI_OK)
@@ -2042,6 +2090,13 @@ cai_engine_step(cai_engine *engine, const cai_event **events_out, int *n_events_
 	}
 	if ((st = engine_take_batch_tokens(engine, n_batch, &n_events, err)) != CAI_OK)
 		return st;
+	{
+		int			n_tokens = 0;
+
+		for (int b = 0; b < n_batch; b++)
+			n_tokens += engine->batch[b].n_tokens;
+		cai_step_cost_observe(&engine->step_cost, n_tokens, cai_now_seconds() - t_forward);
+	}
 	engine_retire_finished(engine);
 
 	engine->stats.steps++;
@@ -2139,6 +2194,12 @@ int
 cai_engine_cache_forget(cai_engine *engine, uint64_t owner)
 {
 	return cai_prefix_cache_forget_owner(engine->cache, owner);
+}
+
+void
+cai_engine_pin_step_cost(cai_engine *engine, double fixed_seconds, double token_seconds)
+{
+	cai_step_cost_pin(&engine->step_cost, fixed_seconds, token_seconds);
 }
 
 void

@@ -12,6 +12,7 @@
 #include "cpu/gemm.h"
 #include "json.h"
 #include "model.h"
+#include "step_cost.h"
 #include "synth_model.h"
 #include "test.h"
 
@@ -945,6 +946,232 @@ TEST(engine_prefill_shared_fairly)
 	CHECK(same_tokens(&shared[0], &alone[0]));
 	CHECK(same_tokens(&shared[1], &alone[1]));
 	cai_engine_free(engine);
+}
+
+/* One step: its events' tokens go to their run_result; counts finishes and the step's prefill. */
+static bool
+step_and_collect(cai_engine *engine, int *done, int *prefill_tokens)
+{
+	const cai_event *events;
+	int			n_events;
+	cai_error	err;
+	cai_engine_stats before,
+				after;
+
+	cai_engine_get_stats(engine, &before);
+	if (cai_engine_step(engine, &events, &n_events, &err) != CAI_OK)
+	{
+		fprintf(stderr, "    step: %s\n", err.message);
+		return false;
+	}
+	cai_engine_get_stats(engine, &after);
+	*prefill_tokens = (int) (after.prefill_tokens - before.prefill_tokens);
+	for (int e = 0; e < n_events; e++)
+	{
+		run_result *r = events[e].user_data;
+
+		if (events[e].token >= 0 && r->n_tokens < MAX_GEN)
+			r->tokens[r->n_tokens++] = events[e].token;
+		if (events[e].finish != CAI_FINISH_NONE)
+		{
+			r->finish = events[e].finish;
+			(*done)++;
+		}
+	}
+	return true;
+}
+
+/*
+ * While requests decode, a step carries only the prefill tokens that cost what its decodes
+ * cost (at least 32): pinned so that this is the floor, a 200-token prompt admitted beside four
+ * decoding requests advances 32 tokens a step instead of taking its whole prefill into one slow
+ * step, the four decode every step meanwhile, and every reply is what it is alone.  Pinned so
+ * that a step's fixed cost dwarfs its tokens', the same prompt goes in one step, as it does
+ * whenever nothing decodes.
+ */
+TEST(engine_prefill_capped_while_decoding)
+{
+	int32_t		short_prompt[4][10];
+	int32_t		long_prompt[200];
+	cai_request_params reqs[5];
+	run_result	alone[5];
+	run_result	shared[5];
+	uint64_t	ids[5];
+	cai_error	err;
+	cai_engine_stats stats;
+	uint64_t	steps0;
+	int			prefill;
+	cai_engine *engine = make_engine(2, 8, 256, 0, 8);
+
+	if (!engine)
+	{
+		CHECK(engine != NULL);
+		return;
+	}
+	for (int i = 0; i < 4; i++)
+	{
+		make_prompt(short_prompt[i], 10, 60 + i);
+		reqs[i] = request(short_prompt[i], 10, 0.0f, 0, 40);
+	}
+	make_prompt(long_prompt, 200, 31);
+	reqs[4] = request(long_prompt, 200, 0.0f, 0, 4);
+	for (int i = 0; i < 5; i++)
+		CHECK(run_batch(engine, &reqs[i], 1, &alone[i]));
+
+	/* alone, nothing decodes: the long prompt's prefill is one step, then three decodes */
+	cai_engine_pin_step_cost(engine, 0.0, 1e-4);
+	cai_engine_get_stats(engine, &stats);
+	steps0 = stats.steps;
+	CHECK(run_batch(engine, &reqs[4], 1, &shared[4]));
+	cai_engine_get_stats(engine, &stats);
+	CHECK_EQ_INT((int) (stats.steps - steps0), 4);
+
+	for (int pass = 0; pass < 2; pass++)
+	{
+		int			done = 0;
+		int			steps_to_first = 0;
+		int			decoding_steps = 0;
+
+		/* pass 0: the cap is the floor; pass 1: it is above the budget */
+		cai_engine_pin_step_cost(engine, pass == 0 ? 0.0 : 1.0, 1e-4);
+		memset(shared, 0, sizeof(shared));
+		for (int i = 0; i < 5; i++)
+			reqs[i].user_data = &shared[i];
+		for (int i = 0; i < 4; i++)
+			CHECK(cai_engine_submit(engine, &reqs[i], &ids[i], &err) == CAI_OK);
+		/* the four prefill together (nothing decodes yet: 40 tokens), then decode */
+		CHECK(step_and_collect(engine, &done, &prefill));
+		CHECK_EQ_INT(prefill, 40);
+		CHECK(step_and_collect(engine, &done, &prefill));
+		CHECK(cai_engine_submit(engine, &reqs[4], &ids[4], &err) == CAI_OK);
+		while (shared[4].n_tokens == 0 && steps_to_first < 50)
+		{
+			int			decoded_before = 0,
+						decoded_after = 0;
+
+			for (int i = 0; i < 4; i++)
+				decoded_before += shared[i].n_tokens;
+			CHECK(step_and_collect(engine, &done, &prefill));
+			for (int i = 0; i < 4; i++)
+				decoded_after += shared[i].n_tokens;
+			decoding_steps += decoded_after - decoded_before == 4;
+			steps_to_first++;
+			if (pass == 0)
+				CHECK_EQ_INT(prefill, shared[4].n_tokens == 0 ? 32 : 200 - 6 * 32);
+			else
+				CHECK_EQ_INT(prefill, 200);
+		}
+		CHECK_EQ_INT(steps_to_first, pass == 0 ? 7 : 1);
+		CHECK_EQ_INT(decoding_steps, steps_to_first);
+		for (int s = 0; done < 5 && s < 100; s++)
+			CHECK(step_and_collect(engine, &done, &prefill));
+		CHECK_EQ_INT(done, 5);
+		for (int i = 0; i < 5; i++)
+			CHECK(same_tokens(&shared[i], &alone[i]));
+	}
+	cai_engine_free(engine);
+}
+
+/*
+ * Short prompts (at most 32 tokens left, a follow-up after a cache hit) prefilling beside a long
+ * one count with the decodes: nothing decodes, yet the step carries their 20 tokens and 32 of
+ * the long prompt's (cost pinned so that the cap is the floor), not the long prompt's 200, so
+ * their first tokens do not wait for a 220-token step; replies are what each gets alone.
+ */
+TEST(engine_prefill_capped_beside_short_prompts)
+{
+	int32_t		short_prompt[2][10];
+	int32_t		long_prompt[200];
+	cai_request_params reqs[3];
+	run_result	alone[3];
+	run_result	shared[3];
+	uint64_t	id;
+	cai_error	err;
+	int			done = 0;
+	int			prefill;
+	cai_engine *engine = make_engine(2, 8, 256, 0, 8);
+
+	if (!engine)
+	{
+		CHECK(engine != NULL);
+		return;
+	}
+	make_prompt(long_prompt, 200, 41);
+	reqs[0] = request(long_prompt, 200, 0.0f, 0, 4);
+	for (int i = 0; i < 2; i++)
+	{
+		make_prompt(short_prompt[i], 10, 42 + i);
+		reqs[1 + i] = request(short_prompt[i], 10, 0.0f, 0, 8);
+	}
+	for (int i = 0; i < 3; i++)
+		CHECK(run_batch(engine, &reqs[i], 1, &alone[i]));
+
+	cai_engine_pin_step_cost(engine, 0.0, 1e-4);
+	memset(shared, 0, sizeof(shared));
+	for (int i = 0; i < 3; i++)
+	{
+		reqs[i].user_data = &shared[i];
+		CHECK(cai_engine_submit(engine, &reqs[i], &id, &err) == CAI_OK);
+	}
+	CHECK(step_and_collect(engine, &done, &prefill));
+	CHECK_EQ_INT(prefill, 20 + 32);
+	CHECK_EQ_INT(shared[0].n_tokens, 0);
+	CHECK_EQ_INT(shared[1].n_tokens, 1);
+	CHECK_EQ_INT(shared[2].n_tokens, 1);
+	for (int s = 0; done < 3 && s < 100; s++)
+		CHECK(step_and_collect(engine, &done, &prefill));
+	CHECK_EQ_INT(done, 3);
+	for (int i = 0; i < 3; i++)
+		CHECK(same_tokens(&shared[i], &alone[i]));
+	cai_engine_free(engine);
+}
+
+/*
+ * The step cost fit: steps costing 4 ms plus 0.2 ms a token give back those two figures, and
+ * the prefill cap is what costs a decode-only step (4 ms / 0.2 ms + 8 decodes = 28), or the
+ * floor, or the whole budget when nothing decodes or nothing is known.
+ */
+TEST(step_cost_fit_and_prefill_cap)
+{
+	cai_step_cost cost;
+
+	cai_step_cost_init(&cost);
+	CHECK_EQ_INT(cai_step_cost_prefill_cap(&cost, 8, 16, 504), 504);
+	/* steps all of one length say nothing of a token's cost */
+	for (int i = 0; i < 50; i++)
+		cai_step_cost_observe(&cost, 8, 0.004 + 8 * 0.0002);
+	CHECK(!cost.known);
+	CHECK_EQ_INT(cai_step_cost_prefill_cap(&cost, 8, 16, 504), 504);
+	for (int i = 0; i < 300; i++)
+	{
+		int			n = 8 + (i % 5 == 0 ? 504 : i % 3 * 20);
+
+		cai_step_cost_observe(&cost, n, 0.004 + n * 0.0002);
+	}
+	CHECK(cost.known);
+	CHECK(fabs(cost.fixed_seconds - 0.004) < 1e-6);
+	CHECK(fabs(cost.token_seconds - 0.0002) < 1e-9);
+	CHECK_EQ_INT(cai_step_cost_prefill_cap(&cost, 8, 16, 504), 28);
+	CHECK_EQ_INT(cai_step_cost_prefill_cap(&cost, 8, 32, 504), 32);
+	CHECK_EQ_INT(cai_step_cost_prefill_cap(&cost, 0, 32, 512), 512);
+	CHECK_EQ_INT(cai_step_cost_prefill_cap(&cost, 8, 16, 20), 20);
+
+	/* the machine slows down (another process takes the CPU): the fit follows */
+	for (int i = 0; i < 2000; i++)
+	{
+		int			n = 8 + (i % 5 == 0 ? 504 : i % 3 * 20);
+
+		cai_step_cost_observe(&cost, n, 0.012 + n * 0.0004);
+	}
+	CHECK(fabs(cost.fixed_seconds - 0.012) < 1e-5);
+	CHECK(fabs(cost.token_seconds - 0.0004) < 1e-8);
+
+	/* pinned, steps no longer move it; unpinned, it measures again from nothing */
+	cai_step_cost_pin(&cost, 0.002, 0.0001);
+	cai_step_cost_observe(&cost, 100, 1.0);
+	CHECK_EQ_INT(cai_step_cost_prefill_cap(&cost, 8, 16, 504), 28);
+	cai_step_cost_pin(&cost, -1.0, -1.0);
+	CHECK(!cost.known);
 }
 
 TEST(engine_score_matches_generation)
