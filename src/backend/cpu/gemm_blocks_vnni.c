@@ -423,9 +423,10 @@ VNNI_NAME(cai_bkernel_vnni)(ggml_type type)
  * s, 16 rows' four inputs each.  So a call widens its two groups' blocks once into the
  * thread's scratch (with the blocks' scales, as floats), and then, per tile of 16 tokens and
  * block, tdpbssd multiplies the tokens' 32 activations (A: the tile's 16 tokens' inputs of the
- * block, side by side in bgemm_job.xq_tiles) by it into 16 x 16 exact int32 sums (C: a token's 16 rows per tile row, the
- * lanes of the VNNI kernel's sums), which the same float epilogue finishes: the same bits.
- * Both operands are signed, so the levels go in as stored, nothing flipped.  Q6_K takes each
+ * block, side by side in bgemm_job.xq_tiles) by it into 16 x 16 exact int32 sums (C: a token's
+ * 16 rows per tile row, the lanes of the VNNI kernel's sums), which the same float epilogue
+ * finishes: the same bits.  Both operands are signed, so the levels go in as stored, nothing
+ * flipped.  Q6_K takes each
  * half block apart (its two scales): two products of 16 inputs.  While one block's sums go
  * through the epilogue, the next block's product is under way in the other tile(s) of sums.
  * --------------------------------------------------------------------------------------- */
@@ -434,9 +435,7 @@ VNNI_NAME(cai_bkernel_vnni)(ggml_type type)
 #define AMX_WIDE_BYTES (32 * 2 * GROUP)	/* a block's widened levels: the B tile */
 #define AMX_SCALE_FLOATS (3 * 2 * GROUP)	/* ws, ws_hi, wm of a block's 16 rows */
 #define AMX_SCRATCH_BLOCK (AMX_WIDE_BYTES + AMX_SCALE_FLOATS * (int) sizeof(float))
-#ifndef AMX_LAG
-#define AMX_LAG 4				/* blocks between a product and its epilogue */
-#endif
+#define AMX_LAG 2				/* blocks between a product and its epilogue */
 
 typedef struct amx_blocks_config
 {
@@ -585,9 +584,9 @@ group_amx(const bgemm_job *j, int g, int thread, const bool nibble, const bool k
 			acc[t] = _mm512_setzero_ps();
 		/*
 		 * block b's product into one pair of tiles while block b - 1's sums go out of the
-		 * other to memory, and block b - AMX_LAG's, stored AMX_LAG - 1 iterations ago, through
-		 * the epilogue: vector loads of what a tile store wrote wait until the store retires,
-		 * so a shorter distance makes the tiles and the vector units take turns
+		 * other to memory and block b - 2's, stored an iteration ago, through the epilogue:
+		 * vector loads right after the tile stores would wait for them (distances of up to
+		 * eight blocks measured the same as two)
 		 */
 		for (int b = 0; b < nb + AMX_LAG; b++)
 		{
