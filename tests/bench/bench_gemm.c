@@ -420,7 +420,7 @@ bcase_setup(bcase *c, bool is_i8, ggml_type type, const shape *sh, int n_tok)
 	c->out = xmalloc(sizeof(float) * n_tok * sh->n_out);
 	for (size_t i = 0; i < (size_t) n_tok * sh->k; i++)
 		x[i] = (float) ((int) (rng() % 2001) - 1000) * 1e-3f;
-	cai_quantize_act_blocks(x, n_tok, sh->k, c->xq, c->xs, c->xsum);
+	cai_quantize_act_blocks(x, n_tok, sh->k, is_i8 ? 1 : cai_act_group(type), c->xq, c->xs, c->xsum);
 	free(x);
 	if (is_i8)
 		one = (double) sh->k * sh->n_out;

@@ -166,7 +166,7 @@ check_gemm(const cai_cpu_bmatrix *m, ggml_type type, const uint8_t *t, size_t ro
 		bias[o] = (float) (int8_t) fuzz_u8(in) * 0.25f;
 	for (int i = 0; i < n_tok * rows; i++)
 		init[i] = (float) (i % 7) - 3.0f;
-	cai_quantize_act_blocks(x, n_tok, k, xq, xs, xsum);
+	cai_quantize_act_blocks(x, n_tok, k, cai_act_group(m->type), xq, xs, xsum);
 	for (int i = 0; i < n_tok * nb; i++)
 	{
 		int			total = 0;

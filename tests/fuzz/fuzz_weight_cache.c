@@ -45,7 +45,7 @@ run_gemms(const cai_weight *i8, const cai_weight *blocks)
 	}
 	if (blocks)
 	{
-		cai_quantize_act_blocks(x, N_TOK, BLOCK_K, xq, xs, xsum);
+		cai_quantize_act_blocks(x, N_TOK, BLOCK_K, CAI_KQUANT_BLOCKS, xq, xs, xsum);
 		for (int p = 0; p < blocks->n_parts; p++)
 		{
 			const cai_cpu_bmatrix *m = &blocks->parts[p];

@@ -215,7 +215,7 @@ TEST(block_activations_quantize_per_block)
 	for (int i = 32; i < 64; i++)
 		x[i] = 0.0f;			/* a block of zeros */
 	x[70] = 100.0f;				/* an outlier scales only its own block */
-	cai_quantize_act_blocks(x, 2, 64, q, s, sum);
+	cai_quantize_act_blocks(x, 2, 64, 1, q, s, sum);
 	CHECK(s[1] == 0.0f && sum[1] == 0);
 	CHECK(s[2] == 100.0f / 127.0f);
 	CHECK(s[3] < 1.0f);
@@ -277,19 +277,24 @@ TEST(block_activations_same_bits_every_isa)
 	x[1 * K + 7 * 32 + 9] = FLT_MAX;
 	x[1 * K + 7 * 32 + 10] = -FLT_MAX;
 
-	CHECK(cai_cpu_force_isa("generic"));
-	cai_quantize_act_blocks(x, N_TOK, K, want_q, want_s, want_sum);
-	for (size_t isa = 0; isa < sizeof(isas) / sizeof(isas[0]); isa++)
+	for (int group = 1; group <= CAI_KQUANT_BLOCKS; group += CAI_KQUANT_BLOCKS - 1)
 	{
-		if (!cai_cpu_force_isa(isas[isa]))
-			continue;
-		tried++;
-		memset(got_q, 0x55, sizeof(got_q));
-		cai_quantize_act_blocks(x, N_TOK, K, got_q, got_s, got_sum);
-		CHECK_MSG(memcmp(got_q, want_q, sizeof(got_q)) == 0, "levels differ on %s", isas[isa]);
-		CHECK_MSG(memcmp(got_s, want_s, sizeof(got_s)) == 0, "scales differ on %s", isas[isa]);
-		CHECK_MSG(memcmp(got_sum, want_sum, sizeof(got_sum)) == 0, "sums differ on %s",
-				  isas[isa]);
+		CHECK(cai_cpu_force_isa("generic"));
+		cai_quantize_act_blocks(x, N_TOK, K, group, want_q, want_s, want_sum);
+		for (size_t isa = 0; isa < sizeof(isas) / sizeof(isas[0]); isa++)
+		{
+			if (!cai_cpu_force_isa(isas[isa]))
+				continue;
+			tried++;
+			memset(got_q, 0x55, sizeof(got_q));
+			cai_quantize_act_blocks(x, N_TOK, K, group, got_q, got_s, got_sum);
+			CHECK_MSG(memcmp(got_q, want_q, sizeof(got_q)) == 0, "levels differ on %s (group %d)",
+					  isas[isa], group);
+			CHECK_MSG(memcmp(got_s, want_s, sizeof(got_s)) == 0, "scales differ on %s (group %d)",
+					  isas[isa], group);
+			CHECK_MSG(memcmp(got_sum, want_sum, sizeof(got_sum)) == 0, "sums differ on %s (group %d)",
+					  isas[isa], group);
+		}
 	}
 	CHECK(cai_cpu_force_isa(orig));
 	if (tried == 0)
@@ -318,7 +323,7 @@ check_gemm_paths(ggml_type type, int rows, int k, int n_tok, cai_threadpool *poo
 		x[i] = rand_unit() * (i % 7 == 0 ? 8.0f : 1.0f);
 	for (int o = 0; o < rows; o++)
 		bias[o] = rand_unit();
-	cai_quantize_act_blocks(x, n_tok, k, xq, xs, xsum);
+	cai_quantize_act_blocks(x, n_tok, k, cai_act_group(type), xq, xs, xsum);
 	CHECK(cai_cpu_bmatrix_pack(type, t, rows, k, &m, NULL) == CAI_OK);
 
 	/* acc 0: a bias; 1: accumulating; 2: accumulating with a bias */

@@ -648,6 +648,7 @@ typedef struct quantize_job
 	const float *x;
 	int			n_tok;
 	int			k;
+	int			group;
 	int			tokens_per_task;
 	int8_t	   *q;
 	float	   *s;
@@ -665,21 +666,33 @@ quantize_task(void *arg, int task, int thread)
 	const size_t nb = j->k / CAI_BLOCK_ELEMS;
 
 	(void) thread;
-	cai_quantize_act_blocks(j->x + (size_t) t0 * j->k, n, j->k, j->q + (size_t) t0 * j->k,
-							j->s + t0 * nb, j->sum + t0 * nb);
+	cai_quantize_act_blocks(j->x + (size_t) t0 * j->k, n, j->k, j->group,
+							j->q + (size_t) t0 * j->k, j->s + t0 * nb, j->sum + t0 * nb);
+}
+
+/* The activations' group every part of w can read (gemm_blocks.h's cai_act_group). */
+static int
+act_group_of(const cai_weight *w)
+{
+	int			group = 1;
+
+	for (int i = 0; i < w->n_parts; i++)
+		if (cai_act_group(w->parts[i].type) > group)
+			group = cai_act_group(w->parts[i].type);
+	return group;
 }
 
 static void
-cpu_quantize_blocks(cai_backend *be, const float *x, int n_tok, int k, int8_t *q, float *s,
-					int16_t *sum)
+cpu_quantize_blocks(cai_backend *be, const float *x, int n_tok, int k, const cai_weight *w,
+					int8_t *q, float *s, int16_t *sum)
 {
 	cai_threadpool *pool = cpu_of(be)->pool;
 	const int	threads = pool ? cai_threadpool_size(pool) : 1;
-	quantize_job job = {x, n_tok, k, QUANTIZE_TASK_TOKENS, q, s, sum};
+	quantize_job job = {x, n_tok, k, act_group_of(w), QUANTIZE_TASK_TOKENS, q, s, sum};
 
 	if (threads < 2 || n_tok < 2 * QUANTIZE_TASK_TOKENS)
 	{
-		cai_quantize_act_blocks(x, n_tok, k, q, s, sum);
+		cai_quantize_act_blocks(x, n_tok, k, job.group, q, s, sum);
 		return;
 	}
 	/* a few tasks per thread, so that a thread another process holds up delays little */

@@ -353,15 +353,23 @@ cai_cpu_bmatrix_row(const cai_cpu_bmatrix *m, int o, float *dst)
  * Activations
  * --------------------------------------------------------------------------------------- */
 
-/* One block of 32: its levels, scale and sum (cai_quantize_act_blocks). */
-static void
-quantize_act_block(const float *xb, int8_t *qb, float *s, int16_t *sum)
+int
+cai_act_group(ggml_type type)
 {
+	const bformat *f = format_of(type);
+
+	return f && f->k_quant ? CAI_KQUANT_BLOCKS : 1;
+}
+
+/* One group of `blocks` blocks of 32: its levels, and each block's scale and sum. */
+static void
+quantize_act_group(const float *xb, int blocks, int8_t *qb, float *s, int16_t *sum)
+{
+	const int	n = blocks * CAI_BLOCK_ELEMS;
 	float		amax = 0.0f;
 	float		inv;
-	int			total = 0;
 
-	for (int i = 0; i < CAI_BLOCK_ELEMS; i++)
+	for (int i = 0; i < n; i++)
 	{
 		float		a = fabsf(xb[i]);
 
@@ -370,49 +378,50 @@ quantize_act_block(const float *xb, int8_t *qb, float *s, int16_t *sum)
 	inv = amax > 0.0f ? 127.0f / amax : 0.0f;
 	if (!(amax > 0.0f) || isinf(inv))
 	{
-		memset(qb, 0, CAI_BLOCK_ELEMS);
-		*s = 0.0f;
-		*sum = 0;
+		for (int b = 0; b < blocks; b++)
+		{
+			memset(qb + b * CAI_BLOCK_ELEMS, 0, CAI_BLOCK_ELEMS);
+			s[b] = 0.0f;
+			sum[b] = 0;
+		}
 		return;
 	}
-	for (int i = 0; i < CAI_BLOCK_ELEMS; i++)
+	for (int b = 0; b < blocks; b++)
 	{
-		float		v = xb[i] * inv;
+		int			total = 0;
 
-		v = v > -127.0f ? v : -127.0f;
-		v = v < 127.0f ? v : 127.0f;
-		qb[i] = (int8_t) (int) rintf(v);
-		total += qb[i];
+		for (int i = b * CAI_BLOCK_ELEMS; i < (b + 1) * CAI_BLOCK_ELEMS; i++)
+		{
+			float		v = xb[i] * inv;
+
+			v = v > -127.0f ? v : -127.0f;
+			v = v < 127.0f ? v : 127.0f;
+			qb[i] = (int8_t) (int) rintf(v);
+			total += qb[i];
+		}
+		s[b] = amax / 127.0f;
+		sum[b] = (int16_t) total;
 	}
-	*s = amax / 127.0f;
-	*sum = (int16_t) total;
 }
 
 #if defined(__x86_64__)
 /*
- * quantize_act_block in eight lanes, the same bits: max_ps(a, m) is the scalar loop's
+ * quantize_act_group in eight lanes, the same bits: max_ps(a, m) is the scalar loop's
  * "a > m ? a : m" lane by lane (a NaN is passed over in both), and the maximum of the lanes'
  * maxima, none of them NaN, is the same whatever the order; the clamps are the scalar ones;
  * cvtps rounds to nearest even as rintf does in the default rounding mode.
  */
 __attribute__((target("avx2"))) static void
-quantize_act_block_avx2(const float *xb, int8_t *qb, float *s, int16_t *sum)
+quantize_act_group_avx2(const float *xb, int blocks, int8_t *qb, float *s, int16_t *sum)
 {
 	const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-	__m256		x[4];
 	__m256		m = _mm256_setzero_ps();
 	__m128		h;
 	float		amax,
 				inv;
-	__m256i		iv[4],
-				total;
-	__m128i		t4;
 
-	for (int i = 0; i < 4; i++)
-	{
-		x[i] = _mm256_loadu_ps(xb + 8 * i);
-		m = _mm256_max_ps(_mm256_and_ps(x[i], abs_mask), m);
-	}
+	for (int i = 0; i < 4 * blocks; i++)
+		m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(xb + 8 * i), abs_mask), m);
 	h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
 	h = _mm_max_ps(h, _mm_movehl_ps(h, h));
 	h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
@@ -420,50 +429,62 @@ quantize_act_block_avx2(const float *xb, int8_t *qb, float *s, int16_t *sum)
 	inv = amax > 0.0f ? 127.0f / amax : 0.0f;
 	if (!(amax > 0.0f) || isinf(inv))
 	{
-		memset(qb, 0, CAI_BLOCK_ELEMS);
-		*s = 0.0f;
-		*sum = 0;
+		for (int b = 0; b < blocks; b++)
+		{
+			memset(qb + b * CAI_BLOCK_ELEMS, 0, CAI_BLOCK_ELEMS);
+			s[b] = 0.0f;
+			sum[b] = 0;
+		}
 		return;
 	}
-	for (int i = 0; i < 4; i++)
+	for (int b = 0; b < blocks; b++)
 	{
-		__m256		v = _mm256_mul_ps(x[i], _mm256_set1_ps(inv));
+		const float *xblk = xb + b * CAI_BLOCK_ELEMS;
+		__m256i		iv[4],
+					total;
+		__m128i		t4;
 
-		v = _mm256_max_ps(v, _mm256_set1_ps(-127.0f));
-		v = _mm256_min_ps(v, _mm256_set1_ps(127.0f));
-		iv[i] = _mm256_cvtps_epi32(v);
+		for (int i = 0; i < 4; i++)
+		{
+			__m256		v = _mm256_mul_ps(_mm256_loadu_ps(xblk + 8 * i), _mm256_set1_ps(inv));
+
+			v = _mm256_max_ps(v, _mm256_set1_ps(-127.0f));
+			v = _mm256_min_ps(v, _mm256_set1_ps(127.0f));
+			iv[i] = _mm256_cvtps_epi32(v);
+		}
+		/* the packs work within 128-bit lanes: the permutation puts the four-byte runs in order */
+		_mm256_storeu_si256((__m256i *) (qb + b * CAI_BLOCK_ELEMS),
+							_mm256_permutevar8x32_epi32(_mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]),
+																		   _mm256_packs_epi32(iv[2], iv[3])),
+														_mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+		total = _mm256_add_epi32(_mm256_add_epi32(iv[0], iv[1]), _mm256_add_epi32(iv[2], iv[3]));
+		t4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+		t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, _MM_SHUFFLE(1, 0, 3, 2)));
+		t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, _MM_SHUFFLE(2, 3, 0, 1)));
+		s[b] = amax / 127.0f;
+		sum[b] = (int16_t) _mm_cvtsi128_si32(t4);
 	}
-	/* the packs work within 128-bit lanes: the permutation puts the four-byte runs in order */
-	_mm256_storeu_si256((__m256i *) qb,
-						_mm256_permutevar8x32_epi32(_mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]),
-																	   _mm256_packs_epi32(iv[2], iv[3])),
-													_mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-	total = _mm256_add_epi32(_mm256_add_epi32(iv[0], iv[1]), _mm256_add_epi32(iv[2], iv[3]));
-	t4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
-	t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, _MM_SHUFFLE(1, 0, 3, 2)));
-	t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, _MM_SHUFFLE(2, 3, 0, 1)));
-	*s = amax / 127.0f;
-	*sum = (int16_t) _mm_cvtsi128_si32(t4);
 }
 #endif
 
 void
-cai_quantize_act_blocks(const float *x, int n_tok, int k, int8_t *q, float *s, int16_t *sum)
+cai_quantize_act_blocks(const float *x, int n_tok, int k, int group, int8_t *q, float *s,
+						int16_t *sum)
 {
 	const int	nb = k / CAI_BLOCK_ELEMS;
-	void		(*block) (const float *, int8_t *, float *, int16_t *) = quantize_act_block;
+	void		(*quantize) (const float *, int, int8_t *, float *, int16_t *) = quantize_act_group;
 
 #if defined(__x86_64__)
 	/* every path but the portable one has AVX2 (gemm.h) */
 	if (strcmp(cai_cpu_isa(), "generic") != 0)
-		block = quantize_act_block_avx2;
+		quantize = quantize_act_group_avx2;
 #endif
 	for (int t = 0; t < n_tok; t++)
-		for (int b = 0; b < nb; b++)
+		for (int b = 0; b < nb; b += group)
 		{
 			const size_t i = (size_t) t * nb + b;
 
-			block(x + i * CAI_BLOCK_ELEMS, q + i * CAI_BLOCK_ELEMS, s + i, sum + i);
+			quantize(x + i * CAI_BLOCK_ELEMS, group, q + i * CAI_BLOCK_ELEMS, s + i, sum + i);
 		}
 }
 
@@ -471,6 +492,36 @@ cai_quantize_act_blocks(const float *x, int n_tok, int k, int8_t *q, float *s, i
  * Kernels
  * --------------------------------------------------------------------------------------- */
 
+
+/*
+ * A K-quant's super-block of row lane in group g from block b0 (gemm_blocks.h): the exact
+ * integer sums I and M against a token's levels a (of the super-block's first input) and the
+ * activations' block sums asum.
+ */
+static void
+kquant_superblock_sums(const cai_cpu_bmatrix *m, int g, int b0, int lane, const int8_t *a,
+					   const int16_t *asum, int32_t *i_sum, int32_t *m_sum)
+{
+	int32_t		I = 0,
+				M = 0;
+
+	for (int b = b0; b < b0 + CAI_KQUANT_BLOCKS; b++)
+	{
+		const int8_t *sc = m->sc + cai_bsub_index(m, g, b);
+		int32_t		isum[2] = {0, 0};
+
+		for (int e = 0; e < CAI_BLOCK_ELEMS; e++)
+			isum[e / 16] += level_at(m, g, b, lane, e) * a[(b - b0) * CAI_BLOCK_ELEMS + e];
+		if (m->split16)
+			I += sc[lane] * isum[0] + sc[GROUP + lane] * isum[1];
+		else
+			I += sc[lane] * (isum[0] + isum[1]);
+		if (m->has_min)
+			M += m->m[cai_bsub_index(m, g, b) + lane] * asum[b - b0];
+	}
+	*i_sum = I;
+	*m_sum = M;
+}
 
 /* Portable: row by row, block by block, in the order every path follows. */
 static void
@@ -486,19 +537,30 @@ group_portable(const bgemm_job *j, int g, int thread)
 			const int8_t *a = j->xq + (size_t) t * k;
 			float		acc = 0.0f;
 
-			for (int b = 0; b < nb; b++)
+			for (int b = 0; b < nb && m->k_quant; b += CAI_KQUANT_BLOCKS)
 			{
-				int32_t		isum[2] = {0, 0};
+				const size_t tb = (size_t) t * nb + b;
+				int32_t		I,
+							M;
+				float		term;
+
+				kquant_superblock_sums(m, g, b, lane, a + (size_t) b * CAI_BLOCK_ELEMS,
+									   j->xsum + tb, &I, &M);
+				term = cai_fp16_to_fp32(m->d[cai_bscale_index(m, g, b) + lane]) * (float) I;
+				if (m->has_min)
+					term = term + cai_fp16_to_fp32(m->dmin[cai_bscale_index(m, g, b) + lane]) *
+						(float) M;
+				acc = acc + j->xs[tb] * term;
+			}
+			for (int b = 0; b < nb && !m->k_quant; b++)
+			{
+				int32_t		isum = 0;
 				float		term;
 
 				for (int e = 0; e < CAI_BLOCK_ELEMS; e++)
-					isum[e / 16] += level_at(m, g, b, lane, e) * a[b * CAI_BLOCK_ELEMS + e];
-				if (m->split16)
-					term = weight_scale(m, g, b, lane, 0) * (float) isum[0] +
-						weight_scale(m, g, b, lane, 1) * (float) isum[1];
-				else
-					term = weight_scale(m, g, b, lane, 0) *
-						(float) (isum[0] + isum[1] + m->zero * j->xsum[(size_t) t * nb + b]);
+					isum += level_at(m, g, b, lane, e) * a[b * CAI_BLOCK_ELEMS + e];
+				term = weight_scale(m, g, b, lane, 0) *
+					(float) (isum + m->zero * j->xsum[(size_t) t * nb + b]);
 				if (m->has_min)
 					term = term + weight_min(m, g, b, lane, weight_scale(m, g, b, lane, 0)) *
 						(float) j->xsum[(size_t) t * nb + b];
