@@ -237,6 +237,208 @@ widen_block(const uint8_t *p1, const uint8_t *p2, const bool nibble, const bool 
 }
 
 /*
+ * Decoding streams the weights once: the first tile asks for the blocks PREFETCH_BLOCKS ahead
+ * of block b (both groups' levels, and at a super-block's start its scales).
+ */
+VNNI_TARGET static inline __attribute__((always_inline)) void
+prefetch_ahead(const cai_cpu_bmatrix *m, int g, int g2, int b, const uint8_t *p1,
+			   const uint8_t *p2, const int bbytes, const bool k_quant)
+{
+	const int	nb = m->k / CAI_BLOCK_ELEMS;
+
+	if (b + PREFETCH_BLOCKS >= nb)
+		return;
+	for (int o = 0; o < bbytes; o += 64)
+	{
+		_mm_prefetch((const char *) (p1 + PREFETCH_BLOCKS * bbytes + o), _MM_HINT_T0);
+		_mm_prefetch((const char *) (p2 + PREFETCH_BLOCKS * bbytes + o), _MM_HINT_T0);
+	}
+	if (b % 8 == 0)
+	{
+		_mm_prefetch((const char *) (m->d + cai_bscale_index(m, g, b + PREFETCH_BLOCKS)), _MM_HINT_T0);
+		_mm_prefetch((const char *) (m->d + cai_bscale_index(m, g2, b + PREFETCH_BLOCKS)), _MM_HINT_T0);
+		if (k_quant)
+		{
+			_mm_prefetch((const char *) (m->sc + cai_bsub_index(m, g, b + PREFETCH_BLOCKS)), _MM_HINT_T0);
+			_mm_prefetch((const char *) (m->sc + cai_bsub_index(m, g2, b + PREFETCH_BLOCKS)), _MM_HINT_T0);
+		}
+	}
+}
+
+/*
+ * A block's 16 row sums against one token's 32 activations at a, in two independent chains of
+ * four steps: the even and the odd steps (split16: the two halves, c0 the first).
+ */
+VNNI_TARGET static inline __attribute__((always_inline)) void
+block_dot(const __m512i *v, const int8_t *a, const bool split16, __m512i *c0, __m512i *c1)
+{
+	__m512i		x0 = _mm512_setzero_si512(),
+				x1 = _mm512_setzero_si512();
+
+	for (int s = 0; s < 4; s++)
+	{
+		const int	s0 = split16 ? s : 2 * s,
+					s1 = split16 ? 4 + s : 2 * s + 1;
+
+		x0 = _mm512_dpbusd_epi32(x0, v[s0], _mm512_set1_epi32(load_i32(a + 4 * s0)));
+		x1 = _mm512_dpbusd_epi32(x1, v[s1], _mm512_set1_epi32(load_i32(a + 4 * s1)));
+	}
+	*c0 = x0;
+	*c1 = x1;
+}
+
+/* Two groups' 8 int8 sub-block scales (mins) as 16 int32 lanes. */
+VNNI_TARGET static inline __m512i
+sub_scales_pair(const int8_t *a, const int8_t *b)
+{
+	return cvtepi8_epi32_16(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *) a),
+											   _mm_loadl_epi64((const __m128i *) b)));
+}
+
+/*
+ * A super-block's mins of the 16 rows of groups g and g2 from block b0, as vpdpwssd's pairs:
+ * vector p's lane r holds row r's m of blocks b0 + 2p (low 16 bits) and b0 + 2p + 1 (high), so
+ * that with a token's two block sums side by side (the int16 array as it is) M = sum of four
+ * vpdpwssd.
+ */
+VNNI_TARGET static inline __attribute__((always_inline)) void
+min_pairs(const cai_cpu_bmatrix *m, int g, int g2, int b0, __m512i *mp)
+{
+	for (int p = 0; p < 4; p++)
+	{
+		const int	b = b0 + 2 * p;
+		__m512i		even = sub_scales_pair(m->m + cai_bsub_index(m, g, b), m->m + cai_bsub_index(m, g2, b));
+		__m512i		odd = sub_scales_pair(m->m + cai_bsub_index(m, g, b + 1),
+										  m->m + cai_bsub_index(m, g2, b + 1));
+
+		mp[p] = _mm512_or_si512(_mm512_and_si512(even, _mm512_set1_epi32(0xffff)),
+								_mm512_slli_epi32(odd, 16));
+	}
+}
+
+/* M of a super-block for one token: its 8 block sums at xsum against the pairs of min_pairs. */
+VNNI_TARGET static inline __m512i
+min_sum(const __m512i *mp, const int16_t *xsum)
+{
+	__m512i		acc = _mm512_setzero_si512();
+	int32_t		pair;
+
+	for (int p = 0; p < 4; p++)
+	{
+		memcpy(&pair, xsum + 2 * p, sizeof(pair));
+		acc = _mm512_dpwssd_epi32(acc, mp[p], _mm512_set1_epi32(pair));
+	}
+	return acc;
+}
+
+/*
+ * The float end of a super-block for one token (gemm_blocks.h): term = d * I (+ dmin * M),
+ * acc + sa * term.
+ */
+VNNI_TARGET static inline __m512
+kquant_finish(__m512 acc, __m512i I, __m512i M, __m512 d, __m512 dmin, float sa, const bool has_min)
+{
+	__m512		term = _mm512_mul_ps(d, cvtepi32_ps16(I));
+
+	if (has_min)
+		term = _mm512_add_ps(term, _mm512_mul_ps(dmin, cvtepi32_ps16(M)));
+	return _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(sa), term));
+}
+
+/*
+ * A K-quant's tile (tile_vnni's, k_quant): each block's exact row sums times its int32 sub-block
+ * scales add up in I per token over the super-block, and the float end comes once per 256
+ * inputs.
+ */
+VNNI_TARGET static inline __attribute__((always_inline)) void
+tile_vnni_kquant(const bgemm_job *j, int g, int t0, const int nt, const bool nibble,
+				 const bool has_min, const bool split16)
+{
+	const cai_cpu_bmatrix *m = j->w;
+	const int	k = m->k;
+	const int	nb = k / CAI_BLOCK_ELEMS;
+	const int	n_groups = (j->n_out + GROUP - 1) / GROUP;
+	const int	g2 = g + 1 < n_groups ? g + 1 : g;
+	const int	bbytes = nibble ? 16 * GROUP : split16 ? 24 * GROUP : 32 * GROUP;
+	/* the unsigned operand's offset per unit of the block sum: Q5_K's bytes go in flipped */
+	const int	offset = nibble ? 0 : -128;
+	const uint8_t *q1 = m->q + (size_t) g * nb * bbytes;
+	const uint8_t *q2 = m->q + (size_t) g2 * nb * bbytes;
+	const int8_t *xq = j->xq + (size_t) t0 * k;
+	const float *xs = j->xs + (size_t) t0 * nb;
+	const int16_t *xsum = j->xsum + (size_t) t0 * nb;
+	const int16_t *xsum_lo = split16 ? j->xsum_lo + (size_t) t0 * nb : NULL;
+	__m512		acc[VTILE];
+	__m512i		I[VTILE];
+
+	for (int t = 0; t < nt; t++)
+		acc[t] = _mm512_setzero_ps();
+	for (int b0 = 0; b0 < nb; b0 += CAI_KQUANT_BLOCKS)
+	{
+		const __m512 d = halves_pair(m->d + cai_bscale_index(m, g, b0), m->d + cai_bscale_index(m, g2, b0));
+
+		for (int t = 0; t < nt; t++)
+			I[t] = _mm512_setzero_si512();
+		for (int b = b0; b < b0 + CAI_KQUANT_BLOCKS; b++)
+		{
+			const uint8_t *p1 = q1 + (size_t) b * bbytes;
+			const uint8_t *p2 = q2 + (size_t) b * bbytes;
+			const __m512i sc = sub_scales_pair(m->sc + cai_bsub_index(m, g, b), m->sc + cai_bsub_index(m, g2, b));
+			const __m512i sc_hi = split16 ?
+				sub_scales_pair(m->sc + cai_bsub_index(m, g, b) + GROUP,
+								m->sc + cai_bsub_index(m, g2, b) + GROUP) : sc;
+			__m512i		v[8];
+
+			if (t0 == 0)
+				prefetch_ahead(m, g, g2, b, p1, p2, bbytes, true);
+			widen_block(p1, p2, nibble, split16, 0, false, v);
+			for (int t = 0; t < nt; t++)
+			{
+				const size_t tb = (size_t) t * nb + b;
+				__m512i		c0,
+							c1;
+
+				block_dot(v, xq + (size_t) t * k + (size_t) b * CAI_BLOCK_ELEMS, split16, &c0, &c1);
+				if (split16)
+				{
+					/* the stored levels' sums less 32 times each half's activation sum: exact */
+					const int	lo = xsum_lo[tb];
+
+					c0 = _mm512_add_epi32(c0, _mm512_set1_epi32(-SPLIT16_LEVEL_OFFSET * lo));
+					c1 = _mm512_add_epi32(c1, _mm512_set1_epi32(-SPLIT16_LEVEL_OFFSET * (xsum[tb] - lo)));
+					I[t] = _mm512_add_epi32(I[t], _mm512_add_epi32(_mm512_mullo_epi32(sc, c0),
+																   _mm512_mullo_epi32(sc_hi, c1)));
+				}
+				else
+				{
+					__m512i		isum = _mm512_add_epi32(c0, c1);
+
+					if (offset != 0)
+						isum = _mm512_add_epi32(isum, _mm512_set1_epi32(offset * xsum[tb]));
+					I[t] = _mm512_add_epi32(I[t], _mm512_mullo_epi32(sc, isum));
+				}
+			}
+		}
+		if (has_min)
+		{
+			const __m512 dmin = halves_pair(m->dmin + cai_bscale_index(m, g, b0),
+											m->dmin + cai_bscale_index(m, g2, b0));
+			__m512i		mp[4];
+
+			min_pairs(m, g, g2, b0, mp);
+			for (int t = 0; t < nt; t++)
+				acc[t] = kquant_finish(acc[t], I[t], min_sum(mp, xsum + (size_t) t * nb + b0), d,
+									   dmin, xs[(size_t) t * nb + b0], true);
+		}
+		else
+			for (int t = 0; t < nt; t++)
+				acc[t] = kquant_finish(acc[t], I[t], I[t], d, d, xs[(size_t) t * nb + b0], false);
+	}
+	for (int t = 0; t < nt; t++)
+		store_pair(j, t0 + t, g, g2, acc[t]);
+}
+
+/*
  * Groups g and g + 1 (g alone, computed twice and stored once, when it is the last) for tokens
  * [t0, t0 + nt).  The format's flags and nt are compile-time constants in each instance, so
  * the loops unroll and the tile's sums live in registers.
@@ -263,6 +465,11 @@ tile_vnni(const bgemm_job *j, int g, int t0, const int nt, const bool nibble,
 	__m512		d = _mm512_setzero_ps(),
 				dmin = _mm512_setzero_ps();
 
+	if (k_quant)
+	{
+		tile_vnni_kquant(j, g, t0, nt, nibble, has_min, split16);
+		return;
+	}
 	for (int t = 0; t < nt; t++)
 		acc[t] = _mm512_setzero_ps();
 	for (int b = 0; b < nb; b++)
@@ -274,43 +481,19 @@ tile_vnni(const bgemm_job *j, int g, int t0, const int nt, const bool nibble,
 					ws_hi = _mm512_setzero_ps(),
 					wm = _mm512_setzero_ps();
 
-		if (t0 == 0 && b + PREFETCH_BLOCKS < nb)
-		{
-			for (int o = 0; o < bbytes; o += 64)
-			{
-				_mm_prefetch((const char *) (p1 + PREFETCH_BLOCKS * bbytes + o), _MM_HINT_T0);
-				_mm_prefetch((const char *) (p2 + PREFETCH_BLOCKS * bbytes + o), _MM_HINT_T0);
-			}
-			if (b % 8 == 0)
-			{
-				_mm_prefetch((const char *) (m->d + cai_bscale_index(m, g, b + PREFETCH_BLOCKS)), _MM_HINT_T0);
-				_mm_prefetch((const char *) (m->d + cai_bscale_index(m, g2, b + PREFETCH_BLOCKS)), _MM_HINT_T0);
-				if (k_quant)
-				{
-					_mm_prefetch((const char *) (m->sc + cai_bsub_index(m, g, b + PREFETCH_BLOCKS)), _MM_HINT_T0);
-					_mm_prefetch((const char *) (m->sc + cai_bsub_index(m, g2, b + PREFETCH_BLOCKS)), _MM_HINT_T0);
-				}
-			}
-		}
+		if (t0 == 0)
+			prefetch_ahead(m, g, g2, b, p1, p2, bbytes, k_quant);
 		block_scales(m, g, g2, b, k_quant, has_min, split16, &d, &dmin, &ws, &ws_hi, &wm);
 		widen_block(p1, p2, nibble, split16, zero, false, v);
 		for (int t = 0; t < nt; t++)
 		{
 			const int8_t *a = xq + (size_t) t * k + (size_t) b * CAI_BLOCK_ELEMS;
 			const size_t tb = (size_t) t * nb + b;
-			/* two independent chains of four, the even and the odd steps (split16: the halves) */
-			__m512i		c0 = _mm512_setzero_si512(),
-						c1 = _mm512_setzero_si512();
+			__m512i		c0,
+						c1;
 			__m512		term;
 
-			for (int s = 0; s < 4; s++)
-			{
-				const int	s0 = split16 ? s : 2 * s,
-							s1 = split16 ? 4 + s : 2 * s + 1;
-
-				c0 = _mm512_dpbusd_epi32(c0, v[s0], _mm512_set1_epi32(load_i32(a + 4 * s0)));
-				c1 = _mm512_dpbusd_epi32(c1, v[s1], _mm512_set1_epi32(load_i32(a + 4 * s1)));
-			}
+			block_dot(v, a, split16, &c0, &c1);
 			if (split16)
 			{
 				const int	lo = xsum_lo[tb];
