@@ -916,7 +916,7 @@ avx2_f16c_available(void)
 static cai_bkernel
 select_kernel(ggml_type type)
 {
-	const cai_bkernel portable = {group_portable, 1, 0};
+	const cai_bkernel portable = {group_portable, 1, 0, 0};
 
 #if defined(__x86_64__)
 	const char *isa = cai_cpu_isa();
@@ -931,21 +931,21 @@ select_kernel(ggml_type type)
 		switch (type)
 		{
 			case GGML_TYPE_Q4_0:
-				return (cai_bkernel) {group_avx2_q4_0, 1, 0};
+				return (cai_bkernel) {group_avx2_q4_0, 1, 0, 0};
 			case GGML_TYPE_Q4_1:
-				return (cai_bkernel) {group_avx2_q4_1, 1, 0};
+				return (cai_bkernel) {group_avx2_q4_1, 1, 0, 0};
 			case GGML_TYPE_Q4_K:
-				return (cai_bkernel) {group_avx2_q4_k, 1, 0};
+				return (cai_bkernel) {group_avx2_q4_k, 1, 0, 0};
 			case GGML_TYPE_Q5_0:
-				return (cai_bkernel) {group_avx2_q5_0, 1, 0};
+				return (cai_bkernel) {group_avx2_q5_0, 1, 0, 0};
 			case GGML_TYPE_Q5_1:
-				return (cai_bkernel) {group_avx2_q5_1, 1, 0};
+				return (cai_bkernel) {group_avx2_q5_1, 1, 0, 0};
 			case GGML_TYPE_Q5_K:
-				return (cai_bkernel) {group_avx2_q5_k, 1, 0};
+				return (cai_bkernel) {group_avx2_q5_k, 1, 0, 0};
 			case GGML_TYPE_Q6_K:
-				return (cai_bkernel) {group_avx2_q6_k, 1, 0};
+				return (cai_bkernel) {group_avx2_q6_k, 1, 0, 0};
 			case GGML_TYPE_Q8_0:
-				return (cai_bkernel) {group_avx2_q8_0, 1, 0};
+				return (cai_bkernel) {group_avx2_q8_0, 1, 0, 0};
 			default:
 				break;
 		}
@@ -973,16 +973,26 @@ run_task(void *arg, int task, int thread)
 
 /*
  * The activations of n_tiles whole tiles of tokens in the order the tile kernels read them
- * (bgemm_job.xq_tiles): tile by tile, block by block, the tile's tokens' 32 inputs each, and
- * their scales and block sums as floats beside them.
+ * (bgemm_job.xq_tiles): tile by tile, run by run of `width` inputs, the tile's tokens' inputs of
+ * the run each; and block by block their scales and block sums as floats.
  */
 static void
 tile_activations(const int8_t *xq, const float *xs, const int16_t *xsum, int n_tiles, int k,
-				 int8_t *xq_tiles, float *xs_tiles, float *xsum_tiles)
+				 int width, int8_t *xq_tiles, float *xs_tiles, float *xsum_tiles)
 {
 	const int	nb = k / CAI_BLOCK_ELEMS;
+	const int	runs = k / width;
 
 	for (int tile = 0; tile < n_tiles; tile++)
+	{
+		for (int r = 0; r < runs; r++)
+		{
+			const size_t dst = ((size_t) tile * runs + r) * CAI_BTILE_TOKENS;
+
+			for (int t = 0; t < CAI_BTILE_TOKENS; t++)
+				memcpy(xq_tiles + (dst + t) * width,
+					   xq + ((size_t) tile * CAI_BTILE_TOKENS + t) * k + (size_t) r * width, width);
+		}
 		for (int b = 0; b < nb; b++)
 		{
 			const size_t dst = ((size_t) tile * nb + b) * CAI_BTILE_TOKENS;
@@ -991,12 +1001,11 @@ tile_activations(const int8_t *xq, const float *xs, const int16_t *xsum, int n_t
 			{
 				const size_t tok = (size_t) tile * CAI_BTILE_TOKENS + t;
 
-				memcpy(xq_tiles + (dst + t) * CAI_BLOCK_ELEMS,
-					   xq + tok * k + (size_t) b * CAI_BLOCK_ELEMS, CAI_BLOCK_ELEMS);
 				xs_tiles[dst + t] = xs[tok * nb + b];
 				xsum_tiles[dst + t] = (float) xsum[tok * nb + b];
 			}
 		}
+	}
 }
 
 void
@@ -1025,7 +1034,7 @@ cai_gemm_blocks_run(cai_threadpool *pool, cai_bkernel kernel, const int8_t *xq, 
 	{
 		xsum_lo = malloc((size_t) n_tok * nb * sizeof(int16_t));
 		if (!xsum_lo)
-			task.kernel = (cai_bkernel) {group_portable, 1, 0};
+			task.kernel = (cai_bkernel) {group_portable, 1, 0, 0};
 		for (int t = 0; xsum_lo && t < n_tok; t++)
 			for (int b = 0; b < nb; b++)
 			{
@@ -1050,8 +1059,9 @@ cai_gemm_blocks_run(cai_threadpool *pool, cai_bkernel kernel, const int8_t *xq, 
 		xs_tiles = malloc((size_t) n_tiles * CAI_BTILE_TOKENS * nb * 2 * sizeof(float));
 		if (xq_tiles && xs_tiles)
 		{
-			tile_activations(xq, xs, xsum, n_tiles, w->k, xq_tiles, xs_tiles,
-							 xs_tiles + (size_t) n_tiles * CAI_BTILE_TOKENS * nb);
+			tile_activations(xq, xs, xsum, n_tiles, w->k,
+							 task.kernel.tile_inputs > 0 ? task.kernel.tile_inputs : CAI_BLOCK_ELEMS,
+							 xq_tiles, xs_tiles, xs_tiles + (size_t) n_tiles * CAI_BTILE_TOKENS * nb);
 			job.xq_tiles = xq_tiles;
 			job.xs_tiles = xs_tiles;
 			job.xsum_tiles = xs_tiles + (size_t) n_tiles * CAI_BTILE_TOKENS * nb;
@@ -1087,6 +1097,6 @@ cai_gemm_blocks_portable(const int8_t *xq, const float *xs, const int16_t *xsum,
 						 const cai_cpu_bmatrix *w, int n_out, const float *bias, float *out,
 						 int ldo, bool accumulate)
 {
-	cai_gemm_blocks_run(NULL, (cai_bkernel) {group_portable, 1, 0}, xq, xs, xsum, n_tok, w, n_out,
+	cai_gemm_blocks_run(NULL, (cai_bkernel) {group_portable, 1, 0, 0}, xq, xs, xsum, n_tok, w, n_out,
 						bias, out, ldo, accumulate);
 }

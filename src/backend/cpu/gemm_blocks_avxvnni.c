@@ -305,7 +305,7 @@ GROUP_AVXVNNI(group_avxvnni_q8_0, false, false, false, false, 0)
 cai_bkernel
 AVXVNNI_NAME(cai_bkernel_avxvnni)(ggml_type type)
 {
-	cai_bkernel k = {NULL, 1, 0};
+	cai_bkernel k = {NULL, 1, 0, 0};
 
 	switch (type)
 	{
@@ -344,7 +344,7 @@ AVXVNNI_NAME(cai_bkernel_avxvnni)(ggml_type type)
 cai_bkernel
 cai_bkernel_avxvnni(ggml_type type)
 {
-	return (cai_bkernel) {NULL, 1, 0};
+	return (cai_bkernel) {NULL, 1, 0, 0};
 }
 
 #endif

@@ -45,9 +45,10 @@ typedef struct bgemm_job
 								 * the scratch of a kernel that asks for it */
 
 	/*
-	 * With a kernel's scratch: the tokens' whole tiles of CAI_BTILE_TOKENS, each block's inputs
-	 * of the tile side by side (xq_tiles [tile][k / 32][token][32]) and its scales and sums as
-	 * floats ([tile][k / 32][token]), else NULL.  A tile's block is then one run of memory: a
+	 * With a kernel's scratch: the tokens' whole tiles of CAI_BTILE_TOKENS, each run of the
+	 * kernel's tile_inputs inputs of the tile side by side (xq_tiles [tile][k / tile_inputs]
+	 * [token][tile_inputs]) and each block's scales and sums as floats ([tile][k / 32][token]),
+	 * else NULL.  A tile's block is then one run of memory: a
 	 * token's inputs k bytes apart would put every row of it in the same few sets of the L1
 	 * cache (k is a multiple of 2048 in the models that need the speed).
 	 */
@@ -67,13 +68,15 @@ typedef void (*cai_bgroup_fn) (const bgemm_job *j, int g, int thread);
 /*
  * A kernel, how many groups one call of it computes, and the scratch it takes per thread and
  * block of 32 inputs (in bgemm_job.unpacked) when a call has at least CAI_BSCRATCH_TOKENS
- * tokens (0: none; the kernel works without it, slower, where the allocation fails).
+ * tokens (0: none; the kernel works without it, slower, where the allocation fails), with the
+ * width of its tiles' runs of inputs (bgemm_job.xq_tiles; 0: a block, 32).
  */
 typedef struct cai_bkernel
 {
 	cai_bgroup_fn fn;
 	int			step;
 	int			scratch_block;
+	int			tile_inputs;
 } cai_bkernel;
 
 #define CAI_BSCRATCH_TOKENS 16

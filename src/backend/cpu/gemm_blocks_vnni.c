@@ -564,7 +564,7 @@ GROUP_VNNI(group_vnni_q8_0, false, false, false, false, 0)
 cai_bkernel
 VNNI_NAME(cai_bkernel_vnni)(ggml_type type)
 {
-	cai_bkernel k = {NULL, 2, 0};
+	cai_bkernel k = {NULL, 2, 0, 0};
 
 	switch (type)
 	{
@@ -813,6 +813,227 @@ group_amx(const bgemm_job *j, int g, int thread, const bool nibble, const bool k
 	tokens_vnni(j, g, n_tiles * CAI_BTILE_TOKENS, nibble, k_quant, has_min, split16, zero);
 }
 
+/* ---------------------------------------------------------------------------------------
+ * AMX for the K-quants: a super-block's sub-block scales folded into the levels
+ *
+ * Per super-block the sums are I = sum_b sc_b sum_i q_i a_i (gemm_blocks.h), so with each level
+ * times its sub-block scale (|sc q| <= 32 * 128: 16 bits) as B, one accumulation over all 256
+ * inputs gives I exactly.  AMX multiplies bytes, so the 16-bit products go in as two: their low
+ * bytes (unsigned, tdpbsud) and their high bytes (signed, tdpbssd), in two tiles of sums, and
+ * I = low + 256 high; both are exact in int32 (256 * 127 * 255 at most).  A call folds its two
+ * groups' levels once into the thread's scratch; then per tile of 16 tokens and super-block,
+ * four products of 64 inputs into each of the two tiles, two tile stores and one float
+ * epilogue, against eight products, eight stores and eight epilogues a block at a time.  The
+ * mins' M = sum_b m_b asum_b comes from vpdpwssd as in the decode kernel.
+ * --------------------------------------------------------------------------------------- */
+
+#define AMX_KQ_WIDE_BYTES (2 * 32 * 2 * GROUP)	/* a block's folded levels, low and high bytes */
+#define AMX_KQ_SUPER_BYTES (2 * 2 * GROUP * (int) sizeof(float) + 4 * 64)	/* d, dmin, the min pairs */
+#define AMX_KQ_SCRATCH_BLOCK (AMX_KQ_WIDE_BYTES + AMX_KQ_SUPER_BYTES / CAI_KQUANT_BLOCKS)
+#define AMX_KQ_RUN 64			/* inputs per product: a tile row of A */
+
+/*
+ * Tiles 0-3: sums (0 and 1 the low and high bytes' of one super-block, 2 and 3 the next's);
+ * tile 4: 16 tokens' 64 inputs; tiles 6 and 7: the low and high bytes of 64 inputs' folded
+ * levels (16 steps of 4).
+ */
+AMX_TARGET static void
+amx_configure_kquant(void)
+{
+	amx_blocks_config cfg;
+
+	memset(&cfg, 0, sizeof(cfg));
+	cfg.palette = 1;
+	for (int t = 0; t < 8; t++)
+	{
+		if (t == 5)
+			continue;
+		cfg.rows[t] = 16;
+		cfg.bytes_per_row[t] = 64;
+	}
+	__asm__ volatile("ldtilecfg %0" : : "m"(cfg));
+}
+
+/*
+ * Block b's levels of groups g and g2 times their sub-block scales, split into low bytes (lo)
+ * and high bytes (hi), 8 steps of 64 bytes each, the steps' lanes as widen_block's.
+ */
+AMX_TARGET static inline __attribute__((always_inline)) void
+fold_block(const cai_cpu_bmatrix *m, int g, int g2, int b, const bool nibble, const bool split16,
+		   uint8_t *lo, uint8_t *hi)
+{
+	const int	nb = m->k / CAI_BLOCK_ELEMS;
+	const int	bbytes = nibble ? 16 * GROUP : split16 ? 24 * GROUP : 32 * GROUP;
+	__m512i		v[8],
+				scale[2][2];
+
+	widen_block(m->q + ((size_t) g * nb + b) * bbytes, m->q + ((size_t) g2 * nb + b) * bbytes,
+				nibble, split16, 0, true, v);
+	for (int h = 0; h < (split16 ? 2 : 1); h++)
+	{
+		/* lane r's scale as the low 16 bits of its 32: 4 copies for each of its 4 bytes */
+		const __m512i sc = sub_scales_pair(m->sc + cai_bsub_index(m, g, b) + h * GROUP,
+										   m->sc + cai_bsub_index(m, g2, b) + h * GROUP);
+		__m512i		idx_lo,
+					idx_hi;
+		int16_t		lo_i[32],
+					hi_i[32];
+
+		for (int e = 0; e < 32; e++)
+		{
+			lo_i[e] = (int16_t) (2 * (e / 4));
+			hi_i[e] = (int16_t) (2 * (8 + e / 4));
+		}
+		idx_lo = _mm512_loadu_si512(lo_i);
+		idx_hi = _mm512_loadu_si512(hi_i);
+		scale[h][0] = _mm512_permutexvar_epi16(idx_lo, sc);
+		scale[h][1] = _mm512_permutexvar_epi16(idx_hi, sc);
+	}
+	for (int s = 0; s < 8; s++)
+	{
+		const int	h = split16 && s >= 4 ? 1 : 0;
+		const __m512i p0 = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(_mm512_castsi512_si256(v[s])), scale[h][0]);
+		const __m512i p1 = _mm512_mullo_epi16(_mm512_cvtepi8_epi16(_mm512_extracti64x4_epi64(v[s], 1)),
+											  scale[h][1]);
+
+		_mm512_storeu_si512(lo + 64 * s,
+							_mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(p0)),
+											   _mm512_cvtepi16_epi8(p1), 1));
+		_mm512_storeu_si512(hi + 64 * s,
+							_mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi16_epi8(_mm512_srai_epi16(p0, 8))),
+											   _mm512_cvtepi16_epi8(_mm512_srai_epi16(p1, 8)), 1));
+	}
+}
+
+/* A super-block's products for a tile's tokens (A: its 4 runs of 64 at a) into C_LO, C_HI. */
+#define AMX_SUPER_PRODUCT(C_LO, C_HI, lo, hi, a) \
+	do { \
+		_tile_zero(C_LO); \
+		_tile_zero(C_HI); \
+		for (int c_ = 0; c_ < CAI_KQUANT_BLOCKS / 2; c_++) \
+		{ \
+			_tile_loadd(4, (a) + (size_t) c_ * CAI_BTILE_TOKENS * AMX_KQ_RUN, AMX_KQ_RUN); \
+			_tile_loadd(6, (lo) + (size_t) c_ * 2 * 8 * 64, 64); \
+			_tile_loadd(7, (hi) + (size_t) c_ * 2 * 8 * 64, 64); \
+			_tile_dpbsud(C_LO, 4, 6); \
+			_tile_dpbssd(C_HI, 4, 7); \
+		} \
+	} while (0)
+
+AMX_TARGET static inline __attribute__((always_inline)) void
+group_amx_kquant(const bgemm_job *j, int g, int thread, const bool nibble, const bool has_min,
+				 const bool split16)
+{
+	const cai_cpu_bmatrix *m = j->w;
+	const int	nb = m->k / CAI_BLOCK_ELEMS;
+	const int	n_super = nb / CAI_KQUANT_BLOCKS;
+	const int	n_groups = (j->n_out + GROUP - 1) / GROUP;
+	const int	g2 = g + 1 < n_groups ? g + 1 : g;
+	const int	n_tiles = j->n_tok / CAI_BTILE_TOKENS;
+	const size_t super_wide = (size_t) CAI_KQUANT_BLOCKS * AMX_KQ_WIDE_BYTES;
+	uint8_t    *wide,
+			   *extra;
+	int32_t		sums[AMX_LAG][2][16][2 * GROUP] __attribute__((aligned(64)));
+
+	if (!j->unpacked || !j->xq_tiles || n_tiles == 0)
+	{
+		tokens_vnni(j, g, 0, nibble, true, has_min, split16, 0);
+		return;
+	}
+	wide = j->unpacked + (size_t) thread * nb * AMX_KQ_SCRATCH_BLOCK;
+	extra = wide + (size_t) n_super * super_wide;
+	for (int sb = 0; sb < n_super; sb++)
+	{
+		uint8_t    *lo = wide + (size_t) sb * super_wide;
+		float	   *scales = (float *) (extra + (size_t) sb * AMX_KQ_SUPER_BYTES);
+		const int	b0 = sb * CAI_KQUANT_BLOCKS;
+
+		for (int i = 0; i < CAI_KQUANT_BLOCKS; i++)
+			fold_block(m, g, g2, b0 + i, nibble, split16, lo + (size_t) i * 8 * 64,
+					   lo + super_wide / 2 + (size_t) i * 8 * 64);
+		_mm512_storeu_ps(scales, halves_pair(m->d + cai_bscale_index(m, g, b0),
+											 m->d + cai_bscale_index(m, g2, b0)));
+		if (has_min)
+		{
+			__m512i		mp[4];
+
+			_mm512_storeu_ps(scales + 2 * GROUP, halves_pair(m->dmin + cai_bscale_index(m, g, b0),
+															 m->dmin + cai_bscale_index(m, g2, b0)));
+			min_pairs(m, g, g2, b0, mp);
+			for (int p = 0; p < 4; p++)
+				_mm512_storeu_si512(scales + 4 * GROUP + 16 * p, mp[p]);
+		}
+	}
+	amx_configure_kquant();
+	for (int tile = 0; tile < n_tiles; tile++)
+	{
+		const int8_t *xq = j->xq_tiles + (size_t) tile * nb * CAI_BTILE_TOKENS * CAI_BLOCK_ELEMS;
+		const float *xs = j->xs_tiles + (size_t) tile * nb * CAI_BTILE_TOKENS;
+		const int16_t *xsum = j->xsum + (size_t) tile * CAI_BTILE_TOKENS * nb;
+		__m512		acc[16];
+
+#pragma GCC unroll 16
+		for (int t = 0; t < 16; t++)
+			acc[t] = _mm512_setzero_ps();
+		/* as group_amx's blocks: a product, the previous one's stores, the epilogue two behind */
+		for (int sb = 0; sb < n_super + AMX_LAG; sb++)
+		{
+			if (sb < n_super)
+			{
+				const uint8_t *lo = wide + (size_t) sb * super_wide;
+				const int8_t *a = xq + (size_t) sb * CAI_KQUANT_BLOCKS * CAI_BTILE_TOKENS * CAI_BLOCK_ELEMS;
+
+				if (sb % 2 == 0)
+					AMX_SUPER_PRODUCT(0, 1, lo, lo + super_wide / 2, a);
+				else
+					AMX_SUPER_PRODUCT(2, 3, lo, lo + super_wide / 2, a);
+			}
+			if (sb >= 1 && sb <= n_super)
+			{
+				int32_t		(*slot)[16][2 * GROUP] = sums[(sb - 1) % AMX_LAG];
+
+				if ((sb - 1) % 2 == 0)
+				{
+					_tile_stored(0, slot[0], 64);
+					_tile_stored(1, slot[1], 64);
+				}
+				else
+				{
+					_tile_stored(2, slot[0], 64);
+					_tile_stored(3, slot[1], 64);
+				}
+			}
+			if (sb >= AMX_LAG)
+			{
+				const int	done = sb - AMX_LAG;
+				const int	b0 = done * CAI_KQUANT_BLOCKS;
+				const float *scales = (const float *) (extra + (size_t) done * AMX_KQ_SUPER_BYTES);
+				const __m512 d = _mm512_loadu_ps(scales);
+				const __m512 dmin = has_min ? _mm512_loadu_ps(scales + 2 * GROUP) : d;
+				int32_t		(*slot)[16][2 * GROUP] = sums[done % AMX_LAG];
+				__m512i		mp[4];
+
+				for (int p = 0; p < 4; p++)
+					mp[p] = has_min ? _mm512_loadu_si512(scales + 4 * GROUP + 16 * p) : _mm512_setzero_si512();
+#pragma GCC unroll 16
+				for (int t = 0; t < 16; t++)
+				{
+					const __m512i I = _mm512_add_epi32(_mm512_load_si512(slot[0][t]),
+													   _mm512_slli_epi32(_mm512_load_si512(slot[1][t]), 8));
+					const __m512i M = has_min ? min_sum(mp, xsum + (size_t) t * nb + b0) : I;
+
+					acc[t] = kquant_finish(acc[t], I, M, d, dmin,
+										   xs[(size_t) b0 * CAI_BTILE_TOKENS + t], has_min);
+				}
+			}
+		}
+		for (int t = 0; t < CAI_BTILE_TOKENS; t++)
+			store_pair(j, tile * CAI_BTILE_TOKENS + t, g, g2, acc[t]);
+	}
+	_tile_release();
+	tokens_vnni(j, g, n_tiles * CAI_BTILE_TOKENS, nibble, true, has_min, split16, 0);
+}
+
 #define GROUP_AMX(name, nibble, k_quant, has_min, split16, zero) \
 AMX_TARGET static void \
 name(const bgemm_job *j, int g, int thread) \
@@ -822,17 +1043,25 @@ name(const bgemm_job *j, int g, int thread) \
 
 GROUP_AMX(group_amx_q4_0, true, false, false, false, -8)
 GROUP_AMX(group_amx_q4_1, true, false, true, false, 0)
-GROUP_AMX(group_amx_q4_k, true, true, true, false, 0)
+/* The K-quants' instances. */
+#define GROUP_AMX_KQUANT(name, nibble, has_min, split16) \
+AMX_TARGET static void \
+name(const bgemm_job *j, int g, int thread) \
+{ \
+	group_amx_kquant(j, g, thread, nibble, has_min, split16); \
+}
+
+GROUP_AMX_KQUANT(group_amx_q4_k, true, true, false)
 GROUP_AMX(group_amx_q5_0, false, false, false, false, 0)
 GROUP_AMX(group_amx_q5_1, false, false, true, false, 0)
-GROUP_AMX(group_amx_q5_k, false, true, true, false, 0)
-GROUP_AMX(group_amx_q6_k, false, true, false, true, 0)
+GROUP_AMX_KQUANT(group_amx_q5_k, false, true, false)
+GROUP_AMX_KQUANT(group_amx_q6_k, false, false, true)
 GROUP_AMX(group_amx_q8_0, false, false, false, false, 0)
 
 cai_bkernel
 cai_bkernel_amx(ggml_type type)
 {
-	cai_bkernel k = {NULL, 2, AMX_SCRATCH_BLOCK};
+	cai_bkernel k = {NULL, 2, AMX_SCRATCH_BLOCK, 0};
 
 	switch (type)
 	{
@@ -843,7 +1072,7 @@ cai_bkernel_amx(ggml_type type)
 			k.fn = group_amx_q4_1;
 			break;
 		case GGML_TYPE_Q4_K:
-			k.fn = group_amx_q4_k;
+			k = (cai_bkernel) {group_amx_q4_k, 2, AMX_KQ_SCRATCH_BLOCK, AMX_KQ_RUN};
 			break;
 		case GGML_TYPE_Q5_0:
 			k.fn = group_amx_q5_0;
@@ -852,10 +1081,10 @@ cai_bkernel_amx(ggml_type type)
 			k.fn = group_amx_q5_1;
 			break;
 		case GGML_TYPE_Q5_K:
-			k.fn = group_amx_q5_k;
+			k = (cai_bkernel) {group_amx_q5_k, 2, AMX_KQ_SCRATCH_BLOCK, AMX_KQ_RUN};
 			break;
 		case GGML_TYPE_Q6_K:
-			k.fn = group_amx_q6_k;
+			k = (cai_bkernel) {group_amx_q6_k, 2, AMX_KQ_SCRATCH_BLOCK, AMX_KQ_RUN};
 			break;
 		case GGML_TYPE_Q8_0:
 			k.fn = group_amx_q8_0;
@@ -872,13 +1101,13 @@ cai_bkernel_amx(ggml_type type)
 cai_bkernel
 cai_bkernel_vnni(ggml_type type)
 {
-	return (cai_bkernel) {NULL, 1, 0};
+	return (cai_bkernel) {NULL, 1, 0, 0};
 }
 
 cai_bkernel
 cai_bkernel_amx(ggml_type type)
 {
-	return (cai_bkernel) {NULL, 1, 0};
+	return (cai_bkernel) {NULL, 1, 0, 0};
 }
 
 #endif
