@@ -831,6 +831,7 @@ group_amx(const bgemm_job *j, int g, int thread, const bool nibble, const bool k
 #define AMX_KQ_SUPER_BYTES (2 * 2 * GROUP * (int) sizeof(float) + 4 * 64)	/* d, dmin, the min pairs */
 #define AMX_KQ_SCRATCH_BLOCK (AMX_KQ_WIDE_BYTES + AMX_KQ_SUPER_BYTES / CAI_KQUANT_BLOCKS)
 #define AMX_KQ_RUN 64			/* inputs per product: a tile row of A */
+#define AMX_KQ_TILES 8			/* token tiles that share a super-block's levels in L1 */
 
 /*
  * Tiles 0-3: sums (0 and 1 the low and high bytes' of one super-block, 2 and 3 the next's);
@@ -934,6 +935,7 @@ group_amx_kquant(const bgemm_job *j, int g, int thread, const bool nibble, const
 	uint8_t    *wide,
 			   *extra;
 	int32_t		sums[AMX_LAG][2][16][2 * GROUP] __attribute__((aligned(64)));
+	float		acc[AMX_KQ_TILES * 16][2 * GROUP] __attribute__((aligned(64)));
 
 	if (!j->unpacked || !j->xq_tiles || n_tiles == 0)
 	{
@@ -965,34 +967,40 @@ group_amx_kquant(const bgemm_job *j, int g, int thread, const bool nibble, const
 		}
 	}
 	amx_configure_kquant();
-	for (int tile = 0; tile < n_tiles; tile++)
+	for (int tile0 = 0; tile0 < n_tiles; tile0 += AMX_KQ_TILES)
 	{
-		const int8_t *xq = j->xq_tiles + (size_t) tile * nb * CAI_BTILE_TOKENS * CAI_BLOCK_ELEMS;
-		const float *xs = j->xs_tiles + (size_t) tile * nb * CAI_BTILE_TOKENS;
-		const int16_t *xsum = j->xsum + (size_t) tile * CAI_BTILE_TOKENS * nb;
-		__m512		acc[16];
+		const int	nt = n_tiles - tile0 < AMX_KQ_TILES ? n_tiles - tile0 : AMX_KQ_TILES;
+		const int	n_items = n_super * nt;
 
-#pragma GCC unroll 16
-		for (int t = 0; t < 16; t++)
-			acc[t] = _mm512_setzero_ps();
-		/* as group_amx's blocks: a product, the previous one's stores, the epilogue two behind */
-		for (int sb = 0; sb < n_super + AMX_LAG; sb++)
+		for (int i = 0; i < nt * 16; i++)
+			_mm512_store_ps(acc[i], _mm512_setzero_ps());
+
+		/*
+		 * item i is super-block i / nt of tile i % nt: a super-block's folded levels (8 KB)
+		 * stay in the L1 cache for all the chunk's tiles, where a tile at a time would read
+		 * every super-block's from L2 again for each tile.  As group_amx's blocks: an item's
+		 * product, the previous one's stores, the epilogue two behind.
+		 */
+		for (int i = 0; i < n_items + AMX_LAG; i++)
 		{
-			if (sb < n_super)
+			if (i < n_items)
 			{
+				const int	sb = i / nt,
+							tile = tile0 + i % nt;
 				const uint8_t *lo = wide + (size_t) sb * super_wide;
-				const int8_t *a = xq + (size_t) sb * CAI_KQUANT_BLOCKS * CAI_BTILE_TOKENS * CAI_BLOCK_ELEMS;
+				const int8_t *a = j->xq_tiles + ((size_t) tile * nb + (size_t) sb * CAI_KQUANT_BLOCKS) *
+					CAI_BTILE_TOKENS * CAI_BLOCK_ELEMS;
 
-				if (sb % 2 == 0)
+				if (i % 2 == 0)
 					AMX_SUPER_PRODUCT(0, 1, lo, lo + super_wide / 2, a);
 				else
 					AMX_SUPER_PRODUCT(2, 3, lo, lo + super_wide / 2, a);
 			}
-			if (sb >= 1 && sb <= n_super)
+			if (i >= 1 && i <= n_items)
 			{
-				int32_t		(*slot)[16][2 * GROUP] = sums[(sb - 1) % AMX_LAG];
+				int32_t		(*slot)[16][2 * GROUP] = sums[(i - 1) % AMX_LAG];
 
-				if ((sb - 1) % 2 == 0)
+				if ((i - 1) % 2 == 0)
 				{
 					_tile_stored(0, slot[0], 64);
 					_tile_stored(1, slot[1], 64);
@@ -1003,14 +1011,19 @@ group_amx_kquant(const bgemm_job *j, int g, int thread, const bool nibble, const
 					_tile_stored(3, slot[1], 64);
 				}
 			}
-			if (sb >= AMX_LAG)
+			if (i >= AMX_LAG)
 			{
-				const int	done = sb - AMX_LAG;
-				const int	b0 = done * CAI_KQUANT_BLOCKS;
-				const float *scales = (const float *) (extra + (size_t) done * AMX_KQ_SUPER_BYTES);
+				const int	done = i - AMX_LAG;
+				const int	sb = done / nt,
+							tile = tile0 + done % nt;
+				const int	b0 = sb * CAI_KQUANT_BLOCKS;
+				const float *scales = (const float *) (extra + (size_t) sb * AMX_KQ_SUPER_BYTES);
+				const float *xs = j->xs_tiles + ((size_t) tile * nb + b0) * CAI_BTILE_TOKENS;
+				const int16_t *xsum = j->xsum + (size_t) tile * CAI_BTILE_TOKENS * nb + b0;
 				const __m512 d = _mm512_loadu_ps(scales);
 				const __m512 dmin = has_min ? _mm512_loadu_ps(scales + 2 * GROUP) : d;
 				int32_t		(*slot)[16][2 * GROUP] = sums[done % AMX_LAG];
+				float		(*tacc)[2 * GROUP] = acc + (size_t) (done % nt) * 16;
 				__m512i		mp[4];
 
 				for (int p = 0; p < 4; p++)
@@ -1020,15 +1033,15 @@ group_amx_kquant(const bgemm_job *j, int g, int thread, const bool nibble, const
 				{
 					const __m512i I = _mm512_add_epi32(_mm512_load_si512(slot[0][t]),
 													   _mm512_slli_epi32(_mm512_load_si512(slot[1][t]), 8));
-					const __m512i M = has_min ? min_sum(mp, xsum + (size_t) t * nb + b0) : I;
+					const __m512i M = has_min ? min_sum(mp, xsum + (size_t) t * nb) : I;
 
-					acc[t] = kquant_finish(acc[t], I, M, d, dmin,
-										   xs[(size_t) b0 * CAI_BTILE_TOKENS + t], has_min);
+					_mm512_store_ps(tacc[t], kquant_finish(_mm512_load_ps(tacc[t]), I, M, d, dmin,
+														   xs[t], has_min));
 				}
 			}
 		}
-		for (int t = 0; t < CAI_BTILE_TOKENS; t++)
-			store_pair(j, tile * CAI_BTILE_TOKENS + t, g, g2, acc[t]);
+		for (int i = 0; i < nt * 16; i++)
+			store_pair(j, tile0 * CAI_BTILE_TOKENS + i, g, g2, _mm512_load_ps(acc[i]));
 	}
 	_tile_release();
 	tokens_vnni(j, g, n_tiles * CAI_BTILE_TOKENS, nibble, true, has_min, split16, 0);
