@@ -832,11 +832,12 @@ group_amx(const bgemm_job *j, int g, int thread, const bool nibble, const bool k
 #define AMX_KQ_SCRATCH_BLOCK (AMX_KQ_WIDE_BYTES + AMX_KQ_SUPER_BYTES / CAI_KQUANT_BLOCKS)
 #define AMX_KQ_RUN 64			/* inputs per product: a tile row of A */
 #define AMX_KQ_TILES 8			/* token tiles that share a super-block's levels in L1 */
+#define AMX_KQ_PAIRS 4			/* pairs of groups that share a chunk of tiles' activations */
 
 /*
  * Tiles 0-3: sums (0 and 1 the low and high bytes' of one super-block, 2 and 3 the next's);
- * tile 4: 16 tokens' 64 inputs; tiles 6 and 7: the low and high bytes of 64 inputs' folded
- * levels (16 steps of 4).
+ * tiles 4 and 5: 16 tokens' 64 inputs (runs in turn); tiles 6 and 7: the low and high bytes
+ * of 64 inputs' folded levels (16 steps of 4).
  */
 AMX_TARGET static void
 amx_configure_kquant(void)
@@ -847,8 +848,6 @@ amx_configure_kquant(void)
 	cfg.palette = 1;
 	for (int t = 0; t < 8; t++)
 	{
-		if (t == 5)
-			continue;
 		cfg.rows[t] = 16;
 		cfg.bytes_per_row[t] = 64;
 	}
@@ -906,47 +905,47 @@ fold_block(const cai_cpu_bmatrix *m, int g, int g2, int b, const bool nibble, co
 	}
 }
 
-/* A super-block's products for a tile's tokens (A: its 4 runs of 64 at a) into C_LO, C_HI. */
+/*
+ * Run c of a super-block's products (A: a tile's 16 tokens' 64 inputs of it, in tile A_T)
+ * into C_LO and C_HI.  Runs alternate between two A tiles, so that a run's activations load
+ * while the previous run's products still read theirs.
+ */
+#define AMX_RUN_PRODUCT(C_LO, C_HI, A_T, lo, hi, a, c) \
+	do { \
+		_tile_loadd(A_T, (a) + (size_t) (c) * CAI_BTILE_TOKENS * AMX_KQ_RUN, AMX_KQ_RUN); \
+		_tile_loadd(6, (lo) + (size_t) (c) * 2 * 8 * 64, 64); \
+		_tile_dpbsud(C_LO, A_T, 6); \
+		_tile_loadd(7, (hi) + (size_t) (c) * 2 * 8 * 64, 64); \
+		_tile_dpbssd(C_HI, A_T, 7); \
+	} while (0)
+
+/* A super-block's products for a tile's tokens (its 4 runs of 64 at a) into C_LO, C_HI. */
 #define AMX_SUPER_PRODUCT(C_LO, C_HI, lo, hi, a) \
 	do { \
 		_tile_zero(C_LO); \
 		_tile_zero(C_HI); \
-		for (int c_ = 0; c_ < CAI_KQUANT_BLOCKS / 2; c_++) \
-		{ \
-			_tile_loadd(4, (a) + (size_t) c_ * CAI_BTILE_TOKENS * AMX_KQ_RUN, AMX_KQ_RUN); \
-			_tile_loadd(6, (lo) + (size_t) c_ * 2 * 8 * 64, 64); \
-			_tile_loadd(7, (hi) + (size_t) c_ * 2 * 8 * 64, 64); \
-			_tile_dpbsud(C_LO, 4, 6); \
-			_tile_dpbssd(C_HI, 4, 7); \
-		} \
+		AMX_RUN_PRODUCT(C_LO, C_HI, 4, lo, hi, a, 0); \
+		AMX_RUN_PRODUCT(C_LO, C_HI, 5, lo, hi, a, 1); \
+		AMX_RUN_PRODUCT(C_LO, C_HI, 4, lo, hi, a, 2); \
+		AMX_RUN_PRODUCT(C_LO, C_HI, 5, lo, hi, a, 3); \
 	} while (0)
 
+/*
+ * Pair p's (groups g + 2 p and the next) folded levels and super-block scales into the scratch
+ * at pair (its super-blocks' levels, then their d, dmin and min pairs).
+ */
 AMX_TARGET static inline __attribute__((always_inline)) void
-group_amx_kquant(const bgemm_job *j, int g, int thread, const bool nibble, const bool has_min,
-				 const bool split16)
+fold_pair(const cai_cpu_bmatrix *m, int g, int g2, uint8_t *pair, const bool nibble,
+		  const bool has_min, const bool split16)
 {
-	const cai_cpu_bmatrix *m = j->w;
 	const int	nb = m->k / CAI_BLOCK_ELEMS;
 	const int	n_super = nb / CAI_KQUANT_BLOCKS;
-	const int	n_groups = (j->n_out + GROUP - 1) / GROUP;
-	const int	g2 = g + 1 < n_groups ? g + 1 : g;
-	const int	n_tiles = j->n_tok / CAI_BTILE_TOKENS;
 	const size_t super_wide = (size_t) CAI_KQUANT_BLOCKS * AMX_KQ_WIDE_BYTES;
-	uint8_t    *wide,
-			   *extra;
-	int32_t		sums[AMX_LAG][2][16][2 * GROUP] __attribute__((aligned(64)));
-	float		acc[AMX_KQ_TILES * 16][2 * GROUP] __attribute__((aligned(64)));
+	uint8_t    *extra = pair + (size_t) n_super * super_wide;
 
-	if (!j->unpacked || !j->xq_tiles || n_tiles == 0)
-	{
-		tokens_vnni(j, g, 0, nibble, true, has_min, split16, 0);
-		return;
-	}
-	wide = j->unpacked + (size_t) thread * nb * AMX_KQ_SCRATCH_BLOCK;
-	extra = wide + (size_t) n_super * super_wide;
 	for (int sb = 0; sb < n_super; sb++)
 	{
-		uint8_t    *lo = wide + (size_t) sb * super_wide;
+		uint8_t    *lo = pair + (size_t) sb * super_wide;
 		float	   *scales = (float *) (extra + (size_t) sb * AMX_KQ_SUPER_BYTES);
 		const int	b0 = sb * CAI_KQUANT_BLOCKS;
 
@@ -962,32 +961,69 @@ group_amx_kquant(const bgemm_job *j, int g, int thread, const bool nibble, const
 			_mm512_storeu_ps(scales + 2 * GROUP, halves_pair(m->dmin + cai_bscale_index(m, g, b0),
 															 m->dmin + cai_bscale_index(m, g2, b0)));
 			min_pairs(m, g, g2, b0, mp);
-			for (int p = 0; p < 4; p++)
-				_mm512_storeu_si512(scales + 4 * GROUP + 16 * p, mp[p]);
+			for (int q = 0; q < 4; q++)
+				_mm512_storeu_si512(scales + 4 * GROUP + 16 * q, mp[q]);
 		}
 	}
+}
+
+/*
+ * Up to AMX_KQ_PAIRS pairs of groups from g.  A call's tokens go in chunks of AMX_KQ_TILES
+ * tiles; within a chunk, item i is tile i % nt of pair (i / nt) % np in super-block
+ * i / (nt np): a super-block's folded levels (8 KB) stay in L1 for all the chunk's tiles, and
+ * the chunk's activations (k bytes a token: megabytes for a down projection) are read from
+ * memory once for all the pairs, not once per pair.
+ */
+AMX_TARGET static inline __attribute__((always_inline)) void
+group_amx_kquant(const bgemm_job *j, int g, int thread, const bool nibble, const bool has_min,
+				 const bool split16)
+{
+	const cai_cpu_bmatrix *m = j->w;
+	const int	nb = m->k / CAI_BLOCK_ELEMS;
+	const int	n_super = nb / CAI_KQUANT_BLOCKS;
+	const int	n_groups = (j->n_out + GROUP - 1) / GROUP;
+	const int	n_tiles = j->n_tok / CAI_BTILE_TOKENS;
+	const size_t super_wide = (size_t) CAI_KQUANT_BLOCKS * AMX_KQ_WIDE_BYTES;
+	const size_t pair_bytes = (size_t) nb * AMX_KQ_SCRATCH_BLOCK;
+	int			np = 0;
+	int			first[AMX_KQ_PAIRS],
+				second[AMX_KQ_PAIRS];
+	uint8_t    *scratch;
+	int32_t		sums[AMX_LAG][2][16][2 * GROUP] __attribute__((aligned(64)));
+	float		acc[AMX_KQ_PAIRS][AMX_KQ_TILES * 16][2 * GROUP] __attribute__((aligned(64)));
+
+	for (int gp = g; gp < g + 2 * AMX_KQ_PAIRS && gp < n_groups; gp += 2)
+	{
+		first[np] = gp;
+		second[np++] = gp + 1 < n_groups ? gp + 1 : gp;
+	}
+	if (!j->unpacked || !j->xq_tiles || n_tiles == 0)
+	{
+		for (int p = 0; p < np; p++)
+			tokens_vnni(j, first[p], 0, nibble, true, has_min, split16, 0);
+		return;
+	}
+	scratch = j->unpacked + (size_t) thread * AMX_KQ_PAIRS * pair_bytes;
+	for (int p = 0; p < np; p++)
+		fold_pair(m, first[p], second[p], scratch + p * pair_bytes, nibble, has_min, split16);
 	amx_configure_kquant();
 	for (int tile0 = 0; tile0 < n_tiles; tile0 += AMX_KQ_TILES)
 	{
 		const int	nt = n_tiles - tile0 < AMX_KQ_TILES ? n_tiles - tile0 : AMX_KQ_TILES;
-		const int	n_items = n_super * nt;
+		const int	n_items = n_super * np * nt;
 
-		for (int i = 0; i < nt * 16; i++)
-			_mm512_store_ps(acc[i], _mm512_setzero_ps());
-
-		/*
-		 * item i is super-block i / nt of tile i % nt: a super-block's folded levels (8 KB)
-		 * stay in the L1 cache for all the chunk's tiles, where a tile at a time would read
-		 * every super-block's from L2 again for each tile.  As group_amx's blocks: an item's
-		 * product, the previous one's stores, the epilogue two behind.
-		 */
+		for (int p = 0; p < np; p++)
+			for (int i = 0; i < nt * 16; i++)
+				_mm512_store_ps(acc[p][i], _mm512_setzero_ps());
+		/* as group_amx's blocks: an item's product, the previous one's stores, the epilogue two behind */
 		for (int i = 0; i < n_items + AMX_LAG; i++)
 		{
 			if (i < n_items)
 			{
-				const int	sb = i / nt,
+				const int	sb = i / (nt * np),
+							p = i / nt % np,
 							tile = tile0 + i % nt;
-				const uint8_t *lo = wide + (size_t) sb * super_wide;
+				const uint8_t *lo = scratch + p * pair_bytes + (size_t) sb * super_wide;
 				const int8_t *a = j->xq_tiles + ((size_t) tile * nb + (size_t) sb * CAI_KQUANT_BLOCKS) *
 					CAI_BTILE_TOKENS * CAI_BLOCK_ELEMS;
 
@@ -1014,20 +1050,22 @@ group_amx_kquant(const bgemm_job *j, int g, int thread, const bool nibble, const
 			if (i >= AMX_LAG)
 			{
 				const int	done = i - AMX_LAG;
-				const int	sb = done / nt,
+				const int	sb = done / (nt * np),
+							p = done / nt % np,
 							tile = tile0 + done % nt;
 				const int	b0 = sb * CAI_KQUANT_BLOCKS;
-				const float *scales = (const float *) (extra + (size_t) sb * AMX_KQ_SUPER_BYTES);
+				const float *scales = (const float *) (scratch + p * pair_bytes + (size_t) n_super * super_wide +
+													   (size_t) sb * AMX_KQ_SUPER_BYTES);
 				const float *xs = j->xs_tiles + ((size_t) tile * nb + b0) * CAI_BTILE_TOKENS;
 				const int16_t *xsum = j->xsum + (size_t) tile * CAI_BTILE_TOKENS * nb + b0;
 				const __m512 d = _mm512_loadu_ps(scales);
 				const __m512 dmin = has_min ? _mm512_loadu_ps(scales + 2 * GROUP) : d;
 				int32_t		(*slot)[16][2 * GROUP] = sums[done % AMX_LAG];
-				float		(*tacc)[2 * GROUP] = acc + (size_t) (done % nt) * 16;
+				float		(*tacc)[2 * GROUP] = acc[p] + (size_t) (done % nt) * 16;
 				__m512i		mp[4];
 
-				for (int p = 0; p < 4; p++)
-					mp[p] = has_min ? _mm512_loadu_si512(scales + 4 * GROUP + 16 * p) : _mm512_setzero_si512();
+				for (int q = 0; q < 4; q++)
+					mp[q] = has_min ? _mm512_loadu_si512(scales + 4 * GROUP + 16 * q) : _mm512_setzero_si512();
 #pragma GCC unroll 16
 				for (int t = 0; t < 16; t++)
 				{
@@ -1040,11 +1078,13 @@ group_amx_kquant(const bgemm_job *j, int g, int thread, const bool nibble, const
 				}
 			}
 		}
-		for (int i = 0; i < nt * 16; i++)
-			store_pair(j, tile0 * CAI_BTILE_TOKENS + i, g, g2, _mm512_load_ps(acc[i]));
+		for (int p = 0; p < np; p++)
+			for (int i = 0; i < nt * 16; i++)
+				store_pair(j, tile0 * CAI_BTILE_TOKENS + i, first[p], second[p], _mm512_load_ps(acc[p][i]));
 	}
 	_tile_release();
-	tokens_vnni(j, g, n_tiles * CAI_BTILE_TOKENS, nibble, true, has_min, split16, 0);
+	for (int p = 0; p < np; p++)
+		tokens_vnni(j, first[p], n_tiles * CAI_BTILE_TOKENS, nibble, true, has_min, split16, 0);
 }
 
 #define GROUP_AMX(name, nibble, k_quant, has_min, split16, zero) \
@@ -1085,7 +1125,7 @@ cai_bkernel_amx(ggml_type type)
 			k.fn = group_amx_q4_1;
 			break;
 		case GGML_TYPE_Q4_K:
-			k = (cai_bkernel) {group_amx_q4_k, 2, AMX_KQ_SCRATCH_BLOCK, AMX_KQ_RUN};
+			k = (cai_bkernel) {group_amx_q4_k, 2 * AMX_KQ_PAIRS, AMX_KQ_PAIRS * AMX_KQ_SCRATCH_BLOCK, AMX_KQ_RUN};
 			break;
 		case GGML_TYPE_Q5_0:
 			k.fn = group_amx_q5_0;
@@ -1094,10 +1134,10 @@ cai_bkernel_amx(ggml_type type)
 			k.fn = group_amx_q5_1;
 			break;
 		case GGML_TYPE_Q5_K:
-			k = (cai_bkernel) {group_amx_q5_k, 2, AMX_KQ_SCRATCH_BLOCK, AMX_KQ_RUN};
+			k = (cai_bkernel) {group_amx_q5_k, 2 * AMX_KQ_PAIRS, AMX_KQ_PAIRS * AMX_KQ_SCRATCH_BLOCK, AMX_KQ_RUN};
 			break;
 		case GGML_TYPE_Q6_K:
-			k = (cai_bkernel) {group_amx_q6_k, 2, AMX_KQ_SCRATCH_BLOCK, AMX_KQ_RUN};
+			k = (cai_bkernel) {group_amx_q6_k, 2 * AMX_KQ_PAIRS, AMX_KQ_PAIRS * AMX_KQ_SCRATCH_BLOCK, AMX_KQ_RUN};
 			break;
 		case GGML_TYPE_Q8_0:
 			k.fn = group_amx_q8_0;
