@@ -404,6 +404,12 @@ TEST(gemm_blocks_same_bits_every_isa_threads_tokens)
 		check_gemm_paths(level_types[ti], 40, 512, 23, pool);
 		/* two whole AMX tiles of 16 tokens and three more, an odd last group */
 		check_gemm_paths(level_types[ti], 24, 256, 35, pool);
+		/*
+		 * the K-quants' AMX kernel: more tiles than it takes at once (8), more pairs of groups
+		 * than a call takes (4), a partial last group in a pair and one alone
+		 */
+		check_gemm_paths(level_types[ti], 75, 512, 149, pool);
+		check_gemm_paths(level_types[ti], 69, 256, 131, NULL);
 	}
 	cai_threadpool_free(pool);
 }
