@@ -1,7 +1,9 @@
 /*
  * gemm_blocks.cu — GEMMs over the file's own block weights (cai_cuda_bmatrix: 4-bit nibbles or
  * signed bytes, a float scale pair per row and block of 32) with activations quantized per
- * block of 32 (cpu/gemm_blocks.h's arithmetic: per block, sa * (ws * isum + wm * asum)).
+ * block of 32, or for the K-quants per 256 with the scale repeated in each block
+ * (cpu/gemm_blocks.h's arithmetic: per block, sa * (ws * isum + wm * asum); the CPU sums a
+ * K-quant's super-block in integers first, the same value in another order).
  *
  * Layout.  Row-major by rows, then blocks: a row's blocks are contiguous, so a warp whose lanes
  * take consecutive blocks of one row reads 16 (nibbles) or 32 (bytes) consecutive bytes per lane,
