@@ -731,7 +731,10 @@ tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bo
 				dmin = _mm256_setzero_ps();
 
 	for (int t = 0; t < nt; t++)
+	{
 		acc[t] = _mm256_setzero_ps();
+		isuper[t] = _mm256_setzero_si256();
+	}
 	for (int b = 0; b < nb; b++)
 	{
 		const uint8_t *qb = qg + (size_t) b * bbytes;
@@ -846,10 +849,11 @@ tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bo
 			{
 				const size_t tb0 = tb - b % CAI_KQUANT_BLOCKS;
 
-				isuper[t] = b % CAI_KQUANT_BLOCKS == 0 ? isum : _mm256_add_epi32(isuper[t], isum);
+				isuper[t] = _mm256_add_epi32(isuper[t], isum);
 				if (!last)
 					continue;
 				term = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isuper[t]));
+				isuper[t] = _mm256_setzero_si256();
 				if (has_min)
 					term = _mm256_add_ps(term, _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(
 											superblock_min_sums(mins, xsum + tb0))));
