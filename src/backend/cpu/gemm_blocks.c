@@ -582,9 +582,25 @@ load_i32(const int8_t *p)
 	return v;
 }
 
+/*
+ * The helpers below widen each row's int16 pair sums into its int32 lane with vpmaddwd; the
+ * multiplier `scale` holds one int16 per pair: 1 for the plain sum, or a K-quant row's sub-block
+ * scale twice (scale_pairs), which makes the lane sc times the sum at no extra instruction.
+ * Exact either way: an int16 times an int8, two of them, in an int32.
+ */
+
+/* A group's 8 int8 sub-block scales at p as vpmaddwd's multiplier: row r's twice in lane r. */
+TARGET_AVX2_F16C static inline __m256i
+scale_pairs(const int8_t *p)
+{
+	const __m256i s = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) p));
+
+	return _mm256_blend_epi16(s, _mm256_slli_epi32(s, 16), 0xaa);
+}
+
 /* The 8 rows' integer sums of a nibble block against one token's 32 levels at a. */
 TARGET_AVX2_F16C static inline __m256i
-nibble_sums(const __m256i *lo, const __m256i *hi, const int8_t *a)
+nibble_sums(const __m256i *lo, const __m256i *hi, const int8_t *a, __m256i scale)
 {
 	__m256i		s16 = _mm256_setzero_si256();
 
@@ -593,12 +609,12 @@ nibble_sums(const __m256i *lo, const __m256i *hi, const int8_t *a)
 		s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo[p], _mm256_set1_epi32(load_i32(a + 8 * p))));
 		s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[p], _mm256_set1_epi32(load_i32(a + 8 * p + 4))));
 	}
-	return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+	return _mm256_madd_epi16(s16, scale);
 }
 
 /* The same for a byte block, steps [s0, s0 + n): |w| times a with w's sign. */
 TARGET_AVX2_F16C static inline __m256i
-byte_sums(const __m256i *w, const __m256i *wabs, const int8_t *a, int s0, int n)
+byte_sums(const __m256i *w, const __m256i *wabs, const int8_t *a, int s0, int n, __m256i scale)
 {
 	__m256i		s32 = _mm256_setzero_si256();
 
@@ -606,8 +622,7 @@ byte_sums(const __m256i *w, const __m256i *wabs, const int8_t *a, int s0, int n)
 	{
 		__m256i		signed_a = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(a + 4 * s)), w[s]);
 
-		s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[s], signed_a),
-													  _mm256_set1_epi16(1)));
+		s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[s], signed_a), scale));
 	}
 	return s32;
 }
@@ -619,7 +634,8 @@ byte_sums(const __m256i *w, const __m256i *wabs, const int8_t *a, int s0, int n)
  * integers either way: the same sums as byte_sums.
  */
 TARGET_AVX2_F16C static inline __m256i
-byte_sums_narrow(const __m256i *w, const __m256i *wabs, const int8_t *a, int s0, int n)
+byte_sums_narrow(const __m256i *w, const __m256i *wabs, const int8_t *a, int s0, int n,
+				 __m256i scale)
 {
 	__m256i		s32 = _mm256_setzero_si256();
 
@@ -630,7 +646,7 @@ byte_sums_narrow(const __m256i *w, const __m256i *wabs, const int8_t *a, int s0,
 		for (int i = s; i < s + 4; i++)
 			s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wabs[i], _mm256_sign_epi8(
 														 _mm256_set1_epi32(load_i32(a + 4 * i)), w[i])));
-		s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
+		s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(s16, scale));
 	}
 	return s32;
 }
@@ -641,7 +657,7 @@ byte_sums_narrow(const __m256i *w, const __m256i *wabs, const int8_t *a, int s0,
  * sums (each at most 2 * 63 * 127) add up in int16 without overflow (32004), then widen.
  */
 TARGET_AVX2_F16C static inline __m256i
-unsigned_half_sums(const __m256i *w, const int8_t *a, int s0)
+unsigned_half_sums(const __m256i *w, const int8_t *a, int s0, __m256i scale)
 {
 	__m256i		s32 = _mm256_setzero_si256();
 
@@ -651,16 +667,48 @@ unsigned_half_sums(const __m256i *w, const int8_t *a, int s0)
 										   _mm256_maddubs_epi16(w[s], _mm256_set1_epi32(load_i32(a + 4 * s))),
 										   _mm256_maddubs_epi16(w[s + 1], _mm256_set1_epi32(load_i32(a + 4 * s + 4))));
 
-		s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
+		s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(s16, scale));
 	}
 	return s32;
 }
 
 /*
+ * M of a K-quant super-block (gemm_blocks.h) for the 8 rows and one token: lane r of mins[i]
+ * holds row r's mins of blocks 2i and 2i + 1 as two int16 (min_pairs), and the token's block
+ * sums asum lie two to a 32-bit word in the same order, so four vpmaddwd make the exact sum.
+ */
+TARGET_AVX2_F16C static inline __m256i
+superblock_min_sums(const __m256i *mins, const int16_t *asum)
+{
+	__m256i		s32 = _mm256_setzero_si256();
+
+	for (int i = 0; i < CAI_KQUANT_BLOCKS / 2; i++)
+	{
+		int32_t		two;
+
+		memcpy(&two, asum + 2 * i, sizeof(two));
+		s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(mins[i], _mm256_set1_epi32(two)));
+	}
+	return s32;
+}
+
+/* superblock_min_sums' mins of group g's super-block from block b0. */
+TARGET_AVX2_F16C static inline void
+min_pairs(const cai_cpu_bmatrix *m, int g, int b0, __m256i *mins)
+{
+	for (int i = 0; i < CAI_KQUANT_BLOCKS / 2; i++)
+		mins[i] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(
+			_mm_loadl_epi64((const __m128i *) (m->m + cai_bsub_index(m, g, b0 + 2 * i))),
+			_mm_loadl_epi64((const __m128i *) (m->m + cai_bsub_index(m, g, b0 + 2 * i + 1)))));
+}
+
+/*
  * Group g for tokens [t0, t0 + nt), nt <= TOKEN_TILE: the weights of a block read once.  The
  * format's flags are compile-time constants in each instance (group_avx2_for below), so the
- * block loop carries no format branches, and a K-quant's super-block scales are converted once
- * per 256 inputs rather than once per block.
+ * block loop carries no format branches.  A K-quant's blocks add sc times their sums (Q6_K:
+ * per half, less 32 sc times the half's activation sum) into one int32 I per row and token,
+ * the sub-block scales riding on the widening vpmaddwd; the super-block's last block adds the
+ * mins' M and does the float operations, once per 256 inputs.
  */
 TARGET_AVX2_F16C static inline __attribute__((always_inline)) void
 tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bool k_quant,
@@ -676,20 +724,27 @@ tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bo
 	const float *xs = j->xs + (size_t) t0 * nb;
 	const int16_t *xsum = j->xsum + (size_t) t0 * nb;
 	const int16_t *xsum_lo = split16 ? j->xsum_lo + (size_t) t0 * nb : NULL;
+	const __m256i ones = _mm256_set1_epi16(1);
 	__m256		acc[TOKEN_TILE];
+	__m256i		isuper[TOKEN_TILE];
 	__m256		d = _mm256_setzero_ps(),
 				dmin = _mm256_setzero_ps();
 
 	for (int t = 0; t < nt; t++)
+	{
 		acc[t] = _mm256_setzero_ps();
+		isuper[t] = _mm256_setzero_si256();
+	}
 	for (int b = 0; b < nb; b++)
 	{
 		const uint8_t *qb = qg + (size_t) b * bbytes;
+		const bool	last = k_quant && b % CAI_KQUANT_BLOCKS == CAI_KQUANT_BLOCKS - 1;
 		__m256i		v[8],
-					u[8];
-		__m256		ws,
-					ws_hi = _mm256_setzero_ps(),
-					wm = _mm256_setzero_ps();
+					u[8],
+					scale = ones,
+					scale_hi = ones,
+					offset32 = _mm256_setzero_si256(),
+					mins[CAI_KQUANT_BLOCKS / 2];
 
 		/*
 		 * the group's first tile streams its levels from memory, and one token is bound by
@@ -700,7 +755,7 @@ tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bo
 		if (t0 == 0 && !(split16 && unpacked))
 			for (int o = 0; o < bbytes; o += 64)
 				_mm_prefetch((const char *) (qb + 8 * bbytes + o), _MM_HINT_T0);
-		if (!k_quant || b % 8 == 0)
+		if (!k_quant || b % CAI_KQUANT_BLOCKS == 0)
 		{
 			d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (m->d + cai_bscale_index(m, g, b))));
 			if (has_min)
@@ -710,18 +765,18 @@ tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bo
 		{
 			const int8_t *sc = m->sc + cai_bsub_index(m, g, b);
 
-			ws = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) sc))));
+			scale = scale_pairs(sc);
 			if (split16)
-				ws_hi = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-								_mm_loadl_epi64((const __m128i *) (sc + GROUP)))));
-			if (has_min)
-				wm = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
-								_mm_loadl_epi64((const __m128i *) (m->m + cai_bsub_index(m, g, b))))));
-		}
-		else
-		{
-			ws = d;
-			wm = dmin;
+			{
+				/* 32 sc_lo and 32 sc_hi of row r side by side in lane r (4096 at most) */
+				const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) sc)),
+							hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) (sc + GROUP)));
+
+				scale_hi = scale_pairs(sc + GROUP);
+				offset32 = _mm256_blend_epi16(_mm256_slli_epi32(lo, 5), _mm256_slli_epi32(hi, 21), 0xaa);
+			}
+			if (has_min && last)
+				min_pairs(m, g, b - (CAI_KQUANT_BLOCKS - 1), mins);
 		}
 		if (nibble)
 			for (int p = 0; p < 4; p++)
@@ -774,32 +829,42 @@ tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bo
 			__m256i		isum;
 			__m256		term;
 
-			if (split16)
+			if (nibble)
+				isum = nibble_sums(v, u, a, scale);
+			else if (split16)
 			{
 				/* the stored levels' sums less 32 times each half's activation sum: exact */
 				const int	lo = xsum_lo[tb];
-				__m256i		isum_lo = _mm256_add_epi32(unsigned_half_sums(v, a, 0),
-													   _mm256_set1_epi32(-SPLIT16_LEVEL_OFFSET * lo));
-				__m256i		isum_hi = _mm256_add_epi32(unsigned_half_sums(v, a, 4),
-													   _mm256_set1_epi32(-SPLIT16_LEVEL_OFFSET * (xsum[tb] - lo)));
+				const uint32_t halves = (uint16_t) lo | (uint32_t) (uint16_t) (xsum[tb] - lo) << 16;
 
-				term = _mm256_add_ps(_mm256_mul_ps(ws, _mm256_cvtepi32_ps(isum_lo)),
-									 _mm256_mul_ps(ws_hi, _mm256_cvtepi32_ps(isum_hi)));
+				isum = _mm256_add_epi32(unsigned_half_sums(v, a, 0, scale),
+										unsigned_half_sums(v, a, 4, scale_hi));
+				isum = _mm256_sub_epi32(isum, _mm256_madd_epi16(offset32, _mm256_set1_epi32((int32_t) halves)));
 			}
+			else if (narrow)
+				isum = byte_sums_narrow(v, u, a, 0, 8, scale);
 			else
+				isum = byte_sums(v, u, a, 0, 8, scale);
+			if (k_quant)
 			{
-				if (nibble)
-					isum = nibble_sums(v, u, a);
-				else if (narrow)
-					isum = byte_sums_narrow(v, u, a, 0, 8);
-				else
-					isum = byte_sums(v, u, a, 0, 8);
-				if (zero != 0)
-					isum = _mm256_add_epi32(isum, _mm256_set1_epi32(zero * xsum[tb]));
-				term = _mm256_mul_ps(ws, _mm256_cvtepi32_ps(isum));
+				const size_t tb0 = tb - b % CAI_KQUANT_BLOCKS;
+
+				isuper[t] = _mm256_add_epi32(isuper[t], isum);
+				if (!last)
+					continue;
+				term = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isuper[t]));
+				isuper[t] = _mm256_setzero_si256();
+				if (has_min)
+					term = _mm256_add_ps(term, _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(
+											superblock_min_sums(mins, xsum + tb0))));
+				acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_set1_ps(xs[tb0]), term));
+				continue;
 			}
+			if (zero != 0)
+				isum = _mm256_add_epi32(isum, _mm256_set1_epi32(zero * xsum[tb]));
+			term = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum));
 			if (has_min)
-				term = _mm256_add_ps(term, _mm256_mul_ps(wm, _mm256_set1_ps((float) xsum[tb])));
+				term = _mm256_add_ps(term, _mm256_mul_ps(dmin, _mm256_set1_ps((float) xsum[tb])));
 			acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_set1_ps(xs[tb]), term));
 		}
 	}
