@@ -145,8 +145,8 @@ cai_status
 cai_model_fingerprint(cai_model *m, cai_error *err)
 {
 	/* the int8 path's numerics options, and the file's own formats, give other results */
-	uint8_t		numerics[4] = {m->gptq_rounding, m->two_digit_activations, m->file_weights,
-	NUMERICS_REVISION};
+	uint8_t		numerics[5] = {m->gptq_rounding, m->two_digit_activations, m->file_weights,
+	m->superblock_activations, NUMERICS_REVISION};
 
 	(void) err;
 	m->fingerprint = XXH3_64bits_withSeed(numerics, sizeof(numerics), m->content_hash);

@@ -50,8 +50,10 @@ run_gemms(const cai_weight *i8, const cai_weight *blocks)
 		{
 			const cai_cpu_bmatrix *m = &blocks->parts[p];
 
-			cai_gemm_blocks_portable(xq, xs, xsum, N_TOK, m, m->n_out, NULL, out, 8, false);
-			cai_gemm_blocks(NULL, xq, xs, xsum, N_TOK, m, m->n_out, NULL, out, 8, false);
+			cai_gemm_blocks_portable(xq, xs, xsum, CAI_KQUANT_BLOCKS, N_TOK, m, m->n_out, NULL,
+									 out, 8, false);
+			cai_gemm_blocks(NULL, xq, xs, xsum, CAI_KQUANT_BLOCKS, N_TOK, m, m->n_out, NULL, out,
+							8, false);
 			for (int o = 0; o < m->n_out; o++)
 				cai_cpu_bmatrix_row(m, o, row);
 		}

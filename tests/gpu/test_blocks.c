@@ -221,7 +221,7 @@ check_block_gemm(gpu_rng *r, const block_fmt *f, const gemm_case *c, cai_cuda_bl
 	memset(x, 0, 32 * sizeof(float));	/* a block of zeros: scale 0 */
 	gpu_fill_f32(r, b, (size_t) c->n_out, -1.0f, 1.0f);
 	gpu_fill_f32(r, init, (size_t) c->n_tok * ldo, -1.0f, 1.0f);
-	cai_quantize_act_blocks(x, c->n_tok, k, cai_act_group(f->type), xq, xs, xsum);
+	cai_quantize_act_blocks(x, c->n_tok, k, 1, xq, xs, xsum);
 	if (!gpu_ok(cai_cuda_bmatrix_pack(f->type, data, c->n_out, k, &h, &err), &err, what) ||
 		!gpu_ok(cai_cpu_bmatrix_pack(f->type, data, c->n_out, k, &cm, &err), &err, what) ||
 		!gpu_ok(cai_cuda_bmatrix_upload(gpu_ctx(), &h, what, &dw, &err), &err, what))
@@ -235,7 +235,7 @@ check_block_gemm(gpu_rng *r, const block_fmt *f, const gemm_case *c, cai_cuda_bl
 					fabsf(wrow[i] * (float) xq[(size_t) t * k + i] * xs[(size_t) t * nb + i / 32]);
 	}
 	memcpy(cpu, init, (size_t) c->n_tok * ldo * sizeof(float));
-	cai_gemm_blocks_portable(xq, xs, xsum, c->n_tok, &cm, c->n_out, c->bias ? b : NULL, cpu, ldo,
+	cai_gemm_blocks_portable(xq, xs, xsum, 1, c->n_tok, &cm, c->n_out, c->bias ? b : NULL, cpu, ldo,
 							 c->accumulate);
 	{
 		float	   *dout = gpu_upload(init, (size_t) c->n_tok * ldo * sizeof(float));
@@ -437,18 +437,18 @@ compare_gemm(gpu_rng *r, cai_backend *gb, cai_backend *cb, const cai_bmatrix *sr
 		CHECK(false);
 		goto done;
 	}
-	cb->ops->quantize_blocks(cb, cx, n_tok, k, cw, cq, cs, csum);
-	gb->ops->quantize_blocks(gb, gx, n_tok, k, gw, gq, gs, gsum);
+	cb->ops->quantize_blocks(cb, cx, n_tok, k, cw, false, cq, cs, csum);
+	gb->ops->quantize_blocks(gb, gx, n_tok, k, gw, false, gq, gs, gsum);
 	backend_mag(src, cq, cs, n_tok, n_out, mag);
-	cb->ops->gemm_blocks(cb, cq, cs, csum, n_tok, cw, n_out, NULL, cout, n_out, false);
-	gb->ops->gemm_blocks(gb, gq, gs, gsum, n_tok, gw, n_out, NULL, gout, n_out, false);
+	cb->ops->gemm_blocks(cb, cq, cs, csum, n_tok, cw, false, n_out, NULL, cout, n_out, false);
+	gb->ops->gemm_blocks(gb, gq, gs, gsum, n_tok, gw, false, n_out, NULL, gout, n_out, false);
 	if (gpu_ok(gb->ops->sync(gb, &err), &err, "block gemm") &&
 		gpu_download(got, gout, (size_t) n_tok * n_out * sizeof(float)))
 		CHECK(blocks_near(got, cout, mag, n_tok, n_out, n_out, "backend block gemm"));
 	/* the first rows only (a multiple of 8), bias, accumulated into host memory */
 	memcpy(cout, host, (size_t) n_tok * n_out * sizeof(float));
-	cb->ops->gemm_blocks(cb, cq, cs, csum, n_tok, cw, part, bias, cout, n_out, true);
-	gb->ops->gemm_blocks(gb, gq, gs, gsum, n_tok, gw, part, gbias, host, n_out, true);
+	cb->ops->gemm_blocks(cb, cq, cs, csum, n_tok, cw, false, part, bias, cout, n_out, true);
+	gb->ops->gemm_blocks(gb, gq, gs, gsum, n_tok, gw, false, part, gbias, host, n_out, true);
 	if (gpu_ok(gb->ops->sync(gb, &err), &err, "block gemm to host"))
 		CHECK(blocks_near(host, cout, mag, n_tok, part, n_out, "backend block gemm to host"));
 done:

@@ -323,59 +323,63 @@ check_gemm_paths(ggml_type type, int rows, int k, int n_tok, cai_threadpool *poo
 		x[i] = rand_unit() * (i % 7 == 0 ? 8.0f : 1.0f);
 	for (int o = 0; o < rows; o++)
 		bias[o] = rand_unit();
-	cai_quantize_act_blocks(x, n_tok, k, cai_act_group(type), xq, xs, xsum);
 	CHECK(cai_cpu_bmatrix_pack(type, t, rows, k, &m, NULL) == CAI_OK);
-
-	/* acc 0: a bias; 1: accumulating; 2: accumulating with a bias */
-	for (int acc = 0; acc < 3; acc++)
+	/* per-block activations; for a K-quant also super-block ones, their own arithmetic */
+	for (int group = 1; group <= cai_act_group(type); group += CAI_KQUANT_BLOCKS - 1)
 	{
-		const float *b = acc == 1 ? NULL : bias;
+		cai_quantize_act_blocks(x, n_tok, k, group, xq, xs, xsum);
 
-		for (int i = 0; i < n_tok * rows; i++)
-			want[i] = got[i] = (float) i * 0.5f;
-		cai_gemm_blocks_portable(xq, xs, xsum, n_tok, &m, rows, b, want, rows, acc >= 1);
-		/* close to the float product of the same weights and quantized activations */
-		for (int o = 0; o < rows; o++)
+		/* acc 0: a bias; 1: accumulating; 2: accumulating with a bias */
+		for (int acc = 0; acc < 3; acc++)
 		{
-			cai_cpu_bmatrix_row(&m, o, w);
-			for (int tk = 0; tk < n_tok; tk++)
-			{
-				double		ref = (acc >= 1 ? (double) (tk * rows + o) * 0.5 : 0.0) + (b ? bias[o] : 0.0);
+			const float *b = acc == 1 ? NULL : bias;
 
-				for (int i = 0; i < k; i++)
-					ref += (double) w[i] * xq[tk * k + i] * xs[(tk * k + i) / 32];
-				CHECK_NEAR(want[tk * rows + o], ref, 1e-3 * (1.0 + fabs(ref)));
+			for (int i = 0; i < n_tok * rows; i++)
+				want[i] = got[i] = (float) i * 0.5f;
+			cai_gemm_blocks_portable(xq, xs, xsum, group, n_tok, &m, rows, b, want, rows, acc >= 1);
+			/* close to the float product of the same weights and quantized activations */
+			for (int o = 0; o < rows; o++)
+			{
+				cai_cpu_bmatrix_row(&m, o, w);
+				for (int tk = 0; tk < n_tok; tk++)
+				{
+					double		ref = (acc >= 1 ? (double) (tk * rows + o) * 0.5 : 0.0) + (b ? bias[o] : 0.0);
+
+					for (int i = 0; i < k; i++)
+						ref += (double) w[i] * xq[tk * k + i] * xs[(tk * k + i) / 32];
+					CHECK_NEAR(want[tk * rows + o], ref, 1e-3 * (1.0 + fabs(ref)));
+				}
 			}
-		}
-		for (int isa = 0; isa < 7; isa++)
-		{
-			int			bad = 0;
-
-			if (isa >= 5)
+			for (int isa = 0; isa < 7; isa++)
 			{
-				/* the VNNI kernels (512- and 256-bit) through SIMDe, on any CPU */
+				int			bad = 0;
+
+				if (isa >= 5)
+				{
+					/* the VNNI kernels (512- and 256-bit) through SIMDe, on any CPU */
+					for (int i = 0; i < n_tok * rows; i++)
+						got[i] = (float) i * 0.5f;
+					cai_gemm_blocks_run(pool, isa == 5 ? cai_bkernel_vnni_simde(type) :
+										cai_bkernel_avxvnni_simde(type), xq, xs, xsum, group, n_tok, &m,
+										rows, b, got, rows, acc >= 1);
+					for (int i = 0; i < n_tok * rows; i++)
+						bad += memcmp(&got[i], &want[i], sizeof(float)) != 0;
+					CHECK_MSG(bad == 0, "%s through SIMDe's %s, %d tokens, activations' group %d: %d "
+							  "outputs differ from the portable kernel", ggml_type_name(type),
+							  isa == 5 ? "AVX-512 VNNI" : "AVX-VNNI", n_tok, group, bad);
+					continue;
+				}
+
+				if (!cai_cpu_force_isa(isas[isa]))
+					continue;
 				for (int i = 0; i < n_tok * rows; i++)
 					got[i] = (float) i * 0.5f;
-				cai_gemm_blocks_run(pool, isa == 5 ? cai_bkernel_vnni_simde(type) :
-									cai_bkernel_avxvnni_simde(type), xq, xs, xsum, n_tok, &m,
-									rows, b, got, rows, acc >= 1);
+				cai_gemm_blocks(pool, xq, xs, xsum, group, n_tok, &m, rows, b, got, rows, acc >= 1);
 				for (int i = 0; i < n_tok * rows; i++)
 					bad += memcmp(&got[i], &want[i], sizeof(float)) != 0;
-				CHECK_MSG(bad == 0, "%s through SIMDe's %s, %d tokens: %d outputs differ from "
-						  "the portable kernel", ggml_type_name(type),
-						  isa == 5 ? "AVX-512 VNNI" : "AVX-VNNI", n_tok, bad);
-				continue;
+				CHECK_MSG(bad == 0, "%s on %s, %d tokens, activations' group %d: %d outputs differ "
+						  "from the portable kernel", ggml_type_name(type), isas[isa], n_tok, group, bad);
 			}
-
-			if (!cai_cpu_force_isa(isas[isa]))
-				continue;
-			for (int i = 0; i < n_tok * rows; i++)
-				got[i] = (float) i * 0.5f;
-			cai_gemm_blocks(pool, xq, xs, xsum, n_tok, &m, rows, b, got, rows, acc >= 1);
-			for (int i = 0; i < n_tok * rows; i++)
-				bad += memcmp(&got[i], &want[i], sizeof(float)) != 0;
-			CHECK_MSG(bad == 0, "%s on %s, %d tokens: %d outputs differ from the portable kernel",
-					  ggml_type_name(type), isas[isa], n_tok, bad);
 		}
 	}
 	CHECK(cai_cpu_force_isa(orig));
@@ -508,26 +512,33 @@ TEST(gemm_blocks_extreme_levels_same_bits)
 					xsum[b] = (int16_t) (32 * 127 * sign);
 				}
 				CHECK(cai_cpu_bmatrix_pack(type, t, rows, k, &m, NULL) == CAI_OK);
-				cai_gemm_blocks_portable(xq, xs, xsum, 1, &m, rows, NULL, want, rows, false);
-				cai_gemm_blocks(NULL, xq, xs, xsum, 1, &m, rows, NULL, got, rows, false);
-				for (int o = 0; o < rows; o++)
-					bad += memcmp(&got[o], &want[o], sizeof(float)) != 0;
-				CHECK_MSG(bad == 0, "%s, bytes 0x%02x, activations %d x 127: %d rows differ",
-						  ggml_type_name(type), fills[fi], sign, bad);
-				bad = 0;
-				cai_gemm_blocks_run(NULL, cai_bkernel_vnni_simde(type), xq, xs, xsum, 1, &m, rows,
-									NULL, got, rows, false);
-				for (int o = 0; o < rows; o++)
-					bad += memcmp(&got[o], &want[o], sizeof(float)) != 0;
-				CHECK_MSG(bad == 0, "%s through SIMDe's VNNI, bytes 0x%02x, activations %d x 127: "
-						  "%d rows differ", ggml_type_name(type), fills[fi], sign, bad);
-				bad = 0;
-				cai_gemm_blocks_run(NULL, cai_bkernel_avxvnni_simde(type), xq, xs, xsum, 1, &m,
-									rows, NULL, got, rows, false);
-				for (int o = 0; o < rows; o++)
-					bad += memcmp(&got[o], &want[o], sizeof(float)) != 0;
-				CHECK_MSG(bad == 0, "%s through SIMDe's AVX-VNNI, bytes 0x%02x, activations %d x "
-						  "127: %d rows differ", ggml_type_name(type), fills[fi], sign, bad);
+				for (int group = 1; group <= CAI_KQUANT_BLOCKS; group += CAI_KQUANT_BLOCKS - 1)
+				{
+					bad = 0;
+					cai_gemm_blocks_portable(xq, xs, xsum, group, 1, &m, rows, NULL, want, rows,
+											 false);
+					cai_gemm_blocks(NULL, xq, xs, xsum, group, 1, &m, rows, NULL, got, rows, false);
+					for (int o = 0; o < rows; o++)
+						bad += memcmp(&got[o], &want[o], sizeof(float)) != 0;
+					CHECK_MSG(bad == 0, "%s, bytes 0x%02x, activations %d x 127, group %d: %d rows "
+							  "differ", ggml_type_name(type), fills[fi], sign, group, bad);
+					bad = 0;
+					cai_gemm_blocks_run(NULL, cai_bkernel_vnni_simde(type), xq, xs, xsum, group, 1,
+										&m, rows, NULL, got, rows, false);
+					for (int o = 0; o < rows; o++)
+						bad += memcmp(&got[o], &want[o], sizeof(float)) != 0;
+					CHECK_MSG(bad == 0, "%s through SIMDe's VNNI, bytes 0x%02x, activations %d x 127, "
+							  "group %d: %d rows differ", ggml_type_name(type), fills[fi], sign,
+							  group, bad);
+					bad = 0;
+					cai_gemm_blocks_run(NULL, cai_bkernel_avxvnni_simde(type), xq, xs, xsum, group,
+										1, &m, rows, NULL, got, rows, false);
+					for (int o = 0; o < rows; o++)
+						bad += memcmp(&got[o], &want[o], sizeof(float)) != 0;
+					CHECK_MSG(bad == 0, "%s through SIMDe's AVX-VNNI, bytes 0x%02x, activations %d x "
+							  "127, group %d: %d rows differ", ggml_type_name(type), fills[fi],
+							  sign, group, bad);
+				}
 				cai_cpu_bmatrix_free(&m);
 				free(t);
 			}

@@ -670,13 +670,16 @@ quantize_task(void *arg, int task, int thread)
 							j->q + (size_t) t0 * j->k, j->s + t0 * nb, j->sum + t0 * nb);
 }
 
-/* The activations' group every part of w can read (gemm_blocks.h's cai_act_group). */
+/*
+ * The blocks per activation scale for w: with super-block activations asked for, a K-quant
+ * part's super-block (every part reads that group: the others' arithmetic is per block), else 1.
+ */
 static int
-act_group_of(const cai_weight *w)
+act_group_of(const cai_weight *w, bool superblocks)
 {
 	int			group = 1;
 
-	for (int i = 0; i < w->n_parts; i++)
+	for (int i = 0; superblocks && i < w->n_parts; i++)
 		if (cai_act_group(w->parts[i].type) > group)
 			group = cai_act_group(w->parts[i].type);
 	return group;
@@ -684,11 +687,11 @@ act_group_of(const cai_weight *w)
 
 static void
 cpu_quantize_blocks(cai_backend *be, const float *x, int n_tok, int k, const cai_weight *w,
-					int8_t *q, float *s, int16_t *sum)
+					bool superblocks, int8_t *q, float *s, int16_t *sum)
 {
 	cai_threadpool *pool = cpu_of(be)->pool;
 	const int	threads = pool ? cai_threadpool_size(pool) : 1;
-	quantize_job job = {x, n_tok, k, act_group_of(w), QUANTIZE_TASK_TOKENS, q, s, sum};
+	quantize_job job = {x, n_tok, k, act_group_of(w, superblocks), QUANTIZE_TASK_TOKENS, q, s, sum};
 
 	if (threads < 2 || n_tok < 2 * QUANTIZE_TASK_TOKENS)
 	{
@@ -705,9 +708,10 @@ cpu_quantize_blocks(cai_backend *be, const float *x, int n_tok, int k, const cai
 /* Each part's rows in turn: part i covers rows [row0, row0 + its rows) of the stacked matrix. */
 static void
 cpu_gemm_blocks(cai_backend *be, const int8_t *xq, const float *xs, const int16_t *xsum,
-				int n_tok, const cai_weight *w, int n_out, const float *bias, float *out, int ldo,
-				bool accumulate)
+				int n_tok, const cai_weight *w, bool superblocks, int n_out, const float *bias,
+				float *out, int ldo, bool accumulate)
 {
+	const int	group = act_group_of(w, superblocks);
 	int			row0 = 0;
 
 	for (int i = 0; i < w->n_parts && row0 < n_out; i++)
@@ -715,8 +719,8 @@ cpu_gemm_blocks(cai_backend *be, const int8_t *xq, const float *xs, const int16_
 		const cai_cpu_bmatrix *p = &w->parts[i];
 		int			rows = n_out - row0 < p->n_out ? n_out - row0 : p->n_out;
 
-		cai_gemm_blocks(cpu_of(be)->pool, xq, xs, xsum, n_tok, p, rows, bias ? bias + row0 : NULL,
-						out + row0, ldo, accumulate);
+		cai_gemm_blocks(cpu_of(be)->pool, xq, xs, xsum, group, n_tok, p, rows,
+						bias ? bias + row0 : NULL, out + row0, ldo, accumulate);
 		row0 += p->n_out;
 	}
 }

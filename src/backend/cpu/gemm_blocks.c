@@ -523,13 +523,17 @@ kquant_superblock_sums(const cai_cpu_bmatrix *m, int g, int b0, int lane, const 
 	*m_sum = M;
 }
 
-/* Portable: row by row, block by block, in the order every path follows. */
+/*
+ * Portable: row by row, block by block (with super-block activations a K-quant's super-block by
+ * super-block), in the order every path follows.
+ */
 static void
 group_portable(const bgemm_job *j, int g, int thread)
 {
 	const cai_cpu_bmatrix *m = j->w;
 	const int	k = m->k;
 	const int	nb = k / CAI_BLOCK_ELEMS;
+	const bool	superblocks = m->k_quant && j->superblocks;
 
 	for (int lane = 0; lane < GROUP && g * GROUP + lane < j->n_out; lane++)
 		for (int t = 0; t < j->n_tok; t++)
@@ -537,7 +541,7 @@ group_portable(const bgemm_job *j, int g, int thread)
 			const int8_t *a = j->xq + (size_t) t * k;
 			float		acc = 0.0f;
 
-			for (int b = 0; b < nb && m->k_quant; b += CAI_KQUANT_BLOCKS)
+			for (int b = 0; b < nb && superblocks; b += CAI_KQUANT_BLOCKS)
 			{
 				const size_t tb = (size_t) t * nb + b;
 				int32_t		I,
@@ -552,15 +556,19 @@ group_portable(const bgemm_job *j, int g, int thread)
 						(float) M;
 				acc = acc + j->xs[tb] * term;
 			}
-			for (int b = 0; b < nb && !m->k_quant; b++)
+			for (int b = 0; b < nb && !superblocks; b++)
 			{
-				int32_t		isum = 0;
+				int32_t		isum[2] = {0, 0};
 				float		term;
 
 				for (int e = 0; e < CAI_BLOCK_ELEMS; e++)
-					isum += level_at(m, g, b, lane, e) * a[b * CAI_BLOCK_ELEMS + e];
-				term = weight_scale(m, g, b, lane, 0) *
-					(float) (isum + m->zero * j->xsum[(size_t) t * nb + b]);
+					isum[e / 16] += level_at(m, g, b, lane, e) * a[b * CAI_BLOCK_ELEMS + e];
+				if (m->split16)
+					term = weight_scale(m, g, b, lane, 0) * (float) isum[0] +
+						weight_scale(m, g, b, lane, 1) * (float) isum[1];
+				else
+					term = weight_scale(m, g, b, lane, 0) *
+						(float) (isum[0] + isum[1] + m->zero * j->xsum[(size_t) t * nb + b]);
 				if (m->has_min)
 					term = term + weight_min(m, g, b, lane, weight_scale(m, g, b, lane, 0)) *
 						(float) j->xsum[(size_t) t * nb + b];
@@ -979,15 +987,15 @@ avx2_f16c_available(void)
  * the AVX2 ones.
  */
 static cai_bkernel
-select_kernel(ggml_type type)
+select_kernel(ggml_type type, bool superblocks)
 {
 	const cai_bkernel portable = {group_portable, 1, 0, 0};
 
 #if defined(__x86_64__)
 	const char *isa = cai_cpu_isa();
 
-	if (strcmp(isa, "avx512-amx") == 0 && cai_bkernel_amx(type).fn)
-		return cai_bkernel_amx(type);
+	if (strcmp(isa, "avx512-amx") == 0 && cai_bkernel_amx(type, superblocks).fn)
+		return cai_bkernel_amx(type, superblocks);
 	if (strncmp(isa, "avx512", 6) == 0 && cai_bkernel_vnni(type).fn)
 		return cai_bkernel_vnni(type);
 	if (strcmp(isa, "avx-vnni") == 0 && cai_bkernel_avxvnni(type).fn)
@@ -1075,8 +1083,8 @@ tile_activations(const int8_t *xq, const float *xs, const int16_t *xsum, int n_t
 
 void
 cai_gemm_blocks_run(cai_threadpool *pool, cai_bkernel kernel, const int8_t *xq, const float *xs,
-					const int16_t *xsum, int n_tok, const cai_cpu_bmatrix *w, int n_out,
-					const float *bias, float *out, int ldo, bool accumulate)
+					const int16_t *xsum, int act_group, int n_tok, const cai_cpu_bmatrix *w,
+					int n_out, const float *bias, float *out, int ldo, bool accumulate)
 {
 	const int	n_groups = (n_out + GROUP - 1) / GROUP;
 	const int	threads = pool ? cai_threadpool_size(pool) : 1;
@@ -1085,7 +1093,8 @@ cai_gemm_blocks_run(cai_threadpool *pool, cai_bkernel kernel, const int8_t *xq, 
 	int16_t    *xsum_lo = NULL;
 	int8_t	   *xq_tiles = NULL;
 	float	   *xs_tiles = NULL;
-	bgemm_job	job = {xq, xs, xsum, NULL, n_tok, w, n_out, bias, out, ldo, accumulate, 1, NULL, NULL, NULL, NULL};
+	bgemm_job	job = {xq, xs, xsum, NULL, act_group == CAI_KQUANT_BLOCKS, n_tok, w, n_out, bias, out,
+	ldo, accumulate, 1, NULL, NULL, NULL, NULL};
 	bgemm_task	task = {&job, kernel};
 
 	if (n_tok < 1 || n_groups < 1)
@@ -1150,18 +1159,18 @@ cai_gemm_blocks_run(cai_threadpool *pool, cai_bkernel kernel, const int8_t *xq, 
 
 void
 cai_gemm_blocks(cai_threadpool *pool, const int8_t *xq, const float *xs, const int16_t *xsum,
-				int n_tok, const cai_cpu_bmatrix *w, int n_out, const float *bias, float *out,
-				int ldo, bool accumulate)
+				int act_group, int n_tok, const cai_cpu_bmatrix *w, int n_out, const float *bias,
+				float *out, int ldo, bool accumulate)
 {
-	cai_gemm_blocks_run(pool, select_kernel(w->type), xq, xs, xsum, n_tok, w, n_out, bias, out,
-						ldo, accumulate);
+	cai_gemm_blocks_run(pool, select_kernel(w->type, act_group == CAI_KQUANT_BLOCKS), xq, xs,
+						xsum, act_group, n_tok, w, n_out, bias, out, ldo, accumulate);
 }
 
 void
-cai_gemm_blocks_portable(const int8_t *xq, const float *xs, const int16_t *xsum, int n_tok,
-						 const cai_cpu_bmatrix *w, int n_out, const float *bias, float *out,
-						 int ldo, bool accumulate)
+cai_gemm_blocks_portable(const int8_t *xq, const float *xs, const int16_t *xsum, int act_group,
+						 int n_tok, const cai_cpu_bmatrix *w, int n_out, const float *bias,
+						 float *out, int ldo, bool accumulate)
 {
-	cai_gemm_blocks_run(NULL, (cai_bkernel) {group_portable, 1, 0, 0}, xq, xs, xsum, n_tok, w, n_out,
-						bias, out, ldo, accumulate);
+	cai_gemm_blocks_run(NULL, (cai_bkernel) {group_portable, 1, 0, 0}, xq, xs, xsum, act_group,
+						n_tok, w, n_out, bias, out, ldo, accumulate);
 }

@@ -32,6 +32,8 @@ typedef struct bgemm_job
 	const float *xs;
 	const int16_t *xsum;
 	const int16_t *xsum_lo;		/* split16: each block's first 16 levels' sum, else NULL */
+	bool		superblocks;	/* a K-quant's activations one scale per super-block: its
+								 * super-block arithmetic (gemm_blocks.h) */
 	int			n_tok;
 	const cai_cpu_bmatrix *w;
 	int			n_out;
@@ -113,19 +115,23 @@ cai_bstore_result(const bgemm_job *j, int t, int o, float acc)
 	*dst = j->accumulate ? *dst + v : v;
 }
 
-/* cai_gemm_blocks with the given kernel (one of the type's: it reads the type's layout). */
+/*
+ * cai_gemm_blocks with the given kernel (one of the type's: it reads the type's layout, and for
+ * a K-quant the arithmetic of act_group's activations).
+ */
 void		cai_gemm_blocks_run(cai_threadpool *pool, cai_bkernel kernel, const int8_t *xq,
-								const float *xs, const int16_t *xsum, int n_tok,
+								const float *xs, const int16_t *xsum, int act_group, int n_tok,
 								const cai_cpu_bmatrix *w, int n_out, const float *bias,
 								float *out, int ldo, bool accumulate);
 
 /*
  * The AVX-512 VNNI kernel of type (fn NULL where there is none): gemm_blocks_vnni.c, built
  * natively; its SIMDe copy in the unit tests is cai_bkernel_vnni_simde.  cai_bkernel_amx: the
- * same with AMX tiles for whole tiles of 16 tokens (the avx512-amx path only).
+ * same with AMX tiles for whole tiles of 16 tokens (the avx512-amx path only), for a K-quant
+ * with super-block activations (superblocks) or per-block ones.
  */
 cai_bkernel cai_bkernel_vnni(ggml_type type);
-cai_bkernel cai_bkernel_amx(ggml_type type);
+cai_bkernel cai_bkernel_amx(ggml_type type, bool superblocks);
 
 /*
  * The AVX-VNNI (256-bit) kernel of type (fn NULL where there is none): gemm_blocks_avxvnni.c,

@@ -465,7 +465,7 @@ tile_vnni(const bgemm_job *j, int g, int t0, const int nt, const bool nibble,
 	__m512		d = _mm512_setzero_ps(),
 				dmin = _mm512_setzero_ps();
 
-	if (k_quant)
+	if (k_quant && j->superblocks)
 	{
 		tile_vnni_kquant(j, g, t0, nt, nibble, has_min, split16);
 		return;
@@ -1096,25 +1096,30 @@ name(const bgemm_job *j, int g, int thread) \
 
 GROUP_AMX(group_amx_q4_0, true, false, false, false, -8)
 GROUP_AMX(group_amx_q4_1, true, false, true, false, 0)
-/* The K-quants' instances. */
-#define GROUP_AMX_KQUANT(name, nibble, has_min, split16) \
+GROUP_AMX(group_amx_q4_k, true, true, true, false, 0)
+GROUP_AMX(group_amx_q5_0, false, false, false, false, 0)
+GROUP_AMX(group_amx_q5_1, false, false, true, false, 0)
+GROUP_AMX(group_amx_q5_k, false, true, true, false, 0)
+GROUP_AMX(group_amx_q6_k, false, true, false, true, 0)
+
+/* The K-quants' instances for super-block activations. */
+#define GROUP_AMX_SUPER(name, nibble, has_min, split16) \
 AMX_TARGET static void \
 name(const bgemm_job *j, int g, int thread) \
 { \
 	group_amx_kquant(j, g, thread, nibble, has_min, split16); \
 }
 
-GROUP_AMX_KQUANT(group_amx_q4_k, true, true, false)
-GROUP_AMX(group_amx_q5_0, false, false, false, false, 0)
-GROUP_AMX(group_amx_q5_1, false, false, true, false, 0)
-GROUP_AMX_KQUANT(group_amx_q5_k, false, true, false)
-GROUP_AMX_KQUANT(group_amx_q6_k, false, false, true)
+GROUP_AMX_SUPER(group_amx_super_q4_k, true, true, false)
+GROUP_AMX_SUPER(group_amx_super_q5_k, false, true, false)
+GROUP_AMX_SUPER(group_amx_super_q6_k, false, false, true)
 GROUP_AMX(group_amx_q8_0, false, false, false, false, 0)
 
 cai_bkernel
-cai_bkernel_amx(ggml_type type)
+cai_bkernel_amx(ggml_type type, bool superblocks)
 {
 	cai_bkernel k = {NULL, 2, AMX_SCRATCH_BLOCK, 0};
+	const cai_bkernel kquant = {NULL, 2 * AMX_KQ_PAIRS, AMX_KQ_PAIRS * AMX_KQ_SCRATCH_BLOCK, AMX_KQ_RUN};
 
 	switch (type)
 	{
@@ -1125,7 +1130,9 @@ cai_bkernel_amx(ggml_type type)
 			k.fn = group_amx_q4_1;
 			break;
 		case GGML_TYPE_Q4_K:
-			k = (cai_bkernel) {group_amx_q4_k, 2 * AMX_KQ_PAIRS, AMX_KQ_PAIRS * AMX_KQ_SCRATCH_BLOCK, AMX_KQ_RUN};
+			if (superblocks)
+				k = kquant;
+			k.fn = superblocks ? group_amx_super_q4_k : group_amx_q4_k;
 			break;
 		case GGML_TYPE_Q5_0:
 			k.fn = group_amx_q5_0;
@@ -1134,10 +1141,14 @@ cai_bkernel_amx(ggml_type type)
 			k.fn = group_amx_q5_1;
 			break;
 		case GGML_TYPE_Q5_K:
-			k = (cai_bkernel) {group_amx_q5_k, 2 * AMX_KQ_PAIRS, AMX_KQ_PAIRS * AMX_KQ_SCRATCH_BLOCK, AMX_KQ_RUN};
+			if (superblocks)
+				k = kquant;
+			k.fn = superblocks ? group_amx_super_q5_k : group_amx_q5_k;
 			break;
 		case GGML_TYPE_Q6_K:
-			k = (cai_bkernel) {group_amx_q6_k, 2 * AMX_KQ_PAIRS, AMX_KQ_PAIRS * AMX_KQ_SCRATCH_BLOCK, AMX_KQ_RUN};
+			if (superblocks)
+				k = kquant;
+			k.fn = superblocks ? group_amx_super_q6_k : group_amx_q6_k;
 			break;
 		case GGML_TYPE_Q8_0:
 			k.fn = group_amx_q8_0;
@@ -1158,7 +1169,7 @@ cai_bkernel_vnni(ggml_type type)
 }
 
 cai_bkernel
-cai_bkernel_amx(ggml_type type)
+cai_bkernel_amx(ggml_type type, bool superblocks)
 {
 	return (cai_bkernel) {NULL, 1, 0, 0};
 }

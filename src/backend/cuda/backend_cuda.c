@@ -38,8 +38,9 @@ struct cai_weight
 {
 	cai_cuda_qmatrix m;
 	int			n_parts;		/* 0: an int8 matrix */
-	int			act_group;		/* blocks of 32 its activations' scale spans (the largest
-								 * block of its parts' formats: 8 for a K-quant) */
+	int			act_group;		/* blocks of 32 its activations' scale spans with super-block
+								 * activations (the largest block of its parts' formats: 8 for
+								 * a K-quant); the kernels' per-block arithmetic takes either */
 	cai_cuda_bmatrix parts[CAI_BMATRIX_MAX_PARTS];
 	const void *src[CAI_BMATRIX_MAX_PARTS];	/* the parts' host data (the embedding finds a
 											 * table the head shares by it) */
@@ -843,7 +844,7 @@ cuda_prepare_blocks(cai_backend *be, const cai_bmatrix *const *src, int n, const
 
 static void
 cuda_quantize_blocks(cai_backend *be, const float *x, int n_tok, int k, const cai_weight *w,
-					 int8_t *q, float *s, int16_t *sum)
+					 bool superblocks, int8_t *q, float *s, int16_t *sum)
 {
 	cuda_backend *cb = cb_of(be);
 	cai_error	e;
@@ -852,15 +853,16 @@ cuda_quantize_blocks(cai_backend *be, const float *x, int n_tok, int k, const ca
 		!output_ok(cb, q, "block quantize output") || !output_ok(cb, s, "block scales") ||
 		!output_ok(cb, sum, "block sums"))
 		return;
-	be_check(cb, cai_cuda_quantize_blocks(cb->ctx, x, n_tok, k, w->act_group > 1 ? w->act_group : 1,
-										  q, s, sum, &e), &e);
+	be_check(cb, cai_cuda_quantize_blocks(cb->ctx, x, n_tok, k,
+										  superblocks && w->act_group > 1 ? w->act_group : 1, q, s,
+										  sum, &e), &e);
 }
 
 /* Each part's rows in turn, as on the CPU: part i covers rows [row0, row0 + its rows). */
 static void
 cuda_gemm_blocks(cai_backend *be, const int8_t *xq, const float *xs, const int16_t *xsum,
-				 int n_tok, const cai_weight *w, int n_out, const float *bias, float *out, int ldo,
-				 bool accumulate)
+				 int n_tok, const cai_weight *w, bool superblocks, int n_out, const float *bias,
+				 float *out, int ldo, bool accumulate)
 {
 	cuda_backend *cb = cb_of(be);
 	bool		to_host;
