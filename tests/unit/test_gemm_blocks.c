@@ -456,7 +456,7 @@ TEST(gemm_blocks_first_rows_only)
 	CHECK(cai_cpu_bmatrix_pack(GGML_TYPE_Q4_0, t, 24, 64, &m, NULL) == CAI_OK);
 	for (int i = 0; i < 24; i++)
 		out[i] = -1.0f;
-	cai_gemm_blocks(NULL, xq, xs, xsum, 1, &m, 16, NULL, out, 24, false);
+	cai_gemm_blocks(NULL, xq, xs, xsum, 1, 1, &m, 16, NULL, out, 24, false);
 	for (int i = 16; i < 24; i++)
 		CHECK(out[i] == -1.0f);
 	CHECK(out[0] != -1.0f);
