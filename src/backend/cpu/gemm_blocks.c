@@ -712,16 +712,19 @@ min_pairs(const cai_cpu_bmatrix *m, int g, int b0, __m256i *mins)
 
 /*
  * Group g for tokens [t0, t0 + nt), nt <= TOKEN_TILE: the weights of a block read once.  The
- * format's flags are compile-time constants in each instance (group_avx2_for below), so the
- * block loop carries no format branches.  A K-quant's blocks add sc times their sums (Q6_K:
- * per half, less 32 sc times the half's activation sum) into one int32 I per row and token,
- * the sub-block scales riding on the widening vpmaddwd; the super-block's last block adds the
- * mins' M and does the float operations, once per 256 inputs.
+ * format's flags and the K-quants' arithmetic (superblocks, the job's) are compile-time
+ * constants in each instance (GROUP_AVX2 below), so the block loop carries no branches on them.
+ * With super-block activations a K-quant's blocks add sc times their sums (Q6_K: per half, less
+ * 32 sc times the half's activation sum) into one int32 I per row and token, the sub-block
+ * scales riding on the widening vpmaddwd; the super-block's last block adds the mins' M and does
+ * the float operations, once per 256 inputs.  With per-block activations each block converts
+ * its sums and does the float operations with ws = d sc and wm = dmin m (Q6_K: ws and ws_hi per
+ * half), as the other formats do with d and dmin.
  */
 TARGET_AVX2_F16C static inline __attribute__((always_inline)) void
 tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bool k_quant,
 		  const bool has_min, const bool split16, const bool narrow, const int zero,
-		  const uint8_t *unpacked)
+		  const bool superblocks, const uint8_t *unpacked)
 {
 	const cai_cpu_bmatrix *m = j->w;
 	const int	k = m->k;
@@ -746,13 +749,17 @@ tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bo
 	for (int b = 0; b < nb; b++)
 	{
 		const uint8_t *qb = qg + (size_t) b * bbytes;
-		const bool	last = k_quant && b % CAI_KQUANT_BLOCKS == CAI_KQUANT_BLOCKS - 1;
+		const bool	last = k_quant && superblocks &&
+			b % CAI_KQUANT_BLOCKS == CAI_KQUANT_BLOCKS - 1;
 		__m256i		v[8],
 					u[8],
 					scale = ones,
 					scale_hi = ones,
 					offset32 = _mm256_setzero_si256(),
 					mins[CAI_KQUANT_BLOCKS / 2];
+		__m256		ws = _mm256_setzero_ps(),
+					ws_hi = _mm256_setzero_ps(),
+					wm = _mm256_setzero_ps();
 
 		/*
 		 * the group's first tile streams its levels from memory, and one token is bound by
@@ -769,7 +776,7 @@ tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bo
 			if (has_min)
 				dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (m->dmin + cai_bscale_index(m, g, b))));
 		}
-		if (k_quant)
+		if (k_quant && superblocks)
 		{
 			const int8_t *sc = m->sc + cai_bsub_index(m, g, b);
 
@@ -785,6 +792,23 @@ tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bo
 			}
 			if (has_min && last)
 				min_pairs(m, g, b - (CAI_KQUANT_BLOCKS - 1), mins);
+		}
+		else if (k_quant)
+		{
+			const int8_t *sc = m->sc + cai_bsub_index(m, g, b);
+
+			ws = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) sc))));
+			if (split16)
+				ws_hi = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+								_mm_loadl_epi64((const __m128i *) (sc + GROUP)))));
+			if (has_min)
+				wm = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+								_mm_loadl_epi64((const __m128i *) (m->m + cai_bsub_index(m, g, b))))));
+		}
+		else
+		{
+			ws = d;
+			wm = dmin;
 		}
 		if (nibble)
 			for (int p = 0; p < 4; p++)
@@ -837,42 +861,57 @@ tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bo
 			__m256i		isum;
 			__m256		term;
 
-			if (nibble)
-				isum = nibble_sums(v, u, a, scale);
-			else if (split16)
+			if (split16 && !superblocks)
 			{
 				/* the stored levels' sums less 32 times each half's activation sum: exact */
 				const int	lo = xsum_lo[tb];
-				const uint32_t halves = (uint16_t) lo | (uint32_t) (uint16_t) (xsum[tb] - lo) << 16;
+				__m256i		isum_lo = _mm256_add_epi32(unsigned_half_sums(v, a, 0, ones),
+													   _mm256_set1_epi32(-SPLIT16_LEVEL_OFFSET * lo));
+				__m256i		isum_hi = _mm256_add_epi32(unsigned_half_sums(v, a, 4, ones),
+													   _mm256_set1_epi32(-SPLIT16_LEVEL_OFFSET * (xsum[tb] - lo)));
 
-				isum = _mm256_add_epi32(unsigned_half_sums(v, a, 0, scale),
-										unsigned_half_sums(v, a, 4, scale_hi));
-				isum = _mm256_sub_epi32(isum, _mm256_madd_epi16(offset32, _mm256_set1_epi32((int32_t) halves)));
+				term = _mm256_add_ps(_mm256_mul_ps(ws, _mm256_cvtepi32_ps(isum_lo)),
+									 _mm256_mul_ps(ws_hi, _mm256_cvtepi32_ps(isum_hi)));
 			}
-			else if (narrow)
-				isum = byte_sums_narrow(v, u, a, 0, 8, scale);
 			else
-				isum = byte_sums(v, u, a, 0, 8, scale);
-			if (k_quant)
 			{
-				const size_t tb0 = tb - b % CAI_KQUANT_BLOCKS;
+				if (nibble)
+					isum = nibble_sums(v, u, a, scale);
+				else if (split16)
+				{
+					/* as above, the halves' corrections times their scales in one vpmaddwd */
+					const int	lo = xsum_lo[tb];
+					const uint32_t halves = (uint16_t) lo | (uint32_t) (uint16_t) (xsum[tb] - lo) << 16;
 
-				isuper[t] = _mm256_add_epi32(isuper[t], isum);
-				if (!last)
+					isum = _mm256_add_epi32(unsigned_half_sums(v, a, 0, scale),
+											unsigned_half_sums(v, a, 4, scale_hi));
+					isum = _mm256_sub_epi32(isum, _mm256_madd_epi16(offset32, _mm256_set1_epi32((int32_t) halves)));
+				}
+				else if (narrow)
+					isum = byte_sums_narrow(v, u, a, 0, 8, scale);
+				else
+					isum = byte_sums(v, u, a, 0, 8, scale);
+				if (k_quant && superblocks)
+				{
+					const size_t tb0 = tb - b % CAI_KQUANT_BLOCKS;
+
+					isuper[t] = _mm256_add_epi32(isuper[t], isum);
+					if (!last)
+						continue;
+					term = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isuper[t]));
+					isuper[t] = _mm256_setzero_si256();
+					if (has_min)
+						term = _mm256_add_ps(term, _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(
+												superblock_min_sums(mins, xsum + tb0))));
+					acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_set1_ps(xs[tb0]), term));
 					continue;
-				term = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isuper[t]));
-				isuper[t] = _mm256_setzero_si256();
-				if (has_min)
-					term = _mm256_add_ps(term, _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(
-											superblock_min_sums(mins, xsum + tb0))));
-				acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_set1_ps(xs[tb0]), term));
-				continue;
+				}
+				if (zero != 0)
+					isum = _mm256_add_epi32(isum, _mm256_set1_epi32(zero * xsum[tb]));
+				term = _mm256_mul_ps(ws, _mm256_cvtepi32_ps(isum));
 			}
-			if (zero != 0)
-				isum = _mm256_add_epi32(isum, _mm256_set1_epi32(zero * xsum[tb]));
-			term = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum));
 			if (has_min)
-				term = _mm256_add_ps(term, _mm256_mul_ps(dmin, _mm256_set1_ps((float) xsum[tb])));
+				term = _mm256_add_ps(term, _mm256_mul_ps(wm, _mm256_set1_ps((float) xsum[tb])));
 			acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_set1_ps(xs[tb]), term));
 		}
 	}
@@ -886,14 +925,32 @@ tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bo
 	}
 }
 
-/* One instance of tile_avx2 per format of the formats table, over all token tiles. */
+/*
+ * tile_avx2 over all token tiles of the job, for one arithmetic of a K-quant's (superblocks)
+ * and the levels from the layout or, Q6_K's, from the thread's scratch (unpacked).
+ */
+TARGET_AVX2_F16C static inline __attribute__((always_inline)) void
+tiles_avx2(const bgemm_job *j, int g, const bool nibble, const bool k_quant, const bool has_min,
+		   const bool split16, const bool narrow, const int zero, const bool superblocks,
+		   const uint8_t *unpacked)
+{
+	for (int t0 = 0; t0 < j->n_tok; t0 += TOKEN_TILE)
+		tile_avx2(j, g, t0, j->n_tok - t0 < TOKEN_TILE ? j->n_tok - t0 : TOKEN_TILE, nibble,
+				  k_quant, has_min, split16, narrow, zero, superblocks, unpacked);
+}
+
+/*
+ * One instance of tile_avx2 per format of the formats table, over all token tiles; a K-quant
+ * one per arithmetic, chosen once per call.
+ */
 #define GROUP_AVX2(name, nibble, k_quant, has_min, split16, narrow, zero) \
 TARGET_AVX2_F16C static void \
 name(const bgemm_job *j, int g, int thread) \
 { \
-	for (int t0 = 0; t0 < j->n_tok; t0 += TOKEN_TILE) \
-		tile_avx2(j, g, t0, j->n_tok - t0 < TOKEN_TILE ? j->n_tok - t0 : TOKEN_TILE, \
-				  nibble, k_quant, has_min, split16, narrow, zero, NULL); \
+	if (k_quant && j->superblocks) \
+		tiles_avx2(j, g, nibble, k_quant, has_min, split16, narrow, zero, true, NULL); \
+	else \
+		tiles_avx2(j, g, nibble, k_quant, has_min, split16, narrow, zero, false, NULL); \
 }
 
 /*
@@ -947,14 +1004,16 @@ group_avx2_q6_k(const bgemm_job *j, int g, int thread)
 		uint8_t    *scratch = j->unpacked + (size_t) thread * (j->w->k / CAI_BLOCK_ELEMS) * 32 * GROUP;
 
 		unpack_split16_group(j->w, g, scratch);
-		for (int t0 = 0; t0 < j->n_tok; t0 += TOKEN_TILE)
-			tile_avx2(j, g, t0, j->n_tok - t0 < TOKEN_TILE ? j->n_tok - t0 : TOKEN_TILE,
-					  false, true, false, true, true, 0, scratch);
+		if (j->superblocks)
+			tiles_avx2(j, g, false, true, false, true, true, 0, true, scratch);
+		else
+			tiles_avx2(j, g, false, true, false, true, true, 0, false, scratch);
 		return;
 	}
-	for (int t0 = 0; t0 < j->n_tok; t0 += TOKEN_TILE)
-		tile_avx2(j, g, t0, j->n_tok - t0 < TOKEN_TILE ? j->n_tok - t0 : TOKEN_TILE,
-				  false, true, false, true, true, 0, NULL);
+	if (j->superblocks)
+		tiles_avx2(j, g, false, true, false, true, true, 0, true, NULL);
+	else
+		tiles_avx2(j, g, false, true, false, true, true, 0, false, NULL);
 }
 
 GROUP_AVX2(group_avx2_q4_0, true, false, false, false, true, -8)

@@ -13,9 +13,10 @@
  * into the unsigned operand as they are (nibbles 0..15, Q6_K's stored 0..63) or with the sign
  * bit flipped (the signed byte formats: w + 128), and that offset times the activations' block
  * sum is taken off the integer sum again; so each block's row sums are the integers the
- * portable kernel computes (a K-quant's then multiplied by their sub-block scales and summed
- * over the super-block into its exact int32 I and M), and the float operations after them, per
- * block or per super-block, are the same ones in the same order: the same bits.
+ * portable kernel computes (with super-block activations a K-quant's then multiplied by their
+ * sub-block scales and summed over the super-block into its exact int32 I and M), and the float
+ * operations after them, per block or, a K-quant's with super-block activations, per super-block,
+ * are the same ones in the same order: the same bits.
  *
  * A block's levels are widened once per tile of up to 4 tokens (AVX2 has 16 vector registers,
  * not AVX-512's 32: a block's 8 steps and a tile's sums fill them), Q6_K's once per group into
@@ -73,12 +74,15 @@ bytes_to_epi32(const int8_t *p)
 
 /*
  * Block b's scales for the 8 rows of group g: d and dmin (a K-quant's read at its super-block's
- * first block and carried from block to block), and a K-quant's sub-block scales sc (split16:
- * sc_hi, the second half's) as the int32 multipliers of its block sums.
+ * first block and carried from block to block); with super-block activations a K-quant's
+ * sub-block scales sc (split16: sc_hi, the second half's) as the int32 multipliers of its block
+ * sums; else the float ws (split16: ws_hi) and wm of the block's float operations, d sc and
+ * dmin m for a K-quant, d and dmin for the others.
  */
 AVXVNNI_TARGET static inline __attribute__((always_inline)) void
 block_scales(const cai_cpu_bmatrix *m, int g, int b, const bool k_quant, const bool has_min,
-			 const bool split16, __m256 *d, __m256 *dmin, __m256i *sc, __m256i *sc_hi)
+			 const bool split16, const bool superblocks, __m256 *d, __m256 *dmin, __m256i *sc,
+			 __m256i *sc_hi, __m256 *ws, __m256 *ws_hi, __m256 *wm)
 {
 	if (!k_quant || b % CAI_KQUANT_BLOCKS == 0)
 	{
@@ -86,11 +90,24 @@ block_scales(const cai_cpu_bmatrix *m, int g, int b, const bool k_quant, const b
 		if (has_min)
 			*dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (m->dmin + cai_bscale_index(m, g, b))));
 	}
-	if (k_quant)
+	if (k_quant && superblocks)
 	{
 		*sc = bytes_to_epi32(m->sc + cai_bsub_index(m, g, b));
 		if (split16)
 			*sc_hi = bytes_to_epi32(m->sc + cai_bsub_index(m, g, b) + GROUP);
+	}
+	else if (k_quant)
+	{
+		*ws = _mm256_mul_ps(*d, _mm256_cvtepi32_ps(bytes_to_epi32(m->sc + cai_bsub_index(m, g, b))));
+		if (split16)
+			*ws_hi = _mm256_mul_ps(*d, _mm256_cvtepi32_ps(bytes_to_epi32(m->sc + cai_bsub_index(m, g, b) + GROUP)));
+		if (has_min)
+			*wm = _mm256_mul_ps(*dmin, _mm256_cvtepi32_ps(bytes_to_epi32(m->m + cai_bsub_index(m, g, b))));
+	}
+	else
+	{
+		*ws = *d;
+		*wm = *dmin;
 	}
 }
 
@@ -172,15 +189,18 @@ widen_block(const uint8_t *p, const bool nibble, const bool split16, __m256i *v)
 /*
  * Group g for tokens [t0, t0 + nt), its levels from the layout or (wide, Q6_K) already widened
  * into the thread's scratch, 256 bytes a block.  The format's flags and nt are compile-time
- * constants in each instance, so the loops unroll and the tile's sums live in registers.  A
- * K-quant's block sums (Q6_K: each half's) are multiplied by their sub-block scales in int32
- * and added into one I per row and token; its super-block's last block adds the mins' M and does
- * the float operations, once per 256 inputs.
+ * constants in each instance, and so is the K-quants' arithmetic (superblocks, the job's), so
+ * the loops unroll, carry no branches on them, and the tile's sums live in registers.  With
+ * super-block activations a K-quant's block sums (Q6_K: each half's) are multiplied by their
+ * sub-block scales in int32 and added into one I per row and token; its super-block's last block
+ * adds the mins' M and does the float operations, once per 256 inputs.  With per-block
+ * activations every block converts its sums and does the float operations with ws and wm
+ * (Q6_K: ws and ws_hi per half).
  */
 AVXVNNI_TARGET static inline __attribute__((always_inline)) void
 tile_avxvnni(const bgemm_job *j, int g, int t0, const int nt, const bool nibble,
 			 const bool k_quant, const bool has_min, const bool split16, const int zero,
-			 const uint8_t *wide)
+			 const bool superblocks, const uint8_t *wide)
 {
 	const cai_cpu_bmatrix *m = j->w;
 	const int	k = m->k;
@@ -206,11 +226,15 @@ tile_avxvnni(const bgemm_job *j, int g, int t0, const int nt, const bool nibble,
 	for (int b = 0; b < nb; b++)
 	{
 		const uint8_t *p = qg + (size_t) b * bbytes;
-		const bool	last = k_quant && b % CAI_KQUANT_BLOCKS == CAI_KQUANT_BLOCKS - 1;
+		const bool	last = k_quant && superblocks &&
+			b % CAI_KQUANT_BLOCKS == CAI_KQUANT_BLOCKS - 1;
 		__m256i		v[8],
 					sc = _mm256_setzero_si256(),
 					sc_hi = _mm256_setzero_si256(),
 					mins[CAI_KQUANT_BLOCKS / 2];
+		__m256		ws = _mm256_setzero_ps(),
+					ws_hi = _mm256_setzero_ps(),
+					wm = _mm256_setzero_ps();
 
 		if (t0 == 0 && !wide && b + PREFETCH_BLOCKS < nb)
 		{
@@ -223,7 +247,8 @@ tile_avxvnni(const bgemm_job *j, int g, int t0, const int nt, const bool nibble,
 					_mm_prefetch((const char *) (m->sc + cai_bsub_index(m, g, b + PREFETCH_BLOCKS)), _MM_HINT_T0);
 			}
 		}
-		block_scales(m, g, b, k_quant, has_min, split16, &d, &dmin, &sc, &sc_hi);
+		block_scales(m, g, b, k_quant, has_min, split16, superblocks, &d, &dmin, &sc, &sc_hi,
+					 &ws, &ws_hi, &wm);
 		if (has_min && last)
 			min_pairs(m, g, b - (CAI_KQUANT_BLOCKS - 1), mins);
 		if (wide)
@@ -255,17 +280,23 @@ tile_avxvnni(const bgemm_job *j, int g, int t0, const int nt, const bool nibble,
 				__m256i		isum_lo = _mm256_add_epi32(c0, _mm256_set1_epi32(-SPLIT16_LEVEL_OFFSET * lo));
 				__m256i		isum_hi = _mm256_add_epi32(c1, _mm256_set1_epi32(-SPLIT16_LEVEL_OFFSET * (xsum[tb] - lo)));
 
-				isum = _mm256_add_epi32(_mm256_mullo_epi32(sc, isum_lo), _mm256_mullo_epi32(sc_hi, isum_hi));
+				if (superblocks)
+					isum = _mm256_add_epi32(_mm256_mullo_epi32(sc, isum_lo), _mm256_mullo_epi32(sc_hi, isum_hi));
+				else
+					term = _mm256_add_ps(_mm256_mul_ps(ws, _mm256_cvtepi32_ps(isum_lo)),
+										 _mm256_mul_ps(ws_hi, _mm256_cvtepi32_ps(isum_hi)));
 			}
 			else
 			{
 				isum = _mm256_add_epi32(c0, c1);
 				if (offset != 0)
 					isum = _mm256_add_epi32(isum, _mm256_set1_epi32(offset * xsum[tb]));
-				if (k_quant)
+				if (k_quant && superblocks)
 					isum = _mm256_mullo_epi32(sc, isum);
+				else
+					term = _mm256_mul_ps(ws, _mm256_cvtepi32_ps(isum));
 			}
-			if (k_quant)
+			if (k_quant && superblocks)
 			{
 				const size_t tb0 = tb - b % CAI_KQUANT_BLOCKS;
 
@@ -280,9 +311,8 @@ tile_avxvnni(const bgemm_job *j, int g, int t0, const int nt, const bool nibble,
 				acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_set1_ps(xs[tb0]), term));
 				continue;
 			}
-			term = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isum));
 			if (has_min)
-				term = _mm256_add_ps(term, _mm256_mul_ps(dmin, _mm256_set1_ps((float) xsum[tb])));
+				term = _mm256_add_ps(term, _mm256_mul_ps(wm, _mm256_set1_ps((float) xsum[tb])));
 			acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_set1_ps(xs[tb]), term));
 		}
 	}
@@ -300,11 +330,11 @@ tile_avxvnni(const bgemm_job *j, int g, int t0, const int nt, const bool nibble,
  * Group g for all of the job's tokens: tiles of 4, then what remains in tiles of 2 and 1, each
  * an instance of its own (the tile's size a constant).  Q6_K with more tokens than a tile and
  * the scratch the runner gives it (256 bytes per thread and block) widens the group's levels
- * once and reads them from there for every tile.
+ * once and reads them from there for every tile.  superblocks: tile_avxvnni's.
  */
 AVXVNNI_TARGET static inline __attribute__((always_inline)) void
 group_avxvnni(const bgemm_job *j, int g, int thread, const bool nibble, const bool k_quant,
-			  const bool has_min, const bool split16, const int zero)
+			  const bool has_min, const bool split16, const int zero, const bool superblocks)
 {
 	const uint8_t *wide = NULL;
 	int			t0 = 0;
@@ -325,22 +355,25 @@ group_avxvnni(const bgemm_job *j, int g, int thread, const bool nibble, const bo
 		wide = dst;
 	}
 	for (; t0 + YTILE <= j->n_tok; t0 += YTILE)
-		tile_avxvnni(j, g, t0, YTILE, nibble, k_quant, has_min, split16, zero, wide);
+		tile_avxvnni(j, g, t0, YTILE, nibble, k_quant, has_min, split16, zero, superblocks, wide);
 	if (t0 + 2 <= j->n_tok)
 	{
-		tile_avxvnni(j, g, t0, 2, nibble, k_quant, has_min, split16, zero, wide);
+		tile_avxvnni(j, g, t0, 2, nibble, k_quant, has_min, split16, zero, superblocks, wide);
 		t0 += 2;
 	}
 	if (t0 < j->n_tok)
-		tile_avxvnni(j, g, t0, 1, nibble, k_quant, has_min, split16, zero, wide);
+		tile_avxvnni(j, g, t0, 1, nibble, k_quant, has_min, split16, zero, superblocks, wide);
 }
 
-/* One instance per format. */
+/* One instance per format, a K-quant's one per arithmetic, chosen once per call. */
 #define GROUP_AVXVNNI(name, nibble, k_quant, has_min, split16, zero) \
 AVXVNNI_TARGET static void \
 AVXVNNI_NAME(name)(const bgemm_job *j, int g, int thread) \
 { \
-	group_avxvnni(j, g, thread, nibble, k_quant, has_min, split16, zero); \
+	if (k_quant && j->superblocks) \
+		group_avxvnni(j, g, thread, nibble, k_quant, has_min, split16, zero, true); \
+	else \
+		group_avxvnni(j, g, thread, nibble, k_quant, has_min, split16, zero, false); \
 }
 
 GROUP_AVXVNNI(group_avxvnni_q4_0, true, false, false, false, -8)
