@@ -9,7 +9,10 @@
  * they are (nibbles 0..15, Q6_K's stored 0..63) or with the sign bit flipped (the signed byte
  * formats: w + 128), and that offset times the activations' block sum is taken off the integer
  * sum again; so each block's row sums are the integers the portable kernel computes, and the
- * float operations after them are the same ones in the same order: the same bits.
+ * float operations after them are the same ones in the same order: the same bits.  With
+ * super-block activations a K-quant's block sums are multiplied by their sub-block scales in
+ * int32 and summed over the super-block first (tile_vnni_kquant; its AMX kernel folds the scales
+ * into the levels instead, group_amx_kquant).
  *
  * A block's levels are widened from the packed layout once per tile of up to 8 tokens, which
  * take them from registers; each tile's 8 sums per row stay in registers for the whole row.
