@@ -1122,8 +1122,15 @@ tile_activations(const int8_t *xq, const float *xs, const int16_t *xsum, int n_t
 			const size_t dst = ((size_t) tile * runs + r) * CAI_BTILE_TOKENS;
 
 			for (int t = 0; t < CAI_BTILE_TOKENS; t++)
-				memcpy(xq_tiles + (dst + t) * width,
-					   xq + ((size_t) tile * CAI_BTILE_TOKENS + t) * k + (size_t) r * width, width);
+			{
+				const int8_t *src = xq + ((size_t) tile * CAI_BTILE_TOKENS + t) * k + (size_t) r * width;
+
+				/* constant sizes, so that each copy is a vector move, not a call */
+				if (width == 2 * CAI_BLOCK_ELEMS)
+					memcpy(xq_tiles + (dst + t) * width, src, 2 * CAI_BLOCK_ELEMS);
+				else
+					memcpy(xq_tiles + (dst + t) * width, src, CAI_BLOCK_ELEMS);
+			}
 		}
 		for (int b = 0; b < nb; b++)
 		{
@@ -1138,6 +1145,36 @@ tile_activations(const int8_t *xq, const float *xs, const int16_t *xsum, int n_t
 			}
 		}
 	}
+}
+
+/*
+ * A call's scratch, kept by the calling thread and grown as needed rather than allocated per
+ * call: a prefill's GEMMs each ask for megabytes (the tiled activations, the AMX kernels'
+ * widened weights), and memory fresh from the kernel costs its pages' zeroing at every call
+ * (a sixth of a 512-token prefill's time, measured).  What a thread holds is about its largest
+ * step's activations and weights' scratch.
+ */
+enum
+{
+	SCRATCH_XSUM_LO, SCRATCH_WEIGHTS, SCRATCH_XQ_TILES, SCRATCH_XS_TILES, N_SCRATCH
+};
+
+static __thread struct
+{
+	void	   *p;
+	size_t		bytes;
+}			call_scratch[N_SCRATCH];
+
+static void *
+scratch_of(int which, size_t bytes)
+{
+	if (call_scratch[which].bytes < bytes)
+	{
+		free(call_scratch[which].p);
+		call_scratch[which].p = malloc(bytes);
+		call_scratch[which].bytes = call_scratch[which].p ? bytes : 0;
+	}
+	return call_scratch[which].p;
 }
 
 void
@@ -1165,7 +1202,7 @@ cai_gemm_blocks_run(cai_threadpool *pool, cai_bkernel kernel, const int8_t *xq, 
 	 */
 	if (format_of(w->type) && format_of(w->type)->split16 && kernel.fn != group_portable)
 	{
-		xsum_lo = malloc((size_t) n_tok * nb * sizeof(int16_t));
+		xsum_lo = scratch_of(SCRATCH_XSUM_LO, (size_t) n_tok * nb * sizeof(int16_t));
 		if (!xsum_lo)
 			task.kernel = (cai_bkernel) {group_portable, 1, 0, 0};
 		for (int t = 0; xsum_lo && t < n_tok; t++)
@@ -1181,15 +1218,16 @@ cai_gemm_blocks_run(cai_threadpool *pool, cai_bkernel kernel, const int8_t *xq, 
 		job.xsum_lo = xsum_lo;
 		/* without this scratch the AVX2 kernel unpacks per tile: slower, the same bits */
 		if (xsum_lo && n_tok > TOKEN_TILE && task.kernel.step == 1)
-			job.unpacked = malloc((size_t) threads * nb * 32 * GROUP);
+			job.unpacked = scratch_of(SCRATCH_WEIGHTS, (size_t) threads * nb * 32 * GROUP);
 	}
 	if (task.kernel.scratch_block > 0 && n_tok >= CAI_BSCRATCH_TOKENS)
 	{
 		const int	n_tiles = n_tok / CAI_BTILE_TOKENS;
 
-		job.unpacked = malloc((size_t) threads * nb * task.kernel.scratch_block);
-		xq_tiles = malloc((size_t) n_tiles * CAI_BTILE_TOKENS * w->k);
-		xs_tiles = malloc((size_t) n_tiles * CAI_BTILE_TOKENS * nb * 2 * sizeof(float));
+		job.unpacked = scratch_of(SCRATCH_WEIGHTS, (size_t) threads * nb * task.kernel.scratch_block);
+		xq_tiles = scratch_of(SCRATCH_XQ_TILES, (size_t) n_tiles * CAI_BTILE_TOKENS * w->k);
+		xs_tiles = scratch_of(SCRATCH_XS_TILES,
+							  (size_t) n_tiles * CAI_BTILE_TOKENS * nb * 2 * sizeof(float));
 		if (xq_tiles && xs_tiles)
 		{
 			tile_activations(xq, xs, xsum, n_tiles, w->k,
@@ -1210,10 +1248,6 @@ cai_gemm_blocks_run(cai_threadpool *pool, cai_bkernel kernel, const int8_t *xq, 
 	else
 		for (int t = 0; t < n_tasks; t++)
 			run_task(&task, t, 0);
-	free(xsum_lo);
-	free(xq_tiles);
-	free(xs_tiles);
-	free(job.unpacked);
 }
 
 void
