@@ -1152,7 +1152,8 @@ tile_activations(const int8_t *xq, const float *xs, const int16_t *xsum, int n_t
  * call: a prefill's GEMMs each ask for megabytes (the tiled activations, the AMX kernels'
  * widened weights), and memory fresh from the kernel costs its pages' zeroing at every call
  * (a sixth of a 512-token prefill's time, measured).  What a thread holds is about its largest
- * step's activations and weights' scratch.
+ * step's activations and weights' scratch.  Cache-line aligned: an AMX tile's rows are 64
+ * bytes, and a row across two lines costs two loads.
  */
 enum
 {
@@ -1171,7 +1172,8 @@ scratch_of(int which, size_t bytes)
 	if (call_scratch[which].bytes < bytes)
 	{
 		free(call_scratch[which].p);
-		call_scratch[which].p = malloc(bytes);
+		if (posix_memalign(&call_scratch[which].p, 64, bytes) != 0)
+			call_scratch[which].p = NULL;
 		call_scratch[which].bytes = call_scratch[which].p ? bytes : 0;
 	}
 	return call_scratch[which].p;
