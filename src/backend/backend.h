@@ -241,19 +241,23 @@ typedef struct cai_backend_ops
 	 * Optional, all four or none: a backend without them runs a model only with int8 weights.
 	 *
 	 * prepare_blocks: prepare_i8 for block matrices (repacked once, never requantized).
-	 * quantize_blocks: x [n_tok, k] to int8 per block of 32: q [n_tok, k], s and sum
-	 *   [n_tok, k / 32] (the block's scale and the sum of its levels).
-	 * gemm_blocks: out[t, o] (=|+=) x[t, :] . W[o, :] (+ bias[o]) from quantize_blocks' output,
-	 *   for the first n_out rows of w (a multiple of 8 when fewer than all).
+	 * quantize_blocks: x [n_tok, k] to int8 per block of 32 (with superblocks, per 256 where w
+	 *   has a K-quant part: cpu/gemm_blocks.h's super-block activations): q [n_tok, k], s and
+	 *   sum [n_tok, k / 32] (each block's scale and the sum of its levels).
+	 * gemm_blocks: out[t, o] (=|+=) x[t, :] . W[o, :] (+ bias[o]) from quantize_blocks' output
+	 *   for the same w and superblocks, for the first n_out rows of w (a multiple of 8 when
+	 *   fewer than all).
 	 * embed_blocks: x[t, :] = row ids[t] of table, dequantized exactly.
 	 */
 	cai_status	(*prepare_blocks) (cai_backend *be, const cai_bmatrix *const *src, int n,
 								   const cai_weight **out, cai_error *err);
-	void		(*quantize_blocks) (cai_backend *be, const float *x, int n_tok, int k, int8_t *q,
-									float *s, int16_t *sum);
+	void		(*quantize_blocks) (cai_backend *be, const float *x, int n_tok, int k,
+									const cai_weight *w, bool superblocks, int8_t *q, float *s,
+									int16_t *sum);
 	void		(*gemm_blocks) (cai_backend *be, const int8_t *xq, const float *xs,
-								const int16_t *xsum, int n_tok, const cai_weight *w, int n_out,
-								const float *bias, float *out, int ldo, bool accumulate);
+								const int16_t *xsum, int n_tok, const cai_weight *w,
+								bool superblocks, int n_out, const float *bias, float *out,
+								int ldo, bool accumulate);
 	void		(*embed_blocks) (cai_backend *be, const cai_bmatrix *table, const int32_t *ids,
 								 int n_tok, float *x);
 

@@ -108,7 +108,8 @@ typedef struct cli_numerics
 	bool		gptq_rounding;	/* --gptq-rounding: --weight-rounding gptq */
 	bool		two_digit_activations;	/* --two-digit-activations: --activations two_digit */
 	const char *weight_rounding;	/* --weight-rounding: "auto", "nearest", "gptq" (NULL: auto) */
-	const char *activations;	/* --activations: "auto", "int8", "two_digit" (NULL: auto) */
+	const char *activations;	/* --activations: "auto", "int8", "two_digit", "int8_256" (NULL:
+								 * auto) */
 	const char *weights;		/* --weights: "auto", "file" or "int8" (NULL: auto) */
 	const char *weights_cache;	/* --weights-cache: a directory of prepared weights, or NULL */
 } cli_numerics;
@@ -248,7 +249,7 @@ extern char **cli_argv;
 	{ \
 		.name = "activations", .kind = CLI_OPT_STRING, .target = &(opts).numerics.activations, \
 		.metavar = "MODE", \
-		.help = "GEMM inputs: auto (default): two_digit on a model under 500M weights with int8 weights, else int8; int8; two_digit (closer to float, GEMMs twice the work)", \
+		.help = "GEMM inputs: auto (default): two_digit on a model under 500M weights with int8 weights, else int8; int8; two_digit (closer to float, GEMMs twice the work); int8_256 (the file's K-quants: a scale per 256 inputs, faster prefill, less faithful)", \
 	}, \
 	{ \
 		.name = "gptq-rounding", .alias = "compensated-rounding", .kind = CLI_OPT_FLAG, \

@@ -848,7 +848,8 @@ bench_print_header(const bench_run *run)
 	printf("  \"weight_bytes\": %zu,\n", run->info.weight_bytes);
 	printf("  \"weight_rounding\": \"%s\",\n  \"activation_precision\": \"%s\",\n",
 		   run->info.gptq_rounding ? "gptq" : "nearest",
-		   run->info.two_digit_activations ? "two_digit" : "int8");
+		   run->info.two_digit_activations ? "two_digit" :
+		   run->info.superblock_activations ? "int8_256" : "int8");
 	printf("  \"sampling\": {\"temperature\": %g, \"top_p\": %g, \"top_k\": %d, \"seed\": %llu},\n",
 		   bench_opts.temperature, bench_opts.top_p, bench_opts.top_k,
 		   (unsigned long long) bench_opts.seed);

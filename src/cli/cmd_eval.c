@@ -333,7 +333,8 @@ cmd_eval(int argc, char **argv)
 		printf(",\n  \"weights\": \"%s\",\n  \"weight_rounding\": \"%s\",\n"
 			   "  \"activation_precision\": \"%s\"", info.file_weights ? "file" : "int8",
 			   info.gptq_rounding ? "gptq" : "nearest",
-			   info.two_digit_activations ? "two_digit" : "int8");
+			   info.two_digit_activations ? "two_digit" :
+			   info.superblock_activations ? "int8_256" : "int8");
 		printf(",\n  \"tokens\": %d,\n  \"ctx\": %d,\n  \"windows\": %d,\n  \"positions\": %ld,\n",
 			   n_eval, eval_opts.ctx, n_windows, totals.positions);
 		printf("  \"perplexity_int8\": %.6f,\n  \"perplexity_float\": %.6f,\n", ppl_q, ppl_f);

@@ -65,7 +65,7 @@ cli_numerics_apply(const cli_numerics *numerics, cai_model_params *params)
 	if (numerics->activations &&
 		!cai_activations_mode_parse(numerics->activations, &params->activations))
 	{
-		cli_error("unknown --activations mode \"%s\" (auto, int8 or two_digit)",
+		cli_error("unknown --activations mode \"%s\" (auto, int8, two_digit or int8_256)",
 				  numerics->activations);
 		return false;
 	}

@@ -102,17 +102,24 @@ typedef enum cai_activations_mode
 {
 	CAI_ACTIVATIONS_AUTO = 0,
 	CAI_ACTIVATIONS_INT8,		/* one int8 digit per value */
-	CAI_ACTIVATIONS_TWO_DIGIT	/* each input also carries its rounding error as a second
+	CAI_ACTIVATIONS_TWO_DIGIT,	/* each input also carries its rounding error as a second
 								 * int8 digit (about 15 bits in all) and every int8 GEMM runs
 								 * twice: closer to float, slower (forward.c, "two-digit
 								 * activations") */
+	CAI_ACTIVATIONS_INT8_256	/* one digit, and where the file's own K-quants run their
+								 * inputs one scale per 256 (llama.cpp's Q8_K) rather than per
+								 * 32: faster prefill, less faithful (cpu/gemm_blocks.h,
+								 * "super-block activations") */
 } cai_activations_mode;
 
 /* "auto", "nearest", "gptq"; NULL for an unknown value.  Parse: false for an unknown name. */
 const char *cai_rounding_mode_name(cai_rounding_mode rounding);
 bool		cai_rounding_mode_parse(const char *name, cai_rounding_mode *rounding);
 
-/* "auto", "int8", "two_digit"; NULL for an unknown value.  Parse: false for an unknown name. */
+/*
+ * "auto", "int8", "two_digit", "int8_256"; NULL for an unknown value.  Parse: false for an
+ * unknown name.
+ */
 const char *cai_activations_mode_name(cai_activations_mode precision);
 bool		cai_activations_mode_parse(const char *name, cai_activations_mode *precision);
 
@@ -223,6 +230,7 @@ typedef struct cai_model_info
 	int			kv_window;		/* positions the windowed layers look back (0: none) */
 	bool		gptq_rounding;	/* int8 weights rounded along the calibration inputs */
 	bool		two_digit_activations;	/* GEMM inputs as two int8 digits */
+	bool		superblock_activations; /* the file's K-quants' inputs one scale per 256 */
 	uint64_t	fingerprint;	/* identifies weights+tokenizer; seeds the prefix cache */
 	int32_t		bos_token;		/* -1 when the model has none */
 	bool		add_bos;		/* raw text prompts start with bos_token (tokenizer.ggml.add_bos_token) */

@@ -416,6 +416,7 @@ cai_wire_put_model(cai_wbuf *w, const cai_wire_model *m)
 	cai_put_u32(w, m->gptq_rounding);
 	cai_put_u32(w, m->two_digit_activations);
 	cai_put_u32(w, m->file_weights);
+	cai_put_u32(w, m->superblock_activations);
 	cai_put_f64(w, m->load_seconds);
 }
 
@@ -445,6 +446,7 @@ cai_wire_get_model(cai_reader *r, cai_wire_model *m)
 		!cai_get_u32(r, &m->gptq_rounding) ||
 		!cai_get_u32(r, &m->two_digit_activations) ||
 		!cai_get_u32(r, &m->file_weights) ||
+		!cai_get_u32(r, &m->superblock_activations) ||
 		!cai_get_f64(r, &m->load_seconds))
 		return false;
 	m->n_params = (int64_t) n_params;

@@ -70,7 +70,7 @@
 
 #include "cai.h"
 
-#define CAI_WIRE_VERSION 10
+#define CAI_WIRE_VERSION 11
 
 /* The longest frame body either side accepts: a request with a whole long conversation fits. */
 #define CAI_FRAME_MAX_BODY (64u * 1024 * 1024)
@@ -330,6 +330,7 @@ typedef struct cai_wire_model
 	uint32_t	gptq_rounding;	/* 0 or 1 */
 	uint32_t	two_digit_activations;	/* 0 or 1 */
 	uint32_t	file_weights;	/* 0 or 1: the GEMMs read the file's own formats */
+	uint32_t	superblock_activations; /* 0 or 1: the file's K-quants' inputs per 256 */
 	double		load_seconds;
 } cai_wire_model;
 

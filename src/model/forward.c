@@ -738,8 +738,11 @@ file_gemm(cai_forward_ctx *ctx, const float *x, int n, int k, const cai_weight *
 {
 	cai_backend *be = ctx->be;
 
-	be->ops->quantize_blocks(be, x, n, k, ctx->xq, ctx->xs, ctx->xsum);
-	be->ops->gemm_blocks(be, ctx->xq, ctx->xs, ctx->xsum, n, w, n_out, bias, out, ldo, accumulate);
+	const bool	superblocks = ctx->model->superblock_activations;
+
+	be->ops->quantize_blocks(be, x, n, k, w, superblocks, ctx->xq, ctx->xs, ctx->xsum);
+	be->ops->gemm_blocks(be, ctx->xq, ctx->xs, ctx->xsum, n, w, superblocks, n_out, bias, out, ldo,
+						 accumulate);
 }
 
 /*

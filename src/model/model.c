@@ -180,6 +180,7 @@ cai_model_get_info(const cai_model *model, cai_model_info *info)
 	info->kv_window = c->kv_window;
 	info->gptq_rounding = model->gptq_rounding;
 	info->two_digit_activations = model->two_digit_activations;
+	info->superblock_activations = model->superblock_activations;
 	info->file_weights = model->file_weights;
 	info->pooling = model->cfg.pooling;
 	info->causal = model->cfg.causal;

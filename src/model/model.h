@@ -130,6 +130,7 @@ struct cai_model
 	bool		has_float_reference;
 	bool		gptq_rounding;	/* its int8 weights were rounded along the inputs */
 	bool		two_digit_activations;	/* the forward's GEMM inputs carry a second digit */
+	bool		superblock_activations; /* the file's K-quants' inputs one scale per 256 */
 	bool		int8_complete;	/* the int8 weights are converted (a backend may prepare them) */
 	bool		file_weights;	/* the GEMMs read the file's own formats (file_* below), and
 								 * the int8 matrices are not made */

@@ -133,12 +133,20 @@ cai_model_content_hash(cai_model *m, cai_error *err)
 	return CAI_OK;
 }
 
+/*
+ * Raised with every change to the numbers a forward computes (an activation's quantization, a
+ * kernel's order of operations): the prefix cache's disk tier outlives the engine, and KV that
+ * an older build wrote would continue a conversation with other tokens than recomputing it.
+ */
+#define NUMERICS_REVISION 2
+
 /* The content hash with the options that change the model's numbers (the prefix cache's seed). */
 cai_status
 cai_model_fingerprint(cai_model *m, cai_error *err)
 {
 	/* the int8 path's numerics options, and the file's own formats, give other results */
-	uint8_t		numerics[3] = {m->gptq_rounding, m->two_digit_activations, m->file_weights};
+	uint8_t		numerics[5] = {m->gptq_rounding, m->two_digit_activations, m->file_weights,
+	m->superblock_activations, NUMERICS_REVISION};
 
 	(void) err;
 	m->fingerprint = XXH3_64bits_withSeed(numerics, sizeof(numerics), m->content_hash);

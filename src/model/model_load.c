@@ -197,23 +197,25 @@ cai_model_params_default(cai_model_params *params)
 	params->weights_cache = NULL;
 }
 
-/* The settings' names, indexed by their enums' values (every one has three). */
-#define N_MODE_NAMES 3
-static const char *const weights_mode_names[N_MODE_NAMES] = {"auto", "file", "int8"};
-static const char *const rounding_names[N_MODE_NAMES] = {"auto", "nearest", "gptq"};
-static const char *const activations_names[N_MODE_NAMES] = {"auto", "int8", "two_digit"};
+/* The settings' names, indexed by their enums' values, each list ended by NULL. */
+static const char *const weights_mode_names[] = {"auto", "file", "int8", NULL};
+static const char *const rounding_names[] = {"auto", "nearest", "gptq", NULL};
+static const char *const activations_names[] = {"auto", "int8", "two_digit", "int8_256", NULL};
 
 static const char *
 mode_name(const char *const *names, int value)
 {
-	return value >= 0 && value < N_MODE_NAMES ? names[value] : NULL;
+	for (int i = 0; names[i]; i++)
+		if (i == value)
+			return names[i];
+	return NULL;
 }
 
 /* The index of name in names, or -1. */
 static int
 mode_parse(const char *const *names, const char *name)
 {
-	for (int i = 0; name && i < N_MODE_NAMES; i++)
+	for (int i = 0; name && names[i]; i++)
 		if (strcmp(name, names[i]) == 0)
 			return i;
 	return -1;
@@ -798,9 +800,12 @@ load_weights(cai_model *m, const char *path, const cai_model_params *asked, cai_
 	if ((st = cai_model_wcache_open(m, path, params, file, err)) == CAI_OK)
 	{
 		if (file)
+		{
 			st = load_file_weights(m, t.layers, t.embd, t.out, t.out_norm, t.rope_freqs,
 								   params->load_float_reference,
 								   (params->activations == CAI_ACTIVATIONS_TWO_DIGIT), err);
+			m->superblock_activations = (params->activations == CAI_ACTIVATIONS_INT8_256);
+		}
 		else if (m->wcache && m->wcache->state == CAI_WEIGHTS_CACHE_MAPPED)
 			st = load_int8_mapped(m, params, &t, &mapped, err);
 		if (st == CAI_OK && !file && !mapped)

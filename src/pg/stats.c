@@ -126,7 +126,8 @@ pg_cai_model_info(PG_FUNCTION_ARGS)
 		json_key_string(&out, "weight_rounding",
 						model.info.gptq_rounding ? "gptq" : "nearest", false);
 		json_key_string(&out, "activation_precision",
-						model.info.two_digit_activations ? "two_digit" : "int8", false);
+						model.info.two_digit_activations ? "two_digit" :
+						model.info.superblock_activations ? "int8_256" : "int8", false);
 		json_key_string(&out, "weights", model.info.file_weights ? "file" : "int8", false);
 		json_key_int(&out, "kv_window_bytes_per_token",
 					 (int64) model.info.kv_window_bytes_per_token);

@@ -970,6 +970,7 @@ send_ready(server *s, double load_seconds)
 	m.gptq_rounding = s->info.gptq_rounding;
 	m.two_digit_activations = s->info.two_digit_activations;
 	m.file_weights = s->info.file_weights;
+	m.superblock_activations = s->info.superblock_activations;
 	m.load_seconds = load_seconds;
 
 	frame = cai_frame_begin(&s->out, CAI_FRAME_READY, 0);

@@ -362,6 +362,7 @@ typedef struct bcase
 	int8_t	   *xq;
 	float	   *xs;			/* int8: per token; blocks: per token and block of 32 */
 	int16_t    *xsum;
+	int			group;			/* blocks per activation scale (1, or a K-quant's 8) */
 	float	   *out;
 } bcase;
 
@@ -420,7 +421,10 @@ bcase_setup(bcase *c, bool is_i8, ggml_type type, const shape *sh, int n_tok)
 	c->out = xmalloc(sizeof(float) * n_tok * sh->n_out);
 	for (size_t i = 0; i < (size_t) n_tok * sh->k; i++)
 		x[i] = (float) ((int) (rng() % 2001) - 1000) * 1e-3f;
-	cai_quantize_act_blocks(x, n_tok, sh->k, c->xq, c->xs, c->xsum);
+	/* BENCH_SUPERBLOCKS=1: the K-quants with super-block activations (gemm_blocks.h) */
+	c->group = !is_i8 && getenv("BENCH_SUPERBLOCKS") && atoi(getenv("BENCH_SUPERBLOCKS")) ?
+		cai_act_group(type) : 1;
+	cai_quantize_act_blocks(x, n_tok, sh->k, c->group, c->xq, c->xs, c->xsum);
 	free(x);
 	if (is_i8)
 		one = (double) sh->k * sh->n_out;
@@ -484,7 +488,7 @@ bcase_call(cai_threadpool *pool, const bcase *c, long call)
 		cai_gemm_i8(pool, c->xq, c->xs, c->n_tok, &c->qm[i], NULL, c->out, c->n_out, false);
 	}
 	else
-		cai_gemm_blocks(pool, c->xq, c->xs, c->xsum, c->n_tok, &c->bm[i], c->n_out, NULL,
+		cai_gemm_blocks(pool, c->xq, c->xs, c->xsum, c->group, c->n_tok, &c->bm[i], c->n_out, NULL,
 						c->out, c->n_out, false);
 }
 

@@ -5,7 +5,7 @@
  *
  * Input: a type byte, rows - 1, a k byte (bit 7: k any multiple of 32, which is not whole
  * K-quant blocks; else 1..4 of the type's blocks), the rows the GEMM computes, tokens - 1, flags
- * (bias, accumulate, thread pool), the activations' scale exponent, then the tensor's bytes
+ * (bias, accumulate, thread pool, a K-quant's super-block activations), the activations' scale exponent, then the tensor's bytes
  * (rows * ggml_row_bytes), then the activations (an int8 per input) and biases.
  *
  * What must hold: a type without a kernel is CAI_ERR_UNSUPPORTED and a k that is not whole
@@ -150,6 +150,8 @@ check_gemm(const cai_cpu_bmatrix *m, ggml_type type, const uint8_t *t, size_t ro
 	const bool	use_bias = flags & 1;
 	const bool	accumulate = flags & 2;
 	cai_threadpool *pool = flags & 4 ? pool_of_two() : NULL;
+	/* a K-quant's super-block activations, or per-block ones */
+	const int	group = flags & 8 ? cai_act_group(m->type) : 1;
 	static float x[MAX_TOK * MAX_K];
 	static int8_t xq[MAX_TOK * MAX_K];
 	static float xs[MAX_TOK * MAX_K / 32];
@@ -166,7 +168,7 @@ check_gemm(const cai_cpu_bmatrix *m, ggml_type type, const uint8_t *t, size_t ro
 		bias[o] = (float) (int8_t) fuzz_u8(in) * 0.25f;
 	for (int i = 0; i < n_tok * rows; i++)
 		init[i] = (float) (i % 7) - 3.0f;
-	cai_quantize_act_blocks(x, n_tok, k, xq, xs, xsum);
+	cai_quantize_act_blocks(x, n_tok, k, group, xq, xs, xsum);
 	for (int i = 0; i < n_tok * nb; i++)
 	{
 		int			total = 0;
@@ -179,10 +181,10 @@ check_gemm(const cai_cpu_bmatrix *m, ggml_type type, const uint8_t *t, size_t ro
 
 	memcpy(got, init, sizeof(float) * n_tok * rows);
 	memcpy(want, init, sizeof(float) * n_tok * rows);
-	cai_gemm_blocks(pool, xq, xs, xsum, n_tok, m, n_out, use_bias ? bias : NULL, got, rows,
+	cai_gemm_blocks(pool, xq, xs, xsum, group, n_tok, m, n_out, use_bias ? bias : NULL, got, rows,
 					accumulate);
-	cai_gemm_blocks_portable(xq, xs, xsum, n_tok, m, n_out, use_bias ? bias : NULL, want, rows,
-							 accumulate);
+	cai_gemm_blocks_portable(xq, xs, xsum, group, n_tok, m, n_out, use_bias ? bias : NULL, want,
+							 rows, accumulate);
 	for (int tk = 0; tk < n_tok; tk++)
 		for (int o = 0; o < rows; o++)
 		{

@@ -45,13 +45,15 @@ run_gemms(const cai_weight *i8, const cai_weight *blocks)
 	}
 	if (blocks)
 	{
-		cai_quantize_act_blocks(x, N_TOK, BLOCK_K, xq, xs, xsum);
+		cai_quantize_act_blocks(x, N_TOK, BLOCK_K, CAI_KQUANT_BLOCKS, xq, xs, xsum);
 		for (int p = 0; p < blocks->n_parts; p++)
 		{
 			const cai_cpu_bmatrix *m = &blocks->parts[p];
 
-			cai_gemm_blocks_portable(xq, xs, xsum, N_TOK, m, m->n_out, NULL, out, 8, false);
-			cai_gemm_blocks(NULL, xq, xs, xsum, N_TOK, m, m->n_out, NULL, out, 8, false);
+			cai_gemm_blocks_portable(xq, xs, xsum, CAI_KQUANT_BLOCKS, N_TOK, m, m->n_out, NULL,
+									 out, 8, false);
+			cai_gemm_blocks(NULL, xq, xs, xsum, CAI_KQUANT_BLOCKS, N_TOK, m, m->n_out, NULL, out,
+							8, false);
 			for (int o = 0; o < m->n_out; o++)
 				cai_cpu_bmatrix_row(m, o, row);
 		}

@@ -221,7 +221,7 @@ check_block_gemm(gpu_rng *r, const block_fmt *f, const gemm_case *c, cai_cuda_bl
 	memset(x, 0, 32 * sizeof(float));	/* a block of zeros: scale 0 */
 	gpu_fill_f32(r, b, (size_t) c->n_out, -1.0f, 1.0f);
 	gpu_fill_f32(r, init, (size_t) c->n_tok * ldo, -1.0f, 1.0f);
-	cai_quantize_act_blocks(x, c->n_tok, k, xq, xs, xsum);
+	cai_quantize_act_blocks(x, c->n_tok, k, 1, xq, xs, xsum);
 	if (!gpu_ok(cai_cuda_bmatrix_pack(f->type, data, c->n_out, k, &h, &err), &err, what) ||
 		!gpu_ok(cai_cpu_bmatrix_pack(f->type, data, c->n_out, k, &cm, &err), &err, what) ||
 		!gpu_ok(cai_cuda_bmatrix_upload(gpu_ctx(), &h, what, &dw, &err), &err, what))
@@ -235,7 +235,7 @@ check_block_gemm(gpu_rng *r, const block_fmt *f, const gemm_case *c, cai_cuda_bl
 					fabsf(wrow[i] * (float) xq[(size_t) t * k + i] * xs[(size_t) t * nb + i / 32]);
 	}
 	memcpy(cpu, init, (size_t) c->n_tok * ldo * sizeof(float));
-	cai_gemm_blocks_portable(xq, xs, xsum, c->n_tok, &cm, c->n_out, c->bias ? b : NULL, cpu, ldo,
+	cai_gemm_blocks_portable(xq, xs, xsum, 1, c->n_tok, &cm, c->n_out, c->bias ? b : NULL, cpu, ldo,
 							 c->accumulate);
 	{
 		float	   *dout = gpu_upload(init, (size_t) c->n_tok * ldo * sizeof(float));
@@ -294,11 +294,14 @@ TEST(gpu_blocks_gemm_near_cpu)
 	}
 }
 
-/* The activations per block of 32: q, s and sum the CPU's bit for bit (zero blocks included). */
+/*
+ * The activations per block of 32 and per super-block of 256 (the K-quants'): q, s and sum the
+ * CPU's bit for bit (zero blocks included).
+ */
 TEST(gpu_blocks_quantize_bit_exact)
 {
 	const int	n_tok = 7,
-				k = 576,
+				k = 768,
 				nb = k / 32;
 	float	   *x = malloc((size_t) n_tok * k * sizeof(float)),
 			   *s = malloc((size_t) n_tok * nb * sizeof(float)),
@@ -311,7 +314,7 @@ TEST(gpu_blocks_quantize_bit_exact)
 	cai_error	err;
 
 	gpu_rng_seed(&r, 32);
-	if (x && s && gs && q && gq && sum && gsum)
+	for (int group = 1; group <= 8 && x && s && gs && q && gq && sum && gsum; group += 7)
 	{
 		float	   *dx,
 				   *ds;
@@ -323,12 +326,12 @@ TEST(gpu_blocks_quantize_bit_exact)
 		x[200] = 1e-30f;		/* a block whose 127 / max overflows: zeros */
 		for (int i = 201; i < 224; i++)
 			x[i] = 0.0f;
-		cai_quantize_act_blocks(x, n_tok, k, q, s, sum);
+		cai_quantize_act_blocks(x, n_tok, k, group, q, s, sum);
 		dx = gpu_upload(x, (size_t) n_tok * k * sizeof(float));
 		dq = gpu_alloc((size_t) n_tok * k);
 		ds = gpu_alloc((size_t) n_tok * nb * sizeof(float));
 		dsum = gpu_alloc((size_t) n_tok * nb * sizeof(int16_t));
-		if (gpu_ok(cai_cuda_quantize_blocks(gpu_ctx(), dx, n_tok, k, dq, ds, dsum, &err), &err,
+		if (gpu_ok(cai_cuda_quantize_blocks(gpu_ctx(), dx, n_tok, k, group, dq, ds, dsum, &err), &err,
 				   "block quantize") && gpu_sync() &&
 			gpu_download(gq, dq, (size_t) n_tok * k) &&
 			gpu_download(gs, ds, (size_t) n_tok * nb * sizeof(float)) &&
@@ -339,8 +342,7 @@ TEST(gpu_blocks_quantize_bit_exact)
 			CHECK(memcmp(gsum, sum, (size_t) n_tok * nb * sizeof(int16_t)) == 0);
 		}
 	}
-	else
-		CHECK(false);
+	CHECK(x && s && gs && q && gq && sum && gsum);
 	free(x), free(s), free(gs), free(q), free(gq), free(sum), free(gsum);
 }
 
@@ -435,18 +437,18 @@ compare_gemm(gpu_rng *r, cai_backend *gb, cai_backend *cb, const cai_bmatrix *sr
 		CHECK(false);
 		goto done;
 	}
-	cb->ops->quantize_blocks(cb, cx, n_tok, k, cq, cs, csum);
-	gb->ops->quantize_blocks(gb, gx, n_tok, k, gq, gs, gsum);
+	cb->ops->quantize_blocks(cb, cx, n_tok, k, cw, false, cq, cs, csum);
+	gb->ops->quantize_blocks(gb, gx, n_tok, k, gw, false, gq, gs, gsum);
 	backend_mag(src, cq, cs, n_tok, n_out, mag);
-	cb->ops->gemm_blocks(cb, cq, cs, csum, n_tok, cw, n_out, NULL, cout, n_out, false);
-	gb->ops->gemm_blocks(gb, gq, gs, gsum, n_tok, gw, n_out, NULL, gout, n_out, false);
+	cb->ops->gemm_blocks(cb, cq, cs, csum, n_tok, cw, false, n_out, NULL, cout, n_out, false);
+	gb->ops->gemm_blocks(gb, gq, gs, gsum, n_tok, gw, false, n_out, NULL, gout, n_out, false);
 	if (gpu_ok(gb->ops->sync(gb, &err), &err, "block gemm") &&
 		gpu_download(got, gout, (size_t) n_tok * n_out * sizeof(float)))
 		CHECK(blocks_near(got, cout, mag, n_tok, n_out, n_out, "backend block gemm"));
 	/* the first rows only (a multiple of 8), bias, accumulated into host memory */
 	memcpy(cout, host, (size_t) n_tok * n_out * sizeof(float));
-	cb->ops->gemm_blocks(cb, cq, cs, csum, n_tok, cw, part, bias, cout, n_out, true);
-	gb->ops->gemm_blocks(gb, gq, gs, gsum, n_tok, gw, part, gbias, host, n_out, true);
+	cb->ops->gemm_blocks(cb, cq, cs, csum, n_tok, cw, false, part, bias, cout, n_out, true);
+	gb->ops->gemm_blocks(gb, gq, gs, gsum, n_tok, gw, false, part, gbias, host, n_out, true);
 	if (gpu_ok(gb->ops->sync(gb, &err), &err, "block gemm to host"))
 		CHECK(blocks_near(host, cout, mag, n_tok, part, n_out, "backend block gemm to host"));
 done:

@@ -128,6 +128,19 @@ try:
                         value("SELECT cai_model_info()->>'%s'" % info_key) == default, 120, 0.1)
         c.check("and back to %s" % default, back is not None, "")
 
+    # ---- int8_256: on the file's own weights the engine takes it (it changes only K-quants) ----
+    reload_conf(("pg_cai.weights", "file"), ("pg_cai.activation_precision", "int8_256"))
+    taken = wait_for(lambda: stat("status") == "ready" and
+                     value("SELECT cai_model_info()->>'weights' || ' ' || "
+                           "(cai_model_info()->>'activation_precision')") == "file int8_256", 120, 0.1)
+    r = psql("SELECT cai_complete('Hello', '{\"max_tokens\": 4, \"ignore_eos\": true}') IS NOT NULL")
+    c.check("pg_cai.activation_precision = int8_256 with the file's weights: the engine reloads, "
+            "reports it and serves", taken is not None and r.rc == 0 and r.out == "t", repr(r))
+    reload_conf(("pg_cai.weights", None), ("pg_cai.activation_precision", None))
+    back = wait_for(lambda: stat("status") == "ready" and
+                    value("SELECT cai_model_info()->>'activation_precision'") == "int8", 120, 0.1)
+    c.check("and back to int8", back is not None, "")
+
     # ---- auto, the defaults: on this model (under 500M weights, int8) both are the precise ones --
     reload_conf(("pg_cai.weight_rounding", "auto"), ("pg_cai.activation_precision", "auto"))
     precise = wait_for(lambda: stat("status") == "ready" and

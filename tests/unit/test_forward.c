@@ -2374,6 +2374,81 @@ TEST(forward_file_weights_isa_paths_identical)
 	cai_model_free(model);
 }
 
+/*
+ * activations int8_256: the file's K-quants take super-block activations (cpu/gemm_blocks.h).
+ * Other logits than the default's (the setting reaches the kernels), still close to the float
+ * path, the same bits on every CPU path and in any batch, and another prefix cache fingerprint.
+ */
+TEST(forward_file_weights_superblock_activations)
+{
+	synth_model_config cfg;
+	cai_error	err;
+	cai_model  *per_block,
+			   *super;
+	cai_model_info info_block,
+				info_super;
+	enum { N = 40 };
+	int32_t		tokens[N],
+				table[3];
+	float	   *logits[3];
+	int			agree = 0,
+				differ = 0;
+	runner		r;
+
+	synth_file_config(&cfg, "llama", true, 36);
+	cfg.tied_embeddings = true;
+	per_block = load_synth_numerics(&cfg, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, CAI_WEIGHTS_FILE, 0,
+									CAI_ROUNDING_AUTO, CAI_ACTIVATIONS_AUTO, &err);
+	CHECK_MSG(per_block != NULL, "%s", err.message);
+	super = load_synth_numerics(&cfg, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, CAI_WEIGHTS_FILE, 0,
+								CAI_ROUNDING_AUTO, CAI_ACTIVATIONS_INT8_256, &err);
+	CHECK_MSG(super != NULL, "%s", err.message);
+	if (!per_block || !super)
+	{
+		cai_model_free(per_block);
+		cai_model_free(super);
+		return;
+	}
+	cai_model_get_info(per_block, &info_block);
+	cai_model_get_info(super, &info_super);
+	CHECK(info_super.file_weights && info_super.superblock_activations &&
+		  !info_super.two_digit_activations);
+	CHECK(!info_block.superblock_activations);
+	CHECK(info_super.fingerprint != info_block.fingerprint);
+
+	for (int i = 0; i < 3; i++)
+		logits[i] = malloc(sizeof(float) * N * info_super.n_vocab);
+	for (int i = 0; i < 2; i++)
+	{
+		CHECK(runner_init(&r, i == 0 ? per_block : super, 2, 64, 8));
+		make_tokens(tokens, N, r.n_vocab, 3);
+		alloc_blocks(&r, table, 3);
+		CHECK(run_one(&r, tokens, N, 0, table, 3, CAI_LOGITS_ALL, false, logits[i]) == CAI_OK);
+		if (i == 1)
+			CHECK(run_one(&r, tokens, N, 0, table, 3, CAI_LOGITS_ALL, true, logits[2]) == CAI_OK);
+		free_blocks(&r, table, 3);
+		runner_free(&r);
+	}
+	for (int t = 0; t < N; t++)
+	{
+		const float *sup = logits[1] + (size_t) t * info_super.n_vocab;
+
+		agree += argmax(sup, info_super.n_vocab) ==
+			argmax(logits[2] + (size_t) t * info_super.n_vocab, info_super.n_vocab);
+		differ += memcmp(sup, logits[0] + (size_t) t * info_super.n_vocab,
+						 sizeof(float) * info_super.n_vocab) != 0;
+	}
+	CHECK_MSG(differ > 0, "int8_256 gave the default's logits: the setting did not reach the GEMMs");
+	CHECK_MSG(agree >= N * 9 / 10, "int8_256: the top token agrees with the float path on %d of %d "
+			  "positions", agree, N);
+	check_batch_equals_alone(super, false, 2, 1);
+	expect_isa_paths_identical(super, "the file's own Q4_K and Q6_K weights, super-block activations");
+	for (int i = 0; i < 3; i++)
+		free(logits[i]);
+	cai_model_free(per_block);
+	cai_model_free(super);
+}
+
 /* auto picks the file's formats only where every matrix has one; file refuses the others. */
 TEST(forward_file_weights_mode_choice)
 {
@@ -2518,6 +2593,9 @@ TEST(forward_numerics_auto)
 		CHECK(!cai_activations_mode_parse("int4", &activations));
 		CHECK(strcmp(cai_rounding_mode_name(CAI_ROUNDING_NEAREST), "nearest") == 0);
 		CHECK(strcmp(cai_activations_mode_name(CAI_ACTIVATIONS_INT8), "int8") == 0);
-		CHECK(cai_activations_mode_name((cai_activations_mode) 3) == NULL);
+		CHECK(cai_activations_mode_parse("int8_256", &activations) &&
+			  activations == CAI_ACTIVATIONS_INT8_256);
+		CHECK(strcmp(cai_activations_mode_name(CAI_ACTIVATIONS_INT8_256), "int8_256") == 0);
+		CHECK(cai_activations_mode_name((cai_activations_mode) 4) == NULL);
 	}
 }

@@ -215,7 +215,7 @@ TEST(block_activations_quantize_per_block)
 	for (int i = 32; i < 64; i++)
 		x[i] = 0.0f;			/* a block of zeros */
 	x[70] = 100.0f;				/* an outlier scales only its own block */
-	cai_quantize_act_blocks(x, 2, 64, q, s, sum);
+	cai_quantize_act_blocks(x, 2, 64, 1, q, s, sum);
 	CHECK(s[1] == 0.0f && sum[1] == 0);
 	CHECK(s[2] == 100.0f / 127.0f);
 	CHECK(s[3] < 1.0f);
@@ -277,19 +277,24 @@ TEST(block_activations_same_bits_every_isa)
 	x[1 * K + 7 * 32 + 9] = FLT_MAX;
 	x[1 * K + 7 * 32 + 10] = -FLT_MAX;
 
-	CHECK(cai_cpu_force_isa("generic"));
-	cai_quantize_act_blocks(x, N_TOK, K, want_q, want_s, want_sum);
-	for (size_t isa = 0; isa < sizeof(isas) / sizeof(isas[0]); isa++)
+	for (int group = 1; group <= CAI_KQUANT_BLOCKS; group += CAI_KQUANT_BLOCKS - 1)
 	{
-		if (!cai_cpu_force_isa(isas[isa]))
-			continue;
-		tried++;
-		memset(got_q, 0x55, sizeof(got_q));
-		cai_quantize_act_blocks(x, N_TOK, K, got_q, got_s, got_sum);
-		CHECK_MSG(memcmp(got_q, want_q, sizeof(got_q)) == 0, "levels differ on %s", isas[isa]);
-		CHECK_MSG(memcmp(got_s, want_s, sizeof(got_s)) == 0, "scales differ on %s", isas[isa]);
-		CHECK_MSG(memcmp(got_sum, want_sum, sizeof(got_sum)) == 0, "sums differ on %s",
-				  isas[isa]);
+		CHECK(cai_cpu_force_isa("generic"));
+		cai_quantize_act_blocks(x, N_TOK, K, group, want_q, want_s, want_sum);
+		for (size_t isa = 0; isa < sizeof(isas) / sizeof(isas[0]); isa++)
+		{
+			if (!cai_cpu_force_isa(isas[isa]))
+				continue;
+			tried++;
+			memset(got_q, 0x55, sizeof(got_q));
+			cai_quantize_act_blocks(x, N_TOK, K, group, got_q, got_s, got_sum);
+			CHECK_MSG(memcmp(got_q, want_q, sizeof(got_q)) == 0, "levels differ on %s (group %d)",
+					  isas[isa], group);
+			CHECK_MSG(memcmp(got_s, want_s, sizeof(got_s)) == 0, "scales differ on %s (group %d)",
+					  isas[isa], group);
+			CHECK_MSG(memcmp(got_sum, want_sum, sizeof(got_sum)) == 0, "sums differ on %s (group %d)",
+					  isas[isa], group);
+		}
 	}
 	CHECK(cai_cpu_force_isa(orig));
 	if (tried == 0)
@@ -318,59 +323,63 @@ check_gemm_paths(ggml_type type, int rows, int k, int n_tok, cai_threadpool *poo
 		x[i] = rand_unit() * (i % 7 == 0 ? 8.0f : 1.0f);
 	for (int o = 0; o < rows; o++)
 		bias[o] = rand_unit();
-	cai_quantize_act_blocks(x, n_tok, k, xq, xs, xsum);
 	CHECK(cai_cpu_bmatrix_pack(type, t, rows, k, &m, NULL) == CAI_OK);
-
-	/* acc 0: a bias; 1: accumulating; 2: accumulating with a bias */
-	for (int acc = 0; acc < 3; acc++)
+	/* per-block activations; for a K-quant also super-block ones, their own arithmetic */
+	for (int group = 1; group <= cai_act_group(type); group += CAI_KQUANT_BLOCKS - 1)
 	{
-		const float *b = acc == 1 ? NULL : bias;
+		cai_quantize_act_blocks(x, n_tok, k, group, xq, xs, xsum);
 
-		for (int i = 0; i < n_tok * rows; i++)
-			want[i] = got[i] = (float) i * 0.5f;
-		cai_gemm_blocks_portable(xq, xs, xsum, n_tok, &m, rows, b, want, rows, acc >= 1);
-		/* close to the float product of the same weights and quantized activations */
-		for (int o = 0; o < rows; o++)
+		/* acc 0: a bias; 1: accumulating; 2: accumulating with a bias */
+		for (int acc = 0; acc < 3; acc++)
 		{
-			cai_cpu_bmatrix_row(&m, o, w);
-			for (int tk = 0; tk < n_tok; tk++)
-			{
-				double		ref = (acc >= 1 ? (double) (tk * rows + o) * 0.5 : 0.0) + (b ? bias[o] : 0.0);
+			const float *b = acc == 1 ? NULL : bias;
 
-				for (int i = 0; i < k; i++)
-					ref += (double) w[i] * xq[tk * k + i] * xs[(tk * k + i) / 32];
-				CHECK_NEAR(want[tk * rows + o], ref, 1e-3 * (1.0 + fabs(ref)));
+			for (int i = 0; i < n_tok * rows; i++)
+				want[i] = got[i] = (float) i * 0.5f;
+			cai_gemm_blocks_portable(xq, xs, xsum, group, n_tok, &m, rows, b, want, rows, acc >= 1);
+			/* close to the float product of the same weights and quantized activations */
+			for (int o = 0; o < rows; o++)
+			{
+				cai_cpu_bmatrix_row(&m, o, w);
+				for (int tk = 0; tk < n_tok; tk++)
+				{
+					double		ref = (acc >= 1 ? (double) (tk * rows + o) * 0.5 : 0.0) + (b ? bias[o] : 0.0);
+
+					for (int i = 0; i < k; i++)
+						ref += (double) w[i] * xq[tk * k + i] * xs[(tk * k + i) / 32];
+					CHECK_NEAR(want[tk * rows + o], ref, 1e-3 * (1.0 + fabs(ref)));
+				}
 			}
-		}
-		for (int isa = 0; isa < 7; isa++)
-		{
-			int			bad = 0;
-
-			if (isa >= 5)
+			for (int isa = 0; isa < 7; isa++)
 			{
-				/* the VNNI kernels (512- and 256-bit) through SIMDe, on any CPU */
+				int			bad = 0;
+
+				if (isa >= 5)
+				{
+					/* the VNNI kernels (512- and 256-bit) through SIMDe, on any CPU */
+					for (int i = 0; i < n_tok * rows; i++)
+						got[i] = (float) i * 0.5f;
+					cai_gemm_blocks_run(pool, isa == 5 ? cai_bkernel_vnni_simde(type) :
+										cai_bkernel_avxvnni_simde(type), xq, xs, xsum, group, n_tok, &m,
+										rows, b, got, rows, acc >= 1);
+					for (int i = 0; i < n_tok * rows; i++)
+						bad += memcmp(&got[i], &want[i], sizeof(float)) != 0;
+					CHECK_MSG(bad == 0, "%s through SIMDe's %s, %d tokens, activations' group %d: %d "
+							  "outputs differ from the portable kernel", ggml_type_name(type),
+							  isa == 5 ? "AVX-512 VNNI" : "AVX-VNNI", n_tok, group, bad);
+					continue;
+				}
+
+				if (!cai_cpu_force_isa(isas[isa]))
+					continue;
 				for (int i = 0; i < n_tok * rows; i++)
 					got[i] = (float) i * 0.5f;
-				cai_gemm_blocks_run(pool, isa == 5 ? cai_bkernel_vnni_simde(type) :
-									cai_bkernel_avxvnni_simde(type), xq, xs, xsum, n_tok, &m,
-									rows, b, got, rows, acc >= 1);
+				cai_gemm_blocks(pool, xq, xs, xsum, group, n_tok, &m, rows, b, got, rows, acc >= 1);
 				for (int i = 0; i < n_tok * rows; i++)
 					bad += memcmp(&got[i], &want[i], sizeof(float)) != 0;
-				CHECK_MSG(bad == 0, "%s through SIMDe's %s, %d tokens: %d outputs differ from "
-						  "the portable kernel", ggml_type_name(type),
-						  isa == 5 ? "AVX-512 VNNI" : "AVX-VNNI", n_tok, bad);
-				continue;
+				CHECK_MSG(bad == 0, "%s on %s, %d tokens, activations' group %d: %d outputs differ "
+						  "from the portable kernel", ggml_type_name(type), isas[isa], n_tok, group, bad);
 			}
-
-			if (!cai_cpu_force_isa(isas[isa]))
-				continue;
-			for (int i = 0; i < n_tok * rows; i++)
-				got[i] = (float) i * 0.5f;
-			cai_gemm_blocks(pool, xq, xs, xsum, n_tok, &m, rows, b, got, rows, acc >= 1);
-			for (int i = 0; i < n_tok * rows; i++)
-				bad += memcmp(&got[i], &want[i], sizeof(float)) != 0;
-			CHECK_MSG(bad == 0, "%s on %s, %d tokens: %d outputs differ from the portable kernel",
-					  ggml_type_name(type), isas[isa], n_tok, bad);
 		}
 	}
 	CHECK(cai_cpu_force_isa(orig));
@@ -399,6 +408,12 @@ TEST(gemm_blocks_same_bits_every_isa_threads_tokens)
 		check_gemm_paths(level_types[ti], 40, 512, 23, pool);
 		/* two whole AMX tiles of 16 tokens and three more, an odd last group */
 		check_gemm_paths(level_types[ti], 24, 256, 35, pool);
+		/*
+		 * the K-quants' AMX kernel: more tiles than it takes at once (8), more pairs of groups
+		 * than a call takes (4), a partial last group in a pair and one alone
+		 */
+		check_gemm_paths(level_types[ti], 75, 512, 149, pool);
+		check_gemm_paths(level_types[ti], 69, 256, 131, NULL);
 	}
 	cai_threadpool_free(pool);
 }
@@ -441,7 +456,7 @@ TEST(gemm_blocks_first_rows_only)
 	CHECK(cai_cpu_bmatrix_pack(GGML_TYPE_Q4_0, t, 24, 64, &m, NULL) == CAI_OK);
 	for (int i = 0; i < 24; i++)
 		out[i] = -1.0f;
-	cai_gemm_blocks(NULL, xq, xs, xsum, 1, &m, 16, NULL, out, 24, false);
+	cai_gemm_blocks(NULL, xq, xs, xsum, 1, 1, &m, 16, NULL, out, 24, false);
 	for (int i = 16; i < 24; i++)
 		CHECK(out[i] == -1.0f);
 	CHECK(out[0] != -1.0f);
@@ -497,26 +512,33 @@ TEST(gemm_blocks_extreme_levels_same_bits)
 					xsum[b] = (int16_t) (32 * 127 * sign);
 				}
 				CHECK(cai_cpu_bmatrix_pack(type, t, rows, k, &m, NULL) == CAI_OK);
-				cai_gemm_blocks_portable(xq, xs, xsum, 1, &m, rows, NULL, want, rows, false);
-				cai_gemm_blocks(NULL, xq, xs, xsum, 1, &m, rows, NULL, got, rows, false);
-				for (int o = 0; o < rows; o++)
-					bad += memcmp(&got[o], &want[o], sizeof(float)) != 0;
-				CHECK_MSG(bad == 0, "%s, bytes 0x%02x, activations %d x 127: %d rows differ",
-						  ggml_type_name(type), fills[fi], sign, bad);
-				bad = 0;
-				cai_gemm_blocks_run(NULL, cai_bkernel_vnni_simde(type), xq, xs, xsum, 1, &m, rows,
-									NULL, got, rows, false);
-				for (int o = 0; o < rows; o++)
-					bad += memcmp(&got[o], &want[o], sizeof(float)) != 0;
-				CHECK_MSG(bad == 0, "%s through SIMDe's VNNI, bytes 0x%02x, activations %d x 127: "
-						  "%d rows differ", ggml_type_name(type), fills[fi], sign, bad);
-				bad = 0;
-				cai_gemm_blocks_run(NULL, cai_bkernel_avxvnni_simde(type), xq, xs, xsum, 1, &m,
-									rows, NULL, got, rows, false);
-				for (int o = 0; o < rows; o++)
-					bad += memcmp(&got[o], &want[o], sizeof(float)) != 0;
-				CHECK_MSG(bad == 0, "%s through SIMDe's AVX-VNNI, bytes 0x%02x, activations %d x "
-						  "127: %d rows differ", ggml_type_name(type), fills[fi], sign, bad);
+				for (int group = 1; group <= CAI_KQUANT_BLOCKS; group += CAI_KQUANT_BLOCKS - 1)
+				{
+					bad = 0;
+					cai_gemm_blocks_portable(xq, xs, xsum, group, 1, &m, rows, NULL, want, rows,
+											 false);
+					cai_gemm_blocks(NULL, xq, xs, xsum, group, 1, &m, rows, NULL, got, rows, false);
+					for (int o = 0; o < rows; o++)
+						bad += memcmp(&got[o], &want[o], sizeof(float)) != 0;
+					CHECK_MSG(bad == 0, "%s, bytes 0x%02x, activations %d x 127, group %d: %d rows "
+							  "differ", ggml_type_name(type), fills[fi], sign, group, bad);
+					bad = 0;
+					cai_gemm_blocks_run(NULL, cai_bkernel_vnni_simde(type), xq, xs, xsum, group, 1,
+										&m, rows, NULL, got, rows, false);
+					for (int o = 0; o < rows; o++)
+						bad += memcmp(&got[o], &want[o], sizeof(float)) != 0;
+					CHECK_MSG(bad == 0, "%s through SIMDe's VNNI, bytes 0x%02x, activations %d x 127, "
+							  "group %d: %d rows differ", ggml_type_name(type), fills[fi], sign,
+							  group, bad);
+					bad = 0;
+					cai_gemm_blocks_run(NULL, cai_bkernel_avxvnni_simde(type), xq, xs, xsum, group,
+										1, &m, rows, NULL, got, rows, false);
+					for (int o = 0; o < rows; o++)
+						bad += memcmp(&got[o], &want[o], sizeof(float)) != 0;
+					CHECK_MSG(bad == 0, "%s through SIMDe's AVX-VNNI, bytes 0x%02x, activations %d x "
+							  "127, group %d: %d rows differ", ggml_type_name(type), fills[fi],
+							  sign, group, bad);
+				}
 				cai_cpu_bmatrix_free(&m);
 				free(t);
 			}

@@ -648,6 +648,7 @@ typedef struct quantize_job
 	const float *x;
 	int			n_tok;
 	int			k;
+	int			group;
 	int			tokens_per_task;
 	int8_t	   *q;
 	float	   *s;
@@ -665,21 +666,36 @@ quantize_task(void *arg, int task, int thread)
 	const size_t nb = j->k / CAI_BLOCK_ELEMS;
 
 	(void) thread;
-	cai_quantize_act_blocks(j->x + (size_t) t0 * j->k, n, j->k, j->q + (size_t) t0 * j->k,
-							j->s + t0 * nb, j->sum + t0 * nb);
+	cai_quantize_act_blocks(j->x + (size_t) t0 * j->k, n, j->k, j->group,
+							j->q + (size_t) t0 * j->k, j->s + t0 * nb, j->sum + t0 * nb);
+}
+
+/*
+ * The blocks per activation scale for w: with super-block activations asked for, a K-quant
+ * part's super-block (every part reads that group: the others' arithmetic is per block), else 1.
+ */
+static int
+act_group_of(const cai_weight *w, bool superblocks)
+{
+	int			group = 1;
+
+	for (int i = 0; superblocks && i < w->n_parts; i++)
+		if (cai_act_group(w->parts[i].type) > group)
+			group = cai_act_group(w->parts[i].type);
+	return group;
 }
 
 static void
-cpu_quantize_blocks(cai_backend *be, const float *x, int n_tok, int k, int8_t *q, float *s,
-					int16_t *sum)
+cpu_quantize_blocks(cai_backend *be, const float *x, int n_tok, int k, const cai_weight *w,
+					bool superblocks, int8_t *q, float *s, int16_t *sum)
 {
 	cai_threadpool *pool = cpu_of(be)->pool;
 	const int	threads = pool ? cai_threadpool_size(pool) : 1;
-	quantize_job job = {x, n_tok, k, QUANTIZE_TASK_TOKENS, q, s, sum};
+	quantize_job job = {x, n_tok, k, act_group_of(w, superblocks), QUANTIZE_TASK_TOKENS, q, s, sum};
 
 	if (threads < 2 || n_tok < 2 * QUANTIZE_TASK_TOKENS)
 	{
-		cai_quantize_act_blocks(x, n_tok, k, q, s, sum);
+		cai_quantize_act_blocks(x, n_tok, k, job.group, q, s, sum);
 		return;
 	}
 	/* a few tasks per thread, so that a thread another process holds up delays little */
@@ -692,9 +708,10 @@ cpu_quantize_blocks(cai_backend *be, const float *x, int n_tok, int k, int8_t *q
 /* Each part's rows in turn: part i covers rows [row0, row0 + its rows) of the stacked matrix. */
 static void
 cpu_gemm_blocks(cai_backend *be, const int8_t *xq, const float *xs, const int16_t *xsum,
-				int n_tok, const cai_weight *w, int n_out, const float *bias, float *out, int ldo,
-				bool accumulate)
+				int n_tok, const cai_weight *w, bool superblocks, int n_out, const float *bias,
+				float *out, int ldo, bool accumulate)
 {
+	const int	group = act_group_of(w, superblocks);
 	int			row0 = 0;
 
 	for (int i = 0; i < w->n_parts && row0 < n_out; i++)
@@ -702,8 +719,8 @@ cpu_gemm_blocks(cai_backend *be, const int8_t *xq, const float *xs, const int16_
 		const cai_cpu_bmatrix *p = &w->parts[i];
 		int			rows = n_out - row0 < p->n_out ? n_out - row0 : p->n_out;
 
-		cai_gemm_blocks(cpu_of(be)->pool, xq, xs, xsum, n_tok, p, rows, bias ? bias + row0 : NULL,
-						out + row0, ldo, accumulate);
+		cai_gemm_blocks(cpu_of(be)->pool, xq, xs, xsum, group, n_tok, p, rows,
+						bias ? bias + row0 : NULL, out + row0, ldo, accumulate);
 		row0 += p->n_out;
 	}
 }

@@ -353,15 +353,23 @@ cai_cpu_bmatrix_row(const cai_cpu_bmatrix *m, int o, float *dst)
  * Activations
  * --------------------------------------------------------------------------------------- */
 
-/* One block of 32: its levels, scale and sum (cai_quantize_act_blocks). */
-static void
-quantize_act_block(const float *xb, int8_t *qb, float *s, int16_t *sum)
+int
+cai_act_group(ggml_type type)
 {
+	const bformat *f = format_of(type);
+
+	return f && f->k_quant ? CAI_KQUANT_BLOCKS : 1;
+}
+
+/* One group of `blocks` blocks of 32: its levels, and each block's scale and sum. */
+static void
+quantize_act_group(const float *xb, int blocks, int8_t *qb, float *s, int16_t *sum)
+{
+	const int	n = blocks * CAI_BLOCK_ELEMS;
 	float		amax = 0.0f;
 	float		inv;
-	int			total = 0;
 
-	for (int i = 0; i < CAI_BLOCK_ELEMS; i++)
+	for (int i = 0; i < n; i++)
 	{
 		float		a = fabsf(xb[i]);
 
@@ -370,49 +378,50 @@ quantize_act_block(const float *xb, int8_t *qb, float *s, int16_t *sum)
 	inv = amax > 0.0f ? 127.0f / amax : 0.0f;
 	if (!(amax > 0.0f) || isinf(inv))
 	{
-		memset(qb, 0, CAI_BLOCK_ELEMS);
-		*s = 0.0f;
-		*sum = 0;
+		for (int b = 0; b < blocks; b++)
+		{
+			memset(qb + b * CAI_BLOCK_ELEMS, 0, CAI_BLOCK_ELEMS);
+			s[b] = 0.0f;
+			sum[b] = 0;
+		}
 		return;
 	}
-	for (int i = 0; i < CAI_BLOCK_ELEMS; i++)
+	for (int b = 0; b < blocks; b++)
 	{
-		float		v = xb[i] * inv;
+		int			total = 0;
 
-		v = v > -127.0f ? v : -127.0f;
-		v = v < 127.0f ? v : 127.0f;
-		qb[i] = (int8_t) (int) rintf(v);
-		total += qb[i];
+		for (int i = b * CAI_BLOCK_ELEMS; i < (b + 1) * CAI_BLOCK_ELEMS; i++)
+		{
+			float		v = xb[i] * inv;
+
+			v = v > -127.0f ? v : -127.0f;
+			v = v < 127.0f ? v : 127.0f;
+			qb[i] = (int8_t) (int) rintf(v);
+			total += qb[i];
+		}
+		s[b] = amax / 127.0f;
+		sum[b] = (int16_t) total;
 	}
-	*s = amax / 127.0f;
-	*sum = (int16_t) total;
 }
 
 #if defined(__x86_64__)
 /*
- * quantize_act_block in eight lanes, the same bits: max_ps(a, m) is the scalar loop's
+ * quantize_act_group in eight lanes, the same bits: max_ps(a, m) is the scalar loop's
  * "a > m ? a : m" lane by lane (a NaN is passed over in both), and the maximum of the lanes'
  * maxima, none of them NaN, is the same whatever the order; the clamps are the scalar ones;
  * cvtps rounds to nearest even as rintf does in the default rounding mode.
  */
 __attribute__((target("avx2"))) static void
-quantize_act_block_avx2(const float *xb, int8_t *qb, float *s, int16_t *sum)
+quantize_act_group_avx2(const float *xb, int blocks, int8_t *qb, float *s, int16_t *sum)
 {
 	const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-	__m256		x[4];
 	__m256		m = _mm256_setzero_ps();
 	__m128		h;
 	float		amax,
 				inv;
-	__m256i		iv[4],
-				total;
-	__m128i		t4;
 
-	for (int i = 0; i < 4; i++)
-	{
-		x[i] = _mm256_loadu_ps(xb + 8 * i);
-		m = _mm256_max_ps(_mm256_and_ps(x[i], abs_mask), m);
-	}
+	for (int i = 0; i < 4 * blocks; i++)
+		m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(xb + 8 * i), abs_mask), m);
 	h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
 	h = _mm_max_ps(h, _mm_movehl_ps(h, h));
 	h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
@@ -420,50 +429,62 @@ quantize_act_block_avx2(const float *xb, int8_t *qb, float *s, int16_t *sum)
 	inv = amax > 0.0f ? 127.0f / amax : 0.0f;
 	if (!(amax > 0.0f) || isinf(inv))
 	{
-		memset(qb, 0, CAI_BLOCK_ELEMS);
-		*s = 0.0f;
-		*sum = 0;
+		for (int b = 0; b < blocks; b++)
+		{
+			memset(qb + b * CAI_BLOCK_ELEMS, 0, CAI_BLOCK_ELEMS);
+			s[b] = 0.0f;
+			sum[b] = 0;
+		}
 		return;
 	}
-	for (int i = 0; i < 4; i++)
+	for (int b = 0; b < blocks; b++)
 	{
-		__m256		v = _mm256_mul_ps(x[i], _mm256_set1_ps(inv));
+		const float *xblk = xb + b * CAI_BLOCK_ELEMS;
+		__m256i		iv[4],
+					total;
+		__m128i		t4;
 
-		v = _mm256_max_ps(v, _mm256_set1_ps(-127.0f));
-		v = _mm256_min_ps(v, _mm256_set1_ps(127.0f));
-		iv[i] = _mm256_cvtps_epi32(v);
+		for (int i = 0; i < 4; i++)
+		{
+			__m256		v = _mm256_mul_ps(_mm256_loadu_ps(xblk + 8 * i), _mm256_set1_ps(inv));
+
+			v = _mm256_max_ps(v, _mm256_set1_ps(-127.0f));
+			v = _mm256_min_ps(v, _mm256_set1_ps(127.0f));
+			iv[i] = _mm256_cvtps_epi32(v);
+		}
+		/* the packs work within 128-bit lanes: the permutation puts the four-byte runs in order */
+		_mm256_storeu_si256((__m256i *) (qb + b * CAI_BLOCK_ELEMS),
+							_mm256_permutevar8x32_epi32(_mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]),
+																		   _mm256_packs_epi32(iv[2], iv[3])),
+														_mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+		total = _mm256_add_epi32(_mm256_add_epi32(iv[0], iv[1]), _mm256_add_epi32(iv[2], iv[3]));
+		t4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
+		t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, _MM_SHUFFLE(1, 0, 3, 2)));
+		t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, _MM_SHUFFLE(2, 3, 0, 1)));
+		s[b] = amax / 127.0f;
+		sum[b] = (int16_t) _mm_cvtsi128_si32(t4);
 	}
-	/* the packs work within 128-bit lanes: the permutation puts the four-byte runs in order */
-	_mm256_storeu_si256((__m256i *) qb,
-						_mm256_permutevar8x32_epi32(_mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]),
-																	   _mm256_packs_epi32(iv[2], iv[3])),
-													_mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-	total = _mm256_add_epi32(_mm256_add_epi32(iv[0], iv[1]), _mm256_add_epi32(iv[2], iv[3]));
-	t4 = _mm_add_epi32(_mm256_castsi256_si128(total), _mm256_extracti128_si256(total, 1));
-	t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, _MM_SHUFFLE(1, 0, 3, 2)));
-	t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, _MM_SHUFFLE(2, 3, 0, 1)));
-	*s = amax / 127.0f;
-	*sum = (int16_t) _mm_cvtsi128_si32(t4);
 }
 #endif
 
 void
-cai_quantize_act_blocks(const float *x, int n_tok, int k, int8_t *q, float *s, int16_t *sum)
+cai_quantize_act_blocks(const float *x, int n_tok, int k, int group, int8_t *q, float *s,
+						int16_t *sum)
 {
 	const int	nb = k / CAI_BLOCK_ELEMS;
-	void		(*block) (const float *, int8_t *, float *, int16_t *) = quantize_act_block;
+	void		(*quantize) (const float *, int, int8_t *, float *, int16_t *) = quantize_act_group;
 
 #if defined(__x86_64__)
 	/* every path but the portable one has AVX2 (gemm.h) */
 	if (strcmp(cai_cpu_isa(), "generic") != 0)
-		block = quantize_act_block_avx2;
+		quantize = quantize_act_group_avx2;
 #endif
 	for (int t = 0; t < n_tok; t++)
-		for (int b = 0; b < nb; b++)
+		for (int b = 0; b < nb; b += group)
 		{
 			const size_t i = (size_t) t * nb + b;
 
-			block(x + i * CAI_BLOCK_ELEMS, q + i * CAI_BLOCK_ELEMS, s + i, sum + i);
+			quantize(x + i * CAI_BLOCK_ELEMS, group, q + i * CAI_BLOCK_ELEMS, s + i, sum + i);
 		}
 }
 
@@ -472,13 +493,47 @@ cai_quantize_act_blocks(const float *x, int n_tok, int k, int8_t *q, float *s, i
  * --------------------------------------------------------------------------------------- */
 
 
-/* Portable: row by row, block by block, in the order every path follows. */
+/*
+ * A K-quant's super-block of row lane in group g from block b0 (gemm_blocks.h): the exact
+ * integer sums I and M against a token's levels a (of the super-block's first input) and the
+ * activations' block sums asum.
+ */
+static void
+kquant_superblock_sums(const cai_cpu_bmatrix *m, int g, int b0, int lane, const int8_t *a,
+					   const int16_t *asum, int32_t *i_sum, int32_t *m_sum)
+{
+	int32_t		I = 0,
+				M = 0;
+
+	for (int b = b0; b < b0 + CAI_KQUANT_BLOCKS; b++)
+	{
+		const int8_t *sc = m->sc + cai_bsub_index(m, g, b);
+		int32_t		isum[2] = {0, 0};
+
+		for (int e = 0; e < CAI_BLOCK_ELEMS; e++)
+			isum[e / 16] += level_at(m, g, b, lane, e) * a[(b - b0) * CAI_BLOCK_ELEMS + e];
+		if (m->split16)
+			I += sc[lane] * isum[0] + sc[GROUP + lane] * isum[1];
+		else
+			I += sc[lane] * (isum[0] + isum[1]);
+		if (m->has_min)
+			M += m->m[cai_bsub_index(m, g, b) + lane] * asum[b - b0];
+	}
+	*i_sum = I;
+	*m_sum = M;
+}
+
+/*
+ * Portable: row by row, block by block (with super-block activations a K-quant's super-block by
+ * super-block), in the order every path follows.
+ */
 static void
 group_portable(const bgemm_job *j, int g, int thread)
 {
 	const cai_cpu_bmatrix *m = j->w;
 	const int	k = m->k;
 	const int	nb = k / CAI_BLOCK_ELEMS;
+	const bool	superblocks = m->k_quant && j->superblocks;
 
 	for (int lane = 0; lane < GROUP && g * GROUP + lane < j->n_out; lane++)
 		for (int t = 0; t < j->n_tok; t++)
@@ -486,7 +541,22 @@ group_portable(const bgemm_job *j, int g, int thread)
 			const int8_t *a = j->xq + (size_t) t * k;
 			float		acc = 0.0f;
 
-			for (int b = 0; b < nb; b++)
+			for (int b = 0; b < nb && superblocks; b += CAI_KQUANT_BLOCKS)
+			{
+				const size_t tb = (size_t) t * nb + b;
+				int32_t		I,
+							M;
+				float		term;
+
+				kquant_superblock_sums(m, g, b, lane, a + (size_t) b * CAI_BLOCK_ELEMS,
+									   j->xsum + tb, &I, &M);
+				term = cai_fp16_to_fp32(m->d[cai_bscale_index(m, g, b) + lane]) * (float) I;
+				if (m->has_min)
+					term = term + cai_fp16_to_fp32(m->dmin[cai_bscale_index(m, g, b) + lane]) *
+						(float) M;
+				acc = acc + j->xs[tb] * term;
+			}
+			for (int b = 0; b < nb && !superblocks; b++)
 			{
 				int32_t		isum[2] = {0, 0};
 				float		term;
@@ -520,9 +590,25 @@ load_i32(const int8_t *p)
 	return v;
 }
 
+/*
+ * The helpers below widen each row's int16 pair sums into its int32 lane with vpmaddwd; the
+ * multiplier `scale` holds one int16 per pair: 1 for the plain sum, or a K-quant row's sub-block
+ * scale twice (scale_pairs), which makes the lane sc times the sum at no extra instruction.
+ * Exact either way: an int16 times an int8, two of them, in an int32.
+ */
+
+/* A group's 8 int8 sub-block scales at p as vpmaddwd's multiplier: row r's twice in lane r. */
+TARGET_AVX2_F16C static inline __m256i
+scale_pairs(const int8_t *p)
+{
+	const __m256i s = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) p));
+
+	return _mm256_blend_epi16(s, _mm256_slli_epi32(s, 16), 0xaa);
+}
+
 /* The 8 rows' integer sums of a nibble block against one token's 32 levels at a. */
 TARGET_AVX2_F16C static inline __m256i
-nibble_sums(const __m256i *lo, const __m256i *hi, const int8_t *a)
+nibble_sums(const __m256i *lo, const __m256i *hi, const int8_t *a, __m256i scale)
 {
 	__m256i		s16 = _mm256_setzero_si256();
 
@@ -531,12 +617,12 @@ nibble_sums(const __m256i *lo, const __m256i *hi, const int8_t *a)
 		s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(lo[p], _mm256_set1_epi32(load_i32(a + 8 * p))));
 		s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(hi[p], _mm256_set1_epi32(load_i32(a + 8 * p + 4))));
 	}
-	return _mm256_madd_epi16(s16, _mm256_set1_epi16(1));
+	return _mm256_madd_epi16(s16, scale);
 }
 
 /* The same for a byte block, steps [s0, s0 + n): |w| times a with w's sign. */
 TARGET_AVX2_F16C static inline __m256i
-byte_sums(const __m256i *w, const __m256i *wabs, const int8_t *a, int s0, int n)
+byte_sums(const __m256i *w, const __m256i *wabs, const int8_t *a, int s0, int n, __m256i scale)
 {
 	__m256i		s32 = _mm256_setzero_si256();
 
@@ -544,8 +630,7 @@ byte_sums(const __m256i *w, const __m256i *wabs, const int8_t *a, int s0, int n)
 	{
 		__m256i		signed_a = _mm256_sign_epi8(_mm256_set1_epi32(load_i32(a + 4 * s)), w[s]);
 
-		s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[s], signed_a),
-													  _mm256_set1_epi16(1)));
+		s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(_mm256_maddubs_epi16(wabs[s], signed_a), scale));
 	}
 	return s32;
 }
@@ -557,7 +642,8 @@ byte_sums(const __m256i *w, const __m256i *wabs, const int8_t *a, int s0, int n)
  * integers either way: the same sums as byte_sums.
  */
 TARGET_AVX2_F16C static inline __m256i
-byte_sums_narrow(const __m256i *w, const __m256i *wabs, const int8_t *a, int s0, int n)
+byte_sums_narrow(const __m256i *w, const __m256i *wabs, const int8_t *a, int s0, int n,
+				 __m256i scale)
 {
 	__m256i		s32 = _mm256_setzero_si256();
 
@@ -568,7 +654,7 @@ byte_sums_narrow(const __m256i *w, const __m256i *wabs, const int8_t *a, int s0,
 		for (int i = s; i < s + 4; i++)
 			s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(wabs[i], _mm256_sign_epi8(
 														 _mm256_set1_epi32(load_i32(a + 4 * i)), w[i])));
-		s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
+		s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(s16, scale));
 	}
 	return s32;
 }
@@ -579,7 +665,7 @@ byte_sums_narrow(const __m256i *w, const __m256i *wabs, const int8_t *a, int s0,
  * sums (each at most 2 * 63 * 127) add up in int16 without overflow (32004), then widen.
  */
 TARGET_AVX2_F16C static inline __m256i
-unsigned_half_sums(const __m256i *w, const int8_t *a, int s0)
+unsigned_half_sums(const __m256i *w, const int8_t *a, int s0, __m256i scale)
 {
 	__m256i		s32 = _mm256_setzero_si256();
 
@@ -589,21 +675,56 @@ unsigned_half_sums(const __m256i *w, const int8_t *a, int s0)
 										   _mm256_maddubs_epi16(w[s], _mm256_set1_epi32(load_i32(a + 4 * s))),
 										   _mm256_maddubs_epi16(w[s + 1], _mm256_set1_epi32(load_i32(a + 4 * s + 4))));
 
-		s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(s16, _mm256_set1_epi16(1)));
+		s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(s16, scale));
 	}
 	return s32;
 }
 
 /*
+ * M of a K-quant super-block (gemm_blocks.h) for the 8 rows and one token: lane r of mins[i]
+ * holds row r's mins of blocks 2i and 2i + 1 as two int16 (min_pairs), and the token's block
+ * sums asum lie two to a 32-bit word in the same order, so four vpmaddwd make the exact sum.
+ */
+TARGET_AVX2_F16C static inline __m256i
+superblock_min_sums(const __m256i *mins, const int16_t *asum)
+{
+	__m256i		s32 = _mm256_setzero_si256();
+
+	for (int i = 0; i < CAI_KQUANT_BLOCKS / 2; i++)
+	{
+		int32_t		two;
+
+		memcpy(&two, asum + 2 * i, sizeof(two));
+		s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(mins[i], _mm256_set1_epi32(two)));
+	}
+	return s32;
+}
+
+/* superblock_min_sums' mins of group g's super-block from block b0. */
+TARGET_AVX2_F16C static inline void
+min_pairs(const cai_cpu_bmatrix *m, int g, int b0, __m256i *mins)
+{
+	for (int i = 0; i < CAI_KQUANT_BLOCKS / 2; i++)
+		mins[i] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(
+			_mm_loadl_epi64((const __m128i *) (m->m + cai_bsub_index(m, g, b0 + 2 * i))),
+			_mm_loadl_epi64((const __m128i *) (m->m + cai_bsub_index(m, g, b0 + 2 * i + 1)))));
+}
+
+/*
  * Group g for tokens [t0, t0 + nt), nt <= TOKEN_TILE: the weights of a block read once.  The
- * format's flags are compile-time constants in each instance (group_avx2_for below), so the
- * block loop carries no format branches, and a K-quant's super-block scales are converted once
- * per 256 inputs rather than once per block.
+ * format's flags and the K-quants' arithmetic (superblocks, the job's) are compile-time
+ * constants in each instance (GROUP_AVX2 below), so the block loop carries no branches on them.
+ * With super-block activations a K-quant's blocks add sc times their sums (Q6_K: per half, less
+ * 32 sc times the half's activation sum) into one int32 I per row and token, the sub-block
+ * scales riding on the widening vpmaddwd; the super-block's last block adds the mins' M and does
+ * the float operations, once per 256 inputs.  With per-block activations each block converts
+ * its sums and does the float operations with ws = d sc and wm = dmin m (Q6_K: ws and ws_hi per
+ * half), as the other formats do with d and dmin.
  */
 TARGET_AVX2_F16C static inline __attribute__((always_inline)) void
 tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bool k_quant,
 		  const bool has_min, const bool split16, const bool narrow, const int zero,
-		  const uint8_t *unpacked)
+		  const bool superblocks, const uint8_t *unpacked)
 {
 	const cai_cpu_bmatrix *m = j->w;
 	const int	k = m->k;
@@ -614,18 +735,29 @@ tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bo
 	const float *xs = j->xs + (size_t) t0 * nb;
 	const int16_t *xsum = j->xsum + (size_t) t0 * nb;
 	const int16_t *xsum_lo = split16 ? j->xsum_lo + (size_t) t0 * nb : NULL;
+	const __m256i ones = _mm256_set1_epi16(1);
 	__m256		acc[TOKEN_TILE];
+	__m256i		isuper[TOKEN_TILE];
 	__m256		d = _mm256_setzero_ps(),
 				dmin = _mm256_setzero_ps();
 
 	for (int t = 0; t < nt; t++)
+	{
 		acc[t] = _mm256_setzero_ps();
+		isuper[t] = _mm256_setzero_si256();
+	}
 	for (int b = 0; b < nb; b++)
 	{
 		const uint8_t *qb = qg + (size_t) b * bbytes;
+		const bool	last = k_quant && superblocks &&
+			b % CAI_KQUANT_BLOCKS == CAI_KQUANT_BLOCKS - 1;
 		__m256i		v[8],
-					u[8];
-		__m256		ws,
+					u[8],
+					scale = ones,
+					scale_hi = ones,
+					offset32 = _mm256_setzero_si256(),
+					mins[CAI_KQUANT_BLOCKS / 2];
+		__m256		ws = _mm256_setzero_ps(),
 					ws_hi = _mm256_setzero_ps(),
 					wm = _mm256_setzero_ps();
 
@@ -638,13 +770,30 @@ tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bo
 		if (t0 == 0 && !(split16 && unpacked))
 			for (int o = 0; o < bbytes; o += 64)
 				_mm_prefetch((const char *) (qb + 8 * bbytes + o), _MM_HINT_T0);
-		if (!k_quant || b % 8 == 0)
+		if (!k_quant || b % CAI_KQUANT_BLOCKS == 0)
 		{
 			d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (m->d + cai_bscale_index(m, g, b))));
 			if (has_min)
 				dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (m->dmin + cai_bscale_index(m, g, b))));
 		}
-		if (k_quant)
+		if (k_quant && superblocks)
+		{
+			const int8_t *sc = m->sc + cai_bsub_index(m, g, b);
+
+			scale = scale_pairs(sc);
+			if (split16)
+			{
+				/* 32 sc_lo and 32 sc_hi of row r side by side in lane r (4096 at most) */
+				const __m256i lo = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) sc)),
+							hi = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) (sc + GROUP)));
+
+				scale_hi = scale_pairs(sc + GROUP);
+				offset32 = _mm256_blend_epi16(_mm256_slli_epi32(lo, 5), _mm256_slli_epi32(hi, 21), 0xaa);
+			}
+			if (has_min && last)
+				min_pairs(m, g, b - (CAI_KQUANT_BLOCKS - 1), mins);
+		}
+		else if (k_quant)
 		{
 			const int8_t *sc = m->sc + cai_bsub_index(m, g, b);
 
@@ -712,13 +861,13 @@ tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bo
 			__m256i		isum;
 			__m256		term;
 
-			if (split16)
+			if (split16 && !superblocks)
 			{
 				/* the stored levels' sums less 32 times each half's activation sum: exact */
 				const int	lo = xsum_lo[tb];
-				__m256i		isum_lo = _mm256_add_epi32(unsigned_half_sums(v, a, 0),
+				__m256i		isum_lo = _mm256_add_epi32(unsigned_half_sums(v, a, 0, ones),
 													   _mm256_set1_epi32(-SPLIT16_LEVEL_OFFSET * lo));
-				__m256i		isum_hi = _mm256_add_epi32(unsigned_half_sums(v, a, 4),
+				__m256i		isum_hi = _mm256_add_epi32(unsigned_half_sums(v, a, 4, ones),
 													   _mm256_set1_epi32(-SPLIT16_LEVEL_OFFSET * (xsum[tb] - lo)));
 
 				term = _mm256_add_ps(_mm256_mul_ps(ws, _mm256_cvtepi32_ps(isum_lo)),
@@ -727,11 +876,36 @@ tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bo
 			else
 			{
 				if (nibble)
-					isum = nibble_sums(v, u, a);
+					isum = nibble_sums(v, u, a, scale);
+				else if (split16)
+				{
+					/* as above, the halves' corrections times their scales in one vpmaddwd */
+					const int	lo = xsum_lo[tb];
+					const uint32_t halves = (uint16_t) lo | (uint32_t) (uint16_t) (xsum[tb] - lo) << 16;
+
+					isum = _mm256_add_epi32(unsigned_half_sums(v, a, 0, scale),
+											unsigned_half_sums(v, a, 4, scale_hi));
+					isum = _mm256_sub_epi32(isum, _mm256_madd_epi16(offset32, _mm256_set1_epi32((int32_t) halves)));
+				}
 				else if (narrow)
-					isum = byte_sums_narrow(v, u, a, 0, 8);
+					isum = byte_sums_narrow(v, u, a, 0, 8, scale);
 				else
-					isum = byte_sums(v, u, a, 0, 8);
+					isum = byte_sums(v, u, a, 0, 8, scale);
+				if (k_quant && superblocks)
+				{
+					const size_t tb0 = tb - b % CAI_KQUANT_BLOCKS;
+
+					isuper[t] = _mm256_add_epi32(isuper[t], isum);
+					if (!last)
+						continue;
+					term = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isuper[t]));
+					isuper[t] = _mm256_setzero_si256();
+					if (has_min)
+						term = _mm256_add_ps(term, _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(
+												superblock_min_sums(mins, xsum + tb0))));
+					acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_set1_ps(xs[tb0]), term));
+					continue;
+				}
 				if (zero != 0)
 					isum = _mm256_add_epi32(isum, _mm256_set1_epi32(zero * xsum[tb]));
 				term = _mm256_mul_ps(ws, _mm256_cvtepi32_ps(isum));
@@ -751,14 +925,32 @@ tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bo
 	}
 }
 
-/* One instance of tile_avx2 per format of the formats table, over all token tiles. */
+/*
+ * tile_avx2 over all token tiles of the job, for one arithmetic of a K-quant's (superblocks)
+ * and the levels from the layout or, Q6_K's, from the thread's scratch (unpacked).
+ */
+TARGET_AVX2_F16C static inline __attribute__((always_inline)) void
+tiles_avx2(const bgemm_job *j, int g, const bool nibble, const bool k_quant, const bool has_min,
+		   const bool split16, const bool narrow, const int zero, const bool superblocks,
+		   const uint8_t *unpacked)
+{
+	for (int t0 = 0; t0 < j->n_tok; t0 += TOKEN_TILE)
+		tile_avx2(j, g, t0, j->n_tok - t0 < TOKEN_TILE ? j->n_tok - t0 : TOKEN_TILE, nibble,
+				  k_quant, has_min, split16, narrow, zero, superblocks, unpacked);
+}
+
+/*
+ * One instance of tile_avx2 per format of the formats table, over all token tiles; a K-quant
+ * one per arithmetic, chosen once per call.
+ */
 #define GROUP_AVX2(name, nibble, k_quant, has_min, split16, narrow, zero) \
 TARGET_AVX2_F16C static void \
 name(const bgemm_job *j, int g, int thread) \
 { \
-	for (int t0 = 0; t0 < j->n_tok; t0 += TOKEN_TILE) \
-		tile_avx2(j, g, t0, j->n_tok - t0 < TOKEN_TILE ? j->n_tok - t0 : TOKEN_TILE, \
-				  nibble, k_quant, has_min, split16, narrow, zero, NULL); \
+	if (k_quant && j->superblocks) \
+		tiles_avx2(j, g, nibble, k_quant, has_min, split16, narrow, zero, true, NULL); \
+	else \
+		tiles_avx2(j, g, nibble, k_quant, has_min, split16, narrow, zero, false, NULL); \
 }
 
 /*
@@ -812,14 +1004,16 @@ group_avx2_q6_k(const bgemm_job *j, int g, int thread)
 		uint8_t    *scratch = j->unpacked + (size_t) thread * (j->w->k / CAI_BLOCK_ELEMS) * 32 * GROUP;
 
 		unpack_split16_group(j->w, g, scratch);
-		for (int t0 = 0; t0 < j->n_tok; t0 += TOKEN_TILE)
-			tile_avx2(j, g, t0, j->n_tok - t0 < TOKEN_TILE ? j->n_tok - t0 : TOKEN_TILE,
-					  false, true, false, true, true, 0, scratch);
+		if (j->superblocks)
+			tiles_avx2(j, g, false, true, false, true, true, 0, true, scratch);
+		else
+			tiles_avx2(j, g, false, true, false, true, true, 0, false, scratch);
 		return;
 	}
-	for (int t0 = 0; t0 < j->n_tok; t0 += TOKEN_TILE)
-		tile_avx2(j, g, t0, j->n_tok - t0 < TOKEN_TILE ? j->n_tok - t0 : TOKEN_TILE,
-				  false, true, false, true, true, 0, NULL);
+	if (j->superblocks)
+		tiles_avx2(j, g, false, true, false, true, true, 0, true, NULL);
+	else
+		tiles_avx2(j, g, false, true, false, true, true, 0, false, NULL);
 }
 
 GROUP_AVX2(group_avx2_q4_0, true, false, false, false, true, -8)
@@ -852,15 +1046,15 @@ avx2_f16c_available(void)
  * the AVX2 ones.
  */
 static cai_bkernel
-select_kernel(ggml_type type)
+select_kernel(ggml_type type, bool superblocks)
 {
-	const cai_bkernel portable = {group_portable, 1, 0};
+	const cai_bkernel portable = {group_portable, 1, 0, 0};
 
 #if defined(__x86_64__)
 	const char *isa = cai_cpu_isa();
 
-	if (strcmp(isa, "avx512-amx") == 0 && cai_bkernel_amx(type).fn)
-		return cai_bkernel_amx(type);
+	if (strcmp(isa, "avx512-amx") == 0 && cai_bkernel_amx(type, superblocks).fn)
+		return cai_bkernel_amx(type, superblocks);
 	if (strncmp(isa, "avx512", 6) == 0 && cai_bkernel_vnni(type).fn)
 		return cai_bkernel_vnni(type);
 	if (strcmp(isa, "avx-vnni") == 0 && cai_bkernel_avxvnni(type).fn)
@@ -869,21 +1063,21 @@ select_kernel(ggml_type type)
 		switch (type)
 		{
 			case GGML_TYPE_Q4_0:
-				return (cai_bkernel) {group_avx2_q4_0, 1, 0};
+				return (cai_bkernel) {group_avx2_q4_0, 1, 0, 0};
 			case GGML_TYPE_Q4_1:
-				return (cai_bkernel) {group_avx2_q4_1, 1, 0};
+				return (cai_bkernel) {group_avx2_q4_1, 1, 0, 0};
 			case GGML_TYPE_Q4_K:
-				return (cai_bkernel) {group_avx2_q4_k, 1, 0};
+				return (cai_bkernel) {group_avx2_q4_k, 1, 0, 0};
 			case GGML_TYPE_Q5_0:
-				return (cai_bkernel) {group_avx2_q5_0, 1, 0};
+				return (cai_bkernel) {group_avx2_q5_0, 1, 0, 0};
 			case GGML_TYPE_Q5_1:
-				return (cai_bkernel) {group_avx2_q5_1, 1, 0};
+				return (cai_bkernel) {group_avx2_q5_1, 1, 0, 0};
 			case GGML_TYPE_Q5_K:
-				return (cai_bkernel) {group_avx2_q5_k, 1, 0};
+				return (cai_bkernel) {group_avx2_q5_k, 1, 0, 0};
 			case GGML_TYPE_Q6_K:
-				return (cai_bkernel) {group_avx2_q6_k, 1, 0};
+				return (cai_bkernel) {group_avx2_q6_k, 1, 0, 0};
 			case GGML_TYPE_Q8_0:
-				return (cai_bkernel) {group_avx2_q8_0, 1, 0};
+				return (cai_bkernel) {group_avx2_q8_0, 1, 0, 0};
 			default:
 				break;
 		}
@@ -911,16 +1105,33 @@ run_task(void *arg, int task, int thread)
 
 /*
  * The activations of n_tiles whole tiles of tokens in the order the tile kernels read them
- * (bgemm_job.xq_tiles): tile by tile, block by block, the tile's tokens' 32 inputs each, and
- * their scales and block sums as floats beside them.
+ * (bgemm_job.xq_tiles): tile by tile, run by run of `width` inputs, the tile's tokens' inputs of
+ * the run each; and block by block their scales and block sums as floats.
  */
 static void
 tile_activations(const int8_t *xq, const float *xs, const int16_t *xsum, int n_tiles, int k,
-				 int8_t *xq_tiles, float *xs_tiles, float *xsum_tiles)
+				 int width, int8_t *xq_tiles, float *xs_tiles, float *xsum_tiles)
 {
 	const int	nb = k / CAI_BLOCK_ELEMS;
+	const int	runs = k / width;
 
 	for (int tile = 0; tile < n_tiles; tile++)
+	{
+		for (int r = 0; r < runs; r++)
+		{
+			const size_t dst = ((size_t) tile * runs + r) * CAI_BTILE_TOKENS;
+
+			for (int t = 0; t < CAI_BTILE_TOKENS; t++)
+			{
+				const int8_t *src = xq + ((size_t) tile * CAI_BTILE_TOKENS + t) * k + (size_t) r * width;
+
+				/* constant sizes, so that each copy is a vector move, not a call */
+				if (width == 2 * CAI_BLOCK_ELEMS)
+					memcpy(xq_tiles + (dst + t) * width, src, 2 * CAI_BLOCK_ELEMS);
+				else
+					memcpy(xq_tiles + (dst + t) * width, src, CAI_BLOCK_ELEMS);
+			}
+		}
 		for (int b = 0; b < nb; b++)
 		{
 			const size_t dst = ((size_t) tile * nb + b) * CAI_BTILE_TOKENS;
@@ -929,18 +1140,49 @@ tile_activations(const int8_t *xq, const float *xs, const int16_t *xsum, int n_t
 			{
 				const size_t tok = (size_t) tile * CAI_BTILE_TOKENS + t;
 
-				memcpy(xq_tiles + (dst + t) * CAI_BLOCK_ELEMS,
-					   xq + tok * k + (size_t) b * CAI_BLOCK_ELEMS, CAI_BLOCK_ELEMS);
 				xs_tiles[dst + t] = xs[tok * nb + b];
 				xsum_tiles[dst + t] = (float) xsum[tok * nb + b];
 			}
 		}
+	}
+}
+
+/*
+ * A call's scratch, kept by the calling thread and grown as needed rather than allocated per
+ * call: a prefill's GEMMs each ask for megabytes (the tiled activations, the AMX kernels'
+ * widened weights), and memory fresh from the kernel costs its pages' zeroing at every call
+ * (a sixth of a 512-token prefill's time, measured).  What a thread holds is about its largest
+ * step's activations and weights' scratch.  Cache-line aligned: an AMX tile's rows are 64
+ * bytes, and a row across two lines costs two loads.
+ */
+enum
+{
+	SCRATCH_XSUM_LO, SCRATCH_WEIGHTS, SCRATCH_XQ_TILES, SCRATCH_XS_TILES, N_SCRATCH
+};
+
+static __thread struct
+{
+	void	   *p;
+	size_t		bytes;
+}			call_scratch[N_SCRATCH];
+
+static void *
+scratch_of(int which, size_t bytes)
+{
+	if (call_scratch[which].bytes < bytes)
+	{
+		free(call_scratch[which].p);
+		if (posix_memalign(&call_scratch[which].p, 64, bytes) != 0)
+			call_scratch[which].p = NULL;
+		call_scratch[which].bytes = call_scratch[which].p ? bytes : 0;
+	}
+	return call_scratch[which].p;
 }
 
 void
 cai_gemm_blocks_run(cai_threadpool *pool, cai_bkernel kernel, const int8_t *xq, const float *xs,
-					const int16_t *xsum, int n_tok, const cai_cpu_bmatrix *w, int n_out,
-					const float *bias, float *out, int ldo, bool accumulate)
+					const int16_t *xsum, int act_group, int n_tok, const cai_cpu_bmatrix *w,
+					int n_out, const float *bias, float *out, int ldo, bool accumulate)
 {
 	const int	n_groups = (n_out + GROUP - 1) / GROUP;
 	const int	threads = pool ? cai_threadpool_size(pool) : 1;
@@ -949,7 +1191,8 @@ cai_gemm_blocks_run(cai_threadpool *pool, cai_bkernel kernel, const int8_t *xq, 
 	int16_t    *xsum_lo = NULL;
 	int8_t	   *xq_tiles = NULL;
 	float	   *xs_tiles = NULL;
-	bgemm_job	job = {xq, xs, xsum, NULL, n_tok, w, n_out, bias, out, ldo, accumulate, 1, NULL, NULL, NULL, NULL};
+	bgemm_job	job = {xq, xs, xsum, NULL, act_group == CAI_KQUANT_BLOCKS, n_tok, w, n_out, bias, out,
+	ldo, accumulate, 1, NULL, NULL, NULL, NULL};
 	bgemm_task	task = {&job, kernel};
 
 	if (n_tok < 1 || n_groups < 1)
@@ -961,9 +1204,9 @@ cai_gemm_blocks_run(cai_threadpool *pool, cai_bkernel kernel, const int8_t *xq, 
 	 */
 	if (format_of(w->type) && format_of(w->type)->split16 && kernel.fn != group_portable)
 	{
-		xsum_lo = malloc((size_t) n_tok * nb * sizeof(int16_t));
+		xsum_lo = scratch_of(SCRATCH_XSUM_LO, (size_t) n_tok * nb * sizeof(int16_t));
 		if (!xsum_lo)
-			task.kernel = (cai_bkernel) {group_portable, 1, 0};
+			task.kernel = (cai_bkernel) {group_portable, 1, 0, 0};
 		for (int t = 0; xsum_lo && t < n_tok; t++)
 			for (int b = 0; b < nb; b++)
 			{
@@ -977,19 +1220,21 @@ cai_gemm_blocks_run(cai_threadpool *pool, cai_bkernel kernel, const int8_t *xq, 
 		job.xsum_lo = xsum_lo;
 		/* without this scratch the AVX2 kernel unpacks per tile: slower, the same bits */
 		if (xsum_lo && n_tok > TOKEN_TILE && task.kernel.step == 1)
-			job.unpacked = malloc((size_t) threads * nb * 32 * GROUP);
+			job.unpacked = scratch_of(SCRATCH_WEIGHTS, (size_t) threads * nb * 32 * GROUP);
 	}
 	if (task.kernel.scratch_block > 0 && n_tok >= CAI_BSCRATCH_TOKENS)
 	{
 		const int	n_tiles = n_tok / CAI_BTILE_TOKENS;
 
-		job.unpacked = malloc((size_t) threads * nb * task.kernel.scratch_block);
-		xq_tiles = malloc((size_t) n_tiles * CAI_BTILE_TOKENS * w->k);
-		xs_tiles = malloc((size_t) n_tiles * CAI_BTILE_TOKENS * nb * 2 * sizeof(float));
+		job.unpacked = scratch_of(SCRATCH_WEIGHTS, (size_t) threads * nb * task.kernel.scratch_block);
+		xq_tiles = scratch_of(SCRATCH_XQ_TILES, (size_t) n_tiles * CAI_BTILE_TOKENS * w->k);
+		xs_tiles = scratch_of(SCRATCH_XS_TILES,
+							  (size_t) n_tiles * CAI_BTILE_TOKENS * nb * 2 * sizeof(float));
 		if (xq_tiles && xs_tiles)
 		{
-			tile_activations(xq, xs, xsum, n_tiles, w->k, xq_tiles, xs_tiles,
-							 xs_tiles + (size_t) n_tiles * CAI_BTILE_TOKENS * nb);
+			tile_activations(xq, xs, xsum, n_tiles, w->k,
+							 task.kernel.tile_inputs > 0 ? task.kernel.tile_inputs : CAI_BLOCK_ELEMS,
+							 xq_tiles, xs_tiles, xs_tiles + (size_t) n_tiles * CAI_BTILE_TOKENS * nb);
 			job.xq_tiles = xq_tiles;
 			job.xs_tiles = xs_tiles;
 			job.xsum_tiles = xs_tiles + (size_t) n_tiles * CAI_BTILE_TOKENS * nb;
@@ -1005,26 +1250,22 @@ cai_gemm_blocks_run(cai_threadpool *pool, cai_bkernel kernel, const int8_t *xq, 
 	else
 		for (int t = 0; t < n_tasks; t++)
 			run_task(&task, t, 0);
-	free(xsum_lo);
-	free(xq_tiles);
-	free(xs_tiles);
-	free(job.unpacked);
 }
 
 void
 cai_gemm_blocks(cai_threadpool *pool, const int8_t *xq, const float *xs, const int16_t *xsum,
-				int n_tok, const cai_cpu_bmatrix *w, int n_out, const float *bias, float *out,
-				int ldo, bool accumulate)
+				int act_group, int n_tok, const cai_cpu_bmatrix *w, int n_out, const float *bias,
+				float *out, int ldo, bool accumulate)
 {
-	cai_gemm_blocks_run(pool, select_kernel(w->type), xq, xs, xsum, n_tok, w, n_out, bias, out,
-						ldo, accumulate);
+	cai_gemm_blocks_run(pool, select_kernel(w->type, act_group == CAI_KQUANT_BLOCKS), xq, xs,
+						xsum, act_group, n_tok, w, n_out, bias, out, ldo, accumulate);
 }
 
 void
-cai_gemm_blocks_portable(const int8_t *xq, const float *xs, const int16_t *xsum, int n_tok,
-						 const cai_cpu_bmatrix *w, int n_out, const float *bias, float *out,
-						 int ldo, bool accumulate)
+cai_gemm_blocks_portable(const int8_t *xq, const float *xs, const int16_t *xsum, int act_group,
+						 int n_tok, const cai_cpu_bmatrix *w, int n_out, const float *bias,
+						 float *out, int ldo, bool accumulate)
 {
-	cai_gemm_blocks_run(NULL, (cai_bkernel) {group_portable, 1, 0}, xq, xs, xsum, n_tok, w, n_out,
-						bias, out, ldo, accumulate);
+	cai_gemm_blocks_run(NULL, (cai_bkernel) {group_portable, 1, 0, 0}, xq, xs, xsum, act_group,
+						n_tok, w, n_out, bias, out, ldo, accumulate);
 }

@@ -13,8 +13,10 @@
  * into the unsigned operand as they are (nibbles 0..15, Q6_K's stored 0..63) or with the sign
  * bit flipped (the signed byte formats: w + 128), and that offset times the activations' block
  * sum is taken off the integer sum again; so each block's row sums are the integers the
- * portable kernel computes, and the float operations after them are the same ones in the same
- * order: the same bits.
+ * portable kernel computes (with super-block activations a K-quant's then multiplied by their
+ * sub-block scales and summed over the super-block into its exact int32 I and M), and the float
+ * operations after them, per block or, a K-quant's with super-block activations, per super-block,
+ * are the same ones in the same order: the same bits.
  *
  * A block's levels are widened once per tile of up to 4 tokens (AVX2 has 16 vector registers,
  * not AVX-512's 32: a block's 8 steps and a tile's sums fill them), Q6_K's once per group into
@@ -63,41 +65,80 @@ load_i32(const int8_t *p)
 	return v;
 }
 
-/* A group's 8 int8 sub-block scales as floats. */
-AVXVNNI_TARGET static inline __m256
-bytes_to_ps(const int8_t *p)
+/* A group's 8 int8 sub-block scales (or mins) at p as int32, row r's in lane r. */
+AVXVNNI_TARGET static inline __m256i
+bytes_to_epi32(const int8_t *p)
 {
-	return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) p)));
+	return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *) p));
 }
 
 /*
- * Block b's scales for the 8 rows of group g: ws (split16: ws_hi, the second half's) and wm.
- * d and dmin carry a K-quant's super-block scales from block to block (read at its first
- * block).
+ * Block b's scales for the 8 rows of group g: d and dmin (a K-quant's read at its super-block's
+ * first block and carried from block to block); with super-block activations a K-quant's
+ * sub-block scales sc (split16: sc_hi, the second half's) as the int32 multipliers of its block
+ * sums; else the float ws (split16: ws_hi) and wm of the block's float operations, d sc and
+ * dmin m for a K-quant, d and dmin for the others.
  */
 AVXVNNI_TARGET static inline __attribute__((always_inline)) void
 block_scales(const cai_cpu_bmatrix *m, int g, int b, const bool k_quant, const bool has_min,
-			 const bool split16, __m256 *d, __m256 *dmin, __m256 *ws, __m256 *ws_hi, __m256 *wm)
+			 const bool split16, const bool superblocks, __m256 *d, __m256 *dmin, __m256i *sc,
+			 __m256i *sc_hi, __m256 *ws, __m256 *ws_hi, __m256 *wm)
 {
-	if (!k_quant || b % 8 == 0)
+	if (!k_quant || b % CAI_KQUANT_BLOCKS == 0)
 	{
 		*d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (m->d + cai_bscale_index(m, g, b))));
 		if (has_min)
 			*dmin = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (m->dmin + cai_bscale_index(m, g, b))));
 	}
-	if (k_quant)
+	if (k_quant && superblocks)
 	{
-		*ws = _mm256_mul_ps(*d, bytes_to_ps(m->sc + cai_bsub_index(m, g, b)));
+		*sc = bytes_to_epi32(m->sc + cai_bsub_index(m, g, b));
 		if (split16)
-			*ws_hi = _mm256_mul_ps(*d, bytes_to_ps(m->sc + cai_bsub_index(m, g, b) + GROUP));
+			*sc_hi = bytes_to_epi32(m->sc + cai_bsub_index(m, g, b) + GROUP);
+	}
+	else if (k_quant)
+	{
+		*ws = _mm256_mul_ps(*d, _mm256_cvtepi32_ps(bytes_to_epi32(m->sc + cai_bsub_index(m, g, b))));
+		if (split16)
+			*ws_hi = _mm256_mul_ps(*d, _mm256_cvtepi32_ps(bytes_to_epi32(m->sc + cai_bsub_index(m, g, b) + GROUP)));
 		if (has_min)
-			*wm = _mm256_mul_ps(*dmin, bytes_to_ps(m->m + cai_bsub_index(m, g, b)));
+			*wm = _mm256_mul_ps(*dmin, _mm256_cvtepi32_ps(bytes_to_epi32(m->m + cai_bsub_index(m, g, b))));
 	}
 	else
 	{
 		*ws = *d;
 		*wm = *dmin;
 	}
+}
+
+/* Group g's mins of the K-quant super-block from block b0, for superblock_min_sums. */
+AVXVNNI_TARGET static inline __attribute__((always_inline)) void
+min_pairs(const cai_cpu_bmatrix *m, int g, int b0, __m256i *mins)
+{
+	for (int i = 0; i < CAI_KQUANT_BLOCKS / 2; i++)
+		mins[i] = _mm256_cvtepi8_epi16(_mm_unpacklo_epi8(
+			_mm_loadl_epi64((const __m128i *) (m->m + cai_bsub_index(m, g, b0 + 2 * i))),
+			_mm_loadl_epi64((const __m128i *) (m->m + cai_bsub_index(m, g, b0 + 2 * i + 1)))));
+}
+
+/*
+ * M of a K-quant super-block (gemm_blocks.h) for the 8 rows and one token: lane r of mins[i]
+ * holds row r's mins of blocks 2i and 2i + 1 as two int16 (min_pairs), and the token's block
+ * sums asum lie two to a 32-bit word in the same order, so four vpmaddwd make the exact sum.
+ */
+AVXVNNI_TARGET static inline __m256i
+superblock_min_sums(const __m256i *mins, const int16_t *asum)
+{
+	__m256i		s32 = _mm256_setzero_si256();
+
+	for (int i = 0; i < CAI_KQUANT_BLOCKS / 2; i++)
+	{
+		int32_t		two;
+
+		memcpy(&two, asum + 2 * i, sizeof(two));
+		s32 = _mm256_add_epi32(s32, _mm256_madd_epi16(mins[i], _mm256_set1_epi32(two)));
+	}
+	return s32;
 }
 
 /*
@@ -148,12 +189,18 @@ widen_block(const uint8_t *p, const bool nibble, const bool split16, __m256i *v)
 /*
  * Group g for tokens [t0, t0 + nt), its levels from the layout or (wide, Q6_K) already widened
  * into the thread's scratch, 256 bytes a block.  The format's flags and nt are compile-time
- * constants in each instance, so the loops unroll and the tile's sums live in registers.
+ * constants in each instance, and so is the K-quants' arithmetic (superblocks, the job's), so
+ * the loops unroll, carry no branches on them, and the tile's sums live in registers.  With
+ * super-block activations a K-quant's block sums (Q6_K: each half's) are multiplied by their
+ * sub-block scales in int32 and added into one I per row and token; its super-block's last block
+ * adds the mins' M and does the float operations, once per 256 inputs.  With per-block
+ * activations every block converts its sums and does the float operations with ws and wm
+ * (Q6_K: ws and ws_hi per half).
  */
 AVXVNNI_TARGET static inline __attribute__((always_inline)) void
 tile_avxvnni(const bgemm_job *j, int g, int t0, const int nt, const bool nibble,
 			 const bool k_quant, const bool has_min, const bool split16, const int zero,
-			 const uint8_t *wide)
+			 const bool superblocks, const uint8_t *wide)
 {
 	const cai_cpu_bmatrix *m = j->w;
 	const int	k = m->k;
@@ -167,16 +214,25 @@ tile_avxvnni(const bgemm_job *j, int g, int t0, const int nt, const bool nibble,
 	const int16_t *xsum = j->xsum + (size_t) t0 * nb;
 	const int16_t *xsum_lo = split16 ? j->xsum_lo + (size_t) t0 * nb : NULL;
 	__m256		acc[YTILE];
+	__m256i		isuper[YTILE];
 	__m256		d = _mm256_setzero_ps(),
 				dmin = _mm256_setzero_ps();
 
 	for (int t = 0; t < nt; t++)
+	{
 		acc[t] = _mm256_setzero_ps();
+		isuper[t] = _mm256_setzero_si256();
+	}
 	for (int b = 0; b < nb; b++)
 	{
 		const uint8_t *p = qg + (size_t) b * bbytes;
-		__m256i		v[8];
-		__m256		ws,
+		const bool	last = k_quant && superblocks &&
+			b % CAI_KQUANT_BLOCKS == CAI_KQUANT_BLOCKS - 1;
+		__m256i		v[8],
+					sc = _mm256_setzero_si256(),
+					sc_hi = _mm256_setzero_si256(),
+					mins[CAI_KQUANT_BLOCKS / 2];
+		__m256		ws = _mm256_setzero_ps(),
 					ws_hi = _mm256_setzero_ps(),
 					wm = _mm256_setzero_ps();
 
@@ -184,14 +240,17 @@ tile_avxvnni(const bgemm_job *j, int g, int t0, const int nt, const bool nibble,
 		{
 			for (int o = 0; o < bbytes; o += 64)
 				_mm_prefetch((const char *) (p + PREFETCH_BLOCKS * bbytes + o), _MM_HINT_T0);
-			if (b % 8 == 0)
+			if (b % CAI_KQUANT_BLOCKS == 0)
 			{
 				_mm_prefetch((const char *) (m->d + cai_bscale_index(m, g, b + PREFETCH_BLOCKS)), _MM_HINT_T0);
 				if (k_quant)
 					_mm_prefetch((const char *) (m->sc + cai_bsub_index(m, g, b + PREFETCH_BLOCKS)), _MM_HINT_T0);
 			}
 		}
-		block_scales(m, g, b, k_quant, has_min, split16, &d, &dmin, &ws, &ws_hi, &wm);
+		block_scales(m, g, b, k_quant, has_min, split16, superblocks, &d, &dmin, &sc, &sc_hi,
+					 &ws, &ws_hi, &wm);
+		if (has_min && last)
+			min_pairs(m, g, b - (CAI_KQUANT_BLOCKS - 1), mins);
 		if (wide)
 			for (int s = 0; s < 8; s++)
 				v[s] = _mm256_loadu_si256((const __m256i *) (wide + (size_t) b * 32 * GROUP + 32 * s));
@@ -203,7 +262,8 @@ tile_avxvnni(const bgemm_job *j, int g, int t0, const int nt, const bool nibble,
 			const size_t tb = (size_t) t * nb + b;
 			/* two independent chains of four, the even and the odd steps (split16: the halves) */
 			__m256i		c0 = _mm256_setzero_si256(),
-						c1 = _mm256_setzero_si256();
+						c1 = _mm256_setzero_si256(),
+						isum;
 			__m256		term;
 
 			for (int s = 0; s < 4; s++)
@@ -220,16 +280,36 @@ tile_avxvnni(const bgemm_job *j, int g, int t0, const int nt, const bool nibble,
 				__m256i		isum_lo = _mm256_add_epi32(c0, _mm256_set1_epi32(-SPLIT16_LEVEL_OFFSET * lo));
 				__m256i		isum_hi = _mm256_add_epi32(c1, _mm256_set1_epi32(-SPLIT16_LEVEL_OFFSET * (xsum[tb] - lo)));
 
-				term = _mm256_add_ps(_mm256_mul_ps(ws, _mm256_cvtepi32_ps(isum_lo)),
-									 _mm256_mul_ps(ws_hi, _mm256_cvtepi32_ps(isum_hi)));
+				if (superblocks)
+					isum = _mm256_add_epi32(_mm256_mullo_epi32(sc, isum_lo), _mm256_mullo_epi32(sc_hi, isum_hi));
+				else
+					term = _mm256_add_ps(_mm256_mul_ps(ws, _mm256_cvtepi32_ps(isum_lo)),
+										 _mm256_mul_ps(ws_hi, _mm256_cvtepi32_ps(isum_hi)));
 			}
 			else
 			{
-				__m256i		isum = _mm256_add_epi32(c0, c1);
-
+				isum = _mm256_add_epi32(c0, c1);
 				if (offset != 0)
 					isum = _mm256_add_epi32(isum, _mm256_set1_epi32(offset * xsum[tb]));
-				term = _mm256_mul_ps(ws, _mm256_cvtepi32_ps(isum));
+				if (k_quant && superblocks)
+					isum = _mm256_mullo_epi32(sc, isum);
+				else
+					term = _mm256_mul_ps(ws, _mm256_cvtepi32_ps(isum));
+			}
+			if (k_quant && superblocks)
+			{
+				const size_t tb0 = tb - b % CAI_KQUANT_BLOCKS;
+
+				isuper[t] = _mm256_add_epi32(isuper[t], isum);
+				if (!last)
+					continue;
+				term = _mm256_mul_ps(d, _mm256_cvtepi32_ps(isuper[t]));
+				isuper[t] = _mm256_setzero_si256();
+				if (has_min)
+					term = _mm256_add_ps(term, _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(
+											superblock_min_sums(mins, xsum + tb0))));
+				acc[t] = _mm256_add_ps(acc[t], _mm256_mul_ps(_mm256_set1_ps(xs[tb0]), term));
+				continue;
 			}
 			if (has_min)
 				term = _mm256_add_ps(term, _mm256_mul_ps(wm, _mm256_set1_ps((float) xsum[tb])));
@@ -250,11 +330,11 @@ tile_avxvnni(const bgemm_job *j, int g, int t0, const int nt, const bool nibble,
  * Group g for all of the job's tokens: tiles of 4, then what remains in tiles of 2 and 1, each
  * an instance of its own (the tile's size a constant).  Q6_K with more tokens than a tile and
  * the scratch the runner gives it (256 bytes per thread and block) widens the group's levels
- * once and reads them from there for every tile.
+ * once and reads them from there for every tile.  superblocks: tile_avxvnni's.
  */
 AVXVNNI_TARGET static inline __attribute__((always_inline)) void
 group_avxvnni(const bgemm_job *j, int g, int thread, const bool nibble, const bool k_quant,
-			  const bool has_min, const bool split16, const int zero)
+			  const bool has_min, const bool split16, const int zero, const bool superblocks)
 {
 	const uint8_t *wide = NULL;
 	int			t0 = 0;
@@ -275,22 +355,25 @@ group_avxvnni(const bgemm_job *j, int g, int thread, const bool nibble, const bo
 		wide = dst;
 	}
 	for (; t0 + YTILE <= j->n_tok; t0 += YTILE)
-		tile_avxvnni(j, g, t0, YTILE, nibble, k_quant, has_min, split16, zero, wide);
+		tile_avxvnni(j, g, t0, YTILE, nibble, k_quant, has_min, split16, zero, superblocks, wide);
 	if (t0 + 2 <= j->n_tok)
 	{
-		tile_avxvnni(j, g, t0, 2, nibble, k_quant, has_min, split16, zero, wide);
+		tile_avxvnni(j, g, t0, 2, nibble, k_quant, has_min, split16, zero, superblocks, wide);
 		t0 += 2;
 	}
 	if (t0 < j->n_tok)
-		tile_avxvnni(j, g, t0, 1, nibble, k_quant, has_min, split16, zero, wide);
+		tile_avxvnni(j, g, t0, 1, nibble, k_quant, has_min, split16, zero, superblocks, wide);
 }
 
-/* One instance per format. */
+/* One instance per format, a K-quant's one per arithmetic, chosen once per call. */
 #define GROUP_AVXVNNI(name, nibble, k_quant, has_min, split16, zero) \
 AVXVNNI_TARGET static void \
 AVXVNNI_NAME(name)(const bgemm_job *j, int g, int thread) \
 { \
-	group_avxvnni(j, g, thread, nibble, k_quant, has_min, split16, zero); \
+	if (k_quant && j->superblocks) \
+		group_avxvnni(j, g, thread, nibble, k_quant, has_min, split16, zero, true); \
+	else \
+		group_avxvnni(j, g, thread, nibble, k_quant, has_min, split16, zero, false); \
 }
 
 GROUP_AVXVNNI(group_avxvnni_q4_0, true, false, false, false, -8)
@@ -305,7 +388,7 @@ GROUP_AVXVNNI(group_avxvnni_q8_0, false, false, false, false, 0)
 cai_bkernel
 AVXVNNI_NAME(cai_bkernel_avxvnni)(ggml_type type)
 {
-	cai_bkernel k = {NULL, 1, 0};
+	cai_bkernel k = {NULL, 1, 0, 0};
 
 	switch (type)
 	{
@@ -344,7 +427,7 @@ AVXVNNI_NAME(cai_bkernel_avxvnni)(ggml_type type)
 cai_bkernel
 cai_bkernel_avxvnni(ggml_type type)
 {
-	return (cai_bkernel) {NULL, 1, 0};
+	return (cai_bkernel) {NULL, 1, 0, 0};
 }
 
 #endif

@@ -32,6 +32,8 @@ typedef struct bgemm_job
 	const float *xs;
 	const int16_t *xsum;
 	const int16_t *xsum_lo;		/* split16: each block's first 16 levels' sum, else NULL */
+	bool		superblocks;	/* a K-quant's activations one scale per super-block: its
+								 * super-block arithmetic (gemm_blocks.h) */
 	int			n_tok;
 	const cai_cpu_bmatrix *w;
 	int			n_out;
@@ -45,9 +47,10 @@ typedef struct bgemm_job
 								 * the scratch of a kernel that asks for it */
 
 	/*
-	 * With a kernel's scratch: the tokens' whole tiles of CAI_BTILE_TOKENS, each block's inputs
-	 * of the tile side by side (xq_tiles [tile][k / 32][token][32]) and its scales and sums as
-	 * floats ([tile][k / 32][token]), else NULL.  A tile's block is then one run of memory: a
+	 * With a kernel's scratch: the tokens' whole tiles of CAI_BTILE_TOKENS, each run of the
+	 * kernel's tile_inputs inputs of the tile side by side (xq_tiles [tile][k / tile_inputs]
+	 * [token][tile_inputs]) and each block's scales and sums as floats ([tile][k / 32][token]),
+	 * else NULL.  A tile's block is then one run of memory: a
 	 * token's inputs k bytes apart would put every row of it in the same few sets of the L1
 	 * cache (k is a multiple of 2048 in the models that need the speed).
 	 */
@@ -67,13 +70,15 @@ typedef void (*cai_bgroup_fn) (const bgemm_job *j, int g, int thread);
 /*
  * A kernel, how many groups one call of it computes, and the scratch it takes per thread and
  * block of 32 inputs (in bgemm_job.unpacked) when a call has at least CAI_BSCRATCH_TOKENS
- * tokens (0: none; the kernel works without it, slower, where the allocation fails).
+ * tokens (0: none; the kernel works without it, slower, where the allocation fails), with the
+ * width of its tiles' runs of inputs (bgemm_job.xq_tiles; 0: a block, 32).
  */
 typedef struct cai_bkernel
 {
 	cai_bgroup_fn fn;
 	int			step;
 	int			scratch_block;
+	int			tile_inputs;
 } cai_bkernel;
 
 #define CAI_BSCRATCH_TOKENS 16
@@ -110,19 +115,23 @@ cai_bstore_result(const bgemm_job *j, int t, int o, float acc)
 	*dst = j->accumulate ? *dst + v : v;
 }
 
-/* cai_gemm_blocks with the given kernel (one of the type's: it reads the type's layout). */
+/*
+ * cai_gemm_blocks with the given kernel (one of the type's: it reads the type's layout, and for
+ * a K-quant the arithmetic of act_group's activations).
+ */
 void		cai_gemm_blocks_run(cai_threadpool *pool, cai_bkernel kernel, const int8_t *xq,
-								const float *xs, const int16_t *xsum, int n_tok,
+								const float *xs, const int16_t *xsum, int act_group, int n_tok,
 								const cai_cpu_bmatrix *w, int n_out, const float *bias,
 								float *out, int ldo, bool accumulate);
 
 /*
  * The AVX-512 VNNI kernel of type (fn NULL where there is none): gemm_blocks_vnni.c, built
  * natively; its SIMDe copy in the unit tests is cai_bkernel_vnni_simde.  cai_bkernel_amx: the
- * same with AMX tiles for whole tiles of 16 tokens (the avx512-amx path only).
+ * same with AMX tiles for whole tiles of 16 tokens (the avx512-amx path only), for a K-quant
+ * with super-block activations (superblocks) or per-block ones.
  */
 cai_bkernel cai_bkernel_vnni(ggml_type type);
-cai_bkernel cai_bkernel_amx(ggml_type type);
+cai_bkernel cai_bkernel_amx(ggml_type type, bool superblocks);
 
 /*
  * The AVX-VNNI (256-bit) kernel of type (fn NULL where there is none): gemm_blocks_avxvnni.c,

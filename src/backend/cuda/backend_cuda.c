@@ -38,6 +38,9 @@ struct cai_weight
 {
 	cai_cuda_qmatrix m;
 	int			n_parts;		/* 0: an int8 matrix */
+	int			act_group;		/* blocks of 32 its activations' scale spans with super-block
+								 * activations (the largest block of its parts' formats: 8 for
+								 * a K-quant); the kernels' per-block arithmetic takes either */
 	cai_cuda_bmatrix parts[CAI_BMATRIX_MAX_PARTS];
 	const void *src[CAI_BMATRIX_MAX_PARTS];	/* the parts' host data (the embedding finds a
 											 * table the head shares by it) */
@@ -774,6 +777,8 @@ upload_block_part(cuda_backend *cb, const cai_bmatrix *src, int i, cai_weight *w
 	d->split16 = h.split16;
 	w->src[i] = p->data;
 	w->n_parts = i + 1;
+	if (h.act_group > w->act_group)
+		w->act_group = h.act_group;
 	d->q_dev = device_copy(cb, h.q, h.q_bytes, 0, "a block weight matrix", err);
 	d->sc_dev = d->q_dev ? device_copy(cb, h.sc, h.sc_bytes, 0, "a block matrix's scales", err)
 		: NULL;
@@ -838,8 +843,8 @@ cuda_prepare_blocks(cai_backend *be, const cai_bmatrix *const *src, int n, const
 }
 
 static void
-cuda_quantize_blocks(cai_backend *be, const float *x, int n_tok, int k, int8_t *q, float *s,
-					 int16_t *sum)
+cuda_quantize_blocks(cai_backend *be, const float *x, int n_tok, int k, const cai_weight *w,
+					 bool superblocks, int8_t *q, float *s, int16_t *sum)
 {
 	cuda_backend *cb = cb_of(be);
 	cai_error	e;
@@ -848,14 +853,16 @@ cuda_quantize_blocks(cai_backend *be, const float *x, int n_tok, int k, int8_t *
 		!output_ok(cb, q, "block quantize output") || !output_ok(cb, s, "block scales") ||
 		!output_ok(cb, sum, "block sums"))
 		return;
-	be_check(cb, cai_cuda_quantize_blocks(cb->ctx, x, n_tok, k, q, s, sum, &e), &e);
+	be_check(cb, cai_cuda_quantize_blocks(cb->ctx, x, n_tok, k,
+										  superblocks && w->act_group > 1 ? w->act_group : 1, q, s,
+										  sum, &e), &e);
 }
 
 /* Each part's rows in turn, as on the CPU: part i covers rows [row0, row0 + its rows). */
 static void
 cuda_gemm_blocks(cai_backend *be, const int8_t *xq, const float *xs, const int16_t *xsum,
-				 int n_tok, const cai_weight *w, int n_out, const float *bias, float *out, int ldo,
-				 bool accumulate)
+				 int n_tok, const cai_weight *w, bool superblocks, int n_out, const float *bias,
+				 float *out, int ldo, bool accumulate)
 {
 	cuda_backend *cb = cb_of(be);
 	bool		to_host;

@@ -242,6 +242,7 @@ cai_cuda_bmatrix_pack(int type, const void *data, int rows, int k, cai_cuda_bmat
 	out->k = k;
 	out->nibble = nibble;
 	out->split16 = split16;
+	out->act_group = elems / PACK_BLK;
 	out->q_bytes = (size_t) rows * nb * (nibble ? 16 : 32);
 	out->sc_bytes = (size_t) rows * nb * 2 * sizeof(float);
 	out->source_bytes = (size_t) rows * (k / elems) * bytes;

@@ -243,6 +243,8 @@ typedef struct cai_cuda_bmatrix_host
 	int			k;
 	bool		nibble;
 	bool		split16;
+	int			act_group;		/* blocks of 32 one activation scale spans in its GEMM: the
+								 * format's own block (a K-quant's 256: 8), as on the CPU */
 	uint8_t    *q;
 	float	   *sc;
 	size_t		q_bytes;
@@ -265,9 +267,12 @@ CAI_CUDA_API cai_status cai_cuda_bmatrix_upload(cai_cuda_ctx *ctx, const cai_cud
 												cai_error *err);
 CAI_CUDA_API void cai_cuda_bmatrix_free(cai_cuda_ctx *ctx, cai_cuda_bmatrix *m);
 
-/* Per-block int8 quantization of x [n_tok, k]: cai_quantize_act_blocks' bits (q, s, sum). */
+/*
+ * Int8 quantization of x [n_tok, k] with one scale per `group` blocks of 32 (1, or 8 for the
+ * K-quants): cai_quantize_act_blocks' bits (q, s, sum).
+ */
 CAI_CUDA_API cai_status cai_cuda_quantize_blocks(cai_cuda_ctx *ctx, const float *x_dev, int n_tok,
-												 int k, int8_t *q_dev, float *s_dev,
+												 int k, int group, int8_t *q_dev, float *s_dev,
 												 int16_t *sum_dev, cai_error *err);
 
 /* Which kernel a block GEMM runs: by n_tok (the GEMV up to 8 tokens), or one named (tests). */

@@ -1,7 +1,9 @@
 /*
  * gemm_blocks.cu — GEMMs over the file's own block weights (cai_cuda_bmatrix: 4-bit nibbles or
  * signed bytes, a float scale pair per row and block of 32) with activations quantized per
- * block of 32 (cpu/gemm_blocks.h's arithmetic: per block, sa * (ws * isum + wm * asum)).
+ * block of 32, or for the K-quants per 256 with the scale repeated in each block
+ * (cpu/gemm_blocks.h's arithmetic: per block, sa * (ws * isum + wm * asum); the CPU sums a
+ * K-quant's super-block in integers first, the same value in another order).
  *
  * Layout.  Row-major by rows, then blocks: a row's blocks are contiguous, so a warp whose lanes
  * take consecutive blocks of one row reads 16 (nibbles) or 32 (bytes) consecutive bytes per lane,
@@ -33,67 +35,69 @@
  * ------------------------------------------------------------------------------------------- */
 
 /*
- * One warp per block of 32, a lane per element: cai_quantize_act_blocks' arithmetic (the same
- * rounded division and product, rintf), so q, s and sum are the CPU's bit for bit.
+ * One warp per group of `group` blocks of 32 sharing a scale (the K-quants': 8), a lane per
+ * element of each block: cai_quantize_act_blocks' arithmetic (the same maximum, rounded
+ * division and product, rintf), so q, s and sum are the CPU's bit for bit.
  */
 static __global__ void
-quantize_blocks_kernel(const float *__restrict__ x, int n_blocks, int8_t *__restrict__ q,
-					   float *__restrict__ s, int16_t *__restrict__ sum)
+quantize_blocks_kernel(const float *__restrict__ x, int n_groups, int group,
+					   int8_t *__restrict__ q, float *__restrict__ s, int16_t *__restrict__ sum)
 {
-	int			blk = blockIdx.x * (blockDim.x / CUDA_WARP) + threadIdx.x / CUDA_WARP;
+	int			grp = blockIdx.x * (blockDim.x / CUDA_WARP) + threadIdx.x / CUDA_WARP;
 	int			lane = threadIdx.x % CUDA_WARP;
-	float		v,
-				amax,
+	size_t		first;
+	float		amax = 0.0f,
 				inv;
-	int			qi,
-				total;
 
-	if (blk >= n_blocks)
+	if (grp >= n_groups)
 		return;
-	v = x[(size_t) blk * BLK + lane];
-	amax = fabsf(v);
+	first = (size_t) grp * group;
+	for (int b = 0; b < group; b++)
+		amax = fmaxf(amax, fabsf(x[(first + b) * BLK + lane]));
 	for (int off = CUDA_WARP / 2; off > 0; off >>= 1)
 		amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
 	inv = amax > 0.0f ? __fdiv_rn(127.0f, amax) : 0.0f;
-	if (!(amax > 0.0f) || isinf(inv))
+	for (int b = 0; b < group; b++)
 	{
-		q[(size_t) blk * BLK + lane] = 0;
+		size_t		blk = first + b;
+		float		v = x[blk * BLK + lane];
+		int			qi = 0,
+					total;
+
+		if (amax > 0.0f && !isinf(inv))
+		{
+			v = __fmul_rn(v, inv);
+			v = v > -127.0f ? v : -127.0f;
+			v = v < 127.0f ? v : 127.0f;
+			qi = (int) rintf(v);
+		}
+		q[blk * BLK + lane] = (int8_t) qi;
+		total = qi;
+		for (int off = CUDA_WARP / 2; off > 0; off >>= 1)
+			total += __shfl_xor_sync(0xffffffffu, total, off);
 		if (lane == 0)
 		{
-			s[blk] = 0.0f;
-			sum[blk] = 0;
+			s[blk] = amax > 0.0f && !isinf(inv) ? __fdiv_rn(amax, 127.0f) : 0.0f;
+			sum[blk] = (int16_t) total;
 		}
-		return;
-	}
-	v = __fmul_rn(v, inv);
-	v = v > -127.0f ? v : -127.0f;
-	v = v < 127.0f ? v : 127.0f;
-	qi = (int) rintf(v);
-	q[(size_t) blk * BLK + lane] = (int8_t) qi;
-	total = qi;
-	for (int off = CUDA_WARP / 2; off > 0; off >>= 1)
-		total += __shfl_xor_sync(0xffffffffu, total, off);
-	if (lane == 0)
-	{
-		s[blk] = __fdiv_rn(amax, 127.0f);
-		sum[blk] = (int16_t) total;
 	}
 }
 
 extern "C" cai_status
-cai_cuda_quantize_blocks(cai_cuda_ctx *ctx, const float *x_dev, int n_tok, int k, int8_t *q_dev,
-						 float *s_dev, int16_t *sum_dev, cai_error *err)
+cai_cuda_quantize_blocks(cai_cuda_ctx *ctx, const float *x_dev, int n_tok, int k, int group,
+						 int8_t *q_dev, float *s_dev, int16_t *sum_dev, cai_error *err)
 {
-	int			n_blocks = n_tok * (k / BLK);
+	int			n_groups;
 	const int	warps = 8;
 
-	if (k % BLK != 0)
+	if (group < 1 || k % (BLK * group) != 0)
 		return cuda_fail(err, CAI_ERR_INVALID_ARGUMENT,
-						 "block quantization needs a multiple of 32 inputs (%d)", k);
-	if (n_blocks <= 0)
+						 "block quantization needs a multiple of %d inputs (%d)", BLK * group, k);
+	n_groups = n_tok * (k / (BLK * group));
+	if (n_groups <= 0)
 		return CAI_OK;
-	quantize_blocks_kernel<<<div_up(n_blocks, warps), warps * CUDA_WARP, 0, ctx->stream>>>(
-		x_dev, n_blocks, q_dev, s_dev, sum_dev);
+	quantize_blocks_kernel<<<div_up(n_groups, warps), warps * CUDA_WARP, 0, ctx->stream>>>(
+		x_dev, n_groups, group, q_dev, s_dev, sum_dev);
 	CUDA_CHECK_LAUNCH(err, "the block quantize kernel");
 	return CAI_OK;
 }
