@@ -111,7 +111,7 @@ r = cai("run", "-m", MODEL, "-p", "Hi", "--max-tokens", "2", "--compensated-roun
 c.check("cai run takes --compensated-rounding, the old name of --gptq-rounding", r.returncode == 0,
         repr(r.stderr[-300:]))
 for flag, value, choices in (("--weight-rounding", "compensated", "(auto, nearest or gptq)"),
-                             ("--activations", "int4", "(auto, int8 or two_digit)")):
+                             ("--activations", "int4", "(auto, int8, two_digit or int8_256)")):
     r = cai("run", "-m", MODEL, "-p", "Hi", flag, value)
     c.check("cai run %s %s is refused, naming the choices" % (flag, value),
             r.returncode == 1 and choices in r.stderr, repr(r.stderr[-300:]))
