@@ -361,6 +361,18 @@ cai_act_group(ggml_type type)
 	return f && f->k_quant ? CAI_KQUANT_BLOCKS : 1;
 }
 
+/* A group whose largest value is 0 (or whose 127 / max overflows): levels, scales, sums 0. */
+static void
+quantize_act_zeros(int blocks, int8_t *qb, float *s, int16_t *sum)
+{
+	for (int b = 0; b < blocks; b++)
+	{
+		memset(qb + b * CAI_BLOCK_ELEMS, 0, CAI_BLOCK_ELEMS);
+		s[b] = 0.0f;
+		sum[b] = 0;
+	}
+}
+
 /* One group of `blocks` blocks of 32: its levels, and each block's scale and sum. */
 static void
 quantize_act_group(const float *xb, int blocks, int8_t *qb, float *s, int16_t *sum)
@@ -378,12 +390,7 @@ quantize_act_group(const float *xb, int blocks, int8_t *qb, float *s, int16_t *s
 	inv = amax > 0.0f ? 127.0f / amax : 0.0f;
 	if (!(amax > 0.0f) || isinf(inv))
 	{
-		for (int b = 0; b < blocks; b++)
-		{
-			memset(qb + b * CAI_BLOCK_ELEMS, 0, CAI_BLOCK_ELEMS);
-			s[b] = 0.0f;
-			sum[b] = 0;
-		}
+		quantize_act_zeros(blocks, qb, s, sum);
 		return;
 	}
 	for (int b = 0; b < blocks; b++)
@@ -429,12 +436,7 @@ quantize_act_group_avx2(const float *xb, int blocks, int8_t *qb, float *s, int16
 	inv = amax > 0.0f ? 127.0f / amax : 0.0f;
 	if (!(amax > 0.0f) || isinf(inv))
 	{
-		for (int b = 0; b < blocks; b++)
-		{
-			memset(qb + b * CAI_BLOCK_ELEMS, 0, CAI_BLOCK_ELEMS);
-			s[b] = 0.0f;
-			sum[b] = 0;
-		}
+		quantize_act_zeros(blocks, qb, s, sum);
 		return;
 	}
 	for (int b = 0; b < blocks; b++)
