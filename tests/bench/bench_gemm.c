@@ -557,7 +557,7 @@ static void
 bench_blocks(double seconds, int max_threads, bool with_lm_head, const char *only_formats,
 			 int only_tokens)
 {
-	static const int toks[] = {1, 64, 512};
+	static const int toks[] = {1, 8, 64, 512};
 	static const ggml_type btypes[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0};
 	const int	n_formats = 1 + (int) (sizeof(btypes) / sizeof(btypes[0]));
 

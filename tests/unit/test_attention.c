@@ -3,7 +3,8 @@
  * random int8 keys and values: against exact attention in double precision, bit-identical on
  * every instruction-set path, each segment's softmax maximum exactly the largest score and its
  * value sums exactly the int8 value rule, and invariant to thread counts, batch compositions
- * and how a prefill is cut into steps, for head sizes that take each value-pass path (32: no
+ * and how a prefill is cut into steps, whether rows over the same blocks (samples of one prompt)
+ * share a tile or not, for head sizes that take each value-pass path (32: no
  * 64-dimension vectors and no AMX; 64, 128, 256: both), contexts across many KV blocks, global
  * and windowed, with int8 keys and with two-digit keys (kv.h).
  */
@@ -14,6 +15,7 @@
 
 #include "backend.h"
 #include "cpu/attention.h"
+#include "cpu/attention_sharing.h"
 #include "cpu/gemm.h"
 #include "cpu/ops.h"
 #include "threadpool.h"
@@ -164,14 +166,49 @@ exact_row(const fixture *f, int s, int pos, int h, int window, double scale, dou
 	free(score);
 }
 
-/* A step: batch sequence i is fixture sequence seq[i] taking positions [first[i], +len[i]). */
+#define MAX_STEP_SEQS 10
+
+/*
+ * A step: batch sequence i is fixture sequence seq[i] taking positions [first[i], +len[i]),
+ * over its fixture table or, where tables[i] is set, that one (a fork's).
+ */
 typedef struct step
 {
 	int			n_seqs;
-	int			seq[4];
-	int			first[4];
-	int			len[4];
+	int			seq[MAX_STEP_SEQS];
+	int			first[MAX_STEP_SEQS];
+	int			len[MAX_STEP_SEQS];
+	const int32_t *tables[MAX_STEP_SEQS];
 } step;
+
+/* The batch layout of a step (arrays of MAX_STEP entries); returns its tokens. */
+static int
+step_layout(const fixture *f, const step *st, int32_t *pos, int32_t *tseq, int32_t *start,
+			int32_t *len, const int32_t **tables, cai_batch_layout *bl)
+{
+	int			T = 0;
+
+	for (int s = 0; s < st->n_seqs; s++)
+	{
+		start[s] = T;
+		len[s] = st->len[s];
+		tables[s] = st->tables[s] ? st->tables[s]
+			: f->tables + (size_t) st->seq[s] * f->blocks_per_seq;
+		for (int i = 0; i < st->len[s]; i++, T++)
+		{
+			pos[T] = st->first[s] + i;
+			tseq[T] = s;
+		}
+	}
+	bl->n_tokens = T;
+	bl->n_seqs = st->n_seqs;
+	bl->token_pos = pos;
+	bl->token_seq = tseq;
+	bl->seq_start = start;
+	bl->seq_len = len;
+	bl->block_tables = tables;
+	return T;
+}
 
 /* Runs the step's attention on `threads` threads; out: [tokens][N_HEADS * hd]. */
 static bool
@@ -187,11 +224,11 @@ run_step(const fixture *f, const step *st, int threads, int window, float *out, 
 	cai_error	err;
 	int32_t		pos[MAX_STEP],
 				tseq[MAX_STEP],
-				start[4],
-				len[4];
-	const int32_t *tables[4];
+				start[MAX_STEP_SEQS],
+				len[MAX_STEP_SEQS];
+	const int32_t *tables[MAX_STEP_SEQS];
 	float	   *q;
-	int			T = 0;
+	int			T;
 	cai_batch_layout bl;
 
 	if (!pool || cai_backend_cpu_create(pool, &limits, &be, &err) != CAI_OK)
@@ -199,29 +236,12 @@ run_step(const fixture *f, const step *st, int threads, int window, float *out, 
 		cai_threadpool_free(pool);
 		return false;
 	}
-	for (int s = 0; s < st->n_seqs; s++)
-	{
-		start[s] = T;
-		len[s] = st->len[s];
-		tables[s] = f->tables + (size_t) st->seq[s] * f->blocks_per_seq;
-		for (int i = 0; i < st->len[s]; i++, T++)
-		{
-			pos[T] = st->first[s] + i;
-			tseq[T] = s;
-		}
-	}
+	T = step_layout(f, st, pos, tseq, start, len, tables, &bl);
 	q = malloc(sizeof(float) * T * N_HEADS * hd);
 	for (int t = 0; t < T; t++)
 		memcpy(q + (size_t) t * N_HEADS * hd,
 			   f->q + ((size_t) st->seq[tseq[t]] * MAX_CONTEXT + pos[t]) * N_HEADS * hd,
 			   sizeof(float) * N_HEADS * hd);
-	bl.n_tokens = T;
-	bl.n_seqs = st->n_seqs;
-	bl.token_pos = pos;
-	bl.token_seq = tseq;
-	bl.seq_start = start;
-	bl.seq_len = len;
-	bl.block_tables = tables;
 	memset(out, 0xff, sizeof(float) * T * N_HEADS * hd);	/* NaN: every element is written */
 	be->ops->attention(be, &ap, &bl, q, N_HEADS * hd, f->pool, NULL, out, N_HEADS * hd);
 	*n_tokens = T;
@@ -413,6 +433,135 @@ TEST(attention_invariant_to_threads_batches_and_cuts)
 		}
 		free(alone);
 		free(other);
+		fixture_close(&f);
+	}
+}
+
+/*
+ * Forks of fixture sequence 0: sample i's table holds sequence 0's blocks below fork_block and
+ * fixture sequence i's from there on (its own, as copy-on-write gives a sample).
+ */
+static void
+fork_tables(const fixture *f, int n, int fork_block, int32_t *forks)
+{
+	for (int i = 0; i < n; i++)
+		for (int b = 0; b < f->blocks_per_seq; b++)
+			forks[(size_t) i * f->blocks_per_seq + b] =
+				f->tables[(size_t) (b < fork_block ? 0 : i) * f->blocks_per_seq + b];
+}
+
+/*
+ * Rows over the same blocks: eight samples forked from one prompt (fork mid-segment, and on a
+ * segment's edge), decoding at one position or, without a window, at several, beside an
+ * unrelated decode and a prefill chunk; the groups the planner finds are the ones expected, and
+ * every row is the bits it has alone, on 1-3 threads and every instruction-set path (a shared
+ * tile of 24 rows scores on AMX where a lone row cannot).
+ */
+TEST(attention_shared_blocks_same_bits)
+{
+	static const char *const paths[] = {"avx512-amx", "avx512-vnni", "avx-vnni", "avx2", "generic"};
+	static const int forks[] = {62, 48};	/* positions 992 and 768 (a segment's edge) */
+	char		original[32];
+
+	snprintf(original, sizeof(original), "%s", cai_cpu_isa());
+	for (int c = 0; c < N_CONFIGS; c++)
+	{
+		fixture		f;
+		int			hd = head_sizes[c % N_OF(head_sizes)];
+		int			digits = config_key_digits(c);
+		size_t		row = (size_t) N_HEADS * hd;
+		float	   *alone = malloc(sizeof(float) * MAX_STEP * row);
+		float	   *got = malloc(sizeof(float) * MAX_STEP * row);
+		int32_t    *tables;
+
+		CHECK(fixture_open(&f, hd, 9, digits));
+		tables = malloc(sizeof(int32_t) * 8 * f.blocks_per_seq);
+		for (int fk = 0; fk < N_OF(forks); fk++)
+		{
+			fork_tables(&f, 8, forks[fk], tables);
+			for (int w = 0; w < N_OF(windows); w++)
+			{
+				/* samples 0-7 (batch 1, 2, 4-9), an unrelated decode and a prefill chunk */
+				step		st = {.n_seqs = 10, .seq = {8, 0, 1, 8, 2, 3, 4, 5, 6, 7},
+				.len = {1, 1, 1, 40, 1, 1, 1, 1, 1, 1}};
+				int32_t		pos[MAX_STEP],
+							tseq[MAX_STEP],
+							start[MAX_STEP_SEQS],
+							len[MAX_STEP_SEQS];
+				const int32_t *tb[MAX_STEP_SEQS];
+				cai_attn_params ap = {.n_heads = N_HEADS, .n_kv_heads = N_KV, .head_dim = hd,
+				.window = windows[w]};
+				cai_batch_layout bl;
+				cai_attn_share_group groups[MAX_STEP_SEQS / 2];
+				int			members[MAX_STEP_SEQS],
+							taken[MAX_STEP_SEQS],
+							n_groups,
+							T;
+
+				for (int i = 0; i < 10; i++)
+				{
+					int			sample = st.seq[i];
+
+					/* one position with a window; without, samples 4-7 a few tokens further */
+					st.first[i] = 1290 + (windows[w] == 0 && sample >= 4 ? sample : 0);
+					if (i != 0 && i != 3)
+						st.tables[i] = tables + (size_t) sample * f.blocks_per_seq;
+				}
+				st.first[0] = 700;
+				st.first[3] = 1000;
+				T = step_layout(&f, &st, pos, tseq, start, len, tb, &bl);
+				n_groups = cai_attention_share_groups(&ap, &bl,
+													  cai_attention_tile_tokens(GROUP),
+													  members, taken, groups);
+				/* the samples share the whole segments from their rows' first below the fork */
+				{
+					int			lo = windows[w] > 0 ? 1290 - windows[w] + 1 : 0;
+					int			seg_begin = lo / CAI_ATTN_SEGMENT_TOKENS;
+					int			seg_end = forks[fk] * CAI_KV_BLOCK_TOKENS / CAI_ATTN_SEGMENT_TOKENS;
+
+					CHECK_MSG(n_groups == (seg_end > seg_begin) &&
+							  (n_groups == 0 || (groups[0].n == 8 &&
+												 groups[0].seg_begin == seg_begin &&
+												 groups[0].seg_end == seg_end &&
+												 members[0] == 1 && members[7] == 9 &&
+												 !taken[0] && !taken[3])),
+							  "fork %d window %d: %d groups, the first of %d sharing [%d, %d)",
+							  forks[fk], windows[w], n_groups, n_groups ? groups[0].n : 0,
+							  n_groups ? groups[0].seg_begin : 0, n_groups ? groups[0].seg_end : 0);
+				}
+				/* each row alone, on the machine's own path */
+				cai_cpu_force_isa(original);
+				for (int i = 0; i < 10; i++)
+				{
+					step		one = {.n_seqs = 1, .seq = {st.seq[i]},
+					.first = {st.first[i] + st.len[i] - 1}, .len = {1},
+					.tables = {st.tables[i]}};
+					int			T1;
+
+					CHECK(run_step(&f, &one, 1, windows[w], alone + (size_t) i * row, &T1));
+				}
+				for (int p = 0; p < N_OF(paths); p++)
+				{
+					if (!cai_cpu_force_isa(paths[p]))
+						continue;
+					for (int threads = 1; threads <= 3; threads++)
+					{
+						CHECK(run_step(&f, &st, threads, windows[w], got, &T));
+						for (int i = 0; i < 10; i++)
+							CHECK_MSG(memcmp(alone + (size_t) i * row,
+											 got + (size_t) (start[i] + len[i] - 1) * row,
+											 sizeof(float) * row) == 0,
+									  "hd %d digits %d fork %d window %d %s, %d threads: batch "
+									  "sequence %d differs from its row alone", hd, digits,
+									  forks[fk], windows[w], paths[p], threads, i);
+					}
+				}
+			}
+		}
+		cai_cpu_force_isa(original);
+		free(tables);
+		free(alone);
+		free(got);
 		fixture_close(&f);
 	}
 }

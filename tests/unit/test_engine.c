@@ -68,7 +68,8 @@ engine_test_model(void)
 }
 
 static cai_engine *
-make_engine(int n_threads, int max_running, int step_tokens, size_t cache_bytes, int max_queue)
+make_engine_context(int n_threads, int max_running, int step_tokens, size_t cache_bytes,
+					int max_queue, int context)
 {
 	cai_engine_params ep;
 	cai_engine *engine = NULL;
@@ -82,12 +83,18 @@ make_engine(int n_threads, int max_running, int step_tokens, size_t cache_bytes,
 	ep.n_threads = n_threads;
 	ep.max_running = max_running;
 	ep.max_step_tokens = step_tokens;
-	ep.context_length = 256;
+	ep.context_length = context;
 	ep.host_cache_bytes = cache_bytes;
 	ep.max_queue = max_queue;
 	if (cai_engine_create(model, &ep, &engine, &err) != CAI_OK)
 		fprintf(stderr, "    cai_engine_create: %s\n", err.message);
 	return engine;
+}
+
+static cai_engine *
+make_engine(int n_threads, int max_running, int step_tokens, size_t cache_bytes, int max_queue)
+{
+	return make_engine_context(n_threads, max_running, step_tokens, cache_bytes, max_queue, 256);
 }
 
 /* Deterministic pseudo-random prompt of n tokens from the synthetic vocabulary. */
@@ -1458,16 +1465,18 @@ run_samples(cai_engine *engine, cai_request_params *params, run_result *results,
 /*
  * n parallel samples: sample i is the request with n 1 and seed + i, token for token, for a
  * prompt that ends inside a block (its rows copied into each sample's own block) and one that
- * ends on a block's edge; samples that wrote into a shared block would differ.  With the prefix
- * cache on, the second run reuses the prompt and gives the same samples.
+ * ends on a block's edge; samples that wrote into a shared block would differ.  A prompt past an
+ * attention segment (300 tokens) has the samples' steps read its first 256 positions in shared
+ * tiles (cpu/attention_sharing.h): a row that took other bits there would draw other tokens.
+ * With the prefix cache on, the second run reuses the prompt and gives the same samples.
  */
 TEST(engine_samples_equal_their_seeds_alone)
 {
-	int32_t		prompt[100];
-	int			lengths[2] = {100, 96};
+	int32_t		prompt[300];
+	int			lengths[3] = {100, 96, 300};
 	run_result *alone = calloc(4, sizeof(run_result));
 	run_result *together = calloc(4, sizeof(run_result));
-	cai_engine *engine = make_engine(2, 8, 32, 1 << 20, 8);
+	cai_engine *engine = make_engine_context(2, 8, 32, 1 << 20, 8, 512);
 	int			peak;
 
 	if (!engine)
@@ -1475,8 +1484,8 @@ TEST(engine_samples_equal_their_seeds_alone)
 		CHECK(engine != NULL);
 		return;
 	}
-	make_prompt(prompt, 100, 21);
-	for (int l = 0; l < 2; l++)
+	make_prompt(prompt, 300, 21);
+	for (int l = 0; l < 3; l++)
 		for (int pass = 0; pass < 2; pass++)
 		{
 			cai_request_params req = request(prompt, lengths[l], 2.0f, 1234, 20);

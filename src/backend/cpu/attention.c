@@ -23,7 +23,9 @@
  *      into it; the int8 path does so as it scales the sums, with the fold weights worked out
  *      for all the rows after the softmax (so the sums make one trip through memory).
  * A part of a split tile (cai_attention_tile_part) runs the same passes over its segments and
- * leaves their sums, maxima and totals to cai_attention_merge.
+ * leaves their sums, maxima and totals to cai_attention_merge; so does a shared tile
+ * (cai_attention_shared_part), whose rows are one token of each of several sequences over blocks
+ * they all hold, each token's rows into its own sequence's partials.
  *
  * Paths.  The tile is compiled for AVX-512, AVX2 and baseline x86-64 and picked at run time the
  * way cpu/gemm.c picks its kernels (cai_cpu_isa(), so cai_cpu_force_isa switches both;
@@ -1760,11 +1762,14 @@ block_dots(attn_isa isa, bool amx, const int8_t *kt, const int8_t *kt2, cai_attn
 
 /*
  * The tile's passes over segments [seg_begin, seg_end) of its rows: into out (partials NULL,
- * all of the rows' segments) or into a split tile's partials.
+ * all of the rows' segments) or into partials.  The rows are those of tokens t0 .. t0 + n_tok - 1,
+ * or, with tokens, of tokens[0 .. n_tok) (a shared tile: one token of each of several
+ * sequences whose tables hold the same blocks over the segments asked for, each token's rows
+ * into its own partials pt[i]; seq names the table they are read from).
  */
 CAI_ALWAYS_INLINE void
 attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, int seq,
-					int kv_head, int t0, int n_tok, const float *q, int ldq,
+					int kv_head, int t0, int n_tok, const int *tokens, const float *q, int ldq,
 					cai_kv_pool *kv, const cai_kv_shadow *shadow, int seg_begin, int seg_end,
 					const cai_attn_partials *pt, float *out, int ldo,
 					cai_attn_scratch *s, attn_isa isa)
@@ -1775,6 +1780,8 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 	const int	n_kv = ap->n_kv_heads;
 	const int	group = ap->n_heads / n_kv;
 	const int	rows = n_tok * group;
+	/* rows per partials: a shared tile's tokens each have their own */
+	const int	part_rows = tokens ? group : rows;
 	const int	rows_padded = (rows + ROW_GROUP - 1) / ROW_GROUP * ROW_GROUP;
 	const int	SEG = CAI_ATTN_SEGMENT_TOKENS;
 	const float score_scale = cai_attn_score_scale(ap);
@@ -1803,7 +1810,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 	/* each row's position range and its prepared query */
 	for (int ti = 0; ti < n_tok; ti++)
 	{
-		int			t = t0 + ti;
+		int			t = tokens ? tokens[ti] : t0 + ti;
 		int			pos = batch->token_pos[t];
 		int			lo = 0;
 
@@ -2039,14 +2046,16 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 		{
 			for (int r = 0; r < rows; r++)
 			{
-				int			k = sg - pt->seg0;
+				const cai_attn_partials *p = pt + r / part_rows;
+				int			pr = r % part_rows;
+				int			k = sg - p->seg0;
 
 				if (!row_meets(s, r, seg_lo, seg_hi))
 					continue;
-				memcpy(pt->o + ((size_t) k * rows + r) * hd, s->seg_o + (size_t) r * hd,
+				memcpy(p->o + ((size_t) k * part_rows + pr) * hd, s->seg_o + (size_t) r * hd,
 					   (size_t) hd * sizeof(float));
-				pt->m[(size_t) r * pt->n_segs + k] = s->seg_m[r];
-				pt->l[(size_t) r * pt->n_segs + k] = s->seg_l[r];
+				p->m[(size_t) pr * p->n_segs + k] = s->seg_m[r];
+				p->l[(size_t) pr * p->n_segs + k] = s->seg_l[r];
 			}
 		}
 		else if (shadow)
@@ -2075,11 +2084,11 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 
 #define TILE_ARGS \
 	const cai_attn_params *ap, const cai_batch_layout *batch, int seq, int kv_head, int t0, \
-	int n_tok, const float *q, int ldq, cai_kv_pool *kv, const cai_kv_shadow *shadow, \
-	int seg_begin, int seg_end, const cai_attn_partials *pt, float *out, int ldo, \
-	cai_attn_scratch *s
-#define TILE_PASS ap, batch, seq, kv_head, t0, n_tok, q, ldq, kv, shadow, seg_begin, seg_end, pt, \
-	out, ldo, s
+	int n_tok, const int *tokens, const float *q, int ldq, cai_kv_pool *kv, \
+	const cai_kv_shadow *shadow, int seg_begin, int seg_end, const cai_attn_partials *pt, \
+	float *out, int ldo, cai_attn_scratch *s
+#define TILE_PASS ap, batch, seq, kv_head, t0, n_tok, tokens, q, ldq, kv, shadow, seg_begin, \
+	seg_end, pt, out, ldo, s
 
 static void
 attention_tile_generic(TILE_ARGS)
@@ -2129,8 +2138,8 @@ cai_attention_tile(const cai_attn_params *ap, const cai_batch_layout *batch, int
 				   cai_kv_pool *kv, const cai_kv_shadow *shadow, float *out, int ldo,
 				   cai_attn_scratch *s)
 {
-	attention_tile_dispatch(ap, batch, seq, kv_head, t0, n_tok, q, ldq, kv, shadow, 0, INT_MAX,
-							NULL, out, ldo, s);
+	attention_tile_dispatch(ap, batch, seq, kv_head, t0, n_tok, NULL, q, ldq, kv, shadow, 0,
+							INT_MAX, NULL, out, ldo, s);
 }
 
 void
@@ -2150,13 +2159,32 @@ cai_attention_tile_part(const cai_attn_params *ap, const cai_batch_layout *batch
 						cai_kv_pool *kv, const cai_kv_shadow *shadow, int seg_begin,
 						int seg_end, const cai_attn_partials *partials, cai_attn_scratch *s)
 {
-	attention_tile_dispatch(ap, batch, seq, kv_head, t0, n_tok, q, ldq, kv, shadow, seg_begin,
-							seg_end, partials, NULL, 0, s);
+	attention_tile_dispatch(ap, batch, seq, kv_head, t0, n_tok, NULL, q, ldq, kv, shadow,
+							seg_begin, seg_end, partials, NULL, 0, s);
 }
 
 void
-cai_attention_merge(const cai_attn_params *ap, const cai_batch_layout *batch, int kv_head,
-					int t0, int n_tok, const cai_attn_partials *pt, float *out, int ldo)
+cai_attention_shared_part(const cai_attn_params *ap, const cai_batch_layout *batch,
+						  const int *seqs, int n_seqs, int kv_head, const float *q, int ldq,
+						  cai_kv_pool *kv, int seg_begin, int seg_end,
+						  const cai_attn_partials *partials, cai_attn_scratch *s)
+{
+	int			tokens[TILE_ROWS];
+
+	for (int i = 0; i < n_seqs; i++)
+		tokens[i] = batch->seq_start[seqs[i]];
+	attention_tile_dispatch(ap, batch, seqs[0], kv_head, tokens[0], n_seqs, tokens, q, ldq, kv,
+							NULL, seg_begin, seg_end, partials, NULL, 0, s);
+}
+
+/*
+ * The merge, compiled per path like the tile: the pair of exponentials of each fold is one call
+ * of the vector exp2, whose fused multiply-adds are instructions on the AVX paths (the portable
+ * build calls fmaf for them).
+ */
+CAI_ALWAYS_INLINE void
+attention_merge_body(const cai_attn_params *ap, const cai_batch_layout *batch, int kv_head,
+					 int t0, int n_tok, const cai_attn_partials *pt, float *out, int ldo)
 {
 	const int	hd = ap->head_dim;
 	const int	group = ap->n_heads / ap->n_kv_heads;
@@ -2178,14 +2206,64 @@ cai_attention_merge(const cai_attn_params *ap, const cai_batch_layout *batch, in
 		{
 			float		m = pt->m[(size_t) r * pt->n_segs + k];
 			float		Mn = m > M ? m : M;
-
+			cai_v8f		x = cai_v8f_set1(0.0f);
+			cai_v8f		e;
 			float		wa,
 						wb;
 
-			fold_weights(&L, cai_attention_exp2(M - Mn), cai_attention_exp2(m - Mn),
-						 pt->l[(size_t) r * pt->n_segs + k], &wa, &wb);
+			x[0] = M - Mn;
+			x[1] = m - Mn;
+			e = attn_exp2_8(&x);
+			fold_weights(&L, e[0], e[1], pt->l[(size_t) r * pt->n_segs + k], &wa, &wb);
 			fold_row(o, pt->o + ((size_t) k * rows + r) * hd, wa, wb, hd);
 			M = Mn;
 		}
 	}
 }
+
+#define MERGE_ARGS \
+	const cai_attn_params *ap, const cai_batch_layout *batch, int kv_head, int t0, int n_tok, \
+	const cai_attn_partials *pt, float *out, int ldo
+#define MERGE_PASS ap, batch, kv_head, t0, n_tok, pt, out, ldo
+
+static void
+attention_merge_generic(MERGE_ARGS)
+{
+	attention_merge_body(MERGE_PASS);
+}
+
+#if defined(__x86_64__)
+TARGET_AVX2 static void
+attention_merge_avx2(MERGE_ARGS)
+{
+	attention_merge_body(MERGE_PASS);
+}
+
+TARGET_AVX512 static void
+attention_merge_avx512(MERGE_ARGS)
+{
+	attention_merge_body(MERGE_PASS);
+}
+#endif
+
+void
+cai_attention_merge(MERGE_ARGS)
+{
+	switch (current_isa())
+	{
+#if defined(__x86_64__)
+		case ATTN_AVX512:
+			attention_merge_avx512(MERGE_PASS);
+			return;
+		case ATTN_AVX2:
+			attention_merge_avx2(MERGE_PASS);
+			return;
+#endif
+		default:
+			attention_merge_generic(MERGE_PASS);
+			return;
+	}
+}
+
+#undef MERGE_ARGS
+#undef MERGE_PASS

@@ -150,6 +150,19 @@ void		cai_attention_tile_part(const cai_attn_params *ap, const cai_batch_layout 
 									int ldq, cai_kv_pool *kv, const cai_kv_shadow *shadow,
 									int seg_begin, int seg_end, const cai_attn_partials *partials,
 									cai_attn_scratch *s);
+/*
+ * A shared tile: segments [seg_begin, seg_end) of the one-token rows of n_seqs sequences
+ * seqs[] (at most cai_attention_tile_tokens(n_group)) whose block tables hold the same blocks
+ * over those segments, each of which every row covers whole from the same first position (the
+ * samples of one prompt, or conversations on one cached prefix).  The blocks are read,
+ * transposed and packed once for all the rows, and the rows are tall enough for AMX; each
+ * sequence's rows land in its own partials[i], the bits its own tile part would have written,
+ * for cai_attention_merge to finish with its other segments.
+ */
+void		cai_attention_shared_part(const cai_attn_params *ap, const cai_batch_layout *batch,
+									  const int *seqs, int n_seqs, int kv_head, const float *q,
+									  int ldq, cai_kv_pool *kv, int seg_begin, int seg_end,
+									  const cai_attn_partials *partials, cai_attn_scratch *s);
 void		cai_attention_merge(const cai_attn_params *ap, const cai_batch_layout *batch,
 								int kv_head, int t0, int n_tok, const cai_attn_partials *partials,
 								float *out, int ldo);

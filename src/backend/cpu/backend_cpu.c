@@ -7,9 +7,13 @@
  * (sequence, KV head, tile of tokens), the most expensive tasks first because the pool hands
  * tasks out in index order; when a step has too few tiles to keep the threads busy (decode at
  * long context), each tile's segments (attention.h) are split over several tasks and merged by a
- * second round.  None of this splitting changes a result: every kernel computes a row from that
- * row's inputs alone, and attention's segments are merged in one fixed order.
+ * second round.  Decode rows over the same blocks (the samples of one prompt: attention_sharing.h)
+ * take those blocks' segments in one shared tile per KV head and their own segments in tasks of
+ * their own, merged by the same round.  None of this splitting changes a result: every kernel
+ * computes a row from that row's inputs alone, and attention's segments are merged in one fixed
+ * order.
  */
+#include <limits.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +21,7 @@
 #include "backend.h"
 #include "util.h"
 #include "attention.h"
+#include "attention_sharing.h"
 #include "cpu_weight.h"
 #include "gemm.h"
 #include "gemm_blocks.h"
@@ -39,10 +44,22 @@ typedef struct attn_task
 	int			t0;				/* first row */
 	int			n_tok;
 	int64_t		cost;			/* rows x positions: for ordering only */
-	int			seg_begin;		/* a split tile's part: its segments [seg_begin, seg_end) */
+	int			seg_begin;		/* a part: its segments [seg_begin, seg_end) */
 	int			seg_end;
-	int			split;			/* the split tile's partials (cpu_backend.split), or -1 */
+	/* a part's partials (NULL: the whole tile, into the output); a shared part's, one a member */
+	const cai_attn_partials *pt;
+	const int  *seqs;			/* a shared part's sequences (n_seqs of them), or NULL */
+	int			n_seqs;
 } attn_task;
+
+/* A tile computed in parts, merged from its partials once they are all written. */
+typedef struct attn_merge
+{
+	int			kv_head;
+	int			t0;
+	int			n_tok;
+	const cai_attn_partials *pt;
+} attn_merge;
 
 /* Tiles split at most per step (a split happens only below 2 tiles per thread). */
 #define MAX_SPLIT_TILES(n_threads) (2 * (n_threads))
@@ -57,11 +74,19 @@ typedef struct cpu_backend
 	cai_attn_scratch *attn;		/* [n_threads] */
 	attn_task  *tasks;			/* [max_tasks] */
 	int			max_tasks;
-	/* split tiles: each one's partials, in split_memory, and the task that describes it */
+	/* split tiles: each one's partials, in split_memory */
 	cai_attn_partials *split;	/* [MAX_SPLIT_TILES] */
-	attn_task  *split_tile;		/* [MAX_SPLIT_TILES] */
 	float	   *split_memory;
 	size_t		split_floats;	/* per split tile */
+	/* shared tiles: the groups, their members, and each member's partials per KV head */
+	cai_attn_share_group *share_groups;	/* [max_tokens / 2] */
+	int		   *share_seqs;		/* [max_tokens] */
+	int		   *share_taken;	/* [max_tokens] */
+	cai_attn_partials *share_pt;	/* [n_kv_heads][members] */
+	float	   *share_memory;	/* grown as a step needs */
+	size_t		share_floats;
+	/* the step's tiles computed in parts, for the merge round */
+	attn_merge *merges;			/* [MAX_SPLIT_TILES + max_tokens * n_kv_heads] */
 	/* the weights this backend prepared (freed with it) */
 	cai_weight **weights;
 	int			n_weights;
@@ -1040,23 +1065,25 @@ attention_task(void *arg, int task, int thread)
 	attn_args  *a = arg;
 	const attn_task *t = &a->cb->tasks[task];
 
-	if (t->split < 0)
+	if (t->seqs)
+		cai_attention_shared_part(a->ap, a->batch, t->seqs, t->n_seqs, t->kv_head, a->q, a->ldq,
+								  a->kv, t->seg_begin, t->seg_end, t->pt, &a->cb->attn[thread]);
+	else if (t->pt)
+		cai_attention_tile_part(a->ap, a->batch, t->seq, t->kv_head, t->t0, t->n_tok, a->q,
+								a->ldq, a->kv, a->shadow, t->seg_begin, t->seg_end, t->pt,
+								&a->cb->attn[thread]);
+	else
 		cai_attention_tile(a->ap, a->batch, t->seq, t->kv_head, t->t0, t->n_tok, a->q, a->ldq,
 						   a->kv, a->shadow, a->out, a->ldo, &a->cb->attn[thread]);
-	else
-		cai_attention_tile_part(a->ap, a->batch, t->seq, t->kv_head, t->t0, t->n_tok, a->q,
-								a->ldq, a->kv, a->shadow, t->seg_begin, t->seg_end,
-								&a->cb->split[t->split], &a->cb->attn[thread]);
 }
 
 static void
 attention_merge_task(void *arg, int task, int thread)
 {
 	attn_args  *a = arg;
-	const attn_task *t = &a->cb->split_tile[task];
+	const attn_merge *m = &a->cb->merges[task];
 
-	cai_attention_merge(a->ap, a->batch, t->kv_head, t->t0, t->n_tok, &a->cb->split[task],
-						a->out, a->ldo);
+	cai_attention_merge(a->ap, a->batch, m->kv_head, m->t0, m->n_tok, m->pt, a->out, a->ldo);
 }
 
 /* Most expensive first; ties in (seq, row, head, segment) order. */
@@ -1076,23 +1103,24 @@ compare_tasks(const void *x, const void *y)
 }
 
 /*
- * Splits the step's n_tiles tiles (tasks[0..n_tiles)) over their segments when there are too few
- * of them for the threads: about four tasks per thread, each a run of consecutive segments.
- * Returns the number of tasks; *n_split gets the number of split tiles.
+ * Splits the step's n_tiles whole tiles (tasks[0..n_tiles)) over their segments when there are
+ * too few tasks for the threads: about four tasks per thread, each a run of consecutive
+ * segments.  The parts past a tile's first go after the n_tasks tasks there are; each split tile
+ * is added to the merges.  Returns the number of tasks.
  */
 static int
 split_tiles(cpu_backend *cb, const cai_attn_params *ap, const cai_batch_layout *batch,
-			int n_tiles, int *n_split)
+			int n_tiles, int n_tasks, int *n_merges)
 {
-	int			n_tasks = n_tiles;
 	int			want = 4 * cb->n_threads;
+	int			n_split = 0;
 
-	*n_split = 0;
-	if (cb->n_threads < 2 || n_tiles >= 2 * cb->n_threads || !cb->split_memory)
-		return n_tiles;
-	for (int i = 0; i < n_tiles; i++)
+	if (cb->n_threads < 2 || n_tasks >= 2 * cb->n_threads || !cb->split_memory)
+		return n_tasks;
+	for (int i = 0; i < n_tiles && n_split < MAX_SPLIT_TILES(cb->n_threads); i++)
 	{
 		attn_task	tile = cb->tasks[i];
+		cai_attn_partials *pt = &cb->split[n_split];
 		int			first,
 					last,
 					n_segs,
@@ -1107,8 +1135,7 @@ split_tiles(cpu_backend *cb, const cai_attn_params *ap, const cai_batch_layout *
 			continue;
 		{
 			int			rows = tile.n_tok * (ap->n_heads / ap->n_kv_heads);
-			cai_attn_partials *pt = &cb->split[*n_split];
-			float	   *mem = cb->split_memory + (size_t) *n_split * cb->split_floats;
+			float	   *mem = cb->split_memory + (size_t) n_split * cb->split_floats;
 
 			pt->seg0 = first;
 			pt->n_segs = n_segs;
@@ -1116,7 +1143,10 @@ split_tiles(cpu_backend *cb, const cai_attn_params *ap, const cai_batch_layout *
 			pt->m = mem + (size_t) n_segs * rows * ap->head_dim;
 			pt->l = pt->m + (size_t) rows * n_segs;
 		}
-		cb->split_tile[*n_split] = tile;
+		cb->merges[(*n_merges)++] = (attn_merge) {
+			.kv_head = tile.kv_head, .t0 = tile.t0, .n_tok = tile.n_tok, .pt = pt
+		};
+		n_split++;
 		/* the tile's slot takes its first part; the others go to the end */
 		for (int p = 0; p < k; p++)
 		{
@@ -1126,9 +1156,124 @@ split_tiles(cpu_backend *cb, const cai_attn_params *ap, const cai_batch_layout *
 			t->seg_begin = first + (int) ((int64_t) n_segs * p / k);
 			t->seg_end = first + (int) ((int64_t) n_segs * (p + 1) / k);
 			t->cost = tile.cost / k;
-			t->split = *n_split;
+			t->pt = pt;
 		}
-		(*n_split)++;
+	}
+	return n_tasks;
+}
+
+/*
+ * The step's groups of decode rows over the same blocks (attention_sharing.h), with partials for
+ * each member and KV head laid out in share_memory: share_pt[h * members + m].  Returns the
+ * number of groups (none when the memory cannot be had: the rows then take tiles of their
+ * own); *n_members gets the members.
+ */
+static int
+plan_shared_tiles(cpu_backend *cb, const cai_attn_params *ap, const cai_batch_layout *batch,
+				  int *n_members)
+{
+	const int	group = ap->n_heads / ap->n_kv_heads;
+	const int	SEG = CAI_ATTN_SEGMENT_TOKENS;
+	int			n_groups = cai_attention_share_groups(ap, batch, cai_attention_tile_tokens(group),
+													  cb->share_seqs, cb->share_taken,
+													  cb->share_groups);
+	int			members;
+	size_t		need = 0;
+	float	   *mem;
+
+	*n_members = 0;
+	if (n_groups == 0)
+		return 0;
+	members = cb->share_groups[n_groups - 1].first + cb->share_groups[n_groups - 1].n;
+	for (int m = 0; m < members; m++)
+	{
+		int			pos = batch->token_pos[batch->seq_start[cb->share_seqs[m]]];
+		int			lo = ap->window > 0 && pos - ap->window + 1 > 0 ? pos - ap->window + 1 : 0;
+		size_t		n_segs = (size_t) (pos / SEG - lo / SEG + 1);
+
+		need += (size_t) ap->n_kv_heads * n_segs * group * ((size_t) ap->head_dim + 2);
+	}
+	if (need > cb->share_floats)
+	{
+		float	   *grown = realloc(cb->share_memory, need * sizeof(float));
+
+		if (!grown)
+		{
+			memset(cb->share_taken, 0, (size_t) batch->n_seqs * sizeof(int));
+			return 0;
+		}
+		cb->share_memory = grown;
+		cb->share_floats = need;
+	}
+	mem = cb->share_memory;
+	for (int h = 0; h < ap->n_kv_heads; h++)
+		for (int m = 0; m < members; m++)
+		{
+			cai_attn_partials *pt = &cb->share_pt[(size_t) h * members + m];
+			int			pos = batch->token_pos[batch->seq_start[cb->share_seqs[m]]];
+			int			lo = ap->window > 0 && pos - ap->window + 1 > 0 ? pos - ap->window + 1 : 0;
+
+			pt->seg0 = lo / SEG;
+			pt->n_segs = pos / SEG - lo / SEG + 1;
+			pt->o = mem;
+			pt->m = mem + (size_t) pt->n_segs * group * ap->head_dim;
+			pt->l = pt->m + (size_t) group * pt->n_segs;
+			mem = pt->l + (size_t) group * pt->n_segs;
+		}
+	*n_members = members;
+	return n_groups;
+}
+
+/*
+ * The shared tiles' tasks after the n_tasks there are: for each group and KV head, its shared
+ * segments (cut into parts when there are few of them for the threads) and each member's own
+ * segments after them, every member added to the merges.  Returns the number of tasks.
+ */
+static int
+add_shared_tasks(cpu_backend *cb, const cai_batch_layout *batch, int n_kv, int n_groups,
+				 int members, int n_tasks, int *n_merges)
+{
+	const int	SEG = CAI_ATTN_SEGMENT_TOKENS;
+	int			want = 4 * cb->n_threads;
+
+	for (int gi = 0; gi < n_groups; gi++)
+	{
+		const cai_attn_share_group *g = &cb->share_groups[gi];
+		const int  *seqs = cb->share_seqs + g->first;
+		int			n_shared = g->seg_end - g->seg_begin;
+		int			k = (want + n_groups * n_kv - 1) / (n_groups * n_kv);
+
+		if (k > n_shared)
+			k = n_shared;
+		/* the plan's tasks fit with k = 1 (a member needs no tile of its own) */
+		if (n_tasks + n_kv * (k + g->n) > cb->max_tasks)
+			k = 1;
+		for (int h = 0; h < n_kv; h++)
+		{
+			const cai_attn_partials *pts = &cb->share_pt[(size_t) h * members + g->first];
+
+			for (int p = 0; p < k; p++)
+				cb->tasks[n_tasks++] = (attn_task) {
+					.seq = seqs[0], .kv_head = h, .t0 = batch->seq_start[seqs[0]],
+					.n_tok = g->n, .cost = (int64_t) g->n * n_shared * SEG / k,
+					.seg_begin = g->seg_begin + n_shared * p / k,
+					.seg_end = g->seg_begin + n_shared * (p + 1) / k,
+					.pt = pts, .seqs = seqs, .n_seqs = g->n
+				};
+			for (int i = 0; i < g->n; i++)
+			{
+				int			t0 = batch->seq_start[seqs[i]];
+
+				cb->tasks[n_tasks++] = (attn_task) {
+					.seq = seqs[i], .kv_head = h, .t0 = t0, .n_tok = 1,
+					.cost = batch->token_pos[t0] + 1 - (int64_t) g->seg_end * SEG,
+					.seg_begin = g->seg_end, .seg_end = INT_MAX, .pt = &pts[i]
+				};
+				cb->merges[(*n_merges)++] = (attn_merge) {
+					.kv_head = h, .t0 = t0, .n_tok = 1, .pt = &pts[i]
+				};
+			}
+		}
 	}
 	return n_tasks;
 }
@@ -1142,15 +1287,23 @@ cpu_attention(cai_backend *be, const cai_attn_params *ap, const cai_batch_layout
 	int			group = ap->n_heads / ap->n_kv_heads;
 	int			tile = cai_attention_tile_tokens(group);
 	int			n_tasks = 0;
-	int			n_split = 0;
+	int			n_tiles;
+	int			n_merges = 0;
+	int			n_groups = 0;
+	int			members = 0;
 	attn_args	a = {.cb = cb, .ap = ap, .batch = batch, .q = q, .ldq = ldq, .kv = kv,
 	.shadow = shadow, .out = out, .ldo = ldo};
 
+	/* the float reference path keeps its tiles per sequence */
+	if (!shadow && batch->n_seqs >= 2)
+		n_groups = plan_shared_tiles(cb, ap, batch, &members);
 	for (int s = 0; s < batch->n_seqs; s++)
 	{
 		int			start = batch->seq_start[s];
 		int			len = batch->seq_len[s];
 
+		if (n_groups > 0 && cb->share_taken[s])
+			continue;
 		for (int off = 0; off < len; off += tile)
 		{
 			int			n = len - off < tile ? len - off : tile;
@@ -1159,26 +1312,19 @@ cpu_attention(cai_backend *be, const cai_attn_params *ap, const cai_batch_layout
 			int64_t		span = last - (first_lo > 0 ? first_lo : 0) + 1;
 
 			for (int h = 0; h < ap->n_kv_heads; h++)
-			{
-				attn_task  *t = &cb->tasks[n_tasks++];
-
-				t->seq = s;
-				t->kv_head = h;
-				t->t0 = start + off;
-				t->n_tok = n;
-				t->cost = span * n;
-				t->seg_begin = 0;
-				t->seg_end = 0;
-				t->split = -1;
-			}
+				cb->tasks[n_tasks++] = (attn_task) {
+					.seq = s, .kv_head = h, .t0 = start + off, .n_tok = n, .cost = span * n
+				};
 		}
 	}
-	n_tasks = split_tiles(cb, ap, batch, n_tasks, &n_split);
+	n_tiles = n_tasks;
+	n_tasks = add_shared_tasks(cb, batch, ap->n_kv_heads, n_groups, members, n_tasks, &n_merges);
+	n_tasks = split_tiles(cb, ap, batch, n_tiles, n_tasks, &n_merges);
 	if (n_tasks > 1)
 		qsort(cb->tasks, n_tasks, sizeof(attn_task), compare_tasks);
 	cai_threadpool_run(cb->pool, attention_task, &a, n_tasks);
-	if (n_split > 0)
-		cai_threadpool_run(cb->pool, attention_merge_task, &a, n_split);
+	if (n_merges > 0)
+		cai_threadpool_run(cb->pool, attention_merge_task, &a, n_merges);
 }
 
 /* ---------------------------------------------------------------------------------------------
@@ -1200,8 +1346,13 @@ cpu_destroy(cai_backend *be)
 		free(cb->attn);
 		free(cb->tasks);
 		free(cb->split);
-		free(cb->split_tile);
 		free(cb->split_memory);
+		free(cb->share_groups);
+		free(cb->share_seqs);
+		free(cb->share_taken);
+		free(cb->share_pt);
+		free(cb->share_memory);
+		free(cb->merges);
 		for (int i = 0; i < cb->n_weights; i++)
 			free_weight(cb->weights[i]);
 		free(cb->weights);
@@ -1303,15 +1454,23 @@ cai_backend_cpu_create(cai_threadpool *pool, const cai_backend_limits *limits,
 
 		cb->split_floats = segs * rows * (size_t) limits->head_dim + 2 * rows * segs;
 		cb->split = calloc(MAX_SPLIT_TILES(cb->n_threads), sizeof(cai_attn_partials));
-		cb->split_tile = calloc(MAX_SPLIT_TILES(cb->n_threads), sizeof(attn_task));
 		if (cb->n_threads > 1 && cb->split_floats < ((size_t) 1 << 28) / MAX_SPLIT_TILES(cb->n_threads))
 			cb->split_memory = malloc(cb->split_floats * MAX_SPLIT_TILES(cb->n_threads) * sizeof(float));
 	}
 	if (!cai_mul_size(scratch_bytes, (size_t) cb->n_threads, &total) ||
 		posix_memalign(&cb->attn_memory, 64, total) != 0)
 		cb->attn_memory = NULL;
+	/* shared tiles: at most every sequence a member, each with partials per KV head */
+	cb->share_groups = calloc((size_t) limits->max_tokens / 2 + 1, sizeof(cai_attn_share_group));
+	cb->share_seqs = calloc((size_t) limits->max_tokens, sizeof(int));
+	cb->share_taken = calloc((size_t) limits->max_tokens, sizeof(int));
+	cb->share_pt = calloc((size_t) limits->max_tokens * limits->n_kv_heads,
+						  sizeof(cai_attn_partials));
+	cb->merges = calloc(MAX_SPLIT_TILES(cb->n_threads) +
+						(size_t) limits->max_tokens * limits->n_kv_heads, sizeof(attn_merge));
 	if (!cb->row_scratch || !cb->attn || !cb->tasks || !cb->attn_memory || !cb->split ||
-		!cb->split_tile)
+		!cb->share_groups || !cb->share_seqs || !cb->share_taken || !cb->share_pt ||
+		!cb->merges)
 	{
 		cpu_destroy(be);
 		return cai_fail(err, CAI_ERR_NO_MEMORY,

@@ -1,0 +1,91 @@
+/*
+ * attention_sharing.c — groups of decode rows over the same KV blocks (attention_sharing.h).
+ *
+ * Greedy, in sequence order: the first sequence not yet taken leads a group and takes every later
+ * one that starts its rows where it does and shares at least one whole segment with it; the
+ * group shares the segments all its members share with the leader.  Tables are compared block
+ * by block from the rows' first position, so sequences that share nothing part at the first
+ * comparison.
+ */
+#include "attention_sharing.h"
+
+#include <limits.h>
+
+#include "attention.h"
+#include "kv.h"
+
+#define SEG CAI_ATTN_SEGMENT_TOKENS
+
+/* The first position a row at pos attends to. */
+static int
+first_position(const cai_attn_params *ap, int pos)
+{
+	return ap->window > 0 && pos - ap->window + 1 > 0 ? pos - ap->window + 1 : 0;
+}
+
+/*
+ * The end of the run of segments, from lo's, over which tables a and b hold the same blocks
+ * (positions from lo on), stopping at limit.
+ */
+static int
+shared_until(const int32_t *a, const int32_t *b, int lo, int limit)
+{
+	int			seg = lo / SEG;
+
+	for (; seg < limit; seg++)
+	{
+		int			first = (seg * SEG > lo ? seg * SEG : lo) / CAI_KV_BLOCK_TOKENS;
+		int			last = (seg * SEG + SEG - 1) / CAI_KV_BLOCK_TOKENS;
+
+		for (int k = first; k <= last; k++)
+			if (a[k] != b[k])
+				return seg;
+	}
+	return seg;
+}
+
+int
+cai_attention_share_groups(const cai_attn_params *ap, const cai_batch_layout *batch,
+						   int max_members, int *seqs, int *taken,
+						   cai_attn_share_group *groups)
+{
+	int			n_groups = 0;
+	int			n_members = 0;
+
+	for (int s = 0; s < batch->n_seqs; s++)
+		taken[s] = 0;
+	for (int a = 0; a < batch->n_seqs && max_members >= 2; a++)
+	{
+		int			pos_a = batch->token_pos[batch->seq_start[a]];
+		int			lo = first_position(ap, pos_a);
+		cai_attn_share_group g = {.first = n_members, .n = 1, .seg_begin = lo / SEG,
+		.seg_end = INT_MAX};
+
+		if (taken[a] || batch->seq_len[a] != 1)
+			continue;
+		seqs[n_members] = a;
+		for (int u = a + 1; u < batch->n_seqs && g.n < max_members; u++)
+		{
+			int			pos_u = batch->token_pos[batch->seq_start[u]];
+			/* whole segments every row covers: those that end at or before both positions */
+			int			limit = ((pos_a < pos_u ? pos_a : pos_u) + 1) / SEG;
+			int			end;
+
+			if (taken[u] || batch->seq_len[u] != 1 || first_position(ap, pos_u) != lo)
+				continue;
+			end = shared_until(batch->block_tables[a], batch->block_tables[u], lo, limit);
+			if (end <= g.seg_begin)
+				continue;
+			taken[u] = 1;
+			seqs[n_members + g.n++] = u;
+			if (end < g.seg_end)
+				g.seg_end = end;
+		}
+		if (g.n < 2)
+			continue;
+		taken[a] = 1;
+		groups[n_groups++] = g;
+		n_members += g.n;
+	}
+	return n_groups;
+}
