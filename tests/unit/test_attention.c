@@ -251,6 +251,9 @@ run_step(const fixture *f, const step *st, int threads, int window, float *out, 
 	return true;
 }
 
+/* Every instruction-set path, the ones this machine lacks skipped by cai_cpu_force_isa. */
+static const char *const paths[] = {"avx512-amx", "avx512-vnni", "avx-vnni", "avx2", "generic"};
+
 static const int head_sizes[] = {32, 64, 128, 256};
 static const int windows[] = {0, 100, 700};
 
@@ -339,7 +342,6 @@ TEST(attention_close_to_exact)
 /* The same bits on every instruction-set path the machine has (at least two run here). */
 TEST(attention_isa_paths_identical)
 {
-	static const char *const paths[] = {"avx512-amx", "avx512-vnni", "avx-vnni", "avx2", "generic"};
 	char		original[32];
 
 	snprintf(original, sizeof(original), "%s", cai_cpu_isa());
@@ -459,7 +461,6 @@ fork_tables(const fixture *f, int n, int fork_block, int32_t *forks)
  */
 TEST(attention_shared_blocks_same_bits)
 {
-	static const char *const paths[] = {"avx512-amx", "avx512-vnni", "avx-vnni", "avx2", "generic"};
 	static const int forks[] = {62, 48};	/* positions 992 and 768 (a segment's edge) */
 	char		original[32];
 
@@ -743,7 +744,6 @@ count_wrong_segments(const fixture *f, const cai_attn_params *ap, int t_first, i
  */
 TEST(attention_segment_maxima_and_values_exact)
 {
-	static const char *const paths[] = {"avx512-amx", "avx512-vnni", "avx-vnni", "avx2", "generic"};
 	const int	max_tok = cai_attention_tile_tokens(GROUP);
 	const int	max_rows = max_tok * GROUP;
 	const int	max_segs = cai_attention_max_segments(MAX_CONTEXT);
