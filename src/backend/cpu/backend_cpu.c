@@ -1235,7 +1235,19 @@ add_shared_tasks(cpu_backend *cb, const cai_batch_layout *batch, int n_kv, int n
 {
 	const int	SEG = CAI_ATTN_SEGMENT_TOKENS;
 	int			want = 4 * cb->n_threads;
+	int			spare = cb->max_tasks - n_tasks;
+	int			k_most;
 
+	if (n_groups == 0)
+		return n_tasks;
+	/*
+	 * One shared part and a part per member, per KV head, always fit (a member has no whole tile
+	 * of its own, and there are at most half as many groups as members); what is left bounds the
+	 * extra shared parts.
+	 */
+	for (int gi = 0; gi < n_groups; gi++)
+		spare -= n_kv * (1 + cb->share_groups[gi].n);
+	k_most = 1 + spare / (n_groups * n_kv);
 	for (int gi = 0; gi < n_groups; gi++)
 	{
 		const cai_attn_share_group *g = &cb->share_groups[gi];
@@ -1245,9 +1257,8 @@ add_shared_tasks(cpu_backend *cb, const cai_batch_layout *batch, int n_kv, int n
 
 		if (k > n_shared)
 			k = n_shared;
-		/* the plan's tasks fit with k = 1 (a member needs no tile of its own) */
-		if (n_tasks + n_kv * (k + g->n) > cb->max_tasks)
-			k = 1;
+		if (k > k_most)
+			k = k_most;
 		for (int h = 0; h < n_kv; h++)
 		{
 			const cai_attn_partials *pts = &cb->share_pt[(size_t) h * members + g->first];
