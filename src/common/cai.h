@@ -513,7 +513,8 @@ int			cai_tool_set_find(const cai_tool_set *set, const char *name);
  * Reads a generated reply as one call: optional whitespace and <tool_call>, a JSON object with
  * a "name" string and "arguments" (or Llama's "parameters"), optional </tool_call>.  *name and
  * *arguments (compact JSON) are malloc'd (free with cai_free); CAI_ERR_INVALID_ARGUMENT when
- * the reply is something else.
+ * the reply is something else.  An object inside the arguments may repeat a key (a free-form
+ * argument's, which the tool constraint cannot keep unique); the arguments keep it as written.
  */
 cai_status	cai_tool_reply_parse(const char *text, size_t len, char **name, char **arguments,
 								 cai_error *err);

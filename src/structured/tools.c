@@ -691,7 +691,12 @@ cai_tool_reply_parse(const char *text, size_t len, char **name, char **arguments
 	if ((size_t) (end - p) >= strlen("</tool_call>") &&
 		memcmp(end - strlen("</tool_call>"), "</tool_call>", strlen("</tool_call>")) == 0)
 		end -= strlen("</tool_call>");
-	st = json_parse(p, (size_t) (end - p), 0, &doc, err);
+	/*
+	 * An argument the schema leaves free ("type": "object" alone) may repeat a key: the
+	 * constraint cannot rule that out, and RFC 8259 only says keys SHOULD be unique (jsonb keeps
+	 * the last), so a constrained call always reads back.
+	 */
+	st = json_parse(p, (size_t) (end - p), JSON_DUPLICATE_KEYS, &doc, err);
 	if (st != CAI_OK)
 		return st;
 	root = json_doc_root(doc);

@@ -239,6 +239,8 @@ TEST(tools_reply_is_read_back)
 	cai_error	err;
 	static const char hermes[] = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": [1, 2]}}\n</tool_call>\n";
 	static const char llama[] = " {\"name\": \"g\", \"parameters\": {}}";
+	static const char dup_key[] =
+		"{\"name\": \"q\", \"arguments\": {\"sql\": {\"k\": 1, \"k\": \"\"}, \"limit\": 10}}";
 
 	CHECK_EQ_INT(cai_tool_reply_parse(hermes, strlen(hermes), &name, &args, &err), CAI_OK);
 	CHECK(name && strcmp(name, "f") == 0 && args && strcmp(args, "{\"a\":[1,2]}") == 0);
@@ -246,6 +248,12 @@ TEST(tools_reply_is_read_back)
 	free(args);
 	CHECK_EQ_INT(cai_tool_reply_parse(llama, strlen(llama), &name, &args, &err), CAI_OK);
 	CHECK(name && strcmp(name, "g") == 0 && args && strcmp(args, "{}") == 0);
+	free(name);
+	free(args);
+	/* a free-form argument object that repeats a key (the constraint allows it) reads back */
+	CHECK_EQ_INT(cai_tool_reply_parse(dup_key, strlen(dup_key), &name, &args, &err), CAI_OK);
+	CHECK(name && strcmp(name, "q") == 0 && args &&
+		  strcmp(args, "{\"sql\":{\"k\":1,\"k\":\"\"},\"limit\":10}") == 0);
 	free(name);
 	free(args);
 	CHECK_EQ_INT(cai_tool_reply_parse("Hello", 5, &name, &args, &err), CAI_ERR_INVALID_ARGUMENT);
