@@ -453,15 +453,16 @@ fork_tables(const fixture *f, int n, int fork_block, int32_t *forks)
 }
 
 /*
- * Rows over the same blocks: eight samples forked from one prompt (fork mid-segment, and on a
- * segment's edge), decoding at one position or, without a window, at several, beside an
- * unrelated decode and a prefill chunk; the groups the planner finds are the ones expected, and
- * every row is the bits it has alone, on 1-3 threads and every instruction-set path (a shared
- * tile of 24 rows scores on AMX where a lone row cannot).
+ * Rows over the same blocks: eight samples forked from one prompt (fork mid-segment, on a
+ * segment's edge, and inside the first segment), decoding at one position or, without a window,
+ * at several, beside an unrelated decode and a prefill chunk; the groups the planner finds are
+ * the ones expected, and every row is the bits it has alone, on 1-3 threads and every
+ * instruction-set path (a shared tile of 24 rows scores on AMX where a lone row cannot, and the
+ * segment a fork lies in mixes the shared blocks with each sample's own).
  */
 TEST(attention_shared_blocks_same_bits)
 {
-	static const int forks[] = {62, 48};	/* positions 992 and 768 (a segment's edge) */
+	static const int forks[] = {62, 48, 5};	/* positions 992, 768 (a segment's edge), 80 */
 	char		original[32];
 
 	snprintf(original, sizeof(original), "%s", cai_cpu_isa());
@@ -512,23 +513,25 @@ TEST(attention_shared_blocks_same_bits)
 				st.first[3] = 1000;
 				T = step_layout(&f, &st, pos, tseq, start, len, tb, &bl);
 				n_groups = cai_attention_share_groups(&ap, &bl,
-													  cai_attention_tile_tokens(GROUP),
+													  cai_attention_shared_max_seqs(GROUP),
 													  members, taken, groups);
-				/* the samples share the whole segments from their rows' first below the fork */
+				/* the samples share the blocks from their rows' first below the fork */
 				{
 					int			lo = windows[w] > 0 ? 1290 - windows[w] + 1 : 0;
-					int			seg_begin = lo / CAI_ATTN_SEGMENT_TOKENS;
-					int			seg_end = forks[fk] * CAI_KV_BLOCK_TOKENS / CAI_ATTN_SEGMENT_TOKENS;
+					int			fork = forks[fk] * CAI_KV_BLOCK_TOKENS;
+					int			seg_end = (fork + CAI_ATTN_SEGMENT_TOKENS - 1) /
+						CAI_ATTN_SEGMENT_TOKENS;
 
-					CHECK_MSG(n_groups == (seg_end > seg_begin) &&
-							  (n_groups == 0 || (groups[0].n == 8 &&
-												 groups[0].seg_begin == seg_begin &&
+					CHECK_MSG(n_groups == (forks[fk] > lo / CAI_KV_BLOCK_TOKENS) &&
+							  (n_groups == 0 || (groups[0].n == 8 && groups[0].own_from == fork &&
+												 groups[0].seg_begin == lo / CAI_ATTN_SEGMENT_TOKENS &&
 												 groups[0].seg_end == seg_end &&
 												 members[0] == 1 && members[7] == 9 &&
 												 !taken[0] && !taken[3])),
-							  "fork %d window %d: %d groups, the first of %d sharing [%d, %d)",
-							  forks[fk], windows[w], n_groups, n_groups ? groups[0].n : 0,
-							  n_groups ? groups[0].seg_begin : 0, n_groups ? groups[0].seg_end : 0);
+							  "fork %d window %d: %d groups, the first of %d sharing [%d, %d) "
+							  "up to %d", forks[fk], windows[w], n_groups,
+							  n_groups ? groups[0].n : 0, n_groups ? groups[0].seg_begin : 0,
+							  n_groups ? groups[0].seg_end : 0, n_groups ? groups[0].own_from : 0);
 				}
 				/* each row alone, on the machine's own path */
 				cai_cpu_force_isa(original);

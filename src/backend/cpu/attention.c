@@ -202,7 +202,10 @@ cai_attention_scratch_bytes(int max_context, int n_group, int head_dim)
 		+ align64((size_t) CAI_ATTN_SEGMENT_TOKENS * head_dim)	/* v_quads */
 		+ align64(rows * 2 * (size_t) head_dim * sizeof(int32_t))	/* v_sums */
 		+ align64(rows * sizeof(int32_t))	/* row_quads */
-		+ align64(rows * sizeof(float));	/* row_g */
+		+ align64(rows * sizeof(float))	/* row_g */
+		+ align64(CAI_ATTN_SEGMENT_TOKENS * sizeof(float))	/* own_vs */
+		+ 2 * align64((size_t) n_group * CAI_ATTN_SEGMENT_TOKENS)	/* own_w_lo, own_w_hi */
+		+ align64((size_t) n_group * 2 * head_dim * sizeof(int32_t));	/* own_sums */
 }
 
 void
@@ -260,6 +263,14 @@ cai_attention_scratch_init(cai_attn_scratch *s, void *memory, int max_context, i
 	p += align64(rows * sizeof(float));
 	s->seg_l = (float *) p;
 	p += align64(rows * sizeof(float));
+	s->own_vs = (float *) p;
+	p += align64(CAI_ATTN_SEGMENT_TOKENS * sizeof(float));
+	s->own_w_lo = p;
+	p += align64((size_t) n_group * CAI_ATTN_SEGMENT_TOKENS);
+	s->own_w_hi = p;
+	p += align64((size_t) n_group * CAI_ATTN_SEGMENT_TOKENS);
+	s->own_sums = (int32_t *) p;
+	p += align64((size_t) n_group * 2 * head_dim * sizeof(int32_t));
 	s->fold = (float *) p;
 }
 
@@ -1449,6 +1460,79 @@ value_pass_f32(const cai_attn_params *ap, const cai_kv_shadow *shadow, const int
  * ------------------------------------------------------------------------------------------- */
 
 /*
+ * A shared tile's own blocks: from position `from` (block-aligned) on, the rows of its token i,
+ * [i * part_rows, (i + 1) * part_rows), read their own sequence's table tables[i].
+ */
+typedef struct own_blocks
+{
+	const int32_t *const *tables;
+	int			n_parts;
+	int			part_rows;
+	int			from;
+} own_blocks;
+
+/*
+ * The own blocks' share of segment [seg_lo, seg_hi]'s value sums, which hold the shared
+ * positions' (below own->from) when this runs: for each token, its rows' weight planes from
+ * own->from (copied, zero past their positions to whole 64-position steps, as every value-sum
+ * kernel may read), its own values packed, their exact sums added to s->v_sums.  AMX takes rows
+ * sixteen at a time; a token's few rows take the AVX-512 kernel there, the same integers.
+ */
+CAI_ALWAYS_INLINE void
+own_value_sums(const cai_attn_params *ap, cai_kv_pool *kv, const own_blocks *own,
+			   cai_attn_scratch *s, int kv_head, int seg_base, int seg_hi, int n_pad,
+			   attn_value_path path)
+{
+	const cai_kv_layout *L = cai_kv_pool_layout(kv);
+	const int	hd = ap->head_dim;
+	const int	SEG = CAI_ATTN_SEGMENT_TOKENS;
+	const int	skip = own->from - seg_base;	/* the planes' bytes before the own blocks */
+	const attn_value_path own_path = path == ATTN_VALUES_AMX ? ATTN_VALUES_AVX512 : path;
+	const int8_t *blocks[CAI_ATTN_SEGMENT_TOKENS / BLOCK];
+	int			quads[TILE_ROWS];
+
+	for (int p = 0; p < own->n_parts; p++)
+	{
+		int			r0 = p * own->part_rows;
+		int			e = s->row_hi[r0] < seg_hi ? s->row_hi[r0] : seg_hi;
+		int			n_blocks = e / BLOCK - own->from / BLOCK + 1;
+		int			n_quads = ((e - own->from) / 4 + 1 + 15) / 16 * 16;
+		int			kept = (n_pad < SEG ? n_pad : SEG) - skip;
+
+		if (e < own->from)
+			continue;
+		for (int b = 0; b < n_blocks; b++)
+			blocks[b] = cai_kv_values(L, cai_kv_block_layer(kv, own->tables[p][own->from / BLOCK + b],
+														  ap->kv_layer)) + (size_t) kv_head * hd;
+		attn_pack_values(own_path, blocks, n_blocks, (size_t) ap->n_kv_heads * hd, hd, n_quads,
+						 s->v_quads);
+		for (int i = 0; i < own->part_rows; i++)
+		{
+			int			r = r0 + i;
+			uint8_t    *lo = s->own_w_lo + (size_t) i * SEG;
+			uint8_t    *hi = s->own_w_hi + (size_t) i * SEG;
+			int			n = 4 * n_quads < kept ? 4 * n_quads : kept;
+
+			memcpy(lo, s->w_lo + (size_t) r * SEG + skip, (size_t) n);
+			memcpy(hi, s->w_hi + (size_t) r * SEG + skip, (size_t) n);
+			memset(lo + n, 0, (size_t) (4 * n_quads - n));
+			memset(hi + n, 0, (size_t) (4 * n_quads - n));
+			quads[i] = s->row_quads[r] - skip / 4;
+		}
+		attn_value_sums(own_path, s->own_w_lo, s->own_w_hi, SEG, s->v_quads, hd, own->part_rows,
+						quads, s->own_sums);
+		for (int i = 0; i < own->part_rows; i++)
+		{
+			int32_t    *sums = s->v_sums + (size_t) (r0 + i) * 2 * hd;
+			const int32_t *add = s->own_sums + (size_t) i * 2 * hd;
+
+			for (int d = 0; d < 2 * hd; d++)
+				sums[d] += add[d];
+		}
+	}
+}
+
+/*
  * The int8 path's softmax and value pass of segment [seg_lo, seg_hi] for the tile's rows, their
  * scores in s->scores (positions from seg_lo): each row's maximum and total into s->seg_m and
  * s->seg_l, its normalized value sums into s->seg_o.  Positions are counted from the
@@ -1457,8 +1541,9 @@ value_pass_f32(const cai_attn_params *ap, const cai_kv_shadow *shadow, const int
  */
 CAI_ALWAYS_INLINE void
 softmax_values_i8(const cai_attn_params *ap, cai_kv_pool *kv, const int32_t *table,
-				  cai_attn_scratch *s, int kv_head, int rows, int rows_w, int sg, int seg_lo,
-				  int seg_hi, const tile_out *dst, attn_value_path path, attn_isa isa)
+				  const own_blocks *own, cai_attn_scratch *s, int kv_head, int rows, int rows_w,
+				  int sg, int seg_lo, int seg_hi, const tile_out *dst, attn_value_path path,
+				  attn_isa isa)
 {
 	row_weights w;
 	const cai_kv_layout *L = cai_kv_pool_layout(kv);
@@ -1467,15 +1552,19 @@ softmax_values_i8(const cai_attn_params *ap, cai_kv_pool *kv, const int32_t *tab
 	const int	SEG = CAI_ATTN_SEGMENT_TOKENS;
 	const int	seg_base = seg_lo / BLOCK * BLOCK;
 	const int	n_pad = (seg_hi - seg_base + 64) / 64 * 64;	/* whole AMX steps */
-	const int	n_blocks = seg_hi / BLOCK - seg_base / BLOCK + 1;
+	/* a shared tile's segment where its tokens' own blocks begin: the table's blocks before */
+	const bool	mixed = own && own->from <= seg_hi;
+	const int	shared_hi = mixed ? own->from - 1 : seg_hi;
+	const int	n_blocks = shared_hi / BLOCK - seg_base / BLOCK + 1;
 	const int8_t *blocks[CAI_ATTN_SEGMENT_TOKENS / BLOCK];
+	int			shared_quads[TILE_ROWS + AMX_ROWS];
 
 	/* the segment's value rows and scales of the head */
 	for (int b = 0; b < n_blocks; b++)
 	{
 		int			base = seg_base + b * BLOCK;
 		int			j0 = base > seg_lo ? base : seg_lo;
-		int			j1 = base + BLOCK - 1 < seg_hi ? base + BLOCK - 1 : seg_hi;
+		int			j1 = base + BLOCK - 1 < shared_hi ? base + BLOCK - 1 : shared_hi;
 		uint8_t    *part = cai_kv_block_layer(kv, table[base / BLOCK], ap->kv_layer);
 		const float *vs = cai_kv_value_scales(L, part);
 
@@ -1490,7 +1579,7 @@ softmax_values_i8(const cai_attn_params *ap, cai_kv_pool *kv, const int32_t *tab
 	{
 		float		run = s->v_scales[seg_lo - seg_base];
 
-		for (int j = seg_lo; j <= seg_hi; j++)
+		for (int j = seg_lo; j <= shared_hi; j++)
 		{
 			float		v = s->v_scales[j - seg_base];
 
@@ -1531,7 +1620,30 @@ softmax_values_i8(const cai_attn_params *ap, cai_kv_pool *kv, const int32_t *tab
 				s->row_quads[r] = 0;
 				continue;
 			}
-			if (a == seg_lo)
+			w.vs = s->v_scales + (a - seg_base);
+			if (mixed)
+			{
+				/*
+				 * the row's scales in a row: the shared ones, then its token's own (gathered
+				 * once per token); the largest of them all, as the row alone takes it
+				 */
+				if (r % own->part_rows == 0)
+				{
+					const int32_t *t = own->tables[r / own->part_rows];
+
+					memcpy(s->own_vs, s->v_scales + (a - seg_base),
+						   (size_t) (own->from - a) * sizeof(float));
+					for (int j = own->from; j <= e; j++)
+						s->own_vs[j - a] = cai_kv_value_scales(L, cai_kv_block_layer(kv, t[j / BLOCK],
+																				  ap->kv_layer))
+							[(j % BLOCK) * n_kv + kv_head];
+				}
+				vmax = 0.0f;
+				for (int j = a; j <= e; j++)
+					vmax = s->own_vs[j - a] > vmax ? s->own_vs[j - a] : vmax;
+				w.vs = s->own_vs;
+			}
+			else if (a == seg_lo)
 				vmax = s->v_scale_max[e - seg_base];
 			else
 			{
@@ -1551,7 +1663,6 @@ softmax_values_i8(const cai_attn_params *ap, cai_kv_pool *kv, const int32_t *tab
 				memset(lo + (e - seg_base + 1), 0, (size_t) (n_pad - (e - seg_base + 1)));
 				memset(hi + (e - seg_base + 1), 0, (size_t) (n_pad - (e - seg_base + 1)));
 			}
-			w.vs = s->v_scales + (a - seg_base);
 			w.qinv = qinv;
 			w.lo = lo + (a - seg_base);
 			w.hi = hi + (a - seg_base);
@@ -1565,8 +1676,21 @@ softmax_values_i8(const cai_attn_params *ap, cai_kv_pool *kv, const int32_t *tab
 	if (dst)
 		segment_fold_state(s, rows, sg, seg_lo, seg_hi);
 	attn_pack_values(path, blocks, n_blocks, (size_t) n_kv * hd, hd, n_pad / 4, s->v_quads);
-	attn_value_sums(path, s->w_lo, s->w_hi, SEG, s->v_quads, hd,
-					path == ATTN_VALUES_AMX ? rows_w : rows, s->row_quads, s->v_sums);
+	if (!mixed)
+		attn_value_sums(path, s->w_lo, s->w_hi, SEG, s->v_quads, hd,
+						path == ATTN_VALUES_AMX ? rows_w : rows, s->row_quads, s->v_sums);
+	else
+	{
+		/* the shared blocks' sums (their packing is zero past them), then each token's own */
+		int			n_rows = path == ATTN_VALUES_AMX ? rows_w : rows;
+
+		for (int r = 0; r < n_rows; r++)
+			shared_quads[r] = s->row_quads[r] < (own->from - seg_base) / 4 ?
+				s->row_quads[r] : (own->from - seg_base) / 4;
+		attn_value_sums(path, s->w_lo, s->w_hi, SEG, s->v_quads, hd, n_rows, shared_quads,
+						s->v_sums);
+		own_value_sums(ap, kv, own, s, kv_head, seg_base, seg_hi, n_pad, path);
+	}
 
 	/*
 	 * o = (float) (128 * hi sum + lo sum) * g: into s->seg_o, or straight into the row's output
@@ -1726,33 +1850,36 @@ transpose_keys(attn_isa isa, const int8_t *keys, size_t stride, int hd, int s0, 
 }
 
 /*
- * The tile's rows' exact dot products with one transposed block kt, into dots[rows][16]; with
- * kt2 (two-digit keys), 254 (q . k) + q . k2.
+ * The exact dot products of the tile's rows from r0 with one transposed block kt, into
+ * dots[rows][16]; with kt2 (two-digit keys), 254 (q . k) + q . k2.
  */
 CAI_ALWAYS_INLINE void
 block_dots(attn_isa isa, bool amx, const int8_t *kt, const int8_t *kt2, cai_attn_scratch *s,
-		   int rows_qk, int rows_padded, int hd, const float *kscale, int32_t *dots)
+		   int r0, int rows_qk, int rows_padded, int hd, const float *kscale, int32_t *dots)
 {
+	const int8_t *q = s->q_i8 + (size_t) r0 * hd;
+	const int32_t *q_sum = s->q_sum + r0;
+
 	switch (isa)
 	{
 #if defined(__x86_64__)
 		case ATTN_AVX512:
 			if (amx)
-				qk_blocks_amx(kt, kt2, 1, s->q_i8, rows_qk, hd, dots, kscale, s->q_scale, NULL, 0);
+				qk_blocks_amx(kt, kt2, 1, q, rows_qk, hd, dots, kscale, s->q_scale + r0, NULL, 0);
 			else
-				qk_block_avx512(kt, kt2, s->q_i8, s->q_sum, rows_padded, hd, dots, kscale,
-								s->q_scale, NULL, 0);
+				qk_block_avx512(kt, kt2, q, q_sum, rows_padded, hd, dots, kscale,
+								s->q_scale + r0, NULL, 0);
 			return;
 		case ATTN_AVX2:
-			qk_block_avx2(kt, s->q_i8, s->q_sum, rows_padded, hd, dots);
+			qk_block_avx2(kt, q, q_sum, rows_padded, hd, dots);
 			if (kt2)
-				qk_block_avx2(kt2, s->q_i8, s->q_sum, rows_padded, hd, s->dots2);
+				qk_block_avx2(kt2, q, q_sum, rows_padded, hd, s->dots2);
 			break;
 #endif
 		default:
-			qk_block_generic(kt, s->q_i8, s->q_sum, rows_padded, hd, dots);
+			qk_block_generic(kt, q, q_sum, rows_padded, hd, dots);
 			if (kt2)
-				qk_block_generic(kt2, s->q_i8, s->q_sum, rows_padded, hd, s->dots2);
+				qk_block_generic(kt2, q, q_sum, rows_padded, hd, s->dots2);
 			break;
 	}
 	if (kt2)
@@ -1761,17 +1888,77 @@ block_dots(attn_isa isa, bool amx, const int8_t *kt, const int8_t *kt2, cai_attn
 }
 
 /*
+ * The scores of block b (from own->from on) of segment [seg_lo, seg_hi] for a shared tile: each
+ * token's rows against its own sequence's block, transposed into kt (and kt2), by the per-block
+ * kernels (never AMX: a token has few rows), the same scores as the rows alone get.
+ */
+CAI_ALWAYS_INLINE void
+own_block_scores(const cai_attn_params *ap, cai_kv_pool *kv, const own_blocks *own,
+				 cai_attn_scratch *s, int kv_head, int b, int seg_lo, int seg_hi, int8_t *kt,
+				 int8_t *kt2, attn_isa isa)
+{
+	const cai_kv_layout *L = cai_kv_pool_layout(kv);
+	const int	hd = ap->head_dim;
+	const int	n_kv = ap->n_kv_heads;
+	const int	base = b * BLOCK;
+	const int	nr = own->part_rows;
+	const int	nr_padded = (nr + ROW_GROUP - 1) / ROW_GROUP * ROW_GROUP;
+
+	for (int p = 0; p < own->n_parts; p++)
+	{
+		int			r0 = p * nr;
+		/* a token's rows share their range */
+		int			j0 = base > s->row_lo[r0] ? base : s->row_lo[r0];
+		int			j1 = base + BLOCK - 1 < s->row_hi[r0] ? base + BLOCK - 1 : s->row_hi[r0];
+		uint8_t    *part;
+		const float *kscales;
+		float		kscale[BLOCK];
+		cai_v16f	ks;
+
+		if (j0 < seg_lo)
+			j0 = seg_lo;
+		if (j1 > seg_hi)
+			j1 = seg_hi;
+		if (j0 > j1)
+			continue;
+		part = cai_kv_block_layer(kv, own->tables[p][b], ap->kv_layer);
+		kscales = cai_kv_key_scales(L, part);
+		for (int slot = 0; slot < BLOCK; slot++)
+			kscale[slot] = kscales[slot * n_kv + kv_head];
+		memcpy(&ks, kscale, sizeof(ks));
+		transpose_keys(isa, cai_kv_keys(L, part) + (size_t) kv_head * hd, (size_t) n_kv * hd, hd,
+					   j0 - base, j1 - base, isa == ATTN_AVX512, kt);
+		if (kt2)
+			transpose_keys(isa, cai_kv_key_second_digits(L, part) + (size_t) kv_head * hd,
+						   (size_t) n_kv * hd, hd, j0 - base, j1 - base, isa == ATTN_AVX512, kt2);
+		block_dots(isa, false, kt, kt2, s, r0, nr_padded, nr_padded, hd, kscale, s->dots);
+		for (int i = 0; i < nr; i++)
+		{
+			int			r = r0 + i;
+			cai_v16i	di;
+			cai_v16f	qks = ks * s->q_scale[r];
+			float		sc[BLOCK];
+
+			memcpy(&di, s->dots + (size_t) i * BLOCK, sizeof(di));
+			cai_v16f_store(sc, __builtin_convertvector(di, cai_v16f) * qks);
+			memcpy(s->scores + (size_t) r * SCORES_LD + (j0 - seg_lo), sc + (j0 - base),
+				   (size_t) (j1 - j0 + 1) * sizeof(float));
+		}
+	}
+}
+
+/*
  * The tile's passes over segments [seg_begin, seg_end) of its rows: into out (partials NULL,
  * all of the rows' segments) or into partials.  The rows are those of tokens t0 .. t0 + n_tok - 1,
- * or, with tokens, of tokens[0 .. n_tok) (a shared tile: one token of each of several
- * sequences whose tables hold the same blocks over the segments asked for, each token's rows
- * into its own partials pt[i]; seq names the table they are read from).
+ * or, with own, of own->n_parts tokens tokens[] (a shared tile: one token of each of several
+ * sequences whose tables hold the same blocks below own->from, seq's table among them, each
+ * token's rows into its own partials pt[i]).
  */
 CAI_ALWAYS_INLINE void
 attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, int seq,
-					int kv_head, int t0, int n_tok, const int *tokens, const float *q, int ldq,
-					cai_kv_pool *kv, const cai_kv_shadow *shadow, int seg_begin, int seg_end,
-					const cai_attn_partials *pt, float *out, int ldo,
+					int kv_head, int t0, int n_tok, const int *tokens, const own_blocks *own,
+					const float *q, int ldq, cai_kv_pool *kv, const cai_kv_shadow *shadow,
+					int seg_begin, int seg_end, const cai_attn_partials *pt, float *out, int ldo,
 					cai_attn_scratch *s, attn_isa isa)
 {
 	const cai_kv_layout *L = cai_kv_pool_layout(kv);
@@ -1781,7 +1968,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 	const int	group = ap->n_heads / n_kv;
 	const int	rows = n_tok * group;
 	/* rows per partials: a shared tile's tokens each have their own */
-	const int	part_rows = tokens ? group : rows;
+	const int	part_rows = own ? group : rows;
 	const int	rows_padded = (rows + ROW_GROUP - 1) / ROW_GROUP * ROW_GROUP;
 	const int	SEG = CAI_ATTN_SEGMENT_TOKENS;
 	const float score_scale = cai_attn_score_scale(ap);
@@ -1810,7 +1997,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 	/* each row's position range and its prepared query */
 	for (int ti = 0; ti < n_tok; ti++)
 	{
-		int			t = tokens ? tokens[ti] : t0 + ti;
+		int			t = own ? tokens[ti] : t0 + ti;
 		int			pos = batch->token_pos[t];
 		int			lo = 0;
 
@@ -1837,22 +2024,30 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 			}
 		}
 	}
-	if (!shadow && rows_qk > rows)
+	if (!shadow && (rows_qk > rows || own))
 	{
-		memset(s->q_i8 + (size_t) rows * hd, 0, (size_t) (rows_qk - rows) * hd);
-		memset(s->q_sum + rows, 0, (size_t) (rows_qk - rows) * sizeof(int32_t));
-		memset(s->q_scale + rows, 0, (size_t) (rows_qk - rows) * sizeof(float));
+		/* a shared tile's last token's rows are scored in whole row groups too */
+		int			to = own && rows + ROW_GROUP > rows_qk ? rows + ROW_GROUP : rows_qk;
+
+		memset(s->q_i8 + (size_t) rows * hd, 0, (size_t) (to - rows) * hd);
+		memset(s->q_sum + rows, 0, (size_t) (to - rows) * sizeof(int32_t));
+		memset(s->q_scale + rows, 0, (size_t) (to - rows) * sizeof(float));
 	}
 
 	/*
 	 * The positions this call covers: the rows' ranges (their union is contiguous: each row
-	 * starts at most one past the previous row's end) within the segments asked for; from here
-	 * on row_lo and row_hi are clipped to them, and a row they miss has lo > hi.
+	 * starts at most one past the previous row's end, or a shared tile's all start together)
+	 * within the segments asked for; from here on row_lo and row_hi are clipped to them, and a
+	 * row they miss has lo > hi.
 	 */
-	if (seg_begin < s->row_lo[0] / SEG)
-		seg_begin = s->row_lo[0] / SEG;
-	if (seg_end > s->row_hi[rows - 1] / SEG + 1)
-		seg_end = s->row_hi[rows - 1] / SEG + 1;
+	jlo = s->row_lo[0];
+	jhi = s->row_hi[0];
+	for (int r = 1; r < rows; r++)
+		jhi = s->row_hi[r] > jhi ? s->row_hi[r] : jhi;
+	if (seg_begin < jlo / SEG)
+		seg_begin = jlo / SEG;
+	if (seg_end > jhi / SEG + 1)
+		seg_end = jhi / SEG + 1;
 	if (seg_begin >= seg_end)
 		return;
 	for (int r = 0; r < rows; r++)
@@ -1863,7 +2058,9 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 			s->row_hi[r] = seg_end * SEG - 1;
 	}
 	jlo = s->row_lo[0];
-	jhi = s->row_hi[rows - 1];
+	jhi = s->row_hi[0];
+	for (int r = 1; r < rows; r++)
+		jhi = s->row_hi[r] > jhi ? s->row_hi[r] : jhi;
 	s0 = jlo / SEG;
 	n_segs = jhi / SEG - s0 + 1;
 #if defined(__x86_64__)
@@ -1883,8 +2080,18 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 			int			base = b * BLOCK;
 			int			j0 = base > seg_lo ? base : seg_lo;
 			int			j1 = base + BLOCK - 1 < seg_hi ? base + BLOCK - 1 : seg_hi;
-			uint8_t    *part = cai_kv_block_layer(kv, table[b], ap->kv_layer);
+			uint8_t    *part;
 
+			if (own && base >= own->from)
+			{
+				/* a block of each token's own (its slot: the shared blocks' stay for AMX) */
+				own_block_scores(ap, kv, own, s, kv_head, b, seg_lo, seg_hi,
+								 s->k_t + (size_t) (keep_segment_keys ? b - seg_lo / BLOCK : 0) * BLOCK * hd,
+								 !two_digits ? NULL :
+								 s->k2_t + (size_t) (amx ? b - seg_lo / BLOCK : 0) * BLOCK * hd, isa);
+				continue;
+			}
+			part = cai_kv_block_layer(kv, table[b], ap->kv_layer);
 			if (!shadow)
 			{
 				const int8_t *keys = cai_kv_keys(L, part);
@@ -1941,7 +2148,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 					continue;
 				}
 	#endif
-				block_dots(isa, amx, kt, kt2, s, rows_qk, rows_padded, hd, kscale, s->dots);
+				block_dots(isa, amx, kt, kt2, s, 0, rows_qk, rows_padded, hd, kscale, s->dots);
 				/* score = dot * (q scale * k scale), the block's 16 slots at once */
 				for (int r = 0; r < rows; r++)
 				{
@@ -1992,6 +2199,8 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 			int			first = (seg_lo + BLOCK - 1) / BLOCK;
 			int			last = (seg_hi + 1) / BLOCK - 1;
 
+			if (own && last >= own->from / BLOCK)
+				last = own->from / BLOCK - 1;
 			if (first <= last)
 				qk_blocks_amx(s->k_t + (size_t) (first - seg_lo / BLOCK) * BLOCK * hd,
 							  two_digits ? s->k2_t + (size_t) (first - seg_lo / BLOCK) * BLOCK * hd : NULL,
@@ -2004,6 +2213,8 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 			int			b = (seg_lo + BLOCK - 1) / BLOCK;
 			int			last = (seg_hi + 1) / BLOCK - 1;
 
+			if (own && last >= own->from / BLOCK)
+				last = own->from / BLOCK - 1;
 			for (; b <= last; b += 2)
 			{
 				const int8_t *kt = s->k_t + (size_t) (b - seg_lo / BLOCK) * BLOCK * hd;
@@ -2038,7 +2249,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 			value_pass_f32(ap, shadow, table, s, kv_head, n_tok, group, seg_lo, seg_hi);
 		}
 		else
-			softmax_values_i8(ap, kv, table, s, kv_head, rows, rows_qk, sg, seg_lo, seg_hi,
+			softmax_values_i8(ap, kv, table, own, s, kv_head, rows, rows_qk, sg, seg_lo, seg_hi,
 							  pt ? NULL : &dst, vpath, isa);
 
 		/* the segment's sums: to the split tile's partials, or (float path) to the output */
@@ -2084,11 +2295,11 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 
 #define TILE_ARGS \
 	const cai_attn_params *ap, const cai_batch_layout *batch, int seq, int kv_head, int t0, \
-	int n_tok, const int *tokens, const float *q, int ldq, cai_kv_pool *kv, \
-	const cai_kv_shadow *shadow, int seg_begin, int seg_end, const cai_attn_partials *pt, \
-	float *out, int ldo, cai_attn_scratch *s
-#define TILE_PASS ap, batch, seq, kv_head, t0, n_tok, tokens, q, ldq, kv, shadow, seg_begin, \
-	seg_end, pt, out, ldo, s
+	int n_tok, const int *tokens, const own_blocks *own, const float *q, int ldq, \
+	cai_kv_pool *kv, const cai_kv_shadow *shadow, int seg_begin, int seg_end, \
+	const cai_attn_partials *pt, float *out, int ldo, cai_attn_scratch *s
+#define TILE_PASS ap, batch, seq, kv_head, t0, n_tok, tokens, own, q, ldq, kv, shadow, \
+	seg_begin, seg_end, pt, out, ldo, s
 
 static void
 attention_tile_generic(TILE_ARGS)
@@ -2138,7 +2349,7 @@ cai_attention_tile(const cai_attn_params *ap, const cai_batch_layout *batch, int
 				   cai_kv_pool *kv, const cai_kv_shadow *shadow, float *out, int ldo,
 				   cai_attn_scratch *s)
 {
-	attention_tile_dispatch(ap, batch, seq, kv_head, t0, n_tok, NULL, q, ldq, kv, shadow, 0,
+	attention_tile_dispatch(ap, batch, seq, kv_head, t0, n_tok, NULL, NULL, q, ldq, kv, shadow, 0,
 							INT_MAX, NULL, out, ldo, s);
 }
 
@@ -2159,22 +2370,35 @@ cai_attention_tile_part(const cai_attn_params *ap, const cai_batch_layout *batch
 						cai_kv_pool *kv, const cai_kv_shadow *shadow, int seg_begin,
 						int seg_end, const cai_attn_partials *partials, cai_attn_scratch *s)
 {
-	attention_tile_dispatch(ap, batch, seq, kv_head, t0, n_tok, NULL, q, ldq, kv, shadow,
+	attention_tile_dispatch(ap, batch, seq, kv_head, t0, n_tok, NULL, NULL, q, ldq, kv, shadow,
 							seg_begin, seg_end, partials, NULL, 0, s);
+}
+
+int
+cai_attention_shared_max_seqs(int n_group)
+{
+	/* a row group to spare: each token's rows are scored in whole groups */
+	return (TILE_ROWS - ROW_GROUP) / n_group;
 }
 
 void
 cai_attention_shared_part(const cai_attn_params *ap, const cai_batch_layout *batch,
 						  const int *seqs, int n_seqs, int kv_head, const float *q, int ldq,
-						  cai_kv_pool *kv, int seg_begin, int seg_end,
+						  cai_kv_pool *kv, int seg_begin, int seg_end, int own_from,
 						  const cai_attn_partials *partials, cai_attn_scratch *s)
 {
 	int			tokens[TILE_ROWS];
+	const int32_t *tables[TILE_ROWS];
+	own_blocks	own = {.tables = tables, .n_parts = n_seqs,
+	.part_rows = ap->n_heads / ap->n_kv_heads, .from = own_from};
 
 	for (int i = 0; i < n_seqs; i++)
+	{
 		tokens[i] = batch->seq_start[seqs[i]];
-	attention_tile_dispatch(ap, batch, seqs[0], kv_head, tokens[0], n_seqs, tokens, q, ldq, kv,
-							NULL, seg_begin, seg_end, partials, NULL, 0, s);
+		tables[i] = batch->block_tables[seqs[i]];
+	}
+	attention_tile_dispatch(ap, batch, seqs[0], kv_head, tokens[0], n_seqs, tokens, &own, q,
+							ldq, kv, NULL, seg_begin, seg_end, partials, NULL, 0, s);
 }
 
 /*

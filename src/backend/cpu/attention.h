@@ -89,6 +89,11 @@ typedef struct cai_attn_scratch
 	float	   *seg_m;			/* [rows] the current segment's maximum score */
 	float	   *seg_l;			/* [rows] and total of exponentials */
 	float	   *fold;			/* [7][rows + 8] rows' running merge state and fold weights */
+	/* a shared tile's own blocks (cai_attention_shared_part): one token's rows at a time */
+	float	   *own_vs;			/* [256] a row's value scales, the shared ones then its own */
+	uint8_t    *own_w_lo;		/* [n_group][256] the rows' weight planes from the own blocks */
+	uint8_t    *own_w_hi;
+	int32_t    *own_sums;		/* [n_group][2][head_dim] their value sums */
 } cai_attn_scratch;
 
 /* Positions per segment of the reduction order (a multiple of the KV block). */
@@ -150,19 +155,25 @@ void		cai_attention_tile_part(const cai_attn_params *ap, const cai_batch_layout 
 									int ldq, cai_kv_pool *kv, const cai_kv_shadow *shadow,
 									int seg_begin, int seg_end, const cai_attn_partials *partials,
 									cai_attn_scratch *s);
+/* Sequences a shared tile takes at most, for a GQA group of n_group query heads per KV head. */
+int			cai_attention_shared_max_seqs(int n_group);
+
 /*
  * A shared tile: segments [seg_begin, seg_end) of the one-token rows of n_seqs sequences
- * seqs[] (at most cai_attention_tile_tokens(n_group)) whose block tables hold the same blocks
- * over those segments, each of which every row covers whole from the same first position (the
- * samples of one prompt, or conversations on one cached prefix).  The blocks are read,
- * transposed and packed once for all the rows, and the rows are tall enough for AMX; each
- * sequence's rows land in its own partials[i], the bits its own tile part would have written,
- * for cai_attention_merge to finish with its other segments.
+ * seqs[] (at most cai_attention_shared_max_seqs) whose block tables hold the same blocks below
+ * position own_from (block-aligned, at most every row's position), rows that all start at the
+ * same position (the samples of one prompt, or conversations on one cached prefix).  The shared
+ * blocks are read, transposed and packed once for all the rows, which are tall enough for AMX;
+ * from own_from on, in the segment that holds it, each sequence's rows read their own blocks,
+ * and their integer value sums add those blocks' to the shared ones' (exact, so the bits do not
+ * move).  Each sequence's rows land in its own partials[i], the bits its own tile part would
+ * have written, for cai_attention_merge to finish with its other segments.
  */
 void		cai_attention_shared_part(const cai_attn_params *ap, const cai_batch_layout *batch,
 									  const int *seqs, int n_seqs, int kv_head, const float *q,
 									  int ldq, cai_kv_pool *kv, int seg_begin, int seg_end,
-									  const cai_attn_partials *partials, cai_attn_scratch *s);
+									  int own_from, const cai_attn_partials *partials,
+									  cai_attn_scratch *s);
 void		cai_attention_merge(const cai_attn_params *ap, const cai_batch_layout *batch,
 								int kv_head, int t0, int n_tok, const cai_attn_partials *partials,
 								float *out, int ldo);

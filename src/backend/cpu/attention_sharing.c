@@ -2,9 +2,9 @@
  * attention_sharing.c — groups of decode rows over the same KV blocks (attention_sharing.h).
  *
  * Greedy, in sequence order: the first sequence not yet taken leads a group and takes every later
- * one that starts its rows where it does and shares at least one whole segment with it; the
- * group shares the segments all its members share with the leader.  Tables are compared block
- * by block from the rows' first position, so sequences that share nothing part at the first
+ * one that starts its rows where it does and shares at least a block with it from there; the
+ * group shares the blocks all its members share with the leader.  Tables are compared block by
+ * block from the rows' first position, so sequences that share nothing part at the first
  * comparison.
  */
 #include "attention_sharing.h"
@@ -15,6 +15,7 @@
 #include "kv.h"
 
 #define SEG CAI_ATTN_SEGMENT_TOKENS
+#define BLOCK CAI_KV_BLOCK_TOKENS
 
 /* The first position a row at pos attends to. */
 static int
@@ -24,24 +25,17 @@ first_position(const cai_attn_params *ap, int pos)
 }
 
 /*
- * The end of the run of segments, from lo's, over which tables a and b hold the same blocks
- * (positions from lo on), stopping at limit.
+ * The first block, from lo's, that tables a and b do not hold alike, or limit if they hold
+ * every block before it alike.
  */
 static int
 shared_until(const int32_t *a, const int32_t *b, int lo, int limit)
 {
-	int			seg = lo / SEG;
+	int			k = lo / BLOCK;
 
-	for (; seg < limit; seg++)
-	{
-		int			first = (seg * SEG > lo ? seg * SEG : lo) / CAI_KV_BLOCK_TOKENS;
-		int			last = (seg * SEG + SEG - 1) / CAI_KV_BLOCK_TOKENS;
-
-		for (int k = first; k <= last; k++)
-			if (a[k] != b[k])
-				return seg;
-	}
-	return seg;
+	while (k < limit && a[k] == b[k])
+		k++;
+	return k;
 }
 
 int
@@ -58,8 +52,8 @@ cai_attention_share_groups(const cai_attn_params *ap, const cai_batch_layout *ba
 	{
 		int			pos_a = batch->token_pos[batch->seq_start[a]];
 		int			lo = first_position(ap, pos_a);
-		cai_attn_share_group g = {.first = n_members, .n = 1, .seg_begin = lo / SEG,
-		.seg_end = INT_MAX};
+		int			own_block = INT_MAX;
+		cai_attn_share_group g = {.first = n_members, .n = 1};
 
 		if (taken[a] || batch->seq_len[a] != 1)
 			continue;
@@ -67,23 +61,26 @@ cai_attention_share_groups(const cai_attn_params *ap, const cai_batch_layout *ba
 		for (int u = a + 1; u < batch->n_seqs && g.n < max_members; u++)
 		{
 			int			pos_u = batch->token_pos[batch->seq_start[u]];
-			/* whole segments every row covers: those that end at or before both positions */
-			int			limit = ((pos_a < pos_u ? pos_a : pos_u) + 1) / SEG;
+			/* never the block that holds either position: each writes its own there */
+			int			limit = (pos_a < pos_u ? pos_a : pos_u) / BLOCK;
 			int			end;
 
 			if (taken[u] || batch->seq_len[u] != 1 || first_position(ap, pos_u) != lo)
 				continue;
 			end = shared_until(batch->block_tables[a], batch->block_tables[u], lo, limit);
-			if (end <= g.seg_begin)
+			if (end <= lo / BLOCK)
 				continue;
 			taken[u] = 1;
 			seqs[n_members + g.n++] = u;
-			if (end < g.seg_end)
-				g.seg_end = end;
+			if (end < own_block)
+				own_block = end;
 		}
 		if (g.n < 2)
 			continue;
 		taken[a] = 1;
+		g.own_from = own_block * BLOCK;
+		g.seg_begin = lo / SEG;
+		g.seg_end = (g.own_from + SEG - 1) / SEG;
 		groups[n_groups++] = g;
 		n_members += g.n;
 	}

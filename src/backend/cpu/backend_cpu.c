@@ -50,6 +50,7 @@ typedef struct attn_task
 	const cai_attn_partials *pt;
 	const int  *seqs;			/* a shared part's sequences (n_seqs of them), or NULL */
 	int			n_seqs;
+	int			own_from;		/* a shared part's first position of the members' own blocks */
 } attn_task;
 
 /* A tile computed in parts, merged from its partials once they are all written. */
@@ -1067,7 +1068,8 @@ attention_task(void *arg, int task, int thread)
 
 	if (t->seqs)
 		cai_attention_shared_part(a->ap, a->batch, t->seqs, t->n_seqs, t->kv_head, a->q, a->ldq,
-								  a->kv, t->seg_begin, t->seg_end, t->pt, &a->cb->attn[thread]);
+								  a->kv, t->seg_begin, t->seg_end, t->own_from, t->pt,
+								  &a->cb->attn[thread]);
 	else if (t->pt)
 		cai_attention_tile_part(a->ap, a->batch, t->seq, t->kv_head, t->t0, t->n_tok, a->q,
 								a->ldq, a->kv, a->shadow, t->seg_begin, t->seg_end, t->pt,
@@ -1174,7 +1176,7 @@ plan_shared_tiles(cpu_backend *cb, const cai_attn_params *ap, const cai_batch_la
 {
 	const int	group = ap->n_heads / ap->n_kv_heads;
 	const int	SEG = CAI_ATTN_SEGMENT_TOKENS;
-	int			n_groups = cai_attention_share_groups(ap, batch, cai_attention_tile_tokens(group),
+	int			n_groups = cai_attention_share_groups(ap, batch, cai_attention_shared_max_seqs(group),
 													  cb->share_seqs, cb->share_taken,
 													  cb->share_groups);
 	int			members;
@@ -1269,17 +1271,19 @@ add_shared_tasks(cpu_backend *cb, const cai_batch_layout *batch, int n_kv, int n
 					.n_tok = g->n, .cost = (int64_t) g->n * n_shared * SEG / k,
 					.seg_begin = g->seg_begin + n_shared * p / k,
 					.seg_end = g->seg_begin + n_shared * (p + 1) / k,
-					.pt = pts, .seqs = seqs, .n_seqs = g->n
+					.pt = pts, .seqs = seqs, .n_seqs = g->n, .own_from = g->own_from
 				};
 			for (int i = 0; i < g->n; i++)
 			{
 				int			t0 = batch->seq_start[seqs[i]];
 
-				cb->tasks[n_tasks++] = (attn_task) {
-					.seq = seqs[i], .kv_head = h, .t0 = t0, .n_tok = 1,
-					.cost = batch->token_pos[t0] + 1 - (int64_t) g->seg_end * SEG,
-					.seg_begin = g->seg_end, .seg_end = INT_MAX, .pt = &pts[i]
-				};
+				/* the member's segments past the shared tile's, if it reaches them */
+				if (batch->token_pos[t0] >= g->seg_end * SEG)
+					cb->tasks[n_tasks++] = (attn_task) {
+						.seq = seqs[i], .kv_head = h, .t0 = t0, .n_tok = 1,
+						.cost = batch->token_pos[t0] + 1 - (int64_t) g->seg_end * SEG,
+						.seg_begin = g->seg_end, .seg_end = INT_MAX, .pt = &pts[i]
+					};
 				cb->merges[(*n_merges)++] = (attn_merge) {
 					.kv_head = h, .t0 = t0, .n_tok = 1, .pt = &pts[i]
 				};
