@@ -1460,11 +1460,13 @@ value_pass_f32(const cai_attn_params *ap, const cai_kv_shadow *shadow, const int
  * ------------------------------------------------------------------------------------------- */
 
 /*
- * A shared tile's own blocks: from position `from` (block-aligned) on, the rows of its token i,
- * [i * part_rows, (i + 1) * part_rows), read their own sequence's table tables[i].
+ * A shared tile's tokens and their own blocks: the rows of token i (batch row tokens[i]),
+ * [i * part_rows, (i + 1) * part_rows), read their own sequence's table tables[i] from position
+ * `from` (block-aligned) on.
  */
 typedef struct own_blocks
 {
+	const int  *tokens;
 	const int32_t *const *tables;
 	int			n_parts;
 	int			part_rows;
@@ -1950,13 +1952,13 @@ own_block_scores(const cai_attn_params *ap, cai_kv_pool *kv, const own_blocks *o
 /*
  * The tile's passes over segments [seg_begin, seg_end) of its rows: into out (partials NULL,
  * all of the rows' segments) or into partials.  The rows are those of tokens t0 .. t0 + n_tok - 1,
- * or, with own, of own->n_parts tokens tokens[] (a shared tile: one token of each of several
- * sequences whose tables hold the same blocks below own->from, seq's table among them, each
- * token's rows into its own partials pt[i]).
+ * or, with own, of own->tokens (a shared tile: one token of each of several sequences whose
+ * tables hold the same blocks below own->from, seq's table among them, each token's rows into
+ * its own partials pt[i]).
  */
 CAI_ALWAYS_INLINE void
 attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, int seq,
-					int kv_head, int t0, int n_tok, const int *tokens, const own_blocks *own,
+					int kv_head, int t0, int n_tok, const own_blocks *own,
 					const float *q, int ldq, cai_kv_pool *kv, const cai_kv_shadow *shadow,
 					int seg_begin, int seg_end, const cai_attn_partials *pt, float *out, int ldo,
 					cai_attn_scratch *s, attn_isa isa)
@@ -1997,7 +1999,7 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 	/* each row's position range and its prepared query */
 	for (int ti = 0; ti < n_tok; ti++)
 	{
-		int			t = own ? tokens[ti] : t0 + ti;
+		int			t = own ? own->tokens[ti] : t0 + ti;
 		int			pos = batch->token_pos[t];
 		int			lo = 0;
 
@@ -2295,10 +2297,10 @@ attention_tile_body(const cai_attn_params *ap, const cai_batch_layout *batch, in
 
 #define TILE_ARGS \
 	const cai_attn_params *ap, const cai_batch_layout *batch, int seq, int kv_head, int t0, \
-	int n_tok, const int *tokens, const own_blocks *own, const float *q, int ldq, \
+	int n_tok, const own_blocks *own, const float *q, int ldq, \
 	cai_kv_pool *kv, const cai_kv_shadow *shadow, int seg_begin, int seg_end, \
 	const cai_attn_partials *pt, float *out, int ldo, cai_attn_scratch *s
-#define TILE_PASS ap, batch, seq, kv_head, t0, n_tok, tokens, own, q, ldq, kv, shadow, \
+#define TILE_PASS ap, batch, seq, kv_head, t0, n_tok, own, q, ldq, kv, shadow, \
 	seg_begin, seg_end, pt, out, ldo, s
 
 static void
@@ -2349,7 +2351,7 @@ cai_attention_tile(const cai_attn_params *ap, const cai_batch_layout *batch, int
 				   cai_kv_pool *kv, const cai_kv_shadow *shadow, float *out, int ldo,
 				   cai_attn_scratch *s)
 {
-	attention_tile_dispatch(ap, batch, seq, kv_head, t0, n_tok, NULL, NULL, q, ldq, kv, shadow, 0,
+	attention_tile_dispatch(ap, batch, seq, kv_head, t0, n_tok, NULL, q, ldq, kv, shadow, 0,
 							INT_MAX, NULL, out, ldo, s);
 }
 
@@ -2370,7 +2372,7 @@ cai_attention_tile_part(const cai_attn_params *ap, const cai_batch_layout *batch
 						cai_kv_pool *kv, const cai_kv_shadow *shadow, int seg_begin,
 						int seg_end, const cai_attn_partials *partials, cai_attn_scratch *s)
 {
-	attention_tile_dispatch(ap, batch, seq, kv_head, t0, n_tok, NULL, NULL, q, ldq, kv, shadow,
+	attention_tile_dispatch(ap, batch, seq, kv_head, t0, n_tok, NULL, q, ldq, kv, shadow,
 							seg_begin, seg_end, partials, NULL, 0, s);
 }
 
@@ -2389,7 +2391,7 @@ cai_attention_shared_part(const cai_attn_params *ap, const cai_batch_layout *bat
 {
 	int			tokens[TILE_ROWS];
 	const int32_t *tables[TILE_ROWS];
-	own_blocks	own = {.tables = tables, .n_parts = n_seqs,
+	own_blocks	own = {.tokens = tokens, .tables = tables, .n_parts = n_seqs,
 	.part_rows = ap->n_heads / ap->n_kv_heads, .from = own_from};
 
 	for (int i = 0; i < n_seqs; i++)
@@ -2397,8 +2399,8 @@ cai_attention_shared_part(const cai_attn_params *ap, const cai_batch_layout *bat
 		tokens[i] = batch->seq_start[seqs[i]];
 		tables[i] = batch->block_tables[seqs[i]];
 	}
-	attention_tile_dispatch(ap, batch, seqs[0], kv_head, tokens[0], n_seqs, tokens, &own, q,
-							ldq, kv, NULL, seg_begin, seg_end, partials, NULL, 0, s);
+	attention_tile_dispatch(ap, batch, seqs[0], kv_head, tokens[0], n_seqs, &own, q, ldq, kv,
+							NULL, seg_begin, seg_end, partials, NULL, 0, s);
 }
 
 /*
