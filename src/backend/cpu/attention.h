@@ -123,6 +123,13 @@ typedef struct cai_attn_scratch
 
 float		cai_attention_exp2(float x);
 
+/* The first position a row at pos attends to (its window's, or 0). */
+static inline int
+cai_attention_first_position(const cai_attn_params *ap, int pos)
+{
+	return ap->window > 0 && pos - ap->window + 1 > 0 ? pos - ap->window + 1 : 0;
+}
+
 /* Segments a row of a context of max_context positions can meet. */
 int			cai_attention_max_segments(int max_context);
 

@@ -17,13 +17,6 @@
 #define SEG CAI_ATTN_SEGMENT_TOKENS
 #define BLOCK CAI_KV_BLOCK_TOKENS
 
-/* The first position a row at pos attends to. */
-static int
-first_position(const cai_attn_params *ap, int pos)
-{
-	return ap->window > 0 && pos - ap->window + 1 > 0 ? pos - ap->window + 1 : 0;
-}
-
 /*
  * The first block, from lo's, that tables a and b do not hold alike, or limit if they hold
  * every block before it alike.
@@ -51,7 +44,7 @@ cai_attention_share_groups(const cai_attn_params *ap, const cai_batch_layout *ba
 	for (int a = 0; a < batch->n_seqs && max_members >= 2; a++)
 	{
 		int			pos_a = batch->token_pos[batch->seq_start[a]];
-		int			lo = first_position(ap, pos_a);
+		int			lo = cai_attention_first_position(ap, pos_a);
 		int			own_block = INT_MAX;
 		cai_attn_share_group g = {.first = n_members, .n = 1};
 
@@ -65,7 +58,7 @@ cai_attention_share_groups(const cai_attn_params *ap, const cai_batch_layout *ba
 			int			limit = (pos_a < pos_u ? pos_a : pos_u) / BLOCK;
 			int			end;
 
-			if (taken[u] || batch->seq_len[u] != 1 || first_position(ap, pos_u) != lo)
+			if (taken[u] || batch->seq_len[u] != 1 || cai_attention_first_position(ap, pos_u) != lo)
 				continue;
 			end = shared_until(batch->block_tables[a], batch->block_tables[u], lo, limit);
 			if (end <= lo / BLOCK)

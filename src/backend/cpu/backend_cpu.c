@@ -1190,7 +1190,7 @@ plan_shared_tiles(cpu_backend *cb, const cai_attn_params *ap, const cai_batch_la
 	for (int m = 0; m < members; m++)
 	{
 		int			pos = batch->token_pos[batch->seq_start[cb->share_seqs[m]]];
-		int			lo = ap->window > 0 && pos - ap->window + 1 > 0 ? pos - ap->window + 1 : 0;
+		int			lo = cai_attention_first_position(ap, pos);
 		size_t		n_segs = (size_t) (pos / SEG - lo / SEG + 1);
 
 		need += (size_t) ap->n_kv_heads * n_segs * group * ((size_t) ap->head_dim + 2);
@@ -1213,7 +1213,7 @@ plan_shared_tiles(cpu_backend *cb, const cai_attn_params *ap, const cai_batch_la
 		{
 			cai_attn_partials *pt = &cb->share_pt[(size_t) h * members + m];
 			int			pos = batch->token_pos[batch->seq_start[cb->share_seqs[m]]];
-			int			lo = ap->window > 0 && pos - ap->window + 1 > 0 ? pos - ap->window + 1 : 0;
+			int			lo = cai_attention_first_position(ap, pos);
 
 			pt->seg0 = lo / SEG;
 			pt->n_segs = pos / SEG - lo / SEG + 1;
