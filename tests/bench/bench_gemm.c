@@ -47,8 +47,10 @@
  * 32 tokens (2498 tokens/s): 9.2x, the ceiling of the engine's batch-32 over batch-1 ratio.
  *
  * Section blocks: the block-weight GEMM (gemm_blocks.h) in Q4_0, Q4_K, Q6_K and Q8_0 beside the
- * int8 GEMM, on Llama-3.2-1B's shapes (2048 -> 8192, 8192 -> 2048, and the 2048 -> 128256 LM
- * head for one token), random valid blocks, activations quantized beforehand (not timed).
+ * int8 GEMM, on Llama-3.2-1B's shapes (2048 -> 8192, 8192 -> 2048, 2048 -> 512 (a key or value
+ * projection, whose weights stay in L2, so that its GOPS are the kernel's without memory), and
+ * the 2048 -> 128256 LM head for one token), random valid blocks, activations quantized
+ * beforehand (not timed), at 1, 8, 16 (one AMX tile), 64 and 512 tokens.
  * One token: us per call and GB/s of the weight bytes the kernel reads (packed: Q4_0 4.5 bits a
  * weight, Q4_K 4.625, Q6_K 6.73 (4 + 2 bits a level), Q8_0 8.5, int8 8), rotating over copies of
  * 256 MiB or more; more tokens: GOPS.  One-thread cases also give the figures per second of the
@@ -345,6 +347,7 @@ bench_decode_step(cai_threadpool *pool, int n_tok, double seconds)
 static const shape llama_shapes[] = {
 	{2048, 8192, "gate/up"},
 	{8192, 2048, "down"},
+	{2048, 512, "k/v"},
 	{2048, 128256, "lm head"},
 };
 
@@ -557,7 +560,7 @@ static void
 bench_blocks(double seconds, int max_threads, bool with_lm_head, const char *only_formats,
 			 int only_tokens)
 {
-	static const int toks[] = {1, 8, 64, 512};
+	static const int toks[] = {1, 8, 16, 64, 512};
 	static const ggml_type btypes[] = {GGML_TYPE_Q4_0, GGML_TYPE_Q4_K, GGML_TYPE_Q6_K, GGML_TYPE_Q8_0};
 	const int	n_formats = 1 + (int) (sizeof(btypes) / sizeof(btypes[0]));
 

@@ -419,6 +419,25 @@ TEST(gemm_blocks_same_bits_every_isa_threads_tokens)
 }
 
 /*
+ * Batches without a whole tile of 16 tokens on the tile unit (8 at a time, the rest on VNNI):
+ * a decode step of 8, 8 and a few more, and the 8 after two whole tiles of 16 (their scratch
+ * widened, the batch's own widening beside it); odd row counts, k of one and of several
+ * super-blocks; on avx512-amx where the CPU has it, against the portable bits.
+ */
+TEST(gemm_blocks_amx_small_batches_same_bits)
+{
+	static const int n_toks[] = {8, 8, 13, 16 + 8, 2 * 16 + 8 + 3};
+	cai_threadpool *pool = cai_threadpool_create(2);
+
+	rng_state = 29;
+	for (int ti = 0; ti < N_LEVEL_TYPES; ti++)
+		for (int i = 0; i < (int) (sizeof(n_toks) / sizeof(n_toks[0])); i++)
+			check_gemm_paths(level_types[ti], i % 2 ? 19 : 32, i % 2 ? 256 : 768, n_toks[i],
+							 i % 2 ? pool : NULL);
+	cai_threadpool_free(pool);
+}
+
+/*
  * The 256-bit kernels' tiles (4, 2, 1 tokens) in every combination a batch of up to 17 makes,
  * Q6_K's widened scratch (more tokens than a tile) and not, odd row counts whose last group is
  * partial, with and without bias and accumulation: on avx-vnni where the CPU has it, and

@@ -603,7 +603,7 @@ VNNI_NAME(cai_bkernel_vnni)(ggml_type type)
 
 #if !defined(CAI_BLOCKS_SIMDE)
 /* ---------------------------------------------------------------------------------------
- * AMX: whole tiles of 16 tokens
+ * AMX: whole tiles of 16 tokens, and batches of 8
  *
  * A block of two groups, widened, is AMX's B operand as it stands: row s of the tile is step
  * s, 16 rows' four inputs each.  So a call widens its two groups' blocks once into the
@@ -615,6 +615,8 @@ VNNI_NAME(cai_bkernel_vnni)(ggml_type type)
  * flipped.  Q6_K takes each
  * half block apart (its two scales): two products of 16 inputs.  While one block's sums go
  * through the epilogue, the next block's product is under way in the other tile(s) of sums.
+ * A batch of 8 tokens (tile_amx_small) takes half a tile's rows the same way, its blocks
+ * widened as it goes.
  * --------------------------------------------------------------------------------------- */
 
 #define AMX_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c,amx-tile,amx-int8")))
@@ -633,12 +635,12 @@ typedef struct amx_blocks_config
 } amx_blocks_config;
 
 /*
- * Tiles 0-3: sums (16 tokens x 16 rows of int32).  Whole blocks: tile 4 the tokens' 32 inputs,
- * tile 6 the block's 8 steps.  Q6_K: tiles 4 and 5 the tokens' two halves, 6 and 7 the
+ * Tiles 0-3: sums (`tokens` tokens x 16 rows of int32).  Whole blocks: tile 4 the tokens' 32
+ * inputs, tile 6 the block's 8 steps.  Q6_K: tiles 4 and 5 the tokens' two halves, 6 and 7 the
  * block's steps 0-3 and 4-7.
  */
 AMX_TARGET static void
-amx_configure_blocks(bool split16)
+amx_configure_blocks(bool split16, int tokens)
 {
 	amx_blocks_config cfg;
 
@@ -646,19 +648,19 @@ amx_configure_blocks(bool split16)
 	cfg.palette = 1;
 	for (int t = 0; t < 4; t++)
 	{
-		cfg.rows[t] = 16;
+		cfg.rows[t] = tokens;
 		cfg.bytes_per_row[t] = 64;
 	}
 	if (split16)
 	{
-		cfg.rows[4] = cfg.rows[5] = 16;
+		cfg.rows[4] = cfg.rows[5] = tokens;
 		cfg.bytes_per_row[4] = cfg.bytes_per_row[5] = 16;
 		cfg.rows[6] = cfg.rows[7] = 4;
 		cfg.bytes_per_row[6] = cfg.bytes_per_row[7] = 64;
 	}
 	else
 	{
-		cfg.rows[4] = 16;
+		cfg.rows[4] = tokens;
 		cfg.bytes_per_row[4] = 32;
 		cfg.rows[6] = 8;
 		cfg.bytes_per_row[6] = 64;
@@ -690,32 +692,159 @@ amx_configure_blocks(bool split16)
 	} while (0)
 
 /*
- * The float epilogue of block b for tokens [t0, t0 + 16): sums[half][token][row], exact (the
- * levels were widened with their fixed mins), xs and xsum_f the tokens' scales and float block
- * sums.
+ * Block p's sums out of its tiles (0 and 1 for an even p, 2 and 3 for an odd one) into lo
+ * (and hi, split16's second halves).
  */
 AMX_TARGET static inline __attribute__((always_inline)) void
-amx_epilogue(const float *xs, const float *xsum_f, const float *scales,
-			 int32_t sums[2][16][2 * GROUP], __m512 *acc, const bool has_min, const bool split16)
+amx_store_sums(int p, int32_t *lo, int32_t *hi, const bool split16)
+{
+	if (p % 2 == 0)
+	{
+		_tile_stored(0, lo, 64);
+		if (split16)
+			_tile_stored(1, hi, 64);
+	}
+	else
+	{
+		_tile_stored(2, lo, 64);
+		if (split16)
+			_tile_stored(3, hi, 64);
+	}
+}
+
+/*
+ * The float epilogue of a block for `tokens` tokens: lo and hi their sums (a token's 16 rows
+ * after another's; hi split16's second halves), exact (the levels were widened with their
+ * fixed mins); token t's scale xs[t * stride] and block sum xsum[t * stride] (floats, or with
+ * xsum_int16 the activations' own int16 sums).
+ */
+AMX_TARGET static inline __attribute__((always_inline)) void
+amx_epilogue(const float *xs, const void *xsum, const bool xsum_int16, const size_t stride,
+			 const float *scales, const int32_t *lo, const int32_t *hi, __m512 *acc,
+			 const int tokens, const bool has_min, const bool split16)
 {
 	const __m512 ws = _mm512_loadu_ps(scales),
-				ws_hi = _mm512_loadu_ps(scales + 2 * GROUP),
-				wm = _mm512_loadu_ps(scales + 4 * GROUP);
+				ws_hi = split16 ? _mm512_loadu_ps(scales + 2 * GROUP) : ws,
+				wm = has_min ? _mm512_loadu_ps(scales + 4 * GROUP) : ws;
 
 #pragma GCC unroll 16
-	for (int t = 0; t < 16; t++)
+	for (int t = 0; t < tokens; t++)
 	{
+		const __m512 sum = _mm512_cvtepi32_ps(_mm512_load_si512(lo + t * 2 * GROUP));
 		__m512		term;
 
 		if (split16)
-			term = _mm512_add_ps(_mm512_mul_ps(ws, _mm512_cvtepi32_ps(_mm512_load_si512(sums[0][t]))),
-								 _mm512_mul_ps(ws_hi, _mm512_cvtepi32_ps(_mm512_load_si512(sums[1][t]))));
+			term = _mm512_add_ps(_mm512_mul_ps(ws, sum),
+								 _mm512_mul_ps(ws_hi, _mm512_cvtepi32_ps(_mm512_load_si512(hi + t * 2 * GROUP))));
 		else
-			term = _mm512_mul_ps(ws, _mm512_cvtepi32_ps(_mm512_load_si512(sums[0][t])));
+			term = _mm512_mul_ps(ws, sum);
 		if (has_min)
-			term = _mm512_add_ps(term, _mm512_mul_ps(wm, _mm512_set1_ps(xsum_f[t])));
-		acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_set1_ps(xs[t]), term));
+			term = _mm512_add_ps(term, _mm512_mul_ps(wm, _mm512_set1_ps(xsum_int16 ?
+																		  (float) ((const int16_t *) xsum)[t * stride] :
+																		  ((const float *) xsum)[t * stride])));
+		acc[t] = _mm512_add_ps(acc[t], _mm512_mul_ps(_mm512_set1_ps(xs[t * stride]), term));
 	}
+}
+
+/*
+ * A batch of AMX_SMALL_TOKENS tokens (a decode step of 8 sequences, n samples) has no whole
+ * tile of 16, and no scratch (whole blocks: not Q6_K, see tokens_amx_small): per block, two groups' levels are widened into a small ring on
+ * the stack one block ahead of their product (a tile load right after the vector stores of the
+ * same lines would wait for them), tile 4 takes the tokens' 32 inputs straight from the
+ * activations (k bytes apart: no copy for a single call's tokens), and the sums go through the
+ * same epilogue in the same order as the VNNI tile's: the same bits, with the products on the
+ * tile unit instead of eight vpdpbusd per token and block.  Pipelined as group_amx: block b is
+ * widened while b - 1 multiplies, b - 2's sums are stored and b - 3's finish.
+ */
+#define AMX_SMALL_TOKENS 8
+#define AMX_RING 4				/* blocks from a widening to its epilogue, plus one */
+
+AMX_TARGET static inline __attribute__((always_inline)) void
+tile_amx_small(const bgemm_job *j, int g, int t0, const bool nibble, const bool k_quant,
+			   const bool has_min, const int zero)
+{
+	const cai_cpu_bmatrix *m = j->w;
+	const int	k = m->k;
+	const int	nb = k / CAI_BLOCK_ELEMS;
+	const int	n_groups = (j->n_out + GROUP - 1) / GROUP;
+	const int	g2 = g + 1 < n_groups ? g + 1 : g;
+	const int	bbytes = nibble ? 16 * GROUP : 32 * GROUP;
+	const uint8_t *q1 = m->q + (size_t) g * nb * bbytes;
+	const uint8_t *q2 = m->q + (size_t) g2 * nb * bbytes;
+	const int8_t *xq = j->xq + (size_t) t0 * k;
+	const float *xs = j->xs + (size_t) t0 * nb;
+	const int16_t *xsum = j->xsum + (size_t) t0 * nb;
+	uint8_t		wide[AMX_RING][AMX_WIDE_BYTES] __attribute__((aligned(64)));
+	float		scales[AMX_RING][AMX_SCALE_FLOATS] __attribute__((aligned(64)));
+	int32_t		sums[AMX_LAG][AMX_SMALL_TOKENS][2 * GROUP] __attribute__((aligned(64)));
+	__m512		acc[AMX_SMALL_TOKENS];
+	__m512		d = _mm512_setzero_ps(),
+				dmin = _mm512_setzero_ps();
+
+	for (int t = 0; t < AMX_SMALL_TOKENS; t++)
+		acc[t] = _mm512_setzero_ps();
+	amx_configure_blocks(false, AMX_SMALL_TOKENS);
+	for (int b = 0; b < nb + AMX_LAG + 1; b++)
+	{
+		if (b < nb)
+		{
+			const uint8_t *p1 = q1 + (size_t) b * bbytes;
+			const uint8_t *p2 = q2 + (size_t) b * bbytes;
+			float	   *sc = scales[b % AMX_RING];
+			__m512i		v[8];
+			__m512		ws,
+						ws_hi = _mm512_setzero_ps(),
+						wm = _mm512_setzero_ps();
+
+			if (t0 == 0)
+				prefetch_ahead(m, g, g2, b, p1, p2, bbytes, k_quant);
+			block_scales(m, g, g2, b, k_quant, has_min, false, &d, &dmin, &ws, &ws_hi, &wm);
+			_mm512_store_ps(sc, ws);
+			_mm512_store_ps(sc + 4 * GROUP, wm);
+			widen_block(p1, p2, nibble, false, zero, true, v);
+			for (int s = 0; s < 8; s++)
+				_mm512_store_si512(wide[b % AMX_RING] + 64 * s, v[s]);
+		}
+		if (b >= 1 && b <= nb)
+		{
+			const int	p = b - 1;
+			const uint8_t *w = wide[p % AMX_RING];
+			const int8_t *a = xq + (size_t) p * CAI_BLOCK_ELEMS;
+
+			if (p % 2 == 0)
+				AMX_BLOCK_PRODUCT(0, 1, w, a, k, false);
+			else
+				AMX_BLOCK_PRODUCT(2, 3, w, a, k, false);
+		}
+		if (b >= 2 && b <= nb + 1)
+			amx_store_sums(b - 2, sums[(b - 2) % AMX_LAG][0], NULL, false);
+		if (b >= AMX_LAG + 1)
+		{
+			const int	p = b - AMX_LAG - 1;
+
+			amx_epilogue(xs + p, xsum + p, true, nb, scales[p % AMX_RING], sums[p % AMX_LAG][0], NULL,
+						 acc, AMX_SMALL_TOKENS, has_min, false);
+		}
+	}
+	_tile_release();
+	for (int t = 0; t < AMX_SMALL_TOKENS; t++)
+		store_pair(j, t0 + t, g, g2, acc[t]);
+}
+
+/*
+ * Tokens [t0, n_tok) of groups g and g + 1 without whole tiles of 16: batches of 8 on the tile
+ * unit, what remains of them through the VNNI tiles.  Q6_K stays on VNNI: its two half-block
+ * scales take two products, two stores and two conversions per token on the tile unit, which
+ * measured no faster than its VNNI tile (bench_gemm, 8 tokens).
+ */
+AMX_TARGET static inline __attribute__((always_inline)) void
+tokens_amx_small(const bgemm_job *j, int g, int t0, const bool nibble, const bool k_quant,
+				 const bool has_min, const bool split16, const int zero)
+{
+	if (!(k_quant && j->superblocks) && !split16)
+		for (; t0 + AMX_SMALL_TOKENS <= j->n_tok; t0 += AMX_SMALL_TOKENS)
+			tile_amx_small(j, g, t0, nibble, k_quant, has_min, zero);
+	tokens_vnni(j, g, t0, nibble, k_quant, has_min, split16, zero);
 }
 
 AMX_TARGET static inline __attribute__((always_inline)) void
@@ -736,7 +865,7 @@ group_amx(const bgemm_job *j, int g, int thread, const bool nibble, const bool k
 
 	if (!j->unpacked || !j->xq_tiles || n_tiles == 0)
 	{
-		tokens_vnni(j, g, 0, nibble, k_quant, has_min, split16, zero);
+		tokens_amx_small(j, g, 0, nibble, k_quant, has_min, split16, zero);
 		return;
 	}
 	wide = j->unpacked + (size_t) thread * nb * AMX_SCRATCH_BLOCK;
@@ -757,7 +886,7 @@ group_amx(const bgemm_job *j, int g, int thread, const bool nibble, const bool k
 		for (int s = 0; s < 8; s++)
 			_mm512_storeu_si512(wide + (size_t) b * AMX_WIDE_BYTES + 64 * s, v[s]);
 	}
-	amx_configure_blocks(split16);
+	amx_configure_blocks(split16, CAI_BTILE_TOKENS);
 	for (int tile = 0; tile < n_tiles; tile++)
 	{
 		const int8_t *xq = j->xq_tiles + (size_t) tile * nb * CAI_BTILE_TOKENS * CAI_BLOCK_ELEMS;
@@ -787,33 +916,19 @@ group_amx(const bgemm_job *j, int g, int thread, const bool nibble, const bool k
 					AMX_BLOCK_PRODUCT(2, 3, w, a, CAI_BLOCK_ELEMS, split16);
 			}
 			if (b >= 1 && b <= nb)
-			{
-				int32_t		(*slot)[16][2 * GROUP] = sums[(b - 1) % AMX_LAG];
-
-				if ((b - 1) % 2 == 0)
-				{
-					_tile_stored(0, slot[0], 64);
-					if (split16)
-						_tile_stored(1, slot[1], 64);
-				}
-				else
-				{
-					_tile_stored(2, slot[0], 64);
-					if (split16)
-						_tile_stored(3, slot[1], 64);
-				}
-			}
+				amx_store_sums(b - 1, sums[(b - 1) % AMX_LAG][0][0], sums[(b - 1) % AMX_LAG][1][0], split16);
 			if (b >= AMX_LAG)
 				amx_epilogue(xs + (size_t) (b - AMX_LAG) * CAI_BTILE_TOKENS,
-							 xsum_f + (size_t) (b - AMX_LAG) * CAI_BTILE_TOKENS,
+							 xsum_f + (size_t) (b - AMX_LAG) * CAI_BTILE_TOKENS, false, 1,
 							 scales + (size_t) (b - AMX_LAG) * AMX_SCALE_FLOATS,
-							 sums[(b - AMX_LAG) % AMX_LAG], acc, has_min, split16);
+							 sums[(b - AMX_LAG) % AMX_LAG][0][0], sums[(b - AMX_LAG) % AMX_LAG][1][0],
+							 acc, CAI_BTILE_TOKENS, has_min, split16);
 		}
 		for (int t = 0; t < CAI_BTILE_TOKENS; t++)
 			store_pair(j, tile * CAI_BTILE_TOKENS + t, g, g2, acc[t]);
 	}
 	_tile_release();
-	tokens_vnni(j, g, n_tiles * CAI_BTILE_TOKENS, nibble, k_quant, has_min, split16, zero);
+	tokens_amx_small(j, g, n_tiles * CAI_BTILE_TOKENS, nibble, k_quant, has_min, split16, zero);
 }
 
 /* ---------------------------------------------------------------------------------------
