@@ -420,19 +420,28 @@ TEST(gemm_blocks_same_bits_every_isa_threads_tokens)
 
 /*
  * Batches without a whole tile of 16 tokens on the tile unit (8 at a time, the rest on VNNI):
- * a decode step of 8, 8 and a few more, and the 8 after two whole tiles of 16 (their scratch
- * widened, the batch's own widening beside it); odd row counts, k of one and of several
+ * a decode step of 8, 8 and a few more, and the 8 after one and two whole tiles of 16 (their
+ * scratch widened, the batch's own widening beside it); rows making whole pairs of groups, a
+ * lone partial group, and more groups than the threads' tasks hold; k of one and of several
  * super-blocks; on avx512-amx where the CPU has it, against the portable bits.
  */
 TEST(gemm_blocks_amx_small_batches_same_bits)
 {
-	static const int n_toks[] = {8, 8, 13, 16 + 8, 2 * 16 + 8 + 3};
+	static const struct
+	{
+		int			rows,
+					k,
+					n_tok;
+	}			cases[] = {
+		{32, 768, 8}, {19, 256, 8}, {13, 512, 8}, {75, 256, 8}, {32, 768, 13}, {19, 256, 16 + 8},
+		{40, 512, 2 * 16 + 8 + 3},
+	};
 	cai_threadpool *pool = cai_threadpool_create(2);
 
 	rng_state = 29;
 	for (int ti = 0; ti < N_LEVEL_TYPES; ti++)
-		for (int i = 0; i < (int) (sizeof(n_toks) / sizeof(n_toks[0])); i++)
-			check_gemm_paths(level_types[ti], i % 2 ? 19 : 32, i % 2 ? 256 : 768, n_toks[i],
+		for (int i = 0; i < (int) (sizeof(cases) / sizeof(cases[0])); i++)
+			check_gemm_paths(level_types[ti], cases[i].rows, cases[i].k, cases[i].n_tok,
 							 i % 2 ? pool : NULL);
 	cai_threadpool_free(pool);
 }

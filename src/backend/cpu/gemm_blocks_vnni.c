@@ -692,22 +692,23 @@ amx_configure_blocks(bool split16, int tokens)
 	} while (0)
 
 /*
- * Block p's sums out of its tiles (0 and 1 for an even p, 2 and 3 for an odd one) into lo
- * (and hi, split16's second halves).
+ * Block (or item) p's sums out of their tiles into lo, and with `both` the second tile's into
+ * hi: tiles 0 and 1 for an even p, 2 and 3 for an odd one (the second tile: split16's second
+ * halves, or the K-quants' high bytes).
  */
 AMX_TARGET static inline __attribute__((always_inline)) void
-amx_store_sums(int p, int32_t *lo, int32_t *hi, const bool split16)
+amx_store_sums(int p, int32_t *lo, int32_t *hi, const bool both)
 {
 	if (p % 2 == 0)
 	{
 		_tile_stored(0, lo, 64);
-		if (split16)
+		if (both)
 			_tile_stored(1, hi, 64);
 	}
 	else
 	{
 		_tile_stored(2, lo, 64);
-		if (split16)
+		if (both)
 			_tile_stored(3, hi, 64);
 	}
 }
@@ -748,13 +749,14 @@ amx_epilogue(const float *xs, const void *xsum, const bool xsum_int16, const siz
 
 /*
  * A batch of AMX_SMALL_TOKENS tokens (a decode step of 8 sequences, n samples) has no whole
- * tile of 16, and no scratch (whole blocks: not Q6_K, see tokens_amx_small): per block, two groups' levels are widened into a small ring on
- * the stack one block ahead of their product (a tile load right after the vector stores of the
- * same lines would wait for them), tile 4 takes the tokens' 32 inputs straight from the
- * activations (k bytes apart: no copy for a single call's tokens), and the sums go through the
- * same epilogue in the same order as the VNNI tile's: the same bits, with the products on the
- * tile unit instead of eight vpdpbusd per token and block.  Pipelined as group_amx: block b is
- * widened while b - 1 multiplies, b - 2's sums are stored and b - 3's finish.
+ * tile of 16, and no scratch (whole blocks only: not Q6_K, see tokens_amx_small).  Per block,
+ * two groups' levels are widened into a small ring on the stack one block ahead of their
+ * product (a tile load right after the vector stores of the same lines would wait for them),
+ * tile 4 takes the tokens' 32 inputs straight from the activations (k bytes apart: no copy for
+ * a single call's tokens), and the sums go through the same epilogue in the same order as the
+ * VNNI tile's: the same bits, with the products on the tile unit instead of eight vpdpbusd per
+ * token and block.  Pipelined as group_amx: block b is widened while b - 1 multiplies, b - 2's
+ * sums are stored and b - 3's finish.
  */
 #define AMX_SMALL_TOKENS 8
 #define AMX_RING 4				/* blocks from a widening to its epilogue, plus one */
@@ -1151,20 +1153,7 @@ group_amx_kquant(const bgemm_job *j, int g, int thread, const bool nibble, const
 					AMX_SUPER_PRODUCT(2, 3, lo, lo + super_wide / 2, a);
 			}
 			if (i >= 1 && i <= n_items)
-			{
-				int32_t		(*slot)[16][2 * GROUP] = sums[(i - 1) % AMX_LAG];
-
-				if ((i - 1) % 2 == 0)
-				{
-					_tile_stored(0, slot[0], 64);
-					_tile_stored(1, slot[1], 64);
-				}
-				else
-				{
-					_tile_stored(2, slot[0], 64);
-					_tile_stored(3, slot[1], 64);
-				}
-			}
+				amx_store_sums(i - 1, sums[(i - 1) % AMX_LAG][0][0], sums[(i - 1) % AMX_LAG][1][0], true);
 			if (i >= AMX_LAG)
 			{
 				const int	done = i - AMX_LAG;
