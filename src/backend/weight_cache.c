@@ -11,7 +11,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -173,7 +172,8 @@ cai_wcache_map_open(const char *path, uint64_t key, cai_wcache_map *out, cai_err
 	off_t		size = 0;
 	int			open_errno = 0;
 	int			fd;
-	void	   *addr;
+	uint8_t    *addr;
+	size_t		done = 0;
 	cai_status	s;
 
 	memset(out, 0, sizeof(*out));
@@ -187,16 +187,43 @@ cai_wcache_map_open(const char *path, uint64_t key, cai_wcache_map *out, cai_err
 		return cai_fail(err, CAI_ERR_FORMAT, "weights cache truncated: %lld bytes",
 						(long long) size);
 	}
-	/* every page is read by the checksum at once, and by the GEMMs from then on */
-	addr = mmap(NULL, (size_t) size, PROT_READ, MAP_PRIVATE | MAP_POPULATE, fd, 0);
+
+	/*
+	 * Read into memory of its own rather than mapped: the file's pages are 4 KiB, on which a
+	 * decode step streaming every weight misses the TLB at every page and the hardware
+	 * prefetcher stops at each page's end; huge pages (cai_alloc_large) measured 15-20 % more
+	 * decode tokens/s on a 1B model.  The checksum reads every byte at once anyway, and what
+	 * is checked is then what the GEMMs read.
+	 */
+	addr = cai_alloc_large((size_t) size);
+	if (!addr)
+	{
+		close(fd);
+		return cai_fail(err, CAI_ERR_IO, "out of memory for weights cache \"%s\" (%lld bytes)",
+						path, (long long) size);
+	}
+	while (done < (size_t) size)
+	{
+		ssize_t		got = read(fd, addr + done, (size_t) size - done);
+
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got <= 0)
+		{
+			int			read_errno = got < 0 ? errno : 0;
+
+			close(fd);
+			free(addr);
+			return cai_fail(err, CAI_ERR_IO, "could not read weights cache \"%s\": %s", path,
+							read_errno ? strerror(read_errno) : "the file shrank while read");
+		}
+		done += (size_t) got;
+	}
 	close(fd);
-	if (addr == MAP_FAILED)
-		return cai_fail(err, CAI_ERR_IO, "could not map weights cache \"%s\": %s", path,
-						strerror(errno));
 	s = cai_wcache_parse(addr, (size_t) size, key, true, &out->view, err);
 	if (s != CAI_OK)
 	{
-		munmap(addr, (size_t) size);
+		free(addr);
 		return s;
 	}
 	out->addr = addr;
@@ -208,7 +235,7 @@ void
 cai_wcache_map_close(cai_wcache_map *m)
 {
 	if (m && m->addr)
-		munmap(m->addr, m->size);
+		free(m->addr);
 	if (m)
 		memset(m, 0, sizeof(*m));
 }

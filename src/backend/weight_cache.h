@@ -111,7 +111,7 @@ cai_status	cai_wcache_writer_commit(cai_wcache_writer *w, cai_error *err);
 /* Removes the temporary file and frees w (NULL is fine). */
 void		cai_wcache_writer_abort(cai_wcache_writer *w);
 
-/* A cache file mapped read-only. */
+/* A cache file's image in memory, read and checked. */
 typedef struct cai_wcache_map
 {
 	void	   *addr;
@@ -120,7 +120,7 @@ typedef struct cai_wcache_map
 } cai_wcache_map;
 
 /*
- * Maps path and validates it (checksum included) as a file of key.  CAI_ERR_NOT_FOUND when
+ * Reads path into memory and validates it (checksum included) as a file of key.  CAI_ERR_NOT_FOUND when
  * there is no such file, CAI_ERR_FORMAT when it is refused (err says why), CAI_ERR_IO when it
  * cannot be read.
  */

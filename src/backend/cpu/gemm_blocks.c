@@ -122,11 +122,9 @@ bmatrix_alloc(cai_cpu_bmatrix *m)
 	uint8_t    *p;
 
 	m->bytes = q_bytes + d_bytes + dmin_bytes + sc_bytes + m_bytes;
-	if (posix_memalign(&m->mem, 64, m->bytes ? m->bytes : 64) != 0)
-	{
-		m->mem = NULL;
+	m->mem = cai_alloc_large(m->bytes);
+	if (!m->mem)
 		return false;
-	}
 	memset(m->mem, 0, m->bytes);
 	p = m->mem;
 	m->q = p;
@@ -764,14 +762,11 @@ tile_avx2(const bgemm_job *j, int g, int t0, int nt, const bool nibble, const bo
 					wm = _mm256_setzero_ps();
 
 		/*
-		 * the group's first tile streams its levels from memory, and one token is bound by
-		 * that memory's latency more than its bandwidth (the hardware prefetcher follows the
-		 * five arrays too slowly): the levels eight blocks ahead are asked for now; later
-		 * tiles find them in the cache
+		 * the group's first tile streams its weights from memory and asks for what it reads
+		 * ahead (gemm_blocks_internal.h); later tiles find them in the cache
 		 */
 		if (t0 == 0 && !(split16 && unpacked))
-			for (int o = 0; o < bbytes; o += 64)
-				_mm_prefetch((const char *) (qb + 8 * bbytes + o), _MM_HINT_T0);
+			cai_bprefetch_ahead(m, g, 1, b, CAI_BPREFETCH_BLOCKS);
 		if (!k_quant || b % CAI_KQUANT_BLOCKS == 0)
 		{
 			d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *) (m->d + cai_bscale_index(m, g, b))));

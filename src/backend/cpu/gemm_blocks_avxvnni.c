@@ -54,7 +54,6 @@
 
 #define GROUP CAI_BLOCK_ROWS
 #define YTILE 4					/* tokens that share a block's widened levels */
-#define PREFETCH_BLOCKS 8		/* how far ahead decoding asks for the weights */
 
 static inline int32_t
 load_i32(const int8_t *p)
@@ -236,17 +235,8 @@ tile_avxvnni(const bgemm_job *j, int g, int t0, const int nt, const bool nibble,
 					ws_hi = _mm256_setzero_ps(),
 					wm = _mm256_setzero_ps();
 
-		if (t0 == 0 && !wide && b + PREFETCH_BLOCKS < nb)
-		{
-			for (int o = 0; o < bbytes; o += 64)
-				_mm_prefetch((const char *) (p + PREFETCH_BLOCKS * bbytes + o), _MM_HINT_T0);
-			if (b % CAI_KQUANT_BLOCKS == 0)
-			{
-				_mm_prefetch((const char *) (m->d + cai_bscale_index(m, g, b + PREFETCH_BLOCKS)), _MM_HINT_T0);
-				if (k_quant)
-					_mm_prefetch((const char *) (m->sc + cai_bsub_index(m, g, b + PREFETCH_BLOCKS)), _MM_HINT_T0);
-			}
-		}
+		if (t0 == 0 && !wide)
+			cai_bprefetch_ahead(m, g, 1, b, CAI_BPREFETCH_BLOCKS);
 		block_scales(m, g, b, k_quant, has_min, split16, superblocks, &d, &dmin, &sc, &sc_hi,
 					 &ws, &ws_hi, &wm);
 		if (has_min && last)

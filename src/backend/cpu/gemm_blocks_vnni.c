@@ -47,7 +47,6 @@
 
 #define GROUP CAI_BLOCK_ROWS
 #define VTILE 8					/* tokens that share a block's widened levels */
-#define PREFETCH_BLOCKS 8		/* how far ahead decoding asks for the weights */
 
 /*
  * Three conversions to 16 lanes.  SIMDe (0.7) lacks their 512-bit forms, so its build makes
@@ -240,35 +239,6 @@ widen_block(const uint8_t *p1, const uint8_t *p2, const bool nibble, const bool 
 }
 
 /*
- * Decoding streams the weights once: the first tile asks for the blocks PREFETCH_BLOCKS ahead
- * of block b (both groups' levels, and at a super-block's start its scales).
- */
-VNNI_TARGET static inline __attribute__((always_inline)) void
-prefetch_ahead(const cai_cpu_bmatrix *m, int g, int g2, int b, const uint8_t *p1,
-			   const uint8_t *p2, const int bbytes, const bool k_quant)
-{
-	const int	nb = m->k / CAI_BLOCK_ELEMS;
-
-	if (b + PREFETCH_BLOCKS >= nb)
-		return;
-	for (int o = 0; o < bbytes; o += 64)
-	{
-		_mm_prefetch((const char *) (p1 + PREFETCH_BLOCKS * bbytes + o), _MM_HINT_T0);
-		_mm_prefetch((const char *) (p2 + PREFETCH_BLOCKS * bbytes + o), _MM_HINT_T0);
-	}
-	if (b % 8 == 0)
-	{
-		_mm_prefetch((const char *) (m->d + cai_bscale_index(m, g, b + PREFETCH_BLOCKS)), _MM_HINT_T0);
-		_mm_prefetch((const char *) (m->d + cai_bscale_index(m, g2, b + PREFETCH_BLOCKS)), _MM_HINT_T0);
-		if (k_quant)
-		{
-			_mm_prefetch((const char *) (m->sc + cai_bsub_index(m, g, b + PREFETCH_BLOCKS)), _MM_HINT_T0);
-			_mm_prefetch((const char *) (m->sc + cai_bsub_index(m, g2, b + PREFETCH_BLOCKS)), _MM_HINT_T0);
-		}
-	}
-}
-
-/*
  * A block's 16 row sums against one token's 32 activations at a, in two independent chains of
  * four steps: the even and the odd steps (split16: the two halves, c0 the first).
  */
@@ -393,7 +363,7 @@ tile_vnni_kquant(const bgemm_job *j, int g, int t0, const int nt, const bool nib
 			__m512i		v[8];
 
 			if (t0 == 0)
-				prefetch_ahead(m, g, g2, b, p1, p2, bbytes, true);
+				cai_bprefetch_ahead(m, g, g2 - g + 1, b, CAI_BPREFETCH_BLOCKS);
 			widen_block(p1, p2, nibble, split16, 0, false, v);
 			for (int t = 0; t < nt; t++)
 			{
@@ -485,7 +455,7 @@ tile_vnni(const bgemm_job *j, int g, int t0, const int nt, const bool nibble,
 					wm = _mm512_setzero_ps();
 
 		if (t0 == 0)
-			prefetch_ahead(m, g, g2, b, p1, p2, bbytes, k_quant);
+			cai_bprefetch_ahead(m, g, g2 - g + 1, b, CAI_BPREFETCH_BLOCKS);
 		block_scales(m, g, g2, b, k_quant, has_min, split16, &d, &dmin, &ws, &ws_hi, &wm);
 		widen_block(p1, p2, nibble, split16, zero, false, v);
 		for (int t = 0; t < nt; t++)
@@ -799,7 +769,7 @@ tile_amx_small(const bgemm_job *j, int g, int t0, const bool nibble, const bool 
 						wm = _mm512_setzero_ps();
 
 			if (t0 == 0)
-				prefetch_ahead(m, g, g2, b, p1, p2, bbytes, k_quant);
+				cai_bprefetch_ahead(m, g, g2 - g + 1, b, CAI_BPREFETCH_BLOCKS);
 			block_scales(m, g, g2, b, k_quant, has_min, false, &d, &dmin, &ws, &ws_hi, &wm);
 			_mm512_store_ps(sc, ws);
 			_mm512_store_ps(sc + 4 * GROUP, wm);
