@@ -1043,7 +1043,7 @@ avx2_f16c_available(void)
  * the AVX2 ones.
  */
 static cai_bkernel
-select_kernel(ggml_type type, bool superblocks)
+select_kernel(ggml_type type, bool superblocks, int n_tok)
 {
 	const cai_bkernel portable = {group_portable, 1, 0, 0};
 
@@ -1052,6 +1052,13 @@ select_kernel(ggml_type type, bool superblocks)
 
 	if (strcmp(isa, "avx512-amx") == 0 && cai_bkernel_amx(type, superblocks).fn)
 		return cai_bkernel_amx(type, superblocks);
+	/*
+	 * One token is a stream of weights, not arithmetic: the AVX2 kernel reads one group (one
+	 * run of memory) at a time where the VNNI kernel reads two side by side, and on the EPYC
+	 * Zen 4 VM it decoded a 1B Q4_K_M model at 29-32 tokens/s against 24-28 (the same bits)
+	 */
+	if (strcmp(isa, "avx512-vnni") == 0 && n_tok == 1 && avx2_f16c_available())
+		isa = "avx2";
 	if (strncmp(isa, "avx512", 6) == 0 && cai_bkernel_vnni(type).fn)
 		return cai_bkernel_vnni(type);
 	if (strcmp(isa, "avx-vnni") == 0 && cai_bkernel_avxvnni(type).fn)
@@ -1254,7 +1261,7 @@ cai_gemm_blocks(cai_threadpool *pool, const int8_t *xq, const float *xs, const i
 				int act_group, int n_tok, const cai_cpu_bmatrix *w, int n_out, const float *bias,
 				float *out, int ldo, bool accumulate)
 {
-	cai_gemm_blocks_run(pool, select_kernel(w->type, act_group == CAI_KQUANT_BLOCKS), xq, xs,
+	cai_gemm_blocks_run(pool, select_kernel(w->type, act_group == CAI_KQUANT_BLOCKS, n_tok), xq, xs,
 						xsum, act_group, n_tok, w, n_out, bias, out, ldo, accumulate);
 }
 
