@@ -1054,8 +1054,8 @@ select_kernel(ggml_type type, bool superblocks, int n_tok)
 		return cai_bkernel_amx(type, superblocks);
 	/*
 	 * One token is a stream of weights, not arithmetic: the AVX2 kernel reads one group (one
-	 * run of memory) at a time where the VNNI kernel reads two side by side, and on the EPYC
-	 * Zen 4 VM it decoded a 1B Q4_K_M model at 29-32 tokens/s against 24-28 (the same bits)
+	 * run of memory) at a time where the VNNI kernel reads two side by side, and decodes
+	 * faster (the same bits; measured on the EPYC Zen 4 VM, docs/benchmarks.md)
 	 */
 	if (strcmp(isa, "avx512-vnni") == 0 && n_tok == 1 && avx2_f16c_available())
 		isa = "avx2";

@@ -107,22 +107,16 @@ cai_bsub_index(const cai_cpu_bmatrix *m, int g, int b)
  * Decoding streams the weights once, and a token is bound by the memory's latency more than by
  * its bandwidth: the hardware prefetcher follows a group's arrays (levels, scales, sub-block
  * scales, mins: up to five streams a group) too slowly, and on rows of 64 blocks (k = 2048)
- * not at all before they end.  So a kernel asks for what it will read a fixed distance ahead.
- *
- * cai_bprefetch_block: group's block b, its levels and, where block b's entry is the first of a
- * cache line, that line of each scale array (every line once, whatever the entry's size).
+ * not at all before they end.  So a kernel asks for what it will read a fixed distance ahead:
+ * 16 blocks (2-4 KiB a group), into L2 (locality 2, prefetcht1), which tracks more misses at
+ * once than L1 (distances of 8 to 48 blocks, into L1 or L2, measured alike on the EPYC Zen 4
+ * VM: docs/benchmarks.md).
  */
 #define CAI_BPREFETCH_LINE 64
-
-/*
- * Into L2 (locality 2: prefetcht1), 16 blocks ahead (2-4 KiB a group): L2 tracks more misses
- * at once than L1, and decoding needs many lines in flight to keep the memory busy.  On the
- * 2-core EPYC Zen 4 VM this and huge pages took 1B Q4_K_M decode from 17-23 to 22-30 tokens/s
- * (8 blocks into L1 measured alike within that VM's noise).
- */
 #define CAI_BPREFETCH_LOCALITY 2
 #define CAI_BPREFETCH_BLOCKS 16
 
+/* Asks for the line of base + offset when the entry of `entry` bytes there is its first. */
 static inline void
 cai_bprefetch_entry(const void *base, size_t offset, size_t entry)
 {
@@ -132,6 +126,10 @@ cai_bprefetch_entry(const void *base, size_t offset, size_t entry)
 		__builtin_prefetch(p, 0, CAI_BPREFETCH_LOCALITY);
 }
 
+/*
+ * Group's block b: its levels and, where block b's entry is the first of a cache line, that
+ * line of each scale array (so every line once, whatever the entry's size).
+ */
 static inline void
 cai_bprefetch_block(const cai_cpu_bmatrix *m, int group, int b)
 {
@@ -142,7 +140,7 @@ cai_bprefetch_block(const cai_cpu_bmatrix *m, int group, int b)
 
 	for (size_t o = 0; o < bbytes; o += CAI_BPREFETCH_LINE)
 		__builtin_prefetch(q + o, 0, CAI_BPREFETCH_LOCALITY);
-	if (!m->k_quant || b % 8 == 0)
+	if (!m->k_quant || b % CAI_KQUANT_BLOCKS == 0)
 	{
 		const size_t at = cai_bscale_index(m, group, b) * sizeof(uint16_t);
 
